@@ -1,0 +1,1 @@
+//! The madsim simulation of stead. Filled in by the simulation work.

@@ -1,0 +1,2 @@
+//! The stead daemon and CLI.
+fn main() {}

@@ -1,0 +1,357 @@
+//! The fleet model shared by the control loop, the store and the workers:
+//! instances, tasks, and the lifecycles they move through. Transitions are
+//! checked here, in one place, and nowhere else.
+
+use std::fmt;
+use std::time::Duration;
+
+use super::types::{InstanceName, Timestamp};
+
+/// Lifecycle of an instance.
+///
+/// ```text
+/// provisioning ──> ready ──> upgrading ──> ready
+///      │             │            │
+///      └──> failed <─┴────────────┘
+/// any live state ──> deleting ──> deleted
+/// ```
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum InstanceState {
+    Provisioning,
+    Ready,
+    Upgrading,
+    Deleting,
+    Deleted,
+    Failed,
+}
+
+impl InstanceState {
+    pub const ALL: [InstanceState; 6] = [
+        Self::Provisioning,
+        Self::Ready,
+        Self::Upgrading,
+        Self::Deleting,
+        Self::Deleted,
+        Self::Failed,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Provisioning => "provisioning",
+            Self::Ready => "ready",
+            Self::Upgrading => "upgrading",
+            Self::Deleting => "deleting",
+            Self::Deleted => "deleted",
+            Self::Failed => "failed",
+        }
+    }
+
+    pub fn parse(word: &str) -> Result<Self, UnknownWord> {
+        Self::ALL
+            .into_iter()
+            .find(|s| s.as_str() == word)
+            .ok_or_else(|| UnknownWord::new("instance state", word))
+    }
+
+    /// Whether the lifecycle allows `self → to`. Staying put is allowed.
+    pub fn can_become(self, to: InstanceState) -> bool {
+        use InstanceState::*;
+        if self == to {
+            return true;
+        }
+        match (self, to) {
+            (Deleted, _) => false,
+            (_, Deleting) => true,
+            (Deleting, Deleted) => true,
+            (Deleting, _) => false,
+            (Provisioning, Ready | Failed) => true,
+            (Ready, Upgrading | Provisioning | Failed) => true,
+            (Upgrading, Ready | Failed) => true,
+            (Failed, Provisioning | Upgrading | Ready) => true,
+            _ => false,
+        }
+    }
+}
+
+impl fmt::Display for InstanceState {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// What a task asks a worker to do.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum TaskKind {
+    Provision,
+    Reprovision,
+    Upgrade,
+    Deprovision,
+}
+
+impl TaskKind {
+    pub const ALL: [TaskKind; 4] = [
+        Self::Provision,
+        Self::Reprovision,
+        Self::Upgrade,
+        Self::Deprovision,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Provision => "provision",
+            Self::Reprovision => "reprovision",
+            Self::Upgrade => "upgrade",
+            Self::Deprovision => "deprovision",
+        }
+    }
+
+    pub fn parse(word: &str) -> Result<Self, UnknownWord> {
+        Self::ALL
+            .into_iter()
+            .find(|s| s.as_str() == word)
+            .ok_or_else(|| UnknownWord::new("task kind", word))
+    }
+}
+
+impl fmt::Display for TaskKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// Lifecycle of a task: `queued → running → done | failed`, and
+/// `running → queued` on retry or lease expiry.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum TaskState {
+    Queued,
+    Running,
+    Done,
+    Failed,
+}
+
+impl TaskState {
+    pub const ALL: [TaskState; 4] = [Self::Queued, Self::Running, Self::Done, Self::Failed];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Queued => "queued",
+            Self::Running => "running",
+            Self::Done => "done",
+            Self::Failed => "failed",
+        }
+    }
+
+    pub fn parse(word: &str) -> Result<Self, UnknownWord> {
+        Self::ALL
+            .into_iter()
+            .find(|s| s.as_str() == word)
+            .ok_or_else(|| UnknownWord::new("task state", word))
+    }
+
+    /// Queued or running: the task still holds its (instance, kind) slot.
+    pub fn is_active(self) -> bool {
+        matches!(self, Self::Queued | Self::Running)
+    }
+
+    pub fn can_become(self, to: TaskState) -> bool {
+        use TaskState::*;
+        matches!(
+            (self, to),
+            (Queued, Running) | (Running, Queued) | (Running, Done) | (Running, Failed)
+        )
+    }
+}
+
+impl fmt::Display for TaskState {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// A word read from outside (a row, a file) that names no known variant.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("unknown {field} {value:?}")]
+pub struct UnknownWord {
+    pub field: &'static str,
+    pub value: String,
+}
+
+impl UnknownWord {
+    fn new(field: &'static str, value: &str) -> Self {
+        Self {
+            field,
+            value: value.chars().take(64).collect(),
+        }
+    }
+}
+
+/// Database identity of an instance.
+pub type InstanceId = i64;
+/// Database identity of a task.
+pub type TaskId = i64;
+
+/// One tenant's deployment as the database records it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Instance {
+    pub id: InstanceId,
+    /// Unique; also the release name.
+    pub name: InstanceName,
+    pub team: String,
+    pub service_type: String,
+    pub version: String,
+    pub state: InstanceState,
+    /// Operator intent: `true` means keep every container stopped.
+    pub stopped: bool,
+    pub expires_at: Option<Timestamp>,
+    /// Raw window spec; parsed (and possibly rejected) by the planner.
+    pub maintenance_window: Option<String>,
+    pub created_at: Timestamp,
+    pub updated_at: Timestamp,
+}
+
+/// One row of the durable task queue.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Task {
+    pub id: TaskId,
+    pub kind: TaskKind,
+    pub instance: InstanceId,
+    pub state: TaskState,
+    pub run_after: Timestamp,
+    pub locked_by: Option<String>,
+    pub locked_at: Option<Timestamp>,
+    pub attempts: u32,
+    pub reason: String,
+    pub last_error: Option<String>,
+    /// W3C trace context of the tick (or request) that enqueued it.
+    pub traceparent: Option<String>,
+    pub created_at: Timestamp,
+    pub updated_at: Timestamp,
+}
+
+/// A task to be inserted; the store assigns id, state and timestamps.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct NewTask {
+    pub kind: TaskKind,
+    pub instance: InstanceId,
+    pub run_after: Timestamp,
+    pub reason: String,
+    pub traceparent: Option<String>,
+}
+
+/// Rollout switch per catalog service type.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum RolloutState {
+    Active,
+    Halted,
+}
+
+impl RolloutState {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Active => "active",
+            Self::Halted => "halted",
+        }
+    }
+
+    pub fn parse(word: &str) -> Result<Self, UnknownWord> {
+        match word {
+            "active" => Ok(Self::Active),
+            "halted" => Ok(Self::Halted),
+            _ => Err(UnknownWord::new("rollout state", word)),
+        }
+    }
+}
+
+/// Bounded retry with exponential backoff for failed task handlers.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct TaskRetryPolicy {
+    /// Attempts before a task is failed for good.
+    pub attempts_max: u32,
+    pub backoff_base: Duration,
+    pub backoff_max: Duration,
+}
+
+impl Default for TaskRetryPolicy {
+    fn default() -> Self {
+        Self {
+            attempts_max: 5,
+            backoff_base: Duration::from_secs(10),
+            backoff_max: Duration::from_secs(600),
+        }
+    }
+}
+
+/// What a worker does with a task whose handler failed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RetryDecision {
+    /// Requeue with `run_after`.
+    RetryAt(Timestamp),
+    /// Out of attempts.
+    Fail,
+}
+
+impl TaskRetryPolicy {
+    /// `attempts` counts the attempt that just failed (1 after the first).
+    pub fn after_failure(&self, attempts: u32, now: Timestamp) -> RetryDecision {
+        if attempts >= self.attempts_max {
+            return RetryDecision::Fail;
+        }
+        let shift = attempts.saturating_sub(1).min(20);
+        let delay = self
+            .backoff_base
+            .saturating_mul(1u32 << shift)
+            .min(self.backoff_max);
+        RetryDecision::RetryAt(add(now, delay))
+    }
+}
+
+/// `ts + d`, saturating at the end of representable time instead of
+/// panicking (inputs may come from outside).
+pub fn add(ts: Timestamp, d: Duration) -> Timestamp {
+    let signed = jiff::SignedDuration::try_from(d).unwrap_or(jiff::SignedDuration::MAX);
+    ts.checked_add(signed).unwrap_or(Timestamp::MAX)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn deleted_is_terminal() {
+        for to in InstanceState::ALL {
+            if to != InstanceState::Deleted {
+                assert!(!InstanceState::Deleted.can_become(to), "deleted -> {to}");
+            }
+        }
+    }
+
+    #[test]
+    fn every_word_round_trips() {
+        for s in InstanceState::ALL {
+            assert_eq!(InstanceState::parse(s.as_str()), Ok(s));
+        }
+        for k in TaskKind::ALL {
+            assert_eq!(TaskKind::parse(k.as_str()), Ok(k));
+        }
+        for s in TaskState::ALL {
+            assert_eq!(TaskState::parse(s.as_str()), Ok(s));
+        }
+        let err = TaskKind::parse("explode").unwrap_err();
+        assert_eq!(err.to_string(), "unknown task kind \"explode\"");
+    }
+
+    #[test]
+    fn retry_backs_off_then_fails() {
+        let policy = TaskRetryPolicy::default();
+        let now = Timestamp::UNIX_EPOCH;
+        assert_eq!(
+            policy.after_failure(1, now),
+            RetryDecision::RetryAt(add(now, Duration::from_secs(10)))
+        );
+        assert_eq!(
+            policy.after_failure(3, now),
+            RetryDecision::RetryAt(add(now, Duration::from_secs(40)))
+        );
+        assert_eq!(policy.after_failure(5, now), RetryDecision::Fail);
+    }
+}

@@ -1,0 +1,12 @@
+//! The pure, deterministic heart of stead.
+//!
+//! Contract: nothing in this module performs I/O, reads a clock, sleeps,
+//! spawns, or draws from a global random number generator. Time is always an
+//! argument (`now: Timestamp`), randomness always a seeded generator. The same
+//! code therefore runs unchanged in the daemon, in the madsim simulation, under
+//! proptest and under cargo-fuzz. `tests/core_purity.rs` fails the build's
+//! tests if this module gains a forbidden dependency.
+
+pub mod fleet;
+pub mod spec;
+pub mod types;

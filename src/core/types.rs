@@ -1,0 +1,259 @@
+//! Domain types of the recovery pass: who a workload is, what the runtime
+//! says about it, and what the database says it should be.
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::time::Duration;
+
+pub use jiff::Timestamp;
+
+/// Upper bound on the length of any identifier stead accepts (instance,
+/// service and container names). Docker IDs are 64 hex characters.
+pub const IDENT_LEN_MAX: usize = 128;
+
+/// The name of one tenant's deployment; also its release name.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct InstanceName(pub String);
+
+/// The name of one workload inside an instance (`web`, `worker`).
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct ServiceName(pub String);
+
+/// The runtime's ID of one exact container.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct ContainerId(pub String);
+
+macro_rules! string_newtype {
+    ($t:ident) => {
+        impl $t {
+            pub fn new(s: impl Into<String>) -> Self {
+                Self(s.into())
+            }
+            pub fn as_str(&self) -> &str {
+                &self.0
+            }
+        }
+        impl fmt::Display for $t {
+            fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str(&self.0)
+            }
+        }
+        impl From<&str> for $t {
+            fn from(s: &str) -> Self {
+                Self(s.to_owned())
+            }
+        }
+    };
+}
+string_newtype!(InstanceName);
+string_newtype!(ServiceName);
+string_newtype!(ContainerId);
+
+/// One generation: recovery memory is keyed by the exact container that
+/// serves (or served) a service, so a replaced container never inherits its
+/// predecessor's crash history.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct GenerationKey {
+    pub instance: InstanceName,
+    pub service: ServiceName,
+    pub container: ContainerId,
+}
+
+/// (instance, service): the unit of traffic publication.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct ServiceKey {
+    pub instance: InstanceName,
+    pub service: ServiceName,
+}
+
+/// Container port → loopback host port, read from the exact container.
+/// Probes and traffic dial these, never container IPs.
+pub type Binds = BTreeMap<u16, u16>;
+
+/// What the runtime says a container is doing.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum ContainerStatus {
+    Running,
+    /// Transitional: the runtime is restarting it right now.
+    Restarting,
+    /// Transitional: starting up.
+    Starting,
+    Created,
+    Exited,
+    Dead,
+    Stopped,
+    Paused,
+    /// Anything the runtime reported that stead does not recognise, or an
+    /// empty status. Refused, never acted on.
+    Unknown,
+}
+
+impl ContainerStatus {
+    /// Parses the runtime's status word. Unrecognised words are `Unknown`
+    /// rather than an error: the recovery pass refuses to act on them.
+    pub fn parse(word: &str) -> Self {
+        match word {
+            "running" => Self::Running,
+            "restarting" => Self::Restarting,
+            "starting" => Self::Starting,
+            "created" => Self::Created,
+            "exited" => Self::Exited,
+            "dead" => Self::Dead,
+            "stopped" => Self::Stopped,
+            "paused" => Self::Paused,
+            _ => Self::Unknown,
+        }
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Running => "running",
+            Self::Restarting => "restarting",
+            Self::Starting => "starting",
+            Self::Created => "created",
+            Self::Exited => "exited",
+            Self::Dead => "dead",
+            Self::Stopped => "stopped",
+            Self::Paused => "paused",
+            Self::Unknown => "unknown",
+        }
+    }
+
+    /// `restarting` and `starting` are observed and retried, never acted on,
+    /// and keep their traffic.
+    pub fn is_transitional(self) -> bool {
+        matches!(self, Self::Restarting | Self::Starting)
+    }
+
+    /// States in which a running-intent container is started (R9).
+    pub fn is_down(self) -> bool {
+        matches!(
+            self,
+            Self::Created | Self::Exited | Self::Dead | Self::Stopped
+        )
+    }
+
+    /// States that are refused without touching the workload (R9).
+    pub fn is_refused(self) -> bool {
+        matches!(self, Self::Paused | Self::Unknown)
+    }
+}
+
+impl fmt::Display for ContainerStatus {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// One inspection of the exact container.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Observation {
+    pub status: ContainerStatus,
+    /// Start of the current execution. A native runtime restart changes it.
+    /// `None` when the runtime never started it.
+    pub started_at: Option<Timestamp>,
+}
+
+/// Why an inspection (or a mutation) of a container did not answer.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum RuntimeError {
+    /// The runtime confirmed the container does not exist.
+    NotFound,
+    /// Anything else: a timeout, a 500, a refused connection. Changes nothing.
+    Transient(String),
+}
+
+impl fmt::Display for RuntimeError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::NotFound => f.write_str("container not found"),
+            Self::Transient(detail) => write!(f, "runtime error: {detail}"),
+        }
+    }
+}
+
+/// A container's healthcheck verdict.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Health {
+    /// The container has no healthcheck: never restart it for health.
+    None,
+    Starting,
+    Healthy,
+    Unhealthy,
+}
+
+/// Durable reason a generation must not be started.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub enum InhibitionReason {
+    /// The special marker: this superseded container waits to be retired.
+    RetirementPending,
+    /// Any other reason (`operator-hold`, `failed-deploy`, …): never start.
+    Hold(String),
+}
+
+impl InhibitionReason {
+    pub const RETIREMENT_PENDING: &'static str = "retirement-pending";
+
+    pub fn parse(word: &str) -> Self {
+        if word == Self::RETIREMENT_PENDING {
+            Self::RetirementPending
+        } else {
+            Self::Hold(word.to_owned())
+        }
+    }
+
+    pub fn as_str(&self) -> &str {
+        match self {
+            Self::RetirementPending => Self::RETIREMENT_PENDING,
+            Self::Hold(reason) => reason,
+        }
+    }
+}
+
+/// A durable, generation-scoped record.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Inhibition {
+    pub service: ServiceName,
+    pub container: ContainerId,
+    pub reason: InhibitionReason,
+    /// The operation that wrote it (e.g. `upgrade`), for operators.
+    pub operation: String,
+    pub created_at: Timestamp,
+    /// The grace to retire a `retirement-pending` container with.
+    pub stop_grace: Option<Duration>,
+}
+
+/// The durable record of the generation one service serves now.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ActiveService {
+    pub container: ContainerId,
+    /// Changes whenever the spec or image of the generation changes.
+    pub effective_revision: String,
+    /// Verified backend binds; written only after readiness passed (R13).
+    pub binds: Binds,
+    /// Grace period for stopping this service.
+    pub stop_grace: Option<Duration>,
+    /// The last execution the daemon verified (R17), so a restarted daemon
+    /// need not blink traffic for executions that provably did not change.
+    pub verified_started_at: Option<Timestamp>,
+}
+
+/// ACTIVE for one instance: service name → serving generation.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ActiveRecord {
+    pub services: BTreeMap<ServiceName, ActiveService>,
+}
+
+impl ActiveRecord {
+    /// Whether ACTIVE names this container for any service.
+    pub fn names_container(&self, container: &ContainerId) -> bool {
+        self.services.values().any(|s| &s.container == container)
+    }
+}
+
+/// What the operator wants for an instance.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Intent {
+    Running,
+    Stopped,
+}

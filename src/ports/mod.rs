@@ -1,0 +1,359 @@
+//! Ports: the traits through which the engine touches the world.
+//!
+//! Each port has an in-memory implementation (`ports::memory`, used by unit
+//! tests and the simulation) and a real adapter behind the `io` feature.
+//! Adapters are thin: they translate, they add no policy.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use async_trait::async_trait;
+
+use crate::core::fleet::{
+    Instance, InstanceId, InstanceState, NewTask, RolloutState, Task, TaskId,
+};
+use crate::core::spec::{ReadinessProbe, ServiceSpec};
+use crate::core::types::{
+    ActiveRecord, ActiveService, Binds, ContainerId, ContainerStatus, Health, Inhibition,
+    InstanceName, Observation, RuntimeError, ServiceName, Timestamp,
+};
+
+/// The source of `now` for the engine. The core never reads it itself.
+pub trait Clock: Send + Sync {
+    fn now(&self) -> Timestamp;
+}
+
+/// A container the runtime manages on stead's behalf (it carries stead's
+/// labels). One `list_managed` call answers a whole steady-state pass.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ManagedContainer {
+    pub id: ContainerId,
+    pub instance: InstanceName,
+    pub service: ServiceName,
+    pub status: ContainerStatus,
+    pub started_at: Option<Timestamp>,
+}
+
+/// What the provisioner needs to create one container.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct CreateContainer {
+    pub instance: InstanceName,
+    pub spec: ServiceSpec,
+    /// Distinguishes an upgrade's successor from its predecessor; part of
+    /// the deterministic container name.
+    pub revision: String,
+}
+
+/// Containers: inspect, start, stop and read the exact IDs ACTIVE names.
+#[async_trait]
+pub trait Runtime: Send + Sync {
+    async fn inspect(&self, id: &ContainerId) -> Result<Observation, RuntimeError>;
+    async fn start(&self, id: &ContainerId) -> Result<(), RuntimeError>;
+    async fn stop(&self, id: &ContainerId, grace: Duration) -> Result<(), RuntimeError>;
+    async fn restart(&self, id: &ContainerId, grace: Duration) -> Result<(), RuntimeError>;
+    async fn health(&self, id: &ContainerId) -> Result<Health, RuntimeError>;
+    async fn binds(&self, id: &ContainerId) -> Result<Binds, RuntimeError>;
+    /// Every container carrying stead's labels, in one call.
+    async fn list_managed(&self) -> Result<Vec<ManagedContainer>, RuntimeError>;
+    /// Creates (and starts) a container; idempotent on its deterministic name.
+    async fn create(&self, request: &CreateContainer) -> Result<ContainerId, RuntimeError>;
+    /// Removes a container stead owns. Not-found counts as removed.
+    async fn remove(&self, id: &ContainerId) -> Result<(), RuntimeError>;
+}
+
+/// A failure of the traffic plane (proxy unreachable, rejected config).
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("traffic: {0}")]
+pub struct TrafficError(pub String);
+
+/// One verified route: the service's backends and the execution they were
+/// verified for.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Route {
+    pub service: ServiceKey,
+    pub container: ContainerId,
+    pub binds: Binds,
+    /// The execution whose readiness vouches for these binds.
+    pub verified_started_at: Option<Timestamp>,
+}
+
+pub use crate::core::types::ServiceKey;
+
+/// Publication of verified backends.
+#[async_trait]
+pub trait Traffic: Send + Sync {
+    /// Upserts the route of one service. Reported successful only when the
+    /// proxy confirmed it.
+    async fn publish(&self, route: &Route) -> Result<(), TrafficError>;
+    /// Removes the route of one service. Not-found counts as withdrawn.
+    async fn withdraw(&self, service: &ServiceKey) -> Result<(), TrafficError>;
+}
+
+/// A live release as the provisioner sees it.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct Release {
+    pub name: String,
+    pub namespace: String,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("provisioner: {0}")]
+pub struct ProvisionError(pub String);
+
+/// Releases: install-or-upgrade on a deterministic name, uninstall, list.
+#[async_trait]
+pub trait Provisioner: Send + Sync {
+    /// Idempotent: installing an installed release upgrades it in place.
+    async fn install_or_upgrade(&self, release: &str, version: &str) -> Result<(), ProvisionError>;
+    async fn uninstall(&self, release: &str) -> Result<(), ProvisionError>;
+    async fn list_releases(&self) -> Result<Vec<Release>, ProvisionError>;
+}
+
+/// Readiness of one execution's backends.
+#[async_trait]
+pub trait Probe: Send + Sync {
+    async fn ready(&self, probe: &ReadinessProbe, binds: &Binds) -> Result<(), String>;
+}
+
+/// Bind and device grants; checked before any runtime mutation (R11).
+#[async_trait]
+pub trait Policy: Send + Sync {
+    async fn check(&self, instance: &InstanceName, service: &ServiceName) -> Result<(), String>;
+}
+
+/// Courtesy notifications (drift). A failure never aborts a sweep.
+#[async_trait]
+pub trait Notifier: Send + Sync {
+    async fn notify(&self, event: &str, message: &str) -> Result<(), String>;
+}
+
+/// Why a store operation failed.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum StoreError {
+    /// The database is unreachable or the statement failed; retry later.
+    #[error("store unavailable: {0}")]
+    Unavailable(String),
+    /// A row written by another tool does not parse. Names table, row, field
+    /// and value so an operator can fix it.
+    #[error("bad row in {table} (id {id}): {field} = {value:?}")]
+    BadRow {
+        table: &'static str,
+        id: String,
+        field: &'static str,
+        value: String,
+    },
+    /// A compare-and-set or uniqueness precondition did not hold.
+    #[error("conflict: {0}")]
+    Conflict(String),
+    /// The writer's reconciler lease is no longer current.
+    #[error("fenced: reconciler lease epoch {epoch} is no longer current")]
+    Fenced { epoch: i64 },
+    #[error("not found: {0}")]
+    NotFound(String),
+}
+
+/// Proof of holding the reconciler lease; fenced writes carry it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LeaseGrant {
+    pub holder: String,
+    pub epoch: i64,
+    pub expires_at: Timestamp,
+}
+
+/// An instance to create.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct NewInstance {
+    pub name: InstanceName,
+    pub team: String,
+    pub service_type: String,
+    pub version: String,
+    pub expires_at: Option<Timestamp>,
+    pub maintenance_window: Option<String>,
+}
+
+/// Rows that failed to parse are reported beside the rows that did, so one
+/// tenant's bad data never hides the others.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Rows<T> {
+    pub rows: Vec<T>,
+    pub bad: Vec<StoreError>,
+}
+
+/// Durable state and the task queue.
+#[async_trait]
+pub trait Store: Send + Sync {
+    // --- instances -------------------------------------------------------
+    async fn create_instance(
+        &self,
+        new: &NewInstance,
+        now: Timestamp,
+    ) -> Result<Instance, StoreError>;
+    async fn instance(&self, name: &InstanceName) -> Result<Option<Instance>, StoreError>;
+    async fn instance_by_id(&self, id: InstanceId) -> Result<Option<Instance>, StoreError>;
+    async fn list_instances(&self) -> Result<Rows<Instance>, StoreError>;
+    /// Compare-and-set; `Ok(false)` when the state was not `from`.
+    async fn set_instance_state(
+        &self,
+        id: InstanceId,
+        from: InstanceState,
+        to: InstanceState,
+        now: Timestamp,
+    ) -> Result<bool, StoreError>;
+    async fn set_instance_stopped(
+        &self,
+        id: InstanceId,
+        stopped: bool,
+        now: Timestamp,
+    ) -> Result<(), StoreError>;
+    async fn set_instance_version(
+        &self,
+        id: InstanceId,
+        version: &str,
+        now: Timestamp,
+    ) -> Result<(), StoreError>;
+
+    // --- ACTIVE ----------------------------------------------------------
+    async fn load_active(&self, instance: &InstanceName) -> Result<ActiveRecord, StoreError>;
+    async fn save_active_service(
+        &self,
+        instance: &InstanceName,
+        service: &ServiceName,
+        active: &ActiveService,
+    ) -> Result<(), StoreError>;
+    async fn remove_active_service(
+        &self,
+        instance: &InstanceName,
+        service: &ServiceName,
+    ) -> Result<(), StoreError>;
+    /// Writes binds only if ACTIVE still names `container` at `revision`;
+    /// `Ok(false)` when the generation changed.
+    async fn persist_binds(
+        &self,
+        instance: &InstanceName,
+        service: &ServiceName,
+        container: &ContainerId,
+        revision: &str,
+        binds: &Binds,
+    ) -> Result<bool, StoreError>;
+    /// Records the last verified execution of the generation (R17).
+    async fn record_verified_execution(
+        &self,
+        instance: &InstanceName,
+        service: &ServiceName,
+        container: &ContainerId,
+        started_at: Timestamp,
+    ) -> Result<(), StoreError>;
+    /// Releases the bind claims of a gone container (clears its binds).
+    async fn release_claims(
+        &self,
+        instance: &InstanceName,
+        container: &ContainerId,
+    ) -> Result<(), StoreError>;
+
+    // --- inhibitions -----------------------------------------------------
+    async fn load_inhibitions(
+        &self,
+        instance: &InstanceName,
+    ) -> Result<Vec<Inhibition>, StoreError>;
+    /// Replaces any record with the same (instance, service, container).
+    async fn save_inhibition(
+        &self,
+        instance: &InstanceName,
+        inhibition: &Inhibition,
+    ) -> Result<(), StoreError>;
+    /// Idempotent.
+    async fn clear_inhibition(
+        &self,
+        instance: &InstanceName,
+        service: &ServiceName,
+        container: &ContainerId,
+    ) -> Result<(), StoreError>;
+
+    // --- tasks -----------------------------------------------------------
+    /// `Ok(None)` when a queued-or-running task of the same (instance, kind)
+    /// exists (enforced by the database). With a fence, the insert happens
+    /// only while that reconciler lease is current.
+    async fn enqueue(
+        &self,
+        task: &NewTask,
+        now: Timestamp,
+        fence: Option<&LeaseGrant>,
+    ) -> Result<Option<TaskId>, StoreError>;
+    /// Claims up to `limit` due tasks (`run_after <= now`), oldest first.
+    async fn claim(
+        &self,
+        worker: &str,
+        now: Timestamp,
+        limit: u32,
+    ) -> Result<Vec<Task>, StoreError>;
+    /// `Ok(false)` when the worker no longer holds the task.
+    async fn extend_lease(
+        &self,
+        id: TaskId,
+        worker: &str,
+        now: Timestamp,
+    ) -> Result<bool, StoreError>;
+    async fn complete(&self, id: TaskId, worker: &str, now: Timestamp) -> Result<bool, StoreError>;
+    async fn retry(
+        &self,
+        id: TaskId,
+        worker: &str,
+        run_after: Timestamp,
+        error: &str,
+        now: Timestamp,
+    ) -> Result<bool, StoreError>;
+    async fn fail(
+        &self,
+        id: TaskId,
+        worker: &str,
+        error: &str,
+        now: Timestamp,
+    ) -> Result<bool, StoreError>;
+    /// Running tasks whose `locked_at` is older than `lease` go back to
+    /// queued, attempts kept. Returns how many.
+    async fn reset_expired_leases(
+        &self,
+        now: Timestamp,
+        lease: Duration,
+        fence: Option<&LeaseGrant>,
+    ) -> Result<u64, StoreError>;
+    /// Queued and running tasks (what the planners need).
+    async fn active_tasks(&self) -> Result<Rows<Task>, StoreError>;
+    async fn task(&self, id: TaskId) -> Result<Option<Task>, StoreError>;
+    /// TTL (C7): compare-and-set the state to `deleting` and insert one
+    /// deprovision task, in one transaction. `Ok(None)` if either the CAS
+    /// failed or a deprovision is already active.
+    async fn expire_instance(
+        &self,
+        id: InstanceId,
+        from: InstanceState,
+        task: &NewTask,
+        now: Timestamp,
+        fence: Option<&LeaseGrant>,
+    ) -> Result<Option<TaskId>, StoreError>;
+
+    // --- gauges ----------------------------------------------------------
+    async fn queue_depth(&self) -> Result<u64, StoreError>;
+    async fn instance_counts(&self) -> Result<BTreeMap<InstanceState, u64>, StoreError>;
+
+    // --- rollouts --------------------------------------------------------
+    async fn rollouts(&self) -> Result<BTreeMap<String, RolloutState>, StoreError>;
+    async fn set_rollout(
+        &self,
+        service_type: &str,
+        state: RolloutState,
+        reason: &str,
+        now: Timestamp,
+    ) -> Result<(), StoreError>;
+
+    // --- the reconciler singleton (C2) -----------------------------------
+    /// Takes or renews the lease. `Ok(None)` while another holder's lease is
+    /// unexpired. Each change of holder increments the epoch.
+    async fn acquire_reconciler_lease(
+        &self,
+        holder: &str,
+        now: Timestamp,
+        ttl: Duration,
+    ) -> Result<Option<LeaseGrant>, StoreError>;
+    async fn release_reconciler_lease(&self, grant: &LeaseGrant) -> Result<(), StoreError>;
+}

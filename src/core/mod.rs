@@ -10,3 +10,8 @@
 pub mod fleet;
 pub mod spec;
 pub mod types;
+pub mod budget;
+pub mod policy;
+pub mod recovery;
+pub mod memory;
+pub mod retire;

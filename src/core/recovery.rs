@@ -1,0 +1,871 @@
+//! The per-service recovery machine (R4–R14), sans-IO.
+//!
+//! The machine never performs anything. The caller drives it:
+//!
+//! 1. [`ServiceRecovery::poll_command`] yields the next [`Command`] (or
+//!    `None` when the machine is finished);
+//! 2. the caller performs that command through a port and feeds the result
+//!    back with [`ServiceRecovery::handle`], passing the current `now`;
+//! 3. repeat until `poll_command` returns `None`, then take the
+//!    [`Report`] with [`ServiceRecovery::into_report`].
+//!
+//! If the caller gives up (the per-instance deadline passed), it calls
+//! [`ServiceRecovery::abandon`] instead, which fails closed.
+//!
+//! The same machine is driven by the async engine, by the synchronous test
+//! driver in `tests/`, and by a fuzzer feeding it arbitrary outcomes.
+
+use std::time::Duration;
+
+use jiff::Timestamp;
+
+use super::budget::{Budget, BudgetEntry};
+use super::policy::RecoveryPolicy;
+use super::types::{
+    ActiveService, Binds, ContainerStatus, GenerationKey, Health, Intent, Observation,
+    RuntimeError,
+};
+
+/// Hard bound on the commands one service recovery may issue. The longest
+/// path is about a dozen; anything near this bound is a bug.
+pub const COMMANDS_PER_RECOVERY_MAX: u32 = 24;
+
+/// Everything the recovery pass remembers about one generation between
+/// passes. Volatile by design (R17), except `verified_started_at`, which
+/// the engine also persists.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct GenerationMemory {
+    pub budget: Option<BudgetEntry>,
+    /// The last execution this daemon verified and routed.
+    pub verified_started_at: Option<Timestamp>,
+}
+
+impl GenerationMemory {
+    pub fn is_empty(&self) -> bool {
+        self.budget.is_none() && self.verified_started_at.is_none()
+    }
+}
+
+/// Memory of one service as handed to (and returned by) a recovery.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ServiceMemory {
+    pub generation: GenerationMemory,
+    /// A previous withdrawal failed and was not yet retried with success
+    /// (R6). Keyed by service, not generation.
+    pub withdrawal_pending: bool,
+}
+
+/// The inputs of one service's recovery.
+#[derive(Clone, Debug)]
+pub struct ServiceInput {
+    pub key: GenerationKey,
+    /// ACTIVE as loaded at the start of the pass.
+    pub active: ActiveService,
+    pub intent: Intent,
+    /// A durable inhibition (any reason but `retirement-pending`) on this
+    /// exact generation, by reason.
+    pub inhibition: Option<String>,
+    pub memory: ServiceMemory,
+}
+
+/// One effect the caller must perform on the machine's exact generation.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Command {
+    /// Remove the service's route from the traffic plane.
+    Withdraw,
+    /// Inspect the exact container.
+    Inspect,
+    /// Release the bind claims of the (gone) container.
+    ReleaseClaims,
+    /// Check that bind and device grants still hold (R11).
+    CheckPolicy,
+    Start,
+    Restart { grace: Duration },
+    Stop { grace: Duration },
+    ReadHealth,
+    ReadBinds,
+    ProbeReadiness { binds: Binds },
+    /// Load ACTIVE for this service again.
+    ReloadActive,
+    /// Write binds to ACTIVE, only if the generation is unchanged.
+    PersistBinds { binds: Binds },
+    /// Route the service to `binds`, vouched for by execution `started_at`.
+    Publish {
+        binds: Binds,
+        started_at: Option<Timestamp>,
+    },
+    /// Durably remember the verified execution (R17).
+    RecordExecution { started_at: Timestamp },
+}
+
+impl Command {
+    /// Whether the command changes the workload itself.
+    pub fn mutates_workload(&self) -> bool {
+        matches!(self, Self::Start | Self::Restart { .. } | Self::Stop { .. })
+    }
+}
+
+/// The result of performing a [`Command`]. Each variant answers exactly one
+/// command kind; feeding the wrong one is a bug in the driver.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Outcome {
+    Withdrawn(Result<(), String>),
+    Inspected(Result<Observation, RuntimeError>),
+    ClaimsReleased(Result<(), String>),
+    PolicyChecked(Result<(), String>),
+    Started(Result<(), RuntimeError>),
+    Restarted(Result<(), RuntimeError>),
+    Stopped(Result<(), RuntimeError>),
+    Health(Result<Health, RuntimeError>),
+    Binds(Result<Binds, RuntimeError>),
+    Readiness(Result<(), String>),
+    /// `Ok(None)`: ACTIVE no longer has this service.
+    ActiveReloaded(Result<Option<ActiveService>, String>),
+    /// `Ok(false)`: the generation changed underneath.
+    BindsPersisted(Result<bool, String>),
+    Published(Result<(), String>),
+    ExecutionRecorded(Result<(), String>),
+}
+
+/// Why a service is not (yet) verified this pass.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Verdict {
+    /// Running, verified, and routed (`published` says whether this pass had
+    /// to publish or the route was already right).
+    Verified {
+        started_at: Option<Timestamp>,
+        published: bool,
+    },
+    /// Restarting or starting: observed, retried next pass.
+    Transitional,
+    /// Down, but the budget delays the next attempt.
+    Delayed { next_attempt: Option<Timestamp> },
+    /// The container is confirmed gone; no reconstruction.
+    Gone,
+    /// Durably inhibited; never started.
+    Inhibited,
+    /// Stopped intent enforced.
+    Stopped,
+    /// Something failed; see the report's errors.
+    Failed,
+}
+
+/// Errors one recovery reports, in the order they happened.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum RecoveryError {
+    #[error("recovery inhibited ({reason}); no start attempted")]
+    Inhibited { reason: String },
+    #[error("withdrawal failed: {0}")]
+    WithdrawFailed(String),
+    #[error("inspect failed: {0}")]
+    InspectFailed(String),
+    #[error("container is gone; traffic withdrawn, no reconstruction")]
+    Gone,
+    #[error("releasing bind claims failed: {0}")]
+    ReleaseClaimsFailed(String),
+    #[error("container is {0}; refusing to act on it")]
+    RefusedStatus(ContainerStatus),
+    #[error("bind or device policy revoked: {0}")]
+    PolicyRevoked(String),
+    #[error("start failed: {0}")]
+    StartFailed(String),
+    #[error("restart of unhealthy container failed: {0}")]
+    RestartFailed(String),
+    #[error("stop failed: {0}")]
+    StopFailed(String),
+    #[error("reading binds failed: {0}")]
+    BindsFailed(String),
+    #[error("readiness failed: {0}")]
+    NotReady(String),
+    #[error("execution changed during verification")]
+    ExecutionChanged,
+    #[error("ACTIVE generation changed during verification")]
+    GenerationChanged,
+    #[error("reloading ACTIVE failed: {0}")]
+    ReloadFailed(String),
+    #[error("persisting binds failed: {0}")]
+    PersistFailed(String),
+    #[error("publication failed: {0}")]
+    PublishFailed(String),
+    #[error("recording the verified execution failed: {0}")]
+    RecordFailed(String),
+    #[error("recovery deadline exceeded")]
+    DeadlineExceeded,
+}
+
+/// What one service recovery did and what it leaves behind.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Report {
+    pub key: GenerationKey,
+    pub verdict: Verdict,
+    pub errors: Vec<RecoveryError>,
+    /// Memory to keep for the next pass.
+    pub memory: ServiceMemory,
+    /// Whether this pass started or restarted the workload.
+    pub intervened: bool,
+}
+
+/// Where the machine is; each state but `Done` owns exactly one command.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Phase {
+    WithdrawInhibited,
+    RetryPendingWithdrawal,
+    Inspect,
+    ReleaseGoneClaims,
+    WithdrawGone,
+    WithdrawUnverified,
+    CheckPolicyForStart,
+    Start,
+    InspectAfterFailedStart,
+    InspectStarted,
+    ReadHealth,
+    CheckPolicyForRestart,
+    WithdrawBeforeRestart,
+    Restart,
+    InspectRestarted,
+    ReadBinds,
+    Probe,
+    Reinspect,
+    ReloadActive,
+    PersistBinds,
+    Publish,
+    RecordExecution,
+    /// Withdraw after a failed verification, then finish as failed.
+    WithdrawAfterFailure,
+    // Stopped intent (R4).
+    StoppedWithdraw,
+    StoppedInspect,
+    StoppedStop,
+    Done,
+}
+
+/// The recovery of one service for one pass. See the module docs for the
+/// call order.
+#[derive(Debug)]
+pub struct ServiceRecovery<'p> {
+    policy: &'p RecoveryPolicy,
+    key: GenerationKey,
+    active: ActiveService,
+    inhibition: Option<String>,
+    budget: Budget,
+    verified_started_at: Option<Timestamp>,
+    withdrawal_pending: bool,
+    phase: Phase,
+    /// The command yielded by `poll_command` and not yet answered.
+    outstanding: Option<Command>,
+    commands_issued: u32,
+    withdrawn_this_pass: bool,
+    fresh: bool,
+    started: bool,
+    restarted: bool,
+    stable: bool,
+    published: bool,
+    /// The execution being verified.
+    observed: Option<Observation>,
+    binds: Binds,
+    verdict: Verdict,
+    errors: Vec<RecoveryError>,
+}
+
+impl<'p> ServiceRecovery<'p> {
+    pub fn new(policy: &'p RecoveryPolicy, input: ServiceInput) -> Self {
+        let ServiceInput {
+            key,
+            active,
+            intent,
+            inhibition,
+            memory,
+        } = input;
+        assert_eq!(key.container, active.container, "key must name ACTIVE's container");
+        let phase = match (intent, &inhibition, memory.withdrawal_pending) {
+            (Intent::Stopped, _, _) => Phase::StoppedWithdraw,
+            (Intent::Running, Some(_), _) => Phase::WithdrawInhibited,
+            (Intent::Running, None, true) => Phase::RetryPendingWithdrawal,
+            (Intent::Running, None, false) => Phase::Inspect,
+        };
+        let mut budget = Budget::from_entry(memory.generation.budget);
+        let mut verified_started_at = memory.generation.verified_started_at;
+        if intent == Intent::Stopped {
+            // Stopped intent forgets the service's memory (R4).
+            budget.forget();
+            verified_started_at = None;
+        }
+        Self {
+            policy,
+            key,
+            active,
+            inhibition,
+            budget,
+            verified_started_at,
+            withdrawal_pending: memory.withdrawal_pending,
+            phase,
+            outstanding: None,
+            commands_issued: 0,
+            withdrawn_this_pass: false,
+            fresh: false,
+            started: false,
+            restarted: false,
+            stable: false,
+            published: false,
+            observed: None,
+            binds: Binds::new(),
+            verdict: Verdict::Failed,
+            errors: Vec::new(),
+        }
+    }
+
+    pub fn key(&self) -> &GenerationKey {
+        &self.key
+    }
+
+    pub fn is_done(&self) -> bool {
+        self.phase == Phase::Done
+    }
+
+    /// The next command to perform, or `None` once finished. Calling it
+    /// again without answering returns the same command.
+    #[must_use]
+    pub fn poll_command(&mut self) -> Option<Command> {
+        if let Some(cmd) = &self.outstanding {
+            return Some(cmd.clone());
+        }
+        let cmd = self.command_for_phase()?;
+        self.commands_issued += 1;
+        assert!(
+            self.commands_issued <= COMMANDS_PER_RECOVERY_MAX,
+            "recovery of {:?} exceeded its command bound",
+            self.key
+        );
+        self.outstanding = Some(cmd.clone());
+        Some(cmd)
+    }
+
+    fn command_for_phase(&self) -> Option<Command> {
+        let grace = self.active.stop_grace.unwrap_or(self.policy.stop_grace_default);
+        Some(match self.phase {
+            Phase::WithdrawInhibited
+            | Phase::RetryPendingWithdrawal
+            | Phase::WithdrawGone
+            | Phase::WithdrawUnverified
+            | Phase::WithdrawBeforeRestart
+            | Phase::WithdrawAfterFailure
+            | Phase::StoppedWithdraw => Command::Withdraw,
+            Phase::Inspect
+            | Phase::InspectAfterFailedStart
+            | Phase::InspectStarted
+            | Phase::InspectRestarted
+            | Phase::Reinspect
+            | Phase::StoppedInspect => Command::Inspect,
+            Phase::ReleaseGoneClaims => Command::ReleaseClaims,
+            Phase::CheckPolicyForStart | Phase::CheckPolicyForRestart => Command::CheckPolicy,
+            Phase::Start => Command::Start,
+            Phase::Restart => Command::Restart { grace },
+            Phase::StoppedStop => Command::Stop { grace },
+            Phase::ReadHealth => Command::ReadHealth,
+            Phase::ReadBinds => Command::ReadBinds,
+            Phase::Probe => Command::ProbeReadiness {
+                binds: self.binds.clone(),
+            },
+            Phase::ReloadActive => Command::ReloadActive,
+            Phase::PersistBinds => Command::PersistBinds {
+                binds: self.binds.clone(),
+            },
+            Phase::Publish => Command::Publish {
+                binds: self.binds.clone(),
+                started_at: self.observed_started_at(),
+            },
+            Phase::RecordExecution => Command::RecordExecution {
+                started_at: self
+                    .observed_started_at()
+                    .expect("only recorded when known"),
+            },
+            Phase::Done => return None,
+        })
+    }
+
+    fn observed_started_at(&self) -> Option<Timestamp> {
+        self.observed.as_ref().and_then(|o| o.started_at)
+    }
+
+    /// Feeds the outcome of the outstanding command.
+    pub fn handle(&mut self, outcome: Outcome, now: Timestamp) {
+        let cmd = self
+            .outstanding
+            .take()
+            .expect("handle called without an outstanding command");
+        assert!(
+            outcome_answers(&outcome, &cmd),
+            "outcome {outcome:?} does not answer {cmd:?}"
+        );
+        match outcome {
+            Outcome::Withdrawn(result) => self.on_withdrawn(result, now),
+            Outcome::Inspected(result) => self.on_inspected(result, now),
+            Outcome::ClaimsReleased(result) => {
+                if let Err(e) = result {
+                    self.errors.push(RecoveryError::ReleaseClaimsFailed(e));
+                }
+                self.phase = Phase::WithdrawGone;
+            }
+            Outcome::PolicyChecked(result) => self.on_policy(result),
+            Outcome::Started(result) => self.on_started(result),
+            Outcome::Restarted(result) => self.on_restarted(result, now),
+            Outcome::Stopped(result) => {
+                match result {
+                    Ok(()) | Err(RuntimeError::NotFound) => {}
+                    Err(RuntimeError::Transient(e)) => {
+                        self.errors.push(RecoveryError::StopFailed(e));
+                    }
+                }
+                self.finish_stopped();
+            }
+            Outcome::Health(result) => self.on_health(result, now),
+            Outcome::Binds(result) => match result {
+                Ok(binds) => {
+                    self.binds = binds;
+                    self.phase = if self.needs_readiness() {
+                        Phase::Probe
+                    } else {
+                        Phase::Reinspect
+                    };
+                }
+                Err(e) => self.verification_failed(RecoveryError::BindsFailed(e.to_string()), now),
+            },
+            Outcome::Readiness(result) => match result {
+                Ok(()) => self.phase = Phase::Reinspect,
+                Err(e) => self.verification_failed(RecoveryError::NotReady(e), now),
+            },
+            Outcome::ActiveReloaded(result) => self.on_active_reloaded(result, now),
+            Outcome::BindsPersisted(result) => match result {
+                Ok(true) => self.decide_publication(now),
+                Ok(false) => self.verification_failed(RecoveryError::GenerationChanged, now),
+                Err(e) => self.verification_failed(RecoveryError::PersistFailed(e), now),
+            },
+            Outcome::Published(result) => match result {
+                Ok(()) => {
+                    self.published = true;
+                    self.decide_record(now);
+                }
+                Err(e) => {
+                    // Not charged, not withdrawn: the workload is fine, the
+                    // proxy is not. The execution stays unrecorded, so the
+                    // next pass verifies and publishes again.
+                    self.errors.push(RecoveryError::PublishFailed(e));
+                    self.budget.invalidate_stable();
+                    self.finish(Verdict::Failed);
+                }
+            },
+            Outcome::ExecutionRecorded(result) => {
+                if let Err(e) = result {
+                    self.errors.push(RecoveryError::RecordFailed(e));
+                }
+                self.finish_verified(now);
+            }
+        }
+    }
+
+    fn needs_readiness(&self) -> bool {
+        self.started || self.restarted || self.fresh
+    }
+
+    fn on_withdrawn(&mut self, result: Result<(), String>, now: Timestamp) {
+        let ok = result.is_ok();
+        match result {
+            Ok(()) => {
+                self.withdrawal_pending = false;
+                self.withdrawn_this_pass = true;
+            }
+            Err(e) => {
+                self.withdrawal_pending = true;
+                self.errors.push(RecoveryError::WithdrawFailed(e));
+            }
+        }
+        match self.phase {
+            Phase::WithdrawInhibited => {
+                let reason = self.inhibition.clone().unwrap_or_default();
+                self.errors.insert(0, RecoveryError::Inhibited { reason });
+                self.finish(Verdict::Inhibited);
+            }
+            Phase::RetryPendingWithdrawal | Phase::WithdrawUnverified => {
+                if ok {
+                    self.phase = if self.phase == Phase::RetryPendingWithdrawal {
+                        Phase::Inspect
+                    } else {
+                        self.after_fail_closed(now)
+                    };
+                } else {
+                    // R6/R8: nothing else happens to this service this pass.
+                    self.budget.invalidate_stable();
+                    self.finish(Verdict::Failed);
+                }
+            }
+            Phase::WithdrawGone => {
+                self.budget.forget();
+                self.verified_started_at = None;
+                self.finish(Verdict::Gone);
+            }
+            Phase::WithdrawBeforeRestart => {
+                if ok {
+                    self.phase = Phase::Restart;
+                } else {
+                    self.budget.invalidate_stable();
+                    self.finish(Verdict::Failed);
+                }
+            }
+            Phase::WithdrawAfterFailure => self.finish(Verdict::Failed),
+            Phase::StoppedWithdraw => self.phase = Phase::StoppedInspect,
+            other => unreachable!("withdraw answered in phase {other:?}"),
+        }
+    }
+
+    fn on_inspected(&mut self, result: Result<Observation, RuntimeError>, now: Timestamp) {
+        match self.phase {
+            Phase::Inspect => match result {
+                Err(RuntimeError::NotFound) => {
+                    self.errors.push(RecoveryError::Gone);
+                    self.phase = Phase::ReleaseGoneClaims;
+                }
+                Err(RuntimeError::Transient(e)) => {
+                    // R7: a transient error changes neither workload nor
+                    // traffic.
+                    self.errors.push(RecoveryError::InspectFailed(e));
+                    self.budget.invalidate_stable();
+                    self.finish(Verdict::Failed);
+                }
+                Ok(obs) => self.on_first_observation(obs, now),
+            },
+            Phase::InspectAfterFailedStart => match result {
+                Ok(obs) if obs.status == ContainerStatus::Running || obs.status.is_transitional() => {
+                    // The runtime's own restart won the race: nothing is
+                    // charged and the start counts as done.
+                    self.budget.clear_unhealthy();
+                    self.started = true;
+                    self.observed = Some(obs);
+                    self.phase = Phase::ReadHealth;
+                }
+                _ => {
+                    self.budget.record_failure(self.policy, now);
+                    self.finish(Verdict::Failed);
+                }
+            },
+            Phase::InspectStarted | Phase::InspectRestarted => match result {
+                Ok(obs) => {
+                    self.observed = Some(obs);
+                    self.phase = if self.phase == Phase::InspectStarted {
+                        Phase::ReadHealth
+                    } else {
+                        Phase::ReadBinds
+                    };
+                }
+                Err(e) => {
+                    // The intervention stays pending; a generation found down
+                    // next pass is charged then.
+                    self.errors.push(RecoveryError::InspectFailed(e.to_string()));
+                    self.budget.invalidate_stable();
+                    self.phase = Phase::WithdrawAfterFailure;
+                    self.skip_redundant_withdraw();
+                }
+            },
+            Phase::Reinspect => {
+                let same = matches!(&result, Ok(obs)
+                    if Some(obs.started_at) == self.observed.as_ref().map(|o| o.started_at)
+                        && obs.status == ContainerStatus::Running);
+                if same {
+                    self.phase = Phase::ReloadActive;
+                } else {
+                    let err = match result {
+                        Err(e) => RecoveryError::InspectFailed(e.to_string()),
+                        Ok(_) => RecoveryError::ExecutionChanged,
+                    };
+                    self.verification_failed(err, now);
+                }
+            }
+            Phase::StoppedInspect => match result {
+                Err(RuntimeError::NotFound) => self.finish_stopped(),
+                Err(RuntimeError::Transient(e)) => {
+                    self.errors.push(RecoveryError::InspectFailed(e));
+                    self.finish_stopped();
+                }
+                Ok(obs) if obs.status == ContainerStatus::Running || obs.status.is_transitional() => {
+                    self.phase = Phase::StoppedStop;
+                }
+                Ok(_) => self.finish_stopped(),
+            },
+            other => unreachable!("inspect answered in phase {other:?}"),
+        }
+    }
+
+    /// R8: classify the first observation and fail closed before touching
+    /// the workload.
+    fn on_first_observation(&mut self, obs: Observation, now: Timestamp) {
+        self.fresh = obs.started_at.is_none() || obs.started_at != self.verified_started_at;
+        let unverified = obs.status != ContainerStatus::Running && !obs.status.is_transitional();
+        if self.fresh {
+            self.budget.clear_unhealthy();
+        }
+        self.observed = Some(obs);
+        if (self.fresh || unverified) && !self.withdrawn_this_pass {
+            self.phase = Phase::WithdrawUnverified;
+        } else {
+            self.phase = self.after_fail_closed(now);
+        }
+    }
+
+    /// R9: drive by status once nothing unverified is routable.
+    fn after_fail_closed(&mut self, now: Timestamp) -> Phase {
+        let status = self.observed.as_ref().expect("observed").status;
+        if status == ContainerStatus::Running {
+            return Phase::ReadHealth;
+        }
+        if status.is_transitional() {
+            self.budget.invalidate_stable();
+            self.finish(Verdict::Transitional);
+            return Phase::Done;
+        }
+        if status.is_refused() {
+            self.errors.push(RecoveryError::RefusedStatus(status));
+            self.budget.invalidate_stable();
+            self.finish(Verdict::Failed);
+            return Phase::Done;
+        }
+        debug_assert!(status.is_down());
+        self.phase_for_down(now)
+    }
+
+    /// R9/R10: a down container is started under the budget. One found
+    /// down again while an earlier intervention is unconfirmed is a crash
+    /// loop: charge it first, then ask the budget again.
+    fn phase_for_down(&mut self, now: Timestamp) -> Phase {
+        if self.budget.allow(now) && self.budget.attempt_pending() {
+            self.budget.record_failure(self.policy, now);
+        }
+        if !self.budget.allow(now) {
+            self.budget.invalidate_stable();
+            self.finish(Verdict::Delayed {
+                next_attempt: self.budget.next_attempt(),
+            });
+            return Phase::Done;
+        }
+        Phase::CheckPolicyForStart
+    }
+
+    fn on_policy(&mut self, result: Result<(), String>) {
+        match (self.phase, result) {
+            (Phase::CheckPolicyForStart, Ok(())) => self.phase = Phase::Start,
+            (Phase::CheckPolicyForRestart, Ok(())) => {
+                self.phase = Phase::WithdrawBeforeRestart;
+                self.skip_redundant_withdraw_to(Phase::Restart);
+            }
+            (phase, Err(e)) => {
+                assert!(matches!(
+                    phase,
+                    Phase::CheckPolicyForStart | Phase::CheckPolicyForRestart
+                ));
+                // Fail closed before any runtime mutation (R11).
+                self.errors.push(RecoveryError::PolicyRevoked(e));
+                self.budget.invalidate_stable();
+                self.phase = Phase::WithdrawAfterFailure;
+                self.skip_redundant_withdraw();
+            }
+            (other, Ok(())) => unreachable!("policy answered in phase {other:?}"),
+        }
+    }
+
+    fn on_started(&mut self, result: Result<(), RuntimeError>) {
+        match result {
+            Ok(()) => {
+                self.budget.mark_attempt();
+                self.started = true;
+                self.phase = Phase::InspectStarted;
+            }
+            Err(RuntimeError::NotFound) => {
+                self.errors.push(RecoveryError::Gone);
+                self.budget.forget();
+                self.verified_started_at = None;
+                self.finish(Verdict::Gone);
+            }
+            Err(RuntimeError::Transient(e)) => {
+                self.errors.push(RecoveryError::StartFailed(e));
+                self.phase = Phase::InspectAfterFailedStart;
+            }
+        }
+    }
+
+    fn on_restarted(&mut self, result: Result<(), RuntimeError>, now: Timestamp) {
+        match result {
+            Ok(()) => {
+                self.budget.mark_attempt();
+                self.budget.clear_unhealthy();
+                self.restarted = true;
+                self.stable = false;
+                self.phase = Phase::InspectRestarted;
+            }
+            Err(e) => {
+                self.budget.record_failure(self.policy, now);
+                self.errors.push(RecoveryError::RestartFailed(e.to_string()));
+                self.finish(Verdict::Failed);
+            }
+        }
+    }
+
+    /// R12.
+    fn on_health(&mut self, result: Result<Health, RuntimeError>, now: Timestamp) {
+        self.phase = Phase::ReadBinds;
+        match result {
+            // A read error is neither unhealthy nor stable.
+            Err(_) => self.stable = false,
+            // No healthcheck: never restart for health; observation counts.
+            Ok(Health::None) => self.stable = true,
+            Ok(Health::Starting) => {
+                self.budget.clear_unhealthy();
+                self.stable = false;
+            }
+            Ok(Health::Healthy) => {
+                self.budget.clear_unhealthy();
+                self.stable = true;
+            }
+            Ok(Health::Unhealthy) => {
+                self.stable = false;
+                let streak = self.budget.observe_unhealthy();
+                if streak >= self.policy.unhealthy_threshold && self.budget.allow(now) {
+                    self.phase = Phase::CheckPolicyForRestart;
+                }
+            }
+        }
+    }
+
+    fn on_active_reloaded(&mut self, result: Result<Option<ActiveService>, String>, now: Timestamp) {
+        match result {
+            Ok(Some(current))
+                if current.container == self.active.container
+                    && current.effective_revision == self.active.effective_revision =>
+            {
+                if current.binds != self.binds {
+                    self.phase = Phase::PersistBinds;
+                } else {
+                    self.decide_publication(now);
+                }
+            }
+            Ok(_) => self.verification_failed(RecoveryError::GenerationChanged, now),
+            Err(e) => self.verification_failed(RecoveryError::ReloadFailed(e), now),
+        }
+    }
+
+    /// R13: publish if started, restarted, fresh, or the binds changed.
+    fn decide_publication(&mut self, now: Timestamp) {
+        if self.needs_readiness() || self.binds != self.active.binds {
+            self.phase = Phase::Publish;
+        } else {
+            self.decide_record(now);
+        }
+    }
+
+    fn decide_record(&mut self, now: Timestamp) {
+        let started_at = self.observed_started_at();
+        if started_at.is_some() && started_at != self.verified_started_at {
+            self.phase = Phase::RecordExecution;
+        } else {
+            self.finish_verified(now);
+        }
+    }
+
+    fn finish_verified(&mut self, now: Timestamp) {
+        self.verified_started_at = self.observed_started_at();
+        if self.stable {
+            self.budget.observe_stable(self.policy, now);
+        } else {
+            self.budget.invalidate_stable();
+        }
+        self.finish(Verdict::Verified {
+            started_at: self.observed_started_at(),
+            published: self.published,
+        });
+    }
+
+    /// A verification step failed: charge, withdraw, finish (R13).
+    fn verification_failed(&mut self, err: RecoveryError, now: Timestamp) {
+        self.errors.push(err);
+        self.budget.record_failure(self.policy, now);
+        self.phase = Phase::WithdrawAfterFailure;
+        self.skip_redundant_withdraw();
+    }
+
+    /// Traffic already withdrawn this pass (and nothing published since)
+    /// needs no second withdrawal.
+    fn skip_redundant_withdraw(&mut self) {
+        if self.withdrawn_this_pass && !self.withdrawal_pending {
+            self.finish(Verdict::Failed);
+        }
+    }
+
+    fn skip_redundant_withdraw_to(&mut self, next: Phase) {
+        if self.withdrawn_this_pass && !self.withdrawal_pending {
+            self.phase = next;
+        }
+    }
+
+    fn finish_stopped(&mut self) {
+        self.finish(Verdict::Stopped);
+    }
+
+    fn finish(&mut self, verdict: Verdict) {
+        self.verdict = verdict;
+        self.phase = Phase::Done;
+    }
+
+    /// Gives up (deadline). Fails closed: an unanswered withdrawal is
+    /// assumed to have failed.
+    pub fn abandon(mut self) -> Report {
+        if matches!(self.outstanding.take(), Some(Command::Withdraw)) {
+            self.withdrawal_pending = true;
+        }
+        self.budget.invalidate_stable();
+        self.errors.push(RecoveryError::DeadlineExceeded);
+        self.verdict = Verdict::Failed;
+        self.phase = Phase::Done;
+        self.into_report_unchecked()
+    }
+
+    /// The report of a finished machine.
+    pub fn into_report(self) -> Report {
+        assert!(self.is_done(), "report taken before the machine finished");
+        assert!(self.outstanding.is_none());
+        self.into_report_unchecked()
+    }
+
+    fn into_report_unchecked(self) -> Report {
+        let intervened = self.started || self.restarted;
+        Report {
+            key: self.key,
+            verdict: self.verdict,
+            errors: self.errors,
+            memory: ServiceMemory {
+                generation: GenerationMemory {
+                    budget: self.budget.into_entry(),
+                    verified_started_at: self.verified_started_at,
+                },
+                withdrawal_pending: self.withdrawal_pending,
+            },
+            intervened,
+        }
+    }
+}
+
+fn outcome_answers(outcome: &Outcome, cmd: &Command) -> bool {
+    matches!(
+        (outcome, cmd),
+        (Outcome::Withdrawn(_), Command::Withdraw)
+            | (Outcome::Inspected(_), Command::Inspect)
+            | (Outcome::ClaimsReleased(_), Command::ReleaseClaims)
+            | (Outcome::PolicyChecked(_), Command::CheckPolicy)
+            | (Outcome::Started(_), Command::Start)
+            | (Outcome::Restarted(_), Command::Restart { .. })
+            | (Outcome::Stopped(_), Command::Stop { .. })
+            | (Outcome::Health(_), Command::ReadHealth)
+            | (Outcome::Binds(_), Command::ReadBinds)
+            | (Outcome::Readiness(_), Command::ProbeReadiness { .. })
+            | (Outcome::ActiveReloaded(_), Command::ReloadActive)
+            | (Outcome::BindsPersisted(_), Command::PersistBinds { .. })
+            | (Outcome::Published(_), Command::Publish { .. })
+            | (Outcome::ExecutionRecorded(_), Command::RecordExecution { .. })
+    )
+}

@@ -1,0 +1,72 @@
+//! Retirement of superseded containers (R15), as pure decisions.
+//!
+//! An upgrade leaves its predecessor running beside the successor with a
+//! `retirement-pending` marker. The recovery pass retires it only when it can
+//! no longer be the serving one.
+
+use std::collections::BTreeMap;
+
+use jiff::Timestamp;
+
+use super::types::{
+    ActiveRecord, ContainerId, ContainerStatus, Inhibition, Intent, Observation, RuntimeError,
+    ServiceName,
+};
+
+/// What to do with one `retirement-pending` marker this pass.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum MarkerDecision {
+    /// ACTIVE still names the container: the replacement never took over.
+    /// Drop the marker, keep the container.
+    ClearMarker,
+    /// Nothing may depend on it any more: retire it now.
+    Retire,
+    /// Retire only if a final inspection of the successor shows it still
+    /// running the execution this pass verified.
+    ConfirmSuccessor {
+        successor: ContainerId,
+        verified_started_at: Option<Timestamp>,
+    },
+    /// The successor has not been verified and routed this pass.
+    Wait,
+}
+
+/// Per service, the execution this pass verified and routed.
+pub type VerifiedThisPass = BTreeMap<ServiceName, Option<Timestamp>>;
+
+/// Decides one marker (R15).
+pub fn decide_marker(
+    marker: &Inhibition,
+    active: &ActiveRecord,
+    intent: Intent,
+    verified: &VerifiedThisPass,
+) -> MarkerDecision {
+    if active.names_container(&marker.container) {
+        return MarkerDecision::ClearMarker;
+    }
+    if intent == Intent::Stopped {
+        return MarkerDecision::Retire;
+    }
+    let Some(successor) = active.services.get(&marker.service) else {
+        return MarkerDecision::Retire;
+    };
+    match verified.get(&marker.service) {
+        Some(started_at) => MarkerDecision::ConfirmSuccessor {
+            successor: successor.container.clone(),
+            verified_started_at: *started_at,
+        },
+        None => MarkerDecision::Wait,
+    }
+}
+
+/// Whether the final inspection of the successor confirms it still serves
+/// the execution that was verified.
+pub fn successor_confirmed(
+    inspection: &Result<Observation, RuntimeError>,
+    verified_started_at: Option<Timestamp>,
+) -> bool {
+    matches!(inspection, Ok(obs)
+        if obs.status == ContainerStatus::Running
+            && obs.started_at.is_some()
+            && obs.started_at == verified_started_at)
+}

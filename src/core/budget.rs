@@ -80,6 +80,17 @@ impl Budget {
         }
     }
 
+    /// The generation was found down while an intervention was unconfirmed:
+    /// that intervention failed. Charge it and consume the pending flag, so
+    /// that once the delay passes the next attempt really runs (otherwise the
+    /// same unconfirmed attempt would be charged on every pass forever).
+    pub fn charge_unconfirmed_attempt(&mut self, policy: &RecoveryPolicy, now: Timestamp) {
+        self.record_failure(policy, now);
+        if let Some(e) = &mut self.entry {
+            e.attempt_pending = false;
+        }
+    }
+
     /// Records a start or restart awaiting confirmation.
     pub fn mark_attempt(&mut self) {
         self.entry

@@ -31,7 +31,8 @@ impl RecoveryMemory {
         if memory.generation.is_empty() {
             self.generations.remove(key);
         } else {
-            self.generations.insert(key.clone(), memory.generation.clone());
+            self.generations
+                .insert(key.clone(), memory.generation.clone());
         }
         let service = service_key(key);
         if memory.withdrawal_pending {
@@ -51,9 +52,8 @@ impl RecoveryMemory {
                     .get(&key.service)
                     .is_some_and(|s| s.container == key.container)
         });
-        self.pending_withdrawals.retain(|key| {
-            &key.instance != instance || active.services.contains_key(&key.service)
-        });
+        self.pending_withdrawals
+            .retain(|key| &key.instance != instance || active.services.contains_key(&key.service));
     }
 
     /// R4 etc.: forget everything about one instance that is gone.

@@ -7,11 +7,12 @@
 //! proptest and under cargo-fuzz. `tests/core_purity.rs` fails the build's
 //! tests if this module gains a forbidden dependency.
 
-pub mod fleet;
-pub mod spec;
-pub mod types;
 pub mod budget;
+pub mod fleet;
+pub mod memory;
 pub mod policy;
 pub mod recovery;
-pub mod memory;
 pub mod retire;
+pub mod spec;
+pub mod types;
+pub mod world;

@@ -148,7 +148,17 @@ mod tests {
             .collect();
         assert_eq!(
             minutes,
-            [None, None, Some(1), Some(2), Some(4), Some(8), Some(15), Some(15), Some(15)]
+            [
+                None,
+                None,
+                Some(1),
+                Some(2),
+                Some(4),
+                Some(8),
+                Some(15),
+                Some(15),
+                Some(15)
+            ]
         );
     }
 

@@ -22,8 +22,7 @@ use jiff::Timestamp;
 use super::budget::{Budget, BudgetEntry};
 use super::policy::RecoveryPolicy;
 use super::types::{
-    ActiveService, Binds, ContainerStatus, GenerationKey, Health, Intent, Observation,
-    RuntimeError,
+    ActiveService, Binds, ContainerStatus, GenerationKey, Health, Intent, Observation, RuntimeError,
 };
 
 /// Hard bound on the commands one service recovery may issue. The longest
@@ -80,22 +79,32 @@ pub enum Command {
     /// Check that bind and device grants still hold (R11).
     CheckPolicy,
     Start,
-    Restart { grace: Duration },
-    Stop { grace: Duration },
+    Restart {
+        grace: Duration,
+    },
+    Stop {
+        grace: Duration,
+    },
     ReadHealth,
     ReadBinds,
-    ProbeReadiness { binds: Binds },
+    ProbeReadiness {
+        binds: Binds,
+    },
     /// Load ACTIVE for this service again.
     ReloadActive,
     /// Write binds to ACTIVE, only if the generation is unchanged.
-    PersistBinds { binds: Binds },
+    PersistBinds {
+        binds: Binds,
+    },
     /// Route the service to `binds`, vouched for by execution `started_at`.
     Publish {
         binds: Binds,
         started_at: Option<Timestamp>,
     },
     /// Durably remember the verified execution (R17).
-    RecordExecution { started_at: Timestamp },
+    RecordExecution {
+        started_at: Timestamp,
+    },
 }
 
 impl Command {
@@ -276,7 +285,10 @@ impl<'p> ServiceRecovery<'p> {
             inhibition,
             memory,
         } = input;
-        assert_eq!(key.container, active.container, "key must name ACTIVE's container");
+        assert_eq!(
+            key.container, active.container,
+            "key must name ACTIVE's container"
+        );
         let phase = match (intent, &inhibition, memory.withdrawal_pending) {
             (Intent::Stopped, _, _) => Phase::StoppedWithdraw,
             (Intent::Running, Some(_), _) => Phase::WithdrawInhibited,
@@ -284,7 +296,12 @@ impl<'p> ServiceRecovery<'p> {
             (Intent::Running, None, false) => Phase::Inspect,
         };
         let mut budget = Budget::from_entry(memory.generation.budget);
-        let mut verified_started_at = memory.generation.verified_started_at;
+        // R17: a restarted daemon has no memory, but the durable record of
+        // the last verified execution proves which executions did not change.
+        let mut verified_started_at = memory
+            .generation
+            .verified_started_at
+            .or(active.verified_started_at);
         if intent == Intent::Stopped {
             // Stopped intent forgets the service's memory (R4).
             budget.forget();
@@ -341,7 +358,10 @@ impl<'p> ServiceRecovery<'p> {
     }
 
     fn command_for_phase(&self) -> Option<Command> {
-        let grace = self.active.stop_grace.unwrap_or(self.policy.stop_grace_default);
+        let grace = self
+            .active
+            .stop_grace
+            .unwrap_or(self.policy.stop_grace_default);
         Some(match self.phase {
             Phase::WithdrawInhibited
             | Phase::RetryPendingWithdrawal
@@ -534,7 +554,9 @@ impl<'p> ServiceRecovery<'p> {
                 Ok(obs) => self.on_first_observation(obs, now),
             },
             Phase::InspectAfterFailedStart => match result {
-                Ok(obs) if obs.status == ContainerStatus::Running || obs.status.is_transitional() => {
+                Ok(obs)
+                    if obs.status == ContainerStatus::Running || obs.status.is_transitional() =>
+                {
                     // The runtime's own restart won the race: nothing is
                     // charged and the start counts as done.
                     self.budget.clear_unhealthy();
@@ -559,7 +581,8 @@ impl<'p> ServiceRecovery<'p> {
                 Err(e) => {
                     // The intervention stays pending; a generation found down
                     // next pass is charged then.
-                    self.errors.push(RecoveryError::InspectFailed(e.to_string()));
+                    self.errors
+                        .push(RecoveryError::InspectFailed(e.to_string()));
                     self.budget.invalidate_stable();
                     self.phase = Phase::WithdrawAfterFailure;
                     self.skip_redundant_withdraw();
@@ -585,7 +608,9 @@ impl<'p> ServiceRecovery<'p> {
                     self.errors.push(RecoveryError::InspectFailed(e));
                     self.finish_stopped();
                 }
-                Ok(obs) if obs.status == ContainerStatus::Running || obs.status.is_transitional() => {
+                Ok(obs)
+                    if obs.status == ContainerStatus::Running || obs.status.is_transitional() =>
+                {
                     self.phase = Phase::StoppedStop;
                 }
                 Ok(_) => self.finish_stopped(),
@@ -636,7 +661,7 @@ impl<'p> ServiceRecovery<'p> {
     /// loop: charge it first, then ask the budget again.
     fn phase_for_down(&mut self, now: Timestamp) -> Phase {
         if self.budget.allow(now) && self.budget.attempt_pending() {
-            self.budget.record_failure(self.policy, now);
+            self.budget.charge_unconfirmed_attempt(self.policy, now);
         }
         if !self.budget.allow(now) {
             self.budget.invalidate_stable();
@@ -701,7 +726,8 @@ impl<'p> ServiceRecovery<'p> {
             }
             Err(e) => {
                 self.budget.record_failure(self.policy, now);
-                self.errors.push(RecoveryError::RestartFailed(e.to_string()));
+                self.errors
+                    .push(RecoveryError::RestartFailed(e.to_string()));
                 self.finish(Verdict::Failed);
             }
         }
@@ -733,7 +759,11 @@ impl<'p> ServiceRecovery<'p> {
         }
     }
 
-    fn on_active_reloaded(&mut self, result: Result<Option<ActiveService>, String>, now: Timestamp) {
+    fn on_active_reloaded(
+        &mut self,
+        result: Result<Option<ActiveService>, String>,
+        now: Timestamp,
+    ) {
         match result {
             Ok(Some(current))
                 if current.container == self.active.container
@@ -866,6 +896,9 @@ fn outcome_answers(outcome: &Outcome, cmd: &Command) -> bool {
             | (Outcome::ActiveReloaded(_), Command::ReloadActive)
             | (Outcome::BindsPersisted(_), Command::PersistBinds { .. })
             | (Outcome::Published(_), Command::Publish { .. })
-            | (Outcome::ExecutionRecorded(_), Command::RecordExecution { .. })
+            | (
+                Outcome::ExecutionRecorded(_),
+                Command::RecordExecution { .. }
+            )
     )
 }

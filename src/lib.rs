@@ -12,4 +12,5 @@
 //!   Docker, Caddy, Helm, HTTP/TCP probes.
 
 pub mod core;
+pub mod engine;
 pub mod ports;

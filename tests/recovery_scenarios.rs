@@ -920,3 +920,18 @@ fn a_restarted_daemon_still_verifies_executions_that_changed() {
     w.pass();
     assert!(w.commands("web").contains(&Command::Withdraw));
 }
+
+#[test]
+fn a_never_healthy_container_is_charged_and_eventually_delayed() {
+    let mut w = settled();
+    w.container("c1").health = Health::Unhealthy;
+    w.container("c1").health_after_start = Health::Unhealthy;
+    for _ in 0..12 {
+        w.pass();
+        w.advance(PASS);
+    }
+    // Every second pass would restart it without the budget; with it, the
+    // third unconfirmed restart is followed by the 1-minute delay and more.
+    let restarts = w.count(is_restart);
+    assert!((3..6).contains(&restarts), "restarts: {restarts}");
+}

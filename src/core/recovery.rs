@@ -92,9 +92,11 @@ pub enum Command {
     },
     /// Load ACTIVE for this service again.
     ReloadActive,
-    /// Write binds to ACTIVE, only if the generation is unchanged.
+    /// Write binds to ACTIVE, only if the generation (container and
+    /// `revision`) is unchanged.
     PersistBinds {
         binds: Binds,
+        revision: String,
     },
     /// Route the service to `binds`, vouched for by execution `started_at`.
     Publish {
@@ -389,6 +391,7 @@ impl<'p> ServiceRecovery<'p> {
             Phase::ReloadActive => Command::ReloadActive,
             Phase::PersistBinds => Command::PersistBinds {
                 binds: self.binds.clone(),
+                revision: self.active.effective_revision.clone(),
             },
             Phase::Publish => Command::Publish {
                 binds: self.binds.clone(),
@@ -752,7 +755,16 @@ impl<'p> ServiceRecovery<'p> {
             Ok(Health::Unhealthy) => {
                 self.stable = false;
                 let streak = self.budget.observe_unhealthy();
-                if streak >= self.policy.unhealthy_threshold && self.budget.allow(now) {
+                if streak < self.policy.unhealthy_threshold {
+                    return;
+                }
+                // Unhealthy again at the threshold while an earlier restart is
+                // unconfirmed: that restart failed. Charged like a crash loop,
+                // so a never-healthy workload cannot be restarted forever.
+                if self.budget.allow(now) && self.budget.attempt_pending() {
+                    self.budget.charge_unconfirmed_attempt(self.policy, now);
+                }
+                if self.budget.allow(now) {
                     self.phase = Phase::CheckPolicyForRestart;
                 }
             }

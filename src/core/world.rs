@@ -320,7 +320,7 @@ impl World {
             Command::ReloadActive => {
                 Outcome::ActiveReloaded(Ok(self.active.services.get(service).cloned()))
             }
-            Command::PersistBinds { binds } => {
+            Command::PersistBinds { binds, .. } => {
                 Outcome::BindsPersisted(match self.faults.persist.pop_front() {
                     Some(e) => Err(e),
                     None => match self.active.services.get_mut(service) {

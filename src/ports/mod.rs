@@ -79,6 +79,8 @@ pub struct Route {
 
 pub use crate::core::types::ServiceKey;
 
+pub mod memory;
+
 /// Publication of verified backends.
 #[async_trait]
 pub trait Traffic: Send + Sync {

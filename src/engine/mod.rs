@@ -1,0 +1,35 @@
+//! The engine: a thin async interpreter that drives the pure core over the
+//! ports. It sequences commands, applies deadlines and locks, and aggregates
+//! errors; it makes no policy decision of its own.
+
+use std::sync::Arc;
+
+use crate::core::types::Timestamp;
+use crate::ports::{Clock, Notifier, Policy, Probe, Provisioner, Runtime, Store, Traffic};
+
+pub mod recovery;
+
+/// Every port the engine talks through.
+#[derive(Clone)]
+pub struct Ports {
+    pub clock: Arc<dyn Clock>,
+    pub runtime: Arc<dyn Runtime>,
+    pub traffic: Arc<dyn Traffic>,
+    pub store: Arc<dyn Store>,
+    pub probe: Arc<dyn Probe>,
+    pub policy: Arc<dyn Policy>,
+    pub provisioner: Arc<dyn Provisioner>,
+    pub notifier: Arc<dyn Notifier>,
+}
+
+/// The wall clock. Under madsim `SystemTime::now` is virtual, so the same
+/// clock serves the daemon and the simulation.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct SystemClock;
+
+impl Clock for SystemClock {
+    #[allow(clippy::disallowed_methods)] // The one place stead reads the wall clock.
+    fn now(&self) -> Timestamp {
+        Timestamp::try_from(std::time::SystemTime::now()).unwrap_or(Timestamp::UNIX_EPOCH)
+    }
+}

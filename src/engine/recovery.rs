@@ -1,0 +1,403 @@
+//! The recovery pass (R2, R3, R15, R16): a dumb interpreter that runs the
+//! core's per-service machine over the ports. Every decision is the core's;
+//! this file only sequences, bounds, locks and aggregates.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::{Arc, Mutex};
+
+use tokio::time::Instant;
+
+use crate::core::fleet::{Instance, InstanceState};
+use crate::core::memory::RecoveryMemory;
+use crate::core::policy::RecoveryPolicy;
+use crate::core::recovery::{Command, Outcome, Report, ServiceInput, ServiceRecovery, Verdict};
+use crate::core::retire::{decide_marker, successor_confirmed, MarkerDecision, VerifiedThisPass};
+use crate::core::spec::ReadinessProbe;
+use crate::core::types::{
+    ActiveRecord, GenerationKey, Inhibition, InhibitionReason, InstanceName, Intent, RuntimeError,
+    ServiceKey, ServiceName,
+};
+use crate::ports::{Route, StoreError};
+
+use super::Ports;
+
+/// Readiness probe per (service type, service), from the catalog.
+pub type ReadinessTable = BTreeMap<(String, ServiceName), ReadinessProbe>;
+
+/// Per-instance mutation locks. The pass only ever try-locks (R3).
+#[derive(Default)]
+pub struct InstanceLocks {
+    locks: Mutex<HashMap<InstanceName, Arc<tokio::sync::Mutex<()>>>>,
+}
+
+impl InstanceLocks {
+    pub fn lock_for(&self, instance: &InstanceName) -> Arc<tokio::sync::Mutex<()>> {
+        let mut locks = self.locks.lock().expect("locks poisoned");
+        locks.entry(instance.clone()).or_default().clone()
+    }
+}
+
+/// What one instance's recovery did.
+#[derive(Debug, Default)]
+pub struct InstanceOutcome {
+    pub reports: Vec<Report>,
+    pub retired: Vec<String>,
+    pub errors: Vec<String>,
+    pub skipped_busy: bool,
+}
+
+/// What one whole pass did, aggregated (R2).
+#[derive(Debug, Default)]
+pub struct PassOutcome {
+    pub instances: BTreeMap<InstanceName, InstanceOutcome>,
+    /// Errors not tied to one instance (listing failed, bad rows).
+    pub errors: Vec<String>,
+}
+
+impl PassOutcome {
+    pub fn error_count(&self) -> usize {
+        self.errors.len()
+            + self
+                .instances
+                .values()
+                .map(|i| i.errors.len())
+                .sum::<usize>()
+    }
+}
+
+/// The recovery pass and the memory it keeps between passes.
+pub struct Recoverer {
+    ports: Ports,
+    policy: RecoveryPolicy,
+    readiness: ReadinessTable,
+    memory: Mutex<RecoveryMemory>,
+    locks: Arc<InstanceLocks>,
+}
+
+impl Recoverer {
+    pub fn new(
+        ports: Ports,
+        policy: RecoveryPolicy,
+        readiness: ReadinessTable,
+        locks: Arc<InstanceLocks>,
+    ) -> Self {
+        Self {
+            ports,
+            policy,
+            readiness,
+            memory: Mutex::new(RecoveryMemory::default()),
+            locks,
+        }
+    }
+
+    pub fn memory(&self) -> RecoveryMemory {
+        self.memory.lock().expect("memory poisoned").clone()
+    }
+
+    /// One pass over every instance. Never fails as a whole: errors are
+    /// aggregated per instance so one never hides another.
+    pub async fn pass(&self) -> PassOutcome {
+        let mut outcome = PassOutcome::default();
+        let rows = match self.ports.store.list_instances().await {
+            Ok(rows) => rows,
+            Err(e) => {
+                outcome.errors.push(format!("list instances: {e}"));
+                return outcome;
+            }
+        };
+        outcome
+            .errors
+            .extend(rows.bad.iter().map(|e| format!("skipped row: {e}")));
+        for instance in rows.rows {
+            if matches!(instance.state, InstanceState::Deleted) {
+                self.memory
+                    .lock()
+                    .expect("memory poisoned")
+                    .forget_instance(&instance.name);
+                continue;
+            }
+            let result = self.recover_instance(&instance).await;
+            outcome.instances.insert(instance.name.clone(), result);
+        }
+        outcome
+    }
+
+    /// Recovers one instance under its lock and deadline.
+    pub async fn recover_instance(&self, instance: &Instance) -> InstanceOutcome {
+        let lock = self.locks.lock_for(&instance.name);
+        let Ok(_guard) = lock.try_lock() else {
+            return InstanceOutcome {
+                skipped_busy: true,
+                ..Default::default()
+            };
+        };
+        let deadline = Instant::now() + self.policy.instance_deadline;
+        let mut out = InstanceOutcome::default();
+        let loaded = tokio::time::timeout_at(deadline, self.load(&instance.name)).await;
+        let (active, inhibitions) = match loaded {
+            Ok(Ok(loaded)) => loaded,
+            Ok(Err(e)) => {
+                out.errors.push(format!("{}: load: {e}", instance.name));
+                return out;
+            }
+            Err(_) => {
+                out.errors
+                    .push(format!("{}: load: deadline exceeded", instance.name));
+                return out;
+            }
+        };
+        let intent = if instance.stopped {
+            Intent::Stopped
+        } else {
+            Intent::Running
+        };
+        let mut verified = VerifiedThisPass::new();
+        for (service, record) in &active.services {
+            let key = GenerationKey {
+                instance: instance.name.clone(),
+                service: service.clone(),
+                container: record.container.clone(),
+            };
+            let inhibition = inhibitions
+                .iter()
+                .find(|i| {
+                    &i.service == service
+                        && i.container == record.container
+                        && i.reason != InhibitionReason::RetirementPending
+                })
+                .map(|i| i.reason.as_str().to_owned());
+            let memory = self.memory.lock().expect("memory poisoned").service(&key);
+            let input = ServiceInput {
+                key,
+                active: record.clone(),
+                intent,
+                inhibition,
+                memory,
+            };
+            let report = self.drive(instance, input, deadline).await;
+            if let Verdict::Verified { started_at, .. } = report.verdict {
+                verified.insert(service.clone(), started_at);
+            }
+            for e in &report.errors {
+                out.errors
+                    .push(format!("{}/{}: {e}", instance.name, service));
+            }
+            self.memory.lock().expect("memory poisoned").apply(&report);
+            out.reports.push(report);
+        }
+        self.retire_markers(
+            instance,
+            intent,
+            &active,
+            &inhibitions,
+            &verified,
+            deadline,
+            &mut out,
+        )
+        .await;
+        self.memory
+            .lock()
+            .expect("memory poisoned")
+            .prune(&instance.name, &active);
+        out
+    }
+
+    async fn load(
+        &self,
+        name: &InstanceName,
+    ) -> Result<(ActiveRecord, Vec<Inhibition>), StoreError> {
+        let active = self.ports.store.load_active(name).await?;
+        let inhibitions = self.ports.store.load_inhibitions(name).await?;
+        Ok((active, inhibitions))
+    }
+
+    /// Runs one service's machine to completion, or abandons it at the
+    /// deadline (fail closed).
+    async fn drive(&self, instance: &Instance, input: ServiceInput, deadline: Instant) -> Report {
+        let mut machine = ServiceRecovery::new(&self.policy, input);
+        while let Some(command) = machine.poll_command() {
+            let performed =
+                tokio::time::timeout_at(deadline, self.perform(instance, machine.key(), &command))
+                    .await;
+            match performed {
+                Ok(outcome) => machine.handle(outcome, self.ports.clock.now()),
+                Err(_) => return machine.abandon(),
+            }
+        }
+        let report = machine.into_report();
+        record_metrics(&report);
+        report
+    }
+
+    /// Performs one command through the ports. No decisions here.
+    async fn perform(
+        &self,
+        instance: &Instance,
+        key: &GenerationKey,
+        command: &Command,
+    ) -> Outcome {
+        let p = &self.ports;
+        let service_key = ServiceKey {
+            instance: key.instance.clone(),
+            service: key.service.clone(),
+        };
+        let id = &key.container;
+        match command {
+            Command::Withdraw => Outcome::Withdrawn(
+                p.traffic
+                    .withdraw(&service_key)
+                    .await
+                    .map_err(|e| e.to_string()),
+            ),
+            Command::Inspect => Outcome::Inspected(p.runtime.inspect(id).await),
+            Command::ReleaseClaims => Outcome::ClaimsReleased(
+                p.store
+                    .release_claims(&key.instance, id)
+                    .await
+                    .map_err(|e| e.to_string()),
+            ),
+            Command::CheckPolicy => {
+                Outcome::PolicyChecked(p.policy.check(&key.instance, &key.service).await)
+            }
+            Command::Start => Outcome::Started(p.runtime.start(id).await),
+            Command::Restart { grace } => Outcome::Restarted(p.runtime.restart(id, *grace).await),
+            Command::Stop { grace } => Outcome::Stopped(p.runtime.stop(id, *grace).await),
+            Command::ReadHealth => Outcome::Health(p.runtime.health(id).await),
+            Command::ReadBinds => Outcome::Binds(p.runtime.binds(id).await),
+            Command::ProbeReadiness { binds } => {
+                let probe = self
+                    .readiness
+                    .get(&(instance.service_type.clone(), key.service.clone()))
+                    .cloned()
+                    .unwrap_or(ReadinessProbe::None);
+                Outcome::Readiness(p.probe.ready(&probe, binds).await)
+            }
+            Command::ReloadActive => Outcome::ActiveReloaded(
+                p.store
+                    .load_active(&key.instance)
+                    .await
+                    .map(|a| a.services.get(&key.service).cloned())
+                    .map_err(|e| e.to_string()),
+            ),
+            Command::PersistBinds { binds, revision } => Outcome::BindsPersisted(
+                p.store
+                    .persist_binds(&key.instance, &key.service, id, revision, binds)
+                    .await
+                    .map_err(|e| e.to_string()),
+            ),
+            Command::Publish { binds, started_at } => {
+                let route = Route {
+                    service: service_key,
+                    container: id.clone(),
+                    binds: binds.clone(),
+                    verified_started_at: *started_at,
+                };
+                Outcome::Published(p.traffic.publish(&route).await.map_err(|e| e.to_string()))
+            }
+            Command::RecordExecution { started_at } => Outcome::ExecutionRecorded(
+                p.store
+                    .record_verified_execution(&key.instance, &key.service, id, *started_at)
+                    .await
+                    .map_err(|e| e.to_string()),
+            ),
+        }
+    }
+
+    /// R15: markers last, only after successors were verified this pass.
+    #[allow(clippy::too_many_arguments)]
+    async fn retire_markers(
+        &self,
+        instance: &Instance,
+        intent: Intent,
+        active: &ActiveRecord,
+        inhibitions: &[Inhibition],
+        verified: &VerifiedThisPass,
+        deadline: Instant,
+        out: &mut InstanceOutcome,
+    ) {
+        let markers = inhibitions
+            .iter()
+            .filter(|i| i.reason == InhibitionReason::RetirementPending);
+        for marker in markers {
+            let step = tokio::time::timeout_at(
+                deadline,
+                self.settle_marker(instance, intent, active, marker, verified),
+            )
+            .await;
+            match step {
+                Ok(Ok(true)) => out.retired.push(marker.container.to_string()),
+                Ok(Ok(false)) => {}
+                Ok(Err(e)) => out.errors.push(format!(
+                    "{}: retirement pending for {}: {e}",
+                    instance.name, marker.container
+                )),
+                Err(_) => out.errors.push(format!(
+                    "{}: retirement of {}: deadline exceeded",
+                    instance.name, marker.container
+                )),
+            }
+        }
+    }
+
+    /// Returns whether the marker's container was retired.
+    async fn settle_marker(
+        &self,
+        instance: &Instance,
+        intent: Intent,
+        active: &ActiveRecord,
+        marker: &Inhibition,
+        verified: &VerifiedThisPass,
+    ) -> Result<bool, String> {
+        let p = &self.ports;
+        let retire = match decide_marker(marker, active, intent, verified) {
+            MarkerDecision::ClearMarker => {
+                p.store
+                    .clear_inhibition(&instance.name, &marker.service, &marker.container)
+                    .await
+                    .map_err(|e| e.to_string())?;
+                return Ok(false);
+            }
+            MarkerDecision::Wait => return Ok(false),
+            MarkerDecision::Retire => true,
+            MarkerDecision::ConfirmSuccessor {
+                successor,
+                verified_started_at,
+            } => successor_confirmed(&p.runtime.inspect(&successor).await, verified_started_at),
+        };
+        if !retire {
+            return Ok(false);
+        }
+        let grace = marker.stop_grace.unwrap_or(self.policy.stop_grace_default);
+        match p.runtime.stop(&marker.container, grace).await {
+            Ok(()) | Err(RuntimeError::NotFound) => {}
+            Err(e) => return Err(format!("stop: {e}")),
+        }
+        p.runtime
+            .remove(&marker.container)
+            .await
+            .map_err(|e| format!("remove: {e}"))?;
+        // The marker stays until the container is gone and its claims are
+        // released, so a failure here is retried next pass.
+        p.store
+            .release_claims(&instance.name, &marker.container)
+            .await
+            .map_err(|e| format!("release claims: {e}"))?;
+        p.store
+            .clear_inhibition(&instance.name, &marker.service, &marker.container)
+            .await
+            .map_err(|e| format!("clear marker: {e}"))?;
+        metrics::counter!("stead_retirements_total").increment(1);
+        Ok(true)
+    }
+}
+
+fn record_metrics(report: &Report) {
+    if report.intervened {
+        metrics::counter!("stead_recoveries_total").increment(1);
+    }
+    for e in &report.errors {
+        if matches!(e, crate::core::recovery::RecoveryError::WithdrawFailed(_)) {
+            metrics::counter!("stead_withdrawal_failures_total").increment(1);
+        }
+    }
+}

@@ -1,0 +1,676 @@
+//! In-memory implementations of the ports, for unit tests and the madsim
+//! simulation. They are deterministic (BTreeMaps, no clocks of their own)
+//! and take two hooks:
+//!
+//! - a [`FaultInjector`] consulted before every operation, which may let it
+//!   proceed, fail it, or hang it (the simulation's swarm faults);
+//! - an [`Observer`] told synchronously about every effect, so a checker can
+//!   assert invariants at the very instant an effect happens.
+//!
+//! Only `std::sync::Mutex` is used, never held across an await.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use async_trait::async_trait;
+
+use crate::core::spec::ReadinessProbe;
+use crate::core::types::{
+    Binds, ContainerId, ContainerStatus, Health, InstanceName, Observation, RuntimeError,
+    ServiceName, Timestamp,
+};
+
+use super::{
+    Clock, CreateContainer, ManagedContainer, Notifier, Policy, Probe, ProvisionError, Provisioner,
+    Release, Route, Runtime, ServiceKey, Traffic, TrafficError,
+};
+
+/// Which operation a fault is asked about.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Op {
+    Inspect,
+    Start,
+    Stop,
+    Restart,
+    Health,
+    Binds,
+    List,
+    Create,
+    Remove,
+    Publish,
+    Withdraw,
+    Probe,
+    Policy,
+    Install,
+    Uninstall,
+    ListReleases,
+    Notify,
+}
+
+/// What the injector decides for one operation.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Fault {
+    Proceed,
+    /// Fail with a transient error carrying this detail.
+    Fail(String),
+    /// Answer not-found (runtime operations only).
+    NotFound,
+    /// Never answer (the caller's deadline must cut it off).
+    Hang,
+    /// Answer normally, after this long.
+    Slow(Duration),
+}
+
+/// Decides faults. The default injects none.
+pub trait FaultInjector: Send + Sync {
+    fn decide(&self, op: Op, subject: &str) -> Fault;
+}
+
+/// Injects nothing.
+#[derive(Debug, Default)]
+pub struct NoFaults;
+
+impl FaultInjector for NoFaults {
+    fn decide(&self, _: Op, _: &str) -> Fault {
+        Fault::Proceed
+    }
+}
+
+/// An effect on the world, reported the instant it happens.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Effect {
+    Started {
+        id: ContainerId,
+    },
+    Restarted {
+        id: ContainerId,
+    },
+    Stopped {
+        id: ContainerId,
+    },
+    Created {
+        id: ContainerId,
+        instance: InstanceName,
+        service: ServiceName,
+    },
+    Removed {
+        id: ContainerId,
+    },
+    Published {
+        route: Route,
+    },
+    Withdrawn {
+        service: ServiceKey,
+    },
+    WithdrawFailed {
+        service: ServiceKey,
+    },
+    ProbePassed {
+        id: ContainerId,
+        started_at: Option<Timestamp>,
+    },
+    Installed {
+        release: String,
+    },
+    Uninstalled {
+        release: String,
+    },
+}
+
+/// Told about every effect. The default ignores them.
+pub trait Observer: Send + Sync {
+    fn effect(&self, effect: &Effect);
+}
+
+#[derive(Debug, Default)]
+pub struct NoObserver;
+
+impl Observer for NoObserver {
+    fn effect(&self, _: &Effect) {}
+}
+
+/// The hooks every in-memory port shares.
+#[derive(Clone)]
+pub struct Hooks {
+    pub faults: Arc<dyn FaultInjector>,
+    pub observer: Arc<dyn Observer>,
+}
+
+impl Default for Hooks {
+    fn default() -> Self {
+        Self {
+            faults: Arc::new(NoFaults),
+            observer: Arc::new(NoObserver),
+        }
+    }
+}
+
+impl Hooks {
+    /// Applies the injector's decision; `Ok(())` means proceed.
+    async fn gate(&self, op: Op, subject: &str) -> Result<(), Fault> {
+        match self.faults.decide(op, subject) {
+            Fault::Proceed => Ok(()),
+            Fault::Hang => {
+                std::future::pending::<()>().await;
+                unreachable!("pending never completes")
+            }
+            Fault::Slow(d) => {
+                tokio::time::sleep(d).await;
+                Ok(())
+            }
+            other => Err(other),
+        }
+    }
+}
+
+fn runtime_err(fault: Fault) -> RuntimeError {
+    match fault {
+        Fault::NotFound => RuntimeError::NotFound,
+        Fault::Fail(detail) => RuntimeError::Transient(detail),
+        Fault::Proceed | Fault::Hang | Fault::Slow(_) => RuntimeError::Transient("injected".into()),
+    }
+}
+
+fn text_err(fault: Fault) -> String {
+    match fault {
+        Fault::Fail(detail) => detail,
+        other => format!("{other:?}"),
+    }
+}
+
+/// A clock the test or simulation sets by hand.
+#[derive(Debug)]
+pub struct ManualClock {
+    now: Mutex<Timestamp>,
+}
+
+impl ManualClock {
+    pub fn new(now: Timestamp) -> Self {
+        Self {
+            now: Mutex::new(now),
+        }
+    }
+
+    pub fn set(&self, now: Timestamp) {
+        *self.now.lock().expect("clock poisoned") = now;
+    }
+
+    pub fn advance(&self, d: Duration) {
+        let mut now = self.now.lock().expect("clock poisoned");
+        *now = crate::core::fleet::add(*now, d);
+    }
+}
+
+impl Clock for ManualClock {
+    fn now(&self) -> Timestamp {
+        *self.now.lock().expect("clock poisoned")
+    }
+}
+
+/// One container of the in-memory runtime.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct MemContainer {
+    pub instance: InstanceName,
+    pub service: ServiceName,
+    pub status: ContainerStatus,
+    pub started_at: Option<Timestamp>,
+    pub health: Health,
+    pub binds: Binds,
+    /// Whether readiness probes against its binds pass.
+    pub ready: bool,
+    /// Status right after a (re)start: `Running`, or `Exited` for a
+    /// workload that dies at once.
+    pub status_after_start: ContainerStatus,
+}
+
+/// The in-memory container runtime.
+pub struct MemoryRuntime {
+    hooks: Hooks,
+    clock: Arc<dyn Clock>,
+    containers: Mutex<BTreeMap<ContainerId, MemContainer>>,
+    next_port: Mutex<u16>,
+    /// Strictly increasing execution starts, even within one instant.
+    executions: Mutex<i64>,
+}
+
+impl MemoryRuntime {
+    pub fn new(clock: Arc<dyn Clock>, hooks: Hooks) -> Self {
+        Self {
+            hooks,
+            clock,
+            containers: Mutex::new(BTreeMap::new()),
+            next_port: Mutex::new(20000),
+            executions: Mutex::new(0),
+        }
+    }
+
+    /// A new, strictly increasing execution start at about `now`.
+    pub fn next_execution(&self) -> Timestamp {
+        let mut n = self.executions.lock().expect("poisoned");
+        *n += 1;
+        crate::core::fleet::add(
+            self.clock.now(),
+            Duration::from_micros(*n as u64 % 1_000_000),
+        )
+    }
+
+    /// Direct access for scenarios and the simulation's workload model.
+    pub fn with_containers<R>(
+        &self,
+        f: impl FnOnce(&mut BTreeMap<ContainerId, MemContainer>) -> R,
+    ) -> R {
+        f(&mut self.containers.lock().expect("runtime poisoned"))
+    }
+
+    pub fn container(&self, id: &ContainerId) -> Option<MemContainer> {
+        self.containers
+            .lock()
+            .expect("runtime poisoned")
+            .get(id)
+            .cloned()
+    }
+
+    fn alloc_port(&self) -> u16 {
+        let mut p = self.next_port.lock().expect("poisoned");
+        *p = if *p >= 60000 { 20000 } else { *p + 1 };
+        *p
+    }
+
+    fn mutate(
+        &self,
+        id: &ContainerId,
+        f: impl FnOnce(&mut MemContainer),
+    ) -> Result<(), RuntimeError> {
+        let mut containers = self.containers.lock().expect("runtime poisoned");
+        let c = containers.get_mut(id).ok_or(RuntimeError::NotFound)?;
+        f(c);
+        Ok(())
+    }
+
+    fn run(&self, id: &ContainerId) -> Result<(), RuntimeError> {
+        let started_at = self.next_execution();
+        self.mutate(id, |c| {
+            c.status = c.status_after_start;
+            c.started_at = Some(started_at);
+            c.health = Health::Starting;
+        })
+    }
+}
+
+#[async_trait]
+impl Runtime for MemoryRuntime {
+    async fn inspect(&self, id: &ContainerId) -> Result<Observation, RuntimeError> {
+        self.hooks
+            .gate(Op::Inspect, id.as_str())
+            .await
+            .map_err(runtime_err)?;
+        let c = self.container(id).ok_or(RuntimeError::NotFound)?;
+        Ok(Observation {
+            status: c.status,
+            started_at: c.started_at,
+        })
+    }
+
+    async fn start(&self, id: &ContainerId) -> Result<(), RuntimeError> {
+        self.hooks
+            .gate(Op::Start, id.as_str())
+            .await
+            .map_err(runtime_err)?;
+        self.hooks
+            .observer
+            .effect(&Effect::Started { id: id.clone() });
+        self.run(id)
+    }
+
+    async fn stop(&self, id: &ContainerId, _grace: Duration) -> Result<(), RuntimeError> {
+        self.hooks
+            .gate(Op::Stop, id.as_str())
+            .await
+            .map_err(runtime_err)?;
+        self.mutate(id, |c| c.status = ContainerStatus::Exited)?;
+        self.hooks
+            .observer
+            .effect(&Effect::Stopped { id: id.clone() });
+        Ok(())
+    }
+
+    async fn restart(&self, id: &ContainerId, _grace: Duration) -> Result<(), RuntimeError> {
+        self.hooks
+            .gate(Op::Restart, id.as_str())
+            .await
+            .map_err(runtime_err)?;
+        self.hooks
+            .observer
+            .effect(&Effect::Restarted { id: id.clone() });
+        self.run(id)
+    }
+
+    async fn health(&self, id: &ContainerId) -> Result<Health, RuntimeError> {
+        self.hooks
+            .gate(Op::Health, id.as_str())
+            .await
+            .map_err(runtime_err)?;
+        self.container(id)
+            .map(|c| c.health)
+            .ok_or(RuntimeError::NotFound)
+    }
+
+    async fn binds(&self, id: &ContainerId) -> Result<Binds, RuntimeError> {
+        self.hooks
+            .gate(Op::Binds, id.as_str())
+            .await
+            .map_err(runtime_err)?;
+        self.container(id)
+            .map(|c| c.binds)
+            .ok_or(RuntimeError::NotFound)
+    }
+
+    async fn list_managed(&self) -> Result<Vec<ManagedContainer>, RuntimeError> {
+        self.hooks.gate(Op::List, "").await.map_err(runtime_err)?;
+        let containers = self.containers.lock().expect("runtime poisoned");
+        Ok(containers
+            .iter()
+            .map(|(id, c)| ManagedContainer {
+                id: id.clone(),
+                instance: c.instance.clone(),
+                service: c.service.clone(),
+                status: c.status,
+                started_at: c.started_at,
+            })
+            .collect())
+    }
+
+    async fn create(&self, request: &CreateContainer) -> Result<ContainerId, RuntimeError> {
+        let id = ContainerId::new(format!(
+            "{}-{}-{}",
+            request.instance, request.spec.name, request.revision
+        ));
+        self.hooks
+            .gate(Op::Create, id.as_str())
+            .await
+            .map_err(runtime_err)?;
+        if self.container(&id).is_some() {
+            return Ok(id);
+        }
+        let binds: Binds = request
+            .spec
+            .ports
+            .iter()
+            .map(|port| (*port, self.alloc_port()))
+            .collect();
+        let started_at = self.next_execution();
+        self.containers.lock().expect("runtime poisoned").insert(
+            id.clone(),
+            MemContainer {
+                instance: request.instance.clone(),
+                service: request.spec.name.clone(),
+                status: ContainerStatus::Running,
+                started_at: Some(started_at),
+                health: if request.spec.healthcheck.is_some() {
+                    Health::Starting
+                } else {
+                    Health::None
+                },
+                binds,
+                ready: true,
+                status_after_start: ContainerStatus::Running,
+            },
+        );
+        self.hooks.observer.effect(&Effect::Created {
+            id: id.clone(),
+            instance: request.instance.clone(),
+            service: request.spec.name.clone(),
+        });
+        Ok(id)
+    }
+
+    async fn remove(&self, id: &ContainerId) -> Result<(), RuntimeError> {
+        self.hooks
+            .gate(Op::Remove, id.as_str())
+            .await
+            .map_err(runtime_err)?;
+        if self
+            .containers
+            .lock()
+            .expect("runtime poisoned")
+            .remove(id)
+            .is_some()
+        {
+            self.hooks
+                .observer
+                .effect(&Effect::Removed { id: id.clone() });
+        }
+        Ok(())
+    }
+}
+
+/// The in-memory traffic plane: service → route.
+pub struct MemoryTraffic {
+    hooks: Hooks,
+    routes: Mutex<BTreeMap<ServiceKey, Route>>,
+}
+
+impl MemoryTraffic {
+    pub fn new(hooks: Hooks) -> Self {
+        Self {
+            hooks,
+            routes: Mutex::new(BTreeMap::new()),
+        }
+    }
+
+    pub fn routes(&self) -> BTreeMap<ServiceKey, Route> {
+        self.routes.lock().expect("traffic poisoned").clone()
+    }
+}
+
+#[async_trait]
+impl Traffic for MemoryTraffic {
+    async fn publish(&self, route: &Route) -> Result<(), TrafficError> {
+        let subject = format!("{}/{}", route.service.instance, route.service.service);
+        self.hooks
+            .gate(Op::Publish, &subject)
+            .await
+            .map_err(|f| TrafficError(text_err(f)))?;
+        self.hooks.observer.effect(&Effect::Published {
+            route: route.clone(),
+        });
+        self.routes
+            .lock()
+            .expect("traffic poisoned")
+            .insert(route.service.clone(), route.clone());
+        Ok(())
+    }
+
+    async fn withdraw(&self, service: &ServiceKey) -> Result<(), TrafficError> {
+        let subject = format!("{}/{}", service.instance, service.service);
+        if let Err(f) = self.hooks.gate(Op::Withdraw, &subject).await {
+            self.hooks.observer.effect(&Effect::WithdrawFailed {
+                service: service.clone(),
+            });
+            return Err(TrafficError(text_err(f)));
+        }
+        self.routes
+            .lock()
+            .expect("traffic poisoned")
+            .remove(service);
+        self.hooks.observer.effect(&Effect::Withdrawn {
+            service: service.clone(),
+        });
+        Ok(())
+    }
+}
+
+/// Readiness against the in-memory runtime: ready iff some running
+/// container with exactly these binds says it is ready.
+pub struct MemoryProbe {
+    hooks: Hooks,
+    runtime: Arc<MemoryRuntime>,
+}
+
+impl MemoryProbe {
+    pub fn new(runtime: Arc<MemoryRuntime>, hooks: Hooks) -> Self {
+        Self { hooks, runtime }
+    }
+}
+
+#[async_trait]
+impl Probe for MemoryProbe {
+    async fn ready(&self, _probe: &ReadinessProbe, binds: &Binds) -> Result<(), String> {
+        self.hooks.gate(Op::Probe, "").await.map_err(text_err)?;
+        let ready = self.runtime.with_containers(|cs| {
+            cs.iter()
+                .find(|(_, c)| &c.binds == binds && c.status == ContainerStatus::Running && c.ready)
+                .map(|(id, c)| (id.clone(), c.started_at))
+        });
+        if let Some((id, started_at)) = ready {
+            self.hooks
+                .observer
+                .effect(&Effect::ProbePassed { id, started_at });
+            Ok(())
+        } else {
+            Err("connection refused".into())
+        }
+    }
+}
+
+/// Grants: a set of revoked (instance, service) pairs.
+#[derive(Default)]
+pub struct MemoryPolicy {
+    revoked: Mutex<BTreeSet<(InstanceName, ServiceName)>>,
+}
+
+impl MemoryPolicy {
+    pub fn revoke(&self, instance: InstanceName, service: ServiceName) {
+        self.revoked
+            .lock()
+            .expect("poisoned")
+            .insert((instance, service));
+    }
+}
+
+#[async_trait]
+impl Policy for MemoryPolicy {
+    async fn check(&self, instance: &InstanceName, service: &ServiceName) -> Result<(), String> {
+        let revoked = self.revoked.lock().expect("poisoned");
+        if revoked.contains(&(instance.clone(), service.clone())) {
+            Err(format!("grants for {instance}/{service} revoked"))
+        } else {
+            Ok(())
+        }
+    }
+}
+
+/// Releases as a set of names.
+pub struct MemoryProvisioner {
+    hooks: Hooks,
+    namespace: String,
+    releases: Mutex<BTreeMap<String, String>>,
+}
+
+impl MemoryProvisioner {
+    pub fn new(namespace: &str, hooks: Hooks) -> Self {
+        Self {
+            hooks,
+            namespace: namespace.to_owned(),
+            releases: Mutex::new(BTreeMap::new()),
+        }
+    }
+
+    /// An operator uninstalling by hand.
+    pub fn remove_by_hand(&self, release: &str) {
+        self.releases.lock().expect("poisoned").remove(release);
+    }
+
+    /// A release installed by some other tool.
+    pub fn add_foreign(&self, release: &str) {
+        self.releases
+            .lock()
+            .expect("poisoned")
+            .insert(release.to_owned(), "foreign".into());
+    }
+
+    pub fn release_names(&self) -> Vec<String> {
+        self.releases
+            .lock()
+            .expect("poisoned")
+            .keys()
+            .cloned()
+            .collect()
+    }
+}
+
+#[async_trait]
+impl Provisioner for MemoryProvisioner {
+    async fn install_or_upgrade(&self, release: &str, version: &str) -> Result<(), ProvisionError> {
+        self.hooks
+            .gate(Op::Install, release)
+            .await
+            .map_err(|f| ProvisionError(text_err(f)))?;
+        self.releases
+            .lock()
+            .expect("poisoned")
+            .insert(release.to_owned(), version.to_owned());
+        self.hooks.observer.effect(&Effect::Installed {
+            release: release.to_owned(),
+        });
+        Ok(())
+    }
+
+    async fn uninstall(&self, release: &str) -> Result<(), ProvisionError> {
+        self.hooks
+            .gate(Op::Uninstall, release)
+            .await
+            .map_err(|f| ProvisionError(text_err(f)))?;
+        self.releases.lock().expect("poisoned").remove(release);
+        self.hooks.observer.effect(&Effect::Uninstalled {
+            release: release.to_owned(),
+        });
+        Ok(())
+    }
+
+    async fn list_releases(&self) -> Result<Vec<Release>, ProvisionError> {
+        self.hooks
+            .gate(Op::ListReleases, "")
+            .await
+            .map_err(|f| ProvisionError(text_err(f)))?;
+        Ok(self
+            .releases
+            .lock()
+            .expect("poisoned")
+            .keys()
+            .map(|name| Release {
+                name: name.clone(),
+                namespace: self.namespace.clone(),
+            })
+            .collect())
+    }
+}
+
+/// Records notifications.
+#[derive(Default)]
+pub struct MemoryNotifier {
+    pub sent: Mutex<Vec<(String, String)>>,
+    hooks: Hooks,
+}
+
+impl MemoryNotifier {
+    pub fn new(hooks: Hooks) -> Self {
+        Self {
+            sent: Mutex::new(Vec::new()),
+            hooks,
+        }
+    }
+}
+
+#[async_trait]
+impl Notifier for MemoryNotifier {
+    async fn notify(&self, event: &str, message: &str) -> Result<(), String> {
+        self.hooks.gate(Op::Notify, event).await.map_err(text_err)?;
+        self.sent
+            .lock()
+            .expect("poisoned")
+            .push((event.to_owned(), message.to_owned()));
+        Ok(())
+    }
+}

@@ -70,25 +70,26 @@ impl Budget {
     }
 
     /// Charges one failure; from the policy's free attempts on, delays the
-    /// next attempt along the ladder. Clears the stability streak.
+    /// next attempt along the ladder. Clears the stability streak, and
+    /// consumes any unconfirmed attempt: that attempt is what failed, and
+    /// one attempt is charged exactly once.
     pub fn record_failure(&mut self, policy: &RecoveryPolicy, now: Timestamp) {
         let entry = self.entry.get_or_insert_with(BudgetEntry::default);
         entry.failures = entry.failures.saturating_add(1);
         entry.stable_since = None;
+        entry.attempt_pending = false;
         if let Some(delay) = policy.delay_after(entry.failures) {
             entry.next_attempt = Some(add(now, delay));
         }
     }
 
-    /// The generation was found down while an intervention was unconfirmed:
-    /// that intervention failed. Charge it and consume the pending flag, so
-    /// that once the delay passes the next attempt really runs (otherwise the
-    /// same unconfirmed attempt would be charged on every pass forever).
+    /// The generation was found down (or unhealthy again) while an
+    /// intervention was unconfirmed: that intervention failed. Charging it
+    /// consumes the pending flag, so once the delay passes the next attempt
+    /// really runs instead of the same attempt being charged every pass.
     pub fn charge_unconfirmed_attempt(&mut self, policy: &RecoveryPolicy, now: Timestamp) {
+        debug_assert!(self.attempt_pending());
         self.record_failure(policy, now);
-        if let Some(e) = &mut self.entry {
-            e.attempt_pending = false;
-        }
     }
 
     /// Records a start or restart awaiting confirmation.

@@ -260,6 +260,8 @@ pub struct ServiceRecovery<'p> {
     inhibition: Option<String>,
     budget: Budget,
     verified_started_at: Option<Timestamp>,
+    /// This daemon cannot vouch that the route is currently published.
+    route_unknown: bool,
     withdrawal_pending: bool,
     phase: Phase,
     /// The command yielded by `poll_command` and not yet answered.
@@ -300,6 +302,10 @@ impl<'p> ServiceRecovery<'p> {
         let mut budget = Budget::from_entry(memory.generation.budget);
         // R17: a restarted daemon has no memory, but the durable record of
         // the last verified execution proves which executions did not change.
+        // When this daemon does not itself know the route is up (it just
+        // started, or it withdrew the service since), it republishes even an
+        // unchanged execution: an idempotent upsert, never a blink.
+        let route_unknown = memory.generation.verified_started_at.is_none();
         let mut verified_started_at = memory
             .generation
             .verified_started_at
@@ -316,6 +322,7 @@ impl<'p> ServiceRecovery<'p> {
             inhibition,
             budget,
             verified_started_at,
+            route_unknown,
             withdrawal_pending: memory.withdrawal_pending,
             phase,
             outstanding: None,
@@ -466,6 +473,7 @@ impl<'p> ServiceRecovery<'p> {
             Outcome::Published(result) => match result {
                 Ok(()) => {
                     self.published = true;
+                    self.route_unknown = false;
                     self.decide_record(now);
                 }
                 Err(e) => {
@@ -496,6 +504,9 @@ impl<'p> ServiceRecovery<'p> {
             Ok(()) => {
                 self.withdrawal_pending = false;
                 self.withdrawn_this_pass = true;
+                // The route is gone: nothing is verified-and-routed any more.
+                self.verified_started_at = None;
+                self.route_unknown = true;
             }
             Err(e) => {
                 self.withdrawal_pending = true;
@@ -628,7 +639,11 @@ impl<'p> ServiceRecovery<'p> {
         self.fresh = obs.started_at.is_none() || obs.started_at != self.verified_started_at;
         let unverified = obs.status != ContainerStatus::Running && !obs.status.is_transitional();
         if self.fresh {
+            // A new execution since the last verified one: whatever ran in
+            // between was not continuously stable (R14), and its health
+            // streak belongs to the old execution.
             self.budget.clear_unhealthy();
+            self.budget.invalidate_stable();
         }
         self.observed = Some(obs);
         if (self.fresh || unverified) && !self.withdrawn_this_pass {
@@ -794,7 +809,7 @@ impl<'p> ServiceRecovery<'p> {
 
     /// R13: publish if started, restarted, fresh, or the binds changed.
     fn decide_publication(&mut self, now: Timestamp) {
-        if self.needs_readiness() || self.binds != self.active.binds {
+        if self.needs_readiness() || self.route_unknown || self.binds != self.active.binds {
             self.phase = Phase::Publish;
         } else {
             self.decide_record(now);
@@ -883,7 +898,13 @@ impl<'p> ServiceRecovery<'p> {
             memory: ServiceMemory {
                 generation: GenerationMemory {
                     budget: self.budget.into_entry(),
-                    verified_started_at: self.verified_started_at,
+                    // Memory vouches only for what this daemon knows to be
+                    // routed; a durable record alone is not enough.
+                    verified_started_at: if self.route_unknown {
+                        None
+                    } else {
+                        self.verified_started_at
+                    },
                 },
                 withdrawal_pending: self.withdrawal_pending,
             },

@@ -133,8 +133,8 @@ impl Recoverer {
         };
         let deadline = Instant::now() + self.policy.instance_deadline;
         let mut out = InstanceOutcome::default();
-        let loaded = tokio::time::timeout_at(deadline, self.load(&instance.name)).await;
-        let (active, inhibitions) = match loaded {
+        let loaded = within(deadline, self.load(&instance.name)).await;
+        let (instance, active, inhibitions) = match loaded {
             Ok(Ok(loaded)) => loaded,
             Ok(Err(e)) => {
                 out.errors.push(format!("{}: load: {e}", instance.name));
@@ -146,6 +146,7 @@ impl Recoverer {
                 return out;
             }
         };
+        let instance = &instance;
         let intent = if instance.stopped {
             Intent::Stopped
         } else {
@@ -202,13 +203,22 @@ impl Recoverer {
         out
     }
 
+    /// Loads intent, ACTIVE and inhibitions under the instance lock: the
+    /// listing that started the pass may be stale by now (an operator may
+    /// have changed intent while earlier instances were recovered).
     async fn load(
         &self,
         name: &InstanceName,
-    ) -> Result<(ActiveRecord, Vec<Inhibition>), StoreError> {
+    ) -> Result<(Instance, ActiveRecord, Vec<Inhibition>), StoreError> {
+        let instance = self
+            .ports
+            .store
+            .instance(name)
+            .await?
+            .ok_or_else(|| StoreError::NotFound(format!("instance {name}")))?;
         let active = self.ports.store.load_active(name).await?;
         let inhibitions = self.ports.store.load_inhibitions(name).await?;
-        Ok((active, inhibitions))
+        Ok((instance, active, inhibitions))
     }
 
     /// Runs one service's machine to completion, or abandons it at the
@@ -216,9 +226,7 @@ impl Recoverer {
     async fn drive(&self, instance: &Instance, input: ServiceInput, deadline: Instant) -> Report {
         let mut machine = ServiceRecovery::new(&self.policy, input);
         while let Some(command) = machine.poll_command() {
-            let performed =
-                tokio::time::timeout_at(deadline, self.perform(instance, machine.key(), &command))
-                    .await;
+            let performed = within(deadline, self.perform(instance, machine.key(), &command)).await;
             match performed {
                 Ok(outcome) => machine.handle(outcome, self.ports.clock.now()),
                 Err(_) => return machine.abandon(),
@@ -319,7 +327,7 @@ impl Recoverer {
             .iter()
             .filter(|i| i.reason == InhibitionReason::RetirementPending);
         for marker in markers {
-            let step = tokio::time::timeout_at(
+            let step = within(
                 deadline,
                 self.settle_marker(instance, intent, active, marker, verified),
             )
@@ -389,6 +397,16 @@ impl Recoverer {
         metrics::counter!("stead_retirements_total").increment(1);
         Ok(true)
     }
+}
+
+/// Runs `future` until `deadline`. (madsim has no `timeout_at`, so both
+/// builds use `timeout` with the remaining time.)
+async fn within<F: std::future::Future>(
+    deadline: Instant,
+    future: F,
+) -> Result<F::Output, tokio::time::error::Elapsed> {
+    let remaining = deadline.saturating_duration_since(Instant::now());
+    tokio::time::timeout(remaining, future).await
 }
 
 fn record_metrics(report: &Report) {

@@ -222,6 +222,8 @@ pub struct MemContainer {
     /// Status right after a (re)start: `Running`, or `Exited` for a
     /// workload that dies at once.
     pub status_after_start: ContainerStatus,
+    /// Stopped on request: a runtime restart policy leaves it alone.
+    pub stopped_on_request: bool,
 }
 
 /// The in-memory container runtime.
@@ -294,6 +296,7 @@ impl MemoryRuntime {
             c.status = c.status_after_start;
             c.started_at = Some(started_at);
             c.health = Health::Starting;
+            c.stopped_on_request = false;
         })
     }
 }
@@ -328,7 +331,10 @@ impl Runtime for MemoryRuntime {
             .gate(Op::Stop, id.as_str())
             .await
             .map_err(runtime_err)?;
-        self.mutate(id, |c| c.status = ContainerStatus::Exited)?;
+        self.mutate(id, |c| {
+            c.status = ContainerStatus::Exited;
+            c.stopped_on_request = true;
+        })?;
         self.hooks
             .observer
             .effect(&Effect::Stopped { id: id.clone() });
@@ -415,6 +421,7 @@ impl Runtime for MemoryRuntime {
                 binds,
                 ready: true,
                 status_after_start: ContainerStatus::Running,
+                stopped_on_request: false,
             },
         );
         self.hooks.observer.effect(&Effect::Created {

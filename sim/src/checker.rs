@@ -1,0 +1,339 @@
+//! The invariant checker. It is the ports' [`Observer`]: every effect is
+//! checked at the instant it happens, against the simulation's ground truth
+//! (which only operators change, under the instance lock, as in production).
+//!
+//! The budget rule (S6) is checked against an independent model of the
+//! delay ladder, never against the engine's own budget.
+
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use stead::core::fleet::add;
+use stead::core::policy::RecoveryPolicy;
+use stead::core::types::{ContainerId, InstanceName, ServiceKey, Timestamp};
+use stead::ports::memory::{Effect, Observer};
+use stead::ports::{Clock, Route};
+
+/// Effects kept for the failure trace (override: `STEAD_SIM_TRACE`).
+const TRACE_LEN_DEFAULT: usize = 40;
+
+fn trace_len_max() -> usize {
+    std::env::var("STEAD_SIM_TRACE")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(TRACE_LEN_DEFAULT)
+}
+
+/// What the operators made true; the engine never changes it.
+#[derive(Clone, Debug, Default)]
+pub struct Truth {
+    /// ACTIVE: service → container.
+    pub active: BTreeMap<ServiceKey, ContainerId>,
+    pub stopped: BTreeSet<InstanceName>,
+    /// Generations under a durable hold.
+    pub inhibited: BTreeSet<ContainerId>,
+    /// Retirement-pending containers → their service.
+    pub markers: BTreeMap<ContainerId, ServiceKey>,
+    /// Containers the operators created (deploys); never the engine.
+    pub operator_created: BTreeSet<ContainerId>,
+}
+
+#[derive(Debug, Default)]
+struct Streak {
+    interventions: Vec<Timestamp>,
+    /// Since when the container has been up without a crash.
+    up_since: Option<Timestamp>,
+    /// It once stayed up a whole stable window since the last intervention.
+    reset_earned: bool,
+}
+
+#[derive(Debug, Default)]
+struct State {
+    truth: Truth,
+    probe_passed: BTreeSet<(ContainerId, Option<Timestamp>)>,
+    withdraw_failed: BTreeSet<ServiceKey>,
+    routes: BTreeMap<ServiceKey, Route>,
+    streaks: BTreeMap<ContainerId, Streak>,
+    violations: Vec<String>,
+    checks: BTreeMap<&'static str, u64>,
+    trace: VecDeque<String>,
+    trace_hash: u64,
+    effects: u64,
+}
+
+/// Checks S1–S7 on every effect; collects violations rather than panicking
+/// so the runner can print the seed, the invariant and the trace.
+pub struct Checker {
+    clock: Arc<dyn Clock>,
+    policy: RecoveryPolicy,
+    state: Mutex<State>,
+}
+
+impl Checker {
+    pub fn new(clock: Arc<dyn Clock>, policy: RecoveryPolicy) -> Self {
+        Self {
+            clock,
+            policy,
+            state: Mutex::new(State::default()),
+        }
+    }
+
+    /// Operators change the truth through this, under the instance lock.
+    pub fn truth<R>(&self, f: impl FnOnce(&mut Truth) -> R) -> R {
+        f(&mut self.lock().truth)
+    }
+
+    pub fn truth_snapshot(&self) -> Truth {
+        self.lock().truth.clone()
+    }
+
+    /// The daemon died: its volatile memory (budgets, pending withdrawals)
+    /// is gone by design (R17), so the budget model re-arms too.
+    pub fn daemon_restarted(&self) {
+        let mut s = self.lock();
+        s.streaks.clear();
+        s.withdraw_failed.clear();
+    }
+
+    /// The engine was told a container is gone (R7): it forgets the
+    /// generation's budget, so the model does too.
+    pub fn generation_forgotten(&self, id: &ContainerId) {
+        self.lock().streaks.remove(id);
+    }
+
+    /// Stopped intent forgets the instance's memory (R4).
+    pub fn instance_stopped(&self, instance: &InstanceName) {
+        let truth = self.truth_snapshot();
+        let mut s = self.lock();
+        for (key, id) in &truth.active {
+            if &key.instance == instance {
+                s.streaks.remove(id);
+            }
+        }
+    }
+
+    /// The workload model reports a container going down (crash).
+    pub fn container_went_down(&self, id: &ContainerId) {
+        let now = self.clock.now();
+        let window = self.policy.stable_window;
+        let mut s = self.lock();
+        if let Some(streak) = s.streaks.get_mut(id) {
+            if streak.up_since.is_some_and(|up| add(up, window) <= now) {
+                streak.reset_earned = true;
+            }
+            streak.up_since = None;
+        }
+    }
+
+    /// The runtime brought a container up by itself (native restart).
+    pub fn container_came_up(&self, id: &ContainerId) {
+        let now = self.clock.now();
+        let mut s = self.lock();
+        if let Some(streak) = s.streaks.get_mut(id) {
+            streak.up_since.get_or_insert(now);
+        }
+    }
+
+    /// A violation found outside an effect (the liveness checks).
+    pub fn record_violation(&self, violation: String) {
+        self.lock().violations.push(violation);
+    }
+
+    pub fn violations(&self) -> Vec<String> {
+        self.lock().violations.clone()
+    }
+
+    pub fn checks(&self) -> BTreeMap<&'static str, u64> {
+        self.lock().checks.clone()
+    }
+
+    pub fn trace(&self) -> Vec<String> {
+        self.lock().trace.iter().cloned().collect()
+    }
+
+    pub fn trace_hash(&self) -> u64 {
+        self.lock().trace_hash
+    }
+
+    pub fn effects(&self) -> u64 {
+        self.lock().effects
+    }
+
+    pub fn routes(&self) -> BTreeMap<ServiceKey, Route> {
+        self.lock().routes.clone()
+    }
+
+    pub fn withdraw_failed(&self) -> BTreeSet<ServiceKey> {
+        self.lock().withdraw_failed.clone()
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, State> {
+        self.state.lock().expect("checker poisoned")
+    }
+}
+
+fn instance_of(truth: &Truth, id: &ContainerId) -> Option<ServiceKey> {
+    truth
+        .active
+        .iter()
+        .find(|(_, c)| *c == id)
+        .map(|(k, _)| k.clone())
+}
+
+impl State {
+    fn check(&mut self, invariant: &'static str, ok: bool, detail: impl FnOnce() -> String) {
+        *self.checks.entry(invariant).or_default() += 1;
+        if !ok {
+            self.violations.push(format!("{invariant}: {}", detail()));
+        }
+    }
+
+    fn record(&mut self, now: Timestamp, effect: &Effect) {
+        let line = format!("{now} {effect:?}");
+        // FNV-1a over the trace: equal hashes for equal runs.
+        for b in line.as_bytes() {
+            self.trace_hash ^= u64::from(*b);
+            self.trace_hash = self.trace_hash.wrapping_mul(0x100_0000_01b3);
+        }
+        self.effects += 1;
+        if self.trace.len() >= trace_len_max() {
+            self.trace.pop_front();
+        }
+        self.trace.push_back(line);
+    }
+}
+
+impl Observer for Checker {
+    fn effect(&self, effect: &Effect) {
+        let now = self.clock.now();
+        let mut s = self.lock();
+        s.record(now, effect);
+        match effect {
+            Effect::Started { id } | Effect::Restarted { id } => {
+                let service = instance_of(&s.truth, id);
+                s.check("S1 start only ACTIVE", service.is_some(), || {
+                    format!("{id} is not named by ACTIVE")
+                });
+                if let Some(service) = service {
+                    let stopped = s.truth.stopped.contains(&service.instance);
+                    s.check("S3 stopped never started", !stopped, || {
+                        format!("{id} of stopped {}", service.instance)
+                    });
+                }
+                let inhibited = s.truth.inhibited.contains(id);
+                s.check("S4 inhibited never started", !inhibited, || {
+                    format!("{id} is inhibited")
+                });
+                self.check_budget(&mut s, id, now);
+            }
+            Effect::Created { id, .. } => {
+                let by_operator = s.truth.operator_created.contains(id);
+                s.check("S1 never creates", by_operator, || {
+                    format!("{id} created outside a deploy")
+                });
+            }
+            Effect::Removed { id } => {
+                let marker = s.truth.markers.contains_key(id);
+                let active = instance_of(&s.truth, id).is_some();
+                s.check("S1 never removes ACTIVE", !active && marker, || {
+                    format!("{id} removed but it is not a retirement marker")
+                });
+            }
+            Effect::Stopped { id } => {
+                // The first destructive step of a retirement: by now the
+                // successor must serve (verified and routed), unless the
+                // instance is stopped or the service left ACTIVE (R15).
+                if let Some(service) = s.truth.markers.get(id).cloned() {
+                    if instance_of(&s.truth, id).is_none() {
+                        let stopped = s.truth.stopped.contains(&service.instance);
+                        let ok = stopped
+                            || match s.truth.active.get(&service) {
+                                None => true,
+                                Some(successor) => s.routes.get(&service).is_some_and(|r| {
+                                    &r.container == successor
+                                        && s.probe_passed
+                                            .contains(&(successor.clone(), r.verified_started_at))
+                                }),
+                            };
+                        s.check("S5 retire after successor serves", ok, || {
+                            format!("{id} retired before its successor was verified and routed")
+                        });
+                    }
+                }
+            }
+            Effect::Published { route } => {
+                let key = &route.service;
+                let active = s.truth.active.get(key) == Some(&route.container);
+                s.check("S2 publish only ACTIVE", active, || {
+                    format!("{key:?} published to non-ACTIVE {}", route.container)
+                });
+                let verified = s
+                    .probe_passed
+                    .contains(&(route.container.clone(), route.verified_started_at));
+                s.check("S2 publish only verified", verified, || {
+                    format!(
+                        "{key:?} published {} execution {:?} never passed readiness",
+                        route.container, route.verified_started_at
+                    )
+                });
+                let blocked = s.withdraw_failed.contains(key);
+                s.check("S2 withdraw retried before publish", !blocked, || {
+                    format!("{key:?} published while its last withdrawal failed")
+                });
+                let stopped = s.truth.stopped.contains(&key.instance);
+                s.check("S3 stopped never published", !stopped, || {
+                    format!("{key:?} published while stopped")
+                });
+                s.routes.insert(key.clone(), route.clone());
+            }
+            Effect::Withdrawn { service } => {
+                s.withdraw_failed.remove(service);
+                s.routes.remove(service);
+            }
+            Effect::WithdrawFailed { service } => {
+                s.withdraw_failed.insert(service.clone());
+            }
+            Effect::ProbePassed { id, started_at } => {
+                s.probe_passed.insert((id.clone(), *started_at));
+            }
+            Effect::Installed { .. } | Effect::Uninstalled { .. } => {}
+        }
+    }
+}
+
+impl Checker {
+    /// S6: an independent model of the ladder. Within one streak of
+    /// interventions on a generation, the k-th (k > free attempts) must
+    /// follow the previous one by at least the ladder's delay. A streak
+    /// resets when the generation ran crash-free for a stable window, or
+    /// the daemon restarted (both re-arm the engine's budget too).
+    fn check_budget(&self, s: &mut State, id: &ContainerId, now: Timestamp) {
+        let free = self.policy.free_attempts as usize;
+        let delays = self.policy.delays.clone();
+        let window = self.policy.stable_window;
+        let streak = s.streaks.entry(id.clone()).or_default();
+        let stayed_up = streak.up_since.is_some_and(|up| add(up, window) <= now);
+        if streak.reset_earned || stayed_up {
+            streak.interventions.clear();
+        }
+        streak.reset_earned = false;
+        streak.interventions.push(now);
+        streak.up_since = Some(now);
+        let k = streak.interventions.len();
+        let gap_ok = if k > free {
+            let need = delays[(k - 1 - free).min(delays.len() - 1)];
+            let gap = now.duration_since(streak.interventions[k - 2]);
+            gap >= jiff::SignedDuration::try_from(need).unwrap_or(jiff::SignedDuration::MAX)
+        } else {
+            true
+        };
+        let detail = format!("{id}: intervention #{k} at {now} too soon after the previous one");
+        s.check("S6 budget", gap_ok, || detail);
+    }
+}
+
+/// Upper bound of the budget's cap, used by the liveness deadline.
+pub fn ladder_cap(policy: &RecoveryPolicy) -> Duration {
+    *policy.delays.last().expect("validated policy has delays")
+}

@@ -1,0 +1,381 @@
+//! One simulated run: set the world up, run the safety phase with faults,
+//! then the liveness phase without, and report.
+
+use std::collections::BTreeMap;
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+
+use stead::core::policy::RecoveryPolicy;
+use stead::core::spec::{Healthcheck, ReadinessProbe, ServiceSpec};
+use stead::core::types::{ActiveService, ContainerStatus, InhibitionReason, ServiceKey};
+use stead::engine::recovery::{InstanceLocks, Recoverer};
+use stead::engine::{Ports, SystemClock};
+use stead::ports::memory::{
+    Hooks, MemoryNotifier, MemoryPolicy, MemoryProbe, MemoryProvisioner, MemoryRuntime,
+    MemoryTraffic,
+};
+use stead::ports::{Clock, CreateContainer, NewInstance, Runtime, Store};
+use stead::store::memory::MemoryStore;
+
+use crate::checker::{ladder_cap, Checker};
+use crate::world::{
+    instance_name, service_name, Actors, FaultCounts, FaultMix, SimService, SwarmFaults,
+};
+
+/// The shape of one run.
+#[derive(Clone, Debug)]
+pub struct SimConfig {
+    pub seed: u64,
+    pub instances: usize,
+    pub services_per_instance: usize,
+    /// Simulated length of the safety phase.
+    pub safety: Duration,
+    pub tick: Duration,
+}
+
+impl SimConfig {
+    pub fn new(seed: u64) -> Self {
+        Self {
+            seed,
+            instances: 6,
+            services_per_instance: 2,
+            safety: Duration::from_secs(6 * 3600),
+            tick: Duration::from_secs(60),
+        }
+    }
+}
+
+/// What one run found.
+#[derive(Clone, Debug, Default)]
+pub struct SimOutcome {
+    pub seed: u64,
+    pub violations: Vec<String>,
+    /// The last effects before the end (or the violation).
+    pub trace: Vec<String>,
+    pub trace_hash: u64,
+    pub simulated: Duration,
+    pub effects: u64,
+    pub passes: u64,
+    pub checks: BTreeMap<&'static str, u64>,
+    pub faults: BTreeMap<&'static str, u64>,
+}
+
+/// Runs one seed in its own madsim runtime.
+pub fn run_seed(cfg: &SimConfig) -> SimOutcome {
+    let runtime =
+        madsim::runtime::Runtime::with_seed_and_config(cfg.seed, madsim::Config::default());
+    let cfg = cfg.clone();
+    runtime.block_on(simulate(cfg))
+}
+
+async fn simulate(cfg: SimConfig) -> SimOutcome {
+    let mut rng = ChaCha8Rng::seed_from_u64(cfg.seed);
+    let mix = FaultMix::draw(&mut rng);
+    let clock: Arc<dyn Clock> = Arc::new(SystemClock);
+    let policy = RecoveryPolicy::default();
+    let checker = Arc::new(Checker::new(clock.clone(), policy.clone()));
+    let counts = Arc::new(FaultCounts::default());
+    let faults = Arc::new(SwarmFaults::new(mix.clone(), rng.random(), counts.clone()));
+    let hooks = Hooks {
+        faults: faults.clone(),
+        observer: checker.clone(),
+    };
+    let runtime = Arc::new(MemoryRuntime::new(clock.clone(), hooks.clone()));
+    let _ = faults.checker.set(checker.clone());
+    let store = Arc::new(MemoryStore::new());
+    let traffic = Arc::new(MemoryTraffic::new(hooks.clone()));
+    let ports = Ports {
+        clock: clock.clone(),
+        runtime: runtime.clone(),
+        traffic,
+        store: store.clone(),
+        probe: Arc::new(MemoryProbe::new(runtime.clone(), hooks.clone())),
+        policy: Arc::new(MemoryPolicy::default()),
+        provisioner: Arc::new(MemoryProvisioner::new("stead", hooks.clone())),
+        notifier: Arc::new(MemoryNotifier::new(hooks.clone())),
+    };
+    let locks = Arc::new(InstanceLocks::default());
+    let actors = Arc::new(Actors {
+        rng: Mutex::new(ChaCha8Rng::seed_from_u64(rng.random())),
+        mix: mix.clone(),
+        runtime: runtime.clone(),
+        store: store.clone(),
+        clock: clock.clone(),
+        checker: checker.clone(),
+        services: Mutex::new(Vec::new()),
+        locks: locks.clone(),
+        counts: counts.clone(),
+        chaos: true.into(),
+        deploys: 0.into(),
+    });
+    faults.enabled.store(false, Ordering::Relaxed);
+    setup(&cfg, &mut rng, &actors, store.as_ref(), runtime.as_ref()).await;
+    faults.enabled.store(true, Ordering::Relaxed);
+
+    // The workload and the operators run beside the daemon.
+    let world = actors.clone();
+    let operator_p = mix.operator;
+    let mut world_rng = ChaCha8Rng::seed_from_u64(rng.random());
+    let _workload = tokio::spawn(async move {
+        loop {
+            tokio::time::sleep(Duration::from_secs(5)).await;
+            world.workload_step();
+            if world.chaos.load(Ordering::Relaxed) && world_rng.random_bool(operator_p / 4.0) {
+                // Operators' mutations are bounded like the engine's: a
+                // hung runtime call must not hold an instance lock forever.
+                let _ = tokio::time::timeout(Duration::from_secs(30), world.operator_step()).await;
+            }
+        }
+    });
+
+    let mut outcome = SimOutcome {
+        seed: cfg.seed,
+        ..Default::default()
+    };
+    let start = clock.now();
+    let mut recoverer: Option<Recoverer> = None;
+    let safety_ticks = cfg.safety.as_secs() / cfg.tick.as_secs();
+    for _ in 0..safety_ticks {
+        let outage = rng.random_bool(mix.store_outage);
+        store.set_unavailable(outage);
+        if outage {
+            counts.bump("store outage");
+        }
+        let kill_at = rng
+            .random_bool(mix.daemon_kill)
+            .then(|| Duration::from_millis(rng.random_range(0..cfg.tick.as_millis() as u64)));
+        let daemon = recoverer.get_or_insert_with(|| {
+            Recoverer::new(
+                ports.clone(),
+                policy.clone(),
+                Default::default(),
+                locks.clone(),
+            )
+        });
+        let killed = match kill_at {
+            None => {
+                let o = daemon.pass().await;
+                debug_pass(&o, clock.now());
+                false
+            }
+            Some(at) => {
+                tokio::select! {
+                    o = daemon.pass() => { debug_pass(&o, clock.now()); false }
+                    _ = tokio::time::sleep(at) => true,
+                }
+            }
+        };
+        outcome.passes += 1;
+        store.set_unavailable(false);
+        if killed {
+            counts.bump("daemon killed");
+            recoverer = None;
+            checker.daemon_restarted();
+        }
+        actors.forget_retired();
+        if !checker.violations().is_empty() {
+            break;
+        }
+        tokio::time::sleep(cfg.tick).await;
+    }
+
+    // Liveness: faults stop, workloads behave; everything must converge
+    // within the budget's cap plus a few ticks.
+    actors.chaos.store(false, Ordering::Relaxed);
+    faults.enabled.store(false, Ordering::Relaxed);
+    let liveness = ladder_cap(&policy) + cfg.tick * 4;
+    let daemon = recoverer.get_or_insert_with(|| {
+        Recoverer::new(
+            ports.clone(),
+            policy.clone(),
+            Default::default(),
+            locks.clone(),
+        )
+    });
+    let ticks = liveness.as_secs() / cfg.tick.as_secs();
+    if checker.violations().is_empty() {
+        for _ in 0..ticks {
+            daemon.pass().await;
+            outcome.passes += 1;
+            actors.forget_retired();
+            tokio::time::sleep(cfg.tick).await;
+        }
+        let last = daemon.pass().await;
+        if std::env::var_os("STEAD_SIM_DEBUG").is_some() {
+            for (name, o) in &last.instances {
+                eprintln!(
+                    "debug {name}: busy={} errors={:?}",
+                    o.skipped_busy, o.errors
+                );
+                for r in &o.reports {
+                    eprintln!("debug   {:?} {:?}", r.key.service, r.verdict);
+                }
+            }
+        }
+        check_liveness(&checker, store.as_ref(), runtime.as_ref()).await;
+    }
+
+    outcome.violations = checker.violations();
+    outcome.trace = checker.trace();
+    outcome.trace_hash = checker.trace_hash();
+    outcome.effects = checker.effects();
+    outcome.checks = checker.checks();
+    outcome.faults = counts.counts.lock().expect("poisoned").clone();
+    outcome.simulated = clock.now().duration_since(start).unsigned_abs();
+    outcome
+}
+
+async fn setup(
+    cfg: &SimConfig,
+    rng: &mut ChaCha8Rng,
+    actors: &Actors,
+    store: &MemoryStore,
+    runtime: &MemoryRuntime,
+) {
+    let now = actors.clock.now();
+    for i in 0..cfg.instances {
+        let name = instance_name(i);
+        store
+            .create_instance(
+                &NewInstance {
+                    name: name.clone(),
+                    team: "sim".into(),
+                    service_type: "app".into(),
+                    version: "1".into(),
+                    expires_at: None,
+                    maintenance_window: None,
+                },
+                now,
+            )
+            .await
+            .expect("setup: create instance");
+        for j in 0..cfg.services_per_instance {
+            let service = service_name(j);
+            let key = ServiceKey {
+                instance: name.clone(),
+                service: service.clone(),
+            };
+            let behaviour = Actors::draw_behaviour(rng);
+            let spec = ServiceSpec {
+                name: service.clone(),
+                image: "sim".into(),
+                command: vec![],
+                ports: vec![8080],
+                healthcheck: Some(Healthcheck {
+                    command: vec!["true".into()],
+                    interval: Duration::from_secs(5),
+                    timeout: Duration::from_secs(1),
+                    retries: 3,
+                }),
+                readiness: ReadinessProbe::None,
+                stop_grace: Duration::from_secs(5),
+            };
+            let request = CreateContainer {
+                instance: name.clone(),
+                spec: spec.clone(),
+                revision: "r0".into(),
+            };
+            let id = stead::core::types::ContainerId::new(format!("{name}-{service}-r0"));
+            actors
+                .checker
+                .truth(|t| t.operator_created.insert(id.clone()));
+            let id = runtime.create(&request).await.expect("setup: create");
+            store
+                .save_active_service(
+                    &name,
+                    &service,
+                    &ActiveService {
+                        container: id.clone(),
+                        effective_revision: "r0".into(),
+                        binds: Default::default(),
+                        stop_grace: Some(Duration::from_secs(5)),
+                        verified_started_at: None,
+                    },
+                )
+                .await
+                .expect("setup: save ACTIVE");
+            actors.checker.truth(|t| t.active.insert(key.clone(), id));
+            actors.services.lock().expect("poisoned").push(SimService {
+                key,
+                behaviour,
+                spec,
+            });
+        }
+    }
+}
+
+/// L1, L3, L4 after the liveness phase.
+async fn check_liveness(checker: &Checker, store: &MemoryStore, runtime: &MemoryRuntime) {
+    let truth = checker.truth_snapshot();
+    let routes = checker.routes();
+    let mut failures = Vec::new();
+    for (key, id) in &truth.active {
+        let stopped = truth.stopped.contains(&key.instance);
+        let inhibited = truth.inhibited.contains(id);
+        let Some(c) = runtime.container(id) else {
+            continue;
+        };
+        if stopped {
+            if c.status == ContainerStatus::Running || routes.contains_key(key) {
+                failures.push(format!("L1: stopped {key:?} still running or routed"));
+            }
+            continue;
+        }
+        if inhibited {
+            continue;
+        }
+        let served = c.status == ContainerStatus::Running
+            && routes
+                .get(key)
+                .is_some_and(|r| &r.container == id && r.verified_started_at == c.started_at);
+        if !served {
+            failures.push(format!(
+                "L1: {key:?} on {id} not running, verified and published: {c:?}, route {:?}",
+                routes.get(key)
+            ));
+        }
+    }
+    for key in checker.withdraw_failed() {
+        failures.push(format!(
+            "L4: withdrawal of {key:?} never retried to success"
+        ));
+    }
+    let instances: Vec<_> = truth.active.keys().map(|k| k.instance.clone()).collect();
+    for instance in instances {
+        if let Ok(inhibitions) = store.load_inhibitions(&instance).await {
+            for marker in inhibitions
+                .iter()
+                .filter(|i| i.reason == InhibitionReason::RetirementPending)
+            {
+                failures.push(format!("L3: marker on {} never resolved", marker.container));
+            }
+        }
+    }
+    failures.sort();
+    failures.dedup();
+    for f in failures {
+        checker.record_violation(f);
+    }
+}
+
+/// `STEAD_SIM_DEBUG=<instance>` prints that instance's reports every pass.
+fn debug_pass(outcome: &stead::engine::recovery::PassOutcome, now: stead::core::types::Timestamp) {
+    let Ok(filter) = std::env::var("STEAD_SIM_DEBUG") else {
+        return;
+    };
+    for (name, o) in &outcome.instances {
+        if name.as_str() != filter {
+            continue;
+        }
+        for r in &o.reports {
+            eprintln!(
+                "debug {now} {name}/{}: {:?} {:?} {:?}",
+                r.key.service, r.verdict, r.errors, r.memory
+            );
+        }
+    }
+}

@@ -1,0 +1,451 @@
+//! The simulated world: instances and their workloads, the swarm fault
+//! injector, and the operators. Every random draw comes from a ChaCha8 RNG
+//! seeded from the run's seed.
+
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+
+use stead::core::spec::ServiceSpec;
+use stead::core::types::{
+    ActiveService, ContainerId, ContainerStatus, Health, Inhibition, InhibitionReason,
+    InstanceName, ServiceKey, ServiceName,
+};
+use stead::ports::memory::{Fault, FaultInjector, MemContainer, MemoryRuntime, Op};
+use stead::ports::{Clock, CreateContainer, Runtime, Store};
+
+use crate::checker::Checker;
+
+/// How one service's workload behaves during the safety phase.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Behaviour {
+    Healthy,
+    /// Crashes after a random uptime.
+    CrashAfterUptime,
+    /// Dies right after every start.
+    CrashLoop,
+    /// Health flips between healthy and unhealthy.
+    FlappingHealth,
+    /// Never becomes healthy.
+    NeverHealthy,
+    /// Not ready for a while after each start.
+    SlowReady,
+    /// No healthcheck at all.
+    NoHealthcheck,
+}
+
+const BEHAVIOURS: [Behaviour; 7] = [
+    Behaviour::Healthy,
+    Behaviour::CrashAfterUptime,
+    Behaviour::CrashLoop,
+    Behaviour::FlappingHealth,
+    Behaviour::NeverHealthy,
+    Behaviour::SlowReady,
+    Behaviour::NoHealthcheck,
+];
+
+/// Per-seed fault probabilities (swarm testing: each seed its own mix).
+#[derive(Clone, Debug)]
+pub struct FaultMix {
+    pub transient: f64,
+    pub hang: f64,
+    pub not_found: f64,
+    pub slow: f64,
+    pub traffic_fail: f64,
+    pub native_restart: f64,
+    pub crash: f64,
+    pub operator: f64,
+    pub daemon_kill: f64,
+    pub store_outage: f64,
+}
+
+impl FaultMix {
+    pub fn draw(rng: &mut ChaCha8Rng) -> Self {
+        let mut p = |max: f64| {
+            if rng.random_bool(0.3) {
+                0.0
+            } else {
+                rng.random_range(0.0..max)
+            }
+        };
+        Self {
+            transient: p(0.08),
+            hang: p(0.004),
+            not_found: p(0.004),
+            slow: p(0.05),
+            traffic_fail: p(0.1),
+            native_restart: p(0.5),
+            crash: p(0.05),
+            operator: p(0.05),
+            daemon_kill: p(0.1),
+            store_outage: p(0.05),
+        }
+    }
+}
+
+/// Counts of each fault injected, for the runner's summary.
+#[derive(Debug, Default)]
+pub struct FaultCounts {
+    pub counts: Mutex<BTreeMap<&'static str, u64>>,
+}
+
+impl FaultCounts {
+    pub fn bump(&self, what: &'static str) {
+        *self
+            .counts
+            .lock()
+            .expect("poisoned")
+            .entry(what)
+            .or_default() += 1;
+    }
+}
+
+/// The swarm injector the ports consult.
+pub struct SwarmFaults {
+    pub enabled: AtomicBool,
+    mix: FaultMix,
+    rng: Mutex<ChaCha8Rng>,
+    pub counts: Arc<FaultCounts>,
+    /// Told about injected not-found answers, which make the engine forget.
+    pub checker: std::sync::OnceLock<Arc<Checker>>,
+}
+
+impl SwarmFaults {
+    pub fn new(mix: FaultMix, seed: u64, counts: Arc<FaultCounts>) -> Self {
+        Self {
+            enabled: AtomicBool::new(true),
+            mix,
+            rng: Mutex::new(ChaCha8Rng::seed_from_u64(seed)),
+            counts,
+            checker: std::sync::OnceLock::new(),
+        }
+    }
+}
+
+impl FaultInjector for SwarmFaults {
+    fn decide(&self, op: Op, subject: &str) -> Fault {
+        if !self.enabled.load(Ordering::Relaxed) {
+            return Fault::Proceed;
+        }
+        let mut rng = self.rng.lock().expect("poisoned");
+        let m = &self.mix;
+        match op {
+            Op::Publish | Op::Withdraw => {
+                if rng.random_bool(m.traffic_fail) {
+                    self.counts.bump("traffic failure");
+                    return Fault::Fail("proxy unavailable".into());
+                }
+            }
+            Op::Policy | Op::Notify => {}
+            _ => {
+                if rng.random_bool(m.hang) {
+                    self.counts.bump("hang");
+                    return Fault::Hang;
+                }
+                if rng.random_bool(m.transient) {
+                    self.counts.bump("transient error");
+                    return Fault::Fail("injected transient error".into());
+                }
+                if matches!(op, Op::Inspect | Op::Start) && rng.random_bool(m.not_found) {
+                    self.counts.bump("not found");
+                    if let Some(checker) = self.checker.get() {
+                        checker.generation_forgotten(&ContainerId::new(subject));
+                    }
+                    return Fault::NotFound;
+                }
+            }
+        }
+        if rng.random_bool(m.slow) {
+            self.counts.bump("slow call");
+            return Fault::Slow(Duration::from_millis(rng.random_range(10..3_000)));
+        }
+        Fault::Proceed
+    }
+}
+
+/// One simulated service and its workload.
+#[derive(Clone, Debug)]
+pub struct SimService {
+    pub key: ServiceKey,
+    pub behaviour: Behaviour,
+    pub spec: ServiceSpec,
+}
+
+/// The workload model and the operators, acting on the ports directly (as
+/// the runtime and humans would), never through the engine.
+pub struct Actors {
+    pub rng: Mutex<ChaCha8Rng>,
+    pub mix: FaultMix,
+    pub runtime: Arc<MemoryRuntime>,
+    pub store: Arc<dyn Store>,
+    pub clock: Arc<dyn Clock>,
+    pub checker: Arc<Checker>,
+    pub services: Mutex<Vec<SimService>>,
+    pub locks: Arc<stead::engine::recovery::InstanceLocks>,
+    pub counts: Arc<FaultCounts>,
+    pub chaos: AtomicBool,
+    pub deploys: AtomicU64,
+}
+
+impl Actors {
+    pub fn behaviour_of(&self, id: &ContainerId) -> Behaviour {
+        let truth = self.checker.truth_snapshot();
+        let services = self.services.lock().expect("poisoned");
+        services
+            .iter()
+            .find(|s| truth.active.get(&s.key) == Some(id))
+            .map_or(Behaviour::Healthy, |s| {
+                if self.chaos.load(Ordering::Relaxed) {
+                    s.behaviour
+                } else {
+                    Behaviour::Healthy
+                }
+            })
+    }
+
+    pub fn draw_behaviour(rng: &mut ChaCha8Rng) -> Behaviour {
+        BEHAVIOURS[rng.random_range(0..BEHAVIOURS.len())]
+    }
+
+    /// One step of every workload (every few simulated seconds).
+    pub fn workload_step(&self) {
+        let chaos = self.chaos.load(Ordering::Relaxed);
+        let ids: Vec<ContainerId> = self
+            .runtime
+            .with_containers(|cs| cs.keys().cloned().collect());
+        for id in ids {
+            let behaviour = self.behaviour_of(&id);
+            let (crash, restart, flip, ready_now) = {
+                let mut rng = self.rng.lock().expect("poisoned");
+                (
+                    chaos && rng.random_bool(self.mix.crash / 4.0),
+                    chaos && rng.random_bool(self.mix.native_restart),
+                    rng.random_bool(0.3),
+                    rng.random_bool(0.2),
+                )
+            };
+            let mut went_down = false;
+            let mut came_up = false;
+            let started = self.runtime.next_execution();
+            self.runtime.with_containers(|cs| {
+                let Some(c) = cs.get_mut(&id) else { return };
+                apply_behaviour(c, behaviour, flip, ready_now);
+                if c.status == ContainerStatus::Running
+                    && (crash || behaviour == Behaviour::CrashLoop && chaos)
+                {
+                    c.status = ContainerStatus::Exited;
+                    went_down = true;
+                } else if c.status == ContainerStatus::Exited
+                    && restart
+                    && !went_down
+                    && !c.stopped_on_request
+                {
+                    // The runtime's own restart policy, racing the engine.
+                    c.status = ContainerStatus::Running;
+                    c.started_at = Some(started);
+                    came_up = true;
+                }
+            });
+            if went_down {
+                self.counts.bump("workload crash");
+                self.checker.container_went_down(&id);
+            }
+            if came_up {
+                self.counts.bump("native restart");
+                self.checker.container_came_up(&id);
+            }
+        }
+    }
+
+    /// One operator action, chosen at random, under the instance lock.
+    pub async fn operator_step(&self) {
+        let (which, pick) = {
+            let mut rng = self.rng.lock().expect("poisoned");
+            (rng.random_range(0..6u32), rng.random_range(0..usize::MAX))
+        };
+        let services = self.services.lock().expect("poisoned").clone();
+        if services.is_empty() {
+            return;
+        }
+        let svc = &services[pick % services.len()];
+        let lock = self.locks.lock_for(&svc.key.instance);
+        let _guard = lock.lock().await;
+        let Ok(Some(instance)) = self.store.instance(&svc.key.instance).await else {
+            return;
+        };
+        let truth = self.checker.truth_snapshot();
+        let Some(current) = truth.active.get(&svc.key).cloned() else {
+            return;
+        };
+        match which {
+            0 => {
+                let stopped = !instance.stopped;
+                if self
+                    .store
+                    .set_instance_stopped(instance.id, stopped, self.clock.now())
+                    .await
+                    .is_ok()
+                {
+                    self.counts.bump("operator toggled intent");
+                    self.checker.truth(|t| {
+                        if stopped {
+                            t.stopped.insert(instance.name.clone());
+                        } else {
+                            t.stopped.remove(&instance.name);
+                        }
+                    });
+                    if stopped {
+                        self.checker.instance_stopped(&instance.name);
+                    }
+                }
+            }
+            1 => {
+                let inhibition = Inhibition {
+                    service: svc.key.service.clone(),
+                    container: current.clone(),
+                    reason: InhibitionReason::Hold("operator-hold".into()),
+                    operation: "sim".into(),
+                    created_at: self.clock.now(),
+                    stop_grace: None,
+                };
+                if self
+                    .store
+                    .save_inhibition(&instance.name, &inhibition)
+                    .await
+                    .is_ok()
+                {
+                    self.counts.bump("operator inhibited");
+                    self.checker.truth(|t| t.inhibited.insert(current.clone()));
+                }
+            }
+            2 => {
+                if self
+                    .store
+                    .clear_inhibition(&instance.name, &svc.key.service, &current)
+                    .await
+                    .is_ok()
+                {
+                    self.checker.truth(|t| t.inhibited.remove(&current));
+                }
+            }
+            3 => self.deploy(svc, &current).await,
+            _ => {}
+        }
+    }
+
+    /// Deploys a new generation: create it, switch ACTIVE, mark the
+    /// predecessor retirement-pending — what an upgrade worker does.
+    async fn deploy(&self, svc: &SimService, current: &ContainerId) {
+        let n = self.deploys.fetch_add(1, Ordering::Relaxed);
+        let request = CreateContainer {
+            instance: svc.key.instance.clone(),
+            spec: svc.spec.clone(),
+            revision: format!("d{n}"),
+        };
+        let id = ContainerId::new(format!(
+            "{}-{}-{}",
+            request.instance, request.spec.name, request.revision
+        ));
+        self.checker
+            .truth(|t| t.operator_created.insert(id.clone()));
+        let Ok(id) = self.runtime.create(&request).await else {
+            return;
+        };
+        let marker = Inhibition {
+            service: svc.key.service.clone(),
+            container: current.clone(),
+            reason: InhibitionReason::RetirementPending,
+            operation: "upgrade".into(),
+            created_at: self.clock.now(),
+            stop_grace: Some(Duration::from_secs(5)),
+        };
+        // Marker first: a crash between the two writes leaves a marker on
+        // the still-ACTIVE container, which the pass simply clears.
+        if self
+            .store
+            .save_inhibition(&svc.key.instance, &marker)
+            .await
+            .is_err()
+        {
+            return;
+        }
+        self.checker
+            .truth(|t| t.markers.insert(current.clone(), svc.key.clone()));
+        let active = ActiveService {
+            container: id.clone(),
+            effective_revision: request.revision.clone(),
+            binds: Default::default(),
+            stop_grace: Some(Duration::from_secs(5)),
+            verified_started_at: None,
+        };
+        if self
+            .store
+            .save_active_service(&svc.key.instance, &svc.key.service, &active)
+            .await
+            .is_ok()
+        {
+            self.counts.bump("operator deployed");
+            self.checker.truth(|t| {
+                t.active.insert(svc.key.clone(), id.clone());
+            });
+        }
+    }
+
+    /// Markers whose retirement finished are dropped from the truth.
+    pub fn forget_retired(&self) {
+        let present: Vec<ContainerId> = self
+            .runtime
+            .with_containers(|cs| cs.keys().cloned().collect());
+        self.checker
+            .truth(|t| t.markers.retain(|id, _| present.contains(id)));
+    }
+}
+
+fn apply_behaviour(c: &mut MemContainer, behaviour: Behaviour, flip: bool, ready_now: bool) {
+    match behaviour {
+        Behaviour::Healthy | Behaviour::CrashAfterUptime | Behaviour::CrashLoop => {
+            c.health = Health::Healthy;
+            c.ready = true;
+        }
+        Behaviour::FlappingHealth => {
+            if flip {
+                c.health = if c.health == Health::Healthy {
+                    Health::Unhealthy
+                } else {
+                    Health::Healthy
+                };
+            }
+            c.ready = true;
+        }
+        Behaviour::NeverHealthy => {
+            c.health = Health::Unhealthy;
+            c.ready = true;
+        }
+        Behaviour::SlowReady => {
+            c.health = Health::Healthy;
+            if ready_now {
+                c.ready = true;
+            } else if c.health == Health::Starting {
+                c.ready = false;
+            }
+        }
+        Behaviour::NoHealthcheck => {
+            c.health = Health::None;
+            c.ready = true;
+        }
+    }
+}
+
+/// The name of the `i`-th simulated instance.
+pub fn instance_name(i: usize) -> InstanceName {
+    InstanceName::new(format!("inst{i}"))
+}
+
+/// The name of the `j`-th service.
+pub fn service_name(j: usize) -> ServiceName {
+    ServiceName::new(["web", "worker", "api"][j % 3])
+}

@@ -17,7 +17,7 @@ use crate::ports::{Store, StoreError};
 mod postgres;
 mod rows;
 mod sqlite;
-mod statements;
+pub mod statements;
 
 pub use postgres::PostgresStore;
 pub use sqlite::SqliteStore;

@@ -40,25 +40,6 @@ const CONNECTIONS_MAX: u32 = 16;
 /// unavailable (and the tick retries).
 const ACQUIRE_TIMEOUT: Duration = Duration::from_secs(10);
 
-/// Claims lock the due rows they take and skip rows another claimer locked:
-/// two workers never take the same row, and neither waits for the other.
-/// Under READ COMMITTED a row locked after another transaction changed it is
-/// re-checked against `state = 'queued'`, so a just-claimed row is skipped.
-/// Rows in a kind stead does not know are never claimed (they are reported
-/// by `active_tasks` instead of wedging the head of the queue).
-const CLAIM: &str = "WITH due AS ( \
-       SELECT id AS due_id FROM tasks \
-       WHERE state = 'queued' AND run_after_us <= $2 \
-         AND kind IN ('provision', 'reprovision', 'upgrade', 'deprovision') \
-       ORDER BY run_after_us, id LIMIT $3 \
-       FOR UPDATE SKIP LOCKED) \
-     UPDATE tasks \
-     SET state = 'running', locked_by = $1, locked_at_us = $2, attempts = attempts + 1, \
-         updated_at_us = $2 \
-     FROM due WHERE id = due_id \
-     RETURNING id, kind, instance_id, state, run_after_us, locked_by, locked_at_us, attempts, \
-       reason, last_error, traceparent, created_at_us, updated_at_us";
-
 /// Fenced writes share the lease row; acquiring and releasing lock it.
 const SHARE_LEASE: &str =
     "SELECT holder, epoch, expires_at_us FROM reconciler_lease WHERE id = 1 FOR SHARE";
@@ -137,8 +118,8 @@ impl PostgresStore {
     }
 }
 
-async fn insert_task(
-    tx: &mut Transaction<'static, Postgres>,
+async fn insert_task<'e>(
+    executor: impl sqlx::PgExecutor<'e>,
     task: &NewTask,
     now: Timestamp,
 ) -> Result<Option<TaskId>, StoreError> {
@@ -149,7 +130,7 @@ async fn insert_task(
         .bind(&task.reason)
         .bind(&task.traceparent)
         .bind(timestamp_to_us(now))
-        .fetch_optional(&mut **tx)
+        .fetch_optional(executor)
         .await
         .map_err(db_error)
 }
@@ -412,8 +393,12 @@ impl Store for PostgresStore {
         now: Timestamp,
         fence: Option<&LeaseGrant>,
     ) -> Result<Option<TaskId>, StoreError> {
+        // Unfenced, the insert is one statement and atomic on its own.
+        if fence.is_none() {
+            return insert_task(&self.pool, task, now).await;
+        }
         let mut tx = self.fenced_transaction(fence).await?;
-        let id = insert_task(&mut tx, task, now).await?;
+        let id = insert_task(&mut *tx, task, now).await?;
         tx.commit().await.map_err(db_error)?;
         Ok(id)
     }
@@ -424,7 +409,7 @@ impl Store for PostgresStore {
         now: Timestamp,
         limit: u32,
     ) -> Result<Vec<Task>, StoreError> {
-        let rows = sqlx::query_as::<_, TaskRow>(CLAIM)
+        let rows = sqlx::query_as::<_, TaskRow>(sql::POSTGRES_CLAIM)
             .bind(worker)
             .bind(timestamp_to_us(now))
             .bind(i64::from(limit))
@@ -508,13 +493,16 @@ impl Store for PostgresStore {
         fence: Option<&LeaseGrant>,
     ) -> Result<u64, StoreError> {
         let now_us = timestamp_to_us(now);
-        let mut tx = self.fenced_transaction(fence).await?;
-        let done = sqlx::query(sql::RESET_EXPIRED)
+        let reset = sqlx::query(sql::RESET_EXPIRED)
             .bind(now_us)
-            .bind(lease_cutoff_us(now_us, lease_to_us(lease)))
-            .execute(&mut *tx)
-            .await
-            .map_err(db_error)?;
+            .bind(lease_cutoff_us(now_us, lease_to_us(lease)));
+        // Unfenced, the update is one statement and atomic on its own.
+        if fence.is_none() {
+            let done = reset.execute(&self.pool).await.map_err(db_error)?;
+            return Ok(done.rows_affected());
+        }
+        let mut tx = self.fenced_transaction(fence).await?;
+        let done = reset.execute(&mut *tx).await.map_err(db_error)?;
         tx.commit().await.map_err(db_error)?;
         Ok(done.rows_affected())
     }
@@ -557,7 +545,7 @@ impl Store for PostgresStore {
         if changed == 0 {
             return Ok(None); // Dropping the transaction rolls it back.
         }
-        let Some(task_id) = insert_task(&mut tx, task, now).await? else {
+        let Some(task_id) = insert_task(&mut *tx, task, now).await? else {
             // A deprovision is already active: undo the state change too, so
             // the call is all or nothing.
             return Ok(None);

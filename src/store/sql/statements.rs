@@ -1,6 +1,8 @@
-//! Statements both dialects accept verbatim. SQLite reads `$N` as the N-th
-//! bound parameter, exactly as Postgres does, so one text serves both.
-//! Every value is bound; nothing is formatted into SQL.
+//! The SQL text of the stores. Most statements both dialects accept verbatim:
+//! SQLite reads `$N` as the N-th bound parameter, exactly as Postgres does. The
+//! claims differ (locking), and sit at the end.
+//! Every value is bound; nothing is formatted into SQL. Public so the queue
+//! benchmark can run the very same statements without the store around them.
 
 pub const CREATE_INSTANCE: &str = "INSERT INTO instances \
      (name, team, service_type, version, state, stopped, expires_at_us, maintenance_window, \
@@ -151,3 +153,39 @@ pub const SET_ROLLOUT: &str = "INSERT INTO rollouts (service_type, state, reason
 
 pub const WRITE_LEASE: &str =
     "UPDATE reconciler_lease SET holder = $1, epoch = $2, expires_at_us = $3 WHERE id = 1";
+
+// --- claims: where the dialects differ in locking ---------------------------
+
+/// SQLite claims with one `UPDATE … RETURNING`: the statement is atomic and
+/// holds the write lock, so no two workers can claim the same row. Rows in a
+/// kind stead does not know are never claimed (they are reported by
+/// `active_tasks` instead of wedging the head of the queue).
+pub const SQLITE_CLAIM: &str = "UPDATE tasks \
+     SET state = 'running', locked_by = $1, locked_at_us = $2, attempts = attempts + 1, \
+         updated_at_us = $2 \
+     WHERE id IN ( \
+       SELECT id FROM tasks \
+       WHERE state = 'queued' AND run_after_us <= $2 \
+         AND kind IN ('provision', 'reprovision', 'upgrade', 'deprovision') \
+       ORDER BY run_after_us, id LIMIT $3) \
+     RETURNING id, kind, instance_id, state, run_after_us, locked_by, locked_at_us, attempts, \
+       reason, last_error, traceparent, created_at_us, updated_at_us";
+
+/// Claims lock the due rows they take and skip rows another claimer locked:
+/// two workers never take the same row, and neither waits for the other.
+/// Under READ COMMITTED a row locked after another transaction changed it is
+/// re-checked against `state = 'queued'`, so a just-claimed row is skipped.
+/// Rows in a kind stead does not know are never claimed (they are reported
+/// by `active_tasks` instead of wedging the head of the queue).
+pub const POSTGRES_CLAIM: &str = "WITH due AS ( \
+       SELECT id AS due_id FROM tasks \
+       WHERE state = 'queued' AND run_after_us <= $2 \
+         AND kind IN ('provision', 'reprovision', 'upgrade', 'deprovision') \
+       ORDER BY run_after_us, id LIMIT $3 \
+       FOR UPDATE SKIP LOCKED) \
+     UPDATE tasks \
+     SET state = 'running', locked_by = $1, locked_at_us = $2, attempts = attempts + 1, \
+         updated_at_us = $2 \
+     FROM due WHERE id = due_id \
+     RETURNING id, kind, instance_id, state, run_after_us, locked_by, locked_at_us, attempts, \
+       reason, last_error, traceparent, created_at_us, updated_at_us";

@@ -14,3 +14,4 @@
 pub mod core;
 pub mod engine;
 pub mod ports;
+pub mod store;

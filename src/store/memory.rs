@@ -1,0 +1,681 @@
+//! The in-memory store: the model every SQL backend is checked against, and
+//! the store of unit tests and the simulation.
+//!
+//! Deterministic (ordered maps, ids assigned in sequence), std-only (a std
+//! `Mutex`, no tokio, no sqlx), so it builds and runs under madsim. Every
+//! method takes the lock once and does all its work under it, which makes each
+//! call atomic exactly as a transaction makes a SQL call atomic.
+//!
+//! Fault hooks for the simulation: [`MemoryStore::set_unavailable`] makes
+//! every call fail as a database outage would, and
+//! [`MemoryStore::fail_next_calls`] fails the next few calls only.
+
+use std::collections::BTreeMap;
+use std::sync::Mutex;
+use std::time::Duration;
+
+use async_trait::async_trait;
+
+use super::{
+    fenced, lease_cutoff_us, lease_to_us, normalize_duration, normalize_timestamp, timestamp_to_us,
+    ReconcilerLeaseRow,
+};
+use crate::core::fleet::{
+    Instance, InstanceId, InstanceState, NewTask, RolloutState, Task, TaskId, TaskState,
+};
+use crate::core::types::{
+    ActiveRecord, ActiveService, Binds, ContainerId, Inhibition, InstanceName, ServiceName,
+    Timestamp,
+};
+use crate::ports::{LeaseGrant, NewInstance, Rows, Store, StoreError};
+
+/// An in-memory [`Store`]. Cheap to create; share it behind an `Arc`.
+#[derive(Debug, Default)]
+pub struct MemoryStore {
+    state: Mutex<State>,
+}
+
+#[derive(Debug, Default)]
+struct State {
+    unavailable: bool,
+    /// Calls left to fail before the store answers again.
+    failing_calls: u32,
+    n_calls: u64,
+    instances: BTreeMap<InstanceId, Instance>,
+    active: BTreeMap<(InstanceId, ServiceName), ActiveService>,
+    inhibitions: BTreeMap<(InstanceId, ServiceName, ContainerId), Inhibition>,
+    tasks: BTreeMap<TaskId, Task>,
+    rollouts: BTreeMap<String, RolloutState>,
+    lease: Option<ReconcilerLeaseRow>,
+    next_instance_id: InstanceId,
+    next_task_id: TaskId,
+}
+
+impl MemoryStore {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Fault hook: while `true`, every call returns
+    /// [`StoreError::Unavailable`] and changes nothing.
+    pub fn set_unavailable(&self, unavailable: bool) {
+        self.lock().unavailable = unavailable;
+    }
+
+    /// Fault hook: the next `n` calls fail with [`StoreError::Unavailable`]
+    /// and change nothing; later calls succeed.
+    pub fn fail_next_calls(&self, n: u32) {
+        self.lock().failing_calls = n;
+    }
+
+    /// How many calls reached the store (failed ones included); lets a
+    /// simulation check that a tick touched the store at all.
+    pub fn n_calls(&self) -> u64 {
+        self.lock().n_calls
+    }
+
+    /// Every task, in id order, whatever its state (for checkers: "no task is
+    /// lost" needs done and failed tasks too).
+    pub fn all_tasks(&self) -> Vec<Task> {
+        self.lock().tasks.values().cloned().collect()
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, State> {
+        // A panic while holding the lock leaves plain data behind, never a
+        // half-applied call (each call validates before it mutates), so the
+        // state is still usable.
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Takes the lock for one call, applying the fault hooks first.
+    fn call(&self) -> Result<std::sync::MutexGuard<'_, State>, StoreError> {
+        let mut state = self.lock();
+        state.n_calls += 1;
+        if state.unavailable {
+            return Err(StoreError::Unavailable(
+                "memory store set unavailable".into(),
+            ));
+        }
+        if state.failing_calls > 0 {
+            state.failing_calls -= 1;
+            return Err(StoreError::Unavailable(
+                "memory store injected failure".into(),
+            ));
+        }
+        Ok(state)
+    }
+}
+
+impl State {
+    fn instance_id(&self, name: &InstanceName) -> Option<InstanceId> {
+        self.instances
+            .values()
+            .find(|i| &i.name == name)
+            .map(|i| i.id)
+    }
+
+    fn require_instance_id(&self, name: &InstanceName) -> Result<InstanceId, StoreError> {
+        self.instance_id(name)
+            .ok_or_else(|| StoreError::NotFound(format!("instance {name}")))
+    }
+
+    fn instance_mut(&mut self, id: InstanceId) -> Result<&mut Instance, StoreError> {
+        self.instances
+            .get_mut(&id)
+            .ok_or_else(|| StoreError::NotFound(format!("instance {id}")))
+    }
+
+    fn check_fence(&self, fence: Option<&LeaseGrant>) -> Result<(), StoreError> {
+        match fence {
+            Some(grant) if !self.lease_row().admits(grant) => Err(fenced(grant)),
+            _ => Ok(()),
+        }
+    }
+
+    fn lease_row(&self) -> ReconcilerLeaseRow {
+        self.lease.clone().unwrap_or(ReconcilerLeaseRow::VACANT)
+    }
+
+    fn has_active_task(&self, task: &NewTask) -> bool {
+        self.tasks
+            .values()
+            .any(|t| t.instance == task.instance && t.kind == task.kind && t.state.is_active())
+    }
+
+    /// The partial unique index and the foreign key, as the databases apply
+    /// them: `Ok(None)` on a duplicate active task.
+    fn insert_task(
+        &mut self,
+        task: &NewTask,
+        now: Timestamp,
+    ) -> Result<Option<TaskId>, StoreError> {
+        if !self.instances.contains_key(&task.instance) {
+            return Err(StoreError::NotFound(format!("instance {}", task.instance)));
+        }
+        if self.has_active_task(task) {
+            return Ok(None);
+        }
+        self.next_task_id += 1;
+        let id = self.next_task_id;
+        let now = normalize_timestamp(now);
+        self.tasks.insert(
+            id,
+            Task {
+                id,
+                kind: task.kind,
+                instance: task.instance,
+                state: TaskState::Queued,
+                run_after: normalize_timestamp(task.run_after),
+                locked_by: None,
+                locked_at: None,
+                attempts: 0,
+                reason: task.reason.clone(),
+                last_error: None,
+                traceparent: task.traceparent.clone(),
+                created_at: now,
+                updated_at: now,
+            },
+        );
+        Ok(Some(id))
+    }
+
+    /// The task `id` if `worker` holds its lease right now.
+    fn held_task(&mut self, id: TaskId, worker: &str) -> Option<&mut Task> {
+        self.tasks
+            .get_mut(&id)
+            .filter(|t| t.state == TaskState::Running && t.locked_by.as_deref() == Some(worker))
+    }
+
+    /// Ends the lease of a held task in `state`. `false` if not held.
+    fn finish(
+        &mut self,
+        id: TaskId,
+        worker: &str,
+        state: TaskState,
+        error: Option<&str>,
+        now: Timestamp,
+    ) -> bool {
+        let Some(task) = self.held_task(id, worker) else {
+            return false;
+        };
+        task.state = state;
+        task.locked_by = None;
+        task.locked_at = None;
+        if let Some(error) = error {
+            task.last_error = Some(error.to_owned());
+        }
+        task.updated_at = normalize_timestamp(now);
+        true
+    }
+}
+
+fn normalize_active(active: &ActiveService) -> ActiveService {
+    ActiveService {
+        stop_grace: active.stop_grace.map(normalize_duration),
+        verified_started_at: active.verified_started_at.map(normalize_timestamp),
+        ..active.clone()
+    }
+}
+
+fn normalize_inhibition(inhibition: &Inhibition) -> Inhibition {
+    Inhibition {
+        created_at: normalize_timestamp(inhibition.created_at),
+        stop_grace: inhibition.stop_grace.map(normalize_duration),
+        ..inhibition.clone()
+    }
+}
+
+#[async_trait]
+impl Store for MemoryStore {
+    async fn create_instance(
+        &self,
+        new: &NewInstance,
+        now: Timestamp,
+    ) -> Result<Instance, StoreError> {
+        let mut state = self.call()?;
+        if state.instance_id(&new.name).is_some() {
+            return Err(StoreError::Conflict(format!(
+                "instance name {} is taken",
+                new.name
+            )));
+        }
+        state.next_instance_id += 1;
+        let now = normalize_timestamp(now);
+        let instance = Instance {
+            id: state.next_instance_id,
+            name: new.name.clone(),
+            team: new.team.clone(),
+            service_type: new.service_type.clone(),
+            version: new.version.clone(),
+            state: InstanceState::Provisioning,
+            stopped: false,
+            expires_at: new.expires_at.map(normalize_timestamp),
+            maintenance_window: new.maintenance_window.clone(),
+            created_at: now,
+            updated_at: now,
+        };
+        state.instances.insert(instance.id, instance.clone());
+        Ok(instance)
+    }
+
+    async fn instance(&self, name: &InstanceName) -> Result<Option<Instance>, StoreError> {
+        let state = self.call()?;
+        Ok(state.instances.values().find(|i| &i.name == name).cloned())
+    }
+
+    async fn instance_by_id(&self, id: InstanceId) -> Result<Option<Instance>, StoreError> {
+        Ok(self.call()?.instances.get(&id).cloned())
+    }
+
+    async fn list_instances(&self) -> Result<Rows<Instance>, StoreError> {
+        let state = self.call()?;
+        Ok(Rows {
+            rows: state.instances.values().cloned().collect(),
+            bad: Vec::new(),
+        })
+    }
+
+    async fn set_instance_state(
+        &self,
+        id: InstanceId,
+        from: InstanceState,
+        to: InstanceState,
+        now: Timestamp,
+    ) -> Result<bool, StoreError> {
+        let mut state = self.call()?;
+        match state.instances.get_mut(&id) {
+            Some(instance) if instance.state == from => {
+                instance.state = to;
+                instance.updated_at = normalize_timestamp(now);
+                Ok(true)
+            }
+            _ => Ok(false),
+        }
+    }
+
+    async fn set_instance_stopped(
+        &self,
+        id: InstanceId,
+        stopped: bool,
+        now: Timestamp,
+    ) -> Result<(), StoreError> {
+        let mut state = self.call()?;
+        let instance = state.instance_mut(id)?;
+        instance.stopped = stopped;
+        instance.updated_at = normalize_timestamp(now);
+        Ok(())
+    }
+
+    async fn set_instance_version(
+        &self,
+        id: InstanceId,
+        version: &str,
+        now: Timestamp,
+    ) -> Result<(), StoreError> {
+        let mut state = self.call()?;
+        let instance = state.instance_mut(id)?;
+        instance.version = version.to_owned();
+        instance.updated_at = normalize_timestamp(now);
+        Ok(())
+    }
+
+    async fn load_active(&self, instance: &InstanceName) -> Result<ActiveRecord, StoreError> {
+        let state = self.call()?;
+        let Some(id) = state.instance_id(instance) else {
+            return Ok(ActiveRecord::default());
+        };
+        let services = state
+            .active
+            .range((id, ServiceName::new(""))..)
+            .take_while(|((i, _), _)| *i == id)
+            .map(|((_, service), active)| (service.clone(), active.clone()))
+            .collect();
+        Ok(ActiveRecord { services })
+    }
+
+    async fn save_active_service(
+        &self,
+        instance: &InstanceName,
+        service: &ServiceName,
+        active: &ActiveService,
+    ) -> Result<(), StoreError> {
+        let mut state = self.call()?;
+        let id = state.require_instance_id(instance)?;
+        state
+            .active
+            .insert((id, service.clone()), normalize_active(active));
+        Ok(())
+    }
+
+    async fn remove_active_service(
+        &self,
+        instance: &InstanceName,
+        service: &ServiceName,
+    ) -> Result<(), StoreError> {
+        let mut state = self.call()?;
+        if let Some(id) = state.instance_id(instance) {
+            state.active.remove(&(id, service.clone()));
+        }
+        Ok(())
+    }
+
+    async fn persist_binds(
+        &self,
+        instance: &InstanceName,
+        service: &ServiceName,
+        container: &ContainerId,
+        revision: &str,
+        binds: &Binds,
+    ) -> Result<bool, StoreError> {
+        let mut state = self.call()?;
+        let Some(id) = state.instance_id(instance) else {
+            return Ok(false);
+        };
+        match state.active.get_mut(&(id, service.clone())) {
+            Some(active)
+                if &active.container == container && active.effective_revision == revision =>
+            {
+                active.binds = binds.clone();
+                Ok(true)
+            }
+            _ => Ok(false),
+        }
+    }
+
+    async fn record_verified_execution(
+        &self,
+        instance: &InstanceName,
+        service: &ServiceName,
+        container: &ContainerId,
+        started_at: Timestamp,
+    ) -> Result<(), StoreError> {
+        let mut state = self.call()?;
+        let Some(id) = state.instance_id(instance) else {
+            return Ok(());
+        };
+        if let Some(active) = state.active.get_mut(&(id, service.clone())) {
+            if &active.container == container {
+                active.verified_started_at = Some(normalize_timestamp(started_at));
+            }
+        }
+        Ok(())
+    }
+
+    async fn release_claims(
+        &self,
+        instance: &InstanceName,
+        container: &ContainerId,
+    ) -> Result<(), StoreError> {
+        let mut state = self.call()?;
+        let Some(id) = state.instance_id(instance) else {
+            return Ok(());
+        };
+        for ((i, _), active) in state.active.iter_mut() {
+            if *i == id && &active.container == container {
+                active.binds.clear();
+            }
+        }
+        Ok(())
+    }
+
+    async fn load_inhibitions(
+        &self,
+        instance: &InstanceName,
+    ) -> Result<Vec<Inhibition>, StoreError> {
+        let state = self.call()?;
+        let Some(id) = state.instance_id(instance) else {
+            return Ok(Vec::new());
+        };
+        Ok(state
+            .inhibitions
+            .iter()
+            .filter(|((i, _, _), _)| *i == id)
+            .map(|(_, inhibition)| inhibition.clone())
+            .collect())
+    }
+
+    async fn save_inhibition(
+        &self,
+        instance: &InstanceName,
+        inhibition: &Inhibition,
+    ) -> Result<(), StoreError> {
+        let mut state = self.call()?;
+        let id = state.require_instance_id(instance)?;
+        let key = (id, inhibition.service.clone(), inhibition.container.clone());
+        state
+            .inhibitions
+            .insert(key, normalize_inhibition(inhibition));
+        Ok(())
+    }
+
+    async fn clear_inhibition(
+        &self,
+        instance: &InstanceName,
+        service: &ServiceName,
+        container: &ContainerId,
+    ) -> Result<(), StoreError> {
+        let mut state = self.call()?;
+        if let Some(id) = state.instance_id(instance) {
+            state
+                .inhibitions
+                .remove(&(id, service.clone(), container.clone()));
+        }
+        Ok(())
+    }
+
+    async fn enqueue(
+        &self,
+        task: &NewTask,
+        now: Timestamp,
+        fence: Option<&LeaseGrant>,
+    ) -> Result<Option<TaskId>, StoreError> {
+        let mut state = self.call()?;
+        state.check_fence(fence)?;
+        state.insert_task(task, now)
+    }
+
+    async fn claim(
+        &self,
+        worker: &str,
+        now: Timestamp,
+        limit: u32,
+    ) -> Result<Vec<Task>, StoreError> {
+        let mut state = self.call()?;
+        let now = normalize_timestamp(now);
+        let mut due: Vec<(Timestamp, TaskId)> = state
+            .tasks
+            .values()
+            .filter(|t| t.state == TaskState::Queued && t.run_after <= now)
+            .map(|t| (t.run_after, t.id))
+            .collect();
+        due.sort();
+        let mut claimed = Vec::new();
+        for (_, id) in due.into_iter().take(limit as usize) {
+            let task = state.tasks.get_mut(&id).expect("id came from the map");
+            task.state = TaskState::Running;
+            task.locked_by = Some(worker.to_owned());
+            task.locked_at = Some(now);
+            task.attempts = task.attempts.saturating_add(1);
+            task.updated_at = now;
+            claimed.push(task.clone());
+        }
+        Ok(claimed)
+    }
+
+    async fn extend_lease(
+        &self,
+        id: TaskId,
+        worker: &str,
+        now: Timestamp,
+    ) -> Result<bool, StoreError> {
+        let mut state = self.call()?;
+        let now = normalize_timestamp(now);
+        Ok(match state.held_task(id, worker) {
+            Some(task) => {
+                task.locked_at = Some(now);
+                task.updated_at = now;
+                true
+            }
+            None => false,
+        })
+    }
+
+    async fn complete(&self, id: TaskId, worker: &str, now: Timestamp) -> Result<bool, StoreError> {
+        let mut state = self.call()?;
+        Ok(state.finish(id, worker, TaskState::Done, None, now))
+    }
+
+    async fn retry(
+        &self,
+        id: TaskId,
+        worker: &str,
+        run_after: Timestamp,
+        error: &str,
+        now: Timestamp,
+    ) -> Result<bool, StoreError> {
+        let mut state = self.call()?;
+        let requeued = state.finish(id, worker, TaskState::Queued, Some(error), now);
+        if requeued {
+            let task = state.tasks.get_mut(&id).expect("just finished");
+            task.run_after = normalize_timestamp(run_after);
+        }
+        Ok(requeued)
+    }
+
+    async fn fail(
+        &self,
+        id: TaskId,
+        worker: &str,
+        error: &str,
+        now: Timestamp,
+    ) -> Result<bool, StoreError> {
+        let mut state = self.call()?;
+        Ok(state.finish(id, worker, TaskState::Failed, Some(error), now))
+    }
+
+    async fn reset_expired_leases(
+        &self,
+        now: Timestamp,
+        lease: Duration,
+        fence: Option<&LeaseGrant>,
+    ) -> Result<u64, StoreError> {
+        let mut state = self.call()?;
+        state.check_fence(fence)?;
+        let cutoff_us = lease_cutoff_us(timestamp_to_us(now), lease_to_us(lease));
+        let now = normalize_timestamp(now);
+        let mut n_reset = 0;
+        for task in state.tasks.values_mut() {
+            let expired = task.state == TaskState::Running
+                && task
+                    .locked_at
+                    .is_some_and(|at| timestamp_to_us(at) < cutoff_us);
+            if expired {
+                task.state = TaskState::Queued;
+                task.locked_by = None;
+                task.locked_at = None;
+                task.updated_at = now;
+                n_reset += 1;
+            }
+        }
+        Ok(n_reset)
+    }
+
+    async fn active_tasks(&self) -> Result<Rows<Task>, StoreError> {
+        let state = self.call()?;
+        Ok(Rows {
+            rows: state
+                .tasks
+                .values()
+                .filter(|t| t.state.is_active())
+                .cloned()
+                .collect(),
+            bad: Vec::new(),
+        })
+    }
+
+    async fn task(&self, id: TaskId) -> Result<Option<Task>, StoreError> {
+        Ok(self.call()?.tasks.get(&id).cloned())
+    }
+
+    async fn expire_instance(
+        &self,
+        id: InstanceId,
+        from: InstanceState,
+        task: &NewTask,
+        now: Timestamp,
+        fence: Option<&LeaseGrant>,
+    ) -> Result<Option<TaskId>, StoreError> {
+        let mut state = self.call()?;
+        state.check_fence(fence)?;
+        // All or nothing, like the SQL transaction: check both preconditions
+        // before changing anything.
+        let cas_holds = state.instances.get(&id).is_some_and(|i| i.state == from);
+        if !cas_holds || state.has_active_task(task) {
+            return Ok(None);
+        }
+        let task_id = state.insert_task(task, now)?;
+        let instance = state.instance_mut(id)?;
+        instance.state = InstanceState::Deleting;
+        instance.updated_at = normalize_timestamp(now);
+        Ok(task_id)
+    }
+
+    async fn queue_depth(&self) -> Result<u64, StoreError> {
+        let state = self.call()?;
+        Ok(state
+            .tasks
+            .values()
+            .filter(|t| t.state == TaskState::Queued)
+            .count() as u64)
+    }
+
+    async fn instance_counts(&self) -> Result<BTreeMap<InstanceState, u64>, StoreError> {
+        let state = self.call()?;
+        let mut counts: BTreeMap<InstanceState, u64> =
+            InstanceState::ALL.into_iter().map(|s| (s, 0)).collect();
+        for instance in state.instances.values() {
+            *counts.entry(instance.state).or_default() += 1;
+        }
+        Ok(counts)
+    }
+
+    async fn rollouts(&self) -> Result<BTreeMap<String, RolloutState>, StoreError> {
+        Ok(self.call()?.rollouts.clone())
+    }
+
+    async fn set_rollout(
+        &self,
+        service_type: &str,
+        rollout: RolloutState,
+        _reason: &str,
+        _now: Timestamp,
+    ) -> Result<(), StoreError> {
+        let mut state = self.call()?;
+        state.rollouts.insert(service_type.to_owned(), rollout);
+        Ok(())
+    }
+
+    async fn acquire_reconciler_lease(
+        &self,
+        holder: &str,
+        now: Timestamp,
+        ttl: Duration,
+    ) -> Result<Option<LeaseGrant>, StoreError> {
+        let mut state = self.call()?;
+        let Some(next) = state
+            .lease_row()
+            .acquire(holder, timestamp_to_us(now), lease_to_us(ttl))
+        else {
+            return Ok(None);
+        };
+        let grant = next.grant();
+        state.lease = Some(next);
+        Ok(grant)
+    }
+
+    async fn release_reconciler_lease(&self, grant: &LeaseGrant) -> Result<(), StoreError> {
+        let mut state = self.call()?;
+        state.lease = Some(state.lease_row().release(grant));
+        Ok(())
+    }
+}

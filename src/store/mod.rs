@@ -1,0 +1,179 @@
+//! Durable state and the task queue: implementations of the [`Store`] port.
+//!
+//! - [`memory::MemoryStore`] is the model: deterministic, std-only, used by
+//!   unit tests and the madsim simulation, and the reference the SQL stores
+//!   are differentially tested against (`tests/store_differential.rs`).
+//! - `sql` (feature `io`, never under madsim) holds [`sql::SqliteStore`] (the
+//!   embedded default) and [`sql::PostgresStore`] (production, many hosts).
+//!
+//! Rules shared by every backend live here, once: how time and durations are
+//! normalised to what the database keeps, and who gets the reconciler lease.
+//!
+//! [`Store`]: crate::ports::Store
+
+use std::time::Duration;
+
+use crate::core::types::Timestamp;
+use crate::ports::{LeaseGrant, StoreError};
+
+pub mod memory;
+#[cfg(all(feature = "io", not(madsim)))]
+pub mod sql;
+
+/// Timestamps are kept as integer microseconds since the Unix epoch in both
+/// SQL backends. Integers round-trip exactly (no float, no timezone, no text
+/// format to parse), compare correctly in SQL, and an `i64` of microseconds
+/// spans jiff's whole range (±10,000 years), which nanoseconds would not.
+/// Sub-microsecond precision is dropped; the in-memory model drops it too so
+/// every backend observes the same values.
+pub fn timestamp_to_us(ts: Timestamp) -> i64 {
+    ts.as_microsecond()
+}
+
+/// The inverse of [`timestamp_to_us`]; `None` when the integer is outside
+/// the representable range (a row written by another tool).
+pub fn timestamp_from_us(us: i64) -> Option<Timestamp> {
+    // Split by hand: jiff's `from_microsecond` rejects the fractional last
+    // second of its range, which `as_microsecond` happily produces.
+    let seconds = us.div_euclid(1_000_000);
+    let nanos = i32::try_from(us.rem_euclid(1_000_000) * 1_000).ok()?;
+    Timestamp::new(seconds, nanos).ok()
+}
+
+/// `ts` as the store will give it back.
+pub fn normalize_timestamp(ts: Timestamp) -> Timestamp {
+    timestamp_from_us(timestamp_to_us(ts)).expect("a valid timestamp stays valid in microseconds")
+}
+
+/// Grace periods are kept as whole milliseconds (`stop_grace_ms`).
+pub fn duration_to_ms(d: Duration) -> i64 {
+    i64::try_from(d.as_millis()).unwrap_or(i64::MAX)
+}
+
+/// `d` as the store will give it back.
+pub fn normalize_duration(d: Duration) -> Duration {
+    Duration::from_millis(u64::try_from(duration_to_ms(d)).unwrap_or(u64::MAX))
+}
+
+/// A lease length in whole microseconds, rounded *up*: a lease is never
+/// broken before it expired, so rounding may only make it longer.
+pub fn lease_to_us(lease: Duration) -> i64 {
+    let us = lease.as_nanos().div_ceil(1_000);
+    i64::try_from(us).unwrap_or(i64::MAX)
+}
+
+/// C6: a running task locked at `locked_at_us` has outlived a lease of
+/// `lease_us` at `now_us` only when strictly more than the lease has passed
+/// ("older than the lease"). At exactly `locked_at + lease` it is still held.
+/// Every backend expresses this as `locked_at_us < lease_cutoff_us(..)`.
+pub fn lease_cutoff_us(now_us: i64, lease_us: i64) -> i64 {
+    now_us.saturating_sub(lease_us)
+}
+
+/// The reconciler lease row: one per database.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ReconcilerLeaseRow {
+    /// `None` when nobody holds it (never taken, or released).
+    pub holder: Option<String>,
+    /// Incremented on each change of holder; fenced writes compare it.
+    pub epoch: i64,
+    pub expires_at_us: Option<i64>,
+}
+
+impl ReconcilerLeaseRow {
+    /// The row as created by the migrations.
+    pub const VACANT: ReconcilerLeaseRow = ReconcilerLeaseRow {
+        holder: None,
+        epoch: 0,
+        expires_at_us: None,
+    };
+
+    /// C2: who holds the lease after `holder` asks for it at `now`. Returns
+    /// the new row, or `None` while another holder's lease is unexpired.
+    ///
+    /// - The current holder renews; its epoch stays (nobody else wrote in
+    ///   between, so its fenced writes stay valid).
+    /// - Anyone takes a vacant or expired lease (`expires_at <= now`: the
+    ///   lease covers `[taken, expires_at)`), and the epoch increments so the
+    ///   previous holder's fenced writes are rejected from then on.
+    pub fn acquire(&self, holder: &str, now_us: i64, ttl_us: i64) -> Option<ReconcilerLeaseRow> {
+        // Clamped so the grant stays a representable timestamp.
+        let expires_at_us = Some(
+            now_us
+                .saturating_add(ttl_us)
+                .min(timestamp_to_us(Timestamp::MAX)),
+        );
+        if self.holder.as_deref() == Some(holder) {
+            return Some(ReconcilerLeaseRow {
+                holder: self.holder.clone(),
+                epoch: self.epoch,
+                expires_at_us,
+            });
+        }
+        let vacant = self.holder.is_none() || self.expires_at_us.is_none_or(|e| e <= now_us);
+        vacant.then(|| ReconcilerLeaseRow {
+            holder: Some(holder.to_owned()),
+            epoch: self.epoch + 1,
+            expires_at_us,
+        })
+    }
+
+    /// Whether a fenced write carrying `grant` may proceed: the grant's holder
+    /// and epoch are still the current ones.
+    pub fn admits(&self, grant: &LeaseGrant) -> bool {
+        self.holder.as_deref() == Some(grant.holder.as_str()) && self.epoch == grant.epoch
+    }
+
+    /// The row after `grant` releases it; unchanged for a stale grant, so a
+    /// release is idempotent and can never free someone else's lease.
+    pub fn release(&self, grant: &LeaseGrant) -> ReconcilerLeaseRow {
+        if self.admits(grant) {
+            ReconcilerLeaseRow {
+                holder: None,
+                epoch: self.epoch,
+                expires_at_us: None,
+            }
+        } else {
+            self.clone()
+        }
+    }
+
+    /// The grant this row represents, if held.
+    pub fn grant(&self) -> Option<LeaseGrant> {
+        let holder = self.holder.clone()?;
+        let expires_at = timestamp_from_us(self.expires_at_us?)?;
+        Some(LeaseGrant {
+            holder,
+            epoch: self.epoch,
+            expires_at,
+        })
+    }
+}
+
+/// The error a fenced write returns when its grant is stale.
+pub fn fenced(grant: &LeaseGrant) -> StoreError {
+    StoreError::Fenced { epoch: grant.epoch }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn lease_changes_hands_only_after_expiry_and_bumps_the_epoch() {
+        let a = ReconcilerLeaseRow::VACANT.acquire("a", 0, 10).unwrap();
+        assert_eq!(a.epoch, 1);
+        assert_eq!(a.acquire("b", 9, 10), None);
+        let renewed = a.acquire("a", 9, 10).unwrap();
+        assert_eq!(renewed.epoch, 1);
+        let b = renewed.acquire("b", 19, 10).unwrap();
+        assert_eq!((b.holder.as_deref(), b.epoch), (Some("b"), 2));
+        assert!(!b.admits(&a.grant().unwrap()));
+    }
+
+    #[test]
+    fn lease_rounding_never_shortens_a_lease() {
+        assert_eq!(lease_to_us(Duration::from_nanos(1)), 1);
+        assert_eq!(lease_to_us(Duration::from_micros(5)), 5);
+    }
+}

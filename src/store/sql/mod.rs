@@ -1,0 +1,113 @@
+//! The SQL stores: [`SqliteStore`] (the embedded default) and
+//! [`PostgresStore`] (production, and many workers on many hosts).
+//!
+//! Both speak the same schema (`migrations/sqlite`, `migrations/postgres`)
+//! and, wherever the dialects agree, the very same statements
+//! ([`statements`]); the backend files differ only where locking differs:
+//! Postgres claims with `FOR UPDATE SKIP LOCKED` and fences under a shared
+//! row lock, SQLite serialises writers with `BEGIN IMMEDIATE`. Rows are
+//! decoded once, in [`rows`], into the core's types; a row another tool wrote
+//! with a value stead does not know becomes a [`StoreError::BadRow`] naming
+//! table, id, field and value.
+
+use std::sync::Arc;
+
+use crate::ports::{Store, StoreError};
+
+mod postgres;
+mod rows;
+mod sqlite;
+pub mod statements;
+
+pub use postgres::PostgresStore;
+pub use sqlite::SqliteStore;
+
+/// Which backend a connection URL names.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Backend {
+    Sqlite,
+    Postgres,
+}
+
+impl Backend {
+    /// `sqlite:` URLs (e.g. `sqlite:///var/lib/stead/stead.db?mode=rwc`) and
+    /// `postgres://` / `postgresql://` URLs.
+    pub fn of_url(url: &str) -> Result<Backend, StoreError> {
+        if url.starts_with("sqlite:") {
+            Ok(Backend::Sqlite)
+        } else if url.starts_with("postgres://") || url.starts_with("postgresql://") {
+            Ok(Backend::Postgres)
+        } else {
+            let scheme: String = url
+                .split(':')
+                .next()
+                .unwrap_or("")
+                .chars()
+                .take(32)
+                .collect();
+            Err(StoreError::Unavailable(format!(
+                "database URL scheme {scheme:?} is neither sqlite: nor postgres://"
+            )))
+        }
+    }
+}
+
+/// Opens the store a URL names. It does not migrate: run [`migrate`] first
+/// (the CLI's `migrate` command) or [`connect_and_migrate`].
+pub async fn connect(url: &str) -> Result<Arc<dyn Store>, StoreError> {
+    Ok(match Backend::of_url(url)? {
+        Backend::Sqlite => Arc::new(SqliteStore::connect(url).await?),
+        Backend::Postgres => Arc::new(PostgresStore::connect(url).await?),
+    })
+}
+
+/// Applies the embedded migrations of the backend the URL names. Idempotent;
+/// safe to run while daemons are up (each migration runs in a transaction and
+/// sqlx's migrator takes a lock so concurrent runs do not collide).
+pub async fn migrate(url: &str) -> Result<(), StoreError> {
+    match Backend::of_url(url)? {
+        Backend::Sqlite => SqliteStore::connect(url).await?.migrate().await,
+        Backend::Postgres => PostgresStore::connect(url).await?.migrate().await,
+    }
+}
+
+/// [`migrate`], then [`connect`]: the zero-setup path for the embedded
+/// SQLite default.
+pub async fn connect_and_migrate(url: &str) -> Result<Arc<dyn Store>, StoreError> {
+    Ok(match Backend::of_url(url)? {
+        Backend::Sqlite => {
+            let store = SqliteStore::connect(url).await?;
+            store.migrate().await?;
+            Arc::new(store)
+        }
+        Backend::Postgres => {
+            let store = PostgresStore::connect(url).await?;
+            store.migrate().await?;
+            Arc::new(store)
+        }
+    })
+}
+
+/// Maps a driver error onto the port's vocabulary. Constraint violations are
+/// the database enforcing the schema (a taken name, a missing instance);
+/// everything else is the database being unreachable or unwell, which a tick
+/// retries.
+fn db_error(error: sqlx::Error) -> StoreError {
+    use sqlx::error::ErrorKind;
+    match &error {
+        sqlx::Error::Database(db) => match db.kind() {
+            ErrorKind::UniqueViolation => StoreError::Conflict(db.message().to_owned()),
+            ErrorKind::ForeignKeyViolation => StoreError::NotFound(db.message().to_owned()),
+            ErrorKind::CheckViolation | ErrorKind::NotNullViolation => {
+                StoreError::Conflict(db.message().to_owned())
+            }
+            _ => StoreError::Unavailable(error.to_string()),
+        },
+        sqlx::Error::RowNotFound => StoreError::NotFound(error.to_string()),
+        _ => StoreError::Unavailable(error.to_string()),
+    }
+}
+
+fn migrate_error(error: sqlx::migrate::MigrateError) -> StoreError {
+    StoreError::Unavailable(format!("migration failed: {error}"))
+}

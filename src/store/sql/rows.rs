@@ -1,0 +1,319 @@
+//! Rows as the database holds them, and their checked conversion into the
+//! core's types. Every field read from outside is validated here; a value
+//! stead does not know becomes a [`StoreError::BadRow`] naming table, id,
+//! field and value, never a panic and never a silent default.
+
+use std::time::Duration;
+
+use std::collections::BTreeMap;
+
+use crate::core::fleet::{
+    Instance, InstanceId, InstanceState, RolloutState, Task, TaskKind, TaskState,
+};
+use crate::core::types::{
+    ActiveService, Binds, ContainerId, Inhibition, InhibitionReason, InstanceName, ServiceName,
+    Timestamp,
+};
+use crate::ports::{LeaseGrant, Rows, StoreError};
+use crate::store::{duration_to_ms, timestamp_from_us, timestamp_to_us, ReconcilerLeaseRow};
+
+/// Longest value quoted back in a [`StoreError::BadRow`]; a bad row may hold
+/// anything, and an error message is no place for a megabyte of it.
+const BAD_VALUE_LEN_MAX: usize = 64;
+
+pub fn bad_row(
+    table: &'static str,
+    id: impl ToString,
+    field: &'static str,
+    value: &str,
+) -> StoreError {
+    StoreError::BadRow {
+        table,
+        id: id.to_string(),
+        field,
+        value: value.chars().take(BAD_VALUE_LEN_MAX).collect(),
+    }
+}
+
+fn timestamp(
+    table: &'static str,
+    id: &str,
+    field: &'static str,
+    us: i64,
+) -> Result<Timestamp, StoreError> {
+    timestamp_from_us(us).ok_or_else(|| bad_row(table, id, field, &us.to_string()))
+}
+
+fn grace(
+    table: &'static str,
+    id: &str,
+    field: &'static str,
+    ms: i64,
+) -> Result<Duration, StoreError> {
+    u64::try_from(ms)
+        .map(Duration::from_millis)
+        .map_err(|_| bad_row(table, id, field, &ms.to_string()))
+}
+
+pub fn encode_grace(grace: Option<Duration>) -> Option<i64> {
+    grace.map(duration_to_ms)
+}
+
+pub fn encode_timestamp(ts: Option<Timestamp>) -> Option<i64> {
+    ts.map(timestamp_to_us)
+}
+
+/// Binds are stored as a JSON object, container port → host port.
+pub fn encode_binds(binds: &Binds) -> String {
+    serde_json::to_string(binds).expect("a map of integers always serialises")
+}
+
+#[derive(Debug, sqlx::FromRow)]
+pub struct InstanceRow {
+    pub id: i64,
+    pub name: String,
+    pub team: String,
+    pub service_type: String,
+    pub version: String,
+    pub state: String,
+    pub stopped: bool,
+    pub expires_at_us: Option<i64>,
+    pub maintenance_window: Option<String>,
+    pub created_at_us: i64,
+    pub updated_at_us: i64,
+}
+
+impl InstanceRow {
+    pub fn decode(self) -> Result<Instance, StoreError> {
+        const T: &str = "instances";
+        let id = self.id.to_string();
+        let state =
+            InstanceState::parse(&self.state).map_err(|_| bad_row(T, &id, "state", &self.state))?;
+        Ok(Instance {
+            id: self.id,
+            name: InstanceName(self.name),
+            team: self.team,
+            service_type: self.service_type,
+            version: self.version,
+            state,
+            stopped: self.stopped,
+            expires_at: self
+                .expires_at_us
+                .map(|us| timestamp(T, &id, "expires_at_us", us))
+                .transpose()?,
+            maintenance_window: self.maintenance_window,
+            created_at: timestamp(T, &id, "created_at_us", self.created_at_us)?,
+            updated_at: timestamp(T, &id, "updated_at_us", self.updated_at_us)?,
+        })
+    }
+}
+
+#[derive(Debug, sqlx::FromRow)]
+pub struct TaskRow {
+    pub id: i64,
+    pub kind: String,
+    pub instance_id: i64,
+    pub state: String,
+    pub run_after_us: i64,
+    pub locked_by: Option<String>,
+    pub locked_at_us: Option<i64>,
+    pub attempts: i64,
+    pub reason: String,
+    pub last_error: Option<String>,
+    pub traceparent: Option<String>,
+    pub created_at_us: i64,
+    pub updated_at_us: i64,
+}
+
+impl TaskRow {
+    pub fn decode(self) -> Result<Task, StoreError> {
+        const T: &str = "tasks";
+        let id = self.id.to_string();
+        let kind = TaskKind::parse(&self.kind).map_err(|_| bad_row(T, &id, "kind", &self.kind))?;
+        let state =
+            TaskState::parse(&self.state).map_err(|_| bad_row(T, &id, "state", &self.state))?;
+        let attempts = u32::try_from(self.attempts)
+            .map_err(|_| bad_row(T, &id, "attempts", &self.attempts.to_string()))?;
+        Ok(Task {
+            id: self.id,
+            kind,
+            instance: self.instance_id,
+            state,
+            run_after: timestamp(T, &id, "run_after_us", self.run_after_us)?,
+            locked_by: self.locked_by,
+            locked_at: self
+                .locked_at_us
+                .map(|us| timestamp(T, &id, "locked_at_us", us))
+                .transpose()?,
+            attempts,
+            reason: self.reason,
+            last_error: self.last_error,
+            traceparent: self.traceparent,
+            created_at: timestamp(T, &id, "created_at_us", self.created_at_us)?,
+            updated_at: timestamp(T, &id, "updated_at_us", self.updated_at_us)?,
+        })
+    }
+}
+
+/// Sorts claimed tasks into claim order: `RETURNING` promises no order.
+pub fn claim_order(tasks: &mut [Task]) {
+    tasks.sort_by_key(|t| (t.run_after, t.id));
+}
+
+#[derive(Debug, sqlx::FromRow)]
+pub struct ActiveRow {
+    pub instance_id: i64,
+    pub service: String,
+    pub container_id: String,
+    pub effective_revision: String,
+    pub backend_binds: String,
+    pub stop_grace_ms: Option<i64>,
+    pub verified_started_at_us: Option<i64>,
+}
+
+impl ActiveRow {
+    pub fn decode(self) -> Result<(ServiceName, ActiveService), StoreError> {
+        const T: &str = "active_services";
+        let id = format!("{}/{}", self.instance_id, self.service);
+        let binds: Binds = serde_json::from_str(&self.backend_binds)
+            .map_err(|_| bad_row(T, &id, "backend_binds", &self.backend_binds))?;
+        let active = ActiveService {
+            container: ContainerId(self.container_id),
+            effective_revision: self.effective_revision,
+            binds,
+            stop_grace: self
+                .stop_grace_ms
+                .map(|ms| grace(T, &id, "stop_grace_ms", ms))
+                .transpose()?,
+            verified_started_at: self
+                .verified_started_at_us
+                .map(|us| timestamp(T, &id, "verified_started_at_us", us))
+                .transpose()?,
+        };
+        Ok((ServiceName(self.service), active))
+    }
+}
+
+#[derive(Debug, sqlx::FromRow)]
+pub struct InhibitionRow {
+    pub instance_id: i64,
+    pub service: String,
+    pub container_id: String,
+    pub reason: String,
+    pub operation: String,
+    pub created_at_us: i64,
+    pub stop_grace_ms: Option<i64>,
+}
+
+impl InhibitionRow {
+    pub fn decode(self) -> Result<Inhibition, StoreError> {
+        const T: &str = "inhibitions";
+        let id = format!(
+            "{}/{}/{}",
+            self.instance_id, self.service, self.container_id
+        );
+        Ok(Inhibition {
+            created_at: timestamp(T, &id, "created_at_us", self.created_at_us)?,
+            stop_grace: self
+                .stop_grace_ms
+                .map(|ms| grace(T, &id, "stop_grace_ms", ms))
+                .transpose()?,
+            service: ServiceName(self.service),
+            container: ContainerId(self.container_id),
+            reason: InhibitionReason::parse(&self.reason),
+            operation: self.operation,
+        })
+    }
+}
+
+/// Inhibitions in key order (service, container), whatever the database's
+/// collation: byte order, like the in-memory model.
+pub fn inhibition_order(inhibitions: &mut [Inhibition]) {
+    inhibitions.sort_by(|a, b| (&a.service, &a.container).cmp(&(&b.service, &b.container)));
+}
+
+pub fn decode_rollout(
+    service_type: String,
+    state: String,
+) -> Result<(String, RolloutState), StoreError> {
+    let rollout = RolloutState::parse(&state)
+        .map_err(|_| bad_row("rollouts", &service_type, "state", &state))?;
+    Ok((service_type, rollout))
+}
+
+#[derive(Debug, sqlx::FromRow)]
+pub struct LeaseRow {
+    pub holder: Option<String>,
+    pub epoch: i64,
+    pub expires_at_us: Option<i64>,
+}
+
+impl LeaseRow {
+    pub fn decode(self) -> ReconcilerLeaseRow {
+        ReconcilerLeaseRow {
+            holder: self.holder,
+            epoch: self.epoch,
+            expires_at_us: self.expires_at_us,
+        }
+    }
+}
+
+pub const SELECT_LEASE: &str =
+    "SELECT holder, epoch, expires_at_us FROM reconciler_lease WHERE id = 1";
+
+/// The grant a freshly written lease row represents. Only fails if the row
+/// was not written by [`ReconcilerLeaseRow::acquire`].
+pub fn lease_grant(row: &ReconcilerLeaseRow) -> Result<LeaseGrant, StoreError> {
+    row.grant().ok_or_else(|| {
+        bad_row(
+            "reconciler_lease",
+            1,
+            "expires_at_us",
+            &format!("{:?}", row.expires_at_us),
+        )
+    })
+}
+
+/// Splits decoded rows into good rows and per-row errors.
+pub fn collect_rows<T>(decoded: impl Iterator<Item = Result<T, StoreError>>) -> Rows<T> {
+    let mut rows = Rows {
+        rows: Vec::new(),
+        bad: Vec::new(),
+    };
+    for row in decoded {
+        match row {
+            Ok(row) => rows.rows.push(row),
+            Err(error) => rows.bad.push(error),
+        }
+    }
+    rows
+}
+
+/// Every known state with its count (zero when absent), for the gauges.
+/// Unknown states are left out here; `list_instances` reports those rows.
+pub fn count_states(rows: Vec<(String, i64)>) -> BTreeMap<InstanceState, u64> {
+    let mut counts: BTreeMap<InstanceState, u64> =
+        InstanceState::ALL.into_iter().map(|s| (s, 0)).collect();
+    for (state, n) in rows {
+        if let Ok(state) = InstanceState::parse(&state) {
+            counts.insert(state, u64::try_from(n).unwrap_or(0));
+        }
+    }
+    counts
+}
+
+pub fn found_or(found: bool, id: InstanceId) -> Result<(), StoreError> {
+    if found {
+        Ok(())
+    } else {
+        Err(StoreError::NotFound(format!("instance {id}")))
+    }
+}
+
+pub fn instance_found_or(found: bool, name: &InstanceName) -> Result<(), StoreError> {
+    if found {
+        Ok(())
+    } else {
+        Err(StoreError::NotFound(format!("instance {name}")))
+    }
+}

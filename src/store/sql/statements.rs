@@ -1,0 +1,191 @@
+//! The SQL text of the stores. Most statements both dialects accept verbatim:
+//! SQLite reads `$N` as the N-th bound parameter, exactly as Postgres does. The
+//! claims differ (locking), and sit at the end.
+//! Every value is bound; nothing is formatted into SQL. Public so the queue
+//! benchmark can run the very same statements without the store around them.
+
+pub const CREATE_INSTANCE: &str = "INSERT INTO instances \
+     (name, team, service_type, version, state, stopped, expires_at_us, maintenance_window, \
+      created_at_us, updated_at_us) \
+     VALUES ($1, $2, $3, $4, 'provisioning', FALSE, $5, $6, $7, $7) \
+     RETURNING id, name, team, service_type, version, state, stopped, \
+     expires_at_us, maintenance_window, created_at_us, updated_at_us";
+
+pub const INSTANCE_BY_NAME: &str = "SELECT id, name, team, service_type, version, state, stopped, \
+     expires_at_us, maintenance_window, created_at_us, updated_at_us \
+     FROM instances WHERE name = $1";
+
+pub const INSTANCE_BY_ID: &str = "SELECT id, name, team, service_type, version, state, stopped, \
+     expires_at_us, maintenance_window, created_at_us, updated_at_us \
+     FROM instances WHERE id = $1";
+
+pub const LIST_INSTANCES: &str = "SELECT id, name, team, service_type, version, state, stopped, \
+     expires_at_us, maintenance_window, created_at_us, updated_at_us \
+     FROM instances ORDER BY id";
+
+/// Compare-and-set: the `WHERE state = $2` is the compare.
+pub const SET_INSTANCE_STATE: &str =
+    "UPDATE instances SET state = $3, updated_at_us = $4 WHERE id = $1 AND state = $2";
+
+pub const SET_INSTANCE_STOPPED: &str =
+    "UPDATE instances SET stopped = $2, updated_at_us = $3 WHERE id = $1";
+
+pub const SET_INSTANCE_VERSION: &str =
+    "UPDATE instances SET version = $2, updated_at_us = $3 WHERE id = $1";
+
+pub const INSTANCE_COUNTS: &str = "SELECT state, COUNT(*) FROM instances GROUP BY state";
+
+// --- ACTIVE ---------------------------------------------------------------
+
+pub const LOAD_ACTIVE: &str = "SELECT a.instance_id, a.service, a.container_id, \
+     a.effective_revision, a.backend_binds, a.stop_grace_ms, a.verified_started_at_us \
+     FROM active_services a JOIN instances i ON i.id = a.instance_id WHERE i.name = $1";
+
+/// An upsert keyed by the instance's name: no row is written (0 rows
+/// affected) when the instance does not exist. The `WHERE` also keeps
+/// SQLite's parser from reading `ON CONFLICT` as a join constraint.
+pub const SAVE_ACTIVE: &str = "INSERT INTO active_services \
+     (instance_id, service, container_id, effective_revision, backend_binds, stop_grace_ms, \
+      verified_started_at_us) \
+     SELECT id, $2, $3, $4, $5, $6, $7 FROM instances WHERE name = $1 \
+     ON CONFLICT (instance_id, service) DO UPDATE SET \
+       container_id = excluded.container_id, \
+       effective_revision = excluded.effective_revision, \
+       backend_binds = excluded.backend_binds, \
+       stop_grace_ms = excluded.stop_grace_ms, \
+       verified_started_at_us = excluded.verified_started_at_us";
+
+pub const REMOVE_ACTIVE: &str = "DELETE FROM active_services \
+     WHERE instance_id = (SELECT id FROM instances WHERE name = $1) AND service = $2";
+
+/// R13: binds land only if ACTIVE still names this exact generation.
+pub const PERSIST_BINDS: &str = "UPDATE active_services SET backend_binds = $5 \
+     WHERE instance_id = (SELECT id FROM instances WHERE name = $1) \
+       AND service = $2 AND container_id = $3 AND effective_revision = $4";
+
+pub const RECORD_VERIFIED: &str = "UPDATE active_services SET verified_started_at_us = $4 \
+     WHERE instance_id = (SELECT id FROM instances WHERE name = $1) \
+       AND service = $2 AND container_id = $3";
+
+pub const RELEASE_CLAIMS: &str = "UPDATE active_services SET backend_binds = '{}' \
+     WHERE instance_id = (SELECT id FROM instances WHERE name = $1) AND container_id = $2";
+
+// --- inhibitions ----------------------------------------------------------
+
+pub const LOAD_INHIBITIONS: &str = "SELECT h.instance_id, h.service, h.container_id, h.reason, \
+     h.operation, h.created_at_us, h.stop_grace_ms \
+     FROM inhibitions h JOIN instances i ON i.id = h.instance_id WHERE i.name = $1";
+
+pub const SAVE_INHIBITION: &str = "INSERT INTO inhibitions \
+     (instance_id, service, container_id, reason, operation, created_at_us, stop_grace_ms) \
+     SELECT id, $2, $3, $4, $5, $6, $7 FROM instances WHERE name = $1 \
+     ON CONFLICT (instance_id, service, container_id) DO UPDATE SET \
+       reason = excluded.reason, \
+       operation = excluded.operation, \
+       created_at_us = excluded.created_at_us, \
+       stop_grace_ms = excluded.stop_grace_ms";
+
+pub const CLEAR_INHIBITION: &str = "DELETE FROM inhibitions \
+     WHERE instance_id = (SELECT id FROM instances WHERE name = $1) \
+       AND service = $2 AND container_id = $3";
+
+// --- tasks ----------------------------------------------------------------
+
+/// Idempotent through the partial unique index: a second active task of the
+/// same (instance, kind) inserts nothing and returns no id. The conflict
+/// target repeats the index predicate so both databases infer that index.
+pub const ENQUEUE: &str = "INSERT INTO tasks \
+     (kind, instance_id, state, run_after_us, attempts, reason, traceparent, \
+      created_at_us, updated_at_us) \
+     VALUES ($1, $2, 'queued', $3, 0, $4, $5, $6, $6) \
+     ON CONFLICT (instance_id, kind) WHERE state IN ('queued', 'running') DO NOTHING \
+     RETURNING id";
+
+pub const EXTEND_LEASE: &str = "UPDATE tasks SET locked_at_us = $3, updated_at_us = $3 \
+     WHERE id = $1 AND state = 'running' AND locked_by = $2";
+
+pub const COMPLETE: &str = "UPDATE tasks \
+     SET state = 'done', locked_by = NULL, locked_at_us = NULL, updated_at_us = $3 \
+     WHERE id = $1 AND state = 'running' AND locked_by = $2";
+
+pub const RETRY: &str = "UPDATE tasks \
+     SET state = 'queued', locked_by = NULL, locked_at_us = NULL, run_after_us = $3, \
+         last_error = $4, updated_at_us = $5 \
+     WHERE id = $1 AND state = 'running' AND locked_by = $2";
+
+pub const FAIL: &str = "UPDATE tasks \
+     SET state = 'failed', locked_by = NULL, locked_at_us = NULL, last_error = $3, \
+         updated_at_us = $4 \
+     WHERE id = $1 AND state = 'running' AND locked_by = $2";
+
+/// C6: `$2` is [`crate::store::lease_cutoff_us`]; strictly older leases only.
+pub const RESET_EXPIRED: &str = "UPDATE tasks \
+     SET state = 'queued', locked_by = NULL, locked_at_us = NULL, updated_at_us = $1 \
+     WHERE state = 'running' AND locked_at_us < $2";
+
+/// Queued and running tasks, plus rows in a state stead does not know (so
+/// they are reported as bad rows instead of silently missing).
+pub const ACTIVE_TASKS: &str = "SELECT id, kind, instance_id, state, run_after_us, locked_by, \
+     locked_at_us, attempts, reason, last_error, traceparent, created_at_us, updated_at_us \
+     FROM tasks WHERE state NOT IN ('done', 'failed') ORDER BY id";
+
+pub const TASK_BY_ID: &str = "SELECT id, kind, instance_id, state, run_after_us, locked_by, \
+     locked_at_us, attempts, reason, last_error, traceparent, created_at_us, updated_at_us \
+     FROM tasks WHERE id = $1";
+
+pub const QUEUE_DEPTH: &str = "SELECT COUNT(*) FROM tasks WHERE state = 'queued'";
+
+/// The state change of TTL expiry (C7); runs in one transaction with
+/// [`ENQUEUE`].
+pub const EXPIRE_INSTANCE: &str = "UPDATE instances SET state = 'deleting', updated_at_us = $3 \
+     WHERE id = $1 AND state = $2";
+
+// --- rollouts -------------------------------------------------------------
+
+pub const ROLLOUTS: &str = "SELECT service_type, state FROM rollouts ORDER BY service_type";
+
+pub const SET_ROLLOUT: &str = "INSERT INTO rollouts (service_type, state, reason, updated_at_us) \
+     VALUES ($1, $2, $3, $4) \
+     ON CONFLICT (service_type) DO UPDATE SET \
+       state = excluded.state, reason = excluded.reason, updated_at_us = excluded.updated_at_us";
+
+// --- reconciler lease -----------------------------------------------------
+
+pub const WRITE_LEASE: &str =
+    "UPDATE reconciler_lease SET holder = $1, epoch = $2, expires_at_us = $3 WHERE id = 1";
+
+// --- claims: where the dialects differ in locking ---------------------------
+
+/// SQLite claims with one `UPDATE … RETURNING`: the statement is atomic and
+/// holds the write lock, so no two workers can claim the same row. Rows in a
+/// kind stead does not know are never claimed (they are reported by
+/// `active_tasks` instead of wedging the head of the queue).
+pub const SQLITE_CLAIM: &str = "UPDATE tasks \
+     SET state = 'running', locked_by = $1, locked_at_us = $2, attempts = attempts + 1, \
+         updated_at_us = $2 \
+     WHERE id IN ( \
+       SELECT id FROM tasks \
+       WHERE state = 'queued' AND run_after_us <= $2 \
+         AND kind IN ('provision', 'reprovision', 'upgrade', 'deprovision') \
+       ORDER BY run_after_us, id LIMIT $3) \
+     RETURNING id, kind, instance_id, state, run_after_us, locked_by, locked_at_us, attempts, \
+       reason, last_error, traceparent, created_at_us, updated_at_us";
+
+/// Claims lock the due rows they take and skip rows another claimer locked:
+/// two workers never take the same row, and neither waits for the other.
+/// Under READ COMMITTED a row locked after another transaction changed it is
+/// re-checked against `state = 'queued'`, so a just-claimed row is skipped.
+/// Rows in a kind stead does not know are never claimed (they are reported
+/// by `active_tasks` instead of wedging the head of the queue).
+pub const POSTGRES_CLAIM: &str = "WITH due AS ( \
+       SELECT id AS due_id FROM tasks \
+       WHERE state = 'queued' AND run_after_us <= $2 \
+         AND kind IN ('provision', 'reprovision', 'upgrade', 'deprovision') \
+       ORDER BY run_after_us, id LIMIT $3 \
+       FOR UPDATE SKIP LOCKED) \
+     UPDATE tasks \
+     SET state = 'running', locked_by = $1, locked_at_us = $2, attempts = attempts + 1, \
+         updated_at_us = $2 \
+     FROM due WHERE id = due_id \
+     RETURNING id, kind, instance_id, state, run_after_us, locked_by, locked_at_us, attempts, \
+       reason, last_error, traceparent, created_at_us, updated_at_us";

@@ -1,0 +1,1022 @@
+//! One suite of store behaviours, run against every backend: the in-memory
+//! model, SQLite (a temp file) and Postgres (a fresh database in the test
+//! server; see `tests/support`). A behaviour is an async fn taking a
+//! [`TestStore`]; `store_suite!` instantiates it once per backend.
+#![cfg(all(feature = "io", not(madsim)))]
+
+mod support;
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use jiff::Timestamp;
+use stead::core::fleet::{add, InstanceState, NewTask, RolloutState, TaskKind, TaskState};
+use stead::core::types::{
+    ActiveService, ContainerId, Inhibition, InhibitionReason, InstanceName, ServiceName,
+};
+use stead::ports::{NewInstance, Store, StoreError};
+use support::TestStore;
+
+macro_rules! store_suite {
+    (all: [$($all:ident),* $(,)?], sql: [$($sql:ident),* $(,)?]) => {
+        mod memory {
+            $(#[tokio::test] async fn $all() { super::$all(super::support::memory().await).await })*
+        }
+        mod sqlite {
+            $(#[tokio::test] async fn $all() { super::$all(super::support::sqlite().await).await })*
+            $(#[tokio::test] async fn $sql() { super::$sql(super::support::sqlite().await).await })*
+        }
+        mod postgres {
+            $(#[tokio::test] async fn $all() { super::$all(super::support::postgres().await).await })*
+            $(#[tokio::test] async fn $sql() { super::$sql(super::support::postgres().await).await })*
+        }
+    };
+}
+
+store_suite! {
+    all: [
+        instance_is_created_provisioning_and_loaded_by_name_and_id,
+        instance_names_are_unique,
+        instances_are_listed_in_id_order,
+        instance_state_is_compare_and_set,
+        stopped_and_version_updates_need_an_existing_instance,
+        active_services_round_trip_and_are_replaced,
+        active_of_an_unknown_instance_is_empty_and_cannot_be_saved,
+        binds_persist_only_while_the_generation_is_unchanged,
+        verified_execution_is_recorded_for_the_named_container_only,
+        released_claims_clear_the_binds_of_that_container,
+        inhibition_save_replaces_the_same_key_and_clear_is_idempotent,
+        enqueue_is_idempotent_per_instance_and_kind,
+        enqueue_for_a_missing_instance_is_not_found,
+        claim_takes_due_tasks_oldest_first_up_to_the_limit,
+        a_claimed_task_is_not_claimed_again,
+        only_the_lease_holder_extends_or_finishes_a_task,
+        retry_requeues_after_the_backoff_and_keeps_attempts,
+        failed_and_done_tasks_free_their_slot,
+        expired_leases_are_requeued_only_after_they_expired,
+        extending_a_lease_postpones_its_expiry,
+        ttl_expiry_changes_state_and_enqueues_one_deprovision,
+        ttl_expiry_is_all_or_nothing,
+        gauges_count_the_queue_and_instances_by_state,
+        rollouts_are_upserted_per_service_type,
+        reconciler_lease_is_exclusive_until_it_expires,
+        stale_lease_holder_writes_are_fenced_and_write_nothing,
+        timestamps_round_trip_at_microsecond_precision,
+        a_store_outage_fails_calls_and_loses_nothing,
+    ],
+    sql: [
+        unknown_instance_state_is_a_bad_row_and_others_are_listed,
+        unknown_task_kind_is_reported_never_claimed_and_others_run,
+        unknown_rollout_state_is_a_clear_error,
+        bad_binds_name_the_row,
+        the_schema_itself_rejects_bad_states_and_duplicate_active_tasks,
+    ]
+}
+
+// --- helpers -------------------------------------------------------------
+
+fn t(seconds: i64) -> Timestamp {
+    Timestamp::from_second(1_800_000_000 + seconds).unwrap()
+}
+
+fn new_instance(name: &str) -> NewInstance {
+    NewInstance {
+        name: InstanceName::new(name),
+        team: "team-a".into(),
+        service_type: "wiki".into(),
+        version: "1.0".into(),
+        expires_at: Some(t(3600)),
+        maintenance_window: Some("sun 03:00-05:00".into()),
+    }
+}
+
+fn task(kind: TaskKind, instance: i64, run_after: Timestamp) -> NewTask {
+    NewTask {
+        kind,
+        instance,
+        run_after,
+        reason: "test".into(),
+        traceparent: Some("00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01".into()),
+    }
+}
+
+async fn instance(store: &dyn Store, name: &str) -> i64 {
+    store
+        .create_instance(&new_instance(name), t(0))
+        .await
+        .unwrap()
+        .id
+}
+
+fn active(container: &str, revision: &str) -> ActiveService {
+    ActiveService {
+        container: ContainerId::new(container),
+        effective_revision: revision.into(),
+        binds: BTreeMap::from([(80, 32_768), (443, 32_769)]),
+        stop_grace: Some(Duration::from_secs(10)),
+        verified_started_at: None,
+    }
+}
+
+// --- instances -----------------------------------------------------------
+
+async fn instance_is_created_provisioning_and_loaded_by_name_and_id(s: TestStore) {
+    let store = &*s.store;
+    let created = store
+        .create_instance(&new_instance("alpha"), t(5))
+        .await
+        .unwrap();
+    assert_eq!(created.state, InstanceState::Provisioning);
+    assert!(!created.stopped);
+    assert_eq!((created.created_at, created.updated_at), (t(5), t(5)));
+    assert_eq!(created.expires_at, Some(t(3600)));
+    assert_eq!(
+        created.maintenance_window.as_deref(),
+        Some("sun 03:00-05:00")
+    );
+    let by_name = store.instance(&InstanceName::new("alpha")).await.unwrap();
+    assert_eq!(by_name.as_ref(), Some(&created));
+    assert_eq!(
+        store.instance_by_id(created.id).await.unwrap(),
+        Some(created)
+    );
+    assert_eq!(
+        store.instance(&InstanceName::new("nope")).await.unwrap(),
+        None
+    );
+    assert_eq!(store.instance_by_id(9_999).await.unwrap(), None);
+}
+
+async fn instance_names_are_unique(s: TestStore) {
+    let store = &*s.store;
+    instance(store, "alpha").await;
+    let again = store.create_instance(&new_instance("alpha"), t(1)).await;
+    assert!(
+        matches!(again, Err(StoreError::Conflict(_))),
+        "{}: {again:?}",
+        s.name()
+    );
+    assert_eq!(store.list_instances().await.unwrap().rows.len(), 1);
+}
+
+async fn instances_are_listed_in_id_order(s: TestStore) {
+    let store = &*s.store;
+    for name in ["c", "a", "b"] {
+        instance(store, name).await;
+    }
+    let listed = store.list_instances().await.unwrap();
+    assert!(listed.bad.is_empty());
+    let names: Vec<_> = listed.rows.iter().map(|i| i.name.as_str()).collect();
+    assert_eq!(names, ["c", "a", "b"]);
+}
+
+async fn instance_state_is_compare_and_set(s: TestStore) {
+    let store = &*s.store;
+    let id = instance(store, "alpha").await;
+    use InstanceState::*;
+    assert!(!store
+        .set_instance_state(id, Ready, Failed, t(1))
+        .await
+        .unwrap());
+    assert!(store
+        .set_instance_state(id, Provisioning, Ready, t(2))
+        .await
+        .unwrap());
+    assert!(!store
+        .set_instance_state(id, Provisioning, Ready, t(3))
+        .await
+        .unwrap());
+    assert!(!store
+        .set_instance_state(9_999, Ready, Failed, t(3))
+        .await
+        .unwrap());
+    let loaded = store.instance_by_id(id).await.unwrap().unwrap();
+    assert_eq!((loaded.state, loaded.updated_at), (Ready, t(2)));
+}
+
+async fn stopped_and_version_updates_need_an_existing_instance(s: TestStore) {
+    let store = &*s.store;
+    let id = instance(store, "alpha").await;
+    store.set_instance_stopped(id, true, t(1)).await.unwrap();
+    store.set_instance_version(id, "2.0", t(2)).await.unwrap();
+    let loaded = store.instance_by_id(id).await.unwrap().unwrap();
+    assert!(loaded.stopped);
+    assert_eq!((loaded.version.as_str(), loaded.updated_at), ("2.0", t(2)));
+    let missing = store.set_instance_stopped(9_999, true, t(1)).await;
+    assert!(
+        matches!(missing, Err(StoreError::NotFound(_))),
+        "{missing:?}"
+    );
+    let missing = store.set_instance_version(9_999, "2", t(1)).await;
+    assert!(
+        matches!(missing, Err(StoreError::NotFound(_))),
+        "{missing:?}"
+    );
+}
+
+// --- ACTIVE --------------------------------------------------------------
+
+async fn active_services_round_trip_and_are_replaced(s: TestStore) {
+    let store = &*s.store;
+    instance(store, "alpha").await;
+    let name = InstanceName::new("alpha");
+    let (web, worker) = (ServiceName::new("web"), ServiceName::new("worker"));
+    let mut web_active = active("c1", "r1");
+    web_active.verified_started_at = Some(t(7));
+    store
+        .save_active_service(&name, &web, &web_active)
+        .await
+        .unwrap();
+    store
+        .save_active_service(&name, &worker, &active("c2", "r1"))
+        .await
+        .unwrap();
+    let loaded = store.load_active(&name).await.unwrap();
+    assert_eq!(loaded.services.get(&web), Some(&web_active));
+    assert_eq!(loaded.services.len(), 2);
+
+    let successor = ActiveService {
+        stop_grace: None,
+        binds: BTreeMap::new(),
+        ..active("c3", "r2")
+    };
+    store
+        .save_active_service(&name, &web, &successor)
+        .await
+        .unwrap();
+    store.remove_active_service(&name, &worker).await.unwrap();
+    store.remove_active_service(&name, &worker).await.unwrap();
+    let loaded = store.load_active(&name).await.unwrap();
+    assert_eq!(loaded.services, BTreeMap::from([(web, successor)]));
+}
+
+async fn active_of_an_unknown_instance_is_empty_and_cannot_be_saved(s: TestStore) {
+    let store = &*s.store;
+    let ghost = InstanceName::new("ghost");
+    assert!(store.load_active(&ghost).await.unwrap().services.is_empty());
+    let saved = store
+        .save_active_service(&ghost, &ServiceName::new("web"), &active("c1", "r1"))
+        .await;
+    assert!(matches!(saved, Err(StoreError::NotFound(_))), "{saved:?}");
+}
+
+async fn binds_persist_only_while_the_generation_is_unchanged(s: TestStore) {
+    let store = &*s.store;
+    instance(store, "alpha").await;
+    let (name, web) = (InstanceName::new("alpha"), ServiceName::new("web"));
+    store
+        .save_active_service(&name, &web, &active("c1", "r1"))
+        .await
+        .unwrap();
+    let binds = BTreeMap::from([(8080, 40_000)]);
+    let c1 = ContainerId::new("c1");
+    assert!(!store
+        .persist_binds(&name, &web, &c1, "r0", &binds)
+        .await
+        .unwrap());
+    assert!(!store
+        .persist_binds(&name, &web, &ContainerId::new("c9"), "r1", &binds)
+        .await
+        .unwrap());
+    assert!(store
+        .persist_binds(&name, &web, &c1, "r1", &binds)
+        .await
+        .unwrap());
+    let loaded = store.load_active(&name).await.unwrap();
+    assert_eq!(loaded.services[&web].binds, binds);
+}
+
+async fn verified_execution_is_recorded_for_the_named_container_only(s: TestStore) {
+    let store = &*s.store;
+    instance(store, "alpha").await;
+    let (name, web) = (InstanceName::new("alpha"), ServiceName::new("web"));
+    store
+        .save_active_service(&name, &web, &active("c1", "r1"))
+        .await
+        .unwrap();
+    store
+        .record_verified_execution(&name, &web, &ContainerId::new("old"), t(1))
+        .await
+        .unwrap();
+    assert_eq!(
+        store.load_active(&name).await.unwrap().services[&web].verified_started_at,
+        None
+    );
+    store
+        .record_verified_execution(&name, &web, &ContainerId::new("c1"), t(2))
+        .await
+        .unwrap();
+    let loaded = store.load_active(&name).await.unwrap();
+    assert_eq!(loaded.services[&web].verified_started_at, Some(t(2)));
+}
+
+async fn released_claims_clear_the_binds_of_that_container(s: TestStore) {
+    let store = &*s.store;
+    instance(store, "alpha").await;
+    let name = InstanceName::new("alpha");
+    let (web, api) = (ServiceName::new("web"), ServiceName::new("api"));
+    store
+        .save_active_service(&name, &web, &active("c1", "r1"))
+        .await
+        .unwrap();
+    store
+        .save_active_service(&name, &api, &active("c2", "r1"))
+        .await
+        .unwrap();
+    store
+        .release_claims(&name, &ContainerId::new("c1"))
+        .await
+        .unwrap();
+    let loaded = store.load_active(&name).await.unwrap();
+    assert!(loaded.services[&web].binds.is_empty());
+    assert_eq!(loaded.services[&api].binds.len(), 2);
+}
+
+// --- inhibitions ---------------------------------------------------------
+
+async fn inhibition_save_replaces_the_same_key_and_clear_is_idempotent(s: TestStore) {
+    let store = &*s.store;
+    instance(store, "alpha").await;
+    let name = InstanceName::new("alpha");
+    let hold = Inhibition {
+        service: ServiceName::new("web"),
+        container: ContainerId::new("c1"),
+        reason: InhibitionReason::Hold("operator-hold".into()),
+        operation: "manual".into(),
+        created_at: t(1),
+        stop_grace: None,
+    };
+    let marker = Inhibition {
+        reason: InhibitionReason::RetirementPending,
+        operation: "upgrade".into(),
+        created_at: t(2),
+        stop_grace: Some(Duration::from_millis(2_500)),
+        ..hold.clone()
+    };
+    let other = Inhibition {
+        container: ContainerId::new("c0"),
+        ..hold.clone()
+    };
+    store.save_inhibition(&name, &hold).await.unwrap();
+    store.save_inhibition(&name, &other).await.unwrap();
+    store.save_inhibition(&name, &marker).await.unwrap();
+    assert_eq!(
+        store.load_inhibitions(&name).await.unwrap(),
+        [other.clone(), marker]
+    );
+    for _ in 0..2 {
+        store
+            .clear_inhibition(&name, &hold.service, &hold.container)
+            .await
+            .unwrap();
+    }
+    assert_eq!(store.load_inhibitions(&name).await.unwrap(), [other]);
+    let ghost = store
+        .save_inhibition(&InstanceName::new("ghost"), &hold)
+        .await;
+    assert!(matches!(ghost, Err(StoreError::NotFound(_))), "{ghost:?}");
+}
+
+// --- tasks ---------------------------------------------------------------
+
+async fn enqueue_is_idempotent_per_instance_and_kind(s: TestStore) {
+    let store = &*s.store;
+    let id = instance(store, "alpha").await;
+    let first = store
+        .enqueue(&task(TaskKind::Provision, id, t(0)), t(0), None)
+        .await
+        .unwrap();
+    assert!(first.is_some());
+    let again = store
+        .enqueue(&task(TaskKind::Provision, id, t(5)), t(1), None)
+        .await
+        .unwrap();
+    assert_eq!(again, None);
+    let other_kind = store
+        .enqueue(&task(TaskKind::Upgrade, id, t(0)), t(1), None)
+        .await
+        .unwrap();
+    assert!(other_kind.is_some());
+    let claimed = store.claim("w1", t(2), 10).await.unwrap();
+    assert_eq!(claimed.len(), 2);
+    // Running still holds the slot.
+    assert_eq!(
+        store
+            .enqueue(&task(TaskKind::Provision, id, t(0)), t(3), None)
+            .await
+            .unwrap(),
+        None
+    );
+    let active = store.active_tasks().await.unwrap();
+    assert_eq!(active.rows.len(), 2);
+    let stored = store.task(first.unwrap()).await.unwrap().unwrap();
+    assert_eq!(
+        stored.traceparent,
+        task(TaskKind::Provision, id, t(0)).traceparent
+    );
+    assert_eq!((stored.reason.as_str(), stored.created_at), ("test", t(0)));
+}
+
+async fn enqueue_for_a_missing_instance_is_not_found(s: TestStore) {
+    let queued = s
+        .store
+        .enqueue(&task(TaskKind::Provision, 9_999, t(0)), t(0), None)
+        .await;
+    assert!(matches!(queued, Err(StoreError::NotFound(_))), "{queued:?}");
+}
+
+async fn claim_takes_due_tasks_oldest_first_up_to_the_limit(s: TestStore) {
+    let store = &*s.store;
+    let mut ids = Vec::new();
+    for (name, run_after) in [("a", 30), ("b", 10), ("c", 20), ("d", 100)] {
+        let instance_id = instance(store, name).await;
+        let id = store
+            .enqueue(
+                &task(TaskKind::Provision, instance_id, t(run_after)),
+                t(0),
+                None,
+            )
+            .await
+            .unwrap()
+            .unwrap();
+        ids.push(id);
+    }
+    let claimed = store.claim("w1", t(30), 2).await.unwrap();
+    let claimed_ids: Vec<_> = claimed.iter().map(|t| t.id).collect();
+    assert_eq!(claimed_ids, [ids[1], ids[2]]);
+    for task in &claimed {
+        assert_eq!(task.state, TaskState::Running);
+        assert_eq!(task.locked_by.as_deref(), Some("w1"));
+        assert_eq!(task.locked_at, Some(t(30)));
+        assert_eq!(task.attempts, 1);
+    }
+    let rest = store.claim("w2", t(30), 10).await.unwrap();
+    assert_eq!(rest.iter().map(|t| t.id).collect::<Vec<_>>(), [ids[0]]);
+    assert!(store.claim("w2", t(99), 10).await.unwrap().is_empty());
+    assert_eq!(store.claim("w2", t(100), 0).await.unwrap(), []);
+}
+
+async fn a_claimed_task_is_not_claimed_again(s: TestStore) {
+    let store = &*s.store;
+    let id = instance(store, "alpha").await;
+    store
+        .enqueue(&task(TaskKind::Provision, id, t(0)), t(0), None)
+        .await
+        .unwrap();
+    assert_eq!(store.claim("w1", t(1), 5).await.unwrap().len(), 1);
+    assert!(store.claim("w2", t(1), 5).await.unwrap().is_empty());
+}
+
+async fn only_the_lease_holder_extends_or_finishes_a_task(s: TestStore) {
+    let store = &*s.store;
+    let id = instance(store, "alpha").await;
+    let task_id = store
+        .enqueue(&task(TaskKind::Provision, id, t(0)), t(0), None)
+        .await
+        .unwrap()
+        .unwrap();
+    store.claim("w1", t(1), 1).await.unwrap();
+    assert!(!store.extend_lease(task_id, "w2", t(2)).await.unwrap());
+    assert!(!store.complete(task_id, "w2", t(2)).await.unwrap());
+    assert!(!store.retry(task_id, "w2", t(9), "x", t(2)).await.unwrap());
+    assert!(!store.fail(task_id, "w2", "x", t(2)).await.unwrap());
+    assert!(store.extend_lease(task_id, "w1", t(3)).await.unwrap());
+    assert!(store.complete(task_id, "w1", t(4)).await.unwrap());
+    assert!(
+        !store.complete(task_id, "w1", t(5)).await.unwrap(),
+        "done twice"
+    );
+    let done = store.task(task_id).await.unwrap().unwrap();
+    assert_eq!(done.state, TaskState::Done);
+    assert_eq!((done.locked_by, done.locked_at), (None, None));
+    assert_eq!(done.updated_at, t(4));
+    assert!(!store.extend_lease(9_999, "w1", t(5)).await.unwrap());
+}
+
+async fn retry_requeues_after_the_backoff_and_keeps_attempts(s: TestStore) {
+    let store = &*s.store;
+    let id = instance(store, "alpha").await;
+    let task_id = store
+        .enqueue(&task(TaskKind::Upgrade, id, t(0)), t(0), None)
+        .await
+        .unwrap()
+        .unwrap();
+    store.claim("w1", t(1), 1).await.unwrap();
+    assert!(store
+        .retry(task_id, "w1", t(60), "helm timed out", t(2))
+        .await
+        .unwrap());
+    let queued = store.task(task_id).await.unwrap().unwrap();
+    assert_eq!(queued.state, TaskState::Queued);
+    assert_eq!((queued.run_after, queued.attempts), (t(60), 1));
+    assert_eq!(queued.last_error.as_deref(), Some("helm timed out"));
+    assert_eq!(queued.locked_by, None);
+    assert!(store.claim("w1", t(59), 1).await.unwrap().is_empty());
+    let again = store.claim("w2", t(60), 1).await.unwrap();
+    assert_eq!(again.len(), 1);
+    assert_eq!(again[0].attempts, 2);
+}
+
+async fn failed_and_done_tasks_free_their_slot(s: TestStore) {
+    let store = &*s.store;
+    let id = instance(store, "alpha").await;
+    let first = store
+        .enqueue(&task(TaskKind::Upgrade, id, t(0)), t(0), None)
+        .await
+        .unwrap()
+        .unwrap();
+    store.claim("w1", t(1), 1).await.unwrap();
+    assert!(store.fail(first, "w1", "bad chart", t(2)).await.unwrap());
+    let failed = store.task(first).await.unwrap().unwrap();
+    assert_eq!(failed.state, TaskState::Failed);
+    assert_eq!(failed.last_error.as_deref(), Some("bad chart"));
+    assert!(store.active_tasks().await.unwrap().rows.is_empty());
+    let second = store
+        .enqueue(&task(TaskKind::Upgrade, id, t(3)), t(3), None)
+        .await
+        .unwrap();
+    assert!(second.is_some_and(|second| second > first));
+}
+
+async fn expired_leases_are_requeued_only_after_they_expired(s: TestStore) {
+    let store = &*s.store;
+    let id = instance(store, "alpha").await;
+    let task_id = store
+        .enqueue(&task(TaskKind::Provision, id, t(0)), t(0), None)
+        .await
+        .unwrap()
+        .unwrap();
+    store.claim("w1", t(10), 1).await.unwrap();
+    let lease = Duration::from_secs(300);
+    // At exactly locked_at + lease the lease is still held.
+    assert_eq!(
+        store
+            .reset_expired_leases(t(310), lease, None)
+            .await
+            .unwrap(),
+        0
+    );
+    let just_after = add(t(310), Duration::from_micros(1));
+    assert_eq!(
+        store
+            .reset_expired_leases(just_after, lease, None)
+            .await
+            .unwrap(),
+        1
+    );
+    let requeued = store.task(task_id).await.unwrap().unwrap();
+    assert_eq!(requeued.state, TaskState::Queued);
+    assert_eq!((requeued.locked_by, requeued.attempts), (None, 1));
+    assert!(
+        !store.complete(task_id, "w1", t(311)).await.unwrap(),
+        "lease was broken"
+    );
+    assert_eq!(store.claim("w2", t(312), 1).await.unwrap()[0].attempts, 2);
+}
+
+async fn extending_a_lease_postpones_its_expiry(s: TestStore) {
+    let store = &*s.store;
+    let id = instance(store, "alpha").await;
+    let task_id = store
+        .enqueue(&task(TaskKind::Provision, id, t(0)), t(0), None)
+        .await
+        .unwrap()
+        .unwrap();
+    store.claim("w1", t(0), 1).await.unwrap();
+    let lease = Duration::from_secs(100);
+    assert!(store.extend_lease(task_id, "w1", t(90)).await.unwrap());
+    assert_eq!(
+        store
+            .reset_expired_leases(t(150), lease, None)
+            .await
+            .unwrap(),
+        0
+    );
+    assert_eq!(
+        store
+            .reset_expired_leases(t(191), lease, None)
+            .await
+            .unwrap(),
+        1
+    );
+}
+
+async fn ttl_expiry_changes_state_and_enqueues_one_deprovision(s: TestStore) {
+    let store = &*s.store;
+    let id = instance(store, "alpha").await;
+    store
+        .set_instance_state(id, InstanceState::Provisioning, InstanceState::Ready, t(1))
+        .await
+        .unwrap();
+    let deprovision = task(TaskKind::Deprovision, id, t(5));
+    let task_id = store
+        .expire_instance(id, InstanceState::Ready, &deprovision, t(5), None)
+        .await
+        .unwrap()
+        .expect("expired");
+    let expired = store.instance_by_id(id).await.unwrap().unwrap();
+    assert_eq!(
+        (expired.state, expired.updated_at),
+        (InstanceState::Deleting, t(5))
+    );
+    let queued = store.task(task_id).await.unwrap().unwrap();
+    assert_eq!(
+        (queued.kind, queued.state),
+        (TaskKind::Deprovision, TaskState::Queued)
+    );
+    // The compare-and-set fails now: no second deprovision.
+    let again = store
+        .expire_instance(id, InstanceState::Ready, &deprovision, t(6), None)
+        .await;
+    assert_eq!(again, Ok(None));
+    assert_eq!(store.active_tasks().await.unwrap().rows.len(), 1);
+}
+
+async fn ttl_expiry_is_all_or_nothing(s: TestStore) {
+    let store = &*s.store;
+    let id = instance(store, "alpha").await;
+    // A deprovision is already queued (say, by an operator): expiry must not
+    // leave the state changed without its own insert, nor add a second task.
+    let deprovision = task(TaskKind::Deprovision, id, t(0));
+    store
+        .enqueue(&deprovision, t(0), None)
+        .await
+        .unwrap()
+        .unwrap();
+    let expired = store
+        .expire_instance(id, InstanceState::Provisioning, &deprovision, t(5), None)
+        .await;
+    assert_eq!(expired, Ok(None));
+    let instance = store.instance_by_id(id).await.unwrap().unwrap();
+    assert_eq!(
+        (instance.state, instance.updated_at),
+        (InstanceState::Provisioning, t(0))
+    );
+    assert_eq!(store.active_tasks().await.unwrap().rows.len(), 1);
+}
+
+// --- gauges and rollouts ---------------------------------------------------
+
+async fn gauges_count_the_queue_and_instances_by_state(s: TestStore) {
+    let store = &*s.store;
+    assert_eq!(store.queue_depth().await.unwrap(), 0);
+    let a = instance(store, "a").await;
+    let b = instance(store, "b").await;
+    instance(store, "c").await;
+    store
+        .set_instance_state(a, InstanceState::Provisioning, InstanceState::Ready, t(1))
+        .await
+        .unwrap();
+    store
+        .enqueue(&task(TaskKind::Provision, a, t(0)), t(0), None)
+        .await
+        .unwrap();
+    store
+        .enqueue(&task(TaskKind::Provision, b, t(0)), t(0), None)
+        .await
+        .unwrap();
+    store
+        .enqueue(&task(TaskKind::Upgrade, b, t(50)), t(0), None)
+        .await
+        .unwrap();
+    store.claim("w", t(1), 1).await.unwrap();
+    assert_eq!(store.queue_depth().await.unwrap(), 2);
+    let counts = store.instance_counts().await.unwrap();
+    let expected: BTreeMap<_, _> = InstanceState::ALL
+        .into_iter()
+        .map(|state| {
+            let n = match state {
+                InstanceState::Ready => 1,
+                InstanceState::Provisioning => 2,
+                _ => 0,
+            };
+            (state, n)
+        })
+        .collect();
+    assert_eq!(counts, expected);
+}
+
+async fn rollouts_are_upserted_per_service_type(s: TestStore) {
+    let store = &*s.store;
+    assert!(store.rollouts().await.unwrap().is_empty());
+    store
+        .set_rollout("wiki", RolloutState::Halted, "upgrade failed", t(1))
+        .await
+        .unwrap();
+    store
+        .set_rollout("chat", RolloutState::Active, "", t(1))
+        .await
+        .unwrap();
+    store
+        .set_rollout("wiki", RolloutState::Active, "resumed", t(2))
+        .await
+        .unwrap();
+    let rollouts = store.rollouts().await.unwrap();
+    assert_eq!(
+        rollouts,
+        BTreeMap::from([
+            ("chat".to_owned(), RolloutState::Active),
+            ("wiki".to_owned(), RolloutState::Active)
+        ])
+    );
+}
+
+// --- the reconciler lease ------------------------------------------------
+
+async fn reconciler_lease_is_exclusive_until_it_expires(s: TestStore) {
+    let store = &*s.store;
+    let ttl = Duration::from_secs(30);
+    let a = store
+        .acquire_reconciler_lease("a", t(0), ttl)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!((a.epoch, a.expires_at), (1, t(30)));
+    assert_eq!(
+        store
+            .acquire_reconciler_lease("b", t(29), ttl)
+            .await
+            .unwrap(),
+        None
+    );
+    let renewed = store
+        .acquire_reconciler_lease("a", t(20), ttl)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!((renewed.epoch, renewed.expires_at), (1, t(50)));
+    assert_eq!(
+        store
+            .acquire_reconciler_lease("b", t(49), ttl)
+            .await
+            .unwrap(),
+        None
+    );
+    let b = store
+        .acquire_reconciler_lease("b", t(50), ttl)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!((b.holder.as_str(), b.epoch), ("b", 2));
+    // A stale release changes nothing; the holder's release frees the lease.
+    store.release_reconciler_lease(&renewed).await.unwrap();
+    assert_eq!(
+        store
+            .acquire_reconciler_lease("a", t(51), ttl)
+            .await
+            .unwrap(),
+        None
+    );
+    store.release_reconciler_lease(&b).await.unwrap();
+    let a_again = store
+        .acquire_reconciler_lease("a", t(52), ttl)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(a_again.epoch, 3);
+}
+
+async fn stale_lease_holder_writes_are_fenced_and_write_nothing(s: TestStore) {
+    let store = &*s.store;
+    let id = instance(store, "alpha").await;
+    let ttl = Duration::from_secs(30);
+    let a = store
+        .acquire_reconciler_lease("a", t(0), ttl)
+        .await
+        .unwrap()
+        .unwrap();
+    let provision = task(TaskKind::Provision, id, t(0));
+    assert!(store
+        .enqueue(&provision, t(1), Some(&a))
+        .await
+        .unwrap()
+        .is_some());
+    let b = store
+        .acquire_reconciler_lease("b", t(31), ttl)
+        .await
+        .unwrap()
+        .unwrap();
+    let fenced = StoreError::Fenced { epoch: a.epoch };
+    let upgrade = task(TaskKind::Upgrade, id, t(0));
+    assert_eq!(
+        store.enqueue(&upgrade, t(32), Some(&a)).await,
+        Err(fenced.clone())
+    );
+    assert_eq!(
+        store.reset_expired_leases(t(32), ttl, Some(&a)).await,
+        Err(fenced.clone())
+    );
+    let deprovision = task(TaskKind::Deprovision, id, t(0));
+    assert_eq!(
+        store
+            .expire_instance(
+                id,
+                InstanceState::Provisioning,
+                &deprovision,
+                t(32),
+                Some(&a)
+            )
+            .await,
+        Err(fenced)
+    );
+    assert_eq!(store.active_tasks().await.unwrap().rows.len(), 1);
+    let state = store.instance_by_id(id).await.unwrap().unwrap().state;
+    assert_eq!(state, InstanceState::Provisioning);
+    assert!(store
+        .enqueue(&upgrade, t(33), Some(&b))
+        .await
+        .unwrap()
+        .is_some());
+}
+
+async fn timestamps_round_trip_at_microsecond_precision(s: TestStore) {
+    let store = &*s.store;
+    let precise = Timestamp::new(1_800_000_000, 123_456_789).unwrap();
+    let mut new = new_instance("alpha");
+    new.expires_at = Some(precise);
+    let created = store.create_instance(&new, precise).await.unwrap();
+    let micros = Timestamp::new(1_800_000_000, 123_456_000).unwrap();
+    assert_eq!(
+        (created.expires_at, created.created_at),
+        (Some(micros), micros)
+    );
+    let loaded = store.instance_by_id(created.id).await.unwrap().unwrap();
+    assert_eq!(loaded, created);
+    // Far past and far future survive too.
+    let mut old = new_instance("old");
+    old.expires_at = Some(Timestamp::MAX);
+    let created = store.create_instance(&old, Timestamp::MIN).await.unwrap();
+    assert_eq!(
+        store.instance_by_id(created.id).await.unwrap(),
+        Some(created)
+    );
+}
+
+async fn a_store_outage_fails_calls_and_loses_nothing(s: TestStore) {
+    let id = instance(&*s.store, "alpha").await;
+    s.store
+        .enqueue(&task(TaskKind::Provision, id, t(0)), t(0), None)
+        .await
+        .unwrap();
+    s.take_down().await;
+    let down = s
+        .store
+        .enqueue(&task(TaskKind::Upgrade, id, t(0)), t(1), None)
+        .await;
+    assert!(
+        matches!(down, Err(StoreError::Unavailable(_))),
+        "{}: {down:?}",
+        s.name()
+    );
+    let down = s.store.claim("w", t(1), 5).await;
+    assert!(matches!(down, Err(StoreError::Unavailable(_))), "{down:?}");
+    let store = s.reopen().await;
+    let tasks = store.active_tasks().await.unwrap().rows;
+    assert_eq!(tasks.len(), 1);
+    assert_eq!(tasks[0].state, TaskState::Queued);
+    assert_eq!(store.claim("w", t(2), 5).await.unwrap().len(), 1);
+}
+
+// --- bad data (SQL backends: the model cannot hold such rows) -------------
+
+async fn unknown_instance_state_is_a_bad_row_and_others_are_listed(s: TestStore) {
+    let store = &*s.store;
+    instance(store, "good-1").await;
+    s.write_as_foreign_tool(
+        "INSERT INTO instances (name, team, service_type, version, state, stopped, \
+         created_at_us, updated_at_us) VALUES ('weird', 't', 'wiki', '1', 'suspended', FALSE, 0, 0)",
+    )
+    .await
+    .unwrap();
+    instance(store, "good-2").await;
+    let listed = store.list_instances().await.unwrap();
+    let names: Vec<_> = listed.rows.iter().map(|i| i.name.as_str()).collect();
+    assert_eq!(names, ["good-1", "good-2"]);
+    assert_eq!(listed.bad.len(), 1);
+    let StoreError::BadRow {
+        table,
+        field,
+        value,
+        ..
+    } = &listed.bad[0]
+    else {
+        panic!("{:?}", listed.bad);
+    };
+    assert_eq!(
+        (*table, *field, value.as_str()),
+        ("instances", "state", "suspended")
+    );
+    let message = listed.bad[0].to_string();
+    assert!(
+        message.contains("instances") && message.contains("suspended"),
+        "{message}"
+    );
+    let direct = store.instance(&InstanceName::new("weird")).await;
+    assert!(
+        matches!(direct, Err(StoreError::BadRow { .. })),
+        "{direct:?}"
+    );
+    // The gauges skip it rather than fail.
+    let counts = store.instance_counts().await.unwrap();
+    assert_eq!(counts[&InstanceState::Provisioning], 2);
+}
+
+async fn unknown_task_kind_is_reported_never_claimed_and_others_run(s: TestStore) {
+    let store = &*s.store;
+    let id = instance(store, "alpha").await;
+    s.write_as_foreign_tool(&format!(
+        "INSERT INTO tasks (kind, instance_id, state, run_after_us, attempts, reason, \
+         created_at_us, updated_at_us) VALUES ('explode', {id}, 'queued', 0, 0, 'x', 0, 0)"
+    ))
+    .await
+    .unwrap();
+    let good = store
+        .enqueue(&task(TaskKind::Provision, id, t(0)), t(0), None)
+        .await
+        .unwrap()
+        .unwrap();
+    let active = store.active_tasks().await.unwrap();
+    assert_eq!(active.rows.iter().map(|t| t.id).collect::<Vec<_>>(), [good]);
+    assert!(
+        matches!(&active.bad[..], [StoreError::BadRow { table: "tasks", field: "kind", value, .. }] if value == "explode"),
+        "{:?}",
+        active.bad
+    );
+    let claimed = store.claim("w", t(1), 10).await.unwrap();
+    assert_eq!(claimed.iter().map(|t| t.id).collect::<Vec<_>>(), [good]);
+}
+
+async fn unknown_rollout_state_is_a_clear_error(s: TestStore) {
+    let store = &*s.store;
+    s.write_as_foreign_tool(
+        "INSERT INTO rollouts (service_type, state, reason, updated_at_us) \
+         VALUES ('wiki', 'paused', '', 0)",
+    )
+    .await
+    .unwrap();
+    let rollouts = store.rollouts().await;
+    assert!(
+        matches!(&rollouts, Err(StoreError::BadRow { table: "rollouts", field: "state", value, .. }) if value == "paused"),
+        "{rollouts:?}"
+    );
+}
+
+async fn bad_binds_name_the_row(s: TestStore) {
+    let store = &*s.store;
+    let id = instance(store, "alpha").await;
+    s.write_as_foreign_tool(&format!(
+        "INSERT INTO active_services (instance_id, service, container_id, effective_revision, \
+         backend_binds) VALUES ({id}, 'web', 'c1', 'r1', 'not json')"
+    ))
+    .await
+    .unwrap();
+    let loaded = store.load_active(&InstanceName::new("alpha")).await;
+    assert!(
+        matches!(
+            &loaded,
+            Err(StoreError::BadRow {
+                table: "active_services",
+                field: "backend_binds",
+                ..
+            })
+        ),
+        "{loaded:?}"
+    );
+}
+
+async fn the_schema_itself_rejects_bad_states_and_duplicate_active_tasks(s: TestStore) {
+    let id = instance(&*s.store, "alpha").await;
+    let bad_state = s
+        .raw(&format!(
+            "INSERT INTO tasks (kind, instance_id, state, run_after_us, attempts, reason, \
+             created_at_us, updated_at_us) VALUES ('provision', {id}, 'lost', 0, 0, 'x', 0, 0)"
+        ))
+        .await
+        .unwrap();
+    assert!(bad_state.is_err(), "CHECK on tasks.state");
+    let insert_queued = format!(
+        "INSERT INTO tasks (kind, instance_id, state, run_after_us, attempts, reason, \
+         created_at_us, updated_at_us) VALUES ('provision', {id}, 'queued', 0, 0, 'x', 0, 0)"
+    );
+    s.raw(&insert_queued).await.unwrap().unwrap();
+    assert!(
+        s.raw(&insert_queued).await.unwrap().is_err(),
+        "partial unique index"
+    );
+    let orphan = s
+        .raw(
+            "INSERT INTO tasks (kind, instance_id, state, run_after_us, attempts, reason, \
+             created_at_us, updated_at_us) VALUES ('provision', 9999, 'queued', 0, 0, 'x', 0, 0)",
+        )
+        .await
+        .unwrap();
+    assert!(orphan.is_err(), "foreign key");
+    let running_unlocked = s
+        .raw(&format!(
+            "INSERT INTO tasks (kind, instance_id, state, run_after_us, attempts, reason, \
+             created_at_us, updated_at_us) VALUES ('upgrade', {id}, 'running', 0, 0, 'x', 0, 0)"
+        ))
+        .await
+        .unwrap();
+    assert!(running_unlocked.is_err(), "a running task holds a lease");
+}

@@ -1,0 +1,1 @@
+//! Caddy for tests.

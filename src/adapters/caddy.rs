@@ -157,10 +157,13 @@ impl CaddyTraffic {
                 Self::route_id(&route.service)
             ))
         })?;
-        assert!(
-            *host_port != 0,
-            "binds never hold port 0 ({container_port})"
-        );
+        // Binds may come from a database row another tool wrote: refuse, never panic.
+        if *host_port == 0 {
+            return Err(TrafficError(format!(
+                "route {}: bind of container port {container_port} = host port 0, not a port",
+                Self::route_id(&route.service)
+            )));
+        }
         Ok(json!({
             "@id": Self::route_id(&route.service),
             "match": [{ "host": [self.host(&route.service)] }],

@@ -104,7 +104,13 @@ async fn list_managed_is_one_labelled_call_with_instance_and_service() {
         .await
         .expect("create worker");
 
+    let calls_before = runtime.api_call_count();
     let listed = runtime.list_managed().await.expect("list");
+    assert_eq!(
+        runtime.api_call_count() - calls_before,
+        1,
+        "one API call per list"
+    );
     let mine: Vec<_> = listed
         .iter()
         .filter(|c| c.instance.as_str() == instance)

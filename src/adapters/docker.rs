@@ -19,6 +19,8 @@
 use std::collections::HashMap;
 use std::path::PathBuf;
 use std::pin::Pin;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -155,6 +157,9 @@ pub type RuntimeEvents = Pin<Box<dyn Stream<Item = Result<RuntimeEvent, RuntimeE
 pub struct DockerRuntime {
     docker: Docker,
     config: DockerConfig,
+    /// Engine API requests made through this client (and its clones), so
+    /// benchmarks and metrics can show what a pass costs.
+    api_calls: Arc<AtomicU64>,
 }
 
 impl DockerRuntime {
@@ -174,14 +179,22 @@ impl DockerRuntime {
         };
         let docker = Docker::connect_with_unix(path, config.request_timeout.as_secs(), &version)
             .map_err(|e| transient("connect to docker socket", path, e))?;
-        Ok(Self { docker, config })
+        Ok(Self {
+            docker,
+            config,
+            api_calls: Arc::default(),
+        })
     }
 
     /// Builds a client and negotiates the API version with the server, so a
     /// newer client never sends a version an older engine refuses. Fails,
     /// naming the socket, when the server does not answer.
     pub async fn connect(config: DockerConfig) -> Result<Self, RuntimeError> {
-        let Self { docker, config } = Self::new(config)?;
+        let Self {
+            docker,
+            config,
+            api_calls,
+        } = Self::new(config)?;
         let socket = config.socket_path.display().to_string();
         let docker = docker.negotiate_version().await.map_err(|e| {
             RuntimeError::Transient(format!(
@@ -189,7 +202,23 @@ impl DockerRuntime {
                 detail(&e)
             ))
         })?;
-        Ok(Self { docker, config })
+        Ok(Self {
+            docker,
+            config,
+            api_calls,
+        })
+    }
+
+    /// Engine API requests made so far by this runtime and its clones
+    /// (version negotiation excluded; an event subscription counts once).
+    pub fn api_call_count(&self) -> u64 {
+        self.api_calls.load(Ordering::Relaxed)
+    }
+
+    /// The client, counting one API request.
+    fn api(&self) -> &Docker {
+        self.api_calls.fetch_add(1, Ordering::Relaxed);
+        &self.docker
     }
 
     pub fn config(&self) -> &DockerConfig {
@@ -220,7 +249,7 @@ impl DockerRuntime {
             ..Default::default()
         };
         let summaries = self
-            .docker
+            .api()
             .list_containers(Some(options))
             .await
             .map_err(|e| transient("list containers", LABEL_MANAGED, e))?;
@@ -291,7 +320,7 @@ impl DockerRuntime {
             ..Default::default()
         };
         let stream = self
-            .docker
+            .api()
             .events(Some(options))
             .filter_map(|item| async move {
                 match item {
@@ -306,7 +335,7 @@ impl DockerRuntime {
         &self,
         id: &ContainerId,
     ) -> Result<ContainerInspectResponse, RuntimeError> {
-        self.docker
+        self.api()
             .inspect_container(
                 id.as_str(),
                 None::<bollard::query_parameters::InspectContainerOptions>,
@@ -318,7 +347,7 @@ impl DockerRuntime {
     /// A client whose timeout covers the grace period on top of the usual
     /// request bound, so a graceful stop is not cut short by the client.
     fn with_grace(&self, grace: Duration) -> Docker {
-        self.docker
+        self.api()
             .clone()
             .with_timeout(self.config.request_timeout + grace)
     }
@@ -394,7 +423,7 @@ impl DockerRuntime {
             ..Default::default()
         };
         match self
-            .docker
+            .api()
             .create_container(Some(options), body.clone())
             .await
         {
@@ -413,7 +442,7 @@ impl DockerRuntime {
             from_image: Some(image.to_owned()),
             ..Default::default()
         };
-        let mut progress = self.docker.create_image(Some(options), None, None);
+        let mut progress = self.api().create_image(Some(options), None, None);
         let mut n_messages = 0usize;
         while let Some(message) = progress.next().await {
             n_messages += 1;
@@ -482,7 +511,7 @@ impl Runtime for DockerRuntime {
 
     async fn start(&self, id: &ContainerId) -> Result<(), RuntimeError> {
         // 304 (already running) is a success for bollard and for us.
-        self.docker
+        self.api()
             .start_container(id.as_str(), None::<StartContainerOptions>)
             .await
             .map_err(|e| not_found_or_transient("start", id.as_str(), e))
@@ -603,7 +632,7 @@ impl Runtime for DockerRuntime {
             v: false,
             ..Default::default()
         };
-        match self.docker.remove_container(&exact, Some(options)).await {
+        match self.api().remove_container(&exact, Some(options)).await {
             Ok(()) => Ok(()),
             Err(e) => match not_found_or_transient("remove", &exact, e) {
                 RuntimeError::NotFound => Ok(()),

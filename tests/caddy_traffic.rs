@@ -6,10 +6,13 @@ mod support_services;
 use std::time::Duration;
 
 use stead::adapters::caddy::{CaddyConfig, CaddyTraffic};
+use stead::adapters::probe::NetProbe;
+use stead::core::spec::ReadinessProbe;
 use stead::core::types::{Binds, ContainerId, ServiceKey};
-use stead::ports::{Route, Traffic};
+use stead::ports::{Probe, Route, Runtime, Traffic};
 use support_services::caddy::CaddyProcess;
-use support_services::free_port;
+use support_services::docker::{create_request, docker, httpd_spec, runtime, Cleanup, HTTP_PORT};
+use support_services::{free_port, unique};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpListener;
 
@@ -264,4 +267,50 @@ async fn an_unreachable_admin_api_is_an_error() {
         .await
         .expect_err("unreachable");
     assert!(error.0.contains("did not answer"), "{error}");
+}
+
+#[tokio::test]
+async fn a_verified_busybox_container_is_served_through_caddy() {
+    let fixture = fixture().await;
+    let runtime = runtime().await;
+    let instance = unique("ct");
+    let _cleanup = Cleanup::new(&instance);
+    let container = runtime
+        .create(&create_request(&instance, httpd_spec("web"), "r1"))
+        .await
+        .expect("create");
+    let binds = runtime.binds(&container).await.expect("binds");
+    let readiness = ReadinessProbe::Http {
+        port: HTTP_PORT,
+        path: "/".to_owned(),
+        timeout: Duration::from_secs(1),
+        interval: Duration::from_millis(100),
+        attempts_max: 50,
+    };
+    NetProbe::new()
+        .unwrap()
+        .ready(&readiness, &binds)
+        .await
+        .expect("busybox httpd is ready");
+
+    let web = key(&instance, "web");
+    let route = Route {
+        service: web.clone(),
+        container: container.clone(),
+        binds,
+        verified_started_at: runtime.inspect(&container).await.unwrap().started_at,
+    };
+    fixture.traffic.publish(&route).await.expect("publish");
+    let (status, body) = get(&fixture, &web).await;
+    assert_eq!(status, 200);
+    assert!(body.contains("stead test"), "{body}");
+
+    docker(&["kill", container.as_str()]).expect("docker kill");
+    assert_eq!(
+        get(&fixture, &web).await.0,
+        502,
+        "a dead backend is a bad gateway"
+    );
+    fixture.traffic.withdraw(&web).await.expect("withdraw");
+    assert_eq!(get(&fixture, &web).await.0, 404, "withdrawn: no route");
 }

@@ -167,6 +167,14 @@ impl DockerRuntime {
     /// `config.api_version`; the socket is dialled per request, so a daemon
     /// started before dockerd (or across a dockerd restart) keeps working.
     pub fn new(config: DockerConfig) -> Result<Self, RuntimeError> {
+        // bollard counts its timeout in whole seconds; less than one would
+        // time every request out at once.
+        if config.request_timeout < Duration::from_secs(1) {
+            return Err(RuntimeError::Transient(format!(
+                "docker request_timeout = {:?} must be at least 1 s",
+                config.request_timeout
+            )));
+        }
         let path = config.socket_path.to_str().ok_or_else(|| {
             RuntimeError::Transient(format!(
                 "docker socket_path {:?} is not valid UTF-8",

@@ -369,3 +369,19 @@ async fn docker_provisioner_lists_instances_as_releases_and_uninstalls_them() {
         .unwrap_err();
     assert!(error.0.contains("Runtime::create"), "{error}");
 }
+
+#[tokio::test]
+async fn an_unreachable_socket_fails_naming_it() {
+    let config = DockerConfig {
+        socket_path: "/nonexistent/stead-test.sock".into(),
+        ..DockerConfig::default()
+    };
+    let Err(RuntimeError::Transient(message)) = DockerRuntime::connect(config).await else {
+        panic!("connecting to a missing socket must fail");
+    };
+    assert!(
+        message.contains("/nonexistent/stead-test.sock"),
+        "{message}"
+    );
+    assert!(message.contains("scripts/services up"), "{message}");
+}

@@ -64,6 +64,9 @@ const LOOPBACK_HOST_IP: &str = "127.0.0.1";
 /// reports this as `State.StartedAt`.
 const DOCKER_ZERO_TIME_PREFIX: &str = "0001-01-01T00:00:00";
 
+/// What an operator whose engine does not answer should check.
+const DOCKERD_HINT: &str = "is dockerd running? `scripts/services up` starts it";
+
 /// Upper bound on the bytes of a Docker error message carried into ours, so
 /// a runaway body cannot flood logs.
 const DETAIL_LEN_MAX: usize = 512;
@@ -163,9 +166,9 @@ pub struct DockerRuntime {
 }
 
 impl DockerRuntime {
-    /// Builds a client without talking to the server. Requests speak
-    /// `config.api_version`; the socket is dialled per request, so a daemon
-    /// started before dockerd (or across a dockerd restart) keeps working.
+    /// Builds a client without talking to the server; the socket file must
+    /// exist. Requests speak `config.api_version`, and the socket is dialled
+    /// per request, so a client outlives a dockerd restart.
     pub fn new(config: DockerConfig) -> Result<Self, RuntimeError> {
         // bollard counts its timeout in whole seconds; less than one would
         // time every request out at once.
@@ -186,7 +189,12 @@ impl DockerRuntime {
             minor_version: config.api_version.1,
         };
         let docker = Docker::connect_with_unix(path, config.request_timeout.as_secs(), &version)
-            .map_err(|e| transient("connect to docker socket", path, e))?;
+            .map_err(|e| {
+                RuntimeError::Transient(format!(
+                    "docker socket {path}: {} ({DOCKERD_HINT})",
+                    detail(&e)
+                ))
+            })?;
         Ok(Self {
             docker,
             config,
@@ -206,7 +214,7 @@ impl DockerRuntime {
         let socket = config.socket_path.display().to_string();
         let docker = docker.negotiate_version().await.map_err(|e| {
             RuntimeError::Transient(format!(
-                "docker at {socket} did not answer (is dockerd running? `scripts/services up` starts it): {}",
+                "docker at {socket} did not answer ({DOCKERD_HINT}): {}",
                 detail(&e)
             ))
         })?;

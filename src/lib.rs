@@ -11,6 +11,8 @@
 //! - `adapters` (feature `io`) are the real implementations: SQLite/Postgres,
 //!   Docker, Caddy, Helm, HTTP/TCP probes.
 
+#[cfg(all(feature = "io", not(madsim)))]
+pub mod adapters;
 pub mod core;
 pub mod engine;
 pub mod ports;

@@ -1,0 +1,1027 @@
+//! The Docker runtime: the `Runtime` port over the Docker Engine API.
+//!
+//! It speaks to a unix socket (default `/var/run/docker.sock`). Podman's
+//! Docker-compatible socket works the same: point [`DockerConfig::socket_path`]
+//! at `/run/podman/podman.sock` (rootful, `systemctl enable --now
+//! podman.socket`) or `$XDG_RUNTIME_DIR/podman/podman.sock` (rootless).
+//!
+//! What stead owns is marked by labels, never by name patterns:
+//! `stead.managed=true`, `stead.instance`, `stead.service`, `stead.revision`.
+//! The adapter only ever removes containers that carry `stead.managed=true`.
+//!
+//! The steady state costs one API call: [`Runtime::list_managed`] is a single
+//! labelled `GET /containers/json`. Docker's list does not report when the
+//! current execution started, so `ManagedContainer::started_at` is always
+//! `None` here; whoever needs the exact execution (R8, R13) inspects the exact
+//! container, prompted by a non-running status or by an event from
+//! [`DockerRuntime::events`].
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use bollard::errors::Error as DockerError;
+use bollard::models::{
+    ContainerCreateBody, ContainerInspectResponse, EventMessage, HealthConfig, HealthStatusEnum,
+    HostConfig, PortBinding, RestartPolicy, RestartPolicyNameEnum,
+};
+use bollard::query_parameters::{
+    CreateContainerOptions, CreateImageOptions, EventsOptions, ListContainersOptions,
+    RemoveContainerOptions, RestartContainerOptions, StartContainerOptions, StopContainerOptions,
+};
+use bollard::{ClientVersion, Docker};
+use futures_util::{Stream, StreamExt};
+
+use crate::core::types::{
+    Binds, ContainerId, ContainerStatus, Health, InstanceName, Observation, RuntimeError,
+    ServiceName, Timestamp, IDENT_LEN_MAX,
+};
+use crate::ports::{
+    CreateContainer, ManagedContainer, ProvisionError, Provisioner, Release, Runtime,
+};
+
+/// Label that marks a container as stead's. Its value is always `true`.
+pub const LABEL_MANAGED: &str = "stead.managed";
+/// Label carrying the instance name.
+pub const LABEL_INSTANCE: &str = "stead.instance";
+/// Label carrying the service name.
+pub const LABEL_SERVICE: &str = "stead.service";
+/// Label carrying the revision that distinguishes an upgrade's successor.
+pub const LABEL_REVISION: &str = "stead.revision";
+
+/// The default Engine API socket.
+pub const DEFAULT_SOCKET_PATH: &str = "/var/run/docker.sock";
+
+/// The only host address stead publishes on and reads binds from: probes and
+/// traffic dial loopback, never container IPs.
+const LOOPBACK_HOST_IP: &str = "127.0.0.1";
+
+/// Docker's rendering of "never": a container created but not yet started
+/// reports this as `State.StartedAt`.
+const DOCKER_ZERO_TIME_PREFIX: &str = "0001-01-01T00:00:00";
+
+/// What an operator whose engine does not answer should check.
+const DOCKERD_HINT: &str = "is dockerd running? `scripts/services up` starts it";
+
+/// Upper bound on the bytes of a Docker error message carried into ours, so
+/// a runaway body cannot flood logs.
+const DETAIL_LEN_MAX: usize = 512;
+
+/// Upper bound on the progress messages read from one image pull; a pull
+/// that keeps talking past it is abandoned with an error.
+const PULL_MESSAGES_MAX: usize = 100_000;
+
+/// What a container does when its process exits, on the runtime's own
+/// initiative.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum NativeRestart {
+    /// `no`: stead's recovery pass (with its budget) is the only restarter.
+    #[default]
+    Never,
+    /// `unless-stopped`: Docker restarts crashed containers itself, racing
+    /// the recovery pass (R11 tolerates that race).
+    UnlessStopped,
+}
+
+/// How to reach the Docker Engine API and how to create containers.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct DockerConfig {
+    /// The Engine API's unix socket (Docker's or Podman's).
+    pub socket_path: PathBuf,
+    /// Bound on one API call, not counting a stop or restart grace period
+    /// (which is added to it for those calls).
+    pub request_timeout: Duration,
+    /// API version to speak before negotiation; [`DockerRuntime::connect`]
+    /// lowers it to the server's when the server is older. 1.41 is Docker
+    /// 20.10 and Podman 4's compat API.
+    pub api_version: (usize, usize),
+    /// Restart policy given to created containers.
+    pub native_restart: NativeRestart,
+}
+
+impl Default for DockerConfig {
+    fn default() -> Self {
+        Self {
+            socket_path: PathBuf::from(DEFAULT_SOCKET_PATH),
+            request_timeout: Duration::from_secs(30),
+            api_version: (1, 41),
+            native_restart: NativeRestart::Never,
+        }
+    }
+}
+
+/// A labelled container as the list call shows it, with the revision label
+/// that [`ManagedContainer`] leaves out.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LabelledContainer {
+    pub id: ContainerId,
+    /// The container's name without Docker's leading `/`.
+    pub name: String,
+    pub instance: InstanceName,
+    pub service: ServiceName,
+    pub revision: Option<String>,
+    pub status: ContainerStatus,
+}
+
+/// What happened to a managed container, as Docker's event stream says.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum RuntimeEventAction {
+    /// A new execution began (including a native restart).
+    Start,
+    /// The process exited (crash, kill, stop).
+    Die,
+    /// The healthcheck verdict changed.
+    HealthStatus(Health),
+    /// The container was removed.
+    Destroy,
+}
+
+/// One event about one managed container: a hint that this instance should
+/// get an immediate targeted pass. The periodic level-triggered pass stays the
+/// safety net; a lost event costs at most one interval.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RuntimeEvent {
+    pub instance: InstanceName,
+    pub service: ServiceName,
+    pub container: ContainerId,
+    pub action: RuntimeEventAction,
+}
+
+/// A boxed stream of events; ends when the connection to the runtime drops
+/// (the caller resubscribes).
+pub type RuntimeEvents = Pin<Box<dyn Stream<Item = Result<RuntimeEvent, RuntimeError>> + Send>>;
+
+/// The `Runtime` port over Docker's (or Podman's) Engine API.
+#[derive(Clone, Debug)]
+pub struct DockerRuntime {
+    docker: Docker,
+    config: DockerConfig,
+    /// Engine API requests made through this client (and its clones), so
+    /// benchmarks and metrics can show what a pass costs.
+    api_calls: Arc<AtomicU64>,
+}
+
+impl DockerRuntime {
+    /// Builds a client without talking to the server; the socket file must
+    /// exist. Requests speak `config.api_version`, and the socket is dialled
+    /// per request, so a client outlives a dockerd restart.
+    pub fn new(config: DockerConfig) -> Result<Self, RuntimeError> {
+        // bollard counts its timeout in whole seconds; less than one would
+        // time every request out at once.
+        if config.request_timeout < Duration::from_secs(1) {
+            return Err(RuntimeError::Transient(format!(
+                "docker request_timeout = {:?} must be at least 1 s",
+                config.request_timeout
+            )));
+        }
+        let path = config.socket_path.to_str().ok_or_else(|| {
+            RuntimeError::Transient(format!(
+                "docker socket_path {:?} is not valid UTF-8",
+                config.socket_path
+            ))
+        })?;
+        let version = ClientVersion {
+            major_version: config.api_version.0,
+            minor_version: config.api_version.1,
+        };
+        let docker = Docker::connect_with_unix(path, config.request_timeout.as_secs(), &version)
+            .map_err(|e| {
+                RuntimeError::Transient(format!(
+                    "docker socket {path}: {} ({DOCKERD_HINT})",
+                    detail(&e)
+                ))
+            })?;
+        Ok(Self {
+            docker,
+            config,
+            api_calls: Arc::default(),
+        })
+    }
+
+    /// Builds a client and negotiates the API version with the server, so a
+    /// newer client never sends a version an older engine refuses. Fails,
+    /// naming the socket, when the server does not answer.
+    pub async fn connect(config: DockerConfig) -> Result<Self, RuntimeError> {
+        let Self {
+            docker,
+            config,
+            api_calls,
+        } = Self::new(config)?;
+        let socket = config.socket_path.display().to_string();
+        let docker = docker.negotiate_version().await.map_err(|e| {
+            RuntimeError::Transient(format!(
+                "docker at {socket} did not answer ({DOCKERD_HINT}): {}",
+                detail(&e)
+            ))
+        })?;
+        Ok(Self {
+            docker,
+            config,
+            api_calls,
+        })
+    }
+
+    /// Engine API requests made so far by this runtime and its clones
+    /// (version negotiation excluded; an event subscription counts once).
+    pub fn api_call_count(&self) -> u64 {
+        self.api_calls.load(Ordering::Relaxed)
+    }
+
+    /// The client, counting one API request.
+    fn api(&self) -> &Docker {
+        self.api_calls.fetch_add(1, Ordering::Relaxed);
+        &self.docker
+    }
+
+    pub fn config(&self) -> &DockerConfig {
+        &self.config
+    }
+
+    /// The deterministic name of a service's container at one revision.
+    pub fn container_name(
+        instance: &InstanceName,
+        service: &ServiceName,
+        revision: &str,
+    ) -> Result<String, RuntimeError> {
+        check_name_part("instance", instance.as_str())?;
+        check_name_part("service", service.as_str())?;
+        check_name_part("revision", revision)?;
+        Ok(format!("stead-{instance}-{service}-{revision}"))
+    }
+
+    /// Every container carrying `stead.managed=true`, in one list call,
+    /// with its revision label. Containers whose instance or service label is
+    /// missing are left out (with a warning), so one bad container never
+    /// hides the others.
+    pub async fn list_labelled(&self) -> Result<Vec<LabelledContainer>, RuntimeError> {
+        let filters = HashMap::from([("label".to_owned(), vec![format!("{LABEL_MANAGED}=true")])]);
+        let options = ListContainersOptions {
+            all: true,
+            filters: Some(filters),
+            ..Default::default()
+        };
+        let summaries = self
+            .api()
+            .list_containers(Some(options))
+            .await
+            .map_err(|e| transient("list containers", LABEL_MANAGED, e))?;
+        let mut containers = Vec::with_capacity(summaries.len());
+        for summary in summaries {
+            let Some(id) = summary.id else {
+                tracing::warn!("docker listed a managed container without an Id; skipped");
+                continue;
+            };
+            let labels = summary.labels.unwrap_or_default();
+            let (Some(instance), Some(service)) =
+                (labels.get(LABEL_INSTANCE), labels.get(LABEL_SERVICE))
+            else {
+                tracing::warn!(
+                    container = %id,
+                    "managed container lacks the {LABEL_INSTANCE} or {LABEL_SERVICE} label; skipped"
+                );
+                continue;
+            };
+            let name = summary
+                .names
+                .and_then(|names| names.into_iter().next())
+                .map(|n| n.trim_start_matches('/').to_owned())
+                .unwrap_or_default();
+            let status = summary.state.map_or(ContainerStatus::Unknown, |s| {
+                ContainerStatus::parse(s.as_ref())
+            });
+            containers.push(LabelledContainer {
+                id: ContainerId::new(id),
+                name,
+                instance: InstanceName::new(instance.as_str()),
+                service: ServiceName::new(service.as_str()),
+                revision: labels.get(LABEL_REVISION).cloned(),
+                status,
+            });
+        }
+        Ok(containers)
+    }
+
+    /// Subscribes to Docker's event stream for stead's containers: `start`,
+    /// `die`, `health_status` and `destroy`. Events without stead's instance
+    /// and service labels are dropped. The stream ends when the connection
+    /// drops; resubscribe (a lost event costs at most one pass interval).
+    ///
+    /// The subscription starts at `since` (Docker replays what happened
+    /// after it), not at the stream's first poll, so events in between are
+    /// not lost. Pass the clock's `now` when subscribing, or the time of the
+    /// last event seen when resubscribing.
+    pub fn events(&self, since: Timestamp) -> RuntimeEvents {
+        let since = format!(
+            "{}.{:09}",
+            since.as_second(),
+            since.subsec_nanosecond().max(0)
+        );
+        let filters = HashMap::from([
+            ("type".to_owned(), vec!["container".to_owned()]),
+            ("label".to_owned(), vec![format!("{LABEL_MANAGED}=true")]),
+            (
+                "event".to_owned(),
+                ["start", "die", "health_status", "destroy"]
+                    .map(str::to_owned)
+                    .to_vec(),
+            ),
+        ]);
+        let options = EventsOptions {
+            since: Some(since),
+            filters: Some(filters),
+            ..Default::default()
+        };
+        let stream = self
+            .api()
+            .events(Some(options))
+            .filter_map(|item| async move {
+                match item {
+                    Ok(message) => parse_event(message).map(Ok),
+                    Err(e) => Some(Err(transient("read docker events", "", e))),
+                }
+            });
+        Box::pin(stream)
+    }
+
+    async fn inspect_raw(
+        &self,
+        id: &ContainerId,
+    ) -> Result<ContainerInspectResponse, RuntimeError> {
+        self.api()
+            .inspect_container(
+                id.as_str(),
+                None::<bollard::query_parameters::InspectContainerOptions>,
+            )
+            .await
+            .map_err(|e| not_found_or_transient("inspect", id.as_str(), e))
+    }
+
+    /// A client whose timeout covers the grace period on top of the usual
+    /// request bound, so a graceful stop is not cut short by the client.
+    fn with_grace(&self, grace: Duration) -> Docker {
+        self.api()
+            .clone()
+            .with_timeout(self.config.request_timeout + grace)
+    }
+
+    fn create_body(&self, request: &CreateContainer) -> ContainerCreateBody {
+        let spec = &request.spec;
+        let labels = HashMap::from([
+            (LABEL_MANAGED.to_owned(), "true".to_owned()),
+            (LABEL_INSTANCE.to_owned(), request.instance.to_string()),
+            (LABEL_SERVICE.to_owned(), spec.name.to_string()),
+            (LABEL_REVISION.to_owned(), request.revision.clone()),
+        ]);
+        let exposed_ports = spec
+            .ports
+            .iter()
+            .map(|port| (format!("{port}/tcp"), HashMap::new()))
+            .collect();
+        // Host port "0": Docker picks a free ephemeral port, on loopback only.
+        let port_bindings = spec
+            .ports
+            .iter()
+            .map(|port| {
+                let binding = PortBinding {
+                    host_ip: Some(LOOPBACK_HOST_IP.to_owned()),
+                    host_port: Some("0".to_owned()),
+                };
+                (format!("{port}/tcp"), Some(vec![binding]))
+            })
+            .collect();
+        let healthcheck = spec.healthcheck.as_ref().map(|check| HealthConfig {
+            // `CMD` runs the argument vector directly; never `CMD-SHELL`.
+            test: Some(
+                std::iter::once("CMD".to_owned())
+                    .chain(check.command.iter().cloned())
+                    .collect(),
+            ),
+            interval: Some(duration_ns(check.interval)),
+            timeout: Some(duration_ns(check.timeout)),
+            retries: Some(i64::from(check.retries)),
+            ..Default::default()
+        });
+        let restart = match self.config.native_restart {
+            NativeRestart::Never => RestartPolicyNameEnum::NO,
+            NativeRestart::UnlessStopped => RestartPolicyNameEnum::UNLESS_STOPPED,
+        };
+        ContainerCreateBody {
+            image: Some(spec.image.clone()),
+            cmd: (!spec.command.is_empty()).then(|| spec.command.clone()),
+            labels: Some(labels),
+            exposed_ports: Some(exposed_ports),
+            healthcheck,
+            stop_timeout: Some(i64::from(grace_secs(spec.stop_grace))),
+            host_config: Some(HostConfig {
+                port_bindings: Some(port_bindings),
+                restart_policy: Some(RestartPolicy {
+                    name: Some(restart),
+                    maximum_retry_count: None,
+                }),
+                ..Default::default()
+            }),
+            ..Default::default()
+        }
+    }
+
+    /// Creates the container; `Ok(None)` when the name is taken.
+    async fn try_create(
+        &self,
+        name: &str,
+        body: &ContainerCreateBody,
+    ) -> Result<Option<ContainerId>, DockerError> {
+        let options = CreateContainerOptions {
+            name: Some(name.to_owned()),
+            ..Default::default()
+        };
+        match self
+            .api()
+            .create_container(Some(options), body.clone())
+            .await
+        {
+            Ok(created) => Ok(Some(ContainerId::new(created.id))),
+            Err(DockerError::DockerResponseServerError {
+                status_code: 409, ..
+            }) => Ok(None),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Best-effort pull of a missing image. A failure names the image and
+    /// what the registry said, so "image missing" is never a mystery.
+    async fn pull(&self, image: &str) -> Result<(), RuntimeError> {
+        let options = CreateImageOptions {
+            from_image: Some(image.to_owned()),
+            ..Default::default()
+        };
+        let mut progress = self.api().create_image(Some(options), None, None);
+        let mut n_messages = 0usize;
+        while let Some(message) = progress.next().await {
+            n_messages += 1;
+            if n_messages > PULL_MESSAGES_MAX {
+                return Err(RuntimeError::Transient(format!(
+                    "image {image:?} is missing and its pull sent more than {PULL_MESSAGES_MAX} messages; abandoned"
+                )));
+            }
+            let info = message.map_err(|e| {
+                RuntimeError::Transient(format!(
+                    "image {image:?} is missing and pulling it failed: {}",
+                    detail(&e)
+                ))
+            })?;
+            if let Some(error) = info.error_detail.and_then(|d| d.message) {
+                return Err(RuntimeError::Transient(format!(
+                    "image {image:?} is missing and pulling it failed: {}",
+                    truncate(&error)
+                )));
+            }
+        }
+        Ok(())
+    }
+
+    /// The ID of the existing container with this name, after checking it is
+    /// the same (instance, service, revision): a foreign container squatting
+    /// on stead's name is an error, never adopted.
+    async fn existing(
+        &self,
+        name: &str,
+        request: &CreateContainer,
+    ) -> Result<ContainerId, RuntimeError> {
+        let existing = self.inspect_raw(&ContainerId::new(name)).await?;
+        let labels = existing
+            .config
+            .as_ref()
+            .and_then(|c| c.labels.clone())
+            .unwrap_or_default();
+        let expected = [
+            (LABEL_MANAGED, "true"),
+            (LABEL_INSTANCE, request.instance.as_str()),
+            (LABEL_SERVICE, request.spec.name.as_str()),
+            (LABEL_REVISION, request.revision.as_str()),
+        ];
+        for (label, value) in expected {
+            let found = labels.get(label).map(String::as_str);
+            if found != Some(value) {
+                return Err(RuntimeError::Transient(format!(
+                    "container name {name:?} is taken by a container whose label {label} is {found:?}, expected {value:?}; refusing to adopt it"
+                )));
+            }
+        }
+        let id = existing.id.ok_or_else(|| {
+            RuntimeError::Transient(format!("inspect of {name:?} returned no Id"))
+        })?;
+        Ok(ContainerId::new(id))
+    }
+}
+
+#[async_trait]
+impl Runtime for DockerRuntime {
+    async fn inspect(&self, id: &ContainerId) -> Result<Observation, RuntimeError> {
+        let response = self.inspect_raw(id).await?;
+        observation(id, &response)
+    }
+
+    async fn start(&self, id: &ContainerId) -> Result<(), RuntimeError> {
+        // 304 (already running) is a success for bollard and for us.
+        self.api()
+            .start_container(id.as_str(), None::<StartContainerOptions>)
+            .await
+            .map_err(|e| not_found_or_transient("start", id.as_str(), e))
+    }
+
+    async fn stop(&self, id: &ContainerId, grace: Duration) -> Result<(), RuntimeError> {
+        let options = StopContainerOptions {
+            t: Some(grace_secs(grace)),
+            ..Default::default()
+        };
+        self.with_grace(grace)
+            .stop_container(id.as_str(), Some(options))
+            .await
+            .map_err(|e| not_found_or_transient("stop", id.as_str(), e))
+    }
+
+    async fn restart(&self, id: &ContainerId, grace: Duration) -> Result<(), RuntimeError> {
+        let options = RestartContainerOptions {
+            t: Some(grace_secs(grace)),
+            ..Default::default()
+        };
+        self.with_grace(grace)
+            .restart_container(id.as_str(), Some(options))
+            .await
+            .map_err(|e| not_found_or_transient("restart", id.as_str(), e))
+    }
+
+    async fn health(&self, id: &ContainerId) -> Result<Health, RuntimeError> {
+        let response = self.inspect_raw(id).await?;
+        let status = response.state.and_then(|s| s.health).and_then(|h| h.status);
+        Ok(match status {
+            None | Some(HealthStatusEnum::EMPTY) | Some(HealthStatusEnum::NONE) => Health::None,
+            Some(HealthStatusEnum::STARTING) => Health::Starting,
+            Some(HealthStatusEnum::HEALTHY) => Health::Healthy,
+            Some(HealthStatusEnum::UNHEALTHY) => Health::Unhealthy,
+        })
+    }
+
+    async fn binds(&self, id: &ContainerId) -> Result<Binds, RuntimeError> {
+        let response = self.inspect_raw(id).await?;
+        let ports = response
+            .network_settings
+            .and_then(|n| n.ports)
+            .unwrap_or_default();
+        parse_binds(id, &ports)
+    }
+
+    async fn list_managed(&self) -> Result<Vec<ManagedContainer>, RuntimeError> {
+        let containers = self.list_labelled().await?;
+        Ok(containers
+            .into_iter()
+            .map(|c| ManagedContainer {
+                id: c.id,
+                instance: c.instance,
+                service: c.service,
+                status: c.status,
+                // Docker's list does not report it; see the module docs.
+                started_at: None,
+            })
+            .collect())
+    }
+
+    async fn create(&self, request: &CreateContainer) -> Result<ContainerId, RuntimeError> {
+        let name = Self::container_name(&request.instance, &request.spec.name, &request.revision)?;
+        let body = self.create_body(request);
+        let created = match self.try_create(&name, &body).await {
+            Ok(created) => created,
+            Err(DockerError::DockerResponseServerError {
+                status_code: 404, ..
+            }) => {
+                // 404 on create means the image is missing: pull, then once more.
+                self.pull(&request.spec.image).await?;
+                self.try_create(&name, &body)
+                    .await
+                    .map_err(|e| transient("create", &name, e))?
+            }
+            Err(e) => return Err(transient("create", &name, e)),
+        };
+        let id = match created {
+            Some(id) => id,
+            None => {
+                let id = self.existing(&name, request).await?;
+                // Idempotence: a container created by an earlier, interrupted
+                // call is started here; one that already ran and exited is the
+                // recovery pass's to start, under its budget.
+                if self.inspect(&id).await?.status != ContainerStatus::Created {
+                    return Ok(id);
+                }
+                id
+            }
+        };
+        self.start(&id).await?;
+        Ok(id)
+    }
+
+    async fn remove(&self, id: &ContainerId) -> Result<(), RuntimeError> {
+        let response = match self.inspect_raw(id).await {
+            Ok(response) => response,
+            Err(RuntimeError::NotFound) => return Ok(()),
+            Err(e) => return Err(e),
+        };
+        let managed = response
+            .config
+            .as_ref()
+            .and_then(|c| c.labels.as_ref())
+            .and_then(|labels| labels.get(LABEL_MANAGED))
+            .map(String::as_str);
+        if managed != Some("true") {
+            return Err(RuntimeError::Transient(format!(
+                "refusing to remove container {id}: label {LABEL_MANAGED} is {managed:?}, not \"true\"; stead removes only what it owns"
+            )));
+        }
+        // Remove by the exact ID inspect returned, so a name cannot be
+        // re-pointed between the check and the removal.
+        let exact = response.id.unwrap_or_else(|| id.to_string());
+        let options = RemoveContainerOptions {
+            force: true,
+            v: false,
+            ..Default::default()
+        };
+        match self.api().remove_container(&exact, Some(options)).await {
+            Ok(()) => Ok(()),
+            Err(e) => match not_found_or_transient("remove", &exact, e) {
+                RuntimeError::NotFound => Ok(()),
+                other => Err(other),
+            },
+        }
+    }
+}
+
+/// The `Provisioner` port for the embedded default, where an instance's
+/// services are labelled containers on the local engine.
+///
+/// A release is the set of containers sharing a `stead.instance` label, so
+/// `list_releases` is one labelled list call and drift detection (C5) works
+/// as with Helm. Creating the containers needs the catalog's specs, which
+/// this port's `install_or_upgrade(release, version)` does not carry: the
+/// engine's worker creates them itself through [`Runtime::create`], and
+/// `install_or_upgrade` here answers with an error that says so instead of
+/// pretending. `uninstall` removes every managed container of the release.
+#[derive(Clone, Debug)]
+pub struct DockerProvisioner {
+    runtime: DockerRuntime,
+    /// What `list_releases` reports as every release's namespace.
+    namespace: String,
+}
+
+impl DockerProvisioner {
+    /// Namespace reported for Docker releases (there are none in Docker).
+    pub const NAMESPACE: &'static str = "docker";
+
+    pub fn new(runtime: DockerRuntime) -> Self {
+        Self {
+            runtime,
+            namespace: Self::NAMESPACE.to_owned(),
+        }
+    }
+}
+
+#[async_trait]
+impl Provisioner for DockerProvisioner {
+    async fn install_or_upgrade(&self, release: &str, version: &str) -> Result<(), ProvisionError> {
+        Err(ProvisionError(format!(
+            "the docker provisioner cannot install release {release:?} at version {version:?} by name: \
+             containers are created from catalog specs through Runtime::create by the worker"
+        )))
+    }
+
+    async fn uninstall(&self, release: &str) -> Result<(), ProvisionError> {
+        let containers = self
+            .runtime
+            .list_labelled()
+            .await
+            .map_err(|e| ProvisionError(format!("uninstall {release:?}: {e}")))?;
+        let mut failures = Vec::new();
+        for container in containers.iter().filter(|c| c.instance.as_str() == release) {
+            if let Err(e) = self.runtime.remove(&container.id).await {
+                failures.push(format!("{}: {e}", container.id));
+            }
+        }
+        if failures.is_empty() {
+            Ok(())
+        } else {
+            Err(ProvisionError(format!(
+                "uninstall {release:?}: {} container(s) not removed: {}",
+                failures.len(),
+                failures.join("; ")
+            )))
+        }
+    }
+
+    async fn list_releases(&self) -> Result<Vec<Release>, ProvisionError> {
+        let containers = self
+            .runtime
+            .list_labelled()
+            .await
+            .map_err(|e| ProvisionError(format!("list releases: {e}")))?;
+        let mut releases: Vec<Release> = containers
+            .into_iter()
+            .map(|c| Release {
+                name: c.instance.0,
+                namespace: self.namespace.clone(),
+            })
+            .collect();
+        releases.sort();
+        releases.dedup();
+        Ok(releases)
+    }
+}
+
+/// Status and execution start of an inspected container.
+fn observation(
+    id: &ContainerId,
+    response: &ContainerInspectResponse,
+) -> Result<Observation, RuntimeError> {
+    let state = response
+        .state
+        .as_ref()
+        .ok_or_else(|| RuntimeError::Transient(format!("inspect of {id} returned no State")))?;
+    let status = state.status.map_or(ContainerStatus::Unknown, |s| {
+        ContainerStatus::parse(s.as_ref())
+    });
+    let started_at = parse_started_at(id, state.started_at.as_deref())?;
+    Ok(Observation { status, started_at })
+}
+
+/// `State.StartedAt` as a timestamp; Docker's zero time (never started) and
+/// an absent or empty value are `None`.
+pub fn parse_started_at(
+    id: &ContainerId,
+    value: Option<&str>,
+) -> Result<Option<Timestamp>, RuntimeError> {
+    let Some(value) = value.filter(|v| !v.is_empty()) else {
+        return Ok(None);
+    };
+    if value.starts_with(DOCKER_ZERO_TIME_PREFIX) {
+        return Ok(None);
+    }
+    value.parse::<Timestamp>().map(Some).map_err(|e| {
+        RuntimeError::Transient(format!(
+            "container {id}: State.StartedAt = {value:?} is not a timestamp: {e}"
+        ))
+    })
+}
+
+/// Loopback binds from `NetworkSettings.Ports` (`"8080/tcp" → [{HostIp,
+/// HostPort}]`). Only TCP ports bound on 127.0.0.1 count; a malformed port
+/// is an error naming the value.
+pub fn parse_binds(
+    id: &ContainerId,
+    ports: &HashMap<String, Option<Vec<PortBinding>>>,
+) -> Result<Binds, RuntimeError> {
+    let mut binds = Binds::new();
+    for (key, bindings) in ports {
+        let (port, protocol) = key.split_once('/').unwrap_or((key.as_str(), "tcp"));
+        if protocol != "tcp" {
+            continue;
+        }
+        let container_port = parse_port(id, "NetworkSettings.Ports key", key, port)?;
+        for binding in bindings.iter().flatten() {
+            if binding.host_ip.as_deref() != Some(LOOPBACK_HOST_IP) {
+                continue;
+            }
+            let raw = binding.host_port.as_deref().unwrap_or("");
+            let host_port = parse_port(id, "NetworkSettings.Ports HostPort", raw, raw)?;
+            // With several loopback bindings of one port, the lowest wins, so
+            // the answer does not depend on Docker's ordering.
+            binds
+                .entry(container_port)
+                .and_modify(|p| *p = (*p).min(host_port))
+                .or_insert(host_port);
+        }
+    }
+    Ok(binds)
+}
+
+fn parse_port(
+    id: &ContainerId,
+    field: &str,
+    value: &str,
+    digits: &str,
+) -> Result<u16, RuntimeError> {
+    match digits.parse::<u16>() {
+        Ok(port) if port != 0 => Ok(port),
+        _ => Err(RuntimeError::Transient(format!(
+            "container {id}: {field} = {value:?} is not a port (1-65535)"
+        ))),
+    }
+}
+
+/// One Docker event as a stead event; `None` for events stead does not use
+/// or that lack its labels.
+fn parse_event(message: EventMessage) -> Option<RuntimeEvent> {
+    let action = message.action?;
+    let actor = message.actor?;
+    let container = actor.id?;
+    let attributes = actor.attributes.unwrap_or_default();
+    let instance = attributes.get(LABEL_INSTANCE)?;
+    let service = attributes.get(LABEL_SERVICE)?;
+    // Health events read `health_status: healthy`.
+    let (verb, argument) = match action.split_once(':') {
+        Some((verb, argument)) => (verb.trim(), argument.trim()),
+        None => (action.as_str(), ""),
+    };
+    let action = match verb {
+        "start" => RuntimeEventAction::Start,
+        "die" => RuntimeEventAction::Die,
+        "destroy" => RuntimeEventAction::Destroy,
+        "health_status" => RuntimeEventAction::HealthStatus(match argument {
+            "healthy" => Health::Healthy,
+            "unhealthy" => Health::Unhealthy,
+            "starting" => Health::Starting,
+            _ => Health::None,
+        }),
+        _ => return None,
+    };
+    Some(RuntimeEvent {
+        instance: InstanceName::new(instance.as_str()),
+        service: ServiceName::new(service.as_str()),
+        container: ContainerId::new(container),
+        action,
+    })
+}
+
+/// Docker names allow `[a-zA-Z0-9][a-zA-Z0-9_.-]*`; stead's name must also
+/// stay unambiguous, so each part is checked before it is joined.
+fn check_name_part(field: &str, value: &str) -> Result<(), RuntimeError> {
+    let valid = !value.is_empty()
+        && value.len() <= IDENT_LEN_MAX
+        && value.starts_with(|c: char| c.is_ascii_alphanumeric())
+        && value
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '.' | '-'));
+    if valid {
+        Ok(())
+    } else {
+        Err(RuntimeError::Transient(format!(
+            "{field} = {value:?} cannot be part of a container name (letters, digits, '_', '.', '-'; at most {IDENT_LEN_MAX})"
+        )))
+    }
+}
+
+/// Docker takes a stop grace in whole seconds: round up, so a grace is never
+/// shortened.
+fn grace_secs(grace: Duration) -> i32 {
+    let secs = grace.as_secs() + u64::from(grace.subsec_nanos() > 0);
+    i32::try_from(secs).unwrap_or(i32::MAX)
+}
+
+fn duration_ns(duration: Duration) -> i64 {
+    i64::try_from(duration.as_nanos()).unwrap_or(i64::MAX)
+}
+
+fn not_found_or_transient(operation: &str, id: &str, error: DockerError) -> RuntimeError {
+    match error {
+        DockerError::DockerResponseServerError {
+            status_code: 404, ..
+        } => RuntimeError::NotFound,
+        other => transient(operation, id, other),
+    }
+}
+
+fn transient(operation: &str, subject: &str, error: DockerError) -> RuntimeError {
+    RuntimeError::Transient(format!("docker {operation} {subject}: {}", detail(&error)))
+}
+
+fn detail(error: &DockerError) -> String {
+    truncate(&error.to_string())
+}
+
+fn truncate(text: &str) -> String {
+    if text.len() <= DETAIL_LEN_MAX {
+        return text.to_owned();
+    }
+    let mut end = DETAIL_LEN_MAX;
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    format!("{}…", &text[..end])
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn id() -> ContainerId {
+        ContainerId::new("c1")
+    }
+
+    fn ports(entries: &[(&str, &[(&str, &str)])]) -> HashMap<String, Option<Vec<PortBinding>>> {
+        entries
+            .iter()
+            .map(|(key, bindings)| {
+                let bindings = bindings
+                    .iter()
+                    .map(|(ip, port)| PortBinding {
+                        host_ip: Some((*ip).to_owned()),
+                        host_port: Some((*port).to_owned()),
+                    })
+                    .collect();
+                ((*key).to_owned(), Some(bindings))
+            })
+            .collect()
+    }
+
+    #[test]
+    fn binds_keep_only_loopback_tcp() {
+        let ports = ports(&[
+            ("8080/tcp", &[("127.0.0.1", "32768"), ("0.0.0.0", "40000")]),
+            ("53/udp", &[("127.0.0.1", "5353")]),
+            ("9090/tcp", &[("0.0.0.0", "41000")]),
+        ]);
+        let binds = parse_binds(&id(), &ports).unwrap();
+        assert_eq!(binds, Binds::from([(8080, 32768)]));
+    }
+
+    #[test]
+    fn bad_port_strings_are_errors_naming_the_value() {
+        for (key, host_port) in [
+            ("http/tcp", "1"),
+            ("8080/tcp", "abc"),
+            ("8080/tcp", "70000"),
+            ("8080/tcp", ""),
+        ] {
+            let ports = ports(&[(key, &[("127.0.0.1", host_port)])]);
+            let Err(RuntimeError::Transient(message)) = parse_binds(&id(), &ports) else {
+                panic!("{key} {host_port} should fail");
+            };
+            let named = if key.starts_with("http") {
+                key
+            } else {
+                host_port
+            };
+            assert!(message.contains(&format!("{named:?}")), "{message}");
+        }
+    }
+
+    #[test]
+    fn zero_time_means_never_started() {
+        assert_eq!(
+            parse_started_at(&id(), Some("0001-01-01T00:00:00Z")).unwrap(),
+            None
+        );
+        assert_eq!(parse_started_at(&id(), Some("")).unwrap(), None);
+        assert_eq!(parse_started_at(&id(), None).unwrap(), None);
+        let t = parse_started_at(&id(), Some("2026-11-30T04:37:25.399764252Z")).unwrap();
+        assert_eq!(t.unwrap().to_string(), "2026-11-30T04:37:25.399764252Z");
+        let Err(RuntimeError::Transient(message)) = parse_started_at(&id(), Some("yesterday"))
+        else {
+            panic!("a bad timestamp must be an error");
+        };
+        assert!(
+            message.contains("State.StartedAt = \"yesterday\""),
+            "{message}"
+        );
+    }
+
+    #[test]
+    fn container_names_are_deterministic_and_checked() {
+        let name = DockerRuntime::container_name(&"shop".into(), &"web".into(), "r1").unwrap();
+        assert_eq!(name, "stead-shop-web-r1");
+        let Err(RuntimeError::Transient(message)) =
+            DockerRuntime::container_name(&"shop/../x".into(), &"web".into(), "r1")
+        else {
+            panic!("a bad name must be refused");
+        };
+        assert!(message.contains("instance = \"shop/../x\""), "{message}");
+    }
+
+    #[test]
+    fn grace_rounds_up_to_whole_seconds() {
+        assert_eq!(grace_secs(Duration::from_millis(1500)), 2);
+        assert_eq!(grace_secs(Duration::from_secs(10)), 10);
+        assert_eq!(grace_secs(Duration::ZERO), 0);
+    }
+
+    #[test]
+    fn health_events_carry_their_verdict() {
+        let message = EventMessage {
+            action: Some("health_status: unhealthy".to_owned()),
+            actor: Some(bollard::models::EventActor {
+                id: Some("abc".to_owned()),
+                attributes: Some(HashMap::from([
+                    (LABEL_INSTANCE.to_owned(), "shop".to_owned()),
+                    (LABEL_SERVICE.to_owned(), "web".to_owned()),
+                ])),
+            }),
+            ..Default::default()
+        };
+        let event = parse_event(message).unwrap();
+        assert_eq!(
+            event.action,
+            RuntimeEventAction::HealthStatus(Health::Unhealthy)
+        );
+        assert_eq!(event.instance.as_str(), "shop");
+    }
+}

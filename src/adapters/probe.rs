@@ -1,0 +1,125 @@
+//! Readiness probes: the `Probe` port over HTTP and TCP against loopback
+//! binds. Probes dial `127.0.0.1:<host port>` from the exact container's
+//! binds, never a container IP.
+
+use std::time::Duration;
+
+use async_trait::async_trait;
+
+use crate::core::spec::ReadinessProbe;
+use crate::core::types::Binds;
+use crate::ports::Probe;
+
+/// Upper bound on attempts, whatever the catalog says, so a probe always
+/// ends within `attempts × (timeout + interval)`.
+pub const PROBE_ATTEMPTS_MAX: u32 = 1_000;
+
+/// The `Probe` port over HTTP GET (2xx or 3xx is ready; redirects are not
+/// followed) and TCP connect.
+#[derive(Clone, Debug)]
+pub struct NetProbe {
+    client: reqwest::Client,
+}
+
+impl NetProbe {
+    pub fn new() -> Result<Self, String> {
+        let client = reqwest::Client::builder()
+            // A redirect answer already proves the backend serves.
+            .redirect(reqwest::redirect::Policy::none())
+            .no_proxy()
+            // Every attempt dials afresh: a pooled connection would vouch
+            // for an execution that may have been replaced since.
+            .pool_max_idle_per_host(0)
+            .build()
+            .map_err(|e| format!("build the probe's http client: {e}"))?;
+        Ok(Self { client })
+    }
+
+    async fn http_once(&self, url: &str, timeout: Duration) -> Result<(), String> {
+        let response = self
+            .client
+            .get(url)
+            .timeout(timeout)
+            .send()
+            .await
+            .map_err(|e| format!("GET {url}: {e}"))?;
+        let status = response.status();
+        if status.is_success() || status.is_redirection() {
+            Ok(())
+        } else {
+            Err(format!("GET {url}: answered {status}"))
+        }
+    }
+
+    async fn tcp_once(address: &str, timeout: Duration) -> Result<(), String> {
+        match tokio::time::timeout(timeout, tokio::net::TcpStream::connect(address)).await {
+            Ok(Ok(_stream)) => Ok(()),
+            Ok(Err(e)) => Err(format!("connect {address}: {e}")),
+            Err(_) => Err(format!("connect {address}: no answer within {timeout:?}")),
+        }
+    }
+}
+
+#[async_trait]
+impl Probe for NetProbe {
+    async fn ready(&self, probe: &ReadinessProbe, binds: &Binds) -> Result<(), String> {
+        match probe {
+            ReadinessProbe::None => Ok(()),
+            ReadinessProbe::Http {
+                port,
+                path,
+                timeout,
+                interval,
+                attempts_max,
+            } => {
+                if !path.starts_with('/') {
+                    return Err(format!("http probe path = {path:?} must start with '/'"));
+                }
+                let url = format!("http://127.0.0.1:{}{path}", host_port(*port, binds)?);
+                retry(*attempts_max, *interval, || self.http_once(&url, *timeout)).await
+            }
+            ReadinessProbe::Tcp {
+                port,
+                timeout,
+                interval,
+                attempts_max,
+            } => {
+                let address = format!("127.0.0.1:{}", host_port(*port, binds)?);
+                retry(*attempts_max, *interval, || {
+                    Self::tcp_once(&address, *timeout)
+                })
+                .await
+            }
+        }
+    }
+}
+
+/// The loopback host port a container port is published on.
+fn host_port(port: u16, binds: &Binds) -> Result<u16, String> {
+    binds.get(&port).copied().ok_or_else(|| {
+        format!("readiness port {port} has no bind on this container (binds: {binds:?})")
+    })
+}
+
+/// Runs `attempt` until it succeeds, at most `attempts_max` times (at least
+/// once, at most [`PROBE_ATTEMPTS_MAX`]), sleeping `interval` between tries.
+async fn retry<F, Fut>(attempts_max: u32, interval: Duration, mut attempt: F) -> Result<(), String>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<(), String>>,
+{
+    let attempts = attempts_max.clamp(1, PROBE_ATTEMPTS_MAX);
+    let mut last_error = String::new();
+    for n in 1..=attempts {
+        match attempt().await {
+            Ok(()) => return Ok(()),
+            Err(e) => last_error = e,
+        }
+        if n < attempts {
+            tokio::time::sleep(interval).await;
+        }
+    }
+    Err(format!(
+        "not ready after {attempts} attempt(s): {last_error}"
+    ))
+}

@@ -1,0 +1,387 @@
+//! The Docker runtime against the real dockerd and the busybox test image
+//! (`scripts/services up` starts one and builds the other).
+
+// These tests wait on real services, so they read the wall clock to bound
+// their waits; the crate-wide ban protects the core, not tests.
+#![allow(clippy::disallowed_methods)]
+
+mod support_services;
+
+use std::time::{Duration, Instant};
+
+use futures_util::StreamExt;
+use stead::adapters::docker::{
+    DockerConfig, DockerProvisioner, DockerRuntime, NativeRestart, RuntimeEventAction,
+    LABEL_MANAGED,
+};
+use stead::core::types::{ContainerId, ContainerStatus, Health, RuntimeError};
+use stead::ports::{Provisioner, Runtime};
+use support_services::docker::{
+    create_request, docker, httpd_spec, runtime, runtime_with, Cleanup, HTTP_PORT, TEST_IMAGE,
+};
+use support_services::unique;
+
+/// Bound on waiting for Docker's own healthcheck to reach a verdict.
+const HEALTH_WAIT_MAX: Duration = Duration::from_secs(30);
+const GRACE: Duration = Duration::from_secs(1);
+
+async fn wait_for_health(runtime: &DockerRuntime, id: &ContainerId, want: Health) {
+    let deadline = Instant::now() + HEALTH_WAIT_MAX;
+    loop {
+        let health = runtime.health(id).await.expect("health");
+        if health == want {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "health of {id} stayed {health:?}, wanted {want:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+async fn get(port: u16) -> Result<String, reqwest::Error> {
+    let client = reqwest::Client::builder()
+        .timeout(Duration::from_secs(5))
+        .build()?;
+    client
+        .get(format!("http://127.0.0.1:{port}/"))
+        .send()
+        .await?
+        .error_for_status()?
+        .text()
+        .await
+}
+
+#[tokio::test]
+async fn create_is_idempotent_and_serves_on_a_loopback_bind() {
+    let runtime = runtime().await;
+    let instance = unique("dr");
+    let _cleanup = Cleanup::new(&instance);
+    let request = create_request(&instance, httpd_spec("web"), "r1");
+
+    let id = runtime.create(&request).await.expect("create");
+    let again = runtime.create(&request).await.expect("create again");
+    assert_eq!(id, again, "create is idempotent on the deterministic name");
+
+    let name = docker(&["inspect", "--format", "{{.Name}}", id.as_str()]).unwrap();
+    assert_eq!(name, format!("/stead-{instance}-web-r1"));
+    let policy = docker(&[
+        "inspect",
+        "--format",
+        "{{.HostConfig.RestartPolicy.Name}}",
+        id.as_str(),
+    ]);
+    assert_eq!(
+        policy.unwrap(),
+        "no",
+        "stead does recovery itself by default"
+    );
+
+    let observation = runtime.inspect(&id).await.expect("inspect");
+    assert_eq!(observation.status, ContainerStatus::Running);
+    assert!(observation.started_at.is_some());
+
+    let binds = runtime.binds(&id).await.expect("binds");
+    let host_port = *binds.get(&HTTP_PORT).expect("8080 is published");
+    let body = get(host_port).await.expect("GET through the bind");
+    assert!(body.contains("stead test"), "{body}");
+
+    wait_for_health(&runtime, &id, Health::Healthy).await;
+}
+
+#[tokio::test]
+async fn list_managed_is_one_labelled_call_with_instance_and_service() {
+    let runtime = runtime().await;
+    let instance = unique("dl");
+    let _cleanup = Cleanup::new(&instance);
+    let web = runtime
+        .create(&create_request(&instance, httpd_spec("web"), "r1"))
+        .await
+        .expect("create web");
+    let worker = runtime
+        .create(&create_request(&instance, httpd_spec("worker"), "r1"))
+        .await
+        .expect("create worker");
+
+    let calls_before = runtime.api_call_count();
+    let listed = runtime.list_managed().await.expect("list");
+    assert_eq!(
+        runtime.api_call_count() - calls_before,
+        1,
+        "one API call per list"
+    );
+    let mine: Vec<_> = listed
+        .iter()
+        .filter(|c| c.instance.as_str() == instance)
+        .collect();
+    assert_eq!(mine.len(), 2, "{mine:?}");
+    for (id, service) in [(&web, "web"), (&worker, "worker")] {
+        let found = mine.iter().find(|c| &c.id == id).expect("listed");
+        assert_eq!(found.service.as_str(), service);
+        assert_eq!(found.status, ContainerStatus::Running);
+    }
+
+    let labelled = runtime.list_labelled().await.expect("list labelled");
+    let found = labelled.iter().find(|c| c.id == web).expect("listed");
+    assert_eq!(found.revision.as_deref(), Some("r1"));
+    assert_eq!(found.name, format!("stead-{instance}-web-r1"));
+}
+
+#[tokio::test]
+async fn stop_start_restart_change_the_execution() {
+    let runtime = runtime().await;
+    let instance = unique("ds");
+    let _cleanup = Cleanup::new(&instance);
+    let id = runtime
+        .create(&create_request(&instance, httpd_spec("web"), "r1"))
+        .await
+        .expect("create");
+    let first = runtime.inspect(&id).await.unwrap();
+
+    runtime.stop(&id, GRACE).await.expect("stop");
+    let stopped = runtime.inspect(&id).await.unwrap();
+    assert_eq!(stopped.status, ContainerStatus::Exited);
+    assert!(
+        runtime.binds(&id).await.unwrap().is_empty(),
+        "a stopped container has no binds"
+    );
+    runtime
+        .stop(&id, GRACE)
+        .await
+        .expect("stopping a stopped container is fine");
+
+    runtime.start(&id).await.expect("start");
+    let started = runtime.inspect(&id).await.unwrap();
+    assert_eq!(started.status, ContainerStatus::Running);
+    assert!(
+        started.started_at > first.started_at,
+        "a start is a new execution"
+    );
+    runtime
+        .start(&id)
+        .await
+        .expect("starting a running container is fine");
+
+    runtime.restart(&id, GRACE).await.expect("restart");
+    let restarted = runtime.inspect(&id).await.unwrap();
+    assert_eq!(restarted.status, ContainerStatus::Running);
+    assert!(
+        restarted.started_at > started.started_at,
+        "a restart is a new execution"
+    );
+    assert!(runtime.binds(&id).await.unwrap().contains_key(&HTTP_PORT));
+}
+
+#[tokio::test]
+async fn remove_deletes_and_not_found_counts_as_removed() {
+    let runtime = runtime().await;
+    let instance = unique("dm");
+    let _cleanup = Cleanup::new(&instance);
+    let id = runtime
+        .create(&create_request(&instance, httpd_spec("web"), "r1"))
+        .await
+        .expect("create");
+    runtime
+        .remove(&id)
+        .await
+        .expect("remove a running container");
+    assert_eq!(runtime.inspect(&id).await, Err(RuntimeError::NotFound));
+    runtime.remove(&id).await.expect("removing twice is fine");
+}
+
+#[tokio::test]
+async fn an_absent_container_is_not_found_for_every_call() {
+    let runtime = runtime().await;
+    let id = ContainerId::new(unique("absent"));
+    assert_eq!(runtime.inspect(&id).await, Err(RuntimeError::NotFound));
+    assert_eq!(runtime.start(&id).await, Err(RuntimeError::NotFound));
+    assert_eq!(runtime.stop(&id, GRACE).await, Err(RuntimeError::NotFound));
+    assert_eq!(
+        runtime.restart(&id, GRACE).await,
+        Err(RuntimeError::NotFound)
+    );
+    assert_eq!(runtime.health(&id).await, Err(RuntimeError::NotFound));
+    assert_eq!(runtime.binds(&id).await, Err(RuntimeError::NotFound));
+    assert_eq!(runtime.remove(&id).await, Ok(()));
+}
+
+#[tokio::test]
+async fn a_killed_container_is_observed_exited() {
+    let runtime = runtime().await;
+    let instance = unique("dk");
+    let _cleanup = Cleanup::new(&instance);
+    let id = runtime
+        .create(&create_request(&instance, httpd_spec("web"), "r1"))
+        .await
+        .expect("create");
+    docker(&["kill", id.as_str()]).expect("docker kill");
+    let observation = runtime.inspect(&id).await.unwrap();
+    assert_eq!(observation.status, ContainerStatus::Exited);
+    assert!(observation.started_at.is_some(), "it did run once");
+}
+
+#[tokio::test]
+async fn remove_refuses_a_container_stead_does_not_own() {
+    let runtime = runtime().await;
+    let name = unique("foreign");
+    let mut cleanup = Cleanup::new(&name);
+    cleanup.extra.push(name.clone());
+    let id = docker(&["run", "-d", "--name", &name, TEST_IMAGE]).expect("docker run");
+
+    let refused = runtime.remove(&ContainerId::new(id.clone())).await;
+    let Err(RuntimeError::Transient(message)) = refused else {
+        panic!("removing a foreign container must fail, got {refused:?}");
+    };
+    assert!(message.contains(LABEL_MANAGED), "{message}");
+    let status = docker(&["inspect", "--format", "{{.State.Status}}", &id]);
+    assert_eq!(
+        status.unwrap(),
+        "running",
+        "the foreign container is untouched"
+    );
+}
+
+#[tokio::test]
+async fn a_container_without_healthcheck_reports_no_health() {
+    let runtime = runtime().await;
+    let instance = unique("dh");
+    let _cleanup = Cleanup::new(&instance);
+    let mut spec = httpd_spec("web");
+    spec.healthcheck = None;
+    let id = runtime
+        .create(&create_request(&instance, spec, "r1"))
+        .await
+        .expect("create");
+    assert_eq!(runtime.health(&id).await, Ok(Health::None));
+}
+
+#[tokio::test]
+async fn a_failing_healthcheck_turns_unhealthy() {
+    let runtime = runtime().await;
+    let instance = unique("du");
+    let _cleanup = Cleanup::new(&instance);
+    let mut spec = httpd_spec("web");
+    // Nothing listens on 9, so wget fails every time.
+    spec.healthcheck.as_mut().unwrap().command = ["wget", "-q", "-O-", "http://127.0.0.1:9/"]
+        .map(str::to_owned)
+        .to_vec();
+    let id = runtime
+        .create(&create_request(&instance, spec, "r1"))
+        .await
+        .expect("create");
+    wait_for_health(&runtime, &id, Health::Unhealthy).await;
+}
+
+#[tokio::test]
+async fn a_missing_image_gives_an_error_naming_it() {
+    let runtime = runtime().await;
+    let instance = unique("di");
+    let _cleanup = Cleanup::new(&instance);
+    let mut spec = httpd_spec("web");
+    spec.image = "stead-test/no-such-image:1".to_owned();
+    let result = runtime.create(&create_request(&instance, spec, "r1")).await;
+    let Err(RuntimeError::Transient(message)) = result else {
+        panic!("a missing image must fail, got {result:?}");
+    };
+    assert!(message.contains("stead-test/no-such-image:1"), "{message}");
+}
+
+#[tokio::test]
+async fn unless_stopped_is_available_for_the_native_restart_race() {
+    let config = DockerConfig {
+        native_restart: NativeRestart::UnlessStopped,
+        ..DockerConfig::default()
+    };
+    let runtime = runtime_with(config).await;
+    let instance = unique("dn");
+    let _cleanup = Cleanup::new(&instance);
+    let id = runtime
+        .create(&create_request(&instance, httpd_spec("web"), "r1"))
+        .await
+        .expect("create");
+    let policy = docker(&[
+        "inspect",
+        "--format",
+        "{{.HostConfig.RestartPolicy.Name}}",
+        id.as_str(),
+    ]);
+    assert_eq!(policy.unwrap(), "unless-stopped");
+}
+
+#[tokio::test]
+async fn events_yield_die_after_a_kill() {
+    let runtime = runtime().await;
+    let instance = unique("de");
+    let _cleanup = Cleanup::new(&instance);
+    let mut events = runtime.events(stead::core::types::Timestamp::now());
+    let id = runtime
+        .create(&create_request(&instance, httpd_spec("web"), "r1"))
+        .await
+        .expect("create");
+    wait_for_health(&runtime, &id, Health::Healthy).await;
+    docker(&["kill", id.as_str()]).expect("docker kill");
+
+    let mut seen = Vec::new();
+    let found = tokio::time::timeout(Duration::from_secs(10), async {
+        while let Some(event) = events.next().await {
+            let event = event.expect("event stream");
+            if event.container != id {
+                continue;
+            }
+            assert_eq!(event.instance.as_str(), instance);
+            assert_eq!(event.service.as_str(), "web");
+            seen.push(event.action);
+            if event.action == RuntimeEventAction::Die {
+                return;
+            }
+        }
+    })
+    .await;
+    assert!(found.is_ok(), "no die event within 10 s; saw {seen:?}");
+    assert_eq!(seen.first(), Some(&RuntimeEventAction::Start), "{seen:?}");
+    assert!(
+        seen.contains(&RuntimeEventAction::HealthStatus(Health::Healthy)),
+        "health events pass the filter too: {seen:?}"
+    );
+}
+
+#[tokio::test]
+async fn docker_provisioner_lists_instances_as_releases_and_uninstalls_them() {
+    let runtime = runtime().await;
+    let instance = unique("dp");
+    let _cleanup = Cleanup::new(&instance);
+    let id = runtime
+        .create(&create_request(&instance, httpd_spec("web"), "r1"))
+        .await
+        .expect("create");
+    let provisioner = DockerProvisioner::new(runtime.clone());
+
+    let releases = provisioner.list_releases().await.expect("list releases");
+    let mine: Vec<_> = releases.iter().filter(|r| r.name == instance).collect();
+    assert_eq!(mine.len(), 1, "one release per instance: {releases:?}");
+
+    provisioner.uninstall(&instance).await.expect("uninstall");
+    assert_eq!(runtime.inspect(&id).await, Err(RuntimeError::NotFound));
+    let error = provisioner
+        .install_or_upgrade(&instance, "1")
+        .await
+        .unwrap_err();
+    assert!(error.0.contains("Runtime::create"), "{error}");
+}
+
+#[tokio::test]
+async fn an_unreachable_socket_fails_naming_it() {
+    let config = DockerConfig {
+        socket_path: "/nonexistent/stead-test.sock".into(),
+        ..DockerConfig::default()
+    };
+    let Err(RuntimeError::Transient(message)) = DockerRuntime::connect(config).await else {
+        panic!("connecting to a missing socket must fail");
+    };
+    assert!(
+        message.contains("/nonexistent/stead-test.sock"),
+        "{message}"
+    );
+    assert!(message.contains("scripts/services up"), "{message}");
+}

@@ -10,3 +10,4 @@
 pub mod fleet;
 pub mod spec;
 pub mod types;
+pub mod window;

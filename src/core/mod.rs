@@ -7,7 +7,9 @@
 //! proptest and under cargo-fuzz. `tests/core_purity.rs` fails the build's
 //! tests if this module gains a forbidden dependency.
 
+pub mod catalog;
 pub mod fleet;
+pub mod plan;
 pub mod spec;
 pub mod types;
 pub mod window;

@@ -330,7 +330,11 @@ impl Checker<'_> {
         let rollout = match raw.rollout.as_deref() {
             None => RolloutState::Active,
             Some(word) => RolloutState::parse(word).map_err(|_| {
-                self.invalid(format!("{at}.rollout"), word, "must be \"active\" or \"halted\"")
+                self.invalid(
+                    format!("{at}.rollout"),
+                    word,
+                    "must be \"active\" or \"halted\"",
+                )
             })?,
         };
         if raw.services.is_empty() || raw.services.len() > SERVICES_MAX {
@@ -460,9 +464,9 @@ impl Checker<'_> {
             ));
         }
         let port_field = format!("{at}.port");
-        let port_value = raw
-            .port
-            .ok_or_else(|| self.invalid(&port_field, "missing", "an http or tcp probe needs a port"))?;
+        let port_value = raw.port.ok_or_else(|| {
+            self.invalid(&port_field, "missing", "an http or tcp probe needs a port")
+        })?;
         let port = self.port(&port_field, port_value)?;
         if !ports.contains(&port) {
             return Err(self.invalid(
@@ -500,7 +504,9 @@ impl Checker<'_> {
             });
         }
         let path = raw.path.unwrap_or_else(|| "/".to_owned());
-        if !path.starts_with('/') || path.len() > ARG_LEN_MAX || path.chars().any(char::is_whitespace)
+        if !path.starts_with('/')
+            || path.len() > ARG_LEN_MAX
+            || path.chars().any(char::is_whitespace)
         {
             return Err(self.invalid(
                 format!("{at}.path"),

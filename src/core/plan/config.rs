@@ -74,7 +74,11 @@ pub enum ConfigError {
     },
 }
 
-fn invalid(field: &'static str, value: impl std::fmt::Debug, reason: impl Into<String>) -> ConfigError {
+fn invalid(
+    field: &'static str,
+    value: impl std::fmt::Debug,
+    reason: impl Into<String>,
+) -> ConfigError {
     let value: String = format!("{value:?}").chars().take(80).collect();
     ConfigError::Invalid {
         field,
@@ -129,7 +133,12 @@ impl ControlConfig {
                 format!("must be between 1 and {MAX_IN_FLIGHT_MAX}"),
             ));
         }
-        check_range("tick_interval_s", self.tick_interval, TICK_INTERVAL_MIN, TICK_INTERVAL_MAX)?;
+        check_range(
+            "tick_interval_s",
+            self.tick_interval,
+            TICK_INTERVAL_MIN,
+            TICK_INTERVAL_MAX,
+        )?;
         check_range("lease_s", self.lease, LEASE_MIN, LEASE_MAX)?;
         check_range(
             "provisioner_timeout_s",
@@ -196,8 +205,12 @@ impl ControlConfig {
                 defaults.provisioner_timeout,
             )
             .map_err(in_file)?,
-            tick_interval: seconds("tick_interval_s", raw.tick_interval_s, defaults.tick_interval)
-                .map_err(in_file)?,
+            tick_interval: seconds(
+                "tick_interval_s",
+                raw.tick_interval_s,
+                defaults.tick_interval,
+            )
+            .map_err(in_file)?,
         };
         config.validate().map_err(in_file)?;
         Ok(config)

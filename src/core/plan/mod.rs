@@ -215,7 +215,13 @@ impl<'s, 'a> Planner<'s, 'a> {
         self.active.get(&instance).copied().unwrap_or_default()
     }
 
-    fn new_task(&self, kind: TaskKind, instance: InstanceId, run_after: Timestamp, reason: String) -> NewTask {
+    fn new_task(
+        &self,
+        kind: TaskKind,
+        instance: InstanceId,
+        run_after: Timestamp,
+        reason: String,
+    ) -> NewTask {
         NewTask {
             kind,
             instance,

@@ -19,13 +19,11 @@ fn compare_numeric(a: &str, b: &str) -> Option<Ordering> {
     let parts = |v: &str| {
         let v = v.strip_prefix('v').unwrap_or(v);
         let mut out = [0u64; VERSION_COMPONENTS_MAX];
-        let mut n = 0;
-        for part in v.split('.') {
+        for (n, part) in v.split('.').enumerate() {
             if n == VERSION_COMPONENTS_MAX || part.is_empty() {
                 return None;
             }
             out[n] = part.parse().ok()?;
-            n += 1;
         }
         Some(out)
     };
@@ -108,7 +106,9 @@ impl Planner<'_, '_> {
         let mut candidates: Vec<(&Instance, &CatalogEntry)> = Vec::new();
         for instance in &snapshot.instances {
             match snapshot.catalog.get(&instance.service_type) {
-                Some(entry) if self.upgradable(instance, entry) => candidates.push((instance, entry)),
+                Some(entry) if self.upgradable(instance, entry) => {
+                    candidates.push((instance, entry))
+                }
                 Some(_) => {}
                 None if instance.state == InstanceState::Ready => {
                     plan.reports.push(Report::UnknownServiceType {
@@ -144,7 +144,10 @@ impl Planner<'_, '_> {
                             plan.reports.push(Report::BadWindow {
                                 instance: instance.id,
                                 name: instance.name.clone(),
-                                window: spec.chars().take(crate::core::window::WINDOW_SPEC_LEN_MAX).collect(),
+                                window: spec
+                                    .chars()
+                                    .take(crate::core::window::WINDOW_SPEC_LEN_MAX)
+                                    .collect(),
                                 error: error.clone(),
                             });
                             continue;

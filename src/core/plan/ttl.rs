@@ -16,9 +16,7 @@ impl Planner<'_, '_> {
         for instance in &snapshot.instances {
             let reason = match instance.state {
                 InstanceState::Deleted => continue,
-                InstanceState::Deleting => {
-                    "deleting without a deprovision task".to_owned()
-                }
+                InstanceState::Deleting => "deleting without a deprovision task".to_owned(),
                 _ if is_expired(instance, snapshot.now) => match instance.expires_at {
                     Some(at) => format!("ttl: expired at {at}"),
                     None => continue,

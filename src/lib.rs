@@ -11,5 +11,6 @@
 //! - `adapters` (feature `io`) are the real implementations: SQLite/Postgres,
 //!   Docker, Caddy, Helm, HTTP/TCP probes.
 
+pub mod config;
 pub mod core;
 pub mod ports;

@@ -13,6 +13,7 @@
 
 #[cfg(all(feature = "io", not(madsim)))]
 pub mod adapters;
+pub mod config;
 pub mod core;
 pub mod engine;
 pub mod ports;

@@ -8,11 +8,14 @@
 //! tests if this module gains a forbidden dependency.
 
 pub mod budget;
+pub mod catalog;
 pub mod fleet;
 pub mod memory;
+pub mod plan;
 pub mod policy;
 pub mod recovery;
 pub mod retire;
 pub mod spec;
 pub mod types;
+pub mod window;
 pub mod world;

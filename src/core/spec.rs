@@ -1,6 +1,6 @@
 //! What a service should look like: the catalog's description of one
 //! workload, as the provisioner creates it and the probes verify it.
-//! Plain data; loading and validation live in `control::catalog`.
+//! Plain data; loading and validation live in `core::catalog`.
 
 use std::time::Duration;
 

@@ -1,0 +1,525 @@
+//! The catalog: which service types exist, at which version, and what their
+//! services look like. Read from a TOML file whose *contents* the caller
+//! passes in (reading the file is I/O and lives in `crate::config`), validated
+//! once here, and turned into [`ServiceSpec`]s. The catalog is a config
+//! format, which is why this one core module uses serde.
+//!
+//! Every error names the file, the field (as a dotted path such as
+//! `types.wiki.services[0].ports[1]`) and the offending value.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use serde::Deserialize;
+
+use super::fleet::RolloutState;
+use super::spec::{Healthcheck, ReadinessProbe, ServiceSpec};
+use super::types::ServiceName;
+
+/// Largest catalog file accepted, in bytes.
+pub const CATALOG_LEN_MAX: usize = 1 << 20;
+/// Most service types in one catalog.
+pub const SERVICE_TYPES_MAX: usize = 256;
+/// Most services in one service type.
+pub const SERVICES_MAX: usize = 32;
+/// Most published ports of one service.
+pub const PORTS_MAX: usize = 32;
+/// Most arguments in one command vector, and the longest argument.
+pub const ARGS_MAX: usize = 64;
+pub const ARG_LEN_MAX: usize = 1024;
+/// Longest image reference and version string.
+pub const IMAGE_LEN_MAX: usize = 256;
+pub const VERSION_LEN_MAX: usize = 64;
+/// Longest service-type or service name: a DNS label, since both end up in
+/// release and container names.
+pub const NAME_LEN_MAX: usize = 63;
+/// Longest any configured duration (grace, probe timeout or interval) may be.
+pub const DURATION_MS_MAX: i64 = 3_600_000;
+/// Most probe attempts or healthcheck retries.
+pub const ATTEMPTS_MAX: i64 = 1000;
+
+const STOP_GRACE_MS_DEFAULT: i64 = 10_000;
+const HEALTHCHECK_INTERVAL_MS_DEFAULT: i64 = 10_000;
+const HEALTHCHECK_TIMEOUT_MS_DEFAULT: i64 = 5_000;
+const HEALTHCHECK_RETRIES_DEFAULT: i64 = 3;
+const PROBE_TIMEOUT_MS_DEFAULT: i64 = 2_000;
+const PROBE_INTERVAL_MS_DEFAULT: i64 = 1_000;
+const PROBE_ATTEMPTS_MAX_DEFAULT: i64 = 30;
+
+/// One service type of the catalog.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct CatalogEntry {
+    pub service_type: String,
+    /// The version every instance of this type should run.
+    pub version: String,
+    /// A security release: its upgrades ignore maintenance windows.
+    pub security: bool,
+    /// The rollout switch as the catalog file sets it. The store's rollout
+    /// table can halt a type too; either one halting wins.
+    pub rollout: RolloutState,
+    pub services: Vec<ServiceSpec>,
+}
+
+/// A validated catalog, keyed by service type (iterated in name order).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Catalog {
+    entries: BTreeMap<String, CatalogEntry>,
+}
+
+impl Catalog {
+    /// Builds a catalog from entries already known to be valid (tests, the
+    /// simulation). Files go through [`Catalog::from_toml`].
+    pub fn from_entries(entries: impl IntoIterator<Item = CatalogEntry>) -> Catalog {
+        Catalog {
+            entries: entries
+                .into_iter()
+                .map(|e| (e.service_type.clone(), e))
+                .collect(),
+        }
+    }
+
+    pub fn get(&self, service_type: &str) -> Option<&CatalogEntry> {
+        self.entries.get(service_type)
+    }
+
+    /// Entries in service-type order.
+    pub fn entries(&self) -> impl Iterator<Item = &CatalogEntry> {
+        self.entries.values()
+    }
+
+    pub fn len(&self) -> usize {
+        self.entries.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.entries.is_empty()
+    }
+
+    /// Parses and validates a catalog. `file` only labels errors.
+    pub fn from_toml(contents: &str, file: &str) -> Result<Catalog, CatalogError> {
+        if contents.len() > CATALOG_LEN_MAX {
+            return Err(CatalogError::TooLarge {
+                file: file.to_owned(),
+                len: contents.len(),
+            });
+        }
+        let raw: RawCatalog = toml::from_str(contents).map_err(|e| CatalogError::Syntax {
+            file: file.to_owned(),
+            message: describe_toml_error(&e, contents),
+        })?;
+        let check = Checker { file };
+        if raw.types.len() > SERVICE_TYPES_MAX {
+            return Err(check.invalid(
+                "types",
+                raw.types.len(),
+                format!("at most {SERVICE_TYPES_MAX} service types"),
+            ));
+        }
+        let mut entries = BTreeMap::new();
+        for (name, raw_type) in raw.types {
+            let entry = check.service_type(&name, raw_type)?;
+            entries.insert(name, entry);
+        }
+        Ok(Catalog { entries })
+    }
+}
+
+/// Why a catalog was rejected.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum CatalogError {
+    #[error("{file}: cannot read the catalog: {reason}")]
+    Read { file: String, reason: String },
+    #[error("{file}: the catalog is {len} bytes; at most {max} are allowed", max = CATALOG_LEN_MAX)]
+    TooLarge { file: String, len: usize },
+    #[error("{file}: {message}")]
+    Syntax { file: String, message: String },
+    #[error("{file}: {field} = {value}: {reason}")]
+    Invalid {
+        file: String,
+        field: String,
+        value: String,
+        reason: String,
+    },
+}
+
+/// One line of the TOML error, prefixed with its position: toml's own
+/// message already names the key (`unknown field `imgae``, `invalid type`).
+fn describe_toml_error(error: &toml::de::Error, contents: &str) -> String {
+    let message = error.message().trim();
+    match error.span() {
+        Some(span) => {
+            let before = &contents[..span.start.min(contents.len())];
+            let line = before.matches('\n').count() + 1;
+            let column = before.rsplit('\n').next().map_or(0, |l| l.chars().count()) + 1;
+            format!("line {line}, column {column}: {message}")
+        }
+        None => message.to_owned(),
+    }
+}
+
+// --- the file format ---------------------------------------------------------
+//
+// Numbers are read as i64 so that a negative or huge value reaches the
+// validator, which names field and value, instead of failing inside serde.
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawCatalog {
+    #[serde(default)]
+    types: BTreeMap<String, RawType>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawType {
+    version: String,
+    #[serde(default)]
+    security: bool,
+    rollout: Option<String>,
+    services: Vec<RawService>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawService {
+    name: String,
+    image: String,
+    #[serde(default)]
+    command: Vec<String>,
+    #[serde(default)]
+    ports: Vec<i64>,
+    healthcheck: Option<RawHealthcheck>,
+    readiness: Option<RawReadiness>,
+    stop_grace_ms: Option<i64>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawHealthcheck {
+    command: Vec<String>,
+    interval_ms: Option<i64>,
+    timeout_ms: Option<i64>,
+    retries: Option<i64>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawReadiness {
+    kind: String,
+    port: Option<i64>,
+    path: Option<String>,
+    timeout_ms: Option<i64>,
+    interval_ms: Option<i64>,
+    attempts_max: Option<i64>,
+}
+
+// --- validation --------------------------------------------------------------
+
+/// Longest value quoted back in an error message.
+const ERROR_VALUE_LEN_MAX: usize = 80;
+
+struct Checker<'a> {
+    file: &'a str,
+}
+
+impl Checker<'_> {
+    fn invalid(
+        &self,
+        field: impl Into<String>,
+        value: impl std::fmt::Debug,
+        reason: impl Into<String>,
+    ) -> CatalogError {
+        let mut value = format!("{value:?}");
+        if value.chars().count() > ERROR_VALUE_LEN_MAX {
+            value = value.chars().take(ERROR_VALUE_LEN_MAX).collect::<String>() + "…";
+        }
+        CatalogError::Invalid {
+            file: self.file.to_owned(),
+            field: field.into(),
+            value,
+            reason: reason.into(),
+        }
+    }
+
+    fn name(&self, field: &str, value: &str) -> Result<(), CatalogError> {
+        let ok = !value.is_empty()
+            && value.len() <= NAME_LEN_MAX
+            && value.starts_with(|c: char| c.is_ascii_lowercase() || c.is_ascii_digit())
+            && value
+                .chars()
+                .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-');
+        if ok {
+            Ok(())
+        } else {
+            Err(self.invalid(
+                field,
+                value,
+                format!("must be 1 to {NAME_LEN_MAX} of a-z, 0-9 and '-', starting with a letter or digit"),
+            ))
+        }
+    }
+
+    fn text(&self, field: &str, value: &str, len_max: usize) -> Result<(), CatalogError> {
+        if value.is_empty() || value.len() > len_max || value.chars().any(char::is_whitespace) {
+            return Err(self.invalid(
+                field,
+                value,
+                format!("must be 1 to {len_max} bytes without whitespace"),
+            ));
+        }
+        Ok(())
+    }
+
+    fn argv(&self, field: &str, args: &[String], required: bool) -> Result<(), CatalogError> {
+        if required && args.is_empty() {
+            return Err(self.invalid(field, args, "must name a program to run"));
+        }
+        if args.len() > ARGS_MAX {
+            return Err(self.invalid(field, args.len(), format!("at most {ARGS_MAX} arguments")));
+        }
+        for (i, arg) in args.iter().enumerate() {
+            if arg.len() > ARG_LEN_MAX {
+                return Err(self.invalid(
+                    format!("{field}[{i}]"),
+                    arg,
+                    format!("at most {ARG_LEN_MAX} bytes"),
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    fn duration(
+        &self,
+        field: &str,
+        value: Option<i64>,
+        default_ms: i64,
+        min_ms: i64,
+    ) -> Result<Duration, CatalogError> {
+        let ms = value.unwrap_or(default_ms);
+        if !(min_ms..=DURATION_MS_MAX).contains(&ms) {
+            return Err(self.invalid(
+                field,
+                ms,
+                format!("must be between {min_ms} and {DURATION_MS_MAX} milliseconds"),
+            ));
+        }
+        // The range check above makes the value non-negative.
+        Ok(Duration::from_millis(ms.unsigned_abs()))
+    }
+
+    fn count(&self, field: &str, value: Option<i64>, default: i64) -> Result<u32, CatalogError> {
+        let n = value.unwrap_or(default);
+        if !(1..=ATTEMPTS_MAX).contains(&n) {
+            return Err(self.invalid(field, n, format!("must be between 1 and {ATTEMPTS_MAX}")));
+        }
+        u32::try_from(n).map_err(|_| self.invalid(field, n, "out of range"))
+    }
+
+    fn port(&self, field: &str, value: i64) -> Result<u16, CatalogError> {
+        u16::try_from(value)
+            .ok()
+            .filter(|p| *p != 0)
+            .ok_or_else(|| self.invalid(field, value, "must be a port between 1 and 65535"))
+    }
+
+    fn service_type(&self, name: &str, raw: RawType) -> Result<CatalogEntry, CatalogError> {
+        let at = format!("types.{name}");
+        self.name(&at, name)?;
+        self.text(&format!("{at}.version"), &raw.version, VERSION_LEN_MAX)?;
+        let rollout = match raw.rollout.as_deref() {
+            None => RolloutState::Active,
+            Some(word) => RolloutState::parse(word).map_err(|_| {
+                self.invalid(
+                    format!("{at}.rollout"),
+                    word,
+                    "must be \"active\" or \"halted\"",
+                )
+            })?,
+        };
+        if raw.services.is_empty() || raw.services.len() > SERVICES_MAX {
+            return Err(self.invalid(
+                format!("{at}.services"),
+                raw.services.len(),
+                format!("a service type needs 1 to {SERVICES_MAX} services"),
+            ));
+        }
+        let mut services: Vec<ServiceSpec> = Vec::with_capacity(raw.services.len());
+        for (i, raw_service) in raw.services.into_iter().enumerate() {
+            let service = self.service(&format!("{at}.services[{i}]"), raw_service)?;
+            if services.iter().any(|s| s.name == service.name) {
+                return Err(self.invalid(
+                    format!("{at}.services[{i}].name"),
+                    service.name.as_str(),
+                    "duplicate service name",
+                ));
+            }
+            services.push(service);
+        }
+        Ok(CatalogEntry {
+            service_type: name.to_owned(),
+            version: raw.version,
+            security: raw.security,
+            rollout,
+            services,
+        })
+    }
+
+    fn service(&self, at: &str, raw: RawService) -> Result<ServiceSpec, CatalogError> {
+        self.name(&format!("{at}.name"), &raw.name)?;
+        self.text(&format!("{at}.image"), &raw.image, IMAGE_LEN_MAX)?;
+        self.argv(&format!("{at}.command"), &raw.command, false)?;
+        if raw.ports.len() > PORTS_MAX {
+            return Err(self.invalid(
+                format!("{at}.ports"),
+                raw.ports.len(),
+                format!("at most {PORTS_MAX} ports"),
+            ));
+        }
+        let mut ports = Vec::with_capacity(raw.ports.len());
+        for (i, &value) in raw.ports.iter().enumerate() {
+            let port = self.port(&format!("{at}.ports[{i}]"), value)?;
+            if ports.contains(&port) {
+                return Err(self.invalid(format!("{at}.ports[{i}]"), value, "duplicate port"));
+            }
+            ports.push(port);
+        }
+        let healthcheck = match raw.healthcheck {
+            None => None,
+            Some(raw) => Some(self.healthcheck(&format!("{at}.healthcheck"), raw)?),
+        };
+        let readiness = match raw.readiness {
+            None => ReadinessProbe::None,
+            Some(raw) => self.readiness(&format!("{at}.readiness"), raw, &ports)?,
+        };
+        let stop_grace = self.duration(
+            &format!("{at}.stop_grace_ms"),
+            raw.stop_grace_ms,
+            STOP_GRACE_MS_DEFAULT,
+            0,
+        )?;
+        Ok(ServiceSpec {
+            name: ServiceName::new(raw.name),
+            image: raw.image,
+            command: raw.command,
+            ports,
+            healthcheck,
+            readiness,
+            stop_grace,
+        })
+    }
+
+    fn healthcheck(&self, at: &str, raw: RawHealthcheck) -> Result<Healthcheck, CatalogError> {
+        self.argv(&format!("{at}.command"), &raw.command, true)?;
+        Ok(Healthcheck {
+            command: raw.command,
+            interval: self.duration(
+                &format!("{at}.interval_ms"),
+                raw.interval_ms,
+                HEALTHCHECK_INTERVAL_MS_DEFAULT,
+                1,
+            )?,
+            timeout: self.duration(
+                &format!("{at}.timeout_ms"),
+                raw.timeout_ms,
+                HEALTHCHECK_TIMEOUT_MS_DEFAULT,
+                1,
+            )?,
+            retries: self.count(
+                &format!("{at}.retries"),
+                raw.retries,
+                HEALTHCHECK_RETRIES_DEFAULT,
+            )?,
+        })
+    }
+
+    fn readiness(
+        &self,
+        at: &str,
+        raw: RawReadiness,
+        ports: &[u16],
+    ) -> Result<ReadinessProbe, CatalogError> {
+        if raw.kind == "none" {
+            let stray = [
+                ("port", raw.port.is_some()),
+                ("path", raw.path.is_some()),
+                ("timeout_ms", raw.timeout_ms.is_some()),
+                ("interval_ms", raw.interval_ms.is_some()),
+                ("attempts_max", raw.attempts_max.is_some()),
+            ];
+            if let Some((field, _)) = stray.iter().find(|(_, set)| *set) {
+                return Err(self.invalid(
+                    format!("{at}.{field}"),
+                    "set",
+                    "a readiness probe of kind \"none\" takes no other fields",
+                ));
+            }
+            return Ok(ReadinessProbe::None);
+        }
+        if raw.kind != "http" && raw.kind != "tcp" {
+            return Err(self.invalid(
+                format!("{at}.kind"),
+                &raw.kind,
+                "must be \"http\", \"tcp\" or \"none\"",
+            ));
+        }
+        let port_field = format!("{at}.port");
+        let port_value = raw.port.ok_or_else(|| {
+            self.invalid(&port_field, "missing", "an http or tcp probe needs a port")
+        })?;
+        let port = self.port(&port_field, port_value)?;
+        if !ports.contains(&port) {
+            return Err(self.invalid(
+                &port_field,
+                port_value,
+                "the probe must dial one of the service's ports",
+            ));
+        }
+        let timeout = self.duration(
+            &format!("{at}.timeout_ms"),
+            raw.timeout_ms,
+            PROBE_TIMEOUT_MS_DEFAULT,
+            1,
+        )?;
+        let interval = self.duration(
+            &format!("{at}.interval_ms"),
+            raw.interval_ms,
+            PROBE_INTERVAL_MS_DEFAULT,
+            1,
+        )?;
+        let attempts_max = self.count(
+            &format!("{at}.attempts_max"),
+            raw.attempts_max,
+            PROBE_ATTEMPTS_MAX_DEFAULT,
+        )?;
+        if raw.kind == "tcp" {
+            if let Some(path) = raw.path {
+                return Err(self.invalid(format!("{at}.path"), path, "a tcp probe has no path"));
+            }
+            return Ok(ReadinessProbe::Tcp {
+                port,
+                timeout,
+                interval,
+                attempts_max,
+            });
+        }
+        let path = raw.path.unwrap_or_else(|| "/".to_owned());
+        if !path.starts_with('/')
+            || path.len() > ARG_LEN_MAX
+            || path.chars().any(char::is_whitespace)
+        {
+            return Err(self.invalid(
+                format!("{at}.path"),
+                path,
+                "must start with '/' and contain no whitespace",
+            ));
+        }
+        Ok(ReadinessProbe::Http {
+            port,
+            path,
+            timeout,
+            interval,
+            attempts_max,
+        })
+    }
+}

@@ -1,0 +1,73 @@
+//! C5: live releases against the instances the database says are ready.
+
+use std::collections::{BTreeSet, HashSet};
+
+use super::{is_expired, Decision, Notice, Plan, Planner, Report};
+use crate::core::fleet::{InstanceState, TaskKind};
+
+impl Planner<'_, '_> {
+    /// A ready instance whose release is gone gets one `reprovision` (safe:
+    /// provisioning is install-or-upgrade on the instance's deterministic
+    /// release name) and a notification, unless a reprovision is already
+    /// queued or running. Expired instances are left to the TTL check.
+    ///
+    /// A live release no instance names is reported at error level every
+    /// tick and never deleted: "the database does not know it" is one query
+    /// against one database, and the release may belong to someone else.
+    ///
+    /// Plans nothing when the releases could not be listed.
+    pub fn drift(&self) -> Plan {
+        let snapshot = self.snapshot;
+        let Some(live) = &self.live else {
+            return Plan::default();
+        };
+        let namespace = snapshot.config.namespace.as_str();
+        let mut plan = Plan::default();
+        for instance in &snapshot.instances {
+            if instance.state != InstanceState::Ready || is_expired(instance, snapshot.now) {
+                continue;
+            }
+            if live.contains(&(instance.name.as_str(), namespace)) {
+                continue;
+            }
+            if self.active_kinds(instance.id).has(TaskKind::Reprovision) {
+                continue;
+            }
+            let reason = format!(
+                "drift: release {} missing from namespace {namespace}",
+                instance.name
+            );
+            plan.decisions.push(Decision::Enqueue(self.new_task(
+                TaskKind::Reprovision,
+                instance.id,
+                snapshot.now,
+                reason.clone(),
+            )));
+            plan.decisions.push(Decision::Notify(Notice {
+                event: "drift.release_missing",
+                instance: instance.id,
+                team: instance.team.clone(),
+                message: format!("reprovisioning {}: {reason}", instance.name),
+            }));
+        }
+        // Every instance the database has not finished deleting owns its
+        // release name; a deleted one does not, so its leftover is an orphan.
+        let known: HashSet<&str> = snapshot
+            .instances
+            .iter()
+            .filter(|i| i.state != InstanceState::Deleted)
+            .map(|i| i.name.as_str())
+            .collect();
+        let orphans: BTreeSet<(&str, &str)> = live
+            .iter()
+            .filter(|(name, ns)| *ns != namespace || !known.contains(name))
+            .copied()
+            .collect();
+        plan.reports
+            .extend(orphans.into_iter().map(|(name, ns)| Report::OrphanRelease {
+                name: name.to_owned(),
+                namespace: ns.to_owned(),
+            }));
+        plan
+    }
+}

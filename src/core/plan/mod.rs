@@ -1,0 +1,353 @@
+//! The four checks of the control loop (DESIGN.md C5–C8) as pure planners.
+//!
+//! A planner reads a [`Snapshot`] — instances, active tasks, live releases,
+//! catalog, rollout switches, `now` and the [`ControlConfig`] — and returns a
+//! [`Plan`]: [`Decision`]s for the engine to carry out through the `Store`,
+//! and [`Report`]s for it to log. Planners never act, never read a clock and
+//! never fail; bad data of one instance becomes a report about that
+//! instance and the others are planned as usual.
+//!
+//! **Idempotence.** Planning again on a snapshot that already contains the
+//! effects of a plan's decisions ([`Snapshot::apply`]) yields no decision.
+//! Reports are not decisions: an orphan release is reported every tick on
+//! purpose, so that a human notices.
+//!
+//! How the engine carries out a decision:
+//!
+//! | decision | store call |
+//! | --- | --- |
+//! | [`Decision::Enqueue`] | `enqueue(task, now, fence)` (the database refuses a second active task per instance and kind) |
+//! | [`Decision::Expire`] | `expire_instance(instance, from, task, now, fence)` (compare-and-set plus insert, one transaction) |
+//! | [`Decision::RequeueExpiredLease`] | one `reset_expired_leases(now, config.lease, fence)` per tick, which applies the same rule |
+//! | [`Decision::Notify`] | `Notifier`; a failure is logged and never aborts the tick |
+//! | [`Decision::HaltRollout`] | `set_rollout(service_type, Halted, reason, now)` |
+
+mod config;
+mod drift;
+mod lease;
+mod rollout;
+mod ttl;
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+
+pub use config::{ConfigError, ControlConfig, MAX_IN_FLIGHT_MAX};
+pub use rollout::{halt_after_failed_upgrade, is_behind};
+
+use super::catalog::Catalog;
+use super::fleet::{
+    Instance, InstanceId, InstanceState, NewTask, RolloutState, Task, TaskId, TaskKind, TaskState,
+};
+use super::types::{InstanceName, Timestamp};
+use super::window::WindowError;
+use crate::ports::Release;
+
+/// Everything the planners look at, read once per tick.
+#[derive(Clone, Debug)]
+pub struct Snapshot<'a> {
+    pub now: Timestamp,
+    pub instances: Vec<Instance>,
+    /// The queued and running tasks. Finished tasks may be present; they
+    /// are ignored.
+    pub tasks: Vec<Task>,
+    /// The provisioner's live releases; `None` when listing them failed this
+    /// tick, in which case drift plans nothing rather than mistaking an
+    /// unreachable provisioner for a fleet without releases.
+    pub releases: Option<Vec<Release>>,
+    pub catalog: &'a Catalog,
+    /// Rollout switches from the store, per service type; a type without an
+    /// entry is active (unless the catalog itself halts it).
+    pub rollouts: BTreeMap<String, RolloutState>,
+    pub config: &'a ControlConfig,
+    /// W3C trace context of the tick; every enqueued task carries it (C9).
+    pub traceparent: Option<String>,
+}
+
+/// What a planner decided: effects for the engine, reports for the log.
+#[must_use]
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Plan {
+    pub decisions: Vec<Decision>,
+    pub reports: Vec<Report>,
+}
+
+impl Plan {
+    fn extend(&mut self, other: Plan) {
+        self.decisions.extend(other.decisions);
+        self.reports.extend(other.reports);
+    }
+}
+
+/// One effect the engine should carry out.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Decision {
+    /// Insert a task (drift's reprovision, version drift's upgrade).
+    Enqueue(NewTask),
+    /// Move `instance` from `from` to `deleting` and insert `task` (a
+    /// deprovision) in one compare-and-set transaction (C7).
+    Expire {
+        instance: InstanceId,
+        from: InstanceState,
+        task: NewTask,
+    },
+    /// Put a running task whose lease ran out back to `queued`, clearing
+    /// `locked_by` and keeping its attempts (C6).
+    RequeueExpiredLease {
+        task: TaskId,
+        locked_by: Option<String>,
+        locked_at: Option<Timestamp>,
+        attempts: u32,
+    },
+    /// Tell a human; best-effort.
+    Notify(Notice),
+    /// Stop a service type's rollout (from [`halt_after_failed_upgrade`]).
+    HaltRollout {
+        service_type: String,
+        reason: String,
+    },
+}
+
+/// A notification about one instance.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Notice {
+    /// A stable event name (`drift.release_missing`).
+    pub event: &'static str,
+    pub instance: InstanceId,
+    pub team: String,
+    pub message: String,
+}
+
+/// How loudly the engine should log a report.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Level {
+    Warn,
+    Error,
+}
+
+/// Something worth logging that changes nothing.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Report {
+    /// A live release the database does not know. Never deleted: it might
+    /// belong to another team or tool; a human decides (C5).
+    OrphanRelease { name: String, namespace: String },
+    /// An instance's maintenance window did not parse; its upgrade was
+    /// skipped this tick and every other instance was planned (C8).
+    BadWindow {
+        instance: InstanceId,
+        name: InstanceName,
+        window: String,
+        error: WindowError,
+    },
+    /// A running task without `locked_at` (a row written by another tool).
+    /// No lease can be broken early, so it was requeued.
+    RunningWithoutLease { task: TaskId },
+    /// An instance of a service type the catalog does not list; it is
+    /// never upgraded.
+    UnknownServiceType {
+        instance: InstanceId,
+        service_type: String,
+    },
+}
+
+impl Report {
+    pub fn level(&self) -> Level {
+        match self {
+            Self::OrphanRelease { .. } => Level::Error,
+            Self::BadWindow { .. } | Self::RunningWithoutLease { .. } => Level::Warn,
+            Self::UnknownServiceType { .. } => Level::Warn,
+        }
+    }
+}
+
+/// Kinds of queued-or-running tasks of one instance, one bit per kind.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+struct ActiveKinds(u8);
+
+impl ActiveKinds {
+    fn bit(kind: TaskKind) -> u8 {
+        1 << (kind as u8)
+    }
+
+    fn has(self, kind: TaskKind) -> bool {
+        self.0 & Self::bit(kind) != 0
+    }
+
+    fn any(self) -> bool {
+        self.0 != 0
+    }
+}
+
+/// A snapshot with the indexes every planner needs, built once so the four
+/// planners together stay linear in the fleet's size.
+pub struct Planner<'s, 'a> {
+    snapshot: &'s Snapshot<'a>,
+    active: HashMap<InstanceId, ActiveKinds>,
+    upgrades_in_flight: usize,
+    /// `(name, namespace)` of live releases; `None` when unknown.
+    live: Option<HashSet<(&'s str, &'s str)>>,
+}
+
+impl<'s, 'a> Planner<'s, 'a> {
+    pub fn new(snapshot: &'s Snapshot<'a>) -> Self {
+        let mut active: HashMap<InstanceId, ActiveKinds> =
+            HashMap::with_capacity(snapshot.tasks.len());
+        let mut upgrades_in_flight = 0;
+        for task in snapshot.tasks.iter().filter(|t| t.state.is_active()) {
+            active.entry(task.instance).or_default().0 |= ActiveKinds::bit(task.kind);
+            if task.kind == TaskKind::Upgrade {
+                upgrades_in_flight += 1;
+            }
+        }
+        let live = snapshot.releases.as_ref().map(|releases| {
+            releases
+                .iter()
+                .map(|r| (r.name.as_str(), r.namespace.as_str()))
+                .collect()
+        });
+        Self {
+            snapshot,
+            active,
+            upgrades_in_flight,
+            live,
+        }
+    }
+
+    fn active_kinds(&self, instance: InstanceId) -> ActiveKinds {
+        self.active.get(&instance).copied().unwrap_or_default()
+    }
+
+    fn new_task(
+        &self,
+        kind: TaskKind,
+        instance: InstanceId,
+        run_after: Timestamp,
+        reason: String,
+    ) -> NewTask {
+        NewTask {
+            kind,
+            instance,
+            run_after,
+            reason,
+            traceparent: self.snapshot.traceparent.clone(),
+        }
+    }
+
+    /// All four checks, in the tick's order: drift, lease expiry, TTL,
+    /// version drift.
+    pub fn all(&self) -> Plan {
+        let mut plan = self.drift();
+        plan.extend(self.lease_expiry());
+        plan.extend(self.ttl());
+        plan.extend(self.version_drift());
+        plan
+    }
+}
+
+/// Whether an instance's TTL has run out at `now`.
+fn is_expired(instance: &Instance, now: Timestamp) -> bool {
+    instance.expires_at.is_some_and(|at| now >= at)
+}
+
+/// C5 on its own; see [`Planner::drift`].
+pub fn plan_drift(snapshot: &Snapshot<'_>) -> Plan {
+    Planner::new(snapshot).drift()
+}
+
+/// C6 on its own; see [`Planner::lease_expiry`].
+pub fn plan_lease_expiry(snapshot: &Snapshot<'_>) -> Plan {
+    Planner::new(snapshot).lease_expiry()
+}
+
+/// C7 on its own; see [`Planner::ttl`].
+pub fn plan_ttl(snapshot: &Snapshot<'_>) -> Plan {
+    Planner::new(snapshot).ttl()
+}
+
+/// C8 on its own; see [`Planner::version_drift`].
+pub fn plan_version_drift(snapshot: &Snapshot<'_>) -> Plan {
+    Planner::new(snapshot).version_drift()
+}
+
+/// The whole tick's plan.
+pub fn plan_tick(snapshot: &Snapshot<'_>) -> Plan {
+    Planner::new(snapshot).all()
+}
+
+impl Snapshot<'_> {
+    /// Applies decisions the way the store would, including its refusals (a
+    /// second active task of one kind, a failed compare-and-set). Pure: the
+    /// tests, the properties and the simulation use it to check that
+    /// planning is idempotent.
+    pub fn apply(&mut self, decisions: &[Decision]) {
+        let mut next_id = self.tasks.iter().map(|t| t.id).max().unwrap_or(0) + 1;
+        for decision in decisions {
+            match decision {
+                Decision::Enqueue(task) => {
+                    if self.push_task(task, next_id) {
+                        next_id += 1;
+                    }
+                }
+                Decision::Expire {
+                    instance,
+                    from,
+                    task,
+                } => {
+                    let Some(index) = self.instances.iter().position(|i| i.id == *instance) else {
+                        continue;
+                    };
+                    let state = self.instances[index].state;
+                    if state != *from || !from.can_become(InstanceState::Deleting) {
+                        continue;
+                    }
+                    if self.push_task(task, next_id) {
+                        next_id += 1;
+                        self.instances[index].state = InstanceState::Deleting;
+                        self.instances[index].updated_at = self.now;
+                    }
+                }
+                Decision::RequeueExpiredLease { task, .. } => {
+                    if let Some(t) = self.tasks.iter_mut().find(|t| t.id == *task) {
+                        if t.state.can_become(TaskState::Queued) {
+                            t.state = TaskState::Queued;
+                            t.locked_by = None;
+                            t.locked_at = None;
+                            t.updated_at = self.now;
+                        }
+                    }
+                }
+                Decision::Notify(_) => {}
+                Decision::HaltRollout { service_type, .. } => {
+                    self.rollouts
+                        .insert(service_type.clone(), RolloutState::Halted);
+                }
+            }
+        }
+    }
+
+    /// Inserts a queued task unless one of the same (instance, kind) is
+    /// active, as the database's partial unique index does.
+    fn push_task(&mut self, task: &NewTask, id: TaskId) -> bool {
+        let taken = self
+            .tasks
+            .iter()
+            .any(|t| t.instance == task.instance && t.kind == task.kind && t.state.is_active());
+        if taken {
+            return false;
+        }
+        self.tasks.push(Task {
+            id,
+            kind: task.kind,
+            instance: task.instance,
+            state: TaskState::Queued,
+            run_after: task.run_after,
+            locked_by: None,
+            locked_at: None,
+            attempts: 0,
+            reason: task.reason.clone(),
+            last_error: None,
+            traceparent: task.traceparent.clone(),
+            created_at: self.now,
+            updated_at: self.now,
+        });
+        true
+    }
+}

@@ -1,0 +1,174 @@
+//! C8: version drift, one rollout per catalog service type.
+
+use std::cmp::Ordering;
+use std::collections::HashMap;
+
+use super::{is_expired, Decision, Plan, Planner, Report};
+use crate::core::catalog::CatalogEntry;
+use crate::core::fleet::{Instance, InstanceState, RetryDecision, RolloutState, Task, TaskKind};
+use crate::core::window::{next_run_after, Window, WindowError};
+
+/// Most dot-separated components compared in a version; longer versions
+/// compare as opaque strings.
+const VERSION_COMPONENTS_MAX: usize = 8;
+
+/// Compares two versions made of dot-separated unsigned numbers (an
+/// optional leading `v`, missing components count as zero). `None` when
+/// either is not of that shape.
+fn compare_numeric(a: &str, b: &str) -> Option<Ordering> {
+    let parts = |v: &str| {
+        let v = v.strip_prefix('v').unwrap_or(v);
+        let mut out = [0u64; VERSION_COMPONENTS_MAX];
+        for (n, part) in v.split('.').enumerate() {
+            if n == VERSION_COMPONENTS_MAX || part.is_empty() {
+                return None;
+            }
+            out[n] = part.parse().ok()?;
+        }
+        Some(out)
+    };
+    Some(parts(a)?.cmp(&parts(b)?))
+}
+
+/// Whether an instance at `current` should be upgraded to `target`. Numeric
+/// versions (`1.10.2`) compare numerically, so an instance ahead of the
+/// catalog is never downgraded; any other version is behind whenever it
+/// differs from the catalog's, which stays the authority.
+pub fn is_behind(current: &str, target: &str) -> bool {
+    match compare_numeric(current, target) {
+        Some(order) => order == Ordering::Less,
+        None => current != target,
+    }
+}
+
+/// The worker's rule for a failed upgrade: once the task is out of
+/// attempts, halt its service type's rollout so a bad version stops after
+/// one tenant. `None` for other tasks or while retries remain.
+pub fn halt_after_failed_upgrade(
+    task: &Task,
+    instance: &Instance,
+    retry: RetryDecision,
+) -> Option<Decision> {
+    if task.kind != TaskKind::Upgrade || retry != RetryDecision::Fail {
+        return None;
+    }
+    Some(Decision::HaltRollout {
+        service_type: instance.service_type.clone(),
+        reason: format!(
+            "upgrade of {} to the catalog version failed after {} attempts: {}",
+            instance.name,
+            task.attempts,
+            task.last_error.as_deref().unwrap_or("no error recorded")
+        ),
+    })
+}
+
+impl Planner<'_, '_> {
+    fn halted(&self, entry: &CatalogEntry) -> bool {
+        entry.rollout == RolloutState::Halted
+            || self.snapshot.rollouts.get(&entry.service_type) == Some(&RolloutState::Halted)
+    }
+
+    /// Whether `instance` may be upgraded now, apart from the fleet limit.
+    fn upgradable(&self, instance: &Instance, entry: &CatalogEntry) -> bool {
+        let namespace = self.snapshot.config.namespace.as_str();
+        instance.state == InstanceState::Ready
+            && !is_expired(instance, self.snapshot.now)
+            // One task per instance at a time: an upgrade racing a
+            // reprovision or deprovision helps nobody.
+            && !self.active_kinds(instance.id).any()
+            // A missing release is drift's to repair first.
+            && self
+                .live
+                .as_ref()
+                .is_none_or(|live| live.contains(&(instance.name.as_str(), namespace)))
+            && !self.halted(entry)
+            && is_behind(&instance.version, &entry.version)
+    }
+
+    /// Instances behind their catalog version get an `upgrade`, the
+    /// configured own team first, then by service type, name and id. At
+    /// most `max_in_flight` upgrades are queued or running across the
+    /// fleet, counting those already there. Nothing for a halted type.
+    /// `run_after` is the next opening of the instance's maintenance window
+    /// (now without one), or now for a `security` entry. An instance whose
+    /// window does not parse is reported and skipped, and the next
+    /// candidate takes its slot.
+    pub fn version_drift(&self) -> Plan {
+        let snapshot = self.snapshot;
+        let mut plan = Plan::default();
+        let limit = snapshot.config.max_in_flight as usize;
+        let mut slots = limit.saturating_sub(self.upgrades_in_flight);
+        if slots == 0 {
+            return plan;
+        }
+        let own_team = snapshot.config.own_team.as_str();
+        let mut candidates: Vec<(&Instance, &CatalogEntry)> = Vec::new();
+        for instance in &snapshot.instances {
+            match snapshot.catalog.get(&instance.service_type) {
+                Some(entry) if self.upgradable(instance, entry) => {
+                    candidates.push((instance, entry))
+                }
+                Some(_) => {}
+                None if instance.state == InstanceState::Ready => {
+                    plan.reports.push(Report::UnknownServiceType {
+                        instance: instance.id,
+                        service_type: instance.service_type.clone(),
+                    })
+                }
+                None => {}
+            }
+        }
+        candidates.sort_unstable_by(|(a, _), (b, _)| {
+            (a.team != own_team, &a.service_type, &a.name, a.id).cmp(&(
+                b.team != own_team,
+                &b.service_type,
+                &b.name,
+                b.id,
+            ))
+        });
+        // Many instances share a window spec; parse each spec once.
+        let mut windows: HashMap<&str, Result<Window, WindowError>> = HashMap::new();
+        for (instance, entry) in candidates {
+            if slots == 0 {
+                break;
+            }
+            let run_after = match (&instance.maintenance_window, entry.security) {
+                (Some(spec), false) => {
+                    let parsed = windows
+                        .entry(spec.as_str())
+                        .or_insert_with(|| Window::parse(spec));
+                    match parsed {
+                        Ok(window) => next_run_after(window, snapshot.now),
+                        Err(error) => {
+                            plan.reports.push(Report::BadWindow {
+                                instance: instance.id,
+                                name: instance.name.clone(),
+                                window: spec
+                                    .chars()
+                                    .take(crate::core::window::WINDOW_SPEC_LEN_MAX)
+                                    .collect(),
+                                error: error.clone(),
+                            });
+                            continue;
+                        }
+                    }
+                }
+                _ => snapshot.now,
+            };
+            let security = if entry.security { " (security)" } else { "" };
+            let reason = format!(
+                "version drift: {} -> {}{security}",
+                instance.version, entry.version
+            );
+            plan.decisions.push(Decision::Enqueue(self.new_task(
+                TaskKind::Upgrade,
+                instance.id,
+                run_after,
+                reason,
+            )));
+            slots -= 1;
+        }
+        plan
+    }
+}

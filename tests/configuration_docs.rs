@@ -1,0 +1,72 @@
+//! Every example in `docs/configuration.md` parses (or, for the invalid
+//! windows, is rejected), so the documentation cannot drift from the code.
+
+use stead::core::catalog::Catalog;
+use stead::core::plan::ControlConfig;
+use stead::core::window::Window;
+
+const DOC: &str = include_str!("../docs/configuration.md");
+
+/// The fenced blocks of `doc` whose info string is exactly `lang`.
+fn blocks<'a>(doc: &'a str, lang: &str) -> Vec<&'a str> {
+    let fence = format!("```{lang}\n");
+    let mut out = Vec::new();
+    let mut rest = doc;
+    while let Some(start) = rest.find(&fence) {
+        let body = &rest[start + fence.len()..];
+        let end = body.find("```").expect("unterminated code block");
+        out.push(&body[..end]);
+        rest = &body[end..][3..];
+    }
+    out
+}
+
+fn lines(block: &str) -> impl Iterator<Item = &str> {
+    block.lines().map(str::trim).filter(|l| !l.is_empty())
+}
+
+#[test]
+fn every_toml_example_in_the_configuration_doc_loads() {
+    let toml_blocks = blocks(DOC, "toml");
+    assert!(
+        toml_blocks.len() >= 3,
+        "expected catalog and control examples"
+    );
+    for block in toml_blocks {
+        if block.starts_with("# control.toml") {
+            let config = ControlConfig::from_toml(block, "docs/configuration.md")
+                .unwrap_or_else(|e| panic!("{e}\n{block}"));
+            assert_eq!(
+                config,
+                ControlConfig::default(),
+                "the doc shows the defaults"
+            );
+        } else {
+            let catalog = Catalog::from_toml(block, "docs/configuration.md")
+                .unwrap_or_else(|e| panic!("{e}\n{block}"));
+            assert!(!catalog.is_empty());
+        }
+    }
+}
+
+#[test]
+fn every_window_example_in_the_configuration_doc_parses_and_round_trips() {
+    let specs: Vec<&str> = blocks(DOC, "window").into_iter().flat_map(lines).collect();
+    assert!(specs.len() >= 5);
+    for spec in specs {
+        let window = Window::parse(spec).unwrap_or_else(|e| panic!("{spec}: {e}"));
+        assert_eq!(Window::parse(&window.to_string()), Ok(window), "{spec}");
+    }
+}
+
+#[test]
+fn every_invalid_window_example_in_the_configuration_doc_is_rejected() {
+    let specs: Vec<&str> = blocks(DOC, "window-invalid")
+        .into_iter()
+        .flat_map(lines)
+        .collect();
+    assert!(specs.len() >= 5);
+    for spec in specs {
+        assert!(Window::parse(spec).is_err(), "{spec} should be rejected");
+    }
+}

@@ -92,11 +92,13 @@ impl Budget {
         self.record_failure(policy, now);
     }
 
-    /// Records a start or restart awaiting confirmation.
+    /// Records a start or restart awaiting confirmation. An intervention is
+    /// not a stable observation, so it also breaks the stability streak
+    /// (R14): only five stable minutes *after* it may confirm it.
     pub fn mark_attempt(&mut self) {
-        self.entry
-            .get_or_insert_with(BudgetEntry::default)
-            .attempt_pending = true;
+        let entry = self.entry.get_or_insert_with(BudgetEntry::default);
+        entry.attempt_pending = true;
+        entry.stable_since = None;
     }
 
     /// One more consecutive unhealthy observation; returns the streak.

@@ -678,6 +678,9 @@ impl<'p> ServiceRecovery<'p> {
     /// down again while an earlier intervention is unconfirmed is a crash
     /// loop: charge it first, then ask the budget again.
     fn phase_for_down(&mut self, now: Timestamp) -> Phase {
+        // Found down is not a stable observation: the streak starts over
+        // (R14), even if the runtime's own restart later wins the race.
+        self.budget.invalidate_stable();
         if self.budget.allow(now) && self.budget.attempt_pending() {
             self.budget.charge_unconfirmed_attempt(self.policy, now);
         }

@@ -1,0 +1,286 @@
+//! A reference model of the crash-loop budget, written from the text of
+//! DESIGN.md R10 and R14 alone (it never calls `Budget`), and a checker that
+//! runs a sequence of operations against both and demands they agree.
+//!
+//! Shared, without duplication, by the cargo-fuzz target `budget` (through
+//! `fuzz/src/lib.rs`) and by `tests/recovery_properties.rs` (through
+//! `#[path]`), so it depends on nothing but `stead` and std.
+
+use std::time::Duration;
+
+use stead::core::budget::{Budget, BudgetEntry};
+use stead::core::policy::RecoveryPolicy;
+use stead::core::types::Timestamp;
+
+/// The history R10 keeps for a generation that has needed recovery.
+#[derive(Clone, Debug, PartialEq, Eq)]
+struct History {
+    /// Consecutive failures.
+    failures: u32,
+    /// "An attempt is allowed iff now >= next_attempt."
+    next_attempt: Option<Timestamp>,
+    /// Start of the continuously stable streak (R14).
+    stable_since: Option<Timestamp>,
+    /// A start or restart not yet confirmed.
+    attempt_pending: bool,
+}
+
+/// The budget of one generation as DESIGN.md describes it.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct BudgetModel {
+    history: Option<History>,
+}
+
+/// `t + d`, saturating; the model's own arithmetic.
+pub fn later(t: Timestamp, d: Duration) -> Timestamp {
+    t.checked_add(d).unwrap_or(Timestamp::MAX)
+}
+
+impl BudgetModel {
+    /// The model of a remembered entry (what a recovery starts from).
+    pub fn from_entry(entry: Option<&BudgetEntry>) -> Self {
+        Self {
+            history: entry.map(|e| History {
+                failures: e.failures,
+                next_attempt: e.next_attempt,
+                stable_since: e.stable_since,
+                attempt_pending: e.attempt_pending,
+            }),
+        }
+    }
+
+    pub fn allow(&self, now: Timestamp) -> bool {
+        match &self.history {
+            None => true,
+            Some(h) => h.next_attempt.is_none_or(|next| now >= next),
+        }
+    }
+
+    pub fn next_attempt(&self) -> Option<Timestamp> {
+        self.history.as_ref().and_then(|h| h.next_attempt)
+    }
+
+    pub fn failures(&self) -> u32 {
+        self.history.as_ref().map_or(0, |h| h.failures)
+    }
+
+    pub fn attempt_pending(&self) -> bool {
+        self.history.as_ref().is_some_and(|h| h.attempt_pending)
+    }
+
+    pub fn has_history(&self) -> bool {
+        self.history.is_some()
+    }
+
+    fn history(&mut self) -> &mut History {
+        self.history.get_or_insert(History {
+            failures: 0,
+            next_attempt: None,
+            stable_since: None,
+            attempt_pending: false,
+        })
+    }
+
+    /// "Each failure increments failures and clears the stability streak;
+    /// from the third consecutive failure on, next_attempt = now +
+    /// delays[min(failures-3, 4)]" — with the policy's free attempts and
+    /// ladder in place of 3 and the five default delays.
+    pub fn failure(&mut self, policy: &RecoveryPolicy, now: Timestamp) {
+        let h = self.history();
+        h.failures = h.failures.saturating_add(1);
+        h.stable_since = None;
+        if h.failures >= policy.free_attempts {
+            let rung = (h.failures - policy.free_attempts) as usize;
+            let delay = policy.delays[rung.min(policy.delays.len() - 1)];
+            h.next_attempt = Some(later(now, delay));
+        }
+    }
+
+    /// "Found down again while a previous intervention is still unconfirmed
+    /// is a crash loop: charge a failure first" — the charge consumes the
+    /// unconfirmed attempt.
+    pub fn charge_unconfirmed(&mut self, policy: &RecoveryPolicy, now: Timestamp) {
+        self.failure(policy, now);
+        self.history().attempt_pending = false;
+    }
+
+    /// What the recovery machine does with a generation found down: charge
+    /// an unconfirmed attempt if the budget would otherwise allow, then ask
+    /// the budget again. Returns whether a start may run.
+    pub fn found_down(&mut self, policy: &RecoveryPolicy, now: Timestamp) -> bool {
+        if self.allow(now) && self.attempt_pending() {
+            self.charge_unconfirmed(policy, now);
+        }
+        self.allow(now)
+    }
+
+    /// A start or restart ran and awaits confirmation. It is not a stable
+    /// observation, so it invalidates the streak ("any other outcome").
+    pub fn attempt(&mut self) {
+        let h = self.history();
+        h.attempt_pending = true;
+        h.stable_since = None;
+    }
+
+    /// R14: "a stable observation starts or continues the streak and, once
+    /// it has lasted the stable window, drops the generation's history ...
+    /// A stable observation never creates history."
+    pub fn stable(&mut self, policy: &RecoveryPolicy, now: Timestamp) {
+        let Some(h) = &mut self.history else {
+            return;
+        };
+        match h.stable_since {
+            None => h.stable_since = Some(now),
+            Some(since) if later(since, policy.stable_window) <= now => self.history = None,
+            Some(_) => {}
+        }
+    }
+
+    /// "Any other outcome invalidates the streak."
+    pub fn unstable(&mut self) {
+        if let Some(h) = &mut self.history {
+            h.stable_since = None;
+        }
+    }
+
+    /// "Forgetting the generation resets it."
+    pub fn forget(&mut self) {
+        self.history = None;
+    }
+}
+
+/// One step of a budget's life.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum BudgetOp {
+    /// Time passes (seconds).
+    Advance(u32),
+    Failure,
+    ChargeUnconfirmed,
+    /// The crash-loop rule as the machine applies it.
+    FoundDown,
+    Attempt,
+    Stable,
+    Unstable,
+    Unhealthy,
+    ClearUnhealthy,
+    Forget,
+}
+
+impl BudgetOp {
+    /// Maps any byte pair onto an operation (for fuzzers and strategies).
+    pub fn from_bytes(kind: u8, amount: u16) -> Self {
+        match kind % 10 {
+            0 => Self::Advance(u32::from(amount) % 1200),
+            1 => Self::Failure,
+            2 => Self::ChargeUnconfirmed,
+            3 => Self::FoundDown,
+            4 => Self::Attempt,
+            5 => Self::Stable,
+            6 => Self::Unstable,
+            7 => Self::Unhealthy,
+            8 => Self::ClearUnhealthy,
+            _ => Self::Forget,
+        }
+    }
+}
+
+/// A valid policy drawn from a few bytes: 1–4 free attempts, 1–5
+/// non-decreasing delays of 1 s – 20 min, a stable window of 1 s – 10 min.
+pub fn policy_from_bytes(free: u8, delays: &[u16], window_s: u16) -> RecoveryPolicy {
+    let mut ladder: Vec<Duration> = delays
+        .iter()
+        .take(5)
+        .map(|&s| Duration::from_secs(1 + u64::from(s) % 1200))
+        .collect();
+    if ladder.is_empty() {
+        ladder.push(Duration::from_secs(60));
+    }
+    ladder.sort();
+    RecoveryPolicy {
+        free_attempts: 1 + u32::from(free) % 4,
+        delays: ladder,
+        stable_window: Duration::from_secs(1 + u64::from(window_s) % 600),
+        ..RecoveryPolicy::default()
+    }
+    .validated()
+    .expect("policy_from_bytes builds valid policies")
+}
+
+/// Runs `ops` against `Budget` and the model from `start`; panics, naming
+/// the step, at the first disagreement in `allow`, `next_attempt`,
+/// `failures` or `attempt_pending`.
+pub fn check_budget_against_model(policy: &RecoveryPolicy, start: Timestamp, ops: &[BudgetOp]) {
+    let mut budget = Budget::default();
+    let mut model = BudgetModel::default();
+    let mut now = start;
+    for (step, op) in ops.iter().enumerate() {
+        match *op {
+            BudgetOp::Advance(secs) => now = later(now, Duration::from_secs(u64::from(secs))),
+            BudgetOp::Failure => {
+                budget.record_failure(policy, now);
+                model.failure(policy, now);
+            }
+            BudgetOp::ChargeUnconfirmed => {
+                budget.charge_unconfirmed_attempt(policy, now);
+                model.charge_unconfirmed(policy, now);
+            }
+            BudgetOp::FoundDown => {
+                if budget.allow(now) && budget.attempt_pending() {
+                    budget.charge_unconfirmed_attempt(policy, now);
+                }
+                model.found_down(policy, now);
+            }
+            BudgetOp::Attempt => {
+                budget.mark_attempt();
+                model.attempt();
+            }
+            BudgetOp::Stable => {
+                budget.observe_stable(policy, now);
+                model.stable(policy, now);
+            }
+            BudgetOp::Unstable => {
+                budget.invalidate_stable();
+                model.unstable();
+            }
+            BudgetOp::Unhealthy => {
+                // The streak is not part of the attempt budget; it may
+                // create an entry, which must not change any answer.
+                budget.observe_unhealthy();
+            }
+            BudgetOp::ClearUnhealthy => budget.clear_unhealthy(),
+            BudgetOp::Forget => {
+                budget.forget();
+                model.forget();
+            }
+        }
+        let context = || format!("step {step} ({op:?}) at {now}, ops {ops:?}");
+        assert_eq!(budget.allow(now), model.allow(now), "allow, {}", context());
+        assert_eq!(
+            budget.next_attempt(),
+            model.next_attempt(),
+            "next_attempt, {}",
+            context()
+        );
+        assert_eq!(
+            budget.failures(),
+            model.failures(),
+            "failures, {}",
+            context()
+        );
+        assert_eq!(
+            budget.attempt_pending(),
+            model.attempt_pending(),
+            "attempt_pending, {}",
+            context()
+        );
+        if !model.has_history() {
+            assert!(
+                budget.entry().is_none_or(|e| e.failures == 0
+                    && e.next_attempt.is_none()
+                    && !e.attempt_pending),
+                "a budget without history carries none, {}",
+                context()
+            );
+        }
+    }
+}

@@ -1,0 +1,260 @@
+//! Architecture invariant 1 of DESIGN.md §2: `src/core` is pure.
+//!
+//! The core must not know about async, tokio, SQL, Docker, HTTP, the file
+//! system, the network, processes, threads, clocks, global randomness or
+//! logging. Clippy's `disallowed-methods` (clippy.toml) catches calls it can
+//! resolve; this test catches the rest by reading the source, so a new
+//! dependency fails `cargo test` with the file and line that introduced it.
+
+use std::fmt::Write as _;
+use std::path::{Path, PathBuf};
+
+/// What `src/core` must never mention outside comments, and why.
+const FORBIDDEN: &[(&str, &str)] = &[
+    ("async", "the core is synchronous; the engine owns async"),
+    ("await", "the core is synchronous; the engine owns async"),
+    ("tokio", "no runtime in the core"),
+    (
+        "madsim",
+        "no cfg(madsim) branches in the core (invariant 5)",
+    ),
+    ("sqlx", "storage is the Store port's business"),
+    ("bollard", "the runtime is the Runtime port's business"),
+    ("reqwest", "HTTP belongs to adapters"),
+    ("std::fs", "no file system in the core"),
+    ("std::net", "no network in the core"),
+    ("std::process", "no subprocesses in the core"),
+    ("std::thread", "the core never sleeps or spawns"),
+    ("std::env", "configuration comes in as values"),
+    ("std::io", "the core never returns io::Error"),
+    ("Instant::now", "time is an argument"),
+    ("SystemTime::now", "time is an argument"),
+    ("Timestamp::now", "time is an argument"),
+    ("thread_rng", "randomness comes from a seeded generator"),
+    ("rand::rng(", "randomness comes from a seeded generator"),
+    ("rand::random", "randomness comes from a seeded generator"),
+    ("OsRng", "randomness comes from a seeded generator"),
+    ("println!", "no output side effects"),
+    ("eprintln!", "no output side effects"),
+    ("print!", "no output side effects"),
+    ("dbg!", "no output side effects"),
+    ("tracing::", "no logging side effects; reports are values"),
+    ("log::", "no logging side effects; reports are values"),
+    ("crate::engine", "the core depends on nothing above it"),
+    ("crate::ports", "the core depends on nothing above it"),
+    ("crate::adapters", "the core depends on nothing above it"),
+];
+
+/// Modules that a grouped `use std::{…}` must not name.
+const FORBIDDEN_STD_MODULES: &[&str] = &["fs", "net", "process", "thread", "env", "io"];
+
+/// One forbidden mention: where and what.
+#[derive(Debug, PartialEq, Eq)]
+struct Violation {
+    line: usize,
+    token: &'static str,
+    why: &'static str,
+}
+
+/// Replaces comments and the contents of string and char literals with
+/// spaces, keeping line structure, so only code is checked.
+fn strip_comments_and_literals(source: &str) -> String {
+    let bytes = source.as_bytes();
+    let mut out = String::with_capacity(source.len());
+    let mut i = 0;
+    let blank = |out: &mut String, c: char| out.push(if c == '\n' { '\n' } else { ' ' });
+    while i < bytes.len() {
+        let rest = &source[i..];
+        if rest.starts_with("//") {
+            let end = rest.find('\n').map_or(source.len(), |n| i + n);
+            out.extend(std::iter::repeat_n(' ', end - i));
+            i = end;
+        } else if rest.starts_with("/*") {
+            let end = rest.find("*/").map_or(source.len(), |n| i + n + 2);
+            source[i..end].chars().for_each(|c| blank(&mut out, c));
+            i = end;
+        } else if rest.starts_with('"') {
+            // Skip to the closing quote, honouring backslash escapes.
+            let mut j = i + 1;
+            while j < bytes.len() && bytes[j] != b'"' {
+                j += if bytes[j] == b'\\' { 2 } else { 1 };
+            }
+            let end = (j + 1).min(bytes.len());
+            out.push('"');
+            source[i + 1..end.saturating_sub(1).max(i + 1)]
+                .chars()
+                .for_each(|c| blank(&mut out, c));
+            if end > i + 1 {
+                out.push('"');
+            }
+            i = end;
+        } else {
+            let c = rest.chars().next().expect("non-empty");
+            out.push(c);
+            i += c.len_utf8();
+        }
+    }
+    out
+}
+
+fn is_ident_byte(b: u8) -> bool {
+    b.is_ascii_alphanumeric() || b == b'_'
+}
+
+/// Whether `token` occurs in `line` as a whole word (for identifiers) or
+/// anywhere (for paths and macros, which carry their own punctuation).
+fn mentions(line: &str, token: &str) -> bool {
+    let starts_ident = token.bytes().next().is_some_and(is_ident_byte);
+    let ends_ident = token.bytes().last().is_some_and(is_ident_byte);
+    line.match_indices(token).any(|(at, _)| {
+        let before = line.as_bytes()[..at].last().copied();
+        let after = line.as_bytes().get(at + token.len()).copied();
+        let clean_before = !starts_ident || !before.is_some_and(is_ident_byte);
+        let clean_after = !ends_ident || !after.is_some_and(is_ident_byte);
+        // `print!` inside `println!`/`eprintln!` is reported once, by them.
+        clean_before && clean_after
+    })
+}
+
+/// Every forbidden mention in one file's source.
+fn violations(source: &str) -> Vec<Violation> {
+    let code = strip_comments_and_literals(source);
+    let mut found = Vec::new();
+    for (index, line) in code.lines().enumerate() {
+        for &(token, why) in FORBIDDEN {
+            if mentions(line, token) {
+                found.push(Violation {
+                    line: index + 1,
+                    token,
+                    why,
+                });
+            }
+        }
+    }
+    // `use std::{fs, time::Duration}` names a module without `std::fs`.
+    for (at, _) in code.match_indices("std::{") {
+        let group_end = code[at..].find('}').map_or(code.len(), |n| at + n);
+        let group = &code[at + "std::{".len()..group_end];
+        let line = code[..at].matches('\n').count() + 1;
+        for module in FORBIDDEN_STD_MODULES {
+            if mentions(group, module) {
+                found.push(Violation {
+                    line,
+                    token: "std::{…}",
+                    why: "a grouped import names a forbidden std module",
+                });
+            }
+        }
+    }
+    found
+}
+
+fn rust_files(dir: &Path, out: &mut Vec<PathBuf>) {
+    let mut entries: Vec<_> = std::fs::read_dir(dir)
+        .unwrap_or_else(|e| panic!("reading {}: {e}", dir.display()))
+        .map(|entry| entry.expect("directory entry").path())
+        .collect();
+    entries.sort();
+    for path in entries {
+        if path.is_dir() {
+            rust_files(&path, out);
+        } else if path.extension().is_some_and(|ext| ext == "rs") {
+            out.push(path);
+        }
+    }
+}
+
+fn repo_root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+}
+
+#[test]
+fn the_core_mentions_no_async_io_clock_randomness_or_logging() {
+    let root = repo_root();
+    let mut files = Vec::new();
+    rust_files(&root.join("src/core"), &mut files);
+    assert!(
+        files.len() >= 8,
+        "expected the core's modules under src/core, found {files:?}"
+    );
+    let mut report = String::new();
+    for file in &files {
+        let source = std::fs::read_to_string(file).expect("readable source");
+        for v in violations(&source) {
+            let relative = file.strip_prefix(&root).unwrap_or(file);
+            writeln!(
+                report,
+                "{}:{}: mentions `{}`: {}",
+                relative.display(),
+                v.line,
+                v.token,
+                v.why
+            )
+            .expect("write to string");
+        }
+    }
+    assert!(
+        report.is_empty(),
+        "src/core must stay pure (DESIGN.md §2, invariant 1):\n{report}"
+    );
+}
+
+#[test]
+fn the_scanner_finds_planted_violations_and_ignores_comments_and_strings() {
+    let check = |source: &str, expect: &[(usize, &str)]| {
+        let got: Vec<(usize, &str)> = violations(source)
+            .iter()
+            .map(|v| (v.line, v.token))
+            .collect();
+        assert_eq!(got, expect, "source:\n{source}");
+    };
+    check("fn f() {}\n", &[]);
+    check("// tokio, async, Instant::now\nfn f() {}\n", &[]);
+    check("/* std::fs\n println! */ fn f() {}\n", &[]);
+    check("const A: &str = \"tokio::spawn std::fs\";\n", &[]);
+    check("let s = \"a \\\" tokio\"; \n", &[]);
+    check(
+        "fn f() { let _ = std::time::Instant::now(); }\n",
+        &[(1, "Instant::now")],
+    );
+    check("\nasync fn f() {}\n", &[(2, "async")]);
+    check("fn f() { g().await }\n", &[(1, "await")]);
+    check("use tokio::time;\n", &[(1, "tokio")]);
+    check("fn f() { println!(\"x\"); }\n", &[(1, "println!")]);
+    check("fn f() { eprintln!(\"x\"); }\n", &[(1, "eprintln!")]);
+    check("fn f() { tracing::info!(\"x\"); }\n", &[(1, "tracing::")]);
+    check("fn f() { let r = rand::rng(); }\n", &[(1, "rand::rng(")]);
+    check("use std::{fmt,\n  fs::File};\n", &[(1, "std::{…}")]);
+    check("use std::{fmt, time::Duration};\n", &[]);
+    // Identifiers only match whole words: `awaited` and `tokio_free` are fine.
+    check("fn awaited() {} fn tokio_free() {}\n", &[]);
+    check(
+        "fn f() { let t = jiff::Timestamp::now(); }\n",
+        &[(1, "Timestamp::now")],
+    );
+}
+
+/// The clippy half of the enforcement: the disallowed methods must stay
+/// configured, so a resolvable call fails `clippy -D warnings` with a reason.
+#[test]
+fn clippy_disallows_clock_sleep_and_global_rng_calls() {
+    let config = std::fs::read_to_string(repo_root().join("clippy.toml")).expect("clippy.toml");
+    let code = strip_comments_and_literals(&config.replace('#', "//"));
+    assert!(
+        code.contains("disallowed-methods"),
+        "clippy.toml lost its disallowed-methods table"
+    );
+    for path in [
+        "std::time::Instant::now",
+        "std::time::SystemTime::now",
+        "jiff::Timestamp::now",
+        "rand::rng",
+        "std::thread::sleep",
+    ] {
+        let entry = format!("path = \"{path}\"");
+        assert!(
+            config.contains(&entry),
+            "clippy.toml no longer disallows `{path}`"
+        );
+    }
+}

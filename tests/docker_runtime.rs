@@ -363,11 +363,12 @@ async fn docker_provisioner_lists_instances_as_releases_and_uninstalls_them() {
 
     provisioner.uninstall(&instance).await.expect("uninstall");
     assert_eq!(runtime.inspect(&id).await, Err(RuntimeError::NotFound));
-    let error = provisioner
+    // Installing is the worker's Runtime::create; the provisioner's half is
+    // a no-op that must not fail the worker.
+    provisioner
         .install_or_upgrade(&instance, "1")
         .await
-        .unwrap_err();
-    assert!(error.0.contains("Runtime::create"), "{error}");
+        .expect("install is a no-op for docker");
 }
 
 #[tokio::test]

@@ -371,7 +371,7 @@ impl<'a> Checker<'a> {
                     "R13: probe the read binds"
                 );
             }
-            Command::PersistBinds { binds } => {
+            Command::PersistBinds { binds, .. } => {
                 assert_eq!(
                     Some(binds),
                     self.last_binds.as_ref(),

@@ -689,11 +689,15 @@ impl DockerProvisioner {
 
 #[async_trait]
 impl Provisioner for DockerProvisioner {
-    async fn install_or_upgrade(&self, release: &str, version: &str) -> Result<(), ProvisionError> {
-        Err(ProvisionError(format!(
-            "the docker provisioner cannot install release {release:?} at version {version:?} by name: \
-             containers are created from catalog specs through Runtime::create by the worker"
-        )))
+    /// Nothing to do: with Docker, a release *is* its labelled containers,
+    /// which the worker creates from catalog specs through `Runtime::create`
+    /// (idempotent on their deterministic names) right after this call.
+    async fn install_or_upgrade(
+        &self,
+        _release: &str,
+        _version: &str,
+    ) -> Result<(), ProvisionError> {
+        Ok(())
     }
 
     async fn uninstall(&self, release: &str) -> Result<(), ProvisionError> {

@@ -8,6 +8,8 @@ use crate::core::types::Timestamp;
 use crate::ports::{Clock, Notifier, Policy, Probe, Provisioner, Runtime, Store, Traffic};
 
 pub mod recovery;
+pub mod tick;
+pub mod worker;
 
 /// Every port the engine talks through.
 #[derive(Clone)]

@@ -1,0 +1,403 @@
+//! The control loop (C1–C10): one tick runs every check behind its own
+//! error boundary, then the gauges, then the heartbeat, all in one span
+//! whose `traceparent` every enqueued task carries. The loop ticks first,
+//! then sleeps a fixed interval that a stop signal interrupts.
+
+use std::sync::atomic::{AtomicI64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+use tokio::sync::watch;
+use tracing::Instrument;
+
+use crate::core::catalog::Catalog;
+use crate::core::plan::{
+    plan_drift, plan_lease_expiry, plan_ttl, plan_version_drift, ControlConfig, Decision, Level,
+    Plan, Snapshot,
+};
+use crate::core::types::Timestamp;
+use crate::ports::{LeaseGrant, StoreError};
+
+use super::recovery::Recoverer;
+use super::Ports;
+
+/// The checks of one tick, in order. Each is its own error boundary (C3).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Check {
+    Recovery,
+    Drift,
+    LeaseExpiry,
+    Ttl,
+    VersionDrift,
+}
+
+impl Check {
+    pub const ALL: [Check; 5] = [
+        Check::Recovery,
+        Check::Drift,
+        Check::LeaseExpiry,
+        Check::Ttl,
+        Check::VersionDrift,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Check::Recovery => "recovery",
+            Check::Drift => "drift",
+            Check::LeaseExpiry => "lease_expiry",
+            Check::Ttl => "ttl",
+            Check::VersionDrift => "version_drift",
+        }
+    }
+}
+
+/// What one tick did.
+#[derive(Debug, Default)]
+pub struct TickOutcome {
+    /// `false` when another replica holds the reconciler lease (C2): no
+    /// check ran, only the heartbeat.
+    pub leader: bool,
+    /// Checks that failed, with why.
+    pub failed: Vec<(Check, String)>,
+    /// Errors inside checks that did not fail as a whole (one instance's
+    /// recovery, a notification).
+    pub warnings: Vec<String>,
+    pub tasks_enqueued: u32,
+    pub traceparent: String,
+}
+
+impl TickOutcome {
+    pub fn ok(&self) -> bool {
+        self.failed.is_empty()
+    }
+}
+
+/// The singleton reconciler.
+pub struct Reconciler {
+    ports: Ports,
+    catalog: Arc<Catalog>,
+    config: ControlConfig,
+    holder: String,
+    recoverer: Arc<Recoverer>,
+    lease: Mutex<Option<LeaseGrant>>,
+    rng: Mutex<ChaCha8Rng>,
+    /// Unix seconds of the last finished tick (0 before the first).
+    last_tick_s: AtomicI64,
+}
+
+impl Reconciler {
+    /// `seed` feeds trace ids; the daemon draws it from the OS, the
+    /// simulation from its run seed.
+    pub fn new(
+        ports: Ports,
+        catalog: Arc<Catalog>,
+        config: ControlConfig,
+        holder: String,
+        recoverer: Arc<Recoverer>,
+        seed: u64,
+    ) -> Self {
+        Self {
+            ports,
+            catalog,
+            config,
+            holder,
+            recoverer,
+            lease: Mutex::new(None),
+            rng: Mutex::new(ChaCha8Rng::seed_from_u64(seed)),
+            last_tick_s: AtomicI64::new(0),
+        }
+    }
+
+    pub fn recoverer(&self) -> &Recoverer {
+        &self.recoverer
+    }
+
+    /// Unix seconds of the last finished tick; 0 before the first.
+    pub fn last_tick_s(&self) -> i64 {
+        self.last_tick_s.load(Ordering::Relaxed)
+    }
+
+    /// Whether this replica held the lease at its last tick.
+    pub fn holds_lease(&self) -> bool {
+        self.lease.lock().expect("lease poisoned").is_some()
+    }
+
+    /// A W3C trace context for a new tick.
+    fn new_traceparent(&self) -> String {
+        let mut rng = self.rng.lock().expect("rng poisoned");
+        let trace: u128 = rng.random::<u128>() | 1;
+        let span: u64 = rng.random::<u64>() | 1;
+        format!("00-{trace:032x}-{span:016x}-01")
+    }
+
+    /// One tick (C9): checks, gauges, heartbeat.
+    pub async fn tick(&self) -> TickOutcome {
+        let traceparent = self.new_traceparent();
+        let span = tracing::info_span!("tick", traceparent = %traceparent);
+        let outcome = self.tick_inner(traceparent).instrument(span).await;
+        // The heartbeat answers "is the loop running", never "is everything
+        // fine": it is set unconditionally (C3).
+        let now = self.ports.clock.now();
+        self.last_tick_s.store(now.as_second(), Ordering::Relaxed);
+        metrics::gauge!("stead_last_tick_timestamp_seconds").set(now.as_second() as f64);
+        outcome
+    }
+
+    async fn tick_inner(&self, traceparent: String) -> TickOutcome {
+        let mut out = TickOutcome {
+            traceparent: traceparent.clone(),
+            ..Default::default()
+        };
+        let Some(fence) = self.take_lease().await else {
+            tracing::info!("another replica holds the reconciler lease; not ticking");
+            return out;
+        };
+        out.leader = true;
+
+        let pass = self.recoverer.pass().await;
+        if !pass.errors.is_empty() {
+            out.failed.push((Check::Recovery, pass.errors.join("; ")));
+        }
+        for (name, instance) in &pass.instances {
+            for e in &instance.errors {
+                out.warnings.push(format!("recovery {name}: {e}"));
+            }
+        }
+
+        match self.snapshot(traceparent).await {
+            Err(e) => {
+                for check in &Check::ALL[1..] {
+                    out.failed.push((*check, format!("snapshot: {e}")));
+                }
+            }
+            Ok((snapshot, releases_error)) => {
+                self.run_planners(&snapshot, releases_error, &fence, &mut out)
+                    .await;
+            }
+        }
+        for (check, why) in &out.failed {
+            tracing::error!(check = check.as_str(), error = %why, "check failed");
+            metrics::counter!("stead_check_failures_total", "check" => check.as_str()).increment(1);
+        }
+        for w in &out.warnings {
+            tracing::warn!("{w}");
+        }
+        self.gauges().await;
+        out
+    }
+
+    /// C2: take or renew the singleton lease. The lease outlives a tick by
+    /// a wide margin, so a live leader keeps it.
+    async fn take_lease(&self) -> Option<LeaseGrant> {
+        let now = self.ports.clock.now();
+        let ttl = self.config.tick_interval * 3 + Duration::from_secs(30);
+        let grant = match self
+            .ports
+            .store
+            .acquire_reconciler_lease(&self.holder, now, ttl)
+            .await
+        {
+            Ok(grant) => grant,
+            Err(e) => {
+                tracing::error!(error = %e, "reconciler lease unavailable");
+                None
+            }
+        };
+        *self.lease.lock().expect("lease poisoned") = grant.clone();
+        grant
+    }
+
+    /// Reads what the planners need. Listing releases may fail on its own:
+    /// drift then plans nothing, the other checks go on (C3).
+    async fn snapshot(
+        &self,
+        traceparent: String,
+    ) -> Result<(Snapshot<'_>, Option<String>), StoreError> {
+        let store = &self.ports.store;
+        let instances = store.list_instances().await?;
+        let tasks = store.active_tasks().await?;
+        let rollouts = store.rollouts().await?;
+        for bad in instances.bad.iter().chain(tasks.bad.iter()) {
+            tracing::error!(error = %bad, "skipped a bad row");
+        }
+        let (releases, releases_error) = match self.ports.provisioner.list_releases().await {
+            Ok(r) => (Some(r), None),
+            Err(e) => (None, Some(e.to_string())),
+        };
+        Ok((
+            Snapshot {
+                now: self.ports.clock.now(),
+                instances: instances.rows,
+                tasks: tasks.rows,
+                releases,
+                catalog: &self.catalog,
+                rollouts,
+                config: &self.config,
+                traceparent: Some(traceparent),
+            },
+            releases_error,
+        ))
+    }
+
+    async fn run_planners(
+        &self,
+        snapshot: &Snapshot<'_>,
+        releases_error: Option<String>,
+        fence: &LeaseGrant,
+        out: &mut TickOutcome,
+    ) {
+        let checks: [(Check, fn(&Snapshot<'_>) -> Plan); 4] = [
+            (Check::Drift, plan_drift),
+            (Check::LeaseExpiry, plan_lease_expiry),
+            (Check::Ttl, plan_ttl),
+            (Check::VersionDrift, plan_version_drift),
+        ];
+        for (check, planner) in checks {
+            if check == Check::Drift {
+                if let Some(e) = &releases_error {
+                    out.failed.push((check, format!("list releases: {e}")));
+                    continue;
+                }
+            }
+            let plan = planner(snapshot);
+            for report in &plan.reports {
+                match report.level() {
+                    Level::Error => tracing::error!(check = check.as_str(), ?report, "report"),
+                    Level::Warn => tracing::warn!(check = check.as_str(), ?report, "report"),
+                }
+            }
+            if let Err(e) = self.apply(check, &plan.decisions, fence, out).await {
+                out.failed.push((check, e));
+            }
+        }
+    }
+
+    /// Carries out decisions through the store; never decides anything.
+    async fn apply(
+        &self,
+        check: Check,
+        decisions: &[Decision],
+        fence: &LeaseGrant,
+        out: &mut TickOutcome,
+    ) -> Result<(), String> {
+        let store = &self.ports.store;
+        let now = self.ports.clock.now();
+        let mut errors = Vec::new();
+        let mut lease_reset = false;
+        for decision in decisions {
+            let result = match decision {
+                Decision::Enqueue(task) => store
+                    .enqueue(task, now, Some(fence))
+                    .await
+                    .map(|id| out.tasks_enqueued += u32::from(id.is_some())),
+                Decision::Expire {
+                    instance,
+                    from,
+                    task,
+                } => store
+                    .expire_instance(*instance, *from, task, now, Some(fence))
+                    .await
+                    .map(|id| out.tasks_enqueued += u32::from(id.is_some())),
+                Decision::RequeueExpiredLease { .. } if lease_reset => Ok(()),
+                Decision::RequeueExpiredLease { .. } => {
+                    lease_reset = true;
+                    store
+                        .reset_expired_leases(now, self.config.lease, Some(fence))
+                        .await
+                        .map(|n| tracing::warn!(tasks_freed = n, "expired leases requeued"))
+                }
+                Decision::Notify(notice) => {
+                    // A courtesy: a failure never aborts the sweep (C5).
+                    if let Err(e) = self
+                        .ports
+                        .notifier
+                        .notify(notice.event, &notice.message)
+                        .await
+                    {
+                        out.warnings.push(format!("notify {}: {e}", notice.event));
+                    }
+                    Ok(())
+                }
+                Decision::HaltRollout {
+                    service_type,
+                    reason,
+                } => {
+                    store
+                        .set_rollout(
+                            service_type,
+                            crate::core::fleet::RolloutState::Halted,
+                            reason,
+                            now,
+                        )
+                        .await
+                }
+            };
+            if let Err(e) = result {
+                errors.push(format!("{}: {e}", check.as_str()));
+                if matches!(e, StoreError::Fenced { .. } | StoreError::Unavailable(_)) {
+                    break;
+                }
+            }
+        }
+        if errors.is_empty() {
+            Ok(())
+        } else {
+            Err(errors.join("; "))
+        }
+    }
+
+    /// Queue depth and instances by state; diagnostics, never a failed
+    /// tick (C3).
+    async fn gauges(&self) {
+        let store = &self.ports.store;
+        match store.queue_depth().await {
+            Ok(depth) => metrics::gauge!("stead_queue_depth").set(depth as f64),
+            Err(e) => tracing::warn!(error = %e, "gauge queue_depth"),
+        }
+        match store.instance_counts().await {
+            Ok(counts) => {
+                for (state, n) in counts {
+                    metrics::gauge!("stead_instances", "state" => state.as_str()).set(n as f64);
+                }
+            }
+            Err(e) => tracing::warn!(error = %e, "gauge instances"),
+        }
+        let delayed = self.recoverer.memory().delayed().count();
+        metrics::gauge!("stead_budget_delays_in_force").set(delayed as f64);
+    }
+
+    /// C10: tick first, then sleep a fixed interval; a slow tick delays
+    /// the next one, never overlaps it. `stop` interrupts the sleep.
+    pub async fn run(&self, mut stop: watch::Receiver<bool>) {
+        loop {
+            let outcome = self.tick().await;
+            if !outcome.ok() {
+                tracing::warn!(
+                    failed = outcome.failed.len(),
+                    "tick finished with failed checks"
+                );
+            }
+            if *stop.borrow() {
+                break;
+            }
+            tokio::select! {
+                _ = tokio::time::sleep(self.config.tick_interval) => {}
+                _ = stop.changed() => {}
+            }
+            if *stop.borrow() {
+                break;
+            }
+        }
+        let grant = self.lease.lock().expect("lease poisoned").take();
+        if let Some(grant) = grant {
+            let _ = self.ports.store.release_reconciler_lease(&grant).await;
+        }
+    }
+
+    /// The time the reconciler believes it is (for status output).
+    pub fn now(&self) -> Timestamp {
+        self.ports.clock.now()
+    }
+}

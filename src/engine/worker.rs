@@ -1,0 +1,497 @@
+//! Workers (C11): claim due tasks with a lease, keep the lease alive while
+//! working, run idempotent handlers, and finish with done, retry (bounded,
+//! with backoff) or failed. Handlers hold the instance lock, so the
+//! recovery pass skips an instance while a worker mutates it (R3).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::sync::watch;
+
+use crate::core::catalog::{Catalog, CatalogEntry};
+use crate::core::fleet::{Instance, InstanceState, RetryDecision, Task, TaskKind, TaskRetryPolicy};
+use crate::core::plan::halt_after_failed_upgrade;
+use crate::core::spec::ServiceSpec;
+use crate::core::types::{
+    ActiveService, ContainerId, ContainerStatus, Inhibition, InhibitionReason, RuntimeError,
+    ServiceKey,
+};
+use crate::ports::{CreateContainer, Route};
+
+use super::recovery::InstanceLocks;
+use super::Ports;
+
+/// Longest a handler waits for a new container to report `running`.
+const CANDIDATE_RUNNING_WAIT_MAX: Duration = Duration::from_secs(60);
+
+/// How a worker behaves.
+#[derive(Clone, Debug)]
+pub struct WorkerConfig {
+    /// Recorded as `locked_by`; unique per worker.
+    pub id: String,
+    /// Task lease; renewed every third of it while a handler runs.
+    pub lease: Duration,
+    pub retry: TaskRetryPolicy,
+    /// Pause when no task is due.
+    pub idle_poll: Duration,
+}
+
+/// What one claimed task came to.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum TaskEnd {
+    Done,
+    Retried(String),
+    Failed(String),
+    /// The lease was lost mid-task; another worker owns it now.
+    LeaseLost,
+}
+
+pub struct Worker {
+    ports: Ports,
+    catalog: Arc<Catalog>,
+    config: WorkerConfig,
+    locks: Arc<InstanceLocks>,
+}
+
+impl Worker {
+    pub fn new(
+        ports: Ports,
+        catalog: Arc<Catalog>,
+        config: WorkerConfig,
+        locks: Arc<InstanceLocks>,
+    ) -> Self {
+        Self {
+            ports,
+            catalog,
+            config,
+            locks,
+        }
+    }
+
+    /// Claims and runs tasks until `stop`; a running handler is allowed to
+    /// finish (its own calls are bounded), then the loop exits.
+    pub async fn run(&self, mut stop: watch::Receiver<bool>) {
+        while !*stop.borrow() {
+            match self.work_once().await {
+                Some(_) => continue,
+                None => {
+                    tokio::select! {
+                        _ = tokio::time::sleep(self.config.idle_poll) => {}
+                        _ = stop.changed() => {}
+                    }
+                }
+            }
+        }
+    }
+
+    /// Claims one due task and runs it. `None` when nothing was due (or the
+    /// store is down).
+    pub async fn work_once(&self) -> Option<(Task, TaskEnd)> {
+        let now = self.ports.clock.now();
+        let claimed = match self.ports.store.claim(&self.config.id, now, 1).await {
+            Ok(tasks) => tasks,
+            Err(e) => {
+                tracing::warn!(error = %e, "claim failed");
+                return None;
+            }
+        };
+        let task = claimed.into_iter().next()?;
+        let span = tracing::info_span!(
+            "task",
+            id = task.id,
+            kind = task.kind.as_str(),
+            traceparent = task.traceparent.as_deref().unwrap_or("")
+        );
+        let _entered = span.enter();
+        let end = self.run_task(&task).await;
+        tracing::info!(?end, "task finished");
+        metrics::counter!("stead_tasks_total", "kind" => task.kind.as_str()).increment(1);
+        Some((task, end))
+    }
+
+    async fn run_task(&self, task: &Task) -> TaskEnd {
+        let work = self.handle(task);
+        let keep_lease = self.keep_lease(task);
+        let result = tokio::select! {
+            r = work => r,
+            _ = keep_lease => return TaskEnd::LeaseLost,
+        };
+        let now = self.ports.clock.now();
+        let store = &self.ports.store;
+        match result {
+            Ok(()) => {
+                let _ = store.complete(task.id, &self.config.id, now).await;
+                TaskEnd::Done
+            }
+            Err(error) => match self.config.retry.after_failure(task.attempts, now) {
+                RetryDecision::RetryAt(at) => {
+                    let _ = store.retry(task.id, &self.config.id, at, &error, now).await;
+                    TaskEnd::Retried(error)
+                }
+                RetryDecision::Fail => {
+                    let _ = store.fail(task.id, &self.config.id, &error, now).await;
+                    self.after_final_failure(task, &error).await;
+                    TaskEnd::Failed(error)
+                }
+            },
+        }
+    }
+
+    /// Renews the lease every third of it; returns only if it was lost.
+    async fn keep_lease(&self, task: &Task) {
+        loop {
+            tokio::time::sleep(self.config.lease / 3).await;
+            let now = self.ports.clock.now();
+            match self
+                .ports
+                .store
+                .extend_lease(task.id, &self.config.id, now)
+                .await
+            {
+                Ok(true) => {}
+                Ok(false) => return,
+                // A store blip is not a lost lease; try again next time.
+                Err(e) => tracing::warn!(error = %e, "lease renewal failed"),
+            }
+        }
+    }
+
+    /// A failed upgrade halts its service type's rollout, so a bad
+    /// version stops after one tenant (C8).
+    async fn after_final_failure(&self, task: &Task, error: &str) {
+        let Ok(Some(instance)) = self.ports.store.instance_by_id(task.instance).await else {
+            return;
+        };
+        let mut failed = task.clone();
+        failed.last_error = Some(error.to_owned());
+        if let Some(crate::core::plan::Decision::HaltRollout {
+            service_type,
+            reason,
+        }) = halt_after_failed_upgrade(&failed, &instance, RetryDecision::Fail)
+        {
+            let now = self.ports.clock.now();
+            let _ = self
+                .ports
+                .store
+                .set_rollout(
+                    &service_type,
+                    crate::core::fleet::RolloutState::Halted,
+                    &reason,
+                    now,
+                )
+                .await;
+        }
+    }
+
+    async fn handle(&self, task: &Task) -> Result<(), String> {
+        let store = &self.ports.store;
+        let instance = store
+            .instance_by_id(task.instance)
+            .await
+            .map_err(|e| e.to_string())?
+            .ok_or_else(|| format!("instance {} does not exist", task.instance))?;
+        let lock = self.locks.lock_for(&instance.name);
+        let _guard = lock.lock().await;
+        match task.kind {
+            TaskKind::Provision | TaskKind::Reprovision => self.provision(&instance).await,
+            TaskKind::Upgrade => self.upgrade(&instance).await,
+            TaskKind::Deprovision => self.deprovision(&instance).await,
+        }
+    }
+
+    fn entry(&self, instance: &Instance) -> Result<&CatalogEntry, String> {
+        self.catalog.get(&instance.service_type).ok_or_else(|| {
+            format!(
+                "service type {:?} of {} is not in the catalog",
+                instance.service_type, instance.name
+            )
+        })
+    }
+
+    /// Install-or-upgrade on the deterministic release name, then one
+    /// container per service and ACTIVE naming it. Idempotent: containers
+    /// are created by deterministic name, ACTIVE written only on change.
+    async fn provision(&self, instance: &Instance) -> Result<(), String> {
+        let p = &self.ports;
+        let entry = self.entry(instance)?;
+        p.provisioner
+            .install_or_upgrade(instance.name.as_str(), &instance.version)
+            .await
+            .map_err(|e| e.to_string())?;
+        let active = p
+            .store
+            .load_active(&instance.name)
+            .await
+            .map_err(|e| e.to_string())?;
+        for spec in &entry.services {
+            let id = self
+                .create(instance, spec, &instance.version)
+                .await
+                .map_err(|e| format!("create {}: {e}", spec.name))?;
+            if active.services.get(&spec.name).map(|s| &s.container) == Some(&id) {
+                continue;
+            }
+            let record = ActiveService {
+                container: id,
+                effective_revision: instance.version.clone(),
+                binds: Default::default(),
+                stop_grace: Some(spec.stop_grace),
+                verified_started_at: None,
+            };
+            p.store
+                .save_active_service(&instance.name, &spec.name, &record)
+                .await
+                .map_err(|e| e.to_string())?;
+        }
+        self.move_to(instance, InstanceState::Ready).await
+    }
+
+    async fn create(
+        &self,
+        instance: &Instance,
+        spec: &ServiceSpec,
+        revision: &str,
+    ) -> Result<ContainerId, RuntimeError> {
+        self.ports
+            .runtime
+            .create(&CreateContainer {
+                instance: instance.name.clone(),
+                spec: spec.clone(),
+                revision: revision.to_owned(),
+            })
+            .await
+    }
+
+    /// Overlap replacement per service: create the successor, verify it,
+    /// publish it, switch ACTIVE, and mark the predecessor
+    /// retirement-pending — the recovery pass retires it once the successor
+    /// serves. A failure removes the candidate and leaves ACTIVE alone.
+    async fn upgrade(&self, instance: &Instance) -> Result<(), String> {
+        let p = &self.ports;
+        let entry = self.entry(instance)?.clone();
+        if instance.state == InstanceState::Ready {
+            self.move_to(instance, InstanceState::Upgrading).await?;
+        }
+        let result = self.replace_services(instance, &entry).await;
+        let now = p.clock.now();
+        if result.is_ok() {
+            p.store
+                .set_instance_version(instance.id, &entry.version, now)
+                .await
+                .map_err(|e| e.to_string())?;
+        }
+        // Either way the instance serves: the new version, or the old one
+        // untouched.
+        let _ = p
+            .store
+            .set_instance_state(
+                instance.id,
+                InstanceState::Upgrading,
+                InstanceState::Ready,
+                now,
+            )
+            .await;
+        result
+    }
+
+    async fn replace_services(
+        &self,
+        instance: &Instance,
+        entry: &CatalogEntry,
+    ) -> Result<(), String> {
+        let p = &self.ports;
+        let active = p
+            .store
+            .load_active(&instance.name)
+            .await
+            .map_err(|e| e.to_string())?;
+        for spec in &entry.services {
+            let current = active.services.get(&spec.name);
+            if current.is_some_and(|c| c.effective_revision == entry.version) {
+                continue;
+            }
+            let candidate = self
+                .create(instance, spec, &entry.version)
+                .await
+                .map_err(|e| format!("create successor of {}: {e}", spec.name))?;
+            let verified = self.verify_candidate(&candidate, spec).await;
+            let (started_at, binds) = match verified {
+                Ok(v) => v,
+                Err(e) => {
+                    let _ = p.runtime.remove(&candidate).await;
+                    return Err(format!("successor of {} not ready: {e}", spec.name));
+                }
+            };
+            let key = ServiceKey {
+                instance: instance.name.clone(),
+                service: spec.name.clone(),
+            };
+            let now = p.clock.now();
+            if let Some(current) = current {
+                // Marker first: a crash before ACTIVE switches leaves a marker
+                // on the still-ACTIVE container, which the pass just clears.
+                let marker = Inhibition {
+                    service: spec.name.clone(),
+                    container: current.container.clone(),
+                    reason: InhibitionReason::RetirementPending,
+                    operation: "upgrade".into(),
+                    created_at: now,
+                    stop_grace: current.stop_grace,
+                };
+                p.store
+                    .save_inhibition(&instance.name, &marker)
+                    .await
+                    .map_err(|e| e.to_string())?;
+            }
+            let record = ActiveService {
+                container: candidate.clone(),
+                effective_revision: entry.version.clone(),
+                binds: binds.clone(),
+                stop_grace: Some(spec.stop_grace),
+                verified_started_at: Some(started_at),
+            };
+            p.store
+                .save_active_service(&instance.name, &spec.name, &record)
+                .await
+                .map_err(|e| e.to_string())?;
+            // Route the verified successor now, so traffic moves over without
+            // a gap; the predecessor keeps running until the pass retires it.
+            p.traffic
+                .publish(&Route {
+                    service: key,
+                    container: candidate,
+                    binds,
+                    verified_started_at: Some(started_at),
+                })
+                .await
+                .map_err(|e| e.to_string())?;
+        }
+        Ok(())
+    }
+
+    /// Waits (bounded) for the candidate to run, reads its binds and probes
+    /// its readiness; returns the verified execution and its binds.
+    async fn verify_candidate(
+        &self,
+        id: &ContainerId,
+        spec: &ServiceSpec,
+    ) -> Result<(crate::core::types::Timestamp, crate::core::types::Binds), String> {
+        let p = &self.ports;
+        let step = Duration::from_millis(250);
+        let attempts = (CANDIDATE_RUNNING_WAIT_MAX.as_millis() / step.as_millis()) as u32;
+        let mut observed = None;
+        for _ in 0..attempts {
+            match p.runtime.inspect(id).await {
+                Ok(obs) if obs.status == ContainerStatus::Running => {
+                    observed = obs.started_at;
+                    break;
+                }
+                Ok(obs) if obs.status.is_down() => {
+                    return Err(format!("candidate is {}", obs.status));
+                }
+                Ok(_) | Err(RuntimeError::Transient(_)) => tokio::time::sleep(step).await,
+                Err(RuntimeError::NotFound) => return Err("candidate vanished".into()),
+            }
+        }
+        let started_at = observed.ok_or("candidate never reported running")?;
+        let binds = p.runtime.binds(id).await.map_err(|e| e.to_string())?;
+        p.probe.ready(&spec.readiness, &binds).await?;
+        match p.runtime.inspect(id).await {
+            Ok(obs) if obs.started_at == Some(started_at) => Ok((started_at, binds)),
+            _ => Err("candidate restarted during verification".into()),
+        }
+    }
+
+    /// Withdraw, stop and remove every container of the instance, release
+    /// its claims, uninstall the release, mark it deleted.
+    async fn deprovision(&self, instance: &Instance) -> Result<(), String> {
+        let p = &self.ports;
+        let name = &instance.name;
+        let active = p.store.load_active(name).await.map_err(|e| e.to_string())?;
+        let inhibitions = p
+            .store
+            .load_inhibitions(name)
+            .await
+            .map_err(|e| e.to_string())?;
+        let policy = crate::core::policy::RecoveryPolicy::default();
+        for (service, record) in &active.services {
+            let key = ServiceKey {
+                instance: name.clone(),
+                service: service.clone(),
+            };
+            p.traffic.withdraw(&key).await.map_err(|e| e.to_string())?;
+            let grace = record.stop_grace.unwrap_or(policy.stop_grace_default);
+            self.stop_and_remove(&record.container, grace).await?;
+            p.store
+                .release_claims(name, &record.container)
+                .await
+                .map_err(|e| e.to_string())?;
+            p.store
+                .remove_active_service(name, service)
+                .await
+                .map_err(|e| e.to_string())?;
+        }
+        for marker in inhibitions {
+            if marker.reason == InhibitionReason::RetirementPending {
+                let grace = marker.stop_grace.unwrap_or(policy.stop_grace_default);
+                self.stop_and_remove(&marker.container, grace).await?;
+            }
+            p.store
+                .clear_inhibition(name, &marker.service, &marker.container)
+                .await
+                .map_err(|e| e.to_string())?;
+        }
+        p.provisioner
+            .uninstall(name.as_str())
+            .await
+            .map_err(|e| e.to_string())?;
+        self.move_to(instance, InstanceState::Deleted).await
+    }
+
+    async fn stop_and_remove(&self, id: &ContainerId, grace: Duration) -> Result<(), String> {
+        match self.ports.runtime.stop(id, grace).await {
+            Ok(()) | Err(RuntimeError::NotFound) => {}
+            Err(e) => return Err(format!("stop {id}: {e}")),
+        }
+        self.ports
+            .runtime
+            .remove(id)
+            .await
+            .map_err(|e| format!("remove {id}: {e}"))
+    }
+
+    /// Moves the instance along its lifecycle, compare-and-set on its
+    /// current state. Re-reads it so a retried handler is idempotent.
+    async fn move_to(&self, instance: &Instance, to: InstanceState) -> Result<(), String> {
+        let p = &self.ports;
+        let current = p
+            .store
+            .instance_by_id(instance.id)
+            .await
+            .map_err(|e| e.to_string())?
+            .ok_or_else(|| format!("instance {} vanished", instance.name))?;
+        if current.state == to {
+            return Ok(());
+        }
+        if !current.state.can_become(to) {
+            return Err(format!(
+                "instance {} cannot go from {} to {to}",
+                instance.name, current.state
+            ));
+        }
+        let now = p.clock.now();
+        let moved = p
+            .store
+            .set_instance_state(instance.id, current.state, to, now)
+            .await
+            .map_err(|e| e.to_string())?;
+        if moved {
+            Ok(())
+        } else {
+            Err(format!(
+                "instance {} changed state concurrently",
+                instance.name
+            ))
+        }
+    }
+}

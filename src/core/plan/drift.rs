@@ -1,8 +1,8 @@
 //! C5: live releases against the instances the database says are ready.
 
-use std::collections::{BTreeSet, HashSet};
+use std::collections::BTreeSet;
 
-use super::{is_expired, Decision, Notice, Plan, Planner, Report};
+use super::{is_expired, Decision, FastSet, Notice, Plan, Planner, Report};
 use crate::core::fleet::{InstanceState, TaskKind};
 
 impl Planner<'_, '_> {
@@ -52,7 +52,7 @@ impl Planner<'_, '_> {
         }
         // Every instance the database has not finished deleting owns its
         // release name; a deleted one does not, so its leftover is an orphan.
-        let known: HashSet<&str> = snapshot
+        let known: FastSet<&str> = snapshot
             .instances
             .iter()
             .filter(|i| i.state != InstanceState::Deleted)

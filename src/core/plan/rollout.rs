@@ -6,7 +6,8 @@ use std::collections::HashMap;
 use super::{is_expired, Decision, Plan, Planner, Report};
 use crate::core::catalog::CatalogEntry;
 use crate::core::fleet::{Instance, InstanceState, RetryDecision, RolloutState, Task, TaskKind};
-use crate::core::window::{next_run_after, Window, WindowError};
+use crate::core::types::Timestamp;
+use crate::core::window::{next_run_after, Window, WindowError, WINDOW_SPEC_LEN_MAX};
 
 /// Most dot-separated components compared in a version; longer versions
 /// compare as opaque strings.
@@ -127,27 +128,25 @@ impl Planner<'_, '_> {
                 b.id,
             ))
         });
-        // Many instances share a window spec; parse each spec once.
-        let mut windows: HashMap<&str, Result<Window, WindowError>> = HashMap::new();
+        // Many instances share a window spec, and the next opening depends
+        // only on the spec and `now`: compute each spec's answer once.
+        let mut run_afters: HashMap<&str, Result<Timestamp, WindowError>> = HashMap::new();
         for (instance, entry) in candidates {
             if slots == 0 {
                 break;
             }
             let run_after = match (&instance.maintenance_window, entry.security) {
                 (Some(spec), false) => {
-                    let parsed = windows
-                        .entry(spec.as_str())
-                        .or_insert_with(|| Window::parse(spec));
-                    match parsed {
-                        Ok(window) => next_run_after(window, snapshot.now),
+                    let scheduled = run_afters.entry(spec.as_str()).or_insert_with(|| {
+                        Window::parse(spec).map(|window| next_run_after(&window, snapshot.now))
+                    });
+                    match scheduled {
+                        Ok(at) => *at,
                         Err(error) => {
                             plan.reports.push(Report::BadWindow {
                                 instance: instance.id,
                                 name: instance.name.clone(),
-                                window: spec
-                                    .chars()
-                                    .take(crate::core::window::WINDOW_SPEC_LEN_MAX)
-                                    .collect(),
+                                window: spec.chars().take(WINDOW_SPEC_LEN_MAX).collect(),
                                 error: error.clone(),
                             });
                             continue;

@@ -28,7 +28,7 @@ mod lease;
 mod rollout;
 mod ttl;
 
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::{BTreeMap, HashMap};
 use std::hash::{BuildHasherDefault, Hasher};
 
 pub use config::{ConfigError, ControlConfig, MAX_IN_FLIGHT_MAX};
@@ -213,7 +213,6 @@ impl Hasher for FxHasher {
 }
 
 type FastMap<K, V> = HashMap<K, V, BuildHasherDefault<FxHasher>>;
-type FastSet<T> = HashSet<T, BuildHasherDefault<FxHasher>>;
 
 /// Kinds of queued-or-running tasks of one instance, one bit per kind.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -233,14 +232,48 @@ impl ActiveKinds {
     }
 }
 
+/// The distinct live releases, each with a position so that drift can mark
+/// the ones an instance owns in a plain vector.
+struct LiveReleases<'s> {
+    positions: FastMap<(&'s str, &'s str), usize>,
+    distinct: Vec<(&'s str, &'s str)>,
+}
+
+impl<'s> LiveReleases<'s> {
+    fn new(releases: &'s [Release]) -> Self {
+        let mut positions: FastMap<(&str, &str), usize> = FastMap::default();
+        positions.reserve(releases.len());
+        let mut distinct = Vec::with_capacity(releases.len());
+        for release in releases {
+            let key = (release.name.as_str(), release.namespace.as_str());
+            positions.entry(key).or_insert_with(|| {
+                distinct.push(key);
+                distinct.len() - 1
+            });
+        }
+        Self {
+            positions,
+            distinct,
+        }
+    }
+
+    fn position(&self, name: &str, namespace: &str) -> Option<usize> {
+        self.positions.get(&(name, namespace)).copied()
+    }
+
+    fn contains(&self, name: &str, namespace: &str) -> bool {
+        self.positions.contains_key(&(name, namespace))
+    }
+}
+
 /// A snapshot with the indexes every planner needs, built once so the four
 /// planners together stay linear in the fleet's size.
 pub struct Planner<'s, 'a> {
     snapshot: &'s Snapshot<'a>,
     active: FastMap<InstanceId, ActiveKinds>,
     upgrades_in_flight: usize,
-    /// `(name, namespace)` of live releases; `None` when unknown.
-    live: Option<FastSet<(&'s str, &'s str)>>,
+    /// Live releases; `None` when unknown.
+    live: Option<LiveReleases<'s>>,
 }
 
 impl<'s, 'a> Planner<'s, 'a> {
@@ -254,12 +287,7 @@ impl<'s, 'a> Planner<'s, 'a> {
                 upgrades_in_flight += 1;
             }
         }
-        let live = snapshot.releases.as_ref().map(|releases| {
-            releases
-                .iter()
-                .map(|r| (r.name.as_str(), r.namespace.as_str()))
-                .collect()
-        });
+        let live = snapshot.releases.as_deref().map(LiveReleases::new);
         Self {
             snapshot,
             active,

@@ -36,7 +36,8 @@ fn fleet(now: Timestamp) -> (Vec<Instance>, Vec<Task>, Vec<Release>) {
         let n = id as usize;
         let name = format!("tenant-{id:05}");
         // One instance in a hundred lost its release; one in a hundred is
-        // past its TTL; a fifth run an old version.
+        // past its TTL; a seventh run an old version. The moduli differ so
+        // that every combination of team, type and window occurs.
         if n % 100 != 7 {
             releases.push(Release {
                 name: name.clone(),
@@ -48,7 +49,7 @@ fn fleet(now: Timestamp) -> (Vec<Instance>, Vec<Task>, Vec<Release>) {
             name: InstanceName::new(name),
             team: TEAMS[n % TEAMS.len()].into(),
             service_type: TYPES[n % TYPES.len()].into(),
-            version: if n % 5 == 0 { "1.0.0" } else { "1.1.0" }.into(),
+            version: if n % 7 == 0 { "1.0.0" } else { "1.1.0" }.into(),
             state: if n % 50 == 3 {
                 InstanceState::Provisioning
             } else {
@@ -56,7 +57,7 @@ fn fleet(now: Timestamp) -> (Vec<Instance>, Vec<Task>, Vec<Release>) {
             },
             stopped: false,
             expires_at: (n % 100 == 11).then(|| ago(60)),
-            maintenance_window: WINDOWS[n % WINDOWS.len()].map(str::to_owned),
+            maintenance_window: WINDOWS[(n / 3) % WINDOWS.len()].map(str::to_owned),
             created_at: ago(86_400),
             updated_at: ago(86_400),
         });

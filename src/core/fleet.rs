@@ -73,6 +73,23 @@ impl InstanceState {
     }
 }
 
+impl InstanceState {
+    /// The checked step `self → to`: every state change of an instance goes
+    /// through here (or [`InstanceState::can_become`]), so the lifecycle has
+    /// one home.
+    pub fn transition_to(self, to: InstanceState) -> Result<InstanceState, IllegalTransition> {
+        if self.can_become(to) {
+            Ok(to)
+        } else {
+            Err(IllegalTransition {
+                lifecycle: "instance",
+                from: self.as_str(),
+                to: to.as_str(),
+            })
+        }
+    }
+}
+
 impl fmt::Display for InstanceState {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(self.as_str())
@@ -160,6 +177,31 @@ impl TaskState {
             (Queued, Running) | (Running, Queued) | (Running, Done) | (Running, Failed)
         )
     }
+}
+
+impl TaskState {
+    /// The checked step `self → to` of a task.
+    pub fn transition_to(self, to: TaskState) -> Result<TaskState, IllegalTransition> {
+        if self.can_become(to) {
+            Ok(to)
+        } else {
+            Err(IllegalTransition {
+                lifecycle: "task",
+                from: self.as_str(),
+                to: to.as_str(),
+            })
+        }
+    }
+}
+
+/// A state change the lifecycle forbids (a bug, or a row another tool
+/// moved under us); the caller reports it and changes nothing.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("{lifecycle} cannot go from {from} to {to}")]
+pub struct IllegalTransition {
+    pub lifecycle: &'static str,
+    pub from: &'static str,
+    pub to: &'static str,
 }
 
 impl fmt::Display for TaskState {
@@ -338,6 +380,28 @@ mod tests {
         }
         let err = TaskKind::parse("explode").unwrap_err();
         assert_eq!(err.to_string(), "unknown task kind \"explode\"");
+    }
+
+    #[test]
+    fn illegal_transitions_are_named() {
+        assert_eq!(
+            TaskState::Done
+                .transition_to(TaskState::Queued)
+                .unwrap_err()
+                .to_string(),
+            "task cannot go from done to queued"
+        );
+        assert_eq!(
+            InstanceState::Ready.transition_to(InstanceState::Deleting),
+            Ok(InstanceState::Deleting)
+        );
+        assert!(InstanceState::Deleting
+            .transition_to(InstanceState::Ready)
+            .is_err());
+        assert_eq!(
+            TaskState::Running.transition_to(TaskState::Queued),
+            Ok(TaskState::Queued)
+        );
     }
 
     #[test]

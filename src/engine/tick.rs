@@ -23,6 +23,9 @@ use crate::ports::{LeaseGrant, StoreError};
 use super::recovery::Recoverer;
 use super::Ports;
 
+/// A pure planner of the control loop.
+type Planner = fn(&Snapshot<'_>) -> Plan;
+
 /// The checks of one tick, in order. Each is its own error boundary (C3).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub enum Check {
@@ -248,7 +251,7 @@ impl Reconciler {
         fence: &LeaseGrant,
         out: &mut TickOutcome,
     ) {
-        let checks: [(Check, fn(&Snapshot<'_>) -> Plan); 4] = [
+        let checks: [(Check, Planner); 4] = [
             (Check::Drift, plan_drift),
             (Check::LeaseExpiry, plan_lease_expiry),
             (Check::Ttl, plan_ttl),

@@ -1,7 +1,5 @@
 //! C5: live releases against the instances the database says are ready.
 
-use std::collections::{BTreeSet, HashSet};
-
 use super::{is_expired, Decision, Notice, Plan, Planner, Report};
 use crate::core::fleet::{InstanceState, TaskKind};
 
@@ -23,14 +21,23 @@ impl Planner<'_, '_> {
         };
         let namespace = snapshot.config.namespace.as_str();
         let mut plan = Plan::default();
+        // Which live releases some instance owns. Every instance the
+        // database has not finished deleting owns its release name; a
+        // deleted one does not, so its leftover release is an orphan.
+        let mut owned = vec![false; live.distinct.len()];
         for instance in &snapshot.instances {
-            if instance.state != InstanceState::Ready || is_expired(instance, snapshot.now) {
+            if instance.state == InstanceState::Deleted {
                 continue;
             }
-            if live.contains(&(instance.name.as_str(), namespace)) {
-                continue;
+            let position = live.position(instance.name.as_str(), namespace);
+            if let Some(p) = position {
+                owned[p] = true;
             }
-            if self.active_kinds(instance.id).has(TaskKind::Reprovision) {
+            if position.is_some()
+                || instance.state != InstanceState::Ready
+                || is_expired(instance, snapshot.now)
+                || self.active_kinds(instance.id).has(TaskKind::Reprovision)
+            {
                 continue;
             }
             let reason = format!(
@@ -50,19 +57,14 @@ impl Planner<'_, '_> {
                 message: format!("reprovisioning {}: {reason}", instance.name),
             }));
         }
-        // Every instance the database has not finished deleting owns its
-        // release name; a deleted one does not, so its leftover is an orphan.
-        let known: HashSet<&str> = snapshot
-            .instances
+        let mut orphans: Vec<(&str, &str)> = live
+            .distinct
             .iter()
-            .filter(|i| i.state != InstanceState::Deleted)
-            .map(|i| i.name.as_str())
+            .zip(&owned)
+            .filter(|(_, owned)| !**owned)
+            .map(|(release, _)| *release)
             .collect();
-        let orphans: BTreeSet<(&str, &str)> = live
-            .iter()
-            .filter(|(name, ns)| *ns != namespace || !known.contains(name))
-            .copied()
-            .collect();
+        orphans.sort_unstable();
         plan.reports
             .extend(orphans.into_iter().map(|(name, ns)| Report::OrphanRelease {
                 name: name.to_owned(),

@@ -3,10 +3,11 @@
 use std::cmp::Ordering;
 use std::collections::HashMap;
 
-use super::{is_expired, Decision, Plan, Planner, Report};
+use super::{is_expired, Decision, FastMap, Plan, Planner, Report};
 use crate::core::catalog::CatalogEntry;
 use crate::core::fleet::{Instance, InstanceState, RetryDecision, RolloutState, Task, TaskKind};
-use crate::core::window::{next_run_after, Window, WindowError};
+use crate::core::types::Timestamp;
+use crate::core::window::{next_run_after, Window, WindowError, WINDOW_SPEC_LEN_MAX};
 
 /// Most dot-separated components compared in a version; longer versions
 /// compare as opaque strings.
@@ -69,11 +70,13 @@ impl Planner<'_, '_> {
             || self.snapshot.rollouts.get(&entry.service_type) == Some(&RolloutState::Halted)
     }
 
-    /// Whether `instance` may be upgraded now, apart from the fleet limit.
+    /// Whether `instance` may be upgraded now, apart from the fleet limit
+    /// and the rollout switch. Cheap checks first: this runs per instance.
     fn upgradable(&self, instance: &Instance, entry: &CatalogEntry) -> bool {
         let namespace = self.snapshot.config.namespace.as_str();
         instance.state == InstanceState::Ready
             && !is_expired(instance, self.snapshot.now)
+            && is_behind(&instance.version, &entry.version)
             // One task per instance at a time: an upgrade racing a
             // reprovision or deprovision helps nobody.
             && !self.active_kinds(instance.id).any()
@@ -81,9 +84,7 @@ impl Planner<'_, '_> {
             && self
                 .live
                 .as_ref()
-                .is_none_or(|live| live.contains(&(instance.name.as_str(), namespace)))
-            && !self.halted(entry)
-            && is_behind(&instance.version, &entry.version)
+                .is_none_or(|live| live.contains(instance.name.as_str(), namespace))
     }
 
     /// Instances behind their catalog version get an `upgrade`, the
@@ -103,10 +104,17 @@ impl Planner<'_, '_> {
             return plan;
         }
         let own_team = snapshot.config.own_team.as_str();
+        // The catalog entry of each type, `None` while its rollout is
+        // halted; looked up once per type rather than once per instance.
+        let mut types: FastMap<&str, Option<&CatalogEntry>> = FastMap::default();
+        for entry in snapshot.catalog.entries() {
+            let rolling = (!self.halted(entry)).then_some(entry);
+            types.insert(entry.service_type.as_str(), rolling);
+        }
         let mut candidates: Vec<(&Instance, &CatalogEntry)> = Vec::new();
         for instance in &snapshot.instances {
-            match snapshot.catalog.get(&instance.service_type) {
-                Some(entry) if self.upgradable(instance, entry) => {
+            match types.get(instance.service_type.as_str()) {
+                Some(Some(entry)) if self.upgradable(instance, entry) => {
                     candidates.push((instance, entry))
                 }
                 Some(_) => {}
@@ -127,27 +135,25 @@ impl Planner<'_, '_> {
                 b.id,
             ))
         });
-        // Many instances share a window spec; parse each spec once.
-        let mut windows: HashMap<&str, Result<Window, WindowError>> = HashMap::new();
+        // Many instances share a window spec, and the next opening depends
+        // only on the spec and `now`: compute each spec's answer once.
+        let mut run_afters: HashMap<&str, Result<Timestamp, WindowError>> = HashMap::new();
         for (instance, entry) in candidates {
             if slots == 0 {
                 break;
             }
             let run_after = match (&instance.maintenance_window, entry.security) {
                 (Some(spec), false) => {
-                    let parsed = windows
-                        .entry(spec.as_str())
-                        .or_insert_with(|| Window::parse(spec));
-                    match parsed {
-                        Ok(window) => next_run_after(window, snapshot.now),
+                    let scheduled = run_afters.entry(spec.as_str()).or_insert_with(|| {
+                        Window::parse(spec).map(|window| next_run_after(&window, snapshot.now))
+                    });
+                    match scheduled {
+                        Ok(at) => *at,
                         Err(error) => {
                             plan.reports.push(Report::BadWindow {
                                 instance: instance.id,
                                 name: instance.name.clone(),
-                                window: spec
-                                    .chars()
-                                    .take(crate::core::window::WINDOW_SPEC_LEN_MAX)
-                                    .collect(),
+                                window: spec.chars().take(WINDOW_SPEC_LEN_MAX).collect(),
                                 error: error.clone(),
                             });
                             continue;

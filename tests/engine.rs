@@ -1,0 +1,464 @@
+//! The engine against in-memory ports and the in-memory store: the tick's
+//! error boundaries, heartbeat and trace context (C3, C9), the singleton
+//! lease (C2), the recovery pass's bounds (R2, R3), and the workers'
+//! handlers (C11). The same engine runs against the real adapters in
+//! `tests/e2e_*` and in the simulation.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use stead::core::catalog::Catalog;
+use stead::core::fleet::{InstanceState, NewTask, RolloutState, TaskKind, TaskRetryPolicy};
+use stead::core::plan::ControlConfig;
+use stead::core::policy::RecoveryPolicy;
+use stead::core::types::{InhibitionReason, InstanceName, ServiceKey, ServiceName, Timestamp};
+use stead::engine::recovery::{InstanceLocks, Recoverer};
+use stead::engine::tick::{Check, Reconciler};
+use stead::engine::worker::{TaskEnd, Worker, WorkerConfig};
+use stead::engine::Ports;
+use stead::ports::memory::{
+    Fault, FaultInjector, Hooks, ManualClock, MemoryNotifier, MemoryPolicy, MemoryProbe,
+    MemoryProvisioner, MemoryRuntime, MemoryTraffic, Op,
+};
+use stead::ports::{NewInstance, Store};
+use stead::store::memory::MemoryStore;
+
+const CATALOG: &str = r#"
+[types.wiki]
+version = "2"
+
+[[types.wiki.services]]
+name = "web"
+image = "wiki"
+ports = [8080]
+
+[types.wiki.services.readiness]
+kind = "none"
+"#;
+
+/// Fails the operations listed, by subject prefix.
+#[derive(Default)]
+struct Script {
+    rules: std::sync::Mutex<Vec<(Op, String, Fault)>>,
+}
+
+impl Script {
+    fn fail(&self, op: Op, subject_prefix: &str, fault: Fault) {
+        self.rules
+            .lock()
+            .unwrap()
+            .push((op, subject_prefix.into(), fault));
+    }
+}
+
+impl FaultInjector for Script {
+    fn decide(&self, op: Op, subject: &str) -> Fault {
+        let rules = self.rules.lock().unwrap();
+        rules
+            .iter()
+            .find(|(o, prefix, _)| *o == op && subject.starts_with(prefix.as_str()))
+            .map_or(Fault::Proceed, |(_, _, f)| f.clone())
+    }
+}
+
+struct Fixture {
+    clock: Arc<ManualClock>,
+    store: Arc<MemoryStore>,
+    runtime: Arc<MemoryRuntime>,
+    traffic: Arc<MemoryTraffic>,
+    provisioner: Arc<MemoryProvisioner>,
+    script: Arc<Script>,
+    ports: Ports,
+    catalog: Arc<Catalog>,
+    locks: Arc<InstanceLocks>,
+}
+
+fn fixture() -> Fixture {
+    let clock = Arc::new(ManualClock::new(
+        Timestamp::from_second(1_800_000_000).unwrap(),
+    ));
+    let script = Arc::new(Script::default());
+    let hooks = Hooks {
+        faults: script.clone(),
+        ..Hooks::default()
+    };
+    let runtime = Arc::new(MemoryRuntime::new(clock.clone(), hooks.clone()));
+    let traffic = Arc::new(MemoryTraffic::new(hooks.clone()));
+    let provisioner = Arc::new(MemoryProvisioner::new("stead", hooks.clone()));
+    let store = Arc::new(MemoryStore::new());
+    let ports = Ports {
+        clock: clock.clone(),
+        runtime: runtime.clone(),
+        traffic: traffic.clone(),
+        store: store.clone(),
+        probe: Arc::new(MemoryProbe::new(runtime.clone(), hooks.clone())),
+        policy: Arc::new(MemoryPolicy::default()),
+        provisioner: provisioner.clone(),
+        notifier: Arc::new(MemoryNotifier::new(hooks)),
+    };
+    Fixture {
+        clock,
+        store,
+        runtime,
+        traffic,
+        provisioner,
+        script,
+        ports,
+        catalog: Arc::new(Catalog::from_toml(CATALOG, "catalog.toml").unwrap()),
+        locks: Arc::new(InstanceLocks::default()),
+    }
+}
+
+impl Fixture {
+    fn recoverer(&self) -> Arc<Recoverer> {
+        let policy = RecoveryPolicy {
+            instance_deadline: Duration::from_millis(300),
+            ..Default::default()
+        };
+        Arc::new(Recoverer::new(
+            self.ports.clone(),
+            policy,
+            Default::default(),
+            self.locks.clone(),
+        ))
+    }
+
+    fn reconciler(&self, holder: &str) -> Reconciler {
+        Reconciler::new(
+            self.ports.clone(),
+            self.catalog.clone(),
+            ControlConfig::default(),
+            holder.into(),
+            self.recoverer(),
+            7,
+        )
+    }
+
+    fn worker(&self) -> Worker {
+        Worker::new(
+            self.ports.clone(),
+            self.catalog.clone(),
+            WorkerConfig {
+                id: "w1".into(),
+                lease: Duration::from_secs(300),
+                retry: TaskRetryPolicy {
+                    attempts_max: 2,
+                    ..Default::default()
+                },
+                idle_poll: Duration::from_millis(10),
+            },
+            self.locks.clone(),
+        )
+    }
+
+    async fn instance(&self, name: &str, version: &str) -> stead::core::fleet::Instance {
+        self.store
+            .create_instance(
+                &NewInstance {
+                    name: InstanceName::new(name),
+                    team: "t".into(),
+                    service_type: "wiki".into(),
+                    version: version.into(),
+                    expires_at: None,
+                    maintenance_window: None,
+                },
+                self.clock.now(),
+            )
+            .await
+            .unwrap()
+    }
+
+    async fn enqueue(&self, instance: i64, kind: TaskKind) {
+        self.store
+            .enqueue(
+                &NewTask {
+                    kind,
+                    instance,
+                    run_after: self.clock.now(),
+                    reason: "test".into(),
+                    traceparent: None,
+                },
+                self.clock.now(),
+                None,
+            )
+            .await
+            .unwrap();
+    }
+
+    /// Provisions `name` through a worker and one pass, so it is served.
+    async fn served(&self, name: &str, version: &str) -> stead::core::fleet::Instance {
+        let instance = self.instance(name, version).await;
+        self.enqueue(instance.id, TaskKind::Provision).await;
+        let (_, end) = self.worker().work_once().await.expect("a task");
+        assert_eq!(end, TaskEnd::Done);
+        self.recoverer().pass().await;
+        assert!(self.routed(name, "web"), "provisioned and published");
+        instance
+    }
+
+    fn routed(&self, instance: &str, service: &str) -> bool {
+        self.traffic.routes().contains_key(&ServiceKey {
+            instance: InstanceName::new(instance),
+            service: ServiceName::new(service),
+        })
+    }
+}
+
+use stead::ports::Clock;
+
+#[tokio::test]
+async fn provision_creates_containers_and_active_and_the_pass_publishes() {
+    let f = fixture();
+    let instance = f.served("wiki1", "2").await;
+    let active = f.store.load_active(&instance.name).await.unwrap();
+    let web = &active.services[&ServiceName::new("web")];
+    assert!(f.runtime.container(&web.container).is_some());
+    let row = f.store.instance(&instance.name).await.unwrap().unwrap();
+    assert_eq!(row.state, InstanceState::Ready);
+}
+
+#[tokio::test]
+async fn provisioning_twice_is_idempotent() {
+    let f = fixture();
+    let instance = f.served("wiki1", "2").await;
+    let before = f.store.load_active(&instance.name).await.unwrap();
+    f.enqueue(instance.id, TaskKind::Reprovision).await;
+    let (_, end) = f.worker().work_once().await.unwrap();
+    assert_eq!(end, TaskEnd::Done);
+    assert_eq!(f.store.load_active(&instance.name).await.unwrap(), before);
+}
+
+#[tokio::test]
+async fn tick_reprovisions_a_vanished_release_and_never_deletes_an_orphan() {
+    let f = fixture();
+    let instance = f.served("wiki1", "2").await;
+    f.provisioner.remove_by_hand("wiki1");
+    f.provisioner.add_foreign("somebody-elses");
+    let r = f.reconciler("a");
+    let out = r.tick().await;
+    assert!(out.ok(), "{:?}", out.failed);
+    let tasks = f.store.active_tasks().await.unwrap().rows;
+    assert!(tasks
+        .iter()
+        .any(|t| t.instance == instance.id && t.kind == TaskKind::Reprovision));
+    assert!(f
+        .provisioner
+        .release_names()
+        .contains(&"somebody-elses".to_string()));
+    // Again: no second reprovision while one is queued.
+    r.tick().await;
+    let n = f
+        .store
+        .active_tasks()
+        .await
+        .unwrap()
+        .rows
+        .iter()
+        .filter(|t| t.kind == TaskKind::Reprovision)
+        .count();
+    assert_eq!(n, 1);
+}
+
+#[tokio::test]
+async fn a_failing_check_does_not_stop_the_others_and_the_heartbeat_is_set() {
+    let f = fixture();
+    let instance = f.served("wiki1", "2").await;
+    f.script
+        .fail(Op::ListReleases, "", Fault::Fail("helm unreachable".into()));
+    // Expired: the TTL check must still run.
+    let expired = f.instance("old", "2").await;
+    f.store
+        .set_instance_state(
+            expired.id,
+            InstanceState::Provisioning,
+            InstanceState::Ready,
+            f.clock.now(),
+        )
+        .await
+        .unwrap();
+    let _ = instance;
+    let r = f.reconciler("a");
+    let out = r.tick().await;
+    assert!(out.failed.iter().any(|(c, _)| *c == Check::Drift));
+    assert!(!out.failed.iter().any(|(c, _)| *c == Check::Ttl));
+    assert_eq!(r.last_tick_s(), f.clock.now().as_second());
+}
+
+#[tokio::test]
+async fn enqueued_tasks_carry_the_ticks_traceparent() {
+    let f = fixture();
+    f.served("wiki1", "1").await; // behind the catalog's version 2
+    let out = f.reconciler("a").tick().await;
+    assert!(out.ok(), "{:?}", out.failed);
+    let tasks = f.store.active_tasks().await.unwrap().rows;
+    let upgrade = tasks
+        .iter()
+        .find(|t| t.kind == TaskKind::Upgrade)
+        .expect("an upgrade");
+    assert_eq!(
+        upgrade.traceparent.as_deref(),
+        Some(out.traceparent.as_str())
+    );
+    assert!(out.traceparent.starts_with("00-") && out.traceparent.len() == 55);
+}
+
+#[tokio::test]
+async fn a_second_reconciler_does_not_tick_while_the_lease_is_held() {
+    let f = fixture();
+    let a = f.reconciler("a");
+    let b = f.reconciler("b");
+    assert!(a.tick().await.leader);
+    let out = b.tick().await;
+    assert!(!out.leader);
+    assert!(
+        b.last_tick_s() > 0,
+        "the heartbeat runs even without the lease"
+    );
+}
+
+#[tokio::test]
+async fn upgrade_replaces_with_overlap_and_the_pass_retires_the_predecessor() {
+    let f = fixture();
+    let instance = f.served("wiki1", "1").await;
+    let before = f.store.load_active(&instance.name).await.unwrap().services
+        [&ServiceName::new("web")]
+        .container
+        .clone();
+    f.enqueue(instance.id, TaskKind::Upgrade).await;
+    let (_, end) = f.worker().work_once().await.unwrap();
+    assert_eq!(end, TaskEnd::Done);
+    let after = f.store.load_active(&instance.name).await.unwrap().services
+        [&ServiceName::new("web")]
+        .clone();
+    assert_ne!(after.container, before);
+    assert!(f.routed("wiki1", "web"), "the successor is routed at once");
+    assert!(
+        f.runtime.container(&before).is_some(),
+        "the predecessor keeps running until the pass retires it"
+    );
+    let markers = f.store.load_inhibitions(&instance.name).await.unwrap();
+    assert!(markers
+        .iter()
+        .any(|m| m.container == before && m.reason == InhibitionReason::RetirementPending));
+    f.recoverer().pass().await;
+    assert!(f.runtime.container(&before).is_none(), "retired");
+    assert!(f
+        .store
+        .load_inhibitions(&instance.name)
+        .await
+        .unwrap()
+        .is_empty());
+    let row = f.store.instance(&instance.name).await.unwrap().unwrap();
+    assert_eq!(
+        (row.version.as_str(), row.state),
+        ("2", InstanceState::Ready)
+    );
+}
+
+#[tokio::test]
+async fn a_failed_upgrade_removes_the_candidate_keeps_active_and_halts_the_rollout() {
+    let f = fixture();
+    let instance = f.served("wiki1", "1").await;
+    let before = f.store.load_active(&instance.name).await.unwrap();
+    // The candidate is created, then vanishes before it is verified.
+    f.script.fail(Op::Inspect, "wiki1-web-2", Fault::NotFound);
+    for _ in 0..2 {
+        f.enqueue(instance.id, TaskKind::Upgrade).await;
+        f.clock.advance(Duration::from_secs(3600));
+        let (_, end) = f.worker().work_once().await.unwrap();
+        assert!(
+            matches!(end, TaskEnd::Retried(_) | TaskEnd::Failed(_)),
+            "{end:?}"
+        );
+    }
+    assert_eq!(f.store.load_active(&instance.name).await.unwrap(), before);
+    assert!(f
+        .runtime
+        .container(&stead::core::types::ContainerId::new("wiki1-web-2"))
+        .is_none());
+    let rollouts = f.store.rollouts().await.unwrap();
+    assert_eq!(rollouts.get("wiki"), Some(&RolloutState::Halted));
+}
+
+#[tokio::test]
+async fn deprovision_withdraws_removes_and_marks_deleted() {
+    let f = fixture();
+    let instance = f.served("wiki1", "2").await;
+    let id = f.store.load_active(&instance.name).await.unwrap().services[&ServiceName::new("web")]
+        .container
+        .clone();
+    f.store
+        .set_instance_state(
+            instance.id,
+            InstanceState::Ready,
+            InstanceState::Deleting,
+            f.clock.now(),
+        )
+        .await
+        .unwrap();
+    f.enqueue(instance.id, TaskKind::Deprovision).await;
+    let (_, end) = f.worker().work_once().await.unwrap();
+    assert_eq!(end, TaskEnd::Done);
+    assert!(!f.routed("wiki1", "web"));
+    assert!(f.runtime.container(&id).is_none());
+    let row = f.store.instance(&instance.name).await.unwrap().unwrap();
+    assert_eq!(row.state, InstanceState::Deleted);
+}
+
+#[tokio::test]
+async fn a_busy_instance_is_skipped_never_waited_on() {
+    let f = fixture();
+    let instance = f.served("wiki1", "2").await;
+    let lock = f.locks.lock_for(&instance.name);
+    let _held = lock.lock().await;
+    let outcome = f.recoverer().pass().await;
+    assert!(outcome.instances[&instance.name].skipped_busy);
+}
+
+#[tokio::test]
+async fn a_hung_runtime_call_times_out_and_the_next_instance_is_still_recovered() {
+    let f = fixture();
+    f.served("a-hangs", "2").await;
+    f.served("b-fine", "2").await;
+    f.script.fail(Op::Inspect, "a-hangs", Fault::Hang);
+    let b_web = f
+        .store
+        .load_active(&InstanceName::new("b-fine"))
+        .await
+        .unwrap()
+        .services[&ServiceName::new("web")]
+        .container
+        .clone();
+    f.runtime.with_containers(|cs| {
+        cs.get_mut(&b_web).unwrap().status = stead::core::types::ContainerStatus::Exited
+    });
+    let outcome = f.recoverer().pass().await;
+    let a = &outcome.instances[&InstanceName::new("a-hangs")];
+    assert!(
+        a.errors.iter().any(|e| e.contains("deadline")),
+        "{:?}",
+        a.errors
+    );
+    assert_eq!(
+        f.runtime.container(&b_web).unwrap().status,
+        stead::core::types::ContainerStatus::Running,
+        "the other instance was recovered"
+    );
+}
+
+#[tokio::test]
+async fn a_store_outage_fails_the_tick_and_the_next_tick_recovers() {
+    let f = fixture();
+    f.served("wiki1", "1").await;
+    let r = f.reconciler("a");
+    f.store.set_unavailable(true);
+    let out = r.tick().await;
+    assert!(!out.leader || !out.ok());
+    f.store.set_unavailable(false);
+    let out = r.tick().await;
+    assert!(out.ok(), "{:?}", out.failed);
+    assert!(
+        out.tasks_enqueued >= 1,
+        "the upgrade is planned once the store is back"
+    );
+}

@@ -37,6 +37,11 @@ pub struct Truth {
     pub markers: BTreeMap<ContainerId, ServiceKey>,
     /// Containers the operators created (deploys); never the engine.
     pub operator_created: BTreeSet<ContainerId>,
+    /// Instances in `deleting` or `deleted`: a deprovision may remove their
+    /// containers and uninstall their release.
+    pub deleting: BTreeSet<InstanceName>,
+    /// Releases some other tool installed; never ours to delete (S8).
+    pub foreign_releases: BTreeSet<String>,
 }
 
 #[derive(Debug, Default)]
@@ -60,6 +65,7 @@ struct State {
     trace: VecDeque<String>,
     trace_hash: u64,
     effects: u64,
+    tasks_seen: BTreeSet<i64>,
 }
 
 /// Checks S1–S7 on every effect; collects violations rather than panicking
@@ -133,6 +139,27 @@ impl Checker {
         if let Some(streak) = s.streaks.get_mut(id) {
             streak.up_since.get_or_insert(now);
         }
+    }
+
+    /// A check made outside an effect (the queue, after each tick).
+    pub fn check_external(
+        &self,
+        invariant: &'static str,
+        ok: bool,
+        detail: impl FnOnce() -> String,
+    ) {
+        self.lock().check(invariant, ok, detail);
+    }
+
+    /// S10: a task once in the queue never disappears from it.
+    pub fn tasks_seen(&self, ids: &[i64]) {
+        let mut s = self.lock();
+        let now: BTreeSet<i64> = ids.iter().copied().collect();
+        let lost: Vec<i64> = s.tasks_seen.difference(&now).copied().collect();
+        s.check("S10 no task lost", lost.is_empty(), || {
+            format!("tasks {lost:?} vanished")
+        });
+        s.tasks_seen = now;
     }
 
     /// A violation found outside an effect (the liveness checks).
@@ -235,9 +262,20 @@ impl Observer for Checker {
             }
             Effect::Removed { id } => {
                 let marker = s.truth.markers.contains_key(id);
-                let active = instance_of(&s.truth, id).is_some();
-                s.check("S1 never removes ACTIVE", !active && marker, || {
-                    format!("{id} removed but it is not a retirement marker")
+                let owner = instance_of(&s.truth, id);
+                let deprovisioned = owner
+                    .as_ref()
+                    .is_some_and(|k| s.truth.deleting.contains(&k.instance));
+                let ok = deprovisioned || (owner.is_none() && marker);
+                s.check("S1 never removes ACTIVE", ok, || {
+                    format!("{id} removed but it is neither a retirement marker nor deprovisioned")
+                });
+            }
+            Effect::Uninstalled { release } => {
+                let ours = s.truth.deleting.iter().any(|i| i.as_str() == release);
+                let foreign = s.truth.foreign_releases.contains(release);
+                s.check("S8 orphans never deleted", ours && !foreign, || {
+                    format!("release {release} uninstalled but no deprovision owns it")
                 });
             }
             Effect::Stopped { id } => {
@@ -297,7 +335,7 @@ impl Observer for Checker {
             Effect::ProbePassed { id, started_at } => {
                 s.probe_passed.insert((id.clone(), *started_at));
             }
-            Effect::Installed { .. } | Effect::Uninstalled { .. } => {}
+            Effect::Installed { .. } => {}
         }
     }
 }

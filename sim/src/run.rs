@@ -9,16 +9,21 @@ use std::time::Duration;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
+use stead::core::catalog::{Catalog, CatalogEntry};
+use stead::core::fleet::{InstanceState, RolloutState, TaskKind, TaskRetryPolicy};
+use stead::core::plan::ControlConfig;
 use stead::core::policy::RecoveryPolicy;
 use stead::core::spec::{Healthcheck, ReadinessProbe, ServiceSpec};
 use stead::core::types::{ActiveService, ContainerStatus, InhibitionReason, ServiceKey};
 use stead::engine::recovery::{InstanceLocks, Recoverer};
+use stead::engine::tick::Reconciler;
+use stead::engine::worker::{Worker, WorkerConfig};
 use stead::engine::{Ports, SystemClock};
 use stead::ports::memory::{
     Hooks, MemoryNotifier, MemoryPolicy, MemoryProbe, MemoryProvisioner, MemoryRuntime,
     MemoryTraffic,
 };
-use stead::ports::{Clock, CreateContainer, NewInstance, Runtime, Store};
+use stead::ports::{Clock, CreateContainer, NewInstance, Provisioner, Runtime, Store};
 use stead::store::memory::MemoryStore;
 
 use crate::checker::{ladder_cap, Checker};
@@ -88,6 +93,7 @@ async fn simulate(cfg: SimConfig) -> SimOutcome {
     let _ = faults.checker.set(checker.clone());
     let store = Arc::new(MemoryStore::new());
     let traffic = Arc::new(MemoryTraffic::new(hooks.clone()));
+    let provisioner = Arc::new(MemoryProvisioner::new("stead", hooks.clone()));
     let ports = Ports {
         clock: clock.clone(),
         runtime: runtime.clone(),
@@ -95,7 +101,7 @@ async fn simulate(cfg: SimConfig) -> SimOutcome {
         store: store.clone(),
         probe: Arc::new(MemoryProbe::new(runtime.clone(), hooks.clone())),
         policy: Arc::new(MemoryPolicy::default()),
-        provisioner: Arc::new(MemoryProvisioner::new("stead", hooks.clone())),
+        provisioner: provisioner.clone(),
         notifier: Arc::new(MemoryNotifier::new(hooks.clone())),
     };
     let locks = Arc::new(InstanceLocks::default());
@@ -103,6 +109,7 @@ async fn simulate(cfg: SimConfig) -> SimOutcome {
         rng: Mutex::new(ChaCha8Rng::seed_from_u64(rng.random())),
         mix: mix.clone(),
         runtime: runtime.clone(),
+        provisioner: provisioner.clone(),
         store: store.clone(),
         clock: clock.clone(),
         checker: checker.clone(),
@@ -113,7 +120,15 @@ async fn simulate(cfg: SimConfig) -> SimOutcome {
         deploys: 0.into(),
     });
     faults.enabled.store(false, Ordering::Relaxed);
-    setup(&cfg, &mut rng, &actors, store.as_ref(), runtime.as_ref()).await;
+    setup(
+        &cfg,
+        &mut rng,
+        &actors,
+        store.as_ref(),
+        runtime.as_ref(),
+        provisioner.as_ref(),
+    )
+    .await;
     faults.enabled.store(true, Ordering::Relaxed);
 
     // The workload and the operators run beside the daemon.
@@ -137,7 +152,37 @@ async fn simulate(cfg: SimConfig) -> SimOutcome {
         ..Default::default()
     };
     let start = clock.now();
-    let mut recoverer: Option<Recoverer> = None;
+    let catalog = Arc::new(sim_catalog(&actors));
+    let control = ControlConfig::default();
+    let daemon_seed: u64 = rng.random();
+    let new_daemon = || {
+        let recoverer = Arc::new(Recoverer::new(
+            ports.clone(),
+            policy.clone(),
+            Default::default(),
+            locks.clone(),
+        ));
+        Reconciler::new(
+            ports.clone(),
+            catalog.clone(),
+            control.clone(),
+            "sim".into(),
+            recoverer,
+            daemon_seed,
+        )
+    };
+    let worker = Worker::new(
+        ports.clone(),
+        catalog.clone(),
+        WorkerConfig {
+            id: "sim-worker".into(),
+            lease: control.lease,
+            retry: TaskRetryPolicy::default(),
+            idle_poll: Duration::from_secs(1),
+        },
+        locks.clone(),
+    );
+    let mut daemon: Option<Reconciler> = None;
     let safety_ticks = cfg.safety.as_secs() / cfg.tick.as_secs();
     for _ in 0..safety_ticks {
         let outage = rng.random_bool(mix.store_outage);
@@ -148,23 +193,15 @@ async fn simulate(cfg: SimConfig) -> SimOutcome {
         let kill_at = rng
             .random_bool(mix.daemon_kill)
             .then(|| Duration::from_millis(rng.random_range(0..cfg.tick.as_millis() as u64)));
-        let daemon = recoverer.get_or_insert_with(|| {
-            Recoverer::new(
-                ports.clone(),
-                policy.clone(),
-                Default::default(),
-                locks.clone(),
-            )
-        });
+        let reconciler = daemon.get_or_insert_with(new_daemon);
         let killed = match kill_at {
             None => {
-                let o = daemon.pass().await;
-                debug_pass(&o, clock.now());
+                reconciler.tick().await;
                 false
             }
             Some(at) => {
                 tokio::select! {
-                    o = daemon.pass() => { debug_pass(&o, clock.now()); false }
+                    _ = reconciler.tick() => false,
                     _ = tokio::time::sleep(at) => true,
                 }
             }
@@ -173,9 +210,16 @@ async fn simulate(cfg: SimConfig) -> SimOutcome {
         store.set_unavailable(false);
         if killed {
             counts.bump("daemon killed");
-            recoverer = None;
+            daemon = None;
             checker.daemon_restarted();
         }
+        check_queue(&checker, store.as_ref(), &control).await;
+        refresh_lifecycle(&checker, store.as_ref()).await;
+        let worker_kill = rng
+            .random_bool(mix.daemon_kill)
+            .then(|| Duration::from_millis(rng.random_range(0..5_000)));
+        run_workers(&worker, worker_kill, &counts).await;
+        refresh_lifecycle(&checker, store.as_ref()).await;
         actors.forget_retired();
         if !checker.violations().is_empty() {
             break;
@@ -184,39 +228,32 @@ async fn simulate(cfg: SimConfig) -> SimOutcome {
     }
 
     // Liveness: faults stop, workloads behave; everything must converge
-    // within the budget's cap plus a few ticks.
+    // within the budget's cap (and a lease, for tasks of killed workers)
+    // plus a few ticks.
     actors.chaos.store(false, Ordering::Relaxed);
     faults.enabled.store(false, Ordering::Relaxed);
-    let liveness = ladder_cap(&policy) + cfg.tick * 4;
-    let daemon = recoverer.get_or_insert_with(|| {
-        Recoverer::new(
-            ports.clone(),
-            policy.clone(),
-            Default::default(),
-            locks.clone(),
-        )
-    });
+    let liveness = ladder_cap(&policy) + control.lease + cfg.tick * 4;
+    let reconciler = daemon.get_or_insert_with(new_daemon);
     let ticks = liveness.as_secs() / cfg.tick.as_secs();
     if checker.violations().is_empty() {
         for _ in 0..ticks {
-            daemon.pass().await;
+            reconciler.tick().await;
             outcome.passes += 1;
+            check_queue(&checker, store.as_ref(), &control).await;
+            refresh_lifecycle(&checker, store.as_ref()).await;
+            run_workers(&worker, None, &counts).await;
+            refresh_lifecycle(&checker, store.as_ref()).await;
             actors.forget_retired();
             tokio::time::sleep(cfg.tick).await;
         }
-        let last = daemon.pass().await;
-        if std::env::var_os("STEAD_SIM_DEBUG").is_some() {
-            for (name, o) in &last.instances {
-                eprintln!(
-                    "debug {name}: busy={} errors={:?}",
-                    o.skipped_busy, o.errors
-                );
-                for r in &o.reports {
-                    eprintln!("debug   {:?} {:?}", r.key.service, r.verdict);
-                }
-            }
-        }
-        check_liveness(&checker, store.as_ref(), runtime.as_ref()).await;
+        reconciler.tick().await;
+        check_liveness(
+            &checker,
+            store.as_ref(),
+            runtime.as_ref(),
+            provisioner.as_ref(),
+        )
+        .await;
     }
 
     outcome.violations = checker.violations();
@@ -235,9 +272,15 @@ async fn setup(
     actors: &Actors,
     store: &MemoryStore,
     runtime: &MemoryRuntime,
+    provisioner: &MemoryProvisioner,
 ) {
     let now = actors.clock.now();
     for i in 0..cfg.instances {
+        // Some instances expire during the safety phase (C7).
+        let expires_at = rng.random_bool(0.3).then(|| {
+            let after = Duration::from_secs(rng.random_range(600..cfg.safety.as_secs().max(601)));
+            stead::core::fleet::add(now, after)
+        });
         let name = instance_name(i);
         store
             .create_instance(
@@ -246,13 +289,26 @@ async fn setup(
                     team: "sim".into(),
                     service_type: "app".into(),
                     version: "1".into(),
-                    expires_at: None,
+                    expires_at,
                     maintenance_window: None,
                 },
                 now,
             )
             .await
             .expect("setup: create instance");
+        let row = store
+            .instance(&name)
+            .await
+            .expect("setup")
+            .expect("created");
+        store
+            .set_instance_state(row.id, row.state, InstanceState::Ready, now)
+            .await
+            .expect("setup: ready");
+        provisioner
+            .install_or_upgrade(name.as_str(), "1")
+            .await
+            .expect("setup: install");
         for j in 0..cfg.services_per_instance {
             let service = service_name(j);
             let key = ServiceKey {
@@ -309,11 +365,19 @@ async fn setup(
 }
 
 /// L1, L3, L4 after the liveness phase.
-async fn check_liveness(checker: &Checker, store: &MemoryStore, runtime: &MemoryRuntime) {
+async fn check_liveness(
+    checker: &Checker,
+    store: &MemoryStore,
+    runtime: &MemoryRuntime,
+    provisioner: &MemoryProvisioner,
+) {
     let truth = checker.truth_snapshot();
     let routes = checker.routes();
     let mut failures = Vec::new();
     for (key, id) in &truth.active {
+        if truth.deleting.contains(&key.instance) {
+            continue;
+        }
         let stopped = truth.stopped.contains(&key.instance);
         let inhibited = truth.inhibited.contains(id);
         let Some(c) = runtime.container(id) else {
@@ -339,6 +403,26 @@ async fn check_liveness(checker: &Checker, store: &MemoryStore, runtime: &Memory
             ));
         }
     }
+    // L2 and L5: expired instances reached deleted; every ready instance
+    // has its release.
+    let now = SystemClock.now();
+    let releases = provisioner.release_names();
+    if let Ok(rows) = store.list_instances().await {
+        for i in &rows.rows {
+            if i.expires_at.is_some_and(|at| at <= now) && i.state != InstanceState::Deleted {
+                failures.push(format!(
+                    "L2: expired {} is {}, not deleted",
+                    i.name, i.state
+                ));
+            }
+            if i.state == InstanceState::Ready && !releases.contains(&i.name.to_string()) {
+                failures.push(format!(
+                    "L5: release of ready {} never reprovisioned",
+                    i.name
+                ));
+            }
+        }
+    }
     for key in checker.withdraw_failed() {
         failures.push(format!(
             "L4: withdrawal of {key:?} never retried to success"
@@ -362,20 +446,89 @@ async fn check_liveness(checker: &Checker, store: &MemoryStore, runtime: &Memory
     }
 }
 
-/// `STEAD_SIM_DEBUG=<instance>` prints that instance's reports every pass.
-fn debug_pass(outcome: &stead::engine::recovery::PassOutcome, now: stead::core::types::Timestamp) {
-    let Ok(filter) = std::env::var("STEAD_SIM_DEBUG") else {
+/// The catalog of the simulated fleet: one type, at the version every
+/// instance already runs (the rollout path is covered by the engine tests
+/// and the planners' properties).
+fn sim_catalog(actors: &Actors) -> Catalog {
+    let services = actors.services.lock().expect("poisoned");
+    let mut specs: Vec<ServiceSpec> = Vec::new();
+    for s in services.iter() {
+        if !specs.iter().any(|x| x.name == s.spec.name) {
+            specs.push(s.spec.clone());
+        }
+    }
+    Catalog::from_entries([CatalogEntry {
+        service_type: "app".into(),
+        version: "1".into(),
+        security: false,
+        rollout: RolloutState::Active,
+        services: specs,
+    }])
+}
+
+/// S9 and S10 on the queue after every tick.
+async fn check_queue(checker: &Checker, store: &MemoryStore, control: &ControlConfig) {
+    let tasks = store.all_tasks();
+    let mut active = std::collections::BTreeSet::new();
+    let mut upgrades = 0u32;
+    let mut dup = None;
+    for t in tasks.iter().filter(|t| t.state.is_active()) {
+        if !active.insert((t.instance, t.kind)) {
+            dup = Some((t.instance, t.kind));
+        }
+        if t.kind == TaskKind::Upgrade {
+            upgrades += 1;
+        }
+    }
+    checker.check_external(
+        "S9 one active task per instance and kind",
+        dup.is_none(),
+        || format!("two active tasks {dup:?}"),
+    );
+    checker.check_external(
+        "S9 upgrades in flight within the limit",
+        upgrades <= control.max_in_flight,
+        || format!("{upgrades} upgrades in flight"),
+    );
+    let ids: Vec<i64> = tasks.iter().map(|t| t.id).collect();
+    checker.tasks_seen(&ids);
+}
+
+/// Instance lifecycles into the checker's truth: what is being deleted may
+/// have its containers removed and its release uninstalled.
+async fn refresh_lifecycle(checker: &Checker, store: &MemoryStore) {
+    let Ok(rows) = store.list_instances().await else {
         return;
     };
-    for (name, o) in &outcome.instances {
-        if name.as_str() != filter {
-            continue;
+    checker.truth(|t| {
+        for i in &rows.rows {
+            if matches!(i.state, InstanceState::Deleting | InstanceState::Deleted) {
+                t.deleting.insert(i.name.clone());
+            }
         }
-        for r in &o.reports {
-            eprintln!(
-                "debug {now} {name}/{}: {:?} {:?} {:?}",
-                r.key.service, r.verdict, r.errors, r.memory
-            );
+    });
+}
+
+/// Runs due tasks; a worker may be killed mid-task, leaving its lease to
+/// expire (C6).
+async fn run_workers(worker: &Worker, kill_at: Option<Duration>, counts: &FaultCounts) {
+    let work = async {
+        for _ in 0..WORKER_TASKS_PER_TICK_MAX {
+            if worker.work_once().await.is_none() {
+                break;
+            }
+        }
+    };
+    match kill_at {
+        None => work.await,
+        Some(at) => {
+            tokio::select! {
+                _ = work => {}
+                _ = tokio::time::sleep(at) => counts.bump("worker killed"),
+            }
         }
     }
 }
+
+/// Bound on tasks one simulated worker runs between two ticks.
+const WORKER_TASKS_PER_TICK_MAX: usize = 32;

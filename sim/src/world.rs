@@ -10,12 +10,15 @@ use std::time::Duration;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
+use stead::core::fleet::InstanceState;
 use stead::core::spec::ServiceSpec;
 use stead::core::types::{
     ActiveService, ContainerId, ContainerStatus, Health, Inhibition, InhibitionReason,
     InstanceName, ServiceKey, ServiceName,
 };
-use stead::ports::memory::{Fault, FaultInjector, MemContainer, MemoryRuntime, Op};
+use stead::ports::memory::{
+    Fault, FaultInjector, MemContainer, MemoryProvisioner, MemoryRuntime, Op,
+};
 use stead::ports::{Clock, CreateContainer, Runtime, Store};
 
 use crate::checker::Checker;
@@ -181,6 +184,7 @@ pub struct Actors {
     pub rng: Mutex<ChaCha8Rng>,
     pub mix: FaultMix,
     pub runtime: Arc<MemoryRuntime>,
+    pub provisioner: Arc<MemoryProvisioner>,
     pub store: Arc<dyn Store>,
     pub clock: Arc<dyn Clock>,
     pub checker: Arc<Checker>,
@@ -265,7 +269,7 @@ impl Actors {
     pub async fn operator_step(&self) {
         let (which, pick) = {
             let mut rng = self.rng.lock().expect("poisoned");
-            (rng.random_range(0..6u32), rng.random_range(0..usize::MAX))
+            (rng.random_range(0..7u32), rng.random_range(0..usize::MAX))
         };
         let services = self.services.lock().expect("poisoned").clone();
         if services.is_empty() {
@@ -277,6 +281,12 @@ impl Actors {
         let Ok(Some(instance)) = self.store.instance(&svc.key.instance).await else {
             return;
         };
+        if matches!(
+            instance.state,
+            InstanceState::Deleting | InstanceState::Deleted
+        ) {
+            return;
+        }
         let truth = self.checker.truth_snapshot();
         let Some(current) = truth.active.get(&svc.key).cloned() else {
             return;
@@ -333,6 +343,19 @@ impl Actors {
                 }
             }
             3 => self.deploy(svc, &current).await,
+            4 => {
+                // Someone runs `helm uninstall` by hand (C5: drift repairs).
+                self.provisioner.remove_by_hand(instance.name.as_str());
+                self.counts.bump("operator uninstalled by hand");
+            }
+            5 => {
+                // Another tool's release appears: never ours to delete (S8).
+                let name = format!("foreign-{pick}");
+                self.checker
+                    .truth(|t| t.foreign_releases.insert(name.clone()));
+                self.provisioner.add_foreign(&name);
+                self.counts.bump("foreign release");
+            }
             _ => {}
         }
     }

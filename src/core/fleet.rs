@@ -280,6 +280,14 @@ pub struct NewTask {
     pub traceparent: Option<String>,
 }
 
+/// A live release as the provisioner sees it (what drift compares the
+/// database against).
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct Release {
+    pub name: String,
+    pub namespace: String,
+}
+
 /// Rollout switch per catalog service type.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum RolloutState {

@@ -224,6 +224,16 @@ impl Worker {
             .await
             .map_err(|e| e.to_string())?;
         for spec in &entry.services {
+            // Repair what is missing, never churn what exists: a service
+            // whose ACTIVE container still exists keeps it (the recovery
+            // pass owns its health).
+            if let Some(current) = active.services.get(&spec.name) {
+                match p.runtime.inspect(&current.container).await {
+                    Ok(_) => continue,
+                    Err(RuntimeError::NotFound) => {}
+                    Err(e) => return Err(format!("inspect {}: {e}", current.container)),
+                }
+            }
             let id = self
                 .create(instance, spec, &instance.version)
                 .await

@@ -91,12 +91,7 @@ pub trait Traffic: Send + Sync {
     async fn withdraw(&self, service: &ServiceKey) -> Result<(), TrafficError>;
 }
 
-/// A live release as the provisioner sees it.
-#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub struct Release {
-    pub name: String,
-    pub namespace: String,
-}
+pub use crate::core::fleet::Release;
 
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 #[error("provisioner: {0}")]

@@ -36,11 +36,11 @@ pub use rollout::{halt_after_failed_upgrade, is_behind};
 
 use super::catalog::Catalog;
 use super::fleet::{
-    Instance, InstanceId, InstanceState, NewTask, RolloutState, Task, TaskId, TaskKind, TaskState,
+    Instance, InstanceId, InstanceState, NewTask, Release, RolloutState, Task, TaskId, TaskKind,
+    TaskState,
 };
 use super::types::{InstanceName, Timestamp};
 use super::window::WindowError;
-use crate::ports::Release;
 
 /// Everything the planners look at, read once per tick.
 #[derive(Clone, Debug)]

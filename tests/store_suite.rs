@@ -50,6 +50,7 @@ store_suite! {
         enqueue_for_a_missing_instance_is_not_found,
         claim_takes_due_tasks_oldest_first_up_to_the_limit,
         a_claimed_task_is_not_claimed_again,
+        concurrent_claimers_share_the_queue_without_double_claims,
         only_the_lease_holder_extends_or_finishes_a_task,
         retry_requeues_after_the_backoff_and_keeps_attempts,
         failed_and_done_tasks_free_their_slot,
@@ -465,6 +466,52 @@ async fn a_claimed_task_is_not_claimed_again(s: TestStore) {
         .unwrap();
     assert_eq!(store.claim("w1", t(1), 5).await.unwrap().len(), 1);
     assert!(store.claim("w2", t(1), 5).await.unwrap().is_empty());
+}
+
+async fn concurrent_claimers_share_the_queue_without_double_claims(s: TestStore) {
+    const N_INSTANCES: usize = 30;
+    const N_WORKERS: usize = 8;
+    let mut expected = Vec::new();
+    for i in 0..N_INSTANCES {
+        let id = instance(&*s.store, &format!("tenant-{i}")).await;
+        for kind in [TaskKind::Provision, TaskKind::Upgrade] {
+            let queued = s
+                .store
+                .enqueue(&task(kind, id, t(0)), t(0), None)
+                .await
+                .unwrap();
+            expected.push(queued.unwrap());
+        }
+    }
+    let mut workers = Vec::new();
+    for w in 0..N_WORKERS {
+        let store = s.store.clone();
+        workers.push(tokio::spawn(async move {
+            let worker = format!("w{w}");
+            let mut claimed = Vec::new();
+            loop {
+                let batch = store.claim(&worker, t(1), 2).await.unwrap();
+                if batch.is_empty() {
+                    return claimed;
+                }
+                for task in batch {
+                    assert!(store.complete(task.id, &worker, t(1)).await.unwrap());
+                    claimed.push(task.id);
+                }
+            }
+        }));
+    }
+    let mut claimed = Vec::new();
+    for worker in workers {
+        claimed.extend(worker.await.unwrap());
+    }
+    claimed.sort();
+    assert_eq!(
+        claimed,
+        expected,
+        "{}: each task claimed exactly once",
+        s.name()
+    );
 }
 
 async fn only_the_lease_holder_extends_or_finishes_a_task(s: TestStore) {

@@ -679,3 +679,58 @@ impl Store for MemoryStore {
         Ok(())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn new_instance(name: &str) -> NewInstance {
+        NewInstance {
+            name: InstanceName::new(name),
+            team: "t".into(),
+            service_type: "wiki".into(),
+            version: "1".into(),
+            expires_at: None,
+            maintenance_window: None,
+        }
+    }
+
+    #[tokio::test]
+    async fn injected_failures_change_nothing_and_then_stop() {
+        let store = MemoryStore::new();
+        let now = Timestamp::UNIX_EPOCH;
+        store.fail_next_calls(2);
+        for _ in 0..2 {
+            let failed = store.create_instance(&new_instance("a"), now).await;
+            assert!(matches!(failed, Err(StoreError::Unavailable(_))));
+        }
+        assert!(store.create_instance(&new_instance("a"), now).await.is_ok());
+        store.set_unavailable(true);
+        assert!(store.list_instances().await.is_err());
+        store.set_unavailable(false);
+        assert_eq!(store.list_instances().await.unwrap().rows.len(), 1);
+        assert_eq!(store.n_calls(), 5);
+    }
+
+    #[tokio::test]
+    async fn all_tasks_keeps_finished_tasks_for_checkers() {
+        let store = MemoryStore::new();
+        let now = Timestamp::UNIX_EPOCH;
+        let instance = store
+            .create_instance(&new_instance("a"), now)
+            .await
+            .unwrap();
+        let task = NewTask {
+            kind: crate::core::fleet::TaskKind::Provision,
+            instance: instance.id,
+            run_after: now,
+            reason: "r".into(),
+            traceparent: None,
+        };
+        let id = store.enqueue(&task, now, None).await.unwrap().unwrap();
+        store.claim("w", now, 1).await.unwrap();
+        assert!(store.complete(id, "w", now).await.unwrap());
+        assert!(store.active_tasks().await.unwrap().rows.is_empty());
+        assert_eq!(store.all_tasks().len(), 1);
+    }
+}

@@ -110,10 +110,15 @@ impl Worker {
     }
 
     async fn run_task(&self, task: &Task) -> TaskEnd {
-        let work = self.handle(task);
+        // A handler is bounded by its lease: past it, another worker may
+        // own the task, and a hung runtime or provisioner call must not hold
+        // this worker (and the instance lock) forever.
+        let work = tokio::time::timeout(self.config.lease, self.handle(task));
         let keep_lease = self.keep_lease(task);
         let result = tokio::select! {
-            r = work => r,
+            r = work => r.unwrap_or_else(|_| Err(format!(
+                "handler exceeded its {:?} lease", self.config.lease
+            ))),
             _ = keep_lease => return TaskEnd::LeaseLost,
         };
         let now = self.ports.clock.now();

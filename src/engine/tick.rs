@@ -74,6 +74,9 @@ impl TickOutcome {
     }
 }
 
+/// A planning check: a pure function of the snapshot.
+type Planner = fn(&Snapshot<'_>) -> Plan;
+
 /// The singleton reconciler.
 pub struct Reconciler {
     ports: Ports,
@@ -248,7 +251,7 @@ impl Reconciler {
         fence: &LeaseGrant,
         out: &mut TickOutcome,
     ) {
-        let checks: [(Check, fn(&Snapshot<'_>) -> Plan); 4] = [
+        let checks: [(Check, Planner); 4] = [
             (Check::Drift, plan_drift),
             (Check::LeaseExpiry, plan_lease_expiry),
             (Check::Ttl, plan_ttl),

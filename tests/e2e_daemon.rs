@@ -1,0 +1,217 @@
+//! End-to-end: the daemon against real dockerd, Caddy and SQLite. Each test
+//! runs its own daemon, Caddy and database, names its instance uniquely and
+//! removes its containers on the way out (also when it fails).
+
+mod e2e;
+mod support_services;
+
+use std::time::Duration;
+
+use e2e::{catalog, inspect, wait_until, Harness, Setup};
+use support_services::docker::{docker, Cleanup};
+use support_services::unique;
+
+const CONVERGE: Duration = Duration::from_secs(60);
+
+/// Creates an instance and waits until Caddy serves it.
+async fn serving(h: &Harness, name: &str) -> String {
+    h.create(name, None).await;
+    wait_until("served through caddy", CONVERGE, || async {
+        h.get(name).await == 200
+    })
+    .await;
+    h.active_container(name)
+        .await
+        .expect("ACTIVE names a container")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn provisions_an_instance_and_serves_it_through_caddy() {
+    let name = unique("e2eserve");
+    let _cleanup = Cleanup::new(&name);
+    let h = Harness::start(Setup::default()).await;
+    let id = serving(&h, &name).await;
+    assert_eq!(inspect(&id, "{{.State.Status}}").unwrap(), "running");
+    assert_eq!(
+        h.get("no-such-instance").await,
+        404,
+        "unknown hosts get the catch-all"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_killed_container_is_withdrawn_started_verified_and_republished() {
+    let name = unique("e2ekill");
+    let _cleanup = Cleanup::new(&name);
+    let h = Harness::start(Setup::default()).await;
+    let id = serving(&h, &name).await;
+    let started_before = inspect(&id, "{{.State.StartedAt}}").unwrap();
+
+    docker(&["kill", &id]).unwrap();
+    // Withdrawn: Caddy answers from its catch-all (404) rather than a dead
+    // backend (502). With events this is well under a tick.
+    let withdrawn = wait_until("withdrawn", Duration::from_secs(10), || async {
+        h.get(&name).await == 404
+    })
+    .await;
+    wait_until("served again", CONVERGE, || async {
+        h.get(&name).await == 200
+    })
+    .await;
+    let started_after = inspect(&id, "{{.State.StartedAt}}").unwrap();
+    assert_ne!(
+        started_before, started_after,
+        "the same container was started again"
+    );
+    assert_eq!(
+        h.active_container(&name).await.as_deref(),
+        Some(id.as_str()),
+        "same generation"
+    );
+    eprintln!("kill -> withdrawn in {withdrawn:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_crash_looping_container_gets_exactly_three_starts_then_waits() {
+    let name = unique("e2eloop");
+    let _cleanup = Cleanup::new(&name);
+    // Serves long enough to be verified and published once, then crashes
+    // every second run after.
+    let setup = Setup {
+        catalog: catalog("1", "httpd -p 8080 -h /www; sleep 2; exit 3"),
+        ..Setup::default()
+    };
+    let h = Harness::start(setup).await;
+    h.create(&name, None).await;
+    let id = wait_until("created", CONVERGE, || async {
+        h.active_container(&name).await.is_some()
+    })
+    .await;
+    let _ = id;
+    let id = h.active_container(&name).await.unwrap();
+    let since = docker(&["inspect", "--format", "{{.Created}}", &id]).unwrap();
+    let starts = || {
+        let out = docker(&[
+            "events",
+            "--since",
+            &since,
+            "--until",
+            "0s",
+            "--filter",
+            &format!("container={id}"),
+            "--filter",
+            "event=start",
+            "--format",
+            "{{.Action}}",
+        ])
+        .unwrap_or_default();
+        out.lines().count()
+    };
+    // One start from the worker's create, then three by recovery.
+    wait_until("four starts", CONVERGE, || async { starts() >= 4 }).await;
+    // The budget now delays the next attempt by a minute: nothing for a while.
+    tokio::time::sleep(Duration::from_secs(8)).await;
+    assert_eq!(
+        starts(),
+        4,
+        "exactly three recovery starts, then the budget waits"
+    );
+    assert_ne!(inspect(&id, "{{.State.Status}}").unwrap(), "running");
+    assert_eq!(h.get(&name).await, 404, "a down backend is not routed");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unhealthy_container_is_restarted_after_two_unhealthy_observations() {
+    let name = unique("e2esick");
+    let _cleanup = Cleanup::new(&name);
+    let h = Harness::start(Setup::default()).await;
+    let id = serving(&h, &name).await;
+    let started_before = inspect(&id, "{{.State.StartedAt}}").unwrap();
+    docker(&["exec", &id, "sh", "-c", ": > /tmp/sick"]).unwrap();
+    wait_until(
+        "docker reports unhealthy",
+        Duration::from_secs(10),
+        || async { inspect(&id, "{{.State.Health.Status}}").unwrap_or_default() == "unhealthy" },
+    )
+    .await;
+    // Restarted (new execution, same container), which removes the sick
+    // file, so it turns healthy and serves again.
+    wait_until("restarted", Duration::from_secs(20), || async {
+        inspect(&id, "{{.State.StartedAt}}").unwrap_or_default() != started_before
+    })
+    .await;
+    wait_until("served again", CONVERGE, || async {
+        h.get(&name).await == 200
+    })
+    .await;
+    assert_eq!(
+        h.active_container(&name).await.as_deref(),
+        Some(id.as_str())
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stop_intent_stops_and_unpublishes_without_removing() {
+    let name = unique("e2estop");
+    let _cleanup = Cleanup::new(&name);
+    let h = Harness::start(Setup::default()).await;
+    let id = serving(&h, &name).await;
+    h.ops().set_stopped(&name, true).await.unwrap();
+    wait_until("stopped", Duration::from_secs(20), || async {
+        inspect(&id, "{{.State.Status}}").unwrap_or_default() == "exited"
+    })
+    .await;
+    wait_until("unpublished", Duration::from_secs(10), || async {
+        h.get(&name).await == 404
+    })
+    .await;
+    // Several ticks later it is still there, still stopped.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert_eq!(
+        inspect(&id, "{{.State.Status}}").unwrap(),
+        "exited",
+        "kept, not removed, not started"
+    );
+    h.ops().set_stopped(&name, false).await.unwrap();
+    wait_until("served after start intent", CONVERGE, || async {
+        h.get(&name).await == 200
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_container_removed_by_hand_is_reprovisioned() {
+    let name = unique("e2edrift");
+    let _cleanup = Cleanup::new(&name);
+    let h = Harness::start(Setup::default()).await;
+    let id = serving(&h, &name).await;
+    docker(&["rm", "-f", &id]).unwrap();
+    wait_until("reprovisioned and served", CONVERGE, || async {
+        h.get(&name).await == 200 && h.active_container(&name).await.is_some_and(|c| c != id)
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ttl_expiry_deprovisions() {
+    let name = unique("e2ettl");
+    let _cleanup = Cleanup::new(&name);
+    let h = Harness::start(Setup::default()).await;
+    h.create(&name, Some(Duration::from_secs(8))).await;
+    wait_until("served", CONVERGE, || async { h.get(&name).await == 200 }).await;
+    let id = h.active_container(&name).await.unwrap();
+    wait_until("deprovisioned", CONVERGE, || async {
+        let gone = inspect(&id, "{{.Id}}").is_err();
+        let instance = h
+            .daemon
+            .ports
+            .store
+            .instance(&stead::core::types::InstanceName::new(&name))
+            .await
+            .ok()
+            .flatten();
+        gone && instance.is_some_and(|i| i.state == stead::core::fleet::InstanceState::Deleted)
+    })
+    .await;
+    assert_eq!(h.get(&name).await, 404);
+}

@@ -78,16 +78,18 @@ async fn a_crash_looping_container_gets_exactly_three_starts_then_waits() {
     // Serves long enough to be verified and published once, then crashes
     // every second run after.
     let setup = Setup {
-        catalog: catalog("1", "httpd -p 8080 -h /www; sleep 2; exit 3"),
+        // Few probe attempts: a probe of a dying container otherwise keeps
+        // a pass busy for seconds, which is slow on a loaded machine.
+        catalog: catalog("1", "httpd -p 8080 -h /www; sleep 2; exit 3")
+            .replace("attempts_max = 100", "attempts_max = 10"),
         ..Setup::default()
     };
     let h = Harness::start(setup).await;
     h.create(&name, None).await;
-    let id = wait_until("created", CONVERGE, || async {
+    wait_until("created", CONVERGE, || async {
         h.active_container(&name).await.is_some()
     })
     .await;
-    let _ = id;
     let id = h.active_container(&name).await.unwrap();
     let since = docker(&["inspect", "--format", "{{.Created}}", &id]).unwrap();
     let starts = || {
@@ -108,7 +110,7 @@ async fn a_crash_looping_container_gets_exactly_three_starts_then_waits() {
         out.lines().count()
     };
     // One start from the worker's create, then three by recovery.
-    wait_until("four starts", CONVERGE, || async { starts() >= 4 }).await;
+    wait_until("four starts", 2 * CONVERGE, || async { starts() >= 4 }).await;
     // The budget now delays the next attempt by a minute: nothing for a while.
     tokio::time::sleep(Duration::from_secs(8)).await;
     assert_eq!(
@@ -214,4 +216,92 @@ async fn ttl_expiry_deprovisions() {
     })
     .await;
     assert_eq!(h.get(&name).await, 404);
+}
+
+/// Runs GET through Caddy in a loop until `stop`; returns the 5xx count
+/// and the number of requests.
+fn request_loop(
+    listen: String,
+    name: String,
+    stop: tokio::sync::watch::Receiver<bool>,
+) -> tokio::task::JoinHandle<(u32, u32)> {
+    tokio::spawn(async move {
+        let client = reqwest::Client::builder()
+            .no_proxy()
+            .timeout(Duration::from_secs(5))
+            .build()
+            .unwrap();
+        let (mut errors, mut total) = (0, 0);
+        while !*stop.borrow() {
+            let status = client
+                .get(format!("http://{listen}/"))
+                .header("host", format!("{}.{name}.localhost", e2e::SERVICE))
+                .send()
+                .await
+                .map(|r| r.status().as_u16())
+                .unwrap_or(0);
+            total += 1;
+            if status >= 500 || status == 0 {
+                eprintln!("request {total}: {status}");
+                errors += 1;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        (errors, total)
+    })
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_upgrade_replaces_with_overlap_and_serves_without_5xx() {
+    let name = unique("e2eupg");
+    let _cleanup = Cleanup::new(&name);
+    let mut h = Harness::start(Setup::default()).await;
+    let old = serving(&h, &name).await;
+    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    let requests = request_loop(h.listen.clone(), name.clone(), stop_rx);
+    // A new catalog version: the next tick plans the upgrade.
+    h.restart_with_catalog(&catalog("2", e2e::HTTPD)).await;
+    wait_until("upgraded and predecessor retired", 2 * CONVERGE, || async {
+        let new = h.active_container(&name).await;
+        new.is_some_and(|n| n != old) && inspect(&old, "{{.Id}}").is_err()
+    })
+    .await;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    stop_tx.send(true).unwrap();
+    let (errors, total) = requests.await.unwrap();
+    assert!(total > 10, "the loop ran ({total} requests)");
+    assert_eq!(
+        errors, 0,
+        "{errors} of {total} requests failed during the upgrade"
+    );
+    assert_eq!(h.get(&name).await, 200);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_daemon_killed_mid_upgrade_converges_after_restart() {
+    let name = unique("e2ekill9");
+    let _cleanup = Cleanup::new(&name);
+    let mut h = Harness::start(Setup::default()).await;
+    let old = serving(&h, &name).await;
+    h.restart_with_catalog(&catalog("2", e2e::HTTPD)).await;
+    // Kill as soon as the successor exists: mid-upgrade.
+    wait_until("successor created", CONVERGE, || async {
+        let filter = format!("label=stead.instance={name}");
+        docker(&["ps", "-aq", "--filter", &filter])
+            .unwrap_or_default()
+            .lines()
+            .count()
+            >= 2
+    })
+    .await;
+    h.kill().await;
+    h.restart_with_catalog(&catalog("2", e2e::HTTPD)).await;
+    wait_until("converged on the new version", 2 * CONVERGE, || async {
+        let filter = format!("label=stead.instance={name}");
+        let containers = docker(&["ps", "-aq", "--filter", &filter]).unwrap_or_default();
+        h.get(&name).await == 200
+            && h.active_container(&name).await.is_some_and(|n| n != old)
+            && containers.lines().count() == 1
+    })
+    .await;
 }

@@ -87,6 +87,13 @@ impl Default for Setup {
 
 impl Harness {
     pub async fn start(setup: Setup) -> Harness {
+        // Logs show with `--nocapture`; `STEAD_LOG` picks the level.
+        let filter = tracing_subscriber::EnvFilter::try_from_env("STEAD_LOG")
+            .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
+        let _ = tracing_subscriber::fmt()
+            .with_env_filter(filter)
+            .with_test_writer()
+            .try_init();
         let caddy = CaddyProcess::start().await;
         let dir = tempfile::tempdir().expect("temp dir");
         let listen = format!("127.0.0.1:{}", free_port());
@@ -103,6 +110,10 @@ docker_events = {events}
 shutdown_grace_s = 10
 [control]
 tick_interval_s = {tick}
+# The shortest lease allowed, so a task abandoned by a killed daemon is
+# requeued within seconds (C6).
+lease_s = 10
+provisioner_timeout_s = 5
 [caddy]
 admin = "{admin}"
 listen = "{listen}"
@@ -152,6 +163,29 @@ listen = "{listen}"
                 .expect("daemon stops within its shutdown bound")
                 .expect("daemon task");
         }
+    }
+
+    /// Abandons the running loops without any shutdown, as SIGKILL would:
+    /// in-flight handlers stop wherever they are, memory is lost, leases
+    /// stay held until they expire.
+    pub async fn kill(&mut self) {
+        self.stop.take();
+        if let Some(run) = self.run.take() {
+            run.abort();
+            let _ = run.await;
+        }
+    }
+
+    /// Stops the daemon, writes a new catalog and starts a fresh daemon
+    /// (new memory) on the same database, Caddy and config.
+    pub async fn restart_with_catalog(&mut self, catalog: &str) {
+        self.shutdown().await;
+        std::fs::write(&self.daemon.config.catalog, catalog).expect("write catalog");
+        let daemon = Daemon::build(self.daemon.config.clone())
+            .await
+            .expect("daemon rebuilds");
+        self.daemon = Arc::new(daemon);
+        self.resume();
     }
 
     pub fn ops(&self) -> Ops<'_> {

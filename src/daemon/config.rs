@@ -734,4 +734,27 @@ mod tests {
         let e = parse("database_url = \"mysql://u:secret@h/db\"", "f", &[]).unwrap_err();
         assert!(!e.to_string().contains("secret"));
     }
+
+    #[test]
+    fn every_key_is_documented_in_the_operations_guide() {
+        let guide = include_str!("../../docs/operations.md");
+        for key in KEYS {
+            assert!(
+                guide.contains(&format!("| `{key}` |")),
+                "docs/operations.md lacks {key}"
+            );
+        }
+    }
+
+    #[test]
+    fn every_key_can_be_set_from_the_environment() {
+        // Each documented key is a real field: setting it must not be
+        // rejected as unknown (values may still be out of range).
+        for key in KEYS {
+            let env = vec![(env_name(key), "1".to_owned())];
+            if let Err(e) = parse("", "f", &env) {
+                assert!(!e.to_string().contains("unknown field"), "{key}: {e}");
+            }
+        }
+    }
 }

@@ -73,6 +73,8 @@ pub struct Setup {
     pub catalog: String,
     pub docker_events: bool,
     pub tick_interval_s: u64,
+    /// Appended to the config file (e.g. a `[recovery]` table).
+    pub extra_config: String,
 }
 
 impl Default for Setup {
@@ -81,6 +83,7 @@ impl Default for Setup {
             catalog: catalog("1", HTTPD),
             docker_events: true,
             tick_interval_s: 1,
+            extra_config: String::new(),
         }
     }
 }
@@ -124,6 +127,7 @@ listen = "{listen}"
             tick = setup.tick_interval_s,
             admin = caddy.admin_addr,
         );
+        let doc = doc + &setup.extra_config;
         let config = config::parse(&doc, "e2e", &[]).expect("valid e2e config");
         let daemon = Arc::new(Daemon::build(config).await.expect("daemon builds"));
         let mut harness = Harness {

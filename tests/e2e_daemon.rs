@@ -167,6 +167,26 @@ async fn stop_intent_stops_and_unpublishes_without_removing() {
         h.get(&name).await == 404
     })
     .await;
+    let status = stead::daemon::ops::status(
+        h.daemon.ports.store.as_ref(),
+        h.daemon.ports.runtime.as_ref(),
+        Some(&h.daemon.recoverer.memory()),
+        Some(&h.caddy.admin_addr),
+    )
+    .await;
+    let row = status
+        .rows
+        .iter()
+        .find(|r| r.instance == name)
+        .expect("a status row");
+    assert_eq!(
+        (
+            row.intent.as_str(),
+            row.runtime.as_str(),
+            row.publication.as_str()
+        ),
+        ("stopped", "exited", "withdrawn")
+    );
     // Several ticks later it is still there, still stopped.
     tokio::time::sleep(Duration::from_secs(3)).await;
     assert_eq!(

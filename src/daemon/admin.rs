@@ -128,6 +128,7 @@ async fn status(
         daemon.ports.store.as_ref(),
         daemon.ports.runtime.as_ref(),
         Some(&memory),
+        Some(&daemon.config.caddy.admin),
     )
     .await;
     let body = serde_json::to_string(&status).unwrap_or_else(|e| format!("{{\"error\":\"{e}\"}}"));

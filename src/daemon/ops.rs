@@ -279,7 +279,16 @@ pub async fn status(
     store: &dyn Store,
     runtime: &dyn Runtime,
     memory: Option<&RecoveryMemory>,
+    caddy_admin: Option<&str>,
 ) -> Status {
+    let caddy = caddy_admin.and_then(|admin| {
+        reqwest::Client::builder()
+            .no_proxy()
+            .timeout(std::time::Duration::from_secs(3))
+            .build()
+            .ok()
+            .map(|client| (client, admin.to_owned()))
+    });
     let mut status = Status {
         budgets_live: memory.is_some(),
         ..Default::default()
@@ -362,12 +371,7 @@ pub async fn status(
             row.runtime = runtime_state;
             row.failures = memory.map(|_| budget.as_ref().map_or(0, |b| b.failures));
             row.next_attempt = budget.and_then(|b| b.next_attempt).map(|t| t.to_string());
-            row.publication = if record.binds.is_empty() || instance.stopped {
-                "withdrawn"
-            } else {
-                "published"
-            }
-            .into();
+            row.publication = publication(caddy.as_ref(), &instance.name, service).await;
             row.binds = record
                 .binds
                 .iter()
@@ -452,4 +456,27 @@ pub fn render_table(status: &Status) -> String {
         out.push_str(&format!("error: {e}\n"));
     }
     out
+}
+
+/// Whether Caddy holds the service's route right now (`published`), does
+/// not (`withdrawn`), or could not say.
+async fn publication(
+    caddy: Option<&(reqwest::Client, String)>,
+    instance: &InstanceName,
+    service: &ServiceName,
+) -> String {
+    let Some((client, admin)) = caddy else {
+        return "-".into();
+    };
+    let key = crate::core::types::ServiceKey {
+        instance: instance.clone(),
+        service: service.clone(),
+    };
+    let id = crate::adapters::caddy::CaddyTraffic::route_id(&key);
+    match client.get(format!("http://{admin}/id/{id}")).send().await {
+        Ok(r) if r.status().is_success() => "published".into(),
+        Ok(r) if r.status().as_u16() == 404 => "withdrawn".into(),
+        Ok(r) => format!("(caddy {})", r.status().as_u16()),
+        Err(_) => "(caddy unreachable)".into(),
+    }
 }

@@ -371,8 +371,10 @@ async fn status(config: DaemonConfig, json: bool) -> Result<ExitCode, String> {
             let docker = stead::daemon::docker_runtime(&config)
                 .await
                 .map_err(|e| e.to_string())?;
-            serde_json::to_value(ops::status(store.as_ref(), &docker, None).await)
-                .map_err(|e| e.to_string())?
+            serde_json::to_value(
+                ops::status(store.as_ref(), &docker, None, Some(&config.caddy.admin)).await,
+            )
+            .map_err(|e| e.to_string())?
         }
     };
     if json {

@@ -3,6 +3,7 @@
 //! removes its containers on the way out (also when it fails).
 
 mod e2e;
+mod support;
 mod support_services;
 
 use std::time::Duration;
@@ -322,6 +323,29 @@ async fn a_daemon_killed_mid_upgrade_converges_after_restart() {
         h.get(&name).await == 200
             && h.active_container(&name).await.is_some_and(|n| n != old)
             && containers.lines().count() == 1
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_postgres_an_instance_is_served_and_recovered() {
+    let name = unique("e2epg");
+    let _cleanup = Cleanup::new(&name);
+    let url = support::fresh_postgres_database().await;
+    stead::store::sql::migrate(&url).await.expect("migrate");
+    let h = Harness::start(Setup {
+        database_url: Some(url),
+        ..Setup::default()
+    })
+    .await;
+    let id = serving(&h, &name).await;
+    docker(&["kill", &id]).unwrap();
+    wait_until("withdrawn", Duration::from_secs(10), || async {
+        h.get(&name).await == 404
+    })
+    .await;
+    wait_until("served again", CONVERGE, || async {
+        h.get(&name).await == 200
     })
     .await;
 }

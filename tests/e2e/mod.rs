@@ -75,6 +75,8 @@ pub struct Setup {
     pub tick_interval_s: u64,
     /// Appended to the config file (e.g. a `[recovery]` table).
     pub extra_config: String,
+    /// A migrated database; `None` uses a SQLite file in the state dir.
+    pub database_url: Option<String>,
 }
 
 impl Default for Setup {
@@ -84,6 +86,7 @@ impl Default for Setup {
             docker_events: true,
             tick_interval_s: 1,
             extra_config: String::new(),
+            database_url: None,
         }
     }
 }
@@ -127,7 +130,13 @@ listen = "{listen}"
             tick = setup.tick_interval_s,
             admin = caddy.admin_addr,
         );
-        let doc = doc + &setup.extra_config;
+        let database = setup
+            .database_url
+            .as_ref()
+            .map(|url| format!("database_url = \"{url}\"\n"))
+            .unwrap_or_default();
+        // Top-level keys must come before the first table.
+        let doc = database + &doc + &setup.extra_config;
         let config = config::parse(&doc, "e2e", &[]).expect("valid e2e config");
         let daemon = Arc::new(Daemon::build(config).await.expect("daemon builds"));
         let mut harness = Harness {

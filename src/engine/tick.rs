@@ -397,6 +397,12 @@ impl Reconciler {
                 break;
             }
         }
+        self.release_lease().await;
+    }
+
+    /// Gives up the singleton lease, so another replica (or the next
+    /// one-shot `stead tick`) need not wait for it to expire.
+    pub async fn release_lease(&self) {
         let grant = self.lease.lock().expect("lease poisoned").take();
         if let Some(grant) = grant {
             let _ = self.ports.store.release_reconciler_lease(&grant).await;

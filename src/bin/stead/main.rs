@@ -194,6 +194,7 @@ async fn dispatch(command: Command, config: DaemonConfig) -> Result<ExitCode, St
             let daemon = Daemon::build(config).await.map_err(|e| e.to_string())?;
             daemon.ensure_caddy_server().await;
             let outcome = daemon.reconciler.tick().await;
+            daemon.reconciler.release_lease().await;
             for (check, why) in &outcome.failed {
                 eprintln!("check {} failed: {why}", check.as_str());
             }
@@ -402,6 +403,7 @@ async fn run(config: DaemonConfig, role: RoleArg, once: bool) -> Result<ExitCode
         if role.reconciles() {
             daemon.ensure_caddy_server().await;
             ok = daemon.reconciler.tick().await.ok();
+            daemon.reconciler.release_lease().await;
         }
         if role.works() {
             // Bounded: at most this many tasks, then exit.

@@ -15,6 +15,8 @@
 pub mod adapters;
 pub mod config;
 pub mod core;
+#[cfg(all(feature = "io", not(madsim)))]
+pub mod daemon;
 pub mod engine;
 pub mod ports;
 pub mod store;

@@ -77,6 +77,9 @@ impl TickOutcome {
     }
 }
 
+/// A planning check: a pure function of the snapshot.
+type Planner = fn(&Snapshot<'_>) -> Plan;
+
 /// The singleton reconciler.
 pub struct Reconciler {
     ports: Ports,
@@ -139,7 +142,11 @@ impl Reconciler {
     pub async fn tick(&self) -> TickOutcome {
         let traceparent = self.new_traceparent();
         let span = tracing::info_span!("tick", traceparent = %traceparent);
+        // tokio's clock: virtual under madsim, so the simulation stays
+        // deterministic; only the gauge reads it.
+        let started = tokio::time::Instant::now();
         let outcome = self.tick_inner(traceparent).instrument(span).await;
+        metrics::gauge!("stead_tick_duration_seconds").set(started.elapsed().as_secs_f64());
         // The heartbeat answers "is the loop running", never "is everything
         // fine": it is set unconditionally (C3).
         let now = self.ports.clock.now();
@@ -393,6 +400,12 @@ impl Reconciler {
                 break;
             }
         }
+        self.release_lease().await;
+    }
+
+    /// Gives up the singleton lease, so another replica (or the next
+    /// one-shot `stead tick`) need not wait for it to expire.
+    pub async fn release_lease(&self) {
         let grant = self.lease.lock().expect("lease poisoned").take();
         if let Some(grant) = grant {
             let _ = self.ports.store.release_reconciler_lease(&grant).await;

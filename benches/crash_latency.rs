@@ -1,0 +1,97 @@
+//! Crash-to-withdrawn and crash-to-republished latency against real
+//! dockerd and Caddy: `docker kill` the served container N times and time
+//! how long until Caddy stops routing to it (404 from the catch-all) and
+//! until it serves again (200), with Docker events on and with polling only
+//! (one-second tick). Prints p50/p99; asserts nothing.
+//!
+//!   cargo bench --bench crash_latency     N = 50 kills per mode
+//!   cargo test --benches                  N = 3 (a smoke run)
+#![allow(clippy::disallowed_methods)] // Latency is wall-clock by nature.
+
+#[path = "../tests/e2e/mod.rs"]
+mod e2e;
+#[path = "../tests/support_services/mod.rs"]
+mod support_services;
+
+use std::time::{Duration, Instant};
+
+use e2e::{wait_until, Harness, Setup};
+use support_services::docker::{docker, Cleanup};
+use support_services::unique;
+
+const KILLS_BENCH: usize = 50;
+const KILLS_SMOKE: usize = 3;
+const POLL: Duration = Duration::from_millis(5);
+const LIMIT: Duration = Duration::from_secs(30);
+
+#[tokio::main(flavor = "multi_thread", worker_threads = 2)]
+async fn main() {
+    let bench = std::env::args().any(|a| a == "--bench");
+    let kills = if bench { KILLS_BENCH } else { KILLS_SMOKE };
+    println!("crash latency over {kills} kills per mode (tick interval 1 s)");
+    for events in [true, false] {
+        let (withdrawn, republished, kill_calls) = measure(events, kills).await;
+        let mode = if events {
+            "events on   "
+        } else {
+            "polling only"
+        };
+        println!(
+            "{mode}  crash->withdrawn p50 {:>6.0} ms p99 {:>6.0} ms   crash->republished p50 {:>6.0} ms p99 {:>6.0} ms",
+            percentile(&withdrawn, 50),
+            percentile(&withdrawn, 99),
+            percentile(&republished, 50),
+            percentile(&republished, 99),
+        );
+        println!(
+            "{mode}  (timed from before `docker kill`; the CLI call itself took p50 {:.0} ms)",
+            percentile(&kill_calls, 50)
+        );
+    }
+}
+
+async fn measure(events: bool, kills: usize) -> (Vec<f64>, Vec<f64>, Vec<f64>) {
+    let name = unique("benchcrash");
+    let _cleanup = Cleanup::new(&name);
+    let h = Harness::start(Setup {
+        docker_events: events,
+        // Every kill is a crash of the same generation; lift the budget's
+        // free attempts so the benchmark measures recovery, not backoff.
+        extra_config: "\n[recovery]\nfree_attempts = 100\n".into(),
+        ..Setup::default()
+    })
+    .await;
+    h.create(&name, None).await;
+    wait_until("served", LIMIT, || async { h.get(&name).await == 200 }).await;
+    let id = h.active_container(&name).await.expect("ACTIVE");
+    let (mut withdrawn, mut republished, mut kill_calls) = (Vec::new(), Vec::new(), Vec::new());
+    for _ in 0..kills {
+        let start = Instant::now();
+        docker(&["kill", &id]).expect("docker kill");
+        kill_calls.push(start.elapsed().as_secs_f64() * 1000.0);
+        let mut withdrawn_at = None;
+        loop {
+            assert!(start.elapsed() < LIMIT, "no recovery within {LIMIT:?}");
+            let status = h.get(&name).await;
+            if withdrawn_at.is_none() && status == 404 {
+                withdrawn_at = Some(start.elapsed());
+            }
+            if withdrawn_at.is_some() && status == 200 {
+                republished.push(start.elapsed().as_secs_f64() * 1000.0);
+                break;
+            }
+            tokio::time::sleep(POLL).await;
+        }
+        withdrawn.push(withdrawn_at.expect("set").as_secs_f64() * 1000.0);
+        // Let the healthcheck settle before the next kill.
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+    (withdrawn, republished, kill_calls)
+}
+
+fn percentile(samples: &[f64], p: usize) -> f64 {
+    let mut sorted = samples.to_vec();
+    sorted.sort_by(|a, b| a.total_cmp(b));
+    let rank = ((p * sorted.len()).div_ceil(100)).clamp(1, sorted.len());
+    sorted[rank - 1]
+}

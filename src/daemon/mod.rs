@@ -1,0 +1,358 @@
+//! The production daemon's wiring: config, ports, the reconciler, workers,
+//! Docker's event stream, the admin endpoints and shutdown. The `stead`
+//! binary is a thin CLI over this module, so every piece here is testable
+//! in-process (see `tests/e2e_daemon.rs`).
+//!
+//! **Architecture invariant:** nothing here decides anything about
+//! workloads. It builds the engine's ports from config and runs the engine's
+//! loops; every decision stays in `core`.
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, OnceLock};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use tokio::sync::watch;
+
+use crate::adapters::caddy::{CaddyConfig, CaddyTraffic};
+use crate::adapters::docker::{DockerConfig, DockerProvisioner, DockerRuntime, NativeRestart};
+use crate::adapters::helm::{HelmConfig, HelmProvisioner};
+use crate::adapters::probe::NetProbe;
+use crate::core::catalog::Catalog;
+use crate::core::types::{InstanceName, ServiceName};
+use crate::engine::recovery::{InstanceLocks, ReadinessTable, Recoverer};
+use crate::engine::tick::Reconciler;
+use crate::engine::worker::{Worker, WorkerConfig};
+use crate::engine::{Ports, SystemClock};
+use crate::ports::{Notifier, Policy, Provisioner, Store};
+
+pub mod admin;
+pub mod config;
+pub mod events;
+pub mod ops;
+
+pub use config::{DaemonConfig, DaemonConfigError, LogFormat, ProvisionerKind};
+
+/// Which loops this process runs (`stead run --role`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Role {
+    /// The singleton reconciler (ticks, recovery, events) only.
+    Reconciler,
+    /// Workers only: claim and run tasks from the shared queue.
+    Worker,
+    /// Both, in one process: the single-machine default.
+    All,
+}
+
+impl Role {
+    pub fn reconciles(self) -> bool {
+        matches!(self, Role::Reconciler | Role::All)
+    }
+    pub fn works(self) -> bool {
+        matches!(self, Role::Worker | Role::All)
+    }
+}
+
+/// Why the daemon could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum DaemonError {
+    #[error(transparent)]
+    Config(#[from] DaemonConfigError),
+    #[error(transparent)]
+    Catalog(#[from] crate::core::catalog::CatalogError),
+    #[error("store: {0}")]
+    Store(#[from] crate::ports::StoreError),
+    #[error("{0}")]
+    Setup(String),
+}
+
+/// Grants checks (R11). stead has no grant model of its own yet: binds are
+/// always loopback ephemeral ports and no devices are passed through, so
+/// there is nothing an operator can revoke. This allows everything and says
+/// so in its name; a real grant source replaces it behind the same port.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct AllowAllPolicy;
+
+#[async_trait]
+impl Policy for AllowAllPolicy {
+    async fn check(&self, _instance: &InstanceName, _service: &ServiceName) -> Result<(), String> {
+        Ok(())
+    }
+}
+
+/// Notifications go to the log (at warn, so they stand out); a chat or
+/// mail notifier can replace it behind the same port.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct LogNotifier;
+
+#[async_trait]
+impl Notifier for LogNotifier {
+    async fn notify(&self, event: &str, message: &str) -> Result<(), String> {
+        tracing::warn!(event, "{message}");
+        metrics::counter!("stead_notifications_total", "event" => event.to_owned()).increment(1);
+        Ok(())
+    }
+}
+
+/// The readiness probe of every (service type, service) in the catalog.
+pub fn readiness_table(catalog: &Catalog) -> ReadinessTable {
+    let mut table = BTreeMap::new();
+    for entry in catalog.entries() {
+        for spec in &entry.services {
+            table.insert(
+                (entry.service_type.clone(), spec.name.clone()),
+                spec.readiness.clone(),
+            );
+        }
+    }
+    table
+}
+
+/// The process-wide Prometheus recorder, installed once (several daemons
+/// in one test process share it).
+pub fn metrics_handle() -> metrics_exporter_prometheus::PrometheusHandle {
+    static HANDLE: OnceLock<metrics_exporter_prometheus::PrometheusHandle> = OnceLock::new();
+    HANDLE
+        .get_or_init(|| {
+            let recorder = metrics_exporter_prometheus::PrometheusBuilder::new().build_recorder();
+            let handle = recorder.handle();
+            // Fails only if another recorder was installed first; then our
+            // handle renders nothing, which the metrics test would show.
+            let _ = metrics::set_global_recorder(recorder);
+            handle
+        })
+        .clone()
+}
+
+/// Opens the store the config names. SQLite is migrated on open (zero
+/// setup on one machine); Postgres is shared by several machines, so its
+/// schema moves only by an explicit `stead migrate`.
+pub async fn open_store(config: &DaemonConfig) -> Result<Arc<dyn Store>, DaemonError> {
+    use crate::store::sql::{self, Backend};
+    match Backend::of_url(&config.database_url)? {
+        Backend::Sqlite => {
+            if config
+                .database_url
+                .contains(&*config.state_dir.to_string_lossy())
+            {
+                std::fs::create_dir_all(&config.state_dir).map_err(|e| {
+                    DaemonError::Setup(format!(
+                        "state_dir = {:?}: cannot create: {e}",
+                        config.state_dir.display()
+                    ))
+                })?;
+            }
+            Ok(sql::connect_and_migrate(&config.database_url).await?)
+        }
+        Backend::Postgres => Ok(sql::connect(&config.database_url).await?),
+    }
+}
+
+/// A Docker client. Tries to negotiate the API version; when dockerd does
+/// not answer yet the client is built anyway (it dials per request), so the
+/// daemon starts, keeps ticking and recovers once the engine is back.
+pub async fn docker_runtime(config: &DaemonConfig) -> Result<DockerRuntime, DaemonError> {
+    let docker_config = DockerConfig {
+        socket_path: config.docker.socket.clone(),
+        request_timeout: config.docker.request_timeout,
+        native_restart: if config.docker.restart_unless_stopped {
+            NativeRestart::UnlessStopped
+        } else {
+            NativeRestart::Never
+        },
+        ..DockerConfig::default()
+    };
+    match DockerRuntime::connect(docker_config.clone()).await {
+        Ok(runtime) => Ok(runtime),
+        Err(e) => {
+            tracing::warn!(error = %e, "docker did not answer at start; carrying on");
+            DockerRuntime::new(docker_config).map_err(|e| DaemonError::Setup(e.to_string()))
+        }
+    }
+}
+
+/// Everything a running daemon is made of.
+pub struct Daemon {
+    pub config: DaemonConfig,
+    pub catalog: Arc<Catalog>,
+    pub ports: Ports,
+    pub docker: DockerRuntime,
+    pub caddy: CaddyTraffic,
+    pub locks: Arc<InstanceLocks>,
+    pub recoverer: Arc<Recoverer>,
+    pub reconciler: Arc<Reconciler>,
+    /// Identifies this process as lease holder and worker.
+    pub holder: String,
+}
+
+impl Daemon {
+    /// Loads the catalog, opens the store and builds every port.
+    pub async fn build(config: DaemonConfig) -> Result<Daemon, DaemonError> {
+        let catalog = Arc::new(crate::config::load_catalog(&config.catalog)?);
+        let store = open_store(&config).await?;
+        let docker = docker_runtime(&config).await?;
+        let caddy = CaddyTraffic::new(CaddyConfig {
+            admin_addr: config.caddy.admin.clone(),
+            server_name: config.caddy.server_name.clone(),
+            host_suffix: config.caddy.host_suffix.clone(),
+            request_timeout: config.caddy.request_timeout,
+        })
+        .map_err(|e| DaemonError::Setup(e.to_string()))?;
+        let mut control = config.control.clone();
+        let provisioner: Arc<dyn Provisioner> = match config.provisioner {
+            ProvisionerKind::Docker => {
+                // A Docker release lives in no namespace of its own; the
+                // drift check must compare against the one it reports, or
+                // every release would look foreign and every instance gone.
+                control.namespace = DockerProvisioner::NAMESPACE.to_owned();
+                Arc::new(DockerProvisioner::new(docker.clone()))
+            }
+            ProvisionerKind::Helm => {
+                control.namespace = config.helm.namespace.clone();
+                Arc::new(
+                    HelmProvisioner::new(HelmConfig {
+                        helm_path: config.helm.path.clone(),
+                        chart: config.helm.chart.clone(),
+                        namespace: config.helm.namespace.clone(),
+                        wait_timeout: config.helm.wait_timeout,
+                        call_timeout: config.helm.wait_timeout + Duration::from_secs(30),
+                        env: Vec::new(),
+                    })
+                    .map_err(|e| DaemonError::Setup(e.to_string()))?,
+                )
+            }
+        };
+        let ports = Ports {
+            clock: Arc::new(SystemClock),
+            runtime: Arc::new(docker.clone()),
+            traffic: Arc::new(caddy.clone()),
+            store,
+            probe: Arc::new(NetProbe::new().map_err(DaemonError::Setup)?),
+            policy: Arc::new(AllowAllPolicy),
+            provisioner,
+            notifier: Arc::new(LogNotifier),
+        };
+        let locks = Arc::new(InstanceLocks::default());
+        let recoverer = Arc::new(Recoverer::new(
+            ports.clone(),
+            config.recovery.clone(),
+            readiness_table(&catalog),
+            locks.clone(),
+        ));
+        let holder = holder_name();
+        let reconciler = Arc::new(Reconciler::new(
+            ports.clone(),
+            catalog.clone(),
+            control,
+            holder.clone(),
+            recoverer.clone(),
+            os_seed(),
+        ));
+        Ok(Daemon {
+            config,
+            catalog,
+            ports,
+            docker,
+            caddy,
+            locks,
+            recoverer,
+            reconciler,
+            holder,
+        })
+    }
+
+    /// Creates stead's server in Caddy if it is missing. Failure is not
+    /// fatal: publication fails (and is retried) until Caddy answers.
+    pub async fn ensure_caddy_server(&self) {
+        if let Err(e) = self.caddy.ensure_server(&self.config.caddy.listen).await {
+            tracing::warn!(error = %e, admin = %self.config.caddy.admin, "caddy server not ensured yet");
+        }
+    }
+
+    fn worker(&self, n: u32) -> Worker {
+        Worker::new(
+            self.ports.clone(),
+            self.catalog.clone(),
+            WorkerConfig {
+                id: format!("{}/w{n}", self.holder),
+                lease: self.config.control.lease,
+                retry: Default::default(),
+                idle_poll: self.config.worker_idle_poll,
+            },
+            self.locks.clone(),
+        )
+    }
+
+    /// One worker claim-and-run, for `--once` and tests; `false` when no
+    /// task was due.
+    pub async fn work_once(&self) -> bool {
+        self.worker(0).work_once().await.is_some()
+    }
+
+    /// Runs the loops of `role` until `stop` turns true, then shuts down
+    /// within `shutdown_grace`: loops stop claiming, in-flight handlers may
+    /// finish; what is still running after the bound is abandoned, and its
+    /// task lease expires and requeues it (C6).
+    pub async fn run(self: &Arc<Self>, role: Role, stop: watch::Receiver<bool>) {
+        let mut tasks = tokio::task::JoinSet::new();
+        if let Some(addr) = self.config.admin_listen {
+            let daemon = self.clone();
+            let stop = stop.clone();
+            tasks.spawn(async move { admin::serve(daemon, addr, role, stop).await });
+        }
+        if role.reconciles() {
+            self.ensure_caddy_server().await;
+            let daemon = self.clone();
+            let stop_r = stop.clone();
+            tasks.spawn(async move { daemon.reconciler.run(stop_r).await });
+            if self.config.docker_events {
+                let daemon = self.clone();
+                let stop_e = stop.clone();
+                tasks.spawn(async move { events::follow(daemon, stop_e).await });
+            }
+        }
+        if role.works() {
+            for n in 0..self.config.workers {
+                let worker = self.worker(n);
+                let stop_w = stop.clone();
+                tasks.spawn(async move { worker.run(stop_w).await });
+            }
+        }
+        let mut stop_wait = stop.clone();
+        while !*stop_wait.borrow() {
+            if stop_wait.changed().await.is_err() {
+                break;
+            }
+        }
+        tracing::info!(grace = ?self.config.shutdown_grace, "stopping: no new claims; waiting for handlers");
+        let drained = tokio::time::timeout(self.config.shutdown_grace, async {
+            while tasks.join_next().await.is_some() {}
+        })
+        .await;
+        if drained.is_err() {
+            tracing::warn!("shutdown bound reached; abandoning handlers (their task leases expire and requeue)");
+            tasks.abort_all();
+        }
+        tracing::info!("stopped");
+    }
+}
+
+/// `hostname:pid`, unique per process, readable in `locked_by`.
+fn holder_name() -> String {
+    let host = std::fs::read_to_string("/etc/hostname")
+        .ok()
+        .map(|h| h.trim().to_owned())
+        .filter(|h| !h.is_empty())
+        .unwrap_or_else(|| "stead".to_owned());
+    format!("{host}:{}", std::process::id())
+}
+
+/// The seed of trace ids; drawn from the OS (the simulation passes its own).
+fn os_seed() -> u64 {
+    // std seeds each `RandomState` from the OS; hashing nothing with one
+    // yields those random bits without another dependency.
+    use std::hash::{BuildHasher, Hasher};
+    std::collections::hash_map::RandomState::new()
+        .build_hasher()
+        .finish()
+}

@@ -1,0 +1,286 @@
+//! The end-to-end harness: a whole daemon (reconciler, workers, Docker
+//! events, admin off) wired by `stead::daemon` against the real dockerd, a
+//! private Caddy and a SQLite file, with a one-second tick.
+#![allow(dead_code)]
+// Each test binary uses a different part.
+// Latency and deadlines in tests are wall-clock by nature.
+#![allow(clippy::disallowed_methods)]
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use stead::core::types::InstanceName;
+use stead::daemon::ops::{CreateRequest, Ops};
+use stead::daemon::{config, Daemon, Role};
+use stead::engine::SystemClock;
+use stead::ports::Clock;
+use tokio::sync::watch;
+
+use crate::support_services::caddy::CaddyProcess;
+use crate::support_services::docker::docker;
+use crate::support_services::free_port;
+
+/// The service type every test uses, and its one service.
+pub const TYPE: &str = "web";
+pub const SERVICE: &str = "http";
+
+/// A busybox httpd whose healthcheck fails while `/tmp/sick` exists; the
+/// file is removed at every start, so a restart cures it.
+pub fn catalog(version: &str, command: &str) -> String {
+    format!(
+        r#"
+[types.web]
+version = "{version}"
+
+[[types.web.services]]
+name = "http"
+image = "stead-test/busybox:1"
+command = ["sh", "-c", "{command}"]
+ports = [8080]
+stop_grace_ms = 1000
+
+[types.web.services.healthcheck]
+command = ["sh", "-c", "test ! -e /tmp/sick && wget -q -O- http://127.0.0.1:8080/ >/dev/null"]
+interval_ms = 500
+timeout_ms = 2000
+retries = 1
+
+[types.web.services.readiness]
+kind = "http"
+port = 8080
+path = "/"
+timeout_ms = 1000
+interval_ms = 100
+attempts_max = 100
+"#
+    )
+}
+
+pub const HTTPD: &str = "busybox rm -f /tmp/sick; exec httpd -f -p 8080 -h /www";
+
+pub struct Harness {
+    pub daemon: Arc<Daemon>,
+    pub caddy: CaddyProcess,
+    pub listen: String,
+    pub dir: tempfile::TempDir,
+    stop: Option<watch::Sender<bool>>,
+    run: Option<tokio::task::JoinHandle<()>>,
+    http: reqwest::Client,
+}
+
+/// Options a test varies.
+pub struct Setup {
+    pub catalog: String,
+    pub docker_events: bool,
+    pub tick_interval_s: u64,
+    /// Appended to the config file (e.g. a `[recovery]` table).
+    pub extra_config: String,
+    /// A migrated database; `None` uses a SQLite file in the state dir.
+    pub database_url: Option<String>,
+}
+
+impl Default for Setup {
+    fn default() -> Self {
+        Self {
+            catalog: catalog("1", HTTPD),
+            docker_events: true,
+            tick_interval_s: 1,
+            extra_config: String::new(),
+            database_url: None,
+        }
+    }
+}
+
+impl Harness {
+    pub async fn start(setup: Setup) -> Harness {
+        // Logs show with `--nocapture`; `STEAD_LOG` picks the level.
+        let filter = tracing_subscriber::EnvFilter::try_from_env("STEAD_LOG")
+            .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
+        let _ = tracing_subscriber::fmt()
+            .with_env_filter(filter)
+            .with_test_writer()
+            .try_init();
+        let caddy = CaddyProcess::start().await;
+        let dir = tempfile::tempdir().expect("temp dir");
+        let listen = format!("127.0.0.1:{}", free_port());
+        let catalog_path = dir.path().join("catalog.toml");
+        std::fs::write(&catalog_path, &setup.catalog).expect("write catalog");
+        let doc = format!(
+            r#"
+state_dir = "{state}"
+catalog = "{catalog}"
+admin_listen = ""
+workers = 2
+worker_idle_poll_ms = 100
+docker_events = {events}
+shutdown_grace_s = 10
+[control]
+tick_interval_s = {tick}
+# The shortest lease allowed, so a task abandoned by a killed daemon is
+# requeued within seconds (C6).
+lease_s = 10
+provisioner_timeout_s = 5
+[caddy]
+admin = "{admin}"
+listen = "{listen}"
+"#,
+            state = dir.path().display(),
+            catalog = catalog_path.display(),
+            events = setup.docker_events,
+            tick = setup.tick_interval_s,
+            admin = caddy.admin_addr,
+        );
+        let database = setup
+            .database_url
+            .as_ref()
+            .map(|url| format!("database_url = \"{url}\"\n"))
+            .unwrap_or_default();
+        // Top-level keys must come before the first table.
+        let doc = database + &doc + &setup.extra_config;
+        let config = config::parse(&doc, "e2e", &[]).expect("valid e2e config");
+        let daemon = Arc::new(Daemon::build(config).await.expect("daemon builds"));
+        let mut harness = Harness {
+            daemon,
+            caddy,
+            listen,
+            dir,
+            stop: None,
+            run: None,
+            http: reqwest::Client::builder()
+                .no_proxy()
+                .timeout(Duration::from_secs(2))
+                .pool_max_idle_per_host(0)
+                .build()
+                .unwrap(),
+        };
+        harness.resume();
+        harness
+    }
+
+    /// Starts the daemon's loops (again).
+    pub fn resume(&mut self) {
+        let (tx, rx) = watch::channel(false);
+        let daemon = self.daemon.clone();
+        self.run = Some(tokio::spawn(async move { daemon.run(Role::All, rx).await }));
+        self.stop = Some(tx);
+    }
+
+    /// Stops the loops as SIGTERM would, and waits for them.
+    pub async fn shutdown(&mut self) {
+        if let Some(tx) = self.stop.take() {
+            let _ = tx.send(true);
+        }
+        if let Some(run) = self.run.take() {
+            tokio::time::timeout(Duration::from_secs(20), run)
+                .await
+                .expect("daemon stops within its shutdown bound")
+                .expect("daemon task");
+        }
+    }
+
+    /// Abandons the running loops without any shutdown, as SIGKILL would:
+    /// in-flight handlers stop wherever they are, memory is lost, leases
+    /// stay held until they expire.
+    pub async fn kill(&mut self) {
+        self.stop.take();
+        if let Some(run) = self.run.take() {
+            run.abort();
+            let _ = run.await;
+        }
+    }
+
+    /// Stops the daemon, writes a new catalog and starts a fresh daemon
+    /// (new memory) on the same database, Caddy and config.
+    pub async fn restart_with_catalog(&mut self, catalog: &str) {
+        self.shutdown().await;
+        std::fs::write(&self.daemon.config.catalog, catalog).expect("write catalog");
+        let daemon = Daemon::build(self.daemon.config.clone())
+            .await
+            .expect("daemon rebuilds");
+        self.daemon = Arc::new(daemon);
+        self.resume();
+    }
+
+    pub fn ops(&self) -> Ops<'_> {
+        Ops {
+            store: self.daemon.ports.store.as_ref(),
+            catalog: &self.daemon.catalog,
+            now: SystemClock.now(),
+        }
+    }
+
+    pub async fn create(&self, name: &str, ttl: Option<Duration>) {
+        self.ops()
+            .create(&CreateRequest {
+                name: name.to_owned(),
+                service_type: TYPE.to_owned(),
+                team: "e2e".to_owned(),
+                version: None,
+                ttl,
+                maintenance_window: None,
+            })
+            .await
+            .expect("create instance");
+    }
+
+    /// GET / through Caddy: the status code, or 0 when Caddy did not answer.
+    pub async fn get(&self, instance: &str) -> u16 {
+        let url = format!("http://{}/", self.listen);
+        match self
+            .http
+            .get(&url)
+            .header("host", format!("{SERVICE}.{instance}.localhost"))
+            .send()
+            .await
+        {
+            Ok(r) => r.status().as_u16(),
+            Err(_) => 0,
+        }
+    }
+
+    /// The container ACTIVE names for the service, if any.
+    pub async fn active_container(&self, instance: &str) -> Option<String> {
+        let active = self
+            .daemon
+            .ports
+            .store
+            .load_active(&InstanceName::new(instance))
+            .await
+            .ok()?;
+        active
+            .services
+            .values()
+            .next()
+            .map(|s| s.container.as_str().to_owned())
+    }
+}
+
+impl Drop for Harness {
+    fn drop(&mut self) {
+        if let Some(tx) = self.stop.take() {
+            let _ = tx.send(true);
+        }
+    }
+}
+
+/// Polls `probe` every 50 ms until it holds; panics naming `what` after
+/// `limit`. Returns how long it took.
+pub async fn wait_until<F, Fut>(what: &str, limit: Duration, mut probe: F) -> Duration
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let start = Instant::now();
+    while start.elapsed() < limit {
+        if probe().await {
+            return start.elapsed();
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    panic!("{what}: not within {limit:?}");
+}
+
+/// `docker inspect --format <format> <id>`.
+pub fn inspect(id: &str, format: &str) -> Result<String, String> {
+    docker(&["inspect", "--format", format, id])
+}

@@ -1,0 +1,351 @@
+//! End-to-end: the daemon against real dockerd, Caddy and SQLite. Each test
+//! runs its own daemon, Caddy and database, names its instance uniquely and
+//! removes its containers on the way out (also when it fails).
+
+mod e2e;
+mod support;
+mod support_services;
+
+use std::time::Duration;
+
+use e2e::{catalog, inspect, wait_until, Harness, Setup};
+use support_services::docker::{docker, Cleanup};
+use support_services::unique;
+
+const CONVERGE: Duration = Duration::from_secs(60);
+
+/// Creates an instance and waits until Caddy serves it.
+async fn serving(h: &Harness, name: &str) -> String {
+    h.create(name, None).await;
+    wait_until("served through caddy", CONVERGE, || async {
+        h.get(name).await == 200
+    })
+    .await;
+    h.active_container(name)
+        .await
+        .expect("ACTIVE names a container")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn provisions_an_instance_and_serves_it_through_caddy() {
+    let name = unique("e2eserve");
+    let _cleanup = Cleanup::new(&name);
+    let h = Harness::start(Setup::default()).await;
+    let id = serving(&h, &name).await;
+    assert_eq!(inspect(&id, "{{.State.Status}}").unwrap(), "running");
+    assert_eq!(
+        h.get("no-such-instance").await,
+        404,
+        "unknown hosts get the catch-all"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_killed_container_is_withdrawn_started_verified_and_republished() {
+    let name = unique("e2ekill");
+    let _cleanup = Cleanup::new(&name);
+    let h = Harness::start(Setup::default()).await;
+    let id = serving(&h, &name).await;
+    let started_before = inspect(&id, "{{.State.StartedAt}}").unwrap();
+
+    docker(&["kill", &id]).unwrap();
+    // Withdrawn: Caddy answers from its catch-all (404) rather than a dead
+    // backend (502). With events this is well under a tick.
+    let withdrawn = wait_until("withdrawn", Duration::from_secs(10), || async {
+        h.get(&name).await == 404
+    })
+    .await;
+    wait_until("served again", CONVERGE, || async {
+        h.get(&name).await == 200
+    })
+    .await;
+    let started_after = inspect(&id, "{{.State.StartedAt}}").unwrap();
+    assert_ne!(
+        started_before, started_after,
+        "the same container was started again"
+    );
+    assert_eq!(
+        h.active_container(&name).await.as_deref(),
+        Some(id.as_str()),
+        "same generation"
+    );
+    eprintln!("kill -> withdrawn in {withdrawn:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_crash_looping_container_gets_exactly_three_starts_then_waits() {
+    let name = unique("e2eloop");
+    let _cleanup = Cleanup::new(&name);
+    // Serves long enough to be verified and published once, then crashes
+    // every second run after.
+    let setup = Setup {
+        // Few probe attempts: a probe of a dying container otherwise keeps
+        // a pass busy for seconds, which is slow on a loaded machine.
+        catalog: catalog("1", "httpd -p 8080 -h /www; sleep 2; exit 3")
+            .replace("attempts_max = 100", "attempts_max = 10"),
+        ..Setup::default()
+    };
+    let h = Harness::start(setup).await;
+    h.create(&name, None).await;
+    wait_until("created", CONVERGE, || async {
+        h.active_container(&name).await.is_some()
+    })
+    .await;
+    let id = h.active_container(&name).await.unwrap();
+    let since = docker(&["inspect", "--format", "{{.Created}}", &id]).unwrap();
+    let starts = || {
+        let out = docker(&[
+            "events",
+            "--since",
+            &since,
+            "--until",
+            "0s",
+            "--filter",
+            &format!("container={id}"),
+            "--filter",
+            "event=start",
+            "--format",
+            "{{.Action}}",
+        ])
+        .unwrap_or_default();
+        out.lines().count()
+    };
+    // One start from the worker's create, then three by recovery.
+    wait_until("four starts", 2 * CONVERGE, || async { starts() >= 4 }).await;
+    // The budget now delays the next attempt by a minute: nothing for a while.
+    tokio::time::sleep(Duration::from_secs(8)).await;
+    assert_eq!(
+        starts(),
+        4,
+        "exactly three recovery starts, then the budget waits"
+    );
+    assert_ne!(inspect(&id, "{{.State.Status}}").unwrap(), "running");
+    assert_eq!(h.get(&name).await, 404, "a down backend is not routed");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unhealthy_container_is_restarted_after_two_unhealthy_observations() {
+    let name = unique("e2esick");
+    let _cleanup = Cleanup::new(&name);
+    let h = Harness::start(Setup::default()).await;
+    let id = serving(&h, &name).await;
+    let started_before = inspect(&id, "{{.State.StartedAt}}").unwrap();
+    docker(&["exec", &id, "sh", "-c", ": > /tmp/sick"]).unwrap();
+    wait_until(
+        "docker reports unhealthy",
+        Duration::from_secs(10),
+        || async { inspect(&id, "{{.State.Health.Status}}").unwrap_or_default() == "unhealthy" },
+    )
+    .await;
+    // Restarted (new execution, same container), which removes the sick
+    // file, so it turns healthy and serves again.
+    wait_until("restarted", Duration::from_secs(20), || async {
+        inspect(&id, "{{.State.StartedAt}}").unwrap_or_default() != started_before
+    })
+    .await;
+    wait_until("served again", CONVERGE, || async {
+        h.get(&name).await == 200
+    })
+    .await;
+    assert_eq!(
+        h.active_container(&name).await.as_deref(),
+        Some(id.as_str())
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stop_intent_stops_and_unpublishes_without_removing() {
+    let name = unique("e2estop");
+    let _cleanup = Cleanup::new(&name);
+    let h = Harness::start(Setup::default()).await;
+    let id = serving(&h, &name).await;
+    h.ops().set_stopped(&name, true).await.unwrap();
+    wait_until("stopped", Duration::from_secs(20), || async {
+        inspect(&id, "{{.State.Status}}").unwrap_or_default() == "exited"
+    })
+    .await;
+    wait_until("unpublished", Duration::from_secs(10), || async {
+        h.get(&name).await == 404
+    })
+    .await;
+    let status = stead::daemon::ops::status(
+        h.daemon.ports.store.as_ref(),
+        h.daemon.ports.runtime.as_ref(),
+        Some(&h.daemon.recoverer.memory()),
+        Some(&h.caddy.admin_addr),
+    )
+    .await;
+    let row = status
+        .rows
+        .iter()
+        .find(|r| r.instance == name)
+        .expect("a status row");
+    assert_eq!(
+        (
+            row.intent.as_str(),
+            row.runtime.as_str(),
+            row.publication.as_str()
+        ),
+        ("stopped", "exited", "withdrawn")
+    );
+    // Several ticks later it is still there, still stopped.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert_eq!(
+        inspect(&id, "{{.State.Status}}").unwrap(),
+        "exited",
+        "kept, not removed, not started"
+    );
+    h.ops().set_stopped(&name, false).await.unwrap();
+    wait_until("served after start intent", CONVERGE, || async {
+        h.get(&name).await == 200
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_container_removed_by_hand_is_reprovisioned() {
+    let name = unique("e2edrift");
+    let _cleanup = Cleanup::new(&name);
+    let h = Harness::start(Setup::default()).await;
+    let id = serving(&h, &name).await;
+    docker(&["rm", "-f", &id]).unwrap();
+    wait_until("reprovisioned and served", CONVERGE, || async {
+        h.get(&name).await == 200 && h.active_container(&name).await.is_some_and(|c| c != id)
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ttl_expiry_deprovisions() {
+    let name = unique("e2ettl");
+    let _cleanup = Cleanup::new(&name);
+    let h = Harness::start(Setup::default()).await;
+    h.create(&name, Some(Duration::from_secs(8))).await;
+    wait_until("served", CONVERGE, || async { h.get(&name).await == 200 }).await;
+    let id = h.active_container(&name).await.unwrap();
+    wait_until("deprovisioned", CONVERGE, || async {
+        let gone = inspect(&id, "{{.Id}}").is_err();
+        let instance = h
+            .daemon
+            .ports
+            .store
+            .instance(&stead::core::types::InstanceName::new(&name))
+            .await
+            .ok()
+            .flatten();
+        gone && instance.is_some_and(|i| i.state == stead::core::fleet::InstanceState::Deleted)
+    })
+    .await;
+    assert_eq!(h.get(&name).await, 404);
+}
+
+/// Runs GET through Caddy in a loop until `stop`; returns the 5xx count
+/// and the number of requests.
+fn request_loop(
+    listen: String,
+    name: String,
+    stop: tokio::sync::watch::Receiver<bool>,
+) -> tokio::task::JoinHandle<(u32, u32)> {
+    tokio::spawn(async move {
+        let client = reqwest::Client::builder()
+            .no_proxy()
+            .timeout(Duration::from_secs(5))
+            .build()
+            .unwrap();
+        let (mut errors, mut total) = (0, 0);
+        while !*stop.borrow() {
+            let status = client
+                .get(format!("http://{listen}/"))
+                .header("host", format!("{}.{name}.localhost", e2e::SERVICE))
+                .send()
+                .await
+                .map(|r| r.status().as_u16())
+                .unwrap_or(0);
+            total += 1;
+            if status >= 500 || status == 0 {
+                eprintln!("request {total}: {status}");
+                errors += 1;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        (errors, total)
+    })
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_upgrade_replaces_with_overlap_and_serves_without_5xx() {
+    let name = unique("e2eupg");
+    let _cleanup = Cleanup::new(&name);
+    let mut h = Harness::start(Setup::default()).await;
+    let old = serving(&h, &name).await;
+    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    let requests = request_loop(h.listen.clone(), name.clone(), stop_rx);
+    // A new catalog version: the next tick plans the upgrade.
+    h.restart_with_catalog(&catalog("2", e2e::HTTPD)).await;
+    wait_until("upgraded and predecessor retired", 2 * CONVERGE, || async {
+        let new = h.active_container(&name).await;
+        new.is_some_and(|n| n != old) && inspect(&old, "{{.Id}}").is_err()
+    })
+    .await;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    stop_tx.send(true).unwrap();
+    let (errors, total) = requests.await.unwrap();
+    assert!(total > 10, "the loop ran ({total} requests)");
+    assert_eq!(
+        errors, 0,
+        "{errors} of {total} requests failed during the upgrade"
+    );
+    assert_eq!(h.get(&name).await, 200);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_daemon_killed_mid_upgrade_converges_after_restart() {
+    let name = unique("e2ekill9");
+    let _cleanup = Cleanup::new(&name);
+    let mut h = Harness::start(Setup::default()).await;
+    let old = serving(&h, &name).await;
+    h.restart_with_catalog(&catalog("2", e2e::HTTPD)).await;
+    // Kill as soon as the successor exists: mid-upgrade.
+    wait_until("successor created", CONVERGE, || async {
+        let filter = format!("label=stead.instance={name}");
+        docker(&["ps", "-aq", "--filter", &filter])
+            .unwrap_or_default()
+            .lines()
+            .count()
+            >= 2
+    })
+    .await;
+    h.kill().await;
+    h.restart_with_catalog(&catalog("2", e2e::HTTPD)).await;
+    wait_until("converged on the new version", 2 * CONVERGE, || async {
+        let filter = format!("label=stead.instance={name}");
+        let containers = docker(&["ps", "-aq", "--filter", &filter]).unwrap_or_default();
+        h.get(&name).await == 200
+            && h.active_container(&name).await.is_some_and(|n| n != old)
+            && containers.lines().count() == 1
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_postgres_an_instance_is_served_and_recovered() {
+    let name = unique("e2epg");
+    let _cleanup = Cleanup::new(&name);
+    let url = support::fresh_postgres_database().await;
+    stead::store::sql::migrate(&url).await.expect("migrate");
+    let h = Harness::start(Setup {
+        database_url: Some(url),
+        ..Setup::default()
+    })
+    .await;
+    let id = serving(&h, &name).await;
+    docker(&["kill", &id]).unwrap();
+    wait_until("withdrawn", Duration::from_secs(10), || async {
+        h.get(&name).await == 404
+    })
+    .await;
+    wait_until("served again", CONVERGE, || async {
+        h.get(&name).await == 200
+    })
+    .await;
+}

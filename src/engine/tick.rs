@@ -23,6 +23,9 @@ use crate::ports::{LeaseGrant, StoreError};
 use super::recovery::Recoverer;
 use super::Ports;
 
+/// Bound on one courtesy notification.
+const NOTIFY_TIMEOUT: Duration = Duration::from_secs(10);
+
 /// A pure planner of the control loop.
 type Planner = fn(&Snapshot<'_>) -> Plan;
 
@@ -76,9 +79,6 @@ impl TickOutcome {
         self.failed.is_empty()
     }
 }
-
-/// A planning check: a pure function of the snapshot.
-type Planner = fn(&Snapshot<'_>) -> Plan;
 
 /// The singleton reconciler.
 pub struct Reconciler {
@@ -232,9 +232,17 @@ impl Reconciler {
         for bad in instances.bad.iter().chain(tasks.bad.iter()) {
             tracing::error!(error = %bad, "skipped a bad row");
         }
-        let (releases, releases_error) = match self.ports.provisioner.list_releases().await {
-            Ok(r) => (Some(r), None),
-            Err(e) => (None, Some(e.to_string())),
+        // Bounded like every outside call: a hung provisioner must not hang
+        // the tick (found by the simulation).
+        let listed = tokio::time::timeout(
+            self.config.provisioner_timeout,
+            self.ports.provisioner.list_releases(),
+        )
+        .await;
+        let (releases, releases_error) = match listed {
+            Ok(Ok(r)) => (Some(r), None),
+            Ok(Err(e)) => (None, Some(e.to_string())),
+            Err(_) => (None, Some("timed out".to_owned())),
         };
         Ok((
             Snapshot {
@@ -320,12 +328,13 @@ impl Reconciler {
                 }
                 Decision::Notify(notice) => {
                     // A courtesy: a failure never aborts the sweep (C5).
-                    if let Err(e) = self
-                        .ports
-                        .notifier
-                        .notify(notice.event, &notice.message)
-                        .await
-                    {
+                    let sent = tokio::time::timeout(
+                        NOTIFY_TIMEOUT,
+                        self.ports.notifier.notify(notice.event, &notice.message),
+                    )
+                    .await
+                    .unwrap_or_else(|_| Err("timed out".to_owned()));
+                    if let Err(e) = sent {
                         out.warnings.push(format!("notify {}: {e}", notice.event));
                     }
                     Ok(())

@@ -89,6 +89,9 @@ impl BudgetModel {
         let h = self.history();
         h.failures = h.failures.saturating_add(1);
         h.stable_since = None;
+        // The failure is that of the unconfirmed attempt, if any: one
+        // attempt is charged exactly once.
+        h.attempt_pending = false;
         if h.failures >= policy.free_attempts {
             let rung = (h.failures - policy.free_attempts) as usize;
             let delay = policy.delays[rung.min(policy.delays.len() - 1)];

@@ -56,6 +56,9 @@ impl Default for CaddyConfig {
 }
 
 /// The `Traffic` port over Caddy's admin API.
+/// Retries of a refused admin connection (50 ms doubling: 3.1 s in all).
+const ADMIN_CONNECT_RETRIES_MAX: u32 = 6;
+
 #[derive(Clone, Debug)]
 pub struct CaddyTraffic {
     client: reqwest::Client,
@@ -198,16 +201,30 @@ impl CaddyTraffic {
         body: Option<&Value>,
     ) -> Result<reqwest::Response, TrafficError> {
         let url = format!("{}{path}", self.admin_url);
-        let mut request = self.client.request(method.clone(), &url);
-        if let Some(body) = body {
-            request = request.json(body);
+        let mut attempt = 0;
+        loop {
+            let mut request = self.client.request(method.clone(), &url);
+            if let Some(body) = body {
+                request = request.json(body);
+            }
+            match request.send().await {
+                Ok(response) => return Ok(response),
+                // Caddy restarts its admin listener when it loads a new
+                // config, so a call right after a change can find the port
+                // closed for a moment. A refused connection never reached
+                // Caddy, so retrying it is safe for every method.
+                Err(e) if e.is_connect() && attempt < ADMIN_CONNECT_RETRIES_MAX => {
+                    attempt += 1;
+                    tokio::time::sleep(Duration::from_millis(50 << attempt)).await;
+                }
+                Err(e) => {
+                    return Err(TrafficError(format!(
+                        "caddy {method} {path}: admin API at {} did not answer: {e}",
+                        self.config.admin_addr
+                    )))
+                }
+            }
         }
-        request.send().await.map_err(|e| {
-            TrafficError(format!(
-                "caddy {method} {path}: admin API at {} did not answer: {e}",
-                self.config.admin_addr
-            ))
-        })
     }
 
     /// Sends a request; `Ok(status)` only for 2xx, and for 404 (the caller

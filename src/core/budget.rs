@@ -88,7 +88,6 @@ impl Budget {
     /// consumes the pending flag, so once the delay passes the next attempt
     /// really runs instead of the same attempt being charged every pass.
     pub fn charge_unconfirmed_attempt(&mut self, policy: &RecoveryPolicy, now: Timestamp) {
-        debug_assert!(self.attempt_pending());
         self.record_failure(policy, now);
     }
 

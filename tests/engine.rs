@@ -462,3 +462,33 @@ async fn a_store_outage_fails_the_tick_and_the_next_tick_recovers() {
         "the upgrade is planned once the store is back"
     );
 }
+
+// --- regressions found by the simulation ------------------------------------
+
+#[tokio::test(start_paused = true)]
+async fn a_hung_release_listing_fails_drift_but_not_the_tick() {
+    let f = fixture();
+    f.served("wiki1", "1").await;
+    f.script.fail(Op::ListReleases, "", Fault::Hang);
+    let out = f.reconciler("a").tick().await;
+    assert!(out.failed.iter().any(|(c, _)| *c == Check::Drift));
+    assert!(
+        out.tasks_enqueued >= 1,
+        "version drift still planned its upgrade"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_hung_handler_is_bounded_by_its_lease() {
+    let f = fixture();
+    let instance = f.instance("wiki1", "2").await;
+    f.enqueue(instance.id, TaskKind::Provision).await;
+    f.script.fail(Op::Create, "wiki1", Fault::Hang);
+    let (_, end) = f.worker().work_once().await.expect("a task");
+    assert!(
+        matches!(end, TaskEnd::Retried(ref e) if e.contains("lease")),
+        "{end:?}"
+    );
+    let lock = f.locks.lock_for(&instance.name);
+    assert!(lock.try_lock().is_ok(), "the instance lock is released");
+}

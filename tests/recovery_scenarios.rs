@@ -935,3 +935,49 @@ fn a_never_healthy_container_is_charged_and_eventually_delayed() {
     let restarts = w.count(is_restart);
     assert!((3..6).contains(&restarts), "restarts: {restarts}");
 }
+
+// --- regressions found by the simulation ------------------------------------
+
+#[test]
+fn a_route_withdrawn_after_a_failed_verification_is_republished() {
+    let mut w = settled();
+    w.faults
+        .binds
+        .push_back(RuntimeError::Transient("inspect failed".into()));
+    w.pass();
+    assert!(!routed(&w), "a failed verification withdraws");
+    w.advance(PASS);
+    w.pass();
+    assert!(routed(&w), "the unchanged execution is published again");
+}
+
+#[test]
+fn one_failed_attempt_is_charged_once() {
+    let mut w = settled();
+    w.crash("c1");
+    w.container("c1").status_after_start = ContainerStatus::Exited;
+    let reports = w.pass(); // started, then readiness fails: one charge
+    assert_eq!(
+        reports[0]
+            .memory
+            .generation
+            .budget
+            .as_ref()
+            .unwrap()
+            .failures,
+        1
+    );
+    w.advance(PASS);
+    let reports = w.pass(); // found down again: the attempt was already charged
+    assert_eq!(
+        reports[0]
+            .memory
+            .generation
+            .budget
+            .as_ref()
+            .unwrap()
+            .failures,
+        2
+    );
+    assert_eq!(w.count(is_start), 2);
+}

@@ -435,6 +435,19 @@ async fn check_liveness(
                 .iter()
                 .filter(|i| i.reason == InhibitionReason::RetirementPending)
             {
+                // A marker waits for its successor to serve (R15); a held
+                // successor never does, so its predecessor rightly stays.
+                let key = ServiceKey {
+                    instance: instance.clone(),
+                    service: marker.service.clone(),
+                };
+                if truth
+                    .active
+                    .get(&key)
+                    .is_some_and(|succ| truth.inhibited.contains(succ))
+                {
+                    continue;
+                }
                 failures.push(format!("L3: marker on {} never resolved", marker.container));
             }
         }

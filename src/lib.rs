@@ -18,5 +18,6 @@ pub mod core;
 #[cfg(all(feature = "io", not(madsim)))]
 pub mod daemon;
 pub mod engine;
+pub mod mutants;
 pub mod ports;
 pub mod store;

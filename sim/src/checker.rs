@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use stead::core::fleet::add;
 use stead::core::policy::RecoveryPolicy;
-use stead::core::types::{ContainerId, InstanceName, ServiceKey, Timestamp};
+use stead::core::types::{Binds, ContainerId, InstanceName, ServiceKey, Timestamp};
 use stead::ports::memory::{Effect, Observer};
 use stead::ports::{Clock, Route};
 
@@ -57,6 +57,8 @@ struct Streak {
 struct State {
     truth: Truth,
     probe_passed: BTreeSet<(ContainerId, Option<Timestamp>)>,
+    /// Binds some execution of a container answered readiness on.
+    ready_binds: BTreeSet<(ContainerId, Binds)>,
     withdraw_failed: BTreeSet<ServiceKey>,
     routes: BTreeMap<ServiceKey, Route>,
     streaks: BTreeMap<ContainerId, Streak>,
@@ -68,7 +70,7 @@ struct State {
     tasks_seen: BTreeSet<i64>,
 }
 
-/// Checks S1–S7 on every effect; collects violations rather than panicking
+/// Checks S1–S8 on every effect; collects violations rather than panicking
 /// so the runner can print the seed, the invariant and the trace.
 pub struct Checker {
     clock: Arc<dyn Clock>,
@@ -252,6 +254,19 @@ impl Observer for Checker {
                 s.check("S4 inhibited never started", !inhibited, || {
                     format!("{id} is inhibited")
                 });
+                // A start or restart begins a new, unverified execution, so
+                // traffic must already be withdrawn from it (R8, R12).
+                let routed = s.routes.values().find(|r| &r.container == id).cloned();
+                s.check(
+                    "S2 never routed to an unverified execution",
+                    routed.is_none(),
+                    || {
+                        format!(
+                            "{id} started while {:?} still routes to it",
+                            routed.map(|r| r.service)
+                        )
+                    },
+                );
                 self.check_budget(&mut s, id, now);
             }
             Effect::Created { id, .. } => {
@@ -332,8 +347,19 @@ impl Observer for Checker {
             Effect::WithdrawFailed { service } => {
                 s.withdraw_failed.insert(service.clone());
             }
-            Effect::ProbePassed { id, started_at } => {
+            Effect::ProbePassed {
+                id,
+                started_at,
+                binds,
+            } => {
                 s.probe_passed.insert((id.clone(), *started_at));
+                s.ready_binds.insert((id.clone(), binds.clone()));
+            }
+            Effect::BindsSaved { id, binds } => {
+                let ready = s.ready_binds.contains(&(id.clone(), binds.clone()));
+                s.check("S7 binds saved only after readiness", ready, || {
+                    format!("{id} binds {binds:?} reached ACTIVE before readiness passed on them")
+                });
             }
             Effect::Installed { .. } => {}
         }

@@ -91,7 +91,7 @@ async fn simulate(cfg: SimConfig) -> SimOutcome {
     };
     let runtime = Arc::new(MemoryRuntime::new(clock.clone(), hooks.clone()));
     let _ = faults.checker.set(checker.clone());
-    let store = Arc::new(MemoryStore::new());
+    let store = Arc::new(MemoryStore::observed(checker.clone()));
     let traffic = Arc::new(MemoryTraffic::new(hooks.clone()));
     let provisioner = Arc::new(MemoryProvisioner::new("stead", hooks.clone()));
     let ports = Ports {

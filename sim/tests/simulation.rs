@@ -98,7 +98,9 @@ fn seeds_hold_every_invariant() {
     for invariant in [
         "S1 start only ACTIVE",
         "S2 publish only verified",
+        "S2 never routed to an unverified execution",
         "S6 budget",
+        "S7 binds saved only after readiness",
     ] {
         assert!(
             checks.get(invariant).copied().unwrap_or(0) > 0,

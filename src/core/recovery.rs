@@ -19,6 +19,8 @@ use std::time::Duration;
 
 use jiff::Timestamp;
 
+use crate::mutants::{self, Mutant};
+
 use super::budget::{Budget, BudgetEntry};
 use super::policy::RecoveryPolicy;
 use super::types::{
@@ -452,7 +454,8 @@ impl<'p> ServiceRecovery<'p> {
             Outcome::Binds(result) => match result {
                 Ok(binds) => {
                     self.binds = binds;
-                    self.phase = if self.needs_readiness() {
+                    let probe = !mutants::active(Mutant::PublishBeforeReadiness);
+                    self.phase = if self.needs_readiness() && probe {
                         Phase::Probe
                     } else {
                         Phase::Reinspect
@@ -646,7 +649,8 @@ impl<'p> ServiceRecovery<'p> {
             self.budget.invalidate_stable();
         }
         self.observed = Some(obs);
-        if (self.fresh || unverified) && !self.withdrawn_this_pass {
+        let skip_withdrawal = mutants::active(Mutant::SkipWithdrawBeforeStart);
+        if (self.fresh || unverified) && !self.withdrawn_this_pass && !skip_withdrawal {
             self.phase = Phase::WithdrawUnverified;
         } else {
             self.phase = self.after_fail_closed(now);
@@ -681,7 +685,8 @@ impl<'p> ServiceRecovery<'p> {
         // Found down is not a stable observation: the streak starts over
         // (R14), even if the runtime's own restart later wins the race.
         self.budget.invalidate_stable();
-        if self.budget.allow(now) && self.budget.attempt_pending() {
+        let charge = !mutants::active(Mutant::ForgetCrashLoopCharge);
+        if self.budget.allow(now) && self.budget.attempt_pending() && charge {
             self.budget.charge_unconfirmed_attempt(self.policy, now);
         }
         if !self.budget.allow(now) {
@@ -700,6 +705,9 @@ impl<'p> ServiceRecovery<'p> {
             (Phase::CheckPolicyForRestart, Ok(())) => {
                 self.phase = Phase::WithdrawBeforeRestart;
                 self.skip_redundant_withdraw_to(Phase::Restart);
+                if mutants::active(Mutant::SkipWithdrawBeforeStart) {
+                    self.phase = Phase::Restart;
+                }
             }
             (phase, Err(e)) => {
                 assert!(matches!(

@@ -8,6 +8,8 @@ use std::collections::BTreeMap;
 
 use jiff::Timestamp;
 
+use crate::mutants::{self, Mutant};
+
 use super::types::{
     ActiveRecord, ContainerId, ContainerStatus, Inhibition, Intent, Observation, RuntimeError,
     ServiceName,
@@ -50,6 +52,9 @@ pub fn decide_marker(
     let Some(successor) = active.services.get(&marker.service) else {
         return MarkerDecision::Retire;
     };
+    if mutants::active(Mutant::RetireBeforeSuccessorVerified) {
+        return MarkerDecision::Retire;
+    }
     match verified.get(&marker.service) {
         Some(started_at) => MarkerDecision::ConfirmSuccessor {
             successor: successor.container.clone(),

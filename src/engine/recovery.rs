@@ -14,9 +14,10 @@ use crate::core::recovery::{Command, Outcome, Report, ServiceInput, ServiceRecov
 use crate::core::retire::{decide_marker, successor_confirmed, MarkerDecision, VerifiedThisPass};
 use crate::core::spec::ReadinessProbe;
 use crate::core::types::{
-    ActiveRecord, GenerationKey, Inhibition, InhibitionReason, InstanceName, Intent, RuntimeError,
-    ServiceKey, ServiceName,
+    ActiveRecord, ActiveService, GenerationKey, Inhibition, InhibitionReason, InstanceName, Intent,
+    RuntimeError, ServiceKey, ServiceName,
 };
+use crate::mutants::{self, Mutant};
 use crate::ports::{Route, StoreError};
 
 use super::Ports;
@@ -154,6 +155,19 @@ impl Recoverer {
         };
         let mut verified = VerifiedThisPass::new();
         for (service, record) in &active.services {
+            let swapped;
+            let record = if mutants::active(Mutant::StartNonActive) {
+                let marker = inhibitions.iter().find(|i| {
+                    &i.service == service && i.reason == InhibitionReason::RetirementPending
+                });
+                swapped = ActiveService {
+                    container: marker.map_or(record.container.clone(), |m| m.container.clone()),
+                    ..record.clone()
+                };
+                &swapped
+            } else {
+                record
+            };
             let key = GenerationKey {
                 instance: instance.name.clone(),
                 service: service.clone(),

@@ -109,6 +109,12 @@ pub enum Effect {
     ProbePassed {
         id: ContainerId,
         started_at: Option<Timestamp>,
+        binds: Binds,
+    },
+    /// Binds written into ACTIVE (by recovery or by a worker's switch).
+    BindsSaved {
+        id: ContainerId,
+        binds: Binds,
     },
     Installed {
         release: String,
@@ -531,9 +537,11 @@ impl Probe for MemoryProbe {
                 .map(|(id, c)| (id.clone(), c.started_at))
         });
         if let Some((id, started_at)) = ready {
-            self.hooks
-                .observer
-                .effect(&Effect::ProbePassed { id, started_at });
+            self.hooks.observer.effect(&Effect::ProbePassed {
+                id,
+                started_at,
+                binds: binds.clone(),
+            });
             Ok(())
         } else {
             Err("connection refused".into())

@@ -11,7 +11,7 @@
 //! [`MemoryStore::fail_next_calls`] fails the next few calls only.
 
 use std::collections::BTreeMap;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -27,12 +27,23 @@ use crate::core::types::{
     ActiveRecord, ActiveService, Binds, ContainerId, Inhibition, InstanceName, ServiceName,
     Timestamp,
 };
+use crate::ports::memory::{Effect, Observer};
 use crate::ports::{LeaseGrant, NewInstance, Rows, Store, StoreError};
 
 /// An in-memory [`Store`]. Cheap to create; share it behind an `Arc`.
-#[derive(Debug, Default)]
+#[derive(Default)]
 pub struct MemoryStore {
     state: Mutex<State>,
+    /// Told whenever binds reach ACTIVE, so the simulation can check S7.
+    observer: Option<Arc<dyn Observer>>,
+}
+
+impl std::fmt::Debug for MemoryStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("MemoryStore")
+            .field("state", &self.state)
+            .finish_non_exhaustive()
+    }
 }
 
 #[derive(Debug, Default)]
@@ -54,6 +65,24 @@ struct State {
 impl MemoryStore {
     pub fn new() -> Self {
         Self::default()
+    }
+
+    /// A store that reports every write of binds into ACTIVE as
+    /// [`Effect::BindsSaved`].
+    pub fn observed(observer: Arc<dyn Observer>) -> Self {
+        Self {
+            observer: Some(observer),
+            ..Self::default()
+        }
+    }
+
+    fn binds_saved(&self, id: &ContainerId, binds: &Binds) {
+        if let (Some(observer), false) = (&self.observer, binds.is_empty()) {
+            observer.effect(&Effect::BindsSaved {
+                id: id.clone(),
+                binds: binds.clone(),
+            });
+        }
     }
 
     /// Fault hook: while `true`, every call returns
@@ -344,6 +373,8 @@ impl Store for MemoryStore {
         state
             .active
             .insert((id, service.clone()), normalize_active(active));
+        drop(state);
+        self.binds_saved(&active.container, &active.binds);
         Ok(())
     }
 
@@ -371,15 +402,20 @@ impl Store for MemoryStore {
         let Some(id) = state.instance_id(instance) else {
             return Ok(false);
         };
-        match state.active.get_mut(&(id, service.clone())) {
+        let saved = match state.active.get_mut(&(id, service.clone())) {
             Some(active)
                 if &active.container == container && active.effective_revision == revision =>
             {
                 active.binds = binds.clone();
-                Ok(true)
+                true
             }
-            _ => Ok(false),
+            _ => false,
+        };
+        drop(state);
+        if saved {
+            self.binds_saved(container, binds);
         }
+        Ok(saved)
     }
 
     async fn record_verified_execution(

@@ -1,0 +1,90 @@
+//! The mutation exercise: break one rule at a time (see `src/mutants.rs`)
+//! and prove the checker names the invariant that guards it. A checker that
+//! stays green while a rule is broken is a checker that proves nothing.
+//!
+//! Each test searches seeds from 1 until the expected invariant fires, and
+//! fails if none of the first `SEEDS_MAX` does.
+#![cfg(madsim)]
+
+use std::time::Duration;
+
+use stead::mutants::{armed, Mutant};
+use stead_sim::{run_seed, SimConfig};
+
+/// Seeds tried per mutant before the checker is declared blind to it.
+const SEEDS_MAX: u64 = 40;
+
+/// Runs seeds with `mutant` armed until a violation of `invariant` shows;
+/// returns that seed and the violation.
+fn first_catch(mutant: Mutant, invariant: &str) -> (u64, String) {
+    let mut other = Vec::new();
+    for seed in 1..=SEEDS_MAX {
+        let mut cfg = SimConfig::new(seed);
+        cfg.safety = Duration::from_secs(2 * 3600);
+        let outcome = armed(mutant, || run_seed(&cfg));
+        if let Some(v) = outcome.violations.iter().find(|v| v.starts_with(invariant)) {
+            return (seed, v.clone());
+        }
+        other.extend(outcome.violations.into_iter().take(1));
+    }
+    panic!(
+        "{mutant:?} was never caught as {invariant:?} in {SEEDS_MAX} seeds; \
+         other violations seen: {other:?}"
+    );
+}
+
+fn assert_caught(mutant: Mutant, invariant: &str) {
+    let (seed, violation) = first_catch(mutant, invariant);
+    eprintln!("{mutant:?}: caught at seed {seed}: {violation}");
+}
+
+#[test]
+fn a_start_without_withdrawing_first_is_caught() {
+    assert_caught(
+        Mutant::SkipWithdrawBeforeStart,
+        "S2 never routed to an unverified execution",
+    );
+}
+
+#[test]
+fn a_publication_before_readiness_is_caught() {
+    assert_caught(Mutant::PublishBeforeReadiness, "S2 publish only verified");
+}
+
+#[test]
+fn an_uncharged_crash_loop_is_caught() {
+    assert_caught(Mutant::ForgetCrashLoopCharge, "S6 budget");
+}
+
+#[test]
+fn a_retirement_before_the_successor_serves_is_caught() {
+    assert_caught(
+        Mutant::RetireBeforeSuccessorVerified,
+        "S5 retire after successor serves",
+    );
+}
+
+#[test]
+fn a_start_of_a_non_active_container_is_caught() {
+    assert_caught(Mutant::StartNonActive, "S1 start only ACTIVE");
+}
+
+#[test]
+fn an_unarmed_run_is_clean() {
+    // The hooks are inert unless armed: the same seeds pass untouched.
+    for seed in 1..=3 {
+        let mut cfg = SimConfig::new(seed);
+        cfg.safety = Duration::from_secs(2 * 3600);
+        let outcome = run_seed(&cfg);
+        assert!(outcome.violations.is_empty(), "{:?}", outcome.violations);
+    }
+}
+
+#[test]
+fn binds_saved_before_readiness_are_caught() {
+    // The same broken rule also lets unprobed binds reach ACTIVE.
+    assert_caught(
+        Mutant::PublishBeforeReadiness,
+        "S7 binds saved only after readiness",
+    );
+}

@@ -1,0 +1,80 @@
+//! Deliberately broken rules, for proving that the simulation's checker
+//! catches them (the "mutation exercise" of `docs/simulation.md`).
+//!
+//! Each [`Mutant`] names one rule the engine must never break. With the
+//! `mutants` feature off (every real build), [`active`] is a constant
+//! `false` and the hooks compile away. With it on (only the simulation's
+//! build enables it), a test arms one mutant for the current thread with
+//! [`armed`], runs seeds, and asserts that the matching invariant fires.
+//!
+//! The selection is thread-local rather than a parameter so that the
+//! production signatures carry no test-only argument; madsim runs a whole
+//! seed on the thread that calls `block_on`, so a seed sees exactly the
+//! mutant its test armed.
+
+/// One deliberately broken rule.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Mutant {
+    /// R8/R12: touch the workload without withdrawing its traffic first.
+    SkipWithdrawBeforeStart,
+    /// R13: publish a fresh execution without probing its readiness.
+    PublishBeforeReadiness,
+    /// R10: find a container down again after an unconfirmed attempt and
+    /// do not charge the crash loop.
+    ForgetCrashLoopCharge,
+    /// R15: retire a predecessor whose successor was not verified.
+    RetireBeforeSuccessorVerified,
+    /// R1: recover a retirement-pending predecessor in place of the
+    /// container ACTIVE names.
+    StartNonActive,
+}
+
+impl Mutant {
+    pub const ALL: [Mutant; 5] = [
+        Mutant::SkipWithdrawBeforeStart,
+        Mutant::PublishBeforeReadiness,
+        Mutant::ForgetCrashLoopCharge,
+        Mutant::RetireBeforeSuccessorVerified,
+        Mutant::StartNonActive,
+    ];
+}
+
+#[cfg(feature = "mutants")]
+mod armed_state {
+    use std::cell::Cell;
+
+    use super::Mutant;
+
+    std::thread_local! {
+        pub static ARMED: Cell<Option<Mutant>> = const { Cell::new(None) };
+    }
+}
+
+/// Whether `mutant` is armed on this thread. Always `false` without the
+/// `mutants` feature.
+#[inline(always)]
+pub fn active(mutant: Mutant) -> bool {
+    #[cfg(feature = "mutants")]
+    {
+        armed_state::ARMED.with(|a| a.get() == Some(mutant))
+    }
+    #[cfg(not(feature = "mutants"))]
+    {
+        let _ = mutant;
+        false
+    }
+}
+
+/// Runs `f` with `mutant` armed on this thread, then disarms it.
+#[cfg(feature = "mutants")]
+pub fn armed<R>(mutant: Mutant, f: impl FnOnce() -> R) -> R {
+    struct Disarm;
+    impl Drop for Disarm {
+        fn drop(&mut self) {
+            armed_state::ARMED.with(|a| a.set(None));
+        }
+    }
+    armed_state::ARMED.with(|a| a.set(Some(mutant)));
+    let _disarm = Disarm;
+    f()
+}

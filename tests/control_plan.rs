@@ -610,6 +610,31 @@ fn busy_expired_or_releaseless_instances_are_not_upgraded() {
 }
 
 #[test]
+fn a_stopped_instance_is_upgraded_only_once_started_again() {
+    let (catalog, mut instances) = rollout_world();
+    let config = config(10);
+    instances[2].stopped = true; // i3
+    let snap = snapshot(instances.clone(), vec![], &catalog, &config);
+    check(
+        plan_version_drift(&snap),
+        &snap,
+        "enqueue upgrade i4 at now: version drift: 1.0.0 -> 2.0.0
+         enqueue upgrade i2 at now: version drift: 1.3.0 -> 1.4.0
+         enqueue upgrade i1 at now: version drift: 1.3.0 -> 1.4.0",
+    );
+    instances[2].stopped = false;
+    let snap = snapshot(instances, vec![], &catalog, &config);
+    check(
+        plan_version_drift(&snap),
+        &snap,
+        "enqueue upgrade i4 at now: version drift: 1.0.0 -> 2.0.0
+         enqueue upgrade i2 at now: version drift: 1.3.0 -> 1.4.0
+         enqueue upgrade i3 at now: version drift: 1.9.9 -> 2.0.0
+         enqueue upgrade i1 at now: version drift: 1.3.0 -> 1.4.0",
+    );
+}
+
+#[test]
 fn numeric_versions_compare_numerically() {
     assert!(is_behind("1.9.0", "1.10.0"));
     assert!(!is_behind("1.10.0", "1.9.0"));

@@ -11,7 +11,9 @@ use stead::core::catalog::Catalog;
 use stead::core::fleet::{InstanceState, NewTask, RolloutState, TaskKind, TaskRetryPolicy};
 use stead::core::plan::ControlConfig;
 use stead::core::policy::RecoveryPolicy;
-use stead::core::types::{InhibitionReason, InstanceName, ServiceKey, ServiceName, Timestamp};
+use stead::core::types::{
+    ContainerId, InhibitionReason, InstanceName, ServiceKey, ServiceName, Timestamp,
+};
 use stead::engine::recovery::{InstanceLocks, Recoverer};
 use stead::engine::tick::{Check, Reconciler};
 use stead::engine::worker::{TaskEnd, Worker, WorkerConfig};
@@ -202,6 +204,17 @@ impl Fixture {
             service: ServiceName::new(service),
         })
     }
+
+    fn routes_to(&self, instance: &str, service: &str, container: &ContainerId) -> bool {
+        let key = ServiceKey {
+            instance: InstanceName::new(instance),
+            service: ServiceName::new(service),
+        };
+        self.traffic
+            .routes()
+            .get(&key)
+            .is_some_and(|r| &r.container == container)
+    }
 }
 
 use stead::ports::Clock;
@@ -331,7 +344,6 @@ async fn upgrade_replaces_with_overlap_and_the_pass_retires_the_predecessor() {
         [&ServiceName::new("web")]
         .clone();
     assert_ne!(after.container, before);
-    assert!(f.routed("wiki1", "web"), "the successor is routed at once");
     assert!(
         f.runtime.container(&before).is_some(),
         "the predecessor keeps running until the pass retires it"
@@ -341,6 +353,10 @@ async fn upgrade_replaces_with_overlap_and_the_pass_retires_the_predecessor() {
         .iter()
         .any(|m| m.container == before && m.reason == InhibitionReason::RetirementPending));
     f.recoverer().pass().await;
+    assert!(
+        f.routes_to("wiki1", "web", &after.container),
+        "the pass routes the successor"
+    );
     assert!(f.runtime.container(&before).is_none(), "retired");
     assert!(f
         .store
@@ -353,6 +369,30 @@ async fn upgrade_replaces_with_overlap_and_the_pass_retires_the_predecessor() {
         (row.version.as_str(), row.state),
         ("2", InstanceState::Ready)
     );
+}
+
+#[tokio::test]
+async fn an_upgrade_of_a_stopped_instance_starts_and_publishes_nothing() {
+    // Found by the simulation: the overlap replacement published the
+    // successor of an instance stopped after the upgrade was planned (S3).
+    let f = fixture();
+    let instance = f.served("wiki1", "1").await;
+    let before = f.store.load_active(&instance.name).await.unwrap();
+    f.store
+        .set_instance_stopped(instance.id, true, f.clock.now())
+        .await
+        .unwrap();
+    f.recoverer().pass().await;
+    assert!(!f.routed("wiki1", "web"), "stopped intent withdrew it");
+    let containers = f.runtime.with_containers(|cs| cs.len());
+    f.enqueue(instance.id, TaskKind::Upgrade).await;
+    let (_, end) = f.worker().work_once().await.unwrap();
+    assert_eq!(end, TaskEnd::Done);
+    assert!(!f.routed("wiki1", "web"), "nothing published");
+    assert_eq!(f.runtime.with_containers(|cs| cs.len()), containers);
+    assert_eq!(f.store.load_active(&instance.name).await.unwrap(), before);
+    let row = f.store.instance(&instance.name).await.unwrap().unwrap();
+    assert_eq!(row.version, "1", "upgraded once started again");
 }
 
 #[tokio::test]

@@ -1,6 +1,8 @@
 //! The invariant checker. It is the ports' [`Observer`]: every effect is
-//! checked at the instant it happens, against the simulation's ground truth
-//! (which only operators change, under the instance lock, as in production).
+//! checked at the instant it happens, against the simulation's ground truth:
+//! ACTIVE and the inhibitions as the store holds them (the store reports
+//! each write, whoever made it: an operator or a worker's upgrade), and what
+//! operators made true (intent, deploys, foreign releases).
 //!
 //! The budget rule (S6) is checked against an independent model of the
 //! delay ladder, never against the engine's own budget.
@@ -25,7 +27,8 @@ fn trace_len_max() -> usize {
         .unwrap_or(TRACE_LEN_DEFAULT)
 }
 
-/// What the operators made true; the engine never changes it.
+/// The ground truth the checks compare against. The recovery pass never
+/// changes it; workers change ACTIVE and markers only through the store.
 #[derive(Clone, Debug, Default)]
 pub struct Truth {
     /// ACTIVE: service → container.
@@ -37,6 +40,13 @@ pub struct Truth {
     pub markers: BTreeMap<ContainerId, ServiceKey>,
     /// Containers the operators created (deploys); never the engine.
     pub operator_created: BTreeSet<ContainerId>,
+    /// Candidates a worker created for an upgrade or a reprovision: a
+    /// failed upgrade may remove one that never became ACTIVE.
+    pub worker_created: BTreeSet<ContainerId>,
+    /// Workers are handling tasks: creating containers is their job.
+    pub workers_running: bool,
+    /// Service types whose rollout is halted, and since when.
+    pub halted_since: BTreeMap<String, Timestamp>,
     /// Instances in `deleting` or `deleted`: a deprovision may remove their
     /// containers and uninstall their release.
     pub deleting: BTreeSet<InstanceName>,
@@ -151,6 +161,15 @@ impl Checker {
         detail: impl FnOnce() -> String,
     ) {
         self.lock().check(invariant, ok, detail);
+    }
+
+    /// Ids of the tasks already seen in the queue.
+    pub fn seen_task_ids(&self) -> BTreeSet<i64> {
+        self.lock().tasks_seen.clone()
+    }
+
+    pub fn set_workers_running(&self, running: bool) {
+        self.lock().truth.workers_running = running;
     }
 
     /// S10: a task once in the queue never disappears from it.
@@ -271,8 +290,12 @@ impl Observer for Checker {
             }
             Effect::Created { id, .. } => {
                 let by_operator = s.truth.operator_created.contains(id);
-                s.check("S1 never creates", by_operator, || {
-                    format!("{id} created outside a deploy")
+                let by_worker = s.truth.workers_running;
+                if by_worker {
+                    s.truth.worker_created.insert(id.clone());
+                }
+                s.check("S1 never creates", by_operator || by_worker, || {
+                    format!("{id} created outside a deploy or a task")
                 });
             }
             Effect::Removed { id } => {
@@ -281,7 +304,8 @@ impl Observer for Checker {
                 let deprovisioned = owner
                     .as_ref()
                     .is_some_and(|k| s.truth.deleting.contains(&k.instance));
-                let ok = deprovisioned || (owner.is_none() && marker);
+                let candidate = s.truth.worker_created.contains(id) && s.truth.workers_running;
+                let ok = deprovisioned || (owner.is_none() && (marker || candidate));
                 s.check("S1 never removes ACTIVE", ok, || {
                     format!("{id} removed but it is neither a retirement marker nor deprovisioned")
                 });
@@ -362,6 +386,42 @@ impl Observer for Checker {
                 });
             }
             Effect::Installed { .. } => {}
+            // The store's writes keep the truth of ACTIVE and of the
+            // inhibitions, whoever made them (operators or workers).
+            Effect::ActiveSaved { service, container } => {
+                s.truth.active.insert(service.clone(), container.clone());
+            }
+            Effect::ActiveRemoved { service } => {
+                s.truth.active.remove(service);
+            }
+            Effect::InhibitionSaved {
+                service,
+                container,
+                retirement,
+            } => {
+                if *retirement {
+                    s.truth.markers.insert(container.clone(), service.clone());
+                } else {
+                    s.truth.inhibited.insert(container.clone());
+                }
+            }
+            Effect::RolloutSet {
+                service_type,
+                halted,
+            } => {
+                if *halted {
+                    s.truth
+                        .halted_since
+                        .entry(service_type.clone())
+                        .or_insert(now);
+                } else {
+                    s.truth.halted_since.remove(service_type);
+                }
+            }
+            Effect::InhibitionCleared { container, .. } => {
+                s.truth.markers.remove(container);
+                s.truth.inhibited.remove(container);
+            }
         }
     }
 }

@@ -15,6 +15,7 @@ use stead::core::plan::ControlConfig;
 use stead::core::policy::RecoveryPolicy;
 use stead::core::spec::{Healthcheck, ReadinessProbe, ServiceSpec};
 use stead::core::types::{ActiveService, ContainerStatus, InhibitionReason, ServiceKey};
+use stead::core::window::Window;
 use stead::engine::recovery::{InstanceLocks, Recoverer};
 use stead::engine::tick::Reconciler;
 use stead::engine::worker::{Worker, WorkerConfig};
@@ -29,6 +30,7 @@ use stead::store::memory::MemoryStore;
 use crate::checker::{ladder_cap, Checker};
 use crate::world::{
     instance_name, service_name, Actors, FaultCounts, FaultMix, SimService, SwarmFaults,
+    SERVICE_TYPE,
 };
 
 /// The shape of one run.
@@ -118,6 +120,7 @@ async fn simulate(cfg: SimConfig) -> SimOutcome {
         counts: counts.clone(),
         chaos: true.into(),
         deploys: 0.into(),
+        catalog_version: 1.into(),
     });
     faults.enabled.store(false, Ordering::Relaxed);
     setup(
@@ -152,10 +155,10 @@ async fn simulate(cfg: SimConfig) -> SimOutcome {
         ..Default::default()
     };
     let start = clock.now();
-    let catalog = Arc::new(sim_catalog(&actors));
     let control = ControlConfig::default();
     let daemon_seed: u64 = rng.random();
-    let new_daemon = || {
+    let mut catalog = Arc::new(sim_catalog(&actors, 1, false));
+    let new_daemon = |catalog: &Arc<Catalog>| {
         let recoverer = Arc::new(Recoverer::new(
             ports.clone(),
             policy.clone(),
@@ -171,17 +174,20 @@ async fn simulate(cfg: SimConfig) -> SimOutcome {
             daemon_seed,
         )
     };
-    let worker = Worker::new(
-        ports.clone(),
-        catalog.clone(),
-        WorkerConfig {
-            id: "sim-worker".into(),
-            lease: control.lease,
-            retry: TaskRetryPolicy::default(),
-            idle_poll: Duration::from_secs(1),
-        },
-        locks.clone(),
-    );
+    let new_worker = |catalog: &Arc<Catalog>| {
+        Worker::new(
+            ports.clone(),
+            catalog.clone(),
+            WorkerConfig {
+                id: "sim-worker".into(),
+                lease: control.lease,
+                retry: TaskRetryPolicy::default(),
+                idle_poll: Duration::from_secs(1),
+            },
+            locks.clone(),
+        )
+    };
+    let mut worker = new_worker(&catalog);
     let mut daemon: Option<Reconciler> = None;
     let safety_ticks = cfg.safety.as_secs() / cfg.tick.as_secs();
     for _ in 0..safety_ticks {
@@ -193,7 +199,18 @@ async fn simulate(cfg: SimConfig) -> SimOutcome {
         let kill_at = rng
             .random_bool(mix.daemon_kill)
             .then(|| Duration::from_millis(rng.random_range(0..cfg.tick.as_millis() as u64)));
-        let reconciler = daemon.get_or_insert_with(new_daemon);
+        // A bumped catalog is rolled out as operators do: the daemon and
+        // the workers restart with the new file (memory lost, R17).
+        let version = actors.catalog_version.load(Ordering::Relaxed);
+        if catalog_version(&catalog) != version {
+            let security = rng.random_bool(0.2);
+            catalog = Arc::new(sim_catalog(&actors, version, security));
+            worker = new_worker(&catalog);
+            if daemon.take().is_some() {
+                checker.daemon_restarted();
+            }
+        }
+        let reconciler = daemon.get_or_insert_with(|| new_daemon(&catalog));
         let killed = match kill_at {
             None => {
                 reconciler.tick().await;
@@ -213,12 +230,12 @@ async fn simulate(cfg: SimConfig) -> SimOutcome {
             daemon = None;
             checker.daemon_restarted();
         }
-        check_queue(&checker, store.as_ref(), &control).await;
+        check_queue(&checker, store.as_ref(), &control, &catalog).await;
         refresh_lifecycle(&checker, store.as_ref()).await;
         let worker_kill = rng
             .random_bool(mix.daemon_kill)
             .then(|| Duration::from_millis(rng.random_range(0..5_000)));
-        run_workers(&worker, worker_kill, &counts).await;
+        run_workers(&checker, &worker, worker_kill, &counts).await;
         refresh_lifecycle(&checker, store.as_ref()).await;
         actors.forget_retired();
         if !checker.violations().is_empty() {
@@ -233,15 +250,15 @@ async fn simulate(cfg: SimConfig) -> SimOutcome {
     actors.chaos.store(false, Ordering::Relaxed);
     faults.enabled.store(false, Ordering::Relaxed);
     let liveness = ladder_cap(&policy) + control.lease + cfg.tick * 4;
-    let reconciler = daemon.get_or_insert_with(new_daemon);
+    let reconciler = daemon.get_or_insert_with(|| new_daemon(&catalog));
     let ticks = liveness.as_secs() / cfg.tick.as_secs();
     if checker.violations().is_empty() {
         for _ in 0..ticks {
             reconciler.tick().await;
             outcome.passes += 1;
-            check_queue(&checker, store.as_ref(), &control).await;
+            check_queue(&checker, store.as_ref(), &control, &catalog).await;
             refresh_lifecycle(&checker, store.as_ref()).await;
-            run_workers(&worker, None, &counts).await;
+            run_workers(&checker, &worker, None, &counts).await;
             refresh_lifecycle(&checker, store.as_ref()).await;
             actors.forget_retired();
             tokio::time::sleep(cfg.tick).await;
@@ -287,10 +304,10 @@ async fn setup(
                 &NewInstance {
                     name: name.clone(),
                     team: "sim".into(),
-                    service_type: "app".into(),
+                    service_type: SERVICE_TYPE.into(),
                     version: "1".into(),
                     expires_at,
-                    maintenance_window: None,
+                    maintenance_window: WINDOWS[i % WINDOWS.len()].map(str::to_owned),
                 },
                 now,
             )
@@ -354,7 +371,6 @@ async fn setup(
                 )
                 .await
                 .expect("setup: save ACTIVE");
-            actors.checker.truth(|t| t.active.insert(key.clone(), id));
             actors.services.lock().expect("poisoned").push(SimService {
                 key,
                 behaviour,
@@ -459,10 +475,10 @@ async fn check_liveness(
     }
 }
 
-/// The catalog of the simulated fleet: one type, at the version every
-/// instance already runs (the rollout path is covered by the engine tests
-/// and the planners' properties).
-fn sim_catalog(actors: &Actors) -> Catalog {
+/// The catalog of the simulated fleet: one service type at `version`
+/// (instances start at 1; operators bump it, and version drift upgrades
+/// them), sometimes a security release that ignores windows.
+fn sim_catalog(actors: &Actors, version: u32, security: bool) -> Catalog {
     let services = actors.services.lock().expect("poisoned");
     let mut specs: Vec<ServiceSpec> = Vec::new();
     for s in services.iter() {
@@ -471,16 +487,28 @@ fn sim_catalog(actors: &Actors) -> Catalog {
         }
     }
     Catalog::from_entries([CatalogEntry {
-        service_type: "app".into(),
-        version: "1".into(),
-        security: false,
+        service_type: SERVICE_TYPE.into(),
+        version: version.to_string(),
+        security,
         rollout: RolloutState::Active,
         services: specs,
     }])
 }
 
+fn catalog_version(catalog: &Catalog) -> u32 {
+    catalog
+        .get(SERVICE_TYPE)
+        .and_then(|e| e.version.parse().ok())
+        .expect("the sim catalog has a numeric version")
+}
+
 /// S9 and S10 on the queue after every tick.
-async fn check_queue(checker: &Checker, store: &MemoryStore, control: &ControlConfig) {
+async fn check_queue(
+    checker: &Checker,
+    store: &MemoryStore,
+    control: &ControlConfig,
+    catalog: &Catalog,
+) {
     let tasks = store.all_tasks();
     let mut active = std::collections::BTreeSet::new();
     let mut upgrades = 0u32;
@@ -503,6 +531,47 @@ async fn check_queue(checker: &Checker, store: &MemoryStore, control: &ControlCo
         upgrades <= control.max_in_flight,
         || format!("{upgrades} upgrades in flight"),
     );
+    // Upgrades enqueued since the last look: never while the rollout is
+    // halted, and inside the instance's window unless a security release.
+    let seen = checker.seen_task_ids();
+    let windows: BTreeMap<_, _> = store
+        .list_instances()
+        .await
+        .map(|rows| {
+            rows.rows
+                .into_iter()
+                .map(|i| (i.id, i.maintenance_window))
+                .collect()
+        })
+        .unwrap_or_default();
+    let security = catalog.get(SERVICE_TYPE).is_some_and(|e| e.security);
+    let halted_since = checker
+        .truth_snapshot()
+        .halted_since
+        .get(SERVICE_TYPE)
+        .copied();
+    for t in tasks
+        .iter()
+        .filter(|t| t.kind == TaskKind::Upgrade && !seen.contains(&t.id))
+    {
+        let halted = halted_since.is_some_and(|since| t.created_at > since);
+        checker.check_external("S9 none enqueued while halted", !halted, || {
+            format!(
+                "upgrade task {} enqueued at {} while halted",
+                t.id, t.created_at
+            )
+        });
+        if let Some(Some(spec)) = windows.get(&t.instance) {
+            let window = Window::parse(spec).expect("the sim's windows parse");
+            let inside = security || window.contains(t.run_after);
+            checker.check_external("S9 upgrades run inside the window", inside, || {
+                format!(
+                    "upgrade task {} runs at {} outside {spec:?}",
+                    t.id, t.run_after
+                )
+            });
+        }
+    }
     let ids: Vec<i64> = tasks.iter().map(|t| t.id).collect();
     checker.tasks_seen(&ids);
 }
@@ -524,7 +593,13 @@ async fn refresh_lifecycle(checker: &Checker, store: &MemoryStore) {
 
 /// Runs due tasks; a worker may be killed mid-task, leaving its lease to
 /// expire (C6).
-async fn run_workers(worker: &Worker, kill_at: Option<Duration>, counts: &FaultCounts) {
+async fn run_workers(
+    checker: &Checker,
+    worker: &Worker,
+    kill_at: Option<Duration>,
+    counts: &FaultCounts,
+) {
+    checker.set_workers_running(true);
     let work = async {
         for _ in 0..WORKER_TASKS_PER_TICK_MAX {
             if worker.work_once().await.is_none() {
@@ -541,7 +616,16 @@ async fn run_workers(worker: &Worker, kill_at: Option<Duration>, counts: &FaultC
             }
         }
     }
+    checker.set_workers_running(false);
 }
+
+/// Maintenance windows, assigned round-robin; `None` upgrades at once.
+const WINDOWS: [Option<&str>; 4] = [
+    None,
+    Some("daily 02:00-03:00"),
+    Some("mon-fri 22:00-02:00 Europe/Paris"),
+    Some("sat,sun 01:30-04:00 America/New_York"),
+];
 
 /// Bound on tasks one simulated worker runs between two ticks.
 const WORKER_TASKS_PER_TICK_MAX: usize = 32;

@@ -3,14 +3,14 @@
 //! seeded from the run's seed.
 
 use std::collections::BTreeMap;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
-use stead::core::fleet::InstanceState;
+use stead::core::fleet::{InstanceState, RolloutState};
 use stead::core::spec::ServiceSpec;
 use stead::core::types::{
     ActiveService, ContainerId, ContainerStatus, Health, Inhibition, InhibitionReason,
@@ -198,6 +198,8 @@ pub struct Actors {
     pub counts: Arc<FaultCounts>,
     pub chaos: AtomicBool,
     pub deploys: AtomicU64,
+    /// The catalog's version of the service type; operators bump it.
+    pub catalog_version: AtomicU32,
 }
 
 impl Actors {
@@ -274,7 +276,7 @@ impl Actors {
     pub async fn operator_step(&self) {
         let (which, pick) = {
             let mut rng = self.rng.lock().expect("poisoned");
-            (rng.random_range(0..7u32), rng.random_range(0..usize::MAX))
+            (rng.random_range(0..9u32), rng.random_range(0..usize::MAX))
         };
         let services = self.services.lock().expect("poisoned").clone();
         if services.is_empty() {
@@ -334,18 +336,13 @@ impl Actors {
                     .is_ok()
                 {
                     self.counts.bump("operator inhibited");
-                    self.checker.truth(|t| t.inhibited.insert(current.clone()));
                 }
             }
             2 => {
-                if self
+                let _ = self
                     .store
                     .clear_inhibition(&instance.name, &svc.key.service, &current)
-                    .await
-                    .is_ok()
-                {
-                    self.checker.truth(|t| t.inhibited.remove(&current));
-                }
+                    .await;
             }
             3 => self.deploy(svc, &current).await,
             4 => {
@@ -360,6 +357,37 @@ impl Actors {
                     .truth(|t| t.foreign_releases.insert(name.clone()));
                 self.provisioner.add_foreign(&name);
                 self.counts.bump("foreign release");
+            }
+            6 => {
+                // A new version in the catalog: version drift upgrades the
+                // fleet through the queue, inside the maintenance windows.
+                self.catalog_version.fetch_add(1, Ordering::Relaxed);
+                self.counts.bump("operator bumped catalog");
+            }
+            7 => {
+                let halted = self
+                    .store
+                    .rollouts()
+                    .await
+                    .is_ok_and(|r| r.get(SERVICE_TYPE) == Some(&RolloutState::Halted));
+                let next = if halted {
+                    RolloutState::Active
+                } else {
+                    RolloutState::Halted
+                };
+                let now = self.clock.now();
+                if self
+                    .store
+                    .set_rollout(SERVICE_TYPE, next, "sim operator", now)
+                    .await
+                    .is_ok()
+                {
+                    self.counts.bump(if halted {
+                        "operator resumed rollout"
+                    } else {
+                        "operator halted rollout"
+                    });
+                }
             }
             _ => {}
         }
@@ -401,8 +429,6 @@ impl Actors {
         {
             return;
         }
-        self.checker
-            .truth(|t| t.markers.insert(current.clone(), svc.key.clone()));
         let active = ActiveService {
             container: id.clone(),
             effective_revision: request.revision.clone(),
@@ -417,9 +443,6 @@ impl Actors {
             .is_ok()
         {
             self.counts.bump("operator deployed");
-            self.checker.truth(|t| {
-                t.active.insert(svc.key.clone(), id.clone());
-            });
         }
     }
 
@@ -475,5 +498,11 @@ pub fn instance_name(i: usize) -> InstanceName {
 
 /// The name of the `j`-th service.
 pub fn service_name(j: usize) -> ServiceName {
-    ServiceName::new(["web", "worker", "api"][j % 3])
+    match ["web", "worker", "api"].get(j) {
+        Some(name) => ServiceName::new(*name),
+        None => ServiceName::new(format!("svc{j}")),
+    }
 }
+
+/// The one service type of the simulated fleet.
+pub const SERVICE_TYPE: &str = "app";

@@ -2,7 +2,9 @@
 //! checked at every effect, then liveness; plus a determinism check.
 //!
 //! `STEAD_SIM_SEEDS` (default 500), `STEAD_SIM_SEED` (first seed, default 1),
-//! `STEAD_SIM_HOURS` (safety phase per seed, default 6).
+//! `STEAD_SIM_HOURS` (safety phase per seed, default 6), and the world's
+//! shape: `STEAD_SIM_INSTANCES` (default 6), `STEAD_SIM_SERVICES` (services
+//! per instance, default 2).
 #![cfg(madsim)]
 
 use std::time::Instant;
@@ -21,6 +23,13 @@ fn env_u64(name: &str, default: u64) -> u64 {
 fn config(seed: u64) -> SimConfig {
     let mut cfg = SimConfig::new(seed);
     cfg.safety = std::time::Duration::from_secs(env_u64("STEAD_SIM_HOURS", 6) * 3600);
+    cfg.instances = env_u64("STEAD_SIM_INSTANCES", cfg.instances as u64) as usize;
+    cfg.services_per_instance =
+        env_u64("STEAD_SIM_SERVICES", cfg.services_per_instance as u64) as usize;
+    assert!(
+        cfg.instances > 0 && cfg.services_per_instance > 0,
+        "a world without services checks nothing"
+    );
     cfg
 }
 
@@ -81,6 +90,13 @@ fn seeds_hold_every_invariant() {
     }
     let secs = wall.elapsed().as_secs_f64();
     let hours = simulated_s as f64 / 3600.0;
+    let shape = config(first);
+    eprintln!(
+        "sim: world of {} instances x {} services, {} simulated h of faults per seed",
+        shape.instances,
+        shape.services_per_instance,
+        shape.safety.as_secs() / 3600
+    );
     eprintln!("sim: {ran} seeds, {hours:.0} simulated hours, {effects} effects in {secs:.1}s");
     eprintln!(
         "sim: {:.1} seeds/s, {:.0} simulated hours per wall-clock second",

@@ -16,7 +16,7 @@ use crate::core::types::{
     ActiveService, ContainerId, ContainerStatus, Inhibition, InhibitionReason, RuntimeError,
     ServiceKey,
 };
-use crate::ports::{CreateContainer, Route};
+use crate::ports::CreateContainer;
 
 use super::recovery::InstanceLocks;
 use super::Ports;
@@ -278,12 +278,22 @@ impl Worker {
     }
 
     /// Overlap replacement per service: create the successor, verify it,
-    /// publish it, switch ACTIVE, and mark the predecessor
-    /// retirement-pending — the recovery pass retires it once the successor
-    /// serves. A failure removes the candidate and leaves ACTIVE alone.
+    /// mark the predecessor retirement-pending and switch ACTIVE. The
+    /// recovery pass, the one owner of publication, then routes the
+    /// successor (it honours a pending withdrawal first, R6, which a worker
+    /// cannot see) and retires the predecessor once the successor serves;
+    /// until then the predecessor keeps serving, so there is no gap. A
+    /// failure removes the candidate and leaves ACTIVE alone.
     async fn upgrade(&self, instance: &Instance) -> Result<(), String> {
         let p = &self.ports;
         let entry = self.entry(instance)?.clone();
+        if instance.stopped {
+            // Stopped after the task was planned: an overlap replacement
+            // would start and publish what must stay down (S3). Done for
+            // now; version drift plans the upgrade again once it is started.
+            tracing::info!(instance = %instance.name, "upgrade skipped: instance is stopped");
+            return Ok(());
+        }
         if instance.state == InstanceState::Ready {
             self.move_to(instance, InstanceState::Upgrading).await?;
         }
@@ -337,10 +347,6 @@ impl Worker {
                     return Err(format!("successor of {} not ready: {e}", spec.name));
                 }
             };
-            let key = ServiceKey {
-                instance: instance.name.clone(),
-                service: spec.name.clone(),
-            };
             let now = p.clock.now();
             if let Some(current) = current {
                 // Marker first: a crash before ACTIVE switches leaves a marker
@@ -361,23 +367,12 @@ impl Worker {
             let record = ActiveService {
                 container: candidate.clone(),
                 effective_revision: entry.version.clone(),
-                binds: binds.clone(),
+                binds,
                 stop_grace: Some(spec.stop_grace),
                 verified_started_at: Some(started_at),
             };
             p.store
                 .save_active_service(&instance.name, &spec.name, &record)
-                .await
-                .map_err(|e| e.to_string())?;
-            // Route the verified successor now, so traffic moves over without
-            // a gap; the predecessor keeps running until the pass retires it.
-            p.traffic
-                .publish(&Route {
-                    service: key,
-                    container: candidate,
-                    binds,
-                    verified_started_at: Some(started_at),
-                })
                 .await
                 .map_err(|e| e.to_string())?;
         }

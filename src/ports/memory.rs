@@ -116,6 +116,28 @@ pub enum Effect {
         id: ContainerId,
         binds: Binds,
     },
+    /// ACTIVE now names `container` for the service.
+    ActiveSaved {
+        service: ServiceKey,
+        container: ContainerId,
+    },
+    /// The service left ACTIVE.
+    ActiveRemoved {
+        service: ServiceKey,
+    },
+    InhibitionSaved {
+        service: ServiceKey,
+        container: ContainerId,
+        retirement: bool,
+    },
+    InhibitionCleared {
+        service: ServiceKey,
+        container: ContainerId,
+    },
+    RolloutSet {
+        service_type: String,
+        halted: bool,
+    },
     Installed {
         release: String,
     },

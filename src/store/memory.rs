@@ -24,8 +24,8 @@ use crate::core::fleet::{
     Instance, InstanceId, InstanceState, NewTask, RolloutState, Task, TaskId, TaskState,
 };
 use crate::core::types::{
-    ActiveRecord, ActiveService, Binds, ContainerId, Inhibition, InstanceName, ServiceName,
-    Timestamp,
+    ActiveRecord, ActiveService, Binds, ContainerId, Inhibition, InhibitionReason, InstanceName,
+    ServiceKey, ServiceName, Timestamp,
 };
 use crate::ports::memory::{Effect, Observer};
 use crate::ports::{LeaseGrant, NewInstance, Rows, Store, StoreError};
@@ -77,11 +77,17 @@ impl MemoryStore {
     }
 
     fn binds_saved(&self, id: &ContainerId, binds: &Binds) {
-        if let (Some(observer), false) = (&self.observer, binds.is_empty()) {
-            observer.effect(&Effect::BindsSaved {
+        if !binds.is_empty() {
+            self.tell(|| Effect::BindsSaved {
                 id: id.clone(),
                 binds: binds.clone(),
             });
+        }
+    }
+
+    fn tell(&self, effect: impl FnOnce() -> Effect) {
+        if let Some(observer) = &self.observer {
+            observer.effect(&effect());
         }
     }
 
@@ -374,6 +380,10 @@ impl Store for MemoryStore {
             .active
             .insert((id, service.clone()), normalize_active(active));
         drop(state);
+        self.tell(|| Effect::ActiveSaved {
+            service: service_key(instance, service),
+            container: active.container.clone(),
+        });
         self.binds_saved(&active.container, &active.binds);
         Ok(())
     }
@@ -387,6 +397,10 @@ impl Store for MemoryStore {
         if let Some(id) = state.instance_id(instance) {
             state.active.remove(&(id, service.clone()));
         }
+        drop(state);
+        self.tell(|| Effect::ActiveRemoved {
+            service: service_key(instance, service),
+        });
         Ok(())
     }
 
@@ -481,6 +495,12 @@ impl Store for MemoryStore {
         state
             .inhibitions
             .insert(key, normalize_inhibition(inhibition));
+        drop(state);
+        self.tell(|| Effect::InhibitionSaved {
+            service: service_key(instance, &inhibition.service),
+            container: inhibition.container.clone(),
+            retirement: inhibition.reason == InhibitionReason::RetirementPending,
+        });
         Ok(())
     }
 
@@ -496,6 +516,11 @@ impl Store for MemoryStore {
                 .inhibitions
                 .remove(&(id, service.clone(), container.clone()));
         }
+        drop(state);
+        self.tell(|| Effect::InhibitionCleared {
+            service: service_key(instance, service),
+            container: container.clone(),
+        });
         Ok(())
     }
 
@@ -688,6 +713,11 @@ impl Store for MemoryStore {
     ) -> Result<(), StoreError> {
         let mut state = self.call()?;
         state.rollouts.insert(service_type.to_owned(), rollout);
+        drop(state);
+        self.tell(|| Effect::RolloutSet {
+            service_type: service_type.to_owned(),
+            halted: rollout == RolloutState::Halted,
+        });
         Ok(())
     }
 
@@ -713,6 +743,13 @@ impl Store for MemoryStore {
         let mut state = self.call()?;
         state.lease = Some(state.lease_row().release(grant));
         Ok(())
+    }
+}
+
+fn service_key(instance: &InstanceName, service: &ServiceName) -> ServiceKey {
+    ServiceKey {
+        instance: instance.clone(),
+        service: service.clone(),
     }
 }
 

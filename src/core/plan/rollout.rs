@@ -75,6 +75,9 @@ impl Planner<'_, '_> {
     fn upgradable(&self, instance: &Instance, entry: &CatalogEntry) -> bool {
         let namespace = self.snapshot.config.namespace.as_str();
         instance.state == InstanceState::Ready
+            // A stopped instance runs nothing to overlap with and must not be
+            // started or published (S3): it is upgraded once started again.
+            && !instance.stopped
             && !is_expired(instance, self.snapshot.now)
             && is_behind(&instance.version, &entry.version)
             // One task per instance at a time: an upgrade racing a

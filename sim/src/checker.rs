@@ -122,12 +122,16 @@ impl Checker {
 
     /// Stopped intent forgets the instance's memory (R4).
     pub fn instance_stopped(&self, instance: &InstanceName) {
-        let truth = self.truth_snapshot();
         let mut s = self.lock();
-        for (key, id) in &truth.active {
-            if &key.instance == instance {
-                s.streaks.remove(id);
-            }
+        let ids: Vec<ContainerId> = s
+            .truth
+            .active
+            .iter()
+            .filter(|(key, _)| &key.instance == instance)
+            .map(|(_, id)| id.clone())
+            .collect();
+        for id in &ids {
+            s.streaks.remove(id);
         }
     }
 

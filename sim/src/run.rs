@@ -545,11 +545,7 @@ async fn check_queue(
         })
         .unwrap_or_default();
     let security = catalog.get(SERVICE_TYPE).is_some_and(|e| e.security);
-    let halted_since = checker
-        .truth_snapshot()
-        .halted_since
-        .get(SERVICE_TYPE)
-        .copied();
+    let halted_since = checker.truth(|t| t.halted_since.get(SERVICE_TYPE).copied());
     for t in tasks
         .iter()
         .filter(|t| t.kind == TaskKind::Upgrade && !seen.contains(&t.id))

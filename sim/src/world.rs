@@ -203,19 +203,19 @@ pub struct Actors {
 }
 
 impl Actors {
-    pub fn behaviour_of(&self, id: &ContainerId) -> Behaviour {
-        let truth = self.checker.truth_snapshot();
+    /// The behaviour of every ACTIVE container; anything else (a candidate,
+    /// a predecessor) is healthy, and everything is once chaos ends.
+    fn behaviours(&self) -> BTreeMap<ContainerId, Behaviour> {
+        if !self.chaos.load(Ordering::Relaxed) {
+            return BTreeMap::new();
+        }
         let services = self.services.lock().expect("poisoned");
-        services
-            .iter()
-            .find(|s| truth.active.get(&s.key) == Some(id))
-            .map_or(Behaviour::Healthy, |s| {
-                if self.chaos.load(Ordering::Relaxed) {
-                    s.behaviour
-                } else {
-                    Behaviour::Healthy
-                }
-            })
+        self.checker.truth(|t| {
+            services
+                .iter()
+                .filter_map(|s| t.active.get(&s.key).map(|id| (id.clone(), s.behaviour)))
+                .collect()
+        })
     }
 
     pub fn draw_behaviour(rng: &mut ChaCha8Rng) -> Behaviour {
@@ -228,8 +228,9 @@ impl Actors {
         let ids: Vec<ContainerId> = self
             .runtime
             .with_containers(|cs| cs.keys().cloned().collect());
+        let behaviours = self.behaviours();
         for id in ids {
-            let behaviour = self.behaviour_of(&id);
+            let behaviour = behaviours.get(&id).copied().unwrap_or(Behaviour::Healthy);
             let (crash, restart, flip, ready_now) = {
                 let mut rng = self.rng.lock().expect("poisoned");
                 (
@@ -294,8 +295,7 @@ impl Actors {
         ) {
             return;
         }
-        let truth = self.checker.truth_snapshot();
-        let Some(current) = truth.active.get(&svc.key).cloned() else {
+        let Some(current) = self.checker.truth(|t| t.active.get(&svc.key).cloned()) else {
             return;
         };
         match which {

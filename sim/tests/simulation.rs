@@ -103,6 +103,10 @@ fn seeds_hold_every_invariant() {
         ran as f64 / secs,
         hours / secs
     );
+    eprintln!(
+        "sim: one simulated day of this world takes {:.1}s of wall-clock time",
+        24.0 * secs / hours
+    );
     for (k, v) in &faults {
         eprintln!("sim: fault {k}: {v}");
     }

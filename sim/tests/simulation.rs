@@ -144,3 +144,17 @@ fn the_same_seed_gives_the_same_trace() {
         assert_eq!(a.effects, b.effects);
     }
 }
+
+#[test]
+fn a_fifty_instance_day_holds_every_invariant() {
+    // The big world at a CI-sized budget: scale brings its own races
+    // (more tasks in flight, the upgrade limit binding, longer passes).
+    for seed in [1, 2] {
+        let mut cfg = SimConfig::new(seed);
+        cfg.instances = 50;
+        cfg.safety = std::time::Duration::from_secs(24 * 3600);
+        let outcome = run_seed(&cfg);
+        assert!(outcome.violations.is_empty(), "{}", report_failure(&outcome));
+        assert!(outcome.effects > 10_000, "only {} effects", outcome.effects);
+    }
+}

@@ -386,3 +386,99 @@ async fn an_unreachable_socket_fails_naming_it() {
     );
     assert!(message.contains("scripts/services up"), "{message}");
 }
+
+/// What the daemon's event follower does for the read cache: follow the
+/// stream and drop the answer for every container an event names.
+fn follow_events_into_cache(runtime: &DockerRuntime) -> tokio::task::JoinHandle<()> {
+    let follower = runtime.clone();
+    let mut events = runtime.events(stead::core::types::Timestamp::now());
+    runtime.read_cache().set_following(true);
+    tokio::spawn(async move {
+        while let Some(Ok(event)) = events.next().await {
+            follower.read_cache().invalidate(&event.container);
+        }
+        follower.read_cache().set_following(false);
+    })
+}
+
+/// Reads a pass makes of a steady container, as the recovery machine does.
+async fn steady_reads(runtime: &DockerRuntime, id: &ContainerId) -> ContainerStatus {
+    let observation = runtime.inspect(id).await.expect("inspect");
+    runtime.health(id).await.expect("health");
+    runtime.binds(id).await.expect("binds");
+    runtime.inspect(id).await.expect("reinspect");
+    observation.status
+}
+
+#[tokio::test]
+async fn a_steady_pass_costs_one_list_call_while_events_are_followed() {
+    let runtime = runtime().await;
+    let instance = unique("dc");
+    let _cleanup = Cleanup::new(&instance);
+    let follower = follow_events_into_cache(&runtime);
+    let mut ids = Vec::new();
+    for service in ["a", "b", "c"] {
+        let request = create_request(&instance, httpd_spec(service), "r1");
+        ids.push(runtime.create(&request).await.expect("create"));
+    }
+    for id in &ids {
+        wait_for_health(&runtime, id, Health::Healthy).await;
+    }
+    // The first pass fills the cache: one inspect per container.
+    runtime.begin_pass().await.expect("begin pass");
+    for id in &ids {
+        steady_reads(&runtime, id).await;
+    }
+    let before = runtime.api_call_count();
+    runtime.begin_pass().await.expect("begin pass");
+    for id in &ids {
+        assert_eq!(steady_reads(&runtime, id).await, ContainerStatus::Running);
+    }
+    assert_eq!(
+        runtime.api_call_count() - before,
+        1,
+        "a steady pass is one list call"
+    );
+    follower.abort();
+}
+
+#[tokio::test]
+async fn a_kill_drops_the_cached_answer_by_event_and_by_the_list_call() {
+    let runtime = runtime().await;
+    let instance = unique("dv");
+    let _cleanup = Cleanup::new(&instance);
+    let follower = follow_events_into_cache(&runtime);
+    let id = runtime
+        .create(&create_request(&instance, httpd_spec("web"), "r1"))
+        .await
+        .expect("create");
+    assert_eq!(steady_reads(&runtime, &id).await, ContainerStatus::Running);
+    docker(&["kill", id.as_str()]).expect("docker kill");
+    // By the event: the next read inspects and sees the crash.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while runtime.inspect(&id).await.unwrap().status == ContainerStatus::Running {
+        assert!(
+            Instant::now() < deadline,
+            "the die event never reached the cache"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    // By the list call, with no follower to tell: restart it, let the
+    // cache answer "exited", and kill again with the stream gone.
+    follower.abort();
+    let _ = follower.await;
+    runtime.read_cache().set_following(true);
+    runtime.start(&id).await.expect("start");
+    assert_eq!(steady_reads(&runtime, &id).await, ContainerStatus::Running);
+    docker(&["kill", id.as_str()]).expect("docker kill");
+    assert_eq!(
+        runtime.inspect(&id).await.unwrap().status,
+        ContainerStatus::Running,
+        "without an event, the cached answer stands until the pass's list"
+    );
+    runtime.begin_pass().await.expect("begin pass");
+    assert_eq!(
+        runtime.inspect(&id).await.unwrap().status,
+        ContainerStatus::Exited
+    );
+}

@@ -254,17 +254,22 @@ fn request_loop(
             .unwrap();
         let (mut errors, mut total) = (0, 0);
         while !*stop.borrow() {
-            let status = client
+            let answer = client
                 .get(format!("http://{listen}/"))
                 .header("host", format!("{}.{name}.localhost", e2e::SERVICE))
                 .send()
-                .await
-                .map(|r| r.status().as_u16())
-                .unwrap_or(0);
+                .await;
             total += 1;
-            if status >= 500 || status == 0 {
-                eprintln!("request {total}: {status}");
-                errors += 1;
+            match answer {
+                Ok(r) if r.status().is_server_error() => {
+                    eprintln!("request {total}: {}", r.status());
+                    errors += 1;
+                }
+                Ok(_) => {}
+                Err(e) => {
+                    eprintln!("request {total}: {e:?}");
+                    errors += 1;
+                }
             }
             tokio::time::sleep(Duration::from_millis(20)).await;
         }

@@ -352,11 +352,17 @@ async fn upgrade_replaces_with_overlap_and_the_pass_retires_the_predecessor() {
     assert!(markers
         .iter()
         .any(|m| m.container == before && m.reason == InhibitionReason::RetirementPending));
-    f.recoverer().pass().await;
+    let recoverer = f.recoverer();
+    recoverer.pass().await;
     assert!(
         f.routes_to("wiki1", "web", &after.container),
         "the pass routes the successor"
     );
+    assert!(
+        f.runtime.container(&before).is_some(),
+        "the predecessor drains for one pass after the switch"
+    );
+    recoverer.pass().await;
     assert!(f.runtime.container(&before).is_none(), "retired");
     assert!(f
         .store

@@ -827,6 +827,12 @@ fn a_retirement_waits_for_a_verified_successor() {
     );
     w.advance(PASS);
     w.pass();
+    assert!(
+        w.removed.is_empty(),
+        "successor routed only this pass: the predecessor drains one pass"
+    );
+    w.advance(PASS);
+    w.pass();
     assert_eq!(w.removed, vec![ContainerId::new("old")]);
     assert!(w.inhibitions.is_empty());
 }

@@ -154,7 +154,11 @@ fn a_fifty_instance_day_holds_every_invariant() {
         cfg.instances = 50;
         cfg.safety = std::time::Duration::from_secs(24 * 3600);
         let outcome = run_seed(&cfg);
-        assert!(outcome.violations.is_empty(), "{}", report_failure(&outcome));
+        assert!(
+            outcome.violations.is_empty(),
+            "{}",
+            report_failure(&outcome)
+        );
         assert!(outcome.effects > 10_000, "only {} effects", outcome.effects);
     }
 }

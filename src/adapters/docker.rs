@@ -9,12 +9,14 @@
 //! `stead.managed=true`, `stead.instance`, `stead.service`, `stead.revision`.
 //! The adapter only ever removes containers that carry `stead.managed=true`.
 //!
-//! The steady state costs one API call: [`Runtime::list_managed`] is a single
-//! labelled `GET /containers/json`. Docker's list does not report when the
-//! current execution started, so `ManagedContainer::started_at` is always
-//! `None` here; whoever needs the exact execution (R8, R13) inspects the exact
-//! container, prompted by a non-running status or by an event from
-//! [`DockerRuntime::events`].
+//! The steady state costs one API call. Docker's list does not report when
+//! the current execution started, which recovery needs (R8, R13), so each
+//! read is an inspect of the exact container; but one inspect answers every
+//! read of a pass, and while the daemon follows [`DockerRuntime::events`] the
+//! answer is kept in a [`ReadCache`] until Docker reports a change. A steady
+//! pass then makes one labelled `GET /containers/json` (in
+//! [`Runtime::begin_pass`], which drops every entry whose status changed)
+//! and no inspect at all. See `read_cache.rs` for when entries are dropped.
 
 use std::collections::HashMap;
 use std::path::PathBuf;
@@ -35,6 +37,8 @@ use bollard::query_parameters::{
 };
 use bollard::{ClientVersion, Docker};
 use futures_util::{Stream, StreamExt};
+
+use super::read_cache::{Inspected, ReadCache};
 
 use crate::core::types::{
     Binds, ContainerId, ContainerStatus, Health, InstanceName, Observation, RuntimeError,
@@ -163,6 +167,8 @@ pub struct DockerRuntime {
     /// Engine API requests made through this client (and its clones), so
     /// benchmarks and metrics can show what a pass costs.
     api_calls: Arc<AtomicU64>,
+    /// Inspect answers, kept only while the event stream is followed.
+    cache: Arc<ReadCache>,
 }
 
 impl DockerRuntime {
@@ -199,6 +205,7 @@ impl DockerRuntime {
             docker,
             config,
             api_calls: Arc::default(),
+            cache: Arc::default(),
         })
     }
 
@@ -210,6 +217,7 @@ impl DockerRuntime {
             docker,
             config,
             api_calls,
+            cache,
         } = Self::new(config)?;
         let socket = config.socket_path.display().to_string();
         let docker = docker.negotiate_version().await.map_err(|e| {
@@ -222,6 +230,7 @@ impl DockerRuntime {
             docker,
             config,
             api_calls,
+            cache,
         })
     }
 
@@ -239,6 +248,28 @@ impl DockerRuntime {
 
     pub fn config(&self) -> &DockerConfig {
         &self.config
+    }
+
+    /// The read cache. Whoever follows [`DockerRuntime::events`] tells it
+    /// about every event and whether the stream is up; nobody else needs to.
+    pub fn read_cache(&self) -> &ReadCache {
+        &self.cache
+    }
+
+    /// One inspect, answering all three reads, through the cache.
+    async fn inspected(&self, id: &ContainerId) -> Result<Inspected, RuntimeError> {
+        if let Some(hit) = self.cache.get(id) {
+            return Ok(hit);
+        }
+        let ticket = self.cache.ticket(id);
+        let response = self.inspect_raw(id).await?;
+        let inspected = Inspected {
+            observation: observation(id, &response)?,
+            health: health_of(&response),
+            binds: binds_of(id, &response)?,
+        };
+        self.cache.fill(id, ticket, inspected.clone());
+        Ok(inspected)
     }
 
     /// The deterministic name of a service's container at one revision.
@@ -520,17 +551,39 @@ impl DockerRuntime {
 
 #[async_trait]
 impl Runtime for DockerRuntime {
+    async fn begin_pass(&self) -> Result<(), RuntimeError> {
+        if self.cache.is_empty() {
+            // Nothing to check the list against: skip the call.
+            return Ok(());
+        }
+        match self.list_labelled().await {
+            Ok(listed) => {
+                let listed = listed.into_iter().map(|c| (c.id, c.status)).collect();
+                self.cache.reconcile(&listed);
+                Ok(())
+            }
+            Err(e) => {
+                // Unchecked answers are not served: this pass inspects.
+                self.cache.set_following(false);
+                self.cache.set_following(true);
+                Err(e)
+            }
+        }
+    }
+
     async fn inspect(&self, id: &ContainerId) -> Result<Observation, RuntimeError> {
-        let response = self.inspect_raw(id).await?;
-        observation(id, &response)
+        Ok(self.inspected(id).await?.observation)
     }
 
     async fn start(&self, id: &ContainerId) -> Result<(), RuntimeError> {
         // 304 (already running) is a success for bollard and for us.
-        self.api()
+        let result = self
+            .api()
             .start_container(id.as_str(), None::<StartContainerOptions>)
             .await
-            .map_err(|e| not_found_or_transient("start", id.as_str(), e))
+            .map_err(|e| not_found_or_transient("start", id.as_str(), e));
+        self.cache.invalidate(id);
+        result
     }
 
     async fn stop(&self, id: &ContainerId, grace: Duration) -> Result<(), RuntimeError> {
@@ -538,10 +591,13 @@ impl Runtime for DockerRuntime {
             t: Some(grace_secs(grace)),
             ..Default::default()
         };
-        self.with_grace(grace)
+        let result = self
+            .with_grace(grace)
             .stop_container(id.as_str(), Some(options))
             .await
-            .map_err(|e| not_found_or_transient("stop", id.as_str(), e))
+            .map_err(|e| not_found_or_transient("stop", id.as_str(), e));
+        self.cache.invalidate(id);
+        result
     }
 
     async fn restart(&self, id: &ContainerId, grace: Duration) -> Result<(), RuntimeError> {
@@ -549,30 +605,21 @@ impl Runtime for DockerRuntime {
             t: Some(grace_secs(grace)),
             ..Default::default()
         };
-        self.with_grace(grace)
+        let result = self
+            .with_grace(grace)
             .restart_container(id.as_str(), Some(options))
             .await
-            .map_err(|e| not_found_or_transient("restart", id.as_str(), e))
+            .map_err(|e| not_found_or_transient("restart", id.as_str(), e));
+        self.cache.invalidate(id);
+        result
     }
 
     async fn health(&self, id: &ContainerId) -> Result<Health, RuntimeError> {
-        let response = self.inspect_raw(id).await?;
-        let status = response.state.and_then(|s| s.health).and_then(|h| h.status);
-        Ok(match status {
-            None | Some(HealthStatusEnum::EMPTY) | Some(HealthStatusEnum::NONE) => Health::None,
-            Some(HealthStatusEnum::STARTING) => Health::Starting,
-            Some(HealthStatusEnum::HEALTHY) => Health::Healthy,
-            Some(HealthStatusEnum::UNHEALTHY) => Health::Unhealthy,
-        })
+        Ok(self.inspected(id).await?.health)
     }
 
     async fn binds(&self, id: &ContainerId) -> Result<Binds, RuntimeError> {
-        let response = self.inspect_raw(id).await?;
-        let ports = response
-            .network_settings
-            .and_then(|n| n.ports)
-            .unwrap_or_default();
-        parse_binds(id, &ports)
+        Ok(self.inspected(id).await?.binds)
     }
 
     async fn list_managed(&self) -> Result<Vec<ManagedContainer>, RuntimeError> {
@@ -648,13 +695,16 @@ impl Runtime for DockerRuntime {
             v: false,
             ..Default::default()
         };
-        match self.api().remove_container(&exact, Some(options)).await {
+        let result = match self.api().remove_container(&exact, Some(options)).await {
             Ok(()) => Ok(()),
             Err(e) => match not_found_or_transient("remove", &exact, e) {
                 RuntimeError::NotFound => Ok(()),
                 other => Err(other),
             },
-        }
+        };
+        self.cache.invalidate(id);
+        self.cache.invalidate(&ContainerId::new(exact));
+        result
     }
 }
 
@@ -756,6 +806,30 @@ fn observation(
     });
     let started_at = parse_started_at(id, state.started_at.as_deref())?;
     Ok(Observation { status, started_at })
+}
+
+fn health_of(response: &ContainerInspectResponse) -> Health {
+    let status = response
+        .state
+        .as_ref()
+        .and_then(|s| s.health.as_ref())
+        .and_then(|h| h.status);
+    match status {
+        None | Some(HealthStatusEnum::EMPTY) | Some(HealthStatusEnum::NONE) => Health::None,
+        Some(HealthStatusEnum::STARTING) => Health::Starting,
+        Some(HealthStatusEnum::HEALTHY) => Health::Healthy,
+        Some(HealthStatusEnum::UNHEALTHY) => Health::Unhealthy,
+    }
+}
+
+fn binds_of(id: &ContainerId, response: &ContainerInspectResponse) -> Result<Binds, RuntimeError> {
+    let empty = HashMap::new();
+    let ports = response
+        .network_settings
+        .as_ref()
+        .and_then(|n| n.ports.as_ref())
+        .unwrap_or(&empty);
+    parse_binds(id, ports)
 }
 
 /// `State.StartedAt` as a timestamp; Docker's zero time (never started) and

@@ -18,3 +18,4 @@ pub mod caddy;
 pub mod docker;
 pub mod helm;
 pub mod probe;
+pub mod read_cache;

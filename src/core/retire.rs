@@ -10,6 +10,7 @@ use jiff::Timestamp;
 
 use crate::mutants::{self, Mutant};
 
+use super::recovery::Verdict;
 use super::types::{
     ActiveRecord, ContainerId, ContainerStatus, Inhibition, Intent, Observation, RuntimeError,
     ServiceName,
@@ -35,6 +36,20 @@ pub enum MarkerDecision {
 
 /// Per service, the execution this pass verified and routed.
 pub type VerifiedThisPass = BTreeMap<ServiceName, Option<Timestamp>>;
+
+/// Notes one service's verdict for this pass's markers (R15). A successor
+/// first routed in this very pass does not let its predecessor go yet: the
+/// proxy may still be finishing requests it sent there, so the next pass
+/// (which finds the route in place) retires it.
+pub fn note_verdict(verified: &mut VerifiedThisPass, service: &ServiceName, verdict: &Verdict) {
+    if let Verdict::Verified {
+        started_at,
+        published: false,
+    } = verdict
+    {
+        verified.insert(service.clone(), *started_at);
+    }
+}
 
 /// Decides one marker (R15).
 pub fn decide_marker(

@@ -12,7 +12,9 @@ use super::fleet::add;
 use super::memory::RecoveryMemory;
 use super::policy::RecoveryPolicy;
 use super::recovery::{Command, Outcome, Report, ServiceInput, ServiceRecovery};
-use super::retire::{decide_marker, successor_confirmed, MarkerDecision, VerifiedThisPass};
+use super::retire::{
+    decide_marker, note_verdict, successor_confirmed, MarkerDecision, VerifiedThisPass,
+};
 use super::types::{
     ActiveRecord, ActiveService, Binds, ContainerId, ContainerStatus, GenerationKey, Health,
     Inhibition, InhibitionReason, InstanceName, Intent, Observation, RuntimeError, ServiceName,
@@ -224,9 +226,7 @@ impl World {
         let mut verified = VerifiedThisPass::new();
         for (service, record) in &active.services {
             let report = self.recover_service(service, record);
-            if let super::recovery::Verdict::Verified { started_at, .. } = report.verdict {
-                verified.insert(service.clone(), started_at);
-            }
+            note_verdict(&mut verified, service, &report.verdict);
             self.memory.apply(&report);
             reports.push(report);
         }

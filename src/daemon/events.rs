@@ -1,6 +1,7 @@
 //! Docker's event stream as a hint: a `die`, `health_status` or `destroy`
 //! of a managed container triggers an immediate recovery of that one
-//! instance. The periodic level-triggered pass stays the safety net; a lost
+//! instance. Every event also drops the container's cached inspect answer
+//! (the stream is what makes that cache sound). The periodic level-triggered pass stays the safety net; a lost
 //! event (stream dropped, instance busy) costs at most one tick interval.
 
 use std::sync::Arc;
@@ -30,10 +31,17 @@ pub async fn follow(daemon: Arc<Daemon>, mut stop: watch::Receiver<bool>) {
     while !*stop.borrow() {
         let mut stream = daemon.docker.events(since);
         tracing::debug!("subscribed to docker events");
+        // Events since `since` are replayed, so answers cached from now on
+        // are invalidated by every later change (see `read_cache.rs`).
+        let cache = daemon.docker.read_cache();
+        cache.set_following(true);
         loop {
             let item = tokio::select! {
                 item = stream.next() => item,
-                _ = stop.changed() => return,
+                _ = stop.changed() => {
+                    cache.set_following(false);
+                    return;
+                }
             };
             match item {
                 None => break,
@@ -42,6 +50,7 @@ pub async fn follow(daemon: Arc<Daemon>, mut stop: watch::Receiver<bool>) {
                     break;
                 }
                 Some(Ok(event)) => {
+                    cache.invalidate(&event.container);
                     // Resubscribing replays from here, so nothing between
                     // the drop and the new subscription is lost.
                     since = daemon.ports.clock.now();
@@ -59,6 +68,9 @@ pub async fn follow(daemon: Arc<Daemon>, mut stop: watch::Receiver<bool>) {
                 }
             }
         }
+        // The stream dropped: dockerd may have restarted, and its replay
+        // would not cover that. Nothing cached is trusted any more.
+        cache.set_following(false);
         tokio::select! {
             _ = tokio::time::sleep(RESUBSCRIBE_DELAY) => {}
             _ = stop.changed() => return,

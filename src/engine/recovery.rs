@@ -10,8 +10,10 @@ use tokio::time::Instant;
 use crate::core::fleet::{Instance, InstanceState};
 use crate::core::memory::RecoveryMemory;
 use crate::core::policy::RecoveryPolicy;
-use crate::core::recovery::{Command, Outcome, Report, ServiceInput, ServiceRecovery, Verdict};
-use crate::core::retire::{decide_marker, successor_confirmed, MarkerDecision, VerifiedThisPass};
+use crate::core::recovery::{Command, Outcome, Report, ServiceInput, ServiceRecovery};
+use crate::core::retire::{
+    decide_marker, note_verdict, successor_confirmed, MarkerDecision, VerifiedThisPass,
+};
 use crate::core::spec::ReadinessProbe;
 use crate::core::types::{
     ActiveRecord, ActiveService, GenerationKey, Inhibition, InhibitionReason, InstanceName, Intent,
@@ -99,6 +101,17 @@ impl Recoverer {
     /// aggregated per instance so one never hides another.
     pub async fn pass(&self) -> PassOutcome {
         let mut outcome = PassOutcome::default();
+        let began = tokio::time::timeout(self.policy.instance_deadline, async {
+            self.ports.runtime.begin_pass().await
+        })
+        .await;
+        match began {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => outcome.errors.push(format!("runtime list: {e}")),
+            Err(_) => outcome
+                .errors
+                .push("runtime list: deadline exceeded".to_owned()),
+        }
         let rows = match self.ports.store.list_instances().await {
             Ok(rows) => rows,
             Err(e) => {
@@ -190,9 +203,7 @@ impl Recoverer {
                 memory,
             };
             let report = self.drive(instance, input, deadline).await;
-            if let Verdict::Verified { started_at, .. } = report.verdict {
-                verified.insert(service.clone(), started_at);
-            }
+            note_verdict(&mut verified, service, &report.verdict);
             for e in &report.errors {
                 out.errors
                     .push(format!("{}/{}: {e}", instance.name, service));

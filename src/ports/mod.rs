@@ -47,6 +47,12 @@ pub struct CreateContainer {
 /// Containers: inspect, start, stop and read the exact IDs ACTIVE names.
 #[async_trait]
 pub trait Runtime: Send + Sync {
+    /// Called once before every full recovery pass. A runtime that serves
+    /// reads from a cache checks it here against one list call; an error
+    /// is reported with the pass, which then carries on.
+    async fn begin_pass(&self) -> Result<(), RuntimeError> {
+        Ok(())
+    }
     async fn inspect(&self, id: &ContainerId) -> Result<Observation, RuntimeError>;
     async fn start(&self, id: &ContainerId) -> Result<(), RuntimeError>;
     async fn stop(&self, id: &ContainerId, grace: Duration) -> Result<(), RuntimeError>;

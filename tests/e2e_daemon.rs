@@ -44,9 +44,11 @@ async fn provisions_an_instance_and_serves_it_through_caddy() {
 async fn a_killed_container_is_withdrawn_started_verified_and_republished() {
     let name = unique("e2ekill");
     let _cleanup = Cleanup::new(&name);
+    let metrics = stead::daemon::metrics_handle();
     let h = Harness::start(Setup::default()).await;
     let id = serving(&h, &name).await;
     let started_before = inspect(&id, "{{.State.StartedAt}}").unwrap();
+    let before = metrics.render();
 
     docker(&["kill", &id]).unwrap();
     // Withdrawn: Caddy answers from its catch-all (404) rather than a dead
@@ -70,6 +72,30 @@ async fn a_killed_container_is_withdrawn_started_verified_and_republished() {
         "same generation"
     );
     eprintln!("kill -> withdrawn in {withdrawn:?}");
+    // The recovery shows in /metrics (the recorder is process-wide, so
+    // other tests only ever add to these counters).
+    let after = metrics.render();
+    for counter in [
+        "stead_withdrawals_total",
+        "stead_starts_total",
+        "stead_recoveries_total",
+        "stead_docker_events_total",
+    ] {
+        assert!(
+            counter_value(&after, counter) > counter_value(&before, counter),
+            "{counter} did not grow:\n{after}"
+        );
+    }
+    assert!(counter_value(&after, "stead_docker_api_calls_total") > 0.0);
+}
+
+/// The value of an unlabelled counter in Prometheus text; 0 when absent.
+fn counter_value(text: &str, name: &str) -> f64 {
+    text.lines()
+        .filter_map(|line| line.strip_prefix(name)?.strip_prefix(' '))
+        .filter_map(|value| value.trim().parse().ok())
+        .next()
+        .unwrap_or(0.0)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

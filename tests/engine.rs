@@ -148,6 +148,7 @@ impl Fixture {
                     ..Default::default()
                 },
                 idle_poll: Duration::from_millis(10),
+                stop_grace_default: Duration::from_secs(1),
             },
             self.locks.clone(),
         )

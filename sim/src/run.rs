@@ -183,6 +183,7 @@ async fn simulate(cfg: SimConfig) -> SimOutcome {
                 lease: control.lease,
                 retry: TaskRetryPolicy::default(),
                 idle_poll: Duration::from_secs(1),
+                stop_grace_default: policy.stop_grace_default,
             },
             locks.clone(),
         )

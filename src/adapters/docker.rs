@@ -243,6 +243,7 @@ impl DockerRuntime {
     /// The client, counting one API request.
     fn api(&self) -> &Docker {
         self.api_calls.fetch_add(1, Ordering::Relaxed);
+        metrics::counter!("stead_docker_api_calls_total").increment(1);
         &self.docker
     }
 

@@ -12,8 +12,8 @@ use crate::mutants::{self, Mutant};
 
 use super::recovery::Verdict;
 use super::types::{
-    ActiveRecord, ContainerId, ContainerStatus, Inhibition, Intent, Observation, RuntimeError,
-    ServiceName,
+    ActiveRecord, ContainerId, ContainerStatus, Inhibition, InhibitionReason, Intent, Observation,
+    RuntimeError, ServiceName,
 };
 
 /// What to do with one `retirement-pending` marker this pass.
@@ -36,6 +36,24 @@ pub enum MarkerDecision {
 
 /// Per service, the execution this pass verified and routed.
 pub type VerifiedThisPass = BTreeMap<ServiceName, Option<Timestamp>>;
+
+/// The hold on one generation that recovery must honour (R5), as the
+/// machine's `inhibition` input. A `retirement-pending` marker is not a
+/// hold: it is resolved by [`decide_marker`], never by withholding recovery.
+pub fn inhibition_for(
+    inhibitions: &[Inhibition],
+    service: &ServiceName,
+    container: &ContainerId,
+) -> Option<String> {
+    inhibitions
+        .iter()
+        .find(|i| {
+            &i.service == service
+                && &i.container == container
+                && i.reason != InhibitionReason::RetirementPending
+        })
+        .map(|i| i.reason.as_str().to_owned())
+}
 
 /// Notes one service's verdict for this pass's markers (R15). A successor
 /// first routed in this very pass does not let its predecessor go yet: the

@@ -13,7 +13,8 @@ use super::memory::RecoveryMemory;
 use super::policy::RecoveryPolicy;
 use super::recovery::{Command, Outcome, Report, ServiceInput, ServiceRecovery};
 use super::retire::{
-    decide_marker, note_verdict, successor_confirmed, MarkerDecision, VerifiedThisPass,
+    decide_marker, inhibition_for, note_verdict, successor_confirmed, MarkerDecision,
+    VerifiedThisPass,
 };
 use super::types::{
     ActiveRecord, ActiveService, Binds, ContainerId, ContainerStatus, GenerationKey, Health,
@@ -242,15 +243,7 @@ impl World {
             service: service.clone(),
             container: record.container.clone(),
         };
-        let inhibition = self
-            .inhibitions
-            .iter()
-            .find(|i| {
-                &i.service == service
-                    && i.container == record.container
-                    && i.reason != InhibitionReason::RetirementPending
-            })
-            .map(|i| i.reason.as_str().to_owned());
+        let inhibition = inhibition_for(&self.inhibitions, service, &record.container);
         let input = ServiceInput {
             memory: self.memory.service(&key),
             key,

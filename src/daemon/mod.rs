@@ -278,6 +278,7 @@ impl Daemon {
                 lease: self.config.control.lease,
                 retry: Default::default(),
                 idle_poll: self.config.worker_idle_poll,
+                stop_grace_default: self.config.recovery.stop_grace_default,
             },
             self.locks.clone(),
         )

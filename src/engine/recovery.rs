@@ -12,7 +12,8 @@ use crate::core::memory::RecoveryMemory;
 use crate::core::policy::RecoveryPolicy;
 use crate::core::recovery::{Command, Outcome, Report, ServiceInput, ServiceRecovery};
 use crate::core::retire::{
-    decide_marker, note_verdict, successor_confirmed, MarkerDecision, VerifiedThisPass,
+    decide_marker, inhibition_for, note_verdict, successor_confirmed, MarkerDecision,
+    VerifiedThisPass,
 };
 use crate::core::spec::ReadinessProbe;
 use crate::core::types::{
@@ -186,14 +187,7 @@ impl Recoverer {
                 service: service.clone(),
                 container: record.container.clone(),
             };
-            let inhibition = inhibitions
-                .iter()
-                .find(|i| {
-                    &i.service == service
-                        && i.container == record.container
-                        && i.reason != InhibitionReason::RetirementPending
-                })
-                .map(|i| i.reason.as_str().to_owned());
+            let inhibition = inhibition_for(&inhibitions, service, &record.container);
             let memory = self.memory.lock().expect("memory poisoned").service(&key);
             let input = ServiceInput {
                 key,
@@ -276,12 +270,13 @@ impl Recoverer {
         };
         let id = &key.container;
         match command {
-            Command::Withdraw => Outcome::Withdrawn(
-                p.traffic
-                    .withdraw(&service_key)
-                    .await
-                    .map_err(|e| e.to_string()),
-            ),
+            Command::Withdraw => {
+                let result = p.traffic.withdraw(&service_key).await;
+                if result.is_ok() {
+                    metrics::counter!("stead_withdrawals_total").increment(1);
+                }
+                Outcome::Withdrawn(result.map_err(|e| e.to_string()))
+            }
             Command::Inspect => Outcome::Inspected(p.runtime.inspect(id).await),
             Command::ReleaseClaims => Outcome::ClaimsReleased(
                 p.store
@@ -292,8 +287,20 @@ impl Recoverer {
             Command::CheckPolicy => {
                 Outcome::PolicyChecked(p.policy.check(&key.instance, &key.service).await)
             }
-            Command::Start => Outcome::Started(p.runtime.start(id).await),
-            Command::Restart { grace } => Outcome::Restarted(p.runtime.restart(id, *grace).await),
+            Command::Start => {
+                let result = p.runtime.start(id).await;
+                if result.is_ok() {
+                    metrics::counter!("stead_starts_total").increment(1);
+                }
+                Outcome::Started(result)
+            }
+            Command::Restart { grace } => {
+                let result = p.runtime.restart(id, *grace).await;
+                if result.is_ok() {
+                    metrics::counter!("stead_restarts_total").increment(1);
+                }
+                Outcome::Restarted(result)
+            }
             Command::Stop { grace } => Outcome::Stopped(p.runtime.stop(id, *grace).await),
             Command::ReadHealth => Outcome::Health(p.runtime.health(id).await),
             Command::ReadBinds => Outcome::Binds(p.runtime.binds(id).await),

@@ -34,6 +34,9 @@ pub struct WorkerConfig {
     pub retry: TaskRetryPolicy,
     /// Pause when no task is due.
     pub idle_poll: Duration,
+    /// Stop grace of a deprovisioned container that names none of its own
+    /// (the recovery policy's `stop_grace_default`).
+    pub stop_grace_default: Duration,
 }
 
 /// What one claimed task came to.
@@ -423,14 +426,13 @@ impl Worker {
             .load_inhibitions(name)
             .await
             .map_err(|e| e.to_string())?;
-        let policy = crate::core::policy::RecoveryPolicy::default();
         for (service, record) in &active.services {
             let key = ServiceKey {
                 instance: name.clone(),
                 service: service.clone(),
             };
             p.traffic.withdraw(&key).await.map_err(|e| e.to_string())?;
-            let grace = record.stop_grace.unwrap_or(policy.stop_grace_default);
+            let grace = record.stop_grace.unwrap_or(self.config.stop_grace_default);
             self.stop_and_remove(&record.container, grace).await?;
             p.store
                 .release_claims(name, &record.container)
@@ -443,7 +445,7 @@ impl Worker {
         }
         for marker in inhibitions {
             if marker.reason == InhibitionReason::RetirementPending {
-                let grace = marker.stop_grace.unwrap_or(policy.stop_grace_default);
+                let grace = marker.stop_grace.unwrap_or(self.config.stop_grace_default);
                 self.stop_and_remove(&marker.container, grace).await?;
             }
             p.store

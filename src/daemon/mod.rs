@@ -66,17 +66,47 @@ pub enum DaemonError {
     Setup(String),
 }
 
-/// Grants checks (R11). stead has no grant model of its own yet: binds are
-/// always loopback ephemeral ports and no devices are passed through, so
-/// there is nothing an operator can revoke. This allows everything and says
-/// so in its name; a real grant source replaces it behind the same port.
-#[derive(Clone, Copy, Debug, Default)]
-pub struct AllowAllPolicy;
+/// Grants checks (R11): the catalog is the grant list. An instance may run
+/// a service while its service type is in the catalog and lists that
+/// service; an operator revokes a service by removing it from the catalog,
+/// and recovery then refuses to start or restart it (fail closed, the
+/// traffic withdrawn) instead of reviving what is no longer granted. Binds
+/// are loopback ephemeral ports and no devices are passed through, so there
+/// is nothing finer to grant.
+pub struct CatalogPolicy {
+    catalog: Arc<Catalog>,
+    store: Arc<dyn Store>,
+}
+
+impl CatalogPolicy {
+    pub fn new(catalog: Arc<Catalog>, store: Arc<dyn Store>) -> Self {
+        Self { catalog, store }
+    }
+}
 
 #[async_trait]
-impl Policy for AllowAllPolicy {
-    async fn check(&self, _instance: &InstanceName, _service: &ServiceName) -> Result<(), String> {
-        Ok(())
+impl Policy for CatalogPolicy {
+    async fn check(&self, instance: &InstanceName, service: &ServiceName) -> Result<(), String> {
+        let row = self
+            .store
+            .instance(instance)
+            .await
+            .map_err(|e| format!("grants of {instance}: {e}"))?
+            .ok_or_else(|| format!("grants of {instance}: no such instance"))?;
+        let entry = self.catalog.get(&row.service_type).ok_or_else(|| {
+            format!(
+                "{instance}: service type {:?} is not in the catalog; nothing of it is granted",
+                row.service_type
+            )
+        })?;
+        if entry.services.iter().any(|s| &s.name == service) {
+            Ok(())
+        } else {
+            Err(format!(
+                "{instance}: service {service} is not in the catalog's {:?}; its grant was revoked",
+                row.service_type
+            ))
+        }
     }
 }
 
@@ -226,9 +256,9 @@ impl Daemon {
             clock: Arc::new(SystemClock),
             runtime: Arc::new(docker.clone()),
             traffic: Arc::new(caddy.clone()),
-            store,
+            store: store.clone(),
             probe: Arc::new(NetProbe::new().map_err(DaemonError::Setup)?),
-            policy: Arc::new(AllowAllPolicy),
+            policy: Arc::new(CatalogPolicy::new(catalog.clone(), store)),
             provisioner,
             notifier: Arc::new(LogNotifier),
         };
@@ -349,11 +379,78 @@ fn holder_name() -> String {
 }
 
 /// The seed of trace ids; drawn from the OS (the simulation passes its own).
-fn os_seed() -> u64 {
+pub(crate) fn os_seed() -> u64 {
     // std seeds each `RandomState` from the OS; hashing nothing with one
     // yields those random bits without another dependency.
     use std::hash::{BuildHasher, Hasher};
     std::collections::hash_map::RandomState::new()
         .build_hasher()
         .finish()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ports::NewInstance;
+    use crate::store::memory::MemoryStore;
+
+    const CATALOG: &str = r#"
+[types.web]
+version = "1"
+
+[[types.web.services]]
+name = "http"
+image = "stead-test/busybox:1"
+ports = [8080]
+"#;
+
+    async fn policy_with(service_type: &str) -> CatalogPolicy {
+        let store = Arc::new(MemoryStore::new());
+        let new = NewInstance {
+            name: InstanceName::new("blog"),
+            team: "t".into(),
+            service_type: service_type.into(),
+            version: "1".into(),
+            expires_at: None,
+            maintenance_window: None,
+        };
+        store
+            .create_instance(&new, "2026-11-30T00:00:00Z".parse().unwrap())
+            .await
+            .unwrap();
+        let catalog = Catalog::from_toml(CATALOG, "catalog.toml").unwrap();
+        CatalogPolicy::new(Arc::new(catalog), store)
+    }
+
+    #[tokio::test]
+    async fn a_service_in_the_catalog_is_granted() {
+        let policy = policy_with("web").await;
+        let blog = InstanceName::new("blog");
+        assert_eq!(policy.check(&blog, &ServiceName::new("http")).await, Ok(()));
+    }
+
+    #[tokio::test]
+    async fn a_service_removed_from_the_catalog_is_revoked() {
+        let policy = policy_with("web").await;
+        let blog = InstanceName::new("blog");
+        let error = policy
+            .check(&blog, &ServiceName::new("worker"))
+            .await
+            .unwrap_err();
+        assert!(
+            error.contains("service worker") && error.contains("revoked"),
+            "{error}"
+        );
+        let policy = policy_with("gone").await;
+        let error = policy
+            .check(&blog, &ServiceName::new("http"))
+            .await
+            .unwrap_err();
+        assert!(error.contains("\"gone\" is not in the catalog"), "{error}");
+        let missing = policy
+            .check(&InstanceName::new("nope"), &ServiceName::new("http"))
+            .await
+            .unwrap_err();
+        assert!(missing.contains("no such instance"), "{missing}");
+    }
 }

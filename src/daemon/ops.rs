@@ -125,7 +125,7 @@ impl Ops<'_> {
             instance: instance.id,
             run_after: self.now,
             reason: reason.to_owned(),
-            traceparent: None,
+            traceparent: Some(operator_traceparent()),
         };
         self.store
             .enqueue(&task, self.now, None)
@@ -159,7 +159,7 @@ impl Ops<'_> {
             instance: instance.id,
             run_after: self.now,
             reason: "operator: instance delete".into(),
-            traceparent: None,
+            traceparent: Some(operator_traceparent()),
         };
         self.store
             .expire_instance(instance.id, instance.state, &task, self.now, None)
@@ -478,5 +478,60 @@ async fn publication(
         Ok(r) if r.status().as_u16() == 404 => "withdrawn".into(),
         Ok(r) => format!("(caddy {})", r.status().as_u16()),
         Err(_) => "(caddy unreachable)".into(),
+    }
+}
+
+/// The trace an operator's command starts: its tasks carry it, so a
+/// worker's spans join the command's trace as the tick's tasks join the
+/// tick's. Logged, so the command's output can be matched to them.
+fn operator_traceparent() -> String {
+    use rand::SeedableRng;
+    let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(super::os_seed());
+    let traceparent = crate::engine::tick::new_traceparent(&mut rng);
+    tracing::info!(%traceparent, "operator command");
+    traceparent
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::store::memory::MemoryStore;
+
+    #[tokio::test]
+    async fn operator_tasks_carry_a_fresh_traceparent() {
+        let store = MemoryStore::new();
+        let catalog = Catalog::from_toml(
+            "[types.web]\nversion = \"1\"\n[[types.web.services]]\nname = \"http\"\nimage = \"i\"\n",
+            "catalog.toml",
+        )
+        .unwrap();
+        let ops = Ops {
+            store: &store,
+            catalog: &catalog,
+            now: "2026-11-30T00:00:00Z".parse().unwrap(),
+        };
+        for name in ["blog", "wiki"] {
+            let request = CreateRequest {
+                name: name.into(),
+                service_type: "web".into(),
+                team: "t".into(),
+                version: None,
+                ttl: None,
+                maintenance_window: None,
+            };
+            ops.create(&request).await.unwrap();
+        }
+        ops.delete("blog").await.unwrap();
+        let tasks = store.all_tasks();
+        assert_eq!(tasks.len(), 3);
+        let mut seen = std::collections::BTreeSet::new();
+        for task in &tasks {
+            let tp = task.traceparent.as_deref().expect("a traceparent");
+            let parts: Vec<&str> = tp.split('-').collect();
+            assert_eq!(parts.len(), 4, "{tp}");
+            assert_eq!((parts[0], parts[3]), ("00", "01"), "{tp}");
+            assert_eq!((parts[1].len(), parts[2].len()), (32, 16), "{tp}");
+            assert!(seen.insert(parts[1].to_owned()), "one trace per command");
+        }
     }
 }

@@ -132,10 +132,7 @@ impl Reconciler {
 
     /// A W3C trace context for a new tick.
     fn new_traceparent(&self) -> String {
-        let mut rng = self.rng.lock().expect("rng poisoned");
-        let trace: u128 = rng.random::<u128>() | 1;
-        let span: u64 = rng.random::<u64>() | 1;
-        format!("00-{trace:032x}-{span:016x}-01")
+        new_traceparent(&mut *self.rng.lock().expect("rng poisoned"))
     }
 
     /// One tick (C9): checks, gauges, heartbeat.
@@ -425,4 +422,12 @@ impl Reconciler {
     pub fn now(&self) -> Timestamp {
         self.ports.clock.now()
     }
+}
+
+/// A fresh W3C `traceparent` (version 00, sampled) from `rng`; ids are
+/// never all zero, which the spec forbids.
+pub fn new_traceparent(rng: &mut impl Rng) -> String {
+    let trace: u128 = rng.random::<u128>() | 1;
+    let span: u64 = rng.random::<u64>() | 1;
+    format!("00-{trace:032x}-{span:016x}-01")
 }

@@ -2,6 +2,10 @@
 //! environment overrides, and validation at load. Every error names the
 //! field (dotted, as in the file) and the offending value.
 //!
+//! It needs no adapter, so it builds without the `io` feature: the daemon
+//! re-exports it as `daemon::config`, and the `config` fuzz target parses
+//! arbitrary files with it.
+//!
 //! The `[control]` table is handed to [`ControlConfig::from_toml`] and the
 //! `[recovery]` table becomes a [`RecoveryPolicy`] checked by
 //! [`RecoveryPolicy::validated`], so the daemon adds no second set of rules
@@ -27,6 +31,10 @@ pub const DEFAULT_CATALOG_PATH: &str = "/etc/stead/catalog.toml";
 pub const DEFAULT_ADMIN_LISTEN: &str = "127.0.0.1:9464";
 /// Where Caddy serves stead's routes.
 pub const DEFAULT_CADDY_LISTEN: &str = "127.0.0.1:8080";
+/// The Docker engine's socket; the Docker adapter's default too.
+pub const DEFAULT_DOCKER_SOCKET: &str = "/var/run/docker.sock";
+/// Caddy's admin API; the Caddy adapter's default too.
+pub const DEFAULT_CADDY_ADMIN: &str = "127.0.0.1:2019";
 /// Longest config file accepted, in bytes.
 pub const CONFIG_LEN_MAX: u64 = 256 * 1024;
 /// Most workers in one process.
@@ -439,7 +447,7 @@ impl Validator<'_> {
         let database_url = match raw.database_url {
             None => format!("sqlite://{}?mode=rwc", state_dir.join("stead.db").display()),
             Some(url) => {
-                if crate::store::sql::Backend::of_url(&url).is_err() {
+                if crate::store::Backend::of_url(&url).is_err() {
                     // Never echo a URL back: it may carry a password.
                     let scheme: String = url
                         .split(':')
@@ -572,11 +580,8 @@ impl Validator<'_> {
     }
 
     fn docker(&self, raw: RawDocker) -> Result<DockerSettings, DaemonConfigError> {
-        let socket = PathBuf::from(self.text(
-            "docker.socket",
-            raw.socket,
-            crate::adapters::docker::DEFAULT_SOCKET_PATH,
-        )?);
+        let socket =
+            PathBuf::from(self.text("docker.socket", raw.socket, DEFAULT_DOCKER_SOCKET)?);
         if !socket.is_absolute() {
             return Err(self.invalid("docker.socket", &socket, "must be an absolute path"));
         }
@@ -605,11 +610,7 @@ impl Validator<'_> {
     }
 
     fn caddy(&self, raw: RawCaddy) -> Result<CaddySettings, DaemonConfigError> {
-        let admin = self.text(
-            "caddy.admin",
-            raw.admin,
-            crate::adapters::caddy::DEFAULT_ADMIN_ADDR,
-        )?;
+        let admin = self.text("caddy.admin", raw.admin, DEFAULT_CADDY_ADMIN)?;
         self.addr("caddy.admin", &admin)?;
         let listen = self.text("caddy.listen", raw.listen, DEFAULT_CADDY_LISTEN)?;
         self.addr("caddy.listen", &listen)?;

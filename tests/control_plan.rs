@@ -704,6 +704,20 @@ fn config_errors_name_the_field_and_value() {
     assert_eq!(ControlConfig::default().validate(), Ok(()));
 }
 
+/// toml leaves some syntax errors (a lone carriage return) without a
+/// message; the control config's error still says what and where (found by
+/// the `config` fuzz target: `fuzz/regressions/config/lone-carriage-return`).
+#[test]
+fn a_control_syntax_error_toml_leaves_unexplained_still_names_the_character() {
+    let error = ControlConfig::from_toml("\r", "control.toml")
+        .unwrap_err()
+        .to_string();
+    assert_eq!(
+        error,
+        "control.toml: unexpected character '\\r' at line 1, column 1"
+    );
+}
+
 // --- properties ------------------------------------------------------------
 
 const TEAMS: [&str; 3] = ["platform", "acme", "zeta"];

@@ -19,6 +19,7 @@ use serde::Deserialize;
 
 use crate::core::plan::{ConfigError, ControlConfig};
 use crate::core::policy::RecoveryPolicy;
+use crate::core::toml_error;
 
 /// Where the config file is looked for when neither `--config` nor
 /// `$STEAD_CONFIG` names one.
@@ -252,7 +253,7 @@ pub fn parse(
 ) -> Result<DaemonConfig, DaemonConfigError> {
     let mut doc: toml::Table = toml::from_str(contents).map_err(|e| DaemonConfigError::Syntax {
         file: file.to_owned(),
-        message: e.message().trim().to_owned(),
+        message: toml_error::message(&e, contents),
     })?;
     apply_env(&mut doc, env);
     let control_doc = doc
@@ -263,7 +264,9 @@ pub fn parse(
         .try_into()
         .map_err(|e: toml::de::Error| DaemonConfigError::Syntax {
             file: file.to_owned(),
-            message: e.message().trim().to_owned(),
+            // A typed read of the parsed table: toml names the key, and
+            // there is no text to point into.
+            message: toml_error::message(&e, ""),
         })?;
     let control_text = toml::to_string(&control_doc).map_err(|e| DaemonConfigError::Syntax {
         file: file.to_owned(),
@@ -728,6 +731,17 @@ mod tests {
         check_err("typo = 1", &[], "unknown field `typo`");
         check_err("", &[("STEAD_LOG_FORMAT", "xml")], "log_format = \"xml\"");
         check_err("database_url = \"mysql://u:secret@h/db\"", &[], "mysql:…");
+    }
+
+    /// toml leaves a lone carriage return without a message; found by the
+    /// `config` fuzz target (`fuzz/regressions/config/lone-carriage-return`).
+    #[test]
+    fn a_syntax_error_toml_leaves_unexplained_still_names_the_character() {
+        let error = parse("\r", "stead.toml", &[]).unwrap_err().to_string();
+        assert_eq!(
+            error,
+            "stead.toml: unexpected character '\\r' at line 1, column 1"
+        );
     }
 
     #[test]

@@ -143,7 +143,14 @@ fn check_rejected(contents: &str, error: &CatalogError) {
     assert!(message.starts_with(&format!("{FILE}: ")), "{message}");
     match error {
         CatalogError::TooLarge { len, .. } => assert!(*len > CATALOG_LEN_MAX),
-        CatalogError::Syntax { message, .. } => assert!(!message.trim().is_empty()),
+        CatalogError::Syntax { message: m, .. } => {
+            // "line L, column C: " alone would say where but not what.
+            let what = match m.strip_prefix("line ") {
+                Some(rest) => rest.split_once(": ").map_or("", |(_, what)| what),
+                None => m.as_str(),
+            };
+            assert!(!what.trim().is_empty(), "{error:?}");
+        }
         CatalogError::Invalid {
             field,
             value,

@@ -175,3 +175,21 @@ fn an_oversized_catalog_is_refused_before_parsing() {
 fn an_empty_catalog_is_valid_and_empty() {
     assert!(Catalog::from_toml("", "empty.toml").unwrap().is_empty());
 }
+
+/// toml reports some syntax errors, such as a carriage return without its
+/// line feed, with an empty message; the error must still say what and
+/// where (found by the `config` fuzz target:
+/// `fuzz/regressions/config/lone-carriage-return`).
+#[test]
+fn a_syntax_error_toml_leaves_unexplained_still_names_the_character() {
+    let error = Catalog::from_toml("[types.wiki]\n\r", "c.toml").unwrap_err();
+    assert_eq!(
+        error.to_string(),
+        "c.toml: unexpected character '\\r' at line 2, column 1"
+    );
+    let error = Catalog::from_toml("\r", "c.toml").unwrap_err();
+    assert_eq!(
+        error.to_string(),
+        "c.toml: unexpected character '\\r' at line 1, column 1"
+    );
+}

@@ -25,7 +25,7 @@ use crate::core::types::ServiceKey;
 use crate::ports::{Route, Traffic, TrafficError};
 
 /// Caddy's admin API default, on loopback.
-pub const DEFAULT_ADMIN_ADDR: &str = "127.0.0.1:2019";
+pub const DEFAULT_ADMIN_ADDR: &str = crate::config::daemon::DEFAULT_CADDY_ADMIN;
 
 /// Upper bound on the bytes of Caddy's answer quoted in an error.
 const BODY_EXCERPT_LEN_MAX: usize = 300;

@@ -58,7 +58,7 @@ pub const LABEL_SERVICE: &str = "stead.service";
 pub const LABEL_REVISION: &str = "stead.revision";
 
 /// The default Engine API socket.
-pub const DEFAULT_SOCKET_PATH: &str = "/var/run/docker.sock";
+pub const DEFAULT_SOCKET_PATH: &str = crate::config::daemon::DEFAULT_DOCKER_SOCKET;
 
 /// The only host address stead publishes on and reads binds from: probes and
 /// traffic dial loopback, never container IPs.

@@ -14,6 +14,7 @@ use serde::Deserialize;
 
 use super::fleet::RolloutState;
 use super::spec::{Healthcheck, ReadinessProbe, ServiceSpec};
+use super::toml_error;
 use super::types::ServiceName;
 
 /// Largest catalog file accepted, in bytes.
@@ -144,16 +145,16 @@ pub enum CatalogError {
 
 /// One line of the TOML error, prefixed with its position: toml's own
 /// message already names the key (`unknown field `imgae``, `invalid type`).
+/// When toml gives no message, the fallback names the character and its
+/// position itself.
 fn describe_toml_error(error: &toml::de::Error, contents: &str) -> String {
-    let message = error.message().trim();
+    let message = toml_error::message(error, contents);
     match error.span() {
-        Some(span) => {
-            let before = &contents[..span.start.min(contents.len())];
-            let line = before.matches('\n').count() + 1;
-            let column = before.rsplit('\n').next().map_or(0, |l| l.chars().count()) + 1;
+        Some(span) if !error.message().trim().is_empty() => {
+            let (line, column) = toml_error::position(contents, span.start);
             format!("line {line}, column {column}: {message}")
         }
-        None => message.to_owned(),
+        _ => message,
     }
 }
 

@@ -16,6 +16,7 @@ pub mod policy;
 pub mod recovery;
 pub mod retire;
 pub mod spec;
+pub mod toml_error;
 pub mod types;
 pub mod window;
 pub mod world;

@@ -27,10 +27,12 @@ use crate::engine::{Ports, SystemClock};
 use crate::ports::{Notifier, Policy, Provisioner, Store};
 
 pub mod admin;
-pub mod config;
 pub mod events;
 pub mod ops;
 
+// The config parser needs no adapter and lives in `crate::config` so that it
+// builds (and is fuzzed) without `io`; `daemon::config` stays its name here.
+pub use crate::config::daemon as config;
 pub use config::{DaemonConfig, DaemonConfigError, LogFormat, ProvisionerKind};
 
 /// Which loops this process runs (`stead run --role`).

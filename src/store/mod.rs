@@ -20,6 +20,38 @@ pub mod memory;
 #[cfg(all(feature = "io", not(madsim)))]
 pub mod sql;
 
+/// Which backend a connection URL names. Lives here rather than in `sql`
+/// so that validating a configured URL needs no database driver (the
+/// daemon config is parsed, and fuzzed, without the `io` feature).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Backend {
+    Sqlite,
+    Postgres,
+}
+
+impl Backend {
+    /// `sqlite:` URLs (e.g. `sqlite:///var/lib/stead/stead.db?mode=rwc`) and
+    /// `postgres://` / `postgresql://` URLs.
+    pub fn of_url(url: &str) -> Result<Backend, StoreError> {
+        if url.starts_with("sqlite:") {
+            Ok(Backend::Sqlite)
+        } else if url.starts_with("postgres://") || url.starts_with("postgresql://") {
+            Ok(Backend::Postgres)
+        } else {
+            let scheme: String = url
+                .split(':')
+                .next()
+                .unwrap_or("")
+                .chars()
+                .take(32)
+                .collect();
+            Err(StoreError::Unavailable(format!(
+                "database URL scheme {scheme:?} is neither sqlite: nor postgres://"
+            )))
+        }
+    }
+}
+
 /// Timestamps are kept as integer microseconds since the Unix epoch in both
 /// SQL backends. Integers round-trip exactly (no float, no timezone, no text
 /// format to parse), compare correctly in SQL, and an `i64` of microseconds

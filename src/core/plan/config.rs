@@ -176,7 +176,7 @@ impl ControlConfig {
         }
         let raw: RawControlConfig = toml::from_str(contents).map_err(|e| ConfigError::Syntax {
             file: file.to_owned(),
-            message: e.message().trim().to_owned(),
+            message: crate::core::toml_error::message(&e, contents),
         })?;
         let defaults = ControlConfig::default();
         let seconds = |field: &'static str, value: Option<i64>, default: Duration| match value {

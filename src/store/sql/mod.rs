@@ -19,38 +19,9 @@ mod rows;
 mod sqlite;
 pub mod statements;
 
+pub use super::Backend;
 pub use postgres::PostgresStore;
 pub use sqlite::SqliteStore;
-
-/// Which backend a connection URL names.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Backend {
-    Sqlite,
-    Postgres,
-}
-
-impl Backend {
-    /// `sqlite:` URLs (e.g. `sqlite:///var/lib/stead/stead.db?mode=rwc`) and
-    /// `postgres://` / `postgresql://` URLs.
-    pub fn of_url(url: &str) -> Result<Backend, StoreError> {
-        if url.starts_with("sqlite:") {
-            Ok(Backend::Sqlite)
-        } else if url.starts_with("postgres://") || url.starts_with("postgresql://") {
-            Ok(Backend::Postgres)
-        } else {
-            let scheme: String = url
-                .split(':')
-                .next()
-                .unwrap_or("")
-                .chars()
-                .take(32)
-                .collect();
-            Err(StoreError::Unavailable(format!(
-                "database URL scheme {scheme:?} is neither sqlite: nor postgres://"
-            )))
-        }
-    }
-}
 
 /// Opens the store a URL names. It does not migrate: run [`migrate`] first
 /// (the CLI's `migrate` command) or [`connect_and_migrate`].

@@ -1,11 +1,14 @@
 //! Reading configuration files: the one step of loading that performs I/O,
 //! kept out of `core` so the core stays pure. Parsing and validation are
-//! `core::catalog` and `core::plan::ControlConfig`.
+//! `core::catalog` and `core::plan::ControlConfig`, and [`daemon`] for the
+//! daemon's own `stead.toml`.
 
 use std::path::Path;
 
 use crate::core::catalog::{Catalog, CatalogError, CATALOG_LEN_MAX};
 use crate::core::plan::{ConfigError, ControlConfig};
+
+pub mod daemon;
 
 /// Reads, parses and validates the catalog at `path`.
 pub fn load_catalog(path: &Path) -> Result<Catalog, CatalogError> {

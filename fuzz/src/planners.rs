@@ -1,0 +1,396 @@
+//! Random control-loop worlds and the properties of the four planners
+//! (DESIGN.md C5–C8) over them.
+//!
+//! Shared, without duplication, by the cargo-fuzz target `planners`
+//! (through `fuzz/src/lib.rs`) and by the property tests of
+//! `tests/control_plan.rs` (through `#[path]`). Seeds are plain numbers so
+//! that proptest strategies and `arbitrary` can both produce them; every
+//! number maps onto a valid world by taking it modulo a small domain (a few
+//! teams, service types, versions and window specs, times near `now`), so
+//! that most worlds collide on something worth planning.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::time::Duration;
+
+use stead::core::catalog::{Catalog, CatalogEntry};
+use stead::core::fleet::{
+    add, Instance, InstanceState, Release, RolloutState, Task, TaskKind, TaskState,
+};
+use stead::core::plan::{
+    plan_drift, plan_lease_expiry, plan_tick, plan_ttl, plan_version_drift, ControlConfig,
+    Decision, Plan, Report, Snapshot,
+};
+use stead::core::types::{InstanceName, Timestamp};
+
+/// Most instances in one world; the proptest generator stays below it.
+pub const INSTANCES_MAX: usize = 24;
+/// Most live releases in one world.
+pub const RELEASES_MAX: usize = 30;
+
+pub const TEAMS: [&str; 3] = ["platform", "acme", "zeta"];
+/// `ghost` is in no catalog.
+pub const TYPES: [&str; 3] = ["wiki", "db", "ghost"];
+pub const VERSIONS: [&str; 7] = ["1.0", "1.1", "2.0", "x", "v1.1", "1.10", "2.0.0-rc1"];
+pub const WINDOWS: [Option<&str>; 7] = [
+    None,
+    Some("sun 03:00-05:00"),
+    Some("not a window"),
+    Some("daily 00:00-23:59 Europe/Paris"),
+    Some("mon-fri 22:00-02:00 America/New_York"),
+    Some("daily 02:00-02:30 Australia/Lord_Howe"),
+    Some("sat 25:00-26:00"),
+];
+/// Task leases in seconds; running tasks were locked 60 s or 1000 s ago,
+/// so some leases end exactly at `now`.
+pub const LEASES_S: [u64; 5] = [300, 59, 60, 999, 1000];
+pub const TRACEPARENT: &str = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+
+/// A Friday, two days before Europe's spring-forward night.
+pub fn base() -> Timestamp {
+    Timestamp::from_second(1_774_526_400).expect("valid") // 2026-03-26T12:00:00Z
+}
+
+fn at(now: Timestamp, offset_s: i64) -> Timestamp {
+    now + jiff::SignedDuration::from_secs(offset_s)
+}
+
+/// One instance and its tasks.
+#[derive(Clone, Debug)]
+pub struct InstanceSeed {
+    pub team: u8,
+    pub service_type: u8,
+    pub version: u8,
+    pub state: u8,
+    /// `expires_at` relative to `now`, in seconds.
+    pub expires_s: Option<i8>,
+    pub window: u8,
+    /// Per task kind: 0 none, 1 queued, 2 running (locked 60 s ago), 3
+    /// running (locked 1000 s ago), 4 done, 5 failed, 6 running without
+    /// `locked_at` (a row another tool wrote).
+    pub tasks: [u8; 4],
+}
+
+#[derive(Clone, Debug)]
+pub struct WorldSeed {
+    /// Minutes after [`base`].
+    pub now_min: u16,
+    pub instances: Vec<InstanceSeed>,
+    /// Live releases as (instance number, in a foreign namespace); `None`
+    /// when listing them failed.
+    pub releases: Option<Vec<(u8, bool)>>,
+    /// The store's rollout switches of wiki and db.
+    pub halted: (bool, bool),
+    /// Bits: wiki is a security release, db is *not* one, the catalog file
+    /// halts wiki, it halts db, wiki's version is 1.10 rather than 1.1.
+    pub catalog: u8,
+    pub max_in_flight: u8,
+    pub lease: u8,
+}
+
+/// A world the planners can look at: everything a [`Snapshot`] borrows.
+#[derive(Clone, Debug)]
+pub struct World {
+    pub now: Timestamp,
+    pub instances: Vec<Instance>,
+    pub tasks: Vec<Task>,
+    pub releases: Option<Vec<Release>>,
+    pub catalog: Catalog,
+    pub rollouts: BTreeMap<String, RolloutState>,
+    pub config: ControlConfig,
+}
+
+fn pick<T: Copy>(items: &[T], n: u8) -> T {
+    items[usize::from(n) % items.len()]
+}
+
+fn entry(service_type: &str, version: &str, security: bool, halted: bool) -> CatalogEntry {
+    CatalogEntry {
+        service_type: service_type.to_owned(),
+        version: version.to_owned(),
+        security,
+        rollout: if halted {
+            RolloutState::Halted
+        } else {
+            RolloutState::Active
+        },
+        services: Vec::new(),
+    }
+}
+
+fn task(id: i64, kind: TaskKind, instance: i64, code: u8, now: Timestamp) -> Option<Task> {
+    let (state, locked_at) = match code % 7 {
+        0 => return None,
+        1 => (TaskState::Queued, None),
+        2 => (TaskState::Running, Some(at(now, -60))),
+        3 => (TaskState::Running, Some(at(now, -1000))),
+        4 => (TaskState::Done, None),
+        5 => (TaskState::Failed, None),
+        _ => (TaskState::Running, None),
+    };
+    Some(Task {
+        id,
+        kind,
+        instance,
+        state,
+        run_after: at(now, -600),
+        locked_by: (state == TaskState::Running).then(|| "worker-1".to_owned()),
+        locked_at,
+        attempts: 1,
+        reason: "seed".to_owned(),
+        last_error: None,
+        traceparent: None,
+        created_at: at(now, -600),
+        updated_at: at(now, -600),
+    })
+}
+
+impl WorldSeed {
+    pub fn build(&self) -> World {
+        let now = at(base(), i64::from(self.now_min) * 60);
+        let mut instances = Vec::new();
+        let mut tasks = Vec::new();
+        for (n, seed) in self.instances.iter().take(INSTANCES_MAX).enumerate() {
+            let id = n as i64 + 1;
+            instances.push(Instance {
+                id,
+                name: InstanceName::new(format!("i{id}")),
+                team: pick(&TEAMS, seed.team).to_owned(),
+                service_type: pick(&TYPES, seed.service_type).to_owned(),
+                version: pick(&VERSIONS, seed.version).to_owned(),
+                state: pick(&InstanceState::ALL, seed.state),
+                stopped: false,
+                expires_at: seed.expires_s.map(|s| at(now, i64::from(s))),
+                maintenance_window: pick(&WINDOWS, seed.window).map(str::to_owned),
+                created_at: at(now, -86_400),
+                updated_at: at(now, -86_400),
+            });
+            for (kind, &code) in TaskKind::ALL.into_iter().zip(&seed.tasks) {
+                tasks.extend(task(tasks.len() as i64 + 1, kind, id, code, now));
+            }
+        }
+        let releases = self.releases.as_ref().map(|live| {
+            live.iter()
+                .take(RELEASES_MAX)
+                .map(|&(n, foreign)| Release {
+                    name: format!("i{}", n % 32),
+                    namespace: if foreign { "other-team" } else { "stead" }.to_owned(),
+                })
+                .collect()
+        });
+        let bit = |b: u8| self.catalog & (1 << b) != 0;
+        let wiki_version = if bit(4) { "1.10" } else { "1.1" };
+        let catalog = Catalog::from_entries([
+            entry("wiki", wiki_version, bit(0), bit(2)),
+            entry("db", "2.0", !bit(1), bit(3)),
+        ]);
+        let mut rollouts = BTreeMap::new();
+        if self.halted.0 {
+            rollouts.insert("wiki".to_owned(), RolloutState::Halted);
+        }
+        if self.halted.1 {
+            rollouts.insert("db".to_owned(), RolloutState::Halted);
+        }
+        let lease = Duration::from_secs(pick(&LEASES_S, self.lease));
+        let config = ControlConfig {
+            max_in_flight: u32::from(self.max_in_flight % 4) + 1,
+            lease,
+            provisioner_timeout: lease - Duration::from_secs(1),
+            ..ControlConfig::default()
+        };
+        assert_eq!(config.validate(), Ok(()), "the seed builds a valid config");
+        World {
+            now,
+            instances,
+            tasks,
+            releases,
+            catalog,
+            rollouts,
+            config,
+        }
+    }
+}
+
+impl World {
+    pub fn snapshot(&self) -> Snapshot<'_> {
+        Snapshot {
+            now: self.now,
+            instances: self.instances.clone(),
+            tasks: self.tasks.clone(),
+            releases: self.releases.clone(),
+            catalog: &self.catalog,
+            rollouts: self.rollouts.clone(),
+            config: &self.config,
+            traceparent: Some(TRACEPARENT.to_owned()),
+        }
+    }
+}
+
+fn active_pairs(snapshot: &Snapshot<'_>) -> Vec<(i64, TaskKind)> {
+    snapshot
+        .tasks
+        .iter()
+        .filter(|t| t.state.is_active())
+        .map(|t| (t.instance, t.kind))
+        .collect()
+}
+
+fn upgrades_in_flight(snapshot: &Snapshot<'_>) -> usize {
+    snapshot
+        .tasks
+        .iter()
+        .filter(|t| t.state.is_active() && t.kind == TaskKind::Upgrade)
+        .count()
+}
+
+fn halted(snapshot: &Snapshot<'_>, service_type: &str) -> bool {
+    snapshot.rollouts.get(service_type) == Some(&RolloutState::Halted)
+        || snapshot
+            .catalog
+            .get(service_type)
+            .is_some_and(|e| e.rollout == RolloutState::Halted)
+}
+
+/// The store never has to refuse an insert (no planner proposes a second
+/// active task of one kind for an instance), and after applying the plan
+/// no instance has two.
+pub fn check_no_duplicate_active_tasks(world: &World) {
+    let mut snapshot = world.snapshot();
+    let plan = plan_tick(&snapshot);
+    let inserts = plan
+        .decisions
+        .iter()
+        .filter(|d| matches!(d, Decision::Enqueue(_) | Decision::Expire { .. }))
+        .count();
+    let before = snapshot.tasks.len();
+    snapshot.apply(&plan.decisions);
+    assert_eq!(
+        snapshot.tasks.len() - before,
+        inserts,
+        "the store refused an insert of {:?}",
+        plan.decisions
+    );
+    let pairs = active_pairs(&snapshot);
+    let unique: BTreeSet<_> = pairs.iter().collect();
+    assert_eq!(
+        unique.len(),
+        pairs.len(),
+        "two active tasks of one kind: {pairs:?}"
+    );
+}
+
+/// At most `max_in_flight` upgrades are queued or running after the plan,
+/// counting those already there; none is added at or over the limit, and
+/// none for a halted service type.
+pub fn check_in_flight_limit(world: &World) {
+    let mut snapshot = world.snapshot();
+    let in_flight = upgrades_in_flight(&snapshot);
+    let plan = plan_tick(&snapshot);
+    snapshot.apply(&plan.decisions);
+    let limit = world.config.max_in_flight as usize;
+    let after = upgrades_in_flight(&snapshot);
+    assert!(
+        after <= limit.max(in_flight),
+        "{after} upgrades in flight, limit {limit}"
+    );
+    if in_flight >= limit {
+        assert_eq!(after, in_flight, "an upgrade was added at the limit");
+    }
+    for decision in &plan.decisions {
+        if let Decision::Enqueue(t) = decision {
+            if t.kind == TaskKind::Upgrade {
+                let i = world
+                    .instances
+                    .iter()
+                    .find(|i| i.id == t.instance)
+                    .expect("known");
+                assert!(
+                    !halted(&snapshot, &i.service_type),
+                    "upgrade of halted {}",
+                    i.service_type
+                );
+            }
+        }
+    }
+}
+
+/// Planning again on a snapshot that contains the plan's effects decides
+/// nothing (the module's idempotence contract).
+pub fn check_idempotent(world: &World) {
+    let mut snapshot = world.snapshot();
+    let plan = plan_tick(&snapshot);
+    snapshot.apply(&plan.decisions);
+    let again = plan_tick(&snapshot);
+    assert!(
+        again.decisions.is_empty(),
+        "second plan: {:?}",
+        again.decisions
+    );
+}
+
+/// The tick is the four checks in order, and every decision is well
+/// formed: it names a known instance or running task, an enqueued task
+/// carries the tick's trace context and never runs before `now`, a lease is
+/// requeued only once it has run out, and an unparsable window is reported
+/// rather than scheduled.
+pub fn check_plan_shape(world: &World) {
+    let snapshot = world.snapshot();
+    let plan = plan_tick(&snapshot);
+    let mut parts = Plan::default();
+    for part in [
+        plan_drift(&snapshot),
+        plan_lease_expiry(&snapshot),
+        plan_ttl(&snapshot),
+        plan_version_drift(&snapshot),
+    ] {
+        parts.decisions.extend(part.decisions);
+        parts.reports.extend(part.reports);
+    }
+    assert_eq!(plan, parts, "the tick is not the four checks in order");
+    let instance = |id: i64| {
+        world
+            .instances
+            .iter()
+            .find(|i| i.id == id)
+            .unwrap_or_else(|| panic!("decision about unknown instance {id}"))
+    };
+    for decision in &plan.decisions {
+        match decision {
+            Decision::Enqueue(t) | Decision::Expire { task: t, .. } => {
+                instance(t.instance);
+                assert_eq!(t.traceparent.as_deref(), Some(TRACEPARENT));
+                assert!(t.run_after >= world.now, "{t:?} runs before now");
+            }
+            Decision::RequeueExpiredLease { task, .. } => {
+                let t = world
+                    .tasks
+                    .iter()
+                    .find(|t| t.id == *task)
+                    .expect("known task");
+                assert_eq!(t.state, TaskState::Running);
+                if let Some(locked_at) = t.locked_at {
+                    assert!(
+                        world.now > add(locked_at, world.config.lease),
+                        "lease broken early"
+                    );
+                }
+            }
+            Decision::Notify(n) => assert_eq!(instance(n.instance).team, n.team),
+            Decision::HaltRollout { .. } => panic!("planners never halt a rollout"),
+        }
+        if let Decision::Expire {
+            instance: id, from, ..
+        } = decision
+        {
+            assert_eq!(instance(*id).state, *from);
+        }
+    }
+    for report in &plan.reports {
+        if let Report::BadWindow { instance: id, .. } = report {
+            let spec = instance(*id)
+                .maintenance_window
+                .as_deref()
+                .expect("has a window");
+            assert!(stead::core::window::Window::parse(spec).is_err());
+        }
+    }
+}

@@ -403,6 +403,35 @@ async fn an_upgrade_of_a_stopped_instance_starts_and_publishes_nothing() {
 }
 
 #[tokio::test]
+async fn a_deleting_instance_is_kept_withdrawn_and_stopped_until_deprovisioned() {
+    // Found by the simulation: a deprovision whose withdrawal failed was
+    // retried later, and meanwhile the pass republished the instance.
+    let f = fixture();
+    let instance = f.served("wiki1", "1").await;
+    let id = f.store.load_active(&instance.name).await.unwrap().services[&ServiceName::new("web")]
+        .container
+        .clone();
+    assert!(f
+        .store
+        .set_instance_state(
+            instance.id,
+            InstanceState::Ready,
+            InstanceState::Deleting,
+            f.clock.now()
+        )
+        .await
+        .unwrap());
+    f.recoverer().pass().await;
+    assert!(!f.routed("wiki1", "web"), "withdrawn, not republished");
+    let container = f.runtime.container(&id).expect("kept for the deprovision");
+    assert_ne!(
+        container.status,
+        stead::core::types::ContainerStatus::Running,
+        "stopped"
+    );
+}
+
+#[tokio::test]
 async fn a_failed_upgrade_removes_the_candidate_keeps_active_and_halts_the_rollout() {
     let f = fixture();
     let instance = f.served("wiki1", "1").await;

@@ -11,7 +11,7 @@ use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use stead::core::fleet::add;
+use stead::core::fleet::{add, InstanceState};
 use stead::core::policy::RecoveryPolicy;
 use stead::core::types::{Binds, ContainerId, InstanceName, ServiceKey, Timestamp};
 use stead::ports::memory::{Effect, Observer};
@@ -327,7 +327,10 @@ impl Observer for Checker {
                 // instance is stopped or the service left ACTIVE (R15).
                 if let Some(service) = s.truth.markers.get(id).cloned() {
                     if instance_of(&s.truth, id).is_none() {
-                        let stopped = s.truth.stopped.contains(&service.instance);
+                        // A stopped or deleting instance retires every
+                        // marker: nothing of it may run (R4).
+                        let stopped = s.truth.stopped.contains(&service.instance)
+                            || s.truth.deleting.contains(&service.instance);
                         let ok = stopped
                             || match s.truth.active.get(&service) {
                                 None => true,
@@ -420,6 +423,11 @@ impl Observer for Checker {
                         .or_insert(now);
                 } else {
                     s.truth.halted_since.remove(service_type);
+                }
+            }
+            Effect::InstanceState { instance, state } => {
+                if matches!(state, InstanceState::Deleting | InstanceState::Deleted) {
+                    s.truth.deleting.insert(instance.clone());
                 }
             }
             Effect::InhibitionCleared { container, .. } => {

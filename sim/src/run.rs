@@ -14,7 +14,7 @@ use stead::core::fleet::{InstanceState, RolloutState, TaskKind, TaskRetryPolicy}
 use stead::core::plan::ControlConfig;
 use stead::core::policy::RecoveryPolicy;
 use stead::core::spec::{Healthcheck, ReadinessProbe, ServiceSpec};
-use stead::core::types::{ActiveService, ContainerStatus, InhibitionReason, ServiceKey};
+use stead::core::types::{ActiveService, ContainerStatus, InhibitionReason, ServiceKey, Timestamp};
 use stead::core::window::Window;
 use stead::engine::recovery::{InstanceLocks, Recoverer};
 use stead::engine::tick::Reconciler;
@@ -121,6 +121,7 @@ async fn simulate(cfg: SimConfig) -> SimOutcome {
         chaos: true.into(),
         deploys: 0.into(),
         catalog_version: 1.into(),
+        created: 0.into(),
     });
     faults.enabled.store(false, Ordering::Relaxed);
     setup(
@@ -251,6 +252,7 @@ async fn simulate(cfg: SimConfig) -> SimOutcome {
     actors.chaos.store(false, Ordering::Relaxed);
     faults.enabled.store(false, Ordering::Relaxed);
     let liveness = ladder_cap(&policy) + control.lease + cfg.tick * 4;
+    let faults_stopped = clock.now();
     let reconciler = daemon.get_or_insert_with(|| new_daemon(&catalog));
     let ticks = liveness.as_secs() / cfg.tick.as_secs();
     if checker.violations().is_empty() {
@@ -270,6 +272,7 @@ async fn simulate(cfg: SimConfig) -> SimOutcome {
             store.as_ref(),
             runtime.as_ref(),
             provisioner.as_ref(),
+            faults_stopped,
         )
         .await;
     }
@@ -387,6 +390,7 @@ async fn check_liveness(
     store: &MemoryStore,
     runtime: &MemoryRuntime,
     provisioner: &MemoryProvisioner,
+    faults_stopped: Timestamp,
 ) {
     let truth = checker.truth_snapshot();
     let routes = checker.routes();
@@ -420,15 +424,22 @@ async fn check_liveness(
             ));
         }
     }
-    // L2 and L5: expired instances reached deleted; every ready instance
-    // has its release.
-    let now = SystemClock.now();
+    // L2 and L5: instances expired by the time the faults stopped reached
+    // deleted (one expiring during the liveness phase may still be on its
+    // way); every ready instance has its release.
     let releases = provisioner.release_names();
     if let Ok(rows) = store.list_instances().await {
         for i in &rows.rows {
-            if i.expires_at.is_some_and(|at| at <= now) && i.state != InstanceState::Deleted {
+            let expired = i.expires_at.is_some_and(|at| at <= faults_stopped);
+            if expired && i.state != InstanceState::Deleted {
+                let tasks: Vec<String> = store
+                    .all_tasks()
+                    .iter()
+                    .filter(|t| t.instance == i.id)
+                    .map(|t| format!("{:?} {:?} {:?}", t.kind, t.state, t.last_error))
+                    .collect();
                 failures.push(format!(
-                    "L2: expired {} is {}, not deleted",
+                    "L2: expired {} is {}, not deleted; its tasks: {tasks:?}",
                     i.name, i.state
                 ));
             }

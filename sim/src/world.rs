@@ -10,7 +10,7 @@ use std::time::Duration;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
-use stead::core::fleet::{InstanceState, RolloutState};
+use stead::core::fleet::{InstanceState, NewTask, RolloutState, TaskKind};
 use stead::core::spec::ServiceSpec;
 use stead::core::types::{
     ActiveService, ContainerId, ContainerStatus, Health, Inhibition, InhibitionReason,
@@ -19,7 +19,7 @@ use stead::core::types::{
 use stead::ports::memory::{
     Fault, FaultInjector, MemContainer, MemoryProvisioner, MemoryRuntime, Op,
 };
-use stead::ports::{Clock, CreateContainer, Runtime, Store};
+use stead::ports::{Clock, CreateContainer, NewInstance, Runtime, Store};
 
 use crate::checker::Checker;
 
@@ -200,6 +200,8 @@ pub struct Actors {
     pub deploys: AtomicU64,
     /// The catalog's version of the service type; operators bump it.
     pub catalog_version: AtomicU32,
+    /// Instances the operators created so far.
+    pub created: AtomicU64,
 }
 
 impl Actors {
@@ -277,8 +279,12 @@ impl Actors {
     pub async fn operator_step(&self) {
         let (which, pick) = {
             let mut rng = self.rng.lock().expect("poisoned");
-            (rng.random_range(0..9u32), rng.random_range(0..usize::MAX))
+            (rng.random_range(0..10u32), rng.random_range(0..usize::MAX))
         };
+        if which == 9 {
+            self.create_instance(pick).await;
+            return;
+        }
         let services = self.services.lock().expect("poisoned").clone();
         if services.is_empty() {
             return;
@@ -390,6 +396,36 @@ impl Actors {
                 }
             }
             _ => {}
+        }
+    }
+
+    /// `stead instance create`: a new row and a provision task, for the
+    /// worker to install and create; half of them with a TTL.
+    async fn create_instance(&self, pick: usize) {
+        let n = self.created.fetch_add(1, Ordering::Relaxed);
+        let now = self.clock.now();
+        let ttl = (pick % 2 == 0).then(|| Duration::from_secs(600 + (pick as u64 % 10_000)));
+        let version = self.catalog_version.load(Ordering::Relaxed).to_string();
+        let new = NewInstance {
+            name: InstanceName::new(format!("new{n}")),
+            team: "sim".into(),
+            service_type: SERVICE_TYPE.into(),
+            version,
+            expires_at: ttl.map(|ttl| stead::core::fleet::add(now, ttl)),
+            maintenance_window: None,
+        };
+        let Ok(instance) = self.store.create_instance(&new, now).await else {
+            return;
+        };
+        let task = NewTask {
+            kind: TaskKind::Provision,
+            instance: instance.id,
+            run_after: now,
+            reason: "sim operator: instance create".into(),
+            traceparent: None,
+        };
+        if self.store.enqueue(&task, now, None).await.is_ok() {
+            self.counts.bump("operator created instance");
         }
     }
 

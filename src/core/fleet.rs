@@ -5,7 +5,7 @@
 use std::fmt;
 use std::time::Duration;
 
-use super::types::{InstanceName, Timestamp};
+use super::types::{InstanceName, Intent, Timestamp};
 
 /// Lifecycle of an instance.
 ///
@@ -249,6 +249,21 @@ pub struct Instance {
     pub maintenance_window: Option<String>,
     pub created_at: Timestamp,
     pub updated_at: Timestamp,
+}
+
+impl Instance {
+    /// What recovery keeps this instance at. An instance being deleted is
+    /// kept withdrawn and stopped, like stopped intent, while its
+    /// deprovision runs: reviving (or republishing) what is being torn down
+    /// would undo the deprovision's withdrawal whenever one of its steps
+    /// failed and is retried.
+    pub fn intent(&self) -> Intent {
+        if self.stopped || self.state == InstanceState::Deleting {
+            Intent::Stopped
+        } else {
+            Intent::Running
+        }
+    }
 }
 
 /// One row of the durable task queue.

@@ -162,11 +162,7 @@ impl Recoverer {
             }
         };
         let instance = &instance;
-        let intent = if instance.stopped {
-            Intent::Stopped
-        } else {
-            Intent::Running
-        };
+        let intent = instance.intent();
         let mut verified = VerifiedThisPass::new();
         for (service, record) in &active.services {
             let swapped;

@@ -138,6 +138,11 @@ pub enum Effect {
         service_type: String,
         halted: bool,
     },
+    /// An instance moved along its lifecycle.
+    InstanceState {
+        instance: InstanceName,
+        state: crate::core::fleet::InstanceState,
+    },
     Installed {
         release: String,
     },

@@ -318,14 +318,22 @@ impl Store for MemoryStore {
         now: Timestamp,
     ) -> Result<bool, StoreError> {
         let mut state = self.call()?;
-        match state.instances.get_mut(&id) {
+        let moved = match state.instances.get_mut(&id) {
             Some(instance) if instance.state == from => {
                 instance.state = to;
                 instance.updated_at = normalize_timestamp(now);
-                Ok(true)
+                Some(instance.name.clone())
             }
-            _ => Ok(false),
+            _ => None,
+        };
+        drop(state);
+        if let Some(instance) = &moved {
+            self.tell(|| Effect::InstanceState {
+                instance: instance.clone(),
+                state: to,
+            });
         }
+        Ok(moved.is_some())
     }
 
     async fn set_instance_stopped(
@@ -678,6 +686,12 @@ impl Store for MemoryStore {
         let instance = state.instance_mut(id)?;
         instance.state = InstanceState::Deleting;
         instance.updated_at = normalize_timestamp(now);
+        let name = instance.name.clone();
+        drop(state);
+        self.tell(|| Effect::InstanceState {
+            instance: name,
+            state: InstanceState::Deleting,
+        });
         Ok(task_id)
     }
 

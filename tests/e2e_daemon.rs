@@ -273,8 +273,14 @@ fn request_loop(
     stop: tokio::sync::watch::Receiver<bool>,
 ) -> tokio::task::JoinHandle<(u32, u32)> {
     tokio::spawn(async move {
+        // A fresh connection per request: every route change reloads
+        // Caddy's config, which closes idle keep-alive connections, and a
+        // request racing that close is reset before any backend is asked
+        // (browsers retry those). What this loop measures is whether a
+        // backend ever fails to answer, so it never reuses a connection.
         let client = reqwest::Client::builder()
             .no_proxy()
+            .pool_max_idle_per_host(0)
             .timeout(Duration::from_secs(5))
             .build()
             .unwrap();

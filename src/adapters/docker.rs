@@ -728,7 +728,7 @@ pub struct DockerProvisioner {
 
 impl DockerProvisioner {
     /// Namespace reported for Docker releases (there are none in Docker).
-    pub const NAMESPACE: &'static str = "docker";
+    pub const NAMESPACE: &'static str = crate::config::daemon::DOCKER_RELEASE_NAMESPACE;
 
     pub fn new(runtime: DockerRuntime) -> Self {
         Self {

@@ -273,8 +273,32 @@ pub fn parse(
         message: format!("[control]: {e}"),
     })?;
     let control = ControlConfig::from_toml(&control_text, &format!("{file} [control]"))?;
-    Validator { file }.config(raw, control)
+    let config = Validator { file }.config(raw, control)?;
+    // The drift check compares releases in the provisioner's own namespace,
+    // so a different `control.namespace` would be silently ignored: refuse it.
+    if control_doc.get("namespace").is_some() {
+        let (effective, source) = match config.provisioner {
+            ProvisionerKind::Docker => (DOCKER_RELEASE_NAMESPACE, "provisioner = \"docker\""),
+            ProvisionerKind::Helm => (config.helm.namespace.as_str(), "helm.namespace"),
+        };
+        if config.control.namespace != effective {
+            return Err(DaemonConfigError::Invalid {
+                file: file.to_owned(),
+                field: "control.namespace".into(),
+                value: quote(&config.control.namespace),
+                reason: format!(
+                    "releases are looked for in {effective:?} (from {source}); remove \
+                     control.namespace or set it to that"
+                ),
+            });
+        }
+    }
+    Ok(config)
 }
+
+/// The namespace the Docker provisioner reports its releases in (Docker has
+/// none of its own).
+pub const DOCKER_RELEASE_NAMESPACE: &str = "docker";
 
 /// Sets each known key found in the environment. A value that reads as a
 /// TOML value (a number, a boolean, an array) is taken as one, anything else
@@ -771,5 +795,23 @@ mod tests {
                 assert!(!e.to_string().contains("unknown field"), "{key}: {e}");
             }
         }
+    }
+
+    #[test]
+    fn a_control_namespace_the_provisioner_would_ignore_is_refused() {
+        let e = parse("[control]\nnamespace = \"prod\"\n", "stead.toml", &[]).unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "stead.toml: control.namespace = \"prod\": releases are looked for in \"docker\" \
+             (from provisioner = \"docker\"); remove control.namespace or set it to that"
+        );
+        let helm = "provisioner = \"helm\"\n[helm]\nchart = \"c\"\nnamespace = \"prod\"\n";
+        let agreeing = format!("{helm}[control]\nnamespace = \"prod\"\n");
+        let config = parse(&agreeing, "stead.toml", &[]).unwrap();
+        assert_eq!(config.control.namespace, "prod");
+        let env = vec![(env_name("control.namespace"), "other".to_owned())];
+        let e = parse(helm, "stead.toml", &env).unwrap_err().to_string();
+        assert!(e.contains("control.namespace = \"other\""), "{e}");
+        assert!(e.contains("from helm.namespace"), "{e}");
     }
 }

@@ -12,3 +12,14 @@ pub mod run;
 pub mod world;
 
 pub use run::{run_seed, SimConfig, SimOutcome};
+
+/// Writes a report line straight to stderr. libtest captures `eprintln!`
+/// of a passing test, and the runner's report (seeds, faults, invariants
+/// checked, speed) is what `cargo sim` is run to see.
+#[macro_export]
+macro_rules! say {
+    ($($arg:tt)*) => {{
+        use std::io::Write as _;
+        let _ = writeln!(std::io::stderr(), $($arg)*);
+    }};
+}

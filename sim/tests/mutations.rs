@@ -9,7 +9,7 @@
 use std::time::Duration;
 
 use stead::mutants::{armed, Mutant};
-use stead_sim::{run_seed, SimConfig};
+use stead_sim::{run_seed, say, SimConfig};
 
 /// Seeds tried per mutant before the checker is declared blind to it.
 const SEEDS_MAX: u64 = 40;
@@ -35,7 +35,7 @@ fn first_catch(mutant: Mutant, invariant: &str) -> (u64, String) {
 
 fn assert_caught(mutant: Mutant, invariant: &str) {
     let (seed, violation) = first_catch(mutant, invariant);
-    eprintln!("{mutant:?}: caught at seed {seed}: {violation}");
+    say!("{mutant:?}: caught at seed {seed}: {violation}");
 }
 
 #[test]

@@ -9,7 +9,7 @@
 
 use std::time::Instant;
 
-use stead_sim::{run_seed, SimConfig, SimOutcome};
+use stead_sim::{run_seed, say, SimConfig, SimOutcome};
 
 fn env_u64(name: &str, default: u64) -> u64 {
     match std::env::var(name) {
@@ -85,33 +85,33 @@ fn seeds_hold_every_invariant() {
             *faults.entry(k).or_default() += v;
         }
         if ran % 50 == 0 {
-            eprintln!("sim: {ran}/{n} seeds, {:.1}s", wall.elapsed().as_secs_f64());
+            say!("sim: {ran}/{n} seeds, {:.1}s", wall.elapsed().as_secs_f64());
         }
     }
     let secs = wall.elapsed().as_secs_f64();
     let hours = simulated_s as f64 / 3600.0;
     let shape = config(first);
-    eprintln!(
+    say!(
         "sim: world of {} instances x {} services, {} simulated h of faults per seed",
         shape.instances,
         shape.services_per_instance,
         shape.safety.as_secs() / 3600
     );
-    eprintln!("sim: {ran} seeds, {hours:.0} simulated hours, {effects} effects in {secs:.1}s");
-    eprintln!(
+    say!("sim: {ran} seeds, {hours:.0} simulated hours, {effects} effects in {secs:.1}s");
+    say!(
         "sim: {:.1} seeds/s, {:.0} simulated hours per wall-clock second",
         ran as f64 / secs,
         hours / secs
     );
-    eprintln!(
+    say!(
         "sim: one simulated day of this world takes {:.1}s of wall-clock time",
         24.0 * secs / hours
     );
     for (k, v) in &faults {
-        eprintln!("sim: fault {k}: {v}");
+        say!("sim: fault {k}: {v}");
     }
     for (k, v) in &checks {
-        eprintln!("sim: checked {k}: {v}");
+        say!("sim: checked {k}: {v}");
     }
     assert_eq!(ran, n, "fewer seeds ran than asked");
     assert!(effects > 0, "no effect was ever checked");

@@ -16,6 +16,7 @@ use crate::ports::{Store, StoreError};
 
 mod postgres;
 mod rows;
+mod shared;
 mod sqlite;
 pub mod statements;
 

@@ -1,0 +1,524 @@
+//! The [`Store`](crate::ports::Store) implementation both SQL backends share.
+//!
+//! The two backends speak the same statements ([`super::statements`])
+//! through the same calls; they differ in how they connect, open write
+//! transactions and check the fence (each backend file's own helpers
+//! `write_transaction`, `fenced_transaction`, `write`, `insert_task` and
+//! `write_lease`), and in two statements: the claim and the read of the
+//! lease row that acquiring and releasing lock. A macro rather than a
+//! generic impl, because sqlx's executor and argument types differ per
+//! database in ways a generic bound would have to spell out at every call.
+//! The expansion resolves names at the call site, so each backend file
+//! imports what the body uses.
+
+/// `impl Store for $store`, with the backend's claim statement and its
+/// lease-row lock.
+macro_rules! impl_sql_store {
+    ($store:ty, claim: $claim:expr, lock_lease: $lock_lease:expr) => {
+        #[async_trait::async_trait]
+        impl Store for $store {
+            async fn create_instance(
+                &self,
+                new: &NewInstance,
+                now: Timestamp,
+            ) -> Result<Instance, StoreError> {
+                sqlx::query_as::<_, InstanceRow>(sql::CREATE_INSTANCE)
+                    .bind(new.name.as_str())
+                    .bind(&new.team)
+                    .bind(&new.service_type)
+                    .bind(&new.version)
+                    .bind(encode_timestamp(new.expires_at))
+                    .bind(&new.maintenance_window)
+                    .bind(timestamp_to_us(now))
+                    .fetch_one(&self.pool)
+                    .await
+                    .map_err(db_error)?
+                    .decode()
+            }
+
+            async fn instance(&self, name: &InstanceName) -> Result<Option<Instance>, StoreError> {
+                sqlx::query_as::<_, InstanceRow>(sql::INSTANCE_BY_NAME)
+                    .bind(name.as_str())
+                    .fetch_optional(&self.pool)
+                    .await
+                    .map_err(db_error)?
+                    .map(InstanceRow::decode)
+                    .transpose()
+            }
+
+            async fn instance_by_id(&self, id: InstanceId) -> Result<Option<Instance>, StoreError> {
+                sqlx::query_as::<_, InstanceRow>(sql::INSTANCE_BY_ID)
+                    .bind(id)
+                    .fetch_optional(&self.pool)
+                    .await
+                    .map_err(db_error)?
+                    .map(InstanceRow::decode)
+                    .transpose()
+            }
+
+            async fn list_instances(&self) -> Result<Rows<Instance>, StoreError> {
+                let rows = sqlx::query_as::<_, InstanceRow>(sql::LIST_INSTANCES)
+                    .fetch_all(&self.pool)
+                    .await
+                    .map_err(db_error)?;
+                Ok(collect_rows(rows.into_iter().map(InstanceRow::decode)))
+            }
+
+            async fn set_instance_state(
+                &self,
+                id: InstanceId,
+                from: InstanceState,
+                to: InstanceState,
+                now: Timestamp,
+            ) -> Result<bool, StoreError> {
+                self.write(
+                    sqlx::query(sql::SET_INSTANCE_STATE)
+                        .bind(id)
+                        .bind(from.as_str())
+                        .bind(to.as_str())
+                        .bind(timestamp_to_us(now)),
+                )
+                .await
+            }
+
+            async fn set_instance_stopped(
+                &self,
+                id: InstanceId,
+                stopped: bool,
+                now: Timestamp,
+            ) -> Result<(), StoreError> {
+                let found = self
+                    .write(
+                        sqlx::query(sql::SET_INSTANCE_STOPPED)
+                            .bind(id)
+                            .bind(stopped)
+                            .bind(timestamp_to_us(now)),
+                    )
+                    .await?;
+                found_or(found, id)
+            }
+
+            async fn set_instance_version(
+                &self,
+                id: InstanceId,
+                version: &str,
+                now: Timestamp,
+            ) -> Result<(), StoreError> {
+                let found = self
+                    .write(
+                        sqlx::query(sql::SET_INSTANCE_VERSION)
+                            .bind(id)
+                            .bind(version)
+                            .bind(timestamp_to_us(now)),
+                    )
+                    .await?;
+                found_or(found, id)
+            }
+
+            async fn load_active(
+                &self,
+                instance: &InstanceName,
+            ) -> Result<ActiveRecord, StoreError> {
+                let rows = sqlx::query_as::<_, ActiveRow>(sql::LOAD_ACTIVE)
+                    .bind(instance.as_str())
+                    .fetch_all(&self.pool)
+                    .await
+                    .map_err(db_error)?;
+                let services = rows
+                    .into_iter()
+                    .map(ActiveRow::decode)
+                    .collect::<Result<_, _>>()?;
+                Ok(ActiveRecord { services })
+            }
+
+            async fn save_active_service(
+                &self,
+                instance: &InstanceName,
+                service: &ServiceName,
+                active: &ActiveService,
+            ) -> Result<(), StoreError> {
+                let saved = self
+                    .write(
+                        sqlx::query(sql::SAVE_ACTIVE)
+                            .bind(instance.as_str())
+                            .bind(service.as_str())
+                            .bind(active.container.as_str())
+                            .bind(&active.effective_revision)
+                            .bind(encode_binds(&active.binds))
+                            .bind(encode_grace(active.stop_grace))
+                            .bind(encode_timestamp(active.verified_started_at)),
+                    )
+                    .await?;
+                instance_found_or(saved, instance)
+            }
+
+            async fn remove_active_service(
+                &self,
+                instance: &InstanceName,
+                service: &ServiceName,
+            ) -> Result<(), StoreError> {
+                self.write(
+                    sqlx::query(sql::REMOVE_ACTIVE)
+                        .bind(instance.as_str())
+                        .bind(service.as_str()),
+                )
+                .await
+                .map(drop)
+            }
+
+            async fn persist_binds(
+                &self,
+                instance: &InstanceName,
+                service: &ServiceName,
+                container: &ContainerId,
+                revision: &str,
+                binds: &Binds,
+            ) -> Result<bool, StoreError> {
+                self.write(
+                    sqlx::query(sql::PERSIST_BINDS)
+                        .bind(instance.as_str())
+                        .bind(service.as_str())
+                        .bind(container.as_str())
+                        .bind(revision)
+                        .bind(encode_binds(binds)),
+                )
+                .await
+            }
+
+            async fn record_verified_execution(
+                &self,
+                instance: &InstanceName,
+                service: &ServiceName,
+                container: &ContainerId,
+                started_at: Timestamp,
+            ) -> Result<(), StoreError> {
+                self.write(
+                    sqlx::query(sql::RECORD_VERIFIED)
+                        .bind(instance.as_str())
+                        .bind(service.as_str())
+                        .bind(container.as_str())
+                        .bind(timestamp_to_us(started_at)),
+                )
+                .await
+                .map(drop)
+            }
+
+            async fn release_claims(
+                &self,
+                instance: &InstanceName,
+                container: &ContainerId,
+            ) -> Result<(), StoreError> {
+                self.write(
+                    sqlx::query(sql::RELEASE_CLAIMS)
+                        .bind(instance.as_str())
+                        .bind(container.as_str()),
+                )
+                .await
+                .map(drop)
+            }
+
+            async fn load_inhibitions(
+                &self,
+                instance: &InstanceName,
+            ) -> Result<Vec<Inhibition>, StoreError> {
+                let rows = sqlx::query_as::<_, InhibitionRow>(sql::LOAD_INHIBITIONS)
+                    .bind(instance.as_str())
+                    .fetch_all(&self.pool)
+                    .await
+                    .map_err(db_error)?;
+                let mut inhibitions = rows
+                    .into_iter()
+                    .map(InhibitionRow::decode)
+                    .collect::<Result<Vec<_>, _>>()?;
+                inhibition_order(&mut inhibitions);
+                Ok(inhibitions)
+            }
+
+            async fn save_inhibition(
+                &self,
+                instance: &InstanceName,
+                inhibition: &Inhibition,
+            ) -> Result<(), StoreError> {
+                let saved = self
+                    .write(
+                        sqlx::query(sql::SAVE_INHIBITION)
+                            .bind(instance.as_str())
+                            .bind(inhibition.service.as_str())
+                            .bind(inhibition.container.as_str())
+                            .bind(inhibition.reason.as_str())
+                            .bind(&inhibition.operation)
+                            .bind(timestamp_to_us(inhibition.created_at))
+                            .bind(encode_grace(inhibition.stop_grace)),
+                    )
+                    .await?;
+                instance_found_or(saved, instance)
+            }
+
+            async fn clear_inhibition(
+                &self,
+                instance: &InstanceName,
+                service: &ServiceName,
+                container: &ContainerId,
+            ) -> Result<(), StoreError> {
+                self.write(
+                    sqlx::query(sql::CLEAR_INHIBITION)
+                        .bind(instance.as_str())
+                        .bind(service.as_str())
+                        .bind(container.as_str()),
+                )
+                .await
+                .map(drop)
+            }
+
+            async fn enqueue(
+                &self,
+                task: &NewTask,
+                now: Timestamp,
+                fence: Option<&LeaseGrant>,
+            ) -> Result<Option<TaskId>, StoreError> {
+                // Unfenced, the insert is one statement and atomic on its own.
+                if fence.is_none() {
+                    return insert_task(&self.pool, task, now).await;
+                }
+                let mut tx = self.fenced_transaction(fence).await?;
+                let id = insert_task(&mut *tx, task, now).await?;
+                tx.commit().await.map_err(db_error)?;
+                Ok(id)
+            }
+
+            async fn claim(
+                &self,
+                worker: &str,
+                now: Timestamp,
+                limit: u32,
+            ) -> Result<Vec<Task>, StoreError> {
+                let rows = sqlx::query_as::<_, TaskRow>($claim)
+                    .bind(worker)
+                    .bind(timestamp_to_us(now))
+                    .bind(i64::from(limit))
+                    .fetch_all(&self.pool)
+                    .await
+                    .map_err(db_error)?;
+                // The claim filtered on known kinds and states, so every row decodes.
+                let mut tasks = rows
+                    .into_iter()
+                    .map(TaskRow::decode)
+                    .collect::<Result<Vec<_>, _>>()?;
+                claim_order(&mut tasks);
+                Ok(tasks)
+            }
+
+            async fn extend_lease(
+                &self,
+                id: TaskId,
+                worker: &str,
+                now: Timestamp,
+            ) -> Result<bool, StoreError> {
+                self.write(
+                    sqlx::query(sql::EXTEND_LEASE)
+                        .bind(id)
+                        .bind(worker)
+                        .bind(timestamp_to_us(now)),
+                )
+                .await
+            }
+
+            async fn complete(
+                &self,
+                id: TaskId,
+                worker: &str,
+                now: Timestamp,
+            ) -> Result<bool, StoreError> {
+                self.write(
+                    sqlx::query(sql::COMPLETE)
+                        .bind(id)
+                        .bind(worker)
+                        .bind(timestamp_to_us(now)),
+                )
+                .await
+            }
+
+            async fn retry(
+                &self,
+                id: TaskId,
+                worker: &str,
+                run_after: Timestamp,
+                error: &str,
+                now: Timestamp,
+            ) -> Result<bool, StoreError> {
+                self.write(
+                    sqlx::query(sql::RETRY)
+                        .bind(id)
+                        .bind(worker)
+                        .bind(timestamp_to_us(run_after))
+                        .bind(error)
+                        .bind(timestamp_to_us(now)),
+                )
+                .await
+            }
+
+            async fn fail(
+                &self,
+                id: TaskId,
+                worker: &str,
+                error: &str,
+                now: Timestamp,
+            ) -> Result<bool, StoreError> {
+                self.write(
+                    sqlx::query(sql::FAIL)
+                        .bind(id)
+                        .bind(worker)
+                        .bind(error)
+                        .bind(timestamp_to_us(now)),
+                )
+                .await
+            }
+
+            async fn reset_expired_leases(
+                &self,
+                now: Timestamp,
+                lease: Duration,
+                fence: Option<&LeaseGrant>,
+            ) -> Result<u64, StoreError> {
+                let now_us = timestamp_to_us(now);
+                let reset = sqlx::query(sql::RESET_EXPIRED)
+                    .bind(now_us)
+                    .bind(lease_cutoff_us(now_us, lease_to_us(lease)));
+                // Unfenced, the update is one statement and atomic on its own.
+                if fence.is_none() {
+                    let done = reset.execute(&self.pool).await.map_err(db_error)?;
+                    return Ok(done.rows_affected());
+                }
+                let mut tx = self.fenced_transaction(fence).await?;
+                let done = reset.execute(&mut *tx).await.map_err(db_error)?;
+                tx.commit().await.map_err(db_error)?;
+                Ok(done.rows_affected())
+            }
+
+            async fn active_tasks(&self) -> Result<Rows<Task>, StoreError> {
+                let rows = sqlx::query_as::<_, TaskRow>(sql::ACTIVE_TASKS)
+                    .fetch_all(&self.pool)
+                    .await
+                    .map_err(db_error)?;
+                Ok(collect_rows(rows.into_iter().map(TaskRow::decode)))
+            }
+
+            async fn task(&self, id: TaskId) -> Result<Option<Task>, StoreError> {
+                sqlx::query_as::<_, TaskRow>(sql::TASK_BY_ID)
+                    .bind(id)
+                    .fetch_optional(&self.pool)
+                    .await
+                    .map_err(db_error)?
+                    .map(TaskRow::decode)
+                    .transpose()
+            }
+
+            async fn expire_instance(
+                &self,
+                id: InstanceId,
+                from: InstanceState,
+                task: &NewTask,
+                now: Timestamp,
+                fence: Option<&LeaseGrant>,
+            ) -> Result<Option<TaskId>, StoreError> {
+                let mut tx = self.fenced_transaction(fence).await?;
+                let changed = sqlx::query(sql::EXPIRE_INSTANCE)
+                    .bind(id)
+                    .bind(from.as_str())
+                    .bind(timestamp_to_us(now))
+                    .execute(&mut *tx)
+                    .await
+                    .map_err(db_error)?
+                    .rows_affected();
+                if changed == 0 {
+                    return Ok(None); // Dropping the transaction rolls it back.
+                }
+                let Some(task_id) = insert_task(&mut *tx, task, now).await? else {
+                    // A deprovision is already active: undo the state change too, so
+                    // the call is all or nothing.
+                    return Ok(None);
+                };
+                tx.commit().await.map_err(db_error)?;
+                Ok(Some(task_id))
+            }
+
+            async fn queue_depth(&self) -> Result<u64, StoreError> {
+                let n: i64 = sqlx::query_scalar(sql::QUEUE_DEPTH)
+                    .fetch_one(&self.pool)
+                    .await
+                    .map_err(db_error)?;
+                Ok(u64::try_from(n).unwrap_or(0))
+            }
+
+            async fn instance_counts(&self) -> Result<BTreeMap<InstanceState, u64>, StoreError> {
+                let rows: Vec<(String, i64)> = sqlx::query_as(sql::INSTANCE_COUNTS)
+                    .fetch_all(&self.pool)
+                    .await
+                    .map_err(db_error)?;
+                Ok(count_states(rows))
+            }
+
+            async fn rollouts(&self) -> Result<BTreeMap<String, RolloutState>, StoreError> {
+                let rows: Vec<(String, String)> = sqlx::query_as(sql::ROLLOUTS)
+                    .fetch_all(&self.pool)
+                    .await
+                    .map_err(db_error)?;
+                rows.into_iter()
+                    .map(|(service_type, state)| decode_rollout(service_type, state))
+                    .collect()
+            }
+
+            async fn set_rollout(
+                &self,
+                service_type: &str,
+                state: RolloutState,
+                reason: &str,
+                now: Timestamp,
+            ) -> Result<(), StoreError> {
+                self.write(
+                    sqlx::query(sql::SET_ROLLOUT)
+                        .bind(service_type)
+                        .bind(state.as_str())
+                        .bind(reason)
+                        .bind(timestamp_to_us(now)),
+                )
+                .await
+                .map(drop)
+            }
+
+            async fn acquire_reconciler_lease(
+                &self,
+                holder: &str,
+                now: Timestamp,
+                ttl: Duration,
+            ) -> Result<Option<LeaseGrant>, StoreError> {
+                let mut tx = self.write_transaction().await?;
+                let current = sqlx::query_as::<_, LeaseRow>($lock_lease)
+                    .fetch_one(&mut *tx)
+                    .await
+                    .map_err(db_error)?
+                    .decode();
+                let Some(next) = current.acquire(holder, timestamp_to_us(now), lease_to_us(ttl))
+                else {
+                    return Ok(None);
+                };
+                write_lease(&mut tx, &next).await?;
+                tx.commit().await.map_err(db_error)?;
+                lease_grant(&next).map(Some)
+            }
+
+            async fn release_reconciler_lease(&self, grant: &LeaseGrant) -> Result<(), StoreError> {
+                let mut tx = self.write_transaction().await?;
+                let current = sqlx::query_as::<_, LeaseRow>($lock_lease)
+                    .fetch_one(&mut *tx)
+                    .await
+                    .map_err(db_error)?
+                    .decode();
+                write_lease(&mut tx, &current.release(grant)).await?;
+                tx.commit().await.map_err(db_error)
+            }
+        }
+    };
+}
+
+pub(super) use impl_sql_store;

@@ -4,7 +4,7 @@
 
 use std::time::Duration;
 
-use stead::core::recovery::{Command, RecoveryError, Verdict};
+use stead::core::recovery::{Command, RecoveryError, Report, Verdict};
 use stead::core::types::{
     Binds, ContainerId, ContainerStatus, Health, InhibitionReason, Intent, RuntimeError,
     ServiceName,
@@ -36,6 +36,17 @@ fn is_restart(c: &Command) -> bool {
 
 fn is_publish(c: &Command) -> bool {
     matches!(c, Command::Publish { .. })
+}
+
+/// Failures charged to the generation, as the report's memory says.
+fn failures(report: &Report) -> u32 {
+    report
+        .memory
+        .generation
+        .budget
+        .as_ref()
+        .expect("a budget entry")
+        .failures
 }
 
 fn routed(w: &World) -> bool {
@@ -414,16 +425,7 @@ fn a_start_failure_is_charged() {
         .start
         .push_back(RuntimeError::Transient("oci error".into()));
     let reports = w.pass();
-    assert_eq!(
-        reports[0]
-            .memory
-            .generation
-            .budget
-            .as_ref()
-            .unwrap()
-            .failures,
-        1
-    );
+    assert_eq!(failures(&reports[0]), 1);
     assert!(matches!(
         reports[0].errors[..],
         [RecoveryError::StartFailed(_)]
@@ -569,16 +571,7 @@ fn a_failed_restart_is_charged() {
         .restart
         .push_back(RuntimeError::Transient("daemon busy".into()));
     let reports = w.pass();
-    assert_eq!(
-        reports[0]
-            .memory
-            .generation
-            .budget
-            .as_ref()
-            .unwrap()
-            .failures,
-        1
-    );
+    assert_eq!(failures(&reports[0]), 1);
 }
 
 #[test]
@@ -613,16 +606,7 @@ fn failed_readiness_persists_no_binds_and_publishes_nothing() {
         Binds::from([(8080, 30001)])
     );
     assert!(!routed(&w));
-    assert_eq!(
-        reports[0]
-            .memory
-            .generation
-            .budget
-            .as_ref()
-            .unwrap()
-            .failures,
-        1
-    );
+    assert_eq!(failures(&reports[0]), 1);
 }
 
 #[test]
@@ -665,16 +649,7 @@ fn a_failed_binds_read_is_charged_and_withdrawn() {
         .push_back(RuntimeError::Transient("inspect failed".into()));
     let reports = w.pass();
     assert!(!routed(&w));
-    assert_eq!(
-        reports[0]
-            .memory
-            .generation
-            .budget
-            .as_ref()
-            .unwrap()
-            .failures,
-        1
-    );
+    assert_eq!(failures(&reports[0]), 1);
 }
 
 #[test]
@@ -963,27 +938,9 @@ fn one_failed_attempt_is_charged_once() {
     w.crash("c1");
     w.container("c1").status_after_start = ContainerStatus::Exited;
     let reports = w.pass(); // started, then readiness fails: one charge
-    assert_eq!(
-        reports[0]
-            .memory
-            .generation
-            .budget
-            .as_ref()
-            .unwrap()
-            .failures,
-        1
-    );
+    assert_eq!(failures(&reports[0]), 1);
     w.advance(PASS);
     let reports = w.pass(); // found down again: the attempt was already charged
-    assert_eq!(
-        reports[0]
-            .memory
-            .generation
-            .budget
-            .as_ref()
-            .unwrap()
-            .failures,
-        2
-    );
+    assert_eq!(failures(&reports[0]), 2);
     assert_eq!(w.count(is_start), 2);
 }

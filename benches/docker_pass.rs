@@ -18,7 +18,6 @@ use std::time::{Duration, Instant};
 
 use std::sync::Arc;
 
-use futures_util::StreamExt;
 use stead::adapters::docker::{DockerConfig, DockerRuntime, LABEL_INSTANCE};
 use stead::adapters::probe::NetProbe;
 use stead::core::spec::{ReadinessProbe, ServiceSpec};
@@ -164,14 +163,7 @@ async fn bench(n_containers: usize) {
     // Baseline: polling only, every read is an inspect.
     let polling = measure(&recoverer, &docker).await;
     // Events followed, as the daemon does by default.
-    let mut events = docker.events(clock.now());
-    let follower = docker.clone();
-    docker.read_cache().set_following(true);
-    let following = tokio::spawn(async move {
-        while let Some(Ok(event)) = events.next().await {
-            follower.read_cache().invalidate(&event.container);
-        }
-    });
+    let following = tokio::spawn(docker.clone().follow_into_cache(clock.now()));
     let cached = measure(&recoverer, &docker).await;
     following.abort();
 

@@ -387,18 +387,10 @@ async fn an_unreachable_socket_fails_naming_it() {
     assert!(message.contains("scripts/services up"), "{message}");
 }
 
-/// What the daemon's event follower does for the read cache: follow the
-/// stream and drop the answer for every container an event names.
+/// Keeps the read cache sound as the daemon's event follower does.
 fn follow_events_into_cache(runtime: &DockerRuntime) -> tokio::task::JoinHandle<()> {
-    let follower = runtime.clone();
-    let mut events = runtime.events(stead::core::types::Timestamp::now());
-    runtime.read_cache().set_following(true);
-    tokio::spawn(async move {
-        while let Some(Ok(event)) = events.next().await {
-            follower.read_cache().invalidate(&event.container);
-        }
-        follower.read_cache().set_following(false);
-    })
+    let since = stead::core::types::Timestamp::now();
+    tokio::spawn(runtime.clone().follow_into_cache(since))
 }
 
 /// Reads a pass makes of a steady container, as the recovery machine does.

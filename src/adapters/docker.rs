@@ -19,6 +19,7 @@
 //! and no inspect at all. See `read_cache.rs` for when entries are dropped.
 
 use std::collections::HashMap;
+use std::future::Future;
 use std::path::PathBuf;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -255,6 +256,23 @@ impl DockerRuntime {
     /// about every event and whether the stream is up; nobody else needs to.
     pub fn read_cache(&self) -> &ReadCache {
         &self.cache
+    }
+
+    /// Follows the event stream from `since` only to keep the read cache
+    /// sound: every event drops its container's answer. Returns when the
+    /// stream ends, having stopped the cache. The daemon's own follower
+    /// (`daemon::events`) does this too, besides triggering passes and
+    /// resubscribing; benchmarks and tests use this one. The cache follows
+    /// from the call on, not from the future's first poll.
+    pub fn follow_into_cache(self, since: Timestamp) -> impl Future<Output = ()> + Send {
+        let mut events = self.events(since);
+        self.cache.set_following(true);
+        async move {
+            while let Some(Ok(event)) = events.next().await {
+                self.cache.invalidate(&event.container);
+            }
+            self.cache.set_following(false);
+        }
     }
 
     /// One inspect, answering all three reads, through the cache.
@@ -565,8 +583,7 @@ impl Runtime for DockerRuntime {
             }
             Err(e) => {
                 // Unchecked answers are not served: this pass inspects.
-                self.cache.set_following(false);
-                self.cache.set_following(true);
+                self.cache.forget_all();
                 Err(e)
             }
         }

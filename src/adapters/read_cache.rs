@@ -116,8 +116,13 @@ impl ReadCache {
     /// Whether the event stream is followed. Turning it off (the stream
     /// dropped) forgets everything; turning it on starts empty.
     pub fn set_following(&self, following: bool) {
+        self.lock().following = following;
+        self.forget_all();
+    }
+
+    /// Drops every answer and voids every outstanding ticket.
+    pub fn forget_all(&self) {
         let mut state = self.lock();
-        state.following = following;
         state.entries.clear();
         state.epochs.clear();
         state.global += 1;

@@ -167,24 +167,22 @@ impl Checker {
         self.lock().check(invariant, ok, detail);
     }
 
-    /// Ids of the tasks already seen in the queue.
-    pub fn seen_task_ids(&self) -> BTreeSet<i64> {
-        self.lock().tasks_seen.clone()
-    }
-
     pub fn set_workers_running(&self, running: bool) {
         self.lock().truth.workers_running = running;
     }
 
-    /// S10: a task once in the queue never disappears from it.
-    pub fn tasks_seen(&self, ids: &[i64]) {
+    /// S10: a task once in the queue never disappears from it. Returns the
+    /// ids not seen at the last look.
+    pub fn tasks_seen(&self, ids: &[i64]) -> BTreeSet<i64> {
         let mut s = self.lock();
         let now: BTreeSet<i64> = ids.iter().copied().collect();
         let lost: Vec<i64> = s.tasks_seen.difference(&now).copied().collect();
         s.check("S10 no task lost", lost.is_empty(), || {
             format!("tasks {lost:?} vanished")
         });
+        let new = now.difference(&s.tasks_seen).copied().collect();
         s.tasks_seen = now;
+        new
     }
 
     /// A violation found outside an effect (the liveness checks).

@@ -233,12 +233,10 @@ async fn simulate(cfg: SimConfig) -> SimOutcome {
             checker.daemon_restarted();
         }
         check_queue(&checker, store.as_ref(), &control, &catalog).await;
-        refresh_lifecycle(&checker, store.as_ref()).await;
         let worker_kill = rng
             .random_bool(mix.daemon_kill)
             .then(|| Duration::from_millis(rng.random_range(0..5_000)));
         run_workers(&checker, &worker, worker_kill, &counts).await;
-        refresh_lifecycle(&checker, store.as_ref()).await;
         actors.forget_retired();
         if !checker.violations().is_empty() {
             break;
@@ -260,9 +258,7 @@ async fn simulate(cfg: SimConfig) -> SimOutcome {
             reconciler.tick().await;
             outcome.passes += 1;
             check_queue(&checker, store.as_ref(), &control, &catalog).await;
-            refresh_lifecycle(&checker, store.as_ref()).await;
             run_workers(&checker, &worker, None, &counts).await;
-            refresh_lifecycle(&checker, store.as_ref()).await;
             actors.forget_retired();
             tokio::time::sleep(cfg.tick).await;
         }
@@ -545,7 +541,8 @@ async fn check_queue(
     );
     // Upgrades enqueued since the last look: never while the rollout is
     // halted, and inside the instance's window unless a security release.
-    let seen = checker.seen_task_ids();
+    let ids: Vec<i64> = tasks.iter().map(|t| t.id).collect();
+    let new = checker.tasks_seen(&ids);
     let windows: BTreeMap<_, _> = store
         .list_instances()
         .await
@@ -560,7 +557,7 @@ async fn check_queue(
     let halted_since = checker.truth(|t| t.halted_since.get(SERVICE_TYPE).copied());
     for t in tasks
         .iter()
-        .filter(|t| t.kind == TaskKind::Upgrade && !seen.contains(&t.id))
+        .filter(|t| t.kind == TaskKind::Upgrade && new.contains(&t.id))
     {
         let halted = halted_since.is_some_and(|since| t.created_at > since);
         checker.check_external("S9 none enqueued while halted", !halted, || {
@@ -580,23 +577,6 @@ async fn check_queue(
             });
         }
     }
-    let ids: Vec<i64> = tasks.iter().map(|t| t.id).collect();
-    checker.tasks_seen(&ids);
-}
-
-/// Instance lifecycles into the checker's truth: what is being deleted may
-/// have its containers removed and its release uninstalled.
-async fn refresh_lifecycle(checker: &Checker, store: &MemoryStore) {
-    let Ok(rows) = store.list_instances().await else {
-        return;
-    };
-    checker.truth(|t| {
-        for i in &rows.rows {
-            if matches!(i.state, InstanceState::Deleting | InstanceState::Deleted) {
-                t.deleting.insert(i.name.clone());
-            }
-        }
-    });
 }
 
 /// Runs due tasks; a worker may be killed mid-task, leaving its lease to

@@ -5,7 +5,7 @@ mod support_services;
 
 use std::time::Duration;
 
-use stead::adapters::caddy::{CaddyConfig, CaddyTraffic};
+use stead::adapters::caddy::{etag, CaddyConfig, CaddyTraffic, ServerCheck};
 use stead::adapters::probe::NetProbe;
 use stead::core::spec::ReadinessProbe;
 use stead::core::types::{Binds, ContainerId, ServiceKey};
@@ -47,16 +47,17 @@ struct Fixture {
 
 async fn fixture() -> Fixture {
     let caddy = CaddyProcess::start().await;
+    let listen_port = free_port();
     let traffic = CaddyTraffic::new(CaddyConfig {
         admin_addr: caddy.admin_addr.clone(),
+        listen_addr: format!("127.0.0.1:{listen_port}"),
         ..CaddyConfig::default()
     })
     .expect("client");
-    let listen_port = free_port();
-    traffic
-        .ensure_server(&format!("127.0.0.1:{listen_port}"))
-        .await
-        .expect("ensure server");
+    assert_eq!(
+        traffic.ensure_server().await.expect("ensure server"),
+        ServerCheck::Created
+    );
     Fixture {
         _caddy: caddy,
         traffic,
@@ -137,7 +138,7 @@ async fn publishing_again_replaces_the_route_in_place() {
         .await
         .expect("publish b");
     assert_eq!(get(&fixture, &web).await, (200, "backend-b".to_owned()));
-    assert_eq!(routes_with_id(&fixture, "stead-shop-web").await, 1);
+    assert_eq!(routes_with_id(&fixture, "stead.shop.web").await, 1);
 }
 
 #[tokio::test]
@@ -214,33 +215,242 @@ async fn ensure_server_is_idempotent() {
         .publish(&route(web.clone(), port))
         .await
         .expect("publish");
+    assert_eq!(
+        fixture.traffic.ensure_server().await.expect("ensure again"),
+        ServerCheck::Present
+    );
+    assert_eq!(get(&fixture, &web).await, (200, "backend-a".to_owned()));
+}
+
+#[tokio::test]
+async fn ensure_server_corrects_a_listen_address_that_differs_from_the_config() {
+    let fixture = fixture().await;
+    let web = key("shop", "web");
+    let port = backend("backend-a").await;
     fixture
         .traffic
-        .ensure_server("127.0.0.1:1")
+        .publish(&route(web.clone(), port))
         .await
-        .expect("ensure again");
+        .expect("publish");
+    // Someone moved stead's server to another port.
+    let moved = CaddyTraffic::new(CaddyConfig {
+        listen_addr: format!("127.0.0.1:{}", free_port()),
+        ..fixture.traffic.config().clone()
+    })
+    .unwrap();
+    assert!(matches!(
+        moved.ensure_server().await.expect("move"),
+        ServerCheck::ListenCorrected { .. }
+    ));
+    let check = fixture.traffic.ensure_server().await.expect("correct");
+    assert!(
+        matches!(&check, ServerCheck::ListenCorrected { was } if was.len() == 1),
+        "{check:?}"
+    );
+    assert_eq!(
+        get(&fixture, &web).await,
+        (200, "backend-a".to_owned()),
+        "the routes survive the correction"
+    );
+}
+
+#[tokio::test]
+async fn a_publish_after_caddy_lost_its_config_recreates_the_server() {
+    let fixture = fixture().await;
+    let web = key("shop", "web");
+    let port = backend("backend-a").await;
+    // As a Caddy restarted without --resume: only the admin endpoint.
+    let admin = &fixture.traffic.config().admin_addr;
+    let empty = serde_json::json!({ "admin": { "listen": admin } });
+    let loaded = reqwest::Client::new()
+        .post(format!("http://{admin}/load"))
+        .json(&empty)
+        .send()
+        .await
+        .expect("load an empty config");
+    assert!(loaded.status().is_success());
+    fixture
+        .traffic
+        .withdraw(&web)
+        .await
+        .expect("no server means nothing to withdraw");
+    fixture
+        .traffic
+        .publish(&route(web.clone(), port))
+        .await
+        .expect("publish creates the server");
     assert_eq!(get(&fixture, &web).await, (200, "backend-a".to_owned()));
+}
+
+/// The regression behind issue #11's 404s: Caddy resolves `/id/<id>` to an
+/// array index before it takes its config lock, so concurrent changes
+/// through `/id/` paths replaced and deleted each other's routes. Many
+/// concurrent publishes and withdrawals of some services must never touch
+/// the routes of others.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_changes_never_touch_another_services_route() {
+    let fixture = fixture().await;
+    let steady: Vec<ServiceKey> = (0..5).map(|i| key(&format!("steady{i}"), "web")).collect();
+    for (i, service) in steady.iter().enumerate() {
+        let port = backend(["s0", "s1", "s2", "s3", "s4"][i]).await;
+        fixture
+            .traffic
+            .publish(&route(service.clone(), port))
+            .await
+            .expect("publish steady");
+    }
+    let churn_port = backend("churn").await;
+    let mut tasks = tokio::task::JoinSet::new();
+    for i in 0..20 {
+        let traffic = fixture.traffic.clone();
+        let service = key(&format!("churn{i}"), "web");
+        tasks.spawn(async move {
+            for _ in 0..5 {
+                traffic
+                    .publish(&route(service.clone(), churn_port))
+                    .await
+                    .expect("publish churn");
+                traffic.withdraw(&service).await.expect("withdraw churn");
+            }
+        });
+    }
+    while let Some(done) = tasks.join_next().await {
+        done.expect("churn task");
+    }
+    for (i, service) in steady.iter().enumerate() {
+        assert_eq!(
+            get(&fixture, service).await,
+            (200, format!("s{i}")),
+            "{service:?} kept its route through the churn"
+        );
+    }
+    let routes = fixture.traffic.routes().await.unwrap().expect("server");
+    assert_eq!(
+        routes.len(),
+        steady.len(),
+        "every churned route withdrawn: {routes:?}"
+    );
+}
+
+#[tokio::test]
+async fn changes_waiting_on_a_write_share_the_next_one() {
+    let fixture = fixture().await;
+    let port = backend("backend").await;
+    let services: Vec<ServiceKey> = (0..20).map(|i| key(&format!("shop{i}"), "web")).collect();
+    let before = fixture.traffic.route_writes();
+    // Polled in order on one task: the first change takes the write lock
+    // alone; the other nineteen queue behind it and go out in one write.
+    let routes: Vec<Route> = services.iter().map(|s| route(s.clone(), port)).collect();
+    let results =
+        futures_util::future::join_all(routes.iter().map(|r| fixture.traffic.publish(r))).await;
+    assert!(results.iter().all(Result::is_ok), "{results:?}");
+    assert_eq!(fixture.traffic.route_writes() - before, 2);
+    for service in &services {
+        assert_eq!(get(&fixture, service).await.0, 200);
+    }
+}
+
+#[tokio::test]
+async fn a_change_that_changes_nothing_writes_nothing() {
+    let fixture = fixture().await;
+    let web = key("shop", "web");
+    let port = backend("backend-a").await;
+    fixture
+        .traffic
+        .publish(&route(web.clone(), port))
+        .await
+        .expect("publish");
+    let before = fixture.traffic.route_writes();
+    fixture
+        .traffic
+        .publish(&route(web.clone(), port))
+        .await
+        .expect("publish the same route");
+    fixture
+        .traffic
+        .withdraw(&key("never", "published"))
+        .await
+        .expect("withdraw an absent route");
+    assert_eq!(fixture.traffic.route_writes(), before, "no reload");
+}
+
+#[tokio::test]
+async fn a_legacy_route_is_taken_over_in_place() {
+    let fixture = fixture().await;
+    let web = key("shop", "web");
+    let old = backend("old").await;
+    let new = backend("new").await;
+    // A route as stead 0.1 wrote it (id `stead-<instance>-<service>`).
+    let admin = &fixture.traffic.config().admin_addr;
+    let legacy = serde_json::json!({
+        "@id": "stead-shop-web",
+        "match": [{ "host": ["web.shop.localhost"] }],
+        "handle": [{ "handler": "reverse_proxy", "upstreams": [{ "dial": format!("127.0.0.1:{old}") }] }],
+        "terminal": true,
+    });
+    let put = reqwest::Client::new()
+        .put(format!(
+            "http://{admin}/config/apps/http/servers/stead/routes/0"
+        ))
+        .json(&legacy)
+        .send()
+        .await
+        .unwrap();
+    assert!(put.status().is_success());
+    assert_eq!(get(&fixture, &web).await.1, "old");
+    fixture
+        .traffic
+        .publish(&route(web.clone(), new))
+        .await
+        .expect("publish");
+    assert_eq!(get(&fixture, &web).await.1, "new");
+    assert_eq!(routes_with_id(&fixture, "stead-shop-web").await, 0);
+    assert_eq!(routes_with_id(&fixture, "stead.shop.web").await, 1);
+}
+
+#[tokio::test]
+async fn caddy_accepts_the_computed_etag_and_refuses_a_stale_one() {
+    let fixture = fixture().await;
+    let admin = &fixture.traffic.config().admin_addr;
+    let path = "/config/apps/http/servers/stead/routes";
+    let body = reqwest::get(format!("http://{admin}{path}"))
+        .await
+        .unwrap()
+        .bytes()
+        .await
+        .unwrap();
+    let client = reqwest::Client::new();
+    let patch = |tag: String| {
+        client
+            .patch(format!("http://{admin}{path}"))
+            .header("If-Match", tag)
+            .header("content-type", "application/json")
+            .body(body.clone())
+            .send()
+    };
+    let stale = patch(etag(path, b"[]\n")).await.unwrap();
+    assert_eq!(stale.status().as_u16(), 412);
+    let current = patch(etag(path, &body)).await.unwrap();
+    assert!(current.status().is_success(), "{}", current.status());
 }
 
 #[tokio::test]
 async fn caddy_refusals_are_errors_with_status_and_body() {
     let caddy = CaddyProcess::start().await;
+    // A listen address Caddy cannot parse: creating the server is refused.
     let traffic = CaddyTraffic::new(CaddyConfig {
         admin_addr: caddy.admin_addr.clone(),
+        listen_addr: "127.0.0.1:notaport".to_owned(),
         ..CaddyConfig::default()
     })
     .unwrap();
-    // No server was ensured: there is no routes array to insert into.
     let error = traffic
         .publish(&route(key("shop", "web"), 1234))
         .await
-        .expect_err("publishing without a server fails");
-    // Caddy refuses with a 5xx and says why; both reach the error.
+        .expect_err("publishing onto a server Caddy refuses fails");
+    // Caddy refuses with a 4xx or 5xx and says why; both reach the error.
     let message = &error.0;
-    assert!(
-        message.contains("caddy PUT /config/apps/http/servers/stead/routes/0: 500"),
-        "{message}"
-    );
+    assert!(message.contains("caddy PUT /config/apps: "), "{message}");
     assert!(
         message.contains("\"error\""),
         "the body excerpt is kept: {message}"
@@ -251,7 +461,7 @@ async fn caddy_refusals_are_errors_with_status_and_body() {
         ..route(key("shop", "web"), 1)
     };
     let error = traffic.publish(&empty).await.expect_err("no binds");
-    assert!(error.0.contains("stead-shop-web has no binds"), "{error}");
+    assert!(error.0.contains("stead.shop.web has no binds"), "{error}");
 }
 
 #[tokio::test]

@@ -265,26 +265,28 @@ async fn ttl_expiry_deprovisions() {
     assert_eq!(h.get(&name).await, 404);
 }
 
-/// Runs GET through Caddy in a loop until `stop`; returns the 5xx count
-/// and the number of requests.
+/// Runs GET through Caddy in a loop until `stop`; returns the failed
+/// requests (any answer but 200: a 404 is a gap in the route, a 5xx a
+/// backend that did not answer, an error a reset or a timeout) and the
+/// number of requests.
 fn request_loop(
     listen: String,
     name: String,
     stop: tokio::sync::watch::Receiver<bool>,
-) -> tokio::task::JoinHandle<(u32, u32)> {
+) -> tokio::task::JoinHandle<(Vec<String>, u32)> {
     tokio::spawn(async move {
         // A fresh connection per request: every route change reloads
         // Caddy's config, which closes idle keep-alive connections, and a
         // request racing that close is reset before any backend is asked
-        // (browsers retry those). What this loop measures is whether a
-        // backend ever fails to answer, so it never reuses a connection.
+        // (browsers retry those). What this loop measures is whether stead's
+        // route changes ever fail a request, so it never reuses a connection.
         let client = reqwest::Client::builder()
             .no_proxy()
             .pool_max_idle_per_host(0)
             .timeout(Duration::from_secs(5))
             .build()
             .unwrap();
-        let (mut errors, mut total) = (0, 0);
+        let (mut failures, mut total) = (Vec::new(), 0);
         while !*stop.borrow() {
             let answer = client
                 .get(format!("http://{listen}/"))
@@ -293,24 +295,28 @@ fn request_loop(
                 .await;
             total += 1;
             match answer {
-                Ok(r) if r.status().is_server_error() => {
-                    eprintln!("request {total}: {}", r.status());
-                    errors += 1;
-                }
-                Ok(_) => {}
-                Err(e) => {
-                    eprintln!("request {total}: {e:?}");
-                    errors += 1;
-                }
+                Ok(r) if r.status() == 200 => {}
+                Ok(r) => failures.push(format!("request {total}: {}", r.status())),
+                Err(e) => failures.push(format!("request {total}: {e:?}")),
             }
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
-        (errors, total)
+        (failures, total)
     })
 }
 
+/// Zero-downtime upgrades hold only where Caddy's reloads reset nothing:
+/// `scripts/services up` sets the kernel switch (docs/operations.md,
+/// "Caddy reloads"). Without it this test would measure the host.
+fn assert_host_keeps_connections_across_caddy_reloads() {
+    if let Some(warning) = stead::adapters::caddy::host_reload_warning() {
+        panic!("{warning}; run `scripts/services up` (it sets it) or `sysctl -w net.ipv4.tcp_migrate_req=1`");
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn an_upgrade_replaces_with_overlap_and_serves_without_5xx() {
+async fn an_upgrade_replaces_with_overlap_and_fails_no_request() {
+    assert_host_keeps_connections_across_caddy_reloads();
     let name = unique("e2eupg");
     let _cleanup = Cleanup::new(&name);
     let mut h = Harness::start(Setup::default()).await;
@@ -326,11 +332,12 @@ async fn an_upgrade_replaces_with_overlap_and_serves_without_5xx() {
     .await;
     tokio::time::sleep(Duration::from_secs(1)).await;
     stop_tx.send(true).unwrap();
-    let (errors, total) = requests.await.unwrap();
+    let (failures, total) = requests.await.unwrap();
     assert!(total > 10, "the loop ran ({total} requests)");
-    assert_eq!(
-        errors, 0,
-        "{errors} of {total} requests failed during the upgrade"
+    assert!(
+        failures.is_empty(),
+        "{} of {total} requests failed during the upgrade: {failures:#?}",
+        failures.len()
     );
     assert_eq!(h.get(&name).await, 200);
 }

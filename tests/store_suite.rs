@@ -44,6 +44,7 @@ store_suite! {
         active_of_an_unknown_instance_is_empty_and_cannot_be_saved,
         binds_persist_only_while_the_generation_is_unchanged,
         verified_execution_is_recorded_for_the_named_container_only,
+        a_verified_execution_start_round_trips_to_the_nanosecond,
         released_claims_clear_the_binds_of_that_container,
         inhibition_save_replaces_the_same_key_and_clear_is_idempotent,
         enqueue_is_idempotent_per_instance_and_kind,
@@ -309,6 +310,40 @@ async fn verified_execution_is_recorded_for_the_named_container_only(s: TestStor
         .unwrap();
     let loaded = store.load_active(&name).await.unwrap();
     assert_eq!(loaded.services[&web].verified_started_at, Some(t(2)));
+}
+
+/// Docker reports an execution's start to the nanosecond, and recovery
+/// recognises a verified execution by equality (R17): a store that dropped
+/// the sub-microsecond part made every restarted daemon and every upgrade's
+/// successor look like a new execution and withdrew its traffic.
+async fn a_verified_execution_start_round_trips_to_the_nanosecond(s: TestStore) {
+    let store = &*s.store;
+    instance(store, "alpha").await;
+    let (name, web) = (InstanceName::new("alpha"), ServiceName::new("web"));
+    let started = Timestamp::new(1_800_000_000, 123_456_789).unwrap();
+    let saved = ActiveService {
+        verified_started_at: Some(started),
+        ..active("c1", "r1")
+    };
+    store
+        .save_active_service(&name, &web, &saved)
+        .await
+        .unwrap();
+    assert_eq!(
+        store.load_active(&name).await.unwrap().services[&web].verified_started_at,
+        Some(started),
+        "as saved with ACTIVE (an upgrade's verified successor)"
+    );
+    let restarted = Timestamp::new(1_800_000_100, 987_654_321).unwrap();
+    store
+        .record_verified_execution(&name, &web, &ContainerId::new("c1"), restarted)
+        .await
+        .unwrap();
+    assert_eq!(
+        store.load_active(&name).await.unwrap().services[&web].verified_started_at,
+        Some(restarted),
+        "as recorded by recovery"
+    );
 }
 
 async fn released_claims_clear_the_binds_of_that_container(s: TestStore) {

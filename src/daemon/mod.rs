@@ -14,7 +14,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use tokio::sync::watch;
 
-use crate::adapters::caddy::{CaddyConfig, CaddyTraffic};
+use crate::adapters::caddy::{CaddyConfig, CaddyTraffic, ServerCheck};
 use crate::adapters::docker::{DockerConfig, DockerProvisioner, DockerRuntime, NativeRestart};
 use crate::adapters::helm::{HelmConfig, HelmProvisioner};
 use crate::adapters::probe::NetProbe;
@@ -226,6 +226,7 @@ impl Daemon {
         let caddy = CaddyTraffic::new(CaddyConfig {
             admin_addr: config.caddy.admin.clone(),
             server_name: config.caddy.server_name.clone(),
+            listen_addr: config.caddy.listen.clone(),
             host_suffix: config.caddy.host_suffix.clone(),
             request_timeout: config.caddy.request_timeout,
         })
@@ -296,8 +297,24 @@ impl Daemon {
     /// Creates stead's server in Caddy if it is missing. Failure is not
     /// fatal: publication fails (and is retried) until Caddy answers.
     pub async fn ensure_caddy_server(&self) {
-        if let Err(e) = self.caddy.ensure_server(&self.config.caddy.listen).await {
-            tracing::warn!(error = %e, admin = %self.config.caddy.admin, "caddy server not ensured yet");
+        match self.caddy.ensure_server().await {
+            Ok(ServerCheck::Present) => {}
+            Ok(ServerCheck::Created) => tracing::info!(
+                admin = %self.config.caddy.admin,
+                listen = %self.config.caddy.listen,
+                "created stead's server in caddy"
+            ),
+            Ok(ServerCheck::ListenCorrected { was }) => tracing::warn!(
+                admin = %self.config.caddy.admin,
+                listen = %self.config.caddy.listen,
+                was = ?was,
+                "stead's caddy server listened elsewhere; corrected to the configured address"
+            ),
+            Err(e) => tracing::warn!(
+                error = %e,
+                admin = %self.config.caddy.admin,
+                "caddy server not ensured yet"
+            ),
         }
     }
 
@@ -334,6 +351,9 @@ impl Daemon {
             tasks.spawn(async move { admin::serve(daemon, addr, role, stop).await });
         }
         if role.reconciles() {
+            if let Some(warning) = crate::adapters::caddy::host_reload_warning() {
+                tracing::warn!("{warning}");
+            }
             self.ensure_caddy_server().await;
             let daemon = self.clone();
             let stop_r = stop.clone();

@@ -17,8 +17,8 @@ use std::time::Duration;
 use async_trait::async_trait;
 
 use super::{
-    fenced, lease_cutoff_us, lease_to_us, normalize_duration, normalize_timestamp, timestamp_to_us,
-    ReconcilerLeaseRow,
+    fenced, lease_cutoff_us, lease_to_us, normalize_duration, normalize_execution_start,
+    normalize_timestamp, timestamp_to_us, ReconcilerLeaseRow,
 };
 use crate::core::fleet::{
     Instance, InstanceId, InstanceState, NewTask, RolloutState, Task, TaskId, TaskState,
@@ -247,7 +247,9 @@ impl State {
 fn normalize_active(active: &ActiveService) -> ActiveService {
     ActiveService {
         stop_grace: active.stop_grace.map(normalize_duration),
-        verified_started_at: active.verified_started_at.map(normalize_timestamp),
+        verified_started_at: active
+            .verified_started_at
+            .and_then(normalize_execution_start),
         ..active.clone()
     }
 }
@@ -453,7 +455,7 @@ impl Store for MemoryStore {
         };
         if let Some(active) = state.active.get_mut(&(id, service.clone())) {
             if &active.container == container {
-                active.verified_started_at = Some(normalize_timestamp(started_at));
+                active.verified_started_at = normalize_execution_start(started_at);
             }
         }
         Ok(())

@@ -72,6 +72,28 @@ pub fn timestamp_from_us(us: i64) -> Option<Timestamp> {
     Timestamp::new(seconds, nanos).ok()
 }
 
+/// The start of an execution is the one timestamp kept to the nanosecond:
+/// it is an identity, compared for equality with what the runtime reports
+/// (Docker reports nanoseconds), not a scheduling time. Truncated to
+/// microseconds, a restarted daemon and an upgrade's successor would never
+/// recognise their verified execution (R17) and would withdraw traffic from
+/// a container that never changed. `None` outside the ±292 years an `i64`
+/// of nanoseconds spans: such an execution is simply not recorded as
+/// verified, and is verified again.
+pub fn execution_start_to_ns(ts: Timestamp) -> Option<i64> {
+    i64::try_from(ts.as_nanosecond()).ok()
+}
+
+/// The inverse of [`execution_start_to_ns`].
+pub fn execution_start_from_ns(ns: i64) -> Option<Timestamp> {
+    Timestamp::from_nanosecond(i128::from(ns)).ok()
+}
+
+/// An execution start as the store will give it back.
+pub fn normalize_execution_start(ts: Timestamp) -> Option<Timestamp> {
+    execution_start_to_ns(ts).and_then(execution_start_from_ns)
+}
+
 /// `ts` as the store will give it back.
 pub fn normalize_timestamp(ts: Timestamp) -> Timestamp {
     timestamp_from_us(timestamp_to_us(ts)).expect("a valid timestamp stays valid in microseconds")

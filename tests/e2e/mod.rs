@@ -42,8 +42,12 @@ stop_grace_ms = 1000
 [types.web.services.healthcheck]
 command = ["sh", "-c", "test ! -e /tmp/sick && wget -q -O- http://127.0.0.1:8080/ >/dev/null"]
 interval_ms = 500
-timeout_ms = 2000
-retries = 1
+# Generous against a loaded CI machine: one slow check must not make a
+# healthy container look unhealthy (that restart would be correct, and
+# would fail tests that measure something else). /tmp/sick still turns a
+# container unhealthy within 1.5 s, since `test` fails at once.
+timeout_ms = 5000
+retries = 3
 
 [types.web.services.readiness]
 kind = "http"
@@ -75,6 +79,8 @@ pub struct Setup {
     pub tick_interval_s: u64,
     /// Appended to the config file (e.g. a `[recovery]` table).
     pub extra_config: String,
+    /// Extra keys of the `[control]` table (e.g. `max_in_flight = 4`).
+    pub control_extra: String,
     /// A migrated database; `None` uses a SQLite file in the state dir.
     pub database_url: Option<String>,
 }
@@ -86,6 +92,7 @@ impl Default for Setup {
             docker_events: true,
             tick_interval_s: 1,
             extra_config: String::new(),
+            control_extra: String::new(),
             database_url: None,
         }
     }
@@ -120,6 +127,7 @@ tick_interval_s = {tick}
 # requeued within seconds (C6).
 lease_s = 10
 provisioner_timeout_s = 5
+{control_extra}
 [caddy]
 admin = "{admin}"
 listen = "{listen}"
@@ -129,6 +137,7 @@ listen = "{listen}"
             events = setup.docker_events,
             tick = setup.tick_interval_s,
             admin = caddy.admin_addr,
+            control_extra = setup.control_extra,
         );
         let database = setup
             .database_url
@@ -210,10 +219,15 @@ listen = "{listen}"
     }
 
     pub async fn create(&self, name: &str, ttl: Option<Duration>) {
+        self.create_typed(name, TYPE, ttl).await;
+    }
+
+    /// Creates an instance of a given service type of the catalog.
+    pub async fn create_typed(&self, name: &str, service_type: &str, ttl: Option<Duration>) {
         self.ops()
             .create(&CreateRequest {
                 name: name.to_owned(),
-                service_type: TYPE.to_owned(),
+                service_type: service_type.to_owned(),
                 team: "e2e".to_owned(),
                 version: None,
                 ttl,

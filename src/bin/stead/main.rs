@@ -250,6 +250,9 @@ fn check(config: &DaemonConfig) -> Result<ExitCode, String> {
         Some(path) => println!("config {}: ok", path.display()),
         None => println!("config: no file, defaults and environment: ok"),
     }
+    if let Some(warning) = stead::adapters::caddy::host_reload_warning() {
+        println!("warning: {warning}");
+    }
     match stead::config::load_catalog(&config.catalog) {
         Ok(catalog) => {
             println!(

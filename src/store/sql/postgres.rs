@@ -30,7 +30,7 @@ use crate::core::types::{
     Timestamp,
 };
 use crate::ports::{LeaseGrant, NewInstance, Rows, Store, StoreError};
-use crate::store::{fenced, lease_cutoff_us, lease_to_us, timestamp_to_us};
+use crate::store::{execution_start_to_ns, fenced, lease_cutoff_us, lease_to_us, timestamp_to_us};
 
 /// Enough connections for a daemon's workers and its reconciler; a bigger
 /// deployment passes its own pool to [`PostgresStore::from_pool`].

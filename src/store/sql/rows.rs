@@ -15,7 +15,9 @@ use crate::core::types::{
     Timestamp,
 };
 use crate::ports::{LeaseGrant, Rows, StoreError};
-use crate::store::{duration_to_ms, timestamp_from_us, timestamp_to_us, ReconcilerLeaseRow};
+use crate::store::{
+    duration_to_ms, execution_start_from_ns, timestamp_from_us, timestamp_to_us, ReconcilerLeaseRow,
+};
 
 /// Longest value quoted back in a [`StoreError::BadRow`]; a bad row may hold
 /// anything, and an error message is no place for a megabyte of it.
@@ -168,7 +170,7 @@ pub struct ActiveRow {
     pub effective_revision: String,
     pub backend_binds: String,
     pub stop_grace_ms: Option<i64>,
-    pub verified_started_at_us: Option<i64>,
+    pub verified_started_at_ns: Option<i64>,
 }
 
 impl ActiveRow {
@@ -186,8 +188,11 @@ impl ActiveRow {
                 .map(|ms| grace(T, &id, "stop_grace_ms", ms))
                 .transpose()?,
             verified_started_at: self
-                .verified_started_at_us
-                .map(|us| timestamp(T, &id, "verified_started_at_us", us))
+                .verified_started_at_ns
+                .map(|ns| {
+                    execution_start_from_ns(ns)
+                        .ok_or_else(|| bad_row(T, &id, "verified_started_at_ns", &ns.to_string()))
+                })
                 .transpose()?,
         };
         Ok((ServiceName(self.service), active))

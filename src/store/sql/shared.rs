@@ -146,7 +146,7 @@ macro_rules! impl_sql_store {
                             .bind(&active.effective_revision)
                             .bind(encode_binds(&active.binds))
                             .bind(encode_grace(active.stop_grace))
-                            .bind(encode_timestamp(active.verified_started_at)),
+                            .bind(active.verified_started_at.and_then(execution_start_to_ns)),
                     )
                     .await?;
                 instance_found_or(saved, instance)
@@ -197,7 +197,7 @@ macro_rules! impl_sql_store {
                         .bind(instance.as_str())
                         .bind(service.as_str())
                         .bind(container.as_str())
-                        .bind(timestamp_to_us(started_at)),
+                        .bind(execution_start_to_ns(started_at)),
                 )
                 .await
                 .map(drop)

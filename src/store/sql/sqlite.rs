@@ -33,7 +33,7 @@ use crate::core::types::{
     Timestamp,
 };
 use crate::ports::{LeaseGrant, NewInstance, Rows, Store, StoreError};
-use crate::store::{fenced, lease_cutoff_us, lease_to_us, timestamp_to_us};
+use crate::store::{execution_start_to_ns, fenced, lease_cutoff_us, lease_to_us, timestamp_to_us};
 
 /// How long a writer waits for SQLite's write lock before the call fails as
 /// unavailable (and the tick retries).

@@ -38,7 +38,7 @@ pub const INSTANCE_COUNTS: &str = "SELECT state, COUNT(*) FROM instances GROUP B
 // --- ACTIVE ---------------------------------------------------------------
 
 pub const LOAD_ACTIVE: &str = "SELECT a.instance_id, a.service, a.container_id, \
-     a.effective_revision, a.backend_binds, a.stop_grace_ms, a.verified_started_at_us \
+     a.effective_revision, a.backend_binds, a.stop_grace_ms, a.verified_started_at_ns \
      FROM active_services a JOIN instances i ON i.id = a.instance_id WHERE i.name = $1";
 
 /// An upsert keyed by the instance's name: no row is written (0 rows
@@ -46,14 +46,14 @@ pub const LOAD_ACTIVE: &str = "SELECT a.instance_id, a.service, a.container_id, 
 /// SQLite's parser from reading `ON CONFLICT` as a join constraint.
 pub const SAVE_ACTIVE: &str = "INSERT INTO active_services \
      (instance_id, service, container_id, effective_revision, backend_binds, stop_grace_ms, \
-      verified_started_at_us) \
+      verified_started_at_ns) \
      SELECT id, $2, $3, $4, $5, $6, $7 FROM instances WHERE name = $1 \
      ON CONFLICT (instance_id, service) DO UPDATE SET \
        container_id = excluded.container_id, \
        effective_revision = excluded.effective_revision, \
        backend_binds = excluded.backend_binds, \
        stop_grace_ms = excluded.stop_grace_ms, \
-       verified_started_at_us = excluded.verified_started_at_us";
+       verified_started_at_ns = excluded.verified_started_at_ns";
 
 pub const REMOVE_ACTIVE: &str = "DELETE FROM active_services \
      WHERE instance_id = (SELECT id FROM instances WHERE name = $1) AND service = $2";
@@ -63,7 +63,7 @@ pub const PERSIST_BINDS: &str = "UPDATE active_services SET backend_binds = $5 \
      WHERE instance_id = (SELECT id FROM instances WHERE name = $1) \
        AND service = $2 AND container_id = $3 AND effective_revision = $4";
 
-pub const RECORD_VERIFIED: &str = "UPDATE active_services SET verified_started_at_us = $4 \
+pub const RECORD_VERIFIED: &str = "UPDATE active_services SET verified_started_at_ns = $4 \
      WHERE instance_id = (SELECT id FROM instances WHERE name = $1) \
        AND service = $2 AND container_id = $3";
 

@@ -20,8 +20,10 @@ use std::sync::Arc;
 
 use stead::adapters::docker::{DockerConfig, DockerRuntime, LABEL_INSTANCE};
 use stead::adapters::probe::NetProbe;
+use stead::core::policy::LEASE_MARGIN;
 use stead::core::spec::{ReadinessProbe, ServiceSpec};
 use stead::core::types::{ActiveService, InstanceName, ServiceName};
+use stead::engine::lease::LeaseGuard;
 use stead::engine::recovery::{InstanceLocks, Recoverer};
 use stead::engine::{Ports, SystemClock};
 use stead::ports::memory::{Hooks, MemoryNotifier, MemoryPolicy, MemoryProvisioner, MemoryTraffic};
@@ -153,11 +155,18 @@ async fn bench(n_containers: usize) {
         provisioner: Arc::new(MemoryProvisioner::new("stead", hooks.clone())),
         notifier: Arc::new(MemoryNotifier::new(hooks)),
     };
+    let store = ports.store.clone();
     let recoverer = Recoverer::new(
         ports,
         Default::default(),
         Default::default(),
-        Arc::new(InstanceLocks::default()),
+        Arc::new(InstanceLocks::new(store)),
+        "bench#1/recovery".into(),
+        Arc::new(LeaseGuard::new(
+            "bench#1".into(),
+            Duration::from_secs(600),
+            LEASE_MARGIN,
+        )),
     );
 
     // Baseline: polling only, every read is an inspect.

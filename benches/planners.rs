@@ -49,7 +49,12 @@ fn fleet(now: Timestamp) -> (Vec<Instance>, Vec<Task>, Vec<Release>) {
             name: InstanceName::new(name),
             team: TEAMS[n % TEAMS.len()].into(),
             service_type: TYPES[n % TYPES.len()].into(),
-            version: if n % 7 == 0 { "1.0.0" } else { "1.1.0" }.into(),
+            version: if n.is_multiple_of(7) {
+                "1.0.0"
+            } else {
+                "1.1.0"
+            }
+            .into(),
             state: if n % 50 == 3 {
                 InstanceState::Provisioning
             } else {

@@ -180,7 +180,7 @@ async fn main() {
     let took = began.elapsed();
     // The catalog reload rebuilt the daemon, so its writer counted exactly
     // the measured phase.
-    let writes = h.daemon.caddy.route_writes();
+    let writes = h.daemon().caddy.route_writes();
     tokio::time::sleep(Duration::from_secs(2)).await;
     stop_tx.send(true).expect("load running");
     load.await.expect("load task");

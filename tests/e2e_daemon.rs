@@ -9,7 +9,7 @@ mod support_services;
 use std::time::Duration;
 
 use e2e::{catalog, inspect, wait_until, Harness, Setup};
-use support_services::docker::{docker, Cleanup};
+use support_services::docker::{docker, Cleanup, StartCounter};
 use support_services::unique;
 
 const CONVERGE: Duration = Duration::from_secs(60);
@@ -112,30 +112,14 @@ async fn a_crash_looping_container_gets_exactly_three_starts_then_waits() {
         ..Setup::default()
     };
     let h = Harness::start(setup).await;
+    let counter = StartCounter::follow(&name);
     h.create(&name, None).await;
     wait_until("created", CONVERGE, || async {
         h.active_container(&name).await.is_some()
     })
     .await;
     let id = h.active_container(&name).await.unwrap();
-    let since = docker(&["inspect", "--format", "{{.Created}}", &id]).unwrap();
-    let starts = || {
-        let out = docker(&[
-            "events",
-            "--since",
-            &since,
-            "--until",
-            "0s",
-            "--filter",
-            &format!("container={id}"),
-            "--filter",
-            "event=start",
-            "--format",
-            "{{.Action}}",
-        ])
-        .unwrap_or_default();
-        out.lines().count()
-    };
+    let starts = || counter.starts();
     // One start from the worker's create, then three by recovery.
     wait_until("four starts", 2 * CONVERGE, || async { starts() >= 4 }).await;
     // The budget now delays the next attempt by a minute: nothing for a while.
@@ -195,9 +179,9 @@ async fn stop_intent_stops_and_unpublishes_without_removing() {
     })
     .await;
     let status = stead::daemon::ops::status(
-        h.daemon.ports.store.as_ref(),
-        h.daemon.ports.runtime.as_ref(),
-        Some(&h.daemon.recoverer.memory()),
+        h.daemon().ports.store.as_ref(),
+        h.daemon().ports.runtime.as_ref(),
+        Some(&h.daemon().recoverer.memory()),
         Some(&h.caddy.admin_addr),
     )
     .await;
@@ -252,7 +236,7 @@ async fn ttl_expiry_deprovisions() {
     wait_until("deprovisioned", CONVERGE, || async {
         let gone = inspect(&id, "{{.Id}}").is_err();
         let instance = h
-            .daemon
+            .daemon()
             .ports
             .store
             .instance(&stead::core::types::InstanceName::new(&name))

@@ -96,11 +96,11 @@ async fn the_daemon_keeps_ticking_through_a_docker_outage_and_recovers() {
         let _ = std::fs::remove_file(&relay_path);
         docker(&["kill", &id]).unwrap();
     }
-    let before = h.daemon.reconciler.last_tick_s();
+    let before = h.daemon().reconciler.last_tick_s();
     wait_until(
         "ticks go on without docker",
         Duration::from_secs(20),
-        || async { h.daemon.reconciler.last_tick_s() >= before + 3 },
+        || async { h.daemon().reconciler.last_tick_s() >= before + 3 },
     )
     .await;
 

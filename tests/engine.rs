@@ -10,10 +10,11 @@ use std::time::Duration;
 use stead::core::catalog::Catalog;
 use stead::core::fleet::{InstanceState, NewTask, RolloutState, TaskKind, TaskRetryPolicy};
 use stead::core::plan::ControlConfig;
-use stead::core::policy::RecoveryPolicy;
+use stead::core::policy::{reconciler_lease_ttl, RecoveryPolicy, LEASE_MARGIN};
 use stead::core::types::{
     ContainerId, InhibitionReason, InstanceName, ServiceKey, ServiceName, Timestamp,
 };
+use stead::engine::lease::LeaseGuard;
 use stead::engine::recovery::{InstanceLocks, Recoverer};
 use stead::engine::tick::{Check, Reconciler};
 use stead::engine::worker::{TaskEnd, Worker, WorkerConfig};
@@ -87,7 +88,9 @@ fn fixture() -> Fixture {
     let runtime = Arc::new(MemoryRuntime::new(clock.clone(), hooks.clone()));
     let traffic = Arc::new(MemoryTraffic::new(hooks.clone()));
     let provisioner = Arc::new(MemoryProvisioner::new("stead", hooks.clone()));
-    let store = Arc::new(MemoryStore::new());
+    // The store's clock is the test's: leases and locks are timed by the
+    // database's clock (T2), which here is the manual one.
+    let store = Arc::new(MemoryStore::new().with_clock(clock.clone()));
     let ports = Ports {
         clock: clock.clone(),
         runtime: runtime.clone(),
@@ -100,6 +103,7 @@ fn fixture() -> Fixture {
     };
     Fixture {
         clock,
+        locks: Arc::new(InstanceLocks::new(store.clone())),
         store,
         runtime,
         traffic,
@@ -107,21 +111,32 @@ fn fixture() -> Fixture {
         script,
         ports,
         catalog: Arc::new(Catalog::from_toml(CATALOG, "catalog.toml").unwrap()),
-        locks: Arc::new(InstanceLocks::default()),
     }
 }
 
 impl Fixture {
     fn recoverer(&self) -> Arc<Recoverer> {
+        self.recoverer_of("a")
+    }
+
+    /// The recovery of process `holder` (its own lease view, this
+    /// process's locks).
+    fn recoverer_of(&self, holder: &str) -> Arc<Recoverer> {
         let policy = RecoveryPolicy {
             instance_deadline: Duration::from_millis(300),
             ..Default::default()
         };
+        let ttl = reconciler_lease_ttl(
+            ControlConfig::default().tick_interval,
+            policy.instance_deadline,
+        );
         Arc::new(Recoverer::new(
             self.ports.clone(),
             policy,
             Default::default(),
             self.locks.clone(),
+            format!("{holder}/recovery"),
+            Arc::new(LeaseGuard::new(holder.into(), ttl, LEASE_MARGIN)),
         ))
     }
 
@@ -130,8 +145,7 @@ impl Fixture {
             self.ports.clone(),
             self.catalog.clone(),
             ControlConfig::default(),
-            holder.into(),
-            self.recoverer(),
+            self.recoverer_of(holder),
             7,
         )
     }
@@ -485,10 +499,19 @@ async fn deprovision_withdraws_removes_and_marks_deleted() {
 async fn a_busy_instance_is_skipped_never_waited_on() {
     let f = fixture();
     let instance = f.served("wiki1", "2").await;
-    let lock = f.locks.lock_for(&instance.name);
-    let _held = lock.lock().await;
+    let held = f
+        .locks
+        .lock(
+            instance.id,
+            "operator",
+            Duration::from_secs(60),
+            Duration::ZERO,
+        )
+        .await
+        .expect("free");
     let outcome = f.recoverer().pass().await;
     assert!(outcome.instances[&instance.name].skipped_busy);
+    held.release().await;
 }
 
 #[tokio::test]
@@ -565,6 +588,10 @@ async fn a_hung_handler_is_bounded_by_its_lease() {
         matches!(end, TaskEnd::Retried(ref e) if e.contains("lease")),
         "{end:?}"
     );
-    let lock = f.locks.lock_for(&instance.name);
-    assert!(lock.try_lock().is_ok(), "the instance lock is released");
+    let lock = f
+        .locks
+        .try_lock(instance.id, "another", Duration::from_secs(60))
+        .await
+        .unwrap();
+    assert!(lock.is_some(), "the instance lock is released");
 }

@@ -138,6 +138,15 @@ enum Op {
     Release {
         holder: u8,
     },
+    TryLock {
+        instances: Vec<u8>,
+        holder: u8,
+        expired: bool,
+    },
+    Unlock {
+        instances: Vec<u8>,
+        holder: u8,
+    },
     LoadInstance {
         name: u8,
     },
@@ -206,6 +215,10 @@ fn op() -> impl Strategy<Value = Op> {
         1 => (0u8..2, any::<bool>()).prop_map(|(service_type, halted)| Op::SetRollout { service_type, halted }),
         2 => (0u8..2, 1u64..120).prop_map(|(holder, ttl_s)| Op::Acquire { holder, ttl_s }),
         1 => (0u8..2).prop_map(|holder| Op::Release { holder }),
+        2 => (proptest::collection::vec(0u8..6, 0..4), 0u8..2, proptest::bool::weighted(0.2))
+            .prop_map(|(instances, holder, expired)| Op::TryLock { instances, holder, expired }),
+        1 => (proptest::collection::vec(0u8..6, 0..4), 0u8..2)
+            .prop_map(|(instances, holder)| Op::Unlock { instances, holder }),
         1 => (0u8..5).prop_map(|name| Op::LoadInstance { name }),
         1 => (0u8..5).prop_map(|name| Op::LoadActive { name }),
         1 => (0u8..5).prop_map(|name| Op::LoadInhibitions { name }),
@@ -303,7 +316,9 @@ enum Seen {
     Inhibitions(Vec<Inhibition>),
     Counts(BTreeMap<InstanceState, u64>),
     Rollouts(BTreeMap<String, RolloutState>),
-    Lease(Option<LeaseGrant>),
+    Lease(Option<(String, i64)>),
+    /// Instances by creation order (ids may differ between backends).
+    Ids(Vec<i64>),
     /// Errors compare by kind (the messages are the databases' own).
     Error(String),
 }
@@ -513,6 +528,7 @@ async fn apply(subject: &mut Subject, op: &Op, now: &mut Timestamp) -> Seen {
                     &container(c),
                     &format!("r{revision}"),
                     &BTreeMap::from([(8080, 40_000 + port)]),
+                    None,
                 )
                 .await,
             Seen::Bool,
@@ -523,16 +539,17 @@ async fn apply(subject: &mut Subject, op: &Op, now: &mut Timestamp) -> Seen {
             container: c,
         } => seen(
             store
-                .record_verified_execution(&name(n), &service(s), &container(c), now_v)
+                .record_verified_execution(&name(n), &service(s), &container(c), now_v, None)
                 .await,
             |()| Seen::Unit,
         ),
         Op::ReleaseClaims {
             name: n,
             container: c,
-        } => seen(store.release_claims(&name(n), &container(c)).await, |()| {
-            Seen::Unit
-        }),
+        } => seen(
+            store.release_claims(&name(n), &container(c), None).await,
+            |()| Seen::Unit,
+        ),
         Op::SaveInhibition {
             name: n,
             service: s,
@@ -560,7 +577,7 @@ async fn apply(subject: &mut Subject, op: &Op, now: &mut Timestamp) -> Seen {
             container: c,
         } => seen(
             store
-                .clear_inhibition(&name(n), &service(s), &container(c))
+                .clear_inhibition(&name(n), &service(s), &container(c), None)
                 .await,
             |()| Seen::Unit,
         ),
@@ -580,6 +597,7 @@ async fn apply(subject: &mut Subject, op: &Op, now: &mut Timestamp) -> Seen {
                         state,
                         "diff",
                         now_v,
+                        None,
                     )
                     .await,
                 |()| Seen::Unit,
@@ -587,16 +605,50 @@ async fn apply(subject: &mut Subject, op: &Op, now: &mut Timestamp) -> Seen {
         }
         Op::Acquire { holder, ttl_s } => {
             let granted = store
-                .acquire_reconciler_lease(
-                    &format!("holder-{holder}"),
-                    now_v,
-                    Duration::from_secs(ttl_s),
-                )
+                .acquire_reconciler_lease(&format!("holder-{holder}"), Duration::from_secs(ttl_s))
                 .await;
             if let Ok(Some(grant)) = &granted {
                 subject.grants.insert(holder, grant.clone());
             }
-            seen(granted, Seen::Lease)
+            // Leases are timed by each database's own clock (T2), read at
+            // different instants: who holds it and under which epoch is
+            // what must agree. A lease of at least a second never expires
+            // within this test.
+            seen(granted, |g| Seen::Lease(g.map(|g| (g.holder, g.epoch))))
+        }
+        Op::TryLock {
+            instances,
+            holder,
+            expired,
+        } => {
+            let ids: Vec<i64> = instances.iter().map(|n| subject.instance_id(*n)).collect();
+            // A lock of zero length is expired at once; one of an hour
+            // never expires within this test.
+            let ttl = if expired {
+                Duration::ZERO
+            } else {
+                Duration::from_secs(3600)
+            };
+            let locked = store
+                .try_lock_instances(&ids, &format!("holder-{holder}"), ttl)
+                .await;
+            seen(locked, |mut ids| {
+                ids.sort_unstable();
+                Seen::Ids(
+                    ids.iter()
+                        .map(|id| subject.canonical_instance(*id))
+                        .collect(),
+                )
+            })
+        }
+        Op::Unlock { instances, holder } => {
+            let ids: Vec<i64> = instances.iter().map(|n| subject.instance_id(*n)).collect();
+            seen(
+                store
+                    .unlock_instances(&ids, &format!("holder-{holder}"))
+                    .await,
+                |()| Seen::Unit,
+            )
         }
         Op::Release { holder } => match subject.grants.get(&holder).cloned() {
             Some(grant) => seen(store.release_reconciler_lease(&grant).await, |()| {

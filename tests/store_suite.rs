@@ -62,7 +62,10 @@ store_suite! {
         gauges_count_the_queue_and_instances_by_state,
         rollouts_are_upserted_per_service_type,
         reconciler_lease_is_exclusive_until_it_expires,
+        a_restarted_identity_takes_its_lease_back_at_once,
         stale_lease_holder_writes_are_fenced_and_write_nothing,
+        recovery_writes_are_fenced_too,
+        instance_locks_exclude_other_holders_until_released_or_expired,
         timestamps_round_trip_at_microsecond_precision,
         a_store_outage_fails_calls_and_loses_nothing,
     ],
@@ -273,15 +276,15 @@ async fn binds_persist_only_while_the_generation_is_unchanged(s: TestStore) {
     let binds = BTreeMap::from([(8080, 40_000)]);
     let c1 = ContainerId::new("c1");
     assert!(!store
-        .persist_binds(&name, &web, &c1, "r0", &binds)
+        .persist_binds(&name, &web, &c1, "r0", &binds, None)
         .await
         .unwrap());
     assert!(!store
-        .persist_binds(&name, &web, &ContainerId::new("c9"), "r1", &binds)
+        .persist_binds(&name, &web, &ContainerId::new("c9"), "r1", &binds, None)
         .await
         .unwrap());
     assert!(store
-        .persist_binds(&name, &web, &c1, "r1", &binds)
+        .persist_binds(&name, &web, &c1, "r1", &binds, None)
         .await
         .unwrap());
     let loaded = store.load_active(&name).await.unwrap();
@@ -297,7 +300,7 @@ async fn verified_execution_is_recorded_for_the_named_container_only(s: TestStor
         .await
         .unwrap();
     store
-        .record_verified_execution(&name, &web, &ContainerId::new("old"), t(1))
+        .record_verified_execution(&name, &web, &ContainerId::new("old"), t(1), None)
         .await
         .unwrap();
     assert_eq!(
@@ -305,7 +308,7 @@ async fn verified_execution_is_recorded_for_the_named_container_only(s: TestStor
         None
     );
     store
-        .record_verified_execution(&name, &web, &ContainerId::new("c1"), t(2))
+        .record_verified_execution(&name, &web, &ContainerId::new("c1"), t(2), None)
         .await
         .unwrap();
     let loaded = store.load_active(&name).await.unwrap();
@@ -336,7 +339,7 @@ async fn a_verified_execution_start_round_trips_to_the_nanosecond(s: TestStore) 
     );
     let restarted = Timestamp::new(1_800_000_100, 987_654_321).unwrap();
     store
-        .record_verified_execution(&name, &web, &ContainerId::new("c1"), restarted)
+        .record_verified_execution(&name, &web, &ContainerId::new("c1"), restarted, None)
         .await
         .unwrap();
     assert_eq!(
@@ -360,7 +363,7 @@ async fn released_claims_clear_the_binds_of_that_container(s: TestStore) {
         .await
         .unwrap();
     store
-        .release_claims(&name, &ContainerId::new("c1"))
+        .release_claims(&name, &ContainerId::new("c1"), None)
         .await
         .unwrap();
     let loaded = store.load_active(&name).await.unwrap();
@@ -402,7 +405,7 @@ async fn inhibition_save_replaces_the_same_key_and_clear_is_idempotent(s: TestSt
     );
     for _ in 0..2 {
         store
-            .clear_inhibition(&name, &hold.service, &hold.container)
+            .clear_inhibition(&name, &hold.service, &hold.container, None)
             .await
             .unwrap();
     }
@@ -782,15 +785,15 @@ async fn rollouts_are_upserted_per_service_type(s: TestStore) {
     let store = &*s.store;
     assert!(store.rollouts().await.unwrap().is_empty());
     store
-        .set_rollout("wiki", RolloutState::Halted, "upgrade failed", t(1))
+        .set_rollout("wiki", RolloutState::Halted, "upgrade failed", t(1), None)
         .await
         .unwrap();
     store
-        .set_rollout("chat", RolloutState::Active, "", t(1))
+        .set_rollout("chat", RolloutState::Active, "", t(1), None)
         .await
         .unwrap();
     store
-        .set_rollout("wiki", RolloutState::Active, "resumed", t(2))
+        .set_rollout("wiki", RolloutState::Active, "resumed", t(2), None)
         .await
         .unwrap();
     let rollouts = store.rollouts().await.unwrap();
@@ -805,37 +808,45 @@ async fn rollouts_are_upserted_per_service_type(s: TestStore) {
 
 // --- the reconciler lease ------------------------------------------------
 
+/// Leases and instance locks are timed by the database's clock (T2), so
+/// their expiry takes real time: short enough to keep the suite quick, far
+/// above a round trip.
+const SHORT: Duration = Duration::from_millis(300);
+const PAST_SHORT: Duration = Duration::from_millis(400);
+
 async fn reconciler_lease_is_exclusive_until_it_expires(s: TestStore) {
     let store = &*s.store;
-    let ttl = Duration::from_secs(30);
+    let before = store.database_now().await.unwrap();
     let a = store
-        .acquire_reconciler_lease("a", t(0), ttl)
+        .acquire_reconciler_lease("a", SHORT)
         .await
         .unwrap()
         .unwrap();
-    assert_eq!((a.epoch, a.expires_at), (1, t(30)));
+    let after = store.database_now().await.unwrap();
+    assert_eq!(a.epoch, 1);
+    assert!(
+        add(before, SHORT) <= a.expires_at && a.expires_at <= add(after, SHORT),
+        "the lease is timed by the database's clock: {before} + {SHORT:?} <= {} <= {after} + {SHORT:?}",
+        a.expires_at
+    );
     assert_eq!(
-        store
-            .acquire_reconciler_lease("b", t(29), ttl)
-            .await
-            .unwrap(),
+        store.acquire_reconciler_lease("b", SHORT).await.unwrap(),
         None
     );
     let renewed = store
-        .acquire_reconciler_lease("a", t(20), ttl)
+        .acquire_reconciler_lease("a", SHORT)
         .await
         .unwrap()
         .unwrap();
-    assert_eq!((renewed.epoch, renewed.expires_at), (1, t(50)));
+    assert_eq!(renewed.epoch, 1);
+    assert!(renewed.expires_at >= a.expires_at);
     assert_eq!(
-        store
-            .acquire_reconciler_lease("b", t(49), ttl)
-            .await
-            .unwrap(),
+        store.acquire_reconciler_lease("b", SHORT).await.unwrap(),
         None
     );
+    tokio::time::sleep(PAST_SHORT).await;
     let b = store
-        .acquire_reconciler_lease("b", t(50), ttl)
+        .acquire_reconciler_lease("b", Duration::from_secs(60))
         .await
         .unwrap()
         .unwrap();
@@ -843,27 +854,64 @@ async fn reconciler_lease_is_exclusive_until_it_expires(s: TestStore) {
     // A stale release changes nothing; the holder's release frees the lease.
     store.release_reconciler_lease(&renewed).await.unwrap();
     assert_eq!(
-        store
-            .acquire_reconciler_lease("a", t(51), ttl)
-            .await
-            .unwrap(),
+        store.acquire_reconciler_lease("a", SHORT).await.unwrap(),
         None
     );
     store.release_reconciler_lease(&b).await.unwrap();
     let a_again = store
-        .acquire_reconciler_lease("a", t(52), ttl)
+        .acquire_reconciler_lease("a", SHORT)
         .await
         .unwrap()
         .unwrap();
     assert_eq!(a_again.epoch, 3);
 }
 
+/// T1: a daemon restarted on the same data directory is a new incarnation
+/// of the same identity, and takes its lease back without waiting it out;
+/// the old incarnation's fence is dead from then on.
+async fn a_restarted_identity_takes_its_lease_back_at_once(s: TestStore) {
+    let store = &*s.store;
+    let id = instance(store, "alpha").await;
+    let long = Duration::from_secs(600);
+    let old = store
+        .acquire_reconciler_lease("host-1#aa", long)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(
+        store
+            .acquire_reconciler_lease("host-2#bb", long)
+            .await
+            .unwrap(),
+        None,
+        "another identity waits for expiry"
+    );
+    let new = store
+        .acquire_reconciler_lease("host-1#cc", long)
+        .await
+        .unwrap()
+        .expect("the same identity takes it back at once");
+    assert_eq!(
+        (new.holder.as_str(), new.epoch),
+        ("host-1#cc", old.epoch + 1)
+    );
+    let upgrade = task(TaskKind::Upgrade, id, t(0));
+    assert_eq!(
+        store.enqueue(&upgrade, t(1), Some(&old)).await,
+        Err(StoreError::Fenced { epoch: old.epoch })
+    );
+    assert!(store
+        .enqueue(&upgrade, t(1), Some(&new))
+        .await
+        .unwrap()
+        .is_some());
+}
+
 async fn stale_lease_holder_writes_are_fenced_and_write_nothing(s: TestStore) {
     let store = &*s.store;
     let id = instance(store, "alpha").await;
-    let ttl = Duration::from_secs(30);
     let a = store
-        .acquire_reconciler_lease("a", t(0), ttl)
+        .acquire_reconciler_lease("a", SHORT)
         .await
         .unwrap()
         .unwrap();
@@ -873,19 +921,26 @@ async fn stale_lease_holder_writes_are_fenced_and_write_nothing(s: TestStore) {
         .await
         .unwrap()
         .is_some());
-    let b = store
-        .acquire_reconciler_lease("b", t(31), ttl)
-        .await
-        .unwrap()
-        .unwrap();
+    tokio::time::sleep(PAST_SHORT).await;
+    // Expired and not yet taken over: its holder may be a process paused
+    // past its lease, so its writes are refused already.
     let fenced = StoreError::Fenced { epoch: a.epoch };
     let upgrade = task(TaskKind::Upgrade, id, t(0));
     assert_eq!(
         store.enqueue(&upgrade, t(32), Some(&a)).await,
         Err(fenced.clone())
     );
+    let b = store
+        .acquire_reconciler_lease("b", Duration::from_secs(60))
+        .await
+        .unwrap()
+        .unwrap();
     assert_eq!(
-        store.reset_expired_leases(t(32), ttl, Some(&a)).await,
+        store.enqueue(&upgrade, t(32), Some(&a)).await,
+        Err(fenced.clone())
+    );
+    assert_eq!(
+        store.reset_expired_leases(t(32), SHORT, Some(&a)).await,
         Err(fenced.clone())
     );
     let deprovision = task(TaskKind::Deprovision, id, t(0));
@@ -899,7 +954,7 @@ async fn stale_lease_holder_writes_are_fenced_and_write_nothing(s: TestStore) {
                 Some(&a)
             )
             .await,
-        Err(fenced)
+        Err(fenced.clone())
     );
     assert_eq!(store.active_tasks().await.unwrap().rows.len(), 1);
     let state = store.instance_by_id(id).await.unwrap().unwrap().state;
@@ -909,6 +964,133 @@ async fn stale_lease_holder_writes_are_fenced_and_write_nothing(s: TestStore) {
         .await
         .unwrap()
         .is_some());
+}
+
+/// T2: every write the recovery pass makes carries the reconciler's fence.
+async fn recovery_writes_are_fenced_too(s: TestStore) {
+    let store = &*s.store;
+    instance(store, "alpha").await;
+    let (name, web) = (InstanceName::new("alpha"), ServiceName::new("web"));
+    let c1 = ContainerId::new("c1");
+    store
+        .save_active_service(&name, &web, &active("c1", "r1"))
+        .await
+        .unwrap();
+    let hold = Inhibition {
+        service: web.clone(),
+        container: c1.clone(),
+        reason: InhibitionReason::RetirementPending,
+        operation: "upgrade".into(),
+        created_at: t(0),
+        stop_grace: None,
+    };
+    store.save_inhibition(&name, &hold).await.unwrap();
+    let a = store
+        .acquire_reconciler_lease("a#1", SHORT)
+        .await
+        .unwrap()
+        .unwrap();
+    let _b = store.acquire_reconciler_lease("b#1", SHORT).await.unwrap();
+    tokio::time::sleep(PAST_SHORT).await;
+    let fenced = StoreError::Fenced { epoch: a.epoch };
+    let binds = BTreeMap::from([(8080, 40_000)]);
+    assert_eq!(
+        store
+            .persist_binds(&name, &web, &c1, "r1", &binds, Some(&a))
+            .await,
+        Err(fenced.clone())
+    );
+    assert_eq!(
+        store
+            .record_verified_execution(&name, &web, &c1, t(5), Some(&a))
+            .await,
+        Err(fenced.clone())
+    );
+    assert_eq!(
+        store.release_claims(&name, &c1, Some(&a)).await,
+        Err(fenced.clone())
+    );
+    assert_eq!(
+        store.clear_inhibition(&name, &web, &c1, Some(&a)).await,
+        Err(fenced.clone())
+    );
+    assert_eq!(
+        store
+            .set_rollout("wiki", RolloutState::Halted, "x", t(5), Some(&a))
+            .await,
+        Err(fenced)
+    );
+    let loaded = store.load_active(&name).await.unwrap();
+    assert_eq!(loaded.services[&web], active("c1", "r1"), "nothing written");
+    assert_eq!(store.load_inhibitions(&name).await.unwrap(), [hold]);
+    assert!(store.rollouts().await.unwrap().is_empty());
+}
+
+/// T3: one holder at a time per instance, across processes; taken in one
+/// call for many instances, renewed by its holder, free once released or
+/// expired by the database's clock.
+async fn instance_locks_exclude_other_holders_until_released_or_expired(s: TestStore) {
+    let store = &*s.store;
+    let a = instance(store, "alpha").await;
+    let b = instance(store, "beta").await;
+    let long = Duration::from_secs(600);
+    let mut got = store
+        .try_lock_instances(&[a, b, 999_999], "p1#x/recovery", long)
+        .await
+        .unwrap();
+    got.sort_unstable();
+    assert_eq!(got, [a, b], "unknown instances are skipped");
+    assert_eq!(
+        store
+            .try_lock_instances(&[a, b], "p2#y/w0", long)
+            .await
+            .unwrap(),
+        Vec::<i64>::new(),
+        "held by another"
+    );
+    assert_eq!(
+        store
+            .try_lock_instances(&[a], "p1#x/recovery", long)
+            .await
+            .unwrap(),
+        [a],
+        "its holder renews"
+    );
+    store.unlock_instances(&[a], "p2#y/w0").await.unwrap();
+    assert_eq!(
+        store
+            .try_lock_instances(&[a], "p2#y/w0", long)
+            .await
+            .unwrap(),
+        Vec::<i64>::new(),
+        "only the holder releases"
+    );
+    store.unlock_instances(&[a], "p1#x/recovery").await.unwrap();
+    assert_eq!(
+        store
+            .try_lock_instances(&[a], "p2#y/w0", SHORT)
+            .await
+            .unwrap(),
+        [a]
+    );
+    tokio::time::sleep(PAST_SHORT).await;
+    assert_eq!(
+        store
+            .try_lock_instances(&[a], "p3#z/w1", long)
+            .await
+            .unwrap(),
+        [a],
+        "an expired lock is free"
+    );
+    // A restarted identity clears its previous incarnation's locks.
+    assert_eq!(store.clear_instance_locks_of("p1#").await.unwrap(), 1);
+    assert_eq!(
+        store
+            .try_lock_instances(&[b], "p3#z/w1", long)
+            .await
+            .unwrap(),
+        [b]
+    );
 }
 
 async fn timestamps_round_trip_at_microsecond_precision(s: TestStore) {

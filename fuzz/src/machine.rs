@@ -163,7 +163,7 @@ impl CaseSeed {
 
 /// An outcome of the right kind for `command`, picked by `seed`.
 pub fn outcome_for(command: &Command, seed: &OutcomeSeed, active: &ActiveService) -> Outcome {
-    let fails = seed.choice % 8 == 0;
+    let fails = seed.choice.is_multiple_of(8);
     let unit = |what: &str| if fails { Err(what.to_owned()) } else { Ok(()) };
     let runtime = || match seed.choice % 8 {
         0 => Err(RuntimeError::NotFound),

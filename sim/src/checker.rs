@@ -428,6 +428,9 @@ impl Observer for Checker {
                     s.truth.deleting.insert(instance.clone());
                 }
             }
+            // Checked by the topology invariants (at most one process
+            // changes an instance at a time).
+            Effect::InstanceLocked { .. } | Effect::InstanceUnlocked { .. } => {}
             Effect::InhibitionCleared { container, .. } => {
                 s.truth.markers.remove(container);
                 s.truth.inhibited.remove(container);

@@ -12,10 +12,11 @@ use rand_chacha::ChaCha8Rng;
 use stead::core::catalog::{Catalog, CatalogEntry};
 use stead::core::fleet::{InstanceState, RolloutState, TaskKind, TaskRetryPolicy};
 use stead::core::plan::ControlConfig;
-use stead::core::policy::RecoveryPolicy;
+use stead::core::policy::{reconciler_lease_ttl, RecoveryPolicy, LEASE_MARGIN};
 use stead::core::spec::{Healthcheck, ReadinessProbe, ServiceSpec};
 use stead::core::types::{ActiveService, ContainerStatus, InhibitionReason, ServiceKey, Timestamp};
 use stead::core::window::Window;
+use stead::engine::lease::LeaseGuard;
 use stead::engine::recovery::{InstanceLocks, Recoverer};
 use stead::engine::tick::Reconciler;
 use stead::engine::worker::{Worker, WorkerConfig};
@@ -106,7 +107,7 @@ async fn simulate(cfg: SimConfig) -> SimOutcome {
         provisioner: provisioner.clone(),
         notifier: Arc::new(MemoryNotifier::new(hooks.clone())),
     };
-    let locks = Arc::new(InstanceLocks::default());
+    let locks = Arc::new(InstanceLocks::new(store.clone()));
     let actors = Arc::new(Actors {
         rng: Mutex::new(ChaCha8Rng::seed_from_u64(rng.random())),
         mix: mix.clone(),
@@ -160,17 +161,23 @@ async fn simulate(cfg: SimConfig) -> SimOutcome {
     let daemon_seed: u64 = rng.random();
     let mut catalog = Arc::new(sim_catalog(&actors, 1, false));
     let new_daemon = |catalog: &Arc<Catalog>| {
+        let lease = Arc::new(LeaseGuard::new(
+            "sim#1".into(),
+            reconciler_lease_ttl(control.tick_interval, policy.instance_deadline),
+            LEASE_MARGIN,
+        ));
         let recoverer = Arc::new(Recoverer::new(
             ports.clone(),
             policy.clone(),
             Default::default(),
             locks.clone(),
+            "sim#1/recovery".into(),
+            lease,
         ));
         Reconciler::new(
             ports.clone(),
             catalog.clone(),
             control.clone(),
-            "sim".into(),
             recoverer,
             daemon_seed,
         )

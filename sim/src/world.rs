@@ -290,8 +290,27 @@ impl Actors {
             return;
         }
         let svc = &services[pick % services.len()];
-        let lock = self.locks.lock_for(&svc.key.instance);
-        let _guard = lock.lock().await;
+        let Ok(Some(instance)) = self.store.instance(&svc.key.instance).await else {
+            return;
+        };
+        // Operators take the instance lock as workers do (T3).
+        let Ok(guard) = self
+            .locks
+            .lock(
+                instance.id,
+                "operator",
+                Duration::from_secs(60),
+                Duration::from_secs(20),
+            )
+            .await
+        else {
+            return;
+        };
+        self.operate(which, pick, svc).await;
+        guard.release().await;
+    }
+
+    async fn operate(&self, which: u32, pick: usize, svc: &SimService) {
         let Ok(Some(instance)) = self.store.instance(&svc.key.instance).await else {
             return;
         };
@@ -347,7 +366,7 @@ impl Actors {
             2 => {
                 let _ = self
                     .store
-                    .clear_inhibition(&instance.name, &svc.key.service, &current)
+                    .clear_inhibition(&instance.name, &svc.key.service, &current, None)
                     .await;
             }
             3 => self.deploy(svc, &current).await,
@@ -384,7 +403,7 @@ impl Actors {
                 let now = self.clock.now();
                 if self
                     .store
-                    .set_rollout(SERVICE_TYPE, next, "sim operator", now)
+                    .set_rollout(SERVICE_TYPE, next, "sim operator", now, None)
                     .await
                     .is_ok()
                 {

@@ -128,6 +128,21 @@ impl TaskKind {
             .find(|s| s.as_str() == word)
             .ok_or_else(|| UnknownWord::new("task kind", word))
     }
+
+    /// T4: whether a task of this kind still has work to do on an instance
+    /// in `state`, as a handler finds it under the instance lock. Deleted
+    /// stays deleted: a provision, reprovision or upgrade that was queued,
+    /// parked behind a window or running when the instance went to
+    /// `deleting` does nothing, so no container or ACTIVE row comes back. A
+    /// deprovision has nothing left once the instance is `deleted`.
+    pub fn applies_to(self, state: InstanceState) -> bool {
+        match self {
+            Self::Deprovision => state != InstanceState::Deleted,
+            Self::Provision | Self::Reprovision | Self::Upgrade => {
+                !matches!(state, InstanceState::Deleting | InstanceState::Deleted)
+            }
+        }
+    }
 }
 
 impl fmt::Display for TaskKind {

@@ -11,6 +11,26 @@ pub const UNHEALTHY_THRESHOLD_MAX: u32 = 100;
 /// Most free (undelayed) attempts a policy may grant.
 pub const FREE_ATTEMPTS_MAX: u32 = 100;
 
+/// The part of the reconciler lease a holder never trusts (T2): a grant of
+/// `ttl` is acted on for `ttl - LEASE_MARGIN` from the moment it was asked
+/// for, which covers clock-rate drift and the gap between checking the
+/// lease and the effect it guards.
+pub const LEASE_MARGIN: Duration = Duration::from_secs(10);
+/// What one instance's recovery may need beyond its deadline (releasing its
+/// lock, reporting) under the lease it started with.
+pub const INSTANCE_LEASE_SLACK: Duration = Duration::from_secs(5);
+
+/// The reconciler lease's length (C2, T2): it outlives a tick by a wide
+/// margin, so a live leader keeps it, and it lasts two instance recoveries
+/// beyond its margin, so the pass renews it at most once per instance's
+/// worth of work and never starts an instance it could not finish under
+/// the lease.
+pub fn reconciler_lease_ttl(tick_interval: Duration, instance_deadline: Duration) -> Duration {
+    let ticks = tick_interval * 3 + Duration::from_secs(30);
+    let instances = (instance_deadline + INSTANCE_LEASE_SLACK) * 2 + LEASE_MARGIN;
+    ticks.max(instances)
+}
+
 /// The tunables of the recovery pass (R10, R12, R14, R2, R4). Construct with
 /// [`RecoveryPolicy::default`] or validate a hand-built one with
 /// [`RecoveryPolicy::validated`].

@@ -19,7 +19,10 @@ use crate::adapters::docker::{DockerConfig, DockerProvisioner, DockerRuntime, Na
 use crate::adapters::helm::{HelmConfig, HelmProvisioner};
 use crate::adapters::probe::NetProbe;
 use crate::core::catalog::Catalog;
+use crate::core::policy::{reconciler_lease_ttl, LEASE_MARGIN};
 use crate::core::types::{InstanceName, ServiceName};
+use crate::engine::clock::AnchoredClock;
+use crate::engine::lease::LeaseGuard;
 use crate::engine::recovery::{InstanceLocks, ReadinessTable, Recoverer};
 use crate::engine::tick::Reconciler;
 use crate::engine::worker::{Worker, WorkerConfig};
@@ -28,6 +31,7 @@ use crate::ports::{Notifier, Policy, Provisioner, Store};
 
 pub mod admin;
 pub mod events;
+pub mod identity;
 pub mod ops;
 
 // The config parser needs no adapter and lives in `crate::config` so that it
@@ -213,14 +217,19 @@ pub struct Daemon {
     pub locks: Arc<InstanceLocks>,
     pub recoverer: Arc<Recoverer>,
     pub reconciler: Arc<Reconciler>,
-    /// Identifies this process as lease holder and worker.
+    /// This process as lease holder and worker: `<identity>#<incarnation>`.
     pub holder: String,
+    /// The identity of the state directory, held while the daemon lives.
+    pub identity: identity::Identity,
 }
 
 impl Daemon {
     /// Loads the catalog, opens the store and builds every port.
     pub async fn build(config: DaemonConfig) -> Result<Daemon, DaemonError> {
         let catalog = Arc::new(crate::config::load_catalog(&config.catalog)?);
+        let identity = identity::Identity::take(&config.state_dir, os_seed())
+            .await
+            .map_err(|e| DaemonError::Setup(e.to_string()))?;
         let store = open_store(&config).await?;
         let docker = docker_runtime(&config).await?;
         let caddy = CaddyTraffic::new(CaddyConfig {
@@ -256,7 +265,7 @@ impl Daemon {
             }
         };
         let ports = Ports {
-            clock: Arc::new(SystemClock),
+            clock: Arc::new(AnchoredClock::new(Arc::new(SystemClock))),
             runtime: Arc::new(docker.clone()),
             traffic: Arc::new(caddy.clone()),
             store: store.clone(),
@@ -265,19 +274,25 @@ impl Daemon {
             provisioner,
             notifier: Arc::new(LogNotifier),
         };
-        let locks = Arc::new(InstanceLocks::default());
+        let locks = Arc::new(InstanceLocks::new(ports.store.clone()));
+        let holder = identity.process.holder();
+        let lease = Arc::new(LeaseGuard::new(
+            holder.clone(),
+            reconciler_lease_ttl(control.tick_interval, config.recovery.instance_deadline),
+            LEASE_MARGIN,
+        ));
         let recoverer = Arc::new(Recoverer::new(
             ports.clone(),
             config.recovery.clone(),
             readiness_table(&catalog),
             locks.clone(),
+            identity.process.actor("recovery"),
+            lease,
         ));
-        let holder = holder_name();
         let reconciler = Arc::new(Reconciler::new(
             ports.clone(),
             catalog.clone(),
             control,
-            holder.clone(),
             recoverer.clone(),
             os_seed(),
         ));
@@ -291,7 +306,26 @@ impl Daemon {
             recoverer,
             reconciler,
             holder,
+            identity,
         })
+    }
+
+    /// T1: this identity's earlier incarnation is gone (the identity lock
+    /// says so), so the instance locks it held are released at once rather
+    /// than left to expire.
+    pub async fn clear_predecessor_locks(&self) {
+        let prefix = self.identity.process.identity_prefix();
+        match self.ports.store.clear_instance_locks_of(&prefix).await {
+            Ok(0) => {}
+            Ok(n) => tracing::info!(
+                released = n,
+                identity = %self.identity.process.identity,
+                "released instance locks of this daemon's previous run"
+            ),
+            Err(e) => {
+                tracing::warn!(error = %e, "could not release the previous run's instance locks; they will expire")
+            }
+        }
     }
 
     /// Creates stead's server in Caddy if it is missing. Failure is not
@@ -323,7 +357,7 @@ impl Daemon {
             self.ports.clone(),
             self.catalog.clone(),
             WorkerConfig {
-                id: format!("{}/w{n}", self.holder),
+                id: self.identity.process.actor(&format!("w{n}")),
                 lease: self.config.control.lease,
                 retry: Default::default(),
                 idle_poll: self.config.worker_idle_poll,
@@ -388,16 +422,6 @@ impl Daemon {
         }
         tracing::info!("stopped");
     }
-}
-
-/// `hostname:pid`, unique per process, readable in `locked_by`.
-fn holder_name() -> String {
-    let host = std::fs::read_to_string("/etc/hostname")
-        .ok()
-        .map(|h| h.trim().to_owned())
-        .filter(|h| !h.is_empty())
-        .unwrap_or_else(|| "stead".to_owned());
-    format!("{host}:{}", std::process::id())
 }
 
 /// The seed of trace ids; drawn from the OS (the simulation passes its own).

@@ -215,7 +215,12 @@ impl Ops<'_> {
                 && inhibition.reason != InhibitionReason::RetirementPending
             {
                 self.store
-                    .clear_inhibition(&instance.name, &inhibition.service, &inhibition.container)
+                    .clear_inhibition(
+                        &instance.name,
+                        &inhibition.service,
+                        &inhibition.container,
+                        None,
+                    )
                     .await
                     .map_err(|e| e.to_string())?;
                 n += 1;
@@ -236,7 +241,7 @@ impl Ops<'_> {
             ));
         }
         self.store
-            .set_rollout(service_type, state, reason, self.now)
+            .set_rollout(service_type, state, reason, self.now, None)
             .await
             .map_err(|e| e.to_string())
     }

@@ -7,6 +7,9 @@ use std::sync::Arc;
 use crate::core::types::Timestamp;
 use crate::ports::{Clock, Notifier, Policy, Probe, Provisioner, Runtime, Store, Traffic};
 
+pub mod clock;
+pub mod lease;
+pub mod locks;
 pub mod recovery;
 pub mod tick;
 pub mod worker;

@@ -2,14 +2,14 @@
 //! core's per-service machine over the ports. Every decision is the core's;
 //! this file only sequences, bounds, locks and aggregates.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 
 use tokio::time::Instant;
 
 use crate::core::fleet::{Instance, InstanceState};
 use crate::core::memory::RecoveryMemory;
-use crate::core::policy::RecoveryPolicy;
+use crate::core::policy::{RecoveryPolicy, INSTANCE_LEASE_SLACK};
 use crate::core::recovery::{Command, Outcome, Report, ServiceInput, ServiceRecovery};
 use crate::core::retire::{
     decide_marker, inhibition_for, note_verdict, successor_confirmed, MarkerDecision,
@@ -21,25 +21,14 @@ use crate::core::types::{
     RuntimeError, ServiceKey, ServiceName,
 };
 use crate::mutants::{self, Mutant};
-use crate::ports::{Route, StoreError};
+use crate::ports::{LeaseGrant, Route, StoreError};
 
+use super::lease::LeaseGuard;
+pub use super::locks::InstanceLocks;
 use super::Ports;
 
 /// Readiness probe per (service type, service), from the catalog.
 pub type ReadinessTable = BTreeMap<(String, ServiceName), ReadinessProbe>;
-
-/// Per-instance mutation locks. The pass only ever try-locks (R3).
-#[derive(Default)]
-pub struct InstanceLocks {
-    locks: Mutex<HashMap<InstanceName, Arc<tokio::sync::Mutex<()>>>>,
-}
-
-impl InstanceLocks {
-    pub fn lock_for(&self, instance: &InstanceName) -> Arc<tokio::sync::Mutex<()>> {
-        let mut locks = self.locks.lock().expect("locks poisoned");
-        locks.entry(instance.clone()).or_default().clone()
-    }
-}
 
 /// What one instance's recovery did.
 #[derive(Debug, Default)]
@@ -48,6 +37,9 @@ pub struct InstanceOutcome {
     pub retired: Vec<String>,
     pub errors: Vec<String>,
     pub skipped_busy: bool,
+    /// Not attempted: this process no longer holds the reconciler lease
+    /// (T2), so it must not act.
+    pub skipped_no_lease: bool,
 }
 
 /// What one whole pass did, aggregated (R2).
@@ -76,6 +68,10 @@ pub struct Recoverer {
     readiness: ReadinessTable,
     memory: Mutex<RecoveryMemory>,
     locks: Arc<InstanceLocks>,
+    /// This process's recovery as an instance-lock holder (T3).
+    lock_holder: String,
+    /// The reconciler lease every effect of recovery needs (T2).
+    lease: Arc<LeaseGuard>,
 }
 
 impl Recoverer {
@@ -84,6 +80,8 @@ impl Recoverer {
         policy: RecoveryPolicy,
         readiness: ReadinessTable,
         locks: Arc<InstanceLocks>,
+        lock_holder: String,
+        lease: Arc<LeaseGuard>,
     ) -> Self {
         Self {
             ports,
@@ -91,7 +89,25 @@ impl Recoverer {
             readiness,
             memory: Mutex::new(RecoveryMemory::default()),
             locks,
+            lock_holder,
+            lease,
         }
+    }
+
+    /// The lease this recovery acts under.
+    pub fn lease(&self) -> &Arc<LeaseGuard> {
+        &self.lease
+    }
+
+    /// The grant, if it will last one instance's recovery (renewed if
+    /// needed); `None`: do not act.
+    async fn fence(&self) -> Option<LeaseGrant> {
+        self.lease
+            .ensure(
+                self.ports.store.as_ref(),
+                self.policy.instance_deadline + INSTANCE_LEASE_SLACK,
+            )
+            .await
     }
 
     pub fn memory(&self) -> RecoveryMemory {
@@ -132,20 +148,52 @@ impl Recoverer {
                 continue;
             }
             let result = self.recover_instance(&instance).await;
+            if result.skipped_no_lease {
+                // The lease is lost: nothing more may be done this pass.
+                outcome
+                    .errors
+                    .push("reconciler lease lost; pass stopped".to_owned());
+                break;
+            }
             outcome.instances.insert(instance.name.clone(), result);
         }
         outcome
     }
 
-    /// Recovers one instance under its lock and deadline.
+    /// Recovers one instance under its lock, its deadline and the lease.
     pub async fn recover_instance(&self, instance: &Instance) -> InstanceOutcome {
-        let lock = self.locks.lock_for(&instance.name);
-        let Ok(_guard) = lock.try_lock() else {
+        let Some(fence) = self.fence().await else {
             return InstanceOutcome {
-                skipped_busy: true,
+                skipped_no_lease: true,
                 ..Default::default()
             };
         };
+        let lock_ttl = self.policy.instance_deadline + INSTANCE_LEASE_SLACK;
+        let guard = match self
+            .locks
+            .try_lock(instance.id, &self.lock_holder, lock_ttl)
+            .await
+        {
+            Ok(Some(guard)) => guard,
+            Ok(None) => {
+                return InstanceOutcome {
+                    skipped_busy: true,
+                    ..Default::default()
+                }
+            }
+            Err(e) => {
+                return InstanceOutcome {
+                    errors: vec![format!("{}: lock: {e}", instance.name)],
+                    ..Default::default()
+                }
+            }
+        };
+        let out = self.recover_locked(instance, &fence).await;
+        guard.release().await;
+        out
+    }
+
+    async fn recover_locked(&self, instance: &Instance, fence: &LeaseGrant) -> InstanceOutcome {
         let deadline = Instant::now() + self.policy.instance_deadline;
         let mut out = InstanceOutcome::default();
         let loaded = within(deadline, self.load(&instance.name)).await;
@@ -192,7 +240,7 @@ impl Recoverer {
                 inhibition,
                 memory,
             };
-            let report = self.drive(instance, input, deadline).await;
+            let report = self.drive(instance, input, deadline, fence).await;
             note_verdict(&mut verified, service, &report.verdict);
             for e in &report.errors {
                 out.errors
@@ -208,6 +256,7 @@ impl Recoverer {
             &inhibitions,
             &verified,
             deadline,
+            fence,
             &mut out,
         )
         .await;
@@ -238,10 +287,20 @@ impl Recoverer {
 
     /// Runs one service's machine to completion, or abandons it at the
     /// deadline (fail closed).
-    async fn drive(&self, instance: &Instance, input: ServiceInput, deadline: Instant) -> Report {
+    async fn drive(
+        &self,
+        instance: &Instance,
+        input: ServiceInput,
+        deadline: Instant,
+        fence: &LeaseGrant,
+    ) -> Report {
         let mut machine = ServiceRecovery::new(&self.policy, input);
         while let Some(command) = machine.poll_command() {
-            let performed = within(deadline, self.perform(instance, machine.key(), &command)).await;
+            let performed = within(
+                deadline,
+                self.perform(instance, machine.key(), &command, fence),
+            )
+            .await;
             match performed {
                 Ok(outcome) => machine.handle(outcome, self.ports.clock.now()),
                 Err(_) => return machine.abandon(),
@@ -258,8 +317,10 @@ impl Recoverer {
         instance: &Instance,
         key: &GenerationKey,
         command: &Command,
+        fence: &LeaseGrant,
     ) -> Outcome {
         let p = &self.ports;
+        let fence = Some(fence);
         let service_key = ServiceKey {
             instance: key.instance.clone(),
             service: key.service.clone(),
@@ -276,7 +337,7 @@ impl Recoverer {
             Command::Inspect => Outcome::Inspected(p.runtime.inspect(id).await),
             Command::ReleaseClaims => Outcome::ClaimsReleased(
                 p.store
-                    .release_claims(&key.instance, id)
+                    .release_claims(&key.instance, id, fence)
                     .await
                     .map_err(|e| e.to_string()),
             ),
@@ -317,7 +378,7 @@ impl Recoverer {
             ),
             Command::PersistBinds { binds, revision } => Outcome::BindsPersisted(
                 p.store
-                    .persist_binds(&key.instance, &key.service, id, revision, binds)
+                    .persist_binds(&key.instance, &key.service, id, revision, binds, fence)
                     .await
                     .map_err(|e| e.to_string()),
             ),
@@ -332,7 +393,7 @@ impl Recoverer {
             }
             Command::RecordExecution { started_at } => Outcome::ExecutionRecorded(
                 p.store
-                    .record_verified_execution(&key.instance, &key.service, id, *started_at)
+                    .record_verified_execution(&key.instance, &key.service, id, *started_at, fence)
                     .await
                     .map_err(|e| e.to_string()),
             ),
@@ -349,6 +410,7 @@ impl Recoverer {
         inhibitions: &[Inhibition],
         verified: &VerifiedThisPass,
         deadline: Instant,
+        fence: &LeaseGrant,
         out: &mut InstanceOutcome,
     ) {
         let markers = inhibitions
@@ -357,7 +419,7 @@ impl Recoverer {
         for marker in markers {
             let step = within(
                 deadline,
-                self.settle_marker(instance, intent, active, marker, verified),
+                self.settle_marker(instance, intent, active, marker, verified, fence),
             )
             .await;
             match step {
@@ -383,12 +445,14 @@ impl Recoverer {
         active: &ActiveRecord,
         marker: &Inhibition,
         verified: &VerifiedThisPass,
+        fence: &LeaseGrant,
     ) -> Result<bool, String> {
         let p = &self.ports;
+        let fence = Some(fence);
         let retire = match decide_marker(marker, active, intent, verified) {
             MarkerDecision::ClearMarker => {
                 p.store
-                    .clear_inhibition(&instance.name, &marker.service, &marker.container)
+                    .clear_inhibition(&instance.name, &marker.service, &marker.container, fence)
                     .await
                     .map_err(|e| e.to_string())?;
                 return Ok(false);
@@ -415,11 +479,11 @@ impl Recoverer {
         // The marker stays until the container is gone and its claims are
         // released, so a failure here is retried next pass.
         p.store
-            .release_claims(&instance.name, &marker.container)
+            .release_claims(&instance.name, &marker.container, fence)
             .await
             .map_err(|e| format!("release claims: {e}"))?;
         p.store
-            .clear_inhibition(&instance.name, &marker.service, &marker.container)
+            .clear_inhibition(&instance.name, &marker.service, &marker.container, fence)
             .await
             .map_err(|e| format!("clear marker: {e}"))?;
         metrics::counter!("stead_retirements_total").increment(1);

@@ -20,11 +20,14 @@ use crate::core::plan::{
 use crate::core::types::Timestamp;
 use crate::ports::{LeaseGrant, StoreError};
 
+use super::lease::LeaseAnswer;
 use super::recovery::Recoverer;
 use super::Ports;
 
 /// Bound on one courtesy notification.
 const NOTIFY_TIMEOUT: Duration = Duration::from_secs(10);
+/// How long the lease must still hold for a tick's planners to write.
+const PLANNERS_LEASE_NEED: Duration = Duration::from_secs(30);
 
 /// A pure planner of the control loop.
 type Planner = fn(&Snapshot<'_>) -> Plan;
@@ -80,14 +83,16 @@ impl TickOutcome {
     }
 }
 
-/// The singleton reconciler.
+/// The singleton reconciler. Its lease is the recoverer's: one lease
+/// covers every effect of the reconciler, recovery included (T2).
 pub struct Reconciler {
     ports: Ports,
     catalog: Arc<Catalog>,
     config: ControlConfig,
-    holder: String,
     recoverer: Arc<Recoverer>,
-    lease: Mutex<Option<LeaseGrant>>,
+    /// Whether this replica held the lease at its last tick; a change is
+    /// logged once (taken, lost, waited for).
+    leader: std::sync::atomic::AtomicBool,
     rng: Mutex<ChaCha8Rng>,
     /// Unix seconds of the last finished tick (0 before the first).
     last_tick_s: AtomicI64,
@@ -100,7 +105,6 @@ impl Reconciler {
         ports: Ports,
         catalog: Arc<Catalog>,
         config: ControlConfig,
-        holder: String,
         recoverer: Arc<Recoverer>,
         seed: u64,
     ) -> Self {
@@ -108,9 +112,8 @@ impl Reconciler {
             ports,
             catalog,
             config,
-            holder,
             recoverer,
-            lease: Mutex::new(None),
+            leader: std::sync::atomic::AtomicBool::new(false),
             rng: Mutex::new(ChaCha8Rng::seed_from_u64(seed)),
             last_tick_s: AtomicI64::new(0),
         }
@@ -125,9 +128,9 @@ impl Reconciler {
         self.last_tick_s.load(Ordering::Relaxed)
     }
 
-    /// Whether this replica held the lease at its last tick.
+    /// Whether this replica holds a lease it trusts right now.
     pub fn holds_lease(&self) -> bool {
-        self.lease.lock().expect("lease poisoned").is_some()
+        self.recoverer.lease().current().is_some()
     }
 
     /// A W3C trace context for a new tick.
@@ -157,10 +160,10 @@ impl Reconciler {
             traceparent: traceparent.clone(),
             ..Default::default()
         };
-        let Some(fence) = self.take_lease().await else {
-            tracing::info!("another replica holds the reconciler lease; not ticking");
+        super::clock::anchor(self.ports.clock.as_ref(), self.ports.store.as_ref()).await;
+        if !self.take_lease().await {
             return out;
-        };
+        }
         out.leader = true;
 
         let pass = self.recoverer.pass().await;
@@ -180,8 +183,24 @@ impl Reconciler {
                 }
             }
             Ok((snapshot, releases_error)) => {
-                self.run_planners(&snapshot, releases_error, &fence, &mut out)
-                    .await;
+                // The planners' writes are quick; the lease must outlast them.
+                match self
+                    .recoverer
+                    .lease()
+                    .ensure(self.ports.store.as_ref(), PLANNERS_LEASE_NEED)
+                    .await
+                {
+                    Some(fence) => {
+                        self.run_planners(&snapshot, releases_error, &fence, &mut out)
+                            .await
+                    }
+                    None => {
+                        for check in &Check::ALL[1..] {
+                            out.failed
+                                .push((*check, "reconciler lease lost".to_owned()));
+                        }
+                    }
+                }
             }
         }
         for (check, why) in &out.failed {
@@ -195,25 +214,35 @@ impl Reconciler {
         out
     }
 
-    /// C2: take or renew the singleton lease. The lease outlives a tick by
-    /// a wide margin, so a live leader keeps it.
-    async fn take_lease(&self) -> Option<LeaseGrant> {
-        let now = self.ports.clock.now();
-        let ttl = self.config.tick_interval * 3 + Duration::from_secs(30);
-        let grant = match self
-            .ports
-            .store
-            .acquire_reconciler_lease(&self.holder, now, ttl)
-            .await
-        {
-            Ok(grant) => grant,
-            Err(e) => {
-                tracing::error!(error = %e, "reconciler lease unavailable");
-                None
+    /// C2: take or renew the singleton lease; says so once when this
+    /// replica takes it, loses it, or waits for another's.
+    async fn take_lease(&self) -> bool {
+        let lease = self.recoverer.lease();
+        let answer = lease.acquire(self.ports.store.as_ref()).await;
+        let leader = matches!(answer, LeaseAnswer::Held(_));
+        let was = self.leader.swap(leader, Ordering::Relaxed);
+        match (&answer, was) {
+            (LeaseAnswer::Held(grant), false) => tracing::info!(
+                holder = %grant.holder,
+                epoch = grant.epoch,
+                expires_at = %grant.expires_at,
+                "took the reconciler lease"
+            ),
+            (LeaseAnswer::HeldElsewhere, true) => {
+                tracing::warn!(
+                    holder = lease.holder(),
+                    "lost the reconciler lease to another replica"
+                )
             }
-        };
-        *self.lease.lock().expect("lease poisoned") = grant.clone();
-        grant
+            (LeaseAnswer::HeldElsewhere, false) => {
+                tracing::debug!("another replica holds the reconciler lease; standing by")
+            }
+            (LeaseAnswer::Unavailable(e), _) => {
+                tracing::error!(error = %e, "reconciler lease unavailable; not acting")
+            }
+            (LeaseAnswer::Held(_), true) => {}
+        }
+        leader
     }
 
     /// Reads what the planners need. Listing releases may fail on its own:
@@ -346,6 +375,7 @@ impl Reconciler {
                             crate::core::fleet::RolloutState::Halted,
                             reason,
                             now,
+                            Some(fence),
                         )
                         .await
                 }
@@ -412,9 +442,18 @@ impl Reconciler {
     /// Gives up the singleton lease, so another replica (or the next
     /// one-shot `stead tick`) need not wait for it to expire.
     pub async fn release_lease(&self) {
-        let grant = self.lease.lock().expect("lease poisoned").take();
-        if let Some(grant) = grant {
-            let _ = self.ports.store.release_reconciler_lease(&grant).await;
+        match self
+            .recoverer
+            .lease()
+            .release(self.ports.store.as_ref())
+            .await
+        {
+            Ok(()) => {
+                if self.leader.swap(false, Ordering::Relaxed) {
+                    tracing::info!("released the reconciler lease");
+                }
+            }
+            Err(e) => tracing::warn!(error = %e, "reconciler lease not released; it will expire"),
         }
     }
 

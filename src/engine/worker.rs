@@ -18,11 +18,14 @@ use crate::core::types::{
 };
 use crate::ports::CreateContainer;
 
-use super::recovery::InstanceLocks;
+use super::locks::InstanceLocks;
 use super::Ports;
 
 /// Longest a handler waits for a new container to report `running`.
 const CANDIDATE_RUNNING_WAIT_MAX: Duration = Duration::from_secs(60);
+/// A handler runs within its task lease; its instance lock outlives that by
+/// this much, so the lock never lapses under a live handler.
+const INSTANCE_LOCK_SLACK: Duration = Duration::from_secs(5);
 
 /// How a worker behaves.
 #[derive(Clone, Debug)]
@@ -113,15 +116,10 @@ impl Worker {
     }
 
     async fn run_task(&self, task: &Task) -> TaskEnd {
-        // A handler is bounded by its lease: past it, another worker may
-        // own the task, and a hung runtime or provisioner call must not hold
-        // this worker (and the instance lock) forever.
-        let work = tokio::time::timeout(self.config.lease, self.handle(task));
+        let work = self.handle(task);
         let keep_lease = self.keep_lease(task);
         let result = tokio::select! {
-            r = work => r.unwrap_or_else(|_| Err(format!(
-                "handler exceeded its {:?} lease", self.config.lease
-            ))),
+            r = work => r,
             _ = keep_lease => return TaskEnd::LeaseLost,
         };
         let now = self.ports.clock.now();
@@ -186,20 +184,62 @@ impl Worker {
                     crate::core::fleet::RolloutState::Halted,
                     &reason,
                     now,
+                    None,
                 )
                 .await;
         }
     }
 
+    /// Runs the task's handler under the instance's lock, shared with
+    /// recovery and operator commands across processes (T3). The instance
+    /// is read under the lock, so what the handler sees is what it acts on.
+    ///
+    /// The whole of it, waiting for the lock included, is bounded by the
+    /// task lease: past it, another worker may own the task, and a hung
+    /// runtime or provisioner call must not hold this worker, nor the
+    /// instance lock, forever.
     async fn handle(&self, task: &Task) -> Result<(), String> {
-        let store = &self.ports.store;
-        let instance = store
+        let began = tokio::time::Instant::now();
+        let guard = self
+            .locks
+            .lock(
+                task.instance,
+                &self.config.id,
+                self.config.lease + INSTANCE_LOCK_SLACK,
+                self.config.lease,
+            )
+            .await
+            .map_err(|e| e.to_string())?;
+        let remaining = self.config.lease.saturating_sub(began.elapsed());
+        let result = tokio::time::timeout(remaining, self.handle_locked(task))
+            .await
+            .unwrap_or_else(|_| {
+                Err(format!(
+                    "handler exceeded its {:?} lease",
+                    self.config.lease
+                ))
+            });
+        guard.release().await;
+        result
+    }
+
+    async fn handle_locked(&self, task: &Task) -> Result<(), String> {
+        let instance = self
+            .ports
+            .store
             .instance_by_id(task.instance)
             .await
             .map_err(|e| e.to_string())?
             .ok_or_else(|| format!("instance {} does not exist", task.instance))?;
-        let lock = self.locks.lock_for(&instance.name);
-        let _guard = lock.lock().await;
+        if !task.kind.applies_to(instance.state) {
+            tracing::info!(
+                instance = %instance.name,
+                state = %instance.state,
+                kind = task.kind.as_str(),
+                "task not run: the instance is deleting or deleted (T4)"
+            );
+            return Ok(());
+        }
         match task.kind {
             TaskKind::Provision | TaskKind::Reprovision => self.provision(&instance).await,
             TaskKind::Upgrade => self.upgrade(&instance).await,
@@ -435,7 +475,7 @@ impl Worker {
             let grace = record.stop_grace.unwrap_or(self.config.stop_grace_default);
             self.stop_and_remove(&record.container, grace).await?;
             p.store
-                .release_claims(name, &record.container)
+                .release_claims(name, &record.container, None)
                 .await
                 .map_err(|e| e.to_string())?;
             p.store
@@ -449,7 +489,7 @@ impl Worker {
                 self.stop_and_remove(&marker.container, grace).await?;
             }
             p.store
-                .clear_inhibition(name, &marker.service, &marker.container)
+                .clear_inhibition(name, &marker.service, &marker.container, None)
                 .await
                 .map_err(|e| e.to_string())?;
         }

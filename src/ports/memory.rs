@@ -149,6 +149,16 @@ pub enum Effect {
     Uninstalled {
         release: String,
     },
+    /// A process took (or renewed) an instance's lock (T3).
+    InstanceLocked {
+        instance: InstanceName,
+        holder: String,
+    },
+    /// A process released an instance's lock.
+    InstanceUnlocked {
+        instance: InstanceName,
+        holder: String,
+    },
 }
 
 /// Told about every effect. The default ignores them.

@@ -21,6 +21,13 @@ use crate::core::types::{
 /// The source of `now` for the engine. The core never reads it itself.
 pub trait Clock: Send + Sync {
     fn now(&self) -> Timestamp;
+    /// Anchors a clock that follows the database's (T2) to `database_now`,
+    /// read over a round trip of `round_trip`. Other clocks ignore it.
+    fn anchor(&self, _database_now: Timestamp, _round_trip: Duration) {}
+    /// Whether this clock wants anchoring (again).
+    fn wants_anchor(&self) -> bool {
+        false
+    }
 }
 
 /// A container the runtime manages on stead's behalf (it carries stead's
@@ -229,7 +236,9 @@ pub trait Store: Send + Sync {
         service: &ServiceName,
     ) -> Result<(), StoreError>;
     /// Writes binds only if ACTIVE still names `container` at `revision`;
-    /// `Ok(false)` when the generation changed.
+    /// `Ok(false)` when the generation changed. With a fence, only while
+    /// that reconciler lease is current (T2), as for every write below that
+    /// takes one.
     async fn persist_binds(
         &self,
         instance: &InstanceName,
@@ -237,6 +246,7 @@ pub trait Store: Send + Sync {
         container: &ContainerId,
         revision: &str,
         binds: &Binds,
+        fence: Option<&LeaseGrant>,
     ) -> Result<bool, StoreError>;
     /// Records the last verified execution of the generation (R17).
     async fn record_verified_execution(
@@ -245,12 +255,14 @@ pub trait Store: Send + Sync {
         service: &ServiceName,
         container: &ContainerId,
         started_at: Timestamp,
+        fence: Option<&LeaseGrant>,
     ) -> Result<(), StoreError>;
     /// Releases the bind claims of a gone container (clears its binds).
     async fn release_claims(
         &self,
         instance: &InstanceName,
         container: &ContainerId,
+        fence: Option<&LeaseGrant>,
     ) -> Result<(), StoreError>;
 
     // --- inhibitions -----------------------------------------------------
@@ -270,6 +282,7 @@ pub trait Store: Send + Sync {
         instance: &InstanceName,
         service: &ServiceName,
         container: &ContainerId,
+        fence: Option<&LeaseGrant>,
     ) -> Result<(), StoreError>;
 
     // --- tasks -----------------------------------------------------------
@@ -347,16 +360,47 @@ pub trait Store: Send + Sync {
         state: RolloutState,
         reason: &str,
         now: Timestamp,
+        fence: Option<&LeaseGrant>,
     ) -> Result<(), StoreError>;
 
-    // --- the reconciler singleton (C2) -----------------------------------
-    /// Takes or renews the lease. `Ok(None)` while another holder's lease is
-    /// unexpired. Each change of holder increments the epoch.
+    // --- time ------------------------------------------------------------
+    /// The database's clock (T2). Leases and instance locks are timed by it
+    /// inside the store; the engine anchors its own clock to it, so a skewed
+    /// or jumping host clock can neither take a lease early, keep one late,
+    /// nor expire a TTL or a task lease early.
+    async fn database_now(&self) -> Result<Timestamp, StoreError>;
+
+    // --- the reconciler singleton (C2, T1) -------------------------------
+    /// Takes or renews the lease, timed by the database's clock. `Ok(None)`
+    /// while another holder's lease is unexpired. Each change of holder
+    /// increments the epoch; a new incarnation of the same identity
+    /// (`<identity>#<incarnation>`) takes it back at once.
     async fn acquire_reconciler_lease(
         &self,
         holder: &str,
-        now: Timestamp,
         ttl: Duration,
     ) -> Result<Option<LeaseGrant>, StoreError>;
     async fn release_reconciler_lease(&self, grant: &LeaseGrant) -> Result<(), StoreError>;
+
+    // --- instance locks across processes (T3) ----------------------------
+    /// Takes (or, for the same holder, renews) the lock of each instance
+    /// whose lock is free, expired or already `holder`'s, for `ttl` by the
+    /// database's clock, in one statement. Returns the instances locked;
+    /// unknown instances are skipped.
+    async fn try_lock_instances(
+        &self,
+        instances: &[InstanceId],
+        holder: &str,
+        ttl: Duration,
+    ) -> Result<Vec<InstanceId>, StoreError>;
+    /// Releases `holder`'s locks of these instances; others' are untouched.
+    async fn unlock_instances(
+        &self,
+        instances: &[InstanceId],
+        holder: &str,
+    ) -> Result<(), StoreError>;
+    /// Releases every instance lock whose holder starts with `prefix` (a
+    /// restarted daemon's `<identity>#`: its earlier incarnation is gone).
+    /// Returns how many.
+    async fn clear_instance_locks_of(&self, prefix: &str) -> Result<u64, StoreError>;
 }

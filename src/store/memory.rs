@@ -27,15 +27,29 @@ use crate::core::types::{
     ActiveRecord, ActiveService, Binds, ContainerId, Inhibition, InhibitionReason, InstanceName,
     ServiceKey, ServiceName, Timestamp,
 };
+use crate::engine::SystemClock;
 use crate::ports::memory::{Effect, Observer};
+use crate::ports::Clock;
 use crate::ports::{LeaseGrant, NewInstance, Rows, Store, StoreError};
 
 /// An in-memory [`Store`]. Cheap to create; share it behind an `Arc`.
-#[derive(Default)]
 pub struct MemoryStore {
     state: Mutex<State>,
     /// Told whenever binds reach ACTIVE, so the simulation can check S7.
     observer: Option<Arc<dyn Observer>>,
+    /// The database's clock: leases, instance locks and fences are timed
+    /// by it, never by the caller's (T2).
+    clock: Arc<dyn Clock>,
+}
+
+impl Default for MemoryStore {
+    fn default() -> Self {
+        Self {
+            state: Mutex::default(),
+            observer: None,
+            clock: Arc::new(SystemClock),
+        }
+    }
 }
 
 impl std::fmt::Debug for MemoryStore {
@@ -58,6 +72,8 @@ struct State {
     tasks: BTreeMap<TaskId, Task>,
     rollouts: BTreeMap<String, RolloutState>,
     lease: Option<ReconcilerLeaseRow>,
+    /// T3: instance → (holder, expiry by the store's clock).
+    instance_locks: BTreeMap<InstanceId, (String, i64)>,
     next_instance_id: InstanceId,
     next_task_id: TaskId,
 }
@@ -74,6 +90,16 @@ impl MemoryStore {
             observer: Some(observer),
             ..Self::default()
         }
+    }
+
+    /// The same store timed by `clock` (the simulation's true time, which
+    /// each simulated process sees only through its own skewed clock).
+    pub fn with_clock(self, clock: Arc<dyn Clock>) -> Self {
+        Self { clock, ..self }
+    }
+
+    fn now_us(&self) -> i64 {
+        timestamp_to_us(self.clock.now())
     }
 
     fn binds_saved(&self, id: &ContainerId, binds: &Binds) {
@@ -160,9 +186,9 @@ impl State {
             .ok_or_else(|| StoreError::NotFound(format!("instance {id}")))
     }
 
-    fn check_fence(&self, fence: Option<&LeaseGrant>) -> Result<(), StoreError> {
+    fn check_fence(&self, fence: Option<&LeaseGrant>, now_us: i64) -> Result<(), StoreError> {
         match fence {
-            Some(grant) if !self.lease_row().admits(grant) => Err(fenced(grant)),
+            Some(grant) if !self.lease_row().admits(grant, now_us) => Err(fenced(grant)),
             _ => Ok(()),
         }
     }
@@ -421,8 +447,10 @@ impl Store for MemoryStore {
         container: &ContainerId,
         revision: &str,
         binds: &Binds,
+        fence: Option<&LeaseGrant>,
     ) -> Result<bool, StoreError> {
         let mut state = self.call()?;
+        state.check_fence(fence, self.now_us())?;
         let Some(id) = state.instance_id(instance) else {
             return Ok(false);
         };
@@ -448,8 +476,10 @@ impl Store for MemoryStore {
         service: &ServiceName,
         container: &ContainerId,
         started_at: Timestamp,
+        fence: Option<&LeaseGrant>,
     ) -> Result<(), StoreError> {
         let mut state = self.call()?;
+        state.check_fence(fence, self.now_us())?;
         let Some(id) = state.instance_id(instance) else {
             return Ok(());
         };
@@ -465,8 +495,10 @@ impl Store for MemoryStore {
         &self,
         instance: &InstanceName,
         container: &ContainerId,
+        fence: Option<&LeaseGrant>,
     ) -> Result<(), StoreError> {
         let mut state = self.call()?;
+        state.check_fence(fence, self.now_us())?;
         let Some(id) = state.instance_id(instance) else {
             return Ok(());
         };
@@ -519,8 +551,10 @@ impl Store for MemoryStore {
         instance: &InstanceName,
         service: &ServiceName,
         container: &ContainerId,
+        fence: Option<&LeaseGrant>,
     ) -> Result<(), StoreError> {
         let mut state = self.call()?;
+        state.check_fence(fence, self.now_us())?;
         if let Some(id) = state.instance_id(instance) {
             state
                 .inhibitions
@@ -541,7 +575,7 @@ impl Store for MemoryStore {
         fence: Option<&LeaseGrant>,
     ) -> Result<Option<TaskId>, StoreError> {
         let mut state = self.call()?;
-        state.check_fence(fence)?;
+        state.check_fence(fence, self.now_us())?;
         state.insert_task(task, now)
     }
 
@@ -631,7 +665,7 @@ impl Store for MemoryStore {
         fence: Option<&LeaseGrant>,
     ) -> Result<u64, StoreError> {
         let mut state = self.call()?;
-        state.check_fence(fence)?;
+        state.check_fence(fence, self.now_us())?;
         let cutoff_us = lease_cutoff_us(timestamp_to_us(now), lease_to_us(lease));
         let now = normalize_timestamp(now);
         let mut n_reset = 0;
@@ -677,7 +711,7 @@ impl Store for MemoryStore {
         fence: Option<&LeaseGrant>,
     ) -> Result<Option<TaskId>, StoreError> {
         let mut state = self.call()?;
-        state.check_fence(fence)?;
+        state.check_fence(fence, self.now_us())?;
         // All or nothing, like the SQL transaction: check both preconditions
         // before changing anything.
         let cas_holds = state.instances.get(&id).is_some_and(|i| i.state == from);
@@ -726,8 +760,10 @@ impl Store for MemoryStore {
         rollout: RolloutState,
         _reason: &str,
         _now: Timestamp,
+        fence: Option<&LeaseGrant>,
     ) -> Result<(), StoreError> {
         let mut state = self.call()?;
+        state.check_fence(fence, self.now_us())?;
         state.rollouts.insert(service_type.to_owned(), rollout);
         drop(state);
         self.tell(|| Effect::RolloutSet {
@@ -737,16 +773,20 @@ impl Store for MemoryStore {
         Ok(())
     }
 
+    async fn database_now(&self) -> Result<Timestamp, StoreError> {
+        drop(self.call()?);
+        Ok(self.clock.now())
+    }
+
     async fn acquire_reconciler_lease(
         &self,
         holder: &str,
-        now: Timestamp,
         ttl: Duration,
     ) -> Result<Option<LeaseGrant>, StoreError> {
         let mut state = self.call()?;
         let Some(next) = state
             .lease_row()
-            .acquire(holder, timestamp_to_us(now), lease_to_us(ttl))
+            .acquire(holder, self.now_us(), lease_to_us(ttl))
         else {
             return Ok(None);
         };
@@ -759,6 +799,84 @@ impl Store for MemoryStore {
         let mut state = self.call()?;
         state.lease = Some(state.lease_row().release(grant));
         Ok(())
+    }
+
+    async fn try_lock_instances(
+        &self,
+        instances: &[InstanceId],
+        holder: &str,
+        ttl: Duration,
+    ) -> Result<Vec<InstanceId>, StoreError> {
+        let mut state = self.call()?;
+        let now_us = self.now_us();
+        let expires_at_us = now_us.saturating_add(lease_to_us(ttl));
+        let mut locked = Vec::new();
+        let unique: std::collections::BTreeSet<&InstanceId> = instances.iter().collect();
+        for id in unique {
+            if !state.instances.contains_key(id) {
+                continue;
+            }
+            let free = state
+                .instance_locks
+                .get(id)
+                .is_none_or(|(h, expires)| h == holder || *expires <= now_us);
+            if free {
+                state
+                    .instance_locks
+                    .insert(*id, (holder.to_owned(), expires_at_us));
+                locked.push(*id);
+            }
+        }
+        let names: Vec<InstanceName> = locked
+            .iter()
+            .filter_map(|id| state.instances.get(id).map(|i| i.name.clone()))
+            .collect();
+        drop(state);
+        for instance in names {
+            self.tell(|| Effect::InstanceLocked {
+                instance,
+                holder: holder.to_owned(),
+            });
+        }
+        Ok(locked)
+    }
+
+    async fn unlock_instances(
+        &self,
+        instances: &[InstanceId],
+        holder: &str,
+    ) -> Result<(), StoreError> {
+        let mut state = self.call()?;
+        let mut names = Vec::new();
+        for id in instances {
+            if state
+                .instance_locks
+                .get(id)
+                .is_some_and(|(h, _)| h == holder)
+            {
+                state.instance_locks.remove(id);
+                if let Some(i) = state.instances.get(id) {
+                    names.push(i.name.clone());
+                }
+            }
+        }
+        drop(state);
+        for instance in names {
+            self.tell(|| Effect::InstanceUnlocked {
+                instance,
+                holder: holder.to_owned(),
+            });
+        }
+        Ok(())
+    }
+
+    async fn clear_instance_locks_of(&self, prefix: &str) -> Result<u64, StoreError> {
+        let mut state = self.call()?;
+        let before = state.instance_locks.len();
+        state
+            .instance_locks
+            .retain(|_, (holder, _)| !holder.starts_with(prefix));
+        Ok((before - state.instance_locks.len()) as u64)
     }
 }
 

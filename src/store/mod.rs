@@ -150,6 +150,13 @@ impl ReconcilerLeaseRow {
     /// - Anyone takes a vacant or expired lease (`expires_at <= now`: the
     ///   lease covers `[taken, expires_at)`), and the epoch increments so the
     ///   previous holder's fenced writes are rejected from then on.
+    /// - A new incarnation of the current holder's identity (the same
+    ///   daemon restarted, T1: `<identity>#<incarnation>`) takes it back at
+    ///   once, unexpired or not, and the epoch increments: the identity's
+    ///   file lock proves the old incarnation is gone, and should it not be
+    ///   (a copied data directory), its fenced writes are rejected anyway.
+    ///
+    /// `now_us` is the database's clock, never the caller's (T2).
     pub fn acquire(&self, holder: &str, now_us: i64, ttl_us: i64) -> Option<ReconcilerLeaseRow> {
         // Clamped so the grant stays a representable timestamp.
         let expires_at_us = Some(
@@ -164,24 +171,33 @@ impl ReconcilerLeaseRow {
                 expires_at_us,
             });
         }
+        let restarted = self
+            .holder
+            .as_deref()
+            .is_some_and(|current| identity_of(current) == identity_of(holder));
         let vacant = self.holder.is_none() || self.expires_at_us.is_none_or(|e| e <= now_us);
-        vacant.then(|| ReconcilerLeaseRow {
+        (vacant || restarted).then(|| ReconcilerLeaseRow {
             holder: Some(holder.to_owned()),
             epoch: self.epoch + 1,
             expires_at_us,
         })
     }
 
-    /// Whether a fenced write carrying `grant` may proceed: the grant's holder
-    /// and epoch are still the current ones.
-    pub fn admits(&self, grant: &LeaseGrant) -> bool {
-        self.holder.as_deref() == Some(grant.holder.as_str()) && self.epoch == grant.epoch
+    /// Whether a fenced write carrying `grant` may proceed at `now_us` (the
+    /// database's clock): the grant's holder and epoch are still the current
+    /// ones and the lease has not expired. An expired lease nobody took over
+    /// admits nothing either: its holder may be a process that was paused
+    /// past its lease and does not know it yet.
+    pub fn admits(&self, grant: &LeaseGrant, now_us: i64) -> bool {
+        self.holder.as_deref() == Some(grant.holder.as_str())
+            && self.epoch == grant.epoch
+            && self.expires_at_us.is_some_and(|e| now_us < e)
     }
 
     /// The row after `grant` releases it; unchanged for a stale grant, so a
     /// release is idempotent and can never free someone else's lease.
     pub fn release(&self, grant: &LeaseGrant) -> ReconcilerLeaseRow {
-        if self.admits(grant) {
+        if self.holder.as_deref() == Some(grant.holder.as_str()) && self.epoch == grant.epoch {
             ReconcilerLeaseRow {
                 holder: None,
                 epoch: self.epoch,
@@ -204,6 +220,15 @@ impl ReconcilerLeaseRow {
     }
 }
 
+/// The identity part of a lease or lock holder (`<identity>#<incarnation>`,
+/// optionally followed by `/<actor>`): what stays the same when a daemon
+/// restarts on the same data directory (T1).
+pub fn identity_of(holder: &str) -> &str {
+    holder
+        .split_once('#')
+        .map_or(holder, |(identity, _)| identity)
+}
+
 /// The error a fenced write returns when its grant is stale.
 pub fn fenced(grant: &LeaseGrant) -> StoreError {
     StoreError::Fenced { epoch: grant.epoch }
@@ -222,7 +247,42 @@ mod tests {
         assert_eq!(renewed.epoch, 1);
         let b = renewed.acquire("b", 19, 10).unwrap();
         assert_eq!((b.holder.as_deref(), b.epoch), (Some("b"), 2));
-        assert!(!b.admits(&a.grant().unwrap()));
+        assert!(!b.admits(&a.grant().unwrap(), 19));
+    }
+
+    #[test]
+    fn a_restarted_identity_takes_its_lease_back_at_once_under_a_new_epoch() {
+        let old = ReconcilerLeaseRow::VACANT
+            .acquire("host-1#a", 0, 100)
+            .unwrap();
+        assert_eq!(
+            old.acquire("host-2#b", 10, 100),
+            None,
+            "another identity waits"
+        );
+        let new = old
+            .acquire("host-1#b", 10, 100)
+            .expect("taken back at once");
+        assert_eq!((new.holder.as_deref(), new.epoch), (Some("host-1#b"), 2));
+        assert!(
+            !new.admits(&old.grant().unwrap(), 10),
+            "the old incarnation is fenced"
+        );
+        assert!(new.admits(&new.grant().unwrap(), 10));
+    }
+
+    #[test]
+    fn an_expired_lease_admits_no_write_even_before_anyone_takes_it() {
+        let row = ReconcilerLeaseRow::VACANT.acquire("a#1", 0, 10).unwrap();
+        let grant = row.grant().unwrap();
+        assert!(row.admits(&grant, 9));
+        assert!(!row.admits(&grant, 10));
+    }
+
+    #[test]
+    fn identity_ignores_incarnation_and_actor() {
+        assert_eq!(identity_of("host-1#42/w3"), "host-1");
+        assert_eq!(identity_of("plain"), "plain");
     }
 
     #[test]

@@ -63,7 +63,9 @@ attempts_max = 100
 pub const HTTPD: &str = "busybox rm -f /tmp/sick; exec httpd -f -p 8080 -h /www";
 
 pub struct Harness {
-    pub daemon: Arc<Daemon>,
+    /// `None` only while a restart replaces it: the old daemon is dropped
+    /// first, since a daemon holds its state directory's identity (T1).
+    daemon: Option<Arc<Daemon>>,
     pub caddy: CaddyProcess,
     pub listen: String,
     pub dir: tempfile::TempDir,
@@ -149,7 +151,7 @@ listen = "{listen}"
         let config = config::parse(&doc, "e2e", &[]).expect("valid e2e config");
         let daemon = Arc::new(Daemon::build(config).await.expect("daemon builds"));
         let mut harness = Harness {
-            daemon,
+            daemon: Some(daemon),
             caddy,
             listen,
             dir,
@@ -166,10 +168,15 @@ listen = "{listen}"
         harness
     }
 
+    /// The running daemon.
+    pub fn daemon(&self) -> &Arc<Daemon> {
+        self.daemon.as_ref().expect("a daemon outside a restart")
+    }
+
     /// Starts the daemon's loops (again).
     pub fn resume(&mut self) {
         let (tx, rx) = watch::channel(false);
-        let daemon = self.daemon.clone();
+        let daemon = self.daemon().clone();
         self.run = Some(tokio::spawn(async move { daemon.run(Role::All, rx).await }));
         self.stop = Some(tx);
     }
@@ -202,18 +209,20 @@ listen = "{listen}"
     /// (new memory) on the same database, Caddy and config.
     pub async fn restart_with_catalog(&mut self, catalog: &str) {
         self.shutdown().await;
-        std::fs::write(&self.daemon.config.catalog, catalog).expect("write catalog");
-        let daemon = Daemon::build(self.daemon.config.clone())
-            .await
-            .expect("daemon rebuilds");
-        self.daemon = Arc::new(daemon);
+        let config = self.daemon().config.clone();
+        std::fs::write(&config.catalog, catalog).expect("write catalog");
+        // The old daemon goes first: it holds the state directory's
+        // identity, which the new one takes over (T1).
+        self.daemon = None;
+        let daemon = Daemon::build(config).await.expect("daemon rebuilds");
+        self.daemon = Some(Arc::new(daemon));
         self.resume();
     }
 
     pub fn ops(&self) -> Ops<'_> {
         Ops {
-            store: self.daemon.ports.store.as_ref(),
-            catalog: &self.daemon.catalog,
+            store: self.daemon().ports.store.as_ref(),
+            catalog: &self.daemon().catalog,
             now: SystemClock.now(),
         }
     }
@@ -255,7 +264,7 @@ listen = "{listen}"
     /// The container ACTIVE names for the service, if any.
     pub async fn active_container(&self, instance: &str) -> Option<String> {
         let active = self
-            .daemon
+            .daemon()
             .ports
             .store
             .load_active(&InstanceName::new(instance))

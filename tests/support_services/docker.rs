@@ -77,6 +77,60 @@ pub fn docker(args: &[&str]) -> Result<String, String> {
     }
 }
 
+/// Counts `start` events of the instance's containers from now on, as
+/// Docker streams them. A live stream, not `docker events --since`: dockerd
+/// keeps only its last 256 events for replay, and on a busy machine
+/// (healthcheck execs are events too) that is a few seconds of history.
+pub struct StartCounter {
+    count: std::sync::Arc<std::sync::atomic::AtomicUsize>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl StartCounter {
+    /// Counts from now: the subscription replays from this instant, so a
+    /// start in the moment before the stream opens is counted too.
+    pub fn follow(instance: &str) -> StartCounter {
+        use futures_util::StreamExt;
+        let api = bollard::Docker::connect_with_local_defaults().expect("docker socket");
+        let since = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .expect("after 1970");
+        let filters = std::collections::HashMap::from([
+            ("type".to_owned(), vec!["container".to_owned()]),
+            ("event".to_owned(), vec!["start".to_owned()]),
+            (
+                "label".to_owned(),
+                vec![format!("{LABEL_INSTANCE}={instance}")],
+            ),
+        ]);
+        let mut events = api.events(Some(bollard::query_parameters::EventsOptions {
+            since: Some(format!("{}.{:09}", since.as_secs(), since.subsec_nanos())),
+            filters: Some(filters),
+            ..Default::default()
+        }));
+        let count = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let counted = count.clone();
+        let task = tokio::spawn(async move {
+            while let Some(item) = events.next().await {
+                if item.is_ok() {
+                    counted.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                }
+            }
+        });
+        StartCounter { count, task }
+    }
+
+    pub fn starts(&self) -> usize {
+        self.count.load(std::sync::atomic::Ordering::SeqCst)
+    }
+}
+
+impl Drop for StartCounter {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
 /// Removes, on drop, every container labelled with the instance and every
 /// container named in `extra`, so a failing test leaves nothing behind.
 pub struct Cleanup {

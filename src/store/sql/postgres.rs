@@ -30,7 +30,9 @@ use crate::core::types::{
     Timestamp,
 };
 use crate::ports::{LeaseGrant, NewInstance, Rows, Store, StoreError};
-use crate::store::{execution_start_to_ns, fenced, lease_cutoff_us, lease_to_us, timestamp_to_us};
+use crate::store::{
+    execution_start_to_ns, fenced, lease_cutoff_us, lease_to_us, timestamp_from_us, timestamp_to_us,
+};
 
 /// Enough connections for a daemon's workers and its reconciler; a bigger
 /// deployment passes its own pool to [`PostgresStore::from_pool`].
@@ -40,11 +42,37 @@ const CONNECTIONS_MAX: u32 = 16;
 /// unavailable (and the tick retries).
 const ACQUIRE_TIMEOUT: Duration = Duration::from_secs(10);
 
-/// Fenced writes share the lease row; acquiring and releasing lock it.
-const SHARE_LEASE: &str =
-    "SELECT holder, epoch, expires_at_us FROM reconciler_lease WHERE id = 1 FOR SHARE";
-const LOCK_LEASE: &str =
-    "SELECT holder, epoch, expires_at_us FROM reconciler_lease WHERE id = 1 FOR UPDATE";
+/// The database's clock in microseconds: `clock_timestamp()`, not `now()`,
+/// which stands still for a whole transaction.
+const SELECT_DB_NOW: &str = "SELECT (extract(epoch FROM clock_timestamp()) * 1000000)::bigint";
+/// Fenced writes share the lease row; acquiring and releasing lock it. Both
+/// read the database's clock with it (T2).
+const SHARE_LEASE: &str = "SELECT holder, epoch, expires_at_us, \
+     (extract(epoch FROM clock_timestamp()) * 1000000)::bigint AS now_us \
+     FROM reconciler_lease WHERE id = 1 FOR SHARE";
+const LOCK_LEASE: &str = "SELECT holder, epoch, expires_at_us, \
+     (extract(epoch FROM clock_timestamp()) * 1000000)::bigint AS now_us \
+     FROM reconciler_lease WHERE id = 1 FOR UPDATE";
+
+/// T3: take the free, expired or own locks of the instances in `$1`, in one
+/// statement; `$3` is the lock's length in microseconds. A concurrent
+/// taker of the same row waits for this transaction and then re-checks the
+/// condition against what it committed.
+const TRY_LOCK_INSTANCES: &str = "INSERT INTO instance_locks (instance_id, holder, expires_at_us) \
+     SELECT i.id, $2, (extract(epoch FROM clock_timestamp()) * 1000000)::bigint + $3 \
+     FROM instances i WHERE i.id = ANY($1) \
+     ON CONFLICT (instance_id) DO UPDATE SET holder = excluded.holder, \
+       expires_at_us = excluded.expires_at_us \
+     WHERE instance_locks.holder = excluded.holder \
+        OR instance_locks.expires_at_us <= (extract(epoch FROM clock_timestamp()) * 1000000)::bigint \
+     RETURNING instance_id";
+const UNLOCK_INSTANCES: &str =
+    "DELETE FROM instance_locks WHERE holder = $2 AND instance_id = ANY($1)";
+
+/// A list of instance ids as the lock statements take it: an array.
+fn id_list(ids: &[InstanceId]) -> Vec<i64> {
+    ids.to_vec()
+}
 
 /// A [`Store`] on a Postgres database.
 #[derive(Clone, Debug)]
@@ -96,16 +124,31 @@ impl PostgresStore {
     ) -> Result<Transaction<'static, Postgres>, StoreError> {
         let mut tx = self.write_transaction().await?;
         if let Some(grant) = fence {
-            let row = sqlx::query_as::<_, LeaseRow>(SHARE_LEASE)
+            let (row, now_us) = sqlx::query_as::<_, LeaseRow>(SHARE_LEASE)
                 .fetch_one(&mut *tx)
                 .await
                 .map_err(db_error)?
                 .decode();
-            if !row.admits(grant) {
+            if !row.admits(grant, now_us) {
                 return Err(fenced(grant));
             }
         }
         Ok(tx)
+    }
+
+    /// One write, fenced when a grant is given (T2).
+    async fn write_fenced<'q>(
+        &self,
+        query: sqlx::query::Query<'q, Postgres, sqlx::postgres::PgArguments>,
+        fence: Option<&LeaseGrant>,
+    ) -> Result<bool, StoreError> {
+        if fence.is_none() {
+            return self.write(query).await;
+        }
+        let mut tx = self.fenced_transaction(fence).await?;
+        let done = query.execute(&mut *tx).await.map_err(db_error)?;
+        tx.commit().await.map_err(db_error)?;
+        Ok(done.rows_affected() > 0)
     }
 
     /// Runs one self-contained write; `true` if it changed any row.

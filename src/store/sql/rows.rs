@@ -246,25 +246,29 @@ pub fn decode_rollout(
     Ok((service_type, rollout))
 }
 
+/// The lease row as read, with the database's clock at the read (`now_us`):
+/// every lease decision is timed by the database, never by a host (T2).
 #[derive(Debug, sqlx::FromRow)]
 pub struct LeaseRow {
     pub holder: Option<String>,
     pub epoch: i64,
     pub expires_at_us: Option<i64>,
+    pub now_us: i64,
 }
 
 impl LeaseRow {
-    pub fn decode(self) -> ReconcilerLeaseRow {
-        ReconcilerLeaseRow {
-            holder: self.holder,
-            epoch: self.epoch,
-            expires_at_us: self.expires_at_us,
-        }
+    /// The row and the database's time it was read at.
+    pub fn decode(self) -> (ReconcilerLeaseRow, i64) {
+        (
+            ReconcilerLeaseRow {
+                holder: self.holder,
+                epoch: self.epoch,
+                expires_at_us: self.expires_at_us,
+            },
+            self.now_us,
+        )
     }
 }
-
-pub const SELECT_LEASE: &str =
-    "SELECT holder, epoch, expires_at_us FROM reconciler_lease WHERE id = 1";
 
 /// The grant a freshly written lease row represents. Only fails if the row
 /// was not written by [`ReconcilerLeaseRow::acquire`].

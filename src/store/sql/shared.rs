@@ -173,14 +173,16 @@ macro_rules! impl_sql_store {
                 container: &ContainerId,
                 revision: &str,
                 binds: &Binds,
+                fence: Option<&LeaseGrant>,
             ) -> Result<bool, StoreError> {
-                self.write(
+                self.write_fenced(
                     sqlx::query(sql::PERSIST_BINDS)
                         .bind(instance.as_str())
                         .bind(service.as_str())
                         .bind(container.as_str())
                         .bind(revision)
                         .bind(encode_binds(binds)),
+                    fence,
                 )
                 .await
             }
@@ -191,13 +193,15 @@ macro_rules! impl_sql_store {
                 service: &ServiceName,
                 container: &ContainerId,
                 started_at: Timestamp,
+                fence: Option<&LeaseGrant>,
             ) -> Result<(), StoreError> {
-                self.write(
+                self.write_fenced(
                     sqlx::query(sql::RECORD_VERIFIED)
                         .bind(instance.as_str())
                         .bind(service.as_str())
                         .bind(container.as_str())
                         .bind(execution_start_to_ns(started_at)),
+                    fence,
                 )
                 .await
                 .map(drop)
@@ -207,11 +211,13 @@ macro_rules! impl_sql_store {
                 &self,
                 instance: &InstanceName,
                 container: &ContainerId,
+                fence: Option<&LeaseGrant>,
             ) -> Result<(), StoreError> {
-                self.write(
+                self.write_fenced(
                     sqlx::query(sql::RELEASE_CLAIMS)
                         .bind(instance.as_str())
                         .bind(container.as_str()),
+                    fence,
                 )
                 .await
                 .map(drop)
@@ -259,12 +265,14 @@ macro_rules! impl_sql_store {
                 instance: &InstanceName,
                 service: &ServiceName,
                 container: &ContainerId,
+                fence: Option<&LeaseGrant>,
             ) -> Result<(), StoreError> {
-                self.write(
+                self.write_fenced(
                     sqlx::query(sql::CLEAR_INHIBITION)
                         .bind(instance.as_str())
                         .bind(service.as_str())
                         .bind(container.as_str()),
+                    fence,
                 )
                 .await
                 .map(drop)
@@ -474,32 +482,42 @@ macro_rules! impl_sql_store {
                 state: RolloutState,
                 reason: &str,
                 now: Timestamp,
+                fence: Option<&LeaseGrant>,
             ) -> Result<(), StoreError> {
-                self.write(
+                self.write_fenced(
                     sqlx::query(sql::SET_ROLLOUT)
                         .bind(service_type)
                         .bind(state.as_str())
                         .bind(reason)
                         .bind(timestamp_to_us(now)),
+                    fence,
                 )
                 .await
                 .map(drop)
             }
 
+            async fn database_now(&self) -> Result<Timestamp, StoreError> {
+                let us = sqlx::query_scalar::<_, i64>(SELECT_DB_NOW)
+                    .fetch_one(&self.pool)
+                    .await
+                    .map_err(db_error)?;
+                timestamp_from_us(us).ok_or_else(|| {
+                    StoreError::Unavailable(format!("the database's clock reads {us} µs"))
+                })
+            }
+
             async fn acquire_reconciler_lease(
                 &self,
                 holder: &str,
-                now: Timestamp,
                 ttl: Duration,
             ) -> Result<Option<LeaseGrant>, StoreError> {
                 let mut tx = self.write_transaction().await?;
-                let current = sqlx::query_as::<_, LeaseRow>($lock_lease)
+                let (current, now_us) = sqlx::query_as::<_, LeaseRow>($lock_lease)
                     .fetch_one(&mut *tx)
                     .await
                     .map_err(db_error)?
                     .decode();
-                let Some(next) = current.acquire(holder, timestamp_to_us(now), lease_to_us(ttl))
-                else {
+                let Some(next) = current.acquire(holder, now_us, lease_to_us(ttl)) else {
                     return Ok(None);
                 };
                 write_lease(&mut tx, &next).await?;
@@ -509,13 +527,57 @@ macro_rules! impl_sql_store {
 
             async fn release_reconciler_lease(&self, grant: &LeaseGrant) -> Result<(), StoreError> {
                 let mut tx = self.write_transaction().await?;
-                let current = sqlx::query_as::<_, LeaseRow>($lock_lease)
+                let (current, _) = sqlx::query_as::<_, LeaseRow>($lock_lease)
                     .fetch_one(&mut *tx)
                     .await
                     .map_err(db_error)?
                     .decode();
                 write_lease(&mut tx, &current.release(grant)).await?;
                 tx.commit().await.map_err(db_error)
+            }
+
+            async fn try_lock_instances(
+                &self,
+                instances: &[InstanceId],
+                holder: &str,
+                ttl: Duration,
+            ) -> Result<Vec<InstanceId>, StoreError> {
+                if instances.is_empty() {
+                    return Ok(Vec::new());
+                }
+                sqlx::query_scalar::<_, i64>(TRY_LOCK_INSTANCES)
+                    .bind(id_list(instances))
+                    .bind(holder)
+                    .bind(lease_to_us(ttl))
+                    .fetch_all(&self.pool)
+                    .await
+                    .map_err(db_error)
+            }
+
+            async fn unlock_instances(
+                &self,
+                instances: &[InstanceId],
+                holder: &str,
+            ) -> Result<(), StoreError> {
+                if instances.is_empty() {
+                    return Ok(());
+                }
+                self.write(
+                    sqlx::query(UNLOCK_INSTANCES)
+                        .bind(id_list(instances))
+                        .bind(holder),
+                )
+                .await
+                .map(drop)
+            }
+
+            async fn clear_instance_locks_of(&self, prefix: &str) -> Result<u64, StoreError> {
+                sqlx::query(sql::CLEAR_INSTANCE_LOCKS_OF)
+                    .bind(prefix)
+                    .execute(&self.pool)
+                    .await
+                    .map(|done| done.rows_affected())
+                    .map_err(db_error)
             }
         }
     };

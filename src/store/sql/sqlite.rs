@@ -19,7 +19,7 @@ use sqlx::{Sqlite, Transaction};
 
 use super::rows::{
     claim_order, decode_rollout, encode_binds, encode_grace, encode_timestamp, inhibition_order,
-    lease_grant, ActiveRow, InhibitionRow, InstanceRow, LeaseRow, TaskRow, SELECT_LEASE,
+    lease_grant, ActiveRow, InhibitionRow, InstanceRow, LeaseRow, TaskRow,
 };
 use super::rows::{collect_rows, count_states, found_or, instance_found_or};
 use super::shared::impl_sql_store;
@@ -33,7 +33,37 @@ use crate::core::types::{
     Timestamp,
 };
 use crate::ports::{LeaseGrant, NewInstance, Rows, Store, StoreError};
-use crate::store::{execution_start_to_ns, fenced, lease_cutoff_us, lease_to_us, timestamp_to_us};
+use crate::store::{
+    execution_start_to_ns, fenced, lease_cutoff_us, lease_to_us, timestamp_from_us, timestamp_to_us,
+};
+
+/// The database's clock in microseconds. SQLite lives on one host, so its
+/// clock is that host's; `unixepoch('subsec')` has millisecond precision.
+const SELECT_DB_NOW: &str = "SELECT CAST(unixepoch('subsec') * 1000000 AS INTEGER)";
+/// The lease row with the database's clock. Writes take SQLite's one write
+/// lock first (`BEGIN IMMEDIATE`), so reading it inside a write transaction
+/// locks it.
+const SELECT_LEASE: &str = "SELECT holder, epoch, expires_at_us, \
+     CAST(unixepoch('subsec') * 1000000 AS INTEGER) AS now_us FROM reconciler_lease WHERE id = 1";
+
+/// T3: take the free, expired or own locks of the instances a JSON array
+/// names, in one statement; `$3` is the lock's length in microseconds.
+/// (SQLite's upsert after a `SELECT` needs its `WHERE`.)
+const TRY_LOCK_INSTANCES: &str = "INSERT INTO instance_locks (instance_id, holder, expires_at_us) \
+     SELECT i.id, $2, CAST(unixepoch('subsec') * 1000000 AS INTEGER) + $3 FROM instances i \
+     WHERE i.id IN (SELECT value FROM json_each($1)) \
+     ON CONFLICT (instance_id) DO UPDATE SET holder = excluded.holder, \
+       expires_at_us = excluded.expires_at_us \
+     WHERE instance_locks.holder = excluded.holder \
+        OR instance_locks.expires_at_us <= CAST(unixepoch('subsec') * 1000000 AS INTEGER) \
+     RETURNING instance_id";
+const UNLOCK_INSTANCES: &str = "DELETE FROM instance_locks \
+     WHERE holder = $2 AND instance_id IN (SELECT value FROM json_each($1))";
+
+/// A list of instance ids as the lock statements take it: a JSON array.
+fn id_list(ids: &[InstanceId]) -> String {
+    serde_json::to_string(ids).expect("a list of integers always serialises")
+}
 
 /// How long a writer waits for SQLite's write lock before the call fails as
 /// unavailable (and the tick retries).
@@ -100,16 +130,31 @@ impl SqliteStore {
     ) -> Result<Transaction<'static, Sqlite>, StoreError> {
         let mut tx = self.write_transaction().await?;
         if let Some(grant) = fence {
-            let row = sqlx::query_as::<_, LeaseRow>(SELECT_LEASE)
+            let (row, now_us) = sqlx::query_as::<_, LeaseRow>(SELECT_LEASE)
                 .fetch_one(&mut *tx)
                 .await
                 .map_err(db_error)?
                 .decode();
-            if !row.admits(grant) {
+            if !row.admits(grant, now_us) {
                 return Err(fenced(grant));
             }
         }
         Ok(tx)
+    }
+
+    /// One write, fenced when a grant is given (T2).
+    async fn write_fenced<'q>(
+        &self,
+        query: sqlx::query::Query<'q, Sqlite, sqlx::sqlite::SqliteArguments<'q>>,
+        fence: Option<&LeaseGrant>,
+    ) -> Result<bool, StoreError> {
+        if fence.is_none() {
+            return self.write(query).await;
+        }
+        let mut tx = self.fenced_transaction(fence).await?;
+        let done = query.execute(&mut *tx).await.map_err(db_error)?;
+        tx.commit().await.map_err(db_error)?;
+        Ok(done.rows_affected() > 0)
     }
 
     /// Runs one self-contained write; `true` if it changed any row.

@@ -154,6 +154,13 @@ pub const SET_ROLLOUT: &str = "INSERT INTO rollouts (service_type, state, reason
 pub const WRITE_LEASE: &str =
     "UPDATE reconciler_lease SET holder = $1, epoch = $2, expires_at_us = $3 WHERE id = 1";
 
+// --- instance locks (T3) ------------------------------------------------------
+
+/// A restarted daemon's earlier incarnation is gone (its identity's file
+/// lock says so): its locks go with it. `$1` is `<identity>#`.
+pub const CLEAR_INSTANCE_LOCKS_OF: &str =
+    "DELETE FROM instance_locks WHERE substr(holder, 1, length($1)) = $1";
+
 // --- claims: where the dialects differ in locking ---------------------------
 
 /// SQLite claims with one `UPDATE … RETURNING`: the statement is atomic and

@@ -1,0 +1,163 @@
+//! One lock per instance, across processes (R3, T3).
+//!
+//! Two layers: an in-process mutex per instance, so this process's own
+//! actors (the periodic pass, a targeted pass, its workers) exclude each
+//! other without a round trip; and a lock row in the store, so processes
+//! exclude each other (a reconciler and separate worker processes, an
+//! operator's command). The store's lock expires by the database's clock:
+//! a process that dies holding one blocks the instance for the lock's
+//! length at most, and the same identity restarted clears it at once.
+//!
+//! Recovery only ever tries ([`InstanceLocks::try_lock`]) and skips a busy
+//! instance; workers and operator commands wait, bounded
+//! ([`InstanceLocks::lock`]).
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use tokio::sync::OwnedMutexGuard;
+use tokio::time::Instant;
+
+use crate::core::fleet::InstanceId;
+use crate::ports::{Store, StoreError};
+
+/// Pause between tries of a waiting [`InstanceLocks::lock`].
+const LOCK_RETRY_INTERVAL: Duration = Duration::from_millis(100);
+
+/// Per-instance locks of one process.
+pub struct InstanceLocks {
+    local: Mutex<HashMap<InstanceId, Arc<tokio::sync::Mutex<()>>>>,
+    store: Arc<dyn Store>,
+}
+
+/// Why a lock was not taken.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum LockError {
+    #[error("instance {instance} stayed locked by another process for {waited:?}")]
+    Busy {
+        instance: InstanceId,
+        waited: Duration,
+    },
+    #[error("instance lock: {0}")]
+    Store(#[from] StoreError),
+}
+
+/// A held instance lock. Release it with [`InstanceGuard::release`]; one
+/// dropped unreleased (its holder was cancelled) releases its row in the
+/// background, and the row expires anyway.
+pub struct InstanceGuard {
+    _local: OwnedMutexGuard<()>,
+    store: Arc<dyn Store>,
+    instance: InstanceId,
+    holder: String,
+    released: bool,
+}
+
+impl InstanceLocks {
+    pub fn new(store: Arc<dyn Store>) -> Self {
+        Self {
+            local: Mutex::default(),
+            store,
+        }
+    }
+
+    fn local(&self, instance: InstanceId) -> Arc<tokio::sync::Mutex<()>> {
+        let mut local = self.local.lock().unwrap_or_else(|e| e.into_inner());
+        local.entry(instance).or_default().clone()
+    }
+
+    /// Takes the lock if nobody holds it, in this process or another;
+    /// `Ok(None)` when the instance is busy (R3: skipped, never waited on).
+    pub async fn try_lock(
+        &self,
+        instance: InstanceId,
+        holder: &str,
+        ttl: Duration,
+    ) -> Result<Option<InstanceGuard>, StoreError> {
+        let Ok(local) = self.local(instance).try_lock_owned() else {
+            return Ok(None);
+        };
+        let locked = self
+            .store
+            .try_lock_instances(&[instance], holder, ttl)
+            .await?;
+        Ok(locked.contains(&instance).then(|| InstanceGuard {
+            _local: local,
+            store: self.store.clone(),
+            instance,
+            holder: holder.to_owned(),
+            released: false,
+        }))
+    }
+
+    /// Waits for the lock, at most `wait_max`.
+    pub async fn lock(
+        &self,
+        instance: InstanceId,
+        holder: &str,
+        ttl: Duration,
+        wait_max: Duration,
+    ) -> Result<InstanceGuard, LockError> {
+        let began = Instant::now();
+        let busy = || LockError::Busy {
+            instance,
+            waited: began.elapsed(),
+        };
+        let local = tokio::time::timeout(wait_max, self.local(instance).lock_owned())
+            .await
+            .map_err(|_| busy())?;
+        loop {
+            let locked = self
+                .store
+                .try_lock_instances(&[instance], holder, ttl)
+                .await?;
+            if locked.contains(&instance) {
+                return Ok(InstanceGuard {
+                    _local: local,
+                    store: self.store.clone(),
+                    instance,
+                    holder: holder.to_owned(),
+                    released: false,
+                });
+            }
+            if began.elapsed() + LOCK_RETRY_INTERVAL > wait_max {
+                return Err(busy());
+            }
+            tokio::time::sleep(LOCK_RETRY_INTERVAL).await;
+        }
+    }
+}
+
+impl InstanceGuard {
+    pub fn instance(&self) -> InstanceId {
+        self.instance
+    }
+
+    /// Releases the store's row, then the in-process lock.
+    pub async fn release(mut self) {
+        self.released = true;
+        if let Err(e) = self
+            .store
+            .unlock_instances(&[self.instance], &self.holder)
+            .await
+        {
+            // The row expires by itself; until then the instance is busy.
+            tracing::warn!(instance = self.instance, error = %e, "instance lock not released; it will expire");
+        }
+    }
+}
+
+impl Drop for InstanceGuard {
+    fn drop(&mut self) {
+        if self.released {
+            return;
+        }
+        let (store, instance, holder) = (self.store.clone(), self.instance, self.holder.clone());
+        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+            runtime.spawn(async move {
+                let _ = store.unlock_instances(&[instance], &holder).await;
+            });
+        }
+    }
+}

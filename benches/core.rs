@@ -14,8 +14,8 @@ use criterion::Criterion;
 use stead::core::budget::BudgetEntry;
 use stead::core::policy::RecoveryPolicy;
 use stead::core::recovery::{
-    Command, GenerationMemory, Outcome, Report, ServiceInput, ServiceMemory, ServiceRecovery,
-    Verdict,
+    Command, GenerationMemory, Outcome, ProxyView, Report, ServiceInput, ServiceMemory,
+    ServiceRecovery, Verdict,
 };
 use stead::core::types::{
     ActiveService, Binds, ContainerId, ContainerStatus, GenerationKey, Health, InstanceName,
@@ -48,6 +48,7 @@ fn input(memory: ServiceMemory) -> ServiceInput {
         },
         intent: Intent::Running,
         inhibition: None,
+        proxy: ProxyView::Unknown,
         memory,
     }
 }

@@ -4,6 +4,7 @@
 //! handlers (C11). The same engine runs against the real adapters in
 //! `tests/e2e_*` and in the simulation.
 
+use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -23,7 +24,7 @@ use stead::ports::memory::{
     Fault, FaultInjector, Hooks, ManualClock, MemoryNotifier, MemoryPolicy, MemoryProbe,
     MemoryProvisioner, MemoryRuntime, MemoryTraffic, Op,
 };
-use stead::ports::{NewInstance, Store};
+use stead::ports::{NewInstance, Store, Traffic};
 use stead::store::memory::MemoryStore;
 
 const CATALOG: &str = r#"
@@ -43,9 +44,20 @@ kind = "none"
 #[derive(Default)]
 struct Script {
     rules: std::sync::Mutex<Vec<(Op, String, Fault)>>,
+    /// Every operation the ports were asked for, in order.
+    seen: std::sync::Mutex<Vec<Op>>,
 }
 
 impl Script {
+    fn count(&self, op: Op) -> usize {
+        self.seen
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|o| **o == op)
+            .count()
+    }
+
     fn fail(&self, op: Op, subject_prefix: &str, fault: Fault) {
         self.rules
             .lock()
@@ -56,6 +68,7 @@ impl Script {
 
 impl FaultInjector for Script {
     fn decide(&self, op: Op, subject: &str) -> Fault {
+        self.seen.lock().unwrap().push(op);
         let rules = self.rules.lock().unwrap();
         rules
             .iter()
@@ -594,4 +607,84 @@ async fn a_hung_handler_is_bounded_by_its_lease() {
         .await
         .unwrap();
     assert!(lock.is_some(), "the instance lock is released");
+}
+
+// --- T5: the traffic plane reconciled, not remembered ---------------------
+
+#[tokio::test]
+async fn routes_a_restarted_proxy_lost_are_republished_by_the_next_pass_without_a_probe() {
+    let f = fixture();
+    let recoverer = f.recoverer();
+    let instance = f.instance("wiki1", "2").await;
+    f.enqueue(instance.id, TaskKind::Provision).await;
+    f.worker().work_once().await.expect("a task");
+    recoverer.pass().await;
+    assert!(f.routed("wiki1", "web"));
+    recoverer.pass().await;
+    let probes = f.script.count(Op::Probe);
+    let restarts = f.script.count(Op::Restart) + f.script.count(Op::Start);
+    f.traffic.lose_everything();
+    assert!(!f.routed("wiki1", "web"));
+    recoverer.pass().await;
+    assert!(f.routed("wiki1", "web"), "republished within one pass");
+    assert_eq!(f.script.count(Op::Probe), probes, "no new probe");
+    assert_eq!(
+        f.script.count(Op::Restart) + f.script.count(Op::Start),
+        restarts,
+        "no container touched"
+    );
+}
+
+#[tokio::test]
+async fn a_route_dialling_another_port_is_republished_with_the_verified_binds() {
+    let f = fixture();
+    let recoverer = f.recoverer();
+    let instance = f.instance("wiki1", "2").await;
+    f.enqueue(instance.id, TaskKind::Provision).await;
+    f.worker().work_once().await.expect("a task");
+    recoverer.pass().await;
+    let key = ServiceKey {
+        instance: InstanceName::new("wiki1"),
+        service: ServiceName::new("web"),
+    };
+    let good = f.traffic.routes()[&key].clone();
+    // Someone points the route elsewhere by hand.
+    let wrong = stead::ports::Route {
+        binds: BTreeMap::from([(8080, 1)]),
+        ..good.clone()
+    };
+    f.traffic.publish(&wrong).await.unwrap();
+    recoverer.pass().await;
+    assert_eq!(f.traffic.routes()[&key].binds, good.binds);
+}
+
+#[tokio::test]
+async fn routes_of_gone_instances_and_dropped_services_are_withdrawn() {
+    let f = fixture();
+    let recoverer = f.recoverer();
+    let instance = f.instance("wiki1", "2").await;
+    f.enqueue(instance.id, TaskKind::Provision).await;
+    f.worker().work_once().await.expect("a task");
+    recoverer.pass().await;
+    let web = f.traffic.routes()[&ServiceKey {
+        instance: InstanceName::new("wiki1"),
+        service: ServiceName::new("web"),
+    }]
+        .clone();
+    // Left behind: a route of an instance the store does not know, and one
+    // of a service ACTIVE does not name.
+    for (instance, service) in [("ghost", "web"), ("wiki1", "dropped")] {
+        let route = stead::ports::Route {
+            service: ServiceKey {
+                instance: InstanceName::new(instance),
+                service: ServiceName::new(service),
+            },
+            ..web.clone()
+        };
+        f.traffic.publish(&route).await.unwrap();
+    }
+    recoverer.pass().await;
+    assert!(!f.routed("ghost", "web"));
+    assert!(!f.routed("wiki1", "dropped"));
+    assert!(f.routed("wiki1", "web"), "the live route stays");
 }

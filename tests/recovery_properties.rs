@@ -60,9 +60,10 @@ fn case_seed() -> impl Strategy<Value = CaseSeed> {
         proptest::option::of(entry_seed()),
         any::<u8>(),
         any::<u8>(),
+        any::<u8>(),
     )
         .prop_map(
-            |(stopped, inhibited, ab, av, mv, wp, budget, free, threshold)| CaseSeed {
+            |(stopped, inhibited, ab, av, mv, wp, budget, free, threshold, proxy)| CaseSeed {
                 stopped,
                 inhibited,
                 active_binds: ab,
@@ -72,6 +73,7 @@ fn case_seed() -> impl Strategy<Value = CaseSeed> {
                 budget,
                 free_attempts: free,
                 unhealthy_threshold: threshold,
+                proxy,
             },
         )
 }
@@ -394,6 +396,7 @@ fn the_generators_reach_every_verdict_and_intervention() {
             }),
             free_attempts: next(),
             unhealthy_threshold: next(),
+            proxy: next(),
         };
         let outcomes: Vec<OutcomeSeed> = (0..24)
             .map(|_| OutcomeSeed {

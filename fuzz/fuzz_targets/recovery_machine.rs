@@ -42,6 +42,7 @@ impl<'a> Arbitrary<'a> for Input {
             budget,
             free_attempts: u.arbitrary()?,
             unhealthy_threshold: u.arbitrary()?,
+            proxy: u.arbitrary()?,
         };
         let mut outcomes = Vec::new();
         while outcomes.len() < OUTCOMES_MAX && !u.is_empty() {

@@ -12,8 +12,8 @@ use std::time::Duration;
 use stead::core::budget::BudgetEntry;
 use stead::core::policy::RecoveryPolicy;
 use stead::core::recovery::{
-    Command, GenerationMemory, Outcome, Report, ServiceInput, ServiceMemory, ServiceRecovery,
-    Verdict, COMMANDS_PER_RECOVERY_MAX,
+    Command, GenerationMemory, Outcome, ProxyView, Report, ServiceInput, ServiceMemory,
+    ServiceRecovery, Verdict, COMMANDS_PER_RECOVERY_MAX,
 };
 use stead::core::types::{
     ActiveService, Binds, ContainerId, ContainerStatus, GenerationKey, Health, InstanceName,
@@ -90,6 +90,19 @@ pub struct CaseSeed {
     pub budget: Option<EntrySeed>,
     pub free_attempts: u8,
     pub unhealthy_threshold: u8,
+    /// What the proxy holds for the service (T5), see [`proxy_view`].
+    pub proxy: u8,
+}
+
+/// The proxy's route as the pass read it: unknown, absent, or dialling one
+/// of the ports [`binds`] hands out (so it matches ACTIVE's or not).
+pub fn proxy_view(n: u8) -> ProxyView {
+    match n % 4 {
+        0 => ProxyView::Unknown,
+        1 => ProxyView::Absent,
+        2 => ProxyView::Dials(30001),
+        _ => ProxyView::Dials(30002),
+    }
 }
 
 /// The answer to whatever command comes next, as numbers.
@@ -156,6 +169,7 @@ impl CaseSeed {
                 },
                 withdrawal_pending: self.withdrawal_pending,
             },
+            proxy: proxy_view(self.proxy),
         };
         Case { policy, input }
     }

@@ -431,6 +431,10 @@ impl Observer for Checker {
             // Checked by the topology invariants (at most one process
             // changes an instance at a time).
             Effect::InstanceLocked { .. } | Effect::InstanceUnlocked { .. } => {}
+            // The proxy forgot a route by itself: nothing routes there now.
+            Effect::RouteLost { service } => {
+                s.routes.remove(service);
+            }
             Effect::InhibitionCleared { container, .. } => {
                 s.truth.markers.remove(container);
                 s.truth.inhibited.remove(container);

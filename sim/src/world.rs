@@ -137,7 +137,7 @@ impl FaultInjector for SwarmFaults {
         let mut rng = self.rng.lock().expect("poisoned");
         let m = &self.mix;
         match op {
-            Op::Publish | Op::Withdraw => {
+            Op::Publish | Op::Withdraw | Op::TrafficRead => {
                 if rng.random_bool(m.traffic_fail) {
                     self.counts.bump("traffic failure");
                     return Fault::Fail("proxy unavailable".into());

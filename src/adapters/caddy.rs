@@ -45,7 +45,7 @@ use serde_json::{json, Value};
 use tokio::sync::oneshot;
 
 use crate::core::types::ServiceKey;
-use crate::ports::{Route, Traffic, TrafficError};
+use crate::ports::{HeldRoute, PlaneCheck, Route, Traffic, TrafficError};
 
 /// Caddy's admin API default, on loopback.
 pub const DEFAULT_ADMIN_ADDR: &str = crate::config::daemon::DEFAULT_CADDY_ADMIN;
@@ -168,6 +168,26 @@ impl CaddyTraffic {
     /// The `@id` of a service's route.
     pub fn route_id(service: &ServiceKey) -> String {
         format!("{ROUTE_ID_PREFIX}{}.{}", service.instance, service.service)
+    }
+
+    /// The service a route id names; `None` for an id stead did not write
+    /// or whose names are not DNS labels (T6: names read back are checked
+    /// before use).
+    pub fn service_of(route_id: &str) -> Option<ServiceKey> {
+        let rest = route_id.strip_prefix(ROUTE_ID_PREFIX)?;
+        let (instance, service) = rest.split_once('.')?;
+        let label = |s: &str| {
+            !s.is_empty()
+                && s.len() <= 63
+                && !s.starts_with('-')
+                && !s.ends_with('-')
+                && s.bytes()
+                    .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+        };
+        (label(instance) && label(service)).then(|| ServiceKey {
+            instance: instance.into(),
+            service: service.into(),
+        })
     }
 
     /// The id earlier versions gave a route. Not injective (`a-b`/`c` and
@@ -613,6 +633,31 @@ impl Traffic for CaddyTraffic {
         })
         .await
     }
+
+    async fn ensure(&self) -> Result<PlaneCheck, TrafficError> {
+        Ok(match self.ensure_server().await? {
+            ServerCheck::Present => PlaneCheck::Present,
+            ServerCheck::Created => PlaneCheck::Recreated,
+            ServerCheck::ListenCorrected { was } => PlaneCheck::Corrected {
+                was: was.join(", "),
+            },
+        })
+    }
+
+    async fn held_routes(&self) -> Result<Vec<HeldRoute>, TrafficError> {
+        Ok(self
+            .routes()
+            .await?
+            .unwrap_or_default()
+            .iter()
+            .filter_map(|(id, dial)| {
+                Some(HeldRoute {
+                    service: Self::service_of(id)?,
+                    port: dial.strip_prefix("127.0.0.1:")?.parse().ok()?,
+                })
+            })
+            .collect())
+    }
 }
 
 fn excerpt(body: &str) -> &str {
@@ -650,6 +695,25 @@ mod tests {
         ServiceKey {
             instance: instance.into(),
             service: service.into(),
+        }
+    }
+
+    #[test]
+    fn route_ids_decode_only_into_valid_names() {
+        let web = key("a-api", "web");
+        assert_eq!(
+            CaddyTraffic::service_of(&CaddyTraffic::route_id(&web)),
+            Some(web)
+        );
+        for bad in [
+            "stead-a-web",
+            "stead.a",
+            "stead.a.b.c",
+            "stead.x/../../config#.web",
+            "stead..web",
+            "other.a.web",
+        ] {
+            assert_eq!(CaddyTraffic::service_of(bad), None, "{bad}");
         }
     }
 

@@ -17,6 +17,7 @@ pub mod recovery;
 pub mod retire;
 pub mod spec;
 pub mod toml_error;
+pub mod traffic;
 pub mod types;
 pub mod window;
 pub mod world;

@@ -67,6 +67,35 @@ pub struct ServiceInput {
     /// exact generation, by reason.
     pub inhibition: Option<String>,
     pub memory: ServiceMemory,
+    /// What the traffic plane holds for this service, read back at the
+    /// start of the pass (T5).
+    pub proxy: ProxyView,
+}
+
+/// The traffic plane's route of one service, as read back from the proxy.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum ProxyView {
+    /// Not read (a targeted pass) or the read failed: trust memory (R17).
+    #[default]
+    Unknown,
+    /// The proxy holds no route for the service.
+    Absent,
+    /// The proxy routes the service to this loopback host port.
+    Dials(u16),
+}
+
+impl ProxyView {
+    /// T5: whether the proxy provably does not route the service to
+    /// `binds` (absent, or to another port). Such a route is republished
+    /// after verifying the execution, as a restarted daemon does (R17):
+    /// an idempotent upsert, never a new probe of an unchanged execution.
+    pub fn contradicts(self, binds: &Binds) -> bool {
+        match self {
+            ProxyView::Unknown => false,
+            ProxyView::Absent => true,
+            ProxyView::Dials(port) => binds.values().next() != Some(&port),
+        }
+    }
 }
 
 /// One effect the caller must perform on the machine's exact generation.
@@ -290,6 +319,7 @@ impl<'p> ServiceRecovery<'p> {
             intent,
             inhibition,
             memory,
+            proxy,
         } = input;
         assert_eq!(
             key.container, active.container,
@@ -307,7 +337,8 @@ impl<'p> ServiceRecovery<'p> {
         // When this daemon does not itself know the route is up (it just
         // started, or it withdrew the service since), it republishes even an
         // unchanged execution: an idempotent upsert, never a blink.
-        let route_unknown = memory.generation.verified_started_at.is_none();
+        let route_unknown =
+            memory.generation.verified_started_at.is_none() || proxy.contradicts(&active.binds);
         let mut verified_started_at = memory
             .generation
             .verified_started_at

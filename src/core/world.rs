@@ -11,7 +11,7 @@ use jiff::Timestamp;
 use super::fleet::add;
 use super::memory::RecoveryMemory;
 use super::policy::RecoveryPolicy;
-use super::recovery::{Command, Outcome, Report, ServiceInput, ServiceRecovery};
+use super::recovery::{Command, Outcome, ProxyView, Report, ServiceInput, ServiceRecovery};
 use super::retire::{
     decide_marker, inhibition_for, note_verdict, successor_confirmed, MarkerDecision,
     VerifiedThisPass,
@@ -250,6 +250,7 @@ impl World {
             active: record.clone(),
             intent: self.intent,
             inhibition,
+            proxy: ProxyView::Unknown,
         };
         let policy = self.policy.clone();
         let mut machine = ServiceRecovery::new(&policy, input);

@@ -10,18 +10,19 @@ use tokio::time::Instant;
 use crate::core::fleet::{Instance, InstanceState};
 use crate::core::memory::RecoveryMemory;
 use crate::core::policy::{RecoveryPolicy, INSTANCE_LEASE_SLACK};
-use crate::core::recovery::{Command, Outcome, Report, ServiceInput, ServiceRecovery};
+use crate::core::recovery::{Command, Outcome, ProxyView, Report, ServiceInput, ServiceRecovery};
 use crate::core::retire::{
     decide_marker, inhibition_for, note_verdict, successor_confirmed, MarkerDecision,
     VerifiedThisPass,
 };
 use crate::core::spec::ReadinessProbe;
+use crate::core::traffic::{routes_of_gone_instances, routes_without_active, HeldRoutes};
 use crate::core::types::{
     ActiveRecord, ActiveService, GenerationKey, Inhibition, InhibitionReason, InstanceName, Intent,
     RuntimeError, ServiceKey, ServiceName,
 };
 use crate::mutants::{self, Mutant};
-use crate::ports::{LeaseGrant, Route, StoreError};
+use crate::ports::{LeaseGrant, PlaneCheck, Route, StoreError};
 
 use super::lease::LeaseGuard;
 pub use super::locks::InstanceLocks;
@@ -129,6 +130,10 @@ impl Recoverer {
                 .errors
                 .push("runtime list: deadline exceeded".to_owned()),
         }
+        // The routes are read before the instances are listed: an instance
+        // created in between is listed, so its fresh route is never taken
+        // for a gone instance's.
+        let held = self.read_traffic_plane(&mut outcome).await;
         let rows = match self.ports.store.list_instances().await {
             Ok(rows) => rows,
             Err(e) => {
@@ -139,6 +144,14 @@ impl Recoverer {
         outcome
             .errors
             .extend(rows.bad.iter().map(|e| format!("skipped row: {e}")));
+        if let Some(held) = &held {
+            // Bad rows may hide live instances: then nothing is taken for gone.
+            if rows.bad.is_empty() {
+                for gone in routes_of_gone_instances(held, &rows.rows) {
+                    self.withdraw_stale(&gone, &mut outcome.errors).await;
+                }
+            }
+        }
         for instance in rows.rows {
             if matches!(instance.state, InstanceState::Deleted) {
                 self.memory
@@ -147,7 +160,7 @@ impl Recoverer {
                     .forget_instance(&instance.name);
                 continue;
             }
-            let result = self.recover_instance(&instance).await;
+            let result = self.recover_instance_seeing(&instance, held.as_ref()).await;
             if result.skipped_no_lease {
                 // The lease is lost: nothing more may be done this pass.
                 outcome
@@ -160,8 +173,82 @@ impl Recoverer {
         outcome
     }
 
+    /// T5: makes sure of the traffic plane and reads its routes back, one
+    /// call each per pass. `None` when the plane did not answer: the pass
+    /// then trusts memory, as a targeted pass does.
+    async fn read_traffic_plane(&self, outcome: &mut PassOutcome) -> Option<HeldRoutes> {
+        let traffic = &self.ports.traffic;
+        let deadline = self.policy.instance_deadline;
+        match tokio::time::timeout(deadline, traffic.ensure()).await {
+            Ok(Ok(PlaneCheck::Present)) => {}
+            Ok(Ok(PlaneCheck::Recreated)) => tracing::warn!(
+                "the traffic plane had lost stead's routes (proxy restarted without its config?); recreated, republishing verified routes"
+            ),
+            Ok(Ok(PlaneCheck::Corrected { was })) => tracing::warn!(
+                was = %was,
+                "stead's proxy server listened elsewhere than configured; corrected"
+            ),
+            Ok(Err(e)) => outcome.errors.push(format!("traffic plane: {e}")),
+            Err(_) => outcome
+                .errors
+                .push("traffic plane: deadline exceeded".to_owned()),
+        }
+        match tokio::time::timeout(deadline, traffic.held_routes()).await {
+            Ok(Ok(routes)) => Some(routes.into_iter().map(|r| (r.service, r.port)).collect()),
+            Ok(Err(e)) => {
+                outcome.errors.push(format!("read routes back: {e}"));
+                None
+            }
+            Err(_) => {
+                outcome
+                    .errors
+                    .push("read routes back: deadline exceeded".to_owned());
+                None
+            }
+        }
+    }
+
+    /// Withdraws a route nothing may be routed by any more, under the lease.
+    async fn withdraw_stale(&self, service: &ServiceKey, errors: &mut Vec<String>) {
+        if self.fence().await.is_none() {
+            return;
+        }
+        let withdrawn = tokio::time::timeout(
+            self.policy.instance_deadline,
+            self.ports.traffic.withdraw(service),
+        )
+        .await;
+        match withdrawn {
+            Ok(Ok(())) => {
+                metrics::counter!("stead_withdrawals_total").increment(1);
+                tracing::info!(
+                    instance = %service.instance,
+                    service = %service.service,
+                    "withdrew a route nothing serves any more"
+                );
+            }
+            Ok(Err(e)) => errors.push(format!(
+                "{}/{}: withdraw stale route: {e}",
+                service.instance, service.service
+            )),
+            Err(_) => errors.push(format!(
+                "{}/{}: withdraw stale route: deadline exceeded",
+                service.instance, service.service
+            )),
+        }
+    }
+
     /// Recovers one instance under its lock, its deadline and the lease.
     pub async fn recover_instance(&self, instance: &Instance) -> InstanceOutcome {
+        self.recover_instance_seeing(instance, None).await
+    }
+
+    /// [`Self::recover_instance`] given the routes the pass read back.
+    async fn recover_instance_seeing(
+        &self,
+        instance: &Instance,
+        held: Option<&HeldRoutes>,
+    ) -> InstanceOutcome {
         let Some(fence) = self.fence().await else {
             return InstanceOutcome {
                 skipped_no_lease: true,
@@ -188,12 +275,17 @@ impl Recoverer {
                 }
             }
         };
-        let out = self.recover_locked(instance, &fence).await;
+        let out = self.recover_locked(instance, &fence, held).await;
         guard.release().await;
         out
     }
 
-    async fn recover_locked(&self, instance: &Instance, fence: &LeaseGrant) -> InstanceOutcome {
+    async fn recover_locked(
+        &self,
+        instance: &Instance,
+        fence: &LeaseGrant,
+        held: Option<&HeldRoutes>,
+    ) -> InstanceOutcome {
         let deadline = Instant::now() + self.policy.instance_deadline;
         let mut out = InstanceOutcome::default();
         let loaded = within(deadline, self.load(&instance.name)).await;
@@ -233,12 +325,22 @@ impl Recoverer {
             };
             let inhibition = inhibition_for(&inhibitions, service, &record.container);
             let memory = self.memory.lock().expect("memory poisoned").service(&key);
+            let proxy = match held {
+                None => ProxyView::Unknown,
+                Some(held) => held
+                    .get(&ServiceKey {
+                        instance: instance.name.clone(),
+                        service: service.clone(),
+                    })
+                    .map_or(ProxyView::Absent, |port| ProxyView::Dials(*port)),
+            };
             let input = ServiceInput {
                 key,
                 active: record.clone(),
                 intent,
                 inhibition,
                 memory,
+                proxy,
             };
             let report = self.drive(instance, input, deadline, fence).await;
             note_verdict(&mut verified, service, &report.verdict);
@@ -260,6 +362,11 @@ impl Recoverer {
             &mut out,
         )
         .await;
+        if let Some(held) = held {
+            for stale in routes_without_active(held, &instance.name, &active) {
+                self.withdraw_stale(&stale, &mut out.errors).await;
+            }
+        }
         self.memory
             .lock()
             .expect("memory poisoned")

@@ -22,8 +22,8 @@ use crate::core::types::{
 };
 
 use super::{
-    Clock, CreateContainer, ManagedContainer, Notifier, Policy, Probe, ProvisionError, Provisioner,
-    Release, Route, Runtime, ServiceKey, Traffic, TrafficError,
+    Clock, CreateContainer, HeldRoute, ManagedContainer, Notifier, PlaneCheck, Policy, Probe,
+    ProvisionError, Provisioner, Release, Route, Runtime, ServiceKey, Traffic, TrafficError,
 };
 
 /// Which operation a fault is asked about.
@@ -40,6 +40,8 @@ pub enum Op {
     Remove,
     Publish,
     Withdraw,
+    /// Making sure of the traffic plane and reading its routes back (T5).
+    TrafficRead,
     Probe,
     Policy,
     Install,
@@ -158,6 +160,10 @@ pub enum Effect {
     InstanceUnlocked {
         instance: InstanceName,
         holder: String,
+    },
+    /// The proxy lost a route by itself (it restarted without its config).
+    RouteLost {
+        service: ServiceKey,
     },
 }
 
@@ -499,6 +505,9 @@ impl Runtime for MemoryRuntime {
 pub struct MemoryTraffic {
     hooks: Hooks,
     routes: Mutex<BTreeMap<ServiceKey, Route>>,
+    /// Fault: the proxy's part of stead is gone (restarted without its
+    /// saved config) until `ensure` recreates it.
+    lost: std::sync::atomic::AtomicBool,
 }
 
 impl MemoryTraffic {
@@ -506,11 +515,26 @@ impl MemoryTraffic {
         Self {
             hooks,
             routes: Mutex::new(BTreeMap::new()),
+            lost: std::sync::atomic::AtomicBool::new(false),
         }
     }
 
     pub fn routes(&self) -> BTreeMap<ServiceKey, Route> {
         self.routes.lock().expect("traffic poisoned").clone()
+    }
+
+    /// Fault: the proxy restarts without its saved config: every route is
+    /// gone and stead's server with them, until `ensure` recreates it
+    /// (publishing recreates it too, as the Caddy adapter does).
+    pub fn lose_everything(&self) {
+        self.lost.store(true, std::sync::atomic::Ordering::SeqCst);
+        let lost: Vec<ServiceKey> =
+            std::mem::take(&mut *self.routes.lock().expect("traffic poisoned"))
+                .into_keys()
+                .collect();
+        for service in lost {
+            self.hooks.observer.effect(&Effect::RouteLost { service });
+        }
     }
 }
 
@@ -525,11 +549,43 @@ impl Traffic for MemoryTraffic {
         self.hooks.observer.effect(&Effect::Published {
             route: route.clone(),
         });
+        self.lost.store(false, std::sync::atomic::Ordering::SeqCst);
         self.routes
             .lock()
             .expect("traffic poisoned")
             .insert(route.service.clone(), route.clone());
         Ok(())
+    }
+
+    async fn ensure(&self) -> Result<PlaneCheck, TrafficError> {
+        self.hooks
+            .gate(Op::TrafficRead, "ensure")
+            .await
+            .map_err(|f| TrafficError(text_err(f)))?;
+        if self.lost.swap(false, std::sync::atomic::Ordering::SeqCst) {
+            Ok(PlaneCheck::Recreated)
+        } else {
+            Ok(PlaneCheck::Present)
+        }
+    }
+
+    async fn held_routes(&self) -> Result<Vec<HeldRoute>, TrafficError> {
+        self.hooks
+            .gate(Op::TrafficRead, "read routes")
+            .await
+            .map_err(|f| TrafficError(text_err(f)))?;
+        Ok(self
+            .routes
+            .lock()
+            .expect("traffic poisoned")
+            .values()
+            .filter_map(|r| {
+                r.binds.values().next().map(|port| HeldRoute {
+                    service: r.service.clone(),
+                    port: *port,
+                })
+            })
+            .collect())
     }
 
     async fn withdraw(&self, service: &ServiceKey) -> Result<(), TrafficError> {

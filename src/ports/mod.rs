@@ -94,7 +94,28 @@ pub use crate::core::types::ServiceKey;
 
 pub mod memory;
 
-/// Publication of verified backends.
+/// A route as the traffic plane holds it, read back (T5).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct HeldRoute {
+    pub service: ServiceKey,
+    /// The loopback host port it dials.
+    pub port: u16,
+}
+
+/// What making sure of the traffic plane found (T5).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum PlaneCheck {
+    /// As configured.
+    Present,
+    /// It had lost stead's part (a proxy restarted without its saved
+    /// config) and it was recreated, without routes.
+    Recreated,
+    /// It listened elsewhere than configured; corrected.
+    Corrected { was: String },
+}
+
+/// Publication of verified backends. The plane is reconciled, not
+/// remembered (T5): every pass makes sure of it and reads its routes back.
 #[async_trait]
 pub trait Traffic: Send + Sync {
     /// Upserts the route of one service. Reported successful only when the
@@ -102,6 +123,13 @@ pub trait Traffic: Send + Sync {
     async fn publish(&self, route: &Route) -> Result<(), TrafficError>;
     /// Removes the route of one service. Not-found counts as withdrawn.
     async fn withdraw(&self, service: &ServiceKey) -> Result<(), TrafficError>;
+    /// Makes sure stead's part of the plane exists as configured.
+    async fn ensure(&self) -> Result<PlaneCheck, TrafficError> {
+        Ok(PlaneCheck::Present)
+    }
+    /// Every route of stead's the plane holds now, in one call. A route
+    /// whose name does not decode into a service is left out.
+    async fn held_routes(&self) -> Result<Vec<HeldRoute>, TrafficError>;
 }
 
 pub use crate::core::fleet::Release;

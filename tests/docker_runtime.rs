@@ -65,7 +65,7 @@ async fn create_is_idempotent_and_serves_on_a_loopback_bind() {
     assert_eq!(id, again, "create is idempotent on the deterministic name");
 
     let name = docker(&["inspect", "--format", "{{.Name}}", id.as_str()]).unwrap();
-    assert_eq!(name, format!("/stead-{instance}-web-r1"));
+    assert_eq!(name, format!("/stead.{instance}.web.r1"));
     let policy = docker(&[
         "inspect",
         "--format",
@@ -125,7 +125,57 @@ async fn list_managed_is_one_labelled_call_with_instance_and_service() {
     let labelled = runtime.list_labelled().await.expect("list labelled");
     let found = labelled.iter().find(|c| c.id == web).expect("listed");
     assert_eq!(found.revision.as_deref(), Some("r1"));
-    assert_eq!(found.name, format!("stead-{instance}-web-r1"));
+    assert_eq!(found.name, format!("stead.{instance}.web.r1"));
+}
+
+#[tokio::test]
+async fn services_whose_dashed_names_collide_get_two_containers() {
+    let runtime = runtime().await;
+    // Instance `<u>-api` with service `web`, and instance `<u>` with service
+    // `api-web`: the old scheme named both `stead-<u>-api-web-r1`.
+    let base = unique("dx");
+    let dashed = format!("{base}-api");
+    let _cleanup = (Cleanup::new(&base), Cleanup::new(&dashed));
+    let first = create_request(&dashed, httpd_spec("web"), "r1");
+    let second = create_request(&base, httpd_spec("api-web"), "r1");
+
+    let a = runtime.create(&first).await.expect("create a");
+    let b = runtime.create(&second).await.expect("create b");
+    assert_ne!(a, b, "two services, two containers");
+    // Idempotence still finds each one's own container.
+    assert_eq!(runtime.create(&first).await.expect("again a"), a);
+    assert_eq!(runtime.create(&second).await.expect("again b"), b);
+
+    let labelled = runtime.list_labelled().await.expect("list labelled");
+    for (id, instance, service) in [(&a, &dashed, "web"), (&b, &base, "api-web")] {
+        let found = labelled.iter().find(|c| &c.id == id).expect("listed");
+        assert_eq!(
+            (found.instance.as_str(), found.service.as_str()),
+            (instance.as_str(), service)
+        );
+        assert_eq!(found.name, format!("stead.{instance}.{service}.r1"));
+        assert_eq!(found.status, ContainerStatus::Running);
+    }
+}
+
+#[tokio::test]
+async fn a_revision_docker_names_refuse_is_encoded_into_the_name() {
+    let runtime = runtime().await;
+    let instance = unique("dz");
+    let _cleanup = Cleanup::new(&instance);
+    let id = runtime
+        .create(&create_request(&instance, httpd_spec("web"), "1.2+build/7"))
+        .await
+        .expect("create");
+    let name = docker(&["inspect", "--format", "{{.Name}}", id.as_str()]).unwrap();
+    assert_eq!(name, format!("/stead.{instance}.web.1.2_2bbuild_2f7"));
+    let revision = docker(&[
+        "inspect",
+        "--format",
+        "{{index .Config.Labels \"stead.revision\"}}",
+        id.as_str(),
+    ]);
+    assert_eq!(revision.unwrap(), "1.2+build/7", "the label keeps it as is");
 }
 
 #[tokio::test]

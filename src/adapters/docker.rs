@@ -8,6 +8,9 @@
 //! What stead owns is marked by labels, never by name patterns:
 //! `stead.managed=true`, `stead.instance`, `stead.service`, `stead.revision`.
 //! The adapter only ever removes containers that carry `stead.managed=true`.
+//! A container's name, `stead.<instance>.<service>.<revision>`
+//! ([`DockerRuntime::container_name`]), only makes `create` idempotent; no
+//! two services share one.
 //!
 //! The steady state costs one API call. Docker's list does not report when
 //! the current execution started, which recovery needs (R8, R13), so each
@@ -41,9 +44,10 @@ use futures_util::{Stream, StreamExt};
 
 use super::read_cache::{Inspected, ReadCache};
 
+use crate::core::names;
 use crate::core::types::{
     Binds, ContainerId, ContainerStatus, Health, InstanceName, Observation, RuntimeError,
-    ServiceName, Timestamp, IDENT_LEN_MAX,
+    ServiceName, Timestamp,
 };
 use crate::ports::{
     CreateContainer, ManagedContainer, ProvisionError, Provisioner, Release, Runtime,
@@ -291,16 +295,27 @@ impl DockerRuntime {
         Ok(inspected)
     }
 
-    /// The deterministic name of a service's container at one revision.
+    /// The deterministic name of a service's container at one revision:
+    /// `stead.<instance>.<service>.<revision>` ([`names::container_name`]),
+    /// which no two (instance, service, revision) share.
+    ///
+    /// Containers created before this scheme keep their old names
+    /// (`stead-<instance>-<service>-<revision>`, which two pairs could
+    /// share) and need no migration: ACTIVE, inhibitions and the worker
+    /// address containers by ID, and ownership is read from the labels,
+    /// never from the name. The name serves one purpose, the idempotence of
+    /// [`Runtime::create`], which looks a container up by it only after a
+    /// create was refused as a duplicate, and then adopts it only if all
+    /// four labels match the request ([`Self::existing`]). An old-named
+    /// container is therefore never adopted under a new name, and two new
+    /// names never meet, so no create can pick another service's container.
     pub fn container_name(
         instance: &InstanceName,
         service: &ServiceName,
         revision: &str,
     ) -> Result<String, RuntimeError> {
-        check_name_part("instance", instance.as_str())?;
-        check_name_part("service", service.as_str())?;
-        check_name_part("revision", revision)?;
-        Ok(format!("stead-{instance}-{service}-{revision}"))
+        names::container_name(instance, service, revision)
+            .map_err(|e| RuntimeError::Transient(format!("container name: {e}")))
     }
 
     /// Every container carrying `stead.managed=true`, in one list call,
@@ -335,6 +350,12 @@ impl DockerRuntime {
                 );
                 continue;
             };
+            // Labels are input from outside (anyone can label a container):
+            // names that break the rule never reach a release name or a pass.
+            if let Err(e) = check_labelled_names(instance, service) {
+                tracing::warn!(container = %id, "managed container's {e}; skipped");
+                continue;
+            }
             let name = summary
                 .names
                 .and_then(|names| names.into_iter().next())
@@ -923,6 +944,7 @@ fn parse_event(message: EventMessage) -> Option<RuntimeEvent> {
     let attributes = actor.attributes.unwrap_or_default();
     let instance = attributes.get(LABEL_INSTANCE)?;
     let service = attributes.get(LABEL_SERVICE)?;
+    check_labelled_names(instance, service).ok()?;
     // Health events read `health_status: healthy`.
     let (verb, argument) = match action.split_once(':') {
         Some((verb, argument)) => (verb.trim(), argument.trim()),
@@ -948,22 +970,11 @@ fn parse_event(message: EventMessage) -> Option<RuntimeEvent> {
     })
 }
 
-/// Docker names allow `[a-zA-Z0-9][a-zA-Z0-9_.-]*`; stead's name must also
-/// stay unambiguous, so each part is checked before it is joined.
-fn check_name_part(field: &str, value: &str) -> Result<(), RuntimeError> {
-    let valid = !value.is_empty()
-        && value.len() <= IDENT_LEN_MAX
-        && value.starts_with(|c: char| c.is_ascii_alphanumeric())
-        && value
-            .chars()
-            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '.' | '-'));
-    if valid {
-        Ok(())
-    } else {
-        Err(RuntimeError::Transient(format!(
-            "{field} = {value:?} cannot be part of a container name (letters, digits, '_', '.', '-'; at most {IDENT_LEN_MAX})"
-        )))
-    }
+/// The instance and service labels of a container, checked against the
+/// name rule before they are used as names.
+fn check_labelled_names(instance: &str, service: &str) -> Result<(), names::NameError> {
+    names::check_instance_name(LABEL_INSTANCE, instance)?;
+    names::check_dns_label(LABEL_SERVICE, service)
 }
 
 /// Docker takes a stop grace in whole seconds: round up, so a grace is never
@@ -1084,13 +1095,41 @@ mod tests {
     #[test]
     fn container_names_are_deterministic_and_checked() {
         let name = DockerRuntime::container_name(&"shop".into(), &"web".into(), "r1").unwrap();
-        assert_eq!(name, "stead-shop-web-r1");
+        assert_eq!(name, "stead.shop.web.r1");
         let Err(RuntimeError::Transient(message)) =
             DockerRuntime::container_name(&"shop/../x".into(), &"web".into(), "r1")
         else {
             panic!("a bad name must be refused");
         };
         assert!(message.contains("instance = \"shop/../x\""), "{message}");
+    }
+
+    #[test]
+    fn container_names_of_pairs_whose_dashed_names_collide_differ() {
+        let a = DockerRuntime::container_name(&"a-api".into(), &"web".into(), "1").unwrap();
+        let b = DockerRuntime::container_name(&"a".into(), &"api-web".into(), "1").unwrap();
+        assert_ne!(a, b);
+    }
+
+    #[test]
+    fn events_and_lists_drop_containers_whose_labels_are_not_names() {
+        let message = |instance: &str| EventMessage {
+            action: Some("die".to_owned()),
+            actor: Some(bollard::models::EventActor {
+                id: Some("abc".to_owned()),
+                attributes: Some(HashMap::from([
+                    (LABEL_INSTANCE.to_owned(), instance.to_owned()),
+                    (LABEL_SERVICE.to_owned(), "web".to_owned()),
+                ])),
+            }),
+            ..Default::default()
+        };
+        assert!(parse_event(message("shop")).is_some());
+        assert!(parse_event(message("x/../../config#")).is_none());
+        let error = check_labelled_names("shop", "We b")
+            .unwrap_err()
+            .to_string();
+        assert!(error.starts_with("stead.service = \"We b\""), "{error}");
     }
 
     #[test]

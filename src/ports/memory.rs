@@ -15,6 +15,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 
+use crate::core::names;
 use crate::core::spec::ReadinessProbe;
 use crate::core::types::{
     Binds, ContainerId, ContainerStatus, Health, InstanceName, Observation, RuntimeError,
@@ -316,6 +317,15 @@ impl MemoryRuntime {
             .cloned()
     }
 
+    /// The ID [`Runtime::create`] gives the container of `request`: its
+    /// deterministic name, as Docker's adapter names it, so IDs here are as
+    /// injective as names there.
+    pub fn id_of(request: &CreateContainer) -> Result<ContainerId, RuntimeError> {
+        names::container_name(&request.instance, &request.spec.name, &request.revision)
+            .map(ContainerId::new)
+            .map_err(|e| RuntimeError::Transient(format!("container name: {e}")))
+    }
+
     fn alloc_port(&self) -> u16 {
         let mut p = self.next_port.lock().expect("poisoned");
         *p = if *p >= 60000 { 20000 } else { *p + 1 };
@@ -431,10 +441,7 @@ impl Runtime for MemoryRuntime {
     }
 
     async fn create(&self, request: &CreateContainer) -> Result<ContainerId, RuntimeError> {
-        let id = ContainerId::new(format!(
-            "{}-{}-{}",
-            request.instance, request.spec.name, request.revision
-        ));
+        let id = Self::id_of(request)?;
         self.hooks
             .gate(Op::Create, id.as_str())
             .await

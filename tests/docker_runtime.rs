@@ -14,7 +14,9 @@ use stead::adapters::docker::{
     DockerConfig, DockerProvisioner, DockerRuntime, NativeRestart, RuntimeEventAction,
     LABEL_MANAGED,
 };
-use stead::core::types::{ContainerId, ContainerStatus, Health, RuntimeError};
+use stead::core::types::{
+    ContainerId, ContainerStatus, GenerationKey, Health, InstanceName, RuntimeError, ServiceName,
+};
 use stead::ports::{Provisioner, Runtime};
 use support_services::docker::{
     create_request, docker, httpd_spec, runtime, runtime_with, Cleanup, HTTP_PORT, TEST_IMAGE,
@@ -37,6 +39,15 @@ async fn wait_for_health(runtime: &DockerRuntime, id: &ContainerId, want: Health
             "health of {id} stayed {health:?}, wanted {want:?}"
         );
         tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+/// The generation a test's container is: the key stop and remove check.
+fn generation(instance: &str, service: &str, id: &ContainerId) -> GenerationKey {
+    GenerationKey {
+        instance: InstanceName::new(instance),
+        service: ServiceName::new(service),
+        container: id.clone(),
     }
 }
 
@@ -188,8 +199,9 @@ async fn stop_start_restart_change_the_execution() {
         .await
         .expect("create");
     let first = runtime.inspect(&id).await.unwrap();
+    let key = generation(&instance, "web", &id);
 
-    runtime.stop(&id, GRACE).await.expect("stop");
+    runtime.stop(&key, GRACE).await.expect("stop");
     let stopped = runtime.inspect(&id).await.unwrap();
     assert_eq!(stopped.status, ContainerStatus::Exited);
     assert!(
@@ -197,7 +209,7 @@ async fn stop_start_restart_change_the_execution() {
         "a stopped container has no binds"
     );
     runtime
-        .stop(&id, GRACE)
+        .stop(&key, GRACE)
         .await
         .expect("stopping a stopped container is fine");
 
@@ -232,28 +244,30 @@ async fn remove_deletes_and_not_found_counts_as_removed() {
         .create(&create_request(&instance, httpd_spec("web"), "r1"))
         .await
         .expect("create");
+    let key = generation(&instance, "web", &id);
     runtime
-        .remove(&id)
+        .remove(&key)
         .await
         .expect("remove a running container");
     assert_eq!(runtime.inspect(&id).await, Err(RuntimeError::NotFound));
-    runtime.remove(&id).await.expect("removing twice is fine");
+    runtime.remove(&key).await.expect("removing twice is fine");
 }
 
 #[tokio::test]
 async fn an_absent_container_is_not_found_for_every_call() {
     let runtime = runtime().await;
     let id = ContainerId::new(unique("absent"));
+    let key = generation("absent", "web", &id);
     assert_eq!(runtime.inspect(&id).await, Err(RuntimeError::NotFound));
     assert_eq!(runtime.start(&id).await, Err(RuntimeError::NotFound));
-    assert_eq!(runtime.stop(&id, GRACE).await, Err(RuntimeError::NotFound));
+    assert_eq!(runtime.stop(&key, GRACE).await, Err(RuntimeError::NotFound));
     assert_eq!(
         runtime.restart(&id, GRACE).await,
         Err(RuntimeError::NotFound)
     );
     assert_eq!(runtime.health(&id).await, Err(RuntimeError::NotFound));
     assert_eq!(runtime.binds(&id).await, Err(RuntimeError::NotFound));
-    assert_eq!(runtime.remove(&id).await, Ok(()));
+    assert_eq!(runtime.remove(&key).await, Ok(()));
 }
 
 #[tokio::test]
@@ -279,7 +293,9 @@ async fn remove_refuses_a_container_stead_does_not_own() {
     cleanup.extra.push(name.clone());
     let id = docker(&["run", "-d", "--name", &name, TEST_IMAGE]).expect("docker run");
 
-    let refused = runtime.remove(&ContainerId::new(id.clone())).await;
+    let refused = runtime
+        .remove(&generation(&name, "web", &ContainerId::new(id.clone())))
+        .await;
     let Err(RuntimeError::Transient(message)) = refused else {
         panic!("removing a foreign container must fail, got {refused:?}");
     };
@@ -290,6 +306,50 @@ async fn remove_refuses_a_container_stead_does_not_own() {
         "running",
         "the foreign container is untouched"
     );
+}
+
+#[tokio::test]
+async fn stop_and_remove_refuse_a_container_of_another_generation() {
+    let runtime = runtime().await;
+    let instance = unique("dg");
+    let other = format!("{instance}-api");
+    let _cleanup = (Cleanup::new(&instance), Cleanup::new(&other));
+    let id = runtime
+        .create(&create_request(&instance, httpd_spec("web"), "r1"))
+        .await
+        .expect("create");
+
+    for (key, label, found) in [
+        (generation(&other, "web", &id), "stead.instance", &instance),
+        (
+            generation(&instance, "api", &id),
+            "stead.service",
+            &"web".to_owned(),
+        ),
+    ] {
+        let stopped = runtime.stop(&key, GRACE).await;
+        let removed = runtime.remove(&key).await;
+        for (operation, result) in [("stop", stopped), ("remove", removed)] {
+            let Err(RuntimeError::Transient(message)) = result else {
+                panic!("{operation} with {key:?} must be refused, got {result:?}");
+            };
+            assert!(
+                message.contains(&format!("refusing to {operation} container {id}"))
+                    && message.contains(&format!("label {label} is Some({found:?})")),
+                "{message}"
+            );
+        }
+    }
+    let status = docker(&["inspect", "--format", "{{.State.Status}}", id.as_str()]);
+    assert_eq!(status.unwrap(), "running", "the container survived");
+
+    let mine = generation(&instance, "web", &id);
+    runtime
+        .stop(&mine, GRACE)
+        .await
+        .expect("its own key stops it");
+    runtime.remove(&mine).await.expect("and removes it");
+    assert_eq!(runtime.inspect(&id).await, Err(RuntimeError::NotFound));
 }
 
 #[tokio::test]

@@ -633,3 +633,34 @@ async fn services_whose_dashed_names_collide_get_two_containers() {
         );
     }
 }
+
+#[tokio::test]
+async fn the_memory_runtime_refuses_to_stop_or_remove_another_generation() {
+    use stead::core::types::{ContainerStatus, GenerationKey, RuntimeError};
+    use stead::ports::Runtime;
+    let f = fixture();
+    let id = f
+        .runtime
+        .create(&create_request("a-api", "web"))
+        .await
+        .unwrap();
+    let key = |instance: &str, service: &str| GenerationKey {
+        instance: InstanceName::new(instance),
+        service: ServiceName::new(service),
+        container: id.clone(),
+    };
+    for wrong in [key("a", "web"), key("a-api", "api-web")] {
+        let stopped = f.runtime.stop(&wrong, Duration::from_secs(1)).await;
+        let removed = f.runtime.remove(&wrong).await;
+        for result in [stopped, removed] {
+            assert!(
+                matches!(&result, Err(RuntimeError::Transient(m)) if m.contains("belongs to a-api/web")),
+                "{result:?}"
+            );
+        }
+    }
+    let container = f.runtime.container(&id).expect("it survived");
+    assert_eq!(container.status, ContainerStatus::Running);
+    f.runtime.remove(&key("a-api", "web")).await.unwrap();
+    assert!(f.runtime.container(&id).is_none());
+}

@@ -7,7 +7,8 @@
 //!
 //! What stead owns is marked by labels, never by name patterns:
 //! `stead.managed=true`, `stead.instance`, `stead.service`, `stead.revision`.
-//! The adapter only ever removes containers that carry `stead.managed=true`.
+//! The adapter stops or removes a container only when its labels say it is
+//! stead's and belongs to the instance and service the caller names.
 //! A container's name, `stead.<instance>.<service>.<revision>`
 //! ([`DockerRuntime::container_name`]), only makes `create` idempotent; no
 //! two services share one.
@@ -46,8 +47,8 @@ use super::read_cache::{Inspected, ReadCache};
 
 use crate::core::names;
 use crate::core::types::{
-    Binds, ContainerId, ContainerStatus, Health, InstanceName, Observation, RuntimeError,
-    ServiceName, Timestamp,
+    Binds, ContainerId, ContainerStatus, GenerationKey, Health, InstanceName, Observation,
+    RuntimeError, ServiceName, Timestamp,
 };
 use crate::ports::{
     CreateContainer, ManagedContainer, ProvisionError, Provisioner, Release, Runtime,
@@ -563,30 +564,63 @@ impl DockerRuntime {
         request: &CreateContainer,
     ) -> Result<ContainerId, RuntimeError> {
         let existing = self.inspect_raw(&ContainerId::new(name)).await?;
-        let labels = existing
-            .config
-            .as_ref()
-            .and_then(|c| c.labels.clone())
-            .unwrap_or_default();
         let expected = [
             (LABEL_MANAGED, "true"),
             (LABEL_INSTANCE, request.instance.as_str()),
             (LABEL_SERVICE, request.spec.name.as_str()),
             (LABEL_REVISION, request.revision.as_str()),
         ];
-        for (label, value) in expected {
-            let found = labels.get(label).map(String::as_str);
-            if found != Some(value) {
-                return Err(RuntimeError::Transient(format!(
-                    "container name {name:?} is taken by a container whose label {label} is {found:?}, expected {value:?}; refusing to adopt it"
-                )));
-            }
+        if let Err(mismatch) = check_labels(&existing, &expected) {
+            return Err(RuntimeError::Transient(format!(
+                "container name {name:?} is taken by a container whose {mismatch}; refusing to adopt it"
+            )));
         }
         let id = existing.id.ok_or_else(|| {
             RuntimeError::Transient(format!("inspect of {name:?} returned no Id"))
         })?;
         Ok(ContainerId::new(id))
     }
+
+    /// The exact ID of the container `key` names, after checking that its
+    /// labels say it is stead's and belongs to `key.instance` and
+    /// `key.service`: a container recorded under the wrong generation (a
+    /// database row another tool wrote, a name re-pointed) is refused,
+    /// naming what its labels say, never stopped or removed.
+    async fn owned(&self, key: &GenerationKey, operation: &str) -> Result<String, RuntimeError> {
+        let id = &key.container;
+        let response = self.inspect_raw(id).await?;
+        let expected = [
+            (LABEL_MANAGED, "true"),
+            (LABEL_INSTANCE, key.instance.as_str()),
+            (LABEL_SERVICE, key.service.as_str()),
+        ];
+        if let Err(mismatch) = check_labels(&response, &expected) {
+            return Err(RuntimeError::Transient(format!(
+                "refusing to {operation} container {id}: its {mismatch}; stead {operation}s only \
+                 the generation it names ({}/{})",
+                key.instance, key.service
+            )));
+        }
+        // Act on the exact ID inspect returned, so a name cannot be
+        // re-pointed between the check and the call.
+        Ok(response.id.unwrap_or_else(|| id.to_string()))
+    }
+}
+
+/// The first of `expected`'s labels the container does not carry with the
+/// expected value, described for an error.
+fn check_labels(
+    response: &ContainerInspectResponse,
+    expected: &[(&str, &str)],
+) -> Result<(), String> {
+    let labels = response.config.as_ref().and_then(|c| c.labels.as_ref());
+    for (label, value) in expected {
+        let found = labels.and_then(|l| l.get(*label)).map(String::as_str);
+        if found != Some(*value) {
+            return Err(format!("label {label} is {found:?}, expected {value:?}"));
+        }
+    }
+    Ok(())
 }
 
 #[async_trait]
@@ -625,17 +659,19 @@ impl Runtime for DockerRuntime {
         result
     }
 
-    async fn stop(&self, id: &ContainerId, grace: Duration) -> Result<(), RuntimeError> {
+    async fn stop(&self, key: &GenerationKey, grace: Duration) -> Result<(), RuntimeError> {
+        let exact = self.owned(key, "stop").await?;
         let options = StopContainerOptions {
             t: Some(grace_secs(grace)),
             ..Default::default()
         };
         let result = self
             .with_grace(grace)
-            .stop_container(id.as_str(), Some(options))
+            .stop_container(&exact, Some(options))
             .await
-            .map_err(|e| not_found_or_transient("stop", id.as_str(), e));
-        self.cache.invalidate(id);
+            .map_err(|e| not_found_or_transient("stop", &exact, e));
+        self.cache.invalidate(&key.container);
+        self.cache.invalidate(&ContainerId::new(exact));
         result
     }
 
@@ -709,26 +745,12 @@ impl Runtime for DockerRuntime {
         Ok(id)
     }
 
-    async fn remove(&self, id: &ContainerId) -> Result<(), RuntimeError> {
-        let response = match self.inspect_raw(id).await {
-            Ok(response) => response,
+    async fn remove(&self, key: &GenerationKey) -> Result<(), RuntimeError> {
+        let exact = match self.owned(key, "remove").await {
+            Ok(exact) => exact,
             Err(RuntimeError::NotFound) => return Ok(()),
             Err(e) => return Err(e),
         };
-        let managed = response
-            .config
-            .as_ref()
-            .and_then(|c| c.labels.as_ref())
-            .and_then(|labels| labels.get(LABEL_MANAGED))
-            .map(String::as_str);
-        if managed != Some("true") {
-            return Err(RuntimeError::Transient(format!(
-                "refusing to remove container {id}: label {LABEL_MANAGED} is {managed:?}, not \"true\"; stead removes only what it owns"
-            )));
-        }
-        // Remove by the exact ID inspect returned, so a name cannot be
-        // re-pointed between the check and the removal.
-        let exact = response.id.unwrap_or_else(|| id.to_string());
         let options = RemoveContainerOptions {
             force: true,
             v: false,
@@ -741,7 +763,7 @@ impl Runtime for DockerRuntime {
                 other => Err(other),
             },
         };
-        self.cache.invalidate(id);
+        self.cache.invalidate(&key.container);
         self.cache.invalidate(&ContainerId::new(exact));
         result
     }
@@ -797,7 +819,12 @@ impl Provisioner for DockerProvisioner {
             .map_err(|e| ProvisionError(format!("uninstall {release:?}: {e}")))?;
         let mut failures = Vec::new();
         for container in containers.iter().filter(|c| c.instance.as_str() == release) {
-            if let Err(e) = self.runtime.remove(&container.id).await {
+            let key = GenerationKey {
+                instance: container.instance.clone(),
+                service: container.service.clone(),
+                container: container.id.clone(),
+            };
+            if let Err(e) = self.runtime.remove(&key).await {
                 failures.push(format!("{}: {e}", container.id));
             }
         }

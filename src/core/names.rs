@@ -1,9 +1,10 @@
 //! Names (DESIGN §10, T6: names are injective).
 //!
 //! Instance and service names are DNS labels, and this module is the one
-//! home of that rule: the catalog, operator commands and the Helm adapter
-//! check names through it. Every name stead derives from
-//! an (instance, service) pair is an encoding no two pairs share:
+//! home of that rule: the catalog, operator commands, the Helm adapter, the
+//! SQL rows and the Docker labels read back check names through it. Every
+//! name stead derives from an (instance, service) pair is an encoding no
+//! two pairs share:
 //!
 //! - Caddy route ids are `stead.<instance>.<service>` and hosts
 //!   `<service>.<instance>.<suffix>` (`adapters::caddy`);

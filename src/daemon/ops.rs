@@ -274,6 +274,9 @@ pub async fn status(
     let caddy = caddy_admin.and_then(|admin| {
         reqwest::Client::builder()
             .no_proxy()
+            // Caddy answers a route id whose path it cleans (`..`) with a
+            // redirect elsewhere in its config: never follow it.
+            .redirect(reqwest::redirect::Policy::none())
             .timeout(std::time::Duration::from_secs(3))
             .build()
             .ok()
@@ -462,8 +465,10 @@ async fn publication(
         instance: instance.clone(),
         service: service.clone(),
     };
-    let id = crate::adapters::caddy::CaddyTraffic::route_id(&key);
-    match client.get(format!("http://{admin}/id/{id}")).send().await {
+    let Ok(url) = crate::adapters::caddy::CaddyTraffic::route_id_url(admin, &key) else {
+        return "(caddy address invalid)".into();
+    };
+    match client.get(url).send().await {
         Ok(r) if r.status().is_success() => "published".into(),
         Ok(r) if r.status().as_u16() == 404 => "withdrawn".into(),
         Ok(r) => format!("(caddy {})", r.status().as_u16()),

@@ -524,3 +524,32 @@ async fn a_verified_busybox_container_is_served_through_caddy() {
     fixture.traffic.withdraw(&web).await.expect("withdraw");
     assert_eq!(get(&fixture, &web).await.0, 404, "withdrawn: no route");
 }
+
+#[tokio::test]
+async fn a_route_is_found_by_its_id_url_exactly_while_it_is_published() {
+    let f = fixture().await;
+    let client = reqwest::Client::builder()
+        .no_proxy()
+        .redirect(reqwest::redirect::Policy::none())
+        .build()
+        .unwrap();
+    let admin = f.traffic.config().admin_addr.clone();
+    let status = |service: ServiceKey| {
+        let client = client.clone();
+        let url = CaddyTraffic::route_id_url(&admin, &service).expect("url");
+        async move { client.get(url).send().await.expect("caddy").status() }
+    };
+    let shop = key("shop", "web");
+    f.traffic
+        .publish(&route(shop.clone(), backend("shop").await))
+        .await
+        .expect("publish");
+    assert!(status(shop.clone()).await.is_success());
+    // An id that climbs out of `/id/`: Caddy decodes and cleans even the
+    // encoded path and redirects to `/config/`; not followed, it finds
+    // nothing rather than reading as a published route.
+    let escape = key("x/../../config#", "web");
+    assert!(!status(escape).await.is_success());
+    f.traffic.withdraw(&shop).await.expect("withdraw");
+    assert_eq!(status(shop).await.as_u16(), 404);
+}

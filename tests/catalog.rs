@@ -120,6 +120,11 @@ fn catalog_errors_name_the_file_the_field_and_the_value() {
         "catalog.toml: types.wiki.services[0].name = \"Web Server\"",
     );
     check(
+        "name = \"web\"",
+        "name = \"web-\"",
+        "catalog.toml: types.wiki.services[0].name = \"web-\": must be a DNS label: 1 to 63 of a-z, 0-9 and '-', beginning and ending with a letter or digit",
+    );
+    check(
         "types.wiki",
         "types.Wiki",
         "catalog.toml: types.Wiki = \"Wiki\"",

@@ -14,7 +14,9 @@ use stead::adapters::docker::{
     DockerConfig, DockerProvisioner, DockerRuntime, NativeRestart, RuntimeEventAction,
     LABEL_MANAGED,
 };
-use stead::core::types::{ContainerId, ContainerStatus, Health, RuntimeError};
+use stead::core::types::{
+    ContainerId, ContainerStatus, GenerationKey, Health, InstanceName, RuntimeError, ServiceName,
+};
 use stead::ports::{Provisioner, Runtime};
 use support_services::docker::{
     create_request, docker, httpd_spec, runtime, runtime_with, Cleanup, HTTP_PORT, TEST_IMAGE,
@@ -37,6 +39,15 @@ async fn wait_for_health(runtime: &DockerRuntime, id: &ContainerId, want: Health
             "health of {id} stayed {health:?}, wanted {want:?}"
         );
         tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+/// The generation a test's container is: the key stop and remove check.
+fn generation(instance: &str, service: &str, id: &ContainerId) -> GenerationKey {
+    GenerationKey {
+        instance: InstanceName::new(instance),
+        service: ServiceName::new(service),
+        container: id.clone(),
     }
 }
 
@@ -65,7 +76,7 @@ async fn create_is_idempotent_and_serves_on_a_loopback_bind() {
     assert_eq!(id, again, "create is idempotent on the deterministic name");
 
     let name = docker(&["inspect", "--format", "{{.Name}}", id.as_str()]).unwrap();
-    assert_eq!(name, format!("/stead-{instance}-web-r1"));
+    assert_eq!(name, format!("/stead.{instance}.web.r1"));
     let policy = docker(&[
         "inspect",
         "--format",
@@ -125,7 +136,57 @@ async fn list_managed_is_one_labelled_call_with_instance_and_service() {
     let labelled = runtime.list_labelled().await.expect("list labelled");
     let found = labelled.iter().find(|c| c.id == web).expect("listed");
     assert_eq!(found.revision.as_deref(), Some("r1"));
-    assert_eq!(found.name, format!("stead-{instance}-web-r1"));
+    assert_eq!(found.name, format!("stead.{instance}.web.r1"));
+}
+
+#[tokio::test]
+async fn services_whose_dashed_names_collide_get_two_containers() {
+    let runtime = runtime().await;
+    // Instance `<u>-api` with service `web`, and instance `<u>` with service
+    // `api-web`: the old scheme named both `stead-<u>-api-web-r1`.
+    let base = unique("dx");
+    let dashed = format!("{base}-api");
+    let _cleanup = (Cleanup::new(&base), Cleanup::new(&dashed));
+    let first = create_request(&dashed, httpd_spec("web"), "r1");
+    let second = create_request(&base, httpd_spec("api-web"), "r1");
+
+    let a = runtime.create(&first).await.expect("create a");
+    let b = runtime.create(&second).await.expect("create b");
+    assert_ne!(a, b, "two services, two containers");
+    // Idempotence still finds each one's own container.
+    assert_eq!(runtime.create(&first).await.expect("again a"), a);
+    assert_eq!(runtime.create(&second).await.expect("again b"), b);
+
+    let labelled = runtime.list_labelled().await.expect("list labelled");
+    for (id, instance, service) in [(&a, &dashed, "web"), (&b, &base, "api-web")] {
+        let found = labelled.iter().find(|c| &c.id == id).expect("listed");
+        assert_eq!(
+            (found.instance.as_str(), found.service.as_str()),
+            (instance.as_str(), service)
+        );
+        assert_eq!(found.name, format!("stead.{instance}.{service}.r1"));
+        assert_eq!(found.status, ContainerStatus::Running);
+    }
+}
+
+#[tokio::test]
+async fn a_revision_docker_names_refuse_is_encoded_into_the_name() {
+    let runtime = runtime().await;
+    let instance = unique("dz");
+    let _cleanup = Cleanup::new(&instance);
+    let id = runtime
+        .create(&create_request(&instance, httpd_spec("web"), "1.2+build/7"))
+        .await
+        .expect("create");
+    let name = docker(&["inspect", "--format", "{{.Name}}", id.as_str()]).unwrap();
+    assert_eq!(name, format!("/stead.{instance}.web.1.2_2bbuild_2f7"));
+    let revision = docker(&[
+        "inspect",
+        "--format",
+        "{{index .Config.Labels \"stead.revision\"}}",
+        id.as_str(),
+    ]);
+    assert_eq!(revision.unwrap(), "1.2+build/7", "the label keeps it as is");
 }
 
 #[tokio::test]
@@ -138,8 +199,9 @@ async fn stop_start_restart_change_the_execution() {
         .await
         .expect("create");
     let first = runtime.inspect(&id).await.unwrap();
+    let key = generation(&instance, "web", &id);
 
-    runtime.stop(&id, GRACE).await.expect("stop");
+    runtime.stop(&key, GRACE).await.expect("stop");
     let stopped = runtime.inspect(&id).await.unwrap();
     assert_eq!(stopped.status, ContainerStatus::Exited);
     assert!(
@@ -147,7 +209,7 @@ async fn stop_start_restart_change_the_execution() {
         "a stopped container has no binds"
     );
     runtime
-        .stop(&id, GRACE)
+        .stop(&key, GRACE)
         .await
         .expect("stopping a stopped container is fine");
 
@@ -182,28 +244,30 @@ async fn remove_deletes_and_not_found_counts_as_removed() {
         .create(&create_request(&instance, httpd_spec("web"), "r1"))
         .await
         .expect("create");
+    let key = generation(&instance, "web", &id);
     runtime
-        .remove(&id)
+        .remove(&key)
         .await
         .expect("remove a running container");
     assert_eq!(runtime.inspect(&id).await, Err(RuntimeError::NotFound));
-    runtime.remove(&id).await.expect("removing twice is fine");
+    runtime.remove(&key).await.expect("removing twice is fine");
 }
 
 #[tokio::test]
 async fn an_absent_container_is_not_found_for_every_call() {
     let runtime = runtime().await;
     let id = ContainerId::new(unique("absent"));
+    let key = generation("absent", "web", &id);
     assert_eq!(runtime.inspect(&id).await, Err(RuntimeError::NotFound));
     assert_eq!(runtime.start(&id).await, Err(RuntimeError::NotFound));
-    assert_eq!(runtime.stop(&id, GRACE).await, Err(RuntimeError::NotFound));
+    assert_eq!(runtime.stop(&key, GRACE).await, Err(RuntimeError::NotFound));
     assert_eq!(
         runtime.restart(&id, GRACE).await,
         Err(RuntimeError::NotFound)
     );
     assert_eq!(runtime.health(&id).await, Err(RuntimeError::NotFound));
     assert_eq!(runtime.binds(&id).await, Err(RuntimeError::NotFound));
-    assert_eq!(runtime.remove(&id).await, Ok(()));
+    assert_eq!(runtime.remove(&key).await, Ok(()));
 }
 
 #[tokio::test]
@@ -229,7 +293,9 @@ async fn remove_refuses_a_container_stead_does_not_own() {
     cleanup.extra.push(name.clone());
     let id = docker(&["run", "-d", "--name", &name, TEST_IMAGE]).expect("docker run");
 
-    let refused = runtime.remove(&ContainerId::new(id.clone())).await;
+    let refused = runtime
+        .remove(&generation(&name, "web", &ContainerId::new(id.clone())))
+        .await;
     let Err(RuntimeError::Transient(message)) = refused else {
         panic!("removing a foreign container must fail, got {refused:?}");
     };
@@ -240,6 +306,50 @@ async fn remove_refuses_a_container_stead_does_not_own() {
         "running",
         "the foreign container is untouched"
     );
+}
+
+#[tokio::test]
+async fn stop_and_remove_refuse_a_container_of_another_generation() {
+    let runtime = runtime().await;
+    let instance = unique("dg");
+    let other = format!("{instance}-api");
+    let _cleanup = (Cleanup::new(&instance), Cleanup::new(&other));
+    let id = runtime
+        .create(&create_request(&instance, httpd_spec("web"), "r1"))
+        .await
+        .expect("create");
+
+    for (key, label, found) in [
+        (generation(&other, "web", &id), "stead.instance", &instance),
+        (
+            generation(&instance, "api", &id),
+            "stead.service",
+            &"web".to_owned(),
+        ),
+    ] {
+        let stopped = runtime.stop(&key, GRACE).await;
+        let removed = runtime.remove(&key).await;
+        for (operation, result) in [("stop", stopped), ("remove", removed)] {
+            let Err(RuntimeError::Transient(message)) = result else {
+                panic!("{operation} with {key:?} must be refused, got {result:?}");
+            };
+            assert!(
+                message.contains(&format!("refusing to {operation} container {id}"))
+                    && message.contains(&format!("label {label} is Some({found:?})")),
+                "{message}"
+            );
+        }
+    }
+    let status = docker(&["inspect", "--format", "{{.State.Status}}", id.as_str()]);
+    assert_eq!(status.unwrap(), "running", "the container survived");
+
+    let mine = generation(&instance, "web", &id);
+    runtime
+        .stop(&mine, GRACE)
+        .await
+        .expect("its own key stops it");
+    runtime.remove(&mine).await.expect("and removes it");
+    assert_eq!(runtime.inspect(&id).await, Err(RuntimeError::NotFound));
 }
 
 #[tokio::test]

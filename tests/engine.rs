@@ -464,7 +464,8 @@ async fn a_failed_upgrade_removes_the_candidate_keeps_active_and_halts_the_rollo
     let instance = f.served("wiki1", "1").await;
     let before = f.store.load_active(&instance.name).await.unwrap();
     // The candidate is created, then vanishes before it is verified.
-    f.script.fail(Op::Inspect, "wiki1-web-2", Fault::NotFound);
+    f.script
+        .fail(Op::Inspect, "stead.wiki1.web.2", Fault::NotFound);
     for _ in 0..2 {
         f.enqueue(instance.id, TaskKind::Upgrade).await;
         f.clock.advance(Duration::from_secs(3600));
@@ -477,7 +478,7 @@ async fn a_failed_upgrade_removes_the_candidate_keeps_active_and_halts_the_rollo
     assert_eq!(f.store.load_active(&instance.name).await.unwrap(), before);
     assert!(f
         .runtime
-        .container(&stead::core::types::ContainerId::new("wiki1-web-2"))
+        .container(&stead::core::types::ContainerId::new("stead.wiki1.web.2"))
         .is_none());
     let rollouts = f.store.rollouts().await.unwrap();
     assert_eq!(rollouts.get("wiki"), Some(&RolloutState::Halted));
@@ -532,7 +533,7 @@ async fn a_hung_runtime_call_times_out_and_the_next_instance_is_still_recovered(
     let f = fixture();
     f.served("a-hangs", "2").await;
     f.served("b-fine", "2").await;
-    f.script.fail(Op::Inspect, "a-hangs", Fault::Hang);
+    f.script.fail(Op::Inspect, "stead.a-hangs.", Fault::Hang);
     let b_web = f
         .store
         .load_active(&InstanceName::new("b-fine"))
@@ -595,7 +596,7 @@ async fn a_hung_handler_is_bounded_by_its_lease() {
     let f = fixture();
     let instance = f.instance("wiki1", "2").await;
     f.enqueue(instance.id, TaskKind::Provision).await;
-    f.script.fail(Op::Create, "wiki1", Fault::Hang);
+    f.script.fail(Op::Create, "stead.wiki1.", Fault::Hang);
     let (_, end) = f.worker().work_once().await.expect("a task");
     assert!(
         matches!(end, TaskEnd::Retried(ref e) if e.contains("lease")),
@@ -687,4 +688,72 @@ async fn routes_of_gone_instances_and_dropped_services_are_withdrawn() {
     assert!(!f.routed("ghost", "web"));
     assert!(!f.routed("wiki1", "dropped"));
     assert!(f.routed("wiki1", "web"), "the live route stays");
+}
+
+// --- names (T6) --------------------------------------------------------------
+
+fn create_request(instance: &str, service: &str) -> stead::ports::CreateContainer {
+    let entry = Catalog::from_toml(CATALOG, "catalog.toml").unwrap();
+    let mut spec = entry.get("wiki").unwrap().services[0].clone();
+    spec.name = ServiceName::new(service);
+    stead::ports::CreateContainer {
+        instance: InstanceName::new(instance),
+        spec,
+        revision: "2".into(),
+    }
+}
+
+#[tokio::test]
+async fn services_whose_dashed_names_collide_get_two_containers() {
+    use stead::ports::Runtime;
+    let f = fixture();
+    let a = f
+        .runtime
+        .create(&create_request("a-api", "web"))
+        .await
+        .unwrap();
+    let b = f
+        .runtime
+        .create(&create_request("a", "api-web"))
+        .await
+        .unwrap();
+    assert_ne!(a, b);
+    for (id, instance, service) in [(&a, "a-api", "web"), (&b, "a", "api-web")] {
+        let container = f.runtime.container(id).expect("created");
+        assert_eq!(
+            (container.instance.as_str(), container.service.as_str()),
+            (instance, service)
+        );
+    }
+}
+
+#[tokio::test]
+async fn the_memory_runtime_refuses_to_stop_or_remove_another_generation() {
+    use stead::core::types::{ContainerStatus, GenerationKey, RuntimeError};
+    use stead::ports::Runtime;
+    let f = fixture();
+    let id = f
+        .runtime
+        .create(&create_request("a-api", "web"))
+        .await
+        .unwrap();
+    let key = |instance: &str, service: &str| GenerationKey {
+        instance: InstanceName::new(instance),
+        service: ServiceName::new(service),
+        container: id.clone(),
+    };
+    for wrong in [key("a", "web"), key("a-api", "api-web")] {
+        let stopped = f.runtime.stop(&wrong, Duration::from_secs(1)).await;
+        let removed = f.runtime.remove(&wrong).await;
+        for result in [stopped, removed] {
+            assert!(
+                matches!(&result, Err(RuntimeError::Transient(m)) if m.contains("belongs to a-api/web")),
+                "{result:?}"
+            );
+        }
+    }
+    let container = f.runtime.container(&id).expect("it survived");
+    assert_eq!(container.status, ContainerStatus::Running);
+    f.runtime.remove(&key("a-api", "web")).await.unwrap();
+    assert!(f.runtime.container(&id).is_none());
 }

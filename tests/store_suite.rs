@@ -74,6 +74,8 @@ store_suite! {
         unknown_task_kind_is_reported_never_claimed_and_others_run,
         unknown_rollout_state_is_a_clear_error,
         bad_binds_name_the_row,
+        instance_names_that_are_not_dns_labels_are_bad_rows_and_others_are_listed,
+        bad_names_in_active_and_inhibition_rows_are_bad_rows_and_other_instances_load,
         the_schema_itself_rejects_bad_states_and_duplicate_active_tasks,
     ]
 }
@@ -1246,6 +1248,123 @@ async fn bad_binds_name_the_row(s: TestStore) {
         ),
         "{loaded:?}"
     );
+}
+
+async fn instance_names_that_are_not_dns_labels_are_bad_rows_and_others_are_listed(s: TestStore) {
+    let store = &*s.store;
+    instance(store, "good-1").await;
+    // A path, a matcher breaker, a leading capital, a trailing '-', empty.
+    let bad = ["x/../../config#", "a.b", "Shop", "shop-", ""];
+    for name in bad {
+        s.raw(&format!(
+            "INSERT INTO instances (name, team, service_type, version, state, stopped, \
+             created_at_us, updated_at_us) VALUES ('{name}', 't', 'wiki', '1', 'ready', FALSE, 0, 0)"
+        ))
+        .await
+        .unwrap()
+        .unwrap();
+    }
+    instance(store, "good-2").await;
+    let listed = store.list_instances().await.unwrap();
+    let names: Vec<_> = listed.rows.iter().map(|i| i.name.as_str()).collect();
+    assert_eq!(names, ["good-1", "good-2"]);
+    let reported: Vec<_> = listed
+        .bad
+        .iter()
+        .map(|e| match e {
+            StoreError::BadRow {
+                table: "instances",
+                field: "name",
+                value,
+                ..
+            } => value.as_str(),
+            other => panic!("{other:?}"),
+        })
+        .collect();
+    assert_eq!(reported, bad);
+    let direct = store.instance(&InstanceName::new("x/../../config#")).await;
+    assert!(
+        matches!(&direct, Err(StoreError::BadRow { field: "name", .. })),
+        "{direct:?}"
+    );
+}
+
+async fn bad_names_in_active_and_inhibition_rows_are_bad_rows_and_other_instances_load(
+    s: TestStore,
+) {
+    let store = &*s.store;
+    let good = InstanceName::new("good");
+    instance(store, good.as_str()).await;
+    store
+        .save_active_service(&good, &ServiceName::new("web"), &active("c1", "r1"))
+        .await
+        .unwrap();
+    let hold = Inhibition {
+        service: ServiceName::new("web"),
+        container: ContainerId::new("c1"),
+        reason: InhibitionReason::Hold("operator-hold".into()),
+        operation: "manual".into(),
+        created_at: t(1),
+        stop_grace: None,
+    };
+    store.save_inhibition(&good, &hold).await.unwrap();
+
+    let active_row = |id: i64, service: &str, container: &str| {
+        format!(
+            "INSERT INTO active_services (instance_id, service, container_id, \
+             effective_revision, backend_binds) VALUES ({id}, '{service}', '{container}', 'r1', '{{}}')"
+        )
+    };
+    let inhibition_row = |id: i64, service: &str, container: &str| {
+        format!(
+            "INSERT INTO inhibitions (instance_id, service, container_id, reason, operation, \
+             created_at_us) VALUES ({id}, '{service}', '{container}', 'operator-hold', 'x', 0)"
+        )
+    };
+    let cases = [
+        ("active_services", "service", "web/../x", "c1"),
+        ("active_services", "service", "Web", "c1"),
+        ("active_services", "container_id", "web", "../../images/x"),
+        ("inhibitions", "service", "web-", "c1"),
+        ("inhibitions", "container_id", "web", "c1?force=1"),
+    ];
+    for (n, (table, field, service, container)) in cases.into_iter().enumerate() {
+        let name = InstanceName::new(format!("bad-{n}"));
+        let id = instance(store, name.as_str()).await;
+        let is_active = table == "active_services";
+        let insert = if is_active {
+            active_row(id, service, container)
+        } else {
+            inhibition_row(id, service, container)
+        };
+        // The schema holds no name rule, so another tool's insert succeeds.
+        s.raw(&insert).await.unwrap().unwrap();
+        let result = if is_active {
+            store.load_active(&name).await.map(drop)
+        } else {
+            store.load_inhibitions(&name).await.map(drop)
+        };
+        let value = if field == "service" {
+            service
+        } else {
+            container
+        };
+        assert!(
+            matches!(
+                &result,
+                Err(StoreError::BadRow { table: t, field: f, value: v, .. })
+                    if t == &table && f == &field && v == value
+            ),
+            "{table}.{field} = {value:?}: {result:?}"
+        );
+        // One tenant's bad row never stops another's.
+        let active = store.load_active(&good).await.unwrap();
+        assert_eq!(active.services.len(), 1);
+        assert_eq!(
+            store.load_inhibitions(&good).await.unwrap(),
+            std::slice::from_ref(&hold)
+        );
+    }
 }
 
 async fn the_schema_itself_rejects_bad_states_and_duplicate_active_tasks(s: TestStore) {

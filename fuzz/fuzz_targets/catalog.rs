@@ -22,11 +22,12 @@ fn duration_max() -> Duration {
     Duration::from_millis(DURATION_MS_MAX as u64)
 }
 
-/// The catalog's rule for service-type and service names.
+/// The catalog's rule for service-type and service names: a DNS label.
 fn is_name(value: &str) -> bool {
     !value.is_empty()
         && value.len() <= NAME_LEN_MAX
         && value.starts_with(|c: char| c.is_ascii_lowercase() || c.is_ascii_digit())
+        && value.ends_with(|c: char| c.is_ascii_lowercase() || c.is_ascii_digit())
         && value
             .chars()
             .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-')

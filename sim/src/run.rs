@@ -359,7 +359,7 @@ async fn setup(
                 spec: spec.clone(),
                 revision: "r0".into(),
             };
-            let id = stead::core::types::ContainerId::new(format!("{name}-{service}-r0"));
+            let id = MemoryRuntime::id_of(&request).expect("setup: a valid container name");
             actors
                 .checker
                 .truth(|t| t.operator_created.insert(id.clone()));

@@ -457,10 +457,9 @@ impl Actors {
             spec: svc.spec.clone(),
             revision: format!("d{n}"),
         };
-        let id = ContainerId::new(format!(
-            "{}-{}-{}",
-            request.instance, request.spec.name, request.revision
-        ));
+        let Ok(id) = MemoryRuntime::id_of(&request) else {
+            return;
+        };
         self.checker
             .truth(|t| t.operator_created.insert(id.clone()));
         let Ok(id) = self.runtime.create(&request).await else {

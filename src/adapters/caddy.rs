@@ -44,6 +44,7 @@ use reqwest::{Method, StatusCode};
 use serde_json::{json, Value};
 use tokio::sync::oneshot;
 
+use crate::core::names;
 use crate::core::types::ServiceKey;
 use crate::ports::{HeldRoute, PlaneCheck, Route, Traffic, TrafficError};
 
@@ -176,18 +177,32 @@ impl CaddyTraffic {
     pub fn service_of(route_id: &str) -> Option<ServiceKey> {
         let rest = route_id.strip_prefix(ROUTE_ID_PREFIX)?;
         let (instance, service) = rest.split_once('.')?;
-        let label = |s: &str| {
-            !s.is_empty()
-                && s.len() <= 63
-                && !s.starts_with('-')
-                && !s.ends_with('-')
-                && s.bytes()
-                    .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
-        };
-        (label(instance) && label(service)).then(|| ServiceKey {
+        let valid = names::check_instance_name("instance", instance).is_ok()
+            && names::check_dns_label("service", service).is_ok();
+        valid.then(|| ServiceKey {
             instance: instance.into(),
             service: service.into(),
         })
+    }
+
+    /// The admin API's address of a service's route by its `@id`
+    /// (`/id/<id>`), the id percent-encoded as one path segment, so a `?`
+    /// or `#` cannot cut it short. Caddy's mux still decodes and cleans the
+    /// path, answering a `..` with a redirect elsewhere, so a caller must
+    /// not follow redirects; the names in an id are DNS labels, checked
+    /// where they are read, which holds none of these. For reads only:
+    /// stead writes through the routes array (see the module doc).
+    pub fn route_id_url(
+        admin_addr: &str,
+        service: &ServiceKey,
+    ) -> Result<reqwest::Url, TrafficError> {
+        let invalid = |e: String| TrafficError(format!("caddy admin address {admin_addr:?}: {e}"));
+        let mut url = reqwest::Url::parse(&format!("http://{admin_addr}/id"))
+            .map_err(|e| invalid(e.to_string()))?;
+        url.path_segments_mut()
+            .map_err(|()| invalid("not a base URL".to_owned()))?
+            .push(&Self::route_id(service));
+        Ok(url)
     }
 
     /// The id earlier versions gave a route. Not injective (`a-b`/`c` and
@@ -265,6 +280,13 @@ impl CaddyTraffic {
 
     /// The route object for one service.
     fn route_value(&self, route: &Route) -> Result<Value, TrafficError> {
+        // Names are checked where they are read (rows, labels); checked
+        // again here because they become a host matcher and an id, whose
+        // injectivity rests on their being DNS labels.
+        let ServiceKey { instance, service } = &route.service;
+        names::check_instance_name("instance", instance.as_str())
+            .and_then(|()| names::check_dns_label("service", service.as_str()))
+            .map_err(|e| TrafficError(format!("route not published: {e}")))?;
         let id = Self::route_id(&route.service);
         // The lowest container port is the one served: a service exposing
         // several ports publishes its HTTP port as the lowest.
@@ -727,6 +749,34 @@ mod tests {
             CaddyTraffic::legacy_route_id(&key("a-api", "web")),
             CaddyTraffic::legacy_route_id(&key("a", "api-web"))
         );
+    }
+
+    #[test]
+    fn an_id_url_keeps_any_name_inside_one_path_segment() {
+        let url = CaddyTraffic::route_id_url("127.0.0.1:2019", &key("shop", "web")).unwrap();
+        assert_eq!(url.as_str(), "http://127.0.0.1:2019/id/stead.shop.web");
+        // A name no row or label check lets through, encoded anyway.
+        let url =
+            CaddyTraffic::route_id_url("127.0.0.1:2019", &key("x/../../config#", "web")).unwrap();
+        assert_eq!(url.path(), "/id/stead.x%2F..%2F..%2Fconfig%23.web");
+        assert_eq!(url.fragment(), None);
+    }
+
+    #[test]
+    fn a_route_for_a_name_that_is_not_a_dns_label_is_refused() {
+        let caddy = CaddyTraffic::new(CaddyConfig::default()).unwrap();
+        for (instance, service) in [("x/../../config#", "web"), ("shop", "web.evil")] {
+            let route = Route {
+                service: key(instance, service),
+                container: "c1".into(),
+                binds: [(8080, 32768)].into(),
+                verified_started_at: None,
+            };
+            let Err(TrafficError(message)) = caddy.route_value(&route) else {
+                panic!("{instance}/{service} must be refused");
+            };
+            assert!(message.contains("must be a DNS label"), "{message}");
+        }
     }
 
     #[test]

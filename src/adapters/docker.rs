@@ -7,7 +7,11 @@
 //!
 //! What stead owns is marked by labels, never by name patterns:
 //! `stead.managed=true`, `stead.instance`, `stead.service`, `stead.revision`.
-//! The adapter only ever removes containers that carry `stead.managed=true`.
+//! The adapter stops or removes a container only when its labels say it is
+//! stead's and belongs to the instance and service the caller names.
+//! A container's name, `stead.<instance>.<service>.<revision>`
+//! ([`DockerRuntime::container_name`]), only makes `create` idempotent; no
+//! two services share one.
 //!
 //! The steady state costs one API call. Docker's list does not report when
 //! the current execution started, which recovery needs (R8, R13), so each
@@ -41,9 +45,10 @@ use futures_util::{Stream, StreamExt};
 
 use super::read_cache::{Inspected, ReadCache};
 
+use crate::core::names;
 use crate::core::types::{
-    Binds, ContainerId, ContainerStatus, Health, InstanceName, Observation, RuntimeError,
-    ServiceName, Timestamp, IDENT_LEN_MAX,
+    Binds, ContainerId, ContainerStatus, GenerationKey, Health, InstanceName, Observation,
+    RuntimeError, ServiceName, Timestamp,
 };
 use crate::ports::{
     CreateContainer, ManagedContainer, ProvisionError, Provisioner, Release, Runtime,
@@ -291,16 +296,27 @@ impl DockerRuntime {
         Ok(inspected)
     }
 
-    /// The deterministic name of a service's container at one revision.
+    /// The deterministic name of a service's container at one revision:
+    /// `stead.<instance>.<service>.<revision>` ([`names::container_name`]),
+    /// which no two (instance, service, revision) share.
+    ///
+    /// Containers created before this scheme keep their old names
+    /// (`stead-<instance>-<service>-<revision>`, which two pairs could
+    /// share) and need no migration: ACTIVE, inhibitions and the worker
+    /// address containers by ID, and ownership is read from the labels,
+    /// never from the name. The name serves one purpose, the idempotence of
+    /// [`Runtime::create`], which looks a container up by it only after a
+    /// create was refused as a duplicate, and then adopts it only if all
+    /// four labels match the request ([`Self::existing`]). An old-named
+    /// container is therefore never adopted under a new name, and two new
+    /// names never meet, so no create can pick another service's container.
     pub fn container_name(
         instance: &InstanceName,
         service: &ServiceName,
         revision: &str,
     ) -> Result<String, RuntimeError> {
-        check_name_part("instance", instance.as_str())?;
-        check_name_part("service", service.as_str())?;
-        check_name_part("revision", revision)?;
-        Ok(format!("stead-{instance}-{service}-{revision}"))
+        names::container_name(instance, service, revision)
+            .map_err(|e| RuntimeError::Transient(format!("container name: {e}")))
     }
 
     /// Every container carrying `stead.managed=true`, in one list call,
@@ -335,6 +351,12 @@ impl DockerRuntime {
                 );
                 continue;
             };
+            // Labels are input from outside (anyone can label a container):
+            // names that break the rule never reach a release name or a pass.
+            if let Err(e) = check_labelled_names(instance, service) {
+                tracing::warn!(container = %id, "managed container's {e}; skipped");
+                continue;
+            }
             let name = summary
                 .names
                 .and_then(|names| names.into_iter().next())
@@ -542,30 +564,63 @@ impl DockerRuntime {
         request: &CreateContainer,
     ) -> Result<ContainerId, RuntimeError> {
         let existing = self.inspect_raw(&ContainerId::new(name)).await?;
-        let labels = existing
-            .config
-            .as_ref()
-            .and_then(|c| c.labels.clone())
-            .unwrap_or_default();
         let expected = [
             (LABEL_MANAGED, "true"),
             (LABEL_INSTANCE, request.instance.as_str()),
             (LABEL_SERVICE, request.spec.name.as_str()),
             (LABEL_REVISION, request.revision.as_str()),
         ];
-        for (label, value) in expected {
-            let found = labels.get(label).map(String::as_str);
-            if found != Some(value) {
-                return Err(RuntimeError::Transient(format!(
-                    "container name {name:?} is taken by a container whose label {label} is {found:?}, expected {value:?}; refusing to adopt it"
-                )));
-            }
+        if let Err(mismatch) = check_labels(&existing, &expected) {
+            return Err(RuntimeError::Transient(format!(
+                "container name {name:?} is taken by a container whose {mismatch}; refusing to adopt it"
+            )));
         }
         let id = existing.id.ok_or_else(|| {
             RuntimeError::Transient(format!("inspect of {name:?} returned no Id"))
         })?;
         Ok(ContainerId::new(id))
     }
+
+    /// The exact ID of the container `key` names, after checking that its
+    /// labels say it is stead's and belongs to `key.instance` and
+    /// `key.service`: a container recorded under the wrong generation (a
+    /// database row another tool wrote, a name re-pointed) is refused,
+    /// naming what its labels say, never stopped or removed.
+    async fn owned(&self, key: &GenerationKey, operation: &str) -> Result<String, RuntimeError> {
+        let id = &key.container;
+        let response = self.inspect_raw(id).await?;
+        let expected = [
+            (LABEL_MANAGED, "true"),
+            (LABEL_INSTANCE, key.instance.as_str()),
+            (LABEL_SERVICE, key.service.as_str()),
+        ];
+        if let Err(mismatch) = check_labels(&response, &expected) {
+            return Err(RuntimeError::Transient(format!(
+                "refusing to {operation} container {id}: its {mismatch}; stead {operation}s only \
+                 the generation it names ({}/{})",
+                key.instance, key.service
+            )));
+        }
+        // Act on the exact ID inspect returned, so a name cannot be
+        // re-pointed between the check and the call.
+        Ok(response.id.unwrap_or_else(|| id.to_string()))
+    }
+}
+
+/// The first of `expected`'s labels the container does not carry with the
+/// expected value, described for an error.
+fn check_labels(
+    response: &ContainerInspectResponse,
+    expected: &[(&str, &str)],
+) -> Result<(), String> {
+    let labels = response.config.as_ref().and_then(|c| c.labels.as_ref());
+    for (label, value) in expected {
+        let found = labels.and_then(|l| l.get(*label)).map(String::as_str);
+        if found != Some(*value) {
+            return Err(format!("label {label} is {found:?}, expected {value:?}"));
+        }
+    }
+    Ok(())
 }
 
 #[async_trait]
@@ -604,17 +659,19 @@ impl Runtime for DockerRuntime {
         result
     }
 
-    async fn stop(&self, id: &ContainerId, grace: Duration) -> Result<(), RuntimeError> {
+    async fn stop(&self, key: &GenerationKey, grace: Duration) -> Result<(), RuntimeError> {
+        let exact = self.owned(key, "stop").await?;
         let options = StopContainerOptions {
             t: Some(grace_secs(grace)),
             ..Default::default()
         };
         let result = self
             .with_grace(grace)
-            .stop_container(id.as_str(), Some(options))
+            .stop_container(&exact, Some(options))
             .await
-            .map_err(|e| not_found_or_transient("stop", id.as_str(), e));
-        self.cache.invalidate(id);
+            .map_err(|e| not_found_or_transient("stop", &exact, e));
+        self.cache.invalidate(&key.container);
+        self.cache.invalidate(&ContainerId::new(exact));
         result
     }
 
@@ -688,26 +745,12 @@ impl Runtime for DockerRuntime {
         Ok(id)
     }
 
-    async fn remove(&self, id: &ContainerId) -> Result<(), RuntimeError> {
-        let response = match self.inspect_raw(id).await {
-            Ok(response) => response,
+    async fn remove(&self, key: &GenerationKey) -> Result<(), RuntimeError> {
+        let exact = match self.owned(key, "remove").await {
+            Ok(exact) => exact,
             Err(RuntimeError::NotFound) => return Ok(()),
             Err(e) => return Err(e),
         };
-        let managed = response
-            .config
-            .as_ref()
-            .and_then(|c| c.labels.as_ref())
-            .and_then(|labels| labels.get(LABEL_MANAGED))
-            .map(String::as_str);
-        if managed != Some("true") {
-            return Err(RuntimeError::Transient(format!(
-                "refusing to remove container {id}: label {LABEL_MANAGED} is {managed:?}, not \"true\"; stead removes only what it owns"
-            )));
-        }
-        // Remove by the exact ID inspect returned, so a name cannot be
-        // re-pointed between the check and the removal.
-        let exact = response.id.unwrap_or_else(|| id.to_string());
         let options = RemoveContainerOptions {
             force: true,
             v: false,
@@ -720,7 +763,7 @@ impl Runtime for DockerRuntime {
                 other => Err(other),
             },
         };
-        self.cache.invalidate(id);
+        self.cache.invalidate(&key.container);
         self.cache.invalidate(&ContainerId::new(exact));
         result
     }
@@ -776,7 +819,12 @@ impl Provisioner for DockerProvisioner {
             .map_err(|e| ProvisionError(format!("uninstall {release:?}: {e}")))?;
         let mut failures = Vec::new();
         for container in containers.iter().filter(|c| c.instance.as_str() == release) {
-            if let Err(e) = self.runtime.remove(&container.id).await {
+            let key = GenerationKey {
+                instance: container.instance.clone(),
+                service: container.service.clone(),
+                container: container.id.clone(),
+            };
+            if let Err(e) = self.runtime.remove(&key).await {
                 failures.push(format!("{}: {e}", container.id));
             }
         }
@@ -923,6 +971,7 @@ fn parse_event(message: EventMessage) -> Option<RuntimeEvent> {
     let attributes = actor.attributes.unwrap_or_default();
     let instance = attributes.get(LABEL_INSTANCE)?;
     let service = attributes.get(LABEL_SERVICE)?;
+    check_labelled_names(instance, service).ok()?;
     // Health events read `health_status: healthy`.
     let (verb, argument) = match action.split_once(':') {
         Some((verb, argument)) => (verb.trim(), argument.trim()),
@@ -948,22 +997,11 @@ fn parse_event(message: EventMessage) -> Option<RuntimeEvent> {
     })
 }
 
-/// Docker names allow `[a-zA-Z0-9][a-zA-Z0-9_.-]*`; stead's name must also
-/// stay unambiguous, so each part is checked before it is joined.
-fn check_name_part(field: &str, value: &str) -> Result<(), RuntimeError> {
-    let valid = !value.is_empty()
-        && value.len() <= IDENT_LEN_MAX
-        && value.starts_with(|c: char| c.is_ascii_alphanumeric())
-        && value
-            .chars()
-            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '.' | '-'));
-    if valid {
-        Ok(())
-    } else {
-        Err(RuntimeError::Transient(format!(
-            "{field} = {value:?} cannot be part of a container name (letters, digits, '_', '.', '-'; at most {IDENT_LEN_MAX})"
-        )))
-    }
+/// The instance and service labels of a container, checked against the
+/// name rule before they are used as names.
+fn check_labelled_names(instance: &str, service: &str) -> Result<(), names::NameError> {
+    names::check_instance_name(LABEL_INSTANCE, instance)?;
+    names::check_dns_label(LABEL_SERVICE, service)
 }
 
 /// Docker takes a stop grace in whole seconds: round up, so a grace is never
@@ -1084,13 +1122,41 @@ mod tests {
     #[test]
     fn container_names_are_deterministic_and_checked() {
         let name = DockerRuntime::container_name(&"shop".into(), &"web".into(), "r1").unwrap();
-        assert_eq!(name, "stead-shop-web-r1");
+        assert_eq!(name, "stead.shop.web.r1");
         let Err(RuntimeError::Transient(message)) =
             DockerRuntime::container_name(&"shop/../x".into(), &"web".into(), "r1")
         else {
             panic!("a bad name must be refused");
         };
         assert!(message.contains("instance = \"shop/../x\""), "{message}");
+    }
+
+    #[test]
+    fn container_names_of_pairs_whose_dashed_names_collide_differ() {
+        let a = DockerRuntime::container_name(&"a-api".into(), &"web".into(), "1").unwrap();
+        let b = DockerRuntime::container_name(&"a".into(), &"api-web".into(), "1").unwrap();
+        assert_ne!(a, b);
+    }
+
+    #[test]
+    fn events_and_lists_drop_containers_whose_labels_are_not_names() {
+        let message = |instance: &str| EventMessage {
+            action: Some("die".to_owned()),
+            actor: Some(bollard::models::EventActor {
+                id: Some("abc".to_owned()),
+                attributes: Some(HashMap::from([
+                    (LABEL_INSTANCE.to_owned(), instance.to_owned()),
+                    (LABEL_SERVICE.to_owned(), "web".to_owned()),
+                ])),
+            }),
+            ..Default::default()
+        };
+        assert!(parse_event(message("shop")).is_some());
+        assert!(parse_event(message("x/../../config#")).is_none());
+        let error = check_labelled_names("shop", "We b")
+            .unwrap_err()
+            .to_string();
+        assert!(error.starts_with("stead.service = \"We b\""), "{error}");
     }
 
     #[test]

@@ -19,10 +19,11 @@ use async_trait::async_trait;
 use serde::Deserialize;
 use tokio::process::Command;
 
+use crate::core::names;
 use crate::ports::{ProvisionError, Provisioner, Release};
 
 /// Helm's own limit on release names.
-pub const RELEASE_NAME_LEN_MAX: usize = 53;
+pub const RELEASE_NAME_LEN_MAX: usize = names::INSTANCE_NAME_LEN_MAX;
 
 /// Upper bound on the bytes of helm's output quoted in an error.
 const OUTPUT_EXCERPT_LEN_MAX: usize = 400;
@@ -225,31 +226,14 @@ pub fn parse_list(stdout: &str) -> Result<Vec<Release>, ProvisionError> {
     Ok(releases)
 }
 
-/// Helm release names are DNS-1123 labels of at most 53 characters.
+/// Helm release names are DNS-1123 labels of at most 53 characters: the
+/// instance-name rule, since a release is named after its instance.
 fn check_release(release: &str) -> Result<(), ProvisionError> {
-    if release.len() > RELEASE_NAME_LEN_MAX {
-        return Err(ProvisionError(format!(
-            "release = {release:?} is longer than helm's {RELEASE_NAME_LEN_MAX} characters"
-        )));
-    }
-    check_dns_label("release", release)
+    names::check_instance_name("release", release).map_err(|e| ProvisionError(e.to_string()))
 }
 
 fn check_dns_label(field: &str, value: &str) -> Result<(), ProvisionError> {
-    let valid = !value.is_empty()
-        && value.len() <= 63
-        && value
-            .chars()
-            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-')
-        && !value.starts_with('-')
-        && !value.ends_with('-');
-    if valid {
-        Ok(())
-    } else {
-        Err(ProvisionError(format!(
-            "{field} = {value:?} is not a DNS-1123 label (lowercase letters, digits, '-')"
-        )))
-    }
+    names::check_dns_label(field, value).map_err(|e| ProvisionError(e.to_string()))
 }
 
 /// A free-form argument must be present, must not read as a flag and must

@@ -13,6 +13,7 @@ use std::time::Duration;
 use serde::Deserialize;
 
 use super::fleet::RolloutState;
+use super::names;
 use super::spec::{Healthcheck, ReadinessProbe, ServiceSpec};
 use super::toml_error;
 use super::types::ServiceName;
@@ -33,7 +34,7 @@ pub const IMAGE_LEN_MAX: usize = 256;
 pub const VERSION_LEN_MAX: usize = 64;
 /// Longest service-type or service name: a DNS label, since both end up in
 /// release and container names.
-pub const NAME_LEN_MAX: usize = 63;
+pub const NAME_LEN_MAX: usize = names::LABEL_LEN_MAX;
 /// Longest any configured duration (grace, probe timeout or interval) may be.
 pub const DURATION_MS_MAX: i64 = 3_600_000;
 /// Most probe attempts or healthcheck retries.
@@ -243,21 +244,8 @@ impl Checker<'_> {
     }
 
     fn name(&self, field: &str, value: &str) -> Result<(), CatalogError> {
-        let ok = !value.is_empty()
-            && value.len() <= NAME_LEN_MAX
-            && value.starts_with(|c: char| c.is_ascii_lowercase() || c.is_ascii_digit())
-            && value
-                .chars()
-                .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-');
-        if ok {
-            Ok(())
-        } else {
-            Err(self.invalid(
-                field,
-                value,
-                format!("must be 1 to {NAME_LEN_MAX} of a-z, 0-9 and '-', starting with a letter or digit"),
-            ))
-        }
+        names::check_dns_label(field, value)
+            .map_err(|e| self.invalid(field, value, e.rule.to_string()))
     }
 
     fn text(&self, field: &str, value: &str, len_max: usize) -> Result<(), CatalogError> {

@@ -11,6 +11,7 @@ pub mod budget;
 pub mod catalog;
 pub mod fleet;
 pub mod memory;
+pub mod names;
 pub mod plan;
 pub mod policy;
 pub mod recovery;

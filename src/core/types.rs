@@ -7,10 +7,6 @@ use std::time::Duration;
 
 pub use jiff::Timestamp;
 
-/// Upper bound on the length of any identifier stead accepts (instance,
-/// service and container names). Docker IDs are 64 hex characters.
-pub const IDENT_LEN_MAX: usize = 128;
-
 /// The name of one tenant's deployment; also its release name.
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct InstanceName(pub String);

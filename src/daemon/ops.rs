@@ -18,9 +18,6 @@ use crate::ports::{NewInstance, Runtime, Store};
 
 /// The reason `inhibit` records when none is given.
 pub const OPERATOR_HOLD: &str = "operator-hold";
-/// Longest instance name: a DNS label, since it ends up in container and
-/// release names.
-pub const INSTANCE_NAME_LEN_MAX: usize = 53;
 
 /// What an operator command needs.
 pub struct Ops<'a> {
@@ -42,19 +39,7 @@ pub struct CreateRequest {
 }
 
 fn check_instance_name(name: &str) -> Result<(), String> {
-    let ok = !name.is_empty()
-        && name.len() <= INSTANCE_NAME_LEN_MAX
-        && name.starts_with(|c: char| c.is_ascii_lowercase())
-        && name
-            .chars()
-            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-');
-    if ok {
-        Ok(())
-    } else {
-        Err(format!(
-            "instance name {name:?}: must be 1 to {INSTANCE_NAME_LEN_MAX} of a-z, 0-9 and '-', starting with a letter"
-        ))
-    }
+    crate::core::names::check_instance_name("instance name", name).map_err(|e| e.to_string())
 }
 
 impl Ops<'_> {
@@ -289,6 +274,9 @@ pub async fn status(
     let caddy = caddy_admin.and_then(|admin| {
         reqwest::Client::builder()
             .no_proxy()
+            // Caddy answers a route id whose path it cleans (`..`) with a
+            // redirect elsewhere in its config: never follow it.
+            .redirect(reqwest::redirect::Policy::none())
             .timeout(std::time::Duration::from_secs(3))
             .build()
             .ok()
@@ -477,8 +465,10 @@ async fn publication(
         instance: instance.clone(),
         service: service.clone(),
     };
-    let id = crate::adapters::caddy::CaddyTraffic::route_id(&key);
-    match client.get(format!("http://{admin}/id/{id}")).send().await {
+    let Ok(url) = crate::adapters::caddy::CaddyTraffic::route_id_url(admin, &key) else {
+        return "(caddy address invalid)".into();
+    };
+    match client.get(url).send().await {
         Ok(r) if r.status().is_success() => "published".into(),
         Ok(r) if r.status().as_u16() == 404 => "withdrawn".into(),
         Ok(r) => format!("(caddy {})", r.status().as_u16()),

@@ -465,7 +465,7 @@ impl Recoverer {
                 }
                 Outcome::Restarted(result)
             }
-            Command::Stop { grace } => Outcome::Stopped(p.runtime.stop(id, *grace).await),
+            Command::Stop { grace } => Outcome::Stopped(p.runtime.stop(key, *grace).await),
             Command::ReadHealth => Outcome::Health(p.runtime.health(id).await),
             Command::ReadBinds => Outcome::Binds(p.runtime.binds(id).await),
             Command::ProbeReadiness { binds } => {
@@ -575,12 +575,17 @@ impl Recoverer {
             return Ok(false);
         }
         let grace = marker.stop_grace.unwrap_or(self.policy.stop_grace_default);
-        match p.runtime.stop(&marker.container, grace).await {
+        let generation = GenerationKey {
+            instance: instance.name.clone(),
+            service: marker.service.clone(),
+            container: marker.container.clone(),
+        };
+        match p.runtime.stop(&generation, grace).await {
             Ok(()) | Err(RuntimeError::NotFound) => {}
             Err(e) => return Err(format!("stop: {e}")),
         }
         p.runtime
-            .remove(&marker.container)
+            .remove(&generation)
             .await
             .map_err(|e| format!("remove: {e}"))?;
         // The marker stays until the container is gone and its claims are

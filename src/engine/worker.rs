@@ -13,8 +13,8 @@ use crate::core::fleet::{Instance, InstanceState, RetryDecision, Task, TaskKind,
 use crate::core::plan::halt_after_failed_upgrade;
 use crate::core::spec::ServiceSpec;
 use crate::core::types::{
-    ActiveService, ContainerId, ContainerStatus, Inhibition, InhibitionReason, RuntimeError,
-    ServiceKey,
+    ActiveService, ContainerId, ContainerStatus, GenerationKey, Inhibition, InhibitionReason,
+    RuntimeError, ServiceKey,
 };
 use crate::ports::CreateContainer;
 
@@ -386,7 +386,12 @@ impl Worker {
             let (started_at, binds) = match verified {
                 Ok(v) => v,
                 Err(e) => {
-                    let _ = p.runtime.remove(&candidate).await;
+                    let generation = GenerationKey {
+                        instance: instance.name.clone(),
+                        service: spec.name.clone(),
+                        container: candidate.clone(),
+                    };
+                    let _ = p.runtime.remove(&generation).await;
                     return Err(format!("successor of {} not ready: {e}", spec.name));
                 }
             };
@@ -473,7 +478,12 @@ impl Worker {
             };
             p.traffic.withdraw(&key).await.map_err(|e| e.to_string())?;
             let grace = record.stop_grace.unwrap_or(self.config.stop_grace_default);
-            self.stop_and_remove(&record.container, grace).await?;
+            let generation = GenerationKey {
+                instance: name.clone(),
+                service: service.clone(),
+                container: record.container.clone(),
+            };
+            self.stop_and_remove(&generation, grace).await?;
             p.store
                 .release_claims(name, &record.container, None)
                 .await
@@ -486,7 +496,12 @@ impl Worker {
         for marker in inhibitions {
             if marker.reason == InhibitionReason::RetirementPending {
                 let grace = marker.stop_grace.unwrap_or(self.config.stop_grace_default);
-                self.stop_and_remove(&marker.container, grace).await?;
+                let generation = GenerationKey {
+                    instance: name.clone(),
+                    service: marker.service.clone(),
+                    container: marker.container.clone(),
+                };
+                self.stop_and_remove(&generation, grace).await?;
             }
             p.store
                 .clear_inhibition(name, &marker.service, &marker.container, None)
@@ -500,14 +515,19 @@ impl Worker {
         self.move_to(instance, InstanceState::Deleted).await
     }
 
-    async fn stop_and_remove(&self, id: &ContainerId, grace: Duration) -> Result<(), String> {
-        match self.ports.runtime.stop(id, grace).await {
+    async fn stop_and_remove(
+        &self,
+        generation: &GenerationKey,
+        grace: Duration,
+    ) -> Result<(), String> {
+        let id = &generation.container;
+        match self.ports.runtime.stop(generation, grace).await {
             Ok(()) | Err(RuntimeError::NotFound) => {}
             Err(e) => return Err(format!("stop {id}: {e}")),
         }
         self.ports
             .runtime
-            .remove(id)
+            .remove(generation)
             .await
             .map_err(|e| format!("remove {id}: {e}"))
     }

@@ -15,10 +15,11 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 
+use crate::core::names;
 use crate::core::spec::ReadinessProbe;
 use crate::core::types::{
-    Binds, ContainerId, ContainerStatus, Health, InstanceName, Observation, RuntimeError,
-    ServiceName, Timestamp,
+    Binds, ContainerId, ContainerStatus, GenerationKey, Health, InstanceName, Observation,
+    RuntimeError, ServiceName, Timestamp,
 };
 
 use super::{
@@ -322,21 +323,29 @@ impl MemoryRuntime {
             .cloned()
     }
 
+    /// The ID [`Runtime::create`] gives the container of `request`: its
+    /// deterministic name, as Docker's adapter names it, so IDs here are as
+    /// injective as names there.
+    pub fn id_of(request: &CreateContainer) -> Result<ContainerId, RuntimeError> {
+        names::container_name(&request.instance, &request.spec.name, &request.revision)
+            .map(ContainerId::new)
+            .map_err(|e| RuntimeError::Transient(format!("container name: {e}")))
+    }
+
     fn alloc_port(&self) -> u16 {
         let mut p = self.next_port.lock().expect("poisoned");
         *p = if *p >= 60000 { 20000 } else { *p + 1 };
         *p
     }
 
-    fn mutate(
+    fn mutate<R>(
         &self,
         id: &ContainerId,
-        f: impl FnOnce(&mut MemContainer),
-    ) -> Result<(), RuntimeError> {
+        f: impl FnOnce(&mut MemContainer) -> R,
+    ) -> Result<R, RuntimeError> {
         let mut containers = self.containers.lock().expect("runtime poisoned");
         let c = containers.get_mut(id).ok_or(RuntimeError::NotFound)?;
-        f(c);
-        Ok(())
+        Ok(f(c))
     }
 
     fn run(&self, id: &ContainerId) -> Result<(), RuntimeError> {
@@ -375,15 +384,18 @@ impl Runtime for MemoryRuntime {
         self.run(id)
     }
 
-    async fn stop(&self, id: &ContainerId, _grace: Duration) -> Result<(), RuntimeError> {
+    async fn stop(&self, key: &GenerationKey, _grace: Duration) -> Result<(), RuntimeError> {
+        let id = &key.container;
         self.hooks
             .gate(Op::Stop, id.as_str())
             .await
             .map_err(runtime_err)?;
         self.mutate(id, |c| {
+            check_owner("stop", key, c)?;
             c.status = ContainerStatus::Exited;
             c.stopped_on_request = true;
-        })?;
+            Ok(())
+        })??;
         self.hooks
             .observer
             .effect(&Effect::Stopped { id: id.clone() });
@@ -437,10 +449,7 @@ impl Runtime for MemoryRuntime {
     }
 
     async fn create(&self, request: &CreateContainer) -> Result<ContainerId, RuntimeError> {
-        let id = ContainerId::new(format!(
-            "{}-{}-{}",
-            request.instance, request.spec.name, request.revision
-        ));
+        let id = Self::id_of(request)?;
         self.hooks
             .gate(Op::Create, id.as_str())
             .await
@@ -481,24 +490,40 @@ impl Runtime for MemoryRuntime {
         Ok(id)
     }
 
-    async fn remove(&self, id: &ContainerId) -> Result<(), RuntimeError> {
+    async fn remove(&self, key: &GenerationKey) -> Result<(), RuntimeError> {
+        let id = &key.container;
         self.hooks
             .gate(Op::Remove, id.as_str())
             .await
             .map_err(runtime_err)?;
-        if self
-            .containers
-            .lock()
-            .expect("runtime poisoned")
-            .remove(id)
-            .is_some()
-        {
-            self.hooks
-                .observer
-                .effect(&Effect::Removed { id: id.clone() });
-        }
+        let mut containers = self.containers.lock().expect("runtime poisoned");
+        let Some(container) = containers.get(id) else {
+            return Ok(());
+        };
+        check_owner("remove", key, container)?;
+        containers.remove(id);
+        drop(containers);
+        self.hooks
+            .observer
+            .effect(&Effect::Removed { id: id.clone() });
         Ok(())
     }
+}
+
+/// Refuses to `operation` a container that is not the generation `key`
+/// names, as the Docker adapter refuses one whose labels differ.
+fn check_owner(
+    operation: &str,
+    key: &GenerationKey,
+    container: &MemContainer,
+) -> Result<(), RuntimeError> {
+    if container.instance == key.instance && container.service == key.service {
+        return Ok(());
+    }
+    Err(RuntimeError::Transient(format!(
+        "refusing to {operation} container {}: it belongs to {}/{}, not {}/{}",
+        key.container, container.instance, container.service, key.instance, key.service
+    )))
 }
 
 /// The in-memory traffic plane: service → route.

@@ -14,8 +14,8 @@ use crate::core::fleet::{
 };
 use crate::core::spec::{ReadinessProbe, ServiceSpec};
 use crate::core::types::{
-    ActiveRecord, ActiveService, Binds, ContainerId, ContainerStatus, Health, Inhibition,
-    InstanceName, Observation, RuntimeError, ServiceName, Timestamp,
+    ActiveRecord, ActiveService, Binds, ContainerId, ContainerStatus, GenerationKey, Health,
+    Inhibition, InstanceName, Observation, RuntimeError, ServiceName, Timestamp,
 };
 
 /// The source of `now` for the engine. The core never reads it itself.
@@ -62,7 +62,11 @@ pub trait Runtime: Send + Sync {
     }
     async fn inspect(&self, id: &ContainerId) -> Result<Observation, RuntimeError>;
     async fn start(&self, id: &ContainerId) -> Result<(), RuntimeError>;
-    async fn stop(&self, id: &ContainerId, grace: Duration) -> Result<(), RuntimeError>;
+    /// Stops the container of the generation `key` names. It must carry
+    /// stead's labels for `key.instance` and `key.service`; one that does
+    /// not is refused with an error naming what its labels say, and left
+    /// alone.
+    async fn stop(&self, key: &GenerationKey, grace: Duration) -> Result<(), RuntimeError>;
     async fn restart(&self, id: &ContainerId, grace: Duration) -> Result<(), RuntimeError>;
     async fn health(&self, id: &ContainerId) -> Result<Health, RuntimeError>;
     async fn binds(&self, id: &ContainerId) -> Result<Binds, RuntimeError>;
@@ -70,8 +74,9 @@ pub trait Runtime: Send + Sync {
     async fn list_managed(&self) -> Result<Vec<ManagedContainer>, RuntimeError>;
     /// Creates (and starts) a container; idempotent on its deterministic name.
     async fn create(&self, request: &CreateContainer) -> Result<ContainerId, RuntimeError>;
-    /// Removes a container stead owns. Not-found counts as removed.
-    async fn remove(&self, id: &ContainerId) -> Result<(), RuntimeError>;
+    /// Removes the container of the generation `key` names, checked as
+    /// [`Runtime::stop`] checks it. Not-found counts as removed.
+    async fn remove(&self, key: &GenerationKey) -> Result<(), RuntimeError>;
 }
 
 /// A failure of the traffic plane (proxy unreachable, rejected config).

@@ -4,10 +4,12 @@ use std::time::Duration;
 
 use serde::Deserialize;
 
+use crate::core::names;
+
 /// Upper bound on `max_in_flight`: more concurrent upgrades than this is a
 /// typo, not a rollout policy.
 pub const MAX_IN_FLIGHT_MAX: u32 = 1000;
-/// Longest team or namespace name (a DNS label).
+/// Longest team name (the namespace is a DNS label, `names::LABEL_LEN_MAX`).
 pub const NAME_LEN_MAX: usize = 63;
 /// Bounds on the tick interval.
 pub const TICK_INTERVAL_MIN: Duration = Duration::from_secs(1);
@@ -87,7 +89,9 @@ fn invalid(
     }
 }
 
-fn check_label(field: &'static str, value: &str) -> Result<(), ConfigError> {
+/// A team name is compared with instances' teams and never becomes part of
+/// a name, so it may hold `_`; it is not a DNS label.
+fn check_team(field: &'static str, value: &str) -> Result<(), ConfigError> {
     let ok = !value.is_empty()
         && value.len() <= NAME_LEN_MAX
         && value
@@ -124,8 +128,10 @@ impl ControlConfig {
     /// Checks every bound and the relation between lease and provisioner
     /// timeout. The first violation is returned, naming its field.
     pub fn validate(&self) -> Result<(), ConfigError> {
-        check_label("namespace", &self.namespace)?;
-        check_label("own_team", &self.own_team)?;
+        // Releases live in this namespace: a Kubernetes namespace is a DNS label.
+        names::check_dns_label("namespace", &self.namespace)
+            .map_err(|e| invalid("namespace", &self.namespace, e.rule.to_string()))?;
+        check_team("own_team", &self.own_team)?;
         if !(1..=MAX_IN_FLIGHT_MAX).contains(&self.max_in_flight) {
             return Err(invalid(
                 "max_in_flight",

@@ -1,7 +1,9 @@
 //! Rows as the database holds them, and their checked conversion into the
 //! core's types. Every field read from outside is validated here; a value
 //! stead does not know becomes a [`StoreError::BadRow`] naming table, id,
-//! field and value, never a panic and never a silent default.
+//! field and value, never a panic and never a silent default. Instance and
+//! service names must pass the name rule (`core::names`), and container IDs
+//! must be IDs or names the runtime could be asked about.
 
 use std::time::Duration;
 
@@ -10,6 +12,7 @@ use std::collections::BTreeMap;
 use crate::core::fleet::{
     Instance, InstanceId, InstanceState, RolloutState, Task, TaskKind, TaskState,
 };
+use crate::core::names::{self, NameError};
 use crate::core::types::{
     ActiveService, Binds, ContainerId, Inhibition, InhibitionReason, InstanceName, ServiceName,
     Timestamp,
@@ -22,6 +25,19 @@ use crate::store::{
 /// Longest value quoted back in a [`StoreError::BadRow`]; a bad row may hold
 /// anything, and an error message is no place for a megabyte of it.
 const BAD_VALUE_LEN_MAX: usize = 64;
+
+/// A name read back from a row, checked against its rule (T6): a name that
+/// breaks it never reaches a container name, an admin path or a host
+/// matcher, and its row is reported as bad beside the good ones.
+fn check_name(
+    table: &'static str,
+    id: &str,
+    field: &'static str,
+    value: &str,
+    rule: fn(&str, &str) -> Result<(), NameError>,
+) -> Result<(), StoreError> {
+    rule(field, value).map_err(|_| bad_row(table, id, field, value))
+}
 
 pub fn bad_row(
     table: &'static str,
@@ -91,6 +107,7 @@ impl InstanceRow {
         let id = self.id.to_string();
         let state =
             InstanceState::parse(&self.state).map_err(|_| bad_row(T, &id, "state", &self.state))?;
+        check_name(T, &id, "name", &self.name, names::check_instance_name)?;
         Ok(Instance {
             id: self.id,
             name: InstanceName(self.name),
@@ -177,6 +194,14 @@ impl ActiveRow {
     pub fn decode(self) -> Result<(ServiceName, ActiveService), StoreError> {
         const T: &str = "active_services";
         let id = format!("{}/{}", self.instance_id, self.service);
+        check_name(T, &id, "service", &self.service, names::check_dns_label)?;
+        check_name(
+            T,
+            &id,
+            "container_id",
+            &self.container_id,
+            names::check_container_ref,
+        )?;
         let binds: Binds = serde_json::from_str(&self.backend_binds)
             .map_err(|_| bad_row(T, &id, "backend_binds", &self.backend_binds))?;
         let active = ActiveService {
@@ -217,6 +242,14 @@ impl InhibitionRow {
             "{}/{}/{}",
             self.instance_id, self.service, self.container_id
         );
+        check_name(T, &id, "service", &self.service, names::check_dns_label)?;
+        check_name(
+            T,
+            &id,
+            "container_id",
+            &self.container_id,
+            names::check_container_ref,
+        )?;
         Ok(Inhibition {
             created_at: timestamp(T, &id, "created_at_us", self.created_at_us)?,
             stop_grace: self

@@ -51,7 +51,8 @@ use crate::core::types::{
     RuntimeError, ServiceName, Timestamp,
 };
 use crate::ports::{
-    CreateContainer, ManagedContainer, ProvisionError, Provisioner, Release, Runtime,
+    CreateContainer, EventSubscription, ManagedContainer, ProvisionError, Provisioner, Release,
+    Runtime, RuntimeEvents,
 };
 
 /// Label that marks a container as stead's. Its value is always `true`.
@@ -137,33 +138,12 @@ pub struct LabelledContainer {
     pub status: ContainerStatus,
 }
 
-/// What happened to a managed container, as Docker's event stream says.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum RuntimeEventAction {
-    /// A new execution began (including a native restart).
-    Start,
-    /// The process exited (crash, kill, stop).
-    Die,
-    /// The healthcheck verdict changed.
-    HealthStatus(Health),
-    /// The container was removed.
-    Destroy,
-}
-
-/// One event about one managed container: a hint that this instance should
-/// get an immediate targeted pass. The periodic level-triggered pass stays the
-/// safety net; a lost event costs at most one interval.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct RuntimeEvent {
-    pub instance: InstanceName,
-    pub service: ServiceName,
-    pub container: ContainerId,
-    pub action: RuntimeEventAction,
-}
+pub use crate::ports::{RuntimeEvent, RuntimeEventAction};
 
 /// A boxed stream of events; ends when the connection to the runtime drops
 /// (the caller resubscribes).
-pub type RuntimeEvents = Pin<Box<dyn Stream<Item = Result<RuntimeEvent, RuntimeError>> + Send>>;
+pub type RuntimeEventStream =
+    Pin<Box<dyn Stream<Item = Result<RuntimeEvent, RuntimeError>> + Send>>;
 
 /// The `Runtime` port over Docker's (or Podman's) Engine API.
 #[derive(Clone, Debug)]
@@ -386,7 +366,7 @@ impl DockerRuntime {
     /// after it), not at the stream's first poll, so events in between are
     /// not lost. Pass the clock's `now` when subscribing, or the time of the
     /// last event seen when resubscribing.
-    pub fn events(&self, since: Timestamp) -> RuntimeEvents {
+    pub fn events(&self, since: Timestamp) -> RuntimeEventStream {
         let since = format!(
             "{}.{:09}",
             since.as_second(),
@@ -766,6 +746,40 @@ impl Runtime for DockerRuntime {
         self.cache.invalidate(&key.container);
         self.cache.invalidate(&ContainerId::new(exact));
         result
+    }
+
+    /// The stream is what makes the read cache sound: every event drops
+    /// its container's cached answer.
+    fn event_seen(&self, event: &RuntimeEvent) {
+        self.cache.invalidate(&event.container);
+    }
+
+    fn events_followed(&self, followed: bool) {
+        self.cache.set_following(followed);
+    }
+}
+
+/// One subscription to Docker's event stream.
+struct DockerSubscription {
+    events: RuntimeEventStream,
+}
+
+#[async_trait]
+impl EventSubscription for DockerSubscription {
+    async fn next_event(&mut self) -> Option<Result<RuntimeEvent, RuntimeError>> {
+        self.events.next().await
+    }
+}
+
+#[async_trait]
+impl RuntimeEvents for DockerRuntime {
+    async fn subscribe(
+        &self,
+        since: Timestamp,
+    ) -> Result<Box<dyn EventSubscription>, RuntimeError> {
+        Ok(Box::new(DockerSubscription {
+            events: self.events(since),
+        }))
     }
 }
 

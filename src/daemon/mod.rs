@@ -25,6 +25,7 @@ use crate::engine::clock::AnchoredClock;
 use crate::engine::lease::LeaseGuard;
 use crate::engine::recovery::{InstanceLocks, ReadinessTable, Recoverer};
 use crate::engine::tick::Reconciler;
+use crate::engine::wake::{WakeQueue, WAKE_QUEUE_CAPACITY_DEFAULT};
 use crate::engine::worker::{Worker, WorkerConfig};
 use crate::engine::{Ports, SystemClock};
 use crate::ports::{Notifier, Policy, Provisioner, Store};
@@ -221,6 +222,8 @@ pub struct Daemon {
     pub holder: String,
     /// The identity of the state directory, held while the daemon lives.
     pub identity: identity::Identity,
+    /// Instances woken for recovery before the next tick (T7).
+    pub wake: Arc<WakeQueue>,
 }
 
 impl Daemon {
@@ -307,6 +310,7 @@ impl Daemon {
             reconciler,
             holder,
             identity,
+            wake: Arc::new(WakeQueue::new(WAKE_QUEUE_CAPACITY_DEFAULT)),
         })
     }
 
@@ -378,6 +382,7 @@ impl Daemon {
     /// finish; what is still running after the bound is abandoned, and its
     /// task lease expires and requeues it (C6).
     pub async fn run(self: &Arc<Self>, role: Role, stop: watch::Receiver<bool>) {
+        self.clear_predecessor_locks().await;
         let mut tasks = tokio::task::JoinSet::new();
         if let Some(addr) = self.config.admin_listen {
             let daemon = self.clone();
@@ -393,9 +398,7 @@ impl Daemon {
             let stop_r = stop.clone();
             tasks.spawn(async move { daemon.reconciler.run(stop_r).await });
             if self.config.docker_events {
-                let daemon = self.clone();
-                let stop_e = stop.clone();
-                tasks.spawn(async move { events::follow(daemon, stop_e).await });
+                events::spawn(self, &mut tasks, &stop);
             }
         }
         if role.works() {

@@ -8,10 +8,12 @@ use crate::core::types::Timestamp;
 use crate::ports::{Clock, Notifier, Policy, Probe, Provisioner, Runtime, Store, Traffic};
 
 pub mod clock;
+pub mod events;
 pub mod lease;
 pub mod locks;
 pub mod recovery;
 pub mod tick;
+pub mod wake;
 pub mod worker;
 
 /// Every port the engine talks through.

@@ -41,6 +41,56 @@ pub struct ManagedContainer {
     pub started_at: Option<Timestamp>,
 }
 
+/// What happened to a managed container, as the runtime's event stream says.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum RuntimeEventAction {
+    /// A new execution began (including a native restart).
+    Start,
+    /// The process exited (crash, kill, stop).
+    Die,
+    /// The healthcheck verdict changed.
+    HealthStatus(Health),
+    /// The container was removed.
+    Destroy,
+}
+
+impl RuntimeEventAction {
+    /// Whether the event can change what recovery would do now, so the
+    /// instance deserves a pass before the next tick.
+    pub fn wakes_recovery(self) -> bool {
+        matches!(self, Self::Die | Self::HealthStatus(_) | Self::Destroy)
+    }
+}
+
+/// One event about one managed container: a hint that this instance should
+/// get an immediate targeted pass. The periodic level-triggered pass stays the
+/// safety net; a lost event costs at most one interval.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RuntimeEvent {
+    pub instance: InstanceName,
+    pub service: ServiceName,
+    pub container: ContainerId,
+    pub action: RuntimeEventAction,
+}
+
+/// The runtime's event stream (T7), a hint that wakes recovery early.
+#[async_trait]
+pub trait RuntimeEvents: Send + Sync {
+    /// Subscribes to events from `since` on, replayed where the runtime
+    /// keeps them (Docker keeps its last 256 events, so a long gap is
+    /// not fully replayed: the periodic pass covers it).
+    async fn subscribe(&self, since: Timestamp)
+        -> Result<Box<dyn EventSubscription>, RuntimeError>;
+}
+
+/// One subscription to the event stream.
+#[async_trait]
+pub trait EventSubscription: Send {
+    /// The next event; `None` once the stream ended (the connection to the
+    /// runtime dropped), after which the caller subscribes again.
+    async fn next_event(&mut self) -> Option<Result<RuntimeEvent, RuntimeError>>;
+}
+
 /// What the provisioner needs to create one container.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct CreateContainer {
@@ -77,6 +127,12 @@ pub trait Runtime: Send + Sync {
     /// Removes the container of the generation `key` names, checked as
     /// [`Runtime::stop`] checks it. Not-found counts as removed.
     async fn remove(&self, key: &GenerationKey) -> Result<(), RuntimeError>;
+    /// Every event of the runtime's stream is shown to the runtime too, so a
+    /// runtime that caches reads can drop what the event made stale.
+    fn event_seen(&self, _event: &RuntimeEvent) {}
+    /// Whether the event stream is followed right now; a runtime that
+    /// caches reads may trust its cache only while it is.
+    fn events_followed(&self, _followed: bool) {}
 }
 
 /// A failure of the traffic plane (proxy unreachable, rejected config).

@@ -145,6 +145,14 @@ impl Command {
     pub fn mutates_workload(&self) -> bool {
         matches!(self, Self::Start | Self::Restart { .. } | Self::Stop { .. })
     }
+
+    /// Whether the command changes the world outside the database: the
+    /// workload or the traffic plane. Such an effect cannot carry a fence,
+    /// so it is issued only while the lease is trusted right now (T2);
+    /// database writes carry the fence instead.
+    pub fn is_outside_effect(&self) -> bool {
+        self.mutates_workload() || matches!(self, Self::Withdraw | Self::Publish { .. })
+    }
 }
 
 /// The result of performing a [`Command`]. Each variant answers exactly one

@@ -403,6 +403,11 @@ impl Recoverer {
     ) -> Report {
         let mut machine = ServiceRecovery::new(&self.policy, input);
         while let Some(command) = machine.poll_command() {
+            // Checked with no await before the effect is issued: a process
+            // paused past its lease stops here instead of acting (T2).
+            if command.is_outside_effect() && self.lease.current().is_none() {
+                return machine.abandon();
+            }
             let performed = within(
                 deadline,
                 self.perform(instance, machine.key(), &command, fence),
@@ -574,6 +579,9 @@ impl Recoverer {
         if !retire {
             return Ok(false);
         }
+        if self.lease.current().is_none() {
+            return Err("reconciler lease no longer trusted; retirement left for later".into());
+        }
         let grace = marker.stop_grace.unwrap_or(self.policy.stop_grace_default);
         let generation = GenerationKey {
             instance: instance.name.clone(),
@@ -583,6 +591,9 @@ impl Recoverer {
         match p.runtime.stop(&generation, grace).await {
             Ok(()) | Err(RuntimeError::NotFound) => {}
             Err(e) => return Err(format!("stop: {e}")),
+        }
+        if self.lease.current().is_none() {
+            return Err("reconciler lease no longer trusted; removal left for later".into());
         }
         p.runtime
             .remove(&generation)

@@ -7,10 +7,12 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::sync::watch;
+use tokio::time::Instant;
 
 use crate::core::catalog::{Catalog, CatalogEntry};
 use crate::core::fleet::{Instance, InstanceState, RetryDecision, Task, TaskKind, TaskRetryPolicy};
 use crate::core::plan::halt_after_failed_upgrade;
+use crate::core::policy::LEASE_MARGIN;
 use crate::core::spec::ServiceSpec;
 use crate::core::types::{
     ActiveService, ContainerId, ContainerStatus, GenerationKey, Inhibition, InhibitionReason,
@@ -57,6 +59,18 @@ pub struct Worker {
     catalog: Arc<Catalog>,
     config: WorkerConfig,
     locks: Arc<InstanceLocks>,
+    /// Until when the lease of the task in hand is trusted (T2): a worker
+    /// paused past it (a stopped VM, a long GC) must not act on resuming,
+    /// since the task may be another worker's by then. Set at claim,
+    /// moved on by each renewal, checked before every effect.
+    trusted_until: std::sync::Mutex<Option<Instant>>,
+}
+
+/// The part of a task lease a worker never trusts: a quarter of it, at
+/// most [`LEASE_MARGIN`], so even the shortest lease leaves room to work
+/// between renewals (every third of it).
+fn task_lease_margin(lease: Duration) -> Duration {
+    (lease / 4).min(LEASE_MARGIN)
 }
 
 impl Worker {
@@ -71,7 +85,29 @@ impl Worker {
             catalog,
             config,
             locks,
+            trusted_until: std::sync::Mutex::new(None),
         }
+    }
+
+    /// `Ok` while the lease of the task in hand is trusted.
+    fn allowed(&self) -> Result<(), String> {
+        let trusted = self
+            .trusted_until
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .is_some_and(|until| Instant::now() < until);
+        if trusted {
+            Ok(())
+        } else {
+            Err("the task lease is no longer trusted; stopping before acting".to_owned())
+        }
+    }
+
+    /// The lease, asked for at `sent`, is trusted for its length less the
+    /// margin from then.
+    fn trust_lease_from(&self, sent: Instant) {
+        let until = sent + (self.config.lease - task_lease_margin(self.config.lease));
+        *self.trusted_until.lock().unwrap_or_else(|e| e.into_inner()) = Some(until);
     }
 
     /// Claims and runs tasks until `stop`; a running handler is allowed to
@@ -93,7 +129,9 @@ impl Worker {
     /// Claims one due task and runs it. `None` when nothing was due (or the
     /// store is down).
     pub async fn work_once(&self) -> Option<(Task, TaskEnd)> {
+        super::clock::anchor(self.ports.clock.as_ref(), self.ports.store.as_ref()).await;
         let now = self.ports.clock.now();
+        let sent = Instant::now();
         let claimed = match self.ports.store.claim(&self.config.id, now, 1).await {
             Ok(tasks) => tasks,
             Err(e) => {
@@ -102,6 +140,7 @@ impl Worker {
             }
         };
         let task = claimed.into_iter().next()?;
+        self.trust_lease_from(sent);
         let span = tracing::info_span!(
             "task",
             id = task.id,
@@ -110,6 +149,7 @@ impl Worker {
         );
         let _entered = span.enter();
         let end = self.run_task(&task).await;
+        *self.trusted_until.lock().unwrap_or_else(|e| e.into_inner()) = None;
         tracing::info!(?end, "task finished");
         metrics::counter!("stead_tasks_total", "kind" => task.kind.as_str()).increment(1);
         Some((task, end))
@@ -148,13 +188,14 @@ impl Worker {
         loop {
             tokio::time::sleep(self.config.lease / 3).await;
             let now = self.ports.clock.now();
+            let sent = Instant::now();
             match self
                 .ports
                 .store
                 .extend_lease(task.id, &self.config.id, now)
                 .await
             {
-                Ok(true) => {}
+                Ok(true) => self.trust_lease_from(sent),
                 Ok(false) => return,
                 // A store blip is not a lost lease; try again next time.
                 Err(e) => tracing::warn!(error = %e, "lease renewal failed"),
@@ -262,6 +303,7 @@ impl Worker {
     async fn provision(&self, instance: &Instance) -> Result<(), String> {
         let p = &self.ports;
         let entry = self.entry(instance)?;
+        self.allowed()?;
         p.provisioner
             .install_or_upgrade(instance.name.as_str(), &instance.version)
             .await
@@ -282,6 +324,7 @@ impl Worker {
                     Err(e) => return Err(format!("inspect {}: {e}", current.container)),
                 }
             }
+            self.allowed()?;
             let id = self
                 .create(instance, spec, &instance.version)
                 .await
@@ -296,6 +339,7 @@ impl Worker {
                 stop_grace: Some(spec.stop_grace),
                 verified_started_at: None,
             };
+            self.allowed()?;
             p.store
                 .save_active_service(&instance.name, &spec.name, &record)
                 .await
@@ -343,6 +387,7 @@ impl Worker {
         let result = self.replace_services(instance, &entry).await;
         let now = p.clock.now();
         if result.is_ok() {
+            self.allowed()?;
             p.store
                 .set_instance_version(instance.id, &entry.version, now)
                 .await
@@ -378,6 +423,7 @@ impl Worker {
             if current.is_some_and(|c| c.effective_revision == entry.version) {
                 continue;
             }
+            self.allowed()?;
             let candidate = self
                 .create(instance, spec, &entry.version)
                 .await
@@ -391,7 +437,9 @@ impl Worker {
                         service: spec.name.clone(),
                         container: candidate.clone(),
                     };
-                    let _ = p.runtime.remove(&generation).await;
+                    if self.allowed().is_ok() {
+                        let _ = p.runtime.remove(&generation).await;
+                    }
                     return Err(format!("successor of {} not ready: {e}", spec.name));
                 }
             };
@@ -407,6 +455,7 @@ impl Worker {
                     created_at: now,
                     stop_grace: current.stop_grace,
                 };
+                self.allowed()?;
                 p.store
                     .save_inhibition(&instance.name, &marker)
                     .await
@@ -419,6 +468,7 @@ impl Worker {
                 stop_grace: Some(spec.stop_grace),
                 verified_started_at: Some(started_at),
             };
+            self.allowed()?;
             p.store
                 .save_active_service(&instance.name, &spec.name, &record)
                 .await
@@ -476,6 +526,7 @@ impl Worker {
                 instance: name.clone(),
                 service: service.clone(),
             };
+            self.allowed()?;
             p.traffic.withdraw(&key).await.map_err(|e| e.to_string())?;
             let grace = record.stop_grace.unwrap_or(self.config.stop_grace_default);
             let generation = GenerationKey {
@@ -484,6 +535,7 @@ impl Worker {
                 container: record.container.clone(),
             };
             self.stop_and_remove(&generation, grace).await?;
+            self.allowed()?;
             p.store
                 .release_claims(name, &record.container, None)
                 .await
@@ -503,11 +555,13 @@ impl Worker {
                 };
                 self.stop_and_remove(&generation, grace).await?;
             }
+            self.allowed()?;
             p.store
                 .clear_inhibition(name, &marker.service, &marker.container, None)
                 .await
                 .map_err(|e| e.to_string())?;
         }
+        self.allowed()?;
         p.provisioner
             .uninstall(name.as_str())
             .await
@@ -521,10 +575,12 @@ impl Worker {
         grace: Duration,
     ) -> Result<(), String> {
         let id = &generation.container;
+        self.allowed()?;
         match self.ports.runtime.stop(generation, grace).await {
             Ok(()) | Err(RuntimeError::NotFound) => {}
             Err(e) => return Err(format!("stop {id}: {e}")),
         }
+        self.allowed()?;
         self.ports
             .runtime
             .remove(generation)
@@ -552,6 +608,7 @@ impl Worker {
             ));
         }
         let now = p.clock.now();
+        self.allowed()?;
         let moved = p
             .store
             .set_instance_state(instance.id, current.state, to, now)

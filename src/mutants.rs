@@ -27,15 +27,33 @@ pub enum Mutant {
     /// R1: recover a retirement-pending predecessor in place of the
     /// container ACTIVE names.
     StartNonActive,
+    /// T3: take only the in-process instance lock, not the store's row.
+    SkipInstanceLockRow,
+    /// T2: act without checking the lease right before an outside effect.
+    ActOnExpiredLease,
+    /// T4: run a task's handler on a deleting or deleted instance.
+    ReviveDeletedInstance,
+    /// T5: never read the routes back from the traffic plane.
+    ForgetProxyRoutes,
+    /// T1: a restarted daemon waits out its own lease like a stranger.
+    StrangerAfterRestart,
+    /// T6: name containers `stead-<instance>-<service>-<revision>` again.
+    DashedContainerNames,
 }
 
 impl Mutant {
-    pub const ALL: [Mutant; 5] = [
+    pub const ALL: [Mutant; 11] = [
         Mutant::SkipWithdrawBeforeStart,
         Mutant::PublishBeforeReadiness,
         Mutant::ForgetCrashLoopCharge,
         Mutant::RetireBeforeSuccessorVerified,
         Mutant::StartNonActive,
+        Mutant::SkipInstanceLockRow,
+        Mutant::ActOnExpiredLease,
+        Mutant::ReviveDeletedInstance,
+        Mutant::ForgetProxyRoutes,
+        Mutant::StrangerAfterRestart,
+        Mutant::DashedContainerNames,
     ];
 }
 

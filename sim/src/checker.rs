@@ -8,14 +8,20 @@
 //! delay ladder, never against the engine's own budget.
 
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
-use stead::core::fleet::{add, InstanceState};
+use madsim::task::NodeId;
+use stead::core::fleet::{add, InstanceState, TaskState};
+use stead::core::names;
 use stead::core::policy::RecoveryPolicy;
 use stead::core::types::{Binds, ContainerId, InstanceName, ServiceKey, Timestamp};
-use stead::ports::memory::{Effect, Observer};
+use stead::engine::lease::ProcessIdentity;
+use stead::ports::memory::{Effect, Observer, Op};
 use stead::ports::{Clock, Route};
+use stead::store::memory::MemoryStore;
+
+use crate::topology::Role;
 
 /// Effects kept for the failure trace (override: `STEAD_SIM_TRACE`).
 const TRACE_LEN_DEFAULT: usize = 40;
@@ -43,8 +49,6 @@ pub struct Truth {
     /// Candidates a worker created for an upgrade or a reprovision: a
     /// failed upgrade may remove one that never became ACTIVE.
     pub worker_created: BTreeSet<ContainerId>,
-    /// Workers are handling tasks: creating containers is their job.
-    pub workers_running: bool,
     /// Service types whose rollout is halted, and since when.
     pub halted_since: BTreeMap<String, Timestamp>,
     /// Instances in `deleting` or `deleted`: a deprovision may remove their
@@ -63,15 +67,57 @@ struct Streak {
     reset_earned: bool,
 }
 
+/// Who made an effect.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Actor {
+    /// The workload model or the operators.
+    World,
+    /// A process's recovery pass.
+    Recovery,
+    /// A process's task worker.
+    Worker,
+    /// A process, but under no lock of its own (T3 reports it).
+    Unknown,
+}
+
+/// One running stead process, as the checker knows it.
+#[derive(Clone, Debug)]
+struct Process {
+    /// `<identity>#<incarnation>`: lease holder, prefix of its actors.
+    holder: String,
+    identity: String,
+    role: Role,
+    /// Its first tick is due to find it leader (L7): its identity held the
+    /// lease when it started.
+    leader_expected: bool,
+    ticked: bool,
+}
+
 #[derive(Debug, Default)]
 struct State {
     truth: Truth,
     probe_passed: BTreeSet<(ContainerId, Option<Timestamp>)>,
     /// Binds some execution of a container answered readiness on.
     ready_binds: BTreeSet<(ContainerId, Binds)>,
-    withdraw_failed: BTreeSet<ServiceKey>,
+    /// Services whose last withdrawal failed, by the process that tried:
+    /// its memory holds the pending withdrawal (R6); another process's
+    /// verified publication is not blocked by it.
+    withdraw_failed: BTreeSet<(ServiceKey, String)>,
     routes: BTreeMap<ServiceKey, Route>,
-    streaks: BTreeMap<ContainerId, Streak>,
+    /// Crash-loop budget model per generation and per acting process: each
+    /// process (incarnation) has its own budget in memory (R10, R17).
+    streaks: BTreeMap<(ContainerId, String), Streak>,
+    processes: BTreeMap<NodeId, Process>,
+    /// Container → the service it was created for (T6: names injective).
+    created_for: BTreeMap<ContainerId, ServiceKey>,
+    /// Route id → the service it routes.
+    route_ids: BTreeMap<String, ServiceKey>,
+    /// The state an instance was in when a worker took its lock: a handler
+    /// that found it deleting must not build anything for it (T4).
+    state_when_locked: BTreeMap<(InstanceName, String), InstanceState>,
+    /// The store is down on purpose: a failed lease take-over is no news.
+    store_outage: bool,
+    ticks: u64,
     violations: Vec<String>,
     checks: BTreeMap<&'static str, u64>,
     trace: VecDeque<String>,
@@ -85,16 +131,76 @@ struct State {
 pub struct Checker {
     clock: Arc<dyn Clock>,
     policy: RecoveryPolicy,
+    /// The task lease workers hold (C6).
+    task_lease: Duration,
     state: Mutex<State>,
+    /// The database: leases, instance locks and tasks as they stand.
+    store: OnceLock<Arc<MemoryStore>>,
 }
 
 impl Checker {
-    pub fn new(clock: Arc<dyn Clock>, policy: RecoveryPolicy) -> Self {
+    pub fn new(clock: Arc<dyn Clock>, policy: RecoveryPolicy, task_lease: Duration) -> Self {
         Self {
             clock,
             policy,
+            task_lease,
             state: Mutex::new(State::default()),
+            store: OnceLock::new(),
         }
+    }
+
+    pub fn watch_store(&self, store: Arc<MemoryStore>) {
+        let _ = self.store.set(store);
+    }
+
+    fn store(&self) -> &MemoryStore {
+        self.store.get().expect("the checker watches the store")
+    }
+
+    /// A process (re)started on `node`. If its identity holds the
+    /// reconciler lease, its first tick must find it leader (L7, T1).
+    pub fn process_started(&self, node: NodeId, identity: &ProcessIdentity, role: Role) {
+        let held = self
+            .store
+            .get()
+            .and_then(|s| s.lease_now())
+            .filter(|g| g.expires_at > self.clock.now())
+            .is_some_and(|g| stead::store::identity_of(&g.holder) == identity.identity);
+        self.lock().processes.insert(
+            node,
+            Process {
+                holder: identity.holder(),
+                identity: identity.identity.clone(),
+                role,
+                leader_expected: role.reconciles() && held,
+                ticked: false,
+            },
+        );
+    }
+
+    /// A process finished a tick (L7).
+    pub fn ticked(&self, node: NodeId, holder: &str, leader: bool) {
+        let mut s = self.lock();
+        s.ticks += 1;
+        let outage = s.store_outage;
+        let Some(p) = s.processes.get_mut(&node) else {
+            return;
+        };
+        if p.holder != holder || p.ticked {
+            return;
+        }
+        p.ticked = true;
+        let expected = p.leader_expected && !outage;
+        let identity = p.identity.clone();
+        s.check(
+            "L7 a restarted daemon reconciles at once",
+            !expected || leader,
+            || format!("{holder} restarted holding its identity's lease but its first tick was not a leader's ({identity})"),
+        );
+    }
+
+    pub fn set_store_outage(&self, outage: bool) {
+        self.lock().store_outage = outage;
     }
 
     /// Operators change the truth through this, under the instance lock.
@@ -106,18 +212,10 @@ impl Checker {
         self.lock().truth.clone()
     }
 
-    /// The daemon died: its volatile memory (budgets, pending withdrawals)
-    /// is gone by design (R17), so the budget model re-arms too.
-    pub fn daemon_restarted(&self) {
-        let mut s = self.lock();
-        s.streaks.clear();
-        s.withdraw_failed.clear();
-    }
-
     /// The engine was told a container is gone (R7): it forgets the
     /// generation's budget, so the model does too.
     pub fn generation_forgotten(&self, id: &ContainerId) {
-        self.lock().streaks.remove(id);
+        self.lock().streaks.retain(|(c, _), _| c != id);
     }
 
     /// Stopped intent forgets the instance's memory (R4).
@@ -130,9 +228,7 @@ impl Checker {
             .filter(|(key, _)| &key.instance == instance)
             .map(|(_, id)| id.clone())
             .collect();
-        for id in &ids {
-            s.streaks.remove(id);
-        }
+        s.streaks.retain(|(c, _), _| !ids.contains(c));
     }
 
     /// The workload model reports a container going down (crash).
@@ -140,7 +236,10 @@ impl Checker {
         let now = self.clock.now();
         let window = self.policy.stable_window;
         let mut s = self.lock();
-        if let Some(streak) = s.streaks.get_mut(id) {
+        for ((c, _), streak) in s.streaks.iter_mut() {
+            if c != id {
+                continue;
+            }
             if streak.up_since.is_some_and(|up| add(up, window) <= now) {
                 streak.reset_earned = true;
             }
@@ -152,8 +251,10 @@ impl Checker {
     pub fn container_came_up(&self, id: &ContainerId) {
         let now = self.clock.now();
         let mut s = self.lock();
-        if let Some(streak) = s.streaks.get_mut(id) {
-            streak.up_since.get_or_insert(now);
+        for ((c, _), streak) in s.streaks.iter_mut() {
+            if c == id {
+                streak.up_since.get_or_insert(now);
+            }
         }
     }
 
@@ -165,10 +266,6 @@ impl Checker {
         detail: impl FnOnce() -> String,
     ) {
         self.lock().check(invariant, ok, detail);
-    }
-
-    pub fn set_workers_running(&self, running: bool) {
-        self.lock().truth.workers_running = running;
     }
 
     /// S10: a task once in the queue never disappears from it. Returns the
@@ -210,12 +307,31 @@ impl Checker {
         self.lock().effects
     }
 
+    /// Ticks every process ran, leader or not.
+    pub fn ticks(&self) -> u64 {
+        self.lock().ticks
+    }
+
     pub fn routes(&self) -> BTreeMap<ServiceKey, Route> {
         self.lock().routes.clone()
     }
 
+    /// Services whose last withdrawal failed, by the process that holds
+    /// the reconciler lease now: its memory owes the retry (R6, L4). A
+    /// standby's pending withdrawal is retried the moment it leads, before
+    /// it publishes anything (S2 checks that). A deleted instance owes
+    /// nothing: its deprovision withdrew every route, and the pass forgets
+    /// it.
     pub fn withdraw_failed(&self) -> BTreeSet<ServiceKey> {
-        self.lock().withdraw_failed.clone()
+        let leader = self.store().lease_now().map(|g| g.holder);
+        let s = self.lock();
+        s.withdraw_failed
+            .iter()
+            .filter(|(key, holder)| {
+                Some(holder) == leader.as_ref() && !s.truth.deleting.contains(&key.instance)
+            })
+            .map(|(key, _)| key.clone())
+            .collect()
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, State> {
@@ -254,11 +370,254 @@ impl State {
     }
 }
 
+/// The instance a container belongs to, from its name (`stead.<instance>.
+/// <service>.<revision>`, as the in-memory runtime names containers) when
+/// the checker never saw it created.
+fn instance_of_container(s: &State, id: &ContainerId) -> Option<InstanceName> {
+    if let Some(key) = s.created_for.get(id) {
+        return Some(key.instance.clone());
+    }
+    id.as_str()
+        .strip_prefix("stead.")
+        .and_then(|rest| rest.split('.').next())
+        .map(InstanceName::new)
+}
+
+/// The instance an effect changes, if it changes one's workload or traffic.
+fn instance_of_effect(s: &State, effect: &Effect) -> Option<InstanceName> {
+    match effect {
+        Effect::Started { id }
+        | Effect::Restarted { id }
+        | Effect::Stopped { id }
+        | Effect::Removed { id } => instance_of_container(s, id),
+        Effect::Created { instance, .. } => Some(instance.clone()),
+        Effect::Published { route } => Some(route.service.instance.clone()),
+        Effect::Withdrawn { service } => Some(service.instance.clone()),
+        _ => None,
+    }
+}
+
+impl Checker {
+    /// T3: a stead process changes an instance only while it holds the
+    /// instance's lock in the store (its in-process actors share it).
+    fn check_instance_lock(&self, s: &mut State, process: &Process, effect: &Effect) {
+        let Some(instance) = instance_of_effect(s, effect) else {
+            return;
+        };
+        let store = self.store();
+        let live = store
+            .instance_now(&instance)
+            .is_some_and(|i| i.state != InstanceState::Deleted);
+        if !live {
+            // A route of a gone instance is withdrawn without a lock: no
+            // other process can be changing an instance that is gone.
+            return;
+        }
+        let now = store.now();
+        let lock = store.instance_lock_of(&instance);
+        let mine = lock.as_ref().is_some_and(|(holder, expires)| {
+            holder.starts_with(&format!("{}/", process.holder)) && *expires > now
+        });
+        s.check("T3 one process changes an instance at a time", mine, || {
+            format!(
+                "{} changed {instance} ({effect:?}) while its lock was {lock:?}",
+                process.holder
+            )
+        });
+    }
+
+    /// T2: an outside effect is attempted only while the acting process
+    /// holds the lease it acts under, by the database's clock: the
+    /// reconciler lease for recovery, the task's lease for a worker. Called
+    /// by the fault injector the instant a port is asked to act.
+    pub fn attempt(&self, op: Op, subject: &str) {
+        let outside = matches!(
+            op,
+            Op::Start
+                | Op::Stop
+                | Op::Restart
+                | Op::Create
+                | Op::Remove
+                | Op::Publish
+                | Op::Withdraw
+                | Op::Install
+                | Op::Uninstall
+        );
+        if !outside {
+            return;
+        }
+        let node = madsim::plugin::node();
+        let mut s = self.lock();
+        let Some(process) = s.processes.get(&node).cloned() else {
+            return;
+        };
+        let instance = match op {
+            Op::Publish | Op::Withdraw => subject.split('/').next().map(InstanceName::new),
+            Op::Install | Op::Uninstall => Some(InstanceName::new(subject)),
+            _ => instance_of_container(&s, &ContainerId::new(subject)),
+        };
+        let store = self.store();
+        let now = store.now();
+        let lock = instance.as_ref().and_then(|i| store.instance_lock_of(i));
+        let actor = lock.as_ref().and_then(|(holder, _)| {
+            holder
+                .strip_prefix(&format!("{}/", process.holder))
+                .map(str::to_owned)
+        });
+        let (under, ok) = match actor.as_deref() {
+            Some(worker) if worker != "recovery" => {
+                let worker_id = format!("{}/{worker}", process.holder);
+                let held = store.all_tasks().iter().any(|t| {
+                    t.state == TaskState::Running
+                        && t.locked_by.as_deref() == Some(worker_id.as_str())
+                        && t.locked_at.is_some_and(|at| add(at, self.task_lease) > now)
+                });
+                ("its task lease", held)
+            }
+            Some(_) => ("the reconciler lease", self.holds_lease(&process, now)),
+            // Not under this process's lock: T3 judges the effect itself;
+            // a reconciler's stale-route withdrawal still needs the lease.
+            None if process.role.reconciles() && matches!(op, Op::Withdraw) => {
+                ("the reconciler lease", self.holds_lease(&process, now))
+            }
+            None => return,
+        };
+        s.check("T2 no effect after the lease", ok, || {
+            format!(
+                "{} attempted {op:?} on {subject} at {now} without {under}",
+                process.holder
+            )
+        });
+    }
+
+    fn holds_lease(&self, process: &Process, now: Timestamp) -> bool {
+        self.store()
+            .lease_now()
+            .is_some_and(|g| g.holder == process.holder && g.expires_at > now)
+    }
+
+    /// T4: a task handler that found its instance deleting (under the
+    /// lock it holds now) builds nothing for it; only a deprovision acts on
+    /// a deleting instance. (A handler already running when a TTL expired
+    /// the instance, which takes no lock, may finish: deprovision follows.)
+    fn check_handler_respects_deletion(&self, s: &mut State, process: &Process, effect: &Effect) {
+        let instance = match effect {
+            Effect::Created { instance, .. } => instance.clone(),
+            Effect::ActiveSaved { service, .. } => service.instance.clone(),
+            _ => return,
+        };
+        let Some((holder, _)) = self.store().instance_lock_of(&instance) else {
+            return;
+        };
+        if !holder.starts_with(&format!("{}/w", process.holder)) {
+            return;
+        }
+        let found = s
+            .state_when_locked
+            .get(&(instance.clone(), holder.clone()))
+            .copied();
+        let deleting = matches!(
+            found,
+            Some(InstanceState::Deleting | InstanceState::Deleted)
+        );
+        let deprovision = self.store().all_tasks().iter().any(|t| {
+            t.state == TaskState::Running
+                && t.locked_by.as_deref() == Some(holder.as_str())
+                && t.kind == stead::core::fleet::TaskKind::Deprovision
+        });
+        s.check("T4 deleted stays deleted", !deleting || deprovision, || {
+            format!("{holder} found {instance} {found:?} and still built for it: {effect:?}")
+        });
+    }
+
+    /// T4 and T6 on the store's and runtime's writes.
+    fn check_names_and_deletion(&self, s: &mut State, effect: &Effect) {
+        match effect {
+            Effect::Created {
+                id,
+                instance,
+                service,
+            } => {
+                let key = ServiceKey {
+                    instance: instance.clone(),
+                    service: service.clone(),
+                };
+                let deleted = self.is_deleted(instance);
+                s.check("T4 deleted stays deleted", !deleted, || {
+                    format!("{id} created for deleted {instance}")
+                });
+                let previous = s.created_for.insert(id.clone(), key.clone());
+                s.check(
+                    "T6 no two services share a container name",
+                    previous.as_ref().is_none_or(|p| *p == key),
+                    || format!("{id} named for {key:?} and for {previous:?}"),
+                );
+            }
+            Effect::ActiveSaved { service, container } => {
+                let deleted = self.is_deleted(&service.instance);
+                s.check("T4 deleted stays deleted", !deleted, || {
+                    format!("ACTIVE written for deleted {}", service.instance)
+                });
+                let owner = s.created_for.get(container).cloned();
+                s.check(
+                    "T6 no two services share a container name",
+                    owner.as_ref().is_none_or(|o| o == service),
+                    || format!("ACTIVE of {service:?} names {container}, created for {owner:?}"),
+                );
+            }
+            Effect::Published { route } => {
+                let id = names::route_id(&route.service);
+                let previous = s.route_ids.insert(id.clone(), route.service.clone());
+                s.check(
+                    "T6 no two services share a route id",
+                    previous.as_ref().is_none_or(|p| *p == route.service),
+                    || format!("route id {id} of {:?} and of {previous:?}", route.service),
+                );
+            }
+            _ => {}
+        }
+    }
+
+    /// Who in a process made an effect: the actor holding the lock of the
+    /// effect's instance for that process.
+    fn actor_of(&self, s: &State, process: Option<&Process>, effect: &Effect) -> Actor {
+        let Some(process) = process else {
+            return Actor::World;
+        };
+        let Some(instance) = instance_of_effect(s, effect) else {
+            return Actor::Unknown;
+        };
+        let Some((holder, _)) = self.store().instance_lock_of(&instance) else {
+            return Actor::Unknown;
+        };
+        match holder.strip_prefix(&format!("{}/", process.holder)) {
+            Some("recovery") => Actor::Recovery,
+            Some(w) if w.starts_with('w') => Actor::Worker,
+            _ => Actor::Unknown,
+        }
+    }
+
+    fn is_deleted(&self, instance: &InstanceName) -> bool {
+        self.store()
+            .instance_now(instance)
+            .is_some_and(|i| i.state == InstanceState::Deleted)
+    }
+}
+
 impl Observer for Checker {
     fn effect(&self, effect: &Effect) {
         let now = self.clock.now();
+        let actor = madsim::plugin::node();
         let mut s = self.lock();
         s.record(now, effect);
+        let process = s.processes.get(&actor).cloned();
+        if let Some(process) = &process {
+            self.check_instance_lock(&mut s, process, effect);
+            self.check_handler_respects_deletion(&mut s, process, effect);
+        }
+        let actor = self.actor_of(&s, process.as_ref(), effect);
+        self.check_names_and_deletion(&mut s, effect);
+        let holder = process.map_or_else(|| "world".to_owned(), |p| p.holder);
         match effect {
             Effect::Started { id } | Effect::Restarted { id } => {
                 let service = instance_of(&s.truth, id);
@@ -288,11 +647,11 @@ impl Observer for Checker {
                         )
                     },
                 );
-                self.check_budget(&mut s, id, now);
+                self.check_budget(&mut s, id, &holder, now);
             }
             Effect::Created { id, .. } => {
                 let by_operator = s.truth.operator_created.contains(id);
-                let by_worker = s.truth.workers_running;
+                let by_worker = actor == Actor::Worker;
                 if by_worker {
                     s.truth.worker_created.insert(id.clone());
                 }
@@ -306,7 +665,7 @@ impl Observer for Checker {
                 let deprovisioned = owner
                     .as_ref()
                     .is_some_and(|k| s.truth.deleting.contains(&k.instance));
-                let candidate = s.truth.worker_created.contains(id) && s.truth.workers_running;
+                let candidate = s.truth.worker_created.contains(id) && actor == Actor::Worker;
                 let ok = deprovisioned || (owner.is_none() && (marker || candidate));
                 s.check("S1 never removes ACTIVE", ok, || {
                     format!("{id} removed but it is neither a retirement marker nor deprovisioned")
@@ -359,7 +718,7 @@ impl Observer for Checker {
                         route.container, route.verified_started_at
                     )
                 });
-                let blocked = s.withdraw_failed.contains(key);
+                let blocked = s.withdraw_failed.contains(&(key.clone(), holder.clone()));
                 s.check("S2 withdraw retried before publish", !blocked, || {
                     format!("{key:?} published while its last withdrawal failed")
                 });
@@ -370,11 +729,11 @@ impl Observer for Checker {
                 s.routes.insert(key.clone(), route.clone());
             }
             Effect::Withdrawn { service } => {
-                s.withdraw_failed.remove(service);
+                s.withdraw_failed.remove(&(service.clone(), holder.clone()));
                 s.routes.remove(service);
             }
             Effect::WithdrawFailed { service } => {
-                s.withdraw_failed.insert(service.clone());
+                s.withdraw_failed.insert((service.clone(), holder.clone()));
             }
             Effect::ProbePassed {
                 id,
@@ -430,7 +789,16 @@ impl Observer for Checker {
             }
             // Checked by the topology invariants (at most one process
             // changes an instance at a time).
-            Effect::InstanceLocked { .. } | Effect::InstanceUnlocked { .. } => {}
+            Effect::InstanceLocked { instance, holder } => {
+                if let Some(state) = self.store().instance_now(instance).map(|i| i.state) {
+                    s.state_when_locked
+                        .insert((instance.clone(), holder.clone()), state);
+                }
+            }
+            Effect::InstanceUnlocked { instance, holder } => {
+                s.state_when_locked
+                    .remove(&(instance.clone(), holder.clone()));
+            }
             // The proxy forgot a route by itself: nothing routes there now.
             Effect::RouteLost { service } => {
                 s.routes.remove(service);
@@ -449,11 +817,14 @@ impl Checker {
     /// follow the previous one by at least the ladder's delay. A streak
     /// resets when the generation ran crash-free for a stable window, or
     /// the daemon restarted (both re-arm the engine's budget too).
-    fn check_budget(&self, s: &mut State, id: &ContainerId, now: Timestamp) {
+    fn check_budget(&self, s: &mut State, id: &ContainerId, holder: &str, now: Timestamp) {
         let free = self.policy.free_attempts as usize;
         let delays = self.policy.delays.clone();
         let window = self.policy.stable_window;
-        let streak = s.streaks.entry(id.clone()).or_default();
+        let streak = s
+            .streaks
+            .entry((id.clone(), holder.to_owned()))
+            .or_default();
         let stayed_up = streak.up_since.is_some_and(|up| add(up, window) <= now);
         if streak.reset_earned || stayed_up {
             streak.interventions.clear();

@@ -9,6 +9,7 @@
 
 pub mod checker;
 pub mod run;
+pub mod topology;
 pub mod world;
 
 pub use run::{run_seed, SimConfig, SimOutcome};

@@ -10,25 +10,22 @@ use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
 use stead::core::catalog::{Catalog, CatalogEntry};
-use stead::core::fleet::{InstanceState, RolloutState, TaskKind, TaskRetryPolicy};
+use stead::core::fleet::{add, InstanceState, RolloutState, TaskKind};
 use stead::core::plan::ControlConfig;
-use stead::core::policy::{reconciler_lease_ttl, RecoveryPolicy, LEASE_MARGIN};
+use stead::core::policy::{reconciler_lease_ttl, RecoveryPolicy};
 use stead::core::spec::{Healthcheck, ReadinessProbe, ServiceSpec};
 use stead::core::types::{ActiveService, ContainerStatus, InhibitionReason, ServiceKey, Timestamp};
 use stead::core::window::Window;
-use stead::engine::lease::LeaseGuard;
-use stead::engine::recovery::{InstanceLocks, Recoverer};
-use stead::engine::tick::Reconciler;
-use stead::engine::worker::{Worker, WorkerConfig};
-use stead::engine::{Ports, SystemClock};
+use stead::engine::recovery::InstanceLocks;
+use stead::engine::SystemClock;
 use stead::ports::memory::{
-    Hooks, MemoryNotifier, MemoryPolicy, MemoryProbe, MemoryProvisioner, MemoryRuntime,
-    MemoryTraffic,
+    Hooks, MemoryNotifier, MemoryProbe, MemoryProvisioner, MemoryRuntime, MemoryTraffic,
 };
 use stead::ports::{Clock, CreateContainer, NewInstance, Provisioner, Runtime, Store};
 use stead::store::memory::MemoryStore;
 
 use crate::checker::{ladder_cap, Checker};
+use crate::topology::{process_main, Shared, Slot, Topology};
 use crate::world::{
     instance_name, service_name, Actors, FaultCounts, FaultMix, SimService, SwarmFaults,
     SERVICE_TYPE,
@@ -83,9 +80,11 @@ pub fn run_seed(cfg: &SimConfig) -> SimOutcome {
 async fn simulate(cfg: SimConfig) -> SimOutcome {
     let mut rng = ChaCha8Rng::seed_from_u64(cfg.seed);
     let mix = FaultMix::draw(&mut rng);
+    let topology = Topology::draw(rng.random());
     let clock: Arc<dyn Clock> = Arc::new(SystemClock);
     let policy = RecoveryPolicy::default();
-    let checker = Arc::new(Checker::new(clock.clone(), policy.clone()));
+    let control = ControlConfig::default();
+    let checker = Arc::new(Checker::new(clock.clone(), policy.clone(), control.lease));
     let counts = Arc::new(FaultCounts::default());
     let faults = Arc::new(SwarmFaults::new(mix.clone(), rng.random(), counts.clone()));
     let hooks = Hooks {
@@ -93,21 +92,11 @@ async fn simulate(cfg: SimConfig) -> SimOutcome {
         observer: checker.clone(),
     };
     let runtime = Arc::new(MemoryRuntime::new(clock.clone(), hooks.clone()));
+    let store = Arc::new(MemoryStore::observed(checker.clone()).with_clock(clock.clone()));
+    checker.watch_store(store.clone());
     let _ = faults.checker.set(checker.clone());
-    let store = Arc::new(MemoryStore::observed(checker.clone()));
     let traffic = Arc::new(MemoryTraffic::new(hooks.clone()));
     let provisioner = Arc::new(MemoryProvisioner::new("stead", hooks.clone()));
-    let ports = Ports {
-        clock: clock.clone(),
-        runtime: runtime.clone(),
-        traffic,
-        store: store.clone(),
-        probe: Arc::new(MemoryProbe::new(runtime.clone(), hooks.clone())),
-        policy: Arc::new(MemoryPolicy::default()),
-        provisioner: provisioner.clone(),
-        notifier: Arc::new(MemoryNotifier::new(hooks.clone())),
-    };
-    let locks = Arc::new(InstanceLocks::new(store.clone()));
     let actors = Arc::new(Actors {
         rng: Mutex::new(ChaCha8Rng::seed_from_u64(rng.random())),
         mix: mix.clone(),
@@ -117,7 +106,9 @@ async fn simulate(cfg: SimConfig) -> SimOutcome {
         clock: clock.clone(),
         checker: checker.clone(),
         services: Mutex::new(Vec::new()),
-        locks: locks.clone(),
+        // The operators are a process of their own: their own in-process
+        // locks, the store's lock rows shared with everyone (T3).
+        locks: Arc::new(InstanceLocks::new(store.clone())),
         counts: counts.clone(),
         chaos: true.into(),
         deploys: 0.into(),
@@ -136,7 +127,7 @@ async fn simulate(cfg: SimConfig) -> SimOutcome {
     .await;
     faults.enabled.store(true, Ordering::Relaxed);
 
-    // The workload and the operators run beside the daemon.
+    // The workload and the operators run beside the daemons.
     let world = actors.clone();
     let operator_p = mix.operator;
     let mut world_rng = ChaCha8Rng::seed_from_u64(rng.random());
@@ -152,124 +143,105 @@ async fn simulate(cfg: SimConfig) -> SimOutcome {
         }
     });
 
+    let shared = Arc::new(Shared {
+        store: store.clone(),
+        runtime: runtime.clone(),
+        traffic: traffic.clone(),
+        provisioner: provisioner.clone(),
+        probe: Arc::new(MemoryProbe::new(runtime.clone(), hooks.clone())),
+        notifier: Arc::new(MemoryNotifier::new(hooks.clone())),
+        checker: checker.clone(),
+        catalog: Mutex::new(Arc::new(sim_catalog(&actors, 1, false))),
+        policy: policy.clone(),
+        control: control.clone(),
+        tick: cfg.tick,
+        events: rng.random_bool(0.7),
+        seed: rng.random(),
+    });
+    let mut processes = Processes::start(&topology, &shared, &mix, &mut rng);
+
     let mut outcome = SimOutcome {
         seed: cfg.seed,
         ..Default::default()
     };
     let start = clock.now();
-    let control = ControlConfig::default();
-    let daemon_seed: u64 = rng.random();
-    let mut catalog = Arc::new(sim_catalog(&actors, 1, false));
-    let new_daemon = |catalog: &Arc<Catalog>| {
-        let lease = Arc::new(LeaseGuard::new(
-            "sim#1".into(),
-            reconciler_lease_ttl(control.tick_interval, policy.instance_deadline),
-            LEASE_MARGIN,
-        ));
-        let recoverer = Arc::new(Recoverer::new(
-            ports.clone(),
-            policy.clone(),
-            Default::default(),
-            locks.clone(),
-            "sim#1/recovery".into(),
-            lease,
-        ));
-        Reconciler::new(
-            ports.clone(),
-            catalog.clone(),
-            control.clone(),
-            recoverer,
-            daemon_seed,
-        )
-    };
-    let new_worker = |catalog: &Arc<Catalog>| {
-        Worker::new(
-            ports.clone(),
-            catalog.clone(),
-            WorkerConfig {
-                id: "sim-worker".into(),
-                lease: control.lease,
-                retry: TaskRetryPolicy::default(),
-                idle_poll: Duration::from_secs(1),
-                stop_grace_default: policy.stop_grace_default,
-            },
-            locks.clone(),
-        )
-    };
-    let mut worker = new_worker(&catalog);
-    let mut daemon: Option<Reconciler> = None;
     let safety_ticks = cfg.safety.as_secs() / cfg.tick.as_secs();
+    let mut catalog_version_now = 1;
     for _ in 0..safety_ticks {
-        let outage = rng.random_bool(mix.store_outage);
-        store.set_unavailable(outage);
-        if outage {
-            counts.bump("store outage");
-        }
-        let kill_at = rng
-            .random_bool(mix.daemon_kill)
-            .then(|| Duration::from_millis(rng.random_range(0..cfg.tick.as_millis() as u64)));
-        // A bumped catalog is rolled out as operators do: the daemon and
-        // the workers restart with the new file (memory lost, R17).
+        // A bumped catalog is rolled out as operators do: every process
+        // restarts with the new file (memory lost, R17).
         let version = actors.catalog_version.load(Ordering::Relaxed);
-        if catalog_version(&catalog) != version {
+        if version != catalog_version_now {
+            catalog_version_now = version;
             let security = rng.random_bool(0.2);
-            catalog = Arc::new(sim_catalog(&actors, version, security));
-            worker = new_worker(&catalog);
-            if daemon.take().is_some() {
-                checker.daemon_restarted();
-            }
+            *shared.catalog.lock().expect("poisoned") =
+                Arc::new(sim_catalog(&actors, version, security));
+            processes.restart_all(&counts);
         }
-        let reconciler = daemon.get_or_insert_with(|| new_daemon(&catalog));
-        let killed = match kill_at {
-            None => {
-                reconciler.tick().await;
-                false
-            }
-            Some(at) => {
-                tokio::select! {
-                    _ = reconciler.tick() => false,
-                    _ = tokio::time::sleep(at) => true,
-                }
-            }
-        };
-        outcome.passes += 1;
-        store.set_unavailable(false);
-        if killed {
-            counts.bump("daemon killed");
-            daemon = None;
-            checker.daemon_restarted();
+        processes.inject(&mut rng, &mix, &counts);
+        let outage = rng
+            .random_bool(mix.store_outage)
+            .then(|| Duration::from_secs(rng.random_range(5..cfg.tick.as_secs().max(6))));
+        let proxy_down = rng
+            .random_bool(mix.proxy_down)
+            .then(|| Duration::from_secs(rng.random_range(5..cfg.tick.as_secs().max(6))));
+        if rng.random_bool(mix.proxy_loss) {
+            counts.bump("proxy lost every route");
+            traffic.lose_everything();
         }
-        check_queue(&checker, store.as_ref(), &control, &catalog).await;
-        let worker_kill = rng
-            .random_bool(mix.daemon_kill)
-            .then(|| Duration::from_millis(rng.random_range(0..5_000)));
-        run_workers(&checker, &worker, worker_kill, &counts).await;
+        if let Some(d) = outage {
+            counts.bump("store outage");
+            store.set_unavailable(true);
+            checker.set_store_outage(true);
+            tokio::time::sleep(d).await;
+            store.set_unavailable(false);
+            checker.set_store_outage(false);
+        }
+        if let Some(d) = proxy_down {
+            counts.bump("proxy down");
+            faults.proxy_down.store(true, Ordering::Relaxed);
+            tokio::time::sleep(d).await;
+            faults.proxy_down.store(false, Ordering::Relaxed);
+        }
+        let spent = outage.unwrap_or_default() + proxy_down.unwrap_or_default();
+        tokio::time::sleep(cfg.tick.saturating_sub(spent)).await;
+        processes.settle(clock.now(), &counts);
+        check_queue(&checker, store.as_ref(), &control, &catalog_of(&shared)).await;
         actors.forget_retired();
         if !checker.violations().is_empty() {
             break;
         }
-        tokio::time::sleep(cfg.tick).await;
     }
 
-    // Liveness: faults stop, workloads behave; everything must converge
-    // within the budget's cap (and a lease, for tasks of killed workers)
-    // plus a few ticks.
+    // Liveness: faults stop, workloads behave, every process runs again;
+    // everything must converge within the budget's cap (and a lease, for
+    // tasks of killed workers) plus a few ticks.
     actors.chaos.store(false, Ordering::Relaxed);
     faults.enabled.store(false, Ordering::Relaxed);
+    faults.proxy_down.store(false, Ordering::Relaxed);
+    store.set_unavailable(false);
+    checker.set_store_outage(false);
+    processes.recover_all();
     let liveness = ladder_cap(&policy) + control.lease + cfg.tick * 4;
     let faults_stopped = clock.now();
-    let reconciler = daemon.get_or_insert_with(|| new_daemon(&catalog));
-    let ticks = liveness.as_secs() / cfg.tick.as_secs();
     if checker.violations().is_empty() {
+        // L6: the proxy forgets everything once more; within one tick (and
+        // a pass) every verified route is back, with no fault in the way.
+        // First a live process leads: a lease left by a process that came
+        // back as a stranger expires in its own time.
+        tokio::time::sleep(reconciler_lease_ttl(cfg.tick, policy.instance_deadline) + cfg.tick * 2)
+            .await;
+        let routed_before = traffic.routes();
+        traffic.lose_everything();
+        tokio::time::sleep(cfg.tick + ROUTE_RESTORE_SLACK).await;
+        check_routes_restored(&checker, &routed_before, traffic.as_ref(), runtime.as_ref());
+        let ticks = liveness.as_secs() / cfg.tick.as_secs();
         for _ in 0..ticks {
-            reconciler.tick().await;
-            outcome.passes += 1;
-            check_queue(&checker, store.as_ref(), &control, &catalog).await;
-            run_workers(&checker, &worker, None, &counts).await;
-            actors.forget_retired();
             tokio::time::sleep(cfg.tick).await;
+            check_queue(&checker, store.as_ref(), &control, &catalog_of(&shared)).await;
+            actors.forget_retired();
         }
-        reconciler.tick().await;
+        tokio::time::sleep(cfg.tick).await;
         check_liveness(
             &checker,
             store.as_ref(),
@@ -285,9 +257,196 @@ async fn simulate(cfg: SimConfig) -> SimOutcome {
     outcome.trace_hash = checker.trace_hash();
     outcome.effects = checker.effects();
     outcome.checks = checker.checks();
+    outcome.passes = checker.ticks();
     outcome.faults = counts.counts.lock().expect("poisoned").clone();
     outcome.simulated = clock.now().duration_since(start).unsigned_abs();
     outcome
+}
+
+/// How long after one tick a lost route may take to be back: the pass
+/// that republishes it runs at the tick, and takes a moment.
+const ROUTE_RESTORE_SLACK: Duration = Duration::from_secs(30);
+
+fn catalog_of(shared: &Shared) -> Arc<Catalog> {
+    shared.catalog.lock().expect("poisoned").clone()
+}
+
+/// L6 (T5): every route that was up before the proxy forgot them is back,
+/// for every container still running the execution it was verified for.
+fn check_routes_restored(
+    checker: &Checker,
+    before: &BTreeMap<ServiceKey, stead::ports::Route>,
+    traffic: &MemoryTraffic,
+    runtime: &MemoryRuntime,
+) {
+    let now = traffic.routes();
+    for (key, route) in before {
+        let still = runtime.container(&route.container).is_some_and(|c| {
+            c.status == ContainerStatus::Running && c.started_at == route.verified_started_at
+        });
+        if !still {
+            continue;
+        }
+        checker.check_external(
+            "L6 lost routes are back within one tick",
+            now.get(key).is_some_and(|r| r.container == route.container),
+            || {
+                format!(
+                    "{key:?} on {} not republished within a tick",
+                    route.container
+                )
+            },
+        );
+    }
+}
+
+/// The processes of a run and the faults pending on them.
+struct Processes {
+    slots: Vec<Arc<Slot>>,
+    nodes: Vec<madsim::runtime::NodeHandle>,
+    /// Slots killed, and when each starts again.
+    down_until: BTreeMap<usize, Timestamp>,
+    /// Slots paused, and when each resumes.
+    paused_until: BTreeMap<usize, Timestamp>,
+    tick: Duration,
+    skew_ms_max: i64,
+}
+
+impl Processes {
+    fn start(
+        topology: &Topology,
+        shared: &Arc<Shared>,
+        mix: &FaultMix,
+        rng: &mut ChaCha8Rng,
+    ) -> Self {
+        let handle = madsim::runtime::Handle::current();
+        let mut slots = Vec::new();
+        let mut nodes = Vec::new();
+        for (i, role) in topology.roles.iter().enumerate() {
+            let skew = draw_skew(rng, mix.skew_ms_max);
+            let slot = Arc::new(Slot::new(i, *role, skew));
+            let (s, sh) = (slot.clone(), shared.clone());
+            let node = handle
+                .create_node()
+                .name(format!("stead{i}"))
+                .ip(std::net::IpAddr::from([10, 0, 0, i as u8 + 1]))
+                .init(move || process_main(s.clone(), sh.clone()))
+                .build();
+            slots.push(slot);
+            nodes.push(node);
+        }
+        Self {
+            slots,
+            nodes,
+            down_until: BTreeMap::new(),
+            paused_until: BTreeMap::new(),
+            tick: shared.tick,
+            skew_ms_max: mix.skew_ms_max,
+        }
+    }
+
+    /// Draws this tick's process faults: a kill (the process comes back a
+    /// tick or more later, now and then as a stranger), a pause longer than
+    /// the leases, a jump of a host's wall clock.
+    fn inject(&mut self, rng: &mut ChaCha8Rng, mix: &FaultMix, counts: &FaultCounts) {
+        let handle = madsim::runtime::Handle::current();
+        let now = SystemClock.now();
+        let n = self.slots.len();
+        if rng.random_bool(mix.daemon_kill) {
+            let i = rng.random_range(0..n);
+            if !self.down_until.contains_key(&i) {
+                counts.bump("daemon killed");
+                if self.paused_until.remove(&i).is_some() {
+                    handle.resume(self.nodes[i].id());
+                }
+                handle.kill(self.nodes[i].id());
+                if rng.random_bool(mix.new_identity) {
+                    counts.bump("daemon back as a stranger");
+                    self.slots[i].new_identity();
+                }
+                let after = self.tick * rng.random_range(0..3u32)
+                    + Duration::from_secs(rng.random_range(1..30));
+                self.down_until.insert(i, add(now, after));
+            }
+        }
+        if rng.random_bool(mix.pause) {
+            let i = rng.random_range(0..n);
+            if !self.down_until.contains_key(&i) && !self.paused_until.contains_key(&i) {
+                counts.bump("daemon paused past its leases");
+                handle.pause(self.nodes[i].id());
+                let ttl =
+                    reconciler_lease_ttl(self.tick, RecoveryPolicy::default().instance_deadline);
+                let after = ttl + Duration::from_secs(rng.random_range(1..120));
+                self.paused_until.insert(i, add(now, after));
+            }
+        }
+        if self.skew_ms_max > 0 && rng.random_bool(0.05) {
+            counts.bump("host clock jumped");
+            let i = rng.random_range(0..n);
+            self.slots[i].set_skew_ms(draw_skew(rng, self.skew_ms_max));
+        }
+    }
+
+    /// Restarts and resumes what is due.
+    fn settle(&mut self, now: Timestamp, counts: &FaultCounts) {
+        let handle = madsim::runtime::Handle::current();
+        let due: Vec<usize> = self
+            .down_until
+            .iter()
+            .filter(|(_, at)| **at <= now)
+            .map(|(i, _)| *i)
+            .collect();
+        for i in due {
+            self.down_until.remove(&i);
+            counts.bump("daemon restarted");
+            handle.restart(self.nodes[i].id());
+        }
+        let due: Vec<usize> = self
+            .paused_until
+            .iter()
+            .filter(|(_, at)| **at <= now)
+            .map(|(i, _)| *i)
+            .collect();
+        for i in due {
+            self.paused_until.remove(&i);
+            handle.resume(self.nodes[i].id());
+        }
+    }
+
+    /// Every process restarts at once (a new catalog rolled out).
+    fn restart_all(&mut self, counts: &FaultCounts) {
+        let handle = madsim::runtime::Handle::current();
+        for (i, node) in self.nodes.iter().enumerate() {
+            if self.paused_until.remove(&i).is_some() {
+                handle.resume(node.id());
+            }
+            self.down_until.remove(&i);
+            counts.bump("daemon restarted");
+            handle.restart(node.id());
+        }
+    }
+
+    /// The faults stop: everything paused resumes, everything down starts.
+    fn recover_all(&mut self) {
+        let handle = madsim::runtime::Handle::current();
+        for i in std::mem::take(&mut self.paused_until).into_keys() {
+            handle.resume(self.nodes[i].id());
+        }
+        for i in std::mem::take(&mut self.down_until).into_keys() {
+            handle.restart(self.nodes[i].id());
+        }
+        for slot in &self.slots {
+            slot.set_skew_ms(0);
+        }
+    }
+}
+
+fn draw_skew(rng: &mut ChaCha8Rng, skew_ms_max: i64) -> i64 {
+    if skew_ms_max == 0 {
+        0
+    } else {
+        rng.random_range(-skew_ms_max..=skew_ms_max)
+    }
 }
 
 async fn setup(
@@ -510,13 +669,6 @@ fn sim_catalog(actors: &Actors, version: u32, security: bool) -> Catalog {
     }])
 }
 
-fn catalog_version(catalog: &Catalog) -> u32 {
-    catalog
-        .get(SERVICE_TYPE)
-        .and_then(|e| e.version.parse().ok())
-        .expect("the sim catalog has a numeric version")
-}
-
 /// S9 and S10 on the queue after every tick.
 async fn check_queue(
     checker: &Checker,
@@ -586,34 +738,6 @@ async fn check_queue(
     }
 }
 
-/// Runs due tasks; a worker may be killed mid-task, leaving its lease to
-/// expire (C6).
-async fn run_workers(
-    checker: &Checker,
-    worker: &Worker,
-    kill_at: Option<Duration>,
-    counts: &FaultCounts,
-) {
-    checker.set_workers_running(true);
-    let work = async {
-        for _ in 0..WORKER_TASKS_PER_TICK_MAX {
-            if worker.work_once().await.is_none() {
-                break;
-            }
-        }
-    };
-    match kill_at {
-        None => work.await,
-        Some(at) => {
-            tokio::select! {
-                _ = work => {}
-                _ = tokio::time::sleep(at) => counts.bump("worker killed"),
-            }
-        }
-    }
-    checker.set_workers_running(false);
-}
-
 /// Maintenance windows, assigned round-robin; `None` upgrades at once.
 const WINDOWS: [Option<&str>; 4] = [
     None,
@@ -621,6 +745,3 @@ const WINDOWS: [Option<&str>; 4] = [
     Some("mon-fri 22:00-02:00 Europe/Paris"),
     Some("sat,sun 01:30-04:00 America/New_York"),
 ];
-
-/// Bound on tasks one simulated worker runs between two ticks.
-const WORKER_TASKS_PER_TICK_MAX: usize = 32;

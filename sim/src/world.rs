@@ -17,8 +17,9 @@ use stead::core::types::{
     InstanceName, ServiceKey, ServiceName,
 };
 use stead::ports::memory::{
-    Fault, FaultInjector, MemContainer, MemoryProvisioner, MemoryRuntime, Op,
+    EventFate, Fault, FaultInjector, MemContainer, MemoryProvisioner, MemoryRuntime, Op,
 };
+use stead::ports::RuntimeEventAction;
 use stead::ports::{Clock, CreateContainer, NewInstance, Runtime, Store};
 
 use crate::checker::Checker;
@@ -62,8 +63,26 @@ pub struct FaultMix {
     pub native_restart: f64,
     pub crash: f64,
     pub operator: f64,
+    /// Per tick: a process is killed (and started again a while later).
     pub daemon_kill: f64,
     pub store_outage: f64,
+    /// Per tick: a process freezes for longer than its leases.
+    pub pause: f64,
+    /// A killed process comes back as a stranger (its data dir was lost).
+    pub new_identity: f64,
+    /// Largest skew of a host's wall clock against the database's.
+    pub skew_ms_max: i64,
+    /// Per event and subscriber.
+    pub event_drop: f64,
+    pub event_duplicate: f64,
+    pub event_delay: f64,
+    pub event_disconnect: f64,
+    /// Per workload step: a storm of events for one container.
+    pub event_storm: f64,
+    /// Per tick: the proxy restarts without its config (every route lost).
+    pub proxy_loss: f64,
+    /// Per tick: the proxy is down for a while.
+    pub proxy_down: f64,
 }
 
 impl FaultMix {
@@ -86,6 +105,16 @@ impl FaultMix {
             operator: p(0.05),
             daemon_kill: p(0.1),
             store_outage: p(0.05),
+            pause: p(0.03),
+            new_identity: p(0.3),
+            skew_ms_max: (p(1.0) * 600_000.0) as i64,
+            event_drop: p(0.2),
+            event_duplicate: p(0.1),
+            event_delay: p(0.1),
+            event_disconnect: p(0.02),
+            event_storm: p(0.01),
+            proxy_loss: p(0.02),
+            proxy_down: p(0.02),
         }
     }
 }
@@ -110,6 +139,8 @@ impl FaultCounts {
 /// The swarm injector the ports consult.
 pub struct SwarmFaults {
     pub enabled: AtomicBool,
+    /// The proxy is down: every traffic call fails.
+    pub proxy_down: AtomicBool,
     mix: FaultMix,
     rng: Mutex<ChaCha8Rng>,
     pub counts: Arc<FaultCounts>,
@@ -121,6 +152,7 @@ impl SwarmFaults {
     pub fn new(mix: FaultMix, seed: u64, counts: Arc<FaultCounts>) -> Self {
         Self {
             enabled: AtomicBool::new(true),
+            proxy_down: AtomicBool::new(false),
             mix,
             rng: Mutex::new(ChaCha8Rng::seed_from_u64(seed)),
             counts,
@@ -131,6 +163,15 @@ impl SwarmFaults {
 
 impl FaultInjector for SwarmFaults {
     fn decide(&self, op: Op, subject: &str) -> Fault {
+        // The instant a port is asked to act: T2 is judged here.
+        if let Some(checker) = self.checker.get() {
+            checker.attempt(op, subject);
+        }
+        if self.proxy_down.load(Ordering::Relaxed)
+            && matches!(op, Op::Publish | Op::Withdraw | Op::TrafficRead)
+        {
+            return Fault::Fail("proxy down".into());
+        }
         if !self.enabled.load(Ordering::Relaxed) {
             return Fault::Proceed;
         }
@@ -172,6 +213,31 @@ impl FaultInjector for SwarmFaults {
             return Fault::Slow(Duration::from_millis(rng.random_range(10..3_000)));
         }
         Fault::Proceed
+    }
+
+    fn event_fate(&self, _event: &stead::ports::RuntimeEvent) -> EventFate {
+        if !self.enabled.load(Ordering::Relaxed) {
+            return EventFate::Deliver;
+        }
+        let mut rng = self.rng.lock().expect("poisoned");
+        let m = &self.mix;
+        if rng.random_bool(m.event_disconnect) {
+            self.counts.bump("event stream disconnect");
+            return EventFate::Disconnect;
+        }
+        if rng.random_bool(m.event_drop) {
+            self.counts.bump("event dropped");
+            return EventFate::Drop;
+        }
+        if rng.random_bool(m.event_duplicate) {
+            self.counts.bump("event duplicated");
+            return EventFate::Duplicate;
+        }
+        if rng.random_bool(m.event_delay) {
+            self.counts.bump("event delayed");
+            return EventFate::Delay(Duration::from_millis(rng.random_range(10..30_000)));
+        }
+        EventFate::Deliver
     }
 }
 
@@ -233,21 +299,27 @@ impl Actors {
         let behaviours = self.behaviours();
         for id in ids {
             let behaviour = behaviours.get(&id).copied().unwrap_or(Behaviour::Healthy);
-            let (crash, restart, flip, ready_now) = {
+            let (crash, restart, flip, ready_now, storm) = {
                 let mut rng = self.rng.lock().expect("poisoned");
                 (
                     chaos && rng.random_bool(self.mix.crash / 4.0),
                     chaos && rng.random_bool(self.mix.native_restart),
                     rng.random_bool(0.3),
                     rng.random_bool(0.2),
+                    chaos && rng.random_bool(self.mix.event_storm),
                 )
             };
             let mut went_down = false;
             let mut came_up = false;
+            let mut health_now = None;
             let started = self.runtime.next_execution();
             self.runtime.with_containers(|cs| {
                 let Some(c) = cs.get_mut(&id) else { return };
+                let health_before = c.health;
                 apply_behaviour(c, behaviour, flip, ready_now);
+                if c.health != health_before {
+                    health_now = Some(c.health);
+                }
                 if c.status == ContainerStatus::Running
                     && (crash || behaviour == Behaviour::CrashLoop && chaos)
                 {
@@ -264,13 +336,29 @@ impl Actors {
                     came_up = true;
                 }
             });
+            // The runtime tells its event stream what happened (T7).
+            if let Some(health) = health_now {
+                self.runtime
+                    .emit(&id, RuntimeEventAction::HealthStatus(health));
+            }
             if went_down {
                 self.counts.bump("workload crash");
                 self.checker.container_went_down(&id);
+                self.runtime.emit(&id, RuntimeEventAction::Die);
             }
             if came_up {
                 self.counts.bump("native restart");
                 self.checker.container_came_up(&id);
+                self.runtime.emit(&id, RuntimeEventAction::Start);
+            }
+            if storm {
+                // A flapping container, or a restart loop elsewhere on the
+                // host: hundreds of events for one instance at once.
+                self.counts.bump("event storm");
+                for _ in 0..EVENT_STORM_LEN {
+                    self.runtime
+                        .emit(&id, RuntimeEventAction::HealthStatus(Health::Unhealthy));
+                }
             }
         }
     }
@@ -279,10 +367,14 @@ impl Actors {
     pub async fn operator_step(&self) {
         let (which, pick) = {
             let mut rng = self.rng.lock().expect("poisoned");
-            (rng.random_range(0..10u32), rng.random_range(0..usize::MAX))
+            (rng.random_range(0..11u32), rng.random_range(0..usize::MAX))
         };
         if which == 9 {
             self.create_instance(pick).await;
+            return;
+        }
+        if which == 10 {
+            self.delete_instance(pick).await;
             return;
         }
         let services = self.services.lock().expect("poisoned").clone();
@@ -418,6 +510,79 @@ impl Actors {
         }
     }
 
+    /// `stead instance delete`, under the instance lock, preferably of an
+    /// instance with work queued, parked behind a window or running: the
+    /// race T4 is about.
+    async fn delete_instance(&self, pick: usize) {
+        let Ok(tasks) = self.store.active_tasks().await else {
+            return;
+        };
+        let busy: Vec<i64> = tasks
+            .rows
+            .iter()
+            .filter(|t| t.kind != TaskKind::Deprovision)
+            .map(|t| t.instance)
+            .collect();
+        let Ok(rows) = self.store.list_instances().await else {
+            return;
+        };
+        let live: Vec<_> = rows
+            .rows
+            .into_iter()
+            .filter(|i| !matches!(i.state, InstanceState::Deleting | InstanceState::Deleted))
+            .collect();
+        let candidates: Vec<_> = live.iter().filter(|i| busy.contains(&i.id)).collect();
+        let target = if candidates.is_empty() {
+            live.get(pick % live.len().max(1))
+        } else {
+            Some(candidates[pick % candidates.len()])
+        };
+        if let Some(target) = target {
+            self.delete(target.id).await;
+        }
+    }
+
+    /// Deletes one instance as `stead instance delete` does.
+    async fn delete(&self, id: i64) {
+        let Ok(guard) = self
+            .locks
+            .lock(
+                id,
+                "operator",
+                Duration::from_secs(60),
+                Duration::from_secs(20),
+            )
+            .await
+        else {
+            return;
+        };
+        if let Ok(Some(instance)) = self.store.instance_by_id(id).await {
+            let task = NewTask {
+                kind: TaskKind::Deprovision,
+                instance: instance.id,
+                run_after: self.clock.now(),
+                reason: "sim operator: instance delete".into(),
+                traceparent: None,
+            };
+            let now = self.clock.now();
+            let live = !matches!(
+                instance.state,
+                InstanceState::Deleting | InstanceState::Deleted
+            );
+            if live
+                && matches!(
+                    self.store
+                        .expire_instance(instance.id, instance.state, &task, now, None)
+                        .await,
+                    Ok(Some(_))
+                )
+            {
+                self.counts.bump("operator deleted instance");
+            }
+        }
+        guard.release().await;
+    }
+
     /// `stead instance create`: a new row and a provision task, for the
     /// worker to install and create; half of them with a TTL.
     async fn create_instance(&self, pick: usize) {
@@ -445,6 +610,11 @@ impl Actors {
         };
         if self.store.enqueue(&task, now, None).await.is_ok() {
             self.counts.bump("operator created instance");
+            // Changed their mind at once: deleted while its provision is
+            // still queued (T4: it must never be built).
+            if pick % 3 == 0 {
+                self.delete(instance.id).await;
+            }
         }
     }
 
@@ -545,14 +715,24 @@ fn apply_behaviour(c: &mut MemContainer, behaviour: Behaviour, flip: bool, ready
     }
 }
 
-/// The name of the `i`-th simulated instance.
+/// Events in one storm.
+const EVENT_STORM_LEN: usize = 300;
+
+/// The name of the `i`-th simulated instance. Names are prefixes of each
+/// other, and instance and service names glue into each other under a
+/// dashed scheme (`a-api`/`web` vs `a`/`api-web`), so a name encoding that
+/// is not injective collides here (T6).
 pub fn instance_name(i: usize) -> InstanceName {
-    InstanceName::new(format!("inst{i}"))
+    let names = ["a", "a-api", "app", "app-web", "b", "b-web"];
+    match names.get(i) {
+        Some(name) => InstanceName::new(*name),
+        None => InstanceName::new(format!("inst{i}")),
+    }
 }
 
 /// The name of the `j`-th service.
 pub fn service_name(j: usize) -> ServiceName {
-    match ["web", "worker", "api"].get(j) {
+    match ["web", "api-web", "worker"].get(j) {
         Some(name) => ServiceName::new(*name),
         None => ServiceName::new(format!("svc{j}")),
     }

@@ -88,3 +88,47 @@ fn binds_saved_before_readiness_are_caught() {
         "S7 binds saved only after readiness",
     );
 }
+
+// --- the production topology (DESIGN.md §10) --------------------------------
+
+#[test]
+fn a_process_acting_without_the_instance_lock_row_is_caught() {
+    assert_caught(
+        Mutant::SkipInstanceLockRow,
+        "T3 one process changes an instance at a time",
+    );
+}
+
+#[test]
+fn a_process_acting_on_an_expired_lease_is_caught() {
+    assert_caught(Mutant::ActOnExpiredLease, "T2 no effect after the lease");
+}
+
+#[test]
+fn a_task_run_on_a_deleted_instance_is_caught() {
+    assert_caught(Mutant::ReviveDeletedInstance, "T4 deleted stays deleted");
+}
+
+#[test]
+fn a_traffic_plane_remembered_instead_of_read_back_is_caught() {
+    assert_caught(
+        Mutant::ForgetProxyRoutes,
+        "L6 lost routes are back within one tick",
+    );
+}
+
+#[test]
+fn a_restarted_daemon_waiting_out_its_own_lease_is_caught() {
+    assert_caught(
+        Mutant::StrangerAfterRestart,
+        "L7 a restarted daemon reconciles at once",
+    );
+}
+
+#[test]
+fn container_names_that_collide_are_caught() {
+    assert_caught(
+        Mutant::DashedContainerNames,
+        "T6 no two services share a container name",
+    );
+}

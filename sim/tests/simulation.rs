@@ -121,6 +121,13 @@ fn seeds_hold_every_invariant() {
         "S2 never routed to an unverified execution",
         "S6 budget",
         "S7 binds saved only after readiness",
+        "T2 no effect after the lease",
+        "T3 one process changes an instance at a time",
+        "T4 deleted stays deleted",
+        "T6 no two services share a container name",
+        "T6 no two services share a route id",
+        "L6 lost routes are back within one tick",
+        "L7 a restarted daemon reconciles at once",
     ] {
         assert!(
             checks.get(invariant).copied().unwrap_or(0) > 0,

@@ -61,8 +61,6 @@ const ADMIN_CONNECT_RETRIES_MAX: u32 = 6;
 /// changed since they were read (412), or because the server was missing
 /// and had to be created first, is retried with a fresh read.
 const WRITE_ATTEMPTS_MAX: u32 = 4;
-/// Prefix of every route id stead owns.
-const ROUTE_ID_PREFIX: &str = "stead.";
 
 /// How to reach Caddy and how to name what stead puts there.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -166,23 +164,14 @@ impl CaddyTraffic {
         &self.config
     }
 
-    /// The `@id` of a service's route.
+    /// The `@id` of a service's route ([`names::route_id`]).
     pub fn route_id(service: &ServiceKey) -> String {
-        format!("{ROUTE_ID_PREFIX}{}.{}", service.instance, service.service)
+        names::route_id(service)
     }
 
-    /// The service a route id names; `None` for an id stead did not write
-    /// or whose names are not DNS labels (T6: names read back are checked
-    /// before use).
+    /// The service a route id names ([`names::service_of_route_id`]).
     pub fn service_of(route_id: &str) -> Option<ServiceKey> {
-        let rest = route_id.strip_prefix(ROUTE_ID_PREFIX)?;
-        let (instance, service) = rest.split_once('.')?;
-        let valid = names::check_instance_name("instance", instance).is_ok()
-            && names::check_dns_label("service", service).is_ok();
-        valid.then(|| ServiceKey {
-            instance: instance.into(),
-            service: service.into(),
-        })
+        names::service_of_route_id(route_id)
     }
 
     /// The admin API's address of a service's route by its `@id`
@@ -442,7 +431,7 @@ impl CaddyTraffic {
                 .filter_map(|r| {
                     let id = r.get("@id")?.as_str()?;
                     let dial = r["handle"][0]["upstreams"][0]["dial"].as_str()?;
-                    id.starts_with(ROUTE_ID_PREFIX)
+                    id.starts_with(names::ROUTE_ID_PREFIX)
                         .then(|| (id.to_owned(), dial.to_owned()))
                 })
                 .collect(),

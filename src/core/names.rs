@@ -16,7 +16,7 @@
 //! The earlier `-` separator could: instance `a-api` with service `web` and
 //! instance `a` with service `api-web` shared `stead-a-api-web`.
 
-use super::types::{InstanceName, ServiceName};
+use super::types::{InstanceName, ServiceKey, ServiceName};
 
 /// Longest DNS label (RFC 1123).
 pub const LABEL_LEN_MAX: usize = 63;
@@ -135,6 +135,11 @@ pub fn container_name(
         };
         return Err(NameError::new("revision", revision, rule));
     }
+    if crate::mutants::active(crate::mutants::Mutant::DashedContainerNames) {
+        return Ok(format!(
+            "{CONTAINER_NAME_PREFIX}-{instance}-{service}-{revision}"
+        ));
+    }
     let mut name = format!("{CONTAINER_NAME_PREFIX}.{instance}.{service}.");
     for byte in revision.bytes() {
         if byte.is_ascii_alphanumeric() || matches!(byte, b'.' | b'-') {
@@ -145,6 +150,29 @@ pub fn container_name(
     }
     assert!(name.len() <= CONTAINER_NAME_LEN_MAX, "{name}");
     Ok(name)
+}
+
+/// Prefix of every route id stead writes.
+pub const ROUTE_ID_PREFIX: &str = "stead.";
+
+/// The id of a service's route in the traffic plane:
+/// `stead.<instance>.<service>`, injective since neither name holds a dot.
+pub fn route_id(service: &ServiceKey) -> String {
+    format!("{ROUTE_ID_PREFIX}{}.{}", service.instance, service.service)
+}
+
+/// The service a route id names; `None` for an id stead did not write or
+/// whose names are not DNS labels (T6: names read back are checked before
+/// use).
+pub fn service_of_route_id(route_id: &str) -> Option<ServiceKey> {
+    let rest = route_id.strip_prefix(ROUTE_ID_PREFIX)?;
+    let (instance, service) = rest.split_once('.')?;
+    let valid = check_instance_name("instance", instance).is_ok()
+        && check_dns_label("service", service).is_ok();
+    valid.then(|| ServiceKey {
+        instance: instance.into(),
+        service: service.into(),
+    })
 }
 
 /// Whether `value` can name a container to the runtime: a Docker ID (64 hex

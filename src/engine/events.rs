@@ -42,6 +42,8 @@ pub async fn follow(
     let mut since = clock.now();
     while !*stop.borrow() {
         let subscribed = tokio::select! {
+            // In order, not at random: the simulation must replay exactly.
+            biased;
             s = source.subscribe(since) => s,
             _ = stopped(&mut stop) => return,
         };
@@ -51,6 +53,8 @@ pub async fn follow(
                 runtime.events_followed(true);
                 loop {
                     let item = tokio::select! {
+                        // In order, not at random: the simulation must replay exactly.
+                        biased;
                         item = subscription.next_event() => item,
                         _ = stopped(&mut stop) => {
                             runtime.events_followed(false);
@@ -80,6 +84,8 @@ pub async fn follow(
             }
         }
         tokio::select! {
+            // In order, not at random: the simulation must replay exactly.
+            biased;
             _ = tokio::time::sleep(RESUBSCRIBE_DELAY) => {}
             _ = stopped(&mut stop) => return,
         }
@@ -96,6 +102,8 @@ pub async fn drain(
 ) {
     loop {
         let name = tokio::select! {
+            // In order, not at random: the simulation must replay exactly.
+            biased;
             name = queue.next() => name,
             _ = stopped(&mut stop) => return,
         };

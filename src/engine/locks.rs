@@ -20,6 +20,8 @@ use tokio::sync::OwnedMutexGuard;
 use tokio::time::Instant;
 
 use crate::core::fleet::InstanceId;
+use crate::core::policy::LEASE_MARGIN;
+use crate::mutants::{self, Mutant};
 use crate::ports::{Store, StoreError};
 
 /// Pause between tries of a waiting [`InstanceLocks::lock`].
@@ -44,14 +46,24 @@ pub enum LockError {
 }
 
 /// A held instance lock. Release it with [`InstanceGuard::release`]; one
-/// dropped unreleased (its holder was cancelled) releases its row in the
-/// background, and the row expires anyway.
+/// dropped unreleased (its holder was cancelled, or its process died)
+/// leaves its row to expire by the database's clock, as a killed process
+/// would: a guard never acts from a destructor.
 pub struct InstanceGuard {
     _local: OwnedMutexGuard<()>,
     store: Arc<dyn Store>,
     instance: InstanceId,
     holder: String,
-    released: bool,
+    /// Until when the store's row is trusted to be this guard's: like a
+    /// lease, it expires by the database's clock, so a holder paused past
+    /// it must not act on the instance (another process may hold it now).
+    trusted_until: Instant,
+}
+
+/// The part of an instance lock its holder never trusts (as for leases):
+/// a quarter of it, at most [`LEASE_MARGIN`].
+fn lock_margin(ttl: Duration) -> Duration {
+    (ttl / 4).min(LEASE_MARGIN)
 }
 
 impl InstanceLocks {
@@ -78,16 +90,20 @@ impl InstanceLocks {
         let Ok(local) = self.local(instance).try_lock_owned() else {
             return Ok(None);
         };
-        let locked = self
-            .store
-            .try_lock_instances(&[instance], holder, ttl)
-            .await?;
+        let sent = Instant::now();
+        let locked = if mutants::active(Mutant::SkipInstanceLockRow) {
+            vec![instance]
+        } else {
+            self.store
+                .try_lock_instances(&[instance], holder, ttl)
+                .await?
+        };
         Ok(locked.contains(&instance).then(|| InstanceGuard {
             _local: local,
             store: self.store.clone(),
             instance,
             holder: holder.to_owned(),
-            released: false,
+            trusted_until: sent + (ttl - lock_margin(ttl)),
         }))
     }
 
@@ -108,6 +124,7 @@ impl InstanceLocks {
             .await
             .map_err(|_| busy())?;
         loop {
+            let sent = Instant::now();
             let locked = self
                 .store
                 .try_lock_instances(&[instance], holder, ttl)
@@ -118,7 +135,7 @@ impl InstanceLocks {
                     store: self.store.clone(),
                     instance,
                     holder: holder.to_owned(),
-                    released: false,
+                    trusted_until: sent + (ttl - lock_margin(ttl)),
                 });
             }
             if began.elapsed() + LOCK_RETRY_INTERVAL > wait_max {
@@ -134,9 +151,18 @@ impl InstanceGuard {
         self.instance
     }
 
+    /// Whether the lock is still trusted to be this guard's right now.
+    pub fn trusted(&self) -> bool {
+        Instant::now() < self.trusted_until
+    }
+
+    /// Until when the lock is trusted.
+    pub fn trusted_until(&self) -> Instant {
+        self.trusted_until
+    }
+
     /// Releases the store's row, then the in-process lock.
-    pub async fn release(mut self) {
-        self.released = true;
+    pub async fn release(self) {
         if let Err(e) = self
             .store
             .unlock_instances(&[self.instance], &self.holder)
@@ -144,20 +170,6 @@ impl InstanceGuard {
         {
             // The row expires by itself; until then the instance is busy.
             tracing::warn!(instance = self.instance, error = %e, "instance lock not released; it will expire");
-        }
-    }
-}
-
-impl Drop for InstanceGuard {
-    fn drop(&mut self) {
-        if self.released {
-            return;
-        }
-        let (store, instance, holder) = (self.store.clone(), self.instance, self.holder.clone());
-        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
-            runtime.spawn(async move {
-                let _ = store.unlock_instances(&[instance], &holder).await;
-            });
         }
     }
 }

@@ -31,6 +31,14 @@ use super::Ports;
 /// Readiness probe per (service type, service), from the catalog.
 pub type ReadinessTable = BTreeMap<(String, ServiceName), ReadinessProbe>;
 
+/// What entitles one instance's recovery to act: the reconciler lease
+/// (its fence goes with every write) and the instance's lock, each trusted
+/// only until it could have passed to another process.
+struct Mandate {
+    fence: LeaseGrant,
+    lock_until: Instant,
+}
+
 /// What one instance's recovery did.
 #[derive(Debug, Default)]
 pub struct InstanceOutcome {
@@ -98,6 +106,13 @@ impl Recoverer {
     /// The lease this recovery acts under.
     pub fn lease(&self) -> &Arc<LeaseGuard> {
         &self.lease
+    }
+
+    /// Whether an outside effect may be issued now: both the lease and the
+    /// instance lock are still trusted (a process paused past either must
+    /// not act on resuming, T2, T3).
+    fn may_act(&self, mandate: &Mandate) -> bool {
+        self.lease.current().is_some() && Instant::now() < mandate.lock_until
     }
 
     /// The grant, if it will last one instance's recovery (renewed if
@@ -275,7 +290,11 @@ impl Recoverer {
                 }
             }
         };
-        let out = self.recover_locked(instance, &fence, held).await;
+        let mandate = Mandate {
+            fence,
+            lock_until: guard.trusted_until(),
+        };
+        let out = self.recover_locked(instance, &mandate, held).await;
         guard.release().await;
         out
     }
@@ -283,7 +302,7 @@ impl Recoverer {
     async fn recover_locked(
         &self,
         instance: &Instance,
-        fence: &LeaseGrant,
+        mandate: &Mandate,
         held: Option<&HeldRoutes>,
     ) -> InstanceOutcome {
         let deadline = Instant::now() + self.policy.instance_deadline;
@@ -325,6 +344,7 @@ impl Recoverer {
             };
             let inhibition = inhibition_for(&inhibitions, service, &record.container);
             let memory = self.memory.lock().expect("memory poisoned").service(&key);
+            let held = held.filter(|_| !mutants::active(Mutant::ForgetProxyRoutes));
             let proxy = match held {
                 None => ProxyView::Unknown,
                 Some(held) => held
@@ -342,7 +362,7 @@ impl Recoverer {
                 memory,
                 proxy,
             };
-            let report = self.drive(instance, input, deadline, fence).await;
+            let report = self.drive(instance, input, deadline, mandate).await;
             note_verdict(&mut verified, service, &report.verdict);
             for e in &report.errors {
                 out.errors
@@ -358,13 +378,15 @@ impl Recoverer {
             &inhibitions,
             &verified,
             deadline,
-            fence,
+            mandate,
             &mut out,
         )
         .await;
         if let Some(held) = held {
             for stale in routes_without_active(held, &instance.name, &active) {
-                self.withdraw_stale(&stale, &mut out.errors).await;
+                if self.may_act(mandate) {
+                    self.withdraw_stale(&stale, &mut out.errors).await;
+                }
             }
         }
         self.memory
@@ -399,18 +421,19 @@ impl Recoverer {
         instance: &Instance,
         input: ServiceInput,
         deadline: Instant,
-        fence: &LeaseGrant,
+        mandate: &Mandate,
     ) -> Report {
         let mut machine = ServiceRecovery::new(&self.policy, input);
         while let Some(command) = machine.poll_command() {
             // Checked with no await before the effect is issued: a process
             // paused past its lease stops here instead of acting (T2).
-            if command.is_outside_effect() && self.lease.current().is_none() {
+            let careless = mutants::active(Mutant::ActOnExpiredLease);
+            if command.is_outside_effect() && !self.may_act(mandate) && !careless {
                 return machine.abandon();
             }
             let performed = within(
                 deadline,
-                self.perform(instance, machine.key(), &command, fence),
+                self.perform(instance, machine.key(), &command, &mandate.fence),
             )
             .await;
             match performed {
@@ -522,7 +545,7 @@ impl Recoverer {
         inhibitions: &[Inhibition],
         verified: &VerifiedThisPass,
         deadline: Instant,
-        fence: &LeaseGrant,
+        mandate: &Mandate,
         out: &mut InstanceOutcome,
     ) {
         let markers = inhibitions
@@ -531,7 +554,7 @@ impl Recoverer {
         for marker in markers {
             let step = within(
                 deadline,
-                self.settle_marker(instance, intent, active, marker, verified, fence),
+                self.settle_marker(instance, intent, active, marker, verified, mandate),
             )
             .await;
             match step {
@@ -557,10 +580,10 @@ impl Recoverer {
         active: &ActiveRecord,
         marker: &Inhibition,
         verified: &VerifiedThisPass,
-        fence: &LeaseGrant,
+        mandate: &Mandate,
     ) -> Result<bool, String> {
         let p = &self.ports;
-        let fence = Some(fence);
+        let fence = Some(&mandate.fence);
         let retire = match decide_marker(marker, active, intent, verified) {
             MarkerDecision::ClearMarker => {
                 p.store
@@ -579,8 +602,10 @@ impl Recoverer {
         if !retire {
             return Ok(false);
         }
-        if self.lease.current().is_none() {
-            return Err("reconciler lease no longer trusted; retirement left for later".into());
+        if !self.may_act(mandate) {
+            return Err(
+                "lease or instance lock no longer trusted; retirement left for later".into(),
+            );
         }
         let grace = marker.stop_grace.unwrap_or(self.policy.stop_grace_default);
         let generation = GenerationKey {
@@ -592,8 +617,8 @@ impl Recoverer {
             Ok(()) | Err(RuntimeError::NotFound) => {}
             Err(e) => return Err(format!("stop: {e}")),
         }
-        if self.lease.current().is_none() {
-            return Err("reconciler lease no longer trusted; removal left for later".into());
+        if !self.may_act(mandate) {
+            return Err("lease or instance lock no longer trusted; removal left for later".into());
         }
         p.runtime
             .remove(&generation)

@@ -429,6 +429,8 @@ impl Reconciler {
                 break;
             }
             tokio::select! {
+                // In order, not at random: the simulation must replay exactly.
+                biased;
                 _ = tokio::time::sleep(self.config.tick_interval) => {}
                 _ = stop.changed() => {}
             }

@@ -103,6 +103,8 @@ impl WakeQueue {
                 }
                 Some((due, _)) => {
                     tokio::select! {
+                        // In order, not at random: the simulation must replay exactly.
+                        biased;
                         _ = tokio::time::sleep_until(due) => {}
                         _ = &mut changed => {}
                     }

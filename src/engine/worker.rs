@@ -18,6 +18,7 @@ use crate::core::types::{
     ActiveService, ContainerId, ContainerStatus, GenerationKey, Inhibition, InhibitionReason,
     RuntimeError, ServiceKey,
 };
+use crate::mutants::{self, Mutant};
 use crate::ports::CreateContainer;
 
 use super::locks::InstanceLocks;
@@ -64,6 +65,8 @@ pub struct Worker {
     /// since the task may be another worker's by then. Set at claim,
     /// moved on by each renewal, checked before every effect.
     trusted_until: std::sync::Mutex<Option<Instant>>,
+    /// Until when the instance lock of the task in hand is trusted (T3).
+    lock_trusted_until: std::sync::Mutex<Option<Instant>>,
 }
 
 /// The part of a task lease a worker never trusts: a quarter of it, at
@@ -86,17 +89,22 @@ impl Worker {
             config,
             locks,
             trusted_until: std::sync::Mutex::new(None),
+            lock_trusted_until: std::sync::Mutex::new(None),
         }
     }
 
-    /// `Ok` while the lease of the task in hand is trusted.
+    /// `Ok` while the lease of the task in hand and its instance's lock
+    /// are both trusted.
     fn allowed(&self) -> Result<(), String> {
-        let trusted = self
-            .trusted_until
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .is_some_and(|until| Instant::now() < until);
-        if trusted {
+        let now = Instant::now();
+        let trusted = |until: &std::sync::Mutex<Option<Instant>>| {
+            until
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .is_some_and(|until| now < until)
+        };
+        let trusted = trusted(&self.trusted_until) && trusted(&self.lock_trusted_until);
+        if trusted || mutants::active(Mutant::ActOnExpiredLease) {
             Ok(())
         } else {
             Err("the task lease is no longer trusted; stopping before acting".to_owned())
@@ -118,6 +126,8 @@ impl Worker {
                 Some(_) => continue,
                 None => {
                     tokio::select! {
+                        // In order, not at random: the simulation must replay exactly.
+                        biased;
                         _ = tokio::time::sleep(self.config.idle_poll) => {}
                         _ = stop.changed() => {}
                     }
@@ -159,6 +169,8 @@ impl Worker {
         let work = self.handle(task);
         let keep_lease = self.keep_lease(task);
         let result = tokio::select! {
+            // In order, not at random: the simulation must replay exactly.
+            biased;
             r = work => r,
             _ = keep_lease => return TaskEnd::LeaseLost,
         };
@@ -251,6 +263,10 @@ impl Worker {
             )
             .await
             .map_err(|e| e.to_string())?;
+        *self
+            .lock_trusted_until
+            .lock()
+            .unwrap_or_else(|e| e.into_inner()) = Some(guard.trusted_until());
         let remaining = self.config.lease.saturating_sub(began.elapsed());
         let result = tokio::time::timeout(remaining, self.handle_locked(task))
             .await
@@ -260,6 +276,10 @@ impl Worker {
                     self.config.lease
                 ))
             });
+        *self
+            .lock_trusted_until
+            .lock()
+            .unwrap_or_else(|e| e.into_inner()) = None;
         guard.release().await;
         result
     }
@@ -272,7 +292,8 @@ impl Worker {
             .await
             .map_err(|e| e.to_string())?
             .ok_or_else(|| format!("instance {} does not exist", task.instance))?;
-        if !task.kind.applies_to(instance.state) {
+        if !task.kind.applies_to(instance.state) && !mutants::active(Mutant::ReviveDeletedInstance)
+        {
             tracing::info!(
                 instance = %instance.name,
                 state = %instance.state,

@@ -23,8 +23,9 @@ use crate::core::types::{
 };
 
 use super::{
-    Clock, CreateContainer, HeldRoute, ManagedContainer, Notifier, PlaneCheck, Policy, Probe,
-    ProvisionError, Provisioner, Release, Route, Runtime, ServiceKey, Traffic, TrafficError,
+    Clock, CreateContainer, EventSubscription, HeldRoute, ManagedContainer, Notifier, PlaneCheck,
+    Policy, Probe, ProvisionError, Provisioner, Release, Route, Runtime, RuntimeEvent,
+    RuntimeEventAction, RuntimeEvents, ServiceKey, Traffic, TrafficError,
 };
 
 /// Which operation a fault is asked about.
@@ -68,7 +69,32 @@ pub enum Fault {
 /// Decides faults. The default injects none.
 pub trait FaultInjector: Send + Sync {
     fn decide(&self, op: Op, subject: &str) -> Fault;
+    /// What becomes of one event on its way to one subscriber.
+    fn event_fate(&self, _event: &RuntimeEvent) -> EventFate {
+        EventFate::Deliver
+    }
 }
+
+/// What becomes of one runtime event on its way to one subscriber.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum EventFate {
+    Deliver,
+    /// Lost.
+    Drop,
+    /// Delivered twice.
+    Duplicate,
+    /// Delivered this much later.
+    Delay(Duration),
+    /// The subscription ends here (the connection dropped).
+    Disconnect,
+}
+
+/// Events the in-memory runtime keeps for replay to a new subscription,
+/// as Docker keeps its last 256.
+pub const EVENT_REPLAY_LEN: usize = 256;
+/// Events one subscription buffers before further ones are lost (a slow
+/// reader of a real stream loses its connection; here, its events).
+const EVENT_BUFFER_LEN: usize = 1024;
 
 /// Injects nothing.
 #[derive(Debug, Default)]
@@ -196,7 +222,36 @@ impl Default for Hooks {
     }
 }
 
+/// How late the answer to an operation that acted comes.
+#[must_use]
+struct Latency(Option<Duration>);
+
+impl Latency {
+    async fn answer(self) {
+        if let Some(after) = self.0 {
+            tokio::time::sleep(after).await;
+        }
+    }
+}
+
 impl Hooks {
+    /// For an operation with an effect: the injector's decision, applied
+    /// before the effect when the request never takes effect (a failure,
+    /// not-found, a hang), and returned as latency to add *after* the
+    /// effect when it is only slow: the runtime acted at once, its answer is
+    /// late. (A caller paused while waiting does not delay the effect.)
+    async fn admit(&self, op: Op, subject: &str) -> Result<Latency, Fault> {
+        match self.faults.decide(op, subject) {
+            Fault::Proceed => Ok(Latency(None)),
+            Fault::Hang => {
+                std::future::pending::<()>().await;
+                unreachable!("pending never completes")
+            }
+            Fault::Slow(d) => Ok(Latency(Some(d))),
+            other => Err(other),
+        }
+    }
+
     /// Applies the injector's decision; `Ok(())` means proceed.
     async fn gate(&self, op: Op, subject: &str) -> Result<(), Fault> {
         match self.faults.decide(op, subject) {
@@ -284,6 +339,49 @@ pub struct MemoryRuntime {
     next_port: Mutex<u16>,
     /// Strictly increasing execution starts, even within one instant.
     executions: Mutex<i64>,
+    events: Mutex<EventLog>,
+}
+
+/// The event stream's memory: recent events for replay, and subscribers.
+#[derive(Default)]
+struct EventLog {
+    recent: std::collections::VecDeque<(Timestamp, RuntimeEvent)>,
+    subscribers: Vec<tokio::sync::mpsc::Sender<Option<RuntimeEvent>>>,
+}
+
+/// One subscription to the in-memory event stream.
+struct MemorySubscription {
+    events: tokio::sync::mpsc::Receiver<Option<RuntimeEvent>>,
+}
+
+#[async_trait]
+impl EventSubscription for MemorySubscription {
+    async fn next_event(&mut self) -> Option<Result<RuntimeEvent, RuntimeError>> {
+        // `None` in the channel is a dropped connection; a closed channel too.
+        self.events.recv().await.flatten().map(Ok)
+    }
+}
+
+#[async_trait]
+impl RuntimeEvents for MemoryRuntime {
+    async fn subscribe(
+        &self,
+        since: Timestamp,
+    ) -> Result<Box<dyn EventSubscription>, RuntimeError> {
+        self.hooks
+            .gate(Op::List, "events")
+            .await
+            .map_err(runtime_err)?;
+        let (sender, events) = tokio::sync::mpsc::channel(EVENT_BUFFER_LEN);
+        let mut log = self.events.lock().expect("events poisoned");
+        for (at, event) in &log.recent {
+            if *at > since {
+                let _ = sender.try_send(Some(event.clone()));
+            }
+        }
+        log.subscribers.push(sender);
+        Ok(Box::new(MemorySubscription { events }))
+    }
 }
 
 impl MemoryRuntime {
@@ -294,16 +392,73 @@ impl MemoryRuntime {
             containers: Mutex::new(BTreeMap::new()),
             next_port: Mutex::new(20000),
             executions: Mutex::new(0),
+            events: Mutex::default(),
         }
     }
 
-    /// A new, strictly increasing execution start at about `now`.
+    /// Tells the event stream what happened to container `id` (the engine's
+    /// own calls do this themselves; the simulation's workload model calls
+    /// it for crashes, native restarts and health changes).
+    pub fn emit(&self, id: &ContainerId, action: RuntimeEventAction) {
+        let Some(c) = self.container(id) else { return };
+        self.emit_for(id, &c.instance, &c.service, action);
+    }
+
+    fn emit_for(
+        &self,
+        id: &ContainerId,
+        instance: &InstanceName,
+        service: &ServiceName,
+        action: RuntimeEventAction,
+    ) {
+        let event = RuntimeEvent {
+            instance: instance.clone(),
+            service: service.clone(),
+            container: id.clone(),
+            action,
+        };
+        let mut log = self.events.lock().expect("events poisoned");
+        if log.recent.len() >= EVENT_REPLAY_LEN {
+            log.recent.pop_front();
+        }
+        log.recent.push_back((self.clock.now(), event.clone()));
+        let faults = self.hooks.faults.clone();
+        log.subscribers.retain(|subscriber| {
+            match faults.event_fate(&event) {
+                EventFate::Deliver => {
+                    let _ = subscriber.try_send(Some(event.clone()));
+                }
+                EventFate::Drop => {}
+                EventFate::Duplicate => {
+                    let _ = subscriber.try_send(Some(event.clone()));
+                    let _ = subscriber.try_send(Some(event.clone()));
+                }
+                EventFate::Delay(after) => {
+                    let (subscriber, event) = (subscriber.clone(), event.clone());
+                    tokio::spawn(async move {
+                        tokio::time::sleep(after).await;
+                        let _ = subscriber.try_send(Some(event));
+                    });
+                }
+                EventFate::Disconnect => {
+                    let _ = subscriber.try_send(None);
+                    return false;
+                }
+            }
+            !subscriber.is_closed()
+        });
+    }
+
+    /// A new, strictly increasing execution start at about `now`, with the
+    /// nanoseconds Docker reports (a store that kept less would not
+    /// recognise its verified executions, R17).
     pub fn next_execution(&self) -> Timestamp {
         let mut n = self.executions.lock().expect("poisoned");
         *n += 1;
+        let n = *n as u64;
         crate::core::fleet::add(
             self.clock.now(),
-            Duration::from_micros(*n as u64 % 1_000_000),
+            Duration::from_nanos((n % 1_000_000) * 1_000 + 1 + n % 997),
         )
     }
 
@@ -374,20 +529,25 @@ impl Runtime for MemoryRuntime {
     }
 
     async fn start(&self, id: &ContainerId) -> Result<(), RuntimeError> {
-        self.hooks
-            .gate(Op::Start, id.as_str())
+        let latency = self
+            .hooks
+            .admit(Op::Start, id.as_str())
             .await
             .map_err(runtime_err)?;
         self.hooks
             .observer
             .effect(&Effect::Started { id: id.clone() });
-        self.run(id)
+        self.run(id)?;
+        self.emit(id, RuntimeEventAction::Start);
+        latency.answer().await;
+        Ok(())
     }
 
     async fn stop(&self, key: &GenerationKey, _grace: Duration) -> Result<(), RuntimeError> {
         let id = &key.container;
-        self.hooks
-            .gate(Op::Stop, id.as_str())
+        let latency = self
+            .hooks
+            .admit(Op::Stop, id.as_str())
             .await
             .map_err(runtime_err)?;
         self.mutate(id, |c| {
@@ -399,18 +559,25 @@ impl Runtime for MemoryRuntime {
         self.hooks
             .observer
             .effect(&Effect::Stopped { id: id.clone() });
+        self.emit(id, RuntimeEventAction::Die);
+        latency.answer().await;
         Ok(())
     }
 
     async fn restart(&self, id: &ContainerId, _grace: Duration) -> Result<(), RuntimeError> {
-        self.hooks
-            .gate(Op::Restart, id.as_str())
+        let latency = self
+            .hooks
+            .admit(Op::Restart, id.as_str())
             .await
             .map_err(runtime_err)?;
         self.hooks
             .observer
             .effect(&Effect::Restarted { id: id.clone() });
-        self.run(id)
+        self.run(id)?;
+        self.emit(id, RuntimeEventAction::Die);
+        self.emit(id, RuntimeEventAction::Start);
+        latency.answer().await;
+        Ok(())
     }
 
     async fn health(&self, id: &ContainerId) -> Result<Health, RuntimeError> {
@@ -450,11 +617,13 @@ impl Runtime for MemoryRuntime {
 
     async fn create(&self, request: &CreateContainer) -> Result<ContainerId, RuntimeError> {
         let id = Self::id_of(request)?;
-        self.hooks
-            .gate(Op::Create, id.as_str())
+        let latency = self
+            .hooks
+            .admit(Op::Create, id.as_str())
             .await
             .map_err(runtime_err)?;
         if self.container(&id).is_some() {
+            latency.answer().await;
             return Ok(id);
         }
         let binds: Binds = request
@@ -487,25 +656,38 @@ impl Runtime for MemoryRuntime {
             instance: request.instance.clone(),
             service: request.spec.name.clone(),
         });
+        self.emit(&id, RuntimeEventAction::Start);
+        latency.answer().await;
         Ok(id)
     }
 
     async fn remove(&self, key: &GenerationKey) -> Result<(), RuntimeError> {
         let id = &key.container;
-        self.hooks
-            .gate(Op::Remove, id.as_str())
+        let latency = self
+            .hooks
+            .admit(Op::Remove, id.as_str())
             .await
             .map_err(runtime_err)?;
-        let mut containers = self.containers.lock().expect("runtime poisoned");
-        let Some(container) = containers.get(id) else {
-            return Ok(());
+        let removed = {
+            let mut containers = self.containers.lock().expect("runtime poisoned");
+            match containers.get(id) {
+                None => false,
+                Some(container) => {
+                    check_owner("remove", key, container)?;
+                    containers.remove(id);
+                    true
+                }
+            }
         };
-        check_owner("remove", key, container)?;
-        containers.remove(id);
-        drop(containers);
+        if !removed {
+            latency.answer().await;
+            return Ok(());
+        }
         self.hooks
             .observer
             .effect(&Effect::Removed { id: id.clone() });
+        self.emit_for(id, &key.instance, &key.service, RuntimeEventAction::Destroy);
+        latency.answer().await;
         Ok(())
     }
 }
@@ -567,8 +749,9 @@ impl MemoryTraffic {
 impl Traffic for MemoryTraffic {
     async fn publish(&self, route: &Route) -> Result<(), TrafficError> {
         let subject = format!("{}/{}", route.service.instance, route.service.service);
-        self.hooks
-            .gate(Op::Publish, &subject)
+        let latency = self
+            .hooks
+            .admit(Op::Publish, &subject)
             .await
             .map_err(|f| TrafficError(text_err(f)))?;
         self.hooks.observer.effect(&Effect::Published {
@@ -579,6 +762,7 @@ impl Traffic for MemoryTraffic {
             .lock()
             .expect("traffic poisoned")
             .insert(route.service.clone(), route.clone());
+        latency.answer().await;
         Ok(())
     }
 
@@ -615,12 +799,15 @@ impl Traffic for MemoryTraffic {
 
     async fn withdraw(&self, service: &ServiceKey) -> Result<(), TrafficError> {
         let subject = format!("{}/{}", service.instance, service.service);
-        if let Err(f) = self.hooks.gate(Op::Withdraw, &subject).await {
-            self.hooks.observer.effect(&Effect::WithdrawFailed {
-                service: service.clone(),
-            });
-            return Err(TrafficError(text_err(f)));
-        }
+        let latency = match self.hooks.admit(Op::Withdraw, &subject).await {
+            Ok(latency) => latency,
+            Err(f) => {
+                self.hooks.observer.effect(&Effect::WithdrawFailed {
+                    service: service.clone(),
+                });
+                return Err(TrafficError(text_err(f)));
+            }
+        };
         self.routes
             .lock()
             .expect("traffic poisoned")
@@ -628,6 +815,7 @@ impl Traffic for MemoryTraffic {
         self.hooks.observer.effect(&Effect::Withdrawn {
             service: service.clone(),
         });
+        latency.answer().await;
         Ok(())
     }
 }
@@ -736,8 +924,9 @@ impl MemoryProvisioner {
 #[async_trait]
 impl Provisioner for MemoryProvisioner {
     async fn install_or_upgrade(&self, release: &str, version: &str) -> Result<(), ProvisionError> {
-        self.hooks
-            .gate(Op::Install, release)
+        let latency = self
+            .hooks
+            .admit(Op::Install, release)
             .await
             .map_err(|f| ProvisionError(text_err(f)))?;
         self.releases
@@ -747,18 +936,21 @@ impl Provisioner for MemoryProvisioner {
         self.hooks.observer.effect(&Effect::Installed {
             release: release.to_owned(),
         });
+        latency.answer().await;
         Ok(())
     }
 
     async fn uninstall(&self, release: &str) -> Result<(), ProvisionError> {
-        self.hooks
-            .gate(Op::Uninstall, release)
+        let latency = self
+            .hooks
+            .admit(Op::Uninstall, release)
             .await
             .map_err(|f| ProvisionError(text_err(f)))?;
         self.releases.lock().expect("poisoned").remove(release);
         self.hooks.observer.effect(&Effect::Uninstalled {
             release: release.to_owned(),
         });
+        latency.answer().await;
         Ok(())
     }
 

@@ -135,6 +135,35 @@ impl MemoryStore {
         self.lock().n_calls
     }
 
+    /// The reconciler lease as it stands (for checkers), `None` when vacant.
+    pub fn lease_now(&self) -> Option<LeaseGrant> {
+        self.lock().lease_row().grant()
+    }
+
+    /// Who holds an instance's lock and until when, by the store's clock
+    /// (for checkers); expired rows still show.
+    pub fn instance_lock_of(&self, name: &InstanceName) -> Option<(String, Timestamp)> {
+        let state = self.lock();
+        let id = state.instance_id(name)?;
+        let (holder, expires_us) = state.instance_locks.get(&id)?;
+        Some((
+            holder.clone(),
+            crate::store::timestamp_from_us(*expires_us)?,
+        ))
+    }
+
+    /// An instance by name, without the fault hooks (for checkers).
+    pub fn instance_now(&self, name: &InstanceName) -> Option<Instance> {
+        let state = self.lock();
+        let id = state.instance_id(name)?;
+        state.instances.get(&id).cloned()
+    }
+
+    /// The store's clock (the database's).
+    pub fn now(&self) -> Timestamp {
+        self.clock.now()
+    }
+
     /// Every task, in id order, whatever its state (for checkers: "no task is
     /// lost" needs done and failed tasks too).
     pub fn all_tasks(&self) -> Vec<Task> {

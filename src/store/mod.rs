@@ -174,7 +174,8 @@ impl ReconcilerLeaseRow {
         let restarted = self
             .holder
             .as_deref()
-            .is_some_and(|current| identity_of(current) == identity_of(holder));
+            .is_some_and(|current| identity_of(current) == identity_of(holder))
+            && !crate::mutants::active(crate::mutants::Mutant::StrangerAfterRestart);
         let vacant = self.holder.is_none() || self.expires_at_us.is_none_or(|e| e <= now_us);
         (vacant || restarted).then(|| ReconcilerLeaseRow {
             holder: Some(holder.to_owned()),

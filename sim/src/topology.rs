@@ -1,0 +1,273 @@
+//! The production topologies of DESIGN.md §10, as simulated processes.
+//!
+//! Each stead process is a madsim node running exactly what the daemon
+//! runs for its role: the reconciler's tick loop, the event follower and
+//! its draining workers, and task workers, all on one store, one runtime
+//! and one traffic plane. A process has its own memory, its own in-process
+//! locks, its own wall clock (skewed against the database's) and its own
+//! identity; killing a node loses all of that, restarting it runs a new
+//! incarnation (mostly under the same identity, sometimes under a new one,
+//! as when a data directory is lost), and pausing it freezes it mid-flight
+//! for longer than its leases.
+
+use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use tokio::sync::watch;
+
+use stead::core::catalog::Catalog;
+use stead::core::fleet::TaskRetryPolicy;
+use stead::core::plan::ControlConfig;
+use stead::core::policy::{reconciler_lease_ttl, RecoveryPolicy, LEASE_MARGIN};
+use stead::core::types::Timestamp;
+use stead::engine::clock::AnchoredClock;
+use stead::engine::events::{drain, follow};
+use stead::engine::lease::{LeaseGuard, ProcessIdentity};
+use stead::engine::recovery::{InstanceLocks, Recoverer};
+use stead::engine::tick::Reconciler;
+use stead::engine::wake::WakeQueue;
+use stead::engine::worker::{Worker, WorkerConfig};
+use stead::engine::{Ports, SystemClock};
+use stead::ports::memory::{
+    MemoryNotifier, MemoryPolicy, MemoryProbe, MemoryProvisioner, MemoryRuntime, MemoryTraffic,
+};
+use stead::ports::{Clock, RuntimeEvents, Store};
+use stead::store::memory::MemoryStore;
+
+use crate::checker::Checker;
+
+/// What a process runs (`stead run --role`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Role {
+    /// Reconciler and workers: the one-host default.
+    All,
+    /// The reconciler only (a leader or a standby).
+    Reconciler,
+    /// Task workers only.
+    Worker,
+}
+
+impl Role {
+    pub fn reconciles(self) -> bool {
+        matches!(self, Role::All | Role::Reconciler)
+    }
+    pub fn works(self) -> bool {
+        matches!(self, Role::All | Role::Worker)
+    }
+}
+
+/// The processes of one run, drawn from its seed.
+#[derive(Clone, Debug)]
+pub struct Topology {
+    pub roles: Vec<Role>,
+}
+
+impl Topology {
+    /// One of the supported topologies (docs/operations.md): one host; a
+    /// standby reconciler; split roles; split roles with a standby.
+    pub fn draw(choice: u64) -> Self {
+        let roles = match choice % 4 {
+            0 => vec![Role::All],
+            1 => vec![Role::All, Role::All],
+            2 => vec![Role::Reconciler, Role::Worker],
+            _ => vec![
+                Role::Reconciler,
+                Role::Reconciler,
+                Role::Worker,
+                Role::Worker,
+            ],
+        };
+        Self { roles }
+    }
+}
+
+/// Everything the processes share: the one database, runtime, proxy and
+/// provisioner of the deployment, and the catalog file.
+pub struct Shared {
+    pub store: Arc<MemoryStore>,
+    pub runtime: Arc<MemoryRuntime>,
+    pub traffic: Arc<MemoryTraffic>,
+    pub provisioner: Arc<MemoryProvisioner>,
+    pub probe: Arc<MemoryProbe>,
+    pub notifier: Arc<MemoryNotifier>,
+    pub checker: Arc<Checker>,
+    pub catalog: Mutex<Arc<Catalog>>,
+    pub policy: RecoveryPolicy,
+    pub control: ControlConfig,
+    pub tick: Duration,
+    /// Whether processes follow the runtime's event stream.
+    pub events: bool,
+    pub seed: u64,
+}
+
+/// One process slot: a host that runs one stead process, restarted in
+/// place.
+pub struct Slot {
+    pub index: usize,
+    pub role: Role,
+    identity: Mutex<String>,
+    incarnations: AtomicU64,
+    /// The host's wall clock minus the database's, in milliseconds.
+    skew_ms: AtomicI64,
+    /// While set, the process runs but its node is paused by the runner.
+    pub paused: AtomicBool,
+}
+
+impl Slot {
+    pub fn new(index: usize, role: Role, skew_ms: i64) -> Self {
+        Self {
+            index,
+            role,
+            identity: Mutex::new(format!("host{index}-a")),
+            incarnations: AtomicU64::new(0),
+            skew_ms: AtomicI64::new(skew_ms),
+            paused: AtomicBool::new(false),
+        }
+    }
+
+    /// The host lost its data directory: the next run is a stranger.
+    pub fn new_identity(&self) {
+        let mut identity = self.identity.lock().expect("poisoned");
+        let next = format!("{identity}x");
+        *identity = next;
+    }
+
+    pub fn set_skew_ms(&self, skew_ms: i64) {
+        self.skew_ms.store(skew_ms, Ordering::Relaxed);
+    }
+
+    fn identity(&self) -> String {
+        self.identity.lock().expect("poisoned").clone()
+    }
+}
+
+/// A host's wall clock: the database's, off by the slot's skew.
+struct SkewedClock {
+    skew_ms: Arc<Slot>,
+}
+
+impl Clock for SkewedClock {
+    fn now(&self) -> Timestamp {
+        let skew = self.skew_ms.skew_ms.load(Ordering::Relaxed);
+        let true_now = SystemClock.now();
+        let skew = jiff::SignedDuration::from_millis(skew);
+        true_now.checked_add(skew).unwrap_or(true_now)
+    }
+}
+
+/// Task workers per process that works.
+const WORKERS_PER_PROCESS: u32 = 2;
+/// Event-draining workers per reconciler.
+const EVENT_WORKERS: usize = 2;
+/// Wake-ups one process's queue holds.
+const WAKE_CAPACITY: usize = 1024;
+
+/// The body of one process: runs until its node is killed.
+pub async fn process_main(slot: Arc<Slot>, shared: Arc<Shared>) {
+    let incarnation = slot.incarnations.fetch_add(1, Ordering::Relaxed) + 1;
+    let identity = ProcessIdentity {
+        identity: slot.identity(),
+        incarnation: format!("i{incarnation}"),
+    };
+    shared
+        .checker
+        .process_started(madsim::plugin::node(), &identity, slot.role);
+    let clock: Arc<dyn Clock> = Arc::new(AnchoredClock::new(Arc::new(SkewedClock {
+        skew_ms: slot.clone(),
+    })));
+    let catalog = shared.catalog.lock().expect("poisoned").clone();
+    let ports = Ports {
+        clock: clock.clone(),
+        runtime: shared.runtime.clone(),
+        traffic: shared.traffic.clone(),
+        store: shared.store.clone(),
+        probe: shared.probe.clone(),
+        policy: Arc::new(MemoryPolicy::default()),
+        provisioner: shared.provisioner.clone(),
+        notifier: shared.notifier.clone(),
+    };
+    let locks = Arc::new(InstanceLocks::new(shared.store.clone()));
+    // T1: as the daemon does at start.
+    let _ = shared
+        .store
+        .clear_instance_locks_of(&identity.identity_prefix())
+        .await;
+    let (_stop_tx, stop) = watch::channel(false);
+    let mut tasks = Vec::new();
+    if slot.role.reconciles() {
+        let lease = Arc::new(LeaseGuard::new(
+            identity.holder(),
+            reconciler_lease_ttl(
+                shared.control.tick_interval,
+                shared.policy.instance_deadline,
+            ),
+            LEASE_MARGIN,
+        ));
+        let recoverer = Arc::new(Recoverer::new(
+            ports.clone(),
+            shared.policy.clone(),
+            Default::default(),
+            locks.clone(),
+            identity.actor("recovery"),
+            lease,
+        ));
+        let reconciler = Arc::new(Reconciler::new(
+            ports.clone(),
+            catalog.clone(),
+            shared.control.clone(),
+            recoverer.clone(),
+            shared.seed ^ incarnation,
+        ));
+        if shared.events {
+            let wake = Arc::new(WakeQueue::new(WAKE_CAPACITY));
+            let source: Arc<dyn RuntimeEvents> = shared.runtime.clone();
+            tasks.push(tokio::spawn(follow(
+                source,
+                shared.runtime.clone(),
+                clock.clone(),
+                wake.clone(),
+                stop.clone(),
+            )));
+            for _ in 0..EVENT_WORKERS {
+                let store: Arc<dyn Store> = shared.store.clone();
+                tasks.push(tokio::spawn(drain(
+                    recoverer.clone(),
+                    store,
+                    wake.clone(),
+                    stop.clone(),
+                )));
+            }
+        }
+        let (checker, tick, node) = (shared.checker.clone(), shared.tick, madsim::plugin::node());
+        let holder = identity.holder();
+        tasks.push(tokio::spawn(async move {
+            loop {
+                let outcome = reconciler.tick().await;
+                checker.ticked(node, &holder, outcome.leader);
+                tokio::time::sleep(tick).await;
+            }
+        }));
+    }
+    if slot.role.works() {
+        for n in 0..WORKERS_PER_PROCESS {
+            let worker = Worker::new(
+                ports.clone(),
+                catalog.clone(),
+                WorkerConfig {
+                    id: identity.actor(&format!("w{n}")),
+                    lease: shared.control.lease,
+                    retry: TaskRetryPolicy::default(),
+                    idle_poll: Duration::from_secs(1),
+                    stop_grace_default: shared.policy.stop_grace_default,
+                },
+                locks.clone(),
+            );
+            let stop = stop.clone();
+            tasks.push(tokio::spawn(async move { worker.run(stop).await }));
+        }
+    }
+    for task in tasks {
+        let _ = task.await;
+    }
+}

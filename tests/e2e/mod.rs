@@ -69,6 +69,7 @@ pub struct Harness {
     pub caddy: CaddyProcess,
     pub listen: String,
     pub dir: tempfile::TempDir,
+    role: Role,
     stop: Option<watch::Sender<bool>>,
     run: Option<tokio::task::JoinHandle<()>>,
     http: reqwest::Client,
@@ -85,6 +86,8 @@ pub struct Setup {
     pub control_extra: String,
     /// A migrated database; `None` uses a SQLite file in the state dir.
     pub database_url: Option<String>,
+    /// What the harness's own daemon runs.
+    pub role: Role,
 }
 
 impl Default for Setup {
@@ -96,6 +99,7 @@ impl Default for Setup {
             extra_config: String::new(),
             control_extra: String::new(),
             database_url: None,
+            role: Role::All,
         }
     }
 }
@@ -155,6 +159,7 @@ listen = "{listen}"
             caddy,
             listen,
             dir,
+            role: setup.role,
             stop: None,
             run: None,
             http: reqwest::Client::builder()
@@ -177,8 +182,30 @@ listen = "{listen}"
     pub fn resume(&mut self) {
         let (tx, rx) = watch::channel(false);
         let daemon = self.daemon().clone();
-        self.run = Some(tokio::spawn(async move { daemon.run(Role::All, rx).await }));
+        let role = self.role;
+        self.run = Some(tokio::spawn(async move { daemon.run(role, rx).await }));
         self.stop = Some(tx);
+    }
+
+    /// Another daemon on the same database, Caddy and catalog: its own
+    /// state directory (so its own identity, memory and in-process locks),
+    /// running `role` (a standby, or the other half of split roles).
+    pub async fn peer(&self, role: Role) -> Peer {
+        let dir = tempfile::tempdir().expect("peer state dir");
+        let mut config = self.daemon().config.clone();
+        config.state_dir = dir.path().to_owned();
+        let daemon = Arc::new(Daemon::build(config).await.expect("peer builds"));
+        let (tx, rx) = watch::channel(false);
+        let run = {
+            let daemon = daemon.clone();
+            tokio::spawn(async move { daemon.run(role, rx).await })
+        };
+        Peer {
+            daemon,
+            stop: Some(tx),
+            run: Some(run),
+            _dir: dir,
+        }
     }
 
     /// Stops the loops as SIGTERM would, and waits for them.
@@ -275,6 +302,37 @@ listen = "{listen}"
             .values()
             .next()
             .map(|s| s.container.as_str().to_owned())
+    }
+}
+
+/// A second daemon of a harness (see [`Harness::peer`]).
+pub struct Peer {
+    pub daemon: Arc<Daemon>,
+    stop: Option<watch::Sender<bool>>,
+    run: Option<tokio::task::JoinHandle<()>>,
+    _dir: tempfile::TempDir,
+}
+
+impl Peer {
+    /// Stops it as SIGTERM would, and waits for it.
+    pub async fn shutdown(&mut self) {
+        if let Some(tx) = self.stop.take() {
+            let _ = tx.send(true);
+        }
+        if let Some(run) = self.run.take() {
+            tokio::time::timeout(Duration::from_secs(20), run)
+                .await
+                .expect("peer stops within its shutdown bound")
+                .expect("peer task");
+        }
+    }
+}
+
+impl Drop for Peer {
+    fn drop(&mut self) {
+        if let Some(tx) = self.stop.take() {
+            let _ = tx.send(true);
+        }
     }
 }
 

@@ -13,7 +13,7 @@ pub struct CaddyProcess {
     pub admin_addr: String,
     child: Child,
     // Kept for its Drop: Caddy's config, data and autosave live here.
-    _dir: tempfile::TempDir,
+    dir: tempfile::TempDir,
 }
 
 impl CaddyProcess {
@@ -25,24 +25,38 @@ impl CaddyProcess {
         let config = dir.path().join("caddy.json");
         let json = format!(r#"{{"admin": {{"listen": "{admin_addr}"}}}}"#);
         std::fs::write(&config, json).expect("write caddy config");
-        let child = Command::new("caddy")
-            .arg("run")
-            .arg("--config")
-            .arg(&config)
-            .env("XDG_CONFIG_HOME", dir.path())
-            .env("XDG_DATA_HOME", dir.path())
-            .env("HOME", dir.path())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap_or_else(|e| panic!("cannot run caddy ({e}); run `scripts/services up` first"));
+        let child = Self::spawn(dir.path());
         let process = Self {
             admin_addr,
             child,
-            _dir: dir,
+            dir,
         };
         process.wait_for_admin().await;
         process
+    }
+
+    fn spawn(dir: &std::path::Path) -> Child {
+        Command::new("caddy")
+            .arg("run")
+            .arg("--config")
+            .arg(dir.join("caddy.json"))
+            .env("XDG_CONFIG_HOME", dir)
+            .env("XDG_DATA_HOME", dir)
+            .env("HOME", dir)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap_or_else(|e| panic!("cannot run caddy ({e}); run `scripts/services up` first"))
+    }
+
+    /// `caddy stop` then `caddy run` without `--resume`: Caddy comes back
+    /// on the same admin port with its startup config only, every route
+    /// and stead's server gone.
+    pub async fn restart_without_resume(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        self.child = Self::spawn(self.dir.path());
+        self.wait_for_admin().await;
     }
 
     async fn wait_for_admin(&self) {

@@ -10,7 +10,7 @@ mod support;
 mod support_services;
 
 use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use e2e::{catalog, inspect, wait_until, Harness, Setup, HTTPD};
 use stead::daemon::Role;
@@ -124,7 +124,6 @@ listen = "{listen}"
     let before = inspect(&id, "{{.State.StartedAt}}").unwrap();
     docker(&["kill", &id]).expect("docker kill");
 
-    let restarted = Instant::now();
     let mut daemon = spawn_daemon(dir.path());
     let took = wait_until("recovered by the new process", CONVERGE, || async {
         inspect(&id, "{{.State.StartedAt}}").is_ok_and(|s| s != before)
@@ -138,7 +137,6 @@ listen = "{listen}"
         took <= Duration::from_secs(TICK_S + 10),
         "recovered {took:?} after the restart, not within one {TICK_S} s tick; daemon log:\n{log}"
     );
-    assert!(restarted.elapsed() >= took);
 }
 
 /// T5: Caddy restarted without `--resume` comes back empty; within one

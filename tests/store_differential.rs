@@ -308,6 +308,8 @@ enum Seen {
     Bool(bool),
     Count(u64),
     NewId(Option<i64>),
+    /// An expiry's deprovision (as `NewId`) and the tasks it cancelled.
+    Expired(Box<Seen>, Vec<i64>),
     Instance(Option<Instance>),
     Instances(Vec<Instance>, usize),
     Task(Option<Task>),
@@ -483,7 +485,19 @@ async fn apply(subject: &mut Subject, op: &Op, now: &mut Timestamp) -> Seen {
             let expired = store
                 .expire_instance(id, from, &task, now_v, subject.fence(fence).as_ref())
                 .await;
-            new_task_id(subject, expired)
+            let cancelled: Vec<i64> = expired
+                .as_ref()
+                .ok()
+                .and_then(|e| e.as_ref())
+                .map(|e| {
+                    e.cancelled
+                        .iter()
+                        .map(|&id| subject.canonical_task(id))
+                        .collect()
+                })
+                .unwrap_or_default();
+            let id = new_task_id(subject, expired.map(|e| e.map(|e| e.task)));
+            Seen::Expired(Box::new(id), cancelled)
         }
         Op::SaveActive {
             name: n,

@@ -383,7 +383,7 @@ async fn ttl_expiry_state_change_and_insert_are_one_transaction() {
                         )
                         .await
                         .unwrap();
-                    ("expire", expired)
+                    ("expire", expired.map(|e| e.task))
                 }
             }));
         }

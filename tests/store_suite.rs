@@ -59,6 +59,14 @@ store_suite! {
         extending_a_lease_postpones_its_expiry,
         ttl_expiry_changes_state_and_enqueues_one_deprovision,
         ttl_expiry_is_all_or_nothing,
+        deletion_cancels_queued_tasks_in_the_same_transaction,
+        a_refused_deletion_cancels_nothing,
+        a_deleted_instances_name_can_be_reused,
+        a_live_instances_name_is_refused_naming_its_holder,
+        a_deleted_instance_with_an_active_task_keeps_its_name,
+        tasks_are_listed_newest_first_and_finished_ones_on_request,
+        rollout_records_keep_their_reason_and_time,
+        the_reconciler_lease_holder_is_readable_without_taking_it,
         gauges_count_the_queue_and_instances_by_state,
         rollouts_are_upserted_per_service_type,
         reconciler_lease_is_exclusive_until_it_expires,
@@ -696,11 +704,13 @@ async fn ttl_expiry_changes_state_and_enqueues_one_deprovision(s: TestStore) {
         .await
         .unwrap();
     let deprovision = task(TaskKind::Deprovision, id, t(5));
-    let task_id = store
+    let expired = store
         .expire_instance(id, InstanceState::Ready, &deprovision, t(5), None)
         .await
         .unwrap()
         .expect("expired");
+    assert!(expired.cancelled.is_empty());
+    let task_id = expired.task;
     let expired = store.instance_by_id(id).await.unwrap().unwrap();
     assert_eq!(
         (expired.state, expired.updated_at),
@@ -740,6 +750,279 @@ async fn ttl_expiry_is_all_or_nothing(s: TestStore) {
         (InstanceState::Provisioning, t(0))
     );
     assert_eq!(store.active_tasks().await.unwrap().rows.len(), 1);
+}
+
+/// T4: a deletion (here an operator's, from `ready`) cancels the queued
+/// provision-like tasks of that instance, never a running one, never
+/// another instance's, in the transaction that moves it to `deleting`.
+async fn deletion_cancels_queued_tasks_in_the_same_transaction(s: TestStore) {
+    let store = &*s.store;
+    let id = instance(store, "alpha").await;
+    let other = instance(store, "beta").await;
+    store
+        .set_instance_state(id, InstanceState::Provisioning, InstanceState::Ready, t(1))
+        .await
+        .unwrap();
+    let running = store
+        .enqueue(&task(TaskKind::Reprovision, id, t(0)), t(0), None)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(store.claim("w", t(1), 1).await.unwrap()[0].id, running);
+    let upgrade = store
+        .enqueue(&task(TaskKind::Upgrade, id, t(100)), t(1), None)
+        .await
+        .unwrap()
+        .unwrap();
+    let others = store
+        .enqueue(&task(TaskKind::Upgrade, other, t(0)), t(1), None)
+        .await
+        .unwrap()
+        .unwrap();
+    let expired = store
+        .expire_instance(
+            id,
+            InstanceState::Ready,
+            &task(TaskKind::Deprovision, id, t(5)),
+            t(5),
+            None,
+        )
+        .await
+        .unwrap()
+        .expect("deleted");
+    assert_eq!(expired.cancelled, vec![upgrade], "{}", s.name());
+    let cancelled = store.task(upgrade).await.unwrap().unwrap();
+    assert_eq!(
+        (
+            cancelled.state,
+            cancelled.last_error.as_deref(),
+            cancelled.updated_at
+        ),
+        (
+            TaskState::Failed,
+            Some(stead::core::fleet::CANCELLED_BY_DELETION),
+            t(5)
+        )
+    );
+    let states = |task: Option<stead::core::fleet::Task>| task.map(|t| t.state);
+    assert_eq!(
+        states(store.task(running).await.unwrap()),
+        Some(TaskState::Running)
+    );
+    assert_eq!(
+        states(store.task(others).await.unwrap()),
+        Some(TaskState::Queued)
+    );
+    assert_eq!(
+        states(store.task(expired.task).await.unwrap()),
+        Some(TaskState::Queued)
+    );
+}
+
+async fn a_refused_deletion_cancels_nothing(s: TestStore) {
+    let store = &*s.store;
+    let id = instance(store, "alpha").await;
+    let upgrade = store
+        .enqueue(&task(TaskKind::Upgrade, id, t(0)), t(0), None)
+        .await
+        .unwrap()
+        .unwrap();
+    // The compare-and-set names the wrong state: nothing happens at all.
+    let refused = store
+        .expire_instance(
+            id,
+            InstanceState::Ready,
+            &task(TaskKind::Deprovision, id, t(5)),
+            t(5),
+            None,
+        )
+        .await;
+    assert_eq!(refused, Ok(None));
+    let queued = store.task(upgrade).await.unwrap().unwrap();
+    assert_eq!((queued.state, queued.last_error), (TaskState::Queued, None));
+}
+
+/// Runs a deletion to its end the way a worker does: deprovision claimed,
+/// instance marked deleted, task done.
+async fn delete_completely(store: &dyn Store, id: i64, at: i64) {
+    let current = store.instance_by_id(id).await.unwrap().unwrap().state;
+    let expired = store
+        .expire_instance(
+            id,
+            current,
+            &task(TaskKind::Deprovision, id, t(at)),
+            t(at),
+            None,
+        )
+        .await
+        .unwrap()
+        .expect("deletion starts");
+    let claimed = store.claim("w", t(at), 1).await.unwrap();
+    assert_eq!(claimed[0].id, expired.task);
+    assert!(store
+        .set_instance_state(id, InstanceState::Deleting, InstanceState::Deleted, t(at))
+        .await
+        .unwrap());
+    assert!(store.complete(expired.task, "w", t(at)).await.unwrap());
+}
+
+async fn a_deleted_instances_name_can_be_reused(s: TestStore) {
+    let store = &*s.store;
+    let old = instance(store, "alpha").await;
+    store
+        .save_active_service(
+            &InstanceName::new("alpha"),
+            &ServiceName::new("web"),
+            &active("c1", "1"),
+        )
+        .await
+        .unwrap();
+    delete_completely(store, old, 10).await;
+    let listed = store.list_instances().await.unwrap().rows;
+    assert_eq!(
+        listed.len(),
+        1,
+        "a deleted row stays until its name is reused"
+    );
+    let new = store
+        .create_instance(&new_instance("alpha"), t(20))
+        .await
+        .unwrap_or_else(|e| panic!("{}: {e}", s.name()));
+    assert_ne!(new.id, old, "ids are never reused");
+    assert_eq!(new.state, InstanceState::Provisioning);
+    let by_name = store.instance(&InstanceName::new("alpha")).await.unwrap();
+    assert_eq!(by_name.map(|i| i.id), Some(new.id));
+    assert_eq!(store.instance_by_id(old).await.unwrap(), None);
+    let active = store
+        .load_active(&InstanceName::new("alpha"))
+        .await
+        .unwrap();
+    assert!(
+        active.services.is_empty(),
+        "nothing of the old one is inherited"
+    );
+    assert!(store.tasks(true, 100).await.unwrap().rows.is_empty());
+}
+
+async fn a_live_instances_name_is_refused_naming_its_holder(s: TestStore) {
+    let store = &*s.store;
+    let id = instance(store, "alpha").await;
+    let error = store
+        .create_instance(&new_instance("alpha"), t(1))
+        .await
+        .unwrap_err();
+    assert_eq!(
+        error.to_string(),
+        format!("conflict: instance name alpha is taken by instance {id} (provisioning)")
+    );
+}
+
+async fn a_deleted_instance_with_an_active_task_keeps_its_name(s: TestStore) {
+    let store = &*s.store;
+    let id = instance(store, "alpha").await;
+    // A reprovision a worker still runs when the deletion completes.
+    store
+        .enqueue(&task(TaskKind::Reprovision, id, t(0)), t(0), None)
+        .await
+        .unwrap()
+        .unwrap();
+    store.claim("straggler", t(0), 1).await.unwrap();
+    delete_completely(store, id, 10).await;
+    let refused = store.create_instance(&new_instance("alpha"), t(20)).await;
+    assert!(
+        matches!(&refused, Err(StoreError::Conflict(m)) if m.contains("queued or running task")),
+        "{}: {refused:?}",
+        s.name()
+    );
+    assert!(store.instance_by_id(id).await.unwrap().is_some());
+}
+
+async fn tasks_are_listed_newest_first_and_finished_ones_on_request(s: TestStore) {
+    let store = &*s.store;
+    let id = instance(store, "alpha").await;
+    let done = store
+        .enqueue(&task(TaskKind::Provision, id, t(0)), t(0), None)
+        .await
+        .unwrap()
+        .unwrap();
+    store.claim("w", t(0), 1).await.unwrap();
+    store.complete(done, "w", t(1)).await.unwrap();
+    let upgrade = store
+        .enqueue(&task(TaskKind::Upgrade, id, t(0)), t(2), None)
+        .await
+        .unwrap()
+        .unwrap();
+    let reprovision = store
+        .enqueue(&task(TaskKind::Reprovision, id, t(0)), t(3), None)
+        .await
+        .unwrap()
+        .unwrap();
+    let ids = |rows: Vec<stead::core::fleet::Task>| rows.iter().map(|t| t.id).collect::<Vec<_>>();
+    let active = store.tasks(false, 100).await.unwrap();
+    assert!(active.bad.is_empty());
+    assert_eq!(ids(active.rows), vec![reprovision, upgrade]);
+    let all = store.tasks(true, 100).await.unwrap();
+    assert_eq!(ids(all.rows), vec![reprovision, upgrade, done]);
+    let limited = store.tasks(true, 2).await.unwrap();
+    assert_eq!(ids(limited.rows), vec![reprovision, upgrade]);
+}
+
+async fn rollout_records_keep_their_reason_and_time(s: TestStore) {
+    let store = &*s.store;
+    store
+        .set_rollout(
+            "wiki",
+            RolloutState::Halted,
+            "upgrade of a failed",
+            t(1),
+            None,
+        )
+        .await
+        .unwrap();
+    store
+        .set_rollout("chat", RolloutState::Active, "operator: resume", t(2), None)
+        .await
+        .unwrap();
+    let records = store.rollout_records().await.unwrap();
+    let seen: Vec<_> = records
+        .iter()
+        .map(|r| {
+            (
+                r.service_type.as_str(),
+                r.state,
+                r.reason.as_str(),
+                r.updated_at,
+            )
+        })
+        .collect();
+    assert_eq!(
+        seen,
+        vec![
+            ("chat", RolloutState::Active, "operator: resume", t(2)),
+            ("wiki", RolloutState::Halted, "upgrade of a failed", t(1)),
+        ]
+    );
+}
+
+async fn the_reconciler_lease_holder_is_readable_without_taking_it(s: TestStore) {
+    let store = &*s.store;
+    assert_eq!(store.reconciler_lease().await.unwrap(), None);
+    let ttl = Duration::from_secs(30);
+    let a = store
+        .acquire_reconciler_lease("a", ttl)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(store.reconciler_lease().await.unwrap(), Some(a.clone()));
+    // Reading it changes nothing: the holder renews with its epoch.
+    let renewed = store
+        .acquire_reconciler_lease("a", ttl)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(renewed.epoch, a.epoch);
+    store.release_reconciler_lease(&renewed).await.unwrap();
+    assert_eq!(store.reconciler_lease().await.unwrap(), None);
 }
 
 // --- gauges and rollouts ---------------------------------------------------

@@ -293,7 +293,9 @@ pub fn check_in_flight_limit(world: &World) {
         "{after} upgrades in flight, limit {limit}"
     );
     if in_flight >= limit {
-        assert_eq!(after, in_flight, "an upgrade was added at the limit");
+        // A TTL expiry in the same plan may cancel a queued upgrade (T4), so
+        // the count may drop; it never grows.
+        assert!(after <= in_flight, "an upgrade was added at the limit");
     }
     for decision in &plan.decisions {
         if let Decision::Enqueue(t) = decision {

@@ -300,6 +300,23 @@ pub struct Task {
     pub updated_at: Timestamp,
 }
 
+impl Task {
+    /// T4: deleting an instance (by an operator or its TTL) cancels its
+    /// queued tasks in the same transaction as the state change, so nothing
+    /// queued for it runs after the deletion was decided. The deprovision
+    /// itself is kept, and a running task is its worker's to finish (its
+    /// handler re-reads the instance under the instance lock).
+    pub fn cancelled_by_deletion(&self) -> bool {
+        self.state == TaskState::Queued && self.kind != TaskKind::Deprovision
+    }
+}
+
+/// What a cancelled task records as its `last_error`. There is no
+/// `cancelled` state: a cancelled task is `failed` with this error, which
+/// needs no schema change and frees its (instance, kind) slot like any
+/// finished task.
+pub const CANCELLED_BY_DELETION: &str = "cancelled: the instance is being deleted";
+
 /// A task to be inserted; the store assigns id, state and timestamps.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct NewTask {

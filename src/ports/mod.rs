@@ -270,6 +270,26 @@ pub struct NewInstance {
     pub maintenance_window: Option<String>,
 }
 
+/// What [`Store::expire_instance`] did.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Expired {
+    /// The deprovision task it inserted.
+    pub task: TaskId,
+    /// The queued tasks it cancelled, in id order.
+    pub cancelled: Vec<TaskId>,
+}
+
+/// A service type's rollout switch as the store records it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RolloutRecord {
+    pub service_type: String,
+    pub state: RolloutState,
+    /// Who or what set it, and why (an operator's `--reason`, or the failed
+    /// upgrade that halted it).
+    pub reason: String,
+    pub updated_at: Timestamp,
+}
+
 /// Rows that failed to parse are reported beside the rows that did, so one
 /// tenant's bad data never hides the others.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -282,6 +302,12 @@ pub struct Rows<T> {
 #[async_trait]
 pub trait Store: Send + Sync {
     // --- instances -------------------------------------------------------
+    /// Inserts an instance in `provisioning`. A name is taken while an
+    /// instance that is not `deleted` holds it ([`StoreError::Conflict`]);
+    /// the row of a deleted instance is kept (its history, `instance list
+    /// --all`) until its name is reused, when it is removed with its
+    /// finished tasks in the same transaction as the insert. A deleted
+    /// instance that still has a queued or running task keeps its name.
     async fn create_instance(
         &self,
         new: &NewInstance,
@@ -425,9 +451,13 @@ pub trait Store: Send + Sync {
     /// Queued and running tasks (what the planners need).
     async fn active_tasks(&self) -> Result<Rows<Task>, StoreError>;
     async fn task(&self, id: TaskId) -> Result<Option<Task>, StoreError>;
-    /// TTL (C7): compare-and-set the state to `deleting` and insert one
-    /// deprovision task, in one transaction. `Ok(None)` if either the CAS
-    /// failed or a deprovision is already active.
+    /// Deletion, by TTL (C7) or by an operator: compare-and-set the state
+    /// to `deleting`, insert one deprovision task and cancel the instance's
+    /// other queued tasks (T4, [`Task::cancelled_by_deletion`]), in one
+    /// transaction. `Ok(None)` if either the CAS failed or a deprovision is
+    /// already active; then nothing changed.
+    ///
+    /// [`Task::cancelled_by_deletion`]: crate::core::fleet::Task::cancelled_by_deletion
     async fn expire_instance(
         &self,
         id: InstanceId,
@@ -435,7 +465,11 @@ pub trait Store: Send + Sync {
         task: &NewTask,
         now: Timestamp,
         fence: Option<&LeaseGrant>,
-    ) -> Result<Option<TaskId>, StoreError>;
+    ) -> Result<Option<Expired>, StoreError>;
+    /// Tasks newest first, at most `limit`: the queued and running ones, and
+    /// with `include_finished` the done and failed ones too (`stead task
+    /// list`).
+    async fn tasks(&self, include_finished: bool, limit: u32) -> Result<Rows<Task>, StoreError>;
 
     // --- gauges ----------------------------------------------------------
     async fn queue_depth(&self) -> Result<u64, StoreError>;
@@ -443,6 +477,9 @@ pub trait Store: Send + Sync {
 
     // --- rollouts --------------------------------------------------------
     async fn rollouts(&self) -> Result<BTreeMap<String, RolloutState>, StoreError>;
+    /// Every rollout switch with why and when it was last set, in
+    /// service-type order (`stead status`).
+    async fn rollout_records(&self) -> Result<Vec<RolloutRecord>, StoreError>;
     async fn set_rollout(
         &self,
         service_type: &str,
@@ -492,4 +529,8 @@ pub trait Store: Send + Sync {
     /// restarted daemon's `<identity>#`: its earlier incarnation is gone).
     /// Returns how many.
     async fn clear_instance_locks_of(&self, prefix: &str) -> Result<u64, StoreError>;
+    /// Who holds the lease and until when, as recorded (the expiry may have
+    /// passed); `None` when nobody took it or it was released. For logs and
+    /// status only: it grants nothing.
+    async fn reconciler_lease(&self) -> Result<Option<LeaseGrant>, StoreError>;
 }

@@ -17,11 +17,12 @@ use std::time::Duration;
 use async_trait::async_trait;
 
 use super::{
-    fenced, lease_cutoff_us, lease_to_us, normalize_duration, normalize_execution_start,
-    normalize_timestamp, timestamp_to_us, ReconcilerLeaseRow,
+    fenced, lease_cutoff_us, lease_to_us, name_held_by_task, name_taken, normalize_duration,
+    normalize_execution_start, normalize_timestamp, timestamp_to_us, ReconcilerLeaseRow,
 };
 use crate::core::fleet::{
     Instance, InstanceId, InstanceState, NewTask, RolloutState, Task, TaskId, TaskState,
+    CANCELLED_BY_DELETION,
 };
 use crate::core::types::{
     ActiveRecord, ActiveService, Binds, ContainerId, Inhibition, InhibitionReason, InstanceName,
@@ -30,7 +31,7 @@ use crate::core::types::{
 use crate::engine::SystemClock;
 use crate::ports::memory::{Effect, Observer};
 use crate::ports::Clock;
-use crate::ports::{LeaseGrant, NewInstance, Rows, Store, StoreError};
+use crate::ports::{Expired, LeaseGrant, NewInstance, RolloutRecord, Rows, Store, StoreError};
 
 /// An in-memory [`Store`]. Cheap to create; share it behind an `Arc`.
 pub struct MemoryStore {
@@ -70,7 +71,7 @@ struct State {
     active: BTreeMap<(InstanceId, ServiceName), ActiveService>,
     inhibitions: BTreeMap<(InstanceId, ServiceName, ContainerId), Inhibition>,
     tasks: BTreeMap<TaskId, Task>,
-    rollouts: BTreeMap<String, RolloutState>,
+    rollouts: BTreeMap<String, RolloutRecord>,
     lease: Option<ReconcilerLeaseRow>,
     /// T3: instance → (holder, expiry by the store's clock).
     instance_locks: BTreeMap<InstanceId, (String, i64)>,
@@ -215,6 +216,29 @@ impl State {
             .ok_or_else(|| StoreError::NotFound(format!("instance {id}")))
     }
 
+    /// Frees the name instance `id` holds if it is deleted and has no
+    /// active task, removing it and everything of it, as the SQL stores do;
+    /// a conflict otherwise.
+    fn free_deleted_name(&mut self, id: InstanceId) -> Result<(), StoreError> {
+        let instance = &self.instances[&id];
+        if instance.state != InstanceState::Deleted {
+            return Err(name_taken(&instance.name, id, instance.state));
+        }
+        if self
+            .tasks
+            .values()
+            .any(|t| t.instance == id && t.state.is_active())
+        {
+            return Err(name_held_by_task(&instance.name, id));
+        }
+        self.tasks.retain(|_, t| t.instance != id);
+        self.active.retain(|(i, _), _| *i != id);
+        self.inhibitions.retain(|(i, _, _), _| *i != id);
+        self.instance_locks.remove(&id);
+        self.instances.remove(&id);
+        Ok(())
+    }
+
     fn check_fence(&self, fence: Option<&LeaseGrant>, now_us: i64) -> Result<(), StoreError> {
         match fence {
             Some(grant) if !self.lease_row().admits(grant, now_us) => Err(fenced(grant)),
@@ -325,11 +349,8 @@ impl Store for MemoryStore {
         now: Timestamp,
     ) -> Result<Instance, StoreError> {
         let mut state = self.call()?;
-        if state.instance_id(&new.name).is_some() {
-            return Err(StoreError::Conflict(format!(
-                "instance name {} is taken",
-                new.name
-            )));
+        if let Some(id) = state.instance_id(&new.name) {
+            state.free_deleted_name(id)?;
         }
         state.next_instance_id += 1;
         let now = normalize_timestamp(now);
@@ -738,7 +759,7 @@ impl Store for MemoryStore {
         task: &NewTask,
         now: Timestamp,
         fence: Option<&LeaseGrant>,
-    ) -> Result<Option<TaskId>, StoreError> {
+    ) -> Result<Option<Expired>, StoreError> {
         let mut state = self.call()?;
         state.check_fence(fence, self.now_us())?;
         // All or nothing, like the SQL transaction: check both preconditions
@@ -747,17 +768,47 @@ impl Store for MemoryStore {
         if !cas_holds || state.has_active_task(task) {
             return Ok(None);
         }
-        let task_id = state.insert_task(task, now)?;
+        let Some(task_id) = state.insert_task(task, now)? else {
+            return Ok(None);
+        };
+        let now = normalize_timestamp(now);
+        let mut cancelled = Vec::new();
+        for t in state.tasks.values_mut() {
+            if t.instance == id && t.cancelled_by_deletion() {
+                t.state = TaskState::Failed;
+                t.last_error = Some(CANCELLED_BY_DELETION.to_owned());
+                t.updated_at = now;
+                cancelled.push(t.id);
+            }
+        }
         let instance = state.instance_mut(id)?;
         instance.state = InstanceState::Deleting;
-        instance.updated_at = normalize_timestamp(now);
+        instance.updated_at = now;
         let name = instance.name.clone();
         drop(state);
         self.tell(|| Effect::InstanceState {
             instance: name,
             state: InstanceState::Deleting,
         });
-        Ok(task_id)
+        Ok(Some(Expired {
+            task: task_id,
+            cancelled,
+        }))
+    }
+
+    async fn tasks(&self, include_finished: bool, limit: u32) -> Result<Rows<Task>, StoreError> {
+        let state = self.call()?;
+        Ok(Rows {
+            rows: state
+                .tasks
+                .values()
+                .rev()
+                .filter(|t| include_finished || t.state.is_active())
+                .take(limit as usize)
+                .cloned()
+                .collect(),
+            bad: Vec::new(),
+        })
     }
 
     async fn queue_depth(&self) -> Result<u64, StoreError> {
@@ -780,20 +831,35 @@ impl Store for MemoryStore {
     }
 
     async fn rollouts(&self) -> Result<BTreeMap<String, RolloutState>, StoreError> {
-        Ok(self.call()?.rollouts.clone())
+        Ok(self
+            .call()?
+            .rollouts
+            .iter()
+            .map(|(service_type, r)| (service_type.clone(), r.state))
+            .collect())
+    }
+
+    async fn rollout_records(&self) -> Result<Vec<RolloutRecord>, StoreError> {
+        Ok(self.call()?.rollouts.values().cloned().collect())
     }
 
     async fn set_rollout(
         &self,
         service_type: &str,
         rollout: RolloutState,
-        _reason: &str,
-        _now: Timestamp,
+        reason: &str,
+        now: Timestamp,
         fence: Option<&LeaseGrant>,
     ) -> Result<(), StoreError> {
         let mut state = self.call()?;
         state.check_fence(fence, self.now_us())?;
-        state.rollouts.insert(service_type.to_owned(), rollout);
+        let record = RolloutRecord {
+            service_type: service_type.to_owned(),
+            state: rollout,
+            reason: reason.to_owned(),
+            updated_at: normalize_timestamp(now),
+        };
+        state.rollouts.insert(service_type.to_owned(), record);
         drop(state);
         self.tell(|| Effect::RolloutSet {
             service_type: service_type.to_owned(),
@@ -906,6 +972,10 @@ impl Store for MemoryStore {
             .instance_locks
             .retain(|_, (holder, _)| !holder.starts_with(prefix));
         Ok((before - state.instance_locks.len()) as u64)
+    }
+
+    async fn reconciler_lease(&self) -> Result<Option<LeaseGrant>, StoreError> {
+        Ok(self.call()?.lease_row().grant())
     }
 }
 

@@ -13,7 +13,8 @@
 
 use std::time::Duration;
 
-use crate::core::types::Timestamp;
+use crate::core::fleet::{InstanceId, InstanceState};
+use crate::core::types::{InstanceName, Timestamp};
 use crate::ports::{LeaseGrant, StoreError};
 
 pub mod memory;
@@ -122,6 +123,21 @@ pub fn lease_to_us(lease: Duration) -> i64 {
 /// Every backend expresses this as `locked_at_us < lease_cutoff_us(..)`.
 pub fn lease_cutoff_us(now_us: i64, lease_us: i64) -> i64 {
     now_us.saturating_sub(lease_us)
+}
+
+/// The conflict every backend reports for a name a live instance holds.
+pub fn name_taken(name: &InstanceName, id: InstanceId, state: InstanceState) -> StoreError {
+    StoreError::Conflict(format!(
+        "instance name {name} is taken by instance {id} ({state})"
+    ))
+}
+
+/// The conflict for the name of a deleted instance a task still works on.
+pub fn name_held_by_task(name: &InstanceName, id: InstanceId) -> StoreError {
+    StoreError::Conflict(format!(
+        "instance name {name} is still held by deleted instance {id}, which has a queued or \
+         running task; it is free once that task finishes"
+    ))
 }
 
 /// The reconciler lease row: one per database.

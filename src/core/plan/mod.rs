@@ -387,6 +387,7 @@ impl Snapshot<'_> {
                         next_id += 1;
                         self.instances[index].state = InstanceState::Deleting;
                         self.instances[index].updated_at = self.now;
+                        self.cancel_for_deletion(*instance);
                     }
                 }
                 Decision::RequeueExpiredLease { task, .. } => {
@@ -404,6 +405,19 @@ impl Snapshot<'_> {
                     self.rollouts
                         .insert(service_type.clone(), RolloutState::Halted);
                 }
+            }
+        }
+    }
+
+    /// T4, as the store applies it with an expiry: the instance's queued
+    /// tasks but its deprovision are cancelled.
+    fn cancel_for_deletion(&mut self, instance: InstanceId) {
+        let now = self.now;
+        for t in self.tasks.iter_mut() {
+            if t.instance == instance && t.cancelled_by_deletion() {
+                t.state = TaskState::Failed;
+                t.last_error = Some(super::fleet::CANCELLED_BY_DELETION.to_owned());
+                t.updated_at = now;
             }
         }
     }

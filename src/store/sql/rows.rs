@@ -17,7 +17,7 @@ use crate::core::types::{
     ActiveService, Binds, ContainerId, Inhibition, InhibitionReason, InstanceName, ServiceName,
     Timestamp,
 };
-use crate::ports::{LeaseGrant, Rows, StoreError};
+use crate::ports::{LeaseGrant, RolloutRecord, Rows, StoreError};
 use crate::store::{
     duration_to_ms, execution_start_from_ns, timestamp_from_us, timestamp_to_us, ReconcilerLeaseRow,
 };
@@ -277,6 +277,19 @@ pub fn decode_rollout(
     let rollout = RolloutState::parse(&state)
         .map_err(|_| bad_row("rollouts", &service_type, "state", &state))?;
     Ok((service_type, rollout))
+}
+
+pub fn decode_rollout_record(
+    (service_type, state, reason, updated_at_us): (String, String, String, i64),
+) -> Result<RolloutRecord, StoreError> {
+    let (service_type, state) = decode_rollout(service_type, state)?;
+    let updated_at = timestamp("rollouts", &service_type, "updated_at_us", updated_at_us)?;
+    Ok(RolloutRecord {
+        service_type,
+        state,
+        reason,
+        updated_at,
+    })
 }
 
 /// The lease row as read, with the database's clock at the read (`now_us`):

@@ -22,7 +22,38 @@ macro_rules! impl_sql_store {
                 new: &NewInstance,
                 now: Timestamp,
             ) -> Result<Instance, StoreError> {
-                sqlx::query_as::<_, InstanceRow>(sql::CREATE_INSTANCE)
+                let mut tx = self.write_transaction().await?;
+                let holder = sqlx::query_as::<_, InstanceRow>(sql::INSTANCE_BY_NAME)
+                    .bind(new.name.as_str())
+                    .fetch_optional(&mut *tx)
+                    .await
+                    .map_err(db_error)?
+                    .map(InstanceRow::decode)
+                    .transpose()?;
+                if let Some(holder) = holder {
+                    if holder.state != InstanceState::Deleted {
+                        return Err(name_taken(&new.name, holder.id, holder.state));
+                    }
+                    let active: i64 = sqlx::query_scalar(sql::ACTIVE_TASKS_OF_INSTANCE)
+                        .bind(holder.id)
+                        .fetch_one(&mut *tx)
+                        .await
+                        .map_err(db_error)?;
+                    if active > 0 {
+                        return Err(name_held_by_task(&new.name, holder.id));
+                    }
+                    for statement in [
+                        sql::DELETE_FINISHED_TASKS_OF_INSTANCE,
+                        sql::DELETE_DELETED_INSTANCE,
+                    ] {
+                        sqlx::query(statement)
+                            .bind(holder.id)
+                            .execute(&mut *tx)
+                            .await
+                            .map_err(db_error)?;
+                    }
+                }
+                let created = sqlx::query_as::<_, InstanceRow>(sql::CREATE_INSTANCE)
                     .bind(new.name.as_str())
                     .bind(&new.team)
                     .bind(&new.service_type)
@@ -30,10 +61,12 @@ macro_rules! impl_sql_store {
                     .bind(encode_timestamp(new.expires_at))
                     .bind(&new.maintenance_window)
                     .bind(timestamp_to_us(now))
-                    .fetch_one(&self.pool)
+                    .fetch_one(&mut *tx)
                     .await
                     .map_err(db_error)?
-                    .decode()
+                    .decode()?;
+                tx.commit().await.map_err(db_error)?;
+                Ok(created)
             }
 
             async fn instance(&self, name: &InstanceName) -> Result<Option<Instance>, StoreError> {
@@ -428,7 +461,7 @@ macro_rules! impl_sql_store {
                 task: &NewTask,
                 now: Timestamp,
                 fence: Option<&LeaseGrant>,
-            ) -> Result<Option<TaskId>, StoreError> {
+            ) -> Result<Option<Expired>, StoreError> {
                 let mut tx = self.fenced_transaction(fence).await?;
                 let changed = sqlx::query(sql::EXPIRE_INSTANCE)
                     .bind(id)
@@ -446,8 +479,35 @@ macro_rules! impl_sql_store {
                     // the call is all or nothing.
                     return Ok(None);
                 };
+                let mut cancelled: Vec<TaskId> =
+                    sqlx::query_scalar(sql::CANCEL_QUEUED_FOR_DELETION)
+                        .bind(id)
+                        .bind(timestamp_to_us(now))
+                        .bind(CANCELLED_BY_DELETION)
+                        .fetch_all(&mut *tx)
+                        .await
+                        .map_err(db_error)?;
                 tx.commit().await.map_err(db_error)?;
-                Ok(Some(task_id))
+                // `RETURNING` promises no order.
+                cancelled.sort_unstable();
+                Ok(Some(Expired {
+                    task: task_id,
+                    cancelled,
+                }))
+            }
+
+            async fn tasks(
+                &self,
+                include_finished: bool,
+                limit: u32,
+            ) -> Result<Rows<Task>, StoreError> {
+                let rows = sqlx::query_as::<_, TaskRow>(sql::LIST_TASKS)
+                    .bind(include_finished)
+                    .bind(i64::from(limit))
+                    .fetch_all(&self.pool)
+                    .await
+                    .map_err(db_error)?;
+                Ok(collect_rows(rows.into_iter().map(TaskRow::decode)))
             }
 
             async fn queue_depth(&self) -> Result<u64, StoreError> {
@@ -474,6 +534,14 @@ macro_rules! impl_sql_store {
                 rows.into_iter()
                     .map(|(service_type, state)| decode_rollout(service_type, state))
                     .collect()
+            }
+
+            async fn rollout_records(&self) -> Result<Vec<RolloutRecord>, StoreError> {
+                let rows: Vec<(String, String, String, i64)> = sqlx::query_as(sql::ROLLOUT_RECORDS)
+                    .fetch_all(&self.pool)
+                    .await
+                    .map_err(db_error)?;
+                rows.into_iter().map(decode_rollout_record).collect()
             }
 
             async fn set_rollout(
@@ -578,6 +646,15 @@ macro_rules! impl_sql_store {
                     .await
                     .map(|done| done.rows_affected())
                     .map_err(db_error)
+            }
+
+            async fn reconciler_lease(&self) -> Result<Option<LeaseGrant>, StoreError> {
+                let (row, _) = sqlx::query_as::<_, LeaseRow>($lock_lease)
+                    .fetch_one(&self.pool)
+                    .await
+                    .map_err(db_error)?
+                    .decode();
+                Ok(row.grant())
             }
         }
     };

@@ -18,23 +18,25 @@ use sqlx::sqlite::{
 use sqlx::{Sqlite, Transaction};
 
 use super::rows::{
-    claim_order, decode_rollout, encode_binds, encode_grace, encode_timestamp, inhibition_order,
-    lease_grant, ActiveRow, InhibitionRow, InstanceRow, LeaseRow, TaskRow,
+    claim_order, decode_rollout, decode_rollout_record, encode_binds, encode_grace,
+    encode_timestamp, inhibition_order, lease_grant, ActiveRow, InhibitionRow, InstanceRow,
+    LeaseRow, TaskRow,
 };
 use super::rows::{collect_rows, count_states, found_or, instance_found_or};
 use super::shared::impl_sql_store;
 use super::statements as sql;
 use super::{db_error, migrate_error};
 use crate::core::fleet::{
-    Instance, InstanceId, InstanceState, NewTask, RolloutState, Task, TaskId,
+    Instance, InstanceId, InstanceState, NewTask, RolloutState, Task, TaskId, CANCELLED_BY_DELETION,
 };
 use crate::core::types::{
     ActiveRecord, ActiveService, Binds, ContainerId, Inhibition, InstanceName, ServiceName,
     Timestamp,
 };
-use crate::ports::{LeaseGrant, NewInstance, Rows, Store, StoreError};
+use crate::ports::{Expired, LeaseGrant, NewInstance, RolloutRecord, Rows, Store, StoreError};
 use crate::store::{
-    execution_start_to_ns, fenced, lease_cutoff_us, lease_to_us, timestamp_from_us, timestamp_to_us,
+    execution_start_to_ns, fenced, lease_cutoff_us, lease_to_us, name_held_by_task, name_taken,
+    timestamp_from_us, timestamp_to_us,
 };
 
 /// The database's clock in microseconds. SQLite lives on one host, so its

@@ -15,6 +15,19 @@ pub const INSTANCE_BY_NAME: &str = "SELECT id, name, team, service_type, version
      expires_at_us, maintenance_window, created_at_us, updated_at_us \
      FROM instances WHERE name = $1";
 
+/// The instance's tasks that have not finished; a deleted instance with any
+/// keeps its name.
+pub const ACTIVE_TASKS_OF_INSTANCE: &str =
+    "SELECT COUNT(*) FROM tasks WHERE instance_id = $1 AND state IN ('queued', 'running')";
+
+/// Frees a deleted instance's name: its finished tasks, then its row (ACTIVE
+/// and inhibitions cascade). Guarded on `deleted` so a live row is never
+/// removed.
+pub const DELETE_FINISHED_TASKS_OF_INSTANCE: &str =
+    "DELETE FROM tasks WHERE instance_id = $1 AND state IN ('done', 'failed')";
+pub const DELETE_DELETED_INSTANCE: &str =
+    "DELETE FROM instances WHERE id = $1 AND state = 'deleted'";
+
 pub const INSTANCE_BY_ID: &str = "SELECT id, name, team, service_type, version, state, stopped, \
      expires_at_us, maintenance_window, created_at_us, updated_at_us \
      FROM instances WHERE id = $1";
@@ -135,6 +148,19 @@ pub const TASK_BY_ID: &str = "SELECT id, kind, instance_id, state, run_after_us,
 
 pub const QUEUE_DEPTH: &str = "SELECT COUNT(*) FROM tasks WHERE state = 'queued'";
 
+/// T4: a deletion cancels the instance's queued tasks but its deprovision,
+/// in the transaction of [`EXPIRE_INSTANCE`] (see
+/// `Task::cancelled_by_deletion`, the same rule).
+pub const CANCEL_QUEUED_FOR_DELETION: &str = "UPDATE tasks \
+     SET state = 'failed', last_error = $3, updated_at_us = $2 \
+     WHERE instance_id = $1 AND state = 'queued' AND kind <> 'deprovision' \
+     RETURNING id";
+
+/// `stead task list`: newest first; finished tasks only when `$1`.
+pub const LIST_TASKS: &str = "SELECT id, kind, instance_id, state, run_after_us, locked_by, \
+     locked_at_us, attempts, reason, last_error, traceparent, created_at_us, updated_at_us \
+     FROM tasks WHERE $1 OR state IN ('queued', 'running') ORDER BY id DESC LIMIT $2";
+
 /// The state change of TTL expiry (C7); runs in one transaction with
 /// [`ENQUEUE`].
 pub const EXPIRE_INSTANCE: &str = "UPDATE instances SET state = 'deleting', updated_at_us = $3 \
@@ -143,6 +169,9 @@ pub const EXPIRE_INSTANCE: &str = "UPDATE instances SET state = 'deleting', upda
 // --- rollouts -------------------------------------------------------------
 
 pub const ROLLOUTS: &str = "SELECT service_type, state FROM rollouts ORDER BY service_type";
+
+pub const ROLLOUT_RECORDS: &str =
+    "SELECT service_type, state, reason, updated_at_us FROM rollouts ORDER BY service_type";
 
 pub const SET_ROLLOUT: &str = "INSERT INTO rollouts (service_type, state, reason, updated_at_us) \
      VALUES ($1, $2, $3, $4) \

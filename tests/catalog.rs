@@ -85,39 +85,39 @@ fn check(from: &str, to: &str, expect: &str) {
 }
 
 #[test]
-fn catalog_errors_name_the_file_the_field_and_the_value() {
+fn catalog_errors_name_the_file_the_line_the_field_and_the_value() {
     check(
         "ports = [8080, 9090]",
         "ports = [8080, 70000]",
-        "catalog.toml: types.wiki.services[0].ports[1] = 70000: must be a port between 1 and 65535",
+        "catalog.toml: line 8: types.wiki.services[0].ports[1] = 70000: must be a port between 1 and 65535",
     );
     check(
         "ports = [8080, 9090]",
         "ports = [8080, 8080]",
-        "catalog.toml: types.wiki.services[0].ports[1] = 8080: duplicate port",
+        "catalog.toml: line 8: types.wiki.services[0].ports[1] = 8080: duplicate port",
     );
-    check("port = 8080", "port = 8081", "catalog.toml: types.wiki.services[0].readiness.port = 8081: the probe must dial one of the service's ports");
-    check("kind = \"http\"", "kind = \"grpc\"", "catalog.toml: types.wiki.services[0].readiness.kind = \"grpc\": must be \"http\", \"tcp\" or \"none\"");
-    check("timeout_ms = 500", "timeout_ms = -1", "catalog.toml: types.db.services[0].readiness.timeout_ms = -1: must be between 1 and 3600000 milliseconds");
+    check("port = 8080", "port = 8081", "catalog.toml: line 12: types.wiki.services[0].readiness.port = 8081: the probe must dial one of the service's ports");
+    check("kind = \"http\"", "kind = \"grpc\"", "catalog.toml: line 11: types.wiki.services[0].readiness.kind = \"grpc\": must be \"http\", \"tcp\" or \"none\"");
+    check("timeout_ms = 500", "timeout_ms = -1", "catalog.toml: line 31: types.db.services[0].readiness.timeout_ms = -1: must be between 1 and 3600000 milliseconds");
     check(
         "stop_grace_ms = 60000",
         "stop_grace_ms = 99999999",
-        "catalog.toml: types.db.services[0].stop_grace_ms = 99999999",
+        "catalog.toml: line 23: types.db.services[0].stop_grace_ms = 99999999",
     );
     check(
         "rollout = \"halted\"",
         "rollout = \"paused\"",
-        "catalog.toml: types.db.rollout = \"paused\": must be \"active\" or \"halted\"",
+        "catalog.toml: line 17: types.db.rollout = \"paused\": must be \"active\" or \"halted\"",
     );
     check(
         "version = \"1.4.2\"",
         "version = \"\"",
-        "catalog.toml: types.wiki.version = \"\": must be 1 to 64 bytes",
+        "catalog.toml: line 3: types.wiki.version = \"\": must be 1 to 64 bytes",
     );
     check(
         "name = \"web\"",
         "name = \"Web Server\"",
-        "catalog.toml: types.wiki.services[0].name = \"Web Server\"",
+        "catalog.toml: line 6: types.wiki.services[0].name = \"Web Server\"",
     );
     check(
         "name = \"web\"",
@@ -127,32 +127,32 @@ fn catalog_errors_name_the_file_the_field_and_the_value() {
     check(
         "types.wiki",
         "types.Wiki",
-        "catalog.toml: types.Wiki = \"Wiki\"",
+        "catalog.toml: line 2: types.Wiki = \"Wiki\"",
     );
     check(
         "image = \"postgres:16.1\"",
         "image = \"postgres 16\"",
-        "catalog.toml: types.db.services[0].image = \"postgres 16\"",
+        "catalog.toml: line 21: types.db.services[0].image = \"postgres 16\"",
     );
     check(
         "command = [\"pg_isready\"]",
         "command = []",
-        "catalog.toml: types.db.services[0].healthcheck.command = []: must name a program to run",
+        "catalog.toml: line 26: types.db.services[0].healthcheck.command = []: must name a program to run",
     );
     check(
         "kind = \"tcp\"",
         "kind = \"tcp\"\npath = \"/x\"",
-        "catalog.toml: types.db.services[0].readiness.path = \"/x\": a tcp probe has no path",
+        "catalog.toml: line 30: types.db.services[0].readiness.path = \"/x\": a tcp probe has no path",
     );
     check(
         "image = \"registry.example/wiki:1.4.2\"",
         "imgae = \"registry.example/wiki:1.4.2\"",
-        "catalog.toml: line 7, column 1: unknown field `imgae`",
+        "catalog.toml: line 7, column 1: types.wiki.services[0].imgae: unknown field `imgae`",
     );
     check(
         "ports = [8080, 9090]",
         "ports = \"8080\"",
-        "catalog.toml: line 8, column 9: invalid type",
+        "catalog.toml: line 8, column 9: types.wiki.services[0].ports: invalid type",
     );
     check("version = \"16.1\"", "", "catalog.toml: ");
 }
@@ -163,7 +163,7 @@ fn a_service_type_needs_services() {
     let error = Catalog::from_toml(text, "c.toml").unwrap_err();
     assert_eq!(
         error.to_string(),
-        "c.toml: types.empty.services = 0: a service type needs 1 to 32 services"
+        "c.toml: line 3: types.empty.services = 0: a service type needs 1 to 32 services"
     );
 }
 

@@ -716,7 +716,7 @@ fn config_errors_name_the_field_and_value() {
         ),
         (
             "namespace = \"x\"\nbogus = 1",
-            "control.toml: unknown field `bogus`",
+            "control.toml: line 2, column 1: bogus: unknown field `bogus`",
         ),
     ];
     for (toml, expect) in cases {
@@ -749,7 +749,7 @@ fn a_control_lone_carriage_return_is_explained() {
         .to_string();
     assert_eq!(
         error,
-        "control.toml: carriage return must be followed by newline, expected newline"
+        "control.toml: line 1, column 2: carriage return must be followed by newline, expected newline"
     );
 }
 

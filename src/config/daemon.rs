@@ -11,13 +11,14 @@
 //! [`RecoveryPolicy::validated`], so the daemon adds no second set of rules
 //! for them.
 
+use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use serde::Deserialize;
 
-use crate::core::plan::{ConfigError, ControlConfig};
+use crate::core::plan::{ConfigError, ControlConfig, RawControlConfig};
 use crate::core::policy::RecoveryPolicy;
 use crate::core::toml_error;
 
@@ -165,22 +166,27 @@ pub struct DaemonConfig {
     pub helm: HelmSettings,
 }
 
-/// Why the daemon configuration was rejected.
+/// Why the daemon configuration was rejected. Every error says where the
+/// bad value came from (`origin`): the file and, when known, its line
+/// (`stead.toml: line 3`), or the environment variable that overrode it
+/// (`environment variable STEAD_WORKERS`).
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 pub enum DaemonConfigError {
-    #[error("{file}: cannot read: {reason}")]
+    /// The file could not be read: missing, not a regular file, too large,
+    /// or not UTF-8.
+    #[error("{file}: {reason}")]
     Read { file: String, reason: String },
-    #[error("{file}: {message}")]
-    Syntax { file: String, message: String },
-    #[error("{file}: {field} = {value}: {reason}")]
+    /// Not TOML, an unknown key, or a value of the wrong type; `message`
+    /// names the key.
+    #[error("{origin}: {message}")]
+    Syntax { origin: String, message: String },
+    #[error("{origin}: {field} = {value}: {reason}")]
     Invalid {
-        file: String,
+        origin: String,
         field: String,
         value: String,
         reason: String,
     },
-    #[error("{0}")]
-    Control(#[from] ConfigError),
 }
 
 fn quote(value: impl std::fmt::Debug) -> String {
@@ -211,99 +217,118 @@ pub fn load(flag: Option<&Path>) -> Result<DaemonConfig, DaemonConfigError> {
     load_from(&path, required, &env)
 }
 
-/// [`load`] with the environment passed in, for tests.
+/// [`load`] with the environment passed in, for tests. A relative
+/// `catalog` is resolved against the config file's directory (or, when it
+/// came from `STEAD_CATALOG` or there is no file, the working directory),
+/// and made absolute, so every later message names the file stead reads.
 pub fn load_from(
     path: &Path,
     required: bool,
     env: &[(String, String)],
 ) -> Result<DaemonConfig, DaemonConfigError> {
     let file = path.display().to_string();
-    let contents = match std::fs::metadata(path) {
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound && !required => None,
+    let contents = match crate::config::read_bounded(path, CONFIG_LEN_MAX) {
+        Err(e) if e.is_not_found() && !required => None,
         Err(e) => {
             return Err(DaemonConfigError::Read {
                 file,
                 reason: e.to_string(),
             })
         }
-        Ok(meta) if meta.len() > CONFIG_LEN_MAX => {
-            return Err(DaemonConfigError::Read {
-                file,
-                reason: format!("larger than {CONFIG_LEN_MAX} bytes"),
-            })
-        }
-        Ok(_) => Some(
-            std::fs::read_to_string(path).map_err(|e| DaemonConfigError::Read {
-                file: file.clone(),
-                reason: e.to_string(),
-            })?,
-        ),
+        Ok(text) => Some(text),
     };
     let mut config = parse(contents.as_deref().unwrap_or(""), &file, env)?;
+    let catalog_from_env = env.iter().any(|(k, _)| *k == env_name("catalog"));
+    let base = match (&contents, catalog_from_env) {
+        (Some(_), false) => path.parent().map(Path::to_owned).unwrap_or_default(),
+        _ => PathBuf::new(),
+    };
+    config.catalog = std::path::absolute(base.join(&config.catalog)).map_err(|e| {
+        DaemonConfigError::Invalid {
+            origin: file.clone(),
+            field: "catalog".into(),
+            value: quote(&config.catalog),
+            reason: format!("cannot be made absolute: {e}"),
+        }
+    })?;
     config.source = contents.map(|_| path.to_owned());
     Ok(config)
 }
 
 /// Parses `contents` (a TOML document), applies `env` overrides and
 /// validates. `file` labels errors only.
+///
+/// Types and unknown keys are checked against the text first, so an error
+/// points at its line and names its key; then each environment override is
+/// checked alone, so an error names its variable.
 pub fn parse(
     contents: &str,
     file: &str,
     env: &[(String, String)],
 ) -> Result<DaemonConfig, DaemonConfigError> {
-    let mut doc: toml::Table = toml::from_str(contents).map_err(|e| DaemonConfigError::Syntax {
-        file: file.to_owned(),
-        message: toml_error::message(&e, contents),
-    })?;
-    apply_env(&mut doc, env);
-    let control_doc = doc
-        .get("control")
-        .cloned()
-        .unwrap_or_else(|| toml::Value::Table(Default::default()));
+    let in_file = |e: toml::de::Error| DaemonConfigError::Syntax {
+        origin: file.to_owned(),
+        message: toml_error::describe(&e, contents),
+    };
+    let mut doc: toml::Table = toml::from_str(contents).map_err(in_file)?;
+    toml::from_str::<RawConfig>(contents).map_err(in_file)?;
+    let overridden = apply_env(&mut doc, env)?;
     let raw: RawConfig = toml::Value::Table(doc)
         .try_into()
         .map_err(|e: toml::de::Error| DaemonConfigError::Syntax {
-            file: file.to_owned(),
-            // A typed read of the parsed table: toml names the key, and
-            // there is no text to point into.
+            // Each part was checked above; a failure of the whole would be
+            // a bug, reported rather than hidden.
+            origin: file.to_owned(),
             message: toml_error::message(&e, ""),
         })?;
-    let control_text = toml::to_string(&control_doc).map_err(|e| DaemonConfigError::Syntax {
-        file: file.to_owned(),
-        message: format!("[control]: {e}"),
-    })?;
-    let control = ControlConfig::from_toml(&control_text, &format!("{file} [control]"))?;
-    let config = Validator { file }.config(raw, control)?;
+    let validator = Validator {
+        file,
+        contents,
+        overridden,
+    };
+    let namespace_set = raw.control.as_ref().is_some_and(|c| c.namespace.is_some());
+    let config = validator.config(raw)?;
     // The drift check compares releases in the provisioner's own namespace,
     // so a different `control.namespace` would be silently ignored: refuse it.
-    if control_doc.get("namespace").is_some() {
+    if namespace_set {
         let (effective, source) = match config.provisioner {
             ProvisionerKind::Docker => (DOCKER_RELEASE_NAMESPACE, "provisioner = \"docker\""),
             ProvisionerKind::Helm => (config.helm.namespace.as_str(), "helm.namespace"),
         };
         if config.control.namespace != effective {
-            return Err(DaemonConfigError::Invalid {
-                file: file.to_owned(),
-                field: "control.namespace".into(),
-                value: quote(&config.control.namespace),
-                reason: format!(
+            return Err(validator.invalid(
+                "control.namespace",
+                &config.control.namespace,
+                format!(
                     "releases are looked for in {effective:?} (from {source}); remove \
                      control.namespace or set it to that"
                 ),
-            });
+            ));
         }
     }
     Ok(config)
+}
+
+/// `sqlite::memory:`, `sqlite://:memory:`, `sqlite:foo?mode=memory` and
+/// the like: a database that lives and dies with one connection.
+fn is_in_memory_sqlite(url: &str) -> bool {
+    url.starts_with("sqlite:") && (url.contains(":memory:") || url.contains("mode=memory"))
 }
 
 /// The namespace the Docker provisioner reports its releases in (Docker has
 /// none of its own).
 pub const DOCKER_RELEASE_NAMESPACE: &str = "docker";
 
-/// Sets each known key found in the environment. A value that reads as a
-/// TOML value (a number, a boolean, an array) is taken as one, anything else
-/// as a string, so `STEAD_CADDY__ADMIN=127.0.0.1:2019` needs no quotes.
-fn apply_env(doc: &mut toml::Table, env: &[(String, String)]) {
+/// Sets each known key found in the environment, and returns which keys
+/// were set, by variable name. A value that reads as a TOML value (a
+/// number, a boolean, an array) is taken as one, anything else as a string,
+/// so `STEAD_CADDY__ADMIN=127.0.0.1:2019` needs no quotes. A value of the
+/// wrong type is an error naming the variable.
+fn apply_env(
+    doc: &mut toml::Table,
+    env: &[(String, String)],
+) -> Result<BTreeMap<&'static str, String>, DaemonConfigError> {
+    let mut overridden = BTreeMap::new();
     for key in KEYS {
         let name = env_name(key);
         let Some((_, raw)) = env.iter().find(|(k, _)| *k == name) else {
@@ -313,20 +338,35 @@ fn apply_env(doc: &mut toml::Table, env: &[(String, String)]) {
             .ok()
             .and_then(|mut t| t.remove("v"))
             .unwrap_or_else(|| toml::Value::String(raw.clone()));
-        let mut table = &mut *doc;
-        let mut parts: Vec<&str> = key.split('.').collect();
-        let leaf = parts.pop().expect("keys are non-empty");
-        for part in parts {
-            let entry = table
-                .entry(part.to_owned())
-                .or_insert_with(|| toml::Value::Table(Default::default()));
-            if !entry.is_table() {
-                *entry = toml::Value::Table(Default::default());
-            }
-            table = entry.as_table_mut().expect("made a table above");
+        let mut alone = toml::Table::new();
+        set_key(&mut alone, key, value.clone());
+        if let Err(e) = toml::Value::Table(alone).try_into::<RawConfig>() {
+            return Err(DaemonConfigError::Syntax {
+                origin: format!("environment variable {name}"),
+                message: format!("{key}: {}", e.message()),
+            });
         }
-        table.insert(leaf.to_owned(), value);
+        set_key(doc, key, value);
+        overridden.insert(*key, name);
     }
+    Ok(overridden)
+}
+
+/// Sets dotted `key` in `doc`, making (or replacing) tables on the way.
+fn set_key(doc: &mut toml::Table, key: &str, value: toml::Value) {
+    let mut table = doc;
+    let mut parts: Vec<&str> = key.split('.').collect();
+    let leaf = parts.pop().expect("keys are non-empty");
+    for part in parts {
+        let entry = table
+            .entry(part.to_owned())
+            .or_insert_with(|| toml::Value::Table(Default::default()));
+        if !entry.is_table() {
+            *entry = toml::Value::Table(Default::default());
+        }
+        table = entry.as_table_mut().expect("made a table above");
+    }
+    table.insert(leaf.to_owned(), value);
 }
 
 // --- the file format ---------------------------------------------------------
@@ -346,9 +386,7 @@ struct RawConfig {
     worker_idle_poll_ms: Option<i64>,
     shutdown_grace_s: Option<i64>,
     docker_events: Option<bool>,
-    // Parsed and validated by `ControlConfig::from_toml`.
-    #[allow(dead_code)]
-    control: Option<toml::Table>,
+    control: Option<RawControlConfig>,
     #[serde(default)]
     recovery: RawRecovery,
     #[serde(default)]
@@ -399,6 +437,9 @@ struct RawHelm {
 
 struct Validator<'a> {
     file: &'a str,
+    contents: &'a str,
+    /// Keys set from the environment, with the variable that set each.
+    overridden: BTreeMap<&'static str, String>,
 }
 
 impl Validator<'_> {
@@ -408,12 +449,46 @@ impl Validator<'_> {
         value: impl std::fmt::Debug,
         reason: impl Into<String>,
     ) -> DaemonConfigError {
+        self.invalid_quoted(field, quote(value), reason.into())
+    }
+
+    fn invalid_quoted(&self, field: &str, value: String, reason: String) -> DaemonConfigError {
         DaemonConfigError::Invalid {
-            file: self.file.to_owned(),
+            origin: self.origin(field),
             field: field.to_owned(),
-            value: quote(value),
-            reason: reason.into(),
+            value,
+            reason,
         }
+    }
+
+    /// Where `field` (`recovery.delays_s[1]`) was set: by its environment
+    /// variable, on a line of the file, or nowhere (a default; then the
+    /// file, whose other values made the default wrong).
+    fn origin(&self, field: &str) -> String {
+        let key = field.split('[').next().unwrap_or(field);
+        if let Some(name) = self.overridden.get(key) {
+            return format!("environment variable {name}");
+        }
+        match toml_error::line_of(self.contents, field) {
+            Some(line) => format!("{}: line {line}", self.file),
+            None => self.file.to_owned(),
+        }
+    }
+
+    /// The `[control]` table, validated by [`ControlConfig::from_raw`]
+    /// (one set of rules), its errors named as the file names the keys.
+    fn control(&self, raw: Option<RawControlConfig>) -> Result<ControlConfig, DaemonConfigError> {
+        ControlConfig::from_raw(raw.unwrap_or_default()).map_err(|e| match e {
+            ConfigError::Invalid {
+                field,
+                value,
+                reason,
+            } => self.invalid_quoted(&format!("control.{field}"), value, reason),
+            other => DaemonConfigError::Syntax {
+                origin: self.file.to_owned(),
+                message: format!("[control]: {other}"),
+            },
+        })
     }
 
     fn int(
@@ -462,11 +537,8 @@ impl Validator<'_> {
             .map_err(|_| self.invalid(field, value, "must be an IP:port such as 127.0.0.1:9464"))
     }
 
-    fn config(
-        &self,
-        raw: RawConfig,
-        control: ControlConfig,
-    ) -> Result<DaemonConfig, DaemonConfigError> {
+    fn config(&self, raw: RawConfig) -> Result<DaemonConfig, DaemonConfigError> {
+        let control = self.control(raw.control)?;
         let state_dir = PathBuf::from(self.text("state_dir", raw.state_dir, DEFAULT_STATE_DIR)?);
         if !state_dir.is_absolute() {
             return Err(self.invalid("state_dir", &state_dir, "must be an absolute path"));
@@ -474,6 +546,16 @@ impl Validator<'_> {
         let database_url = match raw.database_url {
             None => format!("sqlite://{}?mode=rwc", state_dir.join("stead.db").display()),
             Some(url) => {
+                if is_in_memory_sqlite(&url) {
+                    // Named, not echoed: the URL is never quoted back.
+                    return Err(self.invalid(
+                        "database_url",
+                        "sqlite (in memory)",
+                        "an in-memory SQLite database is lost when stead exits, and each \
+                         pooled connection would see its own: name a file, e.g. \
+                         sqlite:///var/lib/stead/stead.db?mode=rwc",
+                    ));
+                }
                 if crate::store::Backend::of_url(&url).is_err() {
                     // Never echo a URL back: it may carry a password.
                     let scheme: String = url
@@ -766,7 +848,106 @@ mod tests {
         let error = parse("\r", "stead.toml", &[]).unwrap_err().to_string();
         assert_eq!(
             error,
-            "stead.toml: carriage return must be followed by newline, expected newline"
+            "stead.toml: line 1, column 2: carriage return must be followed by newline, expected newline"
+        );
+    }
+
+    #[test]
+    fn a_value_of_the_wrong_type_names_its_key_and_line() {
+        check_err(
+            "state_dir = \"/x\"\nworkers = \"x\"\n",
+            &[],
+            "stead.toml: line 2, column 11: workers: invalid type: string \"x\", expected i64",
+        );
+        check_err(
+            "[recovery]\ndelays_s = [60, \"2m\"]\n",
+            &[],
+            "stead.toml: line 2, column 17: recovery.delays_s[1]: invalid type: string",
+        );
+        check_err(
+            "[control]\ntick_interval_s = true\n",
+            &[],
+            "stead.toml: line 2, column 19: control.tick_interval_s: invalid type: boolean",
+        );
+        check_err(
+            "[caddy]\nadmn = \"x\"\n",
+            &[],
+            "stead.toml: line 2, column 1: caddy.admn: unknown field `admn`",
+        );
+    }
+
+    #[test]
+    fn an_invalid_value_names_the_line_it_is_on() {
+        check_err(
+            "# a comment\n\nworkers = 1000\n",
+            &[],
+            "stead.toml: line 3: workers = 1000: must be between 0 and 64",
+        );
+        check_err(
+            "[control]\nlease_s = 10\nprovisioner_timeout_s = 20\n",
+            &[],
+            "stead.toml: line 2: control.lease_s = 10s: must exceed provisioner_timeout_s",
+        );
+    }
+
+    #[test]
+    fn an_environment_override_names_its_variable_not_the_file() {
+        check_err(
+            "workers = 2\n",
+            &[("STEAD_WORKERS", "abc")],
+            "environment variable STEAD_WORKERS: workers: invalid type: string \"abc\", expected i64",
+        );
+        check_err(
+            "workers = 2\n",
+            &[("STEAD_WORKERS", "1000")],
+            "environment variable STEAD_WORKERS: workers = 1000: must be between 0 and 64",
+        );
+        check_err(
+            "",
+            &[("STEAD_RECOVERY__DELAYS_S", "[60, 0]")],
+            "environment variable STEAD_RECOVERY__DELAYS_S: recovery.delays_s[1] = 0",
+        );
+    }
+
+    #[test]
+    fn an_in_memory_sqlite_database_is_refused() {
+        for url in [
+            "sqlite::memory:",
+            "sqlite://:memory:",
+            "sqlite:x.db?mode=memory",
+        ] {
+            check_err(
+                &format!("database_url = \"{url}\"\n"),
+                &[],
+                "stead.toml: line 1: database_url = \"sqlite (in memory)\": an in-memory SQLite",
+            );
+        }
+    }
+
+    #[test]
+    fn a_relative_catalog_is_resolved_against_the_config_files_directory() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("stead.toml");
+        std::fs::write(&path, "catalog = \"types/catalog.toml\"\n").unwrap();
+        let config = load_from(&path, true, &[]).unwrap();
+        assert_eq!(config.catalog, dir.path().join("types/catalog.toml"));
+        // From the environment it is relative to the working directory,
+        // like any path on a command line.
+        let env = vec![(env_name("catalog"), "here.toml".to_owned())];
+        let config = load_from(&path, true, &env).unwrap();
+        assert_eq!(
+            config.catalog,
+            std::env::current_dir().unwrap().join("here.toml")
+        );
+    }
+
+    #[test]
+    fn a_device_as_config_file_is_refused_without_reading_it() {
+        let e = load_from(Path::new("/dev/zero"), true, &[]).unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "/dev/zero: is a character device, not a regular file; stead reads its \
+             configuration from regular files only"
         );
     }
 
@@ -804,8 +985,8 @@ mod tests {
         let e = parse("[control]\nnamespace = \"prod\"\n", "stead.toml", &[]).unwrap_err();
         assert_eq!(
             e.to_string(),
-            "stead.toml: control.namespace = \"prod\": releases are looked for in \"docker\" \
-             (from provisioner = \"docker\"); remove control.namespace or set it to that"
+            "stead.toml: line 2: control.namespace = \"prod\": releases are looked for in \
+             \"docker\" (from provisioner = \"docker\"); remove control.namespace or set it to that"
         );
         let helm = "provisioner = \"helm\"\n[helm]\nchart = \"c\"\nnamespace = \"prod\"\n";
         let agreeing = format!("{helm}[control]\nnamespace = \"prod\"\n");

@@ -107,9 +107,9 @@ impl Catalog {
         }
         let raw: RawCatalog = toml::from_str(contents).map_err(|e| CatalogError::Syntax {
             file: file.to_owned(),
-            message: describe_toml_error(&e, contents),
+            message: toml_error::describe(&e, contents),
         })?;
-        let check = Checker { file };
+        let check = Checker { file, contents };
         if raw.types.len() > SERVICE_TYPES_MAX {
             return Err(check.invalid(
                 "types",
@@ -126,37 +126,138 @@ impl Catalog {
     }
 }
 
+/// How a service type differs between two catalogs (a reload).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum CatalogChange {
+    Added {
+        service_type: String,
+        version: String,
+    },
+    Removed {
+        service_type: String,
+    },
+    /// A new version: version drift plans its upgrades (C8).
+    Version {
+        service_type: String,
+        from: String,
+        to: String,
+    },
+    /// The services changed but the version did not: nothing is rolled out
+    /// (new containers get the new spec; running ones keep theirs).
+    SpecWithoutVersion {
+        service_type: String,
+        version: String,
+    },
+    /// `security` or `rollout` changed.
+    Settings {
+        service_type: String,
+    },
+}
+
+impl std::fmt::Display for CatalogChange {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Added {
+                service_type,
+                version,
+            } => write!(f, "{service_type} added at version {version}"),
+            Self::Removed { service_type } => write!(
+                f,
+                "{service_type} removed (its instances are no longer granted, R11)"
+            ),
+            Self::Version {
+                service_type,
+                from,
+                to,
+            } => write!(f, "{service_type} {from} -> {to}"),
+            Self::SpecWithoutVersion {
+                service_type,
+                version,
+            } => write!(
+                f,
+                "{service_type} services changed at the same version {version} \
+                 (not rolled out; bump the version to upgrade running instances)"
+            ),
+            Self::Settings { service_type } => {
+                write!(f, "{service_type} security or rollout setting changed")
+            }
+        }
+    }
+}
+
+impl Catalog {
+    /// What changed from `old` to `self`, in service-type order.
+    pub fn changes_from(&self, old: &Catalog) -> Vec<CatalogChange> {
+        let mut changes = Vec::new();
+        for old_entry in old.entries() {
+            if self.get(&old_entry.service_type).is_none() {
+                changes.push(CatalogChange::Removed {
+                    service_type: old_entry.service_type.clone(),
+                });
+            }
+        }
+        for entry in self.entries() {
+            let service_type = entry.service_type.clone();
+            let Some(before) = old.get(&entry.service_type) else {
+                changes.push(CatalogChange::Added {
+                    service_type,
+                    version: entry.version.clone(),
+                });
+                continue;
+            };
+            if before.version != entry.version {
+                changes.push(CatalogChange::Version {
+                    service_type,
+                    from: before.version.clone(),
+                    to: entry.version.clone(),
+                });
+            } else if before.services != entry.services {
+                changes.push(CatalogChange::SpecWithoutVersion {
+                    service_type,
+                    version: entry.version.clone(),
+                });
+            } else if (before.security, before.rollout) != (entry.security, entry.rollout) {
+                changes.push(CatalogChange::Settings { service_type });
+            }
+        }
+        changes.sort_by(|a, b| change_type(a).cmp(change_type(b)));
+        changes
+    }
+}
+
+fn change_type(change: &CatalogChange) -> &str {
+    match change {
+        CatalogChange::Added { service_type, .. }
+        | CatalogChange::Removed { service_type }
+        | CatalogChange::Version { service_type, .. }
+        | CatalogChange::SpecWithoutVersion { service_type, .. }
+        | CatalogChange::Settings { service_type } => service_type,
+    }
+}
+
 /// Why a catalog was rejected.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 pub enum CatalogError {
-    #[error("{file}: cannot read the catalog: {reason}")]
+    #[error("catalog {file}: {reason}")]
     Read { file: String, reason: String },
     #[error("{file}: the catalog is {len} bytes; at most {max} are allowed", max = CATALOG_LEN_MAX)]
     TooLarge { file: String, len: usize },
     #[error("{file}: {message}")]
     Syntax { file: String, message: String },
-    #[error("{file}: {field} = {value}: {reason}")]
+    /// `line` is where `field` is written, when it is written at all (a
+    /// missing field has no line).
+    #[error("{file}: {}{field} = {value}: {reason}", at_line(*line))]
     Invalid {
         file: String,
+        line: Option<usize>,
         field: String,
         value: String,
         reason: String,
     },
 }
 
-/// One line of the TOML error, prefixed with its position: toml's own
-/// message already names the key (`unknown field `imgae``, `invalid type`).
-/// When toml gives no message, the fallback names the character and its
-/// position itself.
-fn describe_toml_error(error: &toml::de::Error, contents: &str) -> String {
-    let message = toml_error::message(error, contents);
-    match error.span() {
-        Some(span) if !error.message().trim().is_empty() => {
-            let (line, column) = toml_error::position(contents, span.start);
-            format!("line {line}, column {column}: {message}")
-        }
-        _ => message,
-    }
+fn at_line(line: Option<usize>) -> String {
+    line.map(|l| format!("line {l}: ")).unwrap_or_default()
 }
 
 // --- the file format ---------------------------------------------------------
@@ -222,6 +323,8 @@ const ERROR_VALUE_LEN_MAX: usize = 80;
 
 struct Checker<'a> {
     file: &'a str,
+    /// The text, to say on which line a bad field is written.
+    contents: &'a str,
 }
 
 impl Checker<'_> {
@@ -235,9 +338,11 @@ impl Checker<'_> {
         if value.chars().count() > ERROR_VALUE_LEN_MAX {
             value = value.chars().take(ERROR_VALUE_LEN_MAX).collect::<String>() + "…";
         }
+        let field = field.into();
         CatalogError::Invalid {
             file: self.file.to_owned(),
-            field: field.into(),
+            line: toml_error::line_of(self.contents, &field),
+            field,
             value,
             reason: reason.into(),
         }

@@ -182,8 +182,15 @@ impl ControlConfig {
         }
         let raw: RawControlConfig = toml::from_str(contents).map_err(|e| ConfigError::Syntax {
             file: file.to_owned(),
-            message: crate::core::toml_error::message(&e, contents),
+            message: crate::core::toml_error::describe(&e, contents),
         })?;
+        ControlConfig::from_raw(raw).map_err(in_file)
+    }
+
+    /// Validates settings already read as [`RawControlConfig`] (the daemon
+    /// reads them as its `[control]` table). Errors are
+    /// [`ConfigError::Invalid`], naming the field as written.
+    pub fn from_raw(raw: RawControlConfig) -> Result<ControlConfig, ConfigError> {
         let defaults = ControlConfig::default();
         let seconds = |field: &'static str, value: Option<i64>, default: Duration| match value {
             None => Ok(default),
@@ -197,39 +204,39 @@ impl ControlConfig {
             max_in_flight: match raw.max_in_flight {
                 None => defaults.max_in_flight,
                 Some(n) => u32::try_from(n).map_err(|_| {
-                    in_file(invalid(
+                    invalid(
                         "max_in_flight",
                         n,
                         format!("must be between 1 and {MAX_IN_FLIGHT_MAX}"),
-                    ))
+                    )
                 })?,
             },
-            lease: seconds("lease_s", raw.lease_s, defaults.lease).map_err(in_file)?,
+            lease: seconds("lease_s", raw.lease_s, defaults.lease)?,
             provisioner_timeout: seconds(
                 "provisioner_timeout_s",
                 raw.provisioner_timeout_s,
                 defaults.provisioner_timeout,
-            )
-            .map_err(in_file)?,
+            )?,
             tick_interval: seconds(
                 "tick_interval_s",
                 raw.tick_interval_s,
                 defaults.tick_interval,
-            )
-            .map_err(in_file)?,
+            )?,
         };
-        config.validate().map_err(in_file)?;
+        config.validate()?;
         Ok(config)
     }
 }
 
-#[derive(Deserialize)]
+/// The control settings as written: every key optional, numbers as `i64`
+/// so a negative value reaches validation, which names it.
+#[derive(Clone, Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
-struct RawControlConfig {
-    namespace: Option<String>,
-    own_team: Option<String>,
-    max_in_flight: Option<i64>,
-    lease_s: Option<i64>,
-    provisioner_timeout_s: Option<i64>,
-    tick_interval_s: Option<i64>,
+pub struct RawControlConfig {
+    pub namespace: Option<String>,
+    pub own_team: Option<String>,
+    pub max_in_flight: Option<i64>,
+    pub lease_s: Option<i64>,
+    pub provisioner_timeout_s: Option<i64>,
+    pub tick_interval_s: Option<i64>,
 }

@@ -9,8 +9,9 @@
 //!
 //! **Idempotence.** Planning again on a snapshot that already contains the
 //! effects of a plan's decisions ([`Snapshot::apply`]) yields no decision.
-//! Reports are not decisions: an orphan release is reported every tick on
-//! purpose, so that a human notices.
+//! Reports are not decisions: an orphan release is reported by every plan
+//! while it lasts; the engine logs a report when it appears and when it is
+//! gone, not every tick.
 //!
 //! How the engine carries out a decision:
 //!
@@ -31,7 +32,7 @@ mod ttl;
 use std::collections::{BTreeMap, HashMap};
 use std::hash::{BuildHasherDefault, Hasher};
 
-pub use config::{ConfigError, ControlConfig, MAX_IN_FLIGHT_MAX};
+pub use config::{ConfigError, ControlConfig, RawControlConfig, MAX_IN_FLIGHT_MAX};
 pub use rollout::{halt_after_failed_upgrade, is_behind};
 
 use super::catalog::Catalog;
@@ -147,6 +148,40 @@ pub enum Report {
         instance: InstanceId,
         service_type: String,
     },
+}
+
+impl std::fmt::Display for Report {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::OrphanRelease { name, namespace } => write!(
+                f,
+                "release {name} in {namespace} belongs to no instance stead knows; \
+                 it is left alone (C5): remove it by hand if it is not someone else's"
+            ),
+            Self::BadWindow {
+                name,
+                window,
+                error,
+                ..
+            } => write!(
+                f,
+                "instance {name}: maintenance window {window:?} does not parse ({error}); \
+                 its upgrades are skipped until it is fixed (C8)"
+            ),
+            Self::RunningWithoutLease { task } => write!(
+                f,
+                "task {task} is running without locked_at (written by another tool); requeued"
+            ),
+            Self::UnknownServiceType {
+                instance,
+                service_type,
+            } => write!(
+                f,
+                "instance {instance} has service type {service_type:?}, which the catalog does \
+                 not list; it is never upgraded"
+            ),
+        }
+    }
 }
 
 impl Report {

@@ -33,13 +33,54 @@ pub async fn connect(url: &str) -> Result<Arc<dyn Store>, StoreError> {
     })
 }
 
-/// Applies the embedded migrations of the backend the URL names. Idempotent;
-/// safe to run while daemons are up (each migration runs in a transaction and
-/// sqlx's migrator takes a lock so concurrent runs do not collide).
-pub async fn migrate(url: &str) -> Result<(), StoreError> {
+/// What [`migrate`] did.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Migrated {
+    /// Migrations applied by this call: version and description.
+    pub applied: Vec<(i64, String)>,
+    /// Migrations the binary carries, all applied now.
+    pub known: usize,
+}
+
+/// Applies the embedded migrations of the backend the URL names, and says
+/// which it applied. Idempotent; safe to run while daemons are up (each
+/// migration runs in a transaction and sqlx's migrator takes a lock so
+/// concurrent runs do not collide).
+pub async fn migrate(url: &str) -> Result<Migrated, StoreError> {
     match Backend::of_url(url)? {
-        Backend::Sqlite => SqliteStore::connect(url).await?.migrate().await,
-        Backend::Postgres => PostgresStore::connect(url).await?.migrate().await,
+        Backend::Sqlite => {
+            let store = SqliteStore::connect(url).await?;
+            let before: Vec<i64> = sqlx::query_scalar(APPLIED_MIGRATIONS)
+                .fetch_all(store.pool())
+                .await
+                .unwrap_or_default();
+            store.migrate().await?;
+            Ok(migrated(SqliteStore::migrator(), &before))
+        }
+        Backend::Postgres => {
+            let store = PostgresStore::connect(url).await?;
+            let before: Vec<i64> = sqlx::query_scalar(APPLIED_MIGRATIONS)
+                .fetch_all(store.pool())
+                .await
+                .unwrap_or_default();
+            store.migrate().await?;
+            Ok(migrated(PostgresStore::migrator(), &before))
+        }
+    }
+}
+
+/// Versions already recorded as applied; none when the bookkeeping table
+/// does not exist yet (a new database).
+const APPLIED_MIGRATIONS: &str = "SELECT version FROM _sqlx_migrations WHERE success";
+
+fn migrated(migrator: &sqlx::migrate::Migrator, before: &[i64]) -> Migrated {
+    Migrated {
+        applied: migrator
+            .iter()
+            .filter(|m| !before.contains(&m.version))
+            .map(|m| (m.version, m.description.to_string()))
+            .collect(),
+        known: migrator.iter().count(),
     }
 }
 

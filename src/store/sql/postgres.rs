@@ -83,16 +83,31 @@ pub struct PostgresStore {
 }
 
 impl PostgresStore {
-    /// Connects to the database a `postgres://` URL names.
+    /// Connects to the database a `postgres://` URL names. One direct
+    /// connection first, bounded by [`ACQUIRE_TIMEOUT`]: a pool retries a
+    /// refused connection until its timeout and then says only "pool timed
+    /// out", while one attempt says what the server (or the OS) answered.
     pub async fn connect(url: &str) -> Result<Self, StoreError> {
+        use sqlx::{ConnectOptions, Connection};
         let options = PgConnectOptions::from_str(url)
             .map_err(|e| StoreError::Unavailable(format!("bad Postgres URL: {e}")))?;
+        let server = describe_server(&options);
+        let cannot =
+            |why: String| StoreError::Unavailable(format!("{server}: cannot connect: {why}"));
+        match tokio::time::timeout(ACQUIRE_TIMEOUT, options.connect()).await {
+            Err(_) => return Err(cannot(format!("no answer within {ACQUIRE_TIMEOUT:?}"))),
+            Ok(Err(sqlx::Error::Io(e))) => return Err(cannot(e.to_string())),
+            Ok(Err(e)) => return Err(cannot(e.to_string())),
+            Ok(Ok(probe)) => {
+                let _ = probe.close().await;
+            }
+        }
         let pool = PgPoolOptions::new()
             .max_connections(CONNECTIONS_MAX)
             .acquire_timeout(ACQUIRE_TIMEOUT)
             .connect_with(options)
             .await
-            .map_err(db_error)?;
+            .map_err(|e| cannot(e.to_string()))?;
         Ok(Self { pool })
     }
 
@@ -107,10 +122,16 @@ impl PostgresStore {
 
     /// Applies the embedded `migrations/postgres`.
     pub async fn migrate(&self) -> Result<(), StoreError> {
-        sqlx::migrate!("migrations/postgres")
+        Self::migrator()
             .run(&self.pool)
             .await
             .map_err(migrate_error)
+    }
+
+    /// The embedded `migrations/postgres`.
+    pub fn migrator() -> &'static sqlx::migrate::Migrator {
+        static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("migrations/postgres");
+        &MIGRATOR
     }
 
     async fn write_transaction(&self) -> Result<Transaction<'static, Postgres>, StoreError> {
@@ -161,6 +182,20 @@ impl PostgresStore {
         let done = query.execute(&self.pool).await.map_err(db_error)?;
         Ok(done.rows_affected() > 0)
     }
+}
+
+/// `Postgres at HOST:PORT (database D, user U)`, never the password.
+fn describe_server(options: &PgConnectOptions) -> String {
+    let host = match options.get_socket() {
+        Some(socket) => socket.display().to_string(),
+        None => options.get_host().to_owned(),
+    };
+    format!(
+        "Postgres at {host}:{} (database {}, user {})",
+        options.get_port(),
+        options.get_database().unwrap_or("(default)"),
+        options.get_username()
+    )
 }
 
 async fn insert_task<'e>(

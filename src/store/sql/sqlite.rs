@@ -9,6 +9,7 @@
 //! makes writers queue instead of failing.
 
 use std::collections::BTreeMap;
+use std::path::Path;
 use std::str::FromStr;
 use std::time::Duration;
 
@@ -91,11 +92,13 @@ impl SqliteStore {
             .synchronous(SqliteSynchronous::Normal)
             .foreign_keys(true)
             .busy_timeout(BUSY_TIMEOUT);
+        let filename = options.get_filename().to_owned();
+        let create = url.contains("mode=rwc");
         let pool = SqlitePoolOptions::new()
             .max_connections(CONNECTIONS_MAX)
             .connect_with(options)
             .await
-            .map_err(db_error)?;
+            .map_err(|e| open_error(&filename, create, e))?;
         Ok(Self { pool })
     }
 
@@ -110,10 +113,16 @@ impl SqliteStore {
 
     /// Applies the embedded `migrations/sqlite`.
     pub async fn migrate(&self) -> Result<(), StoreError> {
-        sqlx::migrate!("migrations/sqlite")
+        Self::migrator()
             .run(&self.pool)
             .await
             .map_err(migrate_error)
+    }
+
+    /// The embedded `migrations/sqlite`.
+    pub fn migrator() -> &'static sqlx::migrate::Migrator {
+        static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("migrations/sqlite");
+        &MIGRATOR
     }
 
     async fn write_transaction(&self) -> Result<Transaction<'static, Sqlite>, StoreError> {
@@ -167,6 +176,54 @@ impl SqliteStore {
         let done = query.execute(&self.pool).await.map_err(db_error)?;
         Ok(done.rows_affected() > 0)
     }
+}
+
+/// SQLite says only "unable to open database file": name the file and
+/// find out why.
+fn open_error(file: &Path, create: bool, error: sqlx::Error) -> StoreError {
+    StoreError::Unavailable(format!(
+        "SQLite database {}: cannot open: {error}{}",
+        file.display(),
+        why_not_openable(file, create)
+            .map(|why| format!(" ({why})"))
+            .unwrap_or_default()
+    ))
+}
+
+/// The likeliest reason a SQLite file cannot be opened, from what the file
+/// system says about it and its directory.
+fn why_not_openable(file: &Path, create: bool) -> Option<String> {
+    let dir = match file.parent() {
+        Some(d) if !d.as_os_str().is_empty() => d,
+        _ => Path::new("."),
+    };
+    match std::fs::metadata(dir) {
+        Err(e) => return Some(format!("its directory {}: {e}", dir.display())),
+        Ok(m) if !m.is_dir() => return Some(format!("{} is not a directory", dir.display())),
+        Ok(_) => {}
+    }
+    match std::fs::metadata(file) {
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound && !create => {
+            Some("the file does not exist; add ?mode=rwc to the URL to create it".to_owned())
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound && !writable(dir) => Some(format!(
+            "the file does not exist and its directory {} is not writable by this user",
+            dir.display()
+        )),
+        Err(e) => Some(e.to_string()),
+        Ok(m) if m.is_dir() => Some("it is a directory".to_owned()),
+        Ok(_) if !writable(file) => Some("the file is not writable by this user".to_owned()),
+        Ok(_) => None,
+    }
+}
+
+fn writable(path: &Path) -> bool {
+    use std::os::unix::ffi::OsStrExt;
+    let Ok(c_path) = std::ffi::CString::new(path.as_os_str().as_bytes()) else {
+        return false;
+    };
+    // SAFETY: a valid NUL-terminated path; access(2) only reads it.
+    unsafe { libc::access(c_path.as_ptr(), libc::W_OK) == 0 }
 }
 
 async fn insert_task<'e>(

@@ -255,6 +255,102 @@ pub struct Report {
     pub intervened: bool,
 }
 
+/// Why the machine asks for its outstanding command: what an operator reads
+/// in the log line of an intervention, and the `reason` label of failure
+/// counters. Derived from where the machine is; it decides nothing.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Why {
+    /// R5: the generation is durably inhibited.
+    Inhibited,
+    /// R6: a previous withdrawal failed and is retried.
+    RetryWithdrawal,
+    /// R7: the container is gone.
+    Gone,
+    /// R8: a fresh execution or a down container, withdrawn before anything
+    /// else is done to it.
+    FailClosed,
+    /// R9: the container is down and is started.
+    Down,
+    /// R12: unhealthy past the threshold; withdrawn, then restarted.
+    Unhealthy,
+    /// R13: verification failed; withdrawn.
+    VerificationFailed,
+    /// R4: stopped intent (or the instance is being deleted).
+    Stopped,
+    /// R13: published because the execution was started or restarted by
+    /// this pass, is new, or this daemon cannot vouch for the route.
+    NewExecution,
+    /// R13: published because the verified binds changed.
+    BindsChanged,
+    /// R17, T5: published because this daemon cannot vouch the route is up
+    /// (it just started, or withdrew it since), or the proxy lost it.
+    RouteUnvouched,
+    /// Reading and verifying: no intervention.
+    Observe,
+}
+
+impl Why {
+    pub const ALL: [Why; 12] = [
+        Why::Inhibited,
+        Why::RetryWithdrawal,
+        Why::Gone,
+        Why::FailClosed,
+        Why::Down,
+        Why::Unhealthy,
+        Why::VerificationFailed,
+        Why::Stopped,
+        Why::NewExecution,
+        Why::BindsChanged,
+        Why::RouteUnvouched,
+        Why::Observe,
+    ];
+
+    /// A metric label.
+    pub fn label(self) -> &'static str {
+        match self {
+            Why::Inhibited => "inhibited",
+            Why::RetryWithdrawal => "retry",
+            Why::Gone => "gone",
+            Why::FailClosed => "fail_closed",
+            Why::Down => "down",
+            Why::Unhealthy => "unhealthy",
+            Why::VerificationFailed => "verification_failed",
+            Why::Stopped => "stopped",
+            Why::NewExecution => "new_execution",
+            Why::BindsChanged => "binds_changed",
+            Why::RouteUnvouched => "route_unvouched",
+            Why::Observe => "observe",
+        }
+    }
+
+    /// The reason in words, with the rule that gives it.
+    pub fn describe(self) -> &'static str {
+        match self {
+            Why::Inhibited => "the generation is inhibited (R5)",
+            Why::RetryWithdrawal => "retrying a withdrawal that failed (R6)",
+            Why::Gone => "the container is gone, and is not recreated (R7)",
+            Why::FailClosed => "a new or down execution is withdrawn before anything else (R8)",
+            Why::Down => "the container was down (R9)",
+            Why::Unhealthy => "unhealthy past the threshold (R12)",
+            Why::VerificationFailed => "verification failed (R13)",
+            Why::Stopped => "stopped intent, or the instance is being deleted (R4)",
+            Why::NewExecution => "a new execution verified ready (R13)",
+            Why::BindsChanged => "its verified binds changed (R13)",
+            Why::RouteUnvouched => {
+                "its route was not known to be up: this daemon restarted, or the proxy lost it \
+                 (R17, T5)"
+            }
+            Why::Observe => "observing",
+        }
+    }
+}
+
+impl std::fmt::Display for Why {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.describe())
+    }
+}
+
 /// Where the machine is; each state but `Done` owns exactly one command.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Phase {
@@ -387,6 +483,39 @@ impl<'p> ServiceRecovery<'p> {
 
     pub fn is_done(&self) -> bool {
         self.phase == Phase::Done
+    }
+
+    /// Why the outstanding (or next) command is asked for.
+    pub fn why(&self) -> Why {
+        match self.phase {
+            Phase::WithdrawInhibited => Why::Inhibited,
+            Phase::RetryPendingWithdrawal => Why::RetryWithdrawal,
+            Phase::ReleaseGoneClaims | Phase::WithdrawGone => Why::Gone,
+            Phase::WithdrawUnverified => Why::FailClosed,
+            Phase::CheckPolicyForStart
+            | Phase::Start
+            | Phase::InspectAfterFailedStart
+            | Phase::InspectStarted => Why::Down,
+            Phase::CheckPolicyForRestart
+            | Phase::WithdrawBeforeRestart
+            | Phase::Restart
+            | Phase::InspectRestarted => Why::Unhealthy,
+            Phase::WithdrawAfterFailure => Why::VerificationFailed,
+            Phase::StoppedWithdraw | Phase::StoppedInspect | Phase::StoppedStop => Why::Stopped,
+            Phase::Publish | Phase::RecordExecution if self.needs_readiness() => Why::NewExecution,
+            Phase::Publish | Phase::RecordExecution if self.binds != self.active.binds => {
+                Why::BindsChanged
+            }
+            Phase::Publish | Phase::RecordExecution => Why::RouteUnvouched,
+            Phase::Inspect
+            | Phase::ReadHealth
+            | Phase::ReadBinds
+            | Phase::Probe
+            | Phase::Reinspect
+            | Phase::ReloadActive
+            | Phase::PersistBinds
+            | Phase::Done => Why::Observe,
+        }
     }
 
     /// The next command to perform, or `None` once finished. Calling it

@@ -2,8 +2,9 @@
 //! ports. It sequences commands, applies deadlines and locks, and aggregates
 //! errors; it makes no policy decision of its own.
 
-use std::sync::Arc;
+use std::sync::{Arc, RwLock};
 
+use crate::core::catalog::Catalog;
 use crate::core::types::Timestamp;
 use crate::ports::{Clock, Notifier, Policy, Probe, Provisioner, Runtime, Store, Traffic};
 
@@ -38,5 +39,35 @@ impl Clock for SystemClock {
     #[allow(clippy::disallowed_methods)] // The one place stead reads the wall clock.
     fn now(&self) -> Timestamp {
         Timestamp::try_from(std::time::SystemTime::now()).unwrap_or(Timestamp::UNIX_EPOCH)
+    }
+}
+
+/// The catalog the loops read, replaceable while they run (`stead reload`,
+/// SIGHUP). Each tick and each task takes the current one once and uses it
+/// throughout, so a reload never changes a catalog under a running step.
+#[derive(Clone, Debug, Default)]
+pub struct SharedCatalog(Arc<RwLock<Arc<Catalog>>>);
+
+impl SharedCatalog {
+    pub fn new(catalog: Arc<Catalog>) -> Self {
+        Self(Arc::new(RwLock::new(catalog)))
+    }
+
+    pub fn current(&self) -> Arc<Catalog> {
+        // A poisoned lock still holds a whole `Arc`: swapping it cannot be
+        // half done.
+        self.0.read().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
+    /// Installs `catalog`, returning the one it replaces.
+    pub fn replace(&self, catalog: Arc<Catalog>) -> Arc<Catalog> {
+        let mut current = self.0.write().unwrap_or_else(|e| e.into_inner());
+        std::mem::replace(&mut *current, catalog)
+    }
+}
+
+impl From<Arc<Catalog>> for SharedCatalog {
+    fn from(catalog: Arc<Catalog>) -> Self {
+        Self::new(catalog)
     }
 }

@@ -10,7 +10,9 @@ use tokio::time::Instant;
 use crate::core::fleet::{Instance, InstanceState};
 use crate::core::memory::RecoveryMemory;
 use crate::core::policy::{RecoveryPolicy, INSTANCE_LEASE_SLACK};
-use crate::core::recovery::{Command, Outcome, ProxyView, Report, ServiceInput, ServiceRecovery};
+use crate::core::recovery::{
+    Command, Outcome, ProxyView, Report, ServiceInput, ServiceRecovery, Verdict, Why,
+};
 use crate::core::retire::{
     decide_marker, inhibition_for, note_verdict, successor_confirmed, MarkerDecision,
     VerifiedThisPass,
@@ -74,7 +76,8 @@ impl PassOutcome {
 pub struct Recoverer {
     ports: Ports,
     policy: RecoveryPolicy,
-    readiness: ReadinessTable,
+    /// Replaced when the catalog is reloaded.
+    readiness: Mutex<ReadinessTable>,
     memory: Mutex<RecoveryMemory>,
     locks: Arc<InstanceLocks>,
     /// This process's recovery as an instance-lock holder (T3).
@@ -95,7 +98,7 @@ impl Recoverer {
         Self {
             ports,
             policy,
-            readiness,
+            readiness: Mutex::new(readiness),
             memory: Mutex::new(RecoveryMemory::default()),
             locks,
             lock_holder,
@@ -124,6 +127,12 @@ impl Recoverer {
                 self.policy.instance_deadline + INSTANCE_LEASE_SLACK,
             )
             .await
+    }
+
+    /// Installs the readiness probes of a reloaded catalog; the next
+    /// probe uses them.
+    pub fn set_readiness(&self, readiness: ReadinessTable) {
+        *self.readiness.lock().expect("readiness poisoned") = readiness;
     }
 
     pub fn memory(&self) -> RecoveryMemory {
@@ -423,7 +432,17 @@ impl Recoverer {
         deadline: Instant,
         mandate: &Mandate,
     ) -> Report {
+        let before = Before {
+            routed: input.memory.generation.verified_started_at.is_some(),
+            next_attempt: input
+                .memory
+                .generation
+                .budget
+                .as_ref()
+                .and_then(|b| b.next_attempt),
+        };
         let mut machine = ServiceRecovery::new(&self.policy, input);
+        let mut last_status = None;
         while let Some(command) = machine.poll_command() {
             // Checked with no await before the effect is issued: a process
             // paused past its lease stops here instead of acting (T2).
@@ -431,18 +450,26 @@ impl Recoverer {
             if command.is_outside_effect() && !self.may_act(mandate) && !careless {
                 return machine.abandon();
             }
+            let why = machine.why();
             let performed = within(
                 deadline,
                 self.perform(instance, machine.key(), &command, &mandate.fence),
             )
             .await;
             match performed {
-                Ok(outcome) => machine.handle(outcome, self.ports.clock.now()),
+                Ok(outcome) => {
+                    if let Outcome::Inspected(Ok(obs)) = &outcome {
+                        last_status = Some(obs.status);
+                    }
+                    log_step(machine.key(), &command, why, &outcome, &before, last_status);
+                    machine.handle(outcome, self.ports.clock.now())
+                }
                 Err(_) => return machine.abandon(),
             }
         }
         let report = machine.into_report();
         record_metrics(&report);
+        log_hold(&report, &before);
         report
     }
 
@@ -499,6 +526,8 @@ impl Recoverer {
             Command::ProbeReadiness { binds } => {
                 let probe = self
                     .readiness
+                    .lock()
+                    .expect("readiness poisoned")
                     .get(&(instance.service_type.clone(), key.service.clone()))
                     .cloned()
                     .unwrap_or(ReadinessProbe::None);
@@ -653,9 +682,140 @@ fn record_metrics(report: &Report) {
     if report.intervened {
         metrics::counter!("stead_recoveries_total").increment(1);
     }
-    for e in &report.errors {
-        if matches!(e, crate::core::recovery::RecoveryError::WithdrawFailed(_)) {
-            metrics::counter!("stead_withdrawal_failures_total").increment(1);
+}
+
+/// What the pass knew of a service before its recovery, for the log.
+struct Before {
+    /// This daemon believed the service routed (it verified an execution).
+    routed: bool,
+    next_attempt: Option<crate::core::types::Timestamp>,
+}
+
+/// One info line per intervention (what, which service, why) and failure
+/// counters by reason. A withdrawal that only re-asserts what stopped or
+/// inhibited intent already did is not an intervention: it is logged at
+/// debug, so a held service does not log every tick.
+fn log_step(
+    key: &GenerationKey,
+    command: &Command,
+    why: Why,
+    outcome: &Outcome,
+    before: &Before,
+    last_status: Option<crate::core::types::ContainerStatus>,
+) {
+    let (instance, service) = (key.instance.as_str(), key.service.as_str());
+    let container = short_id(key.container.as_str());
+    match (command, outcome) {
+        (Command::Withdraw, Outcome::Withdrawn(Ok(()))) => {
+            let notable = before.routed
+                || matches!(
+                    why,
+                    Why::FailClosed
+                        | Why::Unhealthy
+                        | Why::VerificationFailed
+                        | Why::RetryWithdrawal
+                );
+            if notable {
+                tracing::info!(
+                    instance,
+                    service,
+                    container,
+                    reason = why.label(),
+                    "withdrew {instance}/{service}: {why}"
+                );
+            } else {
+                tracing::debug!(
+                    instance,
+                    service,
+                    reason = why.label(),
+                    "withdrawal re-asserted: {why}"
+                );
+            }
         }
+        (Command::Withdraw, Outcome::Withdrawn(Err(_))) => {
+            metrics::counter!("stead_withdrawal_failures_total", "reason" => why.label())
+                .increment(1);
+        }
+        (Command::Start, Outcome::Started(Ok(()))) => {
+            let was = last_status.map_or_else(|| "down".to_owned(), |s| s.to_string());
+            tracing::info!(
+                instance,
+                service,
+                container,
+                reason = why.label(),
+                "started {instance}/{service}: the container was {was} (R9)"
+            );
+        }
+        (Command::Restart { .. }, Outcome::Restarted(Ok(()))) => {
+            tracing::info!(
+                instance,
+                service,
+                container,
+                reason = why.label(),
+                "restarted {instance}/{service}: {why}"
+            );
+        }
+        (Command::Stop { .. }, Outcome::Stopped(Ok(()))) => {
+            tracing::info!(
+                instance,
+                service,
+                container,
+                reason = why.label(),
+                "stopped {instance}/{service}: {why}"
+            );
+        }
+        (Command::Publish { binds, .. }, Outcome::Published(Ok(()))) => {
+            let binds: Vec<String> = binds
+                .iter()
+                .map(|(c, h)| format!("{c}->127.0.0.1:{h}"))
+                .collect();
+            tracing::info!(
+                instance,
+                service,
+                container,
+                reason = why.label(),
+                "published {instance}/{service} ({}): {why}",
+                binds.join(", ")
+            );
+        }
+        (Command::Publish { .. }, Outcome::Published(Err(_))) => {
+            metrics::counter!("stead_publication_failures_total", "reason" => why.label())
+                .increment(1);
+        }
+        _ => {}
     }
+}
+
+/// A crash-loop hold, once per new delay rather than every pass.
+fn log_hold(report: &Report, before: &Before) {
+    let Verdict::Delayed {
+        next_attempt: Some(next),
+    } = report.verdict
+    else {
+        return;
+    };
+    if before.next_attempt == Some(next) {
+        return;
+    }
+    let key = &report.key;
+    let failures = report
+        .memory
+        .generation
+        .budget
+        .as_ref()
+        .map_or(0, |b| b.failures);
+    tracing::info!(
+        instance = key.instance.as_str(),
+        service = key.service.as_str(),
+        failures,
+        next_attempt = %next,
+        "crash loop: {}/{} stays down until {next} after {failures} failures (budget, R10)",
+        key.instance,
+        key.service,
+    );
+}
+
+/// The first 12 characters of a container ID, as `docker ps` shows it.
+fn short_id(id: &str) -> &str {
+    id.get(..12).unwrap_or(id)
 }

@@ -3,6 +3,7 @@
 //! whose `traceparent` every enqueued task carries. The loop ticks first,
 //! then sleeps a fixed interval that a stop signal interrupts.
 
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::atomic::{AtomicI64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -22,7 +23,7 @@ use crate::ports::{LeaseGrant, StoreError};
 
 use super::lease::LeaseAnswer;
 use super::recovery::Recoverer;
-use super::Ports;
+use super::{Ports, SharedCatalog};
 
 /// Bound on one courtesy notification.
 const NOTIFY_TIMEOUT: Duration = Duration::from_secs(10);
@@ -87,7 +88,7 @@ impl TickOutcome {
 /// covers every effect of the reconciler, recovery included (T2).
 pub struct Reconciler {
     ports: Ports,
-    catalog: Arc<Catalog>,
+    catalog: SharedCatalog,
     config: ControlConfig,
     recoverer: Arc<Recoverer>,
     /// Whether this replica held the lease at its last tick; a change is
@@ -96,6 +97,12 @@ pub struct Reconciler {
     rng: Mutex<ChaCha8Rng>,
     /// Unix seconds of the last finished tick (0 before the first).
     last_tick_s: AtomicI64,
+    /// Cuts the pause between ticks short (a reloaded catalog).
+    wake: tokio::sync::Notify,
+    /// The holder last logged as keeping this standby waiting.
+    waiting_for: Mutex<Option<String>>,
+    /// Each check's reports at its last run, so each is logged once.
+    reported: Mutex<BTreeMap<Check, BTreeSet<String>>>,
 }
 
 impl Reconciler {
@@ -103,20 +110,29 @@ impl Reconciler {
     /// simulation from its run seed.
     pub fn new(
         ports: Ports,
-        catalog: Arc<Catalog>,
+        catalog: impl Into<SharedCatalog>,
         config: ControlConfig,
         recoverer: Arc<Recoverer>,
         seed: u64,
     ) -> Self {
         Self {
             ports,
-            catalog,
+            catalog: catalog.into(),
             config,
             recoverer,
             leader: std::sync::atomic::AtomicBool::new(false),
             rng: Mutex::new(ChaCha8Rng::seed_from_u64(seed)),
             last_tick_s: AtomicI64::new(0),
+            wake: tokio::sync::Notify::new(),
+            waiting_for: Mutex::new(None),
+            reported: Mutex::new(BTreeMap::new()),
         }
+    }
+
+    /// Starts the next tick now instead of after the pause (or right after
+    /// the running one). Level-triggered: the tick does not know why.
+    pub fn wake(&self) {
+        self.wake.notify_one();
     }
 
     pub fn recoverer(&self) -> &Recoverer {
@@ -176,7 +192,9 @@ impl Reconciler {
             }
         }
 
-        match self.snapshot(traceparent).await {
+        // One catalog for the whole tick, even if it is reloaded meanwhile.
+        let catalog = self.catalog.current();
+        match self.snapshot(&catalog, traceparent).await {
             Err(e) => {
                 for check in &Check::ALL[1..] {
                     out.failed.push((*check, format!("snapshot: {e}")));
@@ -215,28 +233,26 @@ impl Reconciler {
     }
 
     /// C2: take or renew the singleton lease; says so once when this
-    /// replica takes it, loses it, or waits for another's.
+    /// replica takes it, loses it, or waits for another's, naming the
+    /// holder and its expiry.
     async fn take_lease(&self) -> bool {
         let lease = self.recoverer.lease();
         let answer = lease.acquire(self.ports.store.as_ref()).await;
         let leader = matches!(answer, LeaseAnswer::Held(_));
         let was = self.leader.swap(leader, Ordering::Relaxed);
+        metrics::gauge!("stead_reconciler_lease_held").set(if leader { 1.0 } else { 0.0 });
         match (&answer, was) {
-            (LeaseAnswer::Held(grant), false) => tracing::info!(
-                holder = %grant.holder,
-                epoch = grant.epoch,
-                expires_at = %grant.expires_at,
-                "took the reconciler lease"
-            ),
-            (LeaseAnswer::HeldElsewhere, true) => {
-                tracing::warn!(
-                    holder = lease.holder(),
-                    "lost the reconciler lease to another replica"
-                )
+            (LeaseAnswer::Held(grant), false) => {
+                *self.waiting_for.lock().expect("waiting_for poisoned") = None;
+                tracing::info!(
+                    "reconciler lease taken by {} (epoch {}; renewed every tick, it expires at {} \
+                     unless renewed)",
+                    grant.holder,
+                    grant.epoch,
+                    grant.expires_at
+                );
             }
-            (LeaseAnswer::HeldElsewhere, false) => {
-                tracing::debug!("another replica holds the reconciler lease; standing by")
-            }
+            (LeaseAnswer::HeldElsewhere, lost) => self.log_waiting(lost).await,
             (LeaseAnswer::Unavailable(e), _) => {
                 tracing::error!(error = %e, "reconciler lease unavailable; not acting")
             }
@@ -245,12 +261,33 @@ impl Reconciler {
         leader
     }
 
+    /// Who holds the lease this replica waits for: logged when this replica
+    /// loses it, and when it first waits for a holder.
+    async fn log_waiting(&self, lost: bool) {
+        let (holder, until) = match self.ports.store.reconciler_lease().await {
+            Ok(Some(other)) => (other.holder, format!(" until {}", other.expires_at)),
+            Ok(None) => ("nobody (just released)".to_owned(), String::new()),
+            Err(e) => (format!("unknown ({e})"), String::new()),
+        };
+        let mut waiting = self.waiting_for.lock().expect("waiting_for poisoned");
+        if lost {
+            tracing::warn!(
+                "reconciler lease lost: now held by {holder}{until}; this replica stops acting \
+                 and waits"
+            );
+        } else if waiting.as_deref() != Some(holder.as_str()) {
+            tracing::info!("waiting for the reconciler lease, held by {holder}{until}");
+        }
+        *waiting = Some(holder);
+    }
+
     /// Reads what the planners need. Listing releases may fail on its own:
     /// drift then plans nothing, the other checks go on (C3).
-    async fn snapshot(
-        &self,
+    async fn snapshot<'c>(
+        &'c self,
+        catalog: &'c Catalog,
         traceparent: String,
-    ) -> Result<(Snapshot<'_>, Option<String>), StoreError> {
+    ) -> Result<(Snapshot<'c>, Option<String>), StoreError> {
         let store = &self.ports.store;
         let instances = store.list_instances().await?;
         let tasks = store.active_tasks().await?;
@@ -276,7 +313,7 @@ impl Reconciler {
                 instances: instances.rows,
                 tasks: tasks.rows,
                 releases,
-                catalog: &self.catalog,
+                catalog,
                 rollouts,
                 config: &self.config,
                 traceparent: Some(traceparent),
@@ -306,16 +343,44 @@ impl Reconciler {
                 }
             }
             let plan = planner(snapshot);
-            for report in &plan.reports {
-                match report.level() {
-                    Level::Error => tracing::error!(check = check.as_str(), ?report, "report"),
-                    Level::Warn => tracing::warn!(check = check.as_str(), ?report, "report"),
-                }
-            }
-            if let Err(e) = self.apply(check, &plan.decisions, fence, out).await {
+            self.log_reports(check, &plan.reports);
+            if let Err(e) = self
+                .apply(check, &plan.decisions, fence, out, snapshot)
+                .await
+            {
                 out.failed.push((check, e));
             }
         }
+    }
+
+    /// Logs a planner's reports once per change: each when it first
+    /// appears, at its level, and once at info when it no longer does. The
+    /// count of orphan releases stays visible as a gauge.
+    fn log_reports(&self, check: Check, reports: &[crate::core::plan::Report]) {
+        if check == Check::Drift {
+            let orphans = reports
+                .iter()
+                .filter(|r| matches!(r, crate::core::plan::Report::OrphanRelease { .. }))
+                .count();
+            metrics::gauge!("stead_orphan_releases").set(orphans as f64);
+        }
+        let now: BTreeMap<String, Level> =
+            reports.iter().map(|r| (r.to_string(), r.level())).collect();
+        let mut reported = self.reported.lock().expect("reported poisoned");
+        let before = reported.entry(check).or_default();
+        for (text, level) in &now {
+            if before.contains(text) {
+                continue;
+            }
+            match level {
+                Level::Error => tracing::error!(check = check.as_str(), "{text}"),
+                Level::Warn => tracing::warn!(check = check.as_str(), "{text}"),
+            }
+        }
+        for text in before.iter().filter(|t| !now.contains_key(*t)) {
+            tracing::info!(check = check.as_str(), "no longer the case: {text}");
+        }
+        *before = now.into_keys().collect();
     }
 
     /// Carries out decisions through the store; never decides anything.
@@ -325,17 +390,39 @@ impl Reconciler {
         decisions: &[Decision],
         fence: &LeaseGrant,
         out: &mut TickOutcome,
+        snapshot: &Snapshot<'_>,
     ) -> Result<(), String> {
         let store = &self.ports.store;
         let now = self.ports.clock.now();
         let mut errors = Vec::new();
         let mut lease_reset = false;
+        let name = |id: i64| {
+            snapshot
+                .instances
+                .iter()
+                .find(|i| i.id == id)
+                .map_or_else(|| format!("instance {id}"), |i| i.name.to_string())
+        };
         for decision in decisions {
             let result = match decision {
-                Decision::Enqueue(task) => store
-                    .enqueue(task, now, Some(fence))
-                    .await
-                    .map(|id| out.tasks_enqueued += u32::from(id.is_some())),
+                Decision::Enqueue(task) => store.enqueue(task, now, Some(fence)).await.map(|id| {
+                    if let Some(id) = id {
+                        out.tasks_enqueued += 1;
+                        let instance = name(task.instance);
+                        let when = if task.run_after > now {
+                            format!(", due {}", task.run_after)
+                        } else {
+                            String::new()
+                        };
+                        tracing::info!(
+                            instance = %instance,
+                            task = id,
+                            "queued task {id} {} of {instance}{when}: {}",
+                            task.kind,
+                            task.reason
+                        );
+                    }
+                }),
                 Decision::Expire {
                     instance,
                     from,
@@ -343,7 +430,21 @@ impl Reconciler {
                 } => store
                     .expire_instance(*instance, *from, task, now, Some(fence))
                     .await
-                    .map(|id| out.tasks_enqueued += u32::from(id.is_some())),
+                    .map(|expired| {
+                        if let Some(expired) = expired {
+                            out.tasks_enqueued += 1;
+                            let instance = name(*instance);
+                            tracing::info!(
+                                instance = %instance,
+                                task = expired.task,
+                                "deleting {instance}: deprovision queued as task {}, {} queued \
+                                 task(s) cancelled: {}",
+                                expired.task,
+                                expired.cancelled.len(),
+                                task.reason
+                            );
+                        }
+                    }),
                 Decision::RequeueExpiredLease { .. } if lease_reset => Ok(()),
                 Decision::RequeueExpiredLease { .. } => {
                     lease_reset = true;
@@ -368,17 +469,21 @@ impl Reconciler {
                 Decision::HaltRollout {
                     service_type,
                     reason,
-                } => {
-                    store
-                        .set_rollout(
-                            service_type,
-                            crate::core::fleet::RolloutState::Halted,
-                            reason,
-                            now,
-                            Some(fence),
+                } => store
+                    .set_rollout(
+                        service_type,
+                        crate::core::fleet::RolloutState::Halted,
+                        reason,
+                        now,
+                        Some(fence),
+                    )
+                    .await
+                    .map(|()| {
+                        tracing::warn!(
+                            service_type = %service_type,
+                            "rollout of {service_type} halted (C8): {reason}"
                         )
-                        .await
-                }
+                    }),
             };
             if let Err(e) = result {
                 errors.push(format!("{}: {e}", check.as_str()));
@@ -432,6 +537,7 @@ impl Reconciler {
                 // In order, not at random: the simulation must replay exactly.
                 biased;
                 _ = tokio::time::sleep(self.config.tick_interval) => {}
+                _ = self.wake.notified() => {}
                 _ = stop.changed() => {}
             }
             if *stop.borrow() {
@@ -452,7 +558,10 @@ impl Reconciler {
         {
             Ok(()) => {
                 if self.leader.swap(false, Ordering::Relaxed) {
-                    tracing::info!("released the reconciler lease");
+                    tracing::info!(
+                        "reconciler lease released by {}",
+                        self.recoverer.lease().holder()
+                    );
                 }
             }
             Err(e) => tracing::warn!(error = %e, "reconciler lease not released; it will expire"),

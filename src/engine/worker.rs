@@ -9,7 +9,7 @@ use std::time::Duration;
 use tokio::sync::watch;
 use tokio::time::Instant;
 
-use crate::core::catalog::{Catalog, CatalogEntry};
+use crate::core::catalog::CatalogEntry;
 use crate::core::fleet::{Instance, InstanceState, RetryDecision, Task, TaskKind, TaskRetryPolicy};
 use crate::core::plan::halt_after_failed_upgrade;
 use crate::core::policy::LEASE_MARGIN;
@@ -22,7 +22,7 @@ use crate::mutants::{self, Mutant};
 use crate::ports::CreateContainer;
 
 use super::locks::InstanceLocks;
-use super::Ports;
+use super::{Ports, SharedCatalog};
 
 /// Longest a handler waits for a new container to report `running`.
 const CANDIDATE_RUNNING_WAIT_MAX: Duration = Duration::from_secs(60);
@@ -55,9 +55,50 @@ pub enum TaskEnd {
     LeaseLost,
 }
 
+impl TaskEnd {
+    /// The `outcome` label of `stead_tasks_total`.
+    pub fn label(&self) -> &'static str {
+        match self {
+            TaskEnd::Done => "done",
+            TaskEnd::Retried(_) => "retried",
+            TaskEnd::Failed(_) => "failed",
+            TaskEnd::LeaseLost => "lease_lost",
+        }
+    }
+
+    pub const LABELS: [&'static str; 4] = ["done", "retried", "failed", "lease_lost"];
+}
+
+/// One line per finished task, naming it and its instance; failures at
+/// warn with the error's message.
+fn log_end(task: &Task, instance: &str, end: &TaskEnd) {
+    let what = format!("task {} {} of {instance}", task.id, task.kind);
+    match end {
+        TaskEnd::Done => tracing::info!(instance, outcome = "done", "{what} done"),
+        TaskEnd::Retried(e) => {
+            tracing::warn!(
+                instance,
+                outcome = "retried",
+                "{what} failed, will retry: {e}"
+            )
+        }
+        TaskEnd::Failed(e) => tracing::warn!(
+            instance,
+            outcome = "failed",
+            "{what} failed after {} attempts, giving up: {e}",
+            task.attempts
+        ),
+        TaskEnd::LeaseLost => tracing::warn!(
+            instance,
+            outcome = "lease_lost",
+            "{what}: lease lost mid-task; another worker owns it now"
+        ),
+    }
+}
+
 pub struct Worker {
     ports: Ports,
-    catalog: Arc<Catalog>,
+    catalog: SharedCatalog,
     config: WorkerConfig,
     locks: Arc<InstanceLocks>,
     /// Until when the lease of the task in hand is trusted (T2): a worker
@@ -79,13 +120,13 @@ fn task_lease_margin(lease: Duration) -> Duration {
 impl Worker {
     pub fn new(
         ports: Ports,
-        catalog: Arc<Catalog>,
+        catalog: impl Into<SharedCatalog>,
         config: WorkerConfig,
         locks: Arc<InstanceLocks>,
     ) -> Self {
         Self {
             ports,
-            catalog,
+            catalog: catalog.into(),
             config,
             locks,
             trusted_until: std::sync::Mutex::new(None),
@@ -158,10 +199,23 @@ impl Worker {
             traceparent = task.traceparent.as_deref().unwrap_or("")
         );
         let _entered = span.enter();
+        // The instance's name, for the line below; the handler reads the
+        // instance again under its lock.
+        let instance = match self.ports.store.instance_by_id(task.instance).await {
+            Ok(Some(i)) => i.name.to_string(),
+            _ => format!("instance {}", task.instance),
+        };
+        tracing::info!(
+            instance = %instance,
+            attempt = task.attempts,
+            "task {} {} of {instance} started (attempt {}): {}",
+            task.id, task.kind, task.attempts, task.reason
+        );
         let end = self.run_task(&task).await;
         *self.trusted_until.lock().unwrap_or_else(|e| e.into_inner()) = None;
-        tracing::info!(?end, "task finished");
-        metrics::counter!("stead_tasks_total", "kind" => task.kind.as_str()).increment(1);
+        log_end(&task, &instance, &end);
+        metrics::counter!("stead_tasks_total", "kind" => task.kind.as_str(), "outcome" => end.label())
+            .increment(1);
         Some((task, end))
     }
 
@@ -229,7 +283,7 @@ impl Worker {
         }) = halt_after_failed_upgrade(&failed, &instance, RetryDecision::Fail)
         {
             let now = self.ports.clock.now();
-            let _ = self
+            let halted = self
                 .ports
                 .store
                 .set_rollout(
@@ -240,6 +294,16 @@ impl Worker {
                     None,
                 )
                 .await;
+            match halted {
+                Ok(()) => tracing::warn!(
+                    service_type = %service_type,
+                    "rollout of {service_type} halted (C8): {reason}; resume with `stead rollout resume {service_type}`"
+                ),
+                Err(e) => tracing::error!(
+                    service_type = %service_type,
+                    "rollout of {service_type} should halt ({reason}) but the store refused: {e}"
+                ),
+            }
         }
     }
 
@@ -309,13 +373,19 @@ impl Worker {
         }
     }
 
-    fn entry(&self, instance: &Instance) -> Result<&CatalogEntry, String> {
-        self.catalog.get(&instance.service_type).ok_or_else(|| {
-            format!(
-                "service type {:?} of {} is not in the catalog",
-                instance.service_type, instance.name
-            )
-        })
+    /// The instance's catalog entry as the catalog is now (it may be
+    /// reloaded between tasks, never within one).
+    fn entry(&self, instance: &Instance) -> Result<CatalogEntry, String> {
+        self.catalog
+            .current()
+            .get(&instance.service_type)
+            .cloned()
+            .ok_or_else(|| {
+                format!(
+                    "service type {:?} of {} is not in the catalog",
+                    instance.service_type, instance.name
+                )
+            })
     }
 
     /// Install-or-upgrade on the deterministic release name, then one
@@ -394,7 +464,7 @@ impl Worker {
     /// failure removes the candidate and leaves ACTIVE alone.
     async fn upgrade(&self, instance: &Instance) -> Result<(), String> {
         let p = &self.ports;
-        let entry = self.entry(instance)?.clone();
+        let entry = self.entry(instance)?;
         if instance.stopped {
             // Stopped after the task was planned: an overlap replacement
             // would start and publish what must stay down (S3). Done for

@@ -1,64 +1,501 @@
-//! The `stead` binary's offline commands: `check` and `--help`.
+//! The `stead` binary as an operator meets it: `check`, `--help`, exit
+//! codes, what every command prints, listings and their `--json`, a closed
+//! standard output, and bad input refused with its field and value. These
+//! need no Docker or Caddy (instances are written, never provisioned).
 
-use std::process::Command;
+// Bounds on the commands' run time are wall-clock by nature.
+#![allow(clippy::disallowed_methods)]
 
-fn stead(args: &[&str], env: &[(&str, &str)]) -> (bool, String) {
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// What one run of the binary did.
+struct Run {
+    code: i32,
+    stdout: String,
+    stderr: String,
+}
+
+impl Run {
+    fn text(&self) -> String {
+        format!(
+            "exit {}\nstdout:\n{}stderr:\n{}",
+            self.code, self.stdout, self.stderr
+        )
+    }
+}
+
+fn command(args: &[&str], env: &[(&str, &str)]) -> Command {
     let mut command = Command::new(env!("CARGO_BIN_EXE_stead"));
-    command.args(args).env_remove("STEAD_CONFIG");
+    command
+        .args(args)
+        .env_remove("STEAD_CONFIG")
+        .env_remove("STEAD_LOG");
     for (k, v) in env {
         command.env(k, v);
     }
-    let out = command.output().expect("run stead");
-    let text =
-        String::from_utf8_lossy(&out.stdout).to_string() + &String::from_utf8_lossy(&out.stderr);
-    (out.status.success(), text)
+    command
+}
+
+fn stead(args: &[&str], env: &[(&str, &str)]) -> Run {
+    let out = command(args, env).output().expect("run stead");
+    Run {
+        code: out.status.code().unwrap_or(-1),
+        stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
+        stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
+    }
+}
+
+fn example_catalog() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/catalog.toml")
+}
+
+/// A config on a fresh SQLite file with the example catalog, no admin
+/// endpoints, no daemon.
+struct Setup {
+    dir: tempfile::TempDir,
+    config: String,
+}
+
+impl Setup {
+    fn new() -> Self {
+        let dir = tempfile::tempdir().unwrap();
+        let config = dir.path().join("stead.toml");
+        std::fs::write(
+            &config,
+            format!(
+                "state_dir = \"{}\"\ncatalog = \"{}\"\nadmin_listen = \"\"\n",
+                dir.path().display(),
+                example_catalog().display()
+            ),
+        )
+        .unwrap();
+        let config = config.to_str().unwrap().to_owned();
+        Self { dir, config }
+    }
+
+    fn run(&self, args: &[&str]) -> Run {
+        let mut all = vec!["--config", self.config.as_str()];
+        all.extend_from_slice(args);
+        stead(&all, &[])
+    }
+
+    fn ok(&self, args: &[&str]) -> String {
+        let run = self.run(args);
+        assert_eq!(run.code, 0, "{args:?}\n{}", run.text());
+        run.stdout
+    }
+
+    fn url(&self) -> String {
+        format!(
+            "sqlite://{}?mode=rwc",
+            self.dir.path().join("stead.db").display()
+        )
+    }
 }
 
 #[test]
-fn check_accepts_the_example_files() {
-    let (ok, out) = stead(&["--config", "examples/stead.toml", "check"], &[]);
-    assert!(ok, "{out}");
-    assert!(out.contains("catalog examples/catalog.toml: ok"), "{out}");
+fn check_accepts_the_example_files_and_resolves_the_catalog_next_to_the_config() {
+    let run = stead(&["--config", "examples/stead.toml", "check"], &[]);
+    assert_eq!(run.code, 0, "{}", run.text());
+    let catalog = example_catalog();
+    assert!(
+        run.stdout.contains(&format!(
+            "catalog {}: ok (1 service types: web 1)",
+            catalog.display()
+        )),
+        "{}",
+        run.text()
+    );
 }
 
 #[test]
-fn check_names_file_field_and_value_of_a_bad_catalog() {
+fn check_names_file_line_field_and_value_of_a_bad_catalog() {
     let dir = tempfile::tempdir().unwrap();
     let catalog = dir.path().join("catalog.toml");
     std::fs::write(&catalog, "[types.web]\nversion = \"1\"\n[[types.web.services]]\nname = \"Bad Name\"\nimage = \"x\"\n").unwrap();
-    let (ok, out) = stead(
+    let run = stead(
         &["--config", "examples/stead.toml", "check"],
         &[("STEAD_CATALOG", catalog.to_str().unwrap())],
     );
-    assert!(!ok, "{out}");
+    assert_eq!(run.code, 1, "{}", run.text());
     assert!(
-        out.contains("catalog.toml")
-            && out.contains("types.web.services[0].name")
-            && out.contains("Bad Name"),
-        "{out}"
+        run.stderr.contains(&format!(
+            "{}: line 4: types.web.services[0].name = \"Bad Name\"",
+            catalog.display()
+        )),
+        "{}",
+        run.text()
     );
 }
 
 #[test]
-fn check_names_the_field_of_a_bad_config_value() {
-    let (ok, out) = stead(
+fn a_bad_config_value_exits_1_naming_the_variable_that_set_it() {
+    let run = stead(
         &["--config", "examples/stead.toml", "check"],
         &[("STEAD_WORKERS", "1000")],
     );
-    assert!(!ok, "{out}");
-    assert!(out.contains("workers = 1000"), "{out}");
+    assert_eq!(run.code, 1, "{}", run.text());
+    assert!(
+        run.stderr.contains(
+            "stead: config: environment variable STEAD_WORKERS: workers = 1000: must be between 0 and 64"
+        ),
+        "{}",
+        run.text()
+    );
 }
 
 #[test]
-fn help_lists_every_command() {
-    let (ok, out) = stead(&["--help"], &[]);
-    assert!(ok);
+fn a_device_given_as_config_fails_within_a_second_with_a_clear_error() {
+    let started = Instant::now();
+    let run = stead(&["--config", "/dev/zero", "check"], &[]);
+    let took = started.elapsed();
+    assert_eq!(run.code, 1, "{}", run.text());
+    assert!(took < Duration::from_secs(1), "took {took:?}");
+    assert_eq!(
+        run.stderr.trim(),
+        "stead: config: /dev/zero: is a character device, not a regular file; stead reads its \
+         configuration from regular files only"
+    );
+}
+
+#[test]
+fn a_fifo_given_as_config_is_refused_without_waiting_for_a_writer() {
+    let dir = tempfile::tempdir().unwrap();
+    let fifo = dir.path().join("stead.toml");
+    let made = Command::new("mkfifo").arg(&fifo).status().expect("mkfifo");
+    assert!(made.success());
+    let started = Instant::now();
+    let run = stead(&["--config", fifo.to_str().unwrap(), "check"], &[]);
+    assert_eq!(run.code, 1, "{}", run.text());
+    assert!(started.elapsed() < Duration::from_secs(1));
+    assert!(
+        run.stderr
+            .contains("is a FIFO (named pipe), not a regular file"),
+        "{}",
+        run.text()
+    );
+}
+
+#[test]
+fn an_in_memory_database_is_refused_at_load() {
+    let run = stead(
+        &["--config", "examples/stead.toml", "check"],
+        &[("STEAD_DATABASE_URL", "sqlite::memory:")],
+    );
+    assert_eq!(run.code, 1, "{}", run.text());
+    assert!(
+        run.stderr.contains("an in-memory SQLite database is lost"),
+        "{}",
+        run.text()
+    );
+}
+
+#[test]
+fn help_lists_every_command_and_a_closed_pipe_is_not_an_error() {
+    let run = stead(&["--help"], &[]);
+    assert_eq!(run.code, 0);
     for command in [
-        "run", "tick", "migrate", "status", "check", "instance", "rollout",
+        "run", "tick", "migrate", "status", "check", "reload", "instance", "task", "rollout",
     ] {
         assert!(
-            out.contains(command),
-            "{command} missing from --help:\n{out}"
+            run.stdout.contains(command),
+            "{command} missing:\n{}",
+            run.stdout
         );
     }
+    let quiet = closed_pipe(&["--help"]);
+    assert_eq!(quiet.code, 0, "{}", quiet.text());
+}
+
+#[test]
+fn a_wrong_command_line_exits_2() {
+    let run = stead(&["instance", "frobnicate"], &[]);
+    assert_eq!(run.code, 2, "{}", run.text());
+    let ttl = stead(
+        &["instance", "create", "a", "--type", "web", "--ttl-s", "0"],
+        &[],
+    );
+    assert_eq!(ttl.code, 2, "{}", ttl.text());
+    assert!(
+        ttl.stderr.contains("0 s: must be between 60 s and"),
+        "{}",
+        ttl.text()
+    );
+}
+
+/// Runs stead with its standard output's reading end closed before it
+/// writes anything, as `| head -1` and `| grep -q` leave it.
+fn closed_pipe(args: &[&str]) -> Run {
+    let mut child = command(args, &[])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("run stead");
+    drop(child.stdout.take());
+    let out = child.wait_with_output().expect("wait for stead");
+    Run {
+        code: out.status.code().unwrap_or(-1),
+        stdout: String::new(),
+        stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
+    }
+}
+
+#[test]
+fn a_listing_into_a_closed_pipe_exits_0_quietly() {
+    let s = Setup::new();
+    for name in ["alpha", "beta", "gamma"] {
+        s.ok(&["instance", "create", name, "--type", "web"]);
+    }
+    for args in [
+        ["instance", "list"].as_slice(),
+        &["instance", "list", "--json"],
+        &["task", "list"],
+        &["instance", "show", "alpha"],
+    ] {
+        let mut all = vec!["--config", s.config.as_str()];
+        all.extend_from_slice(args);
+        let run = closed_pipe(&all);
+        assert_eq!(run.code, 0, "{args:?}\n{}", run.text());
+        assert!(!run.stderr.contains("panicked"), "{}", run.text());
+    }
+    // And through a real shell pipe, as the issue reported it.
+    let shell = Command::new("bash")
+        .arg("-c")
+        .arg(format!(
+            "set -o pipefail; '{}' --config '{}' instance list | head -1",
+            env!("CARGO_BIN_EXE_stead"),
+            s.config
+        ))
+        .output()
+        .unwrap();
+    assert!(shell.status.success(), "{shell:?}");
+}
+
+#[test]
+fn every_mutating_command_says_what_it_did() {
+    let s = Setup::new();
+    let created = s.ok(&[
+        "instance", "create", "demo", "--type", "web", "--team", "ops",
+    ]);
+    assert_eq!(
+        created.trim(),
+        "created demo (web 1, team ops); provision queued as task 1"
+    );
+    let again = s.ok(&["instance", "create", "demo", "--type", "web", "--exists-ok"]);
+    assert_eq!(
+        again.trim(),
+        "demo already exists (web 1, provisioning); nothing to do"
+    );
+    let taken = s.run(&["instance", "create", "demo", "--type", "web"]);
+    assert_eq!(taken.code, 1, "{}", taken.text());
+    assert!(
+        taken
+            .stderr
+            .contains("an instance named demo already exists"),
+        "{}",
+        taken.text()
+    );
+    assert!(s
+        .ok(&["instance", "stop", "demo"])
+        .contains("demo: stopped intent recorded"));
+    assert!(s
+        .ok(&["instance", "stop", "demo"])
+        .contains("already stopped; nothing to do"));
+    assert!(s
+        .ok(&["instance", "start", "demo"])
+        .contains("demo: running intent recorded"));
+    assert_eq!(
+        s.ok(&["instance", "release", "demo", "--service", "http"])
+            .trim(),
+        "released 0 hold(s) on demo/http"
+    );
+    assert!(s
+        .ok(&["rollout", "halt", "web", "--reason", "bad build"])
+        .contains("web: rollout halted (bad build)"));
+    assert!(s
+        .ok(&["rollout", "resume", "web"])
+        .contains("web: rollout resumed"));
+    assert_eq!(
+        s.ok(&["instance", "delete", "demo"]).trim(),
+        "deleting demo: deprovision queued as task 2; cancelled queued task(s) 1 (T4)"
+    );
+    assert_eq!(
+        s.ok(&["instance", "delete", "demo"]).trim(),
+        "demo is already being deleted"
+    );
+    let migrated = s.ok(&["migrate"]);
+    assert!(
+        migrated.contains("schema up to date (1 migration(s), none applied now)"),
+        "{migrated}"
+    );
+}
+
+#[test]
+fn a_fresh_database_is_migrated_and_says_which_migrations_it_applied() {
+    let dir = tempfile::tempdir().unwrap();
+    let url = format!("sqlite://{}?mode=rwc", dir.path().join("new.db").display());
+    let run = stead(
+        &["--config", "examples/stead.toml", "migrate"],
+        &[("STEAD_DATABASE_URL", &url)],
+    );
+    assert_eq!(run.code, 0, "{}", run.text());
+    assert!(
+        run.stdout
+            .contains("applied migration 20261130000001 initial"),
+        "{}",
+        run.text()
+    );
+}
+
+#[test]
+fn bad_arguments_are_refused_naming_field_and_value() {
+    let s = Setup::new();
+    let version = s.run(&[
+        "instance",
+        "create",
+        "a",
+        "--type",
+        "web",
+        "--version",
+        "99",
+    ]);
+    assert_eq!(version.code, 1, "{}", version.text());
+    assert!(
+        version
+            .stderr
+            .contains("--version \"99\": the catalog has web at version \"1\" only"),
+        "{}",
+        version.text()
+    );
+    let name = s.run(&["instance", "create", "Bad_Name", "--type", "web"]);
+    assert!(
+        name.stderr
+            .contains("instance name = \"Bad_Name\": must be a DNS label"),
+        "{}",
+        name.text()
+    );
+    let kind = s.run(&["instance", "create", "a", "--type", "wbe"]);
+    assert!(
+        kind.stderr
+            .contains("service type \"wbe\" is not in the catalog (known: web)"),
+        "{}",
+        kind.text()
+    );
+    let window = s.run(&[
+        "instance",
+        "create",
+        "a",
+        "--type",
+        "web",
+        "--window",
+        "sunday 3-5",
+    ]);
+    assert!(
+        window.stderr.contains("--window \"sunday 3-5\""),
+        "{}",
+        window.text()
+    );
+    let missing = s.run(&["instance", "stop", "nope"]);
+    assert_eq!(missing.code, 1, "{}", missing.text());
+    assert!(
+        missing.stderr.contains("no instance named \"nope\""),
+        "{}",
+        missing.text()
+    );
+}
+
+#[tokio::test]
+async fn deleted_instances_are_listed_only_with_all_and_their_names_are_reused() {
+    use stead::core::fleet::InstanceState;
+    use stead::core::types::InstanceName;
+    let s = Setup::new();
+    s.ok(&["instance", "create", "old", "--type", "web"]);
+    s.ok(&["instance", "create", "kept", "--type", "web"]);
+    s.ok(&["instance", "delete", "old"]);
+    // The deprovision's end, as a worker does it: the instance marked
+    // deleted, the task done.
+    let store = stead::store::sql::connect(&s.url()).await.unwrap();
+    let old = store
+        .instance(&InstanceName::new("old"))
+        .await
+        .unwrap()
+        .unwrap();
+    let now = old.updated_at;
+    let claimed = store.claim("w", now, 10).await.unwrap();
+    let deprovision = claimed
+        .iter()
+        .find(|t| t.instance == old.id)
+        .expect("the deprovision is due");
+    assert!(store
+        .set_instance_state(old.id, InstanceState::Deleting, InstanceState::Deleted, now)
+        .await
+        .unwrap());
+    assert!(store.complete(deprovision.id, "w", now).await.unwrap());
+    let names = |json: &str| -> Vec<String> {
+        let rows: Vec<serde_json::Value> = serde_json::from_str(json).unwrap();
+        rows.iter()
+            .map(|r| r["name"].as_str().unwrap().to_owned())
+            .collect()
+    };
+    assert_eq!(names(&s.ok(&["instance", "list", "--json"])), ["kept"]);
+    assert_eq!(
+        names(&s.ok(&["instance", "list", "--all", "--json"])),
+        ["old", "kept"]
+    );
+    let table = s.ok(&["instance", "list"]);
+    assert!(table.starts_with("NAME"), "{table}");
+    assert!(!table.contains("old"), "{table}");
+    let reused = s.ok(&["instance", "create", "old", "--type", "web"]);
+    assert!(reused.starts_with("created old (web 1"), "{reused}");
+}
+
+#[test]
+fn the_task_list_shows_the_queue_with_attempts_and_errors() {
+    let s = Setup::new();
+    s.ok(&["instance", "create", "demo", "--type", "web"]);
+    s.ok(&["instance", "delete", "demo"]);
+    let queue = s.ok(&["task", "list"]);
+    assert!(queue.starts_with("ID  KIND"), "{queue}");
+    assert!(
+        queue.contains("deprovision  demo      queued  0"),
+        "{queue}"
+    );
+    assert!(
+        !queue
+            .lines()
+            .any(|l| l.split_whitespace().nth(1) == Some("provision")),
+        "the cancelled provision is finished:\n{queue}"
+    );
+    let all: Vec<serde_json::Value> =
+        serde_json::from_str(&s.ok(&["task", "list", "--all", "--json"])).unwrap();
+    assert_eq!(all.len(), 2);
+    assert_eq!(all[1]["kind"], "provision");
+    assert_eq!(all[1]["state"], "failed");
+    assert_eq!(
+        all[1]["last_error"],
+        stead::core::fleet::CANCELLED_BY_DELETION
+    );
+    assert_eq!(all[0]["attempts"], 0);
+}
+
+#[test]
+fn status_reads_the_configured_database_without_a_daemon() {
+    let s = Setup::new();
+    s.ok(&["instance", "create", "demo", "--type", "web"]);
+    let status: serde_json::Value = serde_json::from_str(&s.ok(&["status", "--json"])).unwrap();
+    assert_eq!(status["source"], "database");
+    assert_eq!(status["database"], s.url().as_str());
+    assert_eq!(status["rows"][0]["instance"], "demo");
+    assert_eq!(status["rows"][0]["condition"], "no container yet");
+    assert_eq!(status["catalog"][0]["service_type"], "web");
+    assert_eq!(status["catalog"][0]["version"], "1");
+    let live = s.run(&["status", "--live"]);
+    assert_eq!(live.code, 1, "{}", live.text());
+    assert!(
+        live.stderr.contains("admin endpoints are off"),
+        "{}",
+        live.text()
+    );
 }

@@ -178,12 +178,17 @@ async fn stop_intent_stops_and_unpublishes_without_removing() {
         h.get(&name).await == 404
     })
     .await;
-    let status = stead::daemon::ops::status(
-        h.daemon().ports.store.as_ref(),
-        h.daemon().ports.runtime.as_ref(),
-        Some(&h.daemon().recoverer.memory()),
-        Some(&h.caddy.admin_addr),
-    )
+    let memory = h.daemon().recoverer.memory();
+    let catalog = h.daemon().catalog.current();
+    let status = stead::daemon::status::status(stead::daemon::status::StatusSources {
+        store: h.daemon().ports.store.as_ref(),
+        runtime: h.daemon().ports.runtime.as_ref(),
+        catalog: &catalog,
+        memory: Some(&memory),
+        caddy_admin: Some(&h.caddy.admin_addr),
+        database: String::new(),
+        now: h.daemon().ports.clock.now(),
+    })
     .await;
     let row = status
         .rows
@@ -194,9 +199,10 @@ async fn stop_intent_stops_and_unpublishes_without_removing() {
         (
             row.intent.as_str(),
             row.runtime.as_str(),
-            row.publication.as_str()
+            row.publication.as_str(),
+            row.condition.as_str()
         ),
-        ("stopped", "exited", "withdrawn")
+        ("stopped", "exited", "withdrawn", "stopped")
     );
     // Several ticks later it is still there, still stopped.
     tokio::time::sleep(Duration::from_secs(3)).await;

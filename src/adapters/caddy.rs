@@ -579,7 +579,7 @@ const TCP_MIGRATE_REQ: &str = "/proc/sys/net/ipv4/tcp_migrate_req";
 /// one-line fix. `None` when the setting is on, or the host has no such
 /// setting (not Linux, or a kernel older than 5.14, which has no remedy).
 pub fn host_reload_warning() -> Option<String> {
-    let value = std::fs::read_to_string(TCP_MIGRATE_REQ).ok()?;
+    let value = crate::config::read_bounded(std::path::Path::new(TCP_MIGRATE_REQ), 16).ok()?;
     (value.trim() == "0").then(|| {
         format!(
             "{TCP_MIGRATE_REQ} is 0: if Caddy runs on this host, each route change (a Caddy reload) resets \

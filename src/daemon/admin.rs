@@ -1,7 +1,10 @@
 //! The admin endpoints on a loopback port: `/metrics` (Prometheus text),
 //! `/healthz` (the process is up and, for a reconciler, the last tick is
-//! recent) and `/readyz` (the store answers and, for a reconciler, this
-//! replica holds the singleton lease).
+//! recent), `/readyz` (the store answers and, for a reconciler, this
+//! replica holds the singleton lease), `/status` (`stead status --live`:
+//! the status view with this daemon's budgets and loaded catalog),
+//! `/catalog` (the loaded catalog's versions) and `POST /reload` (`stead
+//! reload`: re-read the catalog file, as SIGHUP does).
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -43,6 +46,8 @@ pub async fn serve(
         .route("/healthz", get(healthz))
         .route("/readyz", get(readyz))
         .route("/status", get(status))
+        .route("/catalog", get(catalog))
+        .route("/reload", axum::routing::post(reload))
         .with_state(state);
     let listener = match tokio::net::TcpListener::bind(addr).await {
         Ok(l) => l,
@@ -51,7 +56,7 @@ pub async fn serve(
             return;
         }
     };
-    tracing::info!(%addr, "admin endpoints: /metrics /healthz /readyz");
+    tracing::info!(%addr, "admin endpoints: /metrics /healthz /readyz /status /catalog, POST /reload");
     let shutdown = async move {
         while !*stop.borrow() {
             if stop.changed().await.is_err() {
@@ -118,19 +123,104 @@ async fn readyz(State(state): State<AdminState>) -> (StatusCode, String) {
     (StatusCode::OK, "ready\n".into())
 }
 
-/// The status table with live budgets, for `stead status` (JSON).
+/// The status view with live budgets and the loaded catalog, for `stead
+/// status --live` (JSON).
 async fn status(
     State(state): State<AdminState>,
 ) -> (StatusCode, [(&'static str, &'static str); 1], String) {
     let daemon = &state.daemon;
     let memory = daemon.recoverer.memory();
-    let status = super::ops::status(
-        daemon.ports.store.as_ref(),
-        daemon.ports.runtime.as_ref(),
-        Some(&memory),
-        Some(&daemon.config.caddy.admin),
-    )
+    let catalog = daemon.catalog.current();
+    let status = super::status::status(super::status::StatusSources {
+        store: daemon.ports.store.as_ref(),
+        runtime: daemon.ports.runtime.as_ref(),
+        catalog: &catalog,
+        memory: Some(&memory),
+        caddy_admin: Some(&daemon.config.caddy.admin),
+        database: super::redact(&daemon.config.database_url),
+        now: daemon.ports.clock.now(),
+    })
     .await;
-    let body = serde_json::to_string(&status).unwrap_or_else(|e| format!("{{\"error\":\"{e}\"}}"));
-    (StatusCode::OK, [("content-type", "application/json")], body)
+    json(StatusCode::OK, &status)
+}
+
+/// The loaded catalog: each service type's version, and the file.
+#[derive(Clone, Debug, serde::Serialize, serde::Deserialize)]
+pub struct CatalogView {
+    pub file: String,
+    pub versions: std::collections::BTreeMap<String, String>,
+}
+
+impl CatalogView {
+    pub fn of(file: &std::path::Path, catalog: &crate::core::catalog::Catalog) -> Self {
+        Self {
+            file: file.display().to_string(),
+            versions: catalog
+                .entries()
+                .map(|e| (e.service_type.clone(), e.version.clone()))
+                .collect(),
+        }
+    }
+}
+
+async fn catalog(
+    State(state): State<AdminState>,
+) -> (StatusCode, [(&'static str, &'static str); 1], String) {
+    let daemon = &state.daemon;
+    let view = CatalogView::of(&daemon.config.catalog, &daemon.catalog.current());
+    json(StatusCode::OK, &view)
+}
+
+/// What `POST /reload` answers.
+#[derive(Clone, Debug, serde::Serialize, serde::Deserialize)]
+pub struct ReloadAnswer {
+    /// What changed, one line each; empty when nothing did.
+    pub changes: Vec<String>,
+    /// Why the file was refused (the running catalog is kept).
+    pub error: Option<String>,
+    /// The catalog running after the call.
+    pub catalog: CatalogView,
+}
+
+/// Re-reads the catalog file (as SIGHUP does). 200 with the changes, or
+/// 422 with the error when the file was refused.
+async fn reload(
+    State(state): State<AdminState>,
+) -> (StatusCode, [(&'static str, &'static str); 1], String) {
+    let daemon = &state.daemon;
+    let result = daemon.reload_catalog();
+    let catalog = CatalogView::of(&daemon.config.catalog, &daemon.catalog.current());
+    let (code, answer) = match result {
+        Ok(changes) => (
+            StatusCode::OK,
+            ReloadAnswer {
+                changes: changes.iter().map(ToString::to_string).collect(),
+                error: None,
+                catalog,
+            },
+        ),
+        Err(e) => (
+            StatusCode::UNPROCESSABLE_ENTITY,
+            ReloadAnswer {
+                changes: Vec::new(),
+                error: Some(e.to_string()),
+                catalog,
+            },
+        ),
+    };
+    json(code, &answer)
+}
+
+fn json(
+    code: StatusCode,
+    value: &impl serde::Serialize,
+) -> (StatusCode, [(&'static str, &'static str); 1], String) {
+    match serde_json::to_string(value) {
+        Ok(body) => (code, [("content-type", "application/json")], body),
+        Err(e) => (
+            StatusCode::INTERNAL_SERVER_ERROR,
+            [("content-type", "text/plain")],
+            format!("cannot serialise: {e}\n"),
+        ),
+    }
 }

@@ -151,6 +151,9 @@ fn read_or_make(state_dir: &Path, seed: u64) -> Result<String, IdentityError> {
     }
 }
 
+/// Longest host name read from `/etc/hostname` (a DNS name is at most 253).
+const HOSTNAME_LEN_MAX: u64 = 255;
+
 fn is_identity(value: &str) -> bool {
     !value.is_empty()
         && value.len() <= IDENTITY_LEN_MAX
@@ -162,7 +165,8 @@ fn is_identity(value: &str) -> bool {
 /// The host name as a label: what the identity starts with, so operators
 /// recognise it in `locked_by` and lease rows.
 fn host_label() -> String {
-    let host = std::fs::read_to_string("/etc/hostname").unwrap_or_default();
+    let host = crate::config::read_bounded(Path::new("/etc/hostname"), HOSTNAME_LEN_MAX)
+        .unwrap_or_default();
     let label: String = host
         .trim()
         .chars()

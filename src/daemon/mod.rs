@@ -8,7 +8,7 @@
 //! loops; every decision stays in `core`.
 
 use std::collections::BTreeMap;
-use std::sync::{Arc, OnceLock};
+use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -18,7 +18,7 @@ use crate::adapters::caddy::{CaddyConfig, CaddyTraffic, ServerCheck};
 use crate::adapters::docker::{DockerConfig, DockerProvisioner, DockerRuntime, NativeRestart};
 use crate::adapters::helm::{HelmConfig, HelmProvisioner};
 use crate::adapters::probe::NetProbe;
-use crate::core::catalog::Catalog;
+use crate::core::catalog::{Catalog, CatalogChange, CatalogError};
 use crate::core::policy::{reconciler_lease_ttl, LEASE_MARGIN};
 use crate::core::types::{InstanceName, ServiceName};
 use crate::engine::clock::AnchoredClock;
@@ -27,13 +27,16 @@ use crate::engine::recovery::{InstanceLocks, ReadinessTable, Recoverer};
 use crate::engine::tick::Reconciler;
 use crate::engine::wake::{WakeQueue, WAKE_QUEUE_CAPACITY_DEFAULT};
 use crate::engine::worker::{Worker, WorkerConfig};
-use crate::engine::{Ports, SystemClock};
+use crate::engine::{Ports, SharedCatalog, SystemClock};
 use crate::ports::{Notifier, Policy, Provisioner, Store};
 
 pub mod admin;
 pub mod events;
+pub mod human;
 pub mod identity;
+pub mod metrics;
 pub mod ops;
+pub mod status;
 
 // The config parser needs no adapter and lives in `crate::config` so that it
 // builds (and is fuzzed) without `io`; `daemon::config` stays its name here.
@@ -81,13 +84,18 @@ pub enum DaemonError {
 /// are loopback ephemeral ports and no devices are passed through, so there
 /// is nothing finer to grant.
 pub struct CatalogPolicy {
-    catalog: Arc<Catalog>,
+    catalog: SharedCatalog,
     store: Arc<dyn Store>,
 }
 
 impl CatalogPolicy {
-    pub fn new(catalog: Arc<Catalog>, store: Arc<dyn Store>) -> Self {
-        Self { catalog, store }
+    /// Grants follow the catalog as it is now: a reload that removes a
+    /// service revokes it at the next check.
+    pub fn new(catalog: impl Into<SharedCatalog>, store: Arc<dyn Store>) -> Self {
+        Self {
+            catalog: catalog.into(),
+            store,
+        }
     }
 }
 
@@ -100,7 +108,8 @@ impl Policy for CatalogPolicy {
             .await
             .map_err(|e| format!("grants of {instance}: {e}"))?
             .ok_or_else(|| format!("grants of {instance}: no such instance"))?;
-        let entry = self.catalog.get(&row.service_type).ok_or_else(|| {
+        let catalog = self.catalog.current();
+        let entry = catalog.get(&row.service_type).ok_or_else(|| {
             format!(
                 "{instance}: service type {:?} is not in the catalog; nothing of it is granted",
                 row.service_type
@@ -126,7 +135,7 @@ pub struct LogNotifier;
 impl Notifier for LogNotifier {
     async fn notify(&self, event: &str, message: &str) -> Result<(), String> {
         tracing::warn!(event, "{message}");
-        metrics::counter!("stead_notifications_total", "event" => event.to_owned()).increment(1);
+        ::metrics::counter!("stead_notifications_total", "event" => event.to_owned()).increment(1);
         Ok(())
     }
 }
@@ -145,20 +154,9 @@ pub fn readiness_table(catalog: &Catalog) -> ReadinessTable {
     table
 }
 
-/// The process-wide Prometheus recorder, installed once (several daemons
-/// in one test process share it).
+/// The process-wide Prometheus recorder; see [`metrics::handle`].
 pub fn metrics_handle() -> metrics_exporter_prometheus::PrometheusHandle {
-    static HANDLE: OnceLock<metrics_exporter_prometheus::PrometheusHandle> = OnceLock::new();
-    HANDLE
-        .get_or_init(|| {
-            let recorder = metrics_exporter_prometheus::PrometheusBuilder::new().build_recorder();
-            let handle = recorder.handle();
-            // Fails only if another recorder was installed first; then our
-            // handle renders nothing, which the metrics test would show.
-            let _ = metrics::set_global_recorder(recorder);
-            handle
-        })
-        .clone()
+    metrics::handle()
 }
 
 /// Opens the store the config names. SQLite is migrated on open (zero
@@ -211,7 +209,8 @@ pub async fn docker_runtime(config: &DaemonConfig) -> Result<DockerRuntime, Daem
 /// Everything a running daemon is made of.
 pub struct Daemon {
     pub config: DaemonConfig,
-    pub catalog: Arc<Catalog>,
+    /// The catalog every loop reads; [`Daemon::reload_catalog`] replaces it.
+    pub catalog: SharedCatalog,
     pub ports: Ports,
     pub docker: DockerRuntime,
     pub caddy: CaddyTraffic,
@@ -229,7 +228,7 @@ pub struct Daemon {
 impl Daemon {
     /// Loads the catalog, opens the store and builds every port.
     pub async fn build(config: DaemonConfig) -> Result<Daemon, DaemonError> {
-        let catalog = Arc::new(crate::config::load_catalog(&config.catalog)?);
+        let catalog = SharedCatalog::new(Arc::new(crate::config::load_catalog(&config.catalog)?));
         let identity = identity::Identity::take(&config.state_dir, os_seed())
             .await
             .map_err(|e| DaemonError::Setup(e.to_string()))?;
@@ -287,7 +286,7 @@ impl Daemon {
         let recoverer = Arc::new(Recoverer::new(
             ports.clone(),
             config.recovery.clone(),
-            readiness_table(&catalog),
+            readiness_table(&catalog.current()),
             locks.clone(),
             identity.process.actor("recovery"),
             lease,
@@ -330,6 +329,44 @@ impl Daemon {
                 tracing::warn!(error = %e, "could not release the previous run's instance locks; they will expire")
             }
         }
+    }
+
+    /// Reads and validates the catalog file again and, only if it is
+    /// valid, makes every loop use it: the next tick plans upgrades to its
+    /// versions (woken now rather than after its pause), workers create
+    /// from its specs, grants and readiness probes follow it. A bad file is
+    /// refused with its error and the running catalog kept. Returns what
+    /// changed.
+    pub fn reload_catalog(&self) -> Result<Vec<CatalogChange>, CatalogError> {
+        let path = &self.config.catalog;
+        let new = match crate::config::load_catalog(path) {
+            Ok(catalog) => catalog,
+            Err(e) => {
+                tracing::error!(
+                    catalog = %path.display(),
+                    "catalog reload refused, the running catalog is kept: {e}"
+                );
+                ::metrics::counter!("stead_catalog_reloads_total", "result" => "refused")
+                    .increment(1);
+                return Err(e);
+            }
+        };
+        let changes = new.changes_from(&self.catalog.current());
+        self.recoverer.set_readiness(readiness_table(&new));
+        self.catalog.replace(Arc::new(new));
+        let summary = if changes.is_empty() {
+            "no change".to_owned()
+        } else {
+            changes
+                .iter()
+                .map(ToString::to_string)
+                .collect::<Vec<_>>()
+                .join("; ")
+        };
+        tracing::info!(catalog = %path.display(), "catalog reloaded: {summary}");
+        ::metrics::counter!("stead_catalog_reloads_total", "result" => "ok").increment(1);
+        self.reconciler.wake();
+        Ok(changes)
     }
 
     /// Creates stead's server in Caddy if it is missing. Failure is not
@@ -424,6 +461,16 @@ impl Daemon {
             tasks.abort_all();
         }
         tracing::info!("stopped");
+    }
+}
+
+/// The database URL without its password, for logs and status.
+pub fn redact(url: &str) -> String {
+    match (url.find("://"), url.rfind('@')) {
+        (Some(scheme_end), Some(at)) if at > scheme_end => {
+            format!("{}://…@{}", &url[..scheme_end], &url[at + 1..])
+        }
+        _ => url.to_owned(),
     }
 }
 

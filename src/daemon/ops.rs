@@ -1,28 +1,32 @@
 //! Operator commands. They write intent and rows — instances, tasks,
 //! inhibitions, rollout switches — and never touch containers: the daemon's
-//! loops act on what these rows say. `status` reads the store, inspects the
-//! containers ACTIVE names, and shows the budget when the daemon's memory
-//! is at hand (budgets are volatile by design, R17).
+//! loops act on what these rows say. Each returns what it did, so the CLI
+//! can say so. The read side (`stead status`, listings) is in
+//! [`super::status`].
 
+use std::sync::Arc;
 use std::time::Duration;
 
-use serde::Serialize;
-
 use crate::core::catalog::Catalog;
-use crate::core::fleet::{Instance, InstanceState, NewTask, RolloutState, TaskKind};
-use crate::core::memory::RecoveryMemory;
+use crate::core::fleet::{Instance, InstanceState, NewTask, RolloutState, TaskId, TaskKind};
 use crate::core::types::{
-    GenerationKey, Inhibition, InhibitionReason, InstanceName, ServiceName, Timestamp,
+    ContainerId, Inhibition, InhibitionReason, InstanceName, ServiceName, Timestamp,
 };
-use crate::ports::{NewInstance, Runtime, Store};
+use crate::ports::{NewInstance, Store, StoreError};
 
 /// The reason `inhibit` records when none is given.
 pub const OPERATOR_HOLD: &str = "operator-hold";
+/// Shortest TTL `stead instance create --ttl-s` accepts: an instance that
+/// expires before it could be provisioned and verified helps nobody.
+pub const TTL_CLI_MIN: Duration = Duration::from_secs(60);
+/// Longest TTL: ten years, well inside the timestamps' range.
+pub const TTL_MAX: Duration = Duration::from_secs(10 * 365 * 24 * 3600);
 
 /// What an operator command needs.
 pub struct Ops<'a> {
     pub store: &'a dyn Store,
-    pub catalog: &'a Catalog,
+    /// The catalog as it is when the command runs.
+    pub catalog: Arc<Catalog>,
     pub now: Timestamp,
 }
 
@@ -32,27 +36,59 @@ pub struct CreateRequest {
     pub name: String,
     pub service_type: String,
     pub team: String,
-    /// Defaults to the catalog's version of the type.
+    /// Must be the catalog's version of the type when given: an instance is
+    /// provisioned from the catalog's spec, which exists at that version only.
     pub version: Option<String>,
     pub ttl: Option<Duration>,
     pub maintenance_window: Option<String>,
+    /// A live instance of that name and type is success, not an error (the
+    /// quickstart runs any number of times).
+    pub exists_ok: bool,
 }
 
-fn check_instance_name(name: &str) -> Result<(), String> {
+/// What `create` did.
+#[derive(Clone, Debug)]
+pub struct Created {
+    pub instance: Instance,
+    /// The provision task; `None` when the instance already existed.
+    pub task: Option<TaskId>,
+}
+
+/// What `delete` did.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Deletion {
+    /// Moved to `deleting` with a deprovision task; queued tasks cancelled.
+    Started {
+        task: TaskId,
+        cancelled: Vec<TaskId>,
+    },
+    AlreadyDeleting,
+    AlreadyDeleted,
+}
+
+/// Checks an instance name: a DNS label that starts with a letter (one
+/// rule, `core::names`, T6).
+pub fn check_instance_name(name: &str) -> Result<(), String> {
     crate::core::names::check_instance_name("instance name", name).map_err(|e| e.to_string())
 }
 
+fn store_error(e: StoreError) -> String {
+    e.to_string()
+}
+
 impl Ops<'_> {
-    async fn find(&self, name: &str) -> Result<Instance, String> {
+    /// The instance holding `name`: the live one, or the deleted one whose
+    /// name was not reused yet.
+    pub async fn find(&self, name: &str) -> Result<Instance, String> {
         self.store
             .instance(&InstanceName::new(name))
             .await
-            .map_err(|e| e.to_string())?
-            .ok_or_else(|| format!("no instance named {name:?}"))
+            .map_err(store_error)?
+            .ok_or_else(|| format!("no instance named {name:?} (see `stead instance list --all`)"))
     }
 
     /// Writes the instance row and its provision task.
-    pub async fn create(&self, request: &CreateRequest) -> Result<Instance, String> {
+    pub async fn create(&self, request: &CreateRequest) -> Result<Created, String> {
         check_instance_name(&request.name)?;
         let entry = self.catalog.get(&request.service_type).ok_or_else(|| {
             let known: Vec<&str> = self
@@ -66,26 +102,31 @@ impl Ops<'_> {
                 known.join(", ")
             )
         })?;
+        if let Some(version) = request.version.as_deref() {
+            if version != entry.version {
+                return Err(format!(
+                    "--version {version:?}: the catalog has {} at version {:?} only; an instance \
+                     is created at its type's catalog version (leave --version out)",
+                    entry.service_type, entry.version
+                ));
+            }
+        }
         if let Some(window) = &request.maintenance_window {
             crate::core::window::Window::parse(window)
-                .map_err(|e| format!("window {window:?}: {e}"))?;
+                .map_err(|e| format!("--window {window:?}: {e}"))?;
         }
-        let expires_at = match request.ttl {
-            None => None,
-            Some(ttl) => Some(
-                self.now
-                    .checked_add(jiff::SignedDuration::try_from(ttl).map_err(|e| e.to_string())?)
-                    .map_err(|e| format!("ttl {ttl:?}: {e}"))?,
-            ),
-        };
+        let expires_at = self.expiry(request.ttl)?;
+        if let Some(existing) = self.existing(request).await? {
+            return Ok(Created {
+                instance: existing,
+                task: None,
+            });
+        }
         let new = NewInstance {
             name: InstanceName::new(&request.name),
             team: request.team.clone(),
             service_type: request.service_type.clone(),
-            version: request
-                .version
-                .clone()
-                .unwrap_or_else(|| entry.version.clone()),
+            version: entry.version.clone(),
             expires_at,
             maintenance_window: request.maintenance_window.clone(),
         };
@@ -93,10 +134,64 @@ impl Ops<'_> {
             .store
             .create_instance(&new, self.now)
             .await
-            .map_err(|e| e.to_string())?;
-        self.enqueue(&instance, TaskKind::Provision, "operator: instance create")
+            .map_err(store_error)?;
+        let task = self
+            .enqueue(&instance, TaskKind::Provision, "operator: instance create")
             .await?;
-        Ok(instance)
+        Ok(Created { instance, task })
+    }
+
+    fn expiry(&self, ttl: Option<Duration>) -> Result<Option<Timestamp>, String> {
+        let Some(ttl) = ttl else {
+            return Ok(None);
+        };
+        if ttl.is_zero() || ttl > TTL_MAX {
+            return Err(format!(
+                "ttl {} s: must be between 1 s and {} s",
+                ttl.as_secs(),
+                TTL_MAX.as_secs()
+            ));
+        }
+        let ttl = jiff::SignedDuration::try_from(ttl).map_err(|e| format!("ttl: {e}"))?;
+        self.now
+            .checked_add(ttl)
+            .map(Some)
+            .map_err(|e| format!("ttl: {e}"))
+    }
+
+    /// A live instance holding the requested name: `Ok(Some)` when
+    /// `exists_ok` and it matches the request, an error naming it
+    /// otherwise. A deleted one does not count (its name is reused).
+    async fn existing(&self, request: &CreateRequest) -> Result<Option<Instance>, String> {
+        let found = self
+            .store
+            .instance(&InstanceName::new(&request.name))
+            .await
+            .map_err(store_error)?;
+        let Some(existing) = found.filter(|i| i.state != InstanceState::Deleted) else {
+            return Ok(None);
+        };
+        let name = &request.name;
+        if existing.state == InstanceState::Deleting {
+            return Err(format!(
+                "{name} is being deleted; its name is free once its deprovision has run \
+                 (a running daemon does that; `stead run --once` does it now)"
+            ));
+        }
+        if !request.exists_ok {
+            return Err(format!(
+                "an instance named {name} already exists ({} {}, {}); pass --exists-ok to \
+                 accept it, or choose another name",
+                existing.service_type, existing.version, existing.state
+            ));
+        }
+        if existing.service_type != request.service_type {
+            return Err(format!(
+                "an instance named {name} already exists with service type {:?}, not {:?}",
+                existing.service_type, request.service_type
+            ));
+        }
+        Ok(Some(existing))
     }
 
     async fn enqueue(
@@ -104,7 +199,7 @@ impl Ops<'_> {
         instance: &Instance,
         kind: TaskKind,
         reason: &str,
-    ) -> Result<(), String> {
+    ) -> Result<Option<TaskId>, String> {
         let task = NewTask {
             kind,
             instance: instance.id,
@@ -115,29 +210,41 @@ impl Ops<'_> {
         self.store
             .enqueue(&task, self.now, None)
             .await
-            .map_err(|e| e.to_string())?;
-        Ok(())
+            .map_err(store_error)
     }
 
     /// Sets the stopped intent; the recovery pass stops (or starts) the
-    /// containers and rebuilds publication.
-    pub async fn set_stopped(&self, name: &str, stopped: bool) -> Result<(), String> {
-        let instance = self.find(name).await?;
-        self.store
-            .set_instance_stopped(instance.id, stopped, self.now)
-            .await
-            .map_err(|e| e.to_string())
-    }
-
-    /// Moves the instance to `deleting` with a deprovision task, in one
-    /// transaction (the same path TTL expiry takes).
-    pub async fn delete(&self, name: &str) -> Result<(), String> {
+    /// containers and rebuilds publication. Returns whether it changed.
+    pub async fn set_stopped(&self, name: &str, stopped: bool) -> Result<bool, String> {
         let instance = self.find(name).await?;
         if matches!(
             instance.state,
             InstanceState::Deleting | InstanceState::Deleted
         ) {
-            return Ok(());
+            return Err(format!(
+                "{name} is {}; its intent no longer matters",
+                instance.state
+            ));
+        }
+        if instance.stopped == stopped {
+            return Ok(false);
+        }
+        self.store
+            .set_instance_stopped(instance.id, stopped, self.now)
+            .await
+            .map_err(store_error)?;
+        Ok(true)
+    }
+
+    /// Moves the instance to `deleting` with a deprovision task and cancels
+    /// its queued tasks, in one transaction (the same path TTL expiry
+    /// takes, T4).
+    pub async fn delete(&self, name: &str) -> Result<Deletion, String> {
+        let instance = self.find(name).await?;
+        match instance.state {
+            InstanceState::Deleting => return Ok(Deletion::AlreadyDeleting),
+            InstanceState::Deleted => return Ok(Deletion::AlreadyDeleted),
+            _ => {}
         }
         let task = NewTask {
             kind: TaskKind::Deprovision,
@@ -146,32 +253,49 @@ impl Ops<'_> {
             reason: "operator: instance delete".into(),
             traceparent: Some(operator_traceparent()),
         };
-        self.store
+        let expired = self
+            .store
             .expire_instance(instance.id, instance.state, &task, self.now, None)
             .await
-            .map_err(|e| e.to_string())?
-            .map(drop)
+            .map_err(store_error)?
             .ok_or_else(|| {
                 format!("{name} changed state meanwhile, or a deprovision is already queued; retry")
-            })
+            })?;
+        Ok(Deletion::Started {
+            task: expired.task,
+            cancelled: expired.cancelled,
+        })
     }
 
-    /// Records a hold on the generation ACTIVE names for `service` now.
-    pub async fn inhibit(&self, name: &str, service: &str, reason: &str) -> Result<(), String> {
+    /// Records a hold on the generation ACTIVE names for `service` now;
+    /// returns that generation's container.
+    pub async fn inhibit(
+        &self,
+        name: &str,
+        service: &str,
+        reason: &str,
+    ) -> Result<ContainerId, String> {
         if reason == InhibitionReason::RETIREMENT_PENDING {
-            return Err(format!("reason {reason:?} is reserved for upgrades"));
+            return Err(format!("--reason {reason:?} is reserved for upgrades"));
         }
         let instance = self.find(name).await?;
         let active = self
             .store
             .load_active(&instance.name)
             .await
-            .map_err(|e| e.to_string())?;
+            .map_err(store_error)?;
         let service_name = ServiceName::new(service);
-        let record = active
-            .services
-            .get(&service_name)
-            .ok_or_else(|| format!("{name} has no active service {service:?}"))?;
+        let record = active.services.get(&service_name).ok_or_else(|| {
+            let known: Vec<&str> = active.services.keys().map(ServiceName::as_str).collect();
+            format!(
+                "{name} has no active service {service:?} (active: {})",
+                if known.is_empty() {
+                    "none".to_owned()
+                } else {
+                    known.join(", ")
+                }
+            )
+        })?;
         let inhibition = Inhibition {
             service: service_name,
             container: record.container.clone(),
@@ -183,10 +307,12 @@ impl Ops<'_> {
         self.store
             .save_inhibition(&instance.name, &inhibition)
             .await
-            .map_err(|e| e.to_string())
+            .map_err(store_error)?;
+        Ok(record.container.clone())
     }
 
-    /// Clears every hold (not retirement markers) on `service`.
+    /// Clears every hold (not retirement markers) on `service`; returns how
+    /// many.
     pub async fn release(&self, name: &str, service: &str) -> Result<u32, String> {
         let instance = self.find(name).await?;
         let mut n = 0;
@@ -194,7 +320,7 @@ impl Ops<'_> {
             .store
             .load_inhibitions(&instance.name)
             .await
-            .map_err(|e| e.to_string())?
+            .map_err(store_error)?
         {
             if inhibition.service.as_str() == service
                 && inhibition.reason != InhibitionReason::RetirementPending
@@ -207,283 +333,49 @@ impl Ops<'_> {
                         None,
                     )
                     .await
-                    .map_err(|e| e.to_string())?;
+                    .map_err(store_error)?;
                 n += 1;
             }
         }
         Ok(n)
     }
 
+    /// Sets a type's rollout switch; returns the state it had before.
     pub async fn set_rollout(
         &self,
         service_type: &str,
         state: RolloutState,
         reason: &str,
-    ) -> Result<(), String> {
+    ) -> Result<RolloutState, String> {
         if self.catalog.get(service_type).is_none() {
             return Err(format!(
                 "service type {service_type:?} is not in the catalog"
             ));
         }
+        let before = self
+            .store
+            .rollouts()
+            .await
+            .map_err(store_error)?
+            .get(service_type)
+            .copied()
+            .unwrap_or(RolloutState::Active);
         self.store
             .set_rollout(service_type, state, reason, self.now, None)
             .await
-            .map_err(|e| e.to_string())
-    }
-}
-
-/// One row of `stead status`: one service of one instance.
-#[derive(Clone, Debug, Serialize, serde::Deserialize)]
-pub struct StatusRow {
-    pub instance: String,
-    pub state: String,
-    pub intent: String,
-    pub version: String,
-    pub service: String,
-    /// The container ACTIVE names (the generation).
-    pub container: String,
-    pub runtime: String,
-    /// `failures`, or `-` when the daemon's memory is not at hand.
-    pub failures: Option<u32>,
-    pub next_attempt: Option<String>,
-    /// `published` when verified binds are recorded, else `withdrawn`.
-    pub publication: String,
-    pub binds: String,
-    pub inhibitions: Vec<String>,
-    pub expires_at: Option<String>,
-}
-
-/// The whole status table plus what could not be read.
-#[derive(Clone, Debug, Default, Serialize, serde::Deserialize)]
-pub struct Status {
-    pub rows: Vec<StatusRow>,
-    pub halted_rollouts: Vec<String>,
-    /// Whether budgets came from a running daemon's memory.
-    pub budgets_live: bool,
-    pub errors: Vec<String>,
-}
-
-/// Builds the status view. `memory` is the running daemon's (budgets are
-/// volatile); without it budget columns are empty.
-pub async fn status(
-    store: &dyn Store,
-    runtime: &dyn Runtime,
-    memory: Option<&RecoveryMemory>,
-    caddy_admin: Option<&str>,
-) -> Status {
-    let caddy = caddy_admin.and_then(|admin| {
-        reqwest::Client::builder()
-            .no_proxy()
-            // Caddy answers a route id whose path it cleans (`..`) with a
-            // redirect elsewhere in its config: never follow it.
-            .redirect(reqwest::redirect::Policy::none())
-            .timeout(std::time::Duration::from_secs(3))
-            .build()
-            .ok()
-            .map(|client| (client, admin.to_owned()))
-    });
-    let mut status = Status {
-        budgets_live: memory.is_some(),
-        ..Default::default()
-    };
-    match store.rollouts().await {
-        Ok(r) => {
-            status.halted_rollouts = r
-                .into_iter()
-                .filter(|(_, s)| *s == RolloutState::Halted)
-                .map(|(t, _)| t)
-                .collect()
-        }
-        Err(e) => status.errors.push(format!("rollouts: {e}")),
-    }
-    let instances = match store.list_instances().await {
-        Ok(rows) => {
-            status.errors.extend(rows.bad.iter().map(|e| e.to_string()));
-            rows.rows
-        }
-        Err(e) => {
-            status.errors.push(format!("instances: {e}"));
-            return status;
-        }
-    };
-    for instance in instances
-        .iter()
-        .filter(|i| i.state != InstanceState::Deleted)
-    {
-        let active = match store.load_active(&instance.name).await {
-            Ok(a) => a,
-            Err(e) => {
-                status.errors.push(format!("{}: {e}", instance.name));
-                continue;
-            }
-        };
-        let inhibitions = store
-            .load_inhibitions(&instance.name)
-            .await
-            .unwrap_or_default();
-        let base = StatusRow {
-            instance: instance.name.to_string(),
-            state: instance.state.as_str().to_owned(),
-            intent: if instance.stopped {
-                "stopped"
-            } else {
-                "running"
-            }
-            .to_owned(),
-            version: instance.version.clone(),
-            service: "-".into(),
-            container: "-".into(),
-            runtime: "-".into(),
-            failures: None,
-            next_attempt: None,
-            publication: "-".into(),
-            binds: "-".into(),
-            inhibitions: Vec::new(),
-            expires_at: instance.expires_at.map(|t| t.to_string()),
-        };
-        if active.services.is_empty() {
-            status.rows.push(base);
-            continue;
-        }
-        for (service, record) in &active.services {
-            let runtime_state = match runtime.inspect(&record.container).await {
-                Ok(obs) => obs.status.to_string(),
-                Err(e) => format!("({e})"),
-            };
-            let key = GenerationKey {
-                instance: instance.name.clone(),
-                service: service.clone(),
-                container: record.container.clone(),
-            };
-            let budget = memory
-                .and_then(|m| m.generation(&key))
-                .and_then(|g| g.budget.clone());
-            let mut row = base.clone();
-            row.service = service.to_string();
-            row.container = record.container.as_str().chars().take(12).collect();
-            row.runtime = runtime_state;
-            row.failures = memory.map(|_| budget.as_ref().map_or(0, |b| b.failures));
-            row.next_attempt = budget.and_then(|b| b.next_attempt).map(|t| t.to_string());
-            row.publication = publication(caddy.as_ref(), &instance.name, service).await;
-            row.binds = record
-                .binds
-                .iter()
-                .map(|(c, h)| format!("{c}->{h}"))
-                .collect::<Vec<_>>()
-                .join(",");
-            row.inhibitions = inhibitions
-                .iter()
-                .filter(|i| &i.service == service)
-                .map(|i| {
-                    format!(
-                        "{}:{}",
-                        i.reason.as_str(),
-                        i.container.as_str().chars().take(12).collect::<String>()
-                    )
-                })
-                .collect();
-            status.rows.push(row);
-        }
-    }
-    status
-}
-
-/// The table `stead status` prints.
-pub fn render_table(status: &Status) -> String {
-    let header = [
-        "INSTANCE",
-        "STATE",
-        "INTENT",
-        "VERSION",
-        "SERVICE",
-        "GENERATION",
-        "RUNTIME",
-        "FAILURES",
-        "NEXT ATTEMPT",
-        "PUBLICATION",
-        "INHIBITIONS",
-    ];
-    let mut rows: Vec<Vec<String>> = vec![header.iter().map(|s| s.to_string()).collect()];
-    for r in &status.rows {
-        rows.push(vec![
-            r.instance.clone(),
-            r.state.clone(),
-            r.intent.clone(),
-            r.version.clone(),
-            r.service.clone(),
-            r.container.clone(),
-            r.runtime.clone(),
-            r.failures.map_or("-".into(), |f| f.to_string()),
-            r.next_attempt.clone().unwrap_or_else(|| "-".into()),
-            r.publication.clone(),
-            if r.inhibitions.is_empty() {
-                "-".into()
-            } else {
-                r.inhibitions.join(" ")
-            },
-        ]);
-    }
-    let widths: Vec<usize> = (0..header.len())
-        .map(|c| rows.iter().map(|r| r[c].chars().count()).max().unwrap_or(0))
-        .collect();
-    let mut out = String::new();
-    for row in rows {
-        let line: Vec<String> = row
-            .iter()
-            .zip(&widths)
-            .map(|(cell, w)| format!("{cell:<w$}"))
-            .collect();
-        out.push_str(line.join("  ").trim_end());
-        out.push('\n');
-    }
-    if !status.halted_rollouts.is_empty() {
-        out.push_str(&format!(
-            "halted rollouts: {}\n",
-            status.halted_rollouts.join(", ")
-        ));
-    }
-    if !status.budgets_live {
-        out.push_str("budgets: daemon not reachable; budgets live in its memory only (R17)\n");
-    }
-    for e in &status.errors {
-        out.push_str(&format!("error: {e}\n"));
-    }
-    out
-}
-
-/// Whether Caddy holds the service's route right now (`published`), does
-/// not (`withdrawn`), or could not say.
-async fn publication(
-    caddy: Option<&(reqwest::Client, String)>,
-    instance: &InstanceName,
-    service: &ServiceName,
-) -> String {
-    let Some((client, admin)) = caddy else {
-        return "-".into();
-    };
-    let key = crate::core::types::ServiceKey {
-        instance: instance.clone(),
-        service: service.clone(),
-    };
-    let Ok(url) = crate::adapters::caddy::CaddyTraffic::route_id_url(admin, &key) else {
-        return "(caddy address invalid)".into();
-    };
-    match client.get(url).send().await {
-        Ok(r) if r.status().is_success() => "published".into(),
-        Ok(r) if r.status().as_u16() == 404 => "withdrawn".into(),
-        Ok(r) => format!("(caddy {})", r.status().as_u16()),
-        Err(_) => "(caddy unreachable)".into(),
+            .map_err(store_error)?;
+        Ok(before)
     }
 }
 
 /// The trace an operator's command starts: its tasks carry it, so a
 /// worker's spans join the command's trace as the tick's tasks join the
-/// tick's. Logged, so the command's output can be matched to them.
+/// tick's. Logged at debug, so a worker's lines can be matched to it.
 fn operator_traceparent() -> String {
     use rand::SeedableRng;
     let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(super::os_seed());
     let traceparent = crate::engine::tick::new_traceparent(&mut rng);
-    tracing::info!(%traceparent, "operator command");
+    tracing::debug!(%traceparent, "operator command");
     traceparent
 }
 
@@ -492,29 +384,40 @@ mod tests {
     use super::*;
     use crate::store::memory::MemoryStore;
 
-    #[tokio::test]
-    async fn operator_tasks_carry_a_fresh_traceparent() {
-        let store = MemoryStore::new();
-        let catalog = Catalog::from_toml(
+    fn catalog() -> Catalog {
+        Catalog::from_toml(
             "[types.web]\nversion = \"1\"\n[[types.web.services]]\nname = \"http\"\nimage = \"i\"\n",
             "catalog.toml",
         )
-        .unwrap();
+        .unwrap()
+    }
+
+    fn request(name: &str) -> CreateRequest {
+        CreateRequest {
+            name: name.into(),
+            service_type: "web".into(),
+            team: "t".into(),
+            version: None,
+            ttl: None,
+            maintenance_window: None,
+            exists_ok: false,
+        }
+    }
+
+    fn at() -> Timestamp {
+        "2026-11-30T00:00:00Z".parse().unwrap()
+    }
+
+    #[tokio::test]
+    async fn operator_tasks_carry_a_fresh_traceparent() {
+        let store = MemoryStore::new();
         let ops = Ops {
             store: &store,
-            catalog: &catalog,
-            now: "2026-11-30T00:00:00Z".parse().unwrap(),
+            catalog: Arc::new(catalog()),
+            now: at(),
         };
         for name in ["blog", "wiki"] {
-            let request = CreateRequest {
-                name: name.into(),
-                service_type: "web".into(),
-                team: "t".into(),
-                version: None,
-                ttl: None,
-                maintenance_window: None,
-            };
-            ops.create(&request).await.unwrap();
+            ops.create(&request(name)).await.unwrap();
         }
         ops.delete("blog").await.unwrap();
         let tasks = store.all_tasks();
@@ -528,5 +431,96 @@ mod tests {
             assert_eq!((parts[1].len(), parts[2].len()), (32, 16), "{tp}");
             assert!(seen.insert(parts[1].to_owned()), "one trace per command");
         }
+    }
+
+    #[tokio::test]
+    async fn a_version_the_catalog_does_not_have_is_refused_naming_both() {
+        let store = MemoryStore::new();
+        let ops = Ops {
+            store: &store,
+            catalog: Arc::new(catalog()),
+            now: at(),
+        };
+        let error = ops
+            .create(&CreateRequest {
+                version: Some("99".into()),
+                ..request("blog")
+            })
+            .await
+            .unwrap_err();
+        assert!(
+            error.contains("\"99\"") && error.contains("\"1\""),
+            "{error}"
+        );
+        let ok = ops
+            .create(&CreateRequest {
+                version: Some("1".into()),
+                ..request("blog")
+            })
+            .await
+            .unwrap();
+        assert_eq!(ok.instance.version, "1");
+    }
+
+    #[tokio::test]
+    async fn an_existing_name_is_an_error_unless_exists_ok_and_the_same_type() {
+        let store = MemoryStore::new();
+        let ops = Ops {
+            store: &store,
+            catalog: Arc::new(catalog()),
+            now: at(),
+        };
+        let first = ops.create(&request("blog")).await.unwrap();
+        assert!(first.task.is_some());
+        let error = ops.create(&request("blog")).await.unwrap_err();
+        assert!(
+            error.contains("already exists") && error.contains("--exists-ok"),
+            "{error}"
+        );
+        let again = ops
+            .create(&CreateRequest {
+                exists_ok: true,
+                ..request("blog")
+            })
+            .await
+            .unwrap();
+        assert_eq!((again.instance.id, again.task), (first.instance.id, None));
+        assert_eq!(store.all_tasks().len(), 1, "no second provision");
+    }
+
+    #[tokio::test]
+    async fn a_zero_ttl_is_refused() {
+        let store = MemoryStore::new();
+        let ops = Ops {
+            store: &store,
+            catalog: Arc::new(catalog()),
+            now: at(),
+        };
+        let error = ops
+            .create(&CreateRequest {
+                ttl: Some(Duration::ZERO),
+                ..request("blog")
+            })
+            .await
+            .unwrap_err();
+        assert!(error.starts_with("ttl 0 s"), "{error}");
+    }
+
+    #[tokio::test]
+    async fn deleting_says_what_it_cancelled_and_is_idempotent() {
+        let store = MemoryStore::new();
+        let ops = Ops {
+            store: &store,
+            catalog: Arc::new(catalog()),
+            now: at(),
+        };
+        let created = ops.create(&request("blog")).await.unwrap();
+        let Deletion::Started { cancelled, .. } = ops.delete("blog").await.unwrap() else {
+            panic!("deletion did not start");
+        };
+        assert_eq!(cancelled, vec![created.task.unwrap()], "the provision");
+        assert_eq!(ops.delete("blog").await.unwrap(), Deletion::AlreadyDeleting);
+        let error = ops.create(&request("blog")).await.unwrap_err();
+        assert!(error.contains("being deleted"), "{error}");
     }
 }

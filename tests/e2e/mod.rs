@@ -249,7 +249,7 @@ listen = "{listen}"
     pub fn ops(&self) -> Ops<'_> {
         Ops {
             store: self.daemon().ports.store.as_ref(),
-            catalog: &self.daemon().catalog,
+            catalog: self.daemon().catalog.current(),
             now: SystemClock.now(),
         }
     }
@@ -268,6 +268,7 @@ listen = "{listen}"
                 version: None,
                 ttl,
                 maintenance_window: None,
+                exists_ok: false,
             })
             .await
             .expect("create instance");

@@ -1,0 +1,617 @@
+//! One function per command. Each says what it did on standard output and
+//! returns the exit status; an `Err` is printed by `main` and exits 1.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use stead::core::catalog::Catalog;
+use stead::core::fleet::RolloutState;
+use stead::daemon::admin::{CatalogView, ReloadAnswer};
+use stead::daemon::ops::{CreateRequest, Deletion, Ops};
+use stead::daemon::status::{
+    render_instances, render_status, render_tasks, InstanceView, Status, StatusSources, TaskView,
+};
+use stead::daemon::{redact, Daemon, DaemonConfig, Role};
+use stead::engine::SystemClock;
+use stead::ports::{Clock, Store};
+
+use crate::output::{complain, say, say_json, EXIT_FAILURE, EXIT_OK};
+use crate::{config_source, Command, InstanceCommand, RoleArg, RolloutCommand, TaskCommand};
+
+/// Bound on a call to the running daemon's admin endpoint.
+const ADMIN_TIMEOUT: Duration = Duration::from_secs(10);
+/// Bound on the best-effort look at a running daemon by `stead check`.
+const CHECK_ADMIN_TIMEOUT: Duration = Duration::from_secs(1);
+
+pub async fn dispatch(command: Command, config: DaemonConfig) -> Result<u8, String> {
+    match command {
+        Command::Run { role, once } => run(config, role, once).await,
+        Command::Tick => tick(config).await,
+        Command::Migrate => migrate(&config).await,
+        Command::Check => check(&config).await,
+        Command::Reload => reload(&config).await,
+        Command::Status { json, live } => status(&config, json, live).await,
+        Command::Instance(command) => instance(&config, command).await,
+        Command::Task(TaskCommand::List { all, limit, json }) => {
+            task_list(&config, all, limit, json).await
+        }
+        Command::Rollout(command) => rollout(&config, command).await,
+    }
+}
+
+async fn run(config: DaemonConfig, role: RoleArg, once: bool) -> Result<u8, String> {
+    let role = match role {
+        RoleArg::Reconciler => Role::Reconciler,
+        RoleArg::Worker => Role::Worker,
+        RoleArg::All => Role::All,
+    };
+    let daemon = Arc::new(Daemon::build(config).await.map_err(|e| e.to_string())?);
+    tracing::info!(
+        holder = %daemon.holder,
+        database = %redact(&daemon.config.database_url),
+        catalog = %daemon.config.catalog.display(),
+        "stead starting"
+    );
+    if once {
+        let mut ok = true;
+        if role.reconciles() {
+            daemon.ensure_caddy_server().await;
+            ok = daemon.reconciler.tick().await.ok();
+            daemon.reconciler.release_lease().await;
+        }
+        if role.works() {
+            // Bounded: at most this many tasks, then exit.
+            for _ in 0..1000 {
+                if !daemon.work_once().await {
+                    break;
+                }
+            }
+        }
+        return Ok(if ok { EXIT_OK } else { EXIT_FAILURE });
+    }
+    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    let signals = daemon.clone();
+    tokio::spawn(async move {
+        handle_signals(&signals).await;
+        tracing::info!("signal received; shutting down");
+        let _ = stop_tx.send(true);
+    });
+    daemon.run(role, stop_rx).await;
+    Ok(EXIT_OK)
+}
+
+/// Returns on SIGTERM or SIGINT; reloads the catalog on each SIGHUP.
+async fn handle_signals(daemon: &Daemon) {
+    use tokio::signal::unix::{signal, SignalKind};
+    let (mut term, mut hangup) = match (
+        signal(SignalKind::terminate()),
+        signal(SignalKind::hangup()),
+    ) {
+        (Ok(term), Ok(hangup)) => (term, hangup),
+        (Err(e), _) | (_, Err(e)) => {
+            tracing::error!(error = %e, "cannot listen for SIGTERM and SIGHUP; Ctrl-C only");
+            let _ = tokio::signal::ctrl_c().await;
+            return;
+        }
+    };
+    loop {
+        tokio::select! {
+            _ = term.recv() => return,
+            _ = tokio::signal::ctrl_c() => return,
+            _ = hangup.recv() => {
+                tracing::info!("SIGHUP: reloading the catalog");
+                // Refusals are logged by the reload itself.
+                let _ = daemon.reload_catalog();
+            }
+        }
+    }
+}
+
+async fn tick(config: DaemonConfig) -> Result<u8, String> {
+    let daemon = Daemon::build(config).await.map_err(|e| e.to_string())?;
+    daemon.ensure_caddy_server().await;
+    let outcome = daemon.reconciler.tick().await;
+    daemon.reconciler.release_lease().await;
+    for (check, why) in &outcome.failed {
+        complain(&format!("check {} failed: {why}", check.as_str()));
+    }
+    if !outcome.leader {
+        say("tick: another replica holds the reconciler lease; nothing was checked");
+    } else {
+        say(format!(
+            "tick: {} task(s) enqueued, {} check(s) failed",
+            outcome.tasks_enqueued,
+            outcome.failed.len()
+        ));
+    }
+    Ok(if outcome.ok() { EXIT_OK } else { EXIT_FAILURE })
+}
+
+async fn migrate(config: &DaemonConfig) -> Result<u8, String> {
+    let migrated = stead::store::sql::migrate(&config.database_url)
+        .await
+        .map_err(|e| e.to_string())?;
+    let database = redact(&config.database_url);
+    if migrated.applied.is_empty() {
+        say(format!(
+            "{database}: schema up to date ({} migration(s), none applied now)",
+            migrated.known
+        ));
+    } else {
+        for (version, description) in &migrated.applied {
+            say(format!("applied migration {version} {description}"));
+        }
+        say(format!(
+            "{database}: {} migration(s) applied; schema up to date",
+            migrated.applied.len()
+        ));
+    }
+    Ok(EXIT_OK)
+}
+
+async fn check(config: &DaemonConfig) -> Result<u8, String> {
+    say(format!("config {}: ok", config_source(config)));
+    if let Some(warning) = stead::adapters::caddy::host_reload_warning() {
+        say(format!("warning: {warning}"));
+    }
+    let catalog = match stead::config::load_catalog(&config.catalog) {
+        Ok(catalog) => catalog,
+        Err(e) => {
+            complain(&e.to_string());
+            return Ok(EXIT_FAILURE);
+        }
+    };
+    let versions: Vec<String> = catalog
+        .entries()
+        .map(|e| format!("{} {}", e.service_type, e.version))
+        .collect();
+    say(format!(
+        "catalog {}: ok ({} service types: {})",
+        config.catalog.display(),
+        catalog.len(),
+        versions.join(", ")
+    ));
+    // Best effort: a running daemon keeps the catalog it loaded until it
+    // is told to reload, and nothing else would say so.
+    if let Some(running) = running_catalog(config).await {
+        let file = CatalogView::of(&config.catalog, &catalog);
+        if running.versions != file.versions || running.file != file.file {
+            say(format!(
+                "note: the daemon answering on {} runs catalog {} ({}); this file differs: run \
+                 `stead reload` (or send it SIGHUP) to apply it",
+                config
+                    .admin_listen
+                    .map(|a| a.to_string())
+                    .unwrap_or_default(),
+                running.file,
+                versions_text(&running.versions)
+            ));
+        }
+    }
+    Ok(EXIT_OK)
+}
+
+fn versions_text(versions: &BTreeMap<String, String>) -> String {
+    versions
+        .iter()
+        .map(|(t, v)| format!("{t} {v}"))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+fn admin_client(timeout: Duration) -> Result<reqwest::Client, String> {
+    reqwest::Client::builder()
+        .timeout(timeout)
+        .no_proxy()
+        .build()
+        .map_err(|e| format!("http client: {e}"))
+}
+
+/// The admin endpoint's base URL, or why there is none.
+fn admin_url(config: &DaemonConfig) -> Result<String, String> {
+    config
+        .admin_listen
+        .map(|a| format!("http://{a}"))
+        .ok_or_else(|| {
+            "the admin endpoints are off (admin_listen = \"\"); send the daemon SIGHUP instead"
+                .to_owned()
+        })
+}
+
+async fn running_catalog(config: &DaemonConfig) -> Option<CatalogView> {
+    let url = admin_url(config).ok()?;
+    let client = admin_client(CHECK_ADMIN_TIMEOUT).ok()?;
+    let response = client.get(format!("{url}/catalog")).send().await.ok()?;
+    response.json::<CatalogView>().await.ok()
+}
+
+async fn reload(config: &DaemonConfig) -> Result<u8, String> {
+    let url = admin_url(config)?;
+    let response = admin_client(ADMIN_TIMEOUT)?
+        .post(format!("{url}/reload"))
+        .send()
+        .await
+        .map_err(|e| format!("no daemon answered on {url} ({e}); is `stead run` running?"))?;
+    let answer: ReloadAnswer = response
+        .json()
+        .await
+        .map_err(|e| format!("{url}/reload: unexpected answer: {e}"))?;
+    if let Some(error) = answer.error {
+        complain(&format!(
+            "reload refused; the daemon keeps catalog {}: {error}",
+            versions_text(&answer.catalog.versions)
+        ));
+        return Ok(EXIT_FAILURE);
+    }
+    if answer.changes.is_empty() {
+        say(format!(
+            "reloaded {}: no change ({})",
+            answer.catalog.file,
+            versions_text(&answer.catalog.versions)
+        ));
+    } else {
+        say(format!("reloaded {}:", answer.catalog.file));
+        for change in &answer.changes {
+            say(format!("  {change}"));
+        }
+        say("upgrades to new versions are planned at the next tick (now)");
+    }
+    Ok(EXIT_OK)
+}
+
+async fn status(config: &DaemonConfig, json: bool, live: bool) -> Result<u8, String> {
+    let status = if live {
+        live_status(config).await?
+    } else {
+        local_status(config).await?
+    };
+    if json {
+        say_json(&status)?;
+    } else {
+        say(render_status(&status));
+    }
+    Ok(EXIT_OK)
+}
+
+/// The status as the configured database, the runtime and Caddy say.
+async fn local_status(config: &DaemonConfig) -> Result<Status, String> {
+    let store = stead::daemon::open_store(config)
+        .await
+        .map_err(|e| e.to_string())?;
+    let docker = stead::daemon::docker_runtime(config)
+        .await
+        .map_err(|e| e.to_string())?;
+    let (catalog, catalog_error) = match stead::config::load_catalog(&config.catalog) {
+        Ok(c) => (c, None),
+        Err(e) => (Catalog::default(), Some(e.to_string())),
+    };
+    let mut status = stead::daemon::status::status(StatusSources {
+        store: store.as_ref(),
+        runtime: &docker,
+        catalog: &catalog,
+        memory: None,
+        caddy_admin: Some(&config.caddy.admin),
+        database: redact(&config.database_url),
+        now: SystemClock.now(),
+    })
+    .await;
+    status.errors.extend(catalog_error);
+    Ok(status)
+}
+
+/// The running daemon's status (with budgets), checked to be about the
+/// configured database.
+async fn live_status(config: &DaemonConfig) -> Result<Status, String> {
+    let url = admin_url(config)?;
+    let status: Status = admin_client(ADMIN_TIMEOUT)?
+        .get(format!("{url}/status"))
+        .send()
+        .await
+        .map_err(|e| format!("no daemon answered on {url} ({e}); `stead status` without --live reads the database"))?
+        .json()
+        .await
+        .map_err(|e| format!("{url}/status: unexpected answer: {e}"))?;
+    let ours = redact(&config.database_url);
+    if status.database != ours {
+        return Err(format!(
+            "the daemon on {url} uses database {}, not the configured {ours}; its status is not \
+             this config's",
+            status.database
+        ));
+    }
+    Ok(status)
+}
+
+async fn store_and_catalog(config: &DaemonConfig) -> Result<(Arc<dyn Store>, Catalog), String> {
+    let catalog = stead::config::load_catalog(&config.catalog).map_err(|e| e.to_string())?;
+    let store = stead::daemon::open_store(config)
+        .await
+        .map_err(|e| e.to_string())?;
+    Ok((store, catalog))
+}
+
+async fn instance(config: &DaemonConfig, command: InstanceCommand) -> Result<u8, String> {
+    match command {
+        InstanceCommand::List { all, json } => return instance_list(config, all, json).await,
+        InstanceCommand::Show { name, json } => return instance_show(config, &name, json).await,
+        _ => {}
+    }
+    let (store, catalog) = store_and_catalog(config).await?;
+    let ops = Ops {
+        store: store.as_ref(),
+        catalog: Arc::new(catalog),
+        now: SystemClock.now(),
+    };
+    match command {
+        InstanceCommand::Create {
+            name,
+            service_type,
+            team,
+            version,
+            ttl_s,
+            window,
+            exists_ok,
+        } => {
+            let request = CreateRequest {
+                name,
+                service_type,
+                team,
+                version,
+                ttl: ttl_s.map(Duration::from_secs),
+                maintenance_window: window,
+                exists_ok,
+            };
+            let created = ops.create(&request).await?;
+            let i = &created.instance;
+            match created.task {
+                Some(task) => say(format!(
+                    "created {} ({} {}, team {}); provision queued as task {task}",
+                    i.name, i.service_type, i.version, i.team
+                )),
+                None => say(format!(
+                    "{} already exists ({} {}, {}); nothing to do",
+                    i.name, i.service_type, i.version, i.state
+                )),
+            }
+        }
+        InstanceCommand::Stop { name } => {
+            if ops.set_stopped(&name, true).await? {
+                say(format!(
+                    "{name}: stopped intent recorded; the recovery pass withdraws its traffic \
+                     and stops its containers (kept, with their volumes; R4)"
+                ));
+            } else {
+                say(format!("{name} is already stopped; nothing to do"));
+            }
+        }
+        InstanceCommand::Start { name } => {
+            if ops.set_stopped(&name, false).await? {
+                say(format!(
+                    "{name}: running intent recorded; the recovery pass starts, verifies and \
+                     publishes it"
+                ));
+            } else {
+                say(format!("{name} is already running intent; nothing to do"));
+            }
+        }
+        InstanceCommand::Delete { name } => match ops.delete(&name).await? {
+            Deletion::Started { task, cancelled } => say(format!(
+                "deleting {name}: deprovision queued as task {task}{}",
+                if cancelled.is_empty() {
+                    String::new()
+                } else {
+                    format!(
+                        "; cancelled queued task(s) {} (T4)",
+                        cancelled
+                            .iter()
+                            .map(ToString::to_string)
+                            .collect::<Vec<_>>()
+                            .join(", ")
+                    )
+                }
+            )),
+            Deletion::AlreadyDeleting => say(format!("{name} is already being deleted")),
+            Deletion::AlreadyDeleted => say(format!("{name} is already deleted")),
+        },
+        InstanceCommand::Inhibit {
+            name,
+            service,
+            reason,
+        } => {
+            let container = ops.inhibit(&name, &service, &reason).await?;
+            say(format!(
+                "held {name}/{service} at generation {} ({reason}): recovery never starts it and \
+                 withdraws its traffic (R5)",
+                container.as_str().chars().take(12).collect::<String>()
+            ));
+        }
+        InstanceCommand::Release { name, service } => {
+            let n = ops.release(&name, &service).await?;
+            say(format!("released {n} hold(s) on {name}/{service}"));
+        }
+        InstanceCommand::List { .. } | InstanceCommand::Show { .. } => {
+            unreachable!("handled above")
+        }
+    }
+    Ok(EXIT_OK)
+}
+
+async fn instance_list(config: &DaemonConfig, all: bool, json: bool) -> Result<u8, String> {
+    let store = stead::daemon::open_store(config)
+        .await
+        .map_err(|e| e.to_string())?;
+    let rows = store.list_instances().await.map_err(|e| e.to_string())?;
+    let views: Vec<InstanceView> = rows
+        .rows
+        .iter()
+        .filter(|i| all || i.state != stead::core::fleet::InstanceState::Deleted)
+        .map(InstanceView::from)
+        .collect();
+    for bad in &rows.bad {
+        complain(&format!("skipped a bad row: {bad}"));
+    }
+    if json {
+        say_json(&views)?;
+    } else {
+        say(render_instances(&views, SystemClock.now()));
+    }
+    Ok(EXIT_OK)
+}
+
+async fn instance_show(config: &DaemonConfig, name: &str, json: bool) -> Result<u8, String> {
+    let store = stead::daemon::open_store(config)
+        .await
+        .map_err(|e| e.to_string())?;
+    let found = store
+        .instance(&stead::core::types::InstanceName::new(name))
+        .await
+        .map_err(|e| e.to_string())?;
+    let Some(instance) = found else {
+        complain(&format!("no instance named {name:?}"));
+        return Ok(EXIT_FAILURE);
+    };
+    let active = store
+        .load_active(&instance.name)
+        .await
+        .map_err(|e| e.to_string())?;
+    let names = BTreeMap::from([(instance.id, instance.name.to_string())]);
+    let tasks: Vec<TaskView> = store
+        .tasks(true, 1000)
+        .await
+        .map_err(|e| e.to_string())?
+        .rows
+        .iter()
+        .filter(|t| t.instance == instance.id)
+        .map(|t| TaskView::new(t, &names))
+        .collect();
+    let view = InstanceView::from(&instance);
+    if json {
+        let services: BTreeMap<String, String> = active
+            .services
+            .iter()
+            .map(|(s, a)| (s.to_string(), a.container.to_string()))
+            .collect();
+        say_json(&serde_json::json!({ "instance": view, "services": services, "tasks": tasks }))?;
+        return Ok(EXIT_OK);
+    }
+    let now = SystemClock.now();
+    let mut text = String::new();
+    for (key, value) in [
+        ("name", view.name.clone()),
+        ("id", view.id.to_string()),
+        ("type", view.service_type.clone()),
+        ("team", view.team.clone()),
+        ("version", view.version.clone()),
+        ("state", view.state.clone()),
+        ("intent", view.intent.clone()),
+        (
+            "expires",
+            instance
+                .expires_at
+                .map_or("never".into(), |t| stead::daemon::human::relative(t, now)),
+        ),
+        (
+            "window",
+            view.maintenance_window
+                .clone()
+                .unwrap_or_else(|| "none".into()),
+        ),
+    ] {
+        text.push_str(&format!("{key}: {value}\n"));
+    }
+    for (service, record) in &active.services {
+        text.push_str(&format!(
+            "service {service}: generation {}\n",
+            record
+                .container
+                .as_str()
+                .chars()
+                .take(12)
+                .collect::<String>()
+        ));
+    }
+    if !tasks.is_empty() {
+        text.push('\n');
+        text.push_str(&render_tasks(&tasks, now));
+    }
+    say(text);
+    Ok(EXIT_OK)
+}
+
+async fn task_list(config: &DaemonConfig, all: bool, limit: u32, json: bool) -> Result<u8, String> {
+    let store = stead::daemon::open_store(config)
+        .await
+        .map_err(|e| e.to_string())?;
+    let tasks = store.tasks(all, limit).await.map_err(|e| e.to_string())?;
+    let names: BTreeMap<i64, String> = store
+        .list_instances()
+        .await
+        .map_err(|e| e.to_string())?
+        .rows
+        .into_iter()
+        .map(|i| (i.id, i.name.to_string()))
+        .collect();
+    for bad in &tasks.bad {
+        complain(&format!("skipped a bad row: {bad}"));
+    }
+    let views: Vec<TaskView> = tasks
+        .rows
+        .iter()
+        .map(|t| TaskView::new(t, &names))
+        .collect();
+    if json {
+        say_json(&views)?;
+    } else if views.is_empty() {
+        say(if all {
+            "no tasks"
+        } else {
+            "no queued or running tasks (--all shows finished ones)"
+        });
+    } else {
+        say(render_tasks(&views, SystemClock.now()));
+    }
+    Ok(EXIT_OK)
+}
+
+async fn rollout(config: &DaemonConfig, command: RolloutCommand) -> Result<u8, String> {
+    let (store, catalog) = store_and_catalog(config).await?;
+    let ops = Ops {
+        store: store.as_ref(),
+        catalog: Arc::new(catalog),
+        now: SystemClock.now(),
+    };
+    match command {
+        RolloutCommand::Halt {
+            service_type,
+            reason,
+        } => {
+            let before = ops
+                .set_rollout(&service_type, RolloutState::Halted, &reason)
+                .await?;
+            say(match before {
+                RolloutState::Halted => {
+                    format!("{service_type}: rollout was already halted; reason now {reason:?}")
+                }
+                RolloutState::Active => format!(
+                    "{service_type}: rollout halted ({reason}); no upgrade of it is planned until \
+                     `stead rollout resume {service_type}` (C8)"
+                ),
+            });
+        }
+        RolloutCommand::Resume { service_type } => {
+            let before = ops
+                .set_rollout(&service_type, RolloutState::Active, "operator: resume")
+                .await?;
+            say(match before {
+                RolloutState::Active => format!("{service_type}: rollout was already active"),
+                RolloutState::Halted => {
+                    format!(
+                        "{service_type}: rollout resumed; upgrades are planned from the next tick"
+                    )
+                }
+            });
+        }
+    }
+    Ok(EXIT_OK)
+}

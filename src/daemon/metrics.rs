@@ -1,0 +1,282 @@
+//! Every metric stead exports, in one table: its name, kind, help text and
+//! the label values it can take. [`handle`] installs the Prometheus
+//! recorder once per process, describes every metric (so each series has a
+//! `# HELP` line) and registers every counter at zero with each of its
+//! label values, so `increase(...) > 0` alerts see the first event too.
+//! `docs/operations.md` documents each metric; a test checks the two agree.
+
+use std::sync::OnceLock;
+
+use crate::core::recovery::Why;
+use crate::engine::tick::Check;
+use crate::engine::worker::TaskEnd;
+
+/// A counter, gauge, its labels.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Kind {
+    Counter,
+    Gauge,
+}
+
+/// One exported metric.
+#[derive(Clone, Copy, Debug)]
+pub struct Metric {
+    pub name: &'static str,
+    pub kind: Kind,
+    pub help: &'static str,
+    /// The label a counter is split by, if any (gauges set their own).
+    pub label: Option<&'static str>,
+}
+
+const fn counter(name: &'static str, help: &'static str) -> Metric {
+    Metric {
+        name,
+        kind: Kind::Counter,
+        help,
+        label: None,
+    }
+}
+
+const fn gauge(name: &'static str, help: &'static str) -> Metric {
+    Metric {
+        name,
+        kind: Kind::Gauge,
+        help,
+        label: None,
+    }
+}
+
+const fn labelled(metric: Metric, label: &'static str) -> Metric {
+    Metric {
+        label: Some(label),
+        ..metric
+    }
+}
+
+/// Every metric, in the order `docs/operations.md` lists them.
+pub const METRICS: &[Metric] = &[
+    gauge(
+        "stead_last_tick_timestamp_seconds",
+        "Unix time of the end of the last tick (set even when checks failed).",
+    ),
+    gauge(
+        "stead_tick_duration_seconds",
+        "Wall time of the last tick, in seconds.",
+    ),
+    labelled(
+        counter(
+            "stead_check_failures_total",
+            "Checks of the control loop that failed, by check.",
+        ),
+        "check",
+    ),
+    gauge("stead_queue_depth", "Queued tasks."),
+    gauge("stead_instances", "Instances by state."),
+    gauge(
+        "stead_budget_delays_in_force",
+        "Generations whose next start is delayed by the crash-loop budget (R10).",
+    ),
+    gauge(
+        "stead_reconciler_lease_held",
+        "1 while this process holds the reconciler lease (C2), else 0.",
+    ),
+    gauge(
+        "stead_orphan_releases",
+        "Live releases no instance owns, at the last drift check (C5); never deleted.",
+    ),
+    counter(
+        "stead_recoveries_total",
+        "Services the recovery pass started or restarted.",
+    ),
+    counter(
+        "stead_starts_total",
+        "Starts of a down container by the recovery pass (R9).",
+    ),
+    counter(
+        "stead_restarts_total",
+        "Restarts of an unhealthy container by the recovery pass (R12).",
+    ),
+    counter(
+        "stead_withdrawals_total",
+        "Withdrawals of a route that the proxy confirmed.",
+    ),
+    labelled(
+        counter(
+            "stead_withdrawal_failures_total",
+            "Withdrawals the proxy did not confirm, by why the route was being withdrawn.",
+        ),
+        "reason",
+    ),
+    labelled(
+        counter(
+            "stead_publication_failures_total",
+            "Publications the proxy did not confirm, by why the route was being published.",
+        ),
+        "reason",
+    ),
+    counter(
+        "stead_retirements_total",
+        "Superseded containers retired after their successor served (R15).",
+    ),
+    labelled(
+        counter(
+            "stead_tasks_total",
+            "Tasks run by this process's workers, by kind and outcome.",
+        ),
+        "kind",
+    ),
+    counter(
+        "stead_docker_events_total",
+        "Docker events that triggered a targeted recovery pass.",
+    ),
+    counter(
+        "stead_docker_api_calls_total",
+        "Docker Engine API requests.",
+    ),
+    labelled(
+        counter("stead_notifications_total", "Notifications sent, by event."),
+        "event",
+    ),
+    labelled(
+        counter(
+            "stead_catalog_reloads_total",
+            "Catalog reloads (SIGHUP, stead reload), by result: ok or refused.",
+        ),
+        "result",
+    ),
+];
+
+/// Why a withdrawal can be asked for: the `reason` values of
+/// `stead_withdrawal_failures_total`.
+pub const WITHDRAWAL_REASONS: [Why; 7] = [
+    Why::Inhibited,
+    Why::RetryWithdrawal,
+    Why::Gone,
+    Why::FailClosed,
+    Why::Unhealthy,
+    Why::VerificationFailed,
+    Why::Stopped,
+];
+
+/// Why a publication can be asked for: the `reason` values of
+/// `stead_publication_failures_total`.
+pub const PUBLICATION_REASONS: [Why; 3] =
+    [Why::NewExecution, Why::BindsChanged, Why::RouteUnvouched];
+
+/// Events the notifier sends.
+pub const NOTIFICATION_EVENTS: [&str; 1] = ["drift.release_missing"];
+
+/// The process-wide Prometheus recorder, installed once (several daemons
+/// in one test process share it), with every metric described and every
+/// counter at zero.
+pub fn handle() -> metrics_exporter_prometheus::PrometheusHandle {
+    static HANDLE: OnceLock<metrics_exporter_prometheus::PrometheusHandle> = OnceLock::new();
+    HANDLE
+        .get_or_init(|| {
+            let recorder = metrics_exporter_prometheus::PrometheusBuilder::new().build_recorder();
+            let handle = recorder.handle();
+            // Fails only if another recorder was installed first; then our
+            // handle renders nothing, which the metrics tests would show.
+            if metrics::set_global_recorder(recorder).is_ok() {
+                register();
+            }
+            handle
+        })
+        .clone()
+}
+
+/// Describes every metric and registers every counter series at zero.
+fn register() {
+    for metric in METRICS {
+        match metric.kind {
+            Kind::Counter => metrics::describe_counter!(metric.name, metric.help),
+            Kind::Gauge => metrics::describe_gauge!(metric.name, metric.help),
+        }
+    }
+    for metric in METRICS.iter().filter(|m| m.kind == Kind::Counter) {
+        for labels in label_sets(metric.name) {
+            metrics::counter!(metric.name, &labels).increment(0);
+        }
+    }
+}
+
+/// Every label set a counter is registered with at start.
+fn label_sets(name: &str) -> Vec<Vec<(&'static str, String)>> {
+    let one = |label: &'static str, values: Vec<&'static str>| {
+        values
+            .into_iter()
+            .map(|v| vec![(label, v.to_owned())])
+            .collect()
+    };
+    match name {
+        "stead_check_failures_total" => one("check", Check::ALL.map(Check::as_str).to_vec()),
+        "stead_withdrawal_failures_total" => {
+            one("reason", WITHDRAWAL_REASONS.map(Why::label).to_vec())
+        }
+        "stead_publication_failures_total" => {
+            one("reason", PUBLICATION_REASONS.map(Why::label).to_vec())
+        }
+        "stead_notifications_total" => one("event", NOTIFICATION_EVENTS.to_vec()),
+        "stead_catalog_reloads_total" => one("result", vec!["ok", "refused"]),
+        "stead_tasks_total" => crate::core::fleet::TaskKind::ALL
+            .iter()
+            .flat_map(|kind| {
+                TaskEnd::LABELS.iter().map(move |outcome| {
+                    vec![
+                        ("kind", kind.as_str().to_owned()),
+                        ("outcome", (*outcome).to_owned()),
+                    ]
+                })
+            })
+            .collect(),
+        _ => vec![Vec::new()],
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_series_has_help_and_every_counter_starts_at_zero() {
+        let text = handle().render();
+        let mut typed = 0;
+        for line in text.lines().filter(|l| l.starts_with("# TYPE ")) {
+            let name = line.split_whitespace().nth(2).expect("a name");
+            typed += 1;
+            assert!(
+                text.contains(&format!("# HELP {name} ")),
+                "{name} has no # HELP:\n{text}"
+            );
+        }
+        assert!(typed > 0, "nothing rendered:\n{text}");
+        for metric in METRICS.iter().filter(|m| m.kind == Kind::Counter) {
+            assert!(
+                text.lines()
+                    .any(|l| l.starts_with(metric.name) && !l.starts_with('#')),
+                "{} not registered:\n{text}",
+                metric.name
+            );
+        }
+        assert!(
+            text.contains("stead_tasks_total{kind=\"upgrade\",outcome=\"failed\"} 0"),
+            "{text}"
+        );
+        assert!(
+            text.contains("stead_publication_failures_total{reason=\"new_execution\"} 0"),
+            "{text}"
+        );
+    }
+
+    #[test]
+    fn every_metric_is_documented_in_the_operations_guide() {
+        let guide = include_str!("../../docs/operations.md");
+        for metric in METRICS {
+            assert!(
+                guide.contains(&format!("| `{}", metric.name)),
+                "docs/operations.md lacks {}",
+                metric.name
+            );
+        }
+    }
+}

@@ -1,0 +1,711 @@
+//! The read side of the CLI: `stead status`, `stead instance list`,
+//! `stead task list`. Each builds a serialisable view (what `--json`
+//! prints) from the store, the runtime and the proxy, and renders it as a
+//! table for people (relative times, conditions spelled out).
+//!
+//! Budgets live in the daemon's memory only (R17): a status built by the
+//! CLI has none; the daemon's `/status` endpoint (`stead status --live`)
+//! fills them in.
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+
+use crate::core::catalog::Catalog;
+use crate::core::fleet::{Instance, InstanceState, RolloutState, Task, TaskKind, TaskState};
+use crate::core::memory::RecoveryMemory;
+use crate::core::plan::is_behind;
+use crate::core::types::{ContainerStatus, GenerationKey, InstanceName, ServiceName, Timestamp};
+use crate::ports::{Runtime, Store};
+
+use super::human::{relative, table};
+
+/// One row of `stead status`: one service of one instance.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct StatusRow {
+    pub instance: String,
+    pub state: String,
+    pub intent: String,
+    pub version: String,
+    pub service: String,
+    /// The container ACTIVE names (the generation), shortened.
+    pub container: String,
+    /// What the runtime says of that container.
+    pub runtime: String,
+    /// Whether it serves: `serving`, `down (exited)`, `stopped`, ...
+    pub condition: String,
+    /// Consecutive failures in the budget; `None` without the daemon's memory.
+    pub failures: Option<u32>,
+    /// RFC 3339; `None` when nothing is delayed (or no memory).
+    pub next_attempt: Option<String>,
+    /// `published` or `withdrawn` as the proxy says, or why it could not.
+    pub publication: String,
+    pub binds: String,
+    pub inhibitions: Vec<String>,
+    pub expires_at: Option<String>,
+}
+
+/// An instance behind its type's catalog version, and where its upgrade is.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct PendingUpgrade {
+    pub instance: String,
+    pub from: String,
+    pub to: String,
+    /// `queued (due ...)`, `running`, or why none is planned yet.
+    pub progress: String,
+}
+
+/// A catalog service type as the fleet sees it.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct TypeStatus {
+    pub service_type: String,
+    /// The catalog's version (the daemon's loaded catalog with `--live`,
+    /// else the file's).
+    pub version: String,
+    pub instances: u32,
+    /// `active`, or `halted: <reason>`.
+    pub rollout: String,
+    pub pending: Vec<PendingUpgrade>,
+}
+
+/// Who leads the control loop.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct LeaseStatus {
+    pub holder: String,
+    pub expires_at: String,
+}
+
+/// The whole status view plus what could not be read.
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+pub struct Status {
+    /// When it was built (RFC 3339); relative times are relative to this.
+    pub generated_at: String,
+    /// `database` (read by the CLI) or `daemon` (its `/status`).
+    pub source: String,
+    /// The database it was read from, without a password.
+    pub database: String,
+    pub rows: Vec<StatusRow>,
+    pub catalog: Vec<TypeStatus>,
+    /// Halted rollouts of types no longer in the catalog, too.
+    pub halted_rollouts: Vec<String>,
+    pub reconciler: Option<LeaseStatus>,
+    /// Whether budgets came from a running daemon's memory.
+    pub budgets_live: bool,
+    pub errors: Vec<String>,
+}
+
+/// What [`status`] reads from.
+pub struct StatusSources<'a> {
+    pub store: &'a dyn Store,
+    pub runtime: &'a dyn Runtime,
+    pub catalog: &'a Catalog,
+    /// The running daemon's memory (budgets are volatile, R17).
+    pub memory: Option<&'a RecoveryMemory>,
+    pub caddy_admin: Option<&'a str>,
+    pub database: String,
+    pub now: Timestamp,
+}
+
+/// Builds the status view.
+pub async fn status(from: StatusSources<'_>) -> Status {
+    let mut status = Status {
+        generated_at: from.now.to_string(),
+        source: if from.memory.is_some() {
+            "daemon"
+        } else {
+            "database"
+        }
+        .to_owned(),
+        database: from.database.clone(),
+        budgets_live: from.memory.is_some(),
+        ..Default::default()
+    };
+    match from.store.reconciler_lease().await {
+        Ok(lease) => {
+            status.reconciler = lease.map(|g| LeaseStatus {
+                holder: g.holder,
+                expires_at: g.expires_at.to_string(),
+            })
+        }
+        Err(e) => status.errors.push(format!("reconciler lease: {e}")),
+    }
+    let instances = match from.store.list_instances().await {
+        Ok(rows) => {
+            status.errors.extend(rows.bad.iter().map(|e| e.to_string()));
+            rows.rows
+        }
+        Err(e) => {
+            status.errors.push(format!("instances: {e}"));
+            return status;
+        }
+    };
+    let live: Vec<&Instance> = instances
+        .iter()
+        .filter(|i| i.state != InstanceState::Deleted)
+        .collect();
+    fleet_by_type(&from, &live, &mut status).await;
+    let caddy = caddy_client(from.caddy_admin);
+    for instance in live {
+        instance_rows(&from, instance, caddy.as_ref(), &mut status).await;
+    }
+    status
+}
+
+/// The catalog's types: version, instances, rollout, pending upgrades.
+async fn fleet_by_type(from: &StatusSources<'_>, live: &[&Instance], status: &mut Status) {
+    let records = match from.store.rollout_records().await {
+        Ok(r) => r,
+        Err(e) => {
+            status.errors.push(format!("rollouts: {e}"));
+            Vec::new()
+        }
+    };
+    let halted: BTreeMap<&str, &str> = records
+        .iter()
+        .filter(|r| r.state == RolloutState::Halted)
+        .map(|r| (r.service_type.as_str(), r.reason.as_str()))
+        .collect();
+    status.halted_rollouts = halted
+        .iter()
+        .map(|(t, why)| format!("{t}: {why}"))
+        .collect();
+    let tasks = match from.store.active_tasks().await {
+        Ok(rows) => rows.rows,
+        Err(e) => {
+            status.errors.push(format!("tasks: {e}"));
+            Vec::new()
+        }
+    };
+    for entry in from.catalog.entries() {
+        let of_type: Vec<&&Instance> = live
+            .iter()
+            .filter(|i| i.service_type == entry.service_type)
+            .collect();
+        let rollout = if entry.rollout == RolloutState::Halted {
+            "halted (in the catalog file)".to_owned()
+        } else if let Some(why) = halted.get(entry.service_type.as_str()) {
+            format!("halted: {why}")
+        } else {
+            "active".to_owned()
+        };
+        let pending = of_type
+            .iter()
+            .filter(|i| is_behind(&i.version, &entry.version))
+            .map(|i| PendingUpgrade {
+                instance: i.name.to_string(),
+                from: i.version.clone(),
+                to: entry.version.clone(),
+                progress: upgrade_progress(i, &tasks, &rollout, from.now),
+            })
+            .collect();
+        status.catalog.push(TypeStatus {
+            service_type: entry.service_type.clone(),
+            version: entry.version.clone(),
+            instances: of_type.len() as u32,
+            rollout,
+            pending,
+        });
+    }
+}
+
+/// Where an instance's upgrade is: its task, or why there is none yet.
+fn upgrade_progress(instance: &Instance, tasks: &[Task], rollout: &str, now: Timestamp) -> String {
+    let upgrade = tasks
+        .iter()
+        .find(|t| t.instance == instance.id && t.kind == TaskKind::Upgrade);
+    match upgrade {
+        Some(t) if t.state == TaskState::Running => format!("running (task {})", t.id),
+        Some(t) if t.run_after > now => format!(
+            "queued (task {}), due {} (maintenance window)",
+            t.id,
+            relative(t.run_after, now)
+        ),
+        Some(t) => format!("queued (task {})", t.id),
+        None if rollout != "active" => format!("not planned: rollout {rollout}"),
+        None if instance.stopped => "not planned: the instance is stopped".to_owned(),
+        None if instance.state != InstanceState::Ready => {
+            format!("not planned while {}", instance.state)
+        }
+        None => "planned at the next tick (at most max_in_flight at a time)".to_owned(),
+    }
+}
+
+fn caddy_client(admin: Option<&str>) -> Option<(reqwest::Client, String)> {
+    let admin = admin?;
+    reqwest::Client::builder()
+        .no_proxy()
+        // Caddy answers a route id whose path it cleans (`..`) with a
+        // redirect elsewhere in its config: never follow it.
+        .redirect(reqwest::redirect::Policy::none())
+        .timeout(std::time::Duration::from_secs(3))
+        .build()
+        .ok()
+        .map(|client| (client, admin.to_owned()))
+}
+
+/// One row per service of `instance` (one row when it has none yet).
+async fn instance_rows(
+    from: &StatusSources<'_>,
+    instance: &Instance,
+    caddy: Option<&(reqwest::Client, String)>,
+    status: &mut Status,
+) {
+    let active = match from.store.load_active(&instance.name).await {
+        Ok(a) => a,
+        Err(e) => {
+            status.errors.push(format!("{}: {e}", instance.name));
+            return;
+        }
+    };
+    let inhibitions = from
+        .store
+        .load_inhibitions(&instance.name)
+        .await
+        .unwrap_or_default();
+    let base = StatusRow {
+        instance: instance.name.to_string(),
+        state: instance.state.as_str().to_owned(),
+        intent: if instance.stopped {
+            "stopped"
+        } else {
+            "running"
+        }
+        .to_owned(),
+        version: instance.version.clone(),
+        service: "-".into(),
+        container: "-".into(),
+        runtime: "-".into(),
+        condition: "no container yet".into(),
+        failures: None,
+        next_attempt: None,
+        publication: "-".into(),
+        binds: "-".into(),
+        inhibitions: Vec::new(),
+        expires_at: instance.expires_at.map(|t| t.to_string()),
+    };
+    if active.services.is_empty() {
+        status.rows.push(base);
+        return;
+    }
+    for (service, record) in &active.services {
+        let observed = from.runtime.inspect(&record.container).await;
+        let key = GenerationKey {
+            instance: instance.name.clone(),
+            service: service.clone(),
+            container: record.container.clone(),
+        };
+        let budget = from
+            .memory
+            .and_then(|m| m.generation(&key))
+            .and_then(|g| g.budget.clone());
+        let mut row = base.clone();
+        row.service = service.to_string();
+        row.container = record.container.as_str().chars().take(12).collect();
+        row.failures = from
+            .memory
+            .map(|_| budget.as_ref().map_or(0, |b| b.failures));
+        row.next_attempt = budget.and_then(|b| b.next_attempt).map(|t| t.to_string());
+        row.publication = publication(caddy, &instance.name, service).await;
+        row.runtime = match &observed {
+            Ok(obs) => obs.status.to_string(),
+            Err(e) => format!("({e})"),
+        };
+        row.condition = condition(
+            instance,
+            observed.as_ref().ok().map(|o| o.status),
+            &row.publication,
+        );
+        row.binds = record
+            .binds
+            .iter()
+            .map(|(c, h)| format!("{c}->{h}"))
+            .collect::<Vec<_>>()
+            .join(",");
+        row.inhibitions = inhibitions
+            .iter()
+            .filter(|i| &i.service == service)
+            .map(|i| {
+                format!(
+                    "{}:{}",
+                    i.reason.as_str(),
+                    i.container.as_str().chars().take(12).collect::<String>()
+                )
+            })
+            .collect();
+        status.rows.push(row);
+    }
+}
+
+/// Whether a service serves, in one word or two. A `ready` instance whose
+/// container is down says `down (exited)`: the state is the lifecycle, this
+/// is the present.
+fn condition(instance: &Instance, runtime: Option<ContainerStatus>, publication: &str) -> String {
+    match runtime {
+        None => "unknown (runtime did not answer)".to_owned(),
+        Some(ContainerStatus::Running) if instance.stopped => "stopping".to_owned(),
+        Some(_) if instance.stopped => "stopped".to_owned(),
+        Some(ContainerStatus::Running) if publication == "published" => "serving".to_owned(),
+        Some(ContainerStatus::Running) if publication == "withdrawn" => {
+            "running, not routed".to_owned()
+        }
+        Some(ContainerStatus::Running) => "running".to_owned(),
+        Some(s) if s.is_transitional() => format!("recovering ({s})"),
+        Some(s) => format!("down ({s})"),
+    }
+}
+
+/// Whether Caddy holds the service's route right now (`published`), does
+/// not (`withdrawn`), or could not say.
+async fn publication(
+    caddy: Option<&(reqwest::Client, String)>,
+    instance: &InstanceName,
+    service: &ServiceName,
+) -> String {
+    let Some((client, admin)) = caddy else {
+        return "-".into();
+    };
+    let key = crate::core::types::ServiceKey {
+        instance: instance.clone(),
+        service: service.clone(),
+    };
+    let Ok(url) = crate::adapters::caddy::CaddyTraffic::route_id_url(admin, &key) else {
+        return "(caddy address invalid)".into();
+    };
+    match client.get(url).send().await {
+        Ok(r) if r.status().is_success() => "published".into(),
+        Ok(r) if r.status().as_u16() == 404 => "withdrawn".into(),
+        Ok(r) => format!("(caddy {})", r.status().as_u16()),
+        Err(_) => "(caddy unreachable)".into(),
+    }
+}
+
+/// A timestamp string of the view, relative to when it was built.
+fn when(t: &Option<String>, now: Option<Timestamp>) -> String {
+    match (t.as_deref().map(str::parse::<Timestamp>), now) {
+        (Some(Ok(t)), Some(now)) => relative(t, now),
+        (Some(_), _) => t.clone().unwrap_or_default(),
+        (None, _) => "-".into(),
+    }
+}
+
+/// The tables `stead status` prints.
+pub fn render_status(status: &Status) -> String {
+    let now = status.generated_at.parse::<Timestamp>().ok();
+    let mut rows = vec![[
+        "INSTANCE",
+        "STATE",
+        "INTENT",
+        "VERSION",
+        "SERVICE",
+        "GENERATION",
+        "RUNTIME",
+        "CONDITION",
+        "PUBLICATION",
+        "FAILURES",
+        "NEXT ATTEMPT",
+        "INHIBITIONS",
+        "EXPIRES",
+    ]
+    .map(str::to_owned)
+    .to_vec()];
+    for r in &status.rows {
+        rows.push(vec![
+            r.instance.clone(),
+            r.state.clone(),
+            r.intent.clone(),
+            r.version.clone(),
+            r.service.clone(),
+            r.container.clone(),
+            r.runtime.clone(),
+            r.condition.clone(),
+            r.publication.clone(),
+            r.failures.map_or("-".into(), |f| f.to_string()),
+            when(&r.next_attempt, now),
+            if r.inhibitions.is_empty() {
+                "-".into()
+            } else {
+                r.inhibitions.join(" ")
+            },
+            when(&r.expires_at, now),
+        ]);
+    }
+    let mut out = if status.rows.is_empty() {
+        "no instances (create one with `stead instance create NAME --type TYPE`)\n".to_owned()
+    } else {
+        table(&rows)
+    };
+    out.push('\n');
+    out.push_str(&render_catalog(status));
+    match &status.reconciler {
+        Some(lease) => out.push_str(&format!(
+            "reconciler: {} (lease until {})\n",
+            lease.holder,
+            when(&Some(lease.expires_at.clone()), now)
+        )),
+        None => out.push_str("reconciler: none holds the lease (no daemon running?)\n"),
+    }
+    if !status.budgets_live {
+        out.push_str(
+            "budgets: not shown; they live in the daemon's memory only (R17, docs/rules.md#r17); \
+             `stead status --live` asks the running daemon\n",
+        );
+    }
+    for e in &status.errors {
+        out.push_str(&format!("error: {e}\n"));
+    }
+    out
+}
+
+fn render_catalog(status: &Status) -> String {
+    let mut rows = vec![[
+        "TYPE",
+        "CATALOG VERSION",
+        "INSTANCES",
+        "ROLLOUT",
+        "PENDING UPGRADES",
+    ]
+    .map(str::to_owned)
+    .to_vec()];
+    for t in &status.catalog {
+        rows.push(vec![
+            t.service_type.clone(),
+            t.version.clone(),
+            t.instances.to_string(),
+            t.rollout.clone(),
+            t.pending.len().to_string(),
+        ]);
+    }
+    let mut out = table(&rows);
+    for t in &status.catalog {
+        for p in &t.pending {
+            out.push_str(&format!(
+                "  upgrade {} {} -> {}: {}\n",
+                p.instance, p.from, p.to, p.progress
+            ));
+        }
+    }
+    for halted in &status.halted_rollouts {
+        out.push_str(&format!("halted rollout {halted}\n"));
+    }
+    out
+}
+
+/// One instance as `stead instance list --json` prints it.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct InstanceView {
+    pub id: i64,
+    pub name: String,
+    pub service_type: String,
+    pub team: String,
+    pub version: String,
+    pub state: String,
+    pub intent: String,
+    pub expires_at: Option<String>,
+    pub maintenance_window: Option<String>,
+    pub created_at: String,
+    pub updated_at: String,
+}
+
+impl From<&Instance> for InstanceView {
+    fn from(i: &Instance) -> Self {
+        Self {
+            id: i.id,
+            name: i.name.to_string(),
+            service_type: i.service_type.clone(),
+            team: i.team.clone(),
+            version: i.version.clone(),
+            state: i.state.to_string(),
+            intent: if i.stopped { "stopped" } else { "running" }.to_owned(),
+            expires_at: i.expires_at.map(|t| t.to_string()),
+            maintenance_window: i.maintenance_window.clone(),
+            created_at: i.created_at.to_string(),
+            updated_at: i.updated_at.to_string(),
+        }
+    }
+}
+
+/// `stead instance list`.
+pub fn render_instances(instances: &[InstanceView], now: Timestamp) -> String {
+    let mut rows = vec![[
+        "NAME", "TYPE", "TEAM", "VERSION", "INTENT", "STATE", "EXPIRES", "CREATED",
+    ]
+    .map(str::to_owned)
+    .to_vec()];
+    for i in instances {
+        rows.push(vec![
+            i.name.clone(),
+            i.service_type.clone(),
+            i.team.clone(),
+            i.version.clone(),
+            i.intent.clone(),
+            i.state.clone(),
+            when(&i.expires_at, Some(now)),
+            when(&Some(i.created_at.clone()), Some(now)),
+        ]);
+    }
+    table(&rows)
+}
+
+/// One task as `stead task list --json` prints it.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct TaskView {
+    pub id: i64,
+    pub kind: String,
+    pub instance: String,
+    pub instance_id: i64,
+    pub state: String,
+    pub attempts: u32,
+    pub run_after: String,
+    pub locked_by: Option<String>,
+    pub locked_at: Option<String>,
+    pub reason: String,
+    pub last_error: Option<String>,
+    pub traceparent: Option<String>,
+    pub created_at: String,
+    pub updated_at: String,
+}
+
+impl TaskView {
+    /// `names` maps instance ids to names (a deleted instance whose name was
+    /// reused is gone; its id is shown instead).
+    pub fn new(t: &Task, names: &BTreeMap<i64, String>) -> Self {
+        Self {
+            id: t.id,
+            kind: t.kind.to_string(),
+            instance: names
+                .get(&t.instance)
+                .cloned()
+                .unwrap_or_else(|| format!("#{}", t.instance)),
+            instance_id: t.instance,
+            state: t.state.to_string(),
+            attempts: t.attempts,
+            run_after: t.run_after.to_string(),
+            locked_by: t.locked_by.clone(),
+            locked_at: t.locked_at.map(|x| x.to_string()),
+            reason: t.reason.clone(),
+            last_error: t.last_error.clone(),
+            traceparent: t.traceparent.clone(),
+            created_at: t.created_at.to_string(),
+            updated_at: t.updated_at.to_string(),
+        }
+    }
+}
+
+/// Longest last error shown in the task table (`--json` has all of it).
+const TASK_ERROR_LEN_MAX: usize = 80;
+
+/// `stead task list`.
+pub fn render_tasks(tasks: &[TaskView], now: Timestamp) -> String {
+    let mut rows = vec![[
+        "ID",
+        "KIND",
+        "INSTANCE",
+        "STATE",
+        "ATTEMPTS",
+        "RUN AFTER",
+        "LOCKED BY",
+        "REASON",
+        "LAST ERROR",
+    ]
+    .map(str::to_owned)
+    .to_vec()];
+    for t in tasks {
+        let mut error = t.last_error.clone().unwrap_or_else(|| "-".into());
+        if error.chars().count() > TASK_ERROR_LEN_MAX {
+            error = error.chars().take(TASK_ERROR_LEN_MAX).collect::<String>() + "…";
+        }
+        rows.push(vec![
+            t.id.to_string(),
+            t.kind.clone(),
+            t.instance.clone(),
+            t.state.clone(),
+            t.attempts.to_string(),
+            when(&Some(t.run_after.clone()), Some(now)),
+            t.locked_by.clone().unwrap_or_else(|| "-".into()),
+            t.reason.clone(),
+            error,
+        ]);
+    }
+    table(&rows)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn instance(state: InstanceState, stopped: bool) -> Instance {
+        let at: Timestamp = "2026-11-30T00:00:00Z".parse().unwrap();
+        Instance {
+            id: 1,
+            name: InstanceName::new("demo"),
+            team: "t".into(),
+            service_type: "web".into(),
+            version: "1".into(),
+            state,
+            stopped,
+            expires_at: None,
+            maintenance_window: None,
+            created_at: at,
+            updated_at: at,
+        }
+    }
+
+    #[test]
+    fn a_ready_instance_whose_container_is_down_says_so() {
+        let ready = instance(InstanceState::Ready, false);
+        assert_eq!(
+            condition(&ready, Some(ContainerStatus::Exited), "withdrawn"),
+            "down (exited)"
+        );
+        assert_eq!(
+            condition(&ready, Some(ContainerStatus::Running), "published"),
+            "serving"
+        );
+        assert_eq!(
+            condition(&ready, Some(ContainerStatus::Running), "withdrawn"),
+            "running, not routed"
+        );
+        let stopped = instance(InstanceState::Ready, true);
+        assert_eq!(
+            condition(&stopped, Some(ContainerStatus::Exited), "withdrawn"),
+            "stopped"
+        );
+        assert_eq!(
+            condition(&ready, None, "-"),
+            "unknown (runtime did not answer)"
+        );
+    }
+
+    #[test]
+    fn the_status_table_says_when_not_at_what_time() {
+        let status = Status {
+            generated_at: "2026-11-30T00:00:00Z".into(),
+            rows: vec![StatusRow {
+                instance: "demo".into(),
+                state: "ready".into(),
+                intent: "running".into(),
+                version: "1".into(),
+                service: "http".into(),
+                container: "abc".into(),
+                runtime: "exited".into(),
+                condition: "down (exited)".into(),
+                failures: Some(3),
+                next_attempt: Some("2026-11-30T00:00:58Z".into()),
+                publication: "withdrawn".into(),
+                binds: "8080->32768".into(),
+                inhibitions: vec![],
+                expires_at: None,
+            }],
+            budgets_live: true,
+            halted_rollouts: vec!["web: upgrade of demo failed".into()],
+            ..Default::default()
+        };
+        let text = render_status(&status);
+        assert!(text.contains("in 58 s"), "{text}");
+        assert!(text.contains("down (exited)"), "{text}");
+        assert!(
+            text.contains("halted rollout web: upgrade of demo failed"),
+            "{text}"
+        );
+    }
+}

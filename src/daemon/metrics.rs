@@ -133,6 +133,10 @@ pub const METRICS: &[Metric] = &[
         "stead_docker_api_calls_total",
         "Docker Engine API requests.",
     ),
+    counter(
+        "stead_caddy_route_writes_total",
+        "Writes of the routes array Caddy accepted; each is one reload of Caddy's config.",
+    ),
     labelled(
         counter("stead_notifications_total", "Notifications sent, by event."),
         "event",
@@ -266,6 +270,44 @@ mod tests {
             text.contains("stead_publication_failures_total{reason=\"new_execution\"} 0"),
             "{text}"
         );
+    }
+
+    /// Every `metrics::counter!("…")` and `gauge!("…")` in `src/`.
+    fn names_used_in(dir: &std::path::Path, out: &mut std::collections::BTreeSet<String>) {
+        for entry in std::fs::read_dir(dir).unwrap() {
+            let path = entry.unwrap().path();
+            if path.is_dir() {
+                names_used_in(&path, out);
+                continue;
+            }
+            let text = std::fs::read_to_string(&path).unwrap_or_default();
+            for macro_call in ["counter!(", "gauge!(", "histogram!("] {
+                for (i, _) in text.match_indices(macro_call) {
+                    let rest = text[i + macro_call.len()..].trim_start();
+                    if let Some(name) = rest.strip_prefix('"').and_then(|r| r.split('"').next()) {
+                        if name.starts_with("stead_") {
+                            out.insert(name.to_owned());
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn every_metric_the_code_records_is_in_the_table() {
+        let mut used = std::collections::BTreeSet::new();
+        names_used_in(
+            &std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("src"),
+            &mut used,
+        );
+        assert!(used.len() > 10, "{used:?}");
+        for name in used {
+            assert!(
+                METRICS.iter().any(|m| m.name == name),
+                "{name} is recorded but not in METRICS (no # HELP, not registered at zero)"
+            );
+        }
     }
 
     #[test]

@@ -692,9 +692,10 @@ struct Before {
 }
 
 /// One info line per intervention (what, which service, why) and failure
-/// counters by reason. A withdrawal that only re-asserts what stopped or
-/// inhibited intent already did is not an intervention: it is logged at
-/// debug, so a held service does not log every tick.
+/// counters by reason. A withdrawal of a route nobody was using (one that
+/// only re-asserts stopped or inhibited intent, or a new container's first
+/// fail-closed step) is not an intervention: it is logged at debug, so a
+/// held service does not log every tick.
 fn log_step(
     key: &GenerationKey,
     command: &Command,
@@ -707,13 +708,13 @@ fn log_step(
     let container = short_id(key.container.as_str());
     match (command, outcome) {
         (Command::Withdraw, Outcome::Withdrawn(Ok(()))) => {
+            // A route this daemon published, or one a failure is being
+            // cleaned up after; a fresh container's first fail-closed
+            // withdrawal removes nothing anyone used.
             let notable = before.routed
                 || matches!(
                     why,
-                    Why::FailClosed
-                        | Why::Unhealthy
-                        | Why::VerificationFailed
-                        | Why::RetryWithdrawal
+                    Why::Unhealthy | Why::VerificationFailed | Why::RetryWithdrawal
                 );
             if notable {
                 tracing::info!(

@@ -319,7 +319,7 @@ fn every_mutating_command_says_what_it_did() {
         .contains("web: rollout resumed"));
     assert_eq!(
         s.ok(&["instance", "delete", "demo"]).trim(),
-        "deleting demo: deprovision queued as task 2; cancelled queued task(s) 1 (T4)"
+        "deleting demo: deprovision queued as task 2; cancelled queued task(s) 1 (T4, docs/rules.md#t4)"
     );
     assert_eq!(
         s.ok(&["instance", "delete", "demo"]).trim(),

@@ -2,7 +2,6 @@
 //! windows, is rejected), so the documentation cannot drift from the code.
 
 use stead::core::catalog::Catalog;
-use stead::core::plan::ControlConfig;
 use stead::core::window::Window;
 
 const DOC: &str = include_str!("../docs/configuration.md");
@@ -33,12 +32,13 @@ fn every_toml_example_in_the_configuration_doc_loads() {
         "expected catalog and control examples"
     );
     for block in toml_blocks {
-        if block.starts_with("# control.toml") {
-            let config = ControlConfig::from_toml(block, "docs/configuration.md")
+        if block.starts_with("# stead.toml") {
+            // The daemon's own parser: what the doc shows is what it takes.
+            let config = stead::config::daemon::parse(block, "docs/configuration.md", &[])
                 .unwrap_or_else(|e| panic!("{e}\n{block}"));
+            let defaults = stead::config::daemon::parse("", "defaults", &[]).unwrap();
             assert_eq!(
-                config,
-                ControlConfig::default(),
+                config.control, defaults.control,
                 "the doc shows the defaults"
             );
         } else {

@@ -379,7 +379,7 @@ async fn instance(config: &DaemonConfig, command: InstanceCommand) -> Result<u8,
             if ops.set_stopped(&name, true).await? {
                 say(format!(
                     "{name}: stopped intent recorded; the recovery pass withdraws its traffic \
-                     and stops its containers (kept, with their volumes; R4)"
+                     and stops its containers (kept, with their volumes; R4, docs/rules.md#r4)"
                 ));
             } else {
                 say(format!("{name} is already stopped; nothing to do"));
@@ -402,7 +402,7 @@ async fn instance(config: &DaemonConfig, command: InstanceCommand) -> Result<u8,
                     String::new()
                 } else {
                     format!(
-                        "; cancelled queued task(s) {} (T4)",
+                        "; cancelled queued task(s) {} (T4, docs/rules.md#t4)",
                         cancelled
                             .iter()
                             .map(ToString::to_string)
@@ -422,7 +422,7 @@ async fn instance(config: &DaemonConfig, command: InstanceCommand) -> Result<u8,
             let container = ops.inhibit(&name, &service, &reason).await?;
             say(format!(
                 "held {name}/{service} at generation {} ({reason}): recovery never starts it and \
-                 withdraws its traffic (R5)",
+                 withdraws its traffic (R5, docs/rules.md#r5)",
                 container.as_str().chars().take(12).collect::<String>()
             ));
         }
@@ -595,7 +595,7 @@ async fn rollout(config: &DaemonConfig, command: RolloutCommand) -> Result<u8, S
                 }
                 RolloutState::Active => format!(
                     "{service_type}: rollout halted ({reason}); no upgrade of it is planned until \
-                     `stead rollout resume {service_type}` (C8)"
+                     `stead rollout resume {service_type}` (C8, docs/rules.md#c8)"
                 ),
             });
         }

@@ -511,3 +511,55 @@ fn status_reads_the_configured_database_without_a_daemon() {
         live.text()
     );
 }
+
+#[test]
+fn an_unopenable_sqlite_file_is_named_with_the_reason() {
+    let dir = tempfile::tempdir().unwrap();
+    let missing = dir.path().join("no-such-dir/stead.db");
+    let url = format!("sqlite://{}?mode=rwc", missing.display());
+    let run = stead(
+        &["--config", "examples/stead.toml", "instance", "list"],
+        &[("STEAD_DATABASE_URL", &url)],
+    );
+    assert_eq!(run.code, 1, "{}", run.text());
+    assert!(
+        run.stderr.contains(&format!(
+            "SQLite database {}: cannot open:",
+            missing.display()
+        )) && run.stderr.contains(&format!(
+            "(its directory {}: No such file or directory",
+            missing.parent().unwrap().display()
+        )),
+        "{}",
+        run.text()
+    );
+}
+
+#[test]
+fn postgres_on_a_closed_port_fails_at_once_naming_host_port_and_the_os_error() {
+    // A port that was free a moment ago: nothing listens on it.
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let url = format!("postgres://stead@127.0.0.1:{port}/stead");
+    let started = Instant::now();
+    let run = stead(
+        &["--config", "examples/stead.toml", "instance", "list"],
+        &[("STEAD_DATABASE_URL", &url)],
+    );
+    assert_eq!(run.code, 1, "{}", run.text());
+    assert!(
+        started.elapsed() < Duration::from_secs(5),
+        "took {:?}",
+        started.elapsed()
+    );
+    assert!(
+        run.stderr.contains(&format!(
+            "Postgres at 127.0.0.1:{port} (database stead, user stead): cannot connect: Connection refused"
+        )),
+        "{}",
+        run.text()
+    );
+}

@@ -70,7 +70,7 @@ pub enum DaemonError {
     Config(#[from] DaemonConfigError),
     #[error(transparent)]
     Catalog(#[from] crate::core::catalog::CatalogError),
-    #[error("store: {0}")]
+    #[error(transparent)]
     Store(#[from] crate::ports::StoreError),
     #[error("{0}")]
     Setup(String),

@@ -122,7 +122,7 @@ fn catalog_errors_name_the_file_the_line_the_field_and_the_value() {
     check(
         "name = \"web\"",
         "name = \"web-\"",
-        "catalog.toml: types.wiki.services[0].name = \"web-\": must be a DNS label: 1 to 63 of a-z, 0-9 and '-', beginning and ending with a letter or digit",
+        "catalog.toml: line 6: types.wiki.services[0].name = \"web-\": must be a DNS label: 1 to 63 of a-z, 0-9 and '-', beginning and ending with a letter or digit",
     );
     check(
         "types.wiki",

@@ -130,6 +130,10 @@ pub const METRICS: &[Metric] = &[
         "Docker events that triggered a targeted recovery pass.",
     ),
     counter(
+        "stead_wakeups_dropped_total",
+        "Runtime events that found the wake-up queue full (T7); the next pass covers them.",
+    ),
+    counter(
         "stead_docker_api_calls_total",
         "Docker Engine API requests.",
     ),

@@ -472,6 +472,52 @@ fn own_team_upgrades_first_then_a_deterministic_order() {
     check(plan_version_drift(&snap), &snap, expect);
 }
 
+/// T4 meets C8 (found by the `planners` fuzz target,
+/// `fuzz/regressions/planners/an-expiry-frees-its-upgrade-slot`): an expiry
+/// cancels its instance's queued upgrade in the same transaction, so the
+/// slot that upgrade held is free in the same plan; counting it would fill
+/// it only on the next plan, and planning would not be idempotent.
+#[test]
+fn an_expiry_frees_the_upgrade_slot_its_cancelled_upgrade_held() {
+    let (catalog, mut instances) = rollout_world();
+    instances[0].expires_at = Some(at(-1));
+    let config = config(1);
+    let queued = task(7, TaskKind::Upgrade, 1, TaskState::Queued);
+    let mut snap = snapshot(instances, vec![queued], &catalog, &config);
+    let plan = plan_tick(&snap);
+    check(
+        plan.clone(),
+        &snap,
+        "expire i1 from ready with deprovision: ttl: expired at 2026-11-30T11:59:59Z
+         enqueue upgrade i4 at now: version drift: 1.0.0 -> 2.0.0",
+    );
+    assert_idempotent(&mut snap, &plan, plan_tick);
+    let cancelled = snap.tasks.iter().find(|t| t.id == 7).unwrap();
+    assert_eq!(cancelled.state, TaskState::Failed);
+}
+
+/// The same through C6 (`fuzz/regressions/planners/an-expiry-frees-the-slot-of-an-upgrade-whose-lease-ran-out`):
+/// a running upgrade whose lease ran out is queued again by this tick, and
+/// then cancelled by the same tick's expiry.
+#[test]
+fn an_expiry_frees_the_slot_of_an_upgrade_whose_lease_ran_out() {
+    let (catalog, mut instances) = rollout_world();
+    instances[0].expires_at = Some(at(-1));
+    let config = config(1);
+    let mut stale = task(7, TaskKind::Upgrade, 1, TaskState::Running);
+    stale.locked_at = Some(at(-(config.lease.as_secs() as i64) - 1));
+    let mut snap = snapshot(instances, vec![stale], &catalog, &config);
+    let plan = plan_tick(&snap);
+    check(
+        plan.clone(),
+        &snap,
+        "requeue task 7 attempts 1
+         expire i1 from ready with deprovision: ttl: expired at 2026-11-30T11:59:59Z
+         enqueue upgrade i4 at now: version drift: 1.0.0 -> 2.0.0",
+    );
+    assert_idempotent(&mut snap, &plan, plan_tick);
+}
+
 #[test]
 fn in_flight_limit_counts_queued_and_running_upgrades_fleet_wide() {
     let (catalog, instances) = rollout_world();

@@ -1,7 +1,16 @@
 //! C6: tasks whose worker died go back to the queue.
 
+use std::time::Duration;
+
 use super::{Decision, Plan, Planner, Report};
-use crate::core::fleet::{add, TaskState};
+use crate::core::fleet::{add, Task, TaskState};
+use crate::core::types::Timestamp;
+
+/// Whether C6 puts `task` back in the queue at `now`: it is running and its
+/// lease ran out (or it has none to run out).
+pub(super) fn lease_ran_out(task: &Task, now: Timestamp, lease: Duration) -> bool {
+    task.state == TaskState::Running && task.locked_at.is_none_or(|at| now > add(at, lease))
+}
 
 impl Planner<'_, '_> {
     /// A running task whose lease ran out — `now` strictly later than
@@ -15,15 +24,12 @@ impl Planner<'_, '_> {
         let lease = snapshot.config.lease;
         let mut plan = Plan::default();
         for task in &snapshot.tasks {
-            if task.state != TaskState::Running {
+            if !lease_ran_out(task, snapshot.now, lease) {
                 continue;
             }
-            match task.locked_at {
-                Some(locked_at) if snapshot.now <= add(locked_at, lease) => continue,
-                Some(_) => {}
-                None => plan
-                    .reports
-                    .push(Report::RunningWithoutLease { task: task.id }),
+            if task.locked_at.is_none() {
+                plan.reports
+                    .push(Report::RunningWithoutLease { task: task.id });
             }
             plan.decisions.push(Decision::RequeueExpiredLease {
                 task: task.id,

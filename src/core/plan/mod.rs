@@ -322,6 +322,32 @@ impl<'s, 'a> Planner<'s, 'a> {
                 upgrades_in_flight += 1;
             }
         }
+        // T4: this tick's expiries cancel their instances' queued tasks,
+        // upgrades included (and a running one whose lease runs out this
+        // tick is queued again first, C6), so a slot such an upgrade holds
+        // is free already. Counting it would let the next plan, made on this
+        // plan's effects, fill it: planning would not be idempotent.
+        let expiring: std::collections::HashSet<InstanceId, BuildHasherDefault<FxHasher>> =
+            snapshot
+                .instances
+                .iter()
+                .filter(|i| {
+                    let kinds = active.get(&i.id).copied().unwrap_or_default();
+                    ttl_expires(i, snapshot.now, kinds)
+                })
+                .map(|i| i.id)
+                .collect();
+        if !expiring.is_empty() {
+            upgrades_in_flight -= snapshot
+                .tasks
+                .iter()
+                .filter(|t| t.kind == TaskKind::Upgrade && expiring.contains(&t.instance))
+                .filter(|t| {
+                    t.state == TaskState::Queued
+                        || lease::lease_ran_out(t, snapshot.now, snapshot.config.lease)
+                })
+                .count();
+        }
         let live = snapshot.releases.as_deref().map(LiveReleases::new);
         Self {
             snapshot,
@@ -365,6 +391,15 @@ impl<'s, 'a> Planner<'s, 'a> {
 /// Whether an instance's TTL has run out at `now`.
 fn is_expired(instance: &Instance, now: Timestamp) -> bool {
     instance.expires_at.is_some_and(|at| now >= at)
+}
+
+/// Whether the TTL check (C7) moves `instance` to `deleting` this tick: it
+/// is past its TTL, or already deleting, and no deprovision is queued or
+/// running for it.
+fn ttl_expires(instance: &Instance, now: Timestamp, kinds: ActiveKinds) -> bool {
+    instance.state != InstanceState::Deleted
+        && (instance.state == InstanceState::Deleting || is_expired(instance, now))
+        && !kinds.has(TaskKind::Deprovision)
 }
 
 /// C5 on its own; see [`Planner::drift`].

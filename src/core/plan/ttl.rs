@@ -1,6 +1,6 @@
 //! C7: expired instances are deleted.
 
-use super::{is_expired, Decision, Plan, Planner};
+use super::{ttl_expires, Decision, Plan, Planner};
 use crate::core::fleet::{InstanceState, TaskKind};
 
 impl Planner<'_, '_> {
@@ -14,18 +14,14 @@ impl Planner<'_, '_> {
         let snapshot = self.snapshot;
         let mut plan = Plan::default();
         for instance in &snapshot.instances {
-            let reason = match instance.state {
-                InstanceState::Deleted => continue,
-                InstanceState::Deleting => "deleting without a deprovision task".to_owned(),
-                _ if is_expired(instance, snapshot.now) => match instance.expires_at {
-                    Some(at) => format!("ttl: expired at {at}"),
-                    None => continue,
-                },
-                _ => continue,
-            };
-            if self.active_kinds(instance.id).has(TaskKind::Deprovision) {
+            if !ttl_expires(instance, snapshot.now, self.active_kinds(instance.id)) {
                 continue;
             }
+            let reason = match (instance.state, instance.expires_at) {
+                (InstanceState::Deleting, _) => "deleting without a deprovision task".to_owned(),
+                (_, Some(at)) => format!("ttl: expired at {at}"),
+                (_, None) => continue,
+            };
             plan.decisions.push(Decision::Expire {
                 instance: instance.id,
                 from: instance.state,

@@ -31,7 +31,8 @@ pub enum Mutant {
     SkipInstanceLockRow,
     /// T2: act without checking the lease right before an outside effect.
     ActOnExpiredLease,
-    /// T4: run a task's handler on a deleting or deleted instance.
+    /// T4: run a task's handler on a deleting or deleted instance, and (in
+    /// the in-memory store) leave a deleted instance's queued tasks queued.
     ReviveDeletedInstance,
     /// T5: never read the routes back from the traffic plane.
     ForgetProxyRoutes,

@@ -29,6 +29,7 @@ use crate::core::types::{
     ServiceKey, ServiceName, Timestamp,
 };
 use crate::engine::SystemClock;
+use crate::mutants::{self, Mutant};
 use crate::ports::memory::{Effect, Observer};
 use crate::ports::Clock;
 use crate::ports::{Expired, LeaseGrant, NewInstance, RolloutRecord, Rows, Store, StoreError};
@@ -773,8 +774,12 @@ impl Store for MemoryStore {
         };
         let now = normalize_timestamp(now);
         let mut cancelled = Vec::new();
+        // The mutant breaks both halves of T4 (see `mutants.rs`): with its
+        // queued tasks cancelled here, a handler that forgot to refuse a
+        // deleted instance would almost never meet one.
+        let cancel = !mutants::active(Mutant::ReviveDeletedInstance);
         for t in state.tasks.values_mut() {
-            if t.instance == id && t.cancelled_by_deletion() {
+            if cancel && t.instance == id && t.cancelled_by_deletion() {
                 t.state = TaskState::Failed;
                 t.last_error = Some(CANCELLED_BY_DELETION.to_owned());
                 t.updated_at = now;

@@ -83,6 +83,9 @@ pub fn docker(args: &[&str]) -> Result<String, String> {
 /// (healthcheck execs are events too) that is a few seconds of history.
 pub struct StartCounter {
     count: std::sync::Arc<std::sync::atomic::AtomicUsize>,
+    /// Why the stream ended early, if it did: a count from a broken
+    /// stream would be a lie, so `starts` refuses to give one.
+    broken: std::sync::Arc<std::sync::Mutex<Option<String>>>,
     task: tokio::task::JoinHandle<()>,
 }
 
@@ -110,17 +113,33 @@ impl StartCounter {
         }));
         let count = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
         let counted = count.clone();
+        let broken = std::sync::Arc::new(std::sync::Mutex::new(None));
+        let reason = broken.clone();
         let task = tokio::spawn(async move {
-            while let Some(item) = events.next().await {
-                if item.is_ok() {
-                    counted.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            let why = loop {
+                match events.next().await {
+                    Some(Ok(_)) => {
+                        counted.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                    }
+                    Some(Err(e)) => break format!("docker events failed: {e}"),
+                    None => break "docker events ended".to_owned(),
                 }
-            }
+            };
+            *reason.lock().expect("start counter lock") = Some(why);
         });
-        StartCounter { count, task }
+        StartCounter {
+            count,
+            broken,
+            task,
+        }
     }
 
+    /// Starts seen so far. Panics if the event stream broke: the count
+    /// would then miss starts and the test would judge a wrong figure.
     pub fn starts(&self) -> usize {
+        if let Some(why) = self.broken.lock().expect("start counter lock").as_ref() {
+            panic!("cannot count starts: {why}");
+        }
         self.count.load(std::sync::atomic::Ordering::SeqCst)
     }
 }

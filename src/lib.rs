@@ -19,5 +19,6 @@ pub mod core;
 pub mod daemon;
 pub mod engine;
 pub mod mutants;
+pub mod ops;
 pub mod ports;
 pub mod store;

@@ -40,10 +40,15 @@ ports = [8080]
 kind = "none"
 "#;
 
+/// Something that happens in the world at a chosen moment.
+type Happening = Box<dyn FnOnce() + Send>;
+
 /// Fails the operations listed, by subject prefix.
 #[derive(Default)]
 struct Script {
     rules: std::sync::Mutex<Vec<(Op, String, Fault)>>,
+    /// Run once, the next time this operation is asked for.
+    armed: std::sync::Mutex<Vec<(Op, Happening)>>,
     /// Every operation the ports were asked for, in order.
     seen: std::sync::Mutex<Vec<Op>>,
 }
@@ -58,6 +63,12 @@ impl Script {
             .count()
     }
 
+    /// Makes something happen in the world the next time `op` is asked
+    /// for, as a proxy reload happens between two steps of a pass.
+    fn on_next(&self, op: Op, happen: impl FnOnce() + Send + 'static) {
+        self.armed.lock().unwrap().push((op, Box::new(happen)));
+    }
+
     fn fail(&self, op: Op, subject_prefix: &str, fault: Fault) {
         self.rules
             .lock()
@@ -69,6 +80,16 @@ impl Script {
 impl FaultInjector for Script {
     fn decide(&self, op: Op, subject: &str) -> Fault {
         self.seen.lock().unwrap().push(op);
+        let due = {
+            let mut armed = self.armed.lock().unwrap();
+            armed
+                .iter()
+                .position(|(o, _)| *o == op)
+                .map(|i| armed.remove(i).1)
+        };
+        if let Some(happen) = due {
+            happen();
+        }
         let rules = self.rules.lock().unwrap();
         rules
             .iter()
@@ -402,6 +423,54 @@ async fn upgrade_replaces_with_overlap_and_the_pass_retires_the_predecessor() {
     assert_eq!(
         (row.version.as_str(), row.state),
         ("2", InstanceState::Ready)
+    );
+}
+
+#[tokio::test]
+async fn a_predecessor_is_not_retired_while_the_proxy_lost_the_successors_route() {
+    // Found by the simulation (seed 201): the pass reads the proxy's routes
+    // once, as it begins. The proxy lost them during the pass (a reload),
+    // the pass still believed the successor routed and retired the
+    // predecessor while nothing routed to either (S5). Retirement now reads
+    // the route back at the moment it decides.
+    let f = fixture();
+    let instance = f.served("wiki1", "1").await;
+    let web = ServiceName::new("web");
+    let before = f.store.load_active(&instance.name).await.unwrap().services[&web]
+        .container
+        .clone();
+    f.enqueue(instance.id, TaskKind::Upgrade).await;
+    assert_eq!(f.worker().work_once().await.unwrap().1, TaskEnd::Done);
+    let after = f.store.load_active(&instance.name).await.unwrap().services[&web]
+        .container
+        .clone();
+    let recoverer = f.recoverer();
+    recoverer.pass().await;
+    assert!(
+        f.routes_to("wiki1", "web", &after),
+        "the successor is routed"
+    );
+
+    // The next pass reads the route, then the proxy loses it while the
+    // pass inspects the successor.
+    let traffic = f.traffic.clone();
+    f.script
+        .on_next(Op::Inspect, move || traffic.lose_everything());
+    recoverer.pass().await;
+    assert!(
+        f.runtime.container(&before).is_some(),
+        "nothing routes to the successor: the predecessor must stay"
+    );
+
+    recoverer.pass().await;
+    assert!(
+        f.routes_to("wiki1", "web", &after),
+        "the next pass finds the route gone and republishes it"
+    );
+    recoverer.pass().await;
+    assert!(
+        f.runtime.container(&before).is_none(),
+        "retired once the successor is routed again"
     );
 }
 

@@ -285,8 +285,6 @@ fn the_quickstart_runs_twice_after_a_delete_and_after_ctrl_c_stopping_only_what_
     signal(-(child.id() as i32), libc::SIGINT);
     let code = wait_exit(&mut child, Duration::from_secs(30));
     let (out, err) = (out.finish(), err.finish());
-    std::fs::write("/tmp/opdbg-out.txt", &out).unwrap();
-    std::fs::write("/tmp/opdbg-err.txt", &err).unwrap();
     let text = out + &err;
     assert_eq!(code, 0, "{text}");
     assert!(text.contains("stopping the Caddy it started"), "{text}");
@@ -345,7 +343,7 @@ listen = "{listen}"
         )
         .unwrap();
         let (child, log) = spawn_daemon(&config, None);
-        let daemon = Self {
+        let mut daemon = Self {
             dir,
             config,
             catalog,
@@ -359,9 +357,18 @@ listen = "{listen}"
         daemon
     }
 
-    fn wait_for_lease(&self) {
+    /// Waits for the lease; a daemon that exited instead fails the test at
+    /// once, with its log (not after the whole wait).
+    fn wait_for_lease(&mut self) {
+        let (child, log) = (&mut self.child, &self.log);
         wait_until("the daemon leads", CONVERGE, || {
-            self.log.text().contains("reconciler lease taken")
+            if let Ok(Some(status)) = child.try_wait() {
+                panic!(
+                    "the daemon exited ({status}) before leading:\n{}",
+                    log.text()
+                );
+            }
+            log.text().contains("reconciler lease taken")
         });
     }
 

@@ -204,7 +204,18 @@ async fn simulate(cfg: SimConfig) -> SimOutcome {
             faults.proxy_down.store(false, Ordering::Relaxed);
         }
         let spent = outage.unwrap_or_default() + proxy_down.unwrap_or_default();
-        tokio::time::sleep(cfg.tick.saturating_sub(spent)).await;
+        let rest = cfg.tick.saturating_sub(spent);
+        // A pause lands at any instant of the tick, not only between
+        // passes: a process frozen mid-pass, between checking its leases
+        // and acting, is the case T2 is about.
+        if rng.random_bool(mix.pause) {
+            let at = Duration::from_millis(rng.random_range(0..rest.as_millis().max(1) as u64));
+            tokio::time::sleep(at).await;
+            processes.pause_one(&mut rng, &counts);
+            tokio::time::sleep(rest - at).await;
+        } else {
+            tokio::time::sleep(rest).await;
+        }
         processes.settle(clock.now(), &counts);
         check_queue(&checker, store.as_ref(), &control, &catalog_of(&shared)).await;
         actors.forget_retired();
@@ -346,8 +357,8 @@ impl Processes {
     }
 
     /// Draws this tick's process faults: a kill (the process comes back a
-    /// tick or more later, now and then as a stranger), a pause longer than
-    /// the leases, a jump of a host's wall clock.
+    /// tick or more later, now and then as a stranger) and a jump of a
+    /// host's wall clock. (Pauses are drawn mid-tick: [`Self::pause_one`].)
     fn inject(&mut self, rng: &mut ChaCha8Rng, mix: &FaultMix, counts: &FaultCounts) {
         let handle = madsim::runtime::Handle::current();
         let now = SystemClock.now();
@@ -369,21 +380,25 @@ impl Processes {
                 self.down_until.insert(i, add(now, after));
             }
         }
-        if rng.random_bool(mix.pause) {
-            let i = rng.random_range(0..n);
-            if !self.down_until.contains_key(&i) && !self.paused_until.contains_key(&i) {
-                counts.bump("daemon paused past its leases");
-                handle.pause(self.nodes[i].id());
-                let ttl =
-                    reconciler_lease_ttl(self.tick, RecoveryPolicy::default().instance_deadline);
-                let after = ttl + Duration::from_secs(rng.random_range(1..120));
-                self.paused_until.insert(i, add(now, after));
-            }
-        }
         if self.skew_ms_max > 0 && rng.random_bool(0.05) {
             counts.bump("host clock jumped");
             let i = rng.random_range(0..n);
             self.slots[i].set_skew_ms(draw_skew(rng, self.skew_ms_max));
+        }
+    }
+
+    /// Freezes one running process for longer than its leases.
+    fn pause_one(&mut self, rng: &mut ChaCha8Rng, counts: &FaultCounts) {
+        let handle = madsim::runtime::Handle::current();
+        let now = SystemClock.now();
+        let n = self.slots.len();
+        let i = rng.random_range(0..n);
+        if !self.down_until.contains_key(&i) && !self.paused_until.contains_key(&i) {
+            counts.bump("daemon paused past its leases");
+            handle.pause(self.nodes[i].id());
+            let ttl = reconciler_lease_ttl(self.tick, RecoveryPolicy::default().instance_deadline);
+            let after = ttl + Duration::from_secs(rng.random_range(1..120));
+            self.paused_until.insert(i, add(now, after));
         }
     }
 

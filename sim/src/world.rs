@@ -542,45 +542,23 @@ impl Actors {
         }
     }
 
-    /// Deletes one instance as `stead instance delete` does.
+    /// Deletes one instance with the command `stead instance delete` runs
+    /// (`stead::ops`): under the instance lock, from another process (T3),
+    /// cancelling queued tasks in the deletion's transaction (T4).
     async fn delete(&self, id: i64) {
-        let Ok(guard) = self
-            .locks
-            .lock(
-                id,
-                "operator",
-                Duration::from_secs(60),
-                Duration::from_secs(20),
-            )
-            .await
-        else {
+        let Ok(Some(instance)) = self.store.instance_by_id(id).await else {
             return;
         };
-        if let Ok(Some(instance)) = self.store.instance_by_id(id).await {
-            let task = NewTask {
-                kind: TaskKind::Deprovision,
-                instance: instance.id,
-                run_after: self.clock.now(),
-                reason: "sim operator: instance delete".into(),
-                traceparent: None,
-            };
-            let now = self.clock.now();
-            let live = !matches!(
-                instance.state,
-                InstanceState::Deleting | InstanceState::Deleted
-            );
-            if live
-                && matches!(
-                    self.store
-                        .expire_instance(instance.id, instance.state, &task, now, None)
-                        .await,
-                    Ok(Some(_))
-                )
-            {
-                self.counts.bump("operator deleted instance");
-            }
+        let seed = self.rng.lock().expect("poisoned").random();
+        let ops = stead::ops::Ops::new(
+            self.store.as_ref(),
+            Default::default(),
+            self.clock.now(),
+            seed,
+        );
+        if let Ok(stead::ops::Deletion::Started { .. }) = ops.delete(instance.name.as_str()).await {
+            self.counts.bump("operator deleted instance");
         }
-        guard.release().await;
     }
 
     /// `stead instance create`: a new row and a provision task, for the

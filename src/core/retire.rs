@@ -10,10 +10,10 @@ use jiff::Timestamp;
 
 use crate::mutants::{self, Mutant};
 
-use super::recovery::Verdict;
+use super::recovery::{ProxyView, Verdict};
 use super::types::{
-    ActiveRecord, ContainerId, ContainerStatus, Inhibition, InhibitionReason, Intent, Observation,
-    RuntimeError, ServiceName,
+    ActiveRecord, Binds, ContainerId, ContainerStatus, Inhibition, InhibitionReason, Intent,
+    Observation, RuntimeError, ServiceName,
 };
 
 /// What to do with one `retirement-pending` marker this pass.
@@ -26,9 +26,12 @@ pub enum MarkerDecision {
     Retire,
     /// Retire only if a final inspection of the successor shows it still
     /// running the execution this pass verified.
+    /// And only if the proxy, read back at that moment, still routes the
+    /// service to the successor's `binds` ([`successor_routed`]).
     ConfirmSuccessor {
         successor: ContainerId,
         verified_started_at: Option<Timestamp>,
+        binds: Binds,
     },
     /// The successor has not been verified and routed this pass.
     Wait,
@@ -92,9 +95,21 @@ pub fn decide_marker(
         Some(started_at) => MarkerDecision::ConfirmSuccessor {
             successor: successor.container.clone(),
             verified_started_at: *started_at,
+            binds: successor.binds.clone(),
         },
         None => MarkerDecision::Wait,
     }
+}
+
+/// Whether the proxy, read back just before retirement, routes the service
+/// to the successor's `binds` (S5). The pass's own view of the proxy was
+/// read when the pass began; a proxy that lost its routes since (a reload,
+/// a restart without its config) would otherwise see the predecessor
+/// retired while nothing routes to the successor. The next pass republishes
+/// and the one after retires. A read that failed (`Unknown`) retires
+/// nothing. A successor without binds has nothing to route.
+pub fn successor_routed(proxy: ProxyView, binds: &Binds) -> bool {
+    binds.is_empty() || (proxy != ProxyView::Unknown && !proxy.contradicts(binds))
 }
 
 /// Whether the final inspection of the successor confirms it still serves

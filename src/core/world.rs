@@ -13,8 +13,8 @@ use super::memory::RecoveryMemory;
 use super::policy::RecoveryPolicy;
 use super::recovery::{Command, Outcome, ProxyView, Report, ServiceInput, ServiceRecovery};
 use super::retire::{
-    decide_marker, inhibition_for, note_verdict, successor_confirmed, MarkerDecision,
-    VerifiedThisPass,
+    decide_marker, inhibition_for, note_verdict, successor_confirmed, successor_routed,
+    MarkerDecision, VerifiedThisPass,
 };
 use super::types::{
     ActiveRecord, ActiveService, Binds, ContainerId, ContainerStatus, GenerationKey, Health,
@@ -437,9 +437,16 @@ impl World {
                 MarkerDecision::ConfirmSuccessor {
                     successor,
                     verified_started_at,
+                    binds,
                 } => {
                     let inspection = self.inspect(&successor);
+                    let proxy = self
+                        .routes
+                        .get(&marker.service)
+                        .and_then(|r| r.binds.values().next())
+                        .map_or(ProxyView::Absent, |port| ProxyView::Dials(*port));
                     successor_confirmed(&inspection, verified_started_at)
+                        && successor_routed(proxy, &binds)
                 }
                 MarkerDecision::Wait => false,
             };

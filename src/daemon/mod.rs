@@ -35,7 +35,6 @@ pub mod events;
 pub mod human;
 pub mod identity;
 pub mod metrics;
-pub mod ops;
 pub mod status;
 
 // The config parser needs no adapter and lives in `crate::config` so that it
@@ -475,7 +474,7 @@ pub fn redact(url: &str) -> String {
 }
 
 /// The seed of trace ids; drawn from the OS (the simulation passes its own).
-pub(crate) fn os_seed() -> u64 {
+pub fn os_seed() -> u64 {
     // std seeds each `RandomState` from the OS; hashing nothing with one
     // yields those random bits without another dependency.
     use std::hash::{BuildHasher, Hasher};

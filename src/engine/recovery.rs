@@ -14,8 +14,8 @@ use crate::core::recovery::{
     Command, Outcome, ProxyView, Report, ServiceInput, ServiceRecovery, Verdict, Why,
 };
 use crate::core::retire::{
-    decide_marker, inhibition_for, note_verdict, successor_confirmed, MarkerDecision,
-    VerifiedThisPass,
+    decide_marker, inhibition_for, note_verdict, successor_confirmed, successor_routed,
+    MarkerDecision, VerifiedThisPass,
 };
 use crate::core::spec::ReadinessProbe;
 use crate::core::traffic::{routes_of_gone_instances, routes_without_active, HeldRoutes};
@@ -602,6 +602,32 @@ impl Recoverer {
     }
 
     /// Returns whether the marker's container was retired.
+    /// Reads the proxy's route of one service back now, not as the pass
+    /// began (R15, S5). A failed read is `Unknown`.
+    async fn route_now(&self, instance: &InstanceName, service: &ServiceName) -> ProxyView {
+        let key = ServiceKey {
+            instance: instance.clone(),
+            service: service.clone(),
+        };
+        let read = tokio::time::timeout(
+            self.policy.instance_deadline,
+            self.ports.traffic.held_routes(),
+        )
+        .await;
+        match read {
+            Ok(Ok(routes)) => routes
+                .into_iter()
+                .find(|r| r.service == key)
+                .map_or(ProxyView::Absent, |r| ProxyView::Dials(r.port)),
+            Ok(Err(e)) => {
+                tracing::warn!(instance = %instance, service = %service, error = %e,
+                    "could not read the proxy's routes back; retirement left for later");
+                ProxyView::Unknown
+            }
+            Err(_) => ProxyView::Unknown,
+        }
+    }
+
     async fn settle_marker(
         &self,
         instance: &Instance,
@@ -626,7 +652,14 @@ impl Recoverer {
             MarkerDecision::ConfirmSuccessor {
                 successor,
                 verified_started_at,
-            } => successor_confirmed(&p.runtime.inspect(&successor).await, verified_started_at),
+                binds,
+            } => {
+                successor_confirmed(&p.runtime.inspect(&successor).await, verified_started_at)
+                    && successor_routed(
+                        self.route_now(&instance.name, &marker.service).await,
+                        &binds,
+                    )
+            }
         };
         if !retire {
             return Ok(false);

@@ -10,9 +10,9 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use stead::core::types::InstanceName;
-use stead::daemon::ops::{CreateRequest, Ops};
 use stead::daemon::{config, Daemon, Role};
 use stead::engine::SystemClock;
+use stead::ops::{CreateRequest, Ops};
 use stead::ports::Clock;
 use tokio::sync::watch;
 
@@ -247,11 +247,12 @@ listen = "{listen}"
     }
 
     pub fn ops(&self) -> Ops<'_> {
-        Ops {
-            store: self.daemon().ports.store.as_ref(),
-            catalog: self.daemon().catalog.current(),
-            now: SystemClock.now(),
-        }
+        Ops::new(
+            self.daemon().ports.store.as_ref(),
+            self.daemon().catalog.current(),
+            SystemClock.now(),
+            stead::daemon::os_seed(),
+        )
     }
 
     pub async fn create(&self, name: &str, ttl: Option<Duration>) {

@@ -8,12 +8,12 @@ use std::time::Duration;
 use stead::core::catalog::Catalog;
 use stead::core::fleet::RolloutState;
 use stead::daemon::admin::{CatalogView, ReloadAnswer};
-use stead::daemon::ops::{CreateRequest, Deletion, Ops};
 use stead::daemon::status::{
     render_instances, render_status, render_tasks, InstanceView, Status, StatusSources, TaskView,
 };
 use stead::daemon::{redact, Daemon, DaemonConfig, Role};
 use stead::engine::SystemClock;
+use stead::ops::{CreateRequest, Deletion, Ops};
 use stead::ports::{Clock, Store};
 
 use crate::output::{complain, say, say_json, EXIT_FAILURE, EXIT_OK};
@@ -338,11 +338,12 @@ async fn instance(config: &DaemonConfig, command: InstanceCommand) -> Result<u8,
         _ => {}
     }
     let (store, catalog) = store_and_catalog(config).await?;
-    let ops = Ops {
-        store: store.as_ref(),
-        catalog: Arc::new(catalog),
-        now: SystemClock.now(),
-    };
+    let ops = Ops::new(
+        store.as_ref(),
+        Arc::new(catalog),
+        SystemClock.now(),
+        stead::daemon::os_seed(),
+    );
     match command {
         InstanceCommand::Create {
             name,
@@ -576,11 +577,12 @@ async fn task_list(config: &DaemonConfig, all: bool, limit: u32, json: bool) -> 
 
 async fn rollout(config: &DaemonConfig, command: RolloutCommand) -> Result<u8, String> {
     let (store, catalog) = store_and_catalog(config).await?;
-    let ops = Ops {
-        store: store.as_ref(),
-        catalog: Arc::new(catalog),
-        now: SystemClock.now(),
-    };
+    let ops = Ops::new(
+        store.as_ref(),
+        Arc::new(catalog),
+        SystemClock.now(),
+        stead::daemon::os_seed(),
+    );
     match command {
         RolloutCommand::Halt {
             service_type,

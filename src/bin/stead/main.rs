@@ -150,7 +150,7 @@ pub enum InstanceCommand {
         name: String,
         #[arg(long)]
         service: String,
-        #[arg(long, default_value = stead::daemon::ops::OPERATOR_HOLD)]
+        #[arg(long, default_value = stead::ops::OPERATOR_HOLD)]
         reason: String,
     },
     /// Release the holds on a service.
@@ -189,9 +189,9 @@ pub enum RolloutCommand {
     Resume { service_type: String },
 }
 
-/// `--ttl-s`: whole seconds, at least [`stead::daemon::ops::TTL_CLI_MIN`].
+/// `--ttl-s`: whole seconds, at least [`stead::ops::TTL_CLI_MIN`].
 fn parse_ttl_s(text: &str) -> Result<u64, String> {
-    use stead::daemon::ops::{TTL_CLI_MIN, TTL_MAX};
+    use stead::ops::{TTL_CLI_MIN, TTL_MAX};
     let seconds: u64 = text
         .parse()
         .map_err(|_| format!("{text:?} is not a whole number of seconds"))?;

@@ -2,7 +2,8 @@
 //! inhibitions, rollout switches — and never touch containers: the daemon's
 //! loops act on what these rows say. Each returns what it did, so the CLI
 //! can say so. The read side (`stead status`, listings) is in
-//! [`super::status`].
+//! `daemon::status`. They are plain store calls under the instance lock,
+//! so the simulation runs the very same commands.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -28,6 +29,9 @@ pub struct Ops<'a> {
     /// The catalog as it is when the command runs.
     pub catalog: Arc<Catalog>,
     pub now: Timestamp,
+    /// Trace ids and the lock holder's nonce: drawn from the OS by the
+    /// CLI, from the seed by the simulation.
+    rng: std::sync::Mutex<rand_chacha::ChaCha8Rng>,
 }
 
 /// `stead instance create`.
@@ -74,6 +78,112 @@ pub fn check_instance_name(name: &str) -> Result<(), String> {
 
 fn store_error(e: StoreError) -> String {
     e.to_string()
+}
+
+/// How long an operator command waits for an instance a pass or a task
+/// holds (T3) before it gives up and says so.
+pub const OPERATOR_LOCK_WAIT: Duration = Duration::from_secs(30);
+/// How long an operator's instance lock lives if the command dies holding
+/// it: its work is a few statements.
+const OPERATOR_LOCK_TTL: Duration = Duration::from_secs(30);
+/// Pause between tries while the instance is busy.
+const OPERATOR_LOCK_RETRY: Duration = Duration::from_millis(200);
+
+/// An operator command's hold on an instance's lock (T3): the same row a
+/// daemon's passes and workers take, so a command never interleaves its
+/// writes with an upgrade's or a recovery's. Released by [`Ops::unlock`];
+/// one lost with a crashed command expires by the database's clock.
+struct OperatorLock {
+    instance: crate::core::fleet::InstanceId,
+    holder: String,
+}
+
+impl<'a> Ops<'a> {
+    pub fn new(store: &'a dyn Store, catalog: Arc<Catalog>, now: Timestamp, seed: u64) -> Self {
+        use rand::SeedableRng;
+        Self {
+            store,
+            catalog,
+            now,
+            rng: std::sync::Mutex::new(rand_chacha::ChaCha8Rng::seed_from_u64(seed)),
+        }
+    }
+
+    fn random(&self) -> u64 {
+        use rand::Rng;
+        self.rng.lock().unwrap_or_else(|e| e.into_inner()).random()
+    }
+
+    /// The trace an operator's command starts: its tasks carry it, so a
+    /// worker's spans join the command's trace as the tick's tasks join the
+    /// tick's. Logged at debug, so a worker's lines can be matched to it.
+    fn traceparent(&self) -> String {
+        let mut rng = self.rng.lock().unwrap_or_else(|e| e.into_inner());
+        let traceparent = crate::engine::tick::new_traceparent(&mut *rng);
+        tracing::debug!(%traceparent, "operator command");
+        traceparent
+    }
+}
+
+impl Ops<'_> {
+    /// Takes `instance`'s lock, waiting at most [`OPERATOR_LOCK_WAIT`].
+    async fn lock(&self, instance: &Instance) -> Result<OperatorLock, String> {
+        // Unique per command run, across hosts: the pid alone could repeat
+        // on another machine, and the same holder string renews a lock.
+        let holder = format!("operator:{}#{:016x}", std::process::id(), self.random());
+        let began = tokio::time::Instant::now();
+        loop {
+            let locked = self
+                .store
+                .try_lock_instances(&[instance.id], &holder, OPERATOR_LOCK_TTL)
+                .await
+                .map_err(store_error)?;
+            if locked.contains(&instance.id) {
+                return Ok(OperatorLock {
+                    instance: instance.id,
+                    holder,
+                });
+            }
+            if began.elapsed() + OPERATOR_LOCK_RETRY > OPERATOR_LOCK_WAIT {
+                return Err(format!(
+                    "{} is busy: a recovery pass or a task held its lock for {} s; \
+                     nothing was changed, run the command again",
+                    instance.name,
+                    OPERATOR_LOCK_WAIT.as_secs()
+                ));
+            }
+            tokio::time::sleep(OPERATOR_LOCK_RETRY).await;
+        }
+    }
+
+    async fn unlock(&self, lock: OperatorLock) {
+        if let Err(e) = self
+            .store
+            .unlock_instances(&[lock.instance], &lock.holder)
+            .await
+        {
+            tracing::warn!(instance = lock.instance, error = %e,
+                "operator's instance lock not released; it expires in {} s",
+                OPERATOR_LOCK_TTL.as_secs());
+        }
+    }
+
+    /// Runs `change` on `name`'s instance, re-read under its lock (T3, T4:
+    /// what the command decides on is what the lock protects).
+    async fn under_lock<T>(
+        &self,
+        name: &str,
+        change: impl AsyncFnOnce(&Instance) -> Result<T, String>,
+    ) -> Result<T, String> {
+        let seen = self.find(name).await?;
+        let lock = self.lock(&seen).await?;
+        let result = match self.find(name).await {
+            Ok(instance) => change(&instance).await,
+            Err(e) => Err(e),
+        };
+        self.unlock(lock).await;
+        result
+    }
 }
 
 impl Ops<'_> {
@@ -205,7 +315,7 @@ impl Ops<'_> {
             instance: instance.id,
             run_after: self.now,
             reason: reason.to_owned(),
-            traceparent: Some(operator_traceparent()),
+            traceparent: Some(self.traceparent()),
         };
         self.store
             .enqueue(&task, self.now, None)
@@ -216,7 +326,14 @@ impl Ops<'_> {
     /// Sets the stopped intent; the recovery pass stops (or starts) the
     /// containers and rebuilds publication. Returns whether it changed.
     pub async fn set_stopped(&self, name: &str, stopped: bool) -> Result<bool, String> {
-        let instance = self.find(name).await?;
+        self.under_lock(name, async |instance| {
+            self.set_stopped_locked(instance, stopped).await
+        })
+        .await
+    }
+
+    async fn set_stopped_locked(&self, instance: &Instance, stopped: bool) -> Result<bool, String> {
+        let name = &instance.name;
         if matches!(
             instance.state,
             InstanceState::Deleting | InstanceState::Deleted
@@ -240,7 +357,12 @@ impl Ops<'_> {
     /// its queued tasks, in one transaction (the same path TTL expiry
     /// takes, T4).
     pub async fn delete(&self, name: &str) -> Result<Deletion, String> {
-        let instance = self.find(name).await?;
+        self.under_lock(name, async |instance| self.delete_locked(instance).await)
+            .await
+    }
+
+    async fn delete_locked(&self, instance: &Instance) -> Result<Deletion, String> {
+        let name = &instance.name;
         match instance.state {
             InstanceState::Deleting => return Ok(Deletion::AlreadyDeleting),
             InstanceState::Deleted => return Ok(Deletion::AlreadyDeleted),
@@ -251,7 +373,7 @@ impl Ops<'_> {
             instance: instance.id,
             run_after: self.now,
             reason: "operator: instance delete".into(),
-            traceparent: Some(operator_traceparent()),
+            traceparent: Some(self.traceparent()),
         };
         let expired = self
             .store
@@ -278,7 +400,19 @@ impl Ops<'_> {
         if reason == InhibitionReason::RETIREMENT_PENDING {
             return Err(format!("--reason {reason:?} is reserved for upgrades"));
         }
-        let instance = self.find(name).await?;
+        self.under_lock(name, async |instance| {
+            self.inhibit_locked(instance, service, reason).await
+        })
+        .await
+    }
+
+    async fn inhibit_locked(
+        &self,
+        instance: &Instance,
+        service: &str,
+        reason: &str,
+    ) -> Result<ContainerId, String> {
+        let name = &instance.name;
         let active = self
             .store
             .load_active(&instance.name)
@@ -314,7 +448,13 @@ impl Ops<'_> {
     /// Clears every hold (not retirement markers) on `service`; returns how
     /// many.
     pub async fn release(&self, name: &str, service: &str) -> Result<u32, String> {
-        let instance = self.find(name).await?;
+        self.under_lock(name, async |instance| {
+            self.release_locked(instance, service).await
+        })
+        .await
+    }
+
+    async fn release_locked(&self, instance: &Instance, service: &str) -> Result<u32, String> {
         let mut n = 0;
         for inhibition in self
             .store
@@ -368,17 +508,6 @@ impl Ops<'_> {
     }
 }
 
-/// The trace an operator's command starts: its tasks carry it, so a
-/// worker's spans join the command's trace as the tick's tasks join the
-/// tick's. Logged at debug, so a worker's lines can be matched to it.
-fn operator_traceparent() -> String {
-    use rand::SeedableRng;
-    let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(super::os_seed());
-    let traceparent = crate::engine::tick::new_traceparent(&mut rng);
-    tracing::debug!(%traceparent, "operator command");
-    traceparent
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -411,11 +540,7 @@ mod tests {
     #[tokio::test]
     async fn operator_tasks_carry_a_fresh_traceparent() {
         let store = MemoryStore::new();
-        let ops = Ops {
-            store: &store,
-            catalog: Arc::new(catalog()),
-            now: at(),
-        };
+        let ops = Ops::new(&store, Arc::new(catalog()), at(), 7);
         for name in ["blog", "wiki"] {
             ops.create(&request(name)).await.unwrap();
         }
@@ -436,11 +561,7 @@ mod tests {
     #[tokio::test]
     async fn a_version_the_catalog_does_not_have_is_refused_naming_both() {
         let store = MemoryStore::new();
-        let ops = Ops {
-            store: &store,
-            catalog: Arc::new(catalog()),
-            now: at(),
-        };
+        let ops = Ops::new(&store, Arc::new(catalog()), at(), 7);
         let error = ops
             .create(&CreateRequest {
                 version: Some("99".into()),
@@ -465,11 +586,7 @@ mod tests {
     #[tokio::test]
     async fn an_existing_name_is_an_error_unless_exists_ok_and_the_same_type() {
         let store = MemoryStore::new();
-        let ops = Ops {
-            store: &store,
-            catalog: Arc::new(catalog()),
-            now: at(),
-        };
+        let ops = Ops::new(&store, Arc::new(catalog()), at(), 7);
         let first = ops.create(&request("blog")).await.unwrap();
         assert!(first.task.is_some());
         let error = ops.create(&request("blog")).await.unwrap_err();
@@ -491,11 +608,7 @@ mod tests {
     #[tokio::test]
     async fn a_zero_ttl_is_refused() {
         let store = MemoryStore::new();
-        let ops = Ops {
-            store: &store,
-            catalog: Arc::new(catalog()),
-            now: at(),
-        };
+        let ops = Ops::new(&store, Arc::new(catalog()), at(), 7);
         let error = ops
             .create(&CreateRequest {
                 ttl: Some(Duration::ZERO),
@@ -509,11 +622,7 @@ mod tests {
     #[tokio::test]
     async fn deleting_says_what_it_cancelled_and_is_idempotent() {
         let store = MemoryStore::new();
-        let ops = Ops {
-            store: &store,
-            catalog: Arc::new(catalog()),
-            now: at(),
-        };
+        let ops = Ops::new(&store, Arc::new(catalog()), at(), 7);
         let created = ops.create(&request("blog")).await.unwrap();
         let Deletion::Started { cancelled, .. } = ops.delete("blog").await.unwrap() else {
             panic!("deletion did not start");
@@ -522,5 +631,69 @@ mod tests {
         assert_eq!(ops.delete("blog").await.unwrap(), Deletion::AlreadyDeleting);
         let error = ops.create(&request("blog")).await.unwrap_err();
         assert!(error.contains("being deleted"), "{error}");
+    }
+
+    /// T3: a command waits for a pass or task holding the instance, then
+    /// acts on the instance as it is under the lock, and releases it.
+    #[tokio::test(start_paused = true)]
+    async fn a_command_waits_for_the_instance_lock_and_releases_it() {
+        let store = Arc::new(MemoryStore::new());
+        let ops = Ops::new(store.as_ref(), Arc::new(catalog()), at(), 7);
+        let created = ops.create(&request("blog")).await.unwrap();
+        let id = created.instance.id;
+        let worker = "worker#1";
+        assert_eq!(
+            store
+                .try_lock_instances(&[id], worker, Duration::from_secs(600))
+                .await
+                .unwrap(),
+            vec![id]
+        );
+        let releaser = {
+            let store = store.clone();
+            tokio::spawn(async move {
+                tokio::time::sleep(Duration::from_secs(5)).await;
+                store.unlock_instances(&[id], worker).await.unwrap();
+            })
+        };
+        let began = tokio::time::Instant::now();
+        assert!(ops.set_stopped("blog", true).await.unwrap());
+        assert!(began.elapsed() >= Duration::from_secs(5), "did not wait");
+        releaser.await.unwrap();
+        // Released: a worker takes it at once.
+        assert_eq!(
+            store
+                .try_lock_instances(&[id], worker, Duration::from_secs(600))
+                .await
+                .unwrap(),
+            vec![id]
+        );
+    }
+
+    /// T3: a command that cannot get the lock in time changes nothing and
+    /// says what to do.
+    #[tokio::test(start_paused = true)]
+    async fn a_command_on_a_busy_instance_changes_nothing_and_says_so() {
+        let store = MemoryStore::new();
+        let ops = Ops::new(&store, Arc::new(catalog()), at(), 7);
+        let created = ops.create(&request("blog")).await.unwrap();
+        let id = created.instance.id;
+        store
+            .try_lock_instances(&[id], "worker#1", Duration::from_secs(3600))
+            .await
+            .unwrap();
+        let error = ops.delete("blog").await.unwrap_err();
+        assert!(error.contains("blog is busy"), "{error}");
+        assert!(error.contains("nothing was changed"), "{error}");
+        let error = ops.set_stopped("blog", true).await.unwrap_err();
+        assert!(error.contains("busy"), "{error}");
+        let instance = ops.find("blog").await.unwrap();
+        assert_eq!(instance.state, created.instance.state);
+        assert!(!instance.stopped);
+        assert_eq!(
+            store.all_tasks().len(),
+            1,
+            "the provision only, nothing cancelled"
+        );
     }
 }

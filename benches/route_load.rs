@@ -149,7 +149,10 @@ async fn main() {
     // daemon running: every `web` instance gets an upgrade.
     let writes_before = h.daemon().caddy.route_writes();
     std::fs::write(&h.daemon().config.catalog, two_types("2")).expect("write catalog");
-    let changes = h.daemon().reload_catalog().expect("the new catalog is valid");
+    let changes = h
+        .daemon()
+        .reload_catalog()
+        .expect("the new catalog is valid");
     assert!(!changes.is_empty(), "the reload changed the web version");
     // Meanwhile, containers of other instances crash and are recovered.
     let api = bollard::Docker::connect_with_local_defaults().expect("docker socket");

@@ -821,6 +821,14 @@ impl Checker {
         let free = self.policy.free_attempts as usize;
         let delays = self.policy.delays.clone();
         let window = self.policy.stable_window;
+        // Another process's start brings the container up for every
+        // process's streak: if it then stays up for the stable window, a
+        // process that leads again later sees it stable and resets too.
+        for ((c, h), streak) in s.streaks.iter_mut() {
+            if c == id && h != holder {
+                streak.up_since.get_or_insert(now);
+            }
+        }
         let streak = s
             .streaks
             .entry((id.clone(), holder.to_owned()))

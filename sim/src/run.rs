@@ -159,6 +159,9 @@ async fn simulate(cfg: SimConfig) -> SimOutcome {
         seed: rng.random(),
     });
     let mut processes = Processes::start(&topology, &shared, &mix, &mut rng);
+    let _ = faults
+        .process_nodes
+        .set(processes.nodes.iter().map(|n| n.id()).collect());
 
     let mut outcome = SimOutcome {
         seed: cfg.seed,
@@ -176,8 +179,10 @@ async fn simulate(cfg: SimConfig) -> SimOutcome {
             let security = rng.random_bool(0.2);
             *shared.catalog.lock().expect("poisoned") =
                 Arc::new(sim_catalog(&actors, version, security));
+            processes.adopt_pauses(&faults, &mut rng);
             processes.restart_all(&counts);
         }
+        processes.adopt_pauses(&faults, &mut rng);
         processes.inject(&mut rng, &mix, &counts);
         let outage = rng
             .random_bool(mix.store_outage)
@@ -211,11 +216,13 @@ async fn simulate(cfg: SimConfig) -> SimOutcome {
         if rng.random_bool(mix.pause) {
             let at = Duration::from_millis(rng.random_range(0..rest.as_millis().max(1) as u64));
             tokio::time::sleep(at).await;
+            processes.adopt_pauses(&faults, &mut rng);
             processes.pause_one(&mut rng, &counts);
             tokio::time::sleep(rest - at).await;
         } else {
             tokio::time::sleep(rest).await;
         }
+        processes.adopt_pauses(&faults, &mut rng);
         processes.settle(clock.now(), &counts);
         check_queue(&checker, store.as_ref(), &control, &catalog_of(&shared)).await;
         actors.forget_retired();
@@ -232,6 +239,7 @@ async fn simulate(cfg: SimConfig) -> SimOutcome {
     faults.proxy_down.store(false, Ordering::Relaxed);
     store.set_unavailable(false);
     checker.set_store_outage(false);
+    processes.adopt_pauses(&faults, &mut rng);
     processes.recover_all();
     let liveness = ladder_cap(&policy) + control.lease + cfg.tick * 4;
     let faults_stopped = clock.now();
@@ -384,6 +392,21 @@ impl Processes {
             counts.bump("host clock jumped");
             let i = rng.random_range(0..n);
             self.slots[i].set_skew_ms(draw_skew(rng, self.skew_ms_max));
+        }
+    }
+
+    /// Takes over the pauses the fault injector started right after an
+    /// effect: each resumes after the leases and a while more.
+    fn adopt_pauses(&mut self, faults: &SwarmFaults, rng: &mut ChaCha8Rng) {
+        let now = SystemClock.now();
+        let paused = std::mem::take(&mut *faults.paused_after_effect.lock().expect("poisoned"));
+        for node in paused {
+            let Some(i) = self.nodes.iter().position(|n| n.id() == node) else {
+                continue;
+            };
+            let ttl = reconciler_lease_ttl(self.tick, RecoveryPolicy::default().instance_deadline);
+            let after = ttl + Duration::from_secs(rng.random_range(1..120));
+            self.paused_until.entry(i).or_insert(add(now, after));
         }
     }
 

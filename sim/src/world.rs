@@ -68,6 +68,9 @@ pub struct FaultMix {
     pub store_outage: f64,
     /// Per tick: a process freezes for longer than its leases.
     pub pause: f64,
+    /// Per outside effect: the process freezes right after issuing it,
+    /// for longer than its leases, and resumes mid-pass (T2).
+    pub pause_after_effect: f64,
     /// A killed process comes back as a stranger (its data dir was lost).
     pub new_identity: f64,
     /// Largest skew of a host's wall clock against the database's.
@@ -106,6 +109,7 @@ impl FaultMix {
             daemon_kill: p(0.1),
             store_outage: p(0.05),
             pause: p(0.03),
+            pause_after_effect: p(0.01),
             new_identity: p(0.3),
             skew_ms_max: (p(1.0) * 600_000.0) as i64,
             event_drop: p(0.2),
@@ -146,6 +150,10 @@ pub struct SwarmFaults {
     pub counts: Arc<FaultCounts>,
     /// Told about injected not-found answers, which make the engine forget.
     pub checker: std::sync::OnceLock<Arc<Checker>>,
+    /// The stead processes' nodes: only they are paused after an effect.
+    pub process_nodes: std::sync::OnceLock<Vec<madsim::task::NodeId>>,
+    /// Nodes paused right after an effect, for the runner to resume.
+    pub paused_after_effect: Mutex<Vec<madsim::task::NodeId>>,
 }
 
 impl SwarmFaults {
@@ -157,6 +165,8 @@ impl SwarmFaults {
             rng: Mutex::new(ChaCha8Rng::seed_from_u64(seed)),
             counts,
             checker: std::sync::OnceLock::new(),
+            process_nodes: std::sync::OnceLock::new(),
+            paused_after_effect: Mutex::new(Vec::new()),
         }
     }
 }
@@ -206,6 +216,24 @@ impl FaultInjector for SwarmFaults {
                     }
                     return Fault::NotFound;
                 }
+            }
+        }
+        let outside_effect = matches!(
+            op,
+            Op::Start | Op::Stop | Op::Restart | Op::Remove | Op::Publish | Op::Withdraw
+        );
+        if outside_effect && rng.random_bool(m.pause_after_effect) {
+            // The effect happens; its answer comes after the pause, so the
+            // process resumes mid-pass with its leases long gone.
+            let node = madsim::plugin::node();
+            if self.process_nodes.get().is_some_and(|n| n.contains(&node)) {
+                self.counts.bump("daemon paused right after an effect");
+                madsim::runtime::Handle::current().pause(node);
+                self.paused_after_effect
+                    .lock()
+                    .expect("poisoned")
+                    .push(node);
+                return Fault::Slow(Duration::from_millis(1));
             }
         }
         if rng.random_bool(m.slow) {

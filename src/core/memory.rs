@@ -3,7 +3,9 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use super::recovery::{GenerationMemory, Report, ServiceMemory};
-use super::types::{ActiveRecord, GenerationKey, InstanceName, ServiceKey};
+use super::types::{
+    ActiveRecord, ContainerId, GenerationKey, InstanceName, ServiceKey, ServiceName,
+};
 
 /// Budgets and verified executions per generation, and the services whose
 /// last withdrawal failed. Lost on a daemon restart by design (R17).
@@ -54,6 +56,57 @@ impl RecoveryMemory {
         });
         self.pending_withdrawals
             .retain(|key| &key.instance != instance || active.services.contains_key(&key.service));
+    }
+
+    /// The part of the memory about one instance: what its pass starts
+    /// from ([`super::pass::PassInput::memory`]).
+    pub fn of_instance(&self, instance: &InstanceName) -> RecoveryMemory {
+        // Keys sort by instance first: a range, not a scan of the fleet.
+        let first = GenerationKey {
+            instance: instance.clone(),
+            service: ServiceName::new(""),
+            container: ContainerId::new(""),
+        };
+        let first_service = ServiceKey {
+            instance: instance.clone(),
+            service: ServiceName::new(""),
+        };
+        RecoveryMemory {
+            generations: self
+                .generations
+                .range(first..)
+                .take_while(|(key, _)| &key.instance == instance)
+                .map(|(key, memory)| (key.clone(), memory.clone()))
+                .collect(),
+            pending_withdrawals: self
+                .pending_withdrawals
+                .range(first_service..)
+                .take_while(|key| &key.instance == instance)
+                .cloned()
+                .collect(),
+        }
+    }
+
+    /// Replaces everything about one instance with what its pass left
+    /// ([`super::pass::InstanceReport::memory`]).
+    pub fn replace_instance(&mut self, instance: &InstanceName, with: RecoveryMemory) {
+        let old = self.of_instance(instance);
+        for key in old.generations.keys() {
+            self.generations.remove(key);
+        }
+        for key in &old.pending_withdrawals {
+            self.pending_withdrawals.remove(key);
+        }
+        self.generations.extend(
+            with.generations
+                .into_iter()
+                .filter(|(key, _)| &key.instance == instance),
+        );
+        self.pending_withdrawals.extend(
+            with.pending_withdrawals
+                .into_iter()
+                .filter(|key| &key.instance == instance),
+        );
     }
 
     /// R4 etc.: forget everything about one instance that is gone.

@@ -12,6 +12,7 @@ pub mod catalog;
 pub mod fleet;
 pub mod memory;
 pub mod names;
+pub mod pass;
 pub mod plan;
 pub mod policy;
 pub mod recovery;

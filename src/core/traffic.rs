@@ -9,10 +9,23 @@
 use std::collections::BTreeMap;
 
 use super::fleet::{Instance, InstanceState};
-use super::types::{ActiveRecord, InstanceName, ServiceKey};
+use super::types::{ActiveRecord, InstanceName, ServiceKey, ServiceName};
 
 /// The routes a pass found in the proxy: service → loopback host port.
 pub type HeldRoutes = BTreeMap<ServiceKey, u16>;
+
+/// The routes of one instance's services (keys sort by instance first:
+/// a range, not a scan of the fleet).
+pub fn routes_of(held: &HeldRoutes, instance: &InstanceName) -> HeldRoutes {
+    let first = ServiceKey {
+        instance: instance.clone(),
+        service: ServiceName::new(""),
+    };
+    held.range(first..)
+        .take_while(|(key, _)| &key.instance == instance)
+        .map(|(key, port)| (key.clone(), *port))
+        .collect()
+}
 
 /// Routes of instances that are gone: deleted, or unknown to the store
 /// (another tool's row, or one pruned). Nothing may be routed to them.

@@ -10,15 +10,12 @@ use jiff::Timestamp;
 
 use super::fleet::add;
 use super::memory::RecoveryMemory;
+use super::pass::{InstanceAnswer, InstanceCommand, InstancePass, PassInput};
 use super::policy::RecoveryPolicy;
-use super::recovery::{Command, Outcome, ProxyView, Report, ServiceInput, ServiceRecovery};
-use super::retire::{
-    decide_marker, inhibition_for, note_verdict, successor_confirmed, successor_routed,
-    MarkerDecision, VerifiedThisPass,
-};
+use super::recovery::{Command, Outcome, Report};
 use super::types::{
-    ActiveRecord, ActiveService, Binds, ContainerId, ContainerStatus, GenerationKey, Health,
-    Inhibition, InhibitionReason, InstanceName, Intent, Observation, RuntimeError, ServiceName,
+    ActiveRecord, ActiveService, Binds, ContainerId, ContainerStatus, Health, Inhibition,
+    InhibitionReason, InstanceName, Intent, Observation, RuntimeError, ServiceKey, ServiceName,
 };
 
 /// One container of the fake runtime.
@@ -219,52 +216,90 @@ impl World {
         self.log.iter().filter(|p| pred(&p.command)).count()
     }
 
-    /// One recovery pass over the instance (R2–R16 in the order the engine
-    /// runs them). Returns the service reports.
+    /// One recovery pass over the instance: the engine's own
+    /// [`InstancePass`] machine, performed synchronously against this
+    /// world. Returns the service reports.
     pub fn pass(&mut self) -> Vec<Report> {
-        let active = self.active.clone();
-        let mut reports = Vec::new();
-        let mut verified = VerifiedThisPass::new();
-        for (service, record) in &active.services {
-            let report = self.recover_service(service, record);
-            note_verdict(&mut verified, service, &report.verdict);
-            self.memory.apply(&report);
-            reports.push(report);
-        }
-        self.retire_markers(&active, &verified);
-        self.memory.prune(&self.instance, &self.active);
-        reports
-    }
-
-    /// Runs one service's machine to completion against this world.
-    pub fn recover_service(&mut self, service: &ServiceName, record: &ActiveService) -> Report {
-        let key = GenerationKey {
+        let input = PassInput {
             instance: self.instance.clone(),
-            service: service.clone(),
-            container: record.container.clone(),
-        };
-        let inhibition = inhibition_for(&self.inhibitions, service, &record.container);
-        let input = ServiceInput {
-            memory: self.memory.service(&key),
-            key,
-            active: record.clone(),
             intent: self.intent,
-            inhibition,
-            proxy: ProxyView::Unknown,
+            active: self.active.clone(),
+            inhibitions: self.inhibitions.clone(),
+            held: None,
+            memory: self.memory.of_instance(&self.instance),
+            deadline: add(self.now, self.policy.instance_deadline),
         };
         let policy = self.policy.clone();
-        let mut machine = ServiceRecovery::new(&policy, input);
-        while let Some(command) = machine.poll_command() {
-            self.log.push(Performed {
-                at: self.now,
-                service: service.clone(),
-                container: record.container.clone(),
-                command: command.clone(),
-            });
-            let outcome = self.perform(service, &record.container, &command);
-            machine.handle(outcome, self.now);
+        let mut pass = InstancePass::new(&policy, input);
+        while let Some(command) = pass.poll_command() {
+            let answer = self.perform_step(&command);
+            pass.handle(answer, self.now);
         }
-        machine.into_report()
+        let report = pass.into_report();
+        self.memory.replace_instance(&self.instance, report.memory);
+        report.reports
+    }
+
+    /// Performs one command of the instance pass.
+    fn perform_step(&mut self, command: &InstanceCommand) -> InstanceAnswer {
+        match command {
+            InstanceCommand::Service { key, command } => {
+                self.log.push(Performed {
+                    at: self.now,
+                    service: key.service.clone(),
+                    container: key.container.clone(),
+                    command: command.clone(),
+                });
+                InstanceAnswer::Service(self.perform(&key.service, &key.container, command))
+            }
+            InstanceCommand::InspectSuccessor(id) => {
+                InstanceAnswer::SuccessorInspected(self.inspect(id))
+            }
+            InstanceCommand::ReadRoutes => InstanceAnswer::RoutesRead(Ok(self
+                .routes
+                .iter()
+                .filter_map(|(service, route)| {
+                    let port = *route.binds.values().next()?;
+                    let key = ServiceKey {
+                        instance: self.instance.clone(),
+                        service: service.clone(),
+                    };
+                    Some((key, port))
+                })
+                .collect())),
+            InstanceCommand::StopPredecessor { generation, .. } => {
+                InstanceAnswer::PredecessorStopped(
+                    match self.containers.get_mut(&generation.container) {
+                        None => Err(RuntimeError::NotFound),
+                        Some(c) => {
+                            c.status = ContainerStatus::Exited;
+                            Ok(())
+                        }
+                    },
+                )
+            }
+            InstanceCommand::RemovePredecessor(generation) => {
+                self.containers.remove(&generation.container);
+                self.removed.push(generation.container.clone());
+                InstanceAnswer::PredecessorRemoved(Ok(()))
+            }
+            InstanceCommand::ReleaseClaims(generation) => {
+                self.released_claims.push(generation.container.clone());
+                InstanceAnswer::ClaimsReleased(Ok(()))
+            }
+            InstanceCommand::ClearMarker(generation) => {
+                self.inhibitions.retain(|i| {
+                    !(i.reason == InhibitionReason::RetirementPending
+                        && i.service == generation.service
+                        && i.container == generation.container)
+                });
+                InstanceAnswer::MarkerCleared(Ok(()))
+            }
+            InstanceCommand::WithdrawStale(key) => {
+                self.routes.remove(&key.service);
+                InstanceAnswer::StaleWithdrawn(Ok(()))
+            }
+        }
     }
 
     fn perform(&mut self, service: &ServiceName, id: &ContainerId, command: &Command) -> Outcome {
@@ -416,45 +451,6 @@ impl World {
             Ok(())
         } else {
             Err("connection refused".into())
-        }
-    }
-
-    /// R15, as the engine runs it.
-    fn retire_markers(&mut self, active: &ActiveRecord, verified: &VerifiedThisPass) {
-        let markers: Vec<Inhibition> = self
-            .inhibitions
-            .iter()
-            .filter(|i| i.reason == InhibitionReason::RetirementPending)
-            .cloned()
-            .collect();
-        for marker in markers {
-            let retire = match decide_marker(&marker, active, self.intent, verified) {
-                MarkerDecision::ClearMarker => {
-                    self.inhibitions.retain(|i| i != &marker);
-                    false
-                }
-                MarkerDecision::Retire => true,
-                MarkerDecision::ConfirmSuccessor {
-                    successor,
-                    verified_started_at,
-                    binds,
-                } => {
-                    let inspection = self.inspect(&successor);
-                    let proxy = self
-                        .routes
-                        .get(&marker.service)
-                        .and_then(|r| r.binds.values().next())
-                        .map_or(ProxyView::Absent, |port| ProxyView::Dials(*port));
-                    successor_confirmed(&inspection, verified_started_at)
-                        && successor_routed(proxy, &binds)
-                }
-                MarkerDecision::Wait => false,
-            };
-            if retire {
-                self.containers.remove(&marker.container);
-                self.removed.push(marker.container.clone());
-                self.inhibitions.retain(|i| i != &marker);
-            }
         }
     }
 }

@@ -7,21 +7,16 @@ use std::sync::{Arc, Mutex};
 
 use tokio::time::Instant;
 
+use crate::core::fleet::add;
 use crate::core::fleet::{Instance, InstanceState};
 use crate::core::memory::RecoveryMemory;
+use crate::core::pass::{Abandon, InstanceAnswer, InstanceCommand, InstancePass, PassInput};
 use crate::core::policy::{RecoveryPolicy, INSTANCE_LEASE_SLACK};
-use crate::core::recovery::{
-    Command, Outcome, ProxyView, Report, ServiceInput, ServiceRecovery, Verdict, Why,
-};
-use crate::core::retire::{
-    decide_marker, inhibition_for, note_verdict, successor_confirmed, successor_routed,
-    MarkerDecision, VerifiedThisPass,
-};
+use crate::core::recovery::{Command, Outcome, Report, Verdict, Why};
 use crate::core::spec::ReadinessProbe;
-use crate::core::traffic::{routes_of_gone_instances, routes_without_active, HeldRoutes};
+use crate::core::traffic::{routes_of, routes_of_gone_instances, HeldRoutes};
 use crate::core::types::{
-    ActiveRecord, ActiveService, GenerationKey, Inhibition, InhibitionReason, InstanceName, Intent,
-    RuntimeError, ServiceKey, ServiceName,
+    ActiveRecord, ContainerStatus, GenerationKey, Inhibition, InstanceName, ServiceKey, ServiceName,
 };
 use crate::mutants::{self, Mutant};
 use crate::ports::{LeaseGrant, PlaneCheck, Route, StoreError};
@@ -59,6 +54,15 @@ pub struct PassOutcome {
     pub instances: BTreeMap<InstanceName, InstanceOutcome>,
     /// Errors not tied to one instance (listing failed, bad rows).
     pub errors: Vec<String>,
+}
+
+impl InstanceOutcome {
+    fn failed(error: String) -> Self {
+        Self {
+            errors: vec![error],
+            ..Default::default()
+        }
+    }
 }
 
 impl PassOutcome {
@@ -315,94 +319,71 @@ impl Recoverer {
         held: Option<&HeldRoutes>,
     ) -> InstanceOutcome {
         let deadline = Instant::now() + self.policy.instance_deadline;
-        let mut out = InstanceOutcome::default();
         let loaded = within(deadline, self.load(&instance.name)).await;
         let (instance, active, inhibitions) = match loaded {
             Ok(Ok(loaded)) => loaded,
-            Ok(Err(e)) => {
-                out.errors.push(format!("{}: load: {e}", instance.name));
-                return out;
-            }
+            Ok(Err(e)) => return InstanceOutcome::failed(format!("{}: load: {e}", instance.name)),
             Err(_) => {
-                out.errors
-                    .push(format!("{}: load: deadline exceeded", instance.name));
-                return out;
+                return InstanceOutcome::failed(format!(
+                    "{}: load: deadline exceeded",
+                    instance.name
+                ))
             }
         };
-        let instance = &instance;
-        let intent = instance.intent();
-        let mut verified = VerifiedThisPass::new();
-        for (service, record) in &active.services {
-            let swapped;
-            let record = if mutants::active(Mutant::StartNonActive) {
-                let marker = inhibitions.iter().find(|i| {
-                    &i.service == service && i.reason == InhibitionReason::RetirementPending
-                });
-                swapped = ActiveService {
-                    container: marker.map_or(record.container.clone(), |m| m.container.clone()),
-                    ..record.clone()
-                };
-                &swapped
-            } else {
-                record
-            };
-            let key = GenerationKey {
-                instance: instance.name.clone(),
-                service: service.clone(),
-                container: record.container.clone(),
-            };
-            let inhibition = inhibition_for(&inhibitions, service, &record.container);
-            let memory = self.memory.lock().expect("memory poisoned").service(&key);
-            let held = held.filter(|_| !mutants::active(Mutant::ForgetProxyRoutes));
-            let proxy = match held {
-                None => ProxyView::Unknown,
-                Some(held) => held
-                    .get(&ServiceKey {
-                        instance: instance.name.clone(),
-                        service: service.clone(),
-                    })
-                    .map_or(ProxyView::Absent, |port| ProxyView::Dials(*port)),
-            };
-            let input = ServiceInput {
-                key,
-                active: record.clone(),
-                intent,
-                inhibition,
-                memory,
-                proxy,
-            };
-            let report = self.drive(instance, input, deadline, mandate).await;
-            note_verdict(&mut verified, service, &report.verdict);
-            for e in &report.errors {
-                out.errors
-                    .push(format!("{}/{}: {e}", instance.name, service));
+        let memory = self
+            .memory
+            .lock()
+            .expect("memory poisoned")
+            .of_instance(&instance.name);
+        let input = PassInput {
+            instance: instance.name.clone(),
+            intent: instance.intent(),
+            active,
+            inhibitions,
+            held: held.map(|held| routes_of(held, &instance.name)),
+            memory: memory.clone(),
+            deadline: add(self.ports.clock.now(), self.policy.instance_deadline),
+        };
+        let mut pass = InstancePass::new(&self.policy, input);
+        let mut log = StepLog::new(memory);
+        while let Some(command) = pass.poll_command() {
+            // Checked with no await before the effect is issued: a process
+            // paused past its lease stops here instead of acting (T2).
+            let careless = mutants::active(Mutant::ActOnExpiredLease);
+            if command.is_outside_effect() && !self.may_act(mandate) && !careless {
+                pass.abandon(Abandon::MandateLost);
+                break;
             }
-            self.memory.lock().expect("memory poisoned").apply(&report);
-            out.reports.push(report);
-        }
-        self.retire_markers(
-            instance,
-            intent,
-            &active,
-            &inhibitions,
-            &verified,
-            deadline,
-            mandate,
-            &mut out,
-        )
-        .await;
-        if let Some(held) = held {
-            for stale in routes_without_active(held, &instance.name, &active) {
-                if self.may_act(mandate) {
-                    self.withdraw_stale(&stale, &mut out.errors).await;
+            let why = pass.why();
+            // The deadline is measured on the monotonic clock; the machine
+            // is told when it passed.
+            match within(deadline, self.perform(&instance, &command, &mandate.fence)).await {
+                Ok(answer) => {
+                    log.step(&command, why, &answer);
+                    pass.handle(answer, self.ports.clock.now());
+                }
+                Err(_) => {
+                    pass.abandon(Abandon::Deadline);
+                    break;
                 }
             }
         }
+        let report = pass.into_report();
+        for service in &report.reports {
+            record_metrics(service);
+            log_hold(service, &log.before(&service.key));
+        }
+        metrics::counter!("stead_retirements_total").increment(report.retired.len() as u64);
         self.memory
             .lock()
             .expect("memory poisoned")
-            .prune(&instance.name, &active);
-        out
+            .replace_instance(&instance.name, report.memory);
+        InstanceOutcome {
+            reports: report.reports,
+            retired: report.retired.iter().map(ToString::to_string).collect(),
+            errors: report.errors,
+            ..Default::default()
+        }
     }
 
     /// Loads intent, ACTIVE and inhibitions under the instance lock: the
@@ -423,58 +404,67 @@ impl Recoverer {
         Ok((instance, active, inhibitions))
     }
 
-    /// Runs one service's machine to completion, or abandons it at the
-    /// deadline (fail closed).
-    async fn drive(
-        &self,
-        instance: &Instance,
-        input: ServiceInput,
-        deadline: Instant,
-        mandate: &Mandate,
-    ) -> Report {
-        let before = Before {
-            routed: input.memory.generation.verified_started_at.is_some(),
-            next_attempt: input
-                .memory
-                .generation
-                .budget
-                .as_ref()
-                .and_then(|b| b.next_attempt),
-        };
-        let mut machine = ServiceRecovery::new(&self.policy, input);
-        let mut last_status = None;
-        while let Some(command) = machine.poll_command() {
-            // Checked with no await before the effect is issued: a process
-            // paused past its lease stops here instead of acting (T2).
-            let careless = mutants::active(Mutant::ActOnExpiredLease);
-            if command.is_outside_effect() && !self.may_act(mandate) && !careless {
-                return machine.abandon();
-            }
-            let why = machine.why();
-            let performed = within(
-                deadline,
-                self.perform(instance, machine.key(), &command, &mandate.fence),
-            )
-            .await;
-            match performed {
-                Ok(outcome) => {
-                    if let Outcome::Inspected(Ok(obs)) = &outcome {
-                        last_status = Some(obs.status);
-                    }
-                    log_step(machine.key(), &command, why, &outcome, &before, last_status);
-                    machine.handle(outcome, self.ports.clock.now())
-                }
-                Err(_) => return machine.abandon(),
-            }
-        }
-        let report = machine.into_report();
-        record_metrics(&report);
-        log_hold(&report, &before);
-        report
-    }
-
     /// Performs one command through the ports. No decisions here.
     async fn perform(
+        &self,
+        instance: &Instance,
+        command: &InstanceCommand,
+        fence: &LeaseGrant,
+    ) -> InstanceAnswer {
+        let p = &self.ports;
+        match command {
+            InstanceCommand::Service { key, command } => {
+                InstanceAnswer::Service(self.perform_service(instance, key, command, fence).await)
+            }
+            InstanceCommand::InspectSuccessor(id) => {
+                InstanceAnswer::SuccessorInspected(p.runtime.inspect(id).await)
+            }
+            InstanceCommand::ReadRoutes => InstanceAnswer::RoutesRead(
+                p.traffic
+                    .held_routes()
+                    .await
+                    .map(|routes| routes.into_iter().map(|r| (r.service, r.port)).collect())
+                    .map_err(|e| e.to_string()),
+            ),
+            InstanceCommand::StopPredecessor { generation, grace } => {
+                InstanceAnswer::PredecessorStopped(p.runtime.stop(generation, *grace).await)
+            }
+            InstanceCommand::RemovePredecessor(generation) => {
+                InstanceAnswer::PredecessorRemoved(p.runtime.remove(generation).await)
+            }
+            InstanceCommand::ReleaseClaims(generation) => InstanceAnswer::ClaimsReleased(
+                p.store
+                    .release_claims(&generation.instance, &generation.container, Some(fence))
+                    .await
+                    .map_err(|e| e.to_string()),
+            ),
+            InstanceCommand::ClearMarker(generation) => InstanceAnswer::MarkerCleared(
+                p.store
+                    .clear_inhibition(
+                        &generation.instance,
+                        &generation.service,
+                        &generation.container,
+                        Some(fence),
+                    )
+                    .await
+                    .map_err(|e| e.to_string()),
+            ),
+            InstanceCommand::WithdrawStale(service) => {
+                let result = p.traffic.withdraw(service).await;
+                if result.is_ok() {
+                    tracing::info!(
+                        instance = %service.instance,
+                        service = %service.service,
+                        "withdrew a route nothing serves any more"
+                    );
+                }
+                InstanceAnswer::StaleWithdrawn(result.map_err(|e| e.to_string()))
+            }
+        }
+    }
+
+    /// Performs one step of a service's recovery through the ports.
+    async fn perform_service(
         &self,
         instance: &Instance,
         key: &GenerationKey,
@@ -563,142 +553,6 @@ impl Recoverer {
             ),
         }
     }
-
-    /// R15: markers last, only after successors were verified this pass.
-    #[allow(clippy::too_many_arguments)]
-    async fn retire_markers(
-        &self,
-        instance: &Instance,
-        intent: Intent,
-        active: &ActiveRecord,
-        inhibitions: &[Inhibition],
-        verified: &VerifiedThisPass,
-        deadline: Instant,
-        mandate: &Mandate,
-        out: &mut InstanceOutcome,
-    ) {
-        let markers = inhibitions
-            .iter()
-            .filter(|i| i.reason == InhibitionReason::RetirementPending);
-        for marker in markers {
-            let step = within(
-                deadline,
-                self.settle_marker(instance, intent, active, marker, verified, mandate),
-            )
-            .await;
-            match step {
-                Ok(Ok(true)) => out.retired.push(marker.container.to_string()),
-                Ok(Ok(false)) => {}
-                Ok(Err(e)) => out.errors.push(format!(
-                    "{}: retirement pending for {}: {e}",
-                    instance.name, marker.container
-                )),
-                Err(_) => out.errors.push(format!(
-                    "{}: retirement of {}: deadline exceeded",
-                    instance.name, marker.container
-                )),
-            }
-        }
-    }
-
-    /// Returns whether the marker's container was retired.
-    /// Reads the proxy's route of one service back now, not as the pass
-    /// began (R15, S5). A failed read is `Unknown`.
-    async fn route_now(&self, instance: &InstanceName, service: &ServiceName) -> ProxyView {
-        let key = ServiceKey {
-            instance: instance.clone(),
-            service: service.clone(),
-        };
-        let read = tokio::time::timeout(
-            self.policy.instance_deadline,
-            self.ports.traffic.held_routes(),
-        )
-        .await;
-        match read {
-            Ok(Ok(routes)) => routes
-                .into_iter()
-                .find(|r| r.service == key)
-                .map_or(ProxyView::Absent, |r| ProxyView::Dials(r.port)),
-            Ok(Err(e)) => {
-                tracing::warn!(instance = %instance, service = %service, error = %e,
-                    "could not read the proxy's routes back; retirement left for later");
-                ProxyView::Unknown
-            }
-            Err(_) => ProxyView::Unknown,
-        }
-    }
-
-    async fn settle_marker(
-        &self,
-        instance: &Instance,
-        intent: Intent,
-        active: &ActiveRecord,
-        marker: &Inhibition,
-        verified: &VerifiedThisPass,
-        mandate: &Mandate,
-    ) -> Result<bool, String> {
-        let p = &self.ports;
-        let fence = Some(&mandate.fence);
-        let retire = match decide_marker(marker, active, intent, verified) {
-            MarkerDecision::ClearMarker => {
-                p.store
-                    .clear_inhibition(&instance.name, &marker.service, &marker.container, fence)
-                    .await
-                    .map_err(|e| e.to_string())?;
-                return Ok(false);
-            }
-            MarkerDecision::Wait => return Ok(false),
-            MarkerDecision::Retire => true,
-            MarkerDecision::ConfirmSuccessor {
-                successor,
-                verified_started_at,
-                binds,
-            } => {
-                successor_confirmed(&p.runtime.inspect(&successor).await, verified_started_at)
-                    && successor_routed(
-                        self.route_now(&instance.name, &marker.service).await,
-                        &binds,
-                    )
-            }
-        };
-        if !retire {
-            return Ok(false);
-        }
-        if !self.may_act(mandate) {
-            return Err(
-                "lease or instance lock no longer trusted; retirement left for later".into(),
-            );
-        }
-        let grace = marker.stop_grace.unwrap_or(self.policy.stop_grace_default);
-        let generation = GenerationKey {
-            instance: instance.name.clone(),
-            service: marker.service.clone(),
-            container: marker.container.clone(),
-        };
-        match p.runtime.stop(&generation, grace).await {
-            Ok(()) | Err(RuntimeError::NotFound) => {}
-            Err(e) => return Err(format!("stop: {e}")),
-        }
-        if !self.may_act(mandate) {
-            return Err("lease or instance lock no longer trusted; removal left for later".into());
-        }
-        p.runtime
-            .remove(&generation)
-            .await
-            .map_err(|e| format!("remove: {e}"))?;
-        // The marker stays until the container is gone and its claims are
-        // released, so a failure here is retried next pass.
-        p.store
-            .release_claims(&instance.name, &marker.container, fence)
-            .await
-            .map_err(|e| format!("release claims: {e}"))?;
-        p.store
-            .clear_inhibition(&instance.name, &marker.service, &marker.container, fence)
-            .await
-            .map_err(|e| format!("clear marker: {e}"))?;
-        metrics::counter!("stead_retirements_total").increment(1);
-        Ok(true)
-    }
 }
 
 /// Runs `future` until `deadline`. (madsim has no `timeout_at`, so both
@@ -714,6 +568,51 @@ async fn within<F: std::future::Future>(
 fn record_metrics(report: &Report) {
     if report.intervened {
         metrics::counter!("stead_recoveries_total").increment(1);
+    }
+}
+
+/// What the log of one instance's pass needs to say what each step meant.
+struct StepLog {
+    /// The instance's memory before the pass.
+    before: RecoveryMemory,
+    /// The last status inspected, per generation.
+    last_status: BTreeMap<GenerationKey, ContainerStatus>,
+}
+
+impl StepLog {
+    fn new(before: RecoveryMemory) -> Self {
+        Self {
+            before,
+            last_status: BTreeMap::new(),
+        }
+    }
+
+    fn before(&self, key: &GenerationKey) -> Before {
+        let memory = self.before.service(key);
+        Before {
+            routed: memory.generation.verified_started_at.is_some(),
+            next_attempt: memory
+                .generation
+                .budget
+                .as_ref()
+                .and_then(|b| b.next_attempt),
+        }
+    }
+
+    fn step(&mut self, command: &InstanceCommand, why: Option<Why>, answer: &InstanceAnswer) {
+        let (
+            InstanceCommand::Service { key, command },
+            InstanceAnswer::Service(outcome),
+            Some(why),
+        ) = (command, answer, why)
+        else {
+            return;
+        };
+        if let Outcome::Inspected(Ok(obs)) = outcome {
+            self.last_status.insert(key.clone(), obs.status);
+        }
+        let last_status = self.last_status.get(key).copied();
+        log_step(key, command, why, outcome, &self.before(key), last_status);
     }
 }
 

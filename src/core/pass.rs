@@ -1,0 +1,562 @@
+//! One instance's recovery pass as a sans-IO machine (R2, R3, R15, R16, T5).
+//!
+//! It owns the order of everything a pass does to one instance: each
+//! service's recovery ([`ServiceRecovery`]) in ACTIVE's order, then every
+//! `retirement-pending` marker (R15: confirm the successor, read its route
+//! back, stop, remove, release claims, clear the marker), then the routes
+//! ACTIVE no longer names, then pruning memory (R16). The daemon's engine
+//! and the test [`super::world::World`] drive this one machine, so the
+//! sequence they run is the same by construction.
+//!
+//! The caller loads the instance under its lock, then loops:
+//!
+//! ```text
+//! while let Some(command) = pass.poll_command() {
+//!     // outside effects only while the lease and lock are trusted
+//!     let answer = perform(command);      // through the ports
+//!     pass.handle(answer, now);
+//! }
+//! let report = pass.into_report();
+//! ```
+//!
+//! The instance deadline is the machine's: [`InstancePass::poll_timeout`]
+//! names it and [`InstancePass::handle_timeout`] abandons what is left once
+//! it has passed. A driver that loses its mandate (lease or lock) mid-pass
+//! calls [`InstancePass::abandon`].
+
+use std::collections::VecDeque;
+use std::time::Duration;
+
+use jiff::Timestamp;
+
+use crate::mutants::{self, Mutant};
+
+use super::memory::RecoveryMemory;
+use super::policy::RecoveryPolicy;
+use super::recovery::{Command, Outcome, ProxyView, Report, ServiceInput, ServiceRecovery, Why};
+use super::retire::{
+    decide_marker, inhibition_for, note_verdict, successor_confirmed, successor_routed,
+    MarkerDecision, VerifiedThisPass,
+};
+use super::traffic::{routes_without_active, HeldRoutes};
+use super::types::{
+    ActiveRecord, ActiveService, Binds, ContainerId, GenerationKey, Inhibition, InhibitionReason,
+    InstanceName, Intent, Observation, RuntimeError, ServiceKey, ServiceName,
+};
+
+/// What one instance's pass starts from, all loaded under its lock.
+#[derive(Clone, Debug)]
+pub struct PassInput {
+    pub instance: InstanceName,
+    pub intent: Intent,
+    pub active: ActiveRecord,
+    pub inhibitions: Vec<Inhibition>,
+    /// The routes the proxy held when the whole pass began (T5); `None`
+    /// for a targeted pass or when the read failed (memory is trusted).
+    pub held: Option<HeldRoutes>,
+    /// This instance's memory from earlier passes
+    /// ([`RecoveryMemory::of_instance`]).
+    pub memory: RecoveryMemory,
+    /// When the pass must give up what is left.
+    pub deadline: Timestamp,
+}
+
+/// One effect the driver must perform.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum InstanceCommand {
+    /// A step of one service's recovery, on that exact generation.
+    Service {
+        key: GenerationKey,
+        command: Command,
+    },
+    /// R15: the successor's final inspection before its predecessor goes.
+    InspectSuccessor(ContainerId),
+    /// R15, S5: the proxy's routes, read back at the moment of retiring
+    /// (the pass's own view is as old as the pass).
+    ReadRoutes,
+    /// R15: stop the superseded container.
+    StopPredecessor {
+        generation: GenerationKey,
+        grace: Duration,
+    },
+    RemovePredecessor(GenerationKey),
+    /// Release the bind claims of the removed predecessor.
+    ReleaseClaims(GenerationKey),
+    /// Drop the `retirement-pending` marker of this generation.
+    ClearMarker(GenerationKey),
+    /// T5: a route of this instance's service that ACTIVE no longer names.
+    WithdrawStale(ServiceKey),
+}
+
+impl InstanceCommand {
+    /// Whether the command changes the workload or the traffic plane (no
+    /// fence can guard it, so it needs the lease and lock trusted now).
+    pub fn is_outside_effect(&self) -> bool {
+        match self {
+            Self::Service { command, .. } => command.is_outside_effect(),
+            Self::StopPredecessor { .. } | Self::RemovePredecessor(_) | Self::WithdrawStale(_) => {
+                true
+            }
+            Self::InspectSuccessor(_)
+            | Self::ReadRoutes
+            | Self::ReleaseClaims(_)
+            | Self::ClearMarker(_) => false,
+        }
+    }
+}
+
+/// The result of performing an [`InstanceCommand`], variant for variant.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum InstanceAnswer {
+    Service(Outcome),
+    SuccessorInspected(Result<Observation, RuntimeError>),
+    RoutesRead(Result<HeldRoutes, String>),
+    PredecessorStopped(Result<(), RuntimeError>),
+    PredecessorRemoved(Result<(), RuntimeError>),
+    ClaimsReleased(Result<(), String>),
+    MarkerCleared(Result<(), String>),
+    StaleWithdrawn(Result<(), String>),
+}
+
+/// Why the rest of a pass was given up.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Abandon {
+    /// The instance deadline passed.
+    Deadline,
+    /// The lease or the instance lock is no longer trusted (T2, T3).
+    MandateLost,
+}
+
+impl Abandon {
+    fn describe(self) -> &'static str {
+        match self {
+            Self::Deadline => "deadline exceeded",
+            Self::MandateLost => "lease or instance lock no longer trusted; left for later",
+        }
+    }
+}
+
+/// What one instance's pass did.
+#[derive(Debug)]
+pub struct InstanceReport {
+    pub reports: Vec<Report>,
+    /// Predecessors retired (R15).
+    pub retired: Vec<ContainerId>,
+    /// Stale routes withdrawn (T5).
+    pub withdrawn_stale: Vec<ServiceKey>,
+    /// Each prefixed with the instance (and service) it concerns.
+    pub errors: Vec<String>,
+    /// This instance's memory for the next pass, pruned (R16).
+    pub memory: RecoveryMemory,
+}
+
+/// Where one marker's retirement stands.
+#[derive(Debug)]
+enum MarkerStep {
+    Clear,
+    InspectSuccessor {
+        successor: ContainerId,
+        verified_started_at: Option<Timestamp>,
+        binds: Binds,
+    },
+    ReadRoutes {
+        binds: Binds,
+    },
+    Stop,
+    Remove,
+    ReleaseClaims,
+    ClearRetired,
+}
+
+#[derive(Debug)]
+enum Stage {
+    Services,
+    Markers,
+    Stale,
+    Done,
+}
+
+/// The machine. See the module docs.
+#[derive(Debug)]
+pub struct InstancePass<'p> {
+    policy: &'p RecoveryPolicy,
+    instance: InstanceName,
+    intent: Intent,
+    active: ActiveRecord,
+    inhibitions: Vec<Inhibition>,
+    held: Option<HeldRoutes>,
+    memory: RecoveryMemory,
+    deadline: Timestamp,
+    stage: Stage,
+    services: VecDeque<(ServiceName, ActiveService)>,
+    current: Option<ServiceRecovery<'p>>,
+    verified: VerifiedThisPass,
+    markers: VecDeque<Inhibition>,
+    marker: Option<(Inhibition, MarkerStep)>,
+    stale: VecDeque<ServiceKey>,
+    outstanding: Option<InstanceCommand>,
+    reports: Vec<Report>,
+    retired: Vec<ContainerId>,
+    withdrawn_stale: Vec<ServiceKey>,
+    errors: Vec<String>,
+}
+
+impl<'p> InstancePass<'p> {
+    pub fn new(policy: &'p RecoveryPolicy, input: PassInput) -> Self {
+        let services = input
+            .active
+            .services
+            .iter()
+            .map(|(name, record)| (name.clone(), record.clone()))
+            .collect();
+        let markers = input
+            .inhibitions
+            .iter()
+            .filter(|i| i.reason == InhibitionReason::RetirementPending)
+            .cloned()
+            .collect();
+        let held = input
+            .held
+            .filter(|_| !mutants::active(Mutant::ForgetProxyRoutes));
+        Self {
+            policy,
+            instance: input.instance,
+            intent: input.intent,
+            active: input.active,
+            inhibitions: input.inhibitions,
+            held,
+            memory: input.memory,
+            deadline: input.deadline,
+            stage: Stage::Services,
+            services,
+            current: None,
+            verified: VerifiedThisPass::new(),
+            markers,
+            marker: None,
+            stale: VecDeque::new(),
+            outstanding: None,
+            reports: Vec::new(),
+            retired: Vec::new(),
+            withdrawn_stale: Vec::new(),
+            errors: Vec::new(),
+        }
+    }
+
+    pub fn instance(&self) -> &InstanceName {
+        &self.instance
+    }
+
+    /// Why the current service's machine does what it does (for the log).
+    pub fn why(&self) -> Option<Why> {
+        self.current.as_ref().map(ServiceRecovery::why)
+    }
+
+    pub fn is_done(&self) -> bool {
+        matches!(self.stage, Stage::Done)
+    }
+
+    /// The next effect to perform, or `None` once the pass is over.
+    pub fn poll_command(&mut self) -> Option<InstanceCommand> {
+        assert!(
+            self.outstanding.is_none(),
+            "poll_command before the last command was answered"
+        );
+        let command = self.next_command()?;
+        self.outstanding = Some(command.clone());
+        Some(command)
+    }
+
+    fn next_command(&mut self) -> Option<InstanceCommand> {
+        loop {
+            match self.stage {
+                Stage::Services => {
+                    if let Some(machine) = &mut self.current {
+                        if let Some(command) = machine.poll_command() {
+                            return Some(InstanceCommand::Service {
+                                key: machine.key().clone(),
+                                command,
+                            });
+                        }
+                        let machine = self.current.take().expect("current");
+                        self.finish_service(machine.into_report());
+                        continue;
+                    }
+                    match self.services.pop_front() {
+                        Some((name, record)) => {
+                            self.current = Some(self.service_machine(name, record))
+                        }
+                        None => self.stage = Stage::Markers,
+                    }
+                }
+                Stage::Markers => {
+                    if let Some(command) = self.marker_command() {
+                        return Some(command);
+                    }
+                    if self.marker.is_none() && self.markers.is_empty() {
+                        self.stale = self
+                            .held
+                            .as_ref()
+                            .map(|held| routes_without_active(held, &self.instance, &self.active))
+                            .unwrap_or_default()
+                            .into();
+                        self.stage = Stage::Stale;
+                    }
+                }
+                Stage::Stale => match self.stale.pop_front() {
+                    Some(key) => return Some(InstanceCommand::WithdrawStale(key)),
+                    None => {
+                        self.memory.prune(&self.instance, &self.active);
+                        self.stage = Stage::Done;
+                    }
+                },
+                Stage::Done => return None,
+            }
+        }
+    }
+
+    fn service_machine(&self, service: ServiceName, record: ActiveService) -> ServiceRecovery<'p> {
+        let record = if mutants::active(Mutant::StartNonActive) {
+            let marker = self
+                .inhibitions
+                .iter()
+                .find(|i| i.service == service && i.reason == InhibitionReason::RetirementPending);
+            ActiveService {
+                container: marker.map_or(record.container.clone(), |m| m.container.clone()),
+                ..record
+            }
+        } else {
+            record
+        };
+        let key = GenerationKey {
+            instance: self.instance.clone(),
+            service: service.clone(),
+            container: record.container.clone(),
+        };
+        let service_key = ServiceKey {
+            instance: self.instance.clone(),
+            service: service.clone(),
+        };
+        let proxy = match &self.held {
+            None => ProxyView::Unknown,
+            Some(held) => held
+                .get(&service_key)
+                .map_or(ProxyView::Absent, |port| ProxyView::Dials(*port)),
+        };
+        let input = ServiceInput {
+            inhibition: inhibition_for(&self.inhibitions, &service, &record.container),
+            memory: self.memory.service(&key),
+            key,
+            active: record,
+            intent: self.intent,
+            proxy,
+        };
+        ServiceRecovery::new(self.policy, input)
+    }
+
+    fn finish_service(&mut self, report: Report) {
+        note_verdict(&mut self.verified, &report.key.service, &report.verdict);
+        for e in &report.errors {
+            self.errors
+                .push(format!("{}/{}: {e}", self.instance, report.key.service));
+        }
+        self.memory.apply(&report);
+        self.reports.push(report);
+    }
+
+    /// The next command of the marker in hand, taking up markers in turn;
+    /// `None` when no marker is left.
+    fn marker_command(&mut self) -> Option<InstanceCommand> {
+        loop {
+            if self.marker.is_none() {
+                let marker = self.markers.pop_front()?;
+                let step = match decide_marker(&marker, &self.active, self.intent, &self.verified) {
+                    MarkerDecision::ClearMarker => MarkerStep::Clear,
+                    MarkerDecision::Wait => continue,
+                    MarkerDecision::Retire => MarkerStep::Stop,
+                    MarkerDecision::ConfirmSuccessor {
+                        successor,
+                        verified_started_at,
+                        binds,
+                    } => MarkerStep::InspectSuccessor {
+                        successor,
+                        verified_started_at,
+                        binds,
+                    },
+                };
+                self.marker = Some((marker, step));
+            }
+            let (marker, step) = self.marker.as_ref().expect("marker in hand");
+            let generation = GenerationKey {
+                instance: self.instance.clone(),
+                service: marker.service.clone(),
+                container: marker.container.clone(),
+            };
+            return Some(match step {
+                MarkerStep::Clear | MarkerStep::ClearRetired => {
+                    InstanceCommand::ClearMarker(generation)
+                }
+                MarkerStep::InspectSuccessor { successor, .. } => {
+                    InstanceCommand::InspectSuccessor(successor.clone())
+                }
+                MarkerStep::ReadRoutes { .. } => InstanceCommand::ReadRoutes,
+                MarkerStep::Stop => InstanceCommand::StopPredecessor {
+                    generation,
+                    grace: marker.stop_grace.unwrap_or(self.policy.stop_grace_default),
+                },
+                MarkerStep::Remove => InstanceCommand::RemovePredecessor(generation),
+                MarkerStep::ReleaseClaims => InstanceCommand::ReleaseClaims(generation),
+            });
+        }
+    }
+
+    /// Feeds the answer to the last command.
+    pub fn handle(&mut self, answer: InstanceAnswer, now: Timestamp) {
+        let command = self
+            .outstanding
+            .take()
+            .expect("an answer without a command");
+        match (command, answer) {
+            (InstanceCommand::Service { .. }, InstanceAnswer::Service(outcome)) => self
+                .current
+                .as_mut()
+                .expect("a service in hand")
+                .handle(outcome, now),
+            (InstanceCommand::WithdrawStale(key), InstanceAnswer::StaleWithdrawn(result)) => {
+                match result {
+                    Ok(()) => self.withdrawn_stale.push(key),
+                    Err(e) => self.errors.push(format!(
+                        "{}/{}: withdraw stale route: {e}",
+                        key.instance, key.service
+                    )),
+                }
+            }
+            (command, answer) => self.handle_marker(command, answer),
+        }
+    }
+
+    fn handle_marker(&mut self, command: InstanceCommand, answer: InstanceAnswer) {
+        let (marker, step) = self.marker.take().expect("a marker in hand");
+        let next = match (step, answer) {
+            (MarkerStep::Clear, InstanceAnswer::MarkerCleared(result)) => {
+                result.err().map(|e| Err(format!("clear marker: {e}")))
+            }
+            (
+                MarkerStep::InspectSuccessor {
+                    verified_started_at,
+                    binds,
+                    ..
+                },
+                InstanceAnswer::SuccessorInspected(inspection),
+            ) => successor_confirmed(&inspection, verified_started_at)
+                .then_some(Ok(MarkerStep::ReadRoutes { binds })),
+            (MarkerStep::ReadRoutes { binds }, InstanceAnswer::RoutesRead(read)) => {
+                let key = ServiceKey {
+                    instance: self.instance.clone(),
+                    service: marker.service.clone(),
+                };
+                match read {
+                    Ok(routes) => {
+                        let proxy = routes
+                            .get(&key)
+                            .map_or(ProxyView::Absent, |port| ProxyView::Dials(*port));
+                        successor_routed(proxy, &binds).then_some(Ok(MarkerStep::Stop))
+                    }
+                    Err(e) => Some(Err(format!(
+                        "the proxy's routes could not be read back ({e}); retirement left for later"
+                    ))),
+                }
+            }
+            (MarkerStep::Stop, InstanceAnswer::PredecessorStopped(result)) => match result {
+                Ok(()) | Err(RuntimeError::NotFound) => Some(Ok(MarkerStep::Remove)),
+                Err(e) => Some(Err(format!("stop: {e}"))),
+            },
+            // The marker stays until the container is gone and its claims
+            // are released, so a failure of either is retried next pass.
+            (MarkerStep::Remove, InstanceAnswer::PredecessorRemoved(result)) => Some(
+                result
+                    .map(|()| MarkerStep::ReleaseClaims)
+                    .map_err(|e| format!("remove: {e}")),
+            ),
+            (MarkerStep::ReleaseClaims, InstanceAnswer::ClaimsReleased(result)) => Some(
+                result
+                    .map(|()| MarkerStep::ClearRetired)
+                    .map_err(|e| format!("release claims: {e}")),
+            ),
+            (MarkerStep::ClearRetired, InstanceAnswer::MarkerCleared(result)) => match result {
+                Ok(()) => {
+                    self.retired.push(marker.container.clone());
+                    None
+                }
+                Err(e) => Some(Err(format!("clear marker: {e}"))),
+            },
+            (step, answer) => {
+                panic!("answer {answer:?} does not answer {command:?} (marker step {step:?})")
+            }
+        };
+        match next {
+            Some(Ok(step)) => self.marker = Some((marker, step)),
+            Some(Err(e)) => self.errors.push(format!(
+                "{}: retirement pending for {}: {e}",
+                self.instance, marker.container
+            )),
+            None => {}
+        }
+    }
+
+    /// The instant after which the pass gives up what is left, while it
+    /// is not over.
+    pub fn poll_timeout(&self) -> Option<Timestamp> {
+        (!self.is_done()).then_some(self.deadline)
+    }
+
+    /// Abandons what is left once `now` has reached the deadline.
+    pub fn handle_timeout(&mut self, now: Timestamp) {
+        if now >= self.deadline {
+            self.abandon(Abandon::Deadline);
+        }
+    }
+
+    /// Gives up the rest of the pass, failing closed: the service in hand
+    /// and every service not reached yet are abandoned (an unanswered
+    /// withdrawal counts as failed; a period nobody watched does not count
+    /// towards the stable minutes that reset a budget, R10), markers and
+    /// stale routes wait for the next pass. Memory keeps what was learnt.
+    pub fn abandon(&mut self, why: Abandon) {
+        if self.is_done() {
+            return;
+        }
+        self.outstanding = None;
+        if let Some(machine) = self.current.take() {
+            self.finish_service(machine.abandon());
+        }
+        while let Some((name, record)) = self.services.pop_front() {
+            let machine = self.service_machine(name, record);
+            self.finish_service(machine.abandon());
+        }
+        let pending = self.markers.len() + usize::from(self.marker.is_some());
+        if pending > 0 {
+            self.errors.push(format!(
+                "{}: {pending} retirement(s) left for the next pass: {}",
+                self.instance,
+                why.describe(),
+            ));
+        }
+        self.marker = None;
+        self.markers.clear();
+        self.stale.clear();
+        self.memory.prune(&self.instance, &self.active);
+        self.stage = Stage::Done;
+    }
+
+    /// What the pass did. Call once it is over.
+    pub fn into_report(self) -> InstanceReport {
+        assert!(self.is_done(), "report taken before the pass finished");
+        InstanceReport {
+            reports: self.reports,
+            retired: self.retired,
+            withdrawn_stale: self.withdrawn_stale,
+            errors: self.errors,
+            memory: self.memory,
+        }
+    }
+}

@@ -7,4 +7,5 @@
 
 pub mod machine;
 pub mod model;
+pub mod pass;
 pub mod planners;

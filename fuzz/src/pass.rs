@@ -1,0 +1,480 @@
+//! Drives one `InstancePass` with arbitrary answers and checks the pass's
+//! own safety properties (DESIGN.md R2, R15, T5; S1, S5):
+//!
+//! - no command stops or removes a container ACTIVE names;
+//! - a predecessor is removed only after this pass stopped it (or found it
+//!   gone), and its marker is cleared only after its claims were released —
+//!   or without touching it when ACTIVE still names it;
+//! - a predecessor of a running service ACTIVE still has is stopped only
+//!   when this pass verified the successor without republishing it, the
+//!   final inspection showed that very execution running, and the proxy,
+//!   read back just then, routed the service to the successor's binds;
+//! - a stale route withdrawn is one ACTIVE does not name;
+//! - the pass ends, within a bound, and abandoning it ends it at once.
+//!
+//! Shared by the cargo-fuzz target `instance_pass` and by
+//! `tests/pass_properties.rs` (through `#[path]`), like `machine.rs`.
+
+use std::collections::BTreeMap;
+
+use stead::core::memory::RecoveryMemory;
+use stead::core::pass::{Abandon, InstanceAnswer, InstanceCommand, InstancePass, PassInput};
+use stead::core::policy::RecoveryPolicy;
+use stead::core::recovery::{
+    Command, GenerationMemory, Outcome, ServiceMemory, Verdict, COMMANDS_PER_RECOVERY_MAX,
+};
+use stead::core::traffic::HeldRoutes;
+use stead::core::types::{
+    ActiveRecord, ActiveService, ContainerId, ContainerStatus, GenerationKey, Health, Inhibition,
+    InhibitionReason, InstanceName, Intent, Observation, RuntimeError, ServiceKey, ServiceName,
+    Timestamp,
+};
+
+use crate::machine::{base, binds, execution, outcome_for, OutcomeSeed};
+
+/// One service of the instance, as numbers.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ServiceSeed {
+    pub in_active: bool,
+    pub active_binds: u8,
+    pub active_verified: u8,
+    /// 0: no marker; 1: a marker on a predecessor; 2: a marker on ACTIVE's
+    /// own container; 3: both.
+    pub marker: u8,
+    /// 0: no route held; 1..: a port, see [`held_port`].
+    pub route: u8,
+    /// The execution this daemon verified earlier, see [`execution`].
+    pub memory_verified: u8,
+}
+
+/// The inputs of one instance's pass, as numbers.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct PassSeed {
+    pub stopped: bool,
+    /// `false`: the pass read no routes (a targeted pass).
+    pub routes_read: bool,
+    pub services: Vec<ServiceSeed>,
+    /// Abandon after this many commands (0: never).
+    pub abandon_after: u8,
+    /// The services' own answers come from a steady world (each container
+    /// running the execution memory verified, healthy, ready, on ACTIVE's
+    /// binds) but for one failure in eight; otherwise they are arbitrary.
+    /// Arbitrary answers rarely verify a service, so without this the
+    /// retirement path would hardly be reached.
+    pub steady: bool,
+}
+
+const SERVICES: [&str; 3] = ["web", "api", "worker"];
+
+fn held_port(n: u8) -> Option<u16> {
+    match n % 4 {
+        0 => None,
+        1 => Some(30001),
+        2 => Some(30002),
+        _ => Some(30003),
+    }
+}
+
+/// A fully built pass input.
+#[derive(Clone, Debug)]
+pub struct PassCase {
+    pub policy: RecoveryPolicy,
+    pub input: PassInput,
+}
+
+impl PassSeed {
+    pub fn build(&self) -> PassCase {
+        let instance = InstanceName::new("app");
+        let mut active = ActiveRecord::default();
+        let mut inhibitions = Vec::new();
+        let mut held = HeldRoutes::new();
+        let mut memory = RecoveryMemory::default();
+        for (i, seed) in self.services.iter().take(SERVICES.len()).enumerate() {
+            let service = ServiceName::new(SERVICES[i]);
+            let current = ContainerId::new(format!("{}-2", SERVICES[i]));
+            if seed.in_active {
+                memory.put(
+                    &GenerationKey {
+                        instance: instance.clone(),
+                        service: service.clone(),
+                        container: current.clone(),
+                    },
+                    &ServiceMemory {
+                        generation: GenerationMemory {
+                            budget: None,
+                            verified_started_at: execution(seed.memory_verified),
+                        },
+                        withdrawal_pending: false,
+                    },
+                );
+                active.services.insert(
+                    service.clone(),
+                    ActiveService {
+                        container: current.clone(),
+                        effective_revision: "r2".into(),
+                        binds: binds(seed.active_binds),
+                        stop_grace: None,
+                        verified_started_at: execution(seed.active_verified),
+                    },
+                );
+            }
+            let marker = |container: ContainerId| Inhibition {
+                service: service.clone(),
+                container,
+                reason: InhibitionReason::RetirementPending,
+                operation: "upgrade".into(),
+                created_at: base(),
+                stop_grace: None,
+            };
+            if seed.marker % 4 == 1 || seed.marker % 4 == 3 {
+                inhibitions.push(marker(ContainerId::new(format!("{}-1", SERVICES[i]))));
+            }
+            if seed.marker % 4 >= 2 {
+                inhibitions.push(marker(current));
+            }
+            if let Some(port) = held_port(seed.route) {
+                held.insert(
+                    ServiceKey {
+                        instance: instance.clone(),
+                        service,
+                    },
+                    port,
+                );
+            }
+        }
+        let policy = RecoveryPolicy::default().validated().expect("valid policy");
+        PassCase {
+            input: PassInput {
+                instance,
+                intent: if self.stopped {
+                    Intent::Stopped
+                } else {
+                    Intent::Running
+                },
+                active,
+                inhibitions,
+                held: self.routes_read.then_some(held),
+                memory,
+                deadline: stead::core::fleet::add(base(), policy.instance_deadline),
+            },
+            policy,
+        }
+    }
+}
+
+/// The execution the pass's memory vouches for, for `service`.
+fn remembered(input: &PassInput, service: &ServiceName) -> Option<stead::core::types::Timestamp> {
+    let record = input.active.services.get(service)?;
+    let key = GenerationKey {
+        instance: input.instance.clone(),
+        service: service.clone(),
+        container: record.container.clone(),
+    };
+    input.memory.service(&key).generation.verified_started_at
+}
+
+/// A steady world's answer to one of a service's commands.
+fn steady_outcome(
+    command: &Command,
+    active: &ActiveService,
+    running: Option<Timestamp>,
+) -> Outcome {
+    let observation = Observation {
+        status: ContainerStatus::Running,
+        started_at: running,
+    };
+    match command {
+        Command::Withdraw => Outcome::Withdrawn(Ok(())),
+        Command::Inspect => Outcome::Inspected(Ok(observation)),
+        Command::ReleaseClaims => Outcome::ClaimsReleased(Ok(())),
+        Command::CheckPolicy => Outcome::PolicyChecked(Ok(())),
+        Command::Start => Outcome::Started(Ok(())),
+        Command::Restart { .. } => Outcome::Restarted(Ok(())),
+        Command::Stop { .. } => Outcome::Stopped(Ok(())),
+        Command::ReadHealth => Outcome::Health(Ok(Health::Healthy)),
+        Command::ReadBinds => Outcome::Binds(Ok(active.binds.clone())),
+        Command::ProbeReadiness { .. } => Outcome::Readiness(Ok(())),
+        Command::ReloadActive => Outcome::ActiveReloaded(Ok(Some(active.clone()))),
+        Command::PersistBinds { .. } => Outcome::BindsPersisted(Ok(true)),
+        Command::Publish { .. } => Outcome::Published(Ok(())),
+        Command::RecordExecution { .. } => Outcome::ExecutionRecorded(Ok(())),
+    }
+}
+
+/// An answer of the right kind for `command`, picked by `seed`.
+fn answer_for(
+    command: &InstanceCommand,
+    seed: &OutcomeSeed,
+    input: &PassInput,
+    steady: bool,
+) -> InstanceAnswer {
+    let fails = seed.choice.is_multiple_of(8);
+    let unit = |what: &str| if fails { Err(what.to_owned()) } else { Ok(()) };
+    let runtime = || match seed.choice % 8 {
+        0 => Err(RuntimeError::NotFound),
+        1 => Err(RuntimeError::Transient("timeout".into())),
+        _ => Ok(()),
+    };
+    match command {
+        InstanceCommand::Service { key, command } => {
+            let active = input.active.services[&key.service].clone();
+            InstanceAnswer::Service(if steady && !seed.choice.is_multiple_of(8) {
+                steady_outcome(
+                    command,
+                    &active,
+                    remembered(input, &key.service).or(base_execution()),
+                )
+            } else {
+                outcome_for(command, seed, &active)
+            })
+        }
+        InstanceCommand::InspectSuccessor(id) if steady && !seed.choice.is_multiple_of(8) => {
+            let service = input
+                .active
+                .services
+                .iter()
+                .find(|(_, s)| &s.container == id)
+                .map(|(name, _)| name.clone());
+            InstanceAnswer::SuccessorInspected(Ok(Observation {
+                status: ContainerStatus::Running,
+                started_at: service
+                    .and_then(|s| remembered(input, &s))
+                    .or(base_execution()),
+            }))
+        }
+        InstanceCommand::InspectSuccessor(_) => {
+            InstanceAnswer::SuccessorInspected(match seed.choice % 8 {
+                0 => Err(RuntimeError::NotFound),
+                1 => Err(RuntimeError::Transient("timeout".into())),
+                _ => Ok(Observation {
+                    status: if seed.status < 192 {
+                        ContainerStatus::Running
+                    } else {
+                        ContainerStatus::Exited
+                    },
+                    started_at: execution(seed.execution),
+                }),
+            })
+        }
+        InstanceCommand::ReadRoutes => InstanceAnswer::RoutesRead(if fails {
+            Err("proxy unavailable".into())
+        } else {
+            let mut routes = HeldRoutes::new();
+            for (i, service) in input.active.services.keys().enumerate() {
+                if let Some(port) = held_port(seed.binds.rotate_left(i as u32)) {
+                    routes.insert(
+                        ServiceKey {
+                            instance: input.instance.clone(),
+                            service: service.clone(),
+                        },
+                        port,
+                    );
+                }
+            }
+            Ok(routes)
+        }),
+        InstanceCommand::StopPredecessor { .. } => InstanceAnswer::PredecessorStopped(runtime()),
+        InstanceCommand::RemovePredecessor(_) => {
+            InstanceAnswer::PredecessorRemoved(match seed.choice % 8 {
+                1 => Err(RuntimeError::Transient("timeout".into())),
+                _ => Ok(()),
+            })
+        }
+        InstanceCommand::ReleaseClaims(_) => InstanceAnswer::ClaimsReleased(unit("store down")),
+        InstanceCommand::ClearMarker(_) => InstanceAnswer::MarkerCleared(unit("store down")),
+        InstanceCommand::WithdrawStale(_) => InstanceAnswer::StaleWithdrawn(unit("proxy 500")),
+    }
+}
+
+/// The execution a steady container runs when memory vouches for none.
+fn base_execution() -> Option<Timestamp> {
+    execution(1)
+}
+
+/// What the pass did to one predecessor, in order.
+#[derive(Default)]
+struct Predecessor {
+    stopped: bool,
+    removed: bool,
+    claims_released: bool,
+}
+
+/// Runs the pass over `answers` (cycled) and panics on any violated
+/// property.
+/// Returns how many predecessors the pass retired.
+pub fn run_pass_and_check(
+    case: &PassCase,
+    answers: &[OutcomeSeed],
+    abandon_after: u8,
+    steady: bool,
+) -> usize {
+    let input = &case.input;
+    let mut pass = InstancePass::new(&case.policy, input.clone());
+    let bound = input.active.services.len() * COMMANDS_PER_RECOVERY_MAX as usize
+        + input.inhibitions.len() * 6
+        + input.held.as_ref().map_or(0, |h| h.len())
+        + 1;
+    let named_by_active = |id: &ContainerId| input.active.names_container(id);
+    let mut predecessors: BTreeMap<ContainerId, Predecessor> = BTreeMap::new();
+    // Per service: the last successor inspection and route read.
+    let mut inspected: BTreeMap<ServiceName, Observation> = BTreeMap::new();
+    let mut routed: BTreeMap<ServiceName, Option<u16>> = BTreeMap::new();
+    let mut marker_service: Option<ServiceName> = None;
+    let mut stops: Vec<(ServiceName, ContainerId)> = Vec::new();
+    let mut issued = 0usize;
+    let default = OutcomeSeed::default();
+    while let Some(command) = pass.poll_command() {
+        issued += 1;
+        assert!(
+            issued <= bound,
+            "the pass issued more than {bound} commands"
+        );
+        match &command {
+            InstanceCommand::StopPredecessor { generation, .. } => {
+                assert!(
+                    !named_by_active(&generation.container),
+                    "stopped ACTIVE's container {}",
+                    generation.container
+                );
+                stops.push((generation.service.clone(), generation.container.clone()));
+            }
+            InstanceCommand::RemovePredecessor(generation) => {
+                assert!(
+                    !named_by_active(&generation.container),
+                    "removed ACTIVE's container {}",
+                    generation.container
+                );
+                let p = predecessors
+                    .entry(generation.container.clone())
+                    .or_default();
+                assert!(
+                    p.stopped,
+                    "removed {} before stopping it",
+                    generation.container
+                );
+            }
+            InstanceCommand::ClearMarker(generation) => {
+                let p = predecessors
+                    .entry(generation.container.clone())
+                    .or_default();
+                assert!(
+                    named_by_active(&generation.container) || (p.removed && p.claims_released),
+                    "cleared the marker of {} before it was gone and its claims released",
+                    generation.container
+                );
+            }
+            InstanceCommand::ReleaseClaims(generation) => {
+                let p = predecessors
+                    .entry(generation.container.clone())
+                    .or_default();
+                assert!(
+                    p.removed,
+                    "released claims of {} still present",
+                    generation.container
+                );
+            }
+            InstanceCommand::WithdrawStale(key) => {
+                assert!(
+                    !input.active.services.contains_key(&key.service),
+                    "withdrew the route of {} which ACTIVE names",
+                    key.service
+                );
+            }
+            InstanceCommand::InspectSuccessor(id) => {
+                marker_service = input
+                    .active
+                    .services
+                    .iter()
+                    .find(|(_, s)| &s.container == id)
+                    .map(|(name, _)| name.clone());
+            }
+            _ => {}
+        }
+        let seed = if answers.is_empty() {
+            &default
+        } else {
+            &answers[(issued - 1) % answers.len()]
+        };
+        let answer = answer_for(&command, seed, input, steady);
+        match (&command, &answer) {
+            (
+                InstanceCommand::StopPredecessor { generation, .. },
+                InstanceAnswer::PredecessorStopped(r),
+            ) => {
+                if matches!(r, Ok(()) | Err(RuntimeError::NotFound)) {
+                    predecessors
+                        .entry(generation.container.clone())
+                        .or_default()
+                        .stopped = true;
+                }
+            }
+            (InstanceCommand::RemovePredecessor(g), InstanceAnswer::PredecessorRemoved(Ok(()))) => {
+                predecessors.entry(g.container.clone()).or_default().removed = true;
+            }
+            (InstanceCommand::ReleaseClaims(g), InstanceAnswer::ClaimsReleased(Ok(()))) => {
+                predecessors
+                    .entry(g.container.clone())
+                    .or_default()
+                    .claims_released = true;
+            }
+            (InstanceCommand::InspectSuccessor(_), InstanceAnswer::SuccessorInspected(Ok(obs))) => {
+                if let Some(service) = &marker_service {
+                    inspected.insert(service.clone(), obs.clone());
+                }
+            }
+            (InstanceCommand::ReadRoutes, InstanceAnswer::RoutesRead(Ok(routes))) => {
+                if let Some(service) = &marker_service {
+                    let key = ServiceKey {
+                        instance: input.instance.clone(),
+                        service: service.clone(),
+                    };
+                    routed.insert(service.clone(), routes.get(&key).copied());
+                }
+            }
+            _ => {}
+        }
+        pass.handle(answer, base());
+        if abandon_after != 0 && issued == usize::from(abandon_after) {
+            pass.abandon(Abandon::Deadline);
+            assert!(pass.poll_command().is_none(), "an abandoned pass went on");
+        }
+    }
+    let report = pass.into_report();
+    // R15 / S5: a predecessor of a running service ACTIVE has was stopped
+    // only behind a verified, unchanged, routed successor.
+    for (service, container) in stops {
+        let Some(successor) = input.active.services.get(&service) else {
+            continue;
+        };
+        if input.intent == Intent::Stopped {
+            continue;
+        }
+        let verdict = report
+            .reports
+            .iter()
+            .find(|r| r.key.service == service)
+            .map(|r| &r.verdict);
+        let Some(Verdict::Verified {
+            started_at,
+            published: false,
+        }) = verdict
+        else {
+            panic!("retired {container} without its successor verified this pass: {verdict:?}");
+        };
+        let obs = inspected
+            .get(&service)
+            .unwrap_or_else(|| panic!("retired {container} without inspecting the successor"));
+        assert!(
+            obs.status == ContainerStatus::Running && obs.started_at == *started_at,
+            "retired {container}: the successor's final inspection was {obs:?}, verified {started_at:?}"
+        );
+        if !successor.binds.is_empty() {
+            assert_eq!(
+                routed.get(&service).copied().flatten(),
+                successor.binds.values().next().copied(),
+                "retired {container} while the proxy did not route {service} to its successor"
+            );
+        }
+    }
+    report.retired.len()
+}

@@ -1,0 +1,187 @@
+//! Property tests of the instance pass machine (DESIGN.md R2, R15, T5;
+//! S1, S5): arbitrary instances (services in and out of ACTIVE, markers on
+//! predecessors and on ACTIVE's own containers, routes held or not read,
+//! running or stopped intent) driven with arbitrary answers, abandoned at
+//! an arbitrary step or not. The checker lives in `fuzz/src/pass.rs` and is
+//! shared with the cargo-fuzz target `instance_pass`.
+
+#[path = "../fuzz/src/machine.rs"]
+#[allow(dead_code)]
+mod machine;
+#[path = "../fuzz/src/model.rs"]
+#[allow(dead_code)]
+mod model;
+#[path = "../fuzz/src/pass.rs"]
+mod pass;
+
+use proptest::prelude::*;
+use proptest::strategy::ValueTree;
+
+use machine::OutcomeSeed;
+use pass::{run_pass_and_check, PassSeed, ServiceSeed};
+
+const CASES_PASS: u32 = 4_000;
+
+fn service_seed() -> impl Strategy<Value = ServiceSeed> {
+    (
+        any::<bool>(),
+        any::<u8>(),
+        any::<u8>(),
+        any::<u8>(),
+        any::<u8>(),
+        any::<u8>(),
+    )
+        .prop_map(
+            |(in_active, active_binds, active_verified, marker, route, memory_verified)| {
+                ServiceSeed {
+                    // Mostly in ACTIVE: the retirement path needs a successor.
+                    in_active: in_active || marker % 2 == 0,
+                    active_binds,
+                    active_verified,
+                    marker,
+                    route,
+                    memory_verified,
+                }
+            },
+        )
+}
+
+fn outcome_seed() -> impl Strategy<Value = OutcomeSeed> {
+    (
+        any::<u8>(),
+        any::<u8>(),
+        any::<u8>(),
+        any::<u8>(),
+        any::<u8>(),
+    )
+        .prop_map(|(choice, status, execution, health, binds)| OutcomeSeed {
+            choice,
+            status,
+            execution,
+            health,
+            binds,
+            took_ms: 0,
+        })
+}
+
+fn pass_seed() -> impl Strategy<Value = PassSeed> {
+    (
+        proptest::bool::weighted(0.1),
+        any::<bool>(),
+        proptest::collection::vec(service_seed(), 0..=3),
+        prop_oneof![3 => Just(0u8), 1 => 1u8..40],
+        any::<bool>(),
+    )
+        .prop_map(
+            |(stopped, routes_read, services, abandon_after, steady)| PassSeed {
+                stopped,
+                routes_read,
+                services,
+                abandon_after,
+                steady,
+            },
+        )
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(CASES_PASS))]
+
+    #[test]
+    fn the_pass_retires_only_behind_a_verified_routed_successor_and_never_touches_active(
+        seed in pass_seed(),
+        answers in proptest::collection::vec(outcome_seed(), 1..64),
+    ) {
+        run_pass_and_check(&seed.build(), &answers, seed.abandon_after, seed.steady);
+    }
+}
+
+/// The arbitrary runs above are not vacuous: some of them retire.
+#[test]
+fn arbitrary_passes_do_retire_predecessors() {
+    let mut runner = proptest::test_runner::TestRunner::deterministic();
+    let mut retired = 0;
+    for _ in 0..CASES_PASS {
+        let seed = pass_seed().new_tree(&mut runner).unwrap().current();
+        let answers = proptest::collection::vec(outcome_seed(), 1..64)
+            .new_tree(&mut runner)
+            .unwrap()
+            .current();
+        retired += run_pass_and_check(&seed.build(), &answers, seed.abandon_after, seed.steady);
+    }
+    assert!(retired > 0, "no arbitrary pass retired anything");
+    eprintln!("{retired} retirements in {CASES_PASS} arbitrary passes");
+}
+
+/// The checker is not blind: a run where retirement must happen does
+/// retire, so the properties above are about real retirements.
+#[test]
+fn a_verified_routed_successor_lets_the_predecessor_go() {
+    use stead::core::pass::InstancePass;
+    let seed = PassSeed {
+        stopped: false,
+        routes_read: false,
+        services: vec![ServiceSeed {
+            in_active: true,
+            active_binds: 1,
+            active_verified: 1,
+            marker: 1,
+            route: 0,
+            memory_verified: 1,
+        }],
+        abandon_after: 0,
+        steady: false,
+    };
+    let case = seed.build();
+    let mut pass = InstancePass::new(&case.policy, case.input.clone());
+    let mut retired = false;
+    while let Some(command) = pass.poll_command() {
+        use stead::core::pass::{InstanceAnswer as A, InstanceCommand as C};
+        use stead::core::recovery::{Command, Outcome};
+        use stead::core::types::{ContainerStatus, Observation};
+        let running = Observation {
+            status: ContainerStatus::Running,
+            started_at: machine::execution(1),
+        };
+        let answer = match &command {
+            C::Service { command, .. } => A::Service(match command {
+                Command::Inspect => Outcome::Inspected(Ok(running)),
+                Command::ReadHealth => Outcome::Health(Ok(stead::core::types::Health::Healthy)),
+                Command::ReadBinds => Outcome::Binds(Ok(machine::binds(1))),
+                Command::CheckPolicy => Outcome::PolicyChecked(Ok(())),
+                Command::ProbeReadiness { .. } => Outcome::Readiness(Ok(())),
+                Command::ReloadActive => Outcome::ActiveReloaded(Ok(Some(
+                    case.input.active.services.values().next().unwrap().clone(),
+                ))),
+                other => panic!("a steady verified service needs no {other:?}"),
+            }),
+            C::InspectSuccessor(_) => A::SuccessorInspected(Ok(running)),
+            C::ReadRoutes => A::RoutesRead(Ok(case
+                .input
+                .active
+                .services
+                .keys()
+                .map(|s| {
+                    (
+                        stead::core::types::ServiceKey {
+                            instance: case.input.instance.clone(),
+                            service: s.clone(),
+                        },
+                        30001,
+                    )
+                })
+                .collect())),
+            C::StopPredecessor { .. } => A::PredecessorStopped(Ok(())),
+            C::RemovePredecessor(_) => {
+                retired = true;
+                A::PredecessorRemoved(Ok(()))
+            }
+            C::ReleaseClaims(_) => A::ClaimsReleased(Ok(())),
+            C::ClearMarker(_) => A::MarkerCleared(Ok(())),
+            C::WithdrawStale(_) => A::StaleWithdrawn(Ok(())),
+        };
+        pass.handle(answer, machine::base());
+    }
+    let report = pass.into_report();
+    assert!(retired, "no retirement: {:?}", report.errors);
+    assert_eq!(report.retired.len(), 1);
+}

@@ -9,3 +9,4 @@ pub mod machine;
 pub mod model;
 pub mod pass;
 pub mod planners;
+pub mod upgrade;

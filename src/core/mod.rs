@@ -21,5 +21,6 @@ pub mod spec;
 pub mod toml_error;
 pub mod traffic;
 pub mod types;
+pub mod upgrade;
 pub mod window;
 pub mod world;

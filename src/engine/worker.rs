@@ -15,8 +15,10 @@ use crate::core::plan::halt_after_failed_upgrade;
 use crate::core::policy::LEASE_MARGIN;
 use crate::core::spec::ServiceSpec;
 use crate::core::types::{
-    ActiveService, ContainerId, ContainerStatus, GenerationKey, Inhibition, InhibitionReason,
-    RuntimeError, ServiceKey,
+    ActiveService, ContainerId, GenerationKey, InhibitionReason, RuntimeError, ServiceKey,
+};
+use crate::core::upgrade::{
+    Upgrade, UpgradeAnswer, UpgradeCommand, UpgradeInput, UPGRADE_RETRY_INTERVAL,
 };
 use crate::mutants::{self, Mutant};
 use crate::ports::CreateContainer;
@@ -25,7 +27,6 @@ use super::locks::InstanceLocks;
 use super::{Ports, SharedCatalog};
 
 /// Longest a handler waits for a new container to report `running`.
-const CANDIDATE_RUNNING_WAIT_MAX: Duration = Duration::from_secs(60);
 /// A handler runs within its task lease; its instance lock outlives that by
 /// this much, so the lock never lapses under a live handler.
 const INSTANCE_LOCK_SLACK: Duration = Duration::from_secs(5);
@@ -509,95 +510,60 @@ impl Worker {
             .load_active(&instance.name)
             .await
             .map_err(|e| e.to_string())?;
-        for spec in &entry.services {
-            let current = active.services.get(&spec.name);
-            if current.is_some_and(|c| c.effective_revision == entry.version) {
-                continue;
-            }
-            self.allowed()?;
-            let candidate = self
-                .create(instance, spec, &entry.version)
-                .await
-                .map_err(|e| format!("create successor of {}: {e}", spec.name))?;
-            let verified = self.verify_candidate(&candidate, spec).await;
-            let (started_at, binds) = match verified {
-                Ok(v) => v,
-                Err(e) => {
-                    let generation = GenerationKey {
-                        instance: instance.name.clone(),
-                        service: spec.name.clone(),
-                        container: candidate.clone(),
-                    };
-                    if self.allowed().is_ok() {
-                        let _ = p.runtime.remove(&generation).await;
+        let mut upgrade = Upgrade::new(UpgradeInput {
+            instance: instance.name.clone(),
+            version: entry.version.clone(),
+            services: entry.services.clone(),
+            active,
+        });
+        loop {
+            if let Some(command) = upgrade.poll_command() {
+                if command.is_effect() {
+                    if let Err(e) = self.allowed() {
+                        upgrade.abandon(e);
+                        continue;
                     }
-                    return Err(format!("successor of {} not ready: {e}", spec.name));
                 }
-            };
-            let now = p.clock.now();
-            if let Some(current) = current {
-                // Marker first: a crash before ACTIVE switches leaves a marker
-                // on the still-ACTIVE container, which the pass just clears.
-                let marker = Inhibition {
-                    service: spec.name.clone(),
-                    container: current.container.clone(),
-                    reason: InhibitionReason::RetirementPending,
-                    operation: "upgrade".into(),
-                    created_at: now,
-                    stop_grace: current.stop_grace,
-                };
-                self.allowed()?;
+                let answer = self.perform_upgrade(instance, command).await;
+                upgrade.handle(answer, p.clock.now());
+            } else if upgrade.poll_timeout().is_some() {
+                // The successor is not running yet: look again shortly.
+                tokio::time::sleep(UPGRADE_RETRY_INTERVAL).await;
+                upgrade.handle_timeout(p.clock.now());
+            } else {
+                break;
+            }
+        }
+        upgrade.into_result().map(|_| ()).map_err(|(_, e)| e)
+    }
+
+    /// Performs one step of an upgrade through the ports. No decisions.
+    async fn perform_upgrade(&self, instance: &Instance, command: UpgradeCommand) -> UpgradeAnswer {
+        let p = &self.ports;
+        match command {
+            UpgradeCommand::Create { spec, revision } => {
+                UpgradeAnswer::Created(self.create(instance, &spec, &revision).await)
+            }
+            UpgradeCommand::Inspect(id) => UpgradeAnswer::Inspected(p.runtime.inspect(&id).await),
+            UpgradeCommand::ReadBinds(id) => UpgradeAnswer::Binds(p.runtime.binds(&id).await),
+            UpgradeCommand::Probe { readiness, binds } => {
+                UpgradeAnswer::Probed(p.probe.ready(&readiness, &binds).await)
+            }
+            UpgradeCommand::RemoveCandidate(generation) => {
+                UpgradeAnswer::Removed(p.runtime.remove(&generation).await)
+            }
+            UpgradeCommand::SaveMarker(marker) => UpgradeAnswer::MarkerSaved(
                 p.store
                     .save_inhibition(&instance.name, &marker)
                     .await
-                    .map_err(|e| e.to_string())?;
-            }
-            let record = ActiveService {
-                container: candidate.clone(),
-                effective_revision: entry.version.clone(),
-                binds,
-                stop_grace: Some(spec.stop_grace),
-                verified_started_at: Some(started_at),
-            };
-            self.allowed()?;
-            p.store
-                .save_active_service(&instance.name, &spec.name, &record)
-                .await
-                .map_err(|e| e.to_string())?;
-        }
-        Ok(())
-    }
-
-    /// Waits (bounded) for the candidate to run, reads its binds and probes
-    /// its readiness; returns the verified execution and its binds.
-    async fn verify_candidate(
-        &self,
-        id: &ContainerId,
-        spec: &ServiceSpec,
-    ) -> Result<(crate::core::types::Timestamp, crate::core::types::Binds), String> {
-        let p = &self.ports;
-        let step = Duration::from_millis(250);
-        let attempts = (CANDIDATE_RUNNING_WAIT_MAX.as_millis() / step.as_millis()) as u32;
-        let mut observed = None;
-        for _ in 0..attempts {
-            match p.runtime.inspect(id).await {
-                Ok(obs) if obs.status == ContainerStatus::Running => {
-                    observed = obs.started_at;
-                    break;
-                }
-                Ok(obs) if obs.status.is_down() => {
-                    return Err(format!("candidate is {}", obs.status));
-                }
-                Ok(_) | Err(RuntimeError::Transient(_)) => tokio::time::sleep(step).await,
-                Err(RuntimeError::NotFound) => return Err("candidate vanished".into()),
-            }
-        }
-        let started_at = observed.ok_or("candidate never reported running")?;
-        let binds = p.runtime.binds(id).await.map_err(|e| e.to_string())?;
-        p.probe.ready(&spec.readiness, &binds).await?;
-        match p.runtime.inspect(id).await {
-            Ok(obs) if obs.started_at == Some(started_at) => Ok((started_at, binds)),
-            _ => Err("candidate restarted during verification".into()),
+                    .map_err(|e| e.to_string()),
+            ),
+            UpgradeCommand::SaveActive { service, record } => UpgradeAnswer::ActiveSaved(
+                p.store
+                    .save_active_service(&instance.name, &service, &record)
+                    .await
+                    .map_err(|e| e.to_string()),
+            ),
         }
     }
 

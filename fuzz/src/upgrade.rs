@@ -1,0 +1,299 @@
+//! Drives one `Upgrade` (the overlap replacement, `core/upgrade.rs`) with
+//! arbitrary answers and checks its safety properties (DESIGN.md C11, R15,
+//! S1, S5):
+//!
+//! - ACTIVE is switched only to a successor this upgrade created, saw
+//!   running, read the binds of, probed ready on those binds, and saw
+//!   still running the same execution afterwards; the record carries that
+//!   execution and those binds;
+//! - a service ACTIVE already had gets its predecessor's
+//!   `retirement-pending` marker saved before ACTIVE switches, naming the
+//!   predecessor — so either the predecessor or a verified successor is
+//!   always what ACTIVE names and what the pass may route;
+//! - a removal only ever targets this upgrade's own candidate, never a
+//!   container ACTIVE names;
+//! - the upgrade ends within its bound, and a completed one switched every
+//!   service that was behind.
+//!
+//! Shared by the cargo-fuzz target `upgrade` and by
+//! `tests/upgrade_properties.rs` (through `#[path]`).
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use stead::core::spec::{ReadinessProbe, ServiceSpec};
+use stead::core::types::{
+    ActiveRecord, ActiveService, Binds, ContainerId, ContainerStatus, InhibitionReason,
+    InstanceName, Observation, RuntimeError, ServiceName, Timestamp,
+};
+use stead::core::upgrade::{
+    Upgrade, UpgradeAnswer, UpgradeCommand, UpgradeInput, CANDIDATE_RUNNING_WAIT_MAX,
+    UPGRADE_RETRY_INTERVAL,
+};
+
+use crate::machine::{base, binds, execution, OutcomeSeed};
+
+/// One service of the catalog entry, as numbers.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct UpgradeServiceSeed {
+    /// 0: not in ACTIVE; 1: in ACTIVE at an old version; 2: already at the
+    /// target version.
+    pub active: u8,
+}
+
+const SERVICES: [&str; 3] = ["web", "api", "worker"];
+
+/// Builds the input: up to three services.
+pub fn upgrade_input(services: &[UpgradeServiceSeed]) -> UpgradeInput {
+    let mut active = ActiveRecord::default();
+    let mut specs = Vec::new();
+    for (i, seed) in services.iter().take(SERVICES.len()).enumerate() {
+        let name = ServiceName::new(SERVICES[i]);
+        specs.push(ServiceSpec {
+            name: name.clone(),
+            image: "img".into(),
+            command: Vec::new(),
+            ports: vec![8080],
+            healthcheck: None,
+            readiness: ReadinessProbe::None,
+            stop_grace: Duration::from_secs(5),
+        });
+        if seed.active % 3 != 0 {
+            active.services.insert(
+                name,
+                ActiveService {
+                    container: ContainerId::new(format!("{}-old", SERVICES[i])),
+                    effective_revision: if seed.active % 3 == 2 { "2" } else { "1" }.into(),
+                    binds: binds(1),
+                    stop_grace: None,
+                    verified_started_at: execution(1),
+                },
+            );
+        }
+    }
+    UpgradeInput {
+        instance: InstanceName::new("app"),
+        version: "2".into(),
+        services: specs,
+        active,
+    }
+}
+
+/// An answer of the right kind for `command`, picked by `seed`. Mostly
+/// healthy (so upgrades do complete), with every failure reachable.
+fn answer_for(command: &UpgradeCommand, seed: &OutcomeSeed) -> UpgradeAnswer {
+    let fails = seed.choice.is_multiple_of(8);
+    match command {
+        UpgradeCommand::Create { spec, .. } => UpgradeAnswer::Created(if fails {
+            Err(RuntimeError::Transient("pull failed".into()))
+        } else {
+            Ok(ContainerId::new(format!("{}-new", spec.name)))
+        }),
+        UpgradeCommand::Inspect(_) => UpgradeAnswer::Inspected(match seed.choice % 16 {
+            0 => Err(RuntimeError::NotFound),
+            1 => Err(RuntimeError::Transient("timeout".into())),
+            2 => Ok(Observation {
+                status: ContainerStatus::Exited,
+                started_at: execution(seed.execution),
+            }),
+            3 => Ok(Observation {
+                status: ContainerStatus::Starting,
+                started_at: None,
+            }),
+            _ => Ok(Observation {
+                status: ContainerStatus::Running,
+                // Mostly one execution, so confirmations often match.
+                started_at: if seed.execution < 200 {
+                    execution(2)
+                } else {
+                    execution(seed.execution)
+                },
+            }),
+        }),
+        UpgradeCommand::ReadBinds(_) => UpgradeAnswer::Binds(if fails {
+            Err(RuntimeError::Transient("timeout".into()))
+        } else {
+            Ok(binds(seed.binds))
+        }),
+        UpgradeCommand::Probe { .. } => UpgradeAnswer::Probed(if fails {
+            Err("connection refused".into())
+        } else {
+            Ok(())
+        }),
+        UpgradeCommand::RemoveCandidate(_) => UpgradeAnswer::Removed(Ok(())),
+        UpgradeCommand::SaveMarker(_) => UpgradeAnswer::MarkerSaved(if fails {
+            Err("store down".into())
+        } else {
+            Ok(())
+        }),
+        UpgradeCommand::SaveActive { .. } => UpgradeAnswer::ActiveSaved(if fails {
+            Err("store down".into())
+        } else {
+            Ok(())
+        }),
+    }
+}
+
+/// What the upgrade verified of one service's candidate so far.
+#[derive(Default)]
+struct Seen {
+    candidate: Option<ContainerId>,
+    running: Option<Timestamp>,
+    binds: Option<Binds>,
+    probed: bool,
+    confirmed: bool,
+    marker_saved: bool,
+}
+
+/// Runs the upgrade over `answers` (cycled) and panics on any violated
+/// property. Returns how many services were switched.
+pub fn run_upgrade_and_check(input: &UpgradeInput, answers: &[OutcomeSeed]) -> usize {
+    let mut upgrade = Upgrade::new(input.clone());
+    let tries =
+        (CANDIDATE_RUNNING_WAIT_MAX.as_millis() / UPGRADE_RETRY_INTERVAL.as_millis()) as usize;
+    let bound = input.services.len() * (tries + 8);
+    let mut seen: BTreeMap<ServiceName, Seen> = BTreeMap::new();
+    let mut in_hand: Option<ServiceName> = None;
+    let mut switched = Vec::new();
+    let mut issued = 0usize;
+    let default = OutcomeSeed::default();
+    loop {
+        let Some(command) = upgrade.poll_command() else {
+            if upgrade.poll_timeout().is_some() {
+                upgrade.handle_timeout(base());
+                continue;
+            }
+            break;
+        };
+        issued += 1;
+        assert!(
+            issued <= bound,
+            "the upgrade issued more than {bound} commands"
+        );
+        match &command {
+            UpgradeCommand::Create { spec, revision } => {
+                assert_eq!(revision, &input.version);
+                assert!(
+                    input
+                        .active
+                        .services
+                        .get(&spec.name)
+                        .is_none_or(|a| a.effective_revision != input.version),
+                    "replaced {} which is already at the target version",
+                    spec.name
+                );
+                in_hand = Some(spec.name.clone());
+                seen.insert(spec.name.clone(), Seen::default());
+            }
+            UpgradeCommand::RemoveCandidate(generation) => {
+                assert!(
+                    !input.active.names_container(&generation.container),
+                    "removed ACTIVE's container {}",
+                    generation.container
+                );
+                let s = &seen[&generation.service];
+                assert_eq!(
+                    s.candidate.as_ref(),
+                    Some(&generation.container),
+                    "removed something it did not create"
+                );
+            }
+            UpgradeCommand::SaveMarker(marker) => {
+                let current = &input.active.services[&marker.service];
+                assert_eq!(
+                    marker.container, current.container,
+                    "the marker must name the predecessor"
+                );
+                assert_eq!(marker.reason, InhibitionReason::RetirementPending);
+                assert!(
+                    seen[&marker.service].confirmed,
+                    "marker saved before the successor was verified"
+                );
+            }
+            UpgradeCommand::SaveActive { service, record } => {
+                let s = &seen[service];
+                assert!(
+                    s.confirmed,
+                    "ACTIVE switched to an unverified successor of {service}"
+                );
+                assert_eq!(Some(&record.container), s.candidate.as_ref());
+                assert_eq!(record.verified_started_at, s.running);
+                assert_eq!(Some(&record.binds), s.binds.as_ref());
+                assert_eq!(record.effective_revision, input.version);
+                if input.active.services.contains_key(service) {
+                    assert!(
+                        s.marker_saved,
+                        "ACTIVE of {service} switched before its predecessor's marker was saved"
+                    );
+                }
+            }
+            _ => {}
+        }
+        let seed = if answers.is_empty() {
+            &default
+        } else {
+            &answers[(issued - 1) % answers.len()]
+        };
+        let answer = answer_for(&command, seed);
+        let service = in_hand.clone().expect("a service in hand");
+        let s = seen.get_mut(&service).expect("seen");
+        match (&command, &answer) {
+            (UpgradeCommand::Create { .. }, UpgradeAnswer::Created(Ok(id))) => {
+                s.candidate = Some(id.clone())
+            }
+            (UpgradeCommand::Inspect(_), UpgradeAnswer::Inspected(Ok(obs))) => {
+                if s.probed {
+                    s.confirmed =
+                        obs.status == ContainerStatus::Running && obs.started_at == s.running;
+                } else if obs.status == ContainerStatus::Running && obs.started_at.is_some() {
+                    s.running = obs.started_at;
+                }
+            }
+            (UpgradeCommand::ReadBinds(_), UpgradeAnswer::Binds(Ok(b))) => {
+                s.binds = Some(b.clone())
+            }
+            (UpgradeCommand::Probe { binds, .. }, UpgradeAnswer::Probed(Ok(()))) => {
+                assert_eq!(
+                    Some(binds),
+                    s.binds.as_ref(),
+                    "probed other binds than were read"
+                );
+                s.probed = true;
+            }
+            (UpgradeCommand::SaveMarker(_), UpgradeAnswer::MarkerSaved(Ok(()))) => {
+                s.marker_saved = true
+            }
+            (UpgradeCommand::SaveActive { service, .. }, UpgradeAnswer::ActiveSaved(Ok(()))) => {
+                switched.push(service.clone())
+            }
+            _ => {}
+        }
+        upgrade.handle(answer, base());
+    }
+    match upgrade.into_result() {
+        Ok(done) => {
+            assert_eq!(done, switched);
+            let behind = input
+                .services
+                .iter()
+                .filter(|spec| {
+                    input
+                        .active
+                        .services
+                        .get(&spec.name)
+                        .is_none_or(|a| a.effective_revision != input.version)
+                })
+                .count();
+            assert_eq!(
+                done.len(),
+                behind,
+                "a completed upgrade switched every service behind"
+            );
+            done.len()
+        }
+        Err((done, _)) => {
+            assert_eq!(done, switched);
+            done.len()
+        }
+    }
+}

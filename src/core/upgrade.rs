@@ -1,0 +1,454 @@
+//! The overlap replacement of an upgrade (C11, R15) as a sans-IO machine.
+//!
+//! Per service whose ACTIVE generation is not at the target version, in the
+//! catalog's order: create the successor; wait (bounded, by timeouts, not
+//! sleeps) for it to run; read its binds; probe its readiness; inspect it
+//! again to make sure the execution that passed is still the one running;
+//! then save the predecessor's `retirement-pending` marker *before*
+//! switching ACTIVE to the verified successor (a crash in between leaves a
+//! marker on a still-ACTIVE container, which the pass just clears). A
+//! successor that fails any step is removed and ACTIVE left alone; the
+//! upgrade stops there. Publication and retirement are the recovery pass's
+//! (`core::pass`): the predecessor keeps serving until then.
+//!
+//! The worker loads the instance and ACTIVE under the instance lock, then:
+//!
+//! ```text
+//! loop {
+//!     if let Some(command) = upgrade.poll_command() {
+//!         upgrade.handle(perform(command), now);   // effects need the task lease
+//!     } else if upgrade.poll_timeout().is_some() {
+//!         wait UPGRADE_RETRY_INTERVAL; upgrade.handle_timeout(now);
+//!     } else { break }
+//! }
+//! upgrade.into_result()
+//! ```
+
+use std::collections::VecDeque;
+use std::time::Duration;
+
+use jiff::Timestamp;
+
+use super::fleet::add;
+use super::spec::{ReadinessProbe, ServiceSpec};
+use super::types::{
+    ActiveRecord, ActiveService, Binds, ContainerId, ContainerStatus, GenerationKey, Inhibition,
+    InhibitionReason, InstanceName, Observation, RuntimeError, ServiceName,
+};
+
+/// How long a successor may take to report running.
+pub const CANDIDATE_RUNNING_WAIT_MAX: Duration = Duration::from_secs(60);
+/// The pause between inspections of a successor that is not running yet.
+pub const UPGRADE_RETRY_INTERVAL: Duration = Duration::from_millis(250);
+
+/// What one upgrade starts from.
+#[derive(Clone, Debug)]
+pub struct UpgradeInput {
+    pub instance: InstanceName,
+    /// The catalog version every service should reach.
+    pub version: String,
+    /// The catalog's services, in order.
+    pub services: Vec<ServiceSpec>,
+    /// ACTIVE as loaded under the instance lock.
+    pub active: ActiveRecord,
+}
+
+/// One effect the worker must perform.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum UpgradeCommand {
+    /// Create (idempotently, by deterministic name) the successor of
+    /// `spec.name` at `revision`.
+    Create {
+        spec: ServiceSpec,
+        revision: String,
+    },
+    Inspect(ContainerId),
+    ReadBinds(ContainerId),
+    Probe {
+        readiness: ReadinessProbe,
+        binds: Binds,
+    },
+    /// Remove a successor that failed verification.
+    RemoveCandidate(GenerationKey),
+    SaveMarker(Inhibition),
+    SaveActive {
+        service: ServiceName,
+        record: ActiveService,
+    },
+}
+
+impl UpgradeCommand {
+    /// Whether the command changes the workload or the database (it needs
+    /// the task lease and the instance lock trusted now).
+    pub fn is_effect(&self) -> bool {
+        !matches!(
+            self,
+            Self::Inspect(_) | Self::ReadBinds(_) | Self::Probe { .. }
+        )
+    }
+}
+
+/// The result of performing an [`UpgradeCommand`], variant for variant.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum UpgradeAnswer {
+    Created(Result<ContainerId, RuntimeError>),
+    Inspected(Result<Observation, RuntimeError>),
+    Binds(Result<Binds, RuntimeError>),
+    Probed(Result<(), String>),
+    Removed(Result<(), RuntimeError>),
+    MarkerSaved(Result<(), String>),
+    ActiveSaved(Result<(), String>),
+}
+
+/// Where the successor in hand stands.
+#[derive(Clone, Debug)]
+enum Step {
+    Create,
+    WaitRunning {
+        candidate: ContainerId,
+        tries: u32,
+    },
+    /// Asleep until the driver's timer fires.
+    Retry {
+        candidate: ContainerId,
+        tries: u32,
+    },
+    ReadBinds {
+        candidate: ContainerId,
+        started_at: Timestamp,
+    },
+    Probe {
+        candidate: ContainerId,
+        started_at: Timestamp,
+        binds: Binds,
+    },
+    Confirm {
+        candidate: ContainerId,
+        started_at: Timestamp,
+        binds: Binds,
+    },
+    Remove {
+        candidate: ContainerId,
+        error: String,
+    },
+    SaveMarker {
+        candidate: ContainerId,
+        started_at: Timestamp,
+        binds: Binds,
+    },
+    SaveActive {
+        candidate: ContainerId,
+        started_at: Timestamp,
+        binds: Binds,
+    },
+}
+
+/// The machine. See the module docs.
+#[derive(Debug)]
+pub struct Upgrade {
+    instance: InstanceName,
+    version: String,
+    active: ActiveRecord,
+    pending: VecDeque<ServiceSpec>,
+    current: Option<(ServiceSpec, Step)>,
+    outstanding: Option<UpgradeCommand>,
+    switched: Vec<ServiceName>,
+    error: Option<String>,
+    now: Option<Timestamp>,
+}
+
+impl Upgrade {
+    pub fn new(input: UpgradeInput) -> Self {
+        let pending = input
+            .services
+            .into_iter()
+            .filter(|spec| {
+                input
+                    .active
+                    .services
+                    .get(&spec.name)
+                    .is_none_or(|current| current.effective_revision != input.version)
+            })
+            .collect();
+        Self {
+            instance: input.instance,
+            version: input.version,
+            active: input.active,
+            pending,
+            current: None,
+            outstanding: None,
+            switched: Vec::new(),
+            error: None,
+            now: None,
+        }
+    }
+
+    fn tries_max() -> u32 {
+        (CANDIDATE_RUNNING_WAIT_MAX.as_millis() / UPGRADE_RETRY_INTERVAL.as_millis()) as u32
+    }
+
+    fn generation(&self, service: &ServiceName, container: &ContainerId) -> GenerationKey {
+        GenerationKey {
+            instance: self.instance.clone(),
+            service: service.clone(),
+            container: container.clone(),
+        }
+    }
+
+    pub fn is_done(&self) -> bool {
+        self.error.is_some() || (self.current.is_none() && self.pending.is_empty())
+    }
+
+    /// The next effect, or `None` while waiting ([`Self::poll_timeout`])
+    /// or once done.
+    pub fn poll_command(&mut self) -> Option<UpgradeCommand> {
+        assert!(self.outstanding.is_none(), "poll_command before the answer");
+        if self.error.is_some() {
+            return None;
+        }
+        if self.current.is_none() {
+            let spec = self.pending.pop_front()?;
+            self.current = Some((spec, Step::Create));
+        }
+        let (spec, step) = self.current.as_ref().expect("a service in hand");
+        let command = match step {
+            Step::Create => UpgradeCommand::Create {
+                spec: spec.clone(),
+                revision: self.version.clone(),
+            },
+            Step::WaitRunning { candidate, .. } | Step::Confirm { candidate, .. } => {
+                UpgradeCommand::Inspect(candidate.clone())
+            }
+            Step::Retry { .. } => return None,
+            Step::ReadBinds { candidate, .. } => UpgradeCommand::ReadBinds(candidate.clone()),
+            Step::Probe { binds, .. } => UpgradeCommand::Probe {
+                readiness: spec.readiness.clone(),
+                binds: binds.clone(),
+            },
+            Step::Remove { candidate, .. } => {
+                UpgradeCommand::RemoveCandidate(self.generation(&spec.name, candidate))
+            }
+            Step::SaveMarker { .. } => {
+                let current = &self.active.services[&spec.name];
+                UpgradeCommand::SaveMarker(Inhibition {
+                    service: spec.name.clone(),
+                    container: current.container.clone(),
+                    reason: InhibitionReason::RetirementPending,
+                    operation: "upgrade".into(),
+                    created_at: self.now.unwrap_or(Timestamp::UNIX_EPOCH),
+                    stop_grace: current.stop_grace,
+                })
+            }
+            Step::SaveActive {
+                candidate,
+                started_at,
+                binds,
+            } => UpgradeCommand::SaveActive {
+                service: spec.name.clone(),
+                record: ActiveService {
+                    container: candidate.clone(),
+                    effective_revision: self.version.clone(),
+                    binds: binds.clone(),
+                    stop_grace: Some(spec.stop_grace),
+                    verified_started_at: Some(*started_at),
+                },
+            },
+        };
+        self.outstanding = Some(command.clone());
+        Some(command)
+    }
+
+    /// While the successor is not running yet: when to look again.
+    pub fn poll_timeout(&self) -> Option<Timestamp> {
+        match &self.current {
+            Some((_, Step::Retry { .. })) if self.error.is_none() => Some(add(
+                self.now.unwrap_or(Timestamp::UNIX_EPOCH),
+                UPGRADE_RETRY_INTERVAL,
+            )),
+            _ => None,
+        }
+    }
+
+    /// The wait [`Self::poll_timeout`] named has passed (on the driver's
+    /// timer): inspect the successor again.
+    pub fn handle_timeout(&mut self, now: Timestamp) {
+        self.now = Some(now);
+        if let Some((_, step)) = &mut self.current {
+            if let Step::Retry { candidate, tries } = step {
+                *step = Step::WaitRunning {
+                    candidate: candidate.clone(),
+                    tries: *tries,
+                };
+            }
+        }
+    }
+
+    /// Feeds the answer to the last command.
+    pub fn handle(&mut self, answer: UpgradeAnswer, now: Timestamp) {
+        self.now = Some(now);
+        let command = self
+            .outstanding
+            .take()
+            .expect("an answer without a command");
+        let (spec, step) = self.current.take().expect("a service in hand");
+        let name = spec.name.clone();
+        let next = match (step, answer) {
+            (Step::Create, UpgradeAnswer::Created(result)) => match result {
+                Ok(candidate) => Ok(Step::WaitRunning {
+                    candidate,
+                    tries: 0,
+                }),
+                Err(e) => Err(format!("create successor of {name}: {e}")),
+            },
+            (Step::WaitRunning { candidate, tries }, UpgradeAnswer::Inspected(inspected)) => {
+                match inspected {
+                    Ok(obs) if obs.status == ContainerStatus::Running => match obs.started_at {
+                        Some(started_at) => Ok(Step::ReadBinds {
+                            candidate,
+                            started_at,
+                        }),
+                        None => retry_or_fail(candidate, tries),
+                    },
+                    Ok(obs) if obs.status.is_down() => Ok(Step::Remove {
+                        candidate,
+                        error: format!("candidate is {}", obs.status),
+                    }),
+                    Ok(_) | Err(RuntimeError::Transient(_)) => retry_or_fail(candidate, tries),
+                    // Removed anyway: what was created must not be left
+                    // behind on a spurious answer.
+                    Err(RuntimeError::NotFound) => Ok(Step::Remove {
+                        candidate,
+                        error: "candidate vanished".into(),
+                    }),
+                }
+            }
+            (
+                Step::ReadBinds {
+                    candidate,
+                    started_at,
+                },
+                UpgradeAnswer::Binds(read),
+            ) => match read {
+                Ok(binds) => Ok(Step::Probe {
+                    candidate,
+                    started_at,
+                    binds,
+                }),
+                Err(e) => Ok(Step::Remove {
+                    candidate,
+                    error: e.to_string(),
+                }),
+            },
+            (
+                Step::Probe {
+                    candidate,
+                    started_at,
+                    binds,
+                },
+                UpgradeAnswer::Probed(result),
+            ) => match result {
+                Ok(()) => Ok(Step::Confirm {
+                    candidate,
+                    started_at,
+                    binds,
+                }),
+                Err(error) => Ok(Step::Remove { candidate, error }),
+            },
+            (
+                Step::Confirm {
+                    candidate,
+                    started_at,
+                    binds,
+                },
+                UpgradeAnswer::Inspected(inspected),
+            ) => match inspected {
+                Ok(obs)
+                    if obs.status == ContainerStatus::Running
+                        && obs.started_at == Some(started_at) =>
+                {
+                    if self.active.services.contains_key(&name) {
+                        Ok(Step::SaveMarker {
+                            candidate,
+                            started_at,
+                            binds,
+                        })
+                    } else {
+                        Ok(Step::SaveActive {
+                            candidate,
+                            started_at,
+                            binds,
+                        })
+                    }
+                }
+                _ => Ok(Step::Remove {
+                    candidate,
+                    error: "candidate restarted during verification".into(),
+                }),
+            },
+            (Step::Remove { error, .. }, UpgradeAnswer::Removed(_)) => {
+                // Removed or not (a later provision or the operator tidies
+                // up), the upgrade stops here with ACTIVE untouched.
+                Err(format!("successor of {name} not ready: {error}"))
+            }
+            (
+                Step::SaveMarker {
+                    candidate,
+                    started_at,
+                    binds,
+                },
+                UpgradeAnswer::MarkerSaved(result),
+            ) => match result {
+                Ok(()) => Ok(Step::SaveActive {
+                    candidate,
+                    started_at,
+                    binds,
+                }),
+                Err(e) => Err(format!("save the retirement marker of {name}: {e}")),
+            },
+            (Step::SaveActive { .. }, UpgradeAnswer::ActiveSaved(result)) => match result {
+                Ok(()) => {
+                    self.switched.push(name);
+                    return;
+                }
+                Err(e) => Err(format!("switch ACTIVE of {name}: {e}")),
+            },
+            (step, answer) => {
+                panic!("answer {answer:?} does not answer {command:?} (step {step:?})")
+            }
+        };
+        match next {
+            Ok(step) => self.current = Some((spec, step)),
+            Err(e) => self.error = Some(e),
+        }
+    }
+
+    /// Abandons the upgrade (the task lease or lock is no longer trusted):
+    /// nothing more is issued; ACTIVE is as the last saved command left it.
+    pub fn abandon(&mut self, why: String) {
+        self.outstanding = None;
+        self.error.get_or_insert(why);
+    }
+
+    /// The services switched to their successors, or the error that
+    /// stopped the upgrade (services switched before it stay switched).
+    pub fn into_result(self) -> Result<Vec<ServiceName>, (Vec<ServiceName>, String)> {
+        match self.error {
+            None => Ok(self.switched),
+            Some(e) => Err((self.switched, e)),
+        }
+    }
+}
+
+fn retry_or_fail(candidate: ContainerId, tries: u32) -> Result<Step, String> {
+    if tries + 1 >= Upgrade::tries_max() {
+        Ok(Step::Remove {
+            candidate,
+            error: "candidate never reported running".into(),
+        })
+    } else {
+        Ok(Step::Retry {
+            candidate,
+            tries: tries + 1,
+        })
+    }
+}

@@ -1,0 +1,69 @@
+//! Property tests of the overlap-replacement machine (`core/upgrade.rs`;
+//! DESIGN.md C11, R15, S1, S5): arbitrary catalog entries (services new,
+//! behind, or already at the target version) driven with arbitrary answers.
+//! The checker lives in `fuzz/src/upgrade.rs` and is shared with the
+//! cargo-fuzz target `upgrade`.
+
+#[path = "../fuzz/src/machine.rs"]
+#[allow(dead_code)]
+mod machine;
+#[path = "../fuzz/src/model.rs"]
+#[allow(dead_code)]
+mod model;
+#[path = "../fuzz/src/upgrade.rs"]
+mod upgrade;
+
+use proptest::prelude::*;
+use proptest::strategy::ValueTree;
+
+use machine::OutcomeSeed;
+use upgrade::{run_upgrade_and_check, upgrade_input, UpgradeServiceSeed};
+
+const CASES_UPGRADE: u32 = 4_000;
+
+fn services() -> impl Strategy<Value = Vec<UpgradeServiceSeed>> {
+    proptest::collection::vec(
+        any::<u8>().prop_map(|active| UpgradeServiceSeed { active }),
+        0..=3,
+    )
+}
+
+fn answers() -> impl Strategy<Value = Vec<OutcomeSeed>> {
+    proptest::collection::vec(
+        (any::<u8>(), any::<u8>(), any::<u8>()).prop_map(|(choice, execution, binds)| {
+            OutcomeSeed {
+                choice,
+                execution,
+                binds,
+                ..OutcomeSeed::default()
+            }
+        }),
+        1..64,
+    )
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(CASES_UPGRADE))]
+
+    #[test]
+    fn an_upgrade_switches_active_only_to_verified_successors_behind_a_marker(
+        services in services(),
+        answers in answers(),
+    ) {
+        run_upgrade_and_check(&upgrade_input(&services), &answers);
+    }
+}
+
+/// The runs above are not vacuous: many switch services.
+#[test]
+fn arbitrary_upgrades_do_switch_services() {
+    let mut runner = proptest::test_runner::TestRunner::deterministic();
+    let mut switched = 0;
+    for _ in 0..CASES_UPGRADE {
+        let s = services().new_tree(&mut runner).unwrap().current();
+        let a = answers().new_tree(&mut runner).unwrap().current();
+        switched += run_upgrade_and_check(&upgrade_input(&s), &a);
+    }
+    assert!(switched > 0, "no arbitrary upgrade switched a service");
+    eprintln!("{switched} services switched in {CASES_UPGRADE} arbitrary upgrades");
+}

@@ -15,6 +15,7 @@ pub mod names;
 pub mod pass;
 pub mod plan;
 pub mod policy;
+pub mod provision;
 pub mod recovery;
 pub mod retire;
 pub mod spec;

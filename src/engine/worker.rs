@@ -13,10 +13,11 @@ use crate::core::catalog::CatalogEntry;
 use crate::core::fleet::{Instance, InstanceState, RetryDecision, Task, TaskKind, TaskRetryPolicy};
 use crate::core::plan::halt_after_failed_upgrade;
 use crate::core::policy::LEASE_MARGIN;
-use crate::core::spec::ServiceSpec;
-use crate::core::types::{
-    ActiveService, ContainerId, GenerationKey, InhibitionReason, RuntimeError, ServiceKey,
+use crate::core::provision::{
+    Deprovision, DeprovisionInput, Provision, ProvisionInput, WorkAnswer, WorkCommand,
 };
+use crate::core::spec::ServiceSpec;
+use crate::core::types::{ContainerId, RuntimeError};
 use crate::core::upgrade::{
     Upgrade, UpgradeAnswer, UpgradeCommand, UpgradeInput, UPGRADE_RETRY_INTERVAL,
 };
@@ -390,54 +391,90 @@ impl Worker {
     }
 
     /// Install-or-upgrade on the deterministic release name, then one
-    /// container per service and ACTIVE naming it. Idempotent: containers
-    /// are created by deterministic name, ACTIVE written only on change.
+    /// container per service and ACTIVE naming it (`core::provision`).
     async fn provision(&self, instance: &Instance) -> Result<(), String> {
-        let p = &self.ports;
         let entry = self.entry(instance)?;
-        self.allowed()?;
-        p.provisioner
-            .install_or_upgrade(instance.name.as_str(), &instance.version)
-            .await
-            .map_err(|e| e.to_string())?;
-        let active = p
+        let active = self
+            .ports
             .store
             .load_active(&instance.name)
             .await
             .map_err(|e| e.to_string())?;
-        for spec in &entry.services {
-            // Repair what is missing, never churn what exists: a service
-            // whose ACTIVE container still exists keeps it (the recovery
-            // pass owns its health).
-            if let Some(current) = active.services.get(&spec.name) {
-                match p.runtime.inspect(&current.container).await {
-                    Ok(_) => continue,
-                    Err(RuntimeError::NotFound) => {}
-                    Err(e) => return Err(format!("inspect {}: {e}", current.container)),
+        let mut provision = Provision::new(ProvisionInput {
+            instance: instance.name.clone(),
+            version: instance.version.clone(),
+            services: entry.services,
+            active,
+        });
+        while let Some(command) = provision.poll_command() {
+            if command.is_effect() {
+                if let Err(e) = self.allowed() {
+                    provision.abandon(e);
+                    continue;
                 }
             }
-            self.allowed()?;
-            let id = self
-                .create(instance, spec, &instance.version)
-                .await
-                .map_err(|e| format!("create {}: {e}", spec.name))?;
-            if active.services.get(&spec.name).map(|s| &s.container) == Some(&id) {
-                continue;
-            }
-            let record = ActiveService {
-                container: id,
-                effective_revision: instance.version.clone(),
-                binds: Default::default(),
-                stop_grace: Some(spec.stop_grace),
-                verified_started_at: None,
-            };
-            self.allowed()?;
-            p.store
-                .save_active_service(&instance.name, &spec.name, &record)
-                .await
-                .map_err(|e| e.to_string())?;
+            provision.handle(self.perform_work(instance, command).await);
         }
+        provision.into_result()?;
         self.move_to(instance, InstanceState::Ready).await
+    }
+
+    /// Performs one step of provisioning or deprovisioning. No decisions.
+    async fn perform_work(&self, instance: &Instance, command: WorkCommand) -> WorkAnswer {
+        let p = &self.ports;
+        let name = &instance.name;
+        let done = |r: Result<(), String>| WorkAnswer::Done(r);
+        match command {
+            WorkCommand::Install { version } => done(
+                p.provisioner
+                    .install_or_upgrade(name.as_str(), &version)
+                    .await
+                    .map_err(|e| e.to_string()),
+            ),
+            WorkCommand::Uninstall => done(
+                p.provisioner
+                    .uninstall(name.as_str())
+                    .await
+                    .map_err(|e| e.to_string()),
+            ),
+            WorkCommand::Inspect(id) => WorkAnswer::Inspected(p.runtime.inspect(&id).await),
+            WorkCommand::Create { spec, revision } => {
+                WorkAnswer::Created(self.create(instance, &spec, &revision).await)
+            }
+            WorkCommand::SaveActive { service, record } => done(
+                p.store
+                    .save_active_service(name, &service, &record)
+                    .await
+                    .map_err(|e| e.to_string()),
+            ),
+            WorkCommand::Withdraw(key) => {
+                done(p.traffic.withdraw(&key).await.map_err(|e| e.to_string()))
+            }
+            WorkCommand::Stop { generation, grace } => {
+                WorkAnswer::Stopped(p.runtime.stop(&generation, grace).await)
+            }
+            WorkCommand::Remove(generation) => {
+                WorkAnswer::Removed(p.runtime.remove(&generation).await)
+            }
+            WorkCommand::ReleaseClaims(container) => done(
+                p.store
+                    .release_claims(name, &container, None)
+                    .await
+                    .map_err(|e| e.to_string()),
+            ),
+            WorkCommand::RemoveActive(service) => done(
+                p.store
+                    .remove_active_service(name, &service)
+                    .await
+                    .map_err(|e| e.to_string()),
+            ),
+            WorkCommand::ClearInhibition(marker) => done(
+                p.store
+                    .clear_inhibition(name, &marker.service, &marker.container, None)
+                    .await
+                    .map_err(|e| e.to_string()),
+            ),
+        }
     }
 
     async fn create(
@@ -568,7 +605,8 @@ impl Worker {
     }
 
     /// Withdraw, stop and remove every container of the instance, release
-    /// its claims, uninstall the release, mark it deleted.
+    /// its claims, uninstall the release, mark it deleted
+    /// (`core::provision`).
     async fn deprovision(&self, instance: &Instance) -> Result<(), String> {
         let p = &self.ports;
         let name = &instance.name;
@@ -578,71 +616,23 @@ impl Worker {
             .load_inhibitions(name)
             .await
             .map_err(|e| e.to_string())?;
-        for (service, record) in &active.services {
-            let key = ServiceKey {
-                instance: name.clone(),
-                service: service.clone(),
-            };
-            self.allowed()?;
-            p.traffic.withdraw(&key).await.map_err(|e| e.to_string())?;
-            let grace = record.stop_grace.unwrap_or(self.config.stop_grace_default);
-            let generation = GenerationKey {
-                instance: name.clone(),
-                service: service.clone(),
-                container: record.container.clone(),
-            };
-            self.stop_and_remove(&generation, grace).await?;
-            self.allowed()?;
-            p.store
-                .release_claims(name, &record.container, None)
-                .await
-                .map_err(|e| e.to_string())?;
-            p.store
-                .remove_active_service(name, service)
-                .await
-                .map_err(|e| e.to_string())?;
-        }
-        for marker in inhibitions {
-            if marker.reason == InhibitionReason::RetirementPending {
-                let grace = marker.stop_grace.unwrap_or(self.config.stop_grace_default);
-                let generation = GenerationKey {
-                    instance: name.clone(),
-                    service: marker.service.clone(),
-                    container: marker.container.clone(),
-                };
-                self.stop_and_remove(&generation, grace).await?;
+        let mut deprovision = Deprovision::new(DeprovisionInput {
+            instance: name.clone(),
+            active,
+            inhibitions,
+            stop_grace_default: self.config.stop_grace_default,
+        });
+        while let Some(command) = deprovision.poll_command() {
+            if command.is_effect() {
+                if let Err(e) = self.allowed() {
+                    deprovision.abandon(e);
+                    continue;
+                }
             }
-            self.allowed()?;
-            p.store
-                .clear_inhibition(name, &marker.service, &marker.container, None)
-                .await
-                .map_err(|e| e.to_string())?;
+            deprovision.handle(self.perform_work(instance, command).await);
         }
-        self.allowed()?;
-        p.provisioner
-            .uninstall(name.as_str())
-            .await
-            .map_err(|e| e.to_string())?;
+        deprovision.into_result()?;
         self.move_to(instance, InstanceState::Deleted).await
-    }
-
-    async fn stop_and_remove(
-        &self,
-        generation: &GenerationKey,
-        grace: Duration,
-    ) -> Result<(), String> {
-        let id = &generation.container;
-        self.allowed()?;
-        match self.ports.runtime.stop(generation, grace).await {
-            Ok(()) | Err(RuntimeError::NotFound) => {}
-            Err(e) => return Err(format!("stop {id}: {e}")),
-        }
-        self.allowed()?;
-        self.ports
-            .runtime
-            .remove(generation)
-            .await
-            .map_err(|e| format!("remove {id}: {e}"))
     }
 
     /// Moves the instance along its lifecycle, compare-and-set on its

@@ -1,0 +1,346 @@
+//! Provisioning and deprovisioning (C11, T4) as sans-IO machines, in one
+//! command vocabulary the worker performs through its ports.
+//!
+//! [`Provision`]: install-or-upgrade the release, then one container per
+//! service of the catalog entry and ACTIVE naming it. Idempotent: a service
+//! whose ACTIVE container still exists keeps it (the recovery pass owns its
+//! health), containers are created by deterministic name, and ACTIVE is
+//! written only when it changes.
+//!
+//! [`Deprovision`]: per ACTIVE service withdraw, stop, remove, release its
+//! claims and drop it from ACTIVE; then stop and remove every predecessor a
+//! `retirement-pending` marker names and clear every inhibition; then
+//! uninstall the release. Any failure stops the machine; the task is
+//! retried and the machine, re-run on what is left, picks up from there.
+//!
+//! Both are driven the same way:
+//!
+//! ```text
+//! while let Some(command) = machine.poll_command() {
+//!     // effects need the task lease and the instance lock trusted now
+//!     machine.handle(perform(command));
+//! }
+//! machine.into_result()
+//! ```
+
+use std::collections::VecDeque;
+use std::time::Duration;
+
+use super::spec::ServiceSpec;
+use super::types::{
+    ActiveRecord, ActiveService, ContainerId, GenerationKey, Inhibition, InhibitionReason,
+    InstanceName, Observation, RuntimeError, ServiceKey, ServiceName,
+};
+
+/// One effect (or read) a worker's protocol asks for.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum WorkCommand {
+    /// Install or upgrade the instance's release at `version`.
+    Install {
+        version: String,
+    },
+    Uninstall,
+    Inspect(ContainerId),
+    Create {
+        spec: ServiceSpec,
+        revision: String,
+    },
+    SaveActive {
+        service: ServiceName,
+        record: ActiveService,
+    },
+    Withdraw(ServiceKey),
+    Stop {
+        generation: GenerationKey,
+        grace: Duration,
+    },
+    Remove(GenerationKey),
+    ReleaseClaims(ContainerId),
+    RemoveActive(ServiceName),
+    ClearInhibition(Inhibition),
+}
+
+impl WorkCommand {
+    /// Whether it changes the world (the task lease and instance lock must
+    /// be trusted when it is issued).
+    pub fn is_effect(&self) -> bool {
+        !matches!(self, Self::Inspect(_))
+    }
+}
+
+/// The result of performing a [`WorkCommand`].
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum WorkAnswer {
+    /// Install, uninstall, the store writes and the withdrawal.
+    Done(Result<(), String>),
+    Inspected(Result<Observation, RuntimeError>),
+    Created(Result<ContainerId, RuntimeError>),
+    Stopped(Result<(), RuntimeError>),
+    Removed(Result<(), RuntimeError>),
+}
+
+/// What provisioning starts from.
+#[derive(Clone, Debug)]
+pub struct ProvisionInput {
+    pub instance: InstanceName,
+    pub version: String,
+    pub services: Vec<ServiceSpec>,
+    /// ACTIVE as loaded under the instance lock.
+    pub active: ActiveRecord,
+}
+
+#[derive(Debug)]
+enum ProvisionStep {
+    Install,
+    Next,
+    Inspect(ServiceSpec, ContainerId),
+    Create(ServiceSpec),
+    Save,
+    Done,
+}
+
+/// The provisioning machine. See the module docs.
+#[derive(Debug)]
+pub struct Provision {
+    version: String,
+    active: ActiveRecord,
+    pending: VecDeque<ServiceSpec>,
+    step: ProvisionStep,
+    to_save: Option<(ServiceName, ActiveService)>,
+    outstanding: Option<WorkCommand>,
+    error: Option<String>,
+}
+
+impl Provision {
+    pub fn new(input: ProvisionInput) -> Self {
+        Self {
+            version: input.version,
+            active: input.active,
+            pending: input.services.into(),
+            step: ProvisionStep::Install,
+            to_save: None,
+            outstanding: None,
+            error: None,
+        }
+    }
+
+    pub fn poll_command(&mut self) -> Option<WorkCommand> {
+        assert!(self.outstanding.is_none(), "poll_command before the answer");
+        loop {
+            if self.error.is_some() {
+                return None;
+            }
+            let command = match &self.step {
+                ProvisionStep::Install => WorkCommand::Install {
+                    version: self.version.clone(),
+                },
+                ProvisionStep::Next => {
+                    let Some(spec) = self.pending.pop_front() else {
+                        self.step = ProvisionStep::Done;
+                        continue;
+                    };
+                    // Repair what is missing, never churn what exists.
+                    self.step = match self.active.services.get(&spec.name) {
+                        Some(current) => {
+                            let container = current.container.clone();
+                            ProvisionStep::Inspect(spec, container)
+                        }
+                        None => ProvisionStep::Create(spec),
+                    };
+                    continue;
+                }
+                ProvisionStep::Inspect(_, container) => WorkCommand::Inspect(container.clone()),
+                ProvisionStep::Create(spec) => WorkCommand::Create {
+                    spec: spec.clone(),
+                    revision: self.version.clone(),
+                },
+                ProvisionStep::Save => {
+                    let (service, record) = self.to_save.clone().expect("a record to save");
+                    WorkCommand::SaveActive { service, record }
+                }
+                ProvisionStep::Done => return None,
+            };
+            self.outstanding = Some(command.clone());
+            return Some(command);
+        }
+    }
+
+    pub fn handle(&mut self, answer: WorkAnswer) {
+        let command = self
+            .outstanding
+            .take()
+            .expect("an answer without a command");
+        let step = std::mem::replace(&mut self.step, ProvisionStep::Next);
+        match (step, answer) {
+            (ProvisionStep::Install, WorkAnswer::Done(result)) => {
+                if let Err(e) = result {
+                    self.error = Some(e);
+                }
+            }
+            (ProvisionStep::Inspect(spec, container), WorkAnswer::Inspected(result)) => {
+                match result {
+                    Ok(_) => {}
+                    Err(RuntimeError::NotFound) => self.step = ProvisionStep::Create(spec),
+                    Err(e) => self.error = Some(format!("inspect {container}: {e}")),
+                }
+            }
+            (ProvisionStep::Create(spec), WorkAnswer::Created(result)) => match result {
+                Ok(id) => {
+                    let unchanged = self
+                        .active
+                        .services
+                        .get(&spec.name)
+                        .is_some_and(|s| s.container == id);
+                    if !unchanged {
+                        self.to_save = Some((
+                            spec.name.clone(),
+                            ActiveService {
+                                container: id,
+                                effective_revision: self.version.clone(),
+                                binds: Default::default(),
+                                stop_grace: Some(spec.stop_grace),
+                                verified_started_at: None,
+                            },
+                        ));
+                        self.step = ProvisionStep::Save;
+                    }
+                }
+                Err(e) => self.error = Some(format!("create {}: {e}", spec.name)),
+            },
+            (ProvisionStep::Save, WorkAnswer::Done(result)) => {
+                self.to_save = None;
+                if let Err(e) = result {
+                    self.error = Some(e);
+                }
+            }
+            (step, answer) => {
+                panic!("answer {answer:?} does not answer {command:?} (step {step:?})")
+            }
+        }
+    }
+
+    /// Stops issuing commands (the task lease or lock is not trusted).
+    pub fn abandon(&mut self, why: String) {
+        self.outstanding = None;
+        self.error.get_or_insert(why);
+    }
+
+    pub fn into_result(self) -> Result<(), String> {
+        match self.error {
+            Some(e) => Err(e),
+            None => Ok(()),
+        }
+    }
+}
+
+/// What deprovisioning starts from.
+#[derive(Clone, Debug)]
+pub struct DeprovisionInput {
+    pub instance: InstanceName,
+    pub active: ActiveRecord,
+    pub inhibitions: Vec<Inhibition>,
+    /// The stop grace of a generation that names none.
+    pub stop_grace_default: Duration,
+}
+
+/// The deprovisioning machine. See the module docs.
+#[derive(Debug)]
+pub struct Deprovision {
+    /// Every command still to issue, in order; each is issued only once
+    /// the one before it succeeded.
+    plan: VecDeque<WorkCommand>,
+    outstanding: Option<WorkCommand>,
+    error: Option<String>,
+}
+
+impl Deprovision {
+    pub fn new(input: DeprovisionInput) -> Self {
+        let name = &input.instance;
+        let grace = |g: Option<Duration>| g.unwrap_or(input.stop_grace_default);
+        let mut plan = VecDeque::new();
+        for (service, record) in &input.active.services {
+            let generation = GenerationKey {
+                instance: name.clone(),
+                service: service.clone(),
+                container: record.container.clone(),
+            };
+            plan.push_back(WorkCommand::Withdraw(ServiceKey {
+                instance: name.clone(),
+                service: service.clone(),
+            }));
+            plan.push_back(WorkCommand::Stop {
+                generation: generation.clone(),
+                grace: grace(record.stop_grace),
+            });
+            plan.push_back(WorkCommand::Remove(generation));
+            plan.push_back(WorkCommand::ReleaseClaims(record.container.clone()));
+            plan.push_back(WorkCommand::RemoveActive(service.clone()));
+        }
+        for marker in &input.inhibitions {
+            if marker.reason == InhibitionReason::RetirementPending {
+                let generation = GenerationKey {
+                    instance: name.clone(),
+                    service: marker.service.clone(),
+                    container: marker.container.clone(),
+                };
+                plan.push_back(WorkCommand::Stop {
+                    generation: generation.clone(),
+                    grace: grace(marker.stop_grace),
+                });
+                plan.push_back(WorkCommand::Remove(generation));
+            }
+            plan.push_back(WorkCommand::ClearInhibition(marker.clone()));
+        }
+        plan.push_back(WorkCommand::Uninstall);
+        Self {
+            plan,
+            outstanding: None,
+            error: None,
+        }
+    }
+
+    pub fn poll_command(&mut self) -> Option<WorkCommand> {
+        assert!(self.outstanding.is_none(), "poll_command before the answer");
+        if self.error.is_some() {
+            return None;
+        }
+        let command = self.plan.pop_front()?;
+        self.outstanding = Some(command.clone());
+        Some(command)
+    }
+
+    pub fn handle(&mut self, answer: WorkAnswer) {
+        let command = self
+            .outstanding
+            .take()
+            .expect("an answer without a command");
+        let failed = match (&command, answer) {
+            // A container already stopped or gone is what a stop wants.
+            (WorkCommand::Stop { generation, .. }, WorkAnswer::Stopped(result)) => match result {
+                Ok(()) | Err(RuntimeError::NotFound) => None,
+                Err(e) => Some(format!("stop {}: {e}", generation.container)),
+            },
+            (WorkCommand::Remove(generation), WorkAnswer::Removed(result)) => result
+                .err()
+                .map(|e| format!("remove {}: {e}", generation.container)),
+            (_, WorkAnswer::Done(result)) => result.err(),
+            (command, answer) => panic!("answer {answer:?} does not answer {command:?}"),
+        };
+        if let Some(e) = failed {
+            self.error = Some(e);
+        }
+    }
+
+    /// Stops issuing commands (the task lease or lock is not trusted).
+    pub fn abandon(&mut self, why: String) {
+        self.outstanding = None;
+        self.error.get_or_insert(why);
+    }
+
+    pub fn into_result(self) -> Result<(), String> {
+        match self.error {
+            Some(e) => Err(e),
+            None => Ok(()),
+        }
+    }
+}

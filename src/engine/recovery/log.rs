@@ -1,0 +1,202 @@
+//! What the pass tells operators: one info line per intervention with the
+//! machine's reason, crash-loop holds once per new delay, counters.
+
+use std::collections::BTreeMap;
+
+use crate::core::memory::RecoveryMemory;
+use crate::core::pass::{InstanceAnswer, InstanceCommand};
+use crate::core::recovery::{Command, Outcome, Report, Verdict, Why};
+use crate::core::types::{ContainerStatus, GenerationKey};
+
+pub(super) fn record_metrics(report: &Report) {
+    if report.intervened {
+        metrics::counter!("stead_recoveries_total").increment(1);
+    }
+}
+
+/// What the log of one instance's pass needs to say what each step meant.
+pub(super) struct StepLog {
+    /// The instance's memory before the pass.
+    before: RecoveryMemory,
+    /// The last status inspected, per generation.
+    last_status: BTreeMap<GenerationKey, ContainerStatus>,
+}
+
+impl StepLog {
+    pub(super) fn new(before: RecoveryMemory) -> Self {
+        Self {
+            before,
+            last_status: BTreeMap::new(),
+        }
+    }
+
+    pub(super) fn before(&self, key: &GenerationKey) -> Before {
+        let memory = self.before.service(key);
+        Before {
+            routed: memory.generation.verified_started_at.is_some(),
+            next_attempt: memory
+                .generation
+                .budget
+                .as_ref()
+                .and_then(|b| b.next_attempt),
+        }
+    }
+
+    pub(super) fn step(
+        &mut self,
+        command: &InstanceCommand,
+        why: Option<Why>,
+        answer: &InstanceAnswer,
+    ) {
+        let (
+            InstanceCommand::Service { key, command },
+            InstanceAnswer::Service(outcome),
+            Some(why),
+        ) = (command, answer, why)
+        else {
+            return;
+        };
+        if let Outcome::Inspected(Ok(obs)) = outcome {
+            self.last_status.insert(key.clone(), obs.status);
+        }
+        let last_status = self.last_status.get(key).copied();
+        log_step(key, command, why, outcome, &self.before(key), last_status);
+    }
+}
+
+/// What the pass knew of a service before its recovery, for the log.
+pub(super) struct Before {
+    /// This daemon believed the service routed (it verified an execution).
+    routed: bool,
+    next_attempt: Option<crate::core::types::Timestamp>,
+}
+
+/// One info line per intervention (what, which service, why) and failure
+/// counters by reason. A withdrawal of a route nobody was using (one that
+/// only re-asserts stopped or inhibited intent, or a new container's first
+/// fail-closed step) is not an intervention: it is logged at debug, so a
+/// held service does not log every tick.
+fn log_step(
+    key: &GenerationKey,
+    command: &Command,
+    why: Why,
+    outcome: &Outcome,
+    before: &Before,
+    last_status: Option<crate::core::types::ContainerStatus>,
+) {
+    let (instance, service) = (key.instance.as_str(), key.service.as_str());
+    let container = short_id(key.container.as_str());
+    match (command, outcome) {
+        (Command::Withdraw, Outcome::Withdrawn(Ok(()))) => {
+            // A route this daemon published, or one a failure is being
+            // cleaned up after; a fresh container's first fail-closed
+            // withdrawal removes nothing anyone used.
+            let notable = before.routed
+                || matches!(
+                    why,
+                    Why::Unhealthy | Why::VerificationFailed | Why::RetryWithdrawal
+                );
+            if notable {
+                tracing::info!(
+                    instance,
+                    service,
+                    container,
+                    reason = why.label(),
+                    "withdrew {instance}/{service}: {why}"
+                );
+            } else {
+                tracing::debug!(
+                    instance,
+                    service,
+                    reason = why.label(),
+                    "withdrawal re-asserted: {why}"
+                );
+            }
+        }
+        (Command::Withdraw, Outcome::Withdrawn(Err(_))) => {
+            metrics::counter!("stead_withdrawal_failures_total", "reason" => why.label())
+                .increment(1);
+        }
+        (Command::Start, Outcome::Started(Ok(()))) => {
+            let was = last_status.map_or_else(|| "down".to_owned(), |s| s.to_string());
+            tracing::info!(
+                instance,
+                service,
+                container,
+                reason = why.label(),
+                "started {instance}/{service}: the container was {was} (R9)"
+            );
+        }
+        (Command::Restart { .. }, Outcome::Restarted(Ok(()))) => {
+            tracing::info!(
+                instance,
+                service,
+                container,
+                reason = why.label(),
+                "restarted {instance}/{service}: {why}"
+            );
+        }
+        (Command::Stop { .. }, Outcome::Stopped(Ok(()))) => {
+            tracing::info!(
+                instance,
+                service,
+                container,
+                reason = why.label(),
+                "stopped {instance}/{service}: {why}"
+            );
+        }
+        (Command::Publish { binds, .. }, Outcome::Published(Ok(()))) => {
+            let binds: Vec<String> = binds
+                .iter()
+                .map(|(c, h)| format!("{c}->127.0.0.1:{h}"))
+                .collect();
+            tracing::info!(
+                instance,
+                service,
+                container,
+                reason = why.label(),
+                "published {instance}/{service} ({}): {why}",
+                binds.join(", ")
+            );
+        }
+        (Command::Publish { .. }, Outcome::Published(Err(_))) => {
+            metrics::counter!("stead_publication_failures_total", "reason" => why.label())
+                .increment(1);
+        }
+        _ => {}
+    }
+}
+
+/// A crash-loop hold, once per new delay rather than every pass.
+pub(super) fn log_hold(report: &Report, before: &Before) {
+    let Verdict::Delayed {
+        next_attempt: Some(next),
+    } = report.verdict
+    else {
+        return;
+    };
+    if before.next_attempt == Some(next) {
+        return;
+    }
+    let key = &report.key;
+    let failures = report
+        .memory
+        .generation
+        .budget
+        .as_ref()
+        .map_or(0, |b| b.failures);
+    tracing::info!(
+        instance = key.instance.as_str(),
+        service = key.service.as_str(),
+        failures,
+        next_attempt = %next,
+        "crash loop: {}/{} stays down until {next} after {failures} failures (budget, R10)",
+        key.instance,
+        key.service,
+    );
+}
+
+/// The first 12 characters of a container ID, as `docker ps` shows it.
+fn short_id(id: &str) -> &str {
+    id.get(..12).unwrap_or(id)
+}

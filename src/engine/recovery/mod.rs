@@ -1,0 +1,150 @@
+//! The recovery pass (R2, R3, R15, R16): a dumb interpreter that runs the
+//! core's instance-pass machine (`core::pass`) over the ports. Every
+//! decision is the core's; this module only sequences, bounds, locks and
+//! aggregates: the whole-fleet pass here, one instance in `instance`, the
+//! ports in `perform`, the traffic plane in `plane`, the log in `log`.
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
+
+use crate::core::fleet::InstanceState;
+use crate::core::memory::RecoveryMemory;
+use crate::core::policy::{RecoveryPolicy, INSTANCE_LEASE_SLACK};
+use crate::core::spec::ReadinessProbe;
+use crate::core::traffic::routes_of_gone_instances;
+use crate::core::types::ServiceName;
+use crate::ports::LeaseGrant;
+
+mod instance;
+mod log;
+mod outcome;
+mod perform;
+mod plane;
+
+pub use outcome::{InstanceOutcome, PassOutcome};
+
+use super::lease::LeaseGuard;
+pub use super::locks::InstanceLocks;
+use super::Ports;
+
+/// Readiness probe per (service type, service), from the catalog.
+pub type ReadinessTable = BTreeMap<(String, ServiceName), ReadinessProbe>;
+
+/// The recovery pass and the memory it keeps between passes.
+pub struct Recoverer {
+    ports: Ports,
+    policy: RecoveryPolicy,
+    /// Replaced when the catalog is reloaded.
+    readiness: Mutex<ReadinessTable>,
+    memory: Mutex<RecoveryMemory>,
+    locks: Arc<InstanceLocks>,
+    /// This process's recovery as an instance-lock holder (T3).
+    lock_holder: String,
+    /// The reconciler lease every effect of recovery needs (T2).
+    lease: Arc<LeaseGuard>,
+}
+
+impl Recoverer {
+    pub fn new(
+        ports: Ports,
+        policy: RecoveryPolicy,
+        readiness: ReadinessTable,
+        locks: Arc<InstanceLocks>,
+        lock_holder: String,
+        lease: Arc<LeaseGuard>,
+    ) -> Self {
+        Self {
+            ports,
+            policy,
+            readiness: Mutex::new(readiness),
+            memory: Mutex::new(RecoveryMemory::default()),
+            locks,
+            lock_holder,
+            lease,
+        }
+    }
+
+    /// The lease this recovery acts under.
+    pub fn lease(&self) -> &Arc<LeaseGuard> {
+        &self.lease
+    }
+
+    /// The grant, if it will last one instance's recovery (renewed if
+    /// needed); `None`: do not act.
+    async fn fence(&self) -> Option<LeaseGrant> {
+        self.lease
+            .ensure(
+                self.ports.store.as_ref(),
+                self.policy.instance_deadline + INSTANCE_LEASE_SLACK,
+            )
+            .await
+    }
+
+    /// Installs the readiness probes of a reloaded catalog; the next
+    /// probe uses them.
+    pub fn set_readiness(&self, readiness: ReadinessTable) {
+        *self.readiness.lock().expect("readiness poisoned") = readiness;
+    }
+
+    pub fn memory(&self) -> RecoveryMemory {
+        self.memory.lock().expect("memory poisoned").clone()
+    }
+
+    /// One pass over every instance. Never fails as a whole: errors are
+    /// aggregated per instance so one never hides another.
+    pub async fn pass(&self) -> PassOutcome {
+        let mut outcome = PassOutcome::default();
+        let began = tokio::time::timeout(self.policy.instance_deadline, async {
+            self.ports.runtime.begin_pass().await
+        })
+        .await;
+        match began {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => outcome.errors.push(format!("runtime list: {e}")),
+            Err(_) => outcome
+                .errors
+                .push("runtime list: deadline exceeded".to_owned()),
+        }
+        // The routes are read before the instances are listed: an instance
+        // created in between is listed, so its fresh route is never taken
+        // for a gone instance's.
+        let held = self.read_traffic_plane(&mut outcome).await;
+        let rows = match self.ports.store.list_instances().await {
+            Ok(rows) => rows,
+            Err(e) => {
+                outcome.errors.push(format!("list instances: {e}"));
+                return outcome;
+            }
+        };
+        outcome
+            .errors
+            .extend(rows.bad.iter().map(|e| format!("skipped row: {e}")));
+        if let Some(held) = &held {
+            // Bad rows may hide live instances: then nothing is taken for gone.
+            if rows.bad.is_empty() {
+                for gone in routes_of_gone_instances(held, &rows.rows) {
+                    self.withdraw_stale(&gone, &mut outcome.errors).await;
+                }
+            }
+        }
+        for instance in rows.rows {
+            if matches!(instance.state, InstanceState::Deleted) {
+                self.memory
+                    .lock()
+                    .expect("memory poisoned")
+                    .forget_instance(&instance.name);
+                continue;
+            }
+            let result = self.recover_instance_seeing(&instance, held.as_ref()).await;
+            if result.skipped_no_lease {
+                // The lease is lost: nothing more may be done this pass.
+                outcome
+                    .errors
+                    .push("reconciler lease lost; pass stopped".to_owned());
+                break;
+            }
+            outcome.instances.insert(instance.name.clone(), result);
+        }
+        outcome
+    }
+}

@@ -1,0 +1,162 @@
+//! Performs the pass's commands through the ports. No decisions here.
+
+use crate::core::fleet::Instance;
+use crate::core::pass::{InstanceAnswer, InstanceCommand};
+use crate::core::recovery::{Command, Outcome};
+use crate::core::spec::ReadinessProbe;
+use crate::core::types::{GenerationKey, ServiceKey};
+use crate::ports::{LeaseGrant, Route};
+
+use super::Recoverer;
+
+impl Recoverer {
+    /// Performs one command through the ports. No decisions here.
+    pub(super) async fn perform(
+        &self,
+        instance: &Instance,
+        command: &InstanceCommand,
+        fence: &LeaseGrant,
+    ) -> InstanceAnswer {
+        let p = &self.ports;
+        match command {
+            InstanceCommand::Service { key, command } => {
+                InstanceAnswer::Service(self.perform_service(instance, key, command, fence).await)
+            }
+            InstanceCommand::InspectSuccessor(id) => {
+                InstanceAnswer::SuccessorInspected(p.runtime.inspect(id).await)
+            }
+            InstanceCommand::ReadRoutes => InstanceAnswer::RoutesRead(
+                p.traffic
+                    .held_routes()
+                    .await
+                    .map(|routes| routes.into_iter().map(|r| (r.service, r.port)).collect())
+                    .map_err(|e| e.to_string()),
+            ),
+            InstanceCommand::StopPredecessor { generation, grace } => {
+                InstanceAnswer::PredecessorStopped(p.runtime.stop(generation, *grace).await)
+            }
+            InstanceCommand::RemovePredecessor(generation) => {
+                InstanceAnswer::PredecessorRemoved(p.runtime.remove(generation).await)
+            }
+            InstanceCommand::ReleaseClaims(generation) => InstanceAnswer::ClaimsReleased(
+                p.store
+                    .release_claims(&generation.instance, &generation.container, Some(fence))
+                    .await
+                    .map_err(|e| e.to_string()),
+            ),
+            InstanceCommand::ClearMarker(generation) => InstanceAnswer::MarkerCleared(
+                p.store
+                    .clear_inhibition(
+                        &generation.instance,
+                        &generation.service,
+                        &generation.container,
+                        Some(fence),
+                    )
+                    .await
+                    .map_err(|e| e.to_string()),
+            ),
+            InstanceCommand::WithdrawStale(service) => {
+                let result = p.traffic.withdraw(service).await;
+                if result.is_ok() {
+                    tracing::info!(
+                        instance = %service.instance,
+                        service = %service.service,
+                        "withdrew a route nothing serves any more"
+                    );
+                }
+                InstanceAnswer::StaleWithdrawn(result.map_err(|e| e.to_string()))
+            }
+        }
+    }
+
+    /// Performs one step of a service's recovery through the ports.
+    async fn perform_service(
+        &self,
+        instance: &Instance,
+        key: &GenerationKey,
+        command: &Command,
+        fence: &LeaseGrant,
+    ) -> Outcome {
+        let p = &self.ports;
+        let fence = Some(fence);
+        let service_key = ServiceKey {
+            instance: key.instance.clone(),
+            service: key.service.clone(),
+        };
+        let id = &key.container;
+        match command {
+            Command::Withdraw => {
+                let result = p.traffic.withdraw(&service_key).await;
+                if result.is_ok() {
+                    metrics::counter!("stead_withdrawals_total").increment(1);
+                }
+                Outcome::Withdrawn(result.map_err(|e| e.to_string()))
+            }
+            Command::Inspect => Outcome::Inspected(p.runtime.inspect(id).await),
+            Command::ReleaseClaims => Outcome::ClaimsReleased(
+                p.store
+                    .release_claims(&key.instance, id, fence)
+                    .await
+                    .map_err(|e| e.to_string()),
+            ),
+            Command::CheckPolicy => {
+                Outcome::PolicyChecked(p.policy.check(&key.instance, &key.service).await)
+            }
+            Command::Start => {
+                let result = p.runtime.start(id).await;
+                if result.is_ok() {
+                    metrics::counter!("stead_starts_total").increment(1);
+                }
+                Outcome::Started(result)
+            }
+            Command::Restart { grace } => {
+                let result = p.runtime.restart(id, *grace).await;
+                if result.is_ok() {
+                    metrics::counter!("stead_restarts_total").increment(1);
+                }
+                Outcome::Restarted(result)
+            }
+            Command::Stop { grace } => Outcome::Stopped(p.runtime.stop(key, *grace).await),
+            Command::ReadHealth => Outcome::Health(p.runtime.health(id).await),
+            Command::ReadBinds => Outcome::Binds(p.runtime.binds(id).await),
+            Command::ProbeReadiness { binds } => {
+                let probe = self
+                    .readiness
+                    .lock()
+                    .expect("readiness poisoned")
+                    .get(&(instance.service_type.clone(), key.service.clone()))
+                    .cloned()
+                    .unwrap_or(ReadinessProbe::None);
+                Outcome::Readiness(p.probe.ready(&probe, binds).await)
+            }
+            Command::ReloadActive => Outcome::ActiveReloaded(
+                p.store
+                    .load_active(&key.instance)
+                    .await
+                    .map(|a| a.services.get(&key.service).cloned())
+                    .map_err(|e| e.to_string()),
+            ),
+            Command::PersistBinds { binds, revision } => Outcome::BindsPersisted(
+                p.store
+                    .persist_binds(&key.instance, &key.service, id, revision, binds, fence)
+                    .await
+                    .map_err(|e| e.to_string()),
+            ),
+            Command::Publish { binds, started_at } => {
+                let route = Route {
+                    service: service_key,
+                    container: id.clone(),
+                    binds: binds.clone(),
+                    verified_started_at: *started_at,
+                };
+                Outcome::Published(p.traffic.publish(&route).await.map_err(|e| e.to_string()))
+            }
+            Command::RecordExecution { started_at } => Outcome::ExecutionRecorded(
+                p.store
+                    .record_verified_execution(&key.instance, &key.service, id, *started_at, fence)
+                    .await
+                    .map_err(|e| e.to_string()),
+            ),
+        }
+    }
+}

@@ -1,0 +1,98 @@
+//! How a task ends: done, retried with backoff, or failed (and a failed
+//! upgrade halts its type's rollout, C11); one log line per end.
+
+use crate::core::fleet::{RetryDecision, Task};
+use crate::core::plan::halt_after_failed_upgrade;
+
+use super::Worker;
+
+/// What one claimed task came to.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum TaskEnd {
+    Done,
+    Retried(String),
+    Failed(String),
+    /// The lease was lost mid-task; another worker owns it now.
+    LeaseLost,
+}
+
+impl TaskEnd {
+    /// The `outcome` label of `stead_tasks_total`.
+    pub fn label(&self) -> &'static str {
+        match self {
+            TaskEnd::Done => "done",
+            TaskEnd::Retried(_) => "retried",
+            TaskEnd::Failed(_) => "failed",
+            TaskEnd::LeaseLost => "lease_lost",
+        }
+    }
+
+    pub const LABELS: [&'static str; 4] = ["done", "retried", "failed", "lease_lost"];
+}
+
+/// One line per finished task, naming it and its instance; failures at
+/// warn with the error's message.
+pub(super) fn log_end(task: &Task, instance: &str, end: &TaskEnd) {
+    let what = format!("task {} {} of {instance}", task.id, task.kind);
+    match end {
+        TaskEnd::Done => tracing::info!(instance, outcome = "done", "{what} done"),
+        TaskEnd::Retried(e) => {
+            tracing::warn!(
+                instance,
+                outcome = "retried",
+                "{what} failed, will retry: {e}"
+            )
+        }
+        TaskEnd::Failed(e) => tracing::warn!(
+            instance,
+            outcome = "failed",
+            "{what} failed after {} attempts, giving up: {e}",
+            task.attempts
+        ),
+        TaskEnd::LeaseLost => tracing::warn!(
+            instance,
+            outcome = "lease_lost",
+            "{what}: lease lost mid-task; another worker owns it now"
+        ),
+    }
+}
+
+impl Worker {
+    /// A failed upgrade halts its service type's rollout, so a bad
+    /// version stops after one tenant (C8).
+    pub(super) async fn after_final_failure(&self, task: &Task, error: &str) {
+        let Ok(Some(instance)) = self.ports.store.instance_by_id(task.instance).await else {
+            return;
+        };
+        let mut failed = task.clone();
+        failed.last_error = Some(error.to_owned());
+        if let Some(crate::core::plan::Decision::HaltRollout {
+            service_type,
+            reason,
+        }) = halt_after_failed_upgrade(&failed, &instance, RetryDecision::Fail)
+        {
+            let now = self.ports.clock.now();
+            let halted = self
+                .ports
+                .store
+                .set_rollout(
+                    &service_type,
+                    crate::core::fleet::RolloutState::Halted,
+                    &reason,
+                    now,
+                    None,
+                )
+                .await;
+            match halted {
+                Ok(()) => tracing::warn!(
+                    service_type = %service_type,
+                    "rollout of {service_type} halted (C8): {reason}; resume with `stead rollout resume {service_type}`"
+                ),
+                Err(e) => tracing::error!(
+                    service_type = %service_type,
+                    "rollout of {service_type} should halt ({reason}) but the store refused: {e}"
+                ),
+            }
+        }
+    }
+}

@@ -1,0 +1,76 @@
+//! Running one task's handler: the instance lock taken (waiting, bounded by
+//! the task lease), the instance re-read under it, and a task for a
+//! deleting or deleted instance refused (T4).
+
+use crate::core::fleet::{Task, TaskKind};
+use crate::mutants::{self, Mutant};
+
+use super::{Worker, INSTANCE_LOCK_SLACK};
+
+impl Worker {
+    /// Runs the task's handler under the instance's lock, shared with
+    /// recovery and operator commands across processes (T3). The instance
+    /// is read under the lock, so what the handler sees is what it acts on.
+    ///
+    /// The whole of it, waiting for the lock included, is bounded by the
+    /// task lease: past it, another worker may own the task, and a hung
+    /// runtime or provisioner call must not hold this worker, nor the
+    /// instance lock, forever.
+    pub(super) async fn handle(&self, task: &Task) -> Result<(), String> {
+        let began = tokio::time::Instant::now();
+        let guard = self
+            .locks
+            .lock(
+                task.instance,
+                &self.config.id,
+                self.config.lease + INSTANCE_LOCK_SLACK,
+                self.config.lease,
+            )
+            .await
+            .map_err(|e| e.to_string())?;
+        *self
+            .lock_trusted_until
+            .lock()
+            .unwrap_or_else(|e| e.into_inner()) = Some(guard.trusted_until());
+        let remaining = self.config.lease.saturating_sub(began.elapsed());
+        let result = tokio::time::timeout(remaining, self.handle_locked(task))
+            .await
+            .unwrap_or_else(|_| {
+                Err(format!(
+                    "handler exceeded its {:?} lease",
+                    self.config.lease
+                ))
+            });
+        *self
+            .lock_trusted_until
+            .lock()
+            .unwrap_or_else(|e| e.into_inner()) = None;
+        guard.release().await;
+        result
+    }
+
+    async fn handle_locked(&self, task: &Task) -> Result<(), String> {
+        let instance = self
+            .ports
+            .store
+            .instance_by_id(task.instance)
+            .await
+            .map_err(|e| e.to_string())?
+            .ok_or_else(|| format!("instance {} does not exist", task.instance))?;
+        if !task.kind.applies_to(instance.state) && !mutants::active(Mutant::ReviveDeletedInstance)
+        {
+            tracing::info!(
+                instance = %instance.name,
+                state = %instance.state,
+                kind = task.kind.as_str(),
+                "task not run: the instance is deleting or deleted (T4)"
+            );
+            return Ok(());
+        }
+        match task.kind {
+            TaskKind::Provision | TaskKind::Reprovision => self.provision(&instance).await,
+            TaskKind::Upgrade => self.upgrade(&instance).await,
+            TaskKind::Deprovision => self.deprovision(&instance).await,
+        }
+    }
+}

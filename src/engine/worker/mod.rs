@@ -1,0 +1,219 @@
+//! Workers (C11): claim due tasks with a lease, keep the lease alive while
+//! working, run idempotent handlers, and finish with done, retry (bounded,
+//! with backoff) or failed. Handlers hold the instance lock, so the
+//! recovery pass skips an instance while a worker mutates it (R3).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::sync::watch;
+use tokio::time::Instant;
+
+use crate::core::fleet::{RetryDecision, Task, TaskRetryPolicy};
+use crate::core::policy::LEASE_MARGIN;
+use crate::mutants::{self, Mutant};
+
+mod end;
+mod handle;
+mod perform;
+mod protocols;
+
+use end::log_end;
+pub use end::TaskEnd;
+
+use super::locks::InstanceLocks;
+use super::{Ports, SharedCatalog};
+
+/// Longest a handler waits for a new container to report `running`.
+/// A handler runs within its task lease; its instance lock outlives that by
+/// this much, so the lock never lapses under a live handler.
+const INSTANCE_LOCK_SLACK: Duration = Duration::from_secs(5);
+
+/// How a worker behaves.
+#[derive(Clone, Debug)]
+pub struct WorkerConfig {
+    /// Recorded as `locked_by`; unique per worker.
+    pub id: String,
+    /// Task lease; renewed every third of it while a handler runs.
+    pub lease: Duration,
+    pub retry: TaskRetryPolicy,
+    /// Pause when no task is due.
+    pub idle_poll: Duration,
+    /// Stop grace of a deprovisioned container that names none of its own
+    /// (the recovery policy's `stop_grace_default`).
+    pub stop_grace_default: Duration,
+}
+
+pub struct Worker {
+    ports: Ports,
+    catalog: SharedCatalog,
+    config: WorkerConfig,
+    locks: Arc<InstanceLocks>,
+    /// Until when the lease of the task in hand is trusted (T2): a worker
+    /// paused past it (a stopped VM, a long GC) must not act on resuming,
+    /// since the task may be another worker's by then. Set at claim,
+    /// moved on by each renewal, checked before every effect.
+    trusted_until: std::sync::Mutex<Option<Instant>>,
+    /// Until when the instance lock of the task in hand is trusted (T3).
+    lock_trusted_until: std::sync::Mutex<Option<Instant>>,
+}
+
+/// The part of a task lease a worker never trusts: a quarter of it, at
+/// most [`LEASE_MARGIN`], so even the shortest lease leaves room to work
+/// between renewals (every third of it).
+fn task_lease_margin(lease: Duration) -> Duration {
+    (lease / 4).min(LEASE_MARGIN)
+}
+
+impl Worker {
+    pub fn new(
+        ports: Ports,
+        catalog: impl Into<SharedCatalog>,
+        config: WorkerConfig,
+        locks: Arc<InstanceLocks>,
+    ) -> Self {
+        Self {
+            ports,
+            catalog: catalog.into(),
+            config,
+            locks,
+            trusted_until: std::sync::Mutex::new(None),
+            lock_trusted_until: std::sync::Mutex::new(None),
+        }
+    }
+
+    /// `Ok` while the lease of the task in hand and its instance's lock
+    /// are both trusted.
+    fn allowed(&self) -> Result<(), String> {
+        let now = Instant::now();
+        let trusted = |until: &std::sync::Mutex<Option<Instant>>| {
+            until
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .is_some_and(|until| now < until)
+        };
+        let trusted = trusted(&self.trusted_until) && trusted(&self.lock_trusted_until);
+        if trusted || mutants::active(Mutant::ActOnExpiredLease) {
+            Ok(())
+        } else {
+            Err("the task lease is no longer trusted; stopping before acting".to_owned())
+        }
+    }
+
+    /// The lease, asked for at `sent`, is trusted for its length less the
+    /// margin from then.
+    fn trust_lease_from(&self, sent: Instant) {
+        let until = sent + (self.config.lease - task_lease_margin(self.config.lease));
+        *self.trusted_until.lock().unwrap_or_else(|e| e.into_inner()) = Some(until);
+    }
+
+    /// Claims and runs tasks until `stop`; a running handler is allowed to
+    /// finish (its own calls are bounded), then the loop exits.
+    pub async fn run(&self, mut stop: watch::Receiver<bool>) {
+        while !*stop.borrow() {
+            match self.work_once().await {
+                Some(_) => continue,
+                None => {
+                    tokio::select! {
+                        // In order, not at random: the simulation must replay exactly.
+                        biased;
+                        _ = tokio::time::sleep(self.config.idle_poll) => {}
+                        _ = stop.changed() => {}
+                    }
+                }
+            }
+        }
+    }
+
+    /// Claims one due task and runs it. `None` when nothing was due (or the
+    /// store is down).
+    pub async fn work_once(&self) -> Option<(Task, TaskEnd)> {
+        super::clock::anchor(self.ports.clock.as_ref(), self.ports.store.as_ref()).await;
+        let now = self.ports.clock.now();
+        let sent = Instant::now();
+        let claimed = match self.ports.store.claim(&self.config.id, now, 1).await {
+            Ok(tasks) => tasks,
+            Err(e) => {
+                tracing::warn!(error = %e, "claim failed");
+                return None;
+            }
+        };
+        let task = claimed.into_iter().next()?;
+        self.trust_lease_from(sent);
+        let span = tracing::info_span!(
+            "task",
+            id = task.id,
+            kind = task.kind.as_str(),
+            traceparent = task.traceparent.as_deref().unwrap_or("")
+        );
+        let _entered = span.enter();
+        // The instance's name, for the line below; the handler reads the
+        // instance again under its lock.
+        let instance = match self.ports.store.instance_by_id(task.instance).await {
+            Ok(Some(i)) => i.name.to_string(),
+            _ => format!("instance {}", task.instance),
+        };
+        tracing::info!(
+            instance = %instance,
+            attempt = task.attempts,
+            "task {} {} of {instance} started (attempt {}): {}",
+            task.id, task.kind, task.attempts, task.reason
+        );
+        let end = self.run_task(&task).await;
+        *self.trusted_until.lock().unwrap_or_else(|e| e.into_inner()) = None;
+        log_end(&task, &instance, &end);
+        metrics::counter!("stead_tasks_total", "kind" => task.kind.as_str(), "outcome" => end.label())
+            .increment(1);
+        Some((task, end))
+    }
+
+    async fn run_task(&self, task: &Task) -> TaskEnd {
+        let work = self.handle(task);
+        let keep_lease = self.keep_lease(task);
+        let result = tokio::select! {
+            // In order, not at random: the simulation must replay exactly.
+            biased;
+            r = work => r,
+            _ = keep_lease => return TaskEnd::LeaseLost,
+        };
+        let now = self.ports.clock.now();
+        let store = &self.ports.store;
+        match result {
+            Ok(()) => {
+                let _ = store.complete(task.id, &self.config.id, now).await;
+                TaskEnd::Done
+            }
+            Err(error) => match self.config.retry.after_failure(task.attempts, now) {
+                RetryDecision::RetryAt(at) => {
+                    let _ = store.retry(task.id, &self.config.id, at, &error, now).await;
+                    TaskEnd::Retried(error)
+                }
+                RetryDecision::Fail => {
+                    let _ = store.fail(task.id, &self.config.id, &error, now).await;
+                    self.after_final_failure(task, &error).await;
+                    TaskEnd::Failed(error)
+                }
+            },
+        }
+    }
+
+    /// Renews the lease every third of it; returns only if it was lost.
+    async fn keep_lease(&self, task: &Task) {
+        loop {
+            tokio::time::sleep(self.config.lease / 3).await;
+            let now = self.ports.clock.now();
+            let sent = Instant::now();
+            match self
+                .ports
+                .store
+                .extend_lease(task.id, &self.config.id, now)
+                .await
+            {
+                Ok(true) => self.trust_lease_from(sent),
+                Ok(false) => return,
+                // A store blip is not a lost lease; try again next time.
+                Err(e) => tracing::warn!(error = %e, "lease renewal failed"),
+            }
+        }
+    }
+}

@@ -1,0 +1,106 @@
+//! Performs the protocol machines' commands through the ports. No
+//! decisions here.
+
+use crate::core::fleet::Instance;
+use crate::core::provision::{WorkAnswer, WorkCommand};
+use crate::core::upgrade::{UpgradeAnswer, UpgradeCommand};
+
+use super::Worker;
+
+impl Worker {
+    /// Performs one step of provisioning or deprovisioning. No decisions.
+    pub(super) async fn perform_work(
+        &self,
+        instance: &Instance,
+        command: WorkCommand,
+    ) -> WorkAnswer {
+        let p = &self.ports;
+        let name = &instance.name;
+        let done = |r: Result<(), String>| WorkAnswer::Done(r);
+        match command {
+            WorkCommand::Install { version } => done(
+                p.provisioner
+                    .install_or_upgrade(name.as_str(), &version)
+                    .await
+                    .map_err(|e| e.to_string()),
+            ),
+            WorkCommand::Uninstall => done(
+                p.provisioner
+                    .uninstall(name.as_str())
+                    .await
+                    .map_err(|e| e.to_string()),
+            ),
+            WorkCommand::Inspect(id) => WorkAnswer::Inspected(p.runtime.inspect(&id).await),
+            WorkCommand::Create { spec, revision } => {
+                WorkAnswer::Created(self.create(instance, &spec, &revision).await)
+            }
+            WorkCommand::SaveActive { service, record } => done(
+                p.store
+                    .save_active_service(name, &service, &record)
+                    .await
+                    .map_err(|e| e.to_string()),
+            ),
+            WorkCommand::Withdraw(key) => {
+                done(p.traffic.withdraw(&key).await.map_err(|e| e.to_string()))
+            }
+            WorkCommand::Stop { generation, grace } => {
+                WorkAnswer::Stopped(p.runtime.stop(&generation, grace).await)
+            }
+            WorkCommand::Remove(generation) => {
+                WorkAnswer::Removed(p.runtime.remove(&generation).await)
+            }
+            WorkCommand::ReleaseClaims(container) => done(
+                p.store
+                    .release_claims(name, &container, None)
+                    .await
+                    .map_err(|e| e.to_string()),
+            ),
+            WorkCommand::RemoveActive(service) => done(
+                p.store
+                    .remove_active_service(name, &service)
+                    .await
+                    .map_err(|e| e.to_string()),
+            ),
+            WorkCommand::ClearInhibition(marker) => done(
+                p.store
+                    .clear_inhibition(name, &marker.service, &marker.container, None)
+                    .await
+                    .map_err(|e| e.to_string()),
+            ),
+        }
+    }
+
+    /// Performs one step of an upgrade through the ports. No decisions.
+    pub(super) async fn perform_upgrade(
+        &self,
+        instance: &Instance,
+        command: UpgradeCommand,
+    ) -> UpgradeAnswer {
+        let p = &self.ports;
+        match command {
+            UpgradeCommand::Create { spec, revision } => {
+                UpgradeAnswer::Created(self.create(instance, &spec, &revision).await)
+            }
+            UpgradeCommand::Inspect(id) => UpgradeAnswer::Inspected(p.runtime.inspect(&id).await),
+            UpgradeCommand::ReadBinds(id) => UpgradeAnswer::Binds(p.runtime.binds(&id).await),
+            UpgradeCommand::Probe { readiness, binds } => {
+                UpgradeAnswer::Probed(p.probe.ready(&readiness, &binds).await)
+            }
+            UpgradeCommand::RemoveCandidate(generation) => {
+                UpgradeAnswer::Removed(p.runtime.remove(&generation).await)
+            }
+            UpgradeCommand::SaveMarker(marker) => UpgradeAnswer::MarkerSaved(
+                p.store
+                    .save_inhibition(&instance.name, &marker)
+                    .await
+                    .map_err(|e| e.to_string()),
+            ),
+            UpgradeCommand::SaveActive { service, record } => UpgradeAnswer::ActiveSaved(
+                p.store
+                    .save_active_service(&instance.name, &service, &record)
+                    .await
+                    .map_err(|e| e.to_string()),
+            ),
+        }
+    }
+}

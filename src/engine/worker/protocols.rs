@@ -1,0 +1,223 @@
+//! The protocols of the task kinds: each drives the core's machine
+//! (`core::provision`, `core::upgrade`) through the ports and moves the
+//! instance along its lifecycle.
+
+use crate::core::catalog::CatalogEntry;
+use crate::core::fleet::{Instance, InstanceState};
+use crate::core::provision::{Deprovision, DeprovisionInput, Provision, ProvisionInput};
+use crate::core::spec::ServiceSpec;
+use crate::core::types::{ContainerId, RuntimeError};
+use crate::core::upgrade::{Upgrade, UpgradeInput, UPGRADE_RETRY_INTERVAL};
+use crate::ports::CreateContainer;
+
+use super::Worker;
+
+impl Worker {
+    /// The instance's catalog entry as the catalog is now (it may be
+    /// reloaded between tasks, never within one).
+    pub(super) fn entry(&self, instance: &Instance) -> Result<CatalogEntry, String> {
+        self.catalog
+            .current()
+            .get(&instance.service_type)
+            .cloned()
+            .ok_or_else(|| {
+                format!(
+                    "service type {:?} of {} is not in the catalog",
+                    instance.service_type, instance.name
+                )
+            })
+    }
+
+    /// Install-or-upgrade on the deterministic release name, then one
+    /// container per service and ACTIVE naming it (`core::provision`).
+    pub(super) async fn provision(&self, instance: &Instance) -> Result<(), String> {
+        let entry = self.entry(instance)?;
+        let active = self
+            .ports
+            .store
+            .load_active(&instance.name)
+            .await
+            .map_err(|e| e.to_string())?;
+        let mut provision = Provision::new(ProvisionInput {
+            instance: instance.name.clone(),
+            version: instance.version.clone(),
+            services: entry.services,
+            active,
+        });
+        while let Some(command) = provision.poll_command() {
+            if command.is_effect() {
+                if let Err(e) = self.allowed() {
+                    provision.abandon(e);
+                    continue;
+                }
+            }
+            provision.handle(self.perform_work(instance, command).await);
+        }
+        provision.into_result()?;
+        self.move_to(instance, InstanceState::Ready).await
+    }
+
+    /// Overlap replacement per service: create the successor, verify it,
+    /// mark the predecessor retirement-pending and switch ACTIVE. The
+    /// recovery pass, the one owner of publication, then routes the
+    /// successor (it honours a pending withdrawal first, R6, which a worker
+    /// cannot see) and retires the predecessor once the successor serves;
+    /// until then the predecessor keeps serving, so there is no gap. A
+    /// failure removes the candidate and leaves ACTIVE alone.
+    pub(super) async fn upgrade(&self, instance: &Instance) -> Result<(), String> {
+        let p = &self.ports;
+        let entry = self.entry(instance)?;
+        if instance.stopped {
+            // Stopped after the task was planned: an overlap replacement
+            // would start and publish what must stay down (S3). Done for
+            // now; version drift plans the upgrade again once it is started.
+            tracing::info!(instance = %instance.name, "upgrade skipped: instance is stopped");
+            return Ok(());
+        }
+        if instance.state == InstanceState::Ready {
+            self.move_to(instance, InstanceState::Upgrading).await?;
+        }
+        let result = self.replace_services(instance, &entry).await;
+        let now = p.clock.now();
+        if result.is_ok() {
+            self.allowed()?;
+            p.store
+                .set_instance_version(instance.id, &entry.version, now)
+                .await
+                .map_err(|e| e.to_string())?;
+        }
+        // Either way the instance serves: the new version, or the old one
+        // untouched.
+        let _ = p
+            .store
+            .set_instance_state(
+                instance.id,
+                InstanceState::Upgrading,
+                InstanceState::Ready,
+                now,
+            )
+            .await;
+        result
+    }
+
+    async fn replace_services(
+        &self,
+        instance: &Instance,
+        entry: &CatalogEntry,
+    ) -> Result<(), String> {
+        let p = &self.ports;
+        let active = p
+            .store
+            .load_active(&instance.name)
+            .await
+            .map_err(|e| e.to_string())?;
+        let mut upgrade = Upgrade::new(UpgradeInput {
+            instance: instance.name.clone(),
+            version: entry.version.clone(),
+            services: entry.services.clone(),
+            active,
+        });
+        loop {
+            if let Some(command) = upgrade.poll_command() {
+                if command.is_effect() {
+                    if let Err(e) = self.allowed() {
+                        upgrade.abandon(e);
+                        continue;
+                    }
+                }
+                let answer = self.perform_upgrade(instance, command).await;
+                upgrade.handle(answer, p.clock.now());
+            } else if upgrade.poll_timeout().is_some() {
+                // The successor is not running yet: look again shortly.
+                tokio::time::sleep(UPGRADE_RETRY_INTERVAL).await;
+                upgrade.handle_timeout(p.clock.now());
+            } else {
+                break;
+            }
+        }
+        upgrade.into_result().map(|_| ()).map_err(|(_, e)| e)
+    }
+
+    /// Withdraw, stop and remove every container of the instance, release
+    /// its claims, uninstall the release, mark it deleted
+    /// (`core::provision`).
+    pub(super) async fn deprovision(&self, instance: &Instance) -> Result<(), String> {
+        let p = &self.ports;
+        let name = &instance.name;
+        let active = p.store.load_active(name).await.map_err(|e| e.to_string())?;
+        let inhibitions = p
+            .store
+            .load_inhibitions(name)
+            .await
+            .map_err(|e| e.to_string())?;
+        let mut deprovision = Deprovision::new(DeprovisionInput {
+            instance: name.clone(),
+            active,
+            inhibitions,
+            stop_grace_default: self.config.stop_grace_default,
+        });
+        while let Some(command) = deprovision.poll_command() {
+            if command.is_effect() {
+                if let Err(e) = self.allowed() {
+                    deprovision.abandon(e);
+                    continue;
+                }
+            }
+            deprovision.handle(self.perform_work(instance, command).await);
+        }
+        deprovision.into_result()?;
+        self.move_to(instance, InstanceState::Deleted).await
+    }
+
+    /// Moves the instance along its lifecycle, compare-and-set on its
+    /// current state. Re-reads it so a retried handler is idempotent.
+    async fn move_to(&self, instance: &Instance, to: InstanceState) -> Result<(), String> {
+        let p = &self.ports;
+        let current = p
+            .store
+            .instance_by_id(instance.id)
+            .await
+            .map_err(|e| e.to_string())?
+            .ok_or_else(|| format!("instance {} vanished", instance.name))?;
+        if current.state == to {
+            return Ok(());
+        }
+        if !current.state.can_become(to) {
+            return Err(format!(
+                "instance {} cannot go from {} to {to}",
+                instance.name, current.state
+            ));
+        }
+        let now = p.clock.now();
+        self.allowed()?;
+        let moved = p
+            .store
+            .set_instance_state(instance.id, current.state, to, now)
+            .await
+            .map_err(|e| e.to_string())?;
+        if moved {
+            Ok(())
+        } else {
+            Err(format!(
+                "instance {} changed state concurrently",
+                instance.name
+            ))
+        }
+    }
+
+    pub(super) async fn create(
+        &self,
+        instance: &Instance,
+        spec: &ServiceSpec,
+        revision: &str,
+    ) -> Result<ContainerId, RuntimeError> {
+        self.ports
+            .runtime
+            .create(&CreateContainer {
+                instance: instance.name.clone(),
+                spec: spec.clone(),
+                revision: revision.to_owned(),
+            })
+            .await
+    }
+}

@@ -49,8 +49,10 @@ proptest! {
     fn an_upgrade_switches_active_only_to_verified_successors_behind_a_marker(
         services in services(),
         answers in answers(),
+        stopped in proptest::bool::weighted(0.1),
+        ready in proptest::bool::weighted(0.8),
     ) {
-        run_upgrade_and_check(&upgrade_input(&services), &answers);
+        run_upgrade_and_check(&upgrade_input(&services, stopped, ready), &answers);
     }
 }
 
@@ -62,7 +64,8 @@ fn arbitrary_upgrades_do_switch_services() {
     for _ in 0..CASES_UPGRADE {
         let s = services().new_tree(&mut runner).unwrap().current();
         let a = answers().new_tree(&mut runner).unwrap().current();
-        switched += run_upgrade_and_check(&upgrade_input(&s), &a);
+        let (stopped, ready) = (false, true);
+        switched += run_upgrade_and_check(&upgrade_input(&s, stopped, ready), &a);
     }
     assert!(switched > 0, "no arbitrary upgrade switched a service");
     eprintln!("{switched} services switched in {CASES_UPGRADE} arbitrary upgrades");

@@ -15,12 +15,16 @@ const ANSWERS_MAX: usize = 64;
 
 #[derive(Debug)]
 struct Input {
+    stopped: bool,
+    ready: bool,
     services: Vec<UpgradeServiceSeed>,
     answers: Vec<OutcomeSeed>,
 }
 
 impl<'a> Arbitrary<'a> for Input {
     fn arbitrary(u: &mut Unstructured<'a>) -> arbitrary::Result<Self> {
+        let stopped = u.ratio(1, 10)?;
+        let ready = u.ratio(4, 5)?;
         let mut services = Vec::new();
         for _ in 0..u.int_in_range(0..=3)? {
             services.push(UpgradeServiceSeed {
@@ -36,10 +40,18 @@ impl<'a> Arbitrary<'a> for Input {
                 ..OutcomeSeed::default()
             });
         }
-        Ok(Self { services, answers })
+        Ok(Self {
+            stopped,
+            ready,
+            services,
+            answers,
+        })
     }
 }
 
 fuzz_target!(|input: Input| {
-    run_upgrade_and_check(&upgrade_input(&input.services), &input.answers);
+    run_upgrade_and_check(
+        &upgrade_input(&input.services, input.stopped, input.ready),
+        &input.answers,
+    );
 });

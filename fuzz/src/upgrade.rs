@@ -21,6 +21,7 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
+use stead::core::fleet::InstanceState;
 use stead::core::spec::{ReadinessProbe, ServiceSpec};
 use stead::core::types::{
     ActiveRecord, ActiveService, Binds, ContainerId, ContainerStatus, InhibitionReason,
@@ -43,8 +44,9 @@ pub struct UpgradeServiceSeed {
 
 const SERVICES: [&str; 3] = ["web", "api", "worker"];
 
-/// Builds the input: up to three services.
-pub fn upgrade_input(services: &[UpgradeServiceSeed]) -> UpgradeInput {
+/// Builds the input: up to three services; the instance stopped or not,
+/// ready or already upgrading (a retried task).
+pub fn upgrade_input(services: &[UpgradeServiceSeed], stopped: bool, ready: bool) -> UpgradeInput {
     let mut active = ActiveRecord::default();
     let mut specs = Vec::new();
     for (i, seed) in services.iter().take(SERVICES.len()).enumerate() {
@@ -73,6 +75,12 @@ pub fn upgrade_input(services: &[UpgradeServiceSeed]) -> UpgradeInput {
     }
     UpgradeInput {
         instance: InstanceName::new("app"),
+        stopped,
+        state: if ready {
+            InstanceState::Ready
+        } else {
+            InstanceState::Upgrading
+        },
         version: "2".into(),
         services: specs,
         active,
@@ -131,6 +139,16 @@ fn answer_for(command: &UpgradeCommand, seed: &OutcomeSeed) -> UpgradeAnswer {
         } else {
             Ok(())
         }),
+        UpgradeCommand::MoveState { .. } => UpgradeAnswer::StateMoved(if seed.choice % 16 == 5 {
+            Err("changed state concurrently".into())
+        } else {
+            Ok(())
+        }),
+        UpgradeCommand::SetVersion(_) => UpgradeAnswer::VersionSet(if seed.choice % 16 == 6 {
+            Err("store down".into())
+        } else {
+            Ok(())
+        }),
     }
 }
 
@@ -151,12 +169,16 @@ pub fn run_upgrade_and_check(input: &UpgradeInput, answers: &[OutcomeSeed]) -> u
     let mut upgrade = Upgrade::new(input.clone());
     let tries =
         (CANDIDATE_RUNNING_WAIT_MAX.as_millis() / UPGRADE_RETRY_INTERVAL.as_millis()) as usize;
-    let bound = input.services.len() * (tries + 8);
+    let bound = input.services.len() * (tries + 8) + 3;
     let mut seen: BTreeMap<ServiceName, Seen> = BTreeMap::new();
     let mut in_hand: Option<ServiceName> = None;
     let mut switched = Vec::new();
     let mut issued = 0usize;
     let default = OutcomeSeed::default();
+    let mut began = input.state != InstanceState::Ready;
+    let mut version_set = false;
+    let mut finished = false;
+    let mut first = true;
     loop {
         let Some(command) = upgrade.poll_command() else {
             if upgrade.poll_timeout().is_some() {
@@ -170,6 +192,58 @@ pub fn run_upgrade_and_check(input: &UpgradeInput, answers: &[OutcomeSeed]) -> u
             issued <= bound,
             "the upgrade issued more than {bound} commands"
         );
+        assert!(
+            !input.stopped,
+            "a stopped instance's upgrade issued {command:?} (S3)"
+        );
+        assert!(
+            !finished,
+            "a command after the instance went back to ready: {command:?}"
+        );
+        if first && input.state == InstanceState::Ready {
+            assert!(
+                matches!(
+                    command,
+                    UpgradeCommand::MoveState {
+                        to: InstanceState::Upgrading,
+                        ..
+                    }
+                ),
+                "a ready instance is marked upgrading first, not {command:?}"
+            );
+        }
+        first = false;
+        match &command {
+            UpgradeCommand::MoveState {
+                to: InstanceState::Ready,
+                ..
+            } => finished = true,
+            UpgradeCommand::MoveState { .. } => {}
+            UpgradeCommand::SetVersion(v) => {
+                assert_eq!(v, &input.version);
+                let behind = input
+                    .services
+                    .iter()
+                    .filter(|spec| {
+                        input
+                            .active
+                            .services
+                            .get(&spec.name)
+                            .is_none_or(|a| a.effective_revision != input.version)
+                    })
+                    .count();
+                assert_eq!(
+                    switched.len(),
+                    behind,
+                    "the version recorded before every service was switched"
+                );
+                version_set = true;
+            }
+            _ => assert!(
+                began,
+                "{command:?} before the instance was marked upgrading"
+            ),
+        }
         match &command {
             UpgradeCommand::Create { spec, revision } => {
                 assert_eq!(revision, &input.version);
@@ -235,6 +309,20 @@ pub fn run_upgrade_and_check(input: &UpgradeInput, answers: &[OutcomeSeed]) -> u
             &answers[(issued - 1) % answers.len()]
         };
         let answer = answer_for(&command, seed);
+        if let UpgradeCommand::MoveState {
+            to: InstanceState::Upgrading,
+            ..
+        } = &command
+        {
+            began = matches!(answer, UpgradeAnswer::StateMoved(Ok(())));
+        }
+        if matches!(
+            command,
+            UpgradeCommand::MoveState { .. } | UpgradeCommand::SetVersion(_)
+        ) {
+            upgrade.handle(answer, base());
+            continue;
+        }
         let service = in_hand.clone().expect("a service in hand");
         let s = seen.get_mut(&service).expect("seen");
         match (&command, &answer) {
@@ -271,7 +359,16 @@ pub fn run_upgrade_and_check(input: &UpgradeInput, answers: &[OutcomeSeed]) -> u
         upgrade.handle(answer, base());
     }
     match upgrade.into_result() {
+        Ok(done) if input.stopped => {
+            assert!(done.is_empty());
+            0
+        }
         Ok(done) => {
+            assert!(version_set, "a completed upgrade recorded its version");
+            assert!(
+                finished,
+                "a completed upgrade returned the instance to ready"
+            );
             assert_eq!(done, switched);
             let behind = input
                 .services

@@ -29,7 +29,7 @@ use std::time::Duration;
 
 use jiff::Timestamp;
 
-use super::fleet::add;
+use super::fleet::{add, InstanceState};
 use super::spec::{ReadinessProbe, ServiceSpec};
 use super::types::{
     ActiveRecord, ActiveService, Binds, ContainerId, ContainerStatus, GenerationKey, Inhibition,
@@ -45,6 +45,12 @@ pub const UPGRADE_RETRY_INTERVAL: Duration = Duration::from_millis(250);
 #[derive(Clone, Debug)]
 pub struct UpgradeInput {
     pub instance: InstanceName,
+    /// Stopped intent: an overlap replacement would start and publish what
+    /// must stay down (S3), so the upgrade is skipped; version drift plans
+    /// it again once the instance is started.
+    pub stopped: bool,
+    /// The instance's lifecycle state as re-read under the lock.
+    pub state: InstanceState,
     /// The catalog version every service should reach.
     pub version: String,
     /// The catalog's services, in order.
@@ -75,15 +81,30 @@ pub enum UpgradeCommand {
         service: ServiceName,
         record: ActiveService,
     },
+    /// Move the instance's lifecycle state (compare-and-set on `from`).
+    MoveState {
+        from: InstanceState,
+        to: InstanceState,
+    },
+    /// Record the version the instance now runs.
+    SetVersion(String),
 }
 
 impl UpgradeCommand {
     /// Whether the command changes the workload or the database (it needs
-    /// the task lease and the instance lock trusted now).
+    /// the task lease and the instance lock trusted now). Returning the
+    /// instance to ready is not one: it must happen even when the upgrade
+    /// stops for a lost lease, and it only compares and sets a state.
     pub fn is_effect(&self) -> bool {
         !matches!(
             self,
-            Self::Inspect(_) | Self::ReadBinds(_) | Self::Probe { .. }
+            Self::Inspect(_)
+                | Self::ReadBinds(_)
+                | Self::Probe { .. }
+                | Self::MoveState {
+                    to: InstanceState::Ready,
+                    ..
+                }
         )
     }
 }
@@ -98,6 +119,8 @@ pub enum UpgradeAnswer {
     Removed(Result<(), RuntimeError>),
     MarkerSaved(Result<(), String>),
     ActiveSaved(Result<(), String>),
+    StateMoved(Result<(), String>),
+    VersionSet(Result<(), String>),
 }
 
 /// Where the successor in hand stands.
@@ -143,10 +166,26 @@ enum Step {
     },
 }
 
+/// Where the whole upgrade stands.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Phase {
+    /// Ready → Upgrading, when the instance is ready.
+    Begin,
+    Services,
+    SetVersion,
+    /// Upgrading → Ready, whether the services were switched or not: the
+    /// instance serves either way, the new version or the old untouched.
+    Finish,
+    Done,
+}
+
 /// The machine. See the module docs.
 #[derive(Debug)]
 pub struct Upgrade {
     instance: InstanceName,
+    phase: Phase,
+    state: InstanceState,
+    skipped_stopped: bool,
     version: String,
     active: ActiveRecord,
     pending: VecDeque<ServiceSpec>,
@@ -170,8 +209,16 @@ impl Upgrade {
                     .is_none_or(|current| current.effective_revision != input.version)
             })
             .collect();
+        let skipped_stopped = input.stopped;
         Self {
             instance: input.instance,
+            phase: if skipped_stopped {
+                Phase::Done
+            } else {
+                Phase::Begin
+            },
+            state: input.state,
+            skipped_stopped,
             version: input.version,
             active: input.active,
             pending,
@@ -196,14 +243,60 @@ impl Upgrade {
     }
 
     pub fn is_done(&self) -> bool {
-        self.error.is_some() || (self.current.is_none() && self.pending.is_empty())
+        self.phase == Phase::Done
+    }
+
+    /// Whether the upgrade was skipped because the instance is stopped.
+    pub fn skipped_stopped(&self) -> bool {
+        self.skipped_stopped
+    }
+
+    /// The lifecycle commands around the services, or `None` while the
+    /// services phase has commands of its own.
+    fn phase_command(&mut self) -> Option<UpgradeCommand> {
+        loop {
+            match self.phase {
+                Phase::Begin => {
+                    if self.state == InstanceState::Ready {
+                        return Some(UpgradeCommand::MoveState {
+                            from: InstanceState::Ready,
+                            to: InstanceState::Upgrading,
+                        });
+                    }
+                    self.phase = Phase::Services;
+                }
+                Phase::Services => {
+                    if self.error.is_none() && (self.current.is_some() || !self.pending.is_empty())
+                    {
+                        return None;
+                    }
+                    self.phase = if self.error.is_none() {
+                        Phase::SetVersion
+                    } else {
+                        Phase::Finish
+                    };
+                }
+                Phase::SetVersion => return Some(UpgradeCommand::SetVersion(self.version.clone())),
+                Phase::Finish => {
+                    return Some(UpgradeCommand::MoveState {
+                        from: InstanceState::Upgrading,
+                        to: InstanceState::Ready,
+                    })
+                }
+                Phase::Done => return None,
+            }
+        }
     }
 
     /// The next effect, or `None` while waiting ([`Self::poll_timeout`])
     /// or once done.
     pub fn poll_command(&mut self) -> Option<UpgradeCommand> {
         assert!(self.outstanding.is_none(), "poll_command before the answer");
-        if self.error.is_some() {
+        if let Some(command) = self.phase_command() {
+            self.outstanding = Some(command.clone());
+            return Some(command);
+        }
+        if self.phase != Phase::Services {
             return None;
         }
         if self.current.is_none() {
@@ -261,10 +354,14 @@ impl Upgrade {
     /// While the successor is not running yet: when to look again.
     pub fn poll_timeout(&self) -> Option<Timestamp> {
         match &self.current {
-            Some((_, Step::Retry { .. })) if self.error.is_none() => Some(add(
-                self.now.unwrap_or(Timestamp::UNIX_EPOCH),
-                UPGRADE_RETRY_INTERVAL,
-            )),
+            Some((_, Step::Retry { .. }))
+                if self.phase == Phase::Services && self.error.is_none() =>
+            {
+                Some(add(
+                    self.now.unwrap_or(Timestamp::UNIX_EPOCH),
+                    UPGRADE_RETRY_INTERVAL,
+                ))
+            }
             _ => None,
         }
     }
@@ -290,7 +387,38 @@ impl Upgrade {
             .outstanding
             .take()
             .expect("an answer without a command");
-        let (spec, step) = self.current.take().expect("a service in hand");
+        match (&command, &answer) {
+            (UpgradeCommand::MoveState { to, .. }, UpgradeAnswer::StateMoved(result)) => {
+                if self.phase == Phase::Begin {
+                    match result {
+                        Ok(()) => {
+                            self.state = *to;
+                            self.phase = Phase::Services;
+                        }
+                        Err(e) => {
+                            self.error = Some(e.clone());
+                            self.phase = Phase::Done;
+                        }
+                    }
+                } else {
+                    // Best effort: a failure leaves the instance upgrading,
+                    // and the next upgrade or provision moves it on.
+                    self.phase = Phase::Done;
+                }
+                return;
+            }
+            (UpgradeCommand::SetVersion(_), UpgradeAnswer::VersionSet(result)) => {
+                if let Err(e) = result {
+                    self.error = Some(format!("record version {}: {e}", self.version));
+                }
+                self.phase = Phase::Finish;
+                return;
+            }
+            _ => {}
+        }
+        let Some((spec, step)) = self.current.take() else {
+            panic!("{command:?} answered with no service in hand")
+        };
         let name = spec.name.clone();
         let next = match (step, answer) {
             (Step::Create, UpgradeAnswer::Created(result)) => match result {
@@ -427,6 +555,13 @@ impl Upgrade {
     pub fn abandon(&mut self, why: String) {
         self.outstanding = None;
         self.error.get_or_insert(why);
+        // Mid-services the instance still goes back to ready (it serves
+        // the old version untouched); elsewhere nothing more is issued.
+        self.phase = if self.phase == Phase::Services {
+            Phase::Finish
+        } else {
+            Phase::Done
+        };
     }
 
     /// The services switched to their successors, or the error that

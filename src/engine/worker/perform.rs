@@ -78,6 +78,26 @@ impl Worker {
     ) -> UpgradeAnswer {
         let p = &self.ports;
         match command {
+            UpgradeCommand::MoveState { from, to } => UpgradeAnswer::StateMoved(
+                match p
+                    .store
+                    .set_instance_state(instance.id, from, to, p.clock.now())
+                    .await
+                {
+                    Ok(true) => Ok(()),
+                    Ok(false) => Err(format!(
+                        "instance {} changed state concurrently (expected {from})",
+                        instance.name
+                    )),
+                    Err(e) => Err(e.to_string()),
+                },
+            ),
+            UpgradeCommand::SetVersion(version) => UpgradeAnswer::VersionSet(
+                p.store
+                    .set_instance_version(instance.id, &version, p.clock.now())
+                    .await
+                    .map_err(|e| e.to_string()),
+            ),
             UpgradeCommand::Create { spec, revision } => {
                 UpgradeAnswer::Created(self.create(instance, &spec, &revision).await)
             }

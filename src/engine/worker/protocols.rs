@@ -67,45 +67,6 @@ impl Worker {
     pub(super) async fn upgrade(&self, instance: &Instance) -> Result<(), String> {
         let p = &self.ports;
         let entry = self.entry(instance)?;
-        if instance.stopped {
-            // Stopped after the task was planned: an overlap replacement
-            // would start and publish what must stay down (S3). Done for
-            // now; version drift plans the upgrade again once it is started.
-            tracing::info!(instance = %instance.name, "upgrade skipped: instance is stopped");
-            return Ok(());
-        }
-        if instance.state == InstanceState::Ready {
-            self.move_to(instance, InstanceState::Upgrading).await?;
-        }
-        let result = self.replace_services(instance, &entry).await;
-        let now = p.clock.now();
-        if result.is_ok() {
-            self.allowed()?;
-            p.store
-                .set_instance_version(instance.id, &entry.version, now)
-                .await
-                .map_err(|e| e.to_string())?;
-        }
-        // Either way the instance serves: the new version, or the old one
-        // untouched.
-        let _ = p
-            .store
-            .set_instance_state(
-                instance.id,
-                InstanceState::Upgrading,
-                InstanceState::Ready,
-                now,
-            )
-            .await;
-        result
-    }
-
-    async fn replace_services(
-        &self,
-        instance: &Instance,
-        entry: &CatalogEntry,
-    ) -> Result<(), String> {
-        let p = &self.ports;
         let active = p
             .store
             .load_active(&instance.name)
@@ -113,10 +74,15 @@ impl Worker {
             .map_err(|e| e.to_string())?;
         let mut upgrade = Upgrade::new(UpgradeInput {
             instance: instance.name.clone(),
+            stopped: instance.stopped,
+            state: instance.state,
             version: entry.version.clone(),
             services: entry.services.clone(),
             active,
         });
+        if upgrade.skipped_stopped() {
+            tracing::info!(instance = %instance.name, "upgrade skipped: instance is stopped");
+        }
         loop {
             if let Some(command) = upgrade.poll_command() {
                 if command.is_effect() {

@@ -31,6 +31,7 @@ use jiff::Timestamp;
 
 use crate::mutants::{self, Mutant};
 
+use super::fleet::{Instance, InstanceState};
 use super::memory::RecoveryMemory;
 use super::policy::RecoveryPolicy;
 use super::recovery::{Command, Outcome, ProxyView, Report, ServiceInput, ServiceRecovery, Why};
@@ -38,7 +39,7 @@ use super::retire::{
     decide_marker, inhibition_for, note_verdict, successor_confirmed, successor_routed,
     MarkerDecision, VerifiedThisPass,
 };
-use super::traffic::{routes_without_active, HeldRoutes};
+use super::traffic::{routes_of_gone_instances, routes_without_active, HeldRoutes};
 use super::types::{
     ActiveRecord, ActiveService, Binds, ContainerId, GenerationKey, Inhibition, InhibitionReason,
     InstanceName, Intent, Observation, RuntimeError, ServiceKey, ServiceName,
@@ -558,5 +559,94 @@ impl<'p> InstancePass<'p> {
             errors: self.errors,
             memory: self.memory,
         }
+    }
+}
+
+/// What one whole pass does before and around the instances (R2, T5).
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct FleetPassPlan {
+    /// Routes of instances that are gone, to withdraw first.
+    pub withdraw: Vec<ServiceKey>,
+    /// Deleted instances: their memory is forgotten, nothing else done.
+    pub forget: Vec<InstanceName>,
+    /// Every other instance, in listing order, each by its own pass.
+    pub recover: Vec<Instance>,
+}
+
+/// Plans a whole pass from the routes read back (`None`: not read) and the
+/// instances listed after them. Rows that failed to decode may hide live
+/// instances: with any, no route is taken for a gone instance's.
+pub fn plan_fleet_pass(
+    held: Option<&HeldRoutes>,
+    instances: Vec<Instance>,
+    bad_rows: bool,
+) -> FleetPassPlan {
+    let withdraw = match held {
+        Some(held) if !bad_rows => routes_of_gone_instances(held, &instances),
+        _ => Vec::new(),
+    };
+    let (deleted, recover): (Vec<Instance>, Vec<Instance>) = instances
+        .into_iter()
+        .partition(|i| i.state == InstanceState::Deleted);
+    FleetPassPlan {
+        withdraw,
+        forget: deleted.into_iter().map(|i| i.name).collect(),
+        recover,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn instance(id: i64, name: &str, state: InstanceState) -> Instance {
+        Instance {
+            id,
+            name: InstanceName::new(name),
+            team: "t".into(),
+            service_type: "web".into(),
+            version: "1".into(),
+            state,
+            stopped: false,
+            expires_at: None,
+            maintenance_window: None,
+            created_at: Timestamp::UNIX_EPOCH,
+            updated_at: Timestamp::UNIX_EPOCH,
+        }
+    }
+
+    fn route(instance: &str) -> (ServiceKey, u16) {
+        let key = ServiceKey {
+            instance: InstanceName::new(instance),
+            service: ServiceName::new("web"),
+        };
+        (key, 30001)
+    }
+
+    #[test]
+    fn a_pass_withdraws_gone_instances_forgets_deleted_ones_and_recovers_the_rest() {
+        let held: HeldRoutes = [route("live"), route("deleted"), route("unknown")].into();
+        let plan = plan_fleet_pass(
+            Some(&held),
+            vec![
+                instance(1, "live", InstanceState::Ready),
+                instance(2, "deleted", InstanceState::Deleted),
+            ],
+            false,
+        );
+        assert_eq!(plan.withdraw, vec![route("deleted").0, route("unknown").0]);
+        assert_eq!(plan.forget, vec![InstanceName::new("deleted")]);
+        assert_eq!(plan.recover.len(), 1);
+        assert_eq!(plan.recover[0].name.as_str(), "live");
+    }
+
+    #[test]
+    fn bad_rows_or_unread_routes_withdraw_nothing() {
+        let held: HeldRoutes = [route("unknown")].into();
+        let live = || vec![instance(1, "live", InstanceState::Ready)];
+        assert!(plan_fleet_pass(Some(&held), live(), true)
+            .withdraw
+            .is_empty());
+        assert!(plan_fleet_pass(None, live(), false).withdraw.is_empty());
     }
 }

@@ -20,6 +20,21 @@ pub const LEASE_MARGIN: Duration = Duration::from_secs(10);
 /// lock, reporting) under the lease it started with.
 pub const INSTANCE_LEASE_SLACK: Duration = Duration::from_secs(5);
 
+/// How much longer than its task lease a worker's instance lock lasts, so
+/// the lock never lapses under a live handler (which the lease bounds).
+pub const WORKER_LOCK_SLACK: Duration = Duration::from_secs(5);
+
+/// How long the reconciler lease must still hold for a tick's planners to
+/// write.
+pub const PLANNERS_LEASE_NEED: Duration = Duration::from_secs(30);
+
+/// The part of a lease or lock of length `ttl` its holder never trusts: a
+/// quarter of it, at most [`LEASE_MARGIN`], so even the shortest leaves
+/// room to work between renewals (every third of it).
+pub fn trust_margin(ttl: Duration) -> Duration {
+    (ttl / 4).min(LEASE_MARGIN)
+}
+
 /// The reconciler lease's length (C2, T2): it outlives a tick by a wide
 /// margin, so a live leader keeps it, and it lasts two instance recoveries
 /// beyond its margin, so the pass renews it at most once per instance's

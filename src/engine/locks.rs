@@ -20,7 +20,7 @@ use tokio::sync::OwnedMutexGuard;
 use tokio::time::Instant;
 
 use crate::core::fleet::InstanceId;
-use crate::core::policy::LEASE_MARGIN;
+use crate::core::policy::trust_margin;
 use crate::mutants::{self, Mutant};
 use crate::ports::{Store, StoreError};
 
@@ -60,12 +60,6 @@ pub struct InstanceGuard {
     trusted_until: Instant,
 }
 
-/// The part of an instance lock its holder never trusts (as for leases):
-/// a quarter of it, at most [`LEASE_MARGIN`].
-fn lock_margin(ttl: Duration) -> Duration {
-    (ttl / 4).min(LEASE_MARGIN)
-}
-
 impl InstanceLocks {
     pub fn new(store: Arc<dyn Store>) -> Self {
         Self {
@@ -103,7 +97,7 @@ impl InstanceLocks {
             store: self.store.clone(),
             instance,
             holder: holder.to_owned(),
-            trusted_until: sent + (ttl - lock_margin(ttl)),
+            trusted_until: sent + (ttl - trust_margin(ttl)),
         }))
     }
 
@@ -135,7 +129,7 @@ impl InstanceLocks {
                     store: self.store.clone(),
                     instance,
                     holder: holder.to_owned(),
-                    trusted_until: sent + (ttl - lock_margin(ttl)),
+                    trusted_until: sent + (ttl - trust_margin(ttl)),
                 });
             }
             if began.elapsed() + LOCK_RETRY_INTERVAL > wait_max {

@@ -18,6 +18,7 @@ use crate::core::plan::{
     plan_drift, plan_lease_expiry, plan_ttl, plan_version_drift, ControlConfig, Decision, Level,
     Plan, Snapshot,
 };
+use crate::core::policy::PLANNERS_LEASE_NEED;
 use crate::core::types::Timestamp;
 use crate::ports::{LeaseGrant, StoreError};
 
@@ -27,8 +28,6 @@ use super::{Ports, SharedCatalog};
 
 /// Bound on one courtesy notification.
 const NOTIFY_TIMEOUT: Duration = Duration::from_secs(10);
-/// How long the lease must still hold for a tick's planners to write.
-const PLANNERS_LEASE_NEED: Duration = Duration::from_secs(30);
 
 /// A pure planner of the control loop.
 type Planner = fn(&Snapshot<'_>) -> Plan;

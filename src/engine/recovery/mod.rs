@@ -7,11 +7,10 @@
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 
-use crate::core::fleet::InstanceState;
 use crate::core::memory::RecoveryMemory;
+use crate::core::pass::plan_fleet_pass;
 use crate::core::policy::{RecoveryPolicy, INSTANCE_LEASE_SLACK};
 use crate::core::spec::ReadinessProbe;
-use crate::core::traffic::routes_of_gone_instances;
 use crate::core::types::ServiceName;
 use crate::ports::LeaseGrant;
 
@@ -119,22 +118,17 @@ impl Recoverer {
         outcome
             .errors
             .extend(rows.bad.iter().map(|e| format!("skipped row: {e}")));
-        if let Some(held) = &held {
-            // Bad rows may hide live instances: then nothing is taken for gone.
-            if rows.bad.is_empty() {
-                for gone in routes_of_gone_instances(held, &rows.rows) {
-                    self.withdraw_stale(&gone, &mut outcome.errors).await;
-                }
+        let plan = plan_fleet_pass(held.as_ref(), rows.rows, !rows.bad.is_empty());
+        for gone in &plan.withdraw {
+            self.withdraw_stale(gone, &mut outcome.errors).await;
+        }
+        {
+            let mut memory = self.memory.lock().expect("memory poisoned");
+            for name in &plan.forget {
+                memory.forget_instance(name);
             }
         }
-        for instance in rows.rows {
-            if matches!(instance.state, InstanceState::Deleted) {
-                self.memory
-                    .lock()
-                    .expect("memory poisoned")
-                    .forget_instance(&instance.name);
-                continue;
-            }
+        for instance in plan.recover {
             let result = self.recover_instance_seeing(&instance, held.as_ref()).await;
             if result.skipped_no_lease {
                 // The lease is lost: nothing more may be done this pass.

@@ -3,9 +3,10 @@
 //! deleting or deleted instance refused (T4).
 
 use crate::core::fleet::{Task, TaskKind};
+use crate::core::policy::WORKER_LOCK_SLACK;
 use crate::mutants::{self, Mutant};
 
-use super::{Worker, INSTANCE_LOCK_SLACK};
+use super::Worker;
 
 impl Worker {
     /// Runs the task's handler under the instance's lock, shared with
@@ -23,7 +24,7 @@ impl Worker {
             .lock(
                 task.instance,
                 &self.config.id,
-                self.config.lease + INSTANCE_LOCK_SLACK,
+                self.config.lease + WORKER_LOCK_SLACK,
                 self.config.lease,
             )
             .await

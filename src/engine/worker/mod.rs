@@ -10,7 +10,7 @@ use tokio::sync::watch;
 use tokio::time::Instant;
 
 use crate::core::fleet::{RetryDecision, Task, TaskRetryPolicy};
-use crate::core::policy::LEASE_MARGIN;
+use crate::core::policy::trust_margin;
 use crate::mutants::{self, Mutant};
 
 mod end;
@@ -23,11 +23,6 @@ pub use end::TaskEnd;
 
 use super::locks::InstanceLocks;
 use super::{Ports, SharedCatalog};
-
-/// Longest a handler waits for a new container to report `running`.
-/// A handler runs within its task lease; its instance lock outlives that by
-/// this much, so the lock never lapses under a live handler.
-const INSTANCE_LOCK_SLACK: Duration = Duration::from_secs(5);
 
 /// How a worker behaves.
 #[derive(Clone, Debug)]
@@ -56,13 +51,6 @@ pub struct Worker {
     trusted_until: std::sync::Mutex<Option<Instant>>,
     /// Until when the instance lock of the task in hand is trusted (T3).
     lock_trusted_until: std::sync::Mutex<Option<Instant>>,
-}
-
-/// The part of a task lease a worker never trusts: a quarter of it, at
-/// most [`LEASE_MARGIN`], so even the shortest lease leaves room to work
-/// between renewals (every third of it).
-fn task_lease_margin(lease: Duration) -> Duration {
-    (lease / 4).min(LEASE_MARGIN)
 }
 
 impl Worker {
@@ -103,7 +91,7 @@ impl Worker {
     /// The lease, asked for at `sent`, is trusted for its length less the
     /// margin from then.
     fn trust_lease_from(&self, sent: Instant) {
-        let until = sent + (self.config.lease - task_lease_margin(self.config.lease));
+        let until = sent + (self.config.lease - trust_margin(self.config.lease));
         *self.trusted_until.lock().unwrap_or_else(|e| e.into_inner()) = Some(until);
     }
 

@@ -224,13 +224,7 @@ pub fn run_upgrade_and_check(input: &UpgradeInput, answers: &[OutcomeSeed]) -> u
                 let behind = input
                     .services
                     .iter()
-                    .filter(|spec| {
-                        input
-                            .active
-                            .services
-                            .get(&spec.name)
-                            .is_none_or(|a| a.effective_revision != input.version)
-                    })
+                    .filter(|spec| input.is_behind(spec))
                     .count();
                 assert_eq!(
                     switched.len(),
@@ -248,11 +242,7 @@ pub fn run_upgrade_and_check(input: &UpgradeInput, answers: &[OutcomeSeed]) -> u
             UpgradeCommand::Create { spec, revision } => {
                 assert_eq!(revision, &input.version);
                 assert!(
-                    input
-                        .active
-                        .services
-                        .get(&spec.name)
-                        .is_none_or(|a| a.effective_revision != input.version),
+                    input.is_behind(spec),
                     "replaced {} which is already at the target version",
                     spec.name
                 );
@@ -373,13 +363,7 @@ pub fn run_upgrade_and_check(input: &UpgradeInput, answers: &[OutcomeSeed]) -> u
             let behind = input
                 .services
                 .iter()
-                .filter(|spec| {
-                    input
-                        .active
-                        .services
-                        .get(&spec.name)
-                        .is_none_or(|a| a.effective_revision != input.version)
-                })
+                .filter(|spec| input.is_behind(spec))
                 .count();
             assert_eq!(
                 done.len(),

@@ -59,6 +59,17 @@ pub struct UpgradeInput {
     pub active: ActiveRecord,
 }
 
+impl UpgradeInput {
+    /// Whether a service of the entry is not yet at the target version
+    /// (new to ACTIVE, or ACTIVE's generation at another revision).
+    pub fn is_behind(&self, spec: &ServiceSpec) -> bool {
+        self.active
+            .services
+            .get(&spec.name)
+            .is_none_or(|current| current.effective_revision != self.version)
+    }
+}
+
 /// One effect the worker must perform.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum UpgradeCommand {
@@ -200,14 +211,9 @@ impl Upgrade {
     pub fn new(input: UpgradeInput) -> Self {
         let pending = input
             .services
-            .into_iter()
-            .filter(|spec| {
-                input
-                    .active
-                    .services
-                    .get(&spec.name)
-                    .is_none_or(|current| current.effective_revision != input.version)
-            })
+            .iter()
+            .filter(|spec| input.is_behind(spec))
+            .cloned()
             .collect();
         let skipped_stopped = input.stopped;
         Self {

@@ -34,7 +34,9 @@ use crate::mutants::{self, Mutant};
 use super::fleet::{Instance, InstanceState};
 use super::memory::RecoveryMemory;
 use super::policy::RecoveryPolicy;
-use super::recovery::{Command, Outcome, ProxyView, Report, ServiceInput, ServiceRecovery, Why};
+use super::recovery::{
+    Command, Outcome, ProxyView, RecoveryError, Report, ServiceInput, ServiceRecovery, Why,
+};
 use super::retire::{
     decide_marker, inhibition_for, note_verdict, successor_confirmed, successor_routed,
     MarkerDecision, VerifiedThisPass,
@@ -527,12 +529,16 @@ impl<'p> InstancePass<'p> {
             return;
         }
         self.outstanding = None;
+        let reason = || match why {
+            Abandon::Deadline => RecoveryError::DeadlineExceeded,
+            Abandon::MandateLost => RecoveryError::MandateLost,
+        };
         if let Some(machine) = self.current.take() {
-            self.finish_service(machine.abandon());
+            self.finish_service(machine.abandon_because(reason()));
         }
         while let Some((name, record)) = self.services.pop_front() {
             let machine = self.service_machine(name, record);
-            self.finish_service(machine.abandon());
+            self.finish_service(machine.abandon_because(reason()));
         }
         let pending = self.markers.len() + usize::from(self.marker.is_some());
         if pending > 0 {
@@ -648,5 +654,44 @@ mod tests {
             .withdraw
             .is_empty());
         assert!(plan_fleet_pass(None, live(), false).withdraw.is_empty());
+    }
+
+    #[test]
+    fn a_pass_abandoned_for_a_lost_mandate_says_so_for_every_service() {
+        let mut active = ActiveRecord::default();
+        for name in ["api", "web"] {
+            active.services.insert(
+                ServiceName::new(name),
+                ActiveService {
+                    container: ContainerId::new(format!("{name}-1")),
+                    effective_revision: "1".into(),
+                    binds: Default::default(),
+                    stop_grace: None,
+                    verified_started_at: None,
+                },
+            );
+        }
+        let policy = RecoveryPolicy::default();
+        let mut pass = InstancePass::new(
+            &policy,
+            PassInput {
+                instance: InstanceName::new("app"),
+                intent: Intent::Running,
+                active,
+                inhibitions: Vec::new(),
+                held: None,
+                memory: RecoveryMemory::default(),
+                deadline: Timestamp::UNIX_EPOCH,
+            },
+        );
+        assert!(pass.poll_command().is_some(), "the first service starts");
+        pass.abandon(Abandon::MandateLost);
+        assert!(pass.poll_command().is_none());
+        let report = pass.into_report();
+        assert_eq!(report.reports.len(), 2, "both services are reported");
+        for service in &report.reports {
+            assert_eq!(service.errors, vec![RecoveryError::MandateLost]);
+            assert_eq!(service.verdict, super::super::recovery::Verdict::Failed);
+        }
     }
 }

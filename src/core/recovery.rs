@@ -241,6 +241,8 @@ pub enum RecoveryError {
     RecordFailed(String),
     #[error("recovery deadline exceeded")]
     DeadlineExceeded,
+    #[error("the lease or the instance lock is no longer trusted; left for the next pass")]
+    MandateLost,
 }
 
 /// What one service recovery did and what it leaves behind.
@@ -1048,14 +1050,20 @@ impl<'p> ServiceRecovery<'p> {
         self.phase = Phase::Done;
     }
 
-    /// Gives up (deadline). Fails closed: an unanswered withdrawal is
+    /// Gives up at the deadline. Fails closed: an unanswered withdrawal is
     /// assumed to have failed.
-    pub fn abandon(mut self) -> Report {
+    pub fn abandon(self) -> Report {
+        self.abandon_because(RecoveryError::DeadlineExceeded)
+    }
+
+    /// Gives up for `why` ([`RecoveryError::DeadlineExceeded`] or
+    /// [`RecoveryError::MandateLost`]), failing closed as [`Self::abandon`].
+    pub fn abandon_because(mut self, why: RecoveryError) -> Report {
         if matches!(self.outstanding.take(), Some(Command::Withdraw)) {
             self.withdrawal_pending = true;
         }
         self.budget.invalidate_stable();
-        self.errors.push(RecoveryError::DeadlineExceeded);
+        self.errors.push(why);
         self.verdict = Verdict::Failed;
         self.phase = Phase::Done;
         self.into_report_unchecked()

@@ -7,10 +7,11 @@
 //! build enables it), a test arms one mutant for the current thread with
 //! [`armed`], runs seeds, and asserts that the matching invariant fires.
 //!
-//! The selection is thread-local rather than a parameter so that the
-//! production signatures carry no test-only argument; madsim runs a whole
-//! seed on the thread that calls `block_on`, so a seed sees exactly the
-//! mutant its test armed.
+//! The pure core never reads this switch: the simulation's setup reads
+//! [`armed_now`] and hands the mutant to the core as data
+//! (`RecoveryPolicy::broken`). The engine, the in-memory ports and store
+//! read it here, thread-locally; madsim runs a whole seed on the thread
+//! that calls `block_on`, so a seed sees exactly the mutant its test armed.
 
 /// One deliberately broken rule.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -81,6 +82,20 @@ pub fn active(mutant: Mutant) -> bool {
     {
         let _ = mutant;
         false
+    }
+}
+
+/// The mutant armed on this thread, if any: what a test's setup passes to
+/// the core as data (`RecoveryPolicy::broken`). Always `None` without the
+/// `mutants` feature.
+pub fn armed_now() -> Option<Mutant> {
+    #[cfg(feature = "mutants")]
+    {
+        armed_state::ARMED.with(|a| a.get())
+    }
+    #[cfg(not(feature = "mutants"))]
+    {
+        None
     }
 }
 

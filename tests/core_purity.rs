@@ -41,6 +41,18 @@ const FORBIDDEN: &[(&str, &str)] = &[
     ("tracing::", "no logging side effects; reports are values"),
     ("log::", "no logging side effects; reports are values"),
     ("crate::engine", "the core depends on nothing above it"),
+    (
+        "thread_local",
+        "no hidden state: everything the core reads is an argument",
+    ),
+    (
+        "mutants::active",
+        "a broken rule reaches the core as data (RecoveryPolicy::broken), not a global switch",
+    ),
+    (
+        "mutants::armed",
+        "a broken rule reaches the core as data (RecoveryPolicy::broken), not a global switch",
+    ),
     ("crate::ports", "the core depends on nothing above it"),
     ("crate::adapters", "the core depends on nothing above it"),
 ];

@@ -82,7 +82,12 @@ async fn simulate(cfg: SimConfig) -> SimOutcome {
     let mix = FaultMix::draw(&mut rng);
     let topology = Topology::draw(rng.random());
     let clock: Arc<dyn Clock> = Arc::new(SystemClock);
-    let policy = RecoveryPolicy::default();
+    // The mutation exercise arms a rule on this thread; the core gets it
+    // as data.
+    let policy = RecoveryPolicy {
+        broken: stead::mutants::armed_now(),
+        ..RecoveryPolicy::default()
+    };
     let control = ControlConfig::default();
     let checker = Arc::new(Checker::new(clock.clone(), policy.clone(), control.lease));
     let counts = Arc::new(FaultCounts::default());

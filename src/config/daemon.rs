@@ -682,6 +682,7 @@ impl Validator<'_> {
                 0,
                 3_600_000,
             )?),
+            broken: None,
         };
         policy
             .validated()

@@ -135,11 +135,6 @@ pub fn container_name(
         };
         return Err(NameError::new("revision", revision, rule));
     }
-    if crate::mutants::active(crate::mutants::Mutant::DashedContainerNames) {
-        return Ok(format!(
-            "{CONTAINER_NAME_PREFIX}-{instance}-{service}-{revision}"
-        ));
-    }
     let mut name = format!("{CONTAINER_NAME_PREFIX}.{instance}.{service}.");
     for byte in revision.bytes() {
         if byte.is_ascii_alphanumeric() || matches!(byte, b'.' | b'-') {

@@ -29,7 +29,7 @@ use std::time::Duration;
 
 use jiff::Timestamp;
 
-use crate::mutants::{self, Mutant};
+use crate::mutants::Mutant;
 
 use super::fleet::{Instance, InstanceState};
 use super::memory::RecoveryMemory;
@@ -220,7 +220,7 @@ impl<'p> InstancePass<'p> {
             .collect();
         let held = input
             .held
-            .filter(|_| !mutants::active(Mutant::ForgetProxyRoutes));
+            .filter(|_| policy.broken != Some(Mutant::ForgetProxyRoutes));
         Self {
             policy,
             instance: input.instance,
@@ -318,7 +318,7 @@ impl<'p> InstancePass<'p> {
     }
 
     fn service_machine(&self, service: ServiceName, record: ActiveService) -> ServiceRecovery<'p> {
-        let record = if mutants::active(Mutant::StartNonActive) {
+        let record = if self.policy.broken == Some(Mutant::StartNonActive) {
             let marker = self
                 .inhibitions
                 .iter()
@@ -372,7 +372,13 @@ impl<'p> InstancePass<'p> {
         loop {
             if self.marker.is_none() {
                 let marker = self.markers.pop_front()?;
-                let step = match decide_marker(&marker, &self.active, self.intent, &self.verified) {
+                let step = match decide_marker(
+                    &marker,
+                    &self.active,
+                    self.intent,
+                    &self.verified,
+                    self.policy.broken,
+                ) {
                     MarkerDecision::ClearMarker => MarkerStep::Clear,
                     MarkerDecision::Wait => continue,
                     MarkerDecision::Retire => MarkerStep::Stop,

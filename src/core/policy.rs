@@ -1,5 +1,6 @@
 //! `RecoveryPolicy`: every tunable of the recovery pass, validated once.
 
+use crate::mutants::Mutant;
 use std::time::Duration;
 
 /// Most delays the ladder may hold; keeps the budget's arithmetic bounded.
@@ -65,6 +66,10 @@ pub struct RecoveryPolicy {
     pub instance_deadline: Duration,
     /// Stop grace when neither the service nor a marker records one.
     pub stop_grace_default: Duration,
+    /// A rule deliberately broken, armed as data by the mutation exercise
+    /// (`src/mutants.rs`, `docs/simulation.md`); always `None` in a real
+    /// policy. The core reads it here and from no global state.
+    pub broken: Option<Mutant>,
 }
 
 impl Default for RecoveryPolicy {
@@ -77,6 +82,7 @@ impl Default for RecoveryPolicy {
             unhealthy_threshold: 2,
             instance_deadline: minutes(2),
             stop_grace_default: Duration::from_secs(10),
+            broken: None,
         }
     }
 }

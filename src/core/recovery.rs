@@ -19,7 +19,7 @@ use std::time::Duration;
 
 use jiff::Timestamp;
 
-use crate::mutants::{self, Mutant};
+use crate::mutants::Mutant;
 
 use super::budget::{Budget, BudgetEntry};
 use super::policy::RecoveryPolicy;
@@ -479,6 +479,11 @@ impl<'p> ServiceRecovery<'p> {
         }
     }
 
+    /// Whether the mutation exercise broke `rule` in this policy.
+    fn broken(&self, rule: Mutant) -> bool {
+        self.policy.broken == Some(rule)
+    }
+
     pub fn key(&self) -> &GenerationKey {
         &self.key
     }
@@ -624,7 +629,7 @@ impl<'p> ServiceRecovery<'p> {
             Outcome::Binds(result) => match result {
                 Ok(binds) => {
                     self.binds = binds;
-                    let probe = !mutants::active(Mutant::PublishBeforeReadiness);
+                    let probe = !self.broken(Mutant::PublishBeforeReadiness);
                     self.phase = if self.needs_readiness() && probe {
                         Phase::Probe
                     } else {
@@ -819,7 +824,7 @@ impl<'p> ServiceRecovery<'p> {
             self.budget.invalidate_stable();
         }
         self.observed = Some(obs);
-        let skip_withdrawal = mutants::active(Mutant::SkipWithdrawBeforeStart);
+        let skip_withdrawal = self.broken(Mutant::SkipWithdrawBeforeStart);
         if (self.fresh || unverified) && !self.withdrawn_this_pass && !skip_withdrawal {
             self.phase = Phase::WithdrawUnverified;
         } else {
@@ -855,7 +860,7 @@ impl<'p> ServiceRecovery<'p> {
         // Found down is not a stable observation: the streak starts over
         // (R14), even if the runtime's own restart later wins the race.
         self.budget.invalidate_stable();
-        let charge = !mutants::active(Mutant::ForgetCrashLoopCharge);
+        let charge = !self.broken(Mutant::ForgetCrashLoopCharge);
         if self.budget.allow(now) && self.budget.attempt_pending() && charge {
             self.budget.charge_unconfirmed_attempt(self.policy, now);
         }
@@ -875,7 +880,7 @@ impl<'p> ServiceRecovery<'p> {
             (Phase::CheckPolicyForRestart, Ok(())) => {
                 self.phase = Phase::WithdrawBeforeRestart;
                 self.skip_redundant_withdraw_to(Phase::Restart);
-                if mutants::active(Mutant::SkipWithdrawBeforeStart) {
+                if self.broken(Mutant::SkipWithdrawBeforeStart) {
                     self.phase = Phase::Restart;
                 }
             }

@@ -8,7 +8,7 @@ use std::collections::BTreeMap;
 
 use jiff::Timestamp;
 
-use crate::mutants::{self, Mutant};
+use crate::mutants::Mutant;
 
 use super::recovery::{ProxyView, Verdict};
 use super::types::{
@@ -78,6 +78,7 @@ pub fn decide_marker(
     active: &ActiveRecord,
     intent: Intent,
     verified: &VerifiedThisPass,
+    broken: Option<Mutant>,
 ) -> MarkerDecision {
     if active.names_container(&marker.container) {
         return MarkerDecision::ClearMarker;
@@ -88,7 +89,7 @@ pub fn decide_marker(
     let Some(successor) = active.services.get(&marker.service) else {
         return MarkerDecision::Retire;
     };
-    if mutants::active(Mutant::RetireBeforeSuccessorVerified) {
+    if broken == Some(Mutant::RetireBeforeSuccessorVerified) {
         return MarkerDecision::Retire;
     }
     match verified.get(&marker.service) {

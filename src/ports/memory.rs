@@ -21,6 +21,7 @@ use crate::core::types::{
     Binds, ContainerId, ContainerStatus, GenerationKey, Health, InstanceName, Observation,
     RuntimeError, ServiceName, Timestamp,
 };
+use crate::mutants::{self, Mutant};
 
 use super::{
     Clock, CreateContainer, EventSubscription, HeldRoute, ManagedContainer, Notifier, PlaneCheck,
@@ -482,6 +483,16 @@ impl MemoryRuntime {
     /// deterministic name, as Docker's adapter names it, so IDs here are as
     /// injective as names there.
     pub fn id_of(request: &CreateContainer) -> Result<ContainerId, RuntimeError> {
+        if mutants::active(Mutant::DashedContainerNames) {
+            // The old, colliding scheme (T6), for the mutation exercise.
+            return Ok(ContainerId::new(format!(
+                "{}-{}-{}-{}",
+                names::CONTAINER_NAME_PREFIX,
+                request.instance,
+                request.spec.name,
+                request.revision
+            )));
+        }
         names::container_name(&request.instance, &request.spec.name, &request.revision)
             .map(ContainerId::new)
             .map_err(|e| RuntimeError::Transient(format!("container name: {e}")))

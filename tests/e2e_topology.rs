@@ -154,10 +154,8 @@ async fn routes_come_back_within_one_tick_after_caddy_restarts_without_its_confi
         let id = h.active_container(name).await.unwrap();
         started.push((id.clone(), inspect(&id, "{{.State.StartedAt}}").unwrap()));
     }
+    let recreated_before = h.daemon().caddy.servers_created();
     h.caddy.restart_without_resume().await;
-    for name in &names {
-        assert_eq!(h.get(name).await, 0, "Caddy lost its server too");
-    }
     let took = wait_until("every route back", Duration::from_secs(20), || async {
         let mut all = true;
         for name in &names {
@@ -169,6 +167,13 @@ async fn routes_come_back_within_one_tick_after_caddy_restarts_without_its_confi
     assert!(
         took <= Duration::from_secs(1 + 5),
         "routes back after {took:?}, not within the one-second tick"
+    );
+    // That Caddy came back empty is proven by stead having had to create
+    // its server again; asking Caddy for a 404 first would race the tick
+    // that already repaired it.
+    assert!(
+        h.daemon().caddy.servers_created() > recreated_before,
+        "Caddy did not lose its config: the test proved nothing"
     );
     for (id, before) in started {
         assert_eq!(

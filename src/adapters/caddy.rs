@@ -127,6 +127,8 @@ struct Writer {
     write: tokio::sync::Mutex<()>,
     /// Route writes Caddy accepted: each one is a reload of its config.
     route_writes: AtomicU64,
+    /// Times `ensure` found stead's server gone and created it again.
+    servers_created: AtomicU64,
 }
 
 /// The `Traffic` port over Caddy's admin API.
@@ -417,6 +419,12 @@ impl CaddyTraffic {
         self.writer.route_writes.load(Ordering::Relaxed)
     }
 
+    /// How many times `ensure` found stead's server gone (the proxy lost
+    /// its config) and created it again.
+    pub fn servers_created(&self) -> u64 {
+        self.writer.servers_created.load(Ordering::Relaxed)
+    }
+
     /// Every route stead owns, as Caddy holds it now: route id → the
     /// upstream it dials. `None` when stead's server does not exist.
     pub async fn routes(&self) -> Result<Option<Vec<(String, String)>>, TrafficError> {
@@ -648,7 +656,10 @@ impl Traffic for CaddyTraffic {
     async fn ensure(&self) -> Result<PlaneCheck, TrafficError> {
         Ok(match self.ensure_server().await? {
             ServerCheck::Present => PlaneCheck::Present,
-            ServerCheck::Created => PlaneCheck::Recreated,
+            ServerCheck::Created => {
+                self.writer.servers_created.fetch_add(1, Ordering::Relaxed);
+                PlaneCheck::Recreated
+            }
             ServerCheck::ListenCorrected { was } => PlaneCheck::Corrected {
                 was: was.join(", "),
             },

@@ -141,6 +141,10 @@ pub const METRICS: &[Metric] = &[
         "stead_caddy_route_writes_total",
         "Writes of the routes array Caddy accepted; each is one reload of Caddy's config.",
     ),
+    counter(
+        "stead_traffic_plane_recreated_total",
+        "Times the proxy had lost stead's server and routes (restarted without its config) and stead recreated them (T5).",
+    ),
     labelled(
         counter("stead_notifications_total", "Notifications sent, by event."),
         "event",

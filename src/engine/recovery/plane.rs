@@ -16,9 +16,12 @@ impl Recoverer {
         let deadline = self.policy.instance_deadline;
         match tokio::time::timeout(deadline, traffic.ensure()).await {
             Ok(Ok(PlaneCheck::Present)) => {}
-            Ok(Ok(PlaneCheck::Recreated)) => tracing::warn!(
-                "the traffic plane had lost stead's routes (proxy restarted without its config?); recreated, republishing verified routes"
-            ),
+            Ok(Ok(PlaneCheck::Recreated)) => {
+                metrics::counter!("stead_traffic_plane_recreated_total").increment(1);
+                tracing::warn!(
+                    "the traffic plane had lost stead's routes (proxy restarted without its config?); recreated, republishing verified routes"
+                );
+            }
             Ok(Ok(PlaneCheck::Corrected { was })) => tracing::warn!(
                 was = %was,
                 "stead's proxy server listened elsewhere than configured; corrected"

@@ -13,51 +13,7 @@
 //! read it here, thread-locally; madsim runs a whole seed on the thread
 //! that calls `block_on`, so a seed sees exactly the mutant its test armed.
 
-/// One deliberately broken rule.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Mutant {
-    /// R8/R12: touch the workload without withdrawing its traffic first.
-    SkipWithdrawBeforeStart,
-    /// R13: publish a fresh execution without probing its readiness.
-    PublishBeforeReadiness,
-    /// R10: find a container down again after an unconfirmed attempt and
-    /// do not charge the crash loop.
-    ForgetCrashLoopCharge,
-    /// R15: retire a predecessor whose successor was not verified.
-    RetireBeforeSuccessorVerified,
-    /// R1: recover a retirement-pending predecessor in place of the
-    /// container ACTIVE names.
-    StartNonActive,
-    /// T3: take only the in-process instance lock, not the store's row.
-    SkipInstanceLockRow,
-    /// T2: act without checking the lease right before an outside effect.
-    ActOnExpiredLease,
-    /// T4: run a task's handler on a deleting or deleted instance, and (in
-    /// the in-memory store) leave a deleted instance's queued tasks queued.
-    ReviveDeletedInstance,
-    /// T5: never read the routes back from the traffic plane.
-    ForgetProxyRoutes,
-    /// T1: a restarted daemon waits out its own lease like a stranger.
-    StrangerAfterRestart,
-    /// T6: name containers `stead-<instance>-<service>-<revision>` again.
-    DashedContainerNames,
-}
-
-impl Mutant {
-    pub const ALL: [Mutant; 11] = [
-        Mutant::SkipWithdrawBeforeStart,
-        Mutant::PublishBeforeReadiness,
-        Mutant::ForgetCrashLoopCharge,
-        Mutant::RetireBeforeSuccessorVerified,
-        Mutant::StartNonActive,
-        Mutant::SkipInstanceLockRow,
-        Mutant::ActOnExpiredLease,
-        Mutant::ReviveDeletedInstance,
-        Mutant::ForgetProxyRoutes,
-        Mutant::StrangerAfterRestart,
-        Mutant::DashedContainerNames,
-    ];
-}
+pub use crate::core::broken::Mutant;
 
 #[cfg(feature = "mutants")]
 mod armed_state {

@@ -29,7 +29,7 @@ use std::time::Duration;
 
 use jiff::Timestamp;
 
-use crate::mutants::Mutant;
+use super::broken::Mutant;
 
 use super::fleet::{Instance, InstanceState};
 use super::memory::RecoveryMemory;

@@ -1,6 +1,6 @@
 //! `RecoveryPolicy`: every tunable of the recovery pass, validated once.
 
-use crate::mutants::Mutant;
+use super::broken::Mutant;
 use std::time::Duration;
 
 /// Most delays the ladder may hold; keeps the budget's arithmetic bounded.

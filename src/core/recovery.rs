@@ -19,7 +19,7 @@ use std::time::Duration;
 
 use jiff::Timestamp;
 
-use crate::mutants::Mutant;
+use super::broken::Mutant;
 
 use super::budget::{Budget, BudgetEntry};
 use super::policy::RecoveryPolicy;

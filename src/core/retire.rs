@@ -8,7 +8,7 @@ use std::collections::BTreeMap;
 
 use jiff::Timestamp;
 
-use crate::mutants::Mutant;
+use super::broken::Mutant;
 
 use super::recovery::{ProxyView, Verdict};
 use super::types::{

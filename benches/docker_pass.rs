@@ -26,9 +26,9 @@ use stead::core::types::{ActiveService, InstanceName, ServiceName};
 use stead::engine::lease::LeaseGuard;
 use stead::engine::recovery::{InstanceLocks, Recoverer};
 use stead::engine::{Ports, SystemClock};
-use stead::ports::memory::{Hooks, MemoryNotifier, MemoryPolicy, MemoryProvisioner, MemoryTraffic};
 use stead::ports::{Clock, CreateContainer, NewInstance, Runtime, Store};
-use stead::store::memory::MemoryStore;
+use stead_testkit::ports::{Hooks, MemoryNotifier, MemoryPolicy, MemoryProvisioner, MemoryTraffic};
+use stead_testkit::store::MemoryStore;
 
 const CONTAINERS_DEFAULT: usize = 200;
 const CONTAINERS_MAX: usize = 2_000;

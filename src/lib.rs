@@ -5,8 +5,10 @@
 //! - [`core`] is pure and deterministic: every decision is a function of its
 //!   inputs and an explicit `now`. It knows nothing of async, clocks, Docker,
 //!   SQL or logging.
-//! - [`ports`] are the traits through which the engine touches the world, each
-//!   with an in-memory implementation.
+//! - [`ports`] are the traits through which the engine touches the world;
+//!   their in-memory implementations, the fake world and the simulation's
+//!   broken-rule switch live in the `stead-testkit` crate (`testkit/`), so
+//!   none of them ships.
 //! - [`engine`] is a thin async interpreter that drives the core over the ports.
 //! - `adapters` (feature `io`) are the real implementations: SQLite/Postgres,
 //!   Docker, Caddy, Helm, HTTP/TCP probes.
@@ -18,7 +20,6 @@ pub mod core;
 #[cfg(all(feature = "io", not(madsim)))]
 pub mod daemon;
 pub mod engine;
-pub mod mutants;
 pub mod ops;
 pub mod ports;
 pub mod store;

@@ -1,9 +1,8 @@
 //! The four control-loop checks (DESIGN.md C5–C8) as pure planners: one
 //! scenario per behaviour, then properties over random snapshots (shared
-//! with the `planners` fuzz target through `#[path]`).
+//! with the `planners` fuzz target through `stead-testkit`).
 
-#[path = "../fuzz/src/planners.rs"]
-mod planners;
+use stead_testkit::planners;
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
@@ -801,7 +800,7 @@ fn a_control_lone_carriage_return_is_explained() {
 
 // --- properties ------------------------------------------------------------
 //
-// The world generator and the properties live in `fuzz/src/planners.rs`,
+// The world generator and the properties live in `testkit/src/planners.rs`,
 // shared with the `planners` fuzz target, so proptest and the fuzzer check
 // the same things. The strategies draw the seed's plain numbers; every
 // number maps onto a valid world.

@@ -53,6 +53,10 @@ const FORBIDDEN: &[(&str, &str)] = &[
         "mutants::armed",
         "a broken rule reaches the core as data (RecoveryPolicy::broken), not a global switch",
     ),
+    (
+        "stead_testkit",
+        "test support (fakes, models, the mutant switch) never reaches the core",
+    ),
     ("crate::ports", "the core depends on nothing above it"),
     ("crate::adapters", "the core depends on nothing above it"),
 ];
@@ -208,6 +212,53 @@ fn the_core_mentions_no_async_io_clock_randomness_or_logging() {
     assert!(
         report.is_empty(),
         "src/core must stay pure (DESIGN.md §2, invariant 1):\n{report}"
+    );
+}
+
+/// What no file of the shipped crate (`src/`) may mention: the test
+/// support lives in `stead-testkit` (`testkit/`), and a broken rule reaches
+/// the core and the engine only as data (`RecoveryPolicy::broken`,
+/// `WorkerConfig::broken`).
+const TEST_SUPPORT: &[&str] = &[
+    "stead_testkit",
+    "thread_local",
+    "mutants",
+    "MemoryStore",
+    "MemoryRuntime",
+    "FakeContainer",
+];
+
+#[test]
+fn the_shipped_crate_holds_no_fake_world_in_memory_port_or_mutant_switch() {
+    let root = repo_root();
+    let mut files = Vec::new();
+    rust_files(&root.join("src"), &mut files);
+    let mut report = String::new();
+    for file in &files {
+        let code =
+            strip_comments_and_literals(&std::fs::read_to_string(file).expect("readable source"));
+        for (index, line) in code.lines().enumerate() {
+            for token in TEST_SUPPORT.iter().filter(|t| mentions(line, t)) {
+                let relative = file.strip_prefix(&root).unwrap_or(file);
+                writeln!(report, "{}:{}: {token}", relative.display(), index + 1)
+                    .expect("write to string");
+            }
+        }
+    }
+    assert!(
+        report.is_empty(),
+        "test support belongs in testkit/, not in the shipped crate:\n{report}"
+    );
+    // And the crate depends on the kit only to build its tests.
+    let manifest = std::fs::read_to_string(root.join("Cargo.toml")).expect("Cargo.toml");
+    let dependencies = manifest
+        .split("\n[")
+        .filter(|table| !table.starts_with("dev-dependencies]"))
+        .collect::<Vec<_>>()
+        .join("\n[");
+    assert!(
+        !dependencies.contains("stead-testkit"),
+        "stead-testkit may only be a dev-dependency of stead"
     );
 }
 

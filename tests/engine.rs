@@ -20,12 +20,12 @@ use stead::engine::recovery::{InstanceLocks, Recoverer};
 use stead::engine::tick::{Check, Reconciler};
 use stead::engine::worker::{TaskEnd, Worker, WorkerConfig};
 use stead::engine::Ports;
-use stead::ports::memory::{
+use stead::ports::{NewInstance, Store, Traffic};
+use stead_testkit::ports::{
     Fault, FaultInjector, Hooks, ManualClock, MemoryNotifier, MemoryPolicy, MemoryProbe,
     MemoryProvisioner, MemoryRuntime, MemoryTraffic, Op,
 };
-use stead::ports::{NewInstance, Store, Traffic};
-use stead::store::memory::MemoryStore;
+use stead_testkit::store::MemoryStore;
 
 const CATALOG: &str = r#"
 [types.wiki]
@@ -197,6 +197,7 @@ impl Fixture {
                 },
                 idle_poll: Duration::from_millis(10),
                 stop_grace_default: Duration::from_secs(1),
+                broken: None,
             },
             self.locks.clone(),
         )

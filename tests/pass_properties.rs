@@ -2,17 +2,11 @@
 //! S1, S5): arbitrary instances (services in and out of ACTIVE, markers on
 //! predecessors and on ACTIVE's own containers, routes held or not read,
 //! running or stopped intent) driven with arbitrary answers, abandoned at
-//! an arbitrary step or not. The checker lives in `fuzz/src/pass.rs` and is
+//! an arbitrary step or not. The checker lives in `testkit/src/pass.rs` and is
 //! shared with the cargo-fuzz target `instance_pass`.
 
-#[path = "../fuzz/src/machine.rs"]
-#[allow(dead_code)]
-mod machine;
-#[path = "../fuzz/src/model.rs"]
-#[allow(dead_code)]
-mod model;
-#[path = "../fuzz/src/pass.rs"]
-mod pass;
+use stead_testkit::machine;
+use stead_testkit::pass;
 
 use proptest::prelude::*;
 use proptest::strategy::ValueTree;

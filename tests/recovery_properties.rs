@@ -1,21 +1,19 @@
 //! Property tests of the pure core (DESIGN.md R10, R13, R14 and S1–S7).
 //!
 //! The reference budget model and the recovery-machine checker live in
-//! `fuzz/src/` and are shared with the cargo-fuzz targets through `#[path]`,
-//! so proptest and the fuzzers assert exactly the same properties and the
-//! test-only code never ships in the `stead` crate.
+//! `stead-testkit` (`testkit/src/`) and are shared with the cargo-fuzz
+//! targets, so proptest and the fuzzers assert exactly the same properties
+//! and the test-only code never ships in the `stead` crate.
 
-#[path = "../fuzz/src/machine.rs"]
-mod machine;
-#[path = "../fuzz/src/model.rs"]
-mod model;
+use stead_testkit::machine;
+use stead_testkit::model;
 
 use std::time::Duration;
 
 use proptest::prelude::*;
 use stead::core::recovery::{Command, Verdict};
 use stead::core::types::{ContainerId, ContainerStatus, Health, RuntimeError, ServiceName};
-use stead::core::world::World;
+use stead_testkit::world::World;
 
 use machine::{run_and_check, CaseSeed, EntrySeed, OutcomeSeed};
 use model::{check_budget_against_model, policy_from_bytes, BudgetModel, BudgetOp};
@@ -120,7 +118,7 @@ proptest! {
     #![proptest_config(ProptestConfig::with_cases(CASES_MACHINE))]
 
     /// The machine fed arbitrary outcomes keeps every safety property the
-    /// checker in `fuzz/src/machine.rs` asserts (exact identity, budget,
+    /// checker in `testkit/src/machine.rs` asserts (exact identity, budget,
     /// fail-closed withdrawal, readiness before binds and publication,
     /// termination within the bound, no command after the report).
     #[test]
@@ -201,7 +199,7 @@ fn pass_plan() -> impl Strategy<Value = PassPlan> {
         )
 }
 
-fn has(log: &[stead::core::world::Performed], pred: impl Fn(&Command) -> bool) -> usize {
+fn has(log: &[stead_testkit::world::Performed], pred: impl Fn(&Command) -> bool) -> usize {
     log.iter().filter(|p| pred(&p.command)).count()
 }
 

@@ -1,5 +1,5 @@
 //! Scenario tests of the recovery machine, one or more per rule R1–R17 of
-//! DESIGN.md §3. Each drives the pure machine through `core::world::World`,
+//! DESIGN.md §3. Each drives the pure machine through `stead_testkit::world::World`,
 //! a synchronous fake world, so every test reads like a story.
 
 use std::time::Duration;
@@ -9,7 +9,7 @@ use stead::core::types::{
     Binds, ContainerId, ContainerStatus, Health, InhibitionReason, Intent, RuntimeError,
     ServiceName,
 };
-use stead::core::world::World;
+use stead_testkit::world::World;
 
 const MINUTE: Duration = Duration::from_secs(60);
 const PASS: Duration = Duration::from_secs(60);

@@ -1,17 +1,11 @@
 //! Property tests of the overlap-replacement machine (`core/upgrade.rs`;
 //! DESIGN.md C11, R15, S1, S5): arbitrary catalog entries (services new,
 //! behind, or already at the target version) driven with arbitrary answers.
-//! The checker lives in `fuzz/src/upgrade.rs` and is shared with the
+//! The checker lives in `testkit/src/upgrade.rs` and is shared with the
 //! cargo-fuzz target `upgrade`.
 
-#[path = "../fuzz/src/machine.rs"]
-#[allow(dead_code)]
-mod machine;
-#[path = "../fuzz/src/model.rs"]
-#[allow(dead_code)]
-mod model;
-#[path = "../fuzz/src/upgrade.rs"]
-mod upgrade;
+use stead_testkit::machine;
+use stead_testkit::upgrade;
 
 use proptest::prelude::*;
 use proptest::strategy::ValueTree;

@@ -17,9 +17,9 @@ use stead::core::names;
 use stead::core::policy::RecoveryPolicy;
 use stead::core::types::{Binds, ContainerId, InstanceName, ServiceKey, Timestamp};
 use stead::engine::lease::ProcessIdentity;
-use stead::ports::memory::{Effect, Observer, Op};
 use stead::ports::{Clock, Route};
-use stead::store::memory::MemoryStore;
+use stead_testkit::ports::{Effect, Observer, Op};
+use stead_testkit::store::MemoryStore;
 
 use crate::topology::Role;
 

@@ -18,11 +18,11 @@ use stead::core::types::{ActiveService, ContainerStatus, InhibitionReason, Servi
 use stead::core::window::Window;
 use stead::engine::recovery::InstanceLocks;
 use stead::engine::SystemClock;
-use stead::ports::memory::{
+use stead::ports::{Clock, CreateContainer, NewInstance, Provisioner, Runtime, Store};
+use stead_testkit::ports::{
     Hooks, MemoryNotifier, MemoryProbe, MemoryProvisioner, MemoryRuntime, MemoryTraffic,
 };
-use stead::ports::{Clock, CreateContainer, NewInstance, Provisioner, Runtime, Store};
-use stead::store::memory::MemoryStore;
+use stead_testkit::store::MemoryStore;
 
 use crate::checker::{ladder_cap, Checker};
 use crate::topology::{process_main, Shared, Slot, Topology};
@@ -85,7 +85,7 @@ async fn simulate(cfg: SimConfig) -> SimOutcome {
     // The mutation exercise arms a rule on this thread; the core gets it
     // as data.
     let policy = RecoveryPolicy {
-        broken: stead::mutants::armed_now(),
+        broken: stead_testkit::mutants::armed_now(),
         ..RecoveryPolicy::default()
     };
     let control = ControlConfig::default();

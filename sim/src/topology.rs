@@ -29,11 +29,11 @@ use stead::engine::tick::Reconciler;
 use stead::engine::wake::WakeQueue;
 use stead::engine::worker::{Worker, WorkerConfig};
 use stead::engine::{Ports, SystemClock};
-use stead::ports::memory::{
+use stead::ports::{Clock, RuntimeEvents, Store};
+use stead_testkit::ports::{
     MemoryNotifier, MemoryPolicy, MemoryProbe, MemoryProvisioner, MemoryRuntime, MemoryTraffic,
 };
-use stead::ports::{Clock, RuntimeEvents, Store};
-use stead::store::memory::MemoryStore;
+use stead_testkit::store::MemoryStore;
 
 use crate::checker::Checker;
 
@@ -260,6 +260,7 @@ pub async fn process_main(slot: Arc<Slot>, shared: Arc<Shared>) {
                     retry: TaskRetryPolicy::default(),
                     idle_poll: Duration::from_secs(1),
                     stop_grace_default: shared.policy.stop_grace_default,
+                    broken: shared.policy.broken,
                 },
                 locks.clone(),
             );

@@ -16,11 +16,11 @@ use stead::core::types::{
     ActiveService, ContainerId, ContainerStatus, Health, Inhibition, InhibitionReason,
     InstanceName, ServiceKey, ServiceName,
 };
-use stead::ports::memory::{
-    EventFate, Fault, FaultInjector, MemContainer, MemoryProvisioner, MemoryRuntime, Op,
-};
 use stead::ports::RuntimeEventAction;
 use stead::ports::{Clock, CreateContainer, NewInstance, Runtime, Store};
+use stead_testkit::ports::{
+    EventFate, Fault, FaultInjector, MemContainer, MemoryProvisioner, MemoryRuntime, Op,
+};
 
 use crate::checker::Checker;
 

@@ -1,4 +1,4 @@
-//! The mutation exercise: break one rule at a time (see `src/mutants.rs`)
+//! The mutation exercise: break one rule at a time (see `testkit/src/mutants.rs`)
 //! and prove the checker names the invariant that guards it. A checker that
 //! stays green while a rule is broken is a checker that proves nothing.
 //!
@@ -8,8 +8,8 @@
 
 use std::time::Duration;
 
-use stead::mutants::{armed, Mutant};
 use stead_sim::{run_seed, say, SimConfig};
+use stead_testkit::mutants::{armed, Mutant};
 
 /// Seeds tried per mutant before the checker is declared blind to it.
 const SEEDS_MAX: u64 = 40;

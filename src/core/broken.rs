@@ -1,5 +1,5 @@
 //! The names of the rules the mutation exercise breaks on purpose
-//! (`src/mutants.rs`, `docs/simulation.md`). Plain data: the core receives
+//! (`testkit/src/mutants.rs`, `docs/simulation.md`). Plain data: the core receives
 //! the one armed, if any, as `RecoveryPolicy::broken`, and reads no switch.
 
 /// One deliberately broken rule.

@@ -25,4 +25,3 @@ pub mod traffic;
 pub mod types;
 pub mod upgrade;
 pub mod window;
-pub mod world;

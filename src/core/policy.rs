@@ -67,7 +67,7 @@ pub struct RecoveryPolicy {
     /// Stop grace when neither the service nor a marker records one.
     pub stop_grace_default: Duration,
     /// A rule deliberately broken, armed as data by the mutation exercise
-    /// (`src/mutants.rs`, `docs/simulation.md`); always `None` in a real
+    /// (`testkit/src/mutants.rs`, `docs/simulation.md`); always `None` in a real
     /// policy. The core reads it here and from no global state.
     pub broken: Option<Mutant>,
 }

@@ -402,6 +402,7 @@ impl Daemon {
                 retry: Default::default(),
                 idle_poll: self.config.worker_idle_poll,
                 stop_grace_default: self.config.recovery.stop_grace_default,
+                broken: None,
             },
             self.locks.clone(),
         )
@@ -481,71 +482,4 @@ pub fn os_seed() -> u64 {
     std::collections::hash_map::RandomState::new()
         .build_hasher()
         .finish()
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::ports::NewInstance;
-    use crate::store::memory::MemoryStore;
-
-    const CATALOG: &str = r#"
-[types.web]
-version = "1"
-
-[[types.web.services]]
-name = "http"
-image = "stead-test/busybox:1"
-ports = [8080]
-"#;
-
-    async fn policy_with(service_type: &str) -> CatalogPolicy {
-        let store = Arc::new(MemoryStore::new());
-        let new = NewInstance {
-            name: InstanceName::new("blog"),
-            team: "t".into(),
-            service_type: service_type.into(),
-            version: "1".into(),
-            expires_at: None,
-            maintenance_window: None,
-        };
-        store
-            .create_instance(&new, "2026-11-30T00:00:00Z".parse().unwrap())
-            .await
-            .unwrap();
-        let catalog = Catalog::from_toml(CATALOG, "catalog.toml").unwrap();
-        CatalogPolicy::new(Arc::new(catalog), store)
-    }
-
-    #[tokio::test]
-    async fn a_service_in_the_catalog_is_granted() {
-        let policy = policy_with("web").await;
-        let blog = InstanceName::new("blog");
-        assert_eq!(policy.check(&blog, &ServiceName::new("http")).await, Ok(()));
-    }
-
-    #[tokio::test]
-    async fn a_service_removed_from_the_catalog_is_revoked() {
-        let policy = policy_with("web").await;
-        let blog = InstanceName::new("blog");
-        let error = policy
-            .check(&blog, &ServiceName::new("worker"))
-            .await
-            .unwrap_err();
-        assert!(
-            error.contains("service worker") && error.contains("revoked"),
-            "{error}"
-        );
-        let policy = policy_with("gone").await;
-        let error = policy
-            .check(&blog, &ServiceName::new("http"))
-            .await
-            .unwrap_err();
-        assert!(error.contains("\"gone\" is not in the catalog"), "{error}");
-        let missing = policy
-            .check(&InstanceName::new("nope"), &ServiceName::new("http"))
-            .await
-            .unwrap_err();
-        assert!(missing.contains("no such instance"), "{missing}");
-    }
 }

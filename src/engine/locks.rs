@@ -21,7 +21,6 @@ use tokio::time::Instant;
 
 use crate::core::fleet::InstanceId;
 use crate::core::policy::trust_margin;
-use crate::mutants::{self, Mutant};
 use crate::ports::{Store, StoreError};
 
 /// Pause between tries of a waiting [`InstanceLocks::lock`].
@@ -85,13 +84,10 @@ impl InstanceLocks {
             return Ok(None);
         };
         let sent = Instant::now();
-        let locked = if mutants::active(Mutant::SkipInstanceLockRow) {
-            vec![instance]
-        } else {
-            self.store
-                .try_lock_instances(&[instance], holder, ttl)
-                .await?
-        };
+        let locked = self
+            .store
+            .try_lock_instances(&[instance], holder, ttl)
+            .await?;
         Ok(locked.contains(&instance).then(|| InstanceGuard {
             _local: local,
             store: self.store.clone(),

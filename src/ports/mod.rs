@@ -1,7 +1,8 @@
 //! Ports: the traits through which the engine touches the world.
 //!
-//! Each port has an in-memory implementation (`ports::memory`, used by unit
-//! tests and the simulation) and a real adapter behind the `io` feature.
+//! Each port has an in-memory implementation in the `stead-testkit` crate
+//! (`testkit/`, used by the tests and the simulation, never shipped) and a
+//! real adapter behind the `io` feature.
 //! Adapters are thin: they translate, they add no policy.
 
 use std::collections::BTreeMap;
@@ -152,8 +153,6 @@ pub struct Route {
 }
 
 pub use crate::core::types::ServiceKey;
-
-pub mod memory;
 
 /// A route as the traffic plane holds it, read back (T5).
 #[derive(Clone, Debug, PartialEq, Eq)]

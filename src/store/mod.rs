@@ -1,8 +1,9 @@
 //! Durable state and the task queue: implementations of the [`Store`] port.
 //!
-//! - [`memory::MemoryStore`] is the model: deterministic, std-only, used by
-//!   unit tests and the madsim simulation, and the reference the SQL stores
-//!   are differentially tested against (`tests/store_differential.rs`).
+//! - `stead_testkit::store::MemoryStore` (`testkit/`, never shipped) is the
+//!   model: deterministic, std-only, used by the tests and the madsim
+//!   simulation, and the reference the SQL stores are differentially tested
+//!   against (`tests/store_differential.rs`).
 //! - `sql` (feature `io`, never under madsim) holds [`sql::SqliteStore`] (the
 //!   embedded default) and [`sql::PostgresStore`] (production, many hosts).
 //!
@@ -17,7 +18,6 @@ use crate::core::fleet::{InstanceId, InstanceState};
 use crate::core::types::{InstanceName, Timestamp};
 use crate::ports::{LeaseGrant, StoreError};
 
-pub mod memory;
 #[cfg(all(feature = "io", not(madsim)))]
 pub mod sql;
 
@@ -190,8 +190,7 @@ impl ReconcilerLeaseRow {
         let restarted = self
             .holder
             .as_deref()
-            .is_some_and(|current| identity_of(current) == identity_of(holder))
-            && !crate::mutants::active(crate::mutants::Mutant::StrangerAfterRestart);
+            .is_some_and(|current| identity_of(current) == identity_of(holder));
         let vacant = self.holder.is_none() || self.expires_at_us.is_none_or(|e| e <= now_us);
         (vacant || restarted).then(|| ReconcilerLeaseRow {
             holder: Some(holder.to_owned()),

@@ -17,8 +17,8 @@ use std::sync::{Arc, OnceLock};
 
 use sqlx::Connection;
 use stead::ports::Store;
-use stead::store::memory::MemoryStore;
 use stead::store::sql::{PostgresStore, SqliteStore};
+use stead_testkit::store::MemoryStore;
 
 /// One store under test, plus what a test needs to reach behind it.
 pub struct TestStore {

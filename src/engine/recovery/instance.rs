@@ -5,12 +5,12 @@
 
 use tokio::time::Instant;
 
+use crate::core::broken::Mutant;
 use crate::core::fleet::{add, Instance};
 use crate::core::pass::{Abandon, InstancePass, PassInput};
 use crate::core::policy::INSTANCE_LEASE_SLACK;
 use crate::core::traffic::{routes_of, HeldRoutes};
 use crate::core::types::{ActiveRecord, Inhibition, InstanceName};
-use crate::mutants::{self, Mutant};
 use crate::ports::{LeaseGrant, StoreError};
 
 use super::log::{log_hold, record_metrics, StepLog};
@@ -114,7 +114,7 @@ impl Recoverer {
         while let Some(command) = pass.poll_command() {
             // Checked with no await before the effect is issued: a process
             // paused past its lease stops here instead of acting (T2).
-            let careless = mutants::active(Mutant::ActOnExpiredLease);
+            let careless = self.policy.broken == Some(Mutant::ActOnExpiredLease);
             if command.is_outside_effect() && !self.may_act(mandate) && !careless {
                 pass.abandon(Abandon::MandateLost);
                 break;

@@ -2,9 +2,9 @@
 //! the task lease), the instance re-read under it, and a task for a
 //! deleting or deleted instance refused (T4).
 
+use crate::core::broken::Mutant;
 use crate::core::fleet::{Task, TaskKind};
 use crate::core::policy::WORKER_LOCK_SLACK;
-use crate::mutants::{self, Mutant};
 
 use super::Worker;
 
@@ -58,7 +58,8 @@ impl Worker {
             .await
             .map_err(|e| e.to_string())?
             .ok_or_else(|| format!("instance {} does not exist", task.instance))?;
-        if !task.kind.applies_to(instance.state) && !mutants::active(Mutant::ReviveDeletedInstance)
+        if !task.kind.applies_to(instance.state)
+            && self.config.broken != Some(Mutant::ReviveDeletedInstance)
         {
             tracing::info!(
                 instance = %instance.name,

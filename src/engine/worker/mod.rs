@@ -9,9 +9,9 @@ use std::time::Duration;
 use tokio::sync::watch;
 use tokio::time::Instant;
 
+use crate::core::broken::Mutant;
 use crate::core::fleet::{RetryDecision, Task, TaskRetryPolicy};
 use crate::core::policy::trust_margin;
-use crate::mutants::{self, Mutant};
 
 mod end;
 mod handle;
@@ -37,6 +37,10 @@ pub struct WorkerConfig {
     /// Stop grace of a deprovisioned container that names none of its own
     /// (the recovery policy's `stop_grace_default`).
     pub stop_grace_default: Duration,
+    /// A rule deliberately broken, armed as data by the simulation's
+    /// mutation exercise (`stead_testkit::mutants`, `docs/simulation.md`);
+    /// always `None` in the daemon.
+    pub broken: Option<Mutant>,
 }
 
 pub struct Worker {
@@ -81,7 +85,7 @@ impl Worker {
                 .is_some_and(|until| now < until)
         };
         let trusted = trusted(&self.trusted_until) && trusted(&self.lock_trusted_until);
-        if trusted || mutants::active(Mutant::ActOnExpiredLease) {
+        if trusted || self.config.broken == Some(Mutant::ActOnExpiredLease) {
             Ok(())
         } else {
             Err("the task lease is no longer trusted; stopping before acting".to_owned())

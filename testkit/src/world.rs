@@ -8,12 +8,12 @@ use std::time::Duration;
 
 use jiff::Timestamp;
 
-use super::fleet::add;
-use super::memory::RecoveryMemory;
-use super::pass::{InstanceAnswer, InstanceCommand, InstancePass, PassInput};
-use super::policy::RecoveryPolicy;
-use super::recovery::{Command, Outcome, Report};
-use super::types::{
+use stead::core::fleet::add;
+use stead::core::memory::RecoveryMemory;
+use stead::core::pass::{InstanceAnswer, InstanceCommand, InstancePass, PassInput};
+use stead::core::policy::RecoveryPolicy;
+use stead::core::recovery::{Command, Outcome, Report};
+use stead::core::types::{
     ActiveRecord, ActiveService, Binds, ContainerId, ContainerStatus, Health, Inhibition,
     InhibitionReason, InstanceName, Intent, Observation, RuntimeError, ServiceKey, ServiceName,
 };

@@ -2,8 +2,8 @@
 //! safety properties (DESIGN.md R1, R4–R14 and S1–S7) after every step.
 //!
 //! Shared, without duplication, by the cargo-fuzz target `recovery_machine`
-//! (through `fuzz/src/lib.rs`) and by `tests/recovery_properties.rs`
-//! (through `#[path]`). Inputs are plain numbers so that proptest strategies
+//! (re-exported by `fuzz/src/lib.rs`) and by `tests/recovery_properties.rs`
+//! (as `stead_testkit::…`). Inputs are plain numbers so that proptest strategies
 //! and `arbitrary` can both produce them; every number maps onto a valid
 //! input, so nothing is rejected.
 

@@ -16,23 +16,33 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 
-use super::{
-    fenced, lease_cutoff_us, lease_to_us, name_held_by_task, name_taken, normalize_duration,
-    normalize_execution_start, normalize_timestamp, timestamp_to_us, ReconcilerLeaseRow,
-};
-use crate::core::fleet::{
+use crate::mutants::{self, Mutant};
+use crate::ports::{Effect, Observer};
+use stead::core::fleet::{
     Instance, InstanceId, InstanceState, NewTask, RolloutState, Task, TaskId, TaskState,
     CANCELLED_BY_DELETION,
 };
-use crate::core::types::{
+use stead::core::types::{
     ActiveRecord, ActiveService, Binds, ContainerId, Inhibition, InhibitionReason, InstanceName,
     ServiceKey, ServiceName, Timestamp,
 };
-use crate::engine::SystemClock;
-use crate::mutants::{self, Mutant};
-use crate::ports::memory::{Effect, Observer};
-use crate::ports::Clock;
-use crate::ports::{Expired, LeaseGrant, NewInstance, RolloutRecord, Rows, Store, StoreError};
+use stead::engine::SystemClock;
+use stead::ports::Clock;
+use stead::ports::{Expired, LeaseGrant, NewInstance, RolloutRecord, Rows, Store, StoreError};
+use stead::store::{
+    fenced, identity_of, lease_cutoff_us, lease_to_us, name_held_by_task, name_taken,
+    normalize_duration, normalize_execution_start, normalize_timestamp, timestamp_to_us,
+    ReconcilerLeaseRow,
+};
+
+/// Whether `holder` is a new incarnation of the identity that holds the
+/// unexpired lease `row` (the case T1 lets take it back at once).
+fn held_by_own_past(row: &ReconcilerLeaseRow, holder: &str, now_us: i64) -> bool {
+    let unexpired = row.expires_at_us.is_some_and(|e| now_us < e);
+    row.holder.as_deref().is_some_and(|current| {
+        current != holder && identity_of(current) == identity_of(holder) && unexpired
+    })
+}
 
 /// An in-memory [`Store`]. Cheap to create; share it behind an `Arc`.
 pub struct MemoryStore {
@@ -150,7 +160,7 @@ impl MemoryStore {
         let (holder, expires_us) = state.instance_locks.get(&id)?;
         Some((
             holder.clone(),
-            crate::store::timestamp_from_us(*expires_us)?,
+            stead::store::timestamp_from_us(*expires_us)?,
         ))
     }
 
@@ -884,10 +894,14 @@ impl Store for MemoryStore {
         ttl: Duration,
     ) -> Result<Option<LeaseGrant>, StoreError> {
         let mut state = self.call()?;
-        let Some(next) = state
-            .lease_row()
-            .acquire(holder, self.now_us(), lease_to_us(ttl))
-        else {
+        let now_us = self.now_us();
+        let row = state.lease_row();
+        if mutants::active(Mutant::StrangerAfterRestart) && held_by_own_past(&row, holder, now_us) {
+            // Broken on purpose: the restarted daemon waits out its own
+            // lease like a stranger would.
+            return Ok(None);
+        }
+        let Some(next) = row.acquire(holder, now_us, lease_to_us(ttl)) else {
             return Ok(None);
         };
         let grant = next.grant();
@@ -907,6 +921,13 @@ impl Store for MemoryStore {
         holder: &str,
         ttl: Duration,
     ) -> Result<Vec<InstanceId>, StoreError> {
+        if mutants::active(Mutant::SkipInstanceLockRow) {
+            // Broken on purpose: every taker is told it holds the lock, and
+            // no row is written, as if processes took only their own
+            // in-process lock.
+            drop(self.call()?);
+            return Ok(instances.to_vec());
+        }
         let mut state = self.call()?;
         let now_us = self.now_us();
         let expires_at_us = now_us.saturating_add(lease_to_us(ttl));
@@ -1032,7 +1053,7 @@ mod tests {
             .await
             .unwrap();
         let task = NewTask {
-            kind: crate::core::fleet::TaskKind::Provision,
+            kind: stead::core::fleet::TaskKind::Provision,
             instance: instance.id,
             run_after: now,
             reason: "r".into(),

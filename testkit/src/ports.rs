@@ -15,15 +15,15 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 
-use crate::core::names;
-use crate::core::spec::ReadinessProbe;
-use crate::core::types::{
+use crate::mutants::{self, Mutant};
+use stead::core::names;
+use stead::core::spec::ReadinessProbe;
+use stead::core::types::{
     Binds, ContainerId, ContainerStatus, GenerationKey, Health, InstanceName, Observation,
     RuntimeError, ServiceName, Timestamp,
 };
-use crate::mutants::{self, Mutant};
 
-use super::{
+use stead::ports::{
     Clock, CreateContainer, EventSubscription, HeldRoute, ManagedContainer, Notifier, PlaneCheck,
     Policy, Probe, ProvisionError, Provisioner, Release, Route, Runtime, RuntimeEvent,
     RuntimeEventAction, RuntimeEvents, ServiceKey, Traffic, TrafficError,
@@ -171,7 +171,7 @@ pub enum Effect {
     /// An instance moved along its lifecycle.
     InstanceState {
         instance: InstanceName,
-        state: crate::core::fleet::InstanceState,
+        state: stead::core::fleet::InstanceState,
     },
     Installed {
         release: String,
@@ -304,7 +304,7 @@ impl ManualClock {
 
     pub fn advance(&self, d: Duration) {
         let mut now = self.now.lock().expect("clock poisoned");
-        *now = crate::core::fleet::add(*now, d);
+        *now = stead::core::fleet::add(*now, d);
     }
 }
 
@@ -457,7 +457,7 @@ impl MemoryRuntime {
         let mut n = self.executions.lock().expect("poisoned");
         *n += 1;
         let n = *n as u64;
-        crate::core::fleet::add(
+        stead::core::fleet::add(
             self.clock.now(),
             Duration::from_nanos((n % 1_000_000) * 1_000 + 1 + n % 997),
         )

@@ -2,9 +2,9 @@
 //! DESIGN.md R10 and R14 alone (it never calls `Budget`), and a checker that
 //! runs a sequence of operations against both and demands they agree.
 //!
-//! Shared, without duplication, by the cargo-fuzz target `budget` (through
-//! `fuzz/src/lib.rs`) and by `tests/recovery_properties.rs` (through
-//! `#[path]`), so it depends on nothing but `stead` and std.
+//! Shared, without duplication, by the cargo-fuzz target `budget`
+//! (re-exported by `fuzz/src/lib.rs`) and by `tests/recovery_properties.rs`;
+//! it depends on nothing but `stead` and std.
 
 use std::time::Duration;
 

@@ -2,8 +2,8 @@
 //! (DESIGN.md C5–C8) over them.
 //!
 //! Shared, without duplication, by the cargo-fuzz target `planners`
-//! (through `fuzz/src/lib.rs`) and by the property tests of
-//! `tests/control_plan.rs` (through `#[path]`). Seeds are plain numbers so
+//! (re-exported by `fuzz/src/lib.rs`) and by the property tests of
+//! `tests/control_plan.rs` (as `stead_testkit::…`). Seeds are plain numbers so
 //! that proptest strategies and `arbitrary` can both produce them; every
 //! number maps onto a valid world by taking it modulo a small domain (a few
 //! teams, service types, versions and window specs, times near `now`), so

@@ -16,7 +16,7 @@
 //!   service that was behind.
 //!
 //! Shared by the cargo-fuzz target `upgrade` and by
-//! `tests/upgrade_properties.rs` (through `#[path]`).
+//! `tests/upgrade_properties.rs` (as `stead_testkit::…`).
 
 use std::collections::BTreeMap;
 use std::time::Duration;

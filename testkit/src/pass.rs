@@ -13,7 +13,7 @@
 //! - the pass ends, within a bound, and abandoning it ends it at once.
 //!
 //! Shared by the cargo-fuzz target `instance_pass` and by
-//! `tests/pass_properties.rs` (through `#[path]`), like `machine.rs`.
+//! `tests/pass_properties.rs` (as `stead_testkit::…`), like `machine.rs`.
 
 use std::collections::BTreeMap;
 

@@ -1,0 +1,197 @@
+//! The operator commands of `src/ops.rs` over the in-memory store: what
+//! they enqueue, what they refuse, and how they share the instance lock
+//! (T3). The same commands against the real CLI and SQLite are in
+//! `tests/cli.rs`.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use stead::core::catalog::Catalog;
+use stead::core::types::Timestamp;
+use stead::ops::*;
+use stead::ports::Store;
+use stead_testkit::store::MemoryStore;
+
+fn catalog() -> Catalog {
+    Catalog::from_toml(
+        "[types.web]\nversion = \"1\"\n[[types.web.services]]\nname = \"http\"\nimage = \"i\"\n",
+        "catalog.toml",
+    )
+    .unwrap()
+}
+
+fn request(name: &str) -> CreateRequest {
+    CreateRequest {
+        name: name.into(),
+        service_type: "web".into(),
+        team: "t".into(),
+        version: None,
+        ttl: None,
+        maintenance_window: None,
+        exists_ok: false,
+    }
+}
+
+fn at() -> Timestamp {
+    "2026-11-30T00:00:00Z".parse().unwrap()
+}
+
+#[tokio::test]
+async fn operator_tasks_carry_a_fresh_traceparent() {
+    let store = MemoryStore::new();
+    let ops = Ops::new(&store, Arc::new(catalog()), at(), 7);
+    for name in ["blog", "wiki"] {
+        ops.create(&request(name)).await.unwrap();
+    }
+    ops.delete("blog").await.unwrap();
+    let tasks = store.all_tasks();
+    assert_eq!(tasks.len(), 3);
+    let mut seen = std::collections::BTreeSet::new();
+    for task in &tasks {
+        let tp = task.traceparent.as_deref().expect("a traceparent");
+        let parts: Vec<&str> = tp.split('-').collect();
+        assert_eq!(parts.len(), 4, "{tp}");
+        assert_eq!((parts[0], parts[3]), ("00", "01"), "{tp}");
+        assert_eq!((parts[1].len(), parts[2].len()), (32, 16), "{tp}");
+        assert!(seen.insert(parts[1].to_owned()), "one trace per command");
+    }
+}
+
+#[tokio::test]
+async fn a_version_the_catalog_does_not_have_is_refused_naming_both() {
+    let store = MemoryStore::new();
+    let ops = Ops::new(&store, Arc::new(catalog()), at(), 7);
+    let error = ops
+        .create(&CreateRequest {
+            version: Some("99".into()),
+            ..request("blog")
+        })
+        .await
+        .unwrap_err();
+    assert!(
+        error.contains("\"99\"") && error.contains("\"1\""),
+        "{error}"
+    );
+    let ok = ops
+        .create(&CreateRequest {
+            version: Some("1".into()),
+            ..request("blog")
+        })
+        .await
+        .unwrap();
+    assert_eq!(ok.instance.version, "1");
+}
+
+#[tokio::test]
+async fn an_existing_name_is_an_error_unless_exists_ok_and_the_same_type() {
+    let store = MemoryStore::new();
+    let ops = Ops::new(&store, Arc::new(catalog()), at(), 7);
+    let first = ops.create(&request("blog")).await.unwrap();
+    assert!(first.task.is_some());
+    let error = ops.create(&request("blog")).await.unwrap_err();
+    assert!(
+        error.contains("already exists") && error.contains("--exists-ok"),
+        "{error}"
+    );
+    let again = ops
+        .create(&CreateRequest {
+            exists_ok: true,
+            ..request("blog")
+        })
+        .await
+        .unwrap();
+    assert_eq!((again.instance.id, again.task), (first.instance.id, None));
+    assert_eq!(store.all_tasks().len(), 1, "no second provision");
+}
+
+#[tokio::test]
+async fn a_zero_ttl_is_refused() {
+    let store = MemoryStore::new();
+    let ops = Ops::new(&store, Arc::new(catalog()), at(), 7);
+    let error = ops
+        .create(&CreateRequest {
+            ttl: Some(Duration::ZERO),
+            ..request("blog")
+        })
+        .await
+        .unwrap_err();
+    assert!(error.starts_with("ttl 0 s"), "{error}");
+}
+
+#[tokio::test]
+async fn deleting_says_what_it_cancelled_and_is_idempotent() {
+    let store = MemoryStore::new();
+    let ops = Ops::new(&store, Arc::new(catalog()), at(), 7);
+    let created = ops.create(&request("blog")).await.unwrap();
+    let Deletion::Started { cancelled, .. } = ops.delete("blog").await.unwrap() else {
+        panic!("deletion did not start");
+    };
+    assert_eq!(cancelled, vec![created.task.unwrap()], "the provision");
+    assert_eq!(ops.delete("blog").await.unwrap(), Deletion::AlreadyDeleting);
+    let error = ops.create(&request("blog")).await.unwrap_err();
+    assert!(error.contains("being deleted"), "{error}");
+}
+
+/// T3: a command waits for a pass or task holding the instance, then
+/// acts on the instance as it is under the lock, and releases it.
+#[tokio::test(start_paused = true)]
+async fn a_command_waits_for_the_instance_lock_and_releases_it() {
+    let store = Arc::new(MemoryStore::new());
+    let ops = Ops::new(store.as_ref(), Arc::new(catalog()), at(), 7);
+    let created = ops.create(&request("blog")).await.unwrap();
+    let id = created.instance.id;
+    let worker = "worker#1";
+    assert_eq!(
+        store
+            .try_lock_instances(&[id], worker, Duration::from_secs(600))
+            .await
+            .unwrap(),
+        vec![id]
+    );
+    let releaser = {
+        let store = store.clone();
+        tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_secs(5)).await;
+            store.unlock_instances(&[id], worker).await.unwrap();
+        })
+    };
+    let began = tokio::time::Instant::now();
+    assert!(ops.set_stopped("blog", true).await.unwrap());
+    assert!(began.elapsed() >= Duration::from_secs(5), "did not wait");
+    releaser.await.unwrap();
+    // Released: a worker takes it at once.
+    assert_eq!(
+        store
+            .try_lock_instances(&[id], worker, Duration::from_secs(600))
+            .await
+            .unwrap(),
+        vec![id]
+    );
+}
+
+/// T3: a command that cannot get the lock in time changes nothing and
+/// says what to do.
+#[tokio::test(start_paused = true)]
+async fn a_command_on_a_busy_instance_changes_nothing_and_says_so() {
+    let store = MemoryStore::new();
+    let ops = Ops::new(&store, Arc::new(catalog()), at(), 7);
+    let created = ops.create(&request("blog")).await.unwrap();
+    let id = created.instance.id;
+    store
+        .try_lock_instances(&[id], "worker#1", Duration::from_secs(3600))
+        .await
+        .unwrap();
+    let error = ops.delete("blog").await.unwrap_err();
+    assert!(error.contains("blog is busy"), "{error}");
+    assert!(error.contains("nothing was changed"), "{error}");
+    let error = ops.set_stopped("blog", true).await.unwrap_err();
+    assert!(error.contains("busy"), "{error}");
+    let instance = ops.find("blog").await.unwrap();
+    assert_eq!(instance.state, created.instance.state);
+    assert!(!instance.stopped);
+    assert_eq!(
+        store.all_tasks().len(),
+        1,
+        "the provision only, nothing cancelled"
+    );
+}

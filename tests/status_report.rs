@@ -1,0 +1,109 @@
+//! `stead status` over the in-memory store and runtime: what it says about
+//! pending upgrades and halted rollouts.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use stead::core::catalog::Catalog;
+use stead::core::fleet::{InstanceState, NewTask, RolloutState, TaskKind};
+use stead::core::types::{InstanceName, Timestamp};
+use stead::daemon::status::{render_status, status, StatusSources};
+use stead::ports::{NewInstance, Store};
+use stead_testkit::ports::{Hooks, ManualClock, MemoryRuntime};
+use stead_testkit::store::MemoryStore;
+
+#[tokio::test]
+async fn pending_upgrades_say_where_they_are_and_halted_rollouts_why() {
+    let now: Timestamp = "2026-11-30T00:00:00Z".parse().unwrap();
+    let store = MemoryStore::new();
+    let catalog = Catalog::from_toml(
+        "[types.web]\nversion = \"2\"\n[[types.web.services]]\nname = \"http\"\nimage = \"i\"\n\
+         [types.db]\nversion = \"7\"\n[[types.db.services]]\nname = \"pg\"\nimage = \"i\"\n",
+        "catalog.toml",
+    )
+    .unwrap();
+    let mut ids = BTreeMap::new();
+    for (name, service_type, version) in [("a", "web", "1"), ("b", "web", "1"), ("c", "db", "6")] {
+        let new = NewInstance {
+            name: InstanceName::new(name),
+            team: "t".into(),
+            service_type: service_type.into(),
+            version: version.into(),
+            expires_at: None,
+            maintenance_window: None,
+        };
+        let i = store.create_instance(&new, now).await.unwrap();
+        assert!(store
+            .set_instance_state(i.id, InstanceState::Provisioning, InstanceState::Ready, now)
+            .await
+            .unwrap());
+        ids.insert(name, i.id);
+    }
+    let parked = NewTask {
+        kind: TaskKind::Upgrade,
+        instance: ids["a"],
+        run_after: stead::core::fleet::add(now, std::time::Duration::from_secs(3 * 3600)),
+        reason: "version drift: 1 -> 2".into(),
+        traceparent: None,
+    };
+    let task = store.enqueue(&parked, now, None).await.unwrap().unwrap();
+    store
+        .set_rollout("db", RolloutState::Halted, "upgrade of z failed", now, None)
+        .await
+        .unwrap();
+    let runtime = MemoryRuntime::new(Arc::new(ManualClock::new(now)), Hooks::default());
+    let status = status(StatusSources {
+        store: &store,
+        runtime: &runtime,
+        catalog: &catalog,
+        memory: None,
+        caddy_admin: None,
+        database: "sqlite://x".into(),
+        now,
+    })
+    .await;
+    let progress = |service_type: &str| -> Vec<(String, String)> {
+        status
+            .catalog
+            .iter()
+            .find(|t| t.service_type == service_type)
+            .unwrap()
+            .pending
+            .iter()
+            .map(|p| (p.instance.clone(), p.progress.clone()))
+            .collect()
+    };
+    assert_eq!(
+        progress("web"),
+        vec![
+            (
+                "a".to_owned(),
+                format!("queued (task {task}), due in 3 h (maintenance window)")
+            ),
+            (
+                "b".to_owned(),
+                "planned at the next tick (at most max_in_flight at a time)".to_owned()
+            ),
+        ]
+    );
+    let db = status
+        .catalog
+        .iter()
+        .find(|t| t.service_type == "db")
+        .unwrap();
+    assert_eq!(db.rollout, "halted: upgrade of z failed");
+    assert_eq!(
+        progress("db"),
+        vec![(
+            "c".to_owned(),
+            "not planned: rollout halted: upgrade of z failed".to_owned()
+        )]
+    );
+    assert_eq!(
+        status.halted_rollouts,
+        vec!["db: upgrade of z failed".to_owned()]
+    );
+    let text = render_status(&status);
+    assert!(text.contains("upgrade a 1 -> 2: queued"), "{text}");
+    assert!(text.contains("db    7"), "{text}");
+}

@@ -9,7 +9,7 @@ use stead::adapters::caddy::{etag, CaddyConfig, CaddyTraffic, ServerCheck};
 use stead::adapters::probe::NetProbe;
 use stead::core::spec::ReadinessProbe;
 use stead::core::types::{Binds, ContainerId, ServiceKey};
-use stead::ports::{Probe, Route, Runtime, Traffic};
+use stead::ports::{ErrorKind, PortFailure, Probe, Route, Runtime, Traffic, TrafficError};
 use support_services::caddy::CaddyProcess;
 use support_services::docker::{create_request, docker, httpd_spec, runtime, Cleanup, HTTP_PORT};
 use support_services::{free_port, unique};
@@ -449,7 +449,8 @@ async fn caddy_refusals_are_errors_with_status_and_body() {
         .await
         .expect_err("publishing onto a server Caddy refuses fails");
     // Caddy refuses with a 4xx or 5xx and says why; both reach the error.
-    let message = &error.0;
+    assert!(matches!(error, TrafficError::Rejected(_)), "{error:?}");
+    let message = error.to_string();
     assert!(message.contains("caddy PUT /config/apps: "), "{message}");
     assert!(
         message.contains("\"error\""),
@@ -461,7 +462,11 @@ async fn caddy_refusals_are_errors_with_status_and_body() {
         ..route(key("shop", "web"), 1)
     };
     let error = traffic.publish(&empty).await.expect_err("no binds");
-    assert!(error.0.contains("stead.shop.web has no binds"), "{error}");
+    assert!(matches!(error, TrafficError::Rejected(_)), "{error:?}");
+    assert!(
+        error.to_string().contains("stead.shop.web has no binds"),
+        "{error}"
+    );
 }
 
 #[tokio::test]
@@ -476,7 +481,9 @@ async fn an_unreachable_admin_api_is_an_error() {
         .withdraw(&key("shop", "web"))
         .await
         .expect_err("unreachable");
-    assert!(error.0.contains("did not answer"), "{error}");
+    assert!(matches!(error, TrafficError::Unreachable(_)), "{error:?}");
+    assert_eq!(error.kind(), ErrorKind::Unavailable);
+    assert!(error.to_string().contains("did not answer"), "{error}");
 }
 
 #[tokio::test]

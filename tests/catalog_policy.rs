@@ -6,7 +6,7 @@ use std::sync::Arc;
 use stead::core::catalog::Catalog;
 use stead::core::types::{InstanceName, ServiceName};
 use stead::daemon::CatalogPolicy;
-use stead::ports::{NewInstance, Policy, Store};
+use stead::ports::{ErrorKind, NewInstance, Policy, PolicyError, PortFailure, Store};
 use stead_testkit::store::MemoryStore;
 
 const CATALOG: &str = r#"
@@ -48,23 +48,43 @@ async fn a_service_in_the_catalog_is_granted() {
 async fn a_service_removed_from_the_catalog_is_revoked() {
     let policy = policy_with("web").await;
     let blog = InstanceName::new("blog");
+    let revoked = |error: &PolicyError, says: &str| {
+        assert!(
+            matches!(error, PolicyError::Revoked(_)) && error.to_string().contains(says),
+            "expected a revocation saying {says:?}, got {error:?}"
+        );
+    };
     let error = policy
         .check(&blog, &ServiceName::new("worker"))
         .await
         .unwrap_err();
-    assert!(
-        error.contains("service worker") && error.contains("revoked"),
-        "{error}"
+    revoked(
+        &error,
+        "service worker is not in the catalog's \"web\"; its grant was revoked",
     );
     let policy = policy_with("gone").await;
     let error = policy
         .check(&blog, &ServiceName::new("http"))
         .await
         .unwrap_err();
-    assert!(error.contains("\"gone\" is not in the catalog"), "{error}");
+    revoked(&error, "\"gone\" is not in the catalog");
     let missing = policy
         .check(&InstanceName::new("nope"), &ServiceName::new("http"))
         .await
         .unwrap_err();
-    assert!(missing.contains("no such instance"), "{missing}");
+    revoked(&missing, "no such instance");
+}
+
+#[tokio::test]
+async fn grants_that_cannot_be_read_are_unavailable_not_revoked() {
+    let store = Arc::new(MemoryStore::new());
+    store.set_unavailable(true);
+    let catalog = Catalog::from_toml(CATALOG, "catalog.toml").unwrap();
+    let policy = CatalogPolicy::new(Arc::new(catalog), store);
+    let error = policy
+        .check(&InstanceName::new("blog"), &ServiceName::new("http"))
+        .await
+        .unwrap_err();
+    assert!(matches!(error, PolicyError::Unavailable(_)), "{error:?}");
+    assert_eq!(error.kind(), ErrorKind::Unavailable);
 }

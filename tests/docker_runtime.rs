@@ -296,7 +296,7 @@ async fn remove_refuses_a_container_stead_does_not_own() {
     let refused = runtime
         .remove(&generation(&name, "web", &ContainerId::new(id.clone())))
         .await;
-    let Err(RuntimeError::Transient(message)) = refused else {
+    let Err(RuntimeError::Refused(message)) = refused else {
         panic!("removing a foreign container must fail, got {refused:?}");
     };
     assert!(message.contains(LABEL_MANAGED), "{message}");
@@ -330,7 +330,7 @@ async fn stop_and_remove_refuse_a_container_of_another_generation() {
         let stopped = runtime.stop(&key, GRACE).await;
         let removed = runtime.remove(&key).await;
         for (operation, result) in [("stop", stopped), ("remove", removed)] {
-            let Err(RuntimeError::Transient(message)) = result else {
+            let Err(RuntimeError::Refused(message)) = result else {
                 panic!("{operation} with {key:?} must be refused, got {result:?}");
             };
             assert!(

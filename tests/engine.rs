@@ -10,13 +10,15 @@ use std::time::Duration;
 
 use stead::core::catalog::Catalog;
 use stead::core::fleet::{InstanceState, NewTask, RolloutState, TaskKind, TaskRetryPolicy};
+use stead::core::pass::PassError;
 use stead::core::plan::ControlConfig;
 use stead::core::policy::{reconciler_lease_ttl, RecoveryPolicy, LEASE_MARGIN};
+use stead::core::recovery::RecoveryError;
 use stead::core::types::{
     ContainerId, InhibitionReason, InstanceName, ServiceKey, ServiceName, Timestamp,
 };
 use stead::engine::lease::LeaseGuard;
-use stead::engine::recovery::{InstanceLocks, Recoverer};
+use stead::engine::recovery::{InstanceLocks, RecoverError, Recoverer};
 use stead::engine::tick::{Check, Reconciler};
 use stead::engine::worker::{TaskEnd, Worker, WorkerConfig};
 use stead::engine::Ports;
@@ -618,7 +620,13 @@ async fn a_hung_runtime_call_times_out_and_the_next_instance_is_still_recovered(
     let outcome = f.recoverer().pass().await;
     let a = &outcome.instances[&InstanceName::new("a-hangs")];
     assert!(
-        a.errors.iter().any(|e| e.contains("deadline")),
+        a.errors.iter().any(|e| matches!(
+            e,
+            RecoverError::Pass(PassError::Service {
+                source: RecoveryError::DeadlineExceeded,
+                ..
+            })
+        )),
         "{:?}",
         a.errors
     );
@@ -817,7 +825,7 @@ async fn the_memory_runtime_refuses_to_stop_or_remove_another_generation() {
         let removed = f.runtime.remove(&wrong).await;
         for result in [stopped, removed] {
             assert!(
-                matches!(&result, Err(RuntimeError::Transient(m)) if m.contains("belongs to a-api/web")),
+                matches!(&result, Err(RuntimeError::Refused(m)) if m.contains("belongs to a-api/web")),
                 "{result:?}"
             );
         }

@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use stead::adapters::helm::{HelmConfig, HelmProvisioner};
-use stead::ports::{Provisioner, Release};
+use stead::ports::{ErrorKind, PortFailure, Provisioner, Release};
 
 struct FakeHelm {
     dir: tempfile::TempDir,
@@ -151,7 +151,11 @@ async fn a_hung_helm_is_killed_at_the_call_timeout() {
         began.elapsed() < Duration::from_secs(5),
         "killed, not waited for"
     );
-    assert!(error.0.contains("killed after the call timeout"), "{error}");
+    assert_eq!(error.kind(), ErrorKind::Unavailable, "{error:?}");
+    assert!(
+        error.to_string().contains("killed after the call timeout"),
+        "{error}"
+    );
     assert_eq!(fake.calls().len(), 1, "the process did start");
 }
 
@@ -163,9 +167,10 @@ async fn malformed_list_output_is_a_clear_error() {
         .list_releases()
         .await
         .unwrap_err();
-    assert!(error.0.contains("helm list -o json"), "{error}");
+    assert_eq!(error.kind(), ErrorKind::Failed, "{error:?}");
+    assert!(error.to_string().contains("helm list -o json"), "{error}");
     assert!(
-        error.0.contains("this is not json"),
+        error.to_string().contains("this is not json"),
         "the output is quoted: {error}"
     );
 }
@@ -179,8 +184,9 @@ async fn a_failing_helm_reports_its_exit_and_stderr() {
         helm.uninstall("shop").await.unwrap_err(),
         helm.list_releases().await.unwrap_err(),
     ] {
-        assert!(error.0.contains("exit status: 1"), "{error}");
-        assert!(error.0.contains("cluster unreachable"), "{error}");
+        assert_eq!(error.kind(), ErrorKind::Failed, "{error:?}");
+        assert!(error.to_string().contains("exit status: 1"), "{error}");
+        assert!(error.to_string().contains("cluster unreachable"), "{error}");
     }
 }
 
@@ -192,12 +198,19 @@ async fn bad_names_never_reach_helm() {
         .install_or_upgrade("--dry-run", "1.0.0")
         .await
         .unwrap_err();
-    assert!(error.0.contains("release = \"--dry-run\""), "{error}");
+    assert_eq!(error.kind(), ErrorKind::Refused, "{error:?}");
+    assert!(
+        error.to_string().contains("release = \"--dry-run\""),
+        "{error}"
+    );
     let error = helm
         .install_or_upgrade("shop", "--devel")
         .await
         .unwrap_err();
-    assert!(error.0.contains("version = \"--devel\""), "{error}");
+    assert!(
+        error.to_string().contains("version = \"--devel\""),
+        "{error}"
+    );
     assert!(fake.calls().is_empty(), "helm never ran");
 }
 
@@ -209,13 +222,16 @@ async fn config_is_validated_naming_the_field() {
         ..fake.config("ok")
     };
     let error = HelmProvisioner::new(short).unwrap_err();
-    assert!(error.0.contains("call_timeout"), "{error}");
+    assert!(error.to_string().contains("call_timeout"), "{error}");
     let bad = HelmConfig {
         namespace: "Not Valid".to_owned(),
         ..fake.config("ok")
     };
     let error = HelmProvisioner::new(bad).unwrap_err();
-    assert!(error.0.contains("namespace = \"Not Valid\""), "{error}");
+    assert!(
+        error.to_string().contains("namespace = \"Not Valid\""),
+        "{error}"
+    );
 }
 
 #[tokio::test]
@@ -230,6 +246,7 @@ async fn a_missing_helm_binary_is_a_clear_error() {
         .list_releases()
         .await
         .unwrap_err();
-    assert!(error.0.contains("cannot run"), "{error}");
-    assert!(error.0.contains("no-such-helm"), "{error}");
+    assert_eq!(error.kind(), ErrorKind::Unavailable, "{error:?}");
+    assert!(error.to_string().contains("cannot run"), "{error}");
+    assert!(error.to_string().contains("no-such-helm"), "{error}");
 }

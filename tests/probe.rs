@@ -9,7 +9,7 @@ use std::time::Duration;
 use stead::adapters::probe::NetProbe;
 use stead::core::spec::ReadinessProbe;
 use stead::core::types::Binds;
-use stead::ports::Probe;
+use stead::ports::{Probe, ProbeError};
 use support_services::free_port;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpListener;
@@ -83,8 +83,9 @@ async fn http_5xx_is_retried_up_to_the_attempts_then_fails() {
         3,
         "exactly attempts_max tries"
     );
-    assert!(error.contains("after 3 attempt(s)"), "{error}");
-    assert!(error.contains("503"), "{error}");
+    assert!(matches!(error, ProbeError::NotReady(_)), "{error:?}");
+    assert!(error.to_string().contains("after 3 attempt(s)"), "{error}");
+    assert!(error.to_string().contains("503"), "{error}");
 }
 
 #[tokio::test]
@@ -100,7 +101,11 @@ async fn a_slow_http_answer_times_out() {
     let probe = NetProbe::new().unwrap();
     let (port, _) = server(|_| 200, Duration::from_secs(3)).await;
     let error = probe.ready(&http(1), &binds(port)).await.unwrap_err();
-    assert!(error.contains("not ready after 1 attempt(s)"), "{error}");
+    assert!(matches!(error, ProbeError::Unreachable(_)), "{error:?}");
+    assert!(
+        error.to_string().contains("not ready after 1 attempt(s)"),
+        "{error}"
+    );
 }
 
 #[tokio::test]
@@ -110,7 +115,8 @@ async fn tcp_connect_is_ready_and_a_closed_port_is_not() {
     let open = listener.local_addr().unwrap().port();
     assert_eq!(probe.ready(&tcp(1), &binds(open)).await, Ok(()));
     let error = probe.ready(&tcp(2), &binds(free_port())).await.unwrap_err();
-    assert!(error.contains("after 2 attempt(s)"), "{error}");
+    assert!(matches!(error, ProbeError::Unreachable(_)), "{error:?}");
+    assert!(error.to_string().contains("after 2 attempt(s)"), "{error}");
 }
 
 #[tokio::test]
@@ -119,7 +125,13 @@ async fn a_port_missing_from_the_binds_is_a_clear_error() {
     let other = Binds::from([(9090, 40000)]);
     for readiness in [http(1), tcp(1)] {
         let error = probe.ready(&readiness, &other).await.unwrap_err();
-        assert!(error.contains("readiness port 8080 has no bind"), "{error}");
+        assert!(matches!(error, ProbeError::Misconfigured(_)), "{error:?}");
+        assert!(
+            error
+                .to_string()
+                .contains("readiness port 8080 has no bind"),
+            "{error}"
+        );
     }
 }
 
@@ -138,5 +150,6 @@ async fn no_probe_is_ready_and_a_bad_path_is_refused() {
         attempts_max: 1,
     };
     let error = probe.ready(&bad, &binds(1)).await.unwrap_err();
-    assert!(error.contains("path = \"healthz\""), "{error}");
+    assert!(matches!(error, ProbeError::Misconfigured(_)), "{error:?}");
+    assert!(error.to_string().contains("path = \"healthz\""), "{error}");
 }

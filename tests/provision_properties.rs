@@ -4,8 +4,9 @@
 use std::time::Duration;
 
 use proptest::prelude::*;
+use stead::core::errors::StoreError;
 use stead::core::provision::{
-    Deprovision, DeprovisionInput, Provision, ProvisionInput, WorkAnswer, WorkCommand,
+    Deprovision, DeprovisionInput, Provision, ProvisionInput, WorkAnswer, WorkCommand, WorkError,
 };
 use stead::core::spec::{ReadinessProbe, ServiceSpec};
 use stead::core::types::{
@@ -55,9 +56,9 @@ fn runtime(choice: u8) -> Result<(), RuntimeError> {
     }
 }
 
-fn done(choice: u8) -> Result<(), String> {
+fn done(choice: u8) -> Result<(), WorkError> {
     if choice % 8 == 2 {
-        Err("store down".into())
+        Err(StoreError::Unavailable("store down".into()).into())
     } else {
         Ok(())
     }

@@ -11,6 +11,7 @@ use stead_testkit::model;
 use std::time::Duration;
 
 use proptest::prelude::*;
+use stead::core::errors::TrafficError;
 use stead::core::recovery::{Command, Verdict};
 use stead::core::types::{ContainerId, ContainerStatus, Health, RuntimeError, ServiceName};
 use stead_testkit::world::World;
@@ -230,10 +231,14 @@ fn checked_pass(w: &mut World, budget: &mut BudgetModel, plan: &PassPlan) {
     }
     let fault = |what: &str| RuntimeError::Transient(what.into());
     if plan.withdraw_fault {
-        w.faults.withdraw.push_back("proxy 500".into());
+        w.faults
+            .withdraw
+            .push_back(TrafficError::Unreachable("proxy 500".into()));
     }
     if plan.publish_fault {
-        w.faults.publish.push_back("proxy 500".into());
+        w.faults
+            .publish
+            .push_back(TrafficError::Rejected("proxy 500".into()));
     }
     if plan.start_fault {
         w.faults.start.push_back(fault("oci error"));

@@ -4,6 +4,7 @@
 
 use std::time::Duration;
 
+use stead::core::errors::{PolicyError, StoreError, TrafficError};
 use stead::core::recovery::{Command, RecoveryError, Report, Verdict};
 use stead::core::types::{
     Binds, ContainerId, ContainerStatus, Health, InhibitionReason, Intent, RuntimeError,
@@ -177,7 +178,9 @@ fn a_retirement_marker_on_the_active_container_does_not_inhibit_it() {
 fn a_failed_withdrawal_blocks_recovery() {
     let mut w = settled();
     w.crash("c1");
-    w.faults.withdraw.push_back("proxy down".into());
+    w.faults
+        .withdraw
+        .push_back(TrafficError::Unreachable("proxy down".into()));
     let reports = w.pass();
     assert_eq!(reports[0].verdict, Verdict::Failed);
     assert!(reports[0].memory.withdrawal_pending);
@@ -188,7 +191,9 @@ fn a_failed_withdrawal_blocks_recovery() {
 fn a_pending_withdrawal_is_retried_before_anything_else() {
     let mut w = settled();
     w.crash("c1");
-    w.faults.withdraw.push_back("proxy down".into());
+    w.faults
+        .withdraw
+        .push_back(TrafficError::Unreachable("proxy down".into()));
     w.pass();
     w.log.clear();
     w.advance(PASS);
@@ -204,8 +209,12 @@ fn a_pending_withdrawal_is_retried_before_anything_else() {
 fn a_pending_withdrawal_that_fails_again_allows_no_publication() {
     let mut w = settled();
     w.native_restart("c1");
-    w.faults.withdraw.push_back("proxy down".into());
-    w.faults.withdraw.push_back("still down".into());
+    w.faults
+        .withdraw
+        .push_back(TrafficError::Unreachable("proxy down".into()));
+    w.faults
+        .withdraw
+        .push_back(TrafficError::Unreachable("still down".into()));
     w.pass();
     w.advance(PASS);
     w.log.clear();
@@ -287,7 +296,9 @@ fn a_down_container_is_withdrawn_before_it_is_started() {
 fn a_failed_fail_closed_withdrawal_touches_nothing() {
     let mut w = settled();
     w.native_restart("c1");
-    w.faults.withdraw.push_back("proxy down".into());
+    w.faults
+        .withdraw
+        .push_back(TrafficError::Unreachable("proxy down".into()));
     let reports = w.pass();
     assert_eq!(w.commands("web"), vec![Command::Inspect, Command::Withdraw]);
     assert!(reports[0].memory.withdrawal_pending);
@@ -490,7 +501,9 @@ fn forgetting_a_generation_resets_its_budget() {
 fn revoked_bind_or_device_policy_fails_closed_before_any_runtime_mutation() {
     let mut w = settled();
     w.crash("c1");
-    w.faults.policy_revoked = Some("device /dev/kvm no longer granted".into());
+    w.faults.policy_revoked = Some(PolicyError::Revoked(
+        "device /dev/kvm no longer granted".into(),
+    ));
     let reports = w.pass();
     assert_eq!(w.count(is_start), 0);
     assert!(matches!(
@@ -504,7 +517,7 @@ fn revoked_bind_or_device_policy_fails_closed_before_any_runtime_mutation() {
 fn revoked_policy_also_blocks_an_unhealthy_restart() {
     let mut w = settled();
     w.container("c1").health = Health::Unhealthy;
-    w.faults.policy_revoked = Some("bind revoked".into());
+    w.faults.policy_revoked = Some(PolicyError::Revoked("bind revoked".into()));
     w.pass();
     w.advance(PASS);
     w.pass();
@@ -656,7 +669,9 @@ fn a_failed_binds_read_is_charged_and_withdrawn() {
 fn a_failed_publication_does_not_restart_a_healthy_container() {
     let mut w = settled();
     w.native_restart("c1");
-    w.faults.publish.push_back("caddy 500".into());
+    w.faults
+        .publish
+        .push_back(TrafficError::Rejected("caddy 500".into()));
     let reports = w.pass();
     assert!(matches!(
         reports[0].errors[..],
@@ -705,7 +720,9 @@ fn a_persist_failure_is_charged_and_withdraws() {
     let mut w = settled();
     w.native_restart("c1");
     w.container("c1").binds = Binds::from([(8080, 30777)]);
-    w.faults.persist.push_back("database locked".into());
+    w.faults
+        .persist
+        .push_back(StoreError::Unavailable("database locked".into()));
     let reports = w.pass();
     assert!(!routed(&w));
     assert!(reports[0]

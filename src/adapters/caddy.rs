@@ -152,7 +152,7 @@ impl CaddyTraffic {
             // admin calls are few.
             .pool_max_idle_per_host(0)
             .build()
-            .map_err(|e| TrafficError(format!("build the caddy admin client: {e}")))?;
+            .map_err(|e| TrafficError::Rejected(format!("build the caddy admin client: {e}")))?;
         let admin_url = format!("http://{}", config.admin_addr);
         Ok(Self {
             client,
@@ -187,7 +187,8 @@ impl CaddyTraffic {
         admin_addr: &str,
         service: &ServiceKey,
     ) -> Result<reqwest::Url, TrafficError> {
-        let invalid = |e: String| TrafficError(format!("caddy admin address {admin_addr:?}: {e}"));
+        let invalid =
+            |e: String| TrafficError::Rejected(format!("caddy admin address {admin_addr:?}: {e}"));
         let mut url = reqwest::Url::parse(&format!("http://{admin_addr}/id"))
             .map_err(|e| invalid(e.to_string()))?;
         url.path_segments_mut()
@@ -277,18 +278,16 @@ impl CaddyTraffic {
         let ServiceKey { instance, service } = &route.service;
         names::check_instance_name("instance", instance.as_str())
             .and_then(|()| names::check_dns_label("service", service.as_str()))
-            .map_err(|e| TrafficError(format!("route not published: {e}")))?;
+            .map_err(|e| TrafficError::Rejected(format!("route not published: {e}")))?;
         let id = Self::route_id(&route.service);
         // The lowest container port is the one served: a service exposing
         // several ports publishes its HTTP port as the lowest.
-        let (container_port, host_port) = route
-            .binds
-            .iter()
-            .next()
-            .ok_or_else(|| TrafficError(format!("route {id} has no binds to proxy to")))?;
+        let (container_port, host_port) = route.binds.iter().next().ok_or_else(|| {
+            TrafficError::Rejected(format!("route {id} has no binds to proxy to"))
+        })?;
         // Binds may come from a database row another tool wrote: refuse, never panic.
         if *host_port == 0 {
-            return Err(TrafficError(format!(
+            return Err(TrafficError::Rejected(format!(
                 "route {id}: bind of container port {container_port} = host port 0, not a port"
             )));
         }
@@ -365,7 +364,7 @@ impl CaddyTraffic {
                 continue;
             };
             let Value::Array(routes) = current.value else {
-                return Err(TrafficError(format!(
+                return Err(TrafficError::Rejected(format!(
                     "caddy GET {path}: expected an array of routes, got {}",
                     excerpt(&current.value.to_string())
                 )));
@@ -392,7 +391,7 @@ impl CaddyTraffic {
             }
         }
         Err(last_error.unwrap_or_else(|| {
-            TrafficError(format!(
+            TrafficError::Rejected(format!(
                 "caddy {path}: server {:?} still missing after creating it",
                 self.config.server_name
             ))
@@ -463,14 +462,14 @@ impl CaddyTraffic {
         let body = response
             .bytes()
             .await
-            .map_err(|e| TrafficError(format!("caddy GET {path}: read body: {e}")))?;
+            .map_err(|e| TrafficError::Unreachable(format!("caddy GET {path}: read body: {e}")))?;
         match status {
             s if s.is_success() => {}
             StatusCode::BAD_REQUEST | StatusCode::NOT_FOUND => return Ok(None),
             s => return Err(error("GET", path, s, &String::from_utf8_lossy(&body))),
         }
         let value: Value = serde_json::from_slice(&body).map_err(|e| {
-            TrafficError(format!(
+            TrafficError::Rejected(format!(
                 "caddy GET {path}: not JSON ({e}): {}",
                 excerpt(&String::from_utf8_lossy(&body))
             ))
@@ -548,7 +547,7 @@ impl CaddyTraffic {
                     tokio::time::sleep(Duration::from_millis(50 << attempt)).await;
                 }
                 Err(e) => {
-                    return Err(TrafficError(format!(
+                    return Err(TrafficError::Unreachable(format!(
                         "caddy {method} {path}: admin API at {} did not answer: {e}",
                         self.config.admin_addr
                     )))
@@ -602,7 +601,7 @@ pub fn host_reload_warning() -> Option<String> {
 /// Caddy applied it. Reported as a failure, which is the safe reading: a
 /// failed withdrawal is retried, a failed publication is not trusted.
 fn abandoned() -> TrafficError {
-    TrafficError(
+    TrafficError::Unreachable(
         "caddy: the write carrying this route change was abandoned midway; Caddy may or may not hold it"
             .to_owned(),
     )
@@ -695,7 +694,7 @@ fn excerpt(body: &str) -> &str {
 }
 
 fn error(method: &str, path: &str, status: StatusCode, body: &str) -> TrafficError {
-    TrafficError(format!(
+    TrafficError::Rejected(format!(
         "caddy {method} {path}: {status}: {}",
         excerpt(body)
     ))
@@ -772,7 +771,7 @@ mod tests {
                 binds: [(8080, 32768)].into(),
                 verified_started_at: None,
             };
-            let Err(TrafficError(message)) = caddy.route_value(&route) else {
+            let Err(TrafficError::Rejected(message)) = caddy.route_value(&route) else {
                 panic!("{instance}/{service} must be refused");
             };
             assert!(message.contains("must be a DNS label"), "{message}");

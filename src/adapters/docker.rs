@@ -165,13 +165,13 @@ impl DockerRuntime {
         // bollard counts its timeout in whole seconds; less than one would
         // time every request out at once.
         if config.request_timeout < Duration::from_secs(1) {
-            return Err(RuntimeError::Transient(format!(
+            return Err(RuntimeError::Refused(format!(
                 "docker request_timeout = {:?} must be at least 1 s",
                 config.request_timeout
             )));
         }
         let path = config.socket_path.to_str().ok_or_else(|| {
-            RuntimeError::Transient(format!(
+            RuntimeError::Refused(format!(
                 "docker socket_path {:?} is not valid UTF-8",
                 config.socket_path
             ))
@@ -575,7 +575,7 @@ impl DockerRuntime {
             (LABEL_SERVICE, key.service.as_str()),
         ];
         if let Err(mismatch) = check_labels(&response, &expected) {
-            return Err(RuntimeError::Transient(format!(
+            return Err(RuntimeError::Refused(format!(
                 "refusing to {operation} container {id}: its {mismatch}; stead {operation}s only \
                  the generation it names ({}/{})",
                 key.instance, key.service
@@ -830,7 +830,7 @@ impl Provisioner for DockerProvisioner {
             .runtime
             .list_labelled()
             .await
-            .map_err(|e| ProvisionError(format!("uninstall {release:?}: {e}")))?;
+            .map_err(|e| ProvisionError::Unavailable(format!("uninstall {release:?}: {e}")))?;
         let mut failures = Vec::new();
         for container in containers.iter().filter(|c| c.instance.as_str() == release) {
             let key = GenerationKey {
@@ -845,7 +845,7 @@ impl Provisioner for DockerProvisioner {
         if failures.is_empty() {
             Ok(())
         } else {
-            Err(ProvisionError(format!(
+            Err(ProvisionError::Failed(format!(
                 "uninstall {release:?}: {} container(s) not removed: {}",
                 failures.len(),
                 failures.join("; ")
@@ -858,7 +858,7 @@ impl Provisioner for DockerProvisioner {
             .runtime
             .list_labelled()
             .await
-            .map_err(|e| ProvisionError(format!("list releases: {e}")))?;
+            .map_err(|e| ProvisionError::Unavailable(format!("list releases: {e}")))?;
         let mut releases: Vec<Release> = containers
             .into_iter()
             .map(|c| Release {
@@ -1029,11 +1029,17 @@ fn duration_ns(duration: Duration) -> i64 {
     i64::try_from(duration.as_nanos()).unwrap_or(i64::MAX)
 }
 
+/// Docker's answer by kind: 404 is a confirmed absence, 409 a conflict
+/// with something already under way (a start racing the runtime's own
+/// restart, a removal in progress), anything else transient.
 fn not_found_or_transient(operation: &str, id: &str, error: DockerError) -> RuntimeError {
     match error {
         DockerError::DockerResponseServerError {
             status_code: 404, ..
         } => RuntimeError::NotFound,
+        DockerError::DockerResponseServerError {
+            status_code: 409, ..
+        } => RuntimeError::Conflict(format!("docker {operation} {id}: {}", detail(&error))),
         other => transient(operation, id, other),
     }
 }

@@ -78,7 +78,7 @@ impl HelmProvisioner {
         check_arg("chart", &config.chart)?;
         check_dns_label("namespace", &config.namespace)?;
         if config.call_timeout <= config.wait_timeout {
-            return Err(ProvisionError(format!(
+            return Err(ProvisionError::Refused(format!(
                 "helm call_timeout = {:?} must exceed wait_timeout = {:?}, or helm is killed while it waits",
                 config.call_timeout, config.wait_timeout
             )));
@@ -146,7 +146,8 @@ enum HelmFailure {
 impl HelmFailure {
     fn into_error(self) -> ProvisionError {
         match self {
-            Self::Exit { message, .. } | Self::Other(message) => ProvisionError(message),
+            Self::Exit { message, .. } => ProvisionError::Failed(message),
+            Self::Other(message) => ProvisionError::Unavailable(message),
         }
     }
 }
@@ -210,7 +211,7 @@ impl Provisioner for HelmProvisioner {
 /// that is not a JSON array of `{name, namespace, …}` is an error quoting it.
 pub fn parse_list(stdout: &str) -> Result<Vec<Release>, ProvisionError> {
     let listed: Vec<ListedRelease> = serde_json::from_str(stdout.trim()).map_err(|e| {
-        ProvisionError(format!(
+        ProvisionError::Failed(format!(
             "helm list -o json: output is not a JSON array of releases with name and namespace ({e}): {:?}",
             excerpt(stdout)
         ))
@@ -229,11 +230,12 @@ pub fn parse_list(stdout: &str) -> Result<Vec<Release>, ProvisionError> {
 /// Helm release names are DNS-1123 labels of at most 53 characters: the
 /// instance-name rule, since a release is named after its instance.
 fn check_release(release: &str) -> Result<(), ProvisionError> {
-    names::check_instance_name("release", release).map_err(|e| ProvisionError(e.to_string()))
+    names::check_instance_name("release", release)
+        .map_err(|e| ProvisionError::Refused(e.to_string()))
 }
 
 fn check_dns_label(field: &str, value: &str) -> Result<(), ProvisionError> {
-    names::check_dns_label(field, value).map_err(|e| ProvisionError(e.to_string()))
+    names::check_dns_label(field, value).map_err(|e| ProvisionError::Refused(e.to_string()))
 }
 
 /// A free-form argument must be present, must not read as a flag and must
@@ -245,7 +247,7 @@ fn check_arg(field: &str, value: &str) -> Result<(), ProvisionError> {
     if valid {
         Ok(())
     } else {
-        Err(ProvisionError(format!(
+        Err(ProvisionError::Refused(format!(
             "{field} = {value:?} is not a valid helm argument (empty, starts with '-', or has whitespace)"
         )))
     }
@@ -281,7 +283,8 @@ mod tests {
     fn malformed_list_output_is_an_error_quoting_it() {
         for bad in ["", "Error: oops", r#"{"name":"a"}"#, r#"[{"name":"a"}]"#] {
             let error = parse_list(bad).unwrap_err();
-            assert!(error.0.contains("not a JSON array"), "{error}");
+            assert!(matches!(error, ProvisionError::Failed(_)), "{error:?}");
+            assert!(error.to_string().contains("not a JSON array"), "{error}");
         }
     }
 
@@ -292,7 +295,11 @@ mod tests {
         assert!(check_release(&"a".repeat(54)).is_err());
         assert!(check_release("shop-1").is_ok());
         let error = check_arg("version", "--devel").unwrap_err();
-        assert!(error.0.contains("version = \"--devel\""), "{error}");
+        assert!(matches!(error, ProvisionError::Refused(_)), "{error:?}");
+        assert!(
+            error.to_string().contains("version = \"--devel\""),
+            "{error}"
+        );
         assert!(check_arg("version", "1.2.3").is_ok());
     }
 }

@@ -8,7 +8,7 @@ use async_trait::async_trait;
 
 use crate::core::spec::ReadinessProbe;
 use crate::core::types::Binds;
-use crate::ports::Probe;
+use crate::ports::{Probe, ProbeError};
 
 /// Upper bound on attempts, whatever the catalog says, so a probe always
 /// ends within `attempts × (timeout + interval)`.
@@ -35,34 +35,38 @@ impl NetProbe {
         Ok(Self { client })
     }
 
-    async fn http_once(&self, url: &str, timeout: Duration) -> Result<(), String> {
+    async fn http_once(&self, url: &str, timeout: Duration) -> Result<(), ProbeError> {
         let response = self
             .client
             .get(url)
             .timeout(timeout)
             .send()
             .await
-            .map_err(|e| format!("GET {url}: {e}"))?;
+            .map_err(|e| ProbeError::Unreachable(format!("GET {url}: {e}")))?;
         let status = response.status();
         if status.is_success() || status.is_redirection() {
             Ok(())
         } else {
-            Err(format!("GET {url}: answered {status}"))
+            Err(ProbeError::NotReady(format!(
+                "GET {url}: answered {status}"
+            )))
         }
     }
 
-    async fn tcp_once(address: &str, timeout: Duration) -> Result<(), String> {
+    async fn tcp_once(address: &str, timeout: Duration) -> Result<(), ProbeError> {
         match tokio::time::timeout(timeout, tokio::net::TcpStream::connect(address)).await {
             Ok(Ok(_stream)) => Ok(()),
-            Ok(Err(e)) => Err(format!("connect {address}: {e}")),
-            Err(_) => Err(format!("connect {address}: no answer within {timeout:?}")),
+            Ok(Err(e)) => Err(ProbeError::Unreachable(format!("connect {address}: {e}"))),
+            Err(_) => Err(ProbeError::Unreachable(format!(
+                "connect {address}: no answer within {timeout:?}"
+            ))),
         }
     }
 }
 
 #[async_trait]
 impl Probe for NetProbe {
-    async fn ready(&self, probe: &ReadinessProbe, binds: &Binds) -> Result<(), String> {
+    async fn ready(&self, probe: &ReadinessProbe, binds: &Binds) -> Result<(), ProbeError> {
         match probe {
             ReadinessProbe::None => Ok(()),
             ReadinessProbe::Http {
@@ -73,7 +77,9 @@ impl Probe for NetProbe {
                 attempts_max,
             } => {
                 if !path.starts_with('/') {
-                    return Err(format!("http probe path = {path:?} must start with '/'"));
+                    return Err(ProbeError::Misconfigured(format!(
+                        "http probe path = {path:?} must start with '/'"
+                    )));
                 }
                 let url = format!("http://127.0.0.1:{}{path}", host_port(*port, binds)?);
                 retry(*attempts_max, *interval, || self.http_once(&url, *timeout)).await
@@ -95,31 +101,43 @@ impl Probe for NetProbe {
 }
 
 /// The loopback host port a container port is published on.
-fn host_port(port: u16, binds: &Binds) -> Result<u16, String> {
+fn host_port(port: u16, binds: &Binds) -> Result<u16, ProbeError> {
     binds.get(&port).copied().ok_or_else(|| {
-        format!("readiness port {port} has no bind on this container (binds: {binds:?})")
+        ProbeError::Misconfigured(format!(
+            "readiness port {port} has no bind on this container (binds: {binds:?})"
+        ))
     })
 }
 
 /// Runs `attempt` until it succeeds, at most `attempts_max` times (at least
 /// once, at most [`PROBE_ATTEMPTS_MAX`]), sleeping `interval` between tries.
-async fn retry<F, Fut>(attempts_max: u32, interval: Duration, mut attempt: F) -> Result<(), String>
+/// The last attempt's error is returned, of its kind, saying how many
+/// attempts were made.
+async fn retry<F, Fut>(
+    attempts_max: u32,
+    interval: Duration,
+    mut attempt: F,
+) -> Result<(), ProbeError>
 where
     F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = Result<(), String>>,
+    Fut: std::future::Future<Output = Result<(), ProbeError>>,
 {
     let attempts = attempts_max.clamp(1, PROBE_ATTEMPTS_MAX);
-    let mut last_error = String::new();
-    for n in 1..=attempts {
-        match attempt().await {
+    let mut n = 1;
+    loop {
+        let last = match attempt().await {
             Ok(()) => return Ok(()),
-            Err(e) => last_error = e,
+            Err(e) => e,
+        };
+        if n == attempts {
+            let said = |e: String| format!("not ready after {attempts} attempt(s): {e}");
+            return Err(match last {
+                ProbeError::Unreachable(e) => ProbeError::Unreachable(said(e)),
+                ProbeError::NotReady(e) => ProbeError::NotReady(said(e)),
+                ProbeError::Misconfigured(e) => ProbeError::Misconfigured(said(e)),
+            });
         }
-        if n < attempts {
-            tokio::time::sleep(interval).await;
-        }
+        n += 1;
+        tokio::time::sleep(interval).await;
     }
-    Err(format!(
-        "not ready after {attempts} attempt(s): {last_error}"
-    ))
 }

@@ -10,6 +10,7 @@
 pub mod broken;
 pub mod budget;
 pub mod catalog;
+pub mod errors;
 pub mod fleet;
 pub mod memory;
 pub mod names;

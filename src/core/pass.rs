@@ -30,6 +30,7 @@ use std::time::Duration;
 use jiff::Timestamp;
 
 use super::broken::Mutant;
+use super::errors::{ErrorKind, PortFailure, PortName, StoreError, TrafficError};
 
 use super::fleet::{Instance, InstanceState};
 use super::memory::RecoveryMemory;
@@ -113,12 +114,94 @@ impl InstanceCommand {
 pub enum InstanceAnswer {
     Service(Outcome),
     SuccessorInspected(Result<Observation, RuntimeError>),
-    RoutesRead(Result<HeldRoutes, String>),
+    RoutesRead(Result<HeldRoutes, TrafficError>),
     PredecessorStopped(Result<(), RuntimeError>),
     PredecessorRemoved(Result<(), RuntimeError>),
-    ClaimsReleased(Result<(), String>),
-    MarkerCleared(Result<(), String>),
-    StaleWithdrawn(Result<(), String>),
+    ClaimsReleased(Result<(), StoreError>),
+    MarkerCleared(Result<(), StoreError>),
+    StaleWithdrawn(Result<(), TrafficError>),
+}
+
+impl InstanceAnswer {
+    /// The port and kind of the failure this answer reports, if any.
+    pub fn port_failure(&self) -> Option<(PortName, ErrorKind)> {
+        fn of<T, E: PortFailure>(r: &Result<T, E>) -> Option<(PortName, ErrorKind)> {
+            r.as_ref().err().map(|e| (E::PORT, e.kind()))
+        }
+        match self {
+            Self::Service(outcome) => outcome.port_failure(),
+            Self::SuccessorInspected(r) => of(r),
+            Self::RoutesRead(r) => of(r),
+            Self::PredecessorStopped(r) | Self::PredecessorRemoved(r) => of(r),
+            Self::ClaimsReleased(r) | Self::MarkerCleared(r) => of(r),
+            Self::StaleWithdrawn(r) => of(r),
+        }
+    }
+}
+
+/// One failure of an instance's pass, naming the instance and what in it
+/// failed; a port's failure is its source.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum PassError {
+    #[error("{instance}/{service}: {source}")]
+    Service {
+        instance: InstanceName,
+        service: ServiceName,
+        #[source]
+        source: RecoveryError,
+    },
+    #[error("{instance}: retirement pending for {container}: {source}")]
+    Retirement {
+        instance: InstanceName,
+        container: ContainerId,
+        #[source]
+        source: RetireError,
+    },
+    #[error("{}/{}: withdraw stale route: {source}", .route.instance, .route.service)]
+    StaleRoute {
+        route: ServiceKey,
+        #[source]
+        source: TrafficError,
+    },
+    #[error("{instance}: {pending} retirement(s) left for the next pass: {}", .why.describe())]
+    RetirementsLeft {
+        instance: InstanceName,
+        pending: usize,
+        why: Abandon,
+    },
+}
+
+/// Why one marker's retirement did not finish this pass (R15).
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum RetireError {
+    #[error("the proxy's routes could not be read back ({0}); retirement left for later")]
+    RoutesUnread(#[source] TrafficError),
+    #[error("stop: {0}")]
+    Stop(#[source] RuntimeError),
+    #[error("remove: {0}")]
+    Remove(#[source] RuntimeError),
+    #[error("release claims: {0}")]
+    ReleaseClaims(#[source] StoreError),
+    #[error("clear marker: {0}")]
+    ClearMarker(#[source] StoreError),
+}
+
+impl PassError {
+    /// The port and kind of the failure underneath, if a port failed.
+    pub fn port_failure(&self) -> Option<(PortName, ErrorKind)> {
+        match self {
+            Self::Service { source, .. } => source.port_failure(),
+            Self::Retirement { source, .. } => Some(match source {
+                RetireError::RoutesUnread(e) => (TrafficError::PORT, e.kind()),
+                RetireError::Stop(e) | RetireError::Remove(e) => (RuntimeError::PORT, e.kind()),
+                RetireError::ReleaseClaims(e) | RetireError::ClearMarker(e) => {
+                    (StoreError::PORT, e.kind())
+                }
+            }),
+            Self::StaleRoute { source, .. } => Some((TrafficError::PORT, source.kind())),
+            Self::RetirementsLeft { .. } => None,
+        }
+    }
 }
 
 /// Why the rest of a pass was given up.
@@ -147,8 +230,8 @@ pub struct InstanceReport {
     pub retired: Vec<ContainerId>,
     /// Stale routes withdrawn (T5).
     pub withdrawn_stale: Vec<ServiceKey>,
-    /// Each prefixed with the instance (and service) it concerns.
-    pub errors: Vec<String>,
+    /// Each naming the instance (and service) it concerns.
+    pub errors: Vec<PassError>,
     /// This instance's memory for the next pass, pruned (R16).
     pub memory: RecoveryMemory,
 }
@@ -201,7 +284,7 @@ pub struct InstancePass<'p> {
     reports: Vec<Report>,
     retired: Vec<ContainerId>,
     withdrawn_stale: Vec<ServiceKey>,
-    errors: Vec<String>,
+    errors: Vec<PassError>,
 }
 
 impl<'p> InstancePass<'p> {
@@ -359,8 +442,11 @@ impl<'p> InstancePass<'p> {
     fn finish_service(&mut self, report: Report) {
         note_verdict(&mut self.verified, &report.key.service, &report.verdict);
         for e in &report.errors {
-            self.errors
-                .push(format!("{}/{}: {e}", self.instance, report.key.service));
+            self.errors.push(PassError::Service {
+                instance: self.instance.clone(),
+                service: report.key.service.clone(),
+                source: e.clone(),
+            });
         }
         self.memory.apply(&report);
         self.reports.push(report);
@@ -433,10 +519,9 @@ impl<'p> InstancePass<'p> {
             (InstanceCommand::WithdrawStale(key), InstanceAnswer::StaleWithdrawn(result)) => {
                 match result {
                     Ok(()) => self.withdrawn_stale.push(key),
-                    Err(e) => self.errors.push(format!(
-                        "{}/{}: withdraw stale route: {e}",
-                        key.instance, key.service
-                    )),
+                    Err(source) => self
+                        .errors
+                        .push(PassError::StaleRoute { route: key, source }),
                 }
             }
             (command, answer) => self.handle_marker(command, answer),
@@ -447,7 +532,7 @@ impl<'p> InstancePass<'p> {
         let (marker, step) = self.marker.take().expect("a marker in hand");
         let next = match (step, answer) {
             (MarkerStep::Clear, InstanceAnswer::MarkerCleared(result)) => {
-                result.err().map(|e| Err(format!("clear marker: {e}")))
+                result.err().map(|e| Err(RetireError::ClearMarker(e)))
             }
             (
                 MarkerStep::InspectSuccessor {
@@ -470,33 +555,31 @@ impl<'p> InstancePass<'p> {
                             .map_or(ProxyView::Absent, |port| ProxyView::Dials(*port));
                         successor_routed(proxy, &binds).then_some(Ok(MarkerStep::Stop))
                     }
-                    Err(e) => Some(Err(format!(
-                        "the proxy's routes could not be read back ({e}); retirement left for later"
-                    ))),
+                    Err(e) => Some(Err(RetireError::RoutesUnread(e))),
                 }
             }
             (MarkerStep::Stop, InstanceAnswer::PredecessorStopped(result)) => match result {
                 Ok(()) | Err(RuntimeError::NotFound) => Some(Ok(MarkerStep::Remove)),
-                Err(e) => Some(Err(format!("stop: {e}"))),
+                Err(e) => Some(Err(RetireError::Stop(e))),
             },
             // The marker stays until the container is gone and its claims
             // are released, so a failure of either is retried next pass.
             (MarkerStep::Remove, InstanceAnswer::PredecessorRemoved(result)) => Some(
                 result
                     .map(|()| MarkerStep::ReleaseClaims)
-                    .map_err(|e| format!("remove: {e}")),
+                    .map_err(RetireError::Remove),
             ),
             (MarkerStep::ReleaseClaims, InstanceAnswer::ClaimsReleased(result)) => Some(
                 result
                     .map(|()| MarkerStep::ClearRetired)
-                    .map_err(|e| format!("release claims: {e}")),
+                    .map_err(RetireError::ReleaseClaims),
             ),
             (MarkerStep::ClearRetired, InstanceAnswer::MarkerCleared(result)) => match result {
                 Ok(()) => {
                     self.retired.push(marker.container.clone());
                     None
                 }
-                Err(e) => Some(Err(format!("clear marker: {e}"))),
+                Err(e) => Some(Err(RetireError::ClearMarker(e))),
             },
             (step, answer) => {
                 panic!("answer {answer:?} does not answer {command:?} (marker step {step:?})")
@@ -504,10 +587,11 @@ impl<'p> InstancePass<'p> {
         };
         match next {
             Some(Ok(step)) => self.marker = Some((marker, step)),
-            Some(Err(e)) => self.errors.push(format!(
-                "{}: retirement pending for {}: {e}",
-                self.instance, marker.container
-            )),
+            Some(Err(source)) => self.errors.push(PassError::Retirement {
+                instance: self.instance.clone(),
+                container: marker.container.clone(),
+                source,
+            }),
             None => {}
         }
     }
@@ -548,11 +632,11 @@ impl<'p> InstancePass<'p> {
         }
         let pending = self.markers.len() + usize::from(self.marker.is_some());
         if pending > 0 {
-            self.errors.push(format!(
-                "{}: {pending} retirement(s) left for the next pass: {}",
-                self.instance,
-                why.describe(),
-            ));
+            self.errors.push(PassError::RetirementsLeft {
+                instance: self.instance.clone(),
+                pending,
+                why,
+            });
         }
         self.marker = None;
         self.markers.clear();

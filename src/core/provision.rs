@@ -26,6 +26,7 @@
 use std::collections::VecDeque;
 use std::time::Duration;
 
+use super::errors::{ErrorKind, PortFailure, PortName, ProvisionError, StoreError, TrafficError};
 use super::spec::ServiceSpec;
 use super::types::{
     ActiveRecord, ActiveService, ContainerId, GenerationKey, Inhibition, InhibitionReason,
@@ -68,15 +69,52 @@ impl WorkCommand {
     }
 }
 
+/// A failure of a provisioning step that is not the runtime's.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum WorkError {
+    #[error(transparent)]
+    Provision(#[from] ProvisionError),
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    #[error(transparent)]
+    Traffic(#[from] TrafficError),
+}
+
+impl WorkError {
+    /// The port and kind of the failure.
+    pub fn port_failure(&self) -> (PortName, ErrorKind) {
+        match self {
+            Self::Provision(e) => (ProvisionError::PORT, e.kind()),
+            Self::Store(e) => (StoreError::PORT, e.kind()),
+            Self::Traffic(e) => (TrafficError::PORT, e.kind()),
+        }
+    }
+}
+
 /// The result of performing a [`WorkCommand`].
 #[derive(Clone, Debug, PartialEq, Eq)]
+#[must_use]
 pub enum WorkAnswer {
     /// Install, uninstall, the store writes and the withdrawal.
-    Done(Result<(), String>),
+    Done(Result<(), WorkError>),
     Inspected(Result<Observation, RuntimeError>),
     Created(Result<ContainerId, RuntimeError>),
     Stopped(Result<(), RuntimeError>),
     Removed(Result<(), RuntimeError>),
+}
+
+impl WorkAnswer {
+    /// The port and kind of the failure this answer reports, if any.
+    pub fn port_failure(&self) -> Option<(PortName, ErrorKind)> {
+        match self {
+            Self::Done(r) => r.as_ref().err().map(WorkError::port_failure),
+            Self::Created(r) => r.as_ref().err().map(|e| (RuntimeError::PORT, e.kind())),
+            Self::Inspected(r) => r.as_ref().err().map(|e| (RuntimeError::PORT, e.kind())),
+            Self::Stopped(r) | Self::Removed(r) => {
+                r.as_ref().err().map(|e| (RuntimeError::PORT, e.kind()))
+            }
+        }
+    }
 }
 
 /// What provisioning starts from.
@@ -174,7 +212,7 @@ impl Provision {
         match (step, answer) {
             (ProvisionStep::Install, WorkAnswer::Done(result)) => {
                 if let Err(e) = result {
-                    self.error = Some(e);
+                    self.error = Some(e.to_string());
                 }
             }
             (ProvisionStep::Inspect(spec, container), WorkAnswer::Inspected(result)) => {
@@ -210,7 +248,7 @@ impl Provision {
             (ProvisionStep::Save, WorkAnswer::Done(result)) => {
                 self.to_save = None;
                 if let Err(e) = result {
-                    self.error = Some(e);
+                    self.error = Some(e.to_string());
                 }
             }
             (step, answer) => {
@@ -323,7 +361,7 @@ impl Deprovision {
             (WorkCommand::Remove(generation), WorkAnswer::Removed(result)) => result
                 .err()
                 .map(|e| format!("remove {}: {e}", generation.container)),
-            (_, WorkAnswer::Done(result)) => result.err(),
+            (_, WorkAnswer::Done(result)) => result.err().map(|e| e.to_string()),
             (command, answer) => panic!("answer {answer:?} does not answer {command:?}"),
         };
         if let Some(e) = failed {

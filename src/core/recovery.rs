@@ -22,6 +22,9 @@ use jiff::Timestamp;
 use super::broken::Mutant;
 
 use super::budget::{Budget, BudgetEntry};
+use super::errors::{
+    ErrorKind, PolicyError, PortFailure, PortName, ProbeError, StoreError, TrafficError,
+};
 use super::policy::RecoveryPolicy;
 use super::types::{
     ActiveService, Binds, ContainerStatus, GenerationKey, Health, Intent, Observation, RuntimeError,
@@ -159,22 +162,43 @@ impl Command {
 /// command kind; feeding the wrong one is a bug in the driver.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Outcome {
-    Withdrawn(Result<(), String>),
+    Withdrawn(Result<(), TrafficError>),
     Inspected(Result<Observation, RuntimeError>),
-    ClaimsReleased(Result<(), String>),
-    PolicyChecked(Result<(), String>),
+    ClaimsReleased(Result<(), StoreError>),
+    PolicyChecked(Result<(), PolicyError>),
     Started(Result<(), RuntimeError>),
     Restarted(Result<(), RuntimeError>),
     Stopped(Result<(), RuntimeError>),
     Health(Result<Health, RuntimeError>),
     Binds(Result<Binds, RuntimeError>),
-    Readiness(Result<(), String>),
+    Readiness(Result<(), ProbeError>),
     /// `Ok(None)`: ACTIVE no longer has this service.
-    ActiveReloaded(Result<Option<ActiveService>, String>),
+    ActiveReloaded(Result<Option<ActiveService>, StoreError>),
     /// `Ok(false)`: the generation changed underneath.
-    BindsPersisted(Result<bool, String>),
-    Published(Result<(), String>),
-    ExecutionRecorded(Result<(), String>),
+    BindsPersisted(Result<bool, StoreError>),
+    Published(Result<(), TrafficError>),
+    ExecutionRecorded(Result<(), StoreError>),
+}
+
+impl Outcome {
+    /// The port and kind of the failure this outcome reports, if any.
+    pub fn port_failure(&self) -> Option<(PortName, ErrorKind)> {
+        fn of<T, E: PortFailure>(r: &Result<T, E>) -> Option<(PortName, ErrorKind)> {
+            r.as_ref().err().map(|e| (E::PORT, e.kind()))
+        }
+        match self {
+            Self::Withdrawn(r) | Self::Published(r) => of(r),
+            Self::Inspected(r) => of(r),
+            Self::Started(r) | Self::Restarted(r) | Self::Stopped(r) => of(r),
+            Self::Health(r) => of(r),
+            Self::Binds(r) => of(r),
+            Self::ClaimsReleased(r) | Self::ExecutionRecorded(r) => of(r),
+            Self::PolicyChecked(r) => of(r),
+            Self::Readiness(r) => of(r),
+            Self::ActiveReloaded(r) => of(r),
+            Self::BindsPersisted(r) => of(r),
+        }
+    }
 }
 
 /// Why a service is not (yet) verified this pass.
@@ -200,49 +224,80 @@ pub enum Verdict {
     Failed,
 }
 
-/// Errors one recovery reports, in the order they happened.
+/// Errors one recovery reports, in the order they happened. A failure of
+/// a port carries that port's typed error as its source.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 pub enum RecoveryError {
     #[error("recovery inhibited ({reason}); no start attempted")]
     Inhibited { reason: String },
     #[error("withdrawal failed: {0}")]
-    WithdrawFailed(String),
+    WithdrawFailed(#[source] TrafficError),
     #[error("inspect failed: {0}")]
-    InspectFailed(String),
+    InspectFailed(#[source] RuntimeError),
     #[error("container is gone; traffic withdrawn, no reconstruction")]
     Gone,
     #[error("releasing bind claims failed: {0}")]
-    ReleaseClaimsFailed(String),
+    ReleaseClaimsFailed(#[source] StoreError),
     #[error("container is {0}; refusing to act on it")]
     RefusedStatus(ContainerStatus),
     #[error("bind or device policy revoked: {0}")]
-    PolicyRevoked(String),
+    PolicyRevoked(#[source] PolicyError),
     #[error("start failed: {0}")]
-    StartFailed(String),
+    StartFailed(#[source] RuntimeError),
     #[error("restart of unhealthy container failed: {0}")]
-    RestartFailed(String),
+    RestartFailed(#[source] RuntimeError),
     #[error("stop failed: {0}")]
-    StopFailed(String),
+    StopFailed(#[source] RuntimeError),
     #[error("reading binds failed: {0}")]
-    BindsFailed(String),
+    BindsFailed(#[source] RuntimeError),
     #[error("readiness failed: {0}")]
-    NotReady(String),
+    NotReady(#[source] ProbeError),
     #[error("execution changed during verification")]
     ExecutionChanged,
     #[error("ACTIVE generation changed during verification")]
     GenerationChanged,
     #[error("reloading ACTIVE failed: {0}")]
-    ReloadFailed(String),
+    ReloadFailed(#[source] StoreError),
     #[error("persisting binds failed: {0}")]
-    PersistFailed(String),
+    PersistFailed(#[source] StoreError),
     #[error("publication failed: {0}")]
-    PublishFailed(String),
+    PublishFailed(#[source] TrafficError),
     #[error("recording the verified execution failed: {0}")]
-    RecordFailed(String),
+    RecordFailed(#[source] StoreError),
     #[error("recovery deadline exceeded")]
     DeadlineExceeded,
     #[error("the lease or the instance lock is no longer trusted; left for the next pass")]
     MandateLost,
+}
+
+impl RecoveryError {
+    /// The port and kind of the failure underneath, if a port failed.
+    pub fn port_failure(&self) -> Option<(PortName, ErrorKind)> {
+        fn of<E: PortFailure>(e: &E) -> Option<(PortName, ErrorKind)> {
+            Some((E::PORT, e.kind()))
+        }
+        match self {
+            Self::WithdrawFailed(e) | Self::PublishFailed(e) => of(e),
+            Self::InspectFailed(e)
+            | Self::StartFailed(e)
+            | Self::RestartFailed(e)
+            | Self::StopFailed(e)
+            | Self::BindsFailed(e) => of(e),
+            Self::ReleaseClaimsFailed(e)
+            | Self::ReloadFailed(e)
+            | Self::PersistFailed(e)
+            | Self::RecordFailed(e) => of(e),
+            Self::PolicyRevoked(e) => of(e),
+            Self::NotReady(e) => of(e),
+            Self::Inhibited { .. }
+            | Self::Gone
+            | Self::RefusedStatus(_)
+            | Self::ExecutionChanged
+            | Self::GenerationChanged
+            | Self::DeadlineExceeded
+            | Self::MandateLost => None,
+        }
+    }
 }
 
 /// What one service recovery did and what it leaves behind.
@@ -619,7 +674,7 @@ impl<'p> ServiceRecovery<'p> {
             Outcome::Stopped(result) => {
                 match result {
                     Ok(()) | Err(RuntimeError::NotFound) => {}
-                    Err(RuntimeError::Transient(e)) => {
+                    Err(e) => {
                         self.errors.push(RecoveryError::StopFailed(e));
                     }
                 }
@@ -636,7 +691,7 @@ impl<'p> ServiceRecovery<'p> {
                         Phase::Reinspect
                     };
                 }
-                Err(e) => self.verification_failed(RecoveryError::BindsFailed(e.to_string()), now),
+                Err(e) => self.verification_failed(RecoveryError::BindsFailed(e), now),
             },
             Outcome::Readiness(result) => match result {
                 Ok(()) => self.phase = Phase::Reinspect,
@@ -676,7 +731,7 @@ impl<'p> ServiceRecovery<'p> {
         self.started || self.restarted || self.fresh
     }
 
-    fn on_withdrawn(&mut self, result: Result<(), String>, now: Timestamp) {
+    fn on_withdrawn(&mut self, result: Result<(), TrafficError>, now: Timestamp) {
         let ok = result.is_ok();
         match result {
             Ok(()) => {
@@ -736,7 +791,7 @@ impl<'p> ServiceRecovery<'p> {
                     self.errors.push(RecoveryError::Gone);
                     self.phase = Phase::ReleaseGoneClaims;
                 }
-                Err(RuntimeError::Transient(e)) => {
+                Err(e) => {
                     // R7: a transient error changes neither workload nor
                     // traffic.
                     self.errors.push(RecoveryError::InspectFailed(e));
@@ -773,8 +828,7 @@ impl<'p> ServiceRecovery<'p> {
                 Err(e) => {
                     // The intervention stays pending; a generation found down
                     // next pass is charged then.
-                    self.errors
-                        .push(RecoveryError::InspectFailed(e.to_string()));
+                    self.errors.push(RecoveryError::InspectFailed(e));
                     self.budget.invalidate_stable();
                     self.phase = Phase::WithdrawAfterFailure;
                     self.skip_redundant_withdraw();
@@ -788,7 +842,7 @@ impl<'p> ServiceRecovery<'p> {
                     self.phase = Phase::ReloadActive;
                 } else {
                     let err = match result {
-                        Err(e) => RecoveryError::InspectFailed(e.to_string()),
+                        Err(e) => RecoveryError::InspectFailed(e),
                         Ok(_) => RecoveryError::ExecutionChanged,
                     };
                     self.verification_failed(err, now);
@@ -796,7 +850,7 @@ impl<'p> ServiceRecovery<'p> {
             }
             Phase::StoppedInspect => match result {
                 Err(RuntimeError::NotFound) => self.finish_stopped(),
-                Err(RuntimeError::Transient(e)) => {
+                Err(e) => {
                     self.errors.push(RecoveryError::InspectFailed(e));
                     self.finish_stopped();
                 }
@@ -874,7 +928,7 @@ impl<'p> ServiceRecovery<'p> {
         Phase::CheckPolicyForStart
     }
 
-    fn on_policy(&mut self, result: Result<(), String>) {
+    fn on_policy(&mut self, result: Result<(), PolicyError>) {
         match (self.phase, result) {
             (Phase::CheckPolicyForStart, Ok(())) => self.phase = Phase::Start,
             (Phase::CheckPolicyForRestart, Ok(())) => {
@@ -912,7 +966,7 @@ impl<'p> ServiceRecovery<'p> {
                 self.verified_started_at = None;
                 self.finish(Verdict::Gone);
             }
-            Err(RuntimeError::Transient(e)) => {
+            Err(e) => {
                 self.errors.push(RecoveryError::StartFailed(e));
                 self.phase = Phase::InspectAfterFailedStart;
             }
@@ -930,8 +984,7 @@ impl<'p> ServiceRecovery<'p> {
             }
             Err(e) => {
                 self.budget.record_failure(self.policy, now);
-                self.errors
-                    .push(RecoveryError::RestartFailed(e.to_string()));
+                self.errors.push(RecoveryError::RestartFailed(e));
                 self.finish(Verdict::Failed);
             }
         }
@@ -974,7 +1027,7 @@ impl<'p> ServiceRecovery<'p> {
 
     fn on_active_reloaded(
         &mut self,
-        result: Result<Option<ActiveService>, String>,
+        result: Result<Option<ActiveService>, StoreError>,
         now: Timestamp,
     ) {
         match result {

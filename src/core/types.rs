@@ -150,22 +150,24 @@ pub struct Observation {
     pub started_at: Option<Timestamp>,
 }
 
-/// Why an inspection (or a mutation) of a container did not answer.
-#[derive(Clone, Debug, PartialEq, Eq)]
+/// Why an inspection (or a mutation) of a container did not answer. Its
+/// kind is `core::errors::ErrorKind` through `PortFailure`.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 pub enum RuntimeError {
     /// The runtime confirmed the container does not exist.
+    #[error("container not found")]
     NotFound,
+    /// The runtime is busy with the container already (Docker's 409: a
+    /// start or removal already in progress). Changes nothing.
+    #[error("runtime conflict: {0}")]
+    Conflict(String),
+    /// Refused for what was asked: the container is not the generation's
+    /// (T6), or the runtime's answer is unusable.
+    #[error("runtime refused: {0}")]
+    Refused(String),
     /// Anything else: a timeout, a 500, a refused connection. Changes nothing.
+    #[error("runtime error: {0}")]
     Transient(String),
-}
-
-impl fmt::Display for RuntimeError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            Self::NotFound => f.write_str("container not found"),
-            Self::Transient(detail) => write!(f, "runtime error: {detail}"),
-        }
-    }
 }
 
 /// A container's healthcheck verdict.

@@ -29,6 +29,7 @@ use std::time::Duration;
 
 use jiff::Timestamp;
 
+use super::errors::{ErrorKind, PortFailure, PortName, ProbeError, StoreError};
 use super::fleet::{add, InstanceState};
 use super::spec::{ReadinessProbe, ServiceSpec};
 use super::types::{
@@ -126,12 +127,32 @@ pub enum UpgradeAnswer {
     Created(Result<ContainerId, RuntimeError>),
     Inspected(Result<Observation, RuntimeError>),
     Binds(Result<Binds, RuntimeError>),
-    Probed(Result<(), String>),
+    Probed(Result<(), ProbeError>),
     Removed(Result<(), RuntimeError>),
-    MarkerSaved(Result<(), String>),
-    ActiveSaved(Result<(), String>),
-    StateMoved(Result<(), String>),
-    VersionSet(Result<(), String>),
+    MarkerSaved(Result<(), StoreError>),
+    ActiveSaved(Result<(), StoreError>),
+    StateMoved(Result<(), StoreError>),
+    VersionSet(Result<(), StoreError>),
+}
+
+impl UpgradeAnswer {
+    /// The port and kind of the failure this answer reports, if any.
+    pub fn port_failure(&self) -> Option<(PortName, ErrorKind)> {
+        fn of<T, E: PortFailure>(r: &Result<T, E>) -> Option<(PortName, ErrorKind)> {
+            r.as_ref().err().map(|e| (E::PORT, e.kind()))
+        }
+        match self {
+            Self::Created(r) => of(r),
+            Self::Inspected(r) => of(r),
+            Self::Binds(r) => of(r),
+            Self::Removed(r) => of(r),
+            Self::Probed(r) => of(r),
+            Self::MarkerSaved(r)
+            | Self::ActiveSaved(r)
+            | Self::StateMoved(r)
+            | Self::VersionSet(r) => of(r),
+        }
+    }
 }
 
 /// Where the successor in hand stands.
@@ -402,7 +423,7 @@ impl Upgrade {
                             self.phase = Phase::Services;
                         }
                         Err(e) => {
-                            self.error = Some(e.clone());
+                            self.error = Some(e.to_string());
                             self.phase = Phase::Done;
                         }
                     }
@@ -447,13 +468,13 @@ impl Upgrade {
                         candidate,
                         error: format!("candidate is {}", obs.status),
                     }),
-                    Ok(_) | Err(RuntimeError::Transient(_)) => retry_or_fail(candidate, tries),
                     // Removed anyway: what was created must not be left
                     // behind on a spurious answer.
                     Err(RuntimeError::NotFound) => Ok(Step::Remove {
                         candidate,
                         error: "candidate vanished".into(),
                     }),
+                    Ok(_) | Err(_) => retry_or_fail(candidate, tries),
                 }
             }
             (
@@ -486,7 +507,10 @@ impl Upgrade {
                     started_at,
                     binds,
                 }),
-                Err(error) => Ok(Step::Remove { candidate, error }),
+                Err(error) => Ok(Step::Remove {
+                    candidate,
+                    error: error.to_string(),
+                }),
             },
             (
                 Step::Confirm {

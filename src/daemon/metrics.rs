@@ -5,6 +5,7 @@
 //! label values, so `increase(...) > 0` alerts see the first event too.
 //! `docs/operations.md` documents each metric; a test checks the two agree.
 
+use crate::core::errors::PortName;
 use std::sync::OnceLock;
 
 use crate::core::recovery::Why;
@@ -113,6 +114,13 @@ pub const METRICS: &[Metric] = &[
             "Publications the proxy did not confirm, by why the route was being published.",
         ),
         "reason",
+    ),
+    labelled(
+        counter(
+            "stead_port_errors_total",
+            "Failures the ports reported to the recovery pass and the workers, by port and kind.",
+        ),
+        "port",
     ),
     counter(
         "stead_retirements_total",
@@ -230,6 +238,17 @@ fn label_sets(name: &str) -> Vec<Vec<(&'static str, String)>> {
         }
         "stead_notifications_total" => one("event", NOTIFICATION_EVENTS.to_vec()),
         "stead_catalog_reloads_total" => one("result", vec!["ok", "refused"]),
+        "stead_port_errors_total" => PortName::ALL
+            .iter()
+            .flat_map(|port| {
+                port.kinds().iter().map(move |kind| {
+                    vec![
+                        ("port", port.as_str().to_owned()),
+                        ("kind", kind.as_str().to_owned()),
+                    ]
+                })
+            })
+            .collect(),
         "stead_tasks_total" => crate::core::fleet::TaskKind::ALL
             .iter()
             .flat_map(|kind| {

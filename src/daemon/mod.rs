@@ -28,7 +28,7 @@ use crate::engine::tick::Reconciler;
 use crate::engine::wake::{WakeQueue, WAKE_QUEUE_CAPACITY_DEFAULT};
 use crate::engine::worker::{Worker, WorkerConfig};
 use crate::engine::{Ports, SharedCatalog, SystemClock};
-use crate::ports::{Notifier, Policy, Provisioner, Store};
+use crate::ports::{Notifier, NotifyError, Policy, PolicyError, Provisioner, Store};
 
 pub mod admin;
 pub mod events;
@@ -100,27 +100,33 @@ impl CatalogPolicy {
 
 #[async_trait]
 impl Policy for CatalogPolicy {
-    async fn check(&self, instance: &InstanceName, service: &ServiceName) -> Result<(), String> {
+    async fn check(
+        &self,
+        instance: &InstanceName,
+        service: &ServiceName,
+    ) -> Result<(), PolicyError> {
         let row = self
             .store
             .instance(instance)
             .await
-            .map_err(|e| format!("grants of {instance}: {e}"))?
-            .ok_or_else(|| format!("grants of {instance}: no such instance"))?;
+            .map_err(|e| PolicyError::Unavailable(format!("grants of {instance}: {e}")))?
+            .ok_or_else(|| {
+                PolicyError::Revoked(format!("grants of {instance}: no such instance"))
+            })?;
         let catalog = self.catalog.current();
         let entry = catalog.get(&row.service_type).ok_or_else(|| {
-            format!(
+            PolicyError::Revoked(format!(
                 "{instance}: service type {:?} is not in the catalog; nothing of it is granted",
                 row.service_type
-            )
+            ))
         })?;
         if entry.services.iter().any(|s| &s.name == service) {
             Ok(())
         } else {
-            Err(format!(
+            Err(PolicyError::Revoked(format!(
                 "{instance}: service {service} is not in the catalog's {:?}; its grant was revoked",
                 row.service_type
-            ))
+            )))
         }
     }
 }
@@ -132,7 +138,7 @@ pub struct LogNotifier;
 
 #[async_trait]
 impl Notifier for LogNotifier {
-    async fn notify(&self, event: &str, message: &str) -> Result<(), String> {
+    async fn notify(&self, event: &str, message: &str) -> Result<(), NotifyError> {
         tracing::warn!(event, "{message}");
         ::metrics::counter!("stead_notifications_total", "event" => event.to_owned()).increment(1);
         Ok(())

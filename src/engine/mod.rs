@@ -71,3 +71,17 @@ impl From<Arc<Catalog>> for SharedCatalog {
         Self::new(catalog)
     }
 }
+
+/// `stead_port_errors_total{port, kind}`: every failure a port reported,
+/// by what kind it was.
+pub(crate) fn count_port_failure(
+    port: crate::core::errors::PortName,
+    kind: crate::core::errors::ErrorKind,
+) {
+    metrics::counter!(
+        "stead_port_errors_total",
+        "port" => port.as_str(),
+        "kind" => kind.as_str()
+    )
+    .increment(1);
+}

@@ -20,7 +20,7 @@ use crate::core::plan::{
 };
 use crate::core::policy::PLANNERS_LEASE_NEED;
 use crate::core::types::Timestamp;
-use crate::ports::{LeaseGrant, StoreError};
+use crate::ports::{LeaseGrant, NotifyError, StoreError};
 
 use super::lease::LeaseAnswer;
 use super::recovery::Recoverer;
@@ -183,7 +183,8 @@ impl Reconciler {
 
         let pass = self.recoverer.pass().await;
         if !pass.errors.is_empty() {
-            out.failed.push((Check::Recovery, pass.errors.join("; ")));
+            let errors: Vec<String> = pass.errors.iter().map(ToString::to_string).collect();
+            out.failed.push((Check::Recovery, errors.join("; ")));
         }
         for (name, instance) in &pass.instances {
             for e in &instance.errors {
@@ -459,7 +460,7 @@ impl Reconciler {
                         self.ports.notifier.notify(notice.event, &notice.message),
                     )
                     .await
-                    .unwrap_or_else(|_| Err("timed out".to_owned()));
+                    .unwrap_or_else(|_| Err(NotifyError("timed out".to_owned())));
                     if let Err(e) = sent {
                         out.warnings.push(format!("notify {}: {e}", notice.event));
                     }

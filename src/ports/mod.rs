@@ -10,6 +10,10 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 
+pub use crate::core::errors::{
+    ErrorKind, NotifyError, PolicyError, PortFailure, PortName, ProbeError, ProvisionError,
+    StoreError, TrafficError,
+};
 use crate::core::fleet::{
     Instance, InstanceId, InstanceState, NewTask, RolloutState, Task, TaskId,
 };
@@ -136,11 +140,6 @@ pub trait Runtime: Send + Sync {
     fn events_followed(&self, _followed: bool) {}
 }
 
-/// A failure of the traffic plane (proxy unreachable, rejected config).
-#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
-#[error("traffic: {0}")]
-pub struct TrafficError(pub String);
-
 /// One verified route: the service's backends and the execution they were
 /// verified for.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -194,10 +193,6 @@ pub trait Traffic: Send + Sync {
 
 pub use crate::core::fleet::Release;
 
-#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
-#[error("provisioner: {0}")]
-pub struct ProvisionError(pub String);
-
 /// Releases: install-or-upgrade on a deterministic name, uninstall, list.
 #[async_trait]
 pub trait Provisioner: Send + Sync {
@@ -210,44 +205,23 @@ pub trait Provisioner: Send + Sync {
 /// Readiness of one execution's backends.
 #[async_trait]
 pub trait Probe: Send + Sync {
-    async fn ready(&self, probe: &ReadinessProbe, binds: &Binds) -> Result<(), String>;
+    async fn ready(&self, probe: &ReadinessProbe, binds: &Binds) -> Result<(), ProbeError>;
 }
 
 /// Bind and device grants; checked before any runtime mutation (R11).
 #[async_trait]
 pub trait Policy: Send + Sync {
-    async fn check(&self, instance: &InstanceName, service: &ServiceName) -> Result<(), String>;
+    async fn check(
+        &self,
+        instance: &InstanceName,
+        service: &ServiceName,
+    ) -> Result<(), PolicyError>;
 }
 
 /// Courtesy notifications (drift). A failure never aborts a sweep.
 #[async_trait]
 pub trait Notifier: Send + Sync {
-    async fn notify(&self, event: &str, message: &str) -> Result<(), String>;
-}
-
-/// Why a store operation failed.
-#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
-pub enum StoreError {
-    /// The database is unreachable or the statement failed; retry later.
-    #[error("store unavailable: {0}")]
-    Unavailable(String),
-    /// A row written by another tool does not parse. Names table, row, field
-    /// and value so an operator can fix it.
-    #[error("bad row in {table} (id {id}): {field} = {value:?}")]
-    BadRow {
-        table: &'static str,
-        id: String,
-        field: &'static str,
-        value: String,
-    },
-    /// A compare-and-set or uniqueness precondition did not hold.
-    #[error("conflict: {0}")]
-    Conflict(String),
-    /// The writer's reconciler lease is no longer current.
-    #[error("fenced: reconciler lease epoch {epoch} is no longer current")]
-    Fenced { epoch: i64 },
-    #[error("not found: {0}")]
-    NotFound(String),
+    async fn notify(&self, event: &str, message: &str) -> Result<(), NotifyError>;
 }
 
 /// Proof of holding the reconciler lease; fenced writes carry it.

@@ -10,6 +10,7 @@
 use std::time::Duration;
 
 use stead::core::budget::BudgetEntry;
+use stead::core::errors::{PolicyError, ProbeError, StoreError, TrafficError};
 use stead::core::policy::RecoveryPolicy;
 use stead::core::recovery::{
     Command, GenerationMemory, Outcome, ProxyView, Report, ServiceInput, ServiceMemory,
@@ -175,17 +176,27 @@ impl CaseSeed {
     }
 }
 
+/// `Err(error)` when `fails`, else `Ok(())`.
+pub fn unit<E>(fails: bool, error: E) -> Result<(), E> {
+    if fails {
+        Err(error)
+    } else {
+        Ok(())
+    }
+}
+
 /// An outcome of the right kind for `command`, picked by `seed`.
 pub fn outcome_for(command: &Command, seed: &OutcomeSeed, active: &ActiveService) -> Outcome {
     let fails = seed.choice.is_multiple_of(8);
-    let unit = |what: &str| if fails { Err(what.to_owned()) } else { Ok(()) };
     let runtime = || match seed.choice % 8 {
         0 => Err(RuntimeError::NotFound),
         1 => Err(RuntimeError::Transient("timeout".into())),
         _ => Ok(()),
     };
     match command {
-        Command::Withdraw => Outcome::Withdrawn(unit("proxy 500")),
+        Command::Withdraw => {
+            Outcome::Withdrawn(unit(fails, TrafficError::Rejected("proxy 500".into())))
+        }
         Command::Inspect => Outcome::Inspected(match seed.choice % 8 {
             0 => Err(RuntimeError::NotFound),
             1 => Err(RuntimeError::Transient("timeout".into())),
@@ -199,8 +210,13 @@ pub fn outcome_for(command: &Command, seed: &OutcomeSeed, active: &ActiveService
                 started_at: execution(seed.execution),
             }),
         }),
-        Command::ReleaseClaims => Outcome::ClaimsReleased(unit("store down")),
-        Command::CheckPolicy => Outcome::PolicyChecked(unit("bind policy revoked")),
+        Command::ReleaseClaims => {
+            Outcome::ClaimsReleased(unit(fails, StoreError::Unavailable("store down".into())))
+        }
+        Command::CheckPolicy => Outcome::PolicyChecked(unit(
+            fails,
+            PolicyError::Revoked("bind policy revoked".into()),
+        )),
         Command::Start => Outcome::Started(runtime()),
         Command::Restart { .. } => Outcome::Restarted(runtime()),
         Command::Stop { .. } => Outcome::Stopped(runtime()),
@@ -214,9 +230,12 @@ pub fn outcome_for(command: &Command, seed: &OutcomeSeed, active: &ActiveService
         } else {
             Ok(binds(seed.binds))
         }),
-        Command::ProbeReadiness { .. } => Outcome::Readiness(unit("connection refused")),
+        Command::ProbeReadiness { .. } => Outcome::Readiness(unit(
+            fails,
+            ProbeError::Unreachable("connection refused".into()),
+        )),
         Command::ReloadActive => Outcome::ActiveReloaded(match seed.choice % 8 {
-            0 => Err("store down".into()),
+            0 => Err(StoreError::Unavailable("store down".into())),
             1 => Ok(None),
             2 => Ok(Some(ActiveService {
                 container: ContainerId::new("c2"),
@@ -233,12 +252,16 @@ pub fn outcome_for(command: &Command, seed: &OutcomeSeed, active: &ActiveService
             _ => Ok(Some(active.clone())),
         }),
         Command::PersistBinds { .. } => Outcome::BindsPersisted(match seed.choice % 8 {
-            0 => Err("store down".into()),
+            0 => Err(StoreError::Unavailable("store down".into())),
             1 => Ok(false),
             _ => Ok(true),
         }),
-        Command::Publish { .. } => Outcome::Published(unit("proxy 500")),
-        Command::RecordExecution { .. } => Outcome::ExecutionRecorded(unit("store down")),
+        Command::Publish { .. } => {
+            Outcome::Published(unit(fails, TrafficError::Rejected("proxy 500".into())))
+        }
+        Command::RecordExecution { .. } => {
+            Outcome::ExecutionRecorded(unit(fails, StoreError::Unavailable("store down".into())))
+        }
     }
 }
 

@@ -17,6 +17,7 @@
 
 use std::collections::BTreeMap;
 
+use stead::core::errors::{StoreError, TrafficError};
 use stead::core::memory::RecoveryMemory;
 use stead::core::pass::{Abandon, InstanceAnswer, InstanceCommand, InstancePass, PassInput};
 use stead::core::policy::RecoveryPolicy;
@@ -30,7 +31,7 @@ use stead::core::types::{
     Timestamp,
 };
 
-use crate::machine::{base, binds, execution, outcome_for, OutcomeSeed};
+use crate::machine::{base, binds, execution, outcome_for, unit, OutcomeSeed};
 
 /// One service of the instance, as numbers.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -209,7 +210,6 @@ fn answer_for(
     steady: bool,
 ) -> InstanceAnswer {
     let fails = seed.choice.is_multiple_of(8);
-    let unit = |what: &str| if fails { Err(what.to_owned()) } else { Ok(()) };
     let runtime = || match seed.choice % 8 {
         0 => Err(RuntimeError::NotFound),
         1 => Err(RuntimeError::Transient("timeout".into())),
@@ -257,7 +257,7 @@ fn answer_for(
             })
         }
         InstanceCommand::ReadRoutes => InstanceAnswer::RoutesRead(if fails {
-            Err("proxy unavailable".into())
+            Err(TrafficError::Unreachable("proxy unavailable".into()))
         } else {
             let mut routes = HeldRoutes::new();
             for (i, service) in input.active.services.keys().enumerate() {
@@ -280,9 +280,16 @@ fn answer_for(
                 _ => Ok(()),
             })
         }
-        InstanceCommand::ReleaseClaims(_) => InstanceAnswer::ClaimsReleased(unit("store down")),
-        InstanceCommand::ClearMarker(_) => InstanceAnswer::MarkerCleared(unit("store down")),
-        InstanceCommand::WithdrawStale(_) => InstanceAnswer::StaleWithdrawn(unit("proxy 500")),
+        InstanceCommand::ReleaseClaims(_) => InstanceAnswer::ClaimsReleased(unit(
+            fails,
+            StoreError::Unavailable("store down".into()),
+        )),
+        InstanceCommand::ClearMarker(_) => {
+            InstanceAnswer::MarkerCleared(unit(fails, StoreError::Unavailable("store down".into())))
+        }
+        InstanceCommand::WithdrawStale(_) => {
+            InstanceAnswer::StaleWithdrawn(unit(fails, TrafficError::Rejected("proxy 500".into())))
+        }
     }
 }
 

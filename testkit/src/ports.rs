@@ -24,9 +24,10 @@ use stead::core::types::{
 };
 
 use stead::ports::{
-    Clock, CreateContainer, EventSubscription, HeldRoute, ManagedContainer, Notifier, PlaneCheck,
-    Policy, Probe, ProvisionError, Provisioner, Release, Route, Runtime, RuntimeEvent,
-    RuntimeEventAction, RuntimeEvents, ServiceKey, Traffic, TrafficError,
+    Clock, CreateContainer, EventSubscription, HeldRoute, ManagedContainer, Notifier, NotifyError,
+    PlaneCheck, Policy, PolicyError, Probe, ProbeError, ProvisionError, Provisioner, Release,
+    Route, Runtime, RuntimeEvent, RuntimeEventAction, RuntimeEvents, ServiceKey, Traffic,
+    TrafficError,
 };
 
 /// Which operation a fault is asked about.
@@ -713,7 +714,7 @@ fn check_owner(
     if container.instance == key.instance && container.service == key.service {
         return Ok(());
     }
-    Err(RuntimeError::Transient(format!(
+    Err(RuntimeError::Refused(format!(
         "refusing to {operation} container {}: it belongs to {}/{}, not {}/{}",
         key.container, container.instance, container.service, key.instance, key.service
     )))
@@ -764,7 +765,7 @@ impl Traffic for MemoryTraffic {
             .hooks
             .admit(Op::Publish, &subject)
             .await
-            .map_err(|f| TrafficError(text_err(f)))?;
+            .map_err(|f| TrafficError::Unreachable(text_err(f)))?;
         self.hooks.observer.effect(&Effect::Published {
             route: route.clone(),
         });
@@ -781,7 +782,7 @@ impl Traffic for MemoryTraffic {
         self.hooks
             .gate(Op::TrafficRead, "ensure")
             .await
-            .map_err(|f| TrafficError(text_err(f)))?;
+            .map_err(|f| TrafficError::Unreachable(text_err(f)))?;
         if self.lost.swap(false, std::sync::atomic::Ordering::SeqCst) {
             Ok(PlaneCheck::Recreated)
         } else {
@@ -793,7 +794,7 @@ impl Traffic for MemoryTraffic {
         self.hooks
             .gate(Op::TrafficRead, "read routes")
             .await
-            .map_err(|f| TrafficError(text_err(f)))?;
+            .map_err(|f| TrafficError::Unreachable(text_err(f)))?;
         Ok(self
             .routes
             .lock()
@@ -816,7 +817,7 @@ impl Traffic for MemoryTraffic {
                 self.hooks.observer.effect(&Effect::WithdrawFailed {
                     service: service.clone(),
                 });
-                return Err(TrafficError(text_err(f)));
+                return Err(TrafficError::Unreachable(text_err(f)));
             }
         };
         self.routes
@@ -846,8 +847,11 @@ impl MemoryProbe {
 
 #[async_trait]
 impl Probe for MemoryProbe {
-    async fn ready(&self, _probe: &ReadinessProbe, binds: &Binds) -> Result<(), String> {
-        self.hooks.gate(Op::Probe, "").await.map_err(text_err)?;
+    async fn ready(&self, _probe: &ReadinessProbe, binds: &Binds) -> Result<(), ProbeError> {
+        self.hooks
+            .gate(Op::Probe, "")
+            .await
+            .map_err(|f| ProbeError::Unreachable(text_err(f)))?;
         let ready = self.runtime.with_containers(|cs| {
             cs.iter()
                 .find(|(_, c)| &c.binds == binds && c.status == ContainerStatus::Running && c.ready)
@@ -861,7 +865,7 @@ impl Probe for MemoryProbe {
             });
             Ok(())
         } else {
-            Err("connection refused".into())
+            Err(ProbeError::Unreachable("connection refused".into()))
         }
     }
 }
@@ -883,10 +887,16 @@ impl MemoryPolicy {
 
 #[async_trait]
 impl Policy for MemoryPolicy {
-    async fn check(&self, instance: &InstanceName, service: &ServiceName) -> Result<(), String> {
+    async fn check(
+        &self,
+        instance: &InstanceName,
+        service: &ServiceName,
+    ) -> Result<(), PolicyError> {
         let revoked = self.revoked.lock().expect("poisoned");
         if revoked.contains(&(instance.clone(), service.clone())) {
-            Err(format!("grants for {instance}/{service} revoked"))
+            Err(PolicyError::Revoked(format!(
+                "grants for {instance}/{service} revoked"
+            )))
         } else {
             Ok(())
         }
@@ -939,7 +949,7 @@ impl Provisioner for MemoryProvisioner {
             .hooks
             .admit(Op::Install, release)
             .await
-            .map_err(|f| ProvisionError(text_err(f)))?;
+            .map_err(|f| ProvisionError::Unavailable(text_err(f)))?;
         self.releases
             .lock()
             .expect("poisoned")
@@ -956,7 +966,7 @@ impl Provisioner for MemoryProvisioner {
             .hooks
             .admit(Op::Uninstall, release)
             .await
-            .map_err(|f| ProvisionError(text_err(f)))?;
+            .map_err(|f| ProvisionError::Unavailable(text_err(f)))?;
         self.releases.lock().expect("poisoned").remove(release);
         self.hooks.observer.effect(&Effect::Uninstalled {
             release: release.to_owned(),
@@ -969,7 +979,7 @@ impl Provisioner for MemoryProvisioner {
         self.hooks
             .gate(Op::ListReleases, "")
             .await
-            .map_err(|f| ProvisionError(text_err(f)))?;
+            .map_err(|f| ProvisionError::Unavailable(text_err(f)))?;
         Ok(self
             .releases
             .lock()
@@ -1001,8 +1011,11 @@ impl MemoryNotifier {
 
 #[async_trait]
 impl Notifier for MemoryNotifier {
-    async fn notify(&self, event: &str, message: &str) -> Result<(), String> {
-        self.hooks.gate(Op::Notify, event).await.map_err(text_err)?;
+    async fn notify(&self, event: &str, message: &str) -> Result<(), NotifyError> {
+        self.hooks
+            .gate(Op::Notify, event)
+            .await
+            .map_err(|f| NotifyError(text_err(f)))?;
         self.sent
             .lock()
             .expect("poisoned")

@@ -21,6 +21,7 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
+use stead::core::errors::{ProbeError, StoreError};
 use stead::core::fleet::InstanceState;
 use stead::core::spec::{ReadinessProbe, ServiceSpec};
 use stead::core::types::{
@@ -124,28 +125,28 @@ fn answer_for(command: &UpgradeCommand, seed: &OutcomeSeed) -> UpgradeAnswer {
             Ok(binds(seed.binds))
         }),
         UpgradeCommand::Probe { .. } => UpgradeAnswer::Probed(if fails {
-            Err("connection refused".into())
+            Err(ProbeError::Unreachable("connection refused".into()))
         } else {
             Ok(())
         }),
         UpgradeCommand::RemoveCandidate(_) => UpgradeAnswer::Removed(Ok(())),
         UpgradeCommand::SaveMarker(_) => UpgradeAnswer::MarkerSaved(if fails {
-            Err("store down".into())
+            Err(StoreError::Unavailable("store down".into()))
         } else {
             Ok(())
         }),
         UpgradeCommand::SaveActive { .. } => UpgradeAnswer::ActiveSaved(if fails {
-            Err("store down".into())
+            Err(StoreError::Unavailable("store down".into()))
         } else {
             Ok(())
         }),
         UpgradeCommand::MoveState { .. } => UpgradeAnswer::StateMoved(if seed.choice % 16 == 5 {
-            Err("changed state concurrently".into())
+            Err(StoreError::Conflict("changed state concurrently".into()))
         } else {
             Ok(())
         }),
         UpgradeCommand::SetVersion(_) => UpgradeAnswer::VersionSet(if seed.choice % 16 == 6 {
-            Err("store down".into())
+            Err(StoreError::Unavailable("store down".into()))
         } else {
             Ok(())
         }),

@@ -8,6 +8,7 @@ use std::time::Duration;
 
 use jiff::Timestamp;
 
+use stead::core::errors::{PolicyError, ProbeError, StoreError, TrafficError};
 use stead::core::fleet::add;
 use stead::core::memory::RecoveryMemory;
 use stead::core::pass::{InstanceAnswer, InstanceCommand, InstancePass, PassInput};
@@ -51,16 +52,16 @@ impl FakeContainer {
 /// Results the next commands of one kind are forced to have.
 #[derive(Clone, Debug, Default)]
 pub struct Faults {
-    pub withdraw: VecDeque<String>,
-    pub publish: VecDeque<String>,
+    pub withdraw: VecDeque<TrafficError>,
+    pub publish: VecDeque<TrafficError>,
     pub inspect: VecDeque<RuntimeError>,
     pub start: VecDeque<RuntimeError>,
     pub restart: VecDeque<RuntimeError>,
     pub health: VecDeque<RuntimeError>,
     pub binds: VecDeque<RuntimeError>,
-    pub persist: VecDeque<String>,
-    /// When set, the policy check fails with this message.
-    pub policy_revoked: Option<String>,
+    pub persist: VecDeque<StoreError>,
+    /// When set, the policy check fails with this error.
+    pub policy_revoked: Option<PolicyError>,
     /// When set, the runtime itself restarts the container while the
     /// readiness probe runs (a native restart racing verification).
     pub native_restart_during_probe: bool,
@@ -429,7 +430,7 @@ impl World {
         self.start(id)
     }
 
-    fn probe(&mut self, id: &ContainerId) -> Result<(), String> {
+    fn probe(&mut self, id: &ContainerId) -> Result<(), ProbeError> {
         if self.faults.native_restart_during_probe {
             self.faults.native_restart_during_probe = false;
             let started_at = self.next_execution();
@@ -445,12 +446,15 @@ impl World {
                 }
             }
         }
-        let c = self.containers.get(id).ok_or("container gone")?;
+        let c = self
+            .containers
+            .get(id)
+            .ok_or_else(|| ProbeError::Unreachable("container gone".into()))?;
         if c.ready && c.status == ContainerStatus::Running {
             self.probed_ready.push((id.clone(), c.started_at));
             Ok(())
         } else {
-            Err("connection refused".into())
+            Err(ProbeError::Unreachable("connection refused".into()))
         }
     }
 }

@@ -14,7 +14,7 @@ use crate::core::types::{ActiveRecord, Inhibition, InstanceName};
 use crate::ports::{LeaseGrant, StoreError};
 
 use super::log::{log_hold, record_metrics, StepLog};
-use super::{InstanceOutcome, Recoverer};
+use super::{InstanceOutcome, RecoverError, Recoverer};
 
 /// What entitles one instance's recovery to act: the reconciler lease
 /// (its fence goes with every write) and the instance's lock, each trusted
@@ -63,7 +63,10 @@ impl Recoverer {
             }
             Err(e) => {
                 return InstanceOutcome {
-                    errors: vec![format!("{}: lock: {e}", instance.name)],
+                    errors: vec![RecoverError::Lock {
+                        instance: instance.name.clone(),
+                        source: e,
+                    }],
                     ..Default::default()
                 }
             }
@@ -87,12 +90,16 @@ impl Recoverer {
         let loaded = within(deadline, self.load(&instance.name)).await;
         let (instance, active, inhibitions) = match loaded {
             Ok(Ok(loaded)) => loaded,
-            Ok(Err(e)) => return InstanceOutcome::failed(format!("{}: load: {e}", instance.name)),
+            Ok(Err(source)) => {
+                return InstanceOutcome::failed(RecoverError::Load {
+                    instance: instance.name.clone(),
+                    source,
+                })
+            }
             Err(_) => {
-                return InstanceOutcome::failed(format!(
-                    "{}: load: deadline exceeded",
-                    instance.name
-                ))
+                return InstanceOutcome::failed(RecoverError::Deadline {
+                    what: format!("{}: load", instance.name),
+                })
             }
         };
         let memory = self
@@ -146,7 +153,7 @@ impl Recoverer {
         InstanceOutcome {
             reports: report.reports,
             retired: report.retired.iter().map(ToString::to_string).collect(),
-            errors: report.errors,
+            errors: report.errors.into_iter().map(RecoverError::from).collect(),
             ..Default::default()
         }
     }

@@ -7,6 +7,7 @@ use crate::core::memory::RecoveryMemory;
 use crate::core::pass::{InstanceAnswer, InstanceCommand};
 use crate::core::recovery::{Command, Outcome, Report, Verdict, Why};
 use crate::core::types::{ContainerStatus, GenerationKey};
+use crate::engine::count_port_failure;
 
 pub(super) fn record_metrics(report: &Report) {
     if report.intervened {
@@ -48,6 +49,9 @@ impl StepLog {
         why: Option<Why>,
         answer: &InstanceAnswer,
     ) {
+        if let Some((port, kind)) = answer.port_failure() {
+            count_port_failure(port, kind);
+        }
         let (
             InstanceCommand::Service { key, command },
             InstanceAnswer::Service(outcome),

@@ -20,7 +20,7 @@ mod outcome;
 mod perform;
 mod plane;
 
-pub use outcome::{InstanceOutcome, PassOutcome};
+pub use outcome::{InstanceOutcome, PassOutcome, RecoverError};
 
 use super::lease::LeaseGuard;
 pub use super::locks::InstanceLocks;
@@ -99,10 +99,10 @@ impl Recoverer {
         .await;
         match began {
             Ok(Ok(())) => {}
-            Ok(Err(e)) => outcome.errors.push(format!("runtime list: {e}")),
-            Err(_) => outcome
-                .errors
-                .push("runtime list: deadline exceeded".to_owned()),
+            Ok(Err(e)) => outcome.errors.push(RecoverError::RuntimeList(e)),
+            Err(_) => outcome.errors.push(RecoverError::Deadline {
+                what: "runtime list".to_owned(),
+            }),
         }
         // The routes are read before the instances are listed: an instance
         // created in between is listed, so its fresh route is never taken
@@ -111,14 +111,15 @@ impl Recoverer {
         let rows = match self.ports.store.list_instances().await {
             Ok(rows) => rows,
             Err(e) => {
-                outcome.errors.push(format!("list instances: {e}"));
+                outcome.errors.push(RecoverError::ListInstances(e));
                 return outcome;
             }
         };
+        let bad_rows = !rows.bad.is_empty();
         outcome
             .errors
-            .extend(rows.bad.iter().map(|e| format!("skipped row: {e}")));
-        let plan = plan_fleet_pass(held.as_ref(), rows.rows, !rows.bad.is_empty());
+            .extend(rows.bad.into_iter().map(RecoverError::SkippedRow));
+        let plan = plan_fleet_pass(held.as_ref(), rows.rows, bad_rows);
         for gone in &plan.withdraw {
             self.withdraw_stale(gone, &mut outcome.errors).await;
         }
@@ -132,9 +133,7 @@ impl Recoverer {
             let result = self.recover_instance_seeing(&instance, held.as_ref()).await;
             if result.skipped_no_lease {
                 // The lease is lost: nothing more may be done this pass.
-                outcome
-                    .errors
-                    .push("reconciler lease lost; pass stopped".to_owned());
+                outcome.errors.push(RecoverError::LeaseLost);
                 break;
             }
             outcome.instances.insert(instance.name.clone(), result);

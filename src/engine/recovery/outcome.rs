@@ -2,15 +2,81 @@
 
 use std::collections::BTreeMap;
 
+use crate::core::errors::{ErrorKind, PortFailure, PortName};
+use crate::core::pass::PassError;
 use crate::core::recovery::Report;
-use crate::core::types::InstanceName;
+use crate::core::types::{InstanceName, RuntimeError, ServiceKey};
+use crate::ports::{StoreError, TrafficError};
+
+/// One failure of a recovery pass, naming the instance (and service) it
+/// concerns when it concerns one; a port's typed error is its source.
+#[derive(Debug, thiserror::Error)]
+pub enum RecoverError {
+    /// Something in one instance's pass, as the core reported it.
+    #[error(transparent)]
+    Pass(#[from] PassError),
+    #[error("{instance}: lock: {source}")]
+    Lock {
+        instance: InstanceName,
+        #[source]
+        source: StoreError,
+    },
+    #[error("{instance}: load: {source}")]
+    Load {
+        instance: InstanceName,
+        #[source]
+        source: StoreError,
+    },
+    #[error("runtime list: {0}")]
+    RuntimeList(#[source] RuntimeError),
+    #[error("list instances: {0}")]
+    ListInstances(#[source] StoreError),
+    #[error("skipped row: {0}")]
+    SkippedRow(#[source] StoreError),
+    #[error("traffic plane: {0}")]
+    TrafficPlane(#[source] TrafficError),
+    #[error("read routes back: {0}")]
+    ReadRoutes(#[source] TrafficError),
+    #[error("{}/{}: withdraw stale route: {source}", .route.instance, .route.service)]
+    WithdrawStale {
+        route: ServiceKey,
+        #[source]
+        source: TrafficError,
+    },
+    /// A step that did not finish within the instance deadline.
+    #[error("{what}: deadline exceeded")]
+    Deadline { what: String },
+    #[error("reconciler lease lost; pass stopped")]
+    LeaseLost,
+}
+
+impl RecoverError {
+    /// The port and kind of the failure underneath, if a port failed.
+    pub fn port_failure(&self) -> Option<(PortName, ErrorKind)> {
+        fn of<E: PortFailure>(e: &E) -> Option<(PortName, ErrorKind)> {
+            Some((E::PORT, e.kind()))
+        }
+        match self {
+            Self::Pass(e) => e.port_failure(),
+            Self::Lock { source: e, .. }
+            | Self::Load { source: e, .. }
+            | Self::ListInstances(e)
+            | Self::SkippedRow(e) => of(e),
+            Self::RuntimeList(e) => of(e),
+            Self::TrafficPlane(e) | Self::ReadRoutes(e) | Self::WithdrawStale { source: e, .. } => {
+                of(e)
+            }
+            Self::Deadline { .. } | Self::LeaseLost => None,
+        }
+    }
+}
 
 /// What one instance's recovery did.
 #[derive(Debug, Default)]
 pub struct InstanceOutcome {
     pub reports: Vec<Report>,
     pub retired: Vec<String>,
-    pub errors: Vec<String>,
+    pub errors: Vec<RecoverError>,
     pub skipped_busy: bool,
     /// Not attempted: this process no longer holds the reconciler lease
     /// (T2), so it must not act.
@@ -22,11 +88,11 @@ pub struct InstanceOutcome {
 pub struct PassOutcome {
     pub instances: BTreeMap<InstanceName, InstanceOutcome>,
     /// Errors not tied to one instance (listing failed, bad rows).
-    pub errors: Vec<String>,
+    pub errors: Vec<RecoverError>,
 }
 
 impl InstanceOutcome {
-    pub(super) fn failed(error: String) -> Self {
+    pub(super) fn failed(error: RecoverError) -> Self {
         Self {
             errors: vec![error],
             ..Default::default()

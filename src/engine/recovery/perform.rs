@@ -29,8 +29,7 @@ impl Recoverer {
                 p.traffic
                     .held_routes()
                     .await
-                    .map(|routes| routes.into_iter().map(|r| (r.service, r.port)).collect())
-                    .map_err(|e| e.to_string()),
+                    .map(|routes| routes.into_iter().map(|r| (r.service, r.port)).collect()),
             ),
             InstanceCommand::StopPredecessor { generation, grace } => {
                 InstanceAnswer::PredecessorStopped(p.runtime.stop(generation, *grace).await)
@@ -41,8 +40,7 @@ impl Recoverer {
             InstanceCommand::ReleaseClaims(generation) => InstanceAnswer::ClaimsReleased(
                 p.store
                     .release_claims(&generation.instance, &generation.container, Some(fence))
-                    .await
-                    .map_err(|e| e.to_string()),
+                    .await,
             ),
             InstanceCommand::ClearMarker(generation) => InstanceAnswer::MarkerCleared(
                 p.store
@@ -52,8 +50,7 @@ impl Recoverer {
                         &generation.container,
                         Some(fence),
                     )
-                    .await
-                    .map_err(|e| e.to_string()),
+                    .await,
             ),
             InstanceCommand::WithdrawStale(service) => {
                 let result = p.traffic.withdraw(service).await;
@@ -64,7 +61,7 @@ impl Recoverer {
                         "withdrew a route nothing serves any more"
                     );
                 }
-                InstanceAnswer::StaleWithdrawn(result.map_err(|e| e.to_string()))
+                InstanceAnswer::StaleWithdrawn(result)
             }
         }
     }
@@ -90,15 +87,12 @@ impl Recoverer {
                 if result.is_ok() {
                     metrics::counter!("stead_withdrawals_total").increment(1);
                 }
-                Outcome::Withdrawn(result.map_err(|e| e.to_string()))
+                Outcome::Withdrawn(result)
             }
             Command::Inspect => Outcome::Inspected(p.runtime.inspect(id).await),
-            Command::ReleaseClaims => Outcome::ClaimsReleased(
-                p.store
-                    .release_claims(&key.instance, id, fence)
-                    .await
-                    .map_err(|e| e.to_string()),
-            ),
+            Command::ReleaseClaims => {
+                Outcome::ClaimsReleased(p.store.release_claims(&key.instance, id, fence).await)
+            }
             Command::CheckPolicy => {
                 Outcome::PolicyChecked(p.policy.check(&key.instance, &key.service).await)
             }
@@ -133,14 +127,12 @@ impl Recoverer {
                 p.store
                     .load_active(&key.instance)
                     .await
-                    .map(|a| a.services.get(&key.service).cloned())
-                    .map_err(|e| e.to_string()),
+                    .map(|a| a.services.get(&key.service).cloned()),
             ),
             Command::PersistBinds { binds, revision } => Outcome::BindsPersisted(
                 p.store
                     .persist_binds(&key.instance, &key.service, id, revision, binds, fence)
-                    .await
-                    .map_err(|e| e.to_string()),
+                    .await,
             ),
             Command::Publish { binds, started_at } => {
                 let route = Route {
@@ -149,13 +141,12 @@ impl Recoverer {
                     binds: binds.clone(),
                     verified_started_at: *started_at,
                 };
-                Outcome::Published(p.traffic.publish(&route).await.map_err(|e| e.to_string()))
+                Outcome::Published(p.traffic.publish(&route).await)
             }
             Command::RecordExecution { started_at } => Outcome::ExecutionRecorded(
                 p.store
                     .record_verified_execution(&key.instance, &key.service, id, *started_at, fence)
-                    .await
-                    .map_err(|e| e.to_string()),
+                    .await,
             ),
         }
     }

@@ -5,7 +5,7 @@ use crate::core::traffic::HeldRoutes;
 use crate::core::types::ServiceKey;
 use crate::ports::PlaneCheck;
 
-use super::{PassOutcome, Recoverer};
+use super::{PassOutcome, RecoverError, Recoverer};
 
 impl Recoverer {
     /// T5: makes sure of the traffic plane and reads its routes back, one
@@ -26,28 +26,32 @@ impl Recoverer {
                 was = %was,
                 "stead's proxy server listened elsewhere than configured; corrected"
             ),
-            Ok(Err(e)) => outcome.errors.push(format!("traffic plane: {e}")),
-            Err(_) => outcome
-                .errors
-                .push("traffic plane: deadline exceeded".to_owned()),
+            Ok(Err(e)) => outcome.errors.push(RecoverError::TrafficPlane(e)),
+            Err(_) => outcome.errors.push(RecoverError::Deadline {
+                what: "traffic plane".to_owned(),
+            }),
         }
         match tokio::time::timeout(deadline, traffic.held_routes()).await {
             Ok(Ok(routes)) => Some(routes.into_iter().map(|r| (r.service, r.port)).collect()),
             Ok(Err(e)) => {
-                outcome.errors.push(format!("read routes back: {e}"));
+                outcome.errors.push(RecoverError::ReadRoutes(e));
                 None
             }
             Err(_) => {
-                outcome
-                    .errors
-                    .push("read routes back: deadline exceeded".to_owned());
+                outcome.errors.push(RecoverError::Deadline {
+                    what: "read routes back".to_owned(),
+                });
                 None
             }
         }
     }
 
     /// Withdraws a route nothing may be routed by any more, under the lease.
-    pub(super) async fn withdraw_stale(&self, service: &ServiceKey, errors: &mut Vec<String>) {
+    pub(super) async fn withdraw_stale(
+        &self,
+        service: &ServiceKey,
+        errors: &mut Vec<RecoverError>,
+    ) {
         if self.fence().await.is_none() {
             return;
         }
@@ -65,14 +69,16 @@ impl Recoverer {
                     "withdrew a route nothing serves any more"
                 );
             }
-            Ok(Err(e)) => errors.push(format!(
-                "{}/{}: withdraw stale route: {e}",
-                service.instance, service.service
-            )),
-            Err(_) => errors.push(format!(
-                "{}/{}: withdraw stale route: deadline exceeded",
-                service.instance, service.service
-            )),
+            Ok(Err(source)) => errors.push(RecoverError::WithdrawStale {
+                route: service.clone(),
+                source,
+            }),
+            Err(_) => errors.push(RecoverError::Deadline {
+                what: format!(
+                    "{}/{}: withdraw stale route",
+                    service.instance, service.service
+                ),
+            }),
         }
     }
 }

@@ -2,8 +2,9 @@
 //! decisions here.
 
 use crate::core::fleet::Instance;
-use crate::core::provision::{WorkAnswer, WorkCommand};
+use crate::core::provision::{WorkAnswer, WorkCommand, WorkError};
 use crate::core::upgrade::{UpgradeAnswer, UpgradeCommand};
+use crate::ports::StoreError;
 
 use super::Worker;
 
@@ -16,56 +17,37 @@ impl Worker {
     ) -> WorkAnswer {
         let p = &self.ports;
         let name = &instance.name;
-        let done = |r: Result<(), String>| WorkAnswer::Done(r);
         match command {
             WorkCommand::Install { version } => done(
                 p.provisioner
                     .install_or_upgrade(name.as_str(), &version)
-                    .await
-                    .map_err(|e| e.to_string()),
+                    .await,
             ),
-            WorkCommand::Uninstall => done(
-                p.provisioner
-                    .uninstall(name.as_str())
-                    .await
-                    .map_err(|e| e.to_string()),
-            ),
+            WorkCommand::Uninstall => done(p.provisioner.uninstall(name.as_str()).await),
             WorkCommand::Inspect(id) => WorkAnswer::Inspected(p.runtime.inspect(&id).await),
             WorkCommand::Create { spec, revision } => {
                 WorkAnswer::Created(self.create(instance, &spec, &revision).await)
             }
-            WorkCommand::SaveActive { service, record } => done(
-                p.store
-                    .save_active_service(name, &service, &record)
-                    .await
-                    .map_err(|e| e.to_string()),
-            ),
-            WorkCommand::Withdraw(key) => {
-                done(p.traffic.withdraw(&key).await.map_err(|e| e.to_string()))
+            WorkCommand::SaveActive { service, record } => {
+                done(p.store.save_active_service(name, &service, &record).await)
             }
+            WorkCommand::Withdraw(key) => done(p.traffic.withdraw(&key).await),
             WorkCommand::Stop { generation, grace } => {
                 WorkAnswer::Stopped(p.runtime.stop(&generation, grace).await)
             }
             WorkCommand::Remove(generation) => {
                 WorkAnswer::Removed(p.runtime.remove(&generation).await)
             }
-            WorkCommand::ReleaseClaims(container) => done(
-                p.store
-                    .release_claims(name, &container, None)
-                    .await
-                    .map_err(|e| e.to_string()),
-            ),
-            WorkCommand::RemoveActive(service) => done(
-                p.store
-                    .remove_active_service(name, &service)
-                    .await
-                    .map_err(|e| e.to_string()),
-            ),
+            WorkCommand::ReleaseClaims(container) => {
+                done(p.store.release_claims(name, &container, None).await)
+            }
+            WorkCommand::RemoveActive(service) => {
+                done(p.store.remove_active_service(name, &service).await)
+            }
             WorkCommand::ClearInhibition(marker) => done(
                 p.store
                     .clear_inhibition(name, &marker.service, &marker.container, None)
-                    .await
-                    .map_err(|e| e.to_string()),
+                    .await,
             ),
         }
     }
@@ -85,18 +67,17 @@ impl Worker {
                     .await
                 {
                     Ok(true) => Ok(()),
-                    Ok(false) => Err(format!(
+                    Ok(false) => Err(StoreError::Conflict(format!(
                         "instance {} changed state concurrently (expected {from})",
                         instance.name
-                    )),
-                    Err(e) => Err(e.to_string()),
+                    ))),
+                    Err(e) => Err(e),
                 },
             ),
             UpgradeCommand::SetVersion(version) => UpgradeAnswer::VersionSet(
                 p.store
                     .set_instance_version(instance.id, &version, p.clock.now())
-                    .await
-                    .map_err(|e| e.to_string()),
+                    .await,
             ),
             UpgradeCommand::Create { spec, revision } => {
                 UpgradeAnswer::Created(self.create(instance, &spec, &revision).await)
@@ -109,18 +90,19 @@ impl Worker {
             UpgradeCommand::RemoveCandidate(generation) => {
                 UpgradeAnswer::Removed(p.runtime.remove(&generation).await)
             }
-            UpgradeCommand::SaveMarker(marker) => UpgradeAnswer::MarkerSaved(
-                p.store
-                    .save_inhibition(&instance.name, &marker)
-                    .await
-                    .map_err(|e| e.to_string()),
-            ),
+            UpgradeCommand::SaveMarker(marker) => {
+                UpgradeAnswer::MarkerSaved(p.store.save_inhibition(&instance.name, &marker).await)
+            }
             UpgradeCommand::SaveActive { service, record } => UpgradeAnswer::ActiveSaved(
                 p.store
                     .save_active_service(&instance.name, &service, &record)
-                    .await
-                    .map_err(|e| e.to_string()),
+                    .await,
             ),
         }
     }
+}
+
+/// The answer of a step whose only result is success or a port's failure.
+fn done<E: Into<WorkError>>(result: Result<(), E>) -> WorkAnswer {
+    WorkAnswer::Done(result.map_err(Into::into))
 }

@@ -4,13 +4,16 @@
 
 use crate::core::catalog::CatalogEntry;
 use crate::core::fleet::{Instance, InstanceState};
-use crate::core::provision::{Deprovision, DeprovisionInput, Provision, ProvisionInput};
+use crate::core::provision::{
+    Deprovision, DeprovisionInput, Provision, ProvisionInput, WorkAnswer,
+};
 use crate::core::spec::ServiceSpec;
 use crate::core::types::{ContainerId, RuntimeError};
 use crate::core::upgrade::{Upgrade, UpgradeInput, UPGRADE_RETRY_INTERVAL};
 use crate::ports::CreateContainer;
 
 use super::Worker;
+use crate::engine::count_port_failure;
 
 impl Worker {
     /// The instance's catalog entry as the catalog is now (it may be
@@ -51,7 +54,7 @@ impl Worker {
                     continue;
                 }
             }
-            provision.handle(self.perform_work(instance, command).await);
+            provision.handle(counted(self.perform_work(instance, command).await));
         }
         provision.into_result()?;
         self.move_to(instance, InstanceState::Ready).await
@@ -92,6 +95,9 @@ impl Worker {
                     }
                 }
                 let answer = self.perform_upgrade(instance, command).await;
+                if let Some((port, kind)) = answer.port_failure() {
+                    count_port_failure(port, kind);
+                }
                 upgrade.handle(answer, p.clock.now());
             } else if upgrade.poll_timeout().is_some() {
                 // The successor is not running yet: look again shortly.
@@ -129,7 +135,7 @@ impl Worker {
                     continue;
                 }
             }
-            deprovision.handle(self.perform_work(instance, command).await);
+            deprovision.handle(counted(self.perform_work(instance, command).await));
         }
         deprovision.into_result()?;
         self.move_to(instance, InstanceState::Deleted).await
@@ -186,4 +192,12 @@ impl Worker {
             })
             .await
     }
+}
+
+/// Counts the port failure a provisioning answer reports, if any.
+fn counted(answer: WorkAnswer) -> WorkAnswer {
+    if let Some((port, kind)) = answer.port_failure() {
+        count_port_failure(port, kind);
+    }
+    answer
 }

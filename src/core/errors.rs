@@ -1,0 +1,352 @@
+//! What each port's failures are, as types.
+//!
+//! Every port says what kind of failure it met, not only a message: the
+//! core decides on the kind (a container confirmed gone is not a timeout),
+//! the engine wraps it naming the instance and service, metrics count it by
+//! [`ErrorKind`], and operator commands turn it into an exit code. The
+//! message stays for the operator: it names what was asked and what came
+//! back.
+//!
+//! The runtime's error, [`RuntimeError`], lives with the observations it
+//! answers (`core::types`); the others are here, since the core's outcomes
+//! carry them.
+
+use std::fmt;
+
+use super::types::RuntimeError;
+
+/// What a failure lets the caller conclude, across every port. A port uses
+/// only the kinds it can really tell apart.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum ErrorKind {
+    /// The thing asked about is confirmed not to exist.
+    NotFound,
+    /// Another change got there first (a uniqueness or compare-and-set
+    /// precondition, an operation already in progress).
+    Conflict,
+    /// Refused for what was asked: bad input, a container or row that is
+    /// not stead's, a grant withdrawn. Retrying the same thing fails again.
+    Refused,
+    /// A fault that changes nothing and may pass: a timeout, a 500.
+    Transient,
+    /// The service behind the port could not be reached at all.
+    Unavailable,
+    /// The writer's reconciler lease is no longer current (T2).
+    Fenced,
+    /// A row written by something else does not parse.
+    BadRow,
+    /// Answered, but not ready (a readiness probe's verdict).
+    NotReady,
+    /// The command it ran failed (a Helm release that did not install).
+    Failed,
+}
+
+impl ErrorKind {
+    pub const ALL: [ErrorKind; 9] = [
+        ErrorKind::NotFound,
+        ErrorKind::Conflict,
+        ErrorKind::Refused,
+        ErrorKind::Transient,
+        ErrorKind::Unavailable,
+        ErrorKind::Fenced,
+        ErrorKind::BadRow,
+        ErrorKind::NotReady,
+        ErrorKind::Failed,
+    ];
+
+    /// The metric label and log field.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::NotFound => "not_found",
+            Self::Conflict => "conflict",
+            Self::Refused => "refused",
+            Self::Transient => "transient",
+            Self::Unavailable => "unavailable",
+            Self::Fenced => "fenced",
+            Self::BadRow => "bad_row",
+            Self::NotReady => "not_ready",
+            Self::Failed => "failed",
+        }
+    }
+}
+
+impl fmt::Display for ErrorKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// Which port a failure came through: the other metric label.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum PortName {
+    Runtime,
+    Traffic,
+    Store,
+    Probe,
+    Policy,
+    Provisioner,
+    Notifier,
+}
+
+impl PortName {
+    pub const ALL: [PortName; 7] = [
+        PortName::Runtime,
+        PortName::Traffic,
+        PortName::Store,
+        PortName::Probe,
+        PortName::Policy,
+        PortName::Provisioner,
+        PortName::Notifier,
+    ];
+
+    /// The kinds of failure this port can report.
+    pub fn kinds(self) -> &'static [ErrorKind] {
+        use ErrorKind::*;
+        match self {
+            Self::Runtime => &[NotFound, Conflict, Refused, Transient],
+            Self::Traffic => &[Unavailable, Refused],
+            Self::Store => &[Unavailable, BadRow, Conflict, Fenced, NotFound],
+            Self::Probe => &[Unavailable, NotReady, Refused],
+            Self::Policy => &[Refused, Unavailable],
+            Self::Provisioner => &[NotFound, Refused, Failed, Unavailable],
+            Self::Notifier => &[Unavailable],
+        }
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Runtime => "runtime",
+            Self::Traffic => "traffic",
+            Self::Store => "store",
+            Self::Probe => "probe",
+            Self::Policy => "policy",
+            Self::Provisioner => "provisioner",
+            Self::Notifier => "notifier",
+        }
+    }
+}
+
+/// A typed port failure: its port and kind, for metrics and exit codes.
+pub trait PortFailure: std::error::Error {
+    const PORT: PortName;
+    fn kind(&self) -> ErrorKind;
+}
+
+impl PortFailure for RuntimeError {
+    const PORT: PortName = PortName::Runtime;
+    fn kind(&self) -> ErrorKind {
+        match self {
+            Self::NotFound => ErrorKind::NotFound,
+            Self::Conflict(_) => ErrorKind::Conflict,
+            Self::Refused(_) => ErrorKind::Refused,
+            Self::Transient(_) => ErrorKind::Transient,
+        }
+    }
+}
+
+/// Why a store operation failed.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum StoreError {
+    /// The database is unreachable or the statement failed; retry later.
+    #[error("store unavailable: {0}")]
+    Unavailable(String),
+    /// A row written by another tool does not parse. Names table, row, field
+    /// and value so an operator can fix it.
+    #[error("bad row in {table} (id {id}): {field} = {value:?}")]
+    BadRow {
+        table: &'static str,
+        id: String,
+        field: &'static str,
+        value: String,
+    },
+    /// A compare-and-set or uniqueness precondition did not hold.
+    #[error("conflict: {0}")]
+    Conflict(String),
+    /// The writer's reconciler lease is no longer current.
+    #[error("fenced: reconciler lease epoch {epoch} is no longer current")]
+    Fenced { epoch: i64 },
+    #[error("not found: {0}")]
+    NotFound(String),
+}
+
+impl PortFailure for StoreError {
+    const PORT: PortName = PortName::Store;
+    fn kind(&self) -> ErrorKind {
+        match self {
+            Self::Unavailable(_) => ErrorKind::Unavailable,
+            Self::BadRow { .. } => ErrorKind::BadRow,
+            Self::Conflict(_) => ErrorKind::Conflict,
+            Self::Fenced { .. } => ErrorKind::Fenced,
+            Self::NotFound(_) => ErrorKind::NotFound,
+        }
+    }
+}
+
+/// A failure of the traffic plane.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum TrafficError {
+    /// The proxy did not answer (down, restarting, timed out).
+    #[error("traffic: {0}")]
+    Unreachable(String),
+    /// The proxy answered and refused what was asked, or what stead was
+    /// asked to route cannot be routed (no binds, a bad address).
+    #[error("traffic: {0}")]
+    Rejected(String),
+}
+
+impl PortFailure for TrafficError {
+    const PORT: PortName = PortName::Traffic;
+    fn kind(&self) -> ErrorKind {
+        match self {
+            Self::Unreachable(_) => ErrorKind::Unavailable,
+            Self::Rejected(_) => ErrorKind::Refused,
+        }
+    }
+}
+
+/// A failure of the release provisioner (Helm).
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum ProvisionError {
+    /// The release does not exist.
+    #[error("provisioner: {0}")]
+    NotFound(String),
+    /// Refused before running anything: a name or value it cannot pass on.
+    #[error("provisioner: {0}")]
+    Refused(String),
+    /// The provisioner ran and failed (a non-zero exit, with its message).
+    #[error("provisioner: {0}")]
+    Failed(String),
+    /// The provisioner could not be run or did not finish in time.
+    #[error("provisioner: {0}")]
+    Unavailable(String),
+}
+
+impl PortFailure for ProvisionError {
+    const PORT: PortName = PortName::Provisioner;
+    fn kind(&self) -> ErrorKind {
+        match self {
+            Self::NotFound(_) => ErrorKind::NotFound,
+            Self::Refused(_) => ErrorKind::Refused,
+            Self::Failed(_) => ErrorKind::Failed,
+            Self::Unavailable(_) => ErrorKind::Unavailable,
+        }
+    }
+}
+
+/// Why a readiness probe did not pass.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum ProbeError {
+    /// Nothing answered on the backend (refused, timed out).
+    #[error("{0}")]
+    Unreachable(String),
+    /// Something answered, but not ready (an HTTP status outside 2xx).
+    #[error("{0}")]
+    NotReady(String),
+    /// The probe cannot be run as configured (no bind for its port, a bad
+    /// path): failing again is certain until the catalog changes.
+    #[error("{0}")]
+    Misconfigured(String),
+}
+
+impl PortFailure for ProbeError {
+    const PORT: PortName = PortName::Probe;
+    fn kind(&self) -> ErrorKind {
+        match self {
+            Self::Unreachable(_) => ErrorKind::Unavailable,
+            Self::NotReady(_) => ErrorKind::NotReady,
+            Self::Misconfigured(_) => ErrorKind::Refused,
+        }
+    }
+}
+
+/// Why a grant check did not pass (R11).
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum PolicyError {
+    /// The service is no longer granted (gone from the catalog).
+    #[error("{0}")]
+    Revoked(String),
+    /// The grants could not be read; nothing is granted meanwhile.
+    #[error("{0}")]
+    Unavailable(String),
+}
+
+impl PortFailure for PolicyError {
+    const PORT: PortName = PortName::Policy;
+    fn kind(&self) -> ErrorKind {
+        match self {
+            Self::Revoked(_) => ErrorKind::Refused,
+            Self::Unavailable(_) => ErrorKind::Unavailable,
+        }
+    }
+}
+
+/// A notification that could not be delivered (never fatal).
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("notifier: {0}")]
+pub struct NotifyError(pub String);
+
+impl PortFailure for NotifyError {
+    const PORT: PortName = PortName::Notifier;
+    fn kind(&self) -> ErrorKind {
+        ErrorKind::Unavailable
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn kind_of<E: PortFailure>(error: E) -> (PortName, ErrorKind) {
+        (E::PORT, error.kind())
+    }
+
+    #[test]
+    fn every_failure_has_a_kind_its_port_declares() {
+        let s = || "x".to_owned();
+        let every = [
+            kind_of(RuntimeError::NotFound),
+            kind_of(RuntimeError::Conflict(s())),
+            kind_of(RuntimeError::Refused(s())),
+            kind_of(RuntimeError::Transient(s())),
+            kind_of(StoreError::Unavailable(s())),
+            kind_of(StoreError::BadRow {
+                table: "t",
+                id: s(),
+                field: "f",
+                value: s(),
+            }),
+            kind_of(StoreError::Conflict(s())),
+            kind_of(StoreError::Fenced { epoch: 1 }),
+            kind_of(StoreError::NotFound(s())),
+            kind_of(TrafficError::Unreachable(s())),
+            kind_of(TrafficError::Rejected(s())),
+            kind_of(ProvisionError::NotFound(s())),
+            kind_of(ProvisionError::Refused(s())),
+            kind_of(ProvisionError::Failed(s())),
+            kind_of(ProvisionError::Unavailable(s())),
+            kind_of(ProbeError::Unreachable(s())),
+            kind_of(ProbeError::NotReady(s())),
+            kind_of(ProbeError::Misconfigured(s())),
+            kind_of(PolicyError::Revoked(s())),
+            kind_of(PolicyError::Unavailable(s())),
+            kind_of(NotifyError(s())),
+        ];
+        for (port, kind) in every {
+            assert!(
+                port.kinds().contains(&kind),
+                "{} reports {kind} but does not declare it",
+                port.as_str()
+            );
+        }
+        // And every declared kind is reported by some failure.
+        for port in PortName::ALL {
+            for kind in port.kinds() {
+                assert!(
+                    every.contains(&(port, *kind)),
+                    "{} declares {kind} but nothing reports it",
+                    port.as_str()
+                );
+            }
+        }
+    }
+}

@@ -13,7 +13,7 @@ use crate::core::fleet::{Instance, InstanceState, NewTask, RolloutState, TaskId,
 use crate::core::types::{
     ContainerId, Inhibition, InhibitionReason, InstanceName, ServiceName, Timestamp,
 };
-use crate::ports::{NewInstance, Store, StoreError};
+use crate::ports::{ErrorKind, NewInstance, PortFailure, Store, StoreError};
 
 /// The reason `inhibit` records when none is given.
 pub const OPERATOR_HOLD: &str = "operator-hold";
@@ -72,12 +72,46 @@ pub enum Deletion {
 
 /// Checks an instance name: a DNS label that starts with a letter (one
 /// rule, `core::names`, T6).
-pub fn check_instance_name(name: &str) -> Result<(), String> {
-    crate::core::names::check_instance_name("instance name", name).map_err(|e| e.to_string())
+pub fn check_instance_name(name: &str) -> Result<(), OpsError> {
+    crate::core::names::check_instance_name("instance name", name)
+        .map_err(|e| OpsError::Invalid(e.to_string()))
 }
 
-fn store_error(e: StoreError) -> String {
-    e.to_string()
+/// Why an operator command did nothing, by what the operator can do about
+/// it: the CLI gives each kind its own exit code (`docs/operations.md`).
+#[derive(Debug, thiserror::Error)]
+pub enum OpsError {
+    /// The request itself is wrong: a bad name, TTL, window or version, an
+    /// unknown service type. Fix the command.
+    #[error("{0}")]
+    Invalid(String),
+    /// No such instance or service.
+    #[error("{0}")]
+    NotFound(String),
+    /// What exists contradicts the request: the name is taken, the
+    /// instance is being deleted.
+    #[error("{0}")]
+    Conflict(String),
+    /// The instance stayed locked by a pass or a task; nothing changed, run
+    /// the command again.
+    #[error("{0}")]
+    Busy(String),
+    /// The store failed; its kind says whether to retry.
+    #[error(transparent)]
+    Store(#[from] StoreError),
+}
+
+impl OpsError {
+    /// What kind of failure this is, in the ports' vocabulary.
+    pub fn kind(&self) -> ErrorKind {
+        match self {
+            Self::Invalid(_) => ErrorKind::Refused,
+            Self::NotFound(_) => ErrorKind::NotFound,
+            Self::Conflict(_) => ErrorKind::Conflict,
+            Self::Busy(_) => ErrorKind::Transient,
+            Self::Store(e) => e.kind(),
+        }
+    }
 }
 
 /// How long an operator command waits for an instance a pass or a task
@@ -127,7 +161,7 @@ impl<'a> Ops<'a> {
 
 impl Ops<'_> {
     /// Takes `instance`'s lock, waiting at most [`OPERATOR_LOCK_WAIT`].
-    async fn lock(&self, instance: &Instance) -> Result<OperatorLock, String> {
+    async fn lock(&self, instance: &Instance) -> Result<OperatorLock, OpsError> {
         // Unique per command run, across hosts: the pid alone could repeat
         // on another machine, and the same holder string renews a lock.
         let holder = format!("operator:{}#{:016x}", std::process::id(), self.random());
@@ -137,7 +171,7 @@ impl Ops<'_> {
                 .store
                 .try_lock_instances(&[instance.id], &holder, OPERATOR_LOCK_TTL)
                 .await
-                .map_err(store_error)?;
+                .map_err(OpsError::from)?;
             if locked.contains(&instance.id) {
                 return Ok(OperatorLock {
                     instance: instance.id,
@@ -145,12 +179,12 @@ impl Ops<'_> {
                 });
             }
             if began.elapsed() + OPERATOR_LOCK_RETRY > OPERATOR_LOCK_WAIT {
-                return Err(format!(
+                return Err(OpsError::Busy(format!(
                     "{} is busy: a recovery pass or a task held its lock for {} s; \
                      nothing was changed, run the command again",
                     instance.name,
                     OPERATOR_LOCK_WAIT.as_secs()
-                ));
+                )));
             }
             tokio::time::sleep(OPERATOR_LOCK_RETRY).await;
         }
@@ -173,8 +207,8 @@ impl Ops<'_> {
     async fn under_lock<T>(
         &self,
         name: &str,
-        change: impl AsyncFnOnce(&Instance) -> Result<T, String>,
-    ) -> Result<T, String> {
+        change: impl AsyncFnOnce(&Instance) -> Result<T, OpsError>,
+    ) -> Result<T, OpsError> {
         let seen = self.find(name).await?;
         let lock = self.lock(&seen).await?;
         let result = match self.find(name).await {
@@ -189,16 +223,20 @@ impl Ops<'_> {
 impl Ops<'_> {
     /// The instance holding `name`: the live one, or the deleted one whose
     /// name was not reused yet.
-    pub async fn find(&self, name: &str) -> Result<Instance, String> {
+    pub async fn find(&self, name: &str) -> Result<Instance, OpsError> {
         self.store
             .instance(&InstanceName::new(name))
             .await
-            .map_err(store_error)?
-            .ok_or_else(|| format!("no instance named {name:?} (see `stead instance list --all`)"))
+            .map_err(OpsError::from)?
+            .ok_or_else(|| {
+                OpsError::NotFound(format!(
+                    "no instance named {name:?} (see `stead instance list --all`)"
+                ))
+            })
     }
 
     /// Writes the instance row and its provision task.
-    pub async fn create(&self, request: &CreateRequest) -> Result<Created, String> {
+    pub async fn create(&self, request: &CreateRequest) -> Result<Created, OpsError> {
         check_instance_name(&request.name)?;
         let entry = self.catalog.get(&request.service_type).ok_or_else(|| {
             let known: Vec<&str> = self
@@ -206,24 +244,24 @@ impl Ops<'_> {
                 .entries()
                 .map(|e| e.service_type.as_str())
                 .collect();
-            format!(
+            OpsError::Invalid(format!(
                 "service type {:?} is not in the catalog (known: {})",
                 request.service_type,
                 known.join(", ")
-            )
+            ))
         })?;
         if let Some(version) = request.version.as_deref() {
             if version != entry.version {
-                return Err(format!(
+                return Err(OpsError::Invalid(format!(
                     "--version {version:?}: the catalog has {} at version {:?} only; an instance \
                      is created at its type's catalog version (leave --version out)",
                     entry.service_type, entry.version
-                ));
+                )));
             }
         }
         if let Some(window) = &request.maintenance_window {
             crate::core::window::Window::parse(window)
-                .map_err(|e| format!("--window {window:?}: {e}"))?;
+                .map_err(|e| OpsError::Invalid(format!("--window {window:?}: {e}")))?;
         }
         let expires_at = self.expiry(request.ttl)?;
         if let Some(existing) = self.existing(request).await? {
@@ -244,62 +282,60 @@ impl Ops<'_> {
             .store
             .create_instance(&new, self.now)
             .await
-            .map_err(store_error)?;
+            .map_err(OpsError::from)?;
         let task = self
             .enqueue(&instance, TaskKind::Provision, "operator: instance create")
             .await?;
         Ok(Created { instance, task })
     }
 
-    fn expiry(&self, ttl: Option<Duration>) -> Result<Option<Timestamp>, String> {
+    fn expiry(&self, ttl: Option<Duration>) -> Result<Option<Timestamp>, OpsError> {
         let Some(ttl) = ttl else {
             return Ok(None);
         };
         if ttl.is_zero() || ttl > TTL_MAX {
-            return Err(format!(
+            return Err(OpsError::Invalid(format!(
                 "ttl {} s: must be between 1 s and {} s",
                 ttl.as_secs(),
                 TTL_MAX.as_secs()
-            ));
+            )));
         }
-        let ttl = jiff::SignedDuration::try_from(ttl).map_err(|e| format!("ttl: {e}"))?;
-        self.now
-            .checked_add(ttl)
-            .map(Some)
-            .map_err(|e| format!("ttl: {e}"))
+        let invalid = |e: jiff::Error| OpsError::Invalid(format!("ttl: {e}"));
+        let ttl = jiff::SignedDuration::try_from(ttl).map_err(invalid)?;
+        self.now.checked_add(ttl).map(Some).map_err(invalid)
     }
 
     /// A live instance holding the requested name: `Ok(Some)` when
     /// `exists_ok` and it matches the request, an error naming it
     /// otherwise. A deleted one does not count (its name is reused).
-    async fn existing(&self, request: &CreateRequest) -> Result<Option<Instance>, String> {
+    async fn existing(&self, request: &CreateRequest) -> Result<Option<Instance>, OpsError> {
         let found = self
             .store
             .instance(&InstanceName::new(&request.name))
             .await
-            .map_err(store_error)?;
+            .map_err(OpsError::from)?;
         let Some(existing) = found.filter(|i| i.state != InstanceState::Deleted) else {
             return Ok(None);
         };
         let name = &request.name;
         if existing.state == InstanceState::Deleting {
-            return Err(format!(
+            return Err(OpsError::Conflict(format!(
                 "{name} is being deleted; its name is free once its deprovision has run \
                  (a running daemon does that; `stead run --once` does it now)"
-            ));
+            )));
         }
         if !request.exists_ok {
-            return Err(format!(
+            return Err(OpsError::Conflict(format!(
                 "an instance named {name} already exists ({} {}, {}); pass --exists-ok to \
                  accept it, or choose another name",
                 existing.service_type, existing.version, existing.state
-            ));
+            )));
         }
         if existing.service_type != request.service_type {
-            return Err(format!(
+            return Err(OpsError::Conflict(format!(
                 "an instance named {name} already exists with service type {:?}, not {:?}",
                 existing.service_type, request.service_type
-            ));
+            )));
         }
         Ok(Some(existing))
     }
@@ -309,7 +345,7 @@ impl Ops<'_> {
         instance: &Instance,
         kind: TaskKind,
         reason: &str,
-    ) -> Result<Option<TaskId>, String> {
+    ) -> Result<Option<TaskId>, OpsError> {
         let task = NewTask {
             kind,
             instance: instance.id,
@@ -320,28 +356,32 @@ impl Ops<'_> {
         self.store
             .enqueue(&task, self.now, None)
             .await
-            .map_err(store_error)
+            .map_err(OpsError::from)
     }
 
     /// Sets the stopped intent; the recovery pass stops (or starts) the
     /// containers and rebuilds publication. Returns whether it changed.
-    pub async fn set_stopped(&self, name: &str, stopped: bool) -> Result<bool, String> {
+    pub async fn set_stopped(&self, name: &str, stopped: bool) -> Result<bool, OpsError> {
         self.under_lock(name, async |instance| {
             self.set_stopped_locked(instance, stopped).await
         })
         .await
     }
 
-    async fn set_stopped_locked(&self, instance: &Instance, stopped: bool) -> Result<bool, String> {
+    async fn set_stopped_locked(
+        &self,
+        instance: &Instance,
+        stopped: bool,
+    ) -> Result<bool, OpsError> {
         let name = &instance.name;
         if matches!(
             instance.state,
             InstanceState::Deleting | InstanceState::Deleted
         ) {
-            return Err(format!(
+            return Err(OpsError::Conflict(format!(
                 "{name} is {}; its intent no longer matters",
                 instance.state
-            ));
+            )));
         }
         if instance.stopped == stopped {
             return Ok(false);
@@ -349,19 +389,19 @@ impl Ops<'_> {
         self.store
             .set_instance_stopped(instance.id, stopped, self.now)
             .await
-            .map_err(store_error)?;
+            .map_err(OpsError::from)?;
         Ok(true)
     }
 
     /// Moves the instance to `deleting` with a deprovision task and cancels
     /// its queued tasks, in one transaction (the same path TTL expiry
     /// takes, T4).
-    pub async fn delete(&self, name: &str) -> Result<Deletion, String> {
+    pub async fn delete(&self, name: &str) -> Result<Deletion, OpsError> {
         self.under_lock(name, async |instance| self.delete_locked(instance).await)
             .await
     }
 
-    async fn delete_locked(&self, instance: &Instance) -> Result<Deletion, String> {
+    async fn delete_locked(&self, instance: &Instance) -> Result<Deletion, OpsError> {
         let name = &instance.name;
         match instance.state {
             InstanceState::Deleting => return Ok(Deletion::AlreadyDeleting),
@@ -379,9 +419,11 @@ impl Ops<'_> {
             .store
             .expire_instance(instance.id, instance.state, &task, self.now, None)
             .await
-            .map_err(store_error)?
+            .map_err(OpsError::from)?
             .ok_or_else(|| {
-                format!("{name} changed state meanwhile, or a deprovision is already queued; retry")
+                OpsError::Conflict(format!(
+                    "{name} changed state meanwhile, or a deprovision is already queued; retry"
+                ))
             })?;
         Ok(Deletion::Started {
             task: expired.task,
@@ -396,9 +438,11 @@ impl Ops<'_> {
         name: &str,
         service: &str,
         reason: &str,
-    ) -> Result<ContainerId, String> {
+    ) -> Result<ContainerId, OpsError> {
         if reason == InhibitionReason::RETIREMENT_PENDING {
-            return Err(format!("--reason {reason:?} is reserved for upgrades"));
+            return Err(OpsError::Invalid(format!(
+                "--reason {reason:?} is reserved for upgrades"
+            )));
         }
         self.under_lock(name, async |instance| {
             self.inhibit_locked(instance, service, reason).await
@@ -411,24 +455,24 @@ impl Ops<'_> {
         instance: &Instance,
         service: &str,
         reason: &str,
-    ) -> Result<ContainerId, String> {
+    ) -> Result<ContainerId, OpsError> {
         let name = &instance.name;
         let active = self
             .store
             .load_active(&instance.name)
             .await
-            .map_err(store_error)?;
+            .map_err(OpsError::from)?;
         let service_name = ServiceName::new(service);
         let record = active.services.get(&service_name).ok_or_else(|| {
             let known: Vec<&str> = active.services.keys().map(ServiceName::as_str).collect();
-            format!(
+            OpsError::NotFound(format!(
                 "{name} has no active service {service:?} (active: {})",
                 if known.is_empty() {
                     "none".to_owned()
                 } else {
                     known.join(", ")
                 }
-            )
+            ))
         })?;
         let inhibition = Inhibition {
             service: service_name,
@@ -441,26 +485,26 @@ impl Ops<'_> {
         self.store
             .save_inhibition(&instance.name, &inhibition)
             .await
-            .map_err(store_error)?;
+            .map_err(OpsError::from)?;
         Ok(record.container.clone())
     }
 
     /// Clears every hold (not retirement markers) on `service`; returns how
     /// many.
-    pub async fn release(&self, name: &str, service: &str) -> Result<u32, String> {
+    pub async fn release(&self, name: &str, service: &str) -> Result<u32, OpsError> {
         self.under_lock(name, async |instance| {
             self.release_locked(instance, service).await
         })
         .await
     }
 
-    async fn release_locked(&self, instance: &Instance, service: &str) -> Result<u32, String> {
+    async fn release_locked(&self, instance: &Instance, service: &str) -> Result<u32, OpsError> {
         let mut n = 0;
         for inhibition in self
             .store
             .load_inhibitions(&instance.name)
             .await
-            .map_err(store_error)?
+            .map_err(OpsError::from)?
         {
             if inhibition.service.as_str() == service
                 && inhibition.reason != InhibitionReason::RetirementPending
@@ -473,7 +517,7 @@ impl Ops<'_> {
                         None,
                     )
                     .await
-                    .map_err(store_error)?;
+                    .map_err(OpsError::from)?;
                 n += 1;
             }
         }
@@ -486,24 +530,24 @@ impl Ops<'_> {
         service_type: &str,
         state: RolloutState,
         reason: &str,
-    ) -> Result<RolloutState, String> {
+    ) -> Result<RolloutState, OpsError> {
         if self.catalog.get(service_type).is_none() {
-            return Err(format!(
+            return Err(OpsError::Invalid(format!(
                 "service type {service_type:?} is not in the catalog"
-            ));
+            )));
         }
         let before = self
             .store
             .rollouts()
             .await
-            .map_err(store_error)?
+            .map_err(OpsError::from)?
             .get(service_type)
             .copied()
             .unwrap_or(RolloutState::Active);
         self.store
             .set_rollout(service_type, state, reason, self.now, None)
             .await
-            .map_err(store_error)?;
+            .map_err(OpsError::from)?;
         Ok(before)
     }
 }

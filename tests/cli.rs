@@ -289,7 +289,7 @@ fn every_mutating_command_says_what_it_did() {
         "demo already exists (web 1, provisioning); nothing to do"
     );
     let taken = s.run(&["instance", "create", "demo", "--type", "web"]);
-    assert_eq!(taken.code, 1, "{}", taken.text());
+    assert_eq!(taken.code, 4, "{}", taken.text());
     assert!(
         taken
             .stderr
@@ -362,7 +362,7 @@ fn a_fresh_database_is_migrated_and_says_which_migrations_it_applied() {
 }
 
 #[test]
-fn bad_arguments_are_refused_naming_field_and_value() {
+fn bad_arguments_are_refused_naming_field_and_value_and_exit_2() {
     let s = Setup::new();
     let version = s.run(&[
         "instance",
@@ -373,7 +373,7 @@ fn bad_arguments_are_refused_naming_field_and_value() {
         "--version",
         "99",
     ]);
-    assert_eq!(version.code, 1, "{}", version.text());
+    assert_eq!(version.code, 2, "{}", version.text());
     assert!(
         version
             .stderr
@@ -382,6 +382,7 @@ fn bad_arguments_are_refused_naming_field_and_value() {
         version.text()
     );
     let name = s.run(&["instance", "create", "Bad_Name", "--type", "web"]);
+    assert_eq!(name.code, 2, "{}", name.text());
     assert!(
         name.stderr
             .contains("instance name = \"Bad_Name\": must be a DNS label"),
@@ -389,6 +390,7 @@ fn bad_arguments_are_refused_naming_field_and_value() {
         name.text()
     );
     let kind = s.run(&["instance", "create", "a", "--type", "wbe"]);
+    assert_eq!(kind.code, 2, "{}", kind.text());
     assert!(
         kind.stderr
             .contains("service type \"wbe\" is not in the catalog (known: web)"),
@@ -404,17 +406,46 @@ fn bad_arguments_are_refused_naming_field_and_value() {
         "--window",
         "sunday 3-5",
     ]);
+    assert_eq!(window.code, 2, "{}", window.text());
     assert!(
         window.stderr.contains("--window \"sunday 3-5\""),
         "{}",
         window.text()
     );
     let missing = s.run(&["instance", "stop", "nope"]);
-    assert_eq!(missing.code, 1, "{}", missing.text());
+    assert_eq!(missing.code, 3, "not found: {}", missing.text());
     assert!(
         missing.stderr.contains("no instance named \"nope\""),
         "{}",
         missing.text()
+    );
+}
+
+#[test]
+fn each_kind_of_refusal_has_its_own_exit_code() {
+    let s = Setup::new();
+    s.ok(&["instance", "create", "a", "--type", "web"]);
+    // The name is taken: a conflict (4), and nothing changed.
+    let taken = s.run(&["instance", "create", "a", "--type", "web"]);
+    assert_eq!(taken.code, 4, "{}", taken.text());
+    assert!(
+        taken.stderr.contains("an instance named a already exists"),
+        "{}",
+        taken.text()
+    );
+    // Safe to run twice: with --exists-ok the same request succeeds.
+    s.ok(&["instance", "create", "a", "--type", "web", "--exists-ok"]);
+    // No such service on an existing instance: not found (3).
+    let service = s.run(&["instance", "inhibit", "a", "--service", "nope"]);
+    assert_eq!(service.code, 3, "{}", service.text());
+    // An instance being deleted refuses a change of intent: a conflict.
+    s.ok(&["instance", "delete", "a"]);
+    let deleting = s.run(&["instance", "stop", "a"]);
+    assert_eq!(deleting.code, 4, "{}", deleting.text());
+    assert!(
+        deleting.stderr.contains("a is deleting"),
+        "{}",
+        deleting.text()
     );
 }
 

@@ -16,7 +16,7 @@ use stead::engine::SystemClock;
 use stead::ops::{CreateRequest, Deletion, Ops};
 use stead::ports::{Clock, Store};
 
-use crate::output::{complain, say, say_json, EXIT_FAILURE, EXIT_OK};
+use crate::output::{complain, say, say_json, CliError, EXIT_FAILURE, EXIT_OK};
 use crate::{config_source, Command, InstanceCommand, RoleArg, RolloutCommand, TaskCommand};
 
 /// Bound on a call to the running daemon's admin endpoint.
@@ -24,7 +24,7 @@ const ADMIN_TIMEOUT: Duration = Duration::from_secs(10);
 /// Bound on the best-effort look at a running daemon by `stead check`.
 const CHECK_ADMIN_TIMEOUT: Duration = Duration::from_secs(1);
 
-pub async fn dispatch(command: Command, config: DaemonConfig) -> Result<u8, String> {
+pub async fn dispatch(command: Command, config: DaemonConfig) -> Result<u8, CliError> {
     match command {
         Command::Run { role, once } => run(config, role, once).await,
         Command::Tick => tick(config).await,
@@ -40,7 +40,7 @@ pub async fn dispatch(command: Command, config: DaemonConfig) -> Result<u8, Stri
     }
 }
 
-async fn run(config: DaemonConfig, role: RoleArg, once: bool) -> Result<u8, String> {
+async fn run(config: DaemonConfig, role: RoleArg, once: bool) -> Result<u8, CliError> {
     let role = match role {
         RoleArg::Reconciler => Role::Reconciler,
         RoleArg::Worker => Role::Worker,
@@ -108,7 +108,7 @@ async fn handle_signals(daemon: &Daemon) {
     }
 }
 
-async fn tick(config: DaemonConfig) -> Result<u8, String> {
+async fn tick(config: DaemonConfig) -> Result<u8, CliError> {
     let daemon = Daemon::build(config).await.map_err(|e| e.to_string())?;
     daemon.ensure_caddy_server().await;
     let outcome = daemon.reconciler.tick().await;
@@ -128,7 +128,7 @@ async fn tick(config: DaemonConfig) -> Result<u8, String> {
     Ok(if outcome.ok() { EXIT_OK } else { EXIT_FAILURE })
 }
 
-async fn migrate(config: &DaemonConfig) -> Result<u8, String> {
+async fn migrate(config: &DaemonConfig) -> Result<u8, CliError> {
     let migrated = stead::store::sql::migrate(&config.database_url)
         .await
         .map_err(|e| e.to_string())?;
@@ -150,7 +150,7 @@ async fn migrate(config: &DaemonConfig) -> Result<u8, String> {
     Ok(EXIT_OK)
 }
 
-async fn check(config: &DaemonConfig) -> Result<u8, String> {
+async fn check(config: &DaemonConfig) -> Result<u8, CliError> {
     say(format!("config {}: ok", config_source(config)));
     if let Some(warning) = stead::adapters::caddy::host_reload_warning() {
         say(format!("warning: {warning}"));
@@ -226,7 +226,7 @@ async fn running_catalog(config: &DaemonConfig) -> Option<CatalogView> {
     response.json::<CatalogView>().await.ok()
 }
 
-async fn reload(config: &DaemonConfig) -> Result<u8, String> {
+async fn reload(config: &DaemonConfig) -> Result<u8, CliError> {
     let url = admin_url(config)?;
     let response = admin_client(ADMIN_TIMEOUT)?
         .post(format!("{url}/reload"))
@@ -260,7 +260,7 @@ async fn reload(config: &DaemonConfig) -> Result<u8, String> {
     Ok(EXIT_OK)
 }
 
-async fn status(config: &DaemonConfig, json: bool, live: bool) -> Result<u8, String> {
+async fn status(config: &DaemonConfig, json: bool, live: bool) -> Result<u8, CliError> {
     let status = if live {
         live_status(config).await?
     } else {
@@ -331,7 +331,7 @@ async fn store_and_catalog(config: &DaemonConfig) -> Result<(Arc<dyn Store>, Cat
     Ok((store, catalog))
 }
 
-async fn instance(config: &DaemonConfig, command: InstanceCommand) -> Result<u8, String> {
+async fn instance(config: &DaemonConfig, command: InstanceCommand) -> Result<u8, CliError> {
     match command {
         InstanceCommand::List { all, json } => return instance_list(config, all, json).await,
         InstanceCommand::Show { name, json } => return instance_show(config, &name, json).await,
@@ -438,11 +438,11 @@ async fn instance(config: &DaemonConfig, command: InstanceCommand) -> Result<u8,
     Ok(EXIT_OK)
 }
 
-async fn instance_list(config: &DaemonConfig, all: bool, json: bool) -> Result<u8, String> {
+async fn instance_list(config: &DaemonConfig, all: bool, json: bool) -> Result<u8, CliError> {
     let store = stead::daemon::open_store(config)
         .await
         .map_err(|e| e.to_string())?;
-    let rows = store.list_instances().await.map_err(|e| e.to_string())?;
+    let rows = store.list_instances().await?;
     let views: Vec<InstanceView> = rows
         .rows
         .iter()
@@ -460,7 +460,7 @@ async fn instance_list(config: &DaemonConfig, all: bool, json: bool) -> Result<u
     Ok(EXIT_OK)
 }
 
-async fn instance_show(config: &DaemonConfig, name: &str, json: bool) -> Result<u8, String> {
+async fn instance_show(config: &DaemonConfig, name: &str, json: bool) -> Result<u8, CliError> {
     let store = stead::daemon::open_store(config)
         .await
         .map_err(|e| e.to_string())?;
@@ -540,11 +540,16 @@ async fn instance_show(config: &DaemonConfig, name: &str, json: bool) -> Result<
     Ok(EXIT_OK)
 }
 
-async fn task_list(config: &DaemonConfig, all: bool, limit: u32, json: bool) -> Result<u8, String> {
+async fn task_list(
+    config: &DaemonConfig,
+    all: bool,
+    limit: u32,
+    json: bool,
+) -> Result<u8, CliError> {
     let store = stead::daemon::open_store(config)
         .await
         .map_err(|e| e.to_string())?;
-    let tasks = store.tasks(all, limit).await.map_err(|e| e.to_string())?;
+    let tasks = store.tasks(all, limit).await?;
     let names: BTreeMap<i64, String> = store
         .list_instances()
         .await
@@ -575,7 +580,7 @@ async fn task_list(config: &DaemonConfig, all: bool, limit: u32, json: bool) -> 
     Ok(EXIT_OK)
 }
 
-async fn rollout(config: &DaemonConfig, command: RolloutCommand) -> Result<u8, String> {
+async fn rollout(config: &DaemonConfig, command: RolloutCommand) -> Result<u8, CliError> {
     let (store, catalog) = store_and_catalog(config).await?;
     let ops = Ops::new(
         store.as_ref(),

@@ -237,8 +237,8 @@ fn main() -> ExitCode {
     match runtime.block_on(commands::dispatch(cli.command, config)) {
         Ok(code) => exit(code),
         Err(e) => {
-            complain(&e);
-            exit(EXIT_FAILURE)
+            complain(&e.message);
+            exit(e.code)
         }
     }
 }

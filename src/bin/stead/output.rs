@@ -7,13 +7,80 @@
 use std::io::Write;
 use std::process::ExitCode;
 
+use stead::ops::OpsError;
+use stead::ports::{ErrorKind, PortFailure, StoreError};
+
 /// Exit statuses, documented in `docs/operations.md` ("Exit codes").
 pub const EXIT_OK: u8 = 0;
 /// The command failed: bad config or catalog, unreachable store, refused
 /// operation, unknown name, a failed check.
 pub const EXIT_FAILURE: u8 = 1;
-/// The command line itself was wrong (clap's own usage errors).
+/// The command line itself was wrong (clap's own usage errors), or the
+/// request it makes is (a bad name, TTL, window or version).
 pub const EXIT_USAGE: u8 = 2;
+/// No such instance or service.
+pub const EXIT_NOT_FOUND: u8 = 3;
+/// What exists contradicts the request (a name taken, an instance being
+/// deleted, a change that raced another).
+pub const EXIT_CONFLICT: u8 = 4;
+/// The instance stayed locked by a pass or a task; nothing changed, run
+/// the command again.
+pub const EXIT_BUSY: u8 = 5;
+/// The database did not answer; nothing changed, run the command again.
+pub const EXIT_UNAVAILABLE: u8 = 6;
+
+/// A failed command: what to say on standard error and the exit status.
+#[derive(Debug)]
+pub struct CliError {
+    pub message: String,
+    pub code: u8,
+}
+
+impl From<String> for CliError {
+    fn from(message: String) -> Self {
+        Self {
+            message,
+            code: EXIT_FAILURE,
+        }
+    }
+}
+
+impl From<OpsError> for CliError {
+    fn from(error: OpsError) -> Self {
+        let code = match &error {
+            OpsError::Invalid(_) => EXIT_USAGE,
+            OpsError::Busy(_) => EXIT_BUSY,
+            _ => exit_code_of(error.kind()),
+        };
+        Self {
+            message: error.to_string(),
+            code,
+        }
+    }
+}
+
+impl From<StoreError> for CliError {
+    fn from(error: StoreError) -> Self {
+        Self {
+            code: exit_code_of(error.kind()),
+            message: error.to_string(),
+        }
+    }
+}
+
+/// The exit status of a failure of this kind.
+fn exit_code_of(kind: ErrorKind) -> u8 {
+    match kind {
+        ErrorKind::NotFound => EXIT_NOT_FOUND,
+        ErrorKind::Conflict => EXIT_CONFLICT,
+        ErrorKind::Unavailable | ErrorKind::Transient => EXIT_UNAVAILABLE,
+        ErrorKind::Refused
+        | ErrorKind::Fenced
+        | ErrorKind::BadRow
+        | ErrorKind::NotReady
+        | ErrorKind::Failed => EXIT_FAILURE,
+    }
+}
 
 /// Writes `text` to standard output, adding a final newline if missing.
 /// A closed pipe exits the process with success at once: whoever read the

@@ -90,6 +90,20 @@ impl InstanceState {
     }
 }
 
+/// What a finished protocol (a provision ends `ready`, a deprovision
+/// `deleted`) does to its instance, read again just before: nothing when it
+/// is there already (a retried handler is idempotent), a compare-and-set
+/// from the state read when the lifecycle allows the step, else an error.
+pub fn settle_state(
+    current: InstanceState,
+    to: InstanceState,
+) -> Result<Option<InstanceState>, IllegalTransition> {
+    if current == to {
+        return Ok(None);
+    }
+    current.transition_to(to).map(|_| Some(current))
+}
+
 impl fmt::Display for InstanceState {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(self.as_str())
@@ -412,6 +426,21 @@ pub fn add(ts: Timestamp, d: Duration) -> Timestamp {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_protocol_settles_its_instance_once_and_only_along_the_lifecycle() {
+        use InstanceState::*;
+        assert_eq!(settle_state(Provisioning, Ready), Ok(Some(Provisioning)));
+        assert_eq!(settle_state(Ready, Ready), Ok(None), "a retry is idempotent");
+        assert_eq!(settle_state(Deleting, Deleted), Ok(Some(Deleting)));
+        assert_eq!(settle_state(Deleted, Deleted), Ok(None));
+        let refused = settle_state(Deleting, Ready).unwrap_err();
+        assert_eq!(
+            refused.to_string(),
+            "instance cannot go from deleting to ready"
+        );
+        assert!(settle_state(Deleted, Ready).is_err());
+    }
 
     #[test]
     fn deleted_is_terminal() {

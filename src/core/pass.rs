@@ -669,6 +669,13 @@ pub struct FleetPassPlan {
     pub recover: Vec<Instance>,
 }
 
+/// Whether the recovery pass acts on `instance` (R2): every instance but
+/// a deleted one, whose memory is only forgotten. A targeted pass (a
+/// runtime event, T7) asks the same.
+pub fn is_recovered(instance: &Instance) -> bool {
+    instance.state != InstanceState::Deleted
+}
+
 /// Plans a whole pass from the routes read back (`None`: not read) and the
 /// instances listed after them. Rows that failed to decode may hide live
 /// instances: with any, no route is taken for a gone instance's.
@@ -681,9 +688,8 @@ pub fn plan_fleet_pass(
         Some(held) if !bad_rows => routes_of_gone_instances(held, &instances),
         _ => Vec::new(),
     };
-    let (deleted, recover): (Vec<Instance>, Vec<Instance>) = instances
-        .into_iter()
-        .partition(|i| i.state == InstanceState::Deleted);
+    let (deleted, recover): (Vec<Instance>, Vec<Instance>) =
+        instances.into_iter().partition(|i| !is_recovered(i));
     FleetPassPlan {
         withdraw,
         forget: deleted.into_iter().map(|i| i.name).collect(),

@@ -27,6 +27,7 @@ use std::collections::VecDeque;
 use std::time::Duration;
 
 use super::errors::{ErrorKind, PortFailure, PortName, ProvisionError, StoreError, TrafficError};
+use super::fleet::InstanceState;
 use super::spec::ServiceSpec;
 use super::types::{
     ActiveRecord, ActiveService, ContainerId, GenerationKey, Inhibition, InhibitionReason,
@@ -150,6 +151,9 @@ pub struct Provision {
 }
 
 impl Provision {
+    /// Where a successful provision leaves its instance.
+    pub const SETTLES_AT: InstanceState = InstanceState::Ready;
+
     pub fn new(input: ProvisionInput) -> Self {
         Self {
             version: input.version,
@@ -292,6 +296,9 @@ pub struct Deprovision {
 }
 
 impl Deprovision {
+    /// Where a successful deprovision leaves its instance.
+    pub const SETTLES_AT: InstanceState = InstanceState::Deleted;
+
     pub fn new(input: DeprovisionInput) -> Self {
         let name = &input.instance;
         let grace = |g: Option<Duration>| g.unwrap_or(input.stop_grace_default);

@@ -16,7 +16,7 @@ use std::time::Duration;
 use tokio::sync::watch;
 use tokio::time::Instant;
 
-use crate::core::fleet::InstanceState;
+use crate::core::pass::is_recovered;
 use crate::ports::{Clock, Runtime, RuntimeEvents, Store};
 
 use super::recovery::Recoverer;
@@ -111,7 +111,7 @@ pub async fn drain(
             continue;
         }
         let instance = match store.instance(&name).await {
-            Ok(Some(instance)) if instance.state != InstanceState::Deleted => instance,
+            Ok(Some(instance)) if is_recovered(&instance) => instance,
             Ok(_) => continue,
             Err(e) => {
                 tracing::warn!(instance = %name, error = %e, "woken instance not loaded");

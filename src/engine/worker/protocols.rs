@@ -3,13 +3,15 @@
 //! instance along its lifecycle.
 
 use crate::core::catalog::CatalogEntry;
-use crate::core::fleet::{Instance, InstanceState};
+use std::time::Duration;
+
+use crate::core::fleet::{settle_state, Instance, InstanceState};
 use crate::core::provision::{
     Deprovision, DeprovisionInput, Provision, ProvisionInput, WorkAnswer,
 };
 use crate::core::spec::ServiceSpec;
 use crate::core::types::{ContainerId, RuntimeError};
-use crate::core::upgrade::{Upgrade, UpgradeInput, UPGRADE_RETRY_INTERVAL};
+use crate::core::upgrade::{Upgrade, UpgradeInput};
 use crate::ports::CreateContainer;
 
 use super::Worker;
@@ -57,7 +59,7 @@ impl Worker {
             provision.handle(counted(self.perform_work(instance, command).await));
         }
         provision.into_result()?;
-        self.move_to(instance, InstanceState::Ready).await
+        self.move_to(instance, Provision::SETTLES_AT).await
     }
 
     /// Overlap replacement per service: create the successor, verify it,
@@ -99,9 +101,11 @@ impl Worker {
                     count_port_failure(port, kind);
                 }
                 upgrade.handle(answer, p.clock.now());
-            } else if upgrade.poll_timeout().is_some() {
-                // The successor is not running yet: look again shortly.
-                tokio::time::sleep(UPGRADE_RETRY_INTERVAL).await;
+            } else if let Some(at) = upgrade.poll_timeout() {
+                // The machine waits (for the successor to run) until the
+                // instant it names, on the one clock it is given.
+                let wait = at.duration_since(p.clock.now());
+                tokio::time::sleep(Duration::try_from(wait).unwrap_or(Duration::ZERO)).await;
                 upgrade.handle_timeout(p.clock.now());
             } else {
                 break;
@@ -138,7 +142,7 @@ impl Worker {
             deprovision.handle(counted(self.perform_work(instance, command).await));
         }
         deprovision.into_result()?;
-        self.move_to(instance, InstanceState::Deleted).await
+        self.move_to(instance, Deprovision::SETTLES_AT).await
     }
 
     /// Moves the instance along its lifecycle, compare-and-set on its
@@ -151,20 +155,16 @@ impl Worker {
             .await
             .map_err(|e| e.to_string())?
             .ok_or_else(|| format!("instance {} vanished", instance.name))?;
-        if current.state == to {
+        let Some(from) = settle_state(current.state, to)
+            .map_err(|e| format!("instance {}: {e}", instance.name))?
+        else {
             return Ok(());
-        }
-        if !current.state.can_become(to) {
-            return Err(format!(
-                "instance {} cannot go from {} to {to}",
-                instance.name, current.state
-            ));
-        }
+        };
         let now = p.clock.now();
         self.allowed()?;
         let moved = p
             .store
-            .set_instance_state(instance.id, current.state, to, now)
+            .set_instance_state(instance.id, from, to, now)
             .await
             .map_err(|e| e.to_string())?;
         if moved {

@@ -41,6 +41,7 @@ store_suite! {
         instance_state_is_compare_and_set,
         stopped_and_version_updates_need_an_existing_instance,
         active_services_round_trip_and_are_replaced,
+        a_batch_load_reads_what_the_single_loads_read,
         active_of_an_unknown_instance_is_empty_and_cannot_be_saved,
         binds_persist_only_while_the_generation_is_unchanged,
         verified_execution_is_recorded_for_the_named_container_only,
@@ -1640,6 +1641,15 @@ async fn bad_names_in_active_and_inhibition_rows_are_bad_rows_and_other_instance
             ),
             "{table}.{field} = {value:?}: {result:?}"
         );
+        // The batch load names the bad row for that instance alone.
+        let good_id = store.instance(&good).await.unwrap().unwrap().id;
+        let batch = store.load_instances(&[good_id, id]).await.unwrap();
+        assert!(
+            matches!(&batch[&id], Err(StoreError::BadRow { table: t, .. }) if t == &table),
+            "{:?}",
+            batch[&id]
+        );
+        assert!(batch[&good_id].is_ok(), "{:?}", batch[&good_id]);
         // One tenant's bad row never stops another's.
         let active = store.load_active(&good).await.unwrap();
         assert_eq!(active.services.len(), 1);
@@ -1648,6 +1658,49 @@ async fn bad_names_in_active_and_inhibition_rows_are_bad_rows_and_other_instance
             std::slice::from_ref(&hold)
         );
     }
+}
+
+async fn a_batch_load_reads_what_the_single_loads_read(s: TestStore) {
+    let store = &*s.store;
+    let mut ids = Vec::new();
+    for (n, name) in ["alpha", "beta", "gamma"].into_iter().enumerate() {
+        let id = instance(store, name).await;
+        ids.push(id);
+        let name = InstanceName::new(name);
+        for service in ["web", "db"].iter().take(n + 1) {
+            store
+                .save_active_service(&name, &ServiceName::new(*service), &active("c1", "r1"))
+                .await
+                .unwrap();
+        }
+        if n > 0 {
+            let hold = Inhibition {
+                service: ServiceName::new("web"),
+                container: ContainerId::new(format!("c{n}")),
+                reason: InhibitionReason::Hold("operator-hold".into()),
+                operation: "manual".into(),
+                created_at: t(1),
+                stop_grace: None,
+            };
+            store.save_inhibition(&name, &hold).await.unwrap();
+        }
+    }
+    let missing = 999_999;
+    let mut asked = ids.clone();
+    asked.push(missing);
+    let batch = store.load_instances(&asked).await.unwrap();
+    assert_eq!(batch.len(), 3, "the missing instance is absent: {batch:?}");
+    for id in ids {
+        let single = store.instance_by_id(id).await.unwrap().unwrap();
+        let loaded = batch[&id].as_ref().unwrap();
+        assert_eq!(loaded.instance, single);
+        assert_eq!(loaded.active, store.load_active(&single.name).await.unwrap());
+        assert_eq!(
+            loaded.inhibitions,
+            store.load_inhibitions(&single.name).await.unwrap()
+        );
+    }
+    assert!(store.load_instances(&[]).await.unwrap().is_empty());
 }
 
 async fn the_schema_itself_rejects_bad_states_and_duplicate_active_tasks(s: TestStore) {

@@ -431,7 +431,11 @@ mod tests {
     fn a_protocol_settles_its_instance_once_and_only_along_the_lifecycle() {
         use InstanceState::*;
         assert_eq!(settle_state(Provisioning, Ready), Ok(Some(Provisioning)));
-        assert_eq!(settle_state(Ready, Ready), Ok(None), "a retry is idempotent");
+        assert_eq!(
+            settle_state(Ready, Ready),
+            Ok(None),
+            "a retry is idempotent"
+        );
         assert_eq!(settle_state(Deleting, Deleted), Ok(Some(Deleting)));
         assert_eq!(settle_state(Deleted, Deleted), Ok(None));
         let refused = settle_state(Deleting, Ready).unwrap_err();

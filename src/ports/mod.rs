@@ -271,6 +271,20 @@ pub struct Rows<T> {
     pub bad: Vec<StoreError>,
 }
 
+/// One instance as a recovery pass reads it under its lock: intent, ACTIVE
+/// and inhibitions.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LoadedInstance {
+    pub instance: Instance,
+    pub active: ActiveRecord,
+    pub inhibitions: Vec<Inhibition>,
+}
+
+/// What [`Store::load_instances`] found: per instance that still exists,
+/// its rows, or the error its own rows gave (one tenant's bad row never
+/// hides the others).
+pub type LoadedInstances = BTreeMap<InstanceId, Result<LoadedInstance, StoreError>>;
+
 /// Durable state and the task queue.
 #[async_trait]
 pub trait Store: Send + Sync {
@@ -352,6 +366,12 @@ pub trait Store: Send + Sync {
         container: &ContainerId,
         fence: Option<&LeaseGrant>,
     ) -> Result<(), StoreError>;
+
+    /// Intent, ACTIVE and inhibitions of every instance of `ids` that
+    /// exists, in a constant number of queries whatever the batch's size: a
+    /// pass reads the batch of instances it just locked at once, so its
+    /// round trips do not grow with the fleet's (issue #14).
+    async fn load_instances(&self, ids: &[InstanceId]) -> Result<LoadedInstances, StoreError>;
 
     // --- inhibitions -----------------------------------------------------
     async fn load_inhibitions(

@@ -28,7 +28,10 @@ use stead::core::types::{
 };
 use stead::engine::SystemClock;
 use stead::ports::Clock;
-use stead::ports::{Expired, LeaseGrant, NewInstance, RolloutRecord, Rows, Store, StoreError};
+use stead::ports::{
+    Expired, LeaseGrant, LoadedInstance, LoadedInstances, NewInstance, RolloutRecord, Rows, Store,
+    StoreError,
+};
 use stead::store::{
     fenced, identity_of, lease_cutoff_us, lease_to_us, name_held_by_task, name_taken,
     normalize_duration, normalize_execution_start, normalize_timestamp, timestamp_to_us,
@@ -79,6 +82,9 @@ struct State {
     failing_calls: u32,
     n_calls: u64,
     instances: BTreeMap<InstanceId, Instance>,
+    /// The index the SQL stores keep on `instances.name`: names never
+    /// change, and a deleted instance's row leaves with its name.
+    names: BTreeMap<InstanceName, InstanceId>,
     active: BTreeMap<(InstanceId, ServiceName), ActiveService>,
     inhibitions: BTreeMap<(InstanceId, ServiceName, ContainerId), Inhibition>,
     tasks: BTreeMap<TaskId, Task>,
@@ -210,10 +216,17 @@ impl MemoryStore {
 
 impl State {
     fn instance_id(&self, name: &InstanceName) -> Option<InstanceId> {
-        self.instances
-            .values()
-            .find(|i| &i.name == name)
-            .map(|i| i.id)
+        self.names.get(name).copied()
+    }
+
+    /// Every row keyed by instance `id` in `map`, whose keys start with it.
+    fn of_instance<K: Ord, V>(
+        map: &BTreeMap<K, V>,
+        id: InstanceId,
+        first: K,
+        key_id: impl Fn(&K) -> InstanceId,
+    ) -> impl Iterator<Item = (&K, &V)> {
+        map.range(first..).take_while(move |(k, _)| key_id(k) == id)
     }
 
     fn require_instance_id(&self, name: &InstanceName) -> Result<InstanceId, StoreError> {
@@ -245,6 +258,9 @@ impl State {
         self.tasks.retain(|_, t| t.instance != id);
         self.active.retain(|(i, _), _| *i != id);
         self.inhibitions.retain(|(i, _, _), _| *i != id);
+        if let Some(gone) = self.instances.get(&id) {
+            self.names.remove(&gone.name);
+        }
         self.instance_locks.remove(&id);
         self.instances.remove(&id);
         Ok(())
@@ -378,13 +394,17 @@ impl Store for MemoryStore {
             created_at: now,
             updated_at: now,
         };
+        state.names.insert(instance.name.clone(), instance.id);
         state.instances.insert(instance.id, instance.clone());
         Ok(instance)
     }
 
     async fn instance(&self, name: &InstanceName) -> Result<Option<Instance>, StoreError> {
         let state = self.call()?;
-        Ok(state.instances.values().find(|i| &i.name == name).cloned())
+        Ok(state
+            .instance_id(name)
+            .and_then(|id| state.instances.get(&id))
+            .cloned())
     }
 
     async fn instance_by_id(&self, id: InstanceId) -> Result<Option<Instance>, StoreError> {
@@ -563,12 +583,54 @@ impl Store for MemoryStore {
         let Some(id) = state.instance_id(instance) else {
             return Ok(());
         };
-        for ((i, _), active) in state.active.iter_mut() {
-            if *i == id && &active.container == container {
+        let first = (id, ServiceName::new(""));
+        for (_, active) in state
+            .active
+            .range_mut(first..)
+            .take_while(|((i, _), _)| *i == id)
+        {
+            if &active.container == container {
                 active.binds.clear();
             }
         }
         Ok(())
+    }
+
+    async fn load_instances(&self, ids: &[InstanceId]) -> Result<LoadedInstances, StoreError> {
+        let state = self.call()?;
+        let mut loaded = LoadedInstances::new();
+        for id in ids {
+            let Some(instance) = state.instances.get(id) else {
+                continue;
+            };
+            let active = ActiveRecord {
+                services: State::of_instance(
+                    &state.active,
+                    *id,
+                    (*id, ServiceName::new("")),
+                    |k| k.0,
+                )
+                .map(|((_, service), record)| (service.clone(), record.clone()))
+                .collect(),
+            };
+            let inhibitions = State::of_instance(
+                &state.inhibitions,
+                *id,
+                (*id, ServiceName::new(""), ContainerId::new("")),
+                |(i, _, _)| *i,
+            )
+            .map(|(_, inhibition)| inhibition.clone())
+            .collect();
+            loaded.insert(
+                *id,
+                Ok(LoadedInstance {
+                    instance: instance.clone(),
+                    active,
+                    inhibitions,
+                }),
+            );
+        }
+        Ok(loaded)
     }
 
     async fn load_inhibitions(
@@ -579,12 +641,14 @@ impl Store for MemoryStore {
         let Some(id) = state.instance_id(instance) else {
             return Ok(Vec::new());
         };
-        Ok(state
-            .inhibitions
-            .iter()
-            .filter(|((i, _, _), _)| *i == id)
-            .map(|(_, inhibition)| inhibition.clone())
-            .collect())
+        Ok(State::of_instance(
+            &state.inhibitions,
+            id,
+            (id, ServiceName::new(""), ContainerId::new("")),
+            |(i, _, _)| *i,
+        )
+        .map(|(_, inhibition)| inhibition.clone())
+        .collect())
     }
 
     async fn save_inhibition(

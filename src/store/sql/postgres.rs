@@ -14,12 +14,12 @@ use std::time::Duration;
 use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions};
 use sqlx::{Postgres, Transaction};
 
+use super::rows::{assemble_loaded, collect_rows, count_states, found_or, instance_found_or};
 use super::rows::{
     claim_order, decode_rollout, decode_rollout_record, encode_binds, encode_grace,
     encode_timestamp, inhibition_order, lease_grant, ActiveRow, InhibitionRow, InstanceRow,
     LeaseRow, TaskRow,
 };
-use super::rows::{collect_rows, count_states, found_or, instance_found_or};
 use super::shared::impl_sql_store;
 use super::statements as sql;
 use super::{db_error, migrate_error};
@@ -30,7 +30,9 @@ use crate::core::types::{
     ActiveRecord, ActiveService, Binds, ContainerId, Inhibition, InstanceName, ServiceName,
     Timestamp,
 };
-use crate::ports::{Expired, LeaseGrant, NewInstance, RolloutRecord, Rows, Store, StoreError};
+use crate::ports::{
+    Expired, LeaseGrant, LoadedInstances, NewInstance, RolloutRecord, Rows, Store, StoreError,
+};
 use crate::store::{
     execution_start_to_ns, fenced, lease_cutoff_us, lease_to_us, name_held_by_task, name_taken,
     timestamp_from_us, timestamp_to_us,
@@ -213,6 +215,12 @@ async fn insert_task<'e>(
         .fetch_optional(executor)
         .await
         .map_err(db_error)
+}
+
+/// The batch reads of `load_instances`, naming their ids as this backend
+/// takes a list.
+mod batch {
+    super::sql::batch_loads!("= ANY($1)");
 }
 
 impl_sql_store!(PostgresStore, claim: sql::POSTGRES_CLAIM, lock_lease: LOCK_LEASE);

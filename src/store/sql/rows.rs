@@ -14,10 +14,10 @@ use crate::core::fleet::{
 };
 use crate::core::names::{self, NameError};
 use crate::core::types::{
-    ActiveService, Binds, ContainerId, Inhibition, InhibitionReason, InstanceName, ServiceName,
-    Timestamp,
+    ActiveRecord, ActiveService, Binds, ContainerId, Inhibition, InhibitionReason, InstanceName,
+    ServiceName, Timestamp,
 };
-use crate::ports::{LeaseGrant, RolloutRecord, Rows, StoreError};
+use crate::ports::{LeaseGrant, LoadedInstance, LoadedInstances, RolloutRecord, Rows, StoreError};
 use crate::store::{
     duration_to_ms, execution_start_from_ns, timestamp_from_us, timestamp_to_us, ReconcilerLeaseRow,
 };
@@ -371,4 +371,54 @@ pub fn instance_found_or(found: bool, name: &InstanceName) -> Result<(), StoreEr
     } else {
         Err(StoreError::NotFound(format!("instance {name}")))
     }
+}
+
+/// [`LoadedInstances`] from the three batch reads: each instance with its
+/// own ACTIVE and inhibitions, or the first of its rows that did not
+/// decode.
+pub fn assemble_loaded(
+    instances: Vec<InstanceRow>,
+    active: Vec<ActiveRow>,
+    inhibitions: Vec<InhibitionRow>,
+) -> LoadedInstances {
+    let mut loaded: LoadedInstances = instances
+        .into_iter()
+        .map(|row| {
+            let id = row.id;
+            let instance = row.decode().map(|instance| LoadedInstance {
+                instance,
+                active: ActiveRecord::default(),
+                inhibitions: Vec::new(),
+            });
+            (id, instance)
+        })
+        .collect();
+    for row in active {
+        if let Some(Ok(entry)) = loaded.get_mut(&row.instance_id) {
+            let id = row.instance_id;
+            match row.decode() {
+                Ok((service, record)) => {
+                    entry.active.services.insert(service, record);
+                }
+                Err(e) => {
+                    loaded.insert(id, Err(e));
+                }
+            }
+        }
+    }
+    for row in inhibitions {
+        if let Some(Ok(entry)) = loaded.get_mut(&row.instance_id) {
+            let id = row.instance_id;
+            match row.decode() {
+                Ok(inhibition) => entry.inhibitions.push(inhibition),
+                Err(e) => {
+                    loaded.insert(id, Err(e));
+                }
+            }
+        }
+    }
+    for entry in loaded.values_mut().flatten() {
+        inhibition_order(&mut entry.inhibitions);
+    }
+    loaded
 }

@@ -256,6 +256,31 @@ macro_rules! impl_sql_store {
                 .map(drop)
             }
 
+            async fn load_instances(
+                &self,
+                ids: &[InstanceId],
+            ) -> Result<LoadedInstances, StoreError> {
+                if ids.is_empty() {
+                    return Ok(LoadedInstances::new());
+                }
+                let instances = sqlx::query_as::<_, InstanceRow>(batch::INSTANCES_OF_IDS)
+                    .bind(id_list(ids))
+                    .fetch_all(&self.pool)
+                    .await
+                    .map_err(db_error)?;
+                let active = sqlx::query_as::<_, ActiveRow>(batch::ACTIVE_OF_IDS)
+                    .bind(id_list(ids))
+                    .fetch_all(&self.pool)
+                    .await
+                    .map_err(db_error)?;
+                let inhibitions = sqlx::query_as::<_, InhibitionRow>(batch::INHIBITIONS_OF_IDS)
+                    .bind(id_list(ids))
+                    .fetch_all(&self.pool)
+                    .await
+                    .map_err(db_error)?;
+                Ok(assemble_loaded(instances, active, inhibitions))
+            }
+
             async fn load_inhibitions(
                 &self,
                 instance: &InstanceName,

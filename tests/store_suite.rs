@@ -1694,7 +1694,10 @@ async fn a_batch_load_reads_what_the_single_loads_read(s: TestStore) {
         let single = store.instance_by_id(id).await.unwrap().unwrap();
         let loaded = batch[&id].as_ref().unwrap();
         assert_eq!(loaded.instance, single);
-        assert_eq!(loaded.active, store.load_active(&single.name).await.unwrap());
+        assert_eq!(
+            loaded.active,
+            store.load_active(&single.name).await.unwrap()
+        );
         assert_eq!(
             loaded.inhibitions,
             store.load_inhibitions(&single.name).await.unwrap()

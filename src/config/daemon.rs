@@ -19,7 +19,7 @@ use std::time::Duration;
 use serde::Deserialize;
 
 use crate::core::plan::{ConfigError, ControlConfig, RawControlConfig};
-use crate::core::policy::RecoveryPolicy;
+use crate::core::policy::{RecoveryPolicy, INSTANCES_AT_ONCE_MAX};
 use crate::core::toml_error;
 
 /// Where the config file is looked for when neither `--config` nor
@@ -72,6 +72,7 @@ pub const KEYS: &[&str] = &[
     "recovery.stable_window_s",
     "recovery.unhealthy_threshold",
     "recovery.instance_deadline_s",
+    "recovery.instances_at_once",
     "recovery.stop_grace_default_ms",
     "docker.socket",
     "docker.request_timeout_s",
@@ -405,6 +406,7 @@ struct RawRecovery {
     stable_window_s: Option<i64>,
     unhealthy_threshold: Option<i64>,
     instance_deadline_s: Option<i64>,
+    instances_at_once: Option<i64>,
     stop_grace_default_ms: Option<i64>,
 }
 
@@ -675,6 +677,13 @@ impl Validator<'_> {
                 1,
                 day,
             )?,
+            instances_at_once: self.int(
+                "recovery.instances_at_once",
+                raw.instances_at_once,
+                d.instances_at_once as i64,
+                1,
+                INSTANCES_AT_ONCE_MAX as i64,
+            )? as usize,
             stop_grace_default: Duration::from_millis(self.int(
                 "recovery.stop_grace_default_ms",
                 raw.stop_grace_default_ms,

@@ -40,6 +40,13 @@ pub fn trust_margin(ttl: Duration) -> Duration {
 /// margin, so a live leader keeps it, and it lasts two instance recoveries
 /// beyond its margin, so the pass renews it at most once per instance's
 /// worth of work and never starts an instance it could not finish under
+/// How many instances a pass recovers at once by default: enough that a
+/// slow runtime's latency overlaps (32 calls in flight), few enough that a
+/// batch's locks are held briefly.
+pub const INSTANCES_AT_ONCE_DEFAULT: usize = 32;
+/// Bound on [`RecoveryPolicy::instances_at_once`].
+pub const INSTANCES_AT_ONCE_MAX: usize = 1024;
+
 /// the lease.
 pub fn reconciler_lease_ttl(tick_interval: Duration, instance_deadline: Duration) -> Duration {
     let ticks = tick_interval * 3 + Duration::from_secs(30);
@@ -64,6 +71,10 @@ pub struct RecoveryPolicy {
     pub unhealthy_threshold: u32,
     /// Bound on one instance's whole recovery (2 minutes).
     pub instance_deadline: Duration,
+    /// How many instances a pass recovers at once (32): their locks and
+    /// rows are read in one round trip each, and their passes run
+    /// concurrently, each under its own deadline.
+    pub instances_at_once: usize,
     /// Stop grace when neither the service nor a marker records one.
     pub stop_grace_default: Duration,
     /// A rule deliberately broken, armed as data by the mutation exercise
@@ -81,6 +92,7 @@ impl Default for RecoveryPolicy {
             stable_window: minutes(5),
             unhealthy_threshold: 2,
             instance_deadline: minutes(2),
+            instances_at_once: INSTANCES_AT_ONCE_DEFAULT,
             stop_grace_default: Duration::from_secs(10),
             broken: None,
         }
@@ -155,6 +167,13 @@ impl RecoveryPolicy {
                 "instance_deadline",
                 format!("{:?}", self.instance_deadline),
                 "must be positive and at most 24h",
+            );
+        }
+        if self.instances_at_once == 0 || self.instances_at_once > INSTANCES_AT_ONCE_MAX {
+            return fail(
+                "instances_at_once",
+                self.instances_at_once.to_string(),
+                "must be between 1 and 1024",
             );
         }
         if self.stop_grace_default > Duration::from_secs(3600) {

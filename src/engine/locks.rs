@@ -12,7 +12,7 @@
 //! instance; workers and operator commands wait, bounded
 //! ([`InstanceLocks::lock`]).
 
-use std::collections::HashMap;
+use std::collections::{BTreeSet, HashMap};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -80,21 +80,58 @@ impl InstanceLocks {
         holder: &str,
         ttl: Duration,
     ) -> Result<Option<InstanceGuard>, StoreError> {
-        let Ok(local) = self.local(instance).try_lock_owned() else {
-            return Ok(None);
-        };
+        Ok(self.try_lock_batch(&[instance], holder, ttl).await?.pop())
+    }
+
+    /// [`Self::try_lock`] for a batch in one round trip to the store: the
+    /// guards of the instances taken, in the order given; busy ones are
+    /// left out (R3). Release them with [`InstanceLocks::release_all`].
+    pub async fn try_lock_batch(
+        &self,
+        instances: &[InstanceId],
+        holder: &str,
+        ttl: Duration,
+    ) -> Result<Vec<InstanceGuard>, StoreError> {
+        let local: Vec<_> = instances
+            .iter()
+            .filter_map(|&id| Some((id, self.local(id).try_lock_owned().ok()?)))
+            .collect();
+        if local.is_empty() {
+            return Ok(Vec::new());
+        }
+        let ids: Vec<InstanceId> = local.iter().map(|(id, _)| *id).collect();
         let sent = Instant::now();
-        let locked = self
+        let locked: BTreeSet<InstanceId> = self
             .store
-            .try_lock_instances(&[instance], holder, ttl)
-            .await?;
-        Ok(locked.contains(&instance).then(|| InstanceGuard {
-            _local: local,
-            store: self.store.clone(),
-            instance,
-            holder: holder.to_owned(),
-            trusted_until: sent + (ttl - trust_margin(ttl)),
-        }))
+            .try_lock_instances(&ids, holder, ttl)
+            .await?
+            .into_iter()
+            .collect();
+        let trusted_until = sent + (ttl - trust_margin(ttl));
+        Ok(local
+            .into_iter()
+            .filter(|(id, _)| locked.contains(id))
+            .map(|(instance, local)| InstanceGuard {
+                _local: local,
+                store: self.store.clone(),
+                instance,
+                holder: holder.to_owned(),
+                trusted_until,
+            })
+            .collect())
+    }
+
+    /// Releases the guards of one holder in one round trip to the store,
+    /// then their in-process locks.
+    pub async fn release_all(guards: Vec<InstanceGuard>) {
+        let Some(first) = guards.first() else {
+            return;
+        };
+        let ids: Vec<InstanceId> = guards.iter().map(|g| g.instance).collect();
+        if let Err(e) = first.store.unlock_instances(&ids, &first.holder).await {
+            // The rows expire by themselves; until then the instances are busy.
+            tracing::warn!(instances = ?ids, error = %e, "instance locks not released; they will expire");
+        }
     }
 
     /// Waits for the lock, at most `wait_max`.

@@ -3,15 +3,20 @@
 //! through the ports with the lease and lock checked before every outside
 //! effect (T2) and the deadline on the monotonic clock.
 
+use std::collections::BTreeMap;
+
+use futures_util::future::join_all;
 use tokio::time::Instant;
 
 use crate::core::broken::Mutant;
+use crate::core::fleet::InstanceId;
 use crate::core::fleet::{add, Instance};
 use crate::core::pass::{Abandon, InstancePass, PassInput};
 use crate::core::policy::INSTANCE_LEASE_SLACK;
 use crate::core::traffic::{routes_of, HeldRoutes};
-use crate::core::types::{ActiveRecord, Inhibition, InstanceName};
-use crate::ports::{LeaseGrant, StoreError};
+use crate::core::types::InstanceName;
+use crate::engine::locks::InstanceLocks;
+use crate::ports::{LeaseGrant, LoadedInstance, LoadedInstances};
 
 use super::log::{log_hold, record_metrics, StepLog};
 use super::{InstanceOutcome, RecoverError, Recoverer};
@@ -31,77 +36,128 @@ impl Recoverer {
     pub(super) fn may_act(&self, mandate: &Mandate) -> bool {
         self.lease.current().is_some() && Instant::now() < mandate.lock_until
     }
-    /// Recovers one instance under its lock, its deadline and the lease.
+    /// Recovers one instance under its lock, its deadline and the lease
+    /// (a targeted pass: a runtime event, T7).
     pub async fn recover_instance(&self, instance: &Instance) -> InstanceOutcome {
-        self.recover_instance_seeing(instance, None).await
+        self.recover_batch(std::slice::from_ref(instance), None)
+            .await
+            .pop()
+            .map_or_else(InstanceOutcome::default, |(_, outcome)| outcome)
     }
 
-    /// [`Self::recover_instance`] given the routes the pass read back.
-    pub(super) async fn recover_instance_seeing(
+    /// Recovers a batch of instances at once: their locks taken in one
+    /// round trip (busy ones skipped, R3), their rows loaded in one, then
+    /// each instance's pass driven concurrently under its own deadline
+    /// (services of one instance stay in order), and the locks released in
+    /// one. The store's round trips per pass grow with the number of
+    /// batches, not of instances (issue #14).
+    pub(super) async fn recover_batch(
         &self,
-        instance: &Instance,
+        batch: &[Instance],
         held: Option<&HeldRoutes>,
-    ) -> InstanceOutcome {
+    ) -> Vec<(InstanceName, InstanceOutcome)> {
+        let each = |f: &dyn Fn(&Instance) -> InstanceOutcome| {
+            batch.iter().map(|i| (i.name.clone(), f(i))).collect()
+        };
         let Some(fence) = self.fence().await else {
-            return InstanceOutcome {
+            return each(&|_| InstanceOutcome {
                 skipped_no_lease: true,
                 ..Default::default()
-            };
+            });
         };
         let lock_ttl = self.policy.instance_deadline + INSTANCE_LEASE_SLACK;
-        let guard = match self
+        let ids: Vec<InstanceId> = batch.iter().map(|i| i.id).collect();
+        let guards = match self
             .locks
-            .try_lock(instance.id, &self.lock_holder, lock_ttl)
+            .try_lock_batch(&ids, &self.lock_holder, lock_ttl)
             .await
         {
-            Ok(Some(guard)) => guard,
-            Ok(None) => {
-                return InstanceOutcome {
-                    skipped_busy: true,
-                    ..Default::default()
-                }
-            }
+            Ok(guards) => guards,
             Err(e) => {
-                return InstanceOutcome {
-                    errors: vec![RecoverError::Lock {
-                        instance: instance.name.clone(),
-                        source: e,
-                    }],
-                    ..Default::default()
-                }
+                return each(&|i| {
+                    InstanceOutcome::failed(RecoverError::Lock {
+                        instance: i.name.clone(),
+                        source: e.clone(),
+                    })
+                })
             }
         };
-        let mandate = Mandate {
-            fence,
-            lock_until: guard.trusted_until(),
-        };
-        let out = self.recover_locked(instance, &mandate, held).await;
-        guard.release().await;
-        out
-    }
-
-    async fn recover_locked(
-        &self,
-        instance: &Instance,
-        mandate: &Mandate,
-        held: Option<&HeldRoutes>,
-    ) -> InstanceOutcome {
+        let locked: BTreeMap<InstanceId, Instant> = guards
+            .iter()
+            .map(|g| (g.instance(), g.trusted_until()))
+            .collect();
         let deadline = Instant::now() + self.policy.instance_deadline;
-        let loaded = within(deadline, self.load(&instance.name)).await;
-        let (instance, active, inhibitions) = match loaded {
+        let locked_ids: Vec<InstanceId> = locked.keys().copied().collect();
+        // Loaded under the locks: the listing that started the pass may be
+        // stale by now (an operator may have changed intent, a worker
+        // switched ACTIVE, while earlier batches were recovered).
+        let loaded = if locked_ids.is_empty() {
+            Ok(Ok(LoadedInstances::new()))
+        } else {
+            within(deadline, self.ports.store.load_instances(&locked_ids)).await
+        };
+        let mut loaded = match loaded {
             Ok(Ok(loaded)) => loaded,
-            Ok(Err(source)) => {
-                return InstanceOutcome::failed(RecoverError::Load {
-                    instance: instance.name.clone(),
-                    source,
-                })
+            Ok(Err(e)) => {
+                InstanceLocks::release_all(guards).await;
+                return each(&|i| match locked.contains_key(&i.id) {
+                    true => InstanceOutcome::failed(RecoverError::Load {
+                        instance: i.name.clone(),
+                        source: e.clone(),
+                    }),
+                    false => busy(),
+                });
             }
             Err(_) => {
-                return InstanceOutcome::failed(RecoverError::Deadline {
-                    what: format!("{}: load", instance.name),
-                })
+                InstanceLocks::release_all(guards).await;
+                return each(&|i| match locked.contains_key(&i.id) {
+                    true => InstanceOutcome::failed(RecoverError::Deadline {
+                        what: format!("{}: load", i.name),
+                    }),
+                    false => busy(),
+                });
             }
         };
+        let passes = batch.iter().map(|instance| {
+            let name = instance.name.clone();
+            let lock_until = locked.get(&instance.id).copied();
+            let row = loaded.remove(&instance.id);
+            let fence = fence.clone();
+            async move {
+                let outcome = match (lock_until, row) {
+                    (None, _) => busy(),
+                    // Gone since the listing (its name freed): nothing to do.
+                    (Some(_), None) => InstanceOutcome::default(),
+                    (Some(_), Some(Err(source))) => InstanceOutcome::failed(RecoverError::Load {
+                        instance: name.clone(),
+                        source,
+                    }),
+                    (Some(lock_until), Some(Ok(row))) => {
+                        let mandate = Mandate { fence, lock_until };
+                        self.drive(row, &mandate, held, deadline).await
+                    }
+                };
+                (name, outcome)
+            }
+        });
+        let outcomes = join_all(passes).await;
+        InstanceLocks::release_all(guards).await;
+        outcomes
+    }
+
+    /// Drives one loaded instance's pass through the ports.
+    async fn drive(
+        &self,
+        row: LoadedInstance,
+        mandate: &Mandate,
+        held: Option<&HeldRoutes>,
+        deadline: Instant,
+    ) -> InstanceOutcome {
+        let LoadedInstance {
+            instance,
+            active,
+            inhibitions,
+        } = row;
         let memory = self
             .memory
             .lock()
@@ -157,23 +213,13 @@ impl Recoverer {
             ..Default::default()
         }
     }
+}
 
-    /// Loads intent, ACTIVE and inhibitions under the instance lock: the
-    /// listing that started the pass may be stale by now (an operator may
-    /// have changed intent while earlier instances were recovered).
-    async fn load(
-        &self,
-        name: &InstanceName,
-    ) -> Result<(Instance, ActiveRecord, Vec<Inhibition>), StoreError> {
-        let instance = self
-            .ports
-            .store
-            .instance(name)
-            .await?
-            .ok_or_else(|| StoreError::NotFound(format!("instance {name}")))?;
-        let active = self.ports.store.load_active(name).await?;
-        let inhibitions = self.ports.store.load_inhibitions(name).await?;
-        Ok((instance, active, inhibitions))
+/// A busy instance's outcome: skipped, never waited on (R3).
+fn busy() -> InstanceOutcome {
+    InstanceOutcome {
+        skipped_busy: true,
+        ..Default::default()
     }
 }
 

@@ -129,14 +129,14 @@ impl Recoverer {
                 memory.forget_instance(name);
             }
         }
-        for instance in plan.recover {
-            let result = self.recover_instance_seeing(&instance, held.as_ref()).await;
-            if result.skipped_no_lease {
+        for batch in plan.recover.chunks(self.policy.instances_at_once.max(1)) {
+            let results = self.recover_batch(batch, held.as_ref()).await;
+            if results.iter().any(|(_, r)| r.skipped_no_lease) {
                 // The lease is lost: nothing more may be done this pass.
                 outcome.errors.push(RecoverError::LeaseLost);
                 break;
             }
-            outcome.instances.insert(instance.name.clone(), result);
+            outcome.instances.extend(results);
         }
         outcome
     }

@@ -566,6 +566,23 @@ impl Checker {
                 );
             }
             Effect::Published { route } => {
+                if let Some(started_at) = route.verified_started_at {
+                    let recorded = self.store().active_now(&route.service);
+                    let durable = recorded.as_ref().is_some_and(|a| {
+                        a.container == route.container
+                            && a.verified_started_at
+                                == stead::store::normalize_execution_start(started_at)
+                    });
+                    s.check("S11 routed only once durably verified", durable, || {
+                        format!(
+                            "{:?} published {} at {started_at} while ACTIVE records {:?}: \
+                             a restart now would withdraw it (R17)",
+                            route.service,
+                            route.container,
+                            recorded.map(|a| (a.container, a.verified_started_at))
+                        )
+                    });
+                }
                 let id = names::route_id(&route.service);
                 let previous = s.route_ids.insert(id.clone(), route.service.clone());
                 s.check(

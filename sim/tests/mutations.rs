@@ -126,6 +126,14 @@ fn a_restarted_daemon_waiting_out_its_own_lease_is_caught() {
 }
 
 #[test]
+fn a_publication_before_its_record_is_caught() {
+    assert_caught(
+        Mutant::PublishBeforeRecord,
+        "S11 routed only once durably verified",
+    );
+}
+
+#[test]
 fn container_names_that_collide_are_caught() {
     assert_caught(
         Mutant::DashedContainerNames,

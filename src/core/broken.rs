@@ -30,10 +30,12 @@ pub enum Mutant {
     StrangerAfterRestart,
     /// T6: name containers `stead-<instance>-<service>-<revision>` again.
     DashedContainerNames,
+    /// S11: publish a verified execution before recording it in ACTIVE.
+    PublishBeforeRecord,
 }
 
 impl Mutant {
-    pub const ALL: [Mutant; 11] = [
+    pub const ALL: [Mutant; 12] = [
         Mutant::SkipWithdrawBeforeStart,
         Mutant::PublishBeforeReadiness,
         Mutant::ForgetCrashLoopCharge,
@@ -45,5 +47,6 @@ impl Mutant {
         Mutant::ForgetProxyRoutes,
         Mutant::StrangerAfterRestart,
         Mutant::DashedContainerNames,
+        Mutant::PublishBeforeRecord,
     ];
 }

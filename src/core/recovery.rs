@@ -465,6 +465,9 @@ pub struct ServiceRecovery<'p> {
     restarted: bool,
     stable: bool,
     published: bool,
+    /// A publication decided, waiting for the execution to be recorded
+    /// first (S11).
+    publish_after_record: bool,
     /// The execution being verified.
     observed: Option<Observation>,
     binds: Binds,
@@ -527,6 +530,7 @@ impl<'p> ServiceRecovery<'p> {
             restarted: false,
             stable: false,
             published: false,
+            publish_after_record: false,
             observed: None,
             binds: Binds::new(),
             verdict: Verdict::Failed,
@@ -707,23 +711,44 @@ impl<'p> ServiceRecovery<'p> {
                 Ok(()) => {
                     self.published = true;
                     self.route_unknown = false;
-                    self.decide_record(now);
+                    if self.needs_record() {
+                        // Only with the rule broken on purpose (S11).
+                        self.phase = Phase::RecordExecution;
+                    } else {
+                        self.finish_verified(now);
+                    }
                 }
                 Err(e) => {
                     // Not charged, not withdrawn: the workload is fine, the
-                    // proxy is not. The execution stays unrecorded, so the
-                    // next pass verifies and publishes again.
+                    // proxy is not. The next pass finds the route missing
+                    // and publishes the recorded execution again (T5).
                     self.errors.push(RecoveryError::PublishFailed(e));
                     self.budget.invalidate_stable();
                     self.finish(Verdict::Failed);
                 }
             },
-            Outcome::ExecutionRecorded(result) => {
-                if let Err(e) = result {
-                    self.errors.push(RecoveryError::RecordFailed(e));
+            Outcome::ExecutionRecorded(result) => match result {
+                Ok(()) => {
+                    self.active.verified_started_at = self.observed_started_at();
+                    if self.publish_after_record && !self.published {
+                        self.phase = Phase::Publish;
+                    } else {
+                        self.finish_verified(now);
+                    }
                 }
-                self.finish_verified(now);
-            }
+                Err(e) if self.publish_after_record && !self.published => {
+                    // S11: never routed before it is durably verified, so a
+                    // restart at any instant cannot blink it. Left withdrawn;
+                    // the next pass verifies and records again.
+                    self.errors.push(RecoveryError::RecordFailed(e));
+                    self.budget.invalidate_stable();
+                    self.finish(Verdict::Failed);
+                }
+                Err(e) => {
+                    self.errors.push(RecoveryError::RecordFailed(e));
+                    self.finish_verified(now);
+                }
+            },
         }
     }
 
@@ -1046,22 +1071,27 @@ impl<'p> ServiceRecovery<'p> {
         }
     }
 
-    /// R13: publish if started, restarted, fresh, or the binds changed.
+    /// R13: publish if started, restarted, fresh, or the binds changed;
+    /// S11: record the verified execution in ACTIVE first, so what is routed
+    /// is always what a restarted daemon finds vouched for (R17) and a
+    /// restart at any instant never blinks it.
     fn decide_publication(&mut self, now: Timestamp) {
-        if self.needs_readiness() || self.route_unknown || self.binds != self.active.binds {
-            self.phase = Phase::Publish;
-        } else {
-            self.decide_record(now);
-        }
-    }
-
-    fn decide_record(&mut self, now: Timestamp) {
-        let started_at = self.observed_started_at();
-        if started_at.is_some() && started_at != self.verified_started_at {
+        self.publish_after_record =
+            self.needs_readiness() || self.route_unknown || self.binds != self.active.binds;
+        let record_first = !self.broken(Mutant::PublishBeforeRecord);
+        if self.needs_record() && (record_first || !self.publish_after_record) {
             self.phase = Phase::RecordExecution;
+        } else if self.publish_after_record {
+            self.phase = Phase::Publish;
         } else {
             self.finish_verified(now);
         }
+    }
+
+    /// Whether ACTIVE's durable record is not yet the execution verified.
+    fn needs_record(&self) -> bool {
+        let started_at = self.observed_started_at();
+        started_at.is_some() && started_at != self.active.verified_started_at
     }
 
     fn finish_verified(&mut self, now: Timestamp) {

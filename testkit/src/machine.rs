@@ -290,6 +290,11 @@ struct Checker<'a> {
     decided_at: Option<Timestamp>,
     /// Executions whose readiness probe passed in this run.
     ready: Vec<Option<Timestamp>>,
+    /// The execution ACTIVE durably records as verified: the input's,
+    /// then each record that succeeded.
+    recorded: Option<Timestamp>,
+    /// The execution of the record command awaiting its outcome.
+    recording: Option<Timestamp>,
 }
 
 impl<'a> Checker<'a> {
@@ -316,6 +321,8 @@ impl<'a> Checker<'a> {
             last_outcome_at: base(),
             decided_at: None,
             ready: Vec::new(),
+            recorded: case.input.active.verified_started_at,
+            recording: None,
         }
     }
 
@@ -431,6 +438,7 @@ impl<'a> Checker<'a> {
                     Some(Some(*started_at)),
                     "R13: record the execution just verified"
                 );
+                self.recording = Some(*started_at);
             }
             _ => {}
         }
@@ -514,6 +522,13 @@ impl<'a> Checker<'a> {
                 self.ready
             );
         }
+        if started_at.is_some() {
+            assert_eq!(
+                self.recorded, started_at,
+                "S11: published an execution ACTIVE does not record as verified \
+                 (a restart now would blink it)"
+            );
+        }
     }
 
     fn outcome(&mut self, outcome: &Outcome, now: Timestamp) {
@@ -539,6 +554,7 @@ impl<'a> Checker<'a> {
                 self.ready.push(execution);
             }
             Outcome::Published(Ok(())) => self.published_since_withdraw = true,
+            Outcome::ExecutionRecorded(Ok(())) => self.recorded = self.recording.take(),
             _ => {}
         }
     }

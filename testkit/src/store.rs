@@ -170,6 +170,14 @@ impl MemoryStore {
         ))
     }
 
+    /// ACTIVE's record of one service, without the fault hooks (for
+    /// checkers).
+    pub fn active_now(&self, service: &ServiceKey) -> Option<ActiveService> {
+        let state = self.lock();
+        let id = state.instance_id(&service.instance)?;
+        state.active.get(&(id, service.service.clone())).cloned()
+    }
+
     /// An instance by name, without the fault hooks (for checkers).
     pub fn instance_now(&self, name: &InstanceName) -> Option<Instance> {
         let state = self.lock();

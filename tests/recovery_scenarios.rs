@@ -684,8 +684,10 @@ fn a_failed_publication_does_not_restart_a_healthy_container() {
     assert!(routed(&w), "the next pass publishes");
 }
 
+/// Nothing to write, so ACTIVE (read under the instance lock this pass)
+/// is not read again: a steady service costs the store nothing (#14).
 #[test]
-fn steady_state_issues_no_mutation_and_no_publication() {
+fn steady_state_issues_no_mutation_no_publication_and_no_store_read() {
     let mut w = settled();
     w.pass();
     assert_eq!(
@@ -695,7 +697,6 @@ fn steady_state_issues_no_mutation_and_no_publication() {
             Command::ReadHealth,
             Command::ReadBinds,
             Command::Inspect,
-            Command::ReloadActive
         ]
     );
 }

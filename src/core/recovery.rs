@@ -863,8 +863,13 @@ impl<'p> ServiceRecovery<'p> {
                 let same = matches!(&result, Ok(obs)
                     if Some(obs.started_at) == self.observed.as_ref().map(|o| o.started_at)
                         && obs.status == ContainerStatus::Running);
-                if same {
+                if same && self.writes_pending() {
                     self.phase = Phase::ReloadActive;
+                } else if same {
+                    // Nothing to persist, publish or record: ACTIVE, read
+                    // under the instance lock this pass, needs no fresh
+                    // read (a steady service costs the store nothing).
+                    self.finish_verified(now);
                 } else {
                     let err = match result {
                         Err(e) => RecoveryError::InspectFailed(e),
@@ -1086,6 +1091,15 @@ impl<'p> ServiceRecovery<'p> {
         } else {
             self.finish_verified(now);
         }
+    }
+
+    /// Whether verifying this execution will write anything (binds, a
+    /// route, the record): only then is ACTIVE read again first.
+    fn writes_pending(&self) -> bool {
+        self.needs_readiness()
+            || self.route_unknown
+            || self.binds != self.active.binds
+            || self.needs_record()
     }
 
     /// Whether ACTIVE's durable record is not yet the execution verified.

@@ -11,8 +11,10 @@
 //!   models and safety checkers shared by the property tests and the
 //!   cargo-fuzz targets. Their inputs are plain numbers, so proptest and
 //!   `arbitrary` can both produce them.
+//! - [`fleet`]: steady fleets for the scale benchmark and round-trip tests.
 //! - [`mutants`]: the switch that arms one deliberately broken rule.
 
+pub mod fleet;
 pub mod machine;
 pub mod model;
 pub mod mutants;

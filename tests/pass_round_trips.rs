@@ -1,0 +1,136 @@
+//! Issue #14: what a steady recovery pass costs the store, counted (not
+//! timed). A pass lists the instances once, then per batch of
+//! `recovery.instances_at_once` instances takes their locks in one round
+//! trip, loads their rows in one and releases them in one; nothing per
+//! instance or per service. So the round trips of a pass grow with the
+//! number of batches, and a fleet a hundred times larger costs the store a
+//! hundred times fewer round trips per instance than one trip each would.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use jiff::Timestamp;
+use stead::core::policy::{reconciler_lease_ttl, RecoveryPolicy, LEASE_MARGIN};
+use stead::engine::lease::LeaseGuard;
+use stead::engine::recovery::{InstanceLocks, Recoverer};
+use stead::engine::Ports;
+use stead_testkit::fleet::{build_steady_fleet, FleetShape};
+use stead_testkit::ports::{
+    Hooks, ManualClock, MemoryNotifier, MemoryPolicy, MemoryProbe, MemoryProvisioner,
+    MemoryRuntime, MemoryTraffic,
+};
+use stead_testkit::store::MemoryStore;
+
+/// The store round trips of one steady pass over `shape`, after a first
+/// pass (which takes the lease) changed nothing either.
+async fn steady_round_trips(shape: FleetShape, policy: &RecoveryPolicy) -> u64 {
+    let clock = Arc::new(ManualClock::new(
+        Timestamp::from_second(1_800_000_000).unwrap(),
+    ));
+    let hooks = Hooks::default();
+    let store = Arc::new(MemoryStore::new().with_clock(clock.clone()));
+    let runtime = Arc::new(MemoryRuntime::new(clock.clone(), hooks.clone()));
+    let traffic = Arc::new(MemoryTraffic::new(hooks.clone()));
+    build_steady_fleet(
+        shape,
+        store.as_ref(),
+        &runtime,
+        &traffic,
+        Timestamp::from_second(1_800_000_000).unwrap(),
+    )
+    .await
+    .unwrap();
+    let ports = Ports {
+        clock: clock.clone(),
+        runtime: runtime.clone(),
+        traffic: traffic.clone(),
+        store: store.clone(),
+        probe: Arc::new(MemoryProbe::new(runtime.clone(), hooks.clone())),
+        policy: Arc::new(MemoryPolicy::default()),
+        provisioner: Arc::new(MemoryProvisioner::new("stead", hooks.clone())),
+        notifier: Arc::new(MemoryNotifier::new(hooks)),
+    };
+    let ttl = reconciler_lease_ttl(Duration::from_secs(30), policy.instance_deadline);
+    let recoverer = Recoverer::new(
+        ports,
+        policy.clone(),
+        Default::default(),
+        Arc::new(InstanceLocks::new(store.clone())),
+        "a/recovery".into(),
+        Arc::new(LeaseGuard::new("a".into(), ttl, LEASE_MARGIN)),
+    );
+    for pass in ["first", "steady"] {
+        let before = store.n_calls();
+        let outcome = recoverer.pass().await;
+        assert_eq!(
+            outcome.error_count(),
+            0,
+            "{pass} pass: {:?}",
+            outcome.errors
+        );
+        assert_eq!(outcome.instances.len(), shape.instances, "{pass} pass");
+        let reports = outcome.instances.values().flat_map(|i| &i.reports);
+        assert_eq!(reports.clone().count(), shape.services(), "{pass} pass");
+        assert!(
+            reports.clone().all(|r| !r.intervened),
+            "a steady fleet is left alone ({pass} pass)"
+        );
+        if pass == "steady" {
+            return store.n_calls() - before;
+        }
+    }
+    unreachable!()
+}
+
+#[tokio::test]
+async fn a_steady_pass_costs_one_listing_and_three_round_trips_per_batch() {
+    let policy = RecoveryPolicy::default();
+    let batch = policy.instances_at_once;
+    for instances in [1, batch - 1, batch, batch + 1, 10 * batch] {
+        let shape = FleetShape {
+            instances,
+            services_per_instance: 2,
+        };
+        let batches = instances.div_ceil(batch) as u64;
+        assert_eq!(
+            steady_round_trips(shape, &policy).await,
+            1 + 3 * batches,
+            "{instances} instances in {batches} batch(es) of {batch}"
+        );
+    }
+}
+
+#[tokio::test]
+async fn the_services_of_an_instance_cost_the_store_nothing_more() {
+    let policy = RecoveryPolicy::default();
+    let trips = |services_per_instance| {
+        steady_round_trips(
+            FleetShape {
+                instances: 40,
+                services_per_instance,
+            },
+            &policy,
+        )
+    };
+    let one = trips(1).await;
+    assert_eq!(one, trips(5).await);
+}
+
+#[tokio::test]
+async fn larger_batches_mean_fewer_round_trips_for_the_same_fleet() {
+    let shape = FleetShape {
+        instances: 256,
+        services_per_instance: 1,
+    };
+    let mut last = u64::MAX;
+    for instances_at_once in [1, 8, 64, 256] {
+        let policy = RecoveryPolicy {
+            instances_at_once,
+            ..Default::default()
+        };
+        let trips = steady_round_trips(shape, &policy).await;
+        assert_eq!(trips, 1 + 3 * (256 / instances_at_once) as u64);
+        assert!(trips < last);
+        last = trips;
+    }
+}

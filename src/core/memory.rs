@@ -1,26 +1,52 @@
 //! The recovery pass's volatile memory across passes (R6, R16, R17).
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
 
 use super::recovery::{GenerationMemory, Report, ServiceMemory};
-use super::types::{
-    ActiveRecord, ContainerId, GenerationKey, InstanceName, ServiceKey, ServiceName,
-};
+use super::types::{ActiveRecord, GenerationKey, InstanceName, ServiceKey, ServiceName};
 
 /// Budgets and verified executions per generation, and the services whose
 /// last withdrawal failed. Lost on a daemon restart by design (R17).
+///
+/// Kept per instance, so a pass takes out and puts back one instance's
+/// part in a lookup, whatever the fleet's size (issue #14).
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct RecoveryMemory {
-    generations: BTreeMap<GenerationKey, GenerationMemory>,
-    pending_withdrawals: BTreeSet<ServiceKey>,
+    instances: BTreeMap<InstanceName, InstanceMemory>,
+}
+
+/// One instance's part of the memory: a handful of services, so plain
+/// vectors (a map's node would allocate room for eleven).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+struct InstanceMemory {
+    generations: Vec<(GenerationKey, GenerationMemory)>,
+    pending_withdrawals: Vec<ServiceName>,
+}
+
+impl InstanceMemory {
+    fn is_empty(&self) -> bool {
+        self.generations.is_empty() && self.pending_withdrawals.is_empty()
+    }
+
+    fn generation(&self, key: &GenerationKey) -> Option<&GenerationMemory> {
+        self.generations
+            .iter()
+            .find(|(k, _)| k == key)
+            .map(|(_, m)| m)
+    }
 }
 
 impl RecoveryMemory {
     /// The memory one service's recovery starts from.
     pub fn service(&self, key: &GenerationKey) -> ServiceMemory {
+        let instance = self.instances.get(&key.instance);
         ServiceMemory {
-            generation: self.generations.get(key).cloned().unwrap_or_default(),
-            withdrawal_pending: self.pending_withdrawals.contains(&service_key(key)),
+            generation: instance
+                .and_then(|i| i.generation(key))
+                .cloned()
+                .unwrap_or_default(),
+            withdrawal_pending: instance
+                .is_some_and(|i| i.pending_withdrawals.contains(&key.service)),
         }
     }
 
@@ -30,113 +56,110 @@ impl RecoveryMemory {
     }
 
     pub fn put(&mut self, key: &GenerationKey, memory: &ServiceMemory) {
-        if memory.generation.is_empty() {
-            self.generations.remove(key);
-        } else {
-            self.generations
-                .insert(key.clone(), memory.generation.clone());
+        let instance = self.instances.entry(key.instance.clone()).or_default();
+        let at = instance.generations.iter().position(|(k, _)| k == key);
+        match (at, memory.generation.is_empty()) {
+            (Some(at), true) => {
+                instance.generations.remove(at);
+            }
+            (Some(at), false) => instance.generations[at].1 = memory.generation.clone(),
+            (None, true) => {}
+            (None, false) => {
+                instance
+                    .generations
+                    .push((key.clone(), memory.generation.clone()));
+                instance.generations.sort_by(|a, b| a.0.cmp(&b.0));
+            }
         }
-        let service = service_key(key);
-        if memory.withdrawal_pending {
-            self.pending_withdrawals.insert(service);
-        } else {
-            self.pending_withdrawals.remove(&service);
+        let pending = instance
+            .pending_withdrawals
+            .iter()
+            .position(|s| s == &key.service);
+        match (pending, memory.withdrawal_pending) {
+            (None, true) => {
+                instance.pending_withdrawals.push(key.service.clone());
+                instance.pending_withdrawals.sort();
+            }
+            (Some(at), false) => {
+                instance.pending_withdrawals.remove(at);
+            }
+            _ => {}
+        }
+        if instance.is_empty() {
+            self.instances.remove(&key.instance);
         }
     }
 
     /// R16: drop history of generations ACTIVE no longer names, and pending
     /// withdrawals of services ACTIVE no longer has.
     pub fn prune(&mut self, instance: &InstanceName, active: &ActiveRecord) {
-        self.generations.retain(|key, _| {
-            &key.instance != instance
-                || active
-                    .services
-                    .get(&key.service)
-                    .is_some_and(|s| s.container == key.container)
+        let Some(memory) = self.instances.get_mut(instance) else {
+            return;
+        };
+        memory.generations.retain(|(key, _)| {
+            active
+                .services
+                .get(&key.service)
+                .is_some_and(|s| s.container == key.container)
         });
-        self.pending_withdrawals
-            .retain(|key| &key.instance != instance || active.services.contains_key(&key.service));
+        memory
+            .pending_withdrawals
+            .retain(|service| active.services.contains_key(service));
+        if memory.is_empty() {
+            self.instances.remove(instance);
+        }
     }
 
     /// The part of the memory about one instance: what its pass starts
     /// from ([`super::pass::PassInput::memory`]).
     pub fn of_instance(&self, instance: &InstanceName) -> RecoveryMemory {
-        // Keys sort by instance first: a range, not a scan of the fleet.
-        let first = GenerationKey {
-            instance: instance.clone(),
-            service: ServiceName::new(""),
-            container: ContainerId::new(""),
-        };
-        let first_service = ServiceKey {
-            instance: instance.clone(),
-            service: ServiceName::new(""),
-        };
         RecoveryMemory {
-            generations: self
-                .generations
-                .range(first..)
-                .take_while(|(key, _)| &key.instance == instance)
-                .map(|(key, memory)| (key.clone(), memory.clone()))
-                .collect(),
-            pending_withdrawals: self
-                .pending_withdrawals
-                .range(first_service..)
-                .take_while(|key| &key.instance == instance)
-                .cloned()
+            instances: self
+                .instances
+                .get(instance)
+                .map(|m| (instance.clone(), m.clone()))
+                .into_iter()
                 .collect(),
         }
     }
 
     /// Replaces everything about one instance with what its pass left
     /// ([`super::pass::InstanceReport::memory`]).
-    pub fn replace_instance(&mut self, instance: &InstanceName, with: RecoveryMemory) {
-        let old = self.of_instance(instance);
-        for key in old.generations.keys() {
-            self.generations.remove(key);
+    pub fn replace_instance(&mut self, instance: &InstanceName, mut with: RecoveryMemory) {
+        match with.instances.remove(instance) {
+            Some(memory) if !memory.is_empty() => {
+                self.instances.insert(instance.clone(), memory);
+            }
+            _ => {
+                self.instances.remove(instance);
+            }
         }
-        for key in &old.pending_withdrawals {
-            self.pending_withdrawals.remove(key);
-        }
-        self.generations.extend(
-            with.generations
-                .into_iter()
-                .filter(|(key, _)| &key.instance == instance),
-        );
-        self.pending_withdrawals.extend(
-            with.pending_withdrawals
-                .into_iter()
-                .filter(|key| &key.instance == instance),
-        );
     }
 
     /// R4 etc.: forget everything about one instance that is gone.
     pub fn forget_instance(&mut self, instance: &InstanceName) {
-        self.prune(instance, &ActiveRecord::default());
+        self.instances.remove(instance);
     }
 
     pub fn generation(&self, key: &GenerationKey) -> Option<&GenerationMemory> {
-        self.generations.get(key)
+        self.instances.get(&key.instance)?.generation(key)
     }
 
     pub fn withdrawal_pending(&self, key: &ServiceKey) -> bool {
-        self.pending_withdrawals.contains(key)
+        self.instances
+            .get(&key.instance)
+            .is_some_and(|i| i.pending_withdrawals.contains(&key.service))
     }
 
     pub fn generations_count(&self) -> usize {
-        self.generations.len()
+        self.instances.values().map(|i| i.generations.len()).sum()
     }
 
     /// Generations whose budget currently delays the next attempt.
     pub fn delayed(&self) -> impl Iterator<Item = (&GenerationKey, &GenerationMemory)> {
-        self.generations
-            .iter()
+        self.instances
+            .values()
+            .flat_map(|i| i.generations.iter().map(|(k, m)| (k, m)))
             .filter(|(_, m)| m.budget.as_ref().is_some_and(|b| b.next_attempt.is_some()))
-    }
-}
-
-fn service_key(key: &GenerationKey) -> ServiceKey {
-    ServiceKey {
-        instance: key.instance.clone(),
-        service: key.service.clone(),
     }
 }

@@ -473,11 +473,16 @@ impl MemoryRuntime {
     }
 
     pub fn container(&self, id: &ContainerId) -> Option<MemContainer> {
+        self.read(id, MemContainer::clone)
+    }
+
+    /// `f` of container `id`, without copying the container.
+    fn read<R>(&self, id: &ContainerId, f: impl FnOnce(&MemContainer) -> R) -> Option<R> {
         self.containers
             .lock()
             .expect("runtime poisoned")
             .get(id)
-            .cloned()
+            .map(f)
     }
 
     /// The ID [`Runtime::create`] gives the container of `request`: its
@@ -533,11 +538,11 @@ impl Runtime for MemoryRuntime {
             .gate(Op::Inspect, id.as_str())
             .await
             .map_err(runtime_err)?;
-        let c = self.container(id).ok_or(RuntimeError::NotFound)?;
-        Ok(Observation {
+        self.read(id, |c| Observation {
             status: c.status,
             started_at: c.started_at,
         })
+        .ok_or(RuntimeError::NotFound)
     }
 
     async fn start(&self, id: &ContainerId) -> Result<(), RuntimeError> {
@@ -597,9 +602,7 @@ impl Runtime for MemoryRuntime {
             .gate(Op::Health, id.as_str())
             .await
             .map_err(runtime_err)?;
-        self.container(id)
-            .map(|c| c.health)
-            .ok_or(RuntimeError::NotFound)
+        self.read(id, |c| c.health).ok_or(RuntimeError::NotFound)
     }
 
     async fn binds(&self, id: &ContainerId) -> Result<Binds, RuntimeError> {
@@ -607,8 +610,7 @@ impl Runtime for MemoryRuntime {
             .gate(Op::Binds, id.as_str())
             .await
             .map_err(runtime_err)?;
-        self.container(id)
-            .map(|c| c.binds)
+        self.read(id, |c| c.binds.clone())
             .ok_or(RuntimeError::NotFound)
     }
 

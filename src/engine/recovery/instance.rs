@@ -174,27 +174,28 @@ impl Recoverer {
         };
         let mut pass = InstancePass::new(&self.policy, input);
         let mut log = StepLog::new(memory);
-        while let Some(command) = pass.poll_command() {
-            // Checked with no await before the effect is issued: a process
-            // paused past its lease stops here instead of acting (T2).
-            let careless = self.policy.broken == Some(Mutant::ActOnExpiredLease);
-            if command.is_outside_effect() && !self.may_act(mandate) && !careless {
-                pass.abandon(Abandon::MandateLost);
-                break;
-            }
-            let why = pass.why();
-            // The deadline is measured on the monotonic clock; the machine
-            // is told when it passed.
-            match within(deadline, self.perform(&instance, &command, &mandate.fence)).await {
-                Ok(answer) => {
-                    log.step(&command, why, &answer);
-                    pass.handle(answer, self.ports.clock.now());
-                }
-                Err(_) => {
-                    pass.abandon(Abandon::Deadline);
+        // One timer for the whole instance, not one per command: the
+        // deadline is measured on the monotonic clock, and when it passes
+        // the command in flight is dropped and the machine told.
+        let driven = within(deadline, async {
+            while let Some(command) = pass.poll_command() {
+                // Checked with no await before the effect is issued: a
+                // process paused past its lease stops here instead of
+                // acting (T2).
+                let careless = self.policy.broken == Some(Mutant::ActOnExpiredLease);
+                if command.is_outside_effect() && !self.may_act(mandate) && !careless {
+                    pass.abandon(Abandon::MandateLost);
                     break;
                 }
+                let why = pass.why();
+                let answer = self.perform(&instance, &command, &mandate.fence).await;
+                log.step(&command, why, &answer);
+                pass.handle(answer, self.ports.clock.now());
             }
+        })
+        .await;
+        if driven.is_err() {
+            pass.abandon(Abandon::Deadline);
         }
         let report = pass.into_report();
         for service in &report.reports {

@@ -20,6 +20,7 @@ use stead::core::types::{
 use stead::engine::lease::LeaseGuard;
 use stead::engine::recovery::{InstanceLocks, RecoverError, Recoverer};
 use stead::engine::tick::{Check, Reconciler};
+use stead::engine::wake::WakeQueue;
 use stead::engine::worker::{TaskEnd, Worker, WorkerConfig};
 use stead::engine::Ports;
 use stead::ports::{NewInstance, Store, Traffic};
@@ -651,6 +652,120 @@ async fn a_store_outage_fails_the_tick_and_the_next_tick_recovers() {
     assert!(
         out.tasks_enqueued >= 1,
         "the upgrade is planned once the store is back"
+    );
+}
+
+/// Issue #14: a service its budget delays is recovered when the delay
+/// ends (the core's `next_attempt`), not at whatever tick follows it.
+#[tokio::test(start_paused = true)]
+async fn a_delayed_service_is_woken_when_its_backoff_ends() {
+    let f = fixture();
+    f.served("crashy", "2").await;
+    let web = f
+        .store
+        .load_active(&InstanceName::new("crashy"))
+        .await
+        .unwrap()
+        .services[&ServiceName::new("web")]
+        .container
+        .clone();
+    // A workload that dies at once after every start.
+    f.runtime.with_containers(|cs| {
+        let c = cs.get_mut(&web).unwrap();
+        c.status = stead::core::types::ContainerStatus::Exited;
+        c.status_after_start = stead::core::types::ContainerStatus::Exited;
+    });
+    let queue = Arc::new(WakeQueue::new(16));
+    let recoverer = f.recoverer();
+    recoverer.wake_at_requested_times(queue.clone());
+    // The free attempts go, then the budget delays the next one (R10).
+    let mut delayed_until = None;
+    for _ in 0..6 {
+        let outcome = recoverer.pass().await;
+        delayed_until = outcome.instances[&InstanceName::new("crashy")]
+            .reports
+            .iter()
+            .find_map(|r| match r.verdict {
+                stead::core::recovery::Verdict::Delayed { next_attempt } => next_attempt,
+                _ => None,
+            });
+        if delayed_until.is_some() {
+            break;
+        }
+    }
+    let next_attempt = delayed_until.expect("the budget delayed the service");
+    assert_eq!(queue.len(), 1, "the instance asked to be woken");
+    let wait = Duration::try_from(next_attempt.duration_since(f.clock.now())).unwrap();
+    assert!(
+        wait >= Duration::from_secs(59),
+        "the ladder's first delay: {wait:?}"
+    );
+    let began = tokio::time::Instant::now();
+    assert_eq!(queue.next().await, InstanceName::new("crashy"));
+    let woke_after = began.elapsed();
+    assert!(
+        woke_after >= wait && woke_after <= wait + Duration::from_millis(50),
+        "woken {woke_after:?} after the delay, which was {wait:?}"
+    );
+}
+
+/// Issue #14: the control checks run beside the recovery pass, so a
+/// runtime that hangs holds up recovery (each instance to its deadline),
+/// never a TTL expiry.
+#[tokio::test(start_paused = true)]
+async fn a_hung_runtime_does_not_hold_back_the_control_checks() {
+    let f = fixture();
+    f.served("a-hangs", "2").await;
+    let expiring = f
+        .store
+        .create_instance(
+            &NewInstance {
+                name: InstanceName::new("b-expires"),
+                team: "t".into(),
+                service_type: "wiki".into(),
+                version: "2".into(),
+                expires_at: Some(f.clock.now() + jiff::SignedDuration::from_secs(1)),
+                maintenance_window: None,
+            },
+            f.clock.now(),
+        )
+        .await
+        .unwrap();
+    f.clock.advance(Duration::from_secs(2));
+    f.script.fail(Op::Inspect, "stead.a-hangs.", Fault::Hang);
+    let reconciler = f.reconciler("a");
+    let tick = reconciler.tick();
+    tokio::pin!(tick);
+    let began = tokio::time::Instant::now();
+    let deprovision_queued = || async {
+        f.store
+            .active_tasks()
+            .await
+            .unwrap()
+            .rows
+            .iter()
+            .any(|t| t.instance == expiring.id && t.kind == TaskKind::Deprovision)
+    };
+    loop {
+        tokio::select! {
+            biased;
+            _ = &mut tick => panic!("the tick ended before the expiry was seen: checks waited"),
+            _ = tokio::time::sleep(Duration::from_millis(5)) => {}
+        }
+        if deprovision_queued().await {
+            break;
+        }
+    }
+    assert!(
+        began.elapsed() < Duration::from_millis(300),
+        "expired while recovery still waits on the hung runtime ({:?})",
+        began.elapsed()
+    );
+    let out = tick.await;
+    assert!(
+        out.warnings.iter().any(|w| w.contains("a-hangs")),
+        "the hung instance hit its deadline: {:?}",
+        out.warnings
     );
 }
 

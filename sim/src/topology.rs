@@ -219,8 +219,12 @@ pub async fn process_main(slot: Arc<Slot>, shared: Arc<Shared>) {
             recoverer.clone(),
             shared.seed ^ incarnation,
         ));
+        // The wake-up queue is fed by the event follower (when processes
+        // follow events) and by the recovery pass itself, at the moment a
+        // delayed service's budget allows its next attempt.
+        let wake = Arc::new(WakeQueue::new(WAKE_CAPACITY));
+        recoverer.wake_at_requested_times(wake.clone());
         if shared.events {
-            let wake = Arc::new(WakeQueue::new(WAKE_CAPACITY));
             let source: Arc<dyn RuntimeEvents> = shared.runtime.clone();
             tasks.push(tokio::spawn(follow(
                 source,
@@ -229,15 +233,15 @@ pub async fn process_main(slot: Arc<Slot>, shared: Arc<Shared>) {
                 wake.clone(),
                 stop.clone(),
             )));
-            for _ in 0..EVENT_WORKERS {
-                let store: Arc<dyn Store> = shared.store.clone();
-                tasks.push(tokio::spawn(drain(
-                    recoverer.clone(),
-                    store,
-                    wake.clone(),
-                    stop.clone(),
-                )));
-            }
+        }
+        for _ in 0..EVENT_WORKERS {
+            let store: Arc<dyn Store> = shared.store.clone();
+            tasks.push(tokio::spawn(drain(
+                recoverer.clone(),
+                store,
+                wake.clone(),
+                stop.clone(),
+            )));
         }
         let (checker, tick, node) = (shared.checker.clone(), shared.tick, madsim::plugin::node());
         let holder = identity.holder();

@@ -36,7 +36,7 @@ use super::fleet::{Instance, InstanceState};
 use super::memory::RecoveryMemory;
 use super::policy::RecoveryPolicy;
 use super::recovery::{
-    Command, Outcome, ProxyView, RecoveryError, Report, ServiceInput, ServiceRecovery, Why,
+    Command, Outcome, ProxyView, RecoveryError, Report, ServiceInput, ServiceRecovery, Verdict, Why,
 };
 use super::retire::{
     decide_marker, inhibition_for, note_verdict, successor_confirmed, successor_routed,
@@ -234,6 +234,21 @@ pub struct InstanceReport {
     pub errors: Vec<PassError>,
     /// This instance's memory for the next pass, pruned (R16).
     pub memory: RecoveryMemory,
+}
+
+impl InstanceReport {
+    /// When this instance next wants a pass of its own: the earliest
+    /// moment a delayed service's budget allows its next attempt (R10), so
+    /// it is recovered then rather than at the next tick.
+    pub fn wake_at(&self) -> Option<Timestamp> {
+        self.reports
+            .iter()
+            .filter_map(|r| match r.verdict {
+                Verdict::Delayed { next_attempt } => next_attempt,
+                _ => None,
+            })
+            .min()
+    }
 }
 
 /// Where one marker's retirement stands.

@@ -12,8 +12,8 @@ use crate::ports::RuntimeEvents;
 
 use super::Daemon;
 
-/// Spawns the follower and the workers into `tasks`.
-pub fn spawn(daemon: &Arc<Daemon>, tasks: &mut JoinSet<()>, stop: &watch::Receiver<bool>) {
+/// Spawns the follower into `tasks`: Docker's events wake their instances.
+pub fn spawn_follower(daemon: &Arc<Daemon>, tasks: &mut JoinSet<()>, stop: &watch::Receiver<bool>) {
     let source: Arc<dyn RuntimeEvents> = Arc::new(daemon.docker.clone());
     tasks.spawn(follow(
         source,
@@ -22,6 +22,12 @@ pub fn spawn(daemon: &Arc<Daemon>, tasks: &mut JoinSet<()>, stop: &watch::Receiv
         daemon.wake.clone(),
         stop.clone(),
     ));
+}
+
+/// Spawns the workers that drain the wake-up queue into `tasks`: fed by
+/// the follower and by the recovery pass itself (a delayed service's
+/// backoff expiring), so they run with or without Docker's events.
+pub fn spawn_drainers(daemon: &Arc<Daemon>, tasks: &mut JoinSet<()>, stop: &watch::Receiver<bool>) {
     for _ in 0..EVENT_WORKERS_DEFAULT {
         tasks.spawn(drain(
             daemon.recoverer.clone(),

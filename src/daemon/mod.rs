@@ -303,6 +303,8 @@ impl Daemon {
             recoverer.clone(),
             os_seed(),
         ));
+        let wake = Arc::new(WakeQueue::new(WAKE_QUEUE_CAPACITY_DEFAULT));
+        recoverer.wake_at_requested_times(wake.clone());
         Ok(Daemon {
             config,
             catalog,
@@ -314,7 +316,7 @@ impl Daemon {
             reconciler,
             holder,
             identity,
-            wake: Arc::new(WakeQueue::new(WAKE_QUEUE_CAPACITY_DEFAULT)),
+            wake,
         })
     }
 
@@ -440,8 +442,9 @@ impl Daemon {
             let daemon = self.clone();
             let stop_r = stop.clone();
             tasks.spawn(async move { daemon.reconciler.run(stop_r).await });
+            events::spawn_drainers(self, &mut tasks, &stop);
             if self.config.docker_events {
-                events::spawn(self, &mut tasks, &stop);
+                events::spawn_follower(self, &mut tasks, &stop);
             }
         }
         if role.works() {

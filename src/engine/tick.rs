@@ -181,7 +181,14 @@ impl Reconciler {
         }
         out.leader = true;
 
-        let pass = self.recoverer.pass().await;
+        // The control checks run beside the recovery pass, not behind it:
+        // a hung runtime holds up one batch of recovery (each instance to
+        // its deadline), never TTL, lease expiry or drift (issue #14).
+        let mut control = TickOutcome::default();
+        let (pass, ()) = tokio::join!(
+            self.recoverer.pass(),
+            self.control_checks(traceparent, &mut control)
+        );
         if !pass.errors.is_empty() {
             let errors: Vec<String> = pass.errors.iter().map(ToString::to_string).collect();
             out.failed.push((Check::Recovery, errors.join("; ")));
@@ -191,7 +198,22 @@ impl Reconciler {
                 out.warnings.push(format!("recovery {name}: {e}"));
             }
         }
+        out.failed.append(&mut control.failed);
+        out.warnings.append(&mut control.warnings);
+        out.tasks_enqueued += control.tasks_enqueued;
+        for (check, why) in &out.failed {
+            tracing::error!(check = check.as_str(), error = %why, "check failed");
+            metrics::counter!("stead_check_failures_total", "check" => check.as_str()).increment(1);
+        }
+        for w in &out.warnings {
+            tracing::warn!("{w}");
+        }
+        self.gauges().await;
+        out
+    }
 
+    /// The four control checks (C5-C8) over one snapshot, under the lease.
+    async fn control_checks(&self, traceparent: String, out: &mut TickOutcome) {
         // One catalog for the whole tick, even if it is reloaded meanwhile.
         let catalog = self.catalog.current();
         match self.snapshot(&catalog, traceparent).await {
@@ -209,7 +231,7 @@ impl Reconciler {
                     .await
                 {
                     Some(fence) => {
-                        self.run_planners(&snapshot, releases_error, &fence, &mut out)
+                        self.run_planners(&snapshot, releases_error, &fence, out)
                             .await
                     }
                     None => {
@@ -221,15 +243,6 @@ impl Reconciler {
                 }
             }
         }
-        for (check, why) in &out.failed {
-            tracing::error!(check = check.as_str(), error = %why, "check failed");
-            metrics::counter!("stead_check_failures_total", "check" => check.as_str()).increment(1);
-        }
-        for w in &out.warnings {
-            tracing::warn!("{w}");
-        }
-        self.gauges().await;
-        out
     }
 
     /// C2: take or renew the singleton lease; says so once when this

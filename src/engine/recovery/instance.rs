@@ -4,6 +4,7 @@
 //! effect (T2) and the deadline on the monotonic clock.
 
 use std::collections::BTreeMap;
+use std::time::Duration;
 
 use futures_util::future::join_all;
 use tokio::time::Instant;
@@ -198,6 +199,13 @@ impl Recoverer {
             pass.abandon(Abandon::Deadline);
         }
         let report = pass.into_report();
+        if let (Some(at), Some(queue)) = (report.wake_at(), self.wake.get()) {
+            // The machine's instant, on the monotonic clock, a little after
+            // so the budget surely allows it by then.
+            let wait = Duration::try_from(at.duration_since(self.ports.clock.now()))
+                .unwrap_or(Duration::ZERO);
+            queue.wake(&instance.name, Instant::now() + wait + WAKE_SLACK);
+        }
         for service in &report.reports {
             record_metrics(service);
             log_hold(service, &log.before(&service.key));
@@ -215,6 +223,10 @@ impl Recoverer {
         }
     }
 }
+
+/// How long after a delayed service's next attempt is allowed its wake-up
+/// fires: enough that the clocks agree it is allowed by then.
+const WAKE_SLACK: Duration = Duration::from_millis(10);
 
 /// A busy instance's outcome: skipped, never waited on (R3).
 fn busy() -> InstanceOutcome {

@@ -5,7 +5,7 @@
 //! ports in `perform`, the traffic plane in `plane`, the log in `log`.
 
 use std::collections::BTreeMap;
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 
 use crate::core::memory::RecoveryMemory;
 use crate::core::pass::plan_fleet_pass;
@@ -24,6 +24,7 @@ pub use outcome::{InstanceOutcome, PassOutcome, RecoverError};
 
 use super::lease::LeaseGuard;
 pub use super::locks::InstanceLocks;
+use super::wake::WakeQueue;
 use super::Ports;
 
 /// Readiness probe per (service type, service), from the catalog.
@@ -41,6 +42,9 @@ pub struct Recoverer {
     lock_holder: String,
     /// The reconciler lease every effect of recovery needs (T2).
     lease: Arc<LeaseGuard>,
+    /// Where an instance asks to be recovered again before the next tick
+    /// (a delayed service's backoff expiring); none: it waits for a tick.
+    wake: OnceLock<Arc<WakeQueue>>,
 }
 
 impl Recoverer {
@@ -60,7 +64,15 @@ impl Recoverer {
             locks,
             lock_holder,
             lease,
+            wake: OnceLock::new(),
         }
+    }
+
+    /// From now on, an instance whose service is delayed by its budget is
+    /// queued on `queue` for the moment the budget allows the next attempt
+    /// (the core's `next_attempt`), not left to the next tick. Set once.
+    pub fn wake_at_requested_times(&self, queue: Arc<WakeQueue>) {
+        let _ = self.wake.set(queue);
     }
 
     /// The lease this recovery acts under.

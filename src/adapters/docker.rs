@@ -862,7 +862,7 @@ impl Provisioner for DockerProvisioner {
         let mut releases: Vec<Release> = containers
             .into_iter()
             .map(|c| Release {
-                name: c.instance.0,
+                name: c.instance.to_string(),
                 namespace: self.namespace.clone(),
             })
             .collect();

@@ -3,27 +3,32 @@
 
 use std::collections::BTreeMap;
 use std::fmt;
+use std::sync::Arc;
 use std::time::Duration;
 
 pub use jiff::Timestamp;
 
+// Names are shared, immutable strings: a pass copies keys into commands,
+// reports and memory thousands of times, and a copy is a reference count,
+// not an allocation (issue #14).
+
 /// The name of one tenant's deployment; also its release name.
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub struct InstanceName(pub String);
+pub struct InstanceName(Arc<str>);
 
 /// The name of one workload inside an instance (`web`, `worker`).
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub struct ServiceName(pub String);
+pub struct ServiceName(Arc<str>);
 
 /// The runtime's ID of one exact container.
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub struct ContainerId(pub String);
+pub struct ContainerId(Arc<str>);
 
 macro_rules! string_newtype {
     ($t:ident) => {
         impl $t {
             pub fn new(s: impl Into<String>) -> Self {
-                Self(s.into())
+                Self(Arc::from(s.into()))
             }
             pub fn as_str(&self) -> &str {
                 &self.0
@@ -36,7 +41,7 @@ macro_rules! string_newtype {
         }
         impl From<&str> for $t {
             fn from(s: &str) -> Self {
-                Self(s.to_owned())
+                Self(Arc::from(s))
             }
         }
     };

@@ -110,7 +110,7 @@ impl InstanceRow {
         check_name(T, &id, "name", &self.name, names::check_instance_name)?;
         Ok(Instance {
             id: self.id,
-            name: InstanceName(self.name),
+            name: InstanceName::new(self.name),
             team: self.team,
             service_type: self.service_type,
             version: self.version,
@@ -205,7 +205,7 @@ impl ActiveRow {
         let binds: Binds = serde_json::from_str(&self.backend_binds)
             .map_err(|_| bad_row(T, &id, "backend_binds", &self.backend_binds))?;
         let active = ActiveService {
-            container: ContainerId(self.container_id),
+            container: ContainerId::new(self.container_id),
             effective_revision: self.effective_revision,
             binds,
             stop_grace: self
@@ -220,7 +220,7 @@ impl ActiveRow {
                 })
                 .transpose()?,
         };
-        Ok((ServiceName(self.service), active))
+        Ok((ServiceName::new(self.service), active))
     }
 }
 
@@ -256,8 +256,8 @@ impl InhibitionRow {
                 .stop_grace_ms
                 .map(|ms| grace(T, &id, "stop_grace_ms", ms))
                 .transpose()?,
-            service: ServiceName(self.service),
-            container: ContainerId(self.container_id),
+            service: ServiceName::new(self.service),
+            container: ContainerId::new(self.container_id),
             reason: InhibitionReason::parse(&self.reason),
             operation: self.operation,
         })

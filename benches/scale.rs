@@ -13,6 +13,7 @@
 //!     cargo bench --bench scale
 //!
 //! `STEAD_BENCH_SCALE_MAX` caps the largest fleet (default 100000);
+//! `STEAD_BENCH_AT_ONCE` sets `recovery.instances_at_once` (default 32);
 //! `STEAD_BENCH_SCALE_BACKENDS` picks runs (default
 //! `memory,sqlite,postgres,slow`).
 //! Outside `cargo bench` (the CI smoke run) it runs the 1k in-memory fleet
@@ -199,7 +200,11 @@ async fn measure(backend: &str, instances: usize, passes: usize) -> Row {
         }
         Some(sql) => (sql.store.clone(), None),
     };
-    let fleet = fleet(store, memory, shape, RecoveryPolicy::default(), false).await;
+    let policy = RecoveryPolicy {
+        instances_at_once: at_once(),
+        ..Default::default()
+    };
+    let fleet = fleet(store, memory, shape, policy, false).await;
     let build = built.elapsed();
     // What the recovery keeps between passes: the first pass fills its
     // memory; what is still live after a second is what it retains.
@@ -229,6 +234,15 @@ async fn measure(backend: &str, instances: usize, passes: usize) -> Row {
         instances,
         pass: median,
     }
+}
+
+/// `recovery.instances_at_once` for the steady runs:
+/// `STEAD_BENCH_AT_ONCE`, else the default.
+fn at_once() -> usize {
+    std::env::var("STEAD_BENCH_AT_ONCE")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(RecoveryPolicy::default().instances_at_once)
 }
 
 fn growth(rows: &[Row]) {
@@ -299,7 +313,9 @@ fn main() {
     let wanted = |b: &str| backends.split(',').any(|w| w == b);
     runtime.block_on(async {
         println!(
-            "steady passes, {SERVICES_PER_INSTANCE} services per instance, median of several:"
+            "steady passes, {SERVICES_PER_INSTANCE} services per instance, {} instances at \
+             once, median of several:",
+            at_once()
         );
         let mut rows = Vec::new();
         for n in [1_000, 10_000, 100_000].into_iter().filter(|n| *n <= max) {

@@ -911,6 +911,42 @@ fn a_restarted_daemon_does_not_blink_traffic_for_unchanged_executions() {
     assert!(routed(&w));
 }
 
+/// S11, found by CI: a fresh execution is recorded as verified before it
+/// is published, so a daemon restarted between the two (here: the
+/// publication failed, then the daemon restarted) finds it vouched for and
+/// republishes it without withdrawing or probing it again.
+#[test]
+fn a_restart_between_verifying_and_publishing_does_not_blink() {
+    let mut w = settled();
+    w.native_restart("c1");
+    w.faults
+        .publish
+        .push_back(TrafficError::Unreachable("caddy restarting".into()));
+    w.pass();
+    let first = w.commands("web");
+    let recorded = first
+        .iter()
+        .position(|c| matches!(c, Command::RecordExecution { .. }))
+        .expect("the verified execution is recorded");
+    let published = first
+        .iter()
+        .position(|c| matches!(c, Command::Publish { .. }))
+        .expect("a publication was tried");
+    assert!(recorded < published, "recorded first: {first:?}");
+    w.memory = Default::default(); // the daemon restarted
+    w.advance(PASS);
+    let before = w.log.len();
+    w.pass();
+    let second: Vec<&Command> = w.log[before..].iter().map(|p| &p.command).collect();
+    assert!(
+        !second
+            .iter()
+            .any(|c| matches!(c, Command::Withdraw | Command::ProbeReadiness { .. })),
+        "no blink, no second probe: {second:?}"
+    );
+    assert!(routed(&w), "republished: {second:?}");
+}
+
 #[test]
 fn a_restarted_daemon_still_verifies_executions_that_changed() {
     let mut w = settled();

@@ -37,6 +37,7 @@ impl Recoverer {
     pub(super) fn may_act(&self, mandate: &Mandate) -> bool {
         self.lease.current().is_some() && Instant::now() < mandate.lock_until
     }
+
     /// Recovers one instance under its lock, its deadline and the lease
     /// (a targeted pass: a runtime event, T7).
     pub async fn recover_instance(&self, instance: &Instance) -> InstanceOutcome {
@@ -99,23 +100,23 @@ impl Recoverer {
         };
         let mut loaded = match loaded {
             Ok(Ok(loaded)) => loaded,
-            Ok(Err(e)) => {
+            failed => {
                 InstanceLocks::release_all(guards).await;
-                return each(&|i| match locked.contains_key(&i.id) {
-                    true => InstanceOutcome::failed(RecoverError::Load {
+                let why = |i: &Instance| match &failed {
+                    Ok(Err(e)) => RecoverError::Load {
                         instance: i.name.clone(),
                         source: e.clone(),
-                    }),
-                    false => busy(),
-                });
-            }
-            Err(_) => {
-                InstanceLocks::release_all(guards).await;
-                return each(&|i| match locked.contains_key(&i.id) {
-                    true => InstanceOutcome::failed(RecoverError::Deadline {
+                    },
+                    _ => RecoverError::Deadline {
                         what: format!("{}: load", i.name),
-                    }),
-                    false => busy(),
+                    },
+                };
+                return each(&|i| {
+                    if locked.contains_key(&i.id) {
+                        InstanceOutcome::failed(why(i))
+                    } else {
+                        busy()
+                    }
                 });
             }
         };

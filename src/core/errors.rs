@@ -130,6 +130,19 @@ impl PortName {
 pub trait PortFailure: std::error::Error {
     const PORT: PortName;
     fn kind(&self) -> ErrorKind;
+
+    /// The port and kind together, as metrics label a failure.
+    fn failure(&self) -> (PortName, ErrorKind)
+    where
+        Self: Sized,
+    {
+        (Self::PORT, self.kind())
+    }
+}
+
+/// The port and kind of the failure `result` carries, if it failed.
+pub fn failure_of<T, E: PortFailure>(result: &Result<T, E>) -> Option<(PortName, ErrorKind)> {
+    result.as_ref().err().map(PortFailure::failure)
 }
 
 impl PortFailure for RuntimeError {

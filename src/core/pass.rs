@@ -30,7 +30,7 @@ use std::time::Duration;
 use jiff::Timestamp;
 
 use super::broken::Mutant;
-use super::errors::{ErrorKind, PortFailure, PortName, StoreError, TrafficError};
+use super::errors::{failure_of, ErrorKind, PortFailure, PortName, StoreError, TrafficError};
 
 use super::fleet::{Instance, InstanceState};
 use super::memory::RecoveryMemory;
@@ -125,16 +125,13 @@ pub enum InstanceAnswer {
 impl InstanceAnswer {
     /// The port and kind of the failure this answer reports, if any.
     pub fn port_failure(&self) -> Option<(PortName, ErrorKind)> {
-        fn of<T, E: PortFailure>(r: &Result<T, E>) -> Option<(PortName, ErrorKind)> {
-            r.as_ref().err().map(|e| (E::PORT, e.kind()))
-        }
         match self {
             Self::Service(outcome) => outcome.port_failure(),
-            Self::SuccessorInspected(r) => of(r),
-            Self::RoutesRead(r) => of(r),
-            Self::PredecessorStopped(r) | Self::PredecessorRemoved(r) => of(r),
-            Self::ClaimsReleased(r) | Self::MarkerCleared(r) => of(r),
-            Self::StaleWithdrawn(r) => of(r),
+            Self::SuccessorInspected(r) => failure_of(r),
+            Self::RoutesRead(r) => failure_of(r),
+            Self::PredecessorStopped(r) | Self::PredecessorRemoved(r) => failure_of(r),
+            Self::ClaimsReleased(r) | Self::MarkerCleared(r) => failure_of(r),
+            Self::StaleWithdrawn(r) => failure_of(r),
         }
     }
 }
@@ -192,13 +189,11 @@ impl PassError {
         match self {
             Self::Service { source, .. } => source.port_failure(),
             Self::Retirement { source, .. } => Some(match source {
-                RetireError::RoutesUnread(e) => (TrafficError::PORT, e.kind()),
-                RetireError::Stop(e) | RetireError::Remove(e) => (RuntimeError::PORT, e.kind()),
-                RetireError::ReleaseClaims(e) | RetireError::ClearMarker(e) => {
-                    (StoreError::PORT, e.kind())
-                }
+                RetireError::RoutesUnread(e) => e.failure(),
+                RetireError::Stop(e) | RetireError::Remove(e) => e.failure(),
+                RetireError::ReleaseClaims(e) | RetireError::ClearMarker(e) => e.failure(),
             }),
-            Self::StaleRoute { source, .. } => Some((TrafficError::PORT, source.kind())),
+            Self::StaleRoute { source, .. } => Some(source.failure()),
             Self::RetirementsLeft { .. } => None,
         }
     }

@@ -26,7 +26,9 @@
 use std::collections::VecDeque;
 use std::time::Duration;
 
-use super::errors::{ErrorKind, PortFailure, PortName, ProvisionError, StoreError, TrafficError};
+use super::errors::{
+    failure_of, ErrorKind, PortFailure, PortName, ProvisionError, StoreError, TrafficError,
+};
 use super::fleet::InstanceState;
 use super::spec::ServiceSpec;
 use super::types::{
@@ -85,9 +87,9 @@ impl WorkError {
     /// The port and kind of the failure.
     pub fn port_failure(&self) -> (PortName, ErrorKind) {
         match self {
-            Self::Provision(e) => (ProvisionError::PORT, e.kind()),
-            Self::Store(e) => (StoreError::PORT, e.kind()),
-            Self::Traffic(e) => (TrafficError::PORT, e.kind()),
+            Self::Provision(e) => e.failure(),
+            Self::Store(e) => e.failure(),
+            Self::Traffic(e) => e.failure(),
         }
     }
 }
@@ -109,11 +111,9 @@ impl WorkAnswer {
     pub fn port_failure(&self) -> Option<(PortName, ErrorKind)> {
         match self {
             Self::Done(r) => r.as_ref().err().map(WorkError::port_failure),
-            Self::Created(r) => r.as_ref().err().map(|e| (RuntimeError::PORT, e.kind())),
-            Self::Inspected(r) => r.as_ref().err().map(|e| (RuntimeError::PORT, e.kind())),
-            Self::Stopped(r) | Self::Removed(r) => {
-                r.as_ref().err().map(|e| (RuntimeError::PORT, e.kind()))
-            }
+            Self::Created(r) => failure_of(r),
+            Self::Inspected(r) => failure_of(r),
+            Self::Stopped(r) | Self::Removed(r) => failure_of(r),
         }
     }
 }

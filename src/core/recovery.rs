@@ -23,7 +23,7 @@ use super::broken::Mutant;
 
 use super::budget::{Budget, BudgetEntry};
 use super::errors::{
-    ErrorKind, PolicyError, PortFailure, PortName, ProbeError, StoreError, TrafficError,
+    failure_of, ErrorKind, PolicyError, PortFailure, PortName, ProbeError, StoreError, TrafficError,
 };
 use super::policy::RecoveryPolicy;
 use super::types::{
@@ -183,20 +183,17 @@ pub enum Outcome {
 impl Outcome {
     /// The port and kind of the failure this outcome reports, if any.
     pub fn port_failure(&self) -> Option<(PortName, ErrorKind)> {
-        fn of<T, E: PortFailure>(r: &Result<T, E>) -> Option<(PortName, ErrorKind)> {
-            r.as_ref().err().map(|e| (E::PORT, e.kind()))
-        }
         match self {
-            Self::Withdrawn(r) | Self::Published(r) => of(r),
-            Self::Inspected(r) => of(r),
-            Self::Started(r) | Self::Restarted(r) | Self::Stopped(r) => of(r),
-            Self::Health(r) => of(r),
-            Self::Binds(r) => of(r),
-            Self::ClaimsReleased(r) | Self::ExecutionRecorded(r) => of(r),
-            Self::PolicyChecked(r) => of(r),
-            Self::Readiness(r) => of(r),
-            Self::ActiveReloaded(r) => of(r),
-            Self::BindsPersisted(r) => of(r),
+            Self::Withdrawn(r) | Self::Published(r) => failure_of(r),
+            Self::Inspected(r) => failure_of(r),
+            Self::Started(r) | Self::Restarted(r) | Self::Stopped(r) => failure_of(r),
+            Self::Health(r) => failure_of(r),
+            Self::Binds(r) => failure_of(r),
+            Self::ClaimsReleased(r) | Self::ExecutionRecorded(r) => failure_of(r),
+            Self::PolicyChecked(r) => failure_of(r),
+            Self::Readiness(r) => failure_of(r),
+            Self::ActiveReloaded(r) => failure_of(r),
+            Self::BindsPersisted(r) => failure_of(r),
         }
     }
 }
@@ -273,22 +270,19 @@ pub enum RecoveryError {
 impl RecoveryError {
     /// The port and kind of the failure underneath, if a port failed.
     pub fn port_failure(&self) -> Option<(PortName, ErrorKind)> {
-        fn of<E: PortFailure>(e: &E) -> Option<(PortName, ErrorKind)> {
-            Some((E::PORT, e.kind()))
-        }
         match self {
-            Self::WithdrawFailed(e) | Self::PublishFailed(e) => of(e),
+            Self::WithdrawFailed(e) | Self::PublishFailed(e) => Some(e.failure()),
             Self::InspectFailed(e)
             | Self::StartFailed(e)
             | Self::RestartFailed(e)
             | Self::StopFailed(e)
-            | Self::BindsFailed(e) => of(e),
+            | Self::BindsFailed(e) => Some(e.failure()),
             Self::ReleaseClaimsFailed(e)
             | Self::ReloadFailed(e)
             | Self::PersistFailed(e)
-            | Self::RecordFailed(e) => of(e),
-            Self::PolicyRevoked(e) => of(e),
-            Self::NotReady(e) => of(e),
+            | Self::RecordFailed(e) => Some(e.failure()),
+            Self::PolicyRevoked(e) => Some(e.failure()),
+            Self::NotReady(e) => Some(e.failure()),
             Self::Inhibited { .. }
             | Self::Gone
             | Self::RefusedStatus(_)

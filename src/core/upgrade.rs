@@ -29,7 +29,7 @@ use std::time::Duration;
 
 use jiff::Timestamp;
 
-use super::errors::{ErrorKind, PortFailure, PortName, ProbeError, StoreError};
+use super::errors::{failure_of, ErrorKind, PortName, ProbeError, StoreError};
 use super::fleet::{add, InstanceState};
 use super::spec::{ReadinessProbe, ServiceSpec};
 use super::types::{
@@ -138,19 +138,16 @@ pub enum UpgradeAnswer {
 impl UpgradeAnswer {
     /// The port and kind of the failure this answer reports, if any.
     pub fn port_failure(&self) -> Option<(PortName, ErrorKind)> {
-        fn of<T, E: PortFailure>(r: &Result<T, E>) -> Option<(PortName, ErrorKind)> {
-            r.as_ref().err().map(|e| (E::PORT, e.kind()))
-        }
         match self {
-            Self::Created(r) => of(r),
-            Self::Inspected(r) => of(r),
-            Self::Binds(r) => of(r),
-            Self::Removed(r) => of(r),
-            Self::Probed(r) => of(r),
+            Self::Created(r) => failure_of(r),
+            Self::Inspected(r) => failure_of(r),
+            Self::Binds(r) => failure_of(r),
+            Self::Removed(r) => failure_of(r),
+            Self::Probed(r) => failure_of(r),
             Self::MarkerSaved(r)
             | Self::ActiveSaved(r)
             | Self::StateMoved(r)
-            | Self::VersionSet(r) => of(r),
+            | Self::VersionSet(r) => failure_of(r),
         }
     }
 }

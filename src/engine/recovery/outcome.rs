@@ -53,18 +53,15 @@ pub enum RecoverError {
 impl RecoverError {
     /// The port and kind of the failure underneath, if a port failed.
     pub fn port_failure(&self) -> Option<(PortName, ErrorKind)> {
-        fn of<E: PortFailure>(e: &E) -> Option<(PortName, ErrorKind)> {
-            Some((E::PORT, e.kind()))
-        }
         match self {
             Self::Pass(e) => e.port_failure(),
             Self::Lock { source: e, .. }
             | Self::Load { source: e, .. }
             | Self::ListInstances(e)
-            | Self::SkippedRow(e) => of(e),
-            Self::RuntimeList(e) => of(e),
+            | Self::SkippedRow(e) => Some(e.failure()),
+            Self::RuntimeList(e) => Some(e.failure()),
             Self::TrafficPlane(e) | Self::ReadRoutes(e) | Self::WithdrawStale { source: e, .. } => {
-                of(e)
+                Some(e.failure())
             }
             Self::Deadline { .. } | Self::LeaseLost => None,
         }

@@ -251,6 +251,17 @@ impl Fixture {
         instance
     }
 
+    /// The container ACTIVE names for `instance`'s web service.
+    async fn web_container(&self, instance: &str) -> ContainerId {
+        self.store
+            .load_active(&InstanceName::new(instance))
+            .await
+            .unwrap()
+            .services[&ServiceName::new("web")]
+            .container
+            .clone()
+    }
+
     fn routed(&self, instance: &str, service: &str) -> bool {
         self.traffic.routes().contains_key(&ServiceKey {
             instance: InstanceName::new(instance),
@@ -508,9 +519,7 @@ async fn a_deleting_instance_is_kept_withdrawn_and_stopped_until_deprovisioned()
     // retried later, and meanwhile the pass republished the instance.
     let f = fixture();
     let instance = f.served("wiki1", "1").await;
-    let id = f.store.load_active(&instance.name).await.unwrap().services[&ServiceName::new("web")]
-        .container
-        .clone();
+    let id = f.web_container(instance.name.as_str()).await;
     assert!(f
         .store
         .set_instance_state(
@@ -561,9 +570,7 @@ async fn a_failed_upgrade_removes_the_candidate_keeps_active_and_halts_the_rollo
 async fn deprovision_withdraws_removes_and_marks_deleted() {
     let f = fixture();
     let instance = f.served("wiki1", "2").await;
-    let id = f.store.load_active(&instance.name).await.unwrap().services[&ServiceName::new("web")]
-        .container
-        .clone();
+    let id = f.web_container(instance.name.as_str()).await;
     f.store
         .set_instance_state(
             instance.id,
@@ -607,14 +614,7 @@ async fn a_hung_runtime_call_times_out_and_the_next_instance_is_still_recovered(
     f.served("a-hangs", "2").await;
     f.served("b-fine", "2").await;
     f.script.fail(Op::Inspect, "stead.a-hangs.", Fault::Hang);
-    let b_web = f
-        .store
-        .load_active(&InstanceName::new("b-fine"))
-        .await
-        .unwrap()
-        .services[&ServiceName::new("web")]
-        .container
-        .clone();
+    let b_web = f.web_container("b-fine").await;
     f.runtime.with_containers(|cs| {
         cs.get_mut(&b_web).unwrap().status = stead::core::types::ContainerStatus::Exited
     });
@@ -661,14 +661,7 @@ async fn a_store_outage_fails_the_tick_and_the_next_tick_recovers() {
 async fn a_delayed_service_is_woken_when_its_backoff_ends() {
     let f = fixture();
     f.served("crashy", "2").await;
-    let web = f
-        .store
-        .load_active(&InstanceName::new("crashy"))
-        .await
-        .unwrap()
-        .services[&ServiceName::new("web")]
-        .container
-        .clone();
+    let web = f.web_container("crashy").await;
     // A workload that dies at once after every start.
     f.runtime.with_containers(|cs| {
         let c = cs.get_mut(&web).unwrap();

@@ -459,9 +459,6 @@ pub struct ServiceRecovery<'p> {
     restarted: bool,
     stable: bool,
     published: bool,
-    /// A publication decided, waiting for the execution to be recorded
-    /// first (S11).
-    publish_after_record: bool,
     /// The execution being verified.
     observed: Option<Observation>,
     binds: Binds,
@@ -524,7 +521,6 @@ impl<'p> ServiceRecovery<'p> {
             restarted: false,
             stable: false,
             published: false,
-            publish_after_record: false,
             observed: None,
             binds: Binds::new(),
             verdict: Verdict::Failed,
@@ -724,13 +720,13 @@ impl<'p> ServiceRecovery<'p> {
             Outcome::ExecutionRecorded(result) => match result {
                 Ok(()) => {
                     self.active.verified_started_at = self.observed_started_at();
-                    if self.publish_after_record && !self.published {
+                    if self.needs_publication() && !self.published {
                         self.phase = Phase::Publish;
                     } else {
                         self.finish_verified(now);
                     }
                 }
-                Err(e) if self.publish_after_record && !self.published => {
+                Err(e) if self.needs_publication() && !self.published => {
                     // S11: never routed before it is durably verified, so a
                     // restart at any instant cannot blink it. Left withdrawn;
                     // the next pass verifies and records again.
@@ -1075,12 +1071,10 @@ impl<'p> ServiceRecovery<'p> {
     /// is always what a restarted daemon finds vouched for (R17) and a
     /// restart at any instant never blinks it.
     fn decide_publication(&mut self, now: Timestamp) {
-        self.publish_after_record =
-            self.needs_readiness() || self.route_unknown || self.binds != self.active.binds;
         let record_first = !self.broken(Mutant::PublishBeforeRecord);
-        if self.needs_record() && (record_first || !self.publish_after_record) {
+        if self.needs_record() && (record_first || !self.needs_publication()) {
             self.phase = Phase::RecordExecution;
-        } else if self.publish_after_record {
+        } else if self.needs_publication() {
             self.phase = Phase::Publish;
         } else {
             self.finish_verified(now);
@@ -1090,10 +1084,15 @@ impl<'p> ServiceRecovery<'p> {
     /// Whether verifying this execution will write anything (binds, a
     /// route, the record): only then is ACTIVE read again first.
     fn writes_pending(&self) -> bool {
-        self.needs_readiness()
-            || self.route_unknown
-            || self.binds != self.active.binds
-            || self.needs_record()
+        self.needs_publication() || self.needs_record()
+    }
+
+    /// R13: whether the route must be (re)published: the execution was
+    /// started, restarted or is fresh, this daemon cannot vouch for the
+    /// route, or the binds changed. None of these changes between the
+    /// decision and the publication, so it is asked, not stored.
+    fn needs_publication(&self) -> bool {
+        self.needs_readiness() || self.route_unknown || self.binds != self.active.binds
     }
 
     /// Whether ACTIVE's durable record is not yet the execution verified.

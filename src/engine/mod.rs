@@ -85,3 +85,12 @@ pub(crate) fn count_port_failure(
     )
     .increment(1);
 }
+
+/// How long from `now` until the instant `at` a machine named, on the
+/// engine's clock; zero when it has passed.
+pub(crate) fn time_until(
+    at: crate::core::types::Timestamp,
+    now: crate::core::types::Timestamp,
+) -> std::time::Duration {
+    std::time::Duration::try_from(at.duration_since(now)).unwrap_or_default()
+}

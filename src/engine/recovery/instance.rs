@@ -17,6 +17,7 @@ use crate::core::policy::INSTANCE_LEASE_SLACK;
 use crate::core::traffic::{routes_of, HeldRoutes};
 use crate::core::types::InstanceName;
 use crate::engine::locks::InstanceLocks;
+use crate::engine::time_until;
 use crate::ports::{LeaseGrant, LoadedInstance, LoadedInstances};
 
 use super::log::{log_hold, record_metrics, StepLog};
@@ -203,8 +204,7 @@ impl Recoverer {
         if let (Some(at), Some(queue)) = (report.wake_at(), self.wake.get()) {
             // The machine's instant, on the monotonic clock, a little after
             // so the budget surely allows it by then.
-            let wait = Duration::try_from(at.duration_since(self.ports.clock.now()))
-                .unwrap_or(Duration::ZERO);
+            let wait = time_until(at, self.ports.clock.now());
             queue.wake(&instance.name, Instant::now() + wait + WAKE_SLACK);
         }
         for service in &report.reports {

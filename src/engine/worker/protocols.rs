@@ -3,8 +3,6 @@
 //! instance along its lifecycle.
 
 use crate::core::catalog::CatalogEntry;
-use std::time::Duration;
-
 use crate::core::fleet::{settle_state, Instance, InstanceState};
 use crate::core::provision::{
     Deprovision, DeprovisionInput, Provision, ProvisionInput, WorkAnswer,
@@ -15,7 +13,7 @@ use crate::core::upgrade::{Upgrade, UpgradeInput};
 use crate::ports::CreateContainer;
 
 use super::Worker;
-use crate::engine::count_port_failure;
+use crate::engine::{count_port_failure, time_until};
 
 impl Worker {
     /// The instance's catalog entry as the catalog is now (it may be
@@ -104,8 +102,7 @@ impl Worker {
             } else if let Some(at) = upgrade.poll_timeout() {
                 // The machine waits (for the successor to run) until the
                 // instant it names, on the one clock it is given.
-                let wait = at.duration_since(p.clock.now());
-                tokio::time::sleep(Duration::try_from(wait).unwrap_or(Duration::ZERO)).await;
+                tokio::time::sleep(time_until(at, p.clock.now())).await;
                 upgrade.handle_timeout(p.clock.now());
             } else {
                 break;

@@ -264,6 +264,14 @@ enum MarkerStep {
     ClearRetired,
 }
 
+/// The command awaiting its answer.
+#[derive(Debug)]
+enum Outstanding {
+    /// The service in hand's: its own machine holds the command.
+    Service,
+    Other(InstanceCommand),
+}
+
 #[derive(Debug)]
 enum Stage {
     Services,
@@ -290,7 +298,7 @@ pub struct InstancePass<'p> {
     markers: VecDeque<Inhibition>,
     marker: Option<(Inhibition, MarkerStep)>,
     stale: VecDeque<ServiceKey>,
-    outstanding: Option<InstanceCommand>,
+    outstanding: Option<Outstanding>,
     reports: Vec<Report>,
     retired: Vec<ContainerId>,
     withdrawn_stale: Vec<ServiceKey>,
@@ -358,7 +366,12 @@ impl<'p> InstancePass<'p> {
             "poll_command before the last command was answered"
         );
         let command = self.next_command()?;
-        self.outstanding = Some(command.clone());
+        self.outstanding = Some(match &command {
+            // The service's machine keeps its own command: no copy of the
+            // key per step (a steady pass issues several per service).
+            InstanceCommand::Service { .. } => Outstanding::Service,
+            other => Outstanding::Other(other.clone()),
+        });
         Some(command)
     }
 
@@ -520,12 +533,20 @@ impl<'p> InstancePass<'p> {
             .outstanding
             .take()
             .expect("an answer without a command");
-        match (command, answer) {
-            (InstanceCommand::Service { .. }, InstanceAnswer::Service(outcome)) => self
-                .current
-                .as_mut()
-                .expect("a service in hand")
-                .handle(outcome, now),
+        let command = match (command, answer) {
+            (Outstanding::Service, InstanceAnswer::Service(outcome)) => {
+                return self
+                    .current
+                    .as_mut()
+                    .expect("a service in hand")
+                    .handle(outcome, now)
+            }
+            (Outstanding::Service, answer) => {
+                panic!("a service's command answered with {answer:?}")
+            }
+            (Outstanding::Other(command), answer) => (command, answer),
+        };
+        match command {
             (InstanceCommand::WithdrawStale(key), InstanceAnswer::StaleWithdrawn(result)) => {
                 match result {
                     Ok(()) => self.withdrawn_stale.push(key),

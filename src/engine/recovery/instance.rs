@@ -209,7 +209,7 @@ impl Recoverer {
         }
         for service in &report.reports {
             record_metrics(service);
-            log_hold(service, &log.before(&service.key));
+            log_hold(service, &log);
         }
         metrics::counter!("stead_retirements_total").increment(report.retired.len() as u64);
         self.memory

@@ -64,7 +64,7 @@ impl StepLog {
             self.last_status.insert(key.clone(), obs.status);
         }
         let last_status = self.last_status.get(key).copied();
-        log_step(key, command, why, outcome, &self.before(key), last_status);
+        log_step(key, command, why, outcome, || self.before(key), last_status);
     }
 }
 
@@ -85,7 +85,8 @@ fn log_step(
     command: &Command,
     why: Why,
     outcome: &Outcome,
-    before: &Before,
+    // Computed only for the steps that log it: a steady pass logs nothing.
+    before: impl FnOnce() -> Before,
     last_status: Option<crate::core::types::ContainerStatus>,
 ) {
     let (instance, service) = (key.instance.as_str(), key.service.as_str());
@@ -95,7 +96,7 @@ fn log_step(
             // A route this daemon published, or one a failure is being
             // cleaned up after; a fresh container's first fail-closed
             // withdrawal removes nothing anyone used.
-            let notable = before.routed
+            let notable = before().routed
                 || matches!(
                     why,
                     Why::Unhealthy | Why::VerificationFailed | Why::RetryWithdrawal
@@ -172,14 +173,14 @@ fn log_step(
 }
 
 /// A crash-loop hold, once per new delay rather than every pass.
-pub(super) fn log_hold(report: &Report, before: &Before) {
+pub(super) fn log_hold(report: &Report, log: &StepLog) {
     let Verdict::Delayed {
         next_attempt: Some(next),
     } = report.verdict
     else {
         return;
     };
-    if before.next_attempt == Some(next) {
+    if log.before(&report.key).next_attempt == Some(next) {
         return;
     }
     let key = &report.key;

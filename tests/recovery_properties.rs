@@ -475,3 +475,49 @@ fn a_crash_the_runtime_recovers_from_by_itself_also_restarts_the_stable_window()
         .map(|b| b.failures);
     assert_eq!(failures, Some(1), "R14: a crash breaks the stable streak");
 }
+
+#[test]
+fn a_crash_and_native_restart_between_two_passes_restarts_the_stable_window() {
+    // The same history as above, but the crash and the runtime's own
+    // restart both fall between two passes: no pass sees it down, only a
+    // new execution. Five stable minutes are five minutes of one execution
+    // (R14), so the history must outlive the old execution's streak.
+    let mut w = settled();
+    w.faults
+        .binds
+        .push_back(RuntimeError::Transient("x".into()));
+    w.native_restart("c1");
+    w.pass();
+    w.advance(Duration::from_secs(60));
+    w.pass(); // verified and stable: the streak starts
+    let failures = |reports: &[stead::core::recovery::Report]| {
+        reports[0]
+            .memory
+            .generation
+            .budget
+            .as_ref()
+            .map(|b| b.failures)
+    };
+    w.advance(Duration::from_secs(240));
+    w.native_restart("c1"); // died and came back unseen
+    w.advance(Duration::from_secs(61));
+    let reports = w.pass(); // 301 s into the old streak, a new execution
+    assert!(matches!(reports[0].verdict, Verdict::Verified { .. }));
+    let kept = failures(&reports);
+    assert!(
+        kept.is_some(),
+        "R14: the old execution's streak ended with its crash; history kept"
+    );
+    w.advance(Duration::from_secs(299));
+    assert_eq!(
+        failures(&w.pass()),
+        kept,
+        "not yet five minutes of this execution"
+    );
+    w.advance(Duration::from_secs(1));
+    assert_eq!(
+        failures(&w.pass()),
+        None,
+        "five stable minutes of one execution"
+    );
+}

@@ -759,6 +759,43 @@ fn five_stable_minutes_reset_the_budget() {
 }
 
 #[test]
+fn minutes_frozen_mid_pass_do_not_count_as_stable() {
+    // Found by the simulation (a process paused right after an effect,
+    // resuming seven minutes later): the pass that resumed judged its
+    // pre-pause observation stable as of the resume and dropped a
+    // crash-looping generation's history. Stability is vouched for as of
+    // the inspect that saw it (R14).
+    let mut w = settled();
+    for _ in 0..3 {
+        w.crash("c1");
+        w.pass();
+    }
+    let key = stead::core::types::GenerationKey {
+        instance: w.instance.clone(),
+        service: ServiceName::new("web"),
+        container: ContainerId::new("c1"),
+    };
+    let failures = |w: &World| {
+        w.memory
+            .generation(&key)
+            .and_then(|g| g.budget.as_ref().map(|b| b.failures))
+    };
+    w.advance(MINUTE);
+    w.pass(); // running and healthy: the streak starts
+    assert!(failures(&w).is_some());
+    w.advance(MINUTE);
+    w.faults.pause_before_health = Some(10 * MINUTE);
+    w.pass(); // inspected a minute in, answered eleven minutes in
+    assert!(
+        failures(&w).is_some(),
+        "a minute of observed stability dropped the history"
+    );
+    w.advance(MINUTE);
+    w.pass(); // twelve minutes after the streak began, seen running: reset
+    assert_eq!(failures(&w), None, "five observed stable minutes reset it");
+}
+
+#[test]
 fn an_unstable_observation_breaks_the_stability_streak() {
     let mut w = settled();
     w.crash("c1");

@@ -8,6 +8,7 @@
 #![cfg(madsim)]
 
 pub mod checker;
+pub mod coverage;
 pub mod run;
 pub mod topology;
 pub mod world;

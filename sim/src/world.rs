@@ -86,6 +86,14 @@ pub struct FaultMix {
     pub proxy_loss: f64,
     /// Per tick: the proxy is down for a while.
     pub proxy_down: f64,
+    /// Per native restart: the runtime holds the container in `restarting`
+    /// for a workload step first.
+    pub restarting_phase: f64,
+    /// Per native restart: the container comes back on new host ports.
+    pub rebind_on_restart: f64,
+    /// Per operator action: the operator keeps the instance lock a while
+    /// longer (a long command), so passes meet a busy instance (R3).
+    pub operator_holds_lock: f64,
 }
 
 impl FaultMix {
@@ -119,6 +127,9 @@ impl FaultMix {
             event_storm: p(0.01),
             proxy_loss: p(0.02),
             proxy_down: p(0.02),
+            restarting_phase: p(0.6),
+            rebind_on_restart: p(0.3),
+            operator_holds_lock: p(0.6),
         }
     }
 }
@@ -327,7 +338,7 @@ impl Actors {
         let behaviours = self.behaviours();
         for id in ids {
             let behaviour = behaviours.get(&id).copied().unwrap_or(Behaviour::Healthy);
-            let (crash, restart, flip, ready_now, storm) = {
+            let (crash, restart, flip, ready_now, storm, via_restarting, new_ports) = {
                 let mut rng = self.rng.lock().expect("poisoned");
                 (
                     chaos && rng.random_bool(self.mix.crash / 4.0),
@@ -335,10 +346,13 @@ impl Actors {
                     rng.random_bool(0.3),
                     rng.random_bool(0.2),
                     chaos && rng.random_bool(self.mix.event_storm),
+                    rng.random_bool(self.mix.restarting_phase),
+                    rng.random_bool(self.mix.rebind_on_restart),
                 )
             };
             let mut went_down = false;
             let mut came_up = false;
+            let mut rebound = false;
             let mut health_now = None;
             let started = self.runtime.next_execution();
             self.runtime.with_containers(|cs| {
@@ -353,17 +367,35 @@ impl Actors {
                 {
                     c.status = ContainerStatus::Exited;
                     went_down = true;
-                } else if c.status == ContainerStatus::Exited
-                    && restart
-                    && !went_down
-                    && !c.stopped_on_request
+                } else if c.status == ContainerStatus::Restarting
+                    || (c.status == ContainerStatus::Exited
+                        && restart
+                        && !went_down
+                        && !c.stopped_on_request)
                 {
-                    // The runtime's own restart policy, racing the engine.
+                    // The runtime's own restart policy, racing the engine:
+                    // at once, or through `restarting` (its backoff) for a
+                    // step, which the engine must leave alone.
+                    if c.status == ContainerStatus::Exited && via_restarting {
+                        c.status = ContainerStatus::Restarting;
+                        return;
+                    }
                     c.status = ContainerStatus::Running;
                     c.started_at = Some(started);
+                    if new_ports {
+                        // Ephemeral host ports are drawn anew on a restart:
+                        // the route must follow (R8's binds check).
+                        for host in c.binds.values_mut() {
+                            *host = self.runtime.alloc_port();
+                        }
+                        rebound = true;
+                    }
                     came_up = true;
                 }
             });
+            if rebound {
+                self.counts.bump("native restart on new ports");
+            }
             // The runtime tells its event stream what happened (T7).
             if let Some(health) = health_now {
                 self.runtime
@@ -427,6 +459,15 @@ impl Actors {
             return;
         };
         self.operate(which, pick, svc).await;
+        let hold = {
+            let mut rng = self.rng.lock().expect("poisoned");
+            rng.random_bool(self.mix.operator_holds_lock)
+                .then(|| Duration::from_secs(rng.random_range(5..25)))
+        };
+        if let Some(hold) = hold {
+            self.counts.bump("operator held an instance lock");
+            tokio::time::sleep(hold).await;
+        }
         guard.release().await;
     }
 

@@ -9,7 +9,7 @@
 
 use std::time::Instant;
 
-use stead_sim::{run_seed, say, SimConfig, SimOutcome};
+use stead_sim::{coverage, run_seed, say, SimConfig, SimOutcome};
 
 fn env_u64(name: &str, default: u64) -> u64 {
     match std::env::var(name) {
@@ -56,8 +56,59 @@ fn report_failure(outcome: &SimOutcome) -> String {
     s
 }
 
+/// Prints every branch reached, with its minimum where the coverage file
+/// states one; with at least the file's seed count, fails naming every
+/// branch that fell short.
+fn report_coverage(branches: &coverage::Branches, required: &coverage::Required, seeds: u64) {
+    say!(
+        "sim: coverage (branch: times reached, minimum in {} seeds):",
+        required.seeds
+    );
+    let names: std::collections::BTreeSet<&String> =
+        branches.keys().chain(required.minimum.keys()).collect();
+    for name in names {
+        let got = branches.get(name).copied().unwrap_or(0);
+        match required.minimum.get(name) {
+            Some(min) => say!("sim:   {name}: {got} (minimum {min})"),
+            None => say!("sim:   {name}: {got}"),
+        }
+    }
+    let short = coverage::shortfalls(required, branches);
+    if seeds < required.seeds {
+        if !short.is_empty() {
+            say!(
+                "sim: {} branch(es) below their minimum; not enforced under {} seeds",
+                short.len(),
+                required.seeds
+            );
+        }
+        return;
+    }
+    assert!(
+        short.is_empty(),
+        "branches reached fewer times than sim/coverage.toml requires in {seeds} seeds: {}",
+        short
+            .iter()
+            .map(|(b, got, min)| format!("{b}: {got} < {min}"))
+            .collect::<Vec<_>>()
+            .join(", ")
+    );
+}
+
+/// `STEAD_SIM_LOG=<filter>` (e.g. `stead=info`): the engine's log lines,
+/// to stderr, for replaying one seed.
+fn init_log() {
+    if let Ok(filter) = std::env::var("STEAD_SIM_LOG") {
+        let _ = tracing_subscriber::fmt()
+            .with_env_filter(tracing_subscriber::EnvFilter::new(filter))
+            .with_writer(std::io::stderr)
+            .try_init();
+    }
+}
+
 #[test]
 fn seeds_hold_every_invariant() {
+    init_log();
     #[allow(clippy::disallowed_methods)] // Wall time for the report only.
     let wall = Instant::now();
     let first = env_u64("STEAD_SIM_SEED", 1);
@@ -68,6 +119,7 @@ fn seeds_hold_every_invariant() {
     let mut effects = 0u64;
     let mut checks = std::collections::BTreeMap::<&str, u64>::new();
     let mut faults = std::collections::BTreeMap::<&str, u64>::new();
+    let mut branches = coverage::Branches::new();
     for seed in first..first + n {
         let outcome = run_seed(&config(seed));
         assert!(
@@ -83,6 +135,9 @@ fn seeds_hold_every_invariant() {
         }
         for (k, v) in &outcome.faults {
             *faults.entry(k).or_default() += v;
+        }
+        for (k, v) in outcome.branches {
+            *branches.entry(k).or_default() += v;
         }
         if ran % 50 == 0 {
             say!("sim: {ran}/{n} seeds, {:.1}s", wall.elapsed().as_secs_f64());
@@ -113,6 +168,8 @@ fn seeds_hold_every_invariant() {
     for (k, v) in &checks {
         say!("sim: checked {k}: {v}");
     }
+    let required = coverage::required().unwrap_or_else(|e| panic!("{e}"));
+    report_coverage(&branches, &required, n);
     assert_eq!(ran, n, "fewer seeds ran than asked");
     assert!(effects > 0, "no effect was ever checked");
     for invariant in [

@@ -221,6 +221,40 @@ pub enum Verdict {
     Failed,
 }
 
+impl Verdict {
+    /// Every label [`Verdict::label`] gives, in declaration order.
+    pub const LABELS: [&'static str; 8] = [
+        "verified",
+        "published",
+        "transitional",
+        "delayed",
+        "gone",
+        "inhibited",
+        "stopped",
+        "failed",
+    ];
+
+    /// A metric label: which way the recovery of one service went (a
+    /// verified service that had to be published this pass is told apart
+    /// from one whose route was already right).
+    pub fn label(&self) -> &'static str {
+        match self {
+            Verdict::Verified {
+                published: false, ..
+            } => "verified",
+            Verdict::Verified {
+                published: true, ..
+            } => "published",
+            Verdict::Transitional => "transitional",
+            Verdict::Delayed { .. } => "delayed",
+            Verdict::Gone => "gone",
+            Verdict::Inhibited => "inhibited",
+            Verdict::Stopped => "stopped",
+            Verdict::Failed => "failed",
+        }
+    }
+}
+
 /// Errors one recovery reports, in the order they happened. A failure of
 /// a port carries that port's typed error as its source.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
@@ -455,6 +489,9 @@ pub struct ServiceRecovery<'p> {
     commands_issued: u32,
     withdrawn_this_pass: bool,
     fresh: bool,
+    /// When the first inspect of this pass answered: the instant a
+    /// stable verdict vouches for.
+    observed_at: Option<Timestamp>,
     started: bool,
     restarted: bool,
     stable: bool,
@@ -517,6 +554,7 @@ impl<'p> ServiceRecovery<'p> {
             commands_issued: 0,
             withdrawn_this_pass: false,
             fresh: false,
+            observed_at: None,
             started: false,
             restarted: false,
             stable: false,
@@ -888,6 +926,7 @@ impl<'p> ServiceRecovery<'p> {
     /// R8: classify the first observation and fail closed before touching
     /// the workload.
     fn on_first_observation(&mut self, obs: Observation, now: Timestamp) {
+        self.observed_at = Some(now);
         self.fresh = obs.started_at.is_none() || obs.started_at != self.verified_started_at;
         let unverified = obs.status != ContainerStatus::Running && !obs.status.is_transitional();
         if self.fresh {
@@ -1104,7 +1143,11 @@ impl<'p> ServiceRecovery<'p> {
     fn finish_verified(&mut self, now: Timestamp) {
         self.verified_started_at = self.observed_started_at();
         if self.stable {
-            self.budget.observe_stable(self.policy, now);
+            // Stable as of the observation, not of now: a process frozen
+            // between its inspect and this answer saw nothing of the
+            // frozen minutes, so they must not count as stable (R14).
+            let observed_at = self.observed_at.unwrap_or(now);
+            self.budget.observe_stable(self.policy, observed_at);
         } else {
             self.budget.invalidate_stable();
         }

@@ -8,7 +8,8 @@
 use crate::core::errors::PortName;
 use std::sync::OnceLock;
 
-use crate::core::recovery::Why;
+use crate::core::plan::Decision;
+use crate::core::recovery::{Verdict, Why};
 use crate::engine::tick::Check;
 use crate::engine::worker::TaskEnd;
 
@@ -121,6 +122,34 @@ pub const METRICS: &[Metric] = &[
             "Failures the ports reported to the recovery pass and the workers, by port and kind.",
         ),
         "port",
+    ),
+    labelled(
+        counter(
+            "stead_recovery_verdicts_total",
+            "Services recovered (by a pass or a wake-up), by how their recovery ended.",
+        ),
+        "verdict",
+    ),
+    labelled(
+        counter(
+            "stead_recovery_steps_total",
+            "Steps the recovery took for a reason other than observing, by reason.",
+        ),
+        "reason",
+    ),
+    labelled(
+        counter(
+            "stead_recovery_busy_skips_total",
+            "Instances a recovery skipped because another process held their lock (R3), by what was recovering: the periodic pass or a wake-up.",
+        ),
+        "by",
+    ),
+    labelled(
+        counter(
+            "stead_decisions_total",
+            "Decisions of the control checks carried out, by kind.",
+        ),
+        "decision",
     ),
     counter(
         "stead_retirements_total",
@@ -237,6 +266,17 @@ fn label_sets(name: &str) -> Vec<Vec<(&'static str, String)>> {
             one("reason", PUBLICATION_REASONS.map(Why::label).to_vec())
         }
         "stead_notifications_total" => one("event", NOTIFICATION_EVENTS.to_vec()),
+        "stead_recovery_verdicts_total" => one("verdict", Verdict::LABELS.to_vec()),
+        "stead_recovery_steps_total" => one(
+            "reason",
+            Why::ALL
+                .into_iter()
+                .filter(|w| *w != Why::Observe)
+                .map(Why::label)
+                .collect(),
+        ),
+        "stead_decisions_total" => one("decision", Decision::LABELS.to_vec()),
+        "stead_recovery_busy_skips_total" => one("by", vec!["pass", "wakeup"]),
         "stead_catalog_reloads_total" => one("result", vec!["ok", "refused"]),
         "stead_port_errors_total" => PortName::ALL
             .iter()

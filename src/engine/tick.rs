@@ -498,6 +498,10 @@ impl Reconciler {
                         )
                     }),
             };
+            if result.is_ok() {
+                metrics::counter!("stead_decisions_total", "decision" => decision.label())
+                    .increment(1);
+            }
             if let Err(e) = result {
                 errors.push(format!("{}: {e}", check.as_str()));
                 if matches!(e, StoreError::Fenced { .. } | StoreError::Unavailable(_)) {

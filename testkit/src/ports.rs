@@ -504,7 +504,10 @@ impl MemoryRuntime {
             .map_err(|e| RuntimeError::Transient(format!("container name: {e}")))
     }
 
-    fn alloc_port(&self) -> u16 {
+    /// A host port no container was given lately: what Docker hands out
+    /// for an ephemeral publication (the simulation's native restarts
+    /// draw new ones, as Docker's restarts may).
+    pub fn alloc_port(&self) -> u16 {
         let mut p = self.next_port.lock().expect("poisoned");
         *p = if *p >= 60000 { 20000 } else { *p + 1 };
         *p

@@ -70,6 +70,9 @@ pub struct Faults {
     /// When set, the runtime's own restart policy revives the container
     /// just as stead's start fails.
     pub native_restart_races_start: bool,
+    /// When set, the process freezes this long between its inspect and
+    /// its health read (a pause mid-pass): the clock jumps once.
+    pub pause_before_health: Option<Duration>,
 }
 
 /// One command the world performed, for assertions.
@@ -330,6 +333,11 @@ impl World {
                     Ok(())
                 }
             }),
+            Command::ReadHealth if self.faults.pause_before_health.is_some() => {
+                let frozen = self.faults.pause_before_health.take().expect("set");
+                self.advance(frozen);
+                self.perform(service, id, command)
+            }
             Command::ReadHealth => Outcome::Health(match self.faults.health.pop_front() {
                 Some(e) => Err(e),
                 None => self

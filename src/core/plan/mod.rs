@@ -108,6 +108,37 @@ pub enum Decision {
     },
 }
 
+impl Decision {
+    /// Every label [`Decision::label`] gives.
+    pub const LABELS: [&'static str; 8] = [
+        "enqueue_provision",
+        "enqueue_reprovision",
+        "enqueue_upgrade",
+        "enqueue_deprovision",
+        "expire",
+        "requeue_expired_lease",
+        "notify",
+        "halt_rollout",
+    ];
+
+    /// A metric label: what kind of decision this is (an enqueue by its
+    /// task's kind).
+    pub fn label(&self) -> &'static str {
+        match self {
+            Decision::Enqueue(task) => match task.kind {
+                TaskKind::Provision => "enqueue_provision",
+                TaskKind::Reprovision => "enqueue_reprovision",
+                TaskKind::Upgrade => "enqueue_upgrade",
+                TaskKind::Deprovision => "enqueue_deprovision",
+            },
+            Decision::Expire { .. } => "expire",
+            Decision::RequeueExpiredLease { .. } => "requeue_expired_lease",
+            Decision::Notify(_) => "notify",
+            Decision::HaltRollout { .. } => "halt_rollout",
+        }
+    }
+}
+
 /// A notification about one instance.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Notice {

@@ -42,10 +42,15 @@ impl Recoverer {
     /// Recovers one instance under its lock, its deadline and the lease
     /// (a targeted pass: a runtime event, T7).
     pub async fn recover_instance(&self, instance: &Instance) -> InstanceOutcome {
-        self.recover_batch(std::slice::from_ref(instance), None)
+        let outcome = self
+            .recover_batch(std::slice::from_ref(instance), None)
             .await
             .pop()
-            .map_or_else(InstanceOutcome::default, |(_, outcome)| outcome)
+            .map_or_else(InstanceOutcome::default, |(_, outcome)| outcome);
+        if outcome.skipped_busy {
+            metrics::counter!("stead_recovery_busy_skips_total", "by" => "wakeup").increment(1);
+        }
+        outcome
     }
 
     /// Recovers a batch of instances at once: their locks taken in one

@@ -10,6 +10,8 @@ use crate::core::types::{ContainerStatus, GenerationKey};
 use crate::engine::count_port_failure;
 
 pub(super) fn record_metrics(report: &Report) {
+    metrics::counter!("stead_recovery_verdicts_total", "verdict" => report.verdict.label())
+        .increment(1);
     if report.intervened {
         metrics::counter!("stead_recoveries_total").increment(1);
     }
@@ -60,6 +62,9 @@ impl StepLog {
         else {
             return;
         };
+        if why != Why::Observe {
+            metrics::counter!("stead_recovery_steps_total", "reason" => why.label()).increment(1);
+        }
         if let Outcome::Inspected(Ok(obs)) = outcome {
             self.last_status.insert(key.clone(), obs.status);
         }

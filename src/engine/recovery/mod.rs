@@ -148,6 +148,11 @@ impl Recoverer {
                 outcome.errors.push(RecoverError::LeaseLost);
                 break;
             }
+            let busy = results.iter().filter(|(_, r)| r.skipped_busy).count();
+            if busy > 0 {
+                metrics::counter!("stead_recovery_busy_skips_total", "by" => "pass")
+                    .increment(busy as u64);
+            }
             outcome.instances.extend(results);
         }
         outcome

@@ -1,0 +1,204 @@
+//! Branch coverage of a run (issue #15): which ways the engine's decisions
+//! went, counted from the metrics it exports to operators anyway
+//! (`stead_recovery_verdicts_total{verdict=…}`,
+//! `stead_recovery_steps_total{reason=…}`, `stead_decisions_total`, …).
+//! The engine and the core know nothing of the simulation: a run installs
+//! a recorder of its own on the thread madsim runs it on, and reads the
+//! counters back when it ends.
+//!
+//! `sim/coverage.toml` lists the branches the simulation must reach, with
+//! the least number of times the CI seeds must reach each: adding a branch
+//! to the engine without reaching it in the simulation is then a failure
+//! of `cargo sim`, not a silent gap.
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
+
+use metrics::{
+    Counter, CounterFn, Gauge, Histogram, Key, KeyName, Metadata, Recorder, SharedString, Unit,
+};
+
+/// Counter series → total, named as Prometheus names them
+/// (`name{label="value"}`).
+pub type Branches = BTreeMap<String, u64>;
+
+/// A recorder that keeps every counter of one run; gauges and histograms
+/// are not branches and are dropped.
+#[derive(Default)]
+pub struct Tally {
+    counts: Arc<Mutex<Branches>>,
+}
+
+struct Series {
+    name: String,
+    counts: Arc<Mutex<Branches>>,
+}
+
+impl CounterFn for Series {
+    fn increment(&self, value: u64) {
+        *self
+            .counts
+            .lock()
+            .expect("tally poisoned")
+            .entry(self.name.clone())
+            .or_default() += value;
+    }
+
+    fn absolute(&self, value: u64) {
+        let mut counts = self.counts.lock().expect("tally poisoned");
+        let total = counts.entry(self.name.clone()).or_default();
+        *total = (*total).max(value);
+    }
+}
+
+/// `name{a="x",b="y"}`, labels in the order given, or `name` alone.
+pub fn series_name(key: &Key) -> String {
+    let labels: Vec<String> = key
+        .labels()
+        .map(|l| format!("{}=\"{}\"", l.key(), l.value()))
+        .collect();
+    if labels.is_empty() {
+        key.name().to_owned()
+    } else {
+        format!("{}{{{}}}", key.name(), labels.join(","))
+    }
+}
+
+impl Recorder for Tally {
+    fn describe_counter(&self, _: KeyName, _: Option<Unit>, _: SharedString) {}
+    fn describe_gauge(&self, _: KeyName, _: Option<Unit>, _: SharedString) {}
+    fn describe_histogram(&self, _: KeyName, _: Option<Unit>, _: SharedString) {}
+
+    fn register_counter(&self, key: &Key, _: &Metadata<'_>) -> Counter {
+        Counter::from_arc(Arc::new(Series {
+            name: series_name(key),
+            counts: self.counts.clone(),
+        }))
+    }
+
+    fn register_gauge(&self, _: &Key, _: &Metadata<'_>) -> Gauge {
+        Gauge::noop()
+    }
+
+    fn register_histogram(&self, _: &Key, _: &Metadata<'_>) -> Histogram {
+        Histogram::noop()
+    }
+}
+
+impl Tally {
+    /// Runs `f` with this tally recording every counter on this thread.
+    pub fn around<T>(&self, f: impl FnOnce() -> T) -> T {
+        metrics::with_local_recorder(self, f)
+    }
+
+    pub fn branches(&self) -> Branches {
+        self.counts.lock().expect("tally poisoned").clone()
+    }
+}
+
+/// The branches a run of `seeds` seeds must reach, read from
+/// `sim/coverage.toml`.
+#[derive(Clone, Debug)]
+pub struct Required {
+    /// The seed count the minimums are stated for (CI's).
+    pub seeds: u64,
+    /// Branch → the least number of times it must be reached in `seeds`.
+    pub minimum: BTreeMap<String, u64>,
+}
+
+/// The coverage file, parsed; an error names what is wrong and where.
+pub fn required() -> Result<Required, String> {
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("coverage.toml");
+    let text = std::fs::read_to_string(&path).map_err(|e| format!("{}: {e}", path.display()))?;
+    parse_required(&text).map_err(|e| format!("{}: {e}", path.display()))
+}
+
+fn parse_required(text: &str) -> Result<Required, String> {
+    let table: toml::Table = text.parse().map_err(|e| format!("{e}"))?;
+    let seeds = match table.get("seeds") {
+        Some(toml::Value::Integer(n)) if *n > 0 => *n as u64,
+        other => {
+            return Err(format!(
+                "`seeds` must be a positive integer, found {other:?}"
+            ))
+        }
+    };
+    let Some(toml::Value::Table(branches)) = table.get("minimum") else {
+        return Err("a `[minimum]` table of branch = least count is required".to_owned());
+    };
+    let mut minimum = BTreeMap::new();
+    for (branch, value) in branches {
+        match value {
+            toml::Value::Integer(n) if *n > 0 => {
+                minimum.insert(branch.clone(), *n as u64);
+            }
+            other => {
+                return Err(format!(
+                    "minimum.{branch:?} must be a positive integer, found {other}"
+                ))
+            }
+        }
+    }
+    if let Some(unknown) = table.keys().find(|k| *k != "seeds" && *k != "minimum") {
+        return Err(format!(
+            "unknown key {unknown:?} (expected `seeds` and `[minimum]`)"
+        ));
+    }
+    Ok(Required { seeds, minimum })
+}
+
+/// The branches of `required` reached fewer times than stated, as
+/// `(branch, reached, minimum)`.
+pub fn shortfalls(required: &Required, reached: &Branches) -> Vec<(String, u64, u64)> {
+    required
+        .minimum
+        .iter()
+        .filter_map(|(branch, &min)| {
+            let got = reached.get(branch).copied().unwrap_or(0);
+            (got < min).then(|| (branch.clone(), got, min))
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_coverage_file_parses_and_bad_files_are_named() {
+        let ok = parse_required("seeds = 500\n[minimum]\n\"a{b=\\\"c\\\"}\" = 20\n").unwrap();
+        assert_eq!(ok.seeds, 500);
+        assert_eq!(ok.minimum.get("a{b=\"c\"}"), Some(&20));
+        let err = parse_required("seeds = 0\n[minimum]\n").unwrap_err();
+        assert!(err.contains("seeds"), "{err}");
+        let err = parse_required("seeds = 5\n[minimum]\nx = \"many\"\n").unwrap_err();
+        assert!(err.contains("minimum.\"x\""), "{err}");
+        let err = parse_required("seeds = 5\n[minimum]\n[extra]\n").unwrap_err();
+        assert!(err.contains("extra"), "{err}");
+        required().expect("sim/coverage.toml is valid");
+    }
+
+    #[test]
+    fn a_shortfall_names_the_branch_and_both_counts() {
+        let required = parse_required("seeds = 1\n[minimum]\na = 3\nb = 1\n").unwrap();
+        let reached: Branches = [("a".to_owned(), 2), ("b".to_owned(), 7)].into();
+        assert_eq!(
+            shortfalls(&required, &reached),
+            vec![("a".to_owned(), 2, 3)]
+        );
+    }
+
+    #[test]
+    fn a_tally_counts_what_the_code_records_on_its_thread() {
+        let tally = Tally::default();
+        tally.around(|| {
+            metrics::counter!("x_total", "why" => "down").increment(2);
+            metrics::counter!("x_total", "why" => "down").increment(1);
+            metrics::counter!("y_total").increment(1);
+        });
+        metrics::counter!("y_total").increment(5); // Outside: not counted.
+        let b = tally.branches();
+        assert_eq!(b.get("x_total{why=\"down\"}"), Some(&3));
+        assert_eq!(b.get("y_total"), Some(&1));
+    }
+}

@@ -17,6 +17,7 @@ use stead::core::names;
 use stead::core::policy::RecoveryPolicy;
 use stead::core::types::{Binds, ContainerId, InstanceName, ServiceKey, Timestamp};
 use stead::engine::lease::ProcessIdentity;
+use stead::engine::tick::Check;
 use stead::ports::{Clock, Route};
 use stead_testkit::ports::{Effect, Observer, Op};
 use stead_testkit::store::MemoryStore;
@@ -25,6 +26,12 @@ use crate::topology::Role;
 
 /// Effects kept for the failure trace (override: `STEAD_SIM_TRACE`).
 const TRACE_LEN_DEFAULT: usize = 40;
+
+/// How far a process's anchored clock may be from the database's: the
+/// tolerance, stated once, of every exact timing check. A clock anchored
+/// over a round trip is off by at most half of it; the simulated store
+/// answers at once, so a second is generous.
+pub const CLOCK_TOLERANCE: Duration = Duration::from_secs(1);
 
 fn trace_len_max() -> usize {
     std::env::var("STEAD_SIM_TRACE")
@@ -117,6 +124,8 @@ struct State {
     state_when_locked: BTreeMap<(InstanceName, String), InstanceState>,
     /// The store is down on purpose: a failed lease take-over is no news.
     store_outage: bool,
+    /// When each instance last changed state.
+    state_changed_at: BTreeMap<InstanceName, Timestamp>,
     ticks: u64,
     violations: Vec<String>,
     checks: BTreeMap<&'static str, u64>,
@@ -179,7 +188,21 @@ impl Checker {
     }
 
     /// A process finished a tick (L7).
-    pub fn ticked(&self, node: NodeId, holder: &str, leader: bool) {
+    /// A process finished a tick that began at `began` (true time), as
+    /// leader or not, with these checks failed. A leader's successful TTL
+    /// and lease-expiry checks are held to the rule exactly: whatever was
+    /// due when the tick began is done by its end (C6, C7).
+    pub fn ticked(
+        &self,
+        node: NodeId,
+        holder: &str,
+        leader: bool,
+        began: Timestamp,
+        failed: &[Check],
+    ) {
+        if leader {
+            self.check_due_work_done(began, failed);
+        }
         let mut s = self.lock();
         s.ticks += 1;
         let outage = s.store_outage;
@@ -197,6 +220,42 @@ impl Checker {
             !expected || leader,
             || format!("{holder} restarted holding its identity's lease but its first tick was not a leader's ({identity})"),
         );
+    }
+
+    /// C7 and C6 exactly: an instance past its TTL when a leader's
+    /// successful tick began is deleting by the tick's end (unless its state
+    /// moved meanwhile, which makes the planner's compare-and-set miss it
+    /// once); a task whose lease had run out is back in the queue.
+    fn check_due_work_done(&self, began: Timestamp, failed: &[Check]) {
+        let due = began - jiff::SignedDuration::try_from(CLOCK_TOLERANCE).expect("fits");
+        let instances = (!failed.contains(&Check::Ttl)).then(|| self.store().all_instances());
+        let tasks = (!failed.contains(&Check::LeaseExpiry)).then(|| self.store().all_tasks());
+        let mut s = self.lock();
+        for i in instances.unwrap_or_default() {
+            let Some(expires_at) = i.expires_at else {
+                continue;
+            };
+            let settled = s.state_changed_at.get(&i.name).is_none_or(|at| *at < began);
+            let live = !matches!(i.state, InstanceState::Deleting | InstanceState::Deleted);
+            let late = live && settled && expires_at <= due;
+            s.check("C7 expired within one tick of its TTL", !late, || {
+                format!(
+                    "{} expired at {expires_at} but is still {} after a leader's tick began at {began}",
+                    i.name, i.state
+                )
+            });
+        }
+        let lease = jiff::SignedDuration::try_from(self.task_lease).expect("fits");
+        for t in tasks.unwrap_or_default() {
+            let overdue =
+                t.state == TaskState::Running && t.locked_at.is_some_and(|at| at + lease <= due);
+            s.check("C6 lease broken within one tick of expiry", !overdue, || {
+                format!(
+                    "task {} still running on a lease taken at {:?} after a leader's tick began at {began}",
+                    t.id, t.locked_at
+                )
+            });
+        }
     }
 
     pub fn set_store_outage(&self, outage: bool) {
@@ -634,6 +693,7 @@ impl Observer for Checker {
         }
         let actor = self.actor_of(&s, process.as_ref(), effect);
         self.check_names_and_deletion(&mut s, effect);
+        let by_process = process.is_some();
         let holder = process.map_or_else(|| "world".to_owned(), |p| p.holder);
         match effect {
             Effect::Started { id } | Effect::Restarted { id } => {
@@ -800,6 +860,23 @@ impl Observer for Checker {
                 }
             }
             Effect::InstanceState { instance, state } => {
+                s.state_changed_at.insert(instance.clone(), now);
+                let expiring = *state == InstanceState::Deleting
+                    && by_process
+                    && !s.truth.deleting.contains(instance);
+                if expiring {
+                    // Only the TTL check moves a live instance to deleting
+                    // from inside stead; operators delete from outside.
+                    let expires_at = self
+                        .store()
+                        .instance_now(instance)
+                        .and_then(|i| i.expires_at);
+                    let soon = add(now, CLOCK_TOLERANCE);
+                    let due = expires_at.is_some_and(|at| at <= soon);
+                    s.check("C7 never expired before its TTL", due, || {
+                        format!("{instance} expired at {now}, its TTL is {expires_at:?}")
+                    });
+                }
                 if matches!(state, InstanceState::Deleting | InstanceState::Deleted) {
                     s.truth.deleting.insert(instance.clone());
                 }
@@ -819,6 +896,13 @@ impl Observer for Checker {
             // The proxy forgot a route by itself: nothing routes there now.
             Effect::RouteLost { service } => {
                 s.routes.remove(service);
+            }
+            Effect::LeaseBroken { task, locked_at } => {
+                let expiry = add(*locked_at, self.task_lease);
+                let due = expiry <= add(now, CLOCK_TOLERANCE);
+                s.check("C6 never broken before the lease expires", due, || {
+                    format!("task {task}'s lease, taken at {locked_at}, broken at {now} before {expiry}")
+                });
             }
             Effect::InhibitionCleared { container, .. } => {
                 s.truth.markers.remove(container);

@@ -95,7 +95,10 @@ async fn simulate(cfg: SimConfig) -> SimOutcome {
         broken: stead_testkit::mutants::armed_now(),
         ..RecoveryPolicy::default()
     };
-    let control = ControlConfig::default();
+    let control = ControlConfig {
+        broken: stead_testkit::mutants::armed_now(),
+        ..ControlConfig::default()
+    };
     let checker = Arc::new(Checker::new(clock.clone(), policy.clone(), control.lease));
     let counts = Arc::new(FaultCounts::default());
     let faults = Arc::new(SwarmFaults::new(mix.clone(), rng.random(), counts.clone()));

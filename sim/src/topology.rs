@@ -247,8 +247,10 @@ pub async fn process_main(slot: Arc<Slot>, shared: Arc<Shared>) {
         let holder = identity.holder();
         tasks.push(tokio::spawn(async move {
             loop {
+                let began = stead::ports::Clock::now(&stead::engine::SystemClock);
                 let outcome = reconciler.tick().await;
-                checker.ticked(node, &holder, outcome.leader);
+                let failed: Vec<_> = outcome.failed.iter().map(|(check, _)| *check).collect();
+                checker.ticked(node, &holder, outcome.leader, began, &failed);
                 tokio::time::sleep(tick).await;
             }
         }));

@@ -94,6 +94,9 @@ pub struct FaultMix {
     /// Per operator action: the operator keeps the instance lock a while
     /// longer (a long command), so passes meet a busy instance (R3).
     pub operator_holds_lock: f64,
+    /// Per provisioner install and container create: the call takes
+    /// minutes (a long task).
+    pub long_task: f64,
 }
 
 impl FaultMix {
@@ -130,6 +133,7 @@ impl FaultMix {
             restarting_phase: p(0.6),
             rebind_on_restart: p(0.3),
             operator_holds_lock: p(0.6),
+            long_task: p(0.5),
         }
     }
 }
@@ -246,6 +250,13 @@ impl FaultInjector for SwarmFaults {
                     .push(node);
                 return Fault::Slow(Duration::from_millis(1));
             }
+        }
+        if matches!(op, Op::Install | Op::Create) && rng.random_bool(m.long_task) {
+            // A chart that takes minutes to come up, an image pull over a
+            // slow link: the task holding it runs for a large part of its
+            // lease or beyond, and kills of its process land mid-task.
+            self.counts.bump("long task step");
+            return Fault::Slow(Duration::from_secs(rng.random_range(60..400)));
         }
         if rng.random_bool(m.slow) {
             self.counts.bump("slow call");

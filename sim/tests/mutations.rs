@@ -140,3 +140,16 @@ fn container_names_that_collide_are_caught() {
         "T6 no two services share a container name",
     );
 }
+
+#[test]
+fn a_task_lease_broken_early_is_caught() {
+    assert_caught(
+        Mutant::BreakTaskLeaseEarly,
+        "C6 never broken before the lease expires",
+    );
+}
+
+#[test]
+fn an_expiry_ticks_after_the_ttl_is_caught() {
+    assert_caught(Mutant::ExpireLate, "C7 expired within one tick of its TTL");
+}

@@ -32,10 +32,14 @@ pub enum Mutant {
     DashedContainerNames,
     /// S11: publish a verified execution before recording it in ACTIVE.
     PublishBeforeRecord,
+    /// C6: break a task's lease at half its length.
+    BreakTaskLeaseEarly,
+    /// C7: expire an instance only three minutes past its TTL.
+    ExpireLate,
 }
 
 impl Mutant {
-    pub const ALL: [Mutant; 12] = [
+    pub const ALL: [Mutant; 14] = [
         Mutant::SkipWithdrawBeforeStart,
         Mutant::PublishBeforeReadiness,
         Mutant::ForgetCrashLoopCharge,
@@ -48,5 +52,7 @@ impl Mutant {
         Mutant::StrangerAfterRestart,
         Mutant::DashedContainerNames,
         Mutant::PublishBeforeRecord,
+        Mutant::BreakTaskLeaseEarly,
+        Mutant::ExpireLate,
     ];
 }

@@ -15,8 +15,8 @@ use tracing::Instrument;
 
 use crate::core::catalog::Catalog;
 use crate::core::plan::{
-    plan_drift, plan_lease_expiry, plan_ttl, plan_version_drift, ControlConfig, Decision, Level,
-    Plan, Snapshot,
+    plan_drift, plan_lease_expiry, plan_ttl, plan_version_drift, task_lease, ControlConfig,
+    Decision, Level, Plan, Snapshot,
 };
 use crate::core::policy::PLANNERS_LEASE_NEED;
 use crate::core::types::Timestamp;
@@ -462,7 +462,7 @@ impl Reconciler {
                 Decision::RequeueExpiredLease { .. } => {
                     lease_reset = true;
                     store
-                        .reset_expired_leases(now, self.config.lease, Some(fence))
+                        .reset_expired_leases(now, task_lease(&self.config), Some(fence))
                         .await
                         .map(|n| tracing::warn!(tasks_freed = n, "expired leases requeued"))
                 }

@@ -169,6 +169,12 @@ pub enum Effect {
         service_type: String,
         halted: bool,
     },
+    /// A running task's lease was broken: the task went back to the queue
+    /// (C6). `locked_at` is when its worker last took or renewed it.
+    LeaseBroken {
+        task: i64,
+        locked_at: Timestamp,
+    },
     /// An instance moved along its lifecycle.
     InstanceState {
         instance: InstanceName,

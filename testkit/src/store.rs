@@ -179,6 +179,11 @@ impl MemoryStore {
     }
 
     /// An instance by name, without the fault hooks (for checkers).
+    /// Every instance as it stands, for checkers.
+    pub fn all_instances(&self) -> Vec<Instance> {
+        self.lock().instances.values().cloned().collect()
+    }
+
     pub fn instance_now(&self, name: &InstanceName) -> Option<Instance> {
         let state = self.lock();
         let id = state.instance_id(name)?;
@@ -802,18 +807,24 @@ impl Store for MemoryStore {
         let cutoff_us = lease_cutoff_us(timestamp_to_us(now), lease_to_us(lease));
         let now = normalize_timestamp(now);
         let mut n_reset = 0;
+        let mut broken = Vec::new();
         for task in state.tasks.values_mut() {
             let expired = task.state == TaskState::Running
                 && task
                     .locked_at
                     .is_some_and(|at| timestamp_to_us(at) < cutoff_us);
             if expired {
+                broken.extend(task.locked_at.map(|at| (task.id, at)));
                 task.state = TaskState::Queued;
                 task.locked_by = None;
                 task.locked_at = None;
                 task.updated_at = now;
                 n_reset += 1;
             }
+        }
+        drop(state);
+        for (task, locked_at) in broken {
+            self.tell(|| Effect::LeaseBroken { task, locked_at });
         }
         Ok(n_reset)
     }

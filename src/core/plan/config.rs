@@ -2,6 +2,8 @@
 
 use std::time::Duration;
 
+use crate::core::broken::Mutant;
+
 use serde::Deserialize;
 
 use crate::core::names;
@@ -42,6 +44,9 @@ pub struct ControlConfig {
     pub provisioner_timeout: Duration,
     /// Pause between the end of one tick and the start of the next.
     pub tick_interval: Duration,
+    /// A rule broken on purpose by the mutation exercise; `None` outside
+    /// it (never read from a file).
+    pub broken: Option<Mutant>,
 }
 
 impl Default for ControlConfig {
@@ -53,6 +58,7 @@ impl Default for ControlConfig {
             lease: Duration::from_secs(300),
             provisioner_timeout: Duration::from_secs(240),
             tick_interval: Duration::from_secs(60),
+            broken: None,
         }
     }
 }
@@ -222,6 +228,7 @@ impl ControlConfig {
                 raw.tick_interval_s,
                 defaults.tick_interval,
             )?,
+            broken: None,
         };
         config.validate()?;
         Ok(config)

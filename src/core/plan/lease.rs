@@ -2,7 +2,8 @@
 
 use std::time::Duration;
 
-use super::{Decision, Plan, Planner, Report};
+use super::{ControlConfig, Decision, Plan, Planner, Report};
+use crate::core::broken::Mutant;
 use crate::core::fleet::{add, Task, TaskState};
 use crate::core::types::Timestamp;
 
@@ -10,6 +11,16 @@ use crate::core::types::Timestamp;
 /// lease ran out (or it has none to run out).
 pub(super) fn lease_ran_out(task: &Task, now: Timestamp, lease: Duration) -> bool {
     task.state == TaskState::Running && task.locked_at.is_none_or(|at| now > add(at, lease))
+}
+
+/// The lease C6 breaks tasks at: the configured one (half of it when the
+/// mutation exercise breaks the rule).
+pub fn task_lease(config: &ControlConfig) -> Duration {
+    if config.broken == Some(Mutant::BreakTaskLeaseEarly) {
+        config.lease / 2
+    } else {
+        config.lease
+    }
 }
 
 impl Planner<'_, '_> {
@@ -21,7 +32,7 @@ impl Planner<'_, '_> {
     /// free it.
     pub fn lease_expiry(&self) -> Plan {
         let snapshot = self.snapshot;
-        let lease = snapshot.config.lease;
+        let lease = task_lease(snapshot.config);
         let mut plan = Plan::default();
         for task in &snapshot.tasks {
             if !lease_ran_out(task, snapshot.now, lease) {

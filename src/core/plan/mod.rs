@@ -33,6 +33,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::hash::{BuildHasherDefault, Hasher};
 
 pub use config::{ConfigError, ControlConfig, RawControlConfig, MAX_IN_FLIGHT_MAX};
+pub use lease::task_lease;
 pub use rollout::{halt_after_failed_upgrade, is_behind};
 
 use super::catalog::Catalog;

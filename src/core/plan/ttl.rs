@@ -1,6 +1,7 @@
 //! C7: expired instances are deleted.
 
 use super::{ttl_expires, Decision, Plan, Planner};
+use crate::core::broken::Mutant;
 use crate::core::fleet::{InstanceState, TaskKind};
 
 impl Planner<'_, '_> {
@@ -13,8 +14,15 @@ impl Planner<'_, '_> {
     pub fn ttl(&self) -> Plan {
         let snapshot = self.snapshot;
         let mut plan = Plan::default();
+        // The mutation exercise's late expiry judges the TTL three minutes
+        // in the past.
+        let judged_at = if snapshot.config.broken == Some(Mutant::ExpireLate) {
+            snapshot.now - jiff::SignedDuration::from_secs(180)
+        } else {
+            snapshot.now
+        };
         for instance in &snapshot.instances {
-            if !ttl_expires(instance, snapshot.now, self.active_kinds(instance.id)) {
+            if !ttl_expires(instance, judged_at, self.active_kinds(instance.id)) {
                 continue;
             }
             let reason = match (instance.state, instance.expires_at) {

@@ -462,8 +462,9 @@ pub fn plan_tick(snapshot: &Snapshot<'_>) -> Plan {
 impl Snapshot<'_> {
     /// Applies decisions the way the store would, including its refusals (a
     /// second active task of one kind, a failed compare-and-set). Pure: the
-    /// tests, the properties and the simulation use it to check that
-    /// planning is idempotent.
+    /// scenario tests and the planners' properties (`testkit/src/planners.rs`)
+    /// use it to check that planning is idempotent. The simulation judges
+    /// the planners by what reaches the store instead (S9, C6, C7).
     pub fn apply(&mut self, decisions: &[Decision]) {
         let mut next_id = self.tasks.iter().map(|t| t.id).max().unwrap_or(0) + 1;
         for decision in decisions {

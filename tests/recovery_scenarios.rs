@@ -552,6 +552,28 @@ fn an_interrupted_unhealthy_streak_starts_over() {
 }
 
 #[test]
+fn a_starting_observation_also_interrupts_the_unhealthy_streak() {
+    // R12 counts *consecutive* unhealthy observations: a `starting` one in
+    // between (a healthcheck that has not answered yet) breaks the streak
+    // as a healthy one does. Found by mutation testing: with the streak
+    // left standing, the fast tests still passed, because a healthy
+    // observation also clears it on its way to the stability streak.
+    let mut w = settled();
+    w.container("c1").health = Health::Unhealthy;
+    w.pass();
+    w.container("c1").health = Health::Starting;
+    w.advance(PASS);
+    w.pass();
+    w.container("c1").health = Health::Unhealthy;
+    w.advance(PASS);
+    w.pass();
+    assert_eq!(w.count(is_restart), 0, "the streak started over");
+    w.advance(PASS);
+    w.pass();
+    assert_eq!(w.count(is_restart), 1, "two in a row again");
+}
+
+#[test]
 fn health_starting_waits() {
     let mut w = settled();
     w.container("c1").health = Health::Starting;

@@ -37,10 +37,6 @@ impl Budget {
         Self { entry }
     }
 
-    pub fn entry(&self) -> Option<&BudgetEntry> {
-        self.entry.as_ref()
-    }
-
     pub fn into_entry(self) -> Option<BudgetEntry> {
         self.entry
     }
@@ -63,10 +59,6 @@ impl Budget {
 
     pub fn attempt_pending(&self) -> bool {
         self.entry.as_ref().is_some_and(|e| e.attempt_pending)
-    }
-
-    pub fn unhealthy_streak(&self) -> u32 {
-        self.entry.as_ref().map_or(0, |e| e.unhealthy_streak)
     }
 
     /// Charges one failure; from the policy's free attempts on, delays the
@@ -173,7 +165,7 @@ mod tests {
         let p = RecoveryPolicy::default();
         let mut b = Budget::default();
         b.observe_stable(&p, at(0));
-        assert_eq!(b.entry(), None);
+        assert_eq!(b.clone().into_entry(), None);
     }
 
     #[test]
@@ -187,7 +179,7 @@ mod tests {
         b.observe_stable(&p, at(110 + 299));
         assert_eq!(b.failures(), 2);
         b.observe_stable(&p, at(110 + 300));
-        assert_eq!(b.entry(), None);
+        assert_eq!(b.clone().into_entry(), None);
         assert!(Duration::from_secs(300) == p.stable_window);
     }
 }

@@ -574,6 +574,29 @@ fn a_starting_observation_also_interrupts_the_unhealthy_streak() {
 }
 
 #[test]
+fn a_start_begins_a_new_unhealthy_streak() {
+    // Found by the simulation's S12 check: a service read unhealthy up to
+    // the threshold whose restart did not happen (there a deadline, here a
+    // revoked policy), then found down and started: the new execution's
+    // first unhealthy read was counted onto the old execution's streak and
+    // restarted it at once. Consecutive means of one execution (R12).
+    let mut w = settled();
+    w.container("c1").health = Health::Unhealthy;
+    w.pass();
+    w.faults.policy_revoked = Some(PolicyError::Revoked("maintenance".into()));
+    w.advance(PASS);
+    w.pass(); // at the threshold, but the restart is refused
+    w.faults.policy_revoked = None;
+    assert_eq!(w.count(is_restart), 0);
+    w.crash("c1");
+    w.container("c1").health_after_start = Health::Unhealthy;
+    w.advance(PASS);
+    w.pass(); // started; the new execution's first read is unhealthy
+    assert_eq!(w.count(is_start), 1);
+    assert_eq!(w.count(is_restart), 0, "one read of the new execution");
+}
+
+#[test]
 fn health_starting_waits() {
     let mut w = settled();
     w.container("c1").health = Health::Starting;

@@ -15,7 +15,7 @@ use madsim::task::NodeId;
 use stead::core::fleet::{add, InstanceState, TaskState};
 use stead::core::names;
 use stead::core::policy::RecoveryPolicy;
-use stead::core::types::{Binds, ContainerId, InstanceName, ServiceKey, Timestamp};
+use stead::core::types::{Binds, ContainerId, Health, InstanceName, ServiceKey, Timestamp};
 use stead::engine::lease::ProcessIdentity;
 use stead::engine::tick::Check;
 use stead::ports::{Clock, Route};
@@ -126,6 +126,9 @@ struct State {
     store_outage: bool,
     /// When each instance last changed state.
     state_changed_at: BTreeMap<InstanceName, Timestamp>,
+    /// Consecutive unhealthy health reads of a container by one process
+    /// incarnation since its last other answer or intervention (R12).
+    unhealthy_reads: BTreeMap<(ContainerId, String), u32>,
     ticks: u64,
     violations: Vec<String>,
     checks: BTreeMap<&'static str, u64>,
@@ -725,6 +728,19 @@ impl Observer for Checker {
                     },
                 );
                 self.check_budget(&mut s, id, &holder, now);
+                let reads = s
+                    .unhealthy_reads
+                    .remove(&(id.clone(), holder.clone()))
+                    .unwrap_or(0);
+                if matches!(effect, Effect::Restarted { .. }) {
+                    // The engine's own count resets more often (a fresh
+                    // execution, a lost memory), never less: it can only
+                    // be at or below this one.
+                    let threshold = self.policy.unhealthy_threshold;
+                    s.check("S12 restart for health only at the threshold", reads >= threshold, || {
+                        format!("{id} restarted after {reads} consecutive unhealthy reads (threshold {threshold})")
+                    });
+                }
             }
             Effect::Created { id, .. } => {
                 let by_operator = s.truth.operator_created.contains(id);
@@ -896,6 +912,19 @@ impl Observer for Checker {
             // The proxy forgot a route by itself: nothing routes there now.
             Effect::RouteLost { service } => {
                 s.routes.remove(service);
+            }
+            Effect::HealthRead { id, health } => {
+                if by_process {
+                    let reads = s
+                        .unhealthy_reads
+                        .entry((id.clone(), holder.clone()))
+                        .or_default();
+                    *reads = if *health == Health::Unhealthy {
+                        *reads + 1
+                    } else {
+                        0
+                    };
+                }
             }
             Effect::LeaseBroken { task, locked_at } => {
                 let expiry = add(*locked_at, self.task_lease);

@@ -745,11 +745,14 @@ fn apply_behaviour(c: &mut MemContainer, behaviour: Behaviour, flip: bool, ready
             c.ready = true;
         }
         Behaviour::FlappingHealth => {
+            // Around the restart threshold: unhealthy for a read or two,
+            // then healthy again, or `starting` (a healthcheck that has not
+            // answered yet), which also breaks an unhealthy streak (R12).
             if flip {
-                c.health = if c.health == Health::Healthy {
-                    Health::Unhealthy
-                } else {
-                    Health::Healthy
+                c.health = match (c.health, ready_now) {
+                    (_, true) => Health::Starting,
+                    (Health::Healthy, false) => Health::Unhealthy,
+                    (_, false) => Health::Healthy,
                 };
             }
             c.ready = true;

@@ -153,3 +153,11 @@ fn a_task_lease_broken_early_is_caught() {
 fn an_expiry_ticks_after_the_ttl_is_caught() {
     assert_caught(Mutant::ExpireLate, "C7 expired within one tick of its TTL");
 }
+
+#[test]
+fn a_restart_for_health_before_the_threshold_is_caught() {
+    assert_caught(
+        Mutant::RestartBeforeThreshold,
+        "S12 restart for health only at the threshold",
+    );
+}

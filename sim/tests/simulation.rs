@@ -189,6 +189,7 @@ fn seeds_hold_every_invariant() {
         "C6 never broken before the lease expires",
         "C7 expired within one tick of its TTL",
         "C7 never expired before its TTL",
+        "S12 restart for health only at the threshold",
     ] {
         assert!(
             checks.get(invariant).copied().unwrap_or(0) > 0,

@@ -36,10 +36,12 @@ pub enum Mutant {
     BreakTaskLeaseEarly,
     /// C7: expire an instance only three minutes past its TTL.
     ExpireLate,
+    /// R12: restart for health one unhealthy observation early.
+    RestartBeforeThreshold,
 }
 
 impl Mutant {
-    pub const ALL: [Mutant; 14] = [
+    pub const ALL: [Mutant; 15] = [
         Mutant::SkipWithdrawBeforeStart,
         Mutant::PublishBeforeReadiness,
         Mutant::ForgetCrashLoopCharge,
@@ -54,5 +56,6 @@ impl Mutant {
         Mutant::PublishBeforeRecord,
         Mutant::BreakTaskLeaseEarly,
         Mutant::ExpireLate,
+        Mutant::RestartBeforeThreshold,
     ];
 }

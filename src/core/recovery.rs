@@ -1016,6 +1016,9 @@ impl<'p> ServiceRecovery<'p> {
         match result {
             Ok(()) => {
                 self.budget.mark_attempt();
+                // A new execution: the old one's unhealthy reads are not
+                // its streak (R12), as after a restart.
+                self.budget.clear_unhealthy();
                 self.started = true;
                 self.phase = Phase::InspectStarted;
             }
@@ -1068,7 +1071,8 @@ impl<'p> ServiceRecovery<'p> {
             Ok(Health::Unhealthy) => {
                 self.stable = false;
                 let streak = self.budget.observe_unhealthy();
-                if streak < self.policy.unhealthy_threshold {
+                let early = u32::from(self.broken(Mutant::RestartBeforeThreshold));
+                if streak + early < self.policy.unhealthy_threshold {
                     return;
                 }
                 // Unhealthy again at the threshold while an earlier restart is

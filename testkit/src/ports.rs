@@ -169,6 +169,11 @@ pub enum Effect {
         service_type: String,
         halted: bool,
     },
+    /// A health read answered: what the runtime told the reader.
+    HealthRead {
+        id: ContainerId,
+        health: Health,
+    },
     /// A running task's lease was broken: the task went back to the queue
     /// (C6). `locked_at` is when its worker last took or renewed it.
     LeaseBroken {
@@ -611,7 +616,12 @@ impl Runtime for MemoryRuntime {
             .gate(Op::Health, id.as_str())
             .await
             .map_err(runtime_err)?;
-        self.read(id, |c| c.health).ok_or(RuntimeError::NotFound)
+        let health = self.read(id, |c| c.health).ok_or(RuntimeError::NotFound)?;
+        self.hooks.observer.effect(&Effect::HealthRead {
+            id: id.clone(),
+            health,
+        });
+        Ok(health)
     }
 
     async fn binds(&self, id: &ContainerId) -> Result<Binds, RuntimeError> {

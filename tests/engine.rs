@@ -702,6 +702,26 @@ async fn a_delayed_service_is_woken_when_its_backoff_ends() {
     );
 }
 
+/// Issue #14: one scheduler. A wake-up that came due before the periodic
+/// pass loaded its instance is served by that pass (no worker repeats the
+/// recovery); one asked for a later moment stays queued.
+#[tokio::test(start_paused = true)]
+async fn the_periodic_pass_serves_a_wake_up_that_came_due_and_keeps_a_later_one() {
+    let f = fixture();
+    f.served("due", "2").await;
+    f.served("later", "2").await;
+    let queue = Arc::new(WakeQueue::new(16));
+    let recoverer = f.recoverer();
+    recoverer.wake_at_requested_times(queue.clone());
+    let now = tokio::time::Instant::now();
+    queue.wake(&InstanceName::new("due"), now);
+    queue.wake(&InstanceName::new("later"), now + Duration::from_secs(600));
+    let outcome = recoverer.pass().await;
+    assert_eq!(outcome.error_count(), 0, "{:?}", outcome.errors);
+    assert_eq!(queue.len(), 1, "the due wake-up was served by the pass");
+    assert_eq!(queue.next().await, InstanceName::new("later"));
+}
+
 /// Issue #14: the control checks run beside the recovery pass, so a
 /// runtime that hangs holds up recovery (each instance to its deadline),
 /// never a TTL expiry.

@@ -6,7 +6,9 @@
 //! holds more instances than its capacity (an event for an instance that
 //! finds it full is dropped, which only costs that instance the wait for
 //! the periodic, level-triggered pass). A fixed number of workers drain it
-//! ([`super::events::drain`]).
+//! ([`super::events::drain`]); the periodic pass serves the slots that came
+//! due by the time it loads their instance ([`WakeQueue::served`]), so an
+//! instance is recovered once whichever of the two gets there first.
 
 use std::collections::{BTreeSet, HashMap};
 use std::sync::Mutex;
@@ -74,6 +76,23 @@ impl WakeQueue {
         drop(slots);
         self.changed.notify_waiters();
         outcome
+    }
+
+    /// The periodic pass recovered `instance` from a fresh load taken at
+    /// `at`: a wake-up due by then asked for nothing more, so its slot is
+    /// freed (one scheduler: the tick serves what is due, the workers what
+    /// comes due between ticks). A later wake-up stays. Returns whether a
+    /// slot was freed.
+    pub fn served(&self, instance: &InstanceName, at: Instant) -> bool {
+        let mut slots = self.lock();
+        match slots.due.get(instance).copied() {
+            Some(due) if due <= at => {
+                slots.due.remove(instance);
+                slots.order.remove(&(due, instance.clone()));
+                true
+            }
+            _ => false,
+        }
     }
 
     /// How many instances wait.
@@ -158,6 +177,21 @@ mod tests {
         assert_eq!(queue.wake(&c, now), Wake::Full);
         assert_eq!(queue.next().await, b);
         assert_eq!(queue.next().await, a);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_pass_serves_what_was_due_and_leaves_later_wake_ups() {
+        let queue = WakeQueue::new(10);
+        let now = Instant::now();
+        let (due, later) = (InstanceName::new("due"), InstanceName::new("later"));
+        queue.wake(&due, now);
+        queue.wake(&later, now + Duration::from_secs(30));
+        assert!(queue.served(&due, now + Duration::from_secs(1)));
+        assert!(!queue.served(&later, now + Duration::from_secs(1)));
+        assert!(!queue.served(&InstanceName::new("none"), now));
+        assert_eq!(queue.len(), 1);
+        assert_eq!(queue.next().await, later);
+        assert_eq!(Instant::now(), now + Duration::from_secs(30));
     }
 
     #[tokio::test(start_paused = true)]

@@ -126,6 +126,15 @@ impl Recoverer {
                 });
             }
         };
+        if let Some(queue) = self.wake.get() {
+            // One scheduler: a wake-up that came due by this load is
+            // served by this recovery, so no worker repeats it. Done before
+            // the drives, whose own requests for later wake-ups must stay.
+            let at = Instant::now();
+            for instance in batch.iter().filter(|i| loaded.contains_key(&i.id)) {
+                queue.served(&instance.name, at);
+            }
+        }
         let passes = batch.iter().map(|instance| {
             let name = instance.name.clone();
             let lock_until = locked.get(&instance.id).copied();

@@ -12,13 +12,15 @@ use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
 use madsim::task::NodeId;
-use stead::core::fleet::{add, InstanceState, TaskState};
+use stead::core::fleet::{add, Instance, InstanceState, TaskKind, TaskState};
 use stead::core::names;
+use stead::core::plan::ControlConfig;
 use stead::core::policy::RecoveryPolicy;
 use stead::core::types::{Binds, ContainerId, Health, InstanceName, ServiceKey, Timestamp};
 use stead::engine::lease::ProcessIdentity;
 use stead::engine::tick::Check;
 use stead::ports::{Clock, Route};
+use stead_testkit::ports::MemoryProvisioner;
 use stead_testkit::ports::{Effect, Observer, Op};
 use stead_testkit::store::MemoryStore;
 
@@ -126,6 +128,13 @@ struct State {
     store_outage: bool,
     /// When each instance last changed state.
     state_changed_at: BTreeMap<InstanceName, Timestamp>,
+    /// The catalog's version of the fleet's type, and when it last changed.
+    catalog_version: u32,
+    catalog_changed_at: Option<Timestamp>,
+    /// When each release was last installed or uninstalled.
+    release_changed_at: BTreeMap<String, Timestamp>,
+    /// When the rollout switch last moved.
+    rollout_changed_at: Option<Timestamp>,
     /// Consecutive unhealthy health reads of a container by one process
     /// incarnation since its last other answer or intervention (R12).
     unhealthy_reads: BTreeMap<(ContainerId, String), u32>,
@@ -145,20 +154,45 @@ pub struct Checker {
     policy: RecoveryPolicy,
     /// The task lease workers hold (C6).
     task_lease: Duration,
+    /// C8: upgrades queued or running across the fleet, at most.
+    max_in_flight: usize,
+    /// C8: the team whose instances upgrade first.
+    own_team: String,
     state: Mutex<State>,
     /// The database: leases, instance locks and tasks as they stand.
     store: OnceLock<Arc<MemoryStore>>,
+    provisioner: OnceLock<Arc<MemoryProvisioner>>,
 }
 
 impl Checker {
-    pub fn new(clock: Arc<dyn Clock>, policy: RecoveryPolicy, task_lease: Duration) -> Self {
+    pub fn new(clock: Arc<dyn Clock>, policy: RecoveryPolicy, control: &ControlConfig) -> Self {
         Self {
             clock,
             policy,
-            task_lease,
-            state: Mutex::new(State::default()),
+            task_lease: control.lease,
+            max_in_flight: control.max_in_flight as usize,
+            own_team: control.own_team.clone(),
+            state: Mutex::new(State {
+                catalog_version: 1,
+                ..State::default()
+            }),
             store: OnceLock::new(),
+            provisioner: OnceLock::new(),
         }
+    }
+
+    /// The releases that exist, for C8's model of which instances may be
+    /// upgraded (drift repairs a missing one first).
+    pub fn watch_provisioner(&self, provisioner: Arc<MemoryProvisioner>) {
+        let _ = self.provisioner.set(provisioner);
+    }
+
+    /// Operators published catalog `version` of the fleet's one type.
+    pub fn catalog_bumped(&self, version: u32) {
+        let now = self.clock.now();
+        let mut s = self.lock();
+        s.catalog_version = version;
+        s.catalog_changed_at = Some(now);
     }
 
     pub fn watch_store(&self, store: Arc<MemoryStore>) {
@@ -205,6 +239,9 @@ impl Checker {
     ) {
         if leader {
             self.check_due_work_done(began, failed);
+            if !failed.contains(&Check::VersionDrift) {
+                self.check_rollout(began);
+            }
         }
         let mut s = self.lock();
         s.ticks += 1;
@@ -256,6 +293,98 @@ impl Checker {
                 format!(
                     "task {} still running on a lease taken at {:?} after a leader's tick began at {began}",
                     t.id, t.locked_at
+                )
+            });
+        }
+    }
+
+    /// C8 exactly, after a leader's successful tick: the fleet-wide limit is
+    /// never left unused while an instance that may be upgraded waits, and
+    /// an upgrade enqueued this tick never jumps one that sorts before it
+    /// (own team first, then type, name, id). "May be upgraded" is the
+    /// checker's own model of the rule: ready, running intent, not expired,
+    /// behind the catalog, no task of its own in flight, its release there,
+    /// and the rollout not halted. Only instances, tasks, releases and the
+    /// catalog that did not move since the tick began are judged: the
+    /// planner saw a snapshot, not the end of its tick.
+    fn check_rollout(&self, began: Timestamp) {
+        let Some(provisioner) = self.provisioner.get() else {
+            return;
+        };
+        let settled_before = began - jiff::SignedDuration::try_from(CLOCK_TOLERANCE).expect("fits");
+        let instances = self.store().all_instances();
+        let tasks = self.store().all_tasks();
+        let releases: BTreeSet<String> = provisioner.release_names().into_iter().collect();
+        let mut s = self.lock();
+        let moved = |at: Option<&Timestamp>| at.is_some_and(|at| *at >= settled_before);
+        if moved(s.catalog_changed_at.as_ref())
+            || moved(s.rollout_changed_at.as_ref())
+            || !s.truth.halted_since.is_empty()
+        {
+            return;
+        }
+        let in_flight = |id: i64| {
+            tasks.iter().any(|t| {
+                t.instance == id && matches!(t.state, TaskState::Queued | TaskState::Running)
+            })
+        };
+        let touched = |id: i64| {
+            tasks
+                .iter()
+                .any(|t| t.instance == id && t.updated_at >= settled_before)
+        };
+        let target = s.catalog_version;
+        let behind = |version: &str| version.parse::<u32>().is_ok_and(|v| v < target);
+        let waiting: Vec<_> = instances
+            .iter()
+            .filter(|i| {
+                i.state == InstanceState::Ready
+                    && !i.stopped
+                    && i.expires_at.is_none_or(|at| at > began)
+                    && behind(&i.version)
+                    && !in_flight(i.id)
+                    && !touched(i.id)
+                    && i.updated_at < settled_before
+                    && releases.contains(i.name.as_str())
+                    && !moved(s.release_changed_at.get(i.name.as_str()))
+            })
+            .collect();
+        // In flight as the planner may have seen it: one that ended during
+        // the tick (done, failed, cancelled by a deletion) still counted.
+        let upgrades = tasks
+            .iter()
+            .filter(|t| {
+                t.kind == TaskKind::Upgrade
+                    && (matches!(t.state, TaskState::Queued | TaskState::Running)
+                        || t.updated_at >= settled_before)
+            })
+            .count();
+        let own = self.own_team.as_str();
+        let order = |i: &Instance| (i.team != own, i.service_type.clone(), i.name.clone(), i.id);
+        let first = waiting.iter().map(|i| order(i)).min();
+        s.check(
+            "C8 max_in_flight not left unused while instances wait",
+            upgrades >= self.max_in_flight || waiting.is_empty(),
+            || {
+                format!(
+                    "{upgrades} of {} upgrades in flight after a tick began at {began} while {:?} waited",
+                    self.max_in_flight,
+                    waiting.iter().map(|i| i.name.to_string()).collect::<Vec<_>>()
+                )
+            },
+        );
+        for t in tasks
+            .iter()
+            .filter(|t| t.kind == TaskKind::Upgrade && t.created_at >= settled_before)
+        {
+            let Some(chosen) = instances.iter().find(|i| i.id == t.instance) else {
+                continue;
+            };
+            let jumped = first.as_ref().is_some_and(|f| *f < order(chosen));
+            s.check("C8 upgrades in order, own team first", !jumped, || {
+                format!(
+                    "upgrade {} of {} (team {}) enqueued while {:?} waited ahead of it",
+                    t.id, chosen.name, chosen.team, first
                 )
             });
         }
@@ -765,6 +894,7 @@ impl Observer for Checker {
                 });
             }
             Effect::Uninstalled { release } => {
+                s.release_changed_at.insert(release.clone(), now);
                 let ours = s.truth.deleting.iter().any(|i| i.as_str() == release);
                 let foreign = s.truth.foreign_releases.contains(release);
                 s.check("S8 orphans never deleted", ours && !foreign, || {
@@ -842,7 +972,9 @@ impl Observer for Checker {
                     format!("{id} binds {binds:?} reached ACTIVE before readiness passed on them")
                 });
             }
-            Effect::Installed { .. } => {}
+            Effect::Installed { release } => {
+                s.release_changed_at.insert(release.clone(), now);
+            }
             // The store's writes keep the truth of ACTIVE and of the
             // inhibitions, whoever made them (operators or workers).
             Effect::ActiveSaved { service, container } => {
@@ -866,6 +998,7 @@ impl Observer for Checker {
                 service_type,
                 halted,
             } => {
+                s.rollout_changed_at = Some(now);
                 if *halted {
                     s.truth
                         .halted_since

@@ -99,7 +99,7 @@ async fn simulate(cfg: SimConfig) -> SimOutcome {
         broken: stead_testkit::mutants::armed_now(),
         ..ControlConfig::default()
     };
-    let checker = Arc::new(Checker::new(clock.clone(), policy.clone(), control.lease));
+    let checker = Arc::new(Checker::new(clock.clone(), policy.clone(), &control));
     let counts = Arc::new(FaultCounts::default());
     let faults = Arc::new(SwarmFaults::new(mix.clone(), rng.random(), counts.clone()));
     let hooks = Hooks {
@@ -112,6 +112,7 @@ async fn simulate(cfg: SimConfig) -> SimOutcome {
     let _ = faults.checker.set(checker.clone());
     let traffic = Arc::new(MemoryTraffic::new(hooks.clone()));
     let provisioner = Arc::new(MemoryProvisioner::new("stead", hooks.clone()));
+    checker.watch_provisioner(provisioner.clone());
     let actors = Arc::new(Actors {
         rng: Mutex::new(ChaCha8Rng::seed_from_u64(rng.random())),
         mix: mix.clone(),
@@ -191,6 +192,7 @@ async fn simulate(cfg: SimConfig) -> SimOutcome {
         let version = actors.catalog_version.load(Ordering::Relaxed);
         if version != catalog_version_now {
             catalog_version_now = version;
+            checker.catalog_bumped(version);
             let security = rng.random_bool(0.2);
             *shared.catalog.lock().expect("poisoned") =
                 Arc::new(sim_catalog(&actors, version, security));
@@ -523,7 +525,7 @@ async fn setup(
             .create_instance(
                 &NewInstance {
                     name: name.clone(),
-                    team: "sim".into(),
+                    team: crate::world::team_of(i).into(),
                     service_type: SERVICE_TYPE.into(),
                     version: "1".into(),
                     expires_at,

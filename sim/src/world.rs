@@ -650,7 +650,7 @@ impl Actors {
         let version = self.catalog_version.load(Ordering::Relaxed).to_string();
         let new = NewInstance {
             name: InstanceName::new(format!("new{n}")),
-            team: "sim".into(),
+            team: team_of(pick).into(),
             service_type: SERVICE_TYPE.into(),
             version,
             expires_at: ttl.map(|ttl| stead::core::fleet::add(now, ttl)),
@@ -797,6 +797,12 @@ pub fn service_name(j: usize) -> ServiceName {
         Some(name) => ServiceName::new(*name),
         None => ServiceName::new(format!("svc{j}")),
     }
+}
+
+/// Teams of the fleet: the control config's own team (`platform`, which
+/// upgrades first, C8) and two tenants.
+pub fn team_of(i: usize) -> &'static str {
+    ["red", "platform", "blue"][i % 3]
 }
 
 /// The one service type of the simulated fleet.

@@ -161,3 +161,19 @@ fn a_restart_for_health_before_the_threshold_is_caught() {
         "S12 restart for health only at the threshold",
     );
 }
+
+#[test]
+fn an_upgrade_order_without_the_own_team_first_is_caught() {
+    assert_caught(
+        Mutant::IgnoreOwnTeam,
+        "C8 upgrades in order, own team first",
+    );
+}
+
+#[test]
+fn an_upgrade_slot_left_unused_is_caught() {
+    assert_caught(
+        Mutant::UnderuseInFlight,
+        "C8 max_in_flight not left unused while instances wait",
+    );
+}

@@ -190,6 +190,8 @@ fn seeds_hold_every_invariant() {
         "C7 expired within one tick of its TTL",
         "C7 never expired before its TTL",
         "S12 restart for health only at the threshold",
+        "C8 max_in_flight not left unused while instances wait",
+        "C8 upgrades in order, own team first",
     ] {
         assert!(
             checks.get(invariant).copied().unwrap_or(0) > 0,

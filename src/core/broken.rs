@@ -38,10 +38,14 @@ pub enum Mutant {
     ExpireLate,
     /// R12: restart for health one unhealthy observation early.
     RestartBeforeThreshold,
+    /// C8: order upgrade candidates without putting the own team first.
+    IgnoreOwnTeam,
+    /// C8: leave one upgrade slot of `max_in_flight` unused.
+    UnderuseInFlight,
 }
 
 impl Mutant {
-    pub const ALL: [Mutant; 15] = [
+    pub const ALL: [Mutant; 17] = [
         Mutant::SkipWithdrawBeforeStart,
         Mutant::PublishBeforeReadiness,
         Mutant::ForgetCrashLoopCharge,
@@ -57,5 +61,7 @@ impl Mutant {
         Mutant::BreakTaskLeaseEarly,
         Mutant::ExpireLate,
         Mutant::RestartBeforeThreshold,
+        Mutant::IgnoreOwnTeam,
+        Mutant::UnderuseInFlight,
     ];
 }

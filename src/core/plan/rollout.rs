@@ -1,5 +1,6 @@
 //! C8: version drift, one rollout per catalog service type.
 
+use crate::core::broken::Mutant;
 use std::cmp::Ordering;
 use std::collections::HashMap;
 
@@ -102,11 +103,20 @@ impl Planner<'_, '_> {
         let snapshot = self.snapshot;
         let mut plan = Plan::default();
         let limit = snapshot.config.max_in_flight as usize;
+        let limit = if snapshot.config.broken == Some(Mutant::UnderuseInFlight) {
+            limit - 1
+        } else {
+            limit
+        };
         let mut slots = limit.saturating_sub(self.upgrades_in_flight);
         if slots == 0 {
             return plan;
         }
-        let own_team = snapshot.config.own_team.as_str();
+        let own_team = if snapshot.config.broken == Some(Mutant::IgnoreOwnTeam) {
+            ""
+        } else {
+            snapshot.config.own_team.as_str()
+        };
         // The catalog entry of each type, `None` while its rollout is
         // halted; looked up once per type rather than once per instance.
         let mut types: FastMap<&str, Option<&CatalogEntry>> = FastMap::default();

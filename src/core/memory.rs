@@ -163,3 +163,38 @@ impl RecoveryMemory {
             .filter(|(_, m)| m.budget.as_ref().is_some_and(|b| b.next_attempt.is_some()))
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::core::types::ContainerId;
+
+    /// A fleet that churns must not keep a husk per instance it once
+    /// remembered: memory at rest is what issue #14 budgets per service.
+    #[test]
+    fn an_instance_whose_memory_empties_leaves_nothing_behind() {
+        let key = GenerationKey {
+            instance: InstanceName::new("a"),
+            service: ServiceName::new("web"),
+            container: ContainerId::new("c1"),
+        };
+        let remembered = ServiceMemory {
+            generation: GenerationMemory {
+                budget: None,
+                verified_started_at: Some(jiff::Timestamp::from_second(1).unwrap()),
+            },
+            withdrawal_pending: true,
+        };
+        let mut memory = RecoveryMemory::default();
+        memory.put(&key, &remembered);
+        assert_eq!(memory.generations_count(), 1);
+        memory.put(&key, &ServiceMemory::default());
+        assert_eq!(memory, RecoveryMemory::default(), "emptied by put");
+        memory.put(&key, &remembered);
+        memory.prune(&key.instance, &ActiveRecord::default());
+        assert_eq!(memory, RecoveryMemory::default(), "emptied by prune");
+        memory.put(&key, &remembered);
+        memory.forget_instance(&key.instance);
+        assert_eq!(memory, RecoveryMemory::default(), "forgotten (R4, R16)");
+    }
+}

@@ -447,8 +447,9 @@ fn the_generators_reach_every_verdict_and_intervention() {
     assert_eq!(seen.into_iter().collect::<Vec<_>>(), expected);
 }
 
-#[test]
-fn a_crash_the_runtime_recovers_from_by_itself_also_restarts_the_stable_window() {
+/// A generation with crash-loop history whose stability streak has just
+/// started (verified and stable one pass ago).
+fn settled_with_a_stable_streak() -> World {
     let mut w = settled();
     w.faults
         .binds
@@ -457,6 +458,22 @@ fn a_crash_the_runtime_recovers_from_by_itself_also_restarts_the_stable_window()
     w.pass();
     w.advance(Duration::from_secs(60));
     w.pass(); // verified and stable: the streak starts
+    w
+}
+
+/// The budget's failure count in the first report, if it keeps history.
+fn failures(reports: &[stead::core::recovery::Report]) -> Option<u32> {
+    reports[0]
+        .memory
+        .generation
+        .budget
+        .as_ref()
+        .map(|b| b.failures)
+}
+
+#[test]
+fn a_crash_the_runtime_recovers_from_by_itself_also_restarts_the_stable_window() {
+    let mut w = settled_with_a_stable_streak();
     w.advance(Duration::from_secs(240));
     w.crash("c1");
     w.faults
@@ -467,13 +484,11 @@ fn a_crash_the_runtime_recovers_from_by_itself_also_restarts_the_stable_window()
     assert!(matches!(reports[0].verdict, Verdict::Verified { .. }));
     w.advance(Duration::from_secs(61));
     let reports = w.pass();
-    let failures = reports[0]
-        .memory
-        .generation
-        .budget
-        .as_ref()
-        .map(|b| b.failures);
-    assert_eq!(failures, Some(1), "R14: a crash breaks the stable streak");
+    assert_eq!(
+        failures(&reports),
+        Some(1),
+        "R14: a crash breaks the stable streak"
+    );
 }
 
 #[test]
@@ -482,22 +497,7 @@ fn a_crash_and_native_restart_between_two_passes_restarts_the_stable_window() {
     // restart both fall between two passes: no pass sees it down, only a
     // new execution. Five stable minutes are five minutes of one execution
     // (R14), so the history must outlive the old execution's streak.
-    let mut w = settled();
-    w.faults
-        .binds
-        .push_back(RuntimeError::Transient("x".into()));
-    w.native_restart("c1");
-    w.pass();
-    w.advance(Duration::from_secs(60));
-    w.pass(); // verified and stable: the streak starts
-    let failures = |reports: &[stead::core::recovery::Report]| {
-        reports[0]
-            .memory
-            .generation
-            .budget
-            .as_ref()
-            .map(|b| b.failures)
-    };
+    let mut w = settled_with_a_stable_streak();
     w.advance(Duration::from_secs(240));
     w.native_restart("c1"); // died and came back unseen
     w.advance(Duration::from_secs(61));

@@ -460,6 +460,52 @@ fn the_runtimes_own_restart_wins_the_race_and_nothing_is_charged() {
         .as_ref()
         .map_or(0, |b| b.failures);
     assert_eq!(failures, 0);
+    // Nothing went wrong: the runtime did what the start was for (R11).
+    assert_eq!(reports[0].errors, vec![], "a race won is no error");
+    assert!(reports[0].start_race_lost);
+}
+
+#[test]
+fn a_start_that_failed_and_left_the_container_down_reports_its_error() {
+    // The kin of the race above, lost: the re-inspection finds it still
+    // down, so the start's own error is the report.
+    let mut w = settled();
+    w.crash("c1");
+    w.faults
+        .start
+        .push_back(RuntimeError::Transient("already in progress".into()));
+    let reports = w.pass();
+    assert_eq!(reports[0].verdict, Verdict::Failed);
+    assert!(!reports[0].start_race_lost);
+    assert!(
+        matches!(&reports[0].errors[..], [RecoveryError::StartFailed(RuntimeError::Transient(why))] if why == "already in progress"),
+        "{:?}",
+        reports[0].errors
+    );
+}
+
+#[test]
+fn a_start_failure_whose_reinspection_fails_reports_both() {
+    let mut w = settled();
+    w.crash("c1");
+    w.faults
+        .start
+        .push_back(RuntimeError::Transient("oci error".into()));
+    w.faults.inspect_after_failed_start = Some(RuntimeError::Transient("daemon busy".into()));
+    let reports = w.pass();
+    assert_eq!(reports[0].verdict, Verdict::Failed);
+    assert_eq!(failures(&reports[0]), 1, "charged: nobody says it runs");
+    assert!(
+        matches!(
+            &reports[0].errors[..],
+            [
+                RecoveryError::StartFailed(_),
+                RecoveryError::InspectFailed(RuntimeError::Transient(_))
+            ]
+        ),
+        "{:?}",
+        reports[0].errors
+    );
 }
 
 #[test]

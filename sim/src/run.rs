@@ -110,6 +110,7 @@ async fn simulate(cfg: SimConfig) -> SimOutcome {
     let store = Arc::new(MemoryStore::observed(checker.clone()).with_clock(clock.clone()));
     checker.watch_store(store.clone());
     let _ = faults.checker.set(checker.clone());
+    let _ = faults.runtime.set(Arc::downgrade(&runtime));
     let traffic = Arc::new(MemoryTraffic::new(hooks.clone()));
     let provisioner = Arc::new(MemoryProvisioner::new("stead", hooks.clone()));
     checker.watch_provisioner(provisioner.clone());
@@ -622,6 +623,10 @@ async fn check_liveness(
         let stopped = truth.stopped.contains(&key.instance);
         let inhibited = truth.inhibited.contains(id);
         let Some(c) = runtime.container(id) else {
+            // Removed by hand: gone for good, and no longer routed (R7).
+            if routes.get(key).is_some_and(|r| &r.container == id) {
+                failures.push(format!("L1: {key:?} still routed to {id}, which is gone"));
+            }
             continue;
         };
         if stopped {
@@ -689,11 +694,10 @@ async fn check_liveness(
                     instance: instance.clone(),
                     service: marker.service.clone(),
                 };
-                if truth
-                    .active
-                    .get(&key)
-                    .is_some_and(|succ| truth.inhibited.contains(succ))
-                {
+                // Nor does one removed by hand.
+                if truth.active.get(&key).is_some_and(|succ| {
+                    truth.inhibited.contains(succ) || runtime.container(succ).is_none()
+                }) {
                     continue;
                 }
                 // An upgrade that ran in the last moments (a maintenance

@@ -97,6 +97,9 @@ pub struct FaultMix {
     /// Per provisioner install and container create: the call takes
     /// minutes (a long task).
     pub long_task: f64,
+    /// Per start of a down container: the runtime's own restart policy
+    /// brings it up at that very moment, and the start fails (R11's race).
+    pub start_race: f64,
 }
 
 impl FaultMix {
@@ -134,6 +137,7 @@ impl FaultMix {
             rebind_on_restart: p(0.3),
             operator_holds_lock: p(0.6),
             long_task: p(0.5),
+            start_race: p(0.3),
         }
     }
 }
@@ -169,6 +173,9 @@ pub struct SwarmFaults {
     pub process_nodes: std::sync::OnceLock<Vec<madsim::task::NodeId>>,
     /// Nodes paused right after an effect, for the runner to resume.
     pub paused_after_effect: Mutex<Vec<madsim::task::NodeId>>,
+    /// The runtime the faults act in, for the runtime's own restart that
+    /// races a start.
+    pub runtime: std::sync::OnceLock<std::sync::Weak<MemoryRuntime>>,
 }
 
 impl SwarmFaults {
@@ -182,7 +189,36 @@ impl SwarmFaults {
             checker: std::sync::OnceLock::new(),
             process_nodes: std::sync::OnceLock::new(),
             paused_after_effect: Mutex::new(Vec::new()),
+            runtime: std::sync::OnceLock::new(),
         }
+    }
+}
+
+impl SwarmFaults {
+    /// The runtime's own restart policy brings a down container up just
+    /// as stead starts it (R11): true if it did, and the start must fail.
+    fn race_start(&self, subject: &str) -> bool {
+        let Some(runtime) = self.runtime.get().and_then(std::sync::Weak::upgrade) else {
+            return false;
+        };
+        let id = ContainerId::new(subject);
+        let started = runtime.next_execution();
+        let came_up = runtime.with_containers(|cs| match cs.get_mut(&id) {
+            Some(c) if c.status.is_down() && !c.stopped_on_request => {
+                c.status = ContainerStatus::Running;
+                c.started_at = Some(started);
+                true
+            }
+            _ => false,
+        });
+        if came_up {
+            self.counts.bump("start raced the runtime's own restart");
+            if let Some(checker) = self.checker.get() {
+                checker.container_came_up(&id);
+            }
+            runtime.emit(&id, RuntimeEventAction::Start);
+        }
+        came_up
     }
 }
 
@@ -219,11 +255,18 @@ impl FaultInjector for SwarmFaults {
                     self.counts.bump("transient error");
                     return Fault::Fail("injected transient error".into());
                 }
-                // Not-found only on start: a spurious not-found on inspect
-                // would make a provisioning worker replace a container that
-                // still exists, which the checker's ground truth (kept by
-                // operators) cannot follow yet. R7's inspect path is covered
-                // by the scenario tests.
+                // A spurious not-found answers only a start: on inspect,
+                // not-found comes from a container an operator really
+                // removed (`Actors::operate`), which the checker follows.
+                if op == Op::Start && rng.random_bool(m.start_race) {
+                    // The race acts in the runtime, whose events consult
+                    // this injector's rng: released first.
+                    drop(rng);
+                    if self.race_start(subject) {
+                        return Fault::Fail("container start already in progress".into());
+                    }
+                    rng = self.rng.lock().expect("poisoned");
+                }
                 if op == Op::Start && rng.random_bool(m.not_found) {
                     self.counts.bump("not found");
                     if let Some(checker) = self.checker.get() {
@@ -542,6 +585,15 @@ impl Actors {
                     .await;
             }
             3 => self.deploy(svc, &current).await,
+            8 => {
+                // `docker rm -f` by hand: the container is gone for good.
+                // Recovery withdraws its traffic and releases its claims
+                // (R7), and never rebuilds it.
+                if self.runtime.remove_by_hand(&current) {
+                    self.counts.bump("operator removed a container");
+                    self.checker.generation_forgotten(&current);
+                }
+            }
             4 => {
                 // Someone runs `helm uninstall` by hand (C5: drift repairs).
                 self.provisioner.remove_by_hand(instance.name.as_str());

@@ -338,6 +338,9 @@ pub struct Report {
     pub memory: ServiceMemory,
     /// Whether this pass started or restarted the workload.
     pub intervened: bool,
+    /// This pass's start failed because the runtime's own restart got
+    /// there first; nothing was charged and no error reported (R11).
+    pub start_race_lost: bool,
 }
 
 /// Why the machine asks for its outstanding command: what an operator reads
@@ -494,6 +497,12 @@ pub struct ServiceRecovery<'p> {
     observed_at: Option<Timestamp>,
     started: bool,
     restarted: bool,
+    /// A failed start's error, held until the re-inspection says whether
+    /// the runtime's own restart won the race (then it is no error, R11).
+    start_error: Option<RuntimeError>,
+    /// This pass's start lost the race to the runtime's own restart,
+    /// which counted as the start (R11).
+    start_race_lost: bool,
     stable: bool,
     published: bool,
     /// The execution being verified.
@@ -557,6 +566,8 @@ impl<'p> ServiceRecovery<'p> {
             observed_at: None,
             started: false,
             restarted: false,
+            start_error: None,
+            start_race_lost: false,
             stable: false,
             published: false,
             observed: None,
@@ -858,13 +869,20 @@ impl<'p> ServiceRecovery<'p> {
                     if obs.status == ContainerStatus::Running || obs.status.is_transitional() =>
                 {
                     // The runtime's own restart won the race: nothing is
-                    // charged and the start counts as done.
+                    // charged, the start counts as done, and its error was
+                    // no error.
+                    self.start_error = None;
+                    self.start_race_lost = true;
                     self.budget.clear_unhealthy();
                     self.started = true;
                     self.observed = Some(obs);
                     self.phase = Phase::ReadHealth;
                 }
-                _ => {
+                other => {
+                    self.report_start_error();
+                    if let Err(e) = other {
+                        self.errors.push(RecoveryError::InspectFailed(e));
+                    }
                     self.budget.record_failure(self.policy, now);
                     self.finish(Verdict::Failed);
                 }
@@ -1029,7 +1047,7 @@ impl<'p> ServiceRecovery<'p> {
                 self.finish(Verdict::Gone);
             }
             Err(e) => {
-                self.errors.push(RecoveryError::StartFailed(e));
+                self.start_error = Some(e);
                 self.phase = Phase::InspectAfterFailedStart;
             }
         }
@@ -1187,6 +1205,12 @@ impl<'p> ServiceRecovery<'p> {
         self.finish(Verdict::Stopped);
     }
 
+    fn report_start_error(&mut self) {
+        if let Some(e) = self.start_error.take() {
+            self.errors.push(RecoveryError::StartFailed(e));
+        }
+    }
+
     fn finish(&mut self, verdict: Verdict) {
         self.verdict = verdict;
         self.phase = Phase::Done;
@@ -1204,6 +1228,9 @@ impl<'p> ServiceRecovery<'p> {
         if matches!(self.outstanding.take(), Some(Command::Withdraw)) {
             self.withdrawal_pending = true;
         }
+        // Abandoned before the re-inspection could explain it: the start
+        // failed as far as anyone knows.
+        self.report_start_error();
         self.budget.invalidate_stable();
         self.errors.push(why);
         self.verdict = Verdict::Failed;
@@ -1238,6 +1265,7 @@ impl<'p> ServiceRecovery<'p> {
                 withdrawal_pending: self.withdrawal_pending,
             },
             intervened,
+            start_race_lost: self.start_race_lost,
         }
     }
 }

@@ -91,6 +91,10 @@ pub const METRICS: &[Metric] = &[
         "Services the recovery pass started or restarted.",
     ),
     counter(
+        "stead_recovery_start_races_total",
+        "Starts that failed because the runtime's own restart policy brought the container up first: nothing was charged to the budget and no error reported (R11).",
+    ),
+    counter(
         "stead_starts_total",
         "Starts of a down container by the recovery pass (R9).",
     ),

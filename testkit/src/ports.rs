@@ -483,6 +483,16 @@ impl MemoryRuntime {
         f(&mut self.containers.lock().expect("runtime poisoned"))
     }
 
+    /// `docker rm -f` by hand: the container is gone, with a `destroy`
+    /// event; false if there was none.
+    pub fn remove_by_hand(&self, id: &ContainerId) -> bool {
+        let removed = self.with_containers(|cs| cs.remove(id)).is_some();
+        if removed {
+            self.emit(id, RuntimeEventAction::Destroy);
+        }
+        removed
+    }
+
     pub fn container(&self, id: &ContainerId) -> Option<MemContainer> {
         self.read(id, MemContainer::clone)
     }

@@ -70,6 +70,8 @@ pub struct Faults {
     /// When set, the runtime's own restart policy revives the container
     /// just as stead's start fails.
     pub native_restart_races_start: bool,
+    /// When set, the inspection right after a failed start fails with it.
+    pub inspect_after_failed_start: Option<RuntimeError>,
     /// When set, the process freezes this long between its inspect and
     /// its health read (a pause mid-pass): the clock jumps once.
     pub pause_before_health: Option<Duration>,
@@ -420,6 +422,9 @@ impl World {
                 let c = self.containers.get_mut(id).expect("present");
                 c.status = ContainerStatus::Running;
                 c.started_at = Some(started_at);
+            }
+            if let Some(inspect) = self.faults.inspect_after_failed_start.take() {
+                self.faults.inspect.push_front(inspect);
             }
             return Err(e);
         }

@@ -15,6 +15,9 @@ pub(super) fn record_metrics(report: &Report) {
     if report.intervened {
         metrics::counter!("stead_recoveries_total").increment(1);
     }
+    if report.start_race_lost {
+        metrics::counter!("stead_recovery_start_races_total").increment(1);
+    }
 }
 
 /// What the log of one instance's pass needs to say what each step meant.

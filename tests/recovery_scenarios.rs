@@ -1126,3 +1126,125 @@ fn one_failed_attempt_is_charged_once() {
     assert_eq!(failures(&reports[0]), 2);
     assert_eq!(w.count(is_start), 2);
 }
+
+// What operators and the engine read off the machine's words: the metric
+// labels, the log's reasons, which commands need the lease trusted right
+// now (T2), and which port a failure is counted against. Each is a table
+// someone relies on, so each is pinned here.
+
+#[test]
+fn every_verdict_and_reason_has_its_own_label_and_words() {
+    use std::collections::BTreeSet;
+    use stead::core::recovery::Why;
+    let verdicts = [
+        Verdict::Verified {
+            started_at: None,
+            published: false,
+        },
+        Verdict::Verified {
+            started_at: None,
+            published: true,
+        },
+        Verdict::Transitional,
+        Verdict::Delayed { next_attempt: None },
+        Verdict::Gone,
+        Verdict::Inhibited,
+        Verdict::Stopped,
+        Verdict::Failed,
+    ];
+    let labels: Vec<&str> = verdicts.iter().map(Verdict::label).collect();
+    assert_eq!(
+        labels,
+        Verdict::LABELS.to_vec(),
+        "one label per verdict kind"
+    );
+    assert_eq!(labels.iter().collect::<BTreeSet<_>>().len(), labels.len());
+    let reasons: BTreeSet<&str> = Why::ALL.iter().map(|w| w.label()).collect();
+    assert_eq!(reasons.len(), Why::ALL.len(), "reasons are told apart");
+    let words: BTreeSet<&str> = Why::ALL.iter().map(|w| w.describe()).collect();
+    assert_eq!(words.len(), Why::ALL.len());
+    for why in Why::ALL {
+        assert_eq!(why.to_string(), why.describe());
+        if why != Why::Observe {
+            assert!(why.describe().contains("(R"), "{why:?} names its rule");
+        }
+    }
+    assert_eq!(Why::Down.describe(), "the container was down (R9)");
+}
+
+#[test]
+fn outside_effects_are_exactly_the_workload_and_traffic_changes() {
+    let grace = Duration::from_secs(1);
+    let cases = [
+        (Command::Withdraw, false, true),
+        (Command::Inspect, false, false),
+        (Command::ReleaseClaims, false, false),
+        (Command::CheckPolicy, false, false),
+        (Command::Start, true, true),
+        (Command::Restart { grace }, true, true),
+        (Command::Stop { grace }, true, true),
+        (Command::ReadHealth, false, false),
+        (Command::ReadBinds, false, false),
+        (
+            Command::ProbeReadiness {
+                binds: Binds::new(),
+            },
+            false,
+            false,
+        ),
+        (Command::ReloadActive, false, false),
+        (
+            Command::PersistBinds {
+                binds: Binds::new(),
+                revision: "r1".into(),
+            },
+            false,
+            false,
+        ),
+        (
+            Command::Publish {
+                binds: Binds::new(),
+                started_at: None,
+            },
+            false,
+            true,
+        ),
+        (
+            Command::RecordExecution {
+                started_at: jiff::Timestamp::UNIX_EPOCH,
+            },
+            false,
+            false,
+        ),
+    ];
+    for (command, mutates, outside) in cases {
+        assert_eq!(command.mutates_workload(), mutates, "{command:?}");
+        assert_eq!(command.is_outside_effect(), outside, "{command:?}");
+    }
+}
+
+#[test]
+fn a_failed_port_call_is_counted_against_its_port_and_kind() {
+    use stead::core::errors::{ErrorKind, PortName};
+    use stead::core::recovery::Outcome;
+    let gone = RuntimeError::NotFound;
+    assert_eq!(
+        Outcome::Started(Err(gone.clone())).port_failure(),
+        Some((PortName::Runtime, ErrorKind::NotFound))
+    );
+    assert_eq!(
+        RecoveryError::StartFailed(gone).port_failure(),
+        Some((PortName::Runtime, ErrorKind::NotFound))
+    );
+    let refused = TrafficError::Rejected("no".into());
+    assert_eq!(
+        Outcome::Published(Err(refused.clone())).port_failure(),
+        Some((PortName::Traffic, ErrorKind::Refused))
+    );
+    assert_eq!(
+        RecoveryError::WithdrawFailed(refused).port_failure(),
+        Some((PortName::Traffic, ErrorKind::Refused))
+    );
+    assert_eq!(Outcome::Started(Ok(())).port_failure(), None);
+    assert_eq!(RecoveryError::Gone.port_failure(), None);
+}

@@ -179,3 +179,164 @@ fn a_verified_routed_successor_lets_the_predecessor_go() {
     assert!(retired, "no retirement: {:?}", report.errors);
     assert_eq!(report.retired.len(), 1);
 }
+
+// The instance pass's own tables, pinned: which of its commands need the
+// lease trusted right now (T2), which port a failure is counted against,
+// what an abandoned retirement tells the operator, and when a delayed
+// instance asks to be woken (R10, issue #14).
+
+mod tables {
+    use std::time::Duration;
+
+    use stead::core::errors::{ErrorKind, PortName, StoreError, TrafficError};
+    use stead::core::memory::RecoveryMemory;
+    use stead::core::pass::{
+        Abandon, InstanceAnswer, InstanceCommand, InstanceReport, PassError, RetireError,
+    };
+    use stead::core::recovery::{Outcome, Report, ServiceMemory, Verdict};
+    use stead::core::types::{
+        ContainerId, GenerationKey, InstanceName, RuntimeError, ServiceKey, ServiceName, Timestamp,
+    };
+
+    fn key() -> GenerationKey {
+        GenerationKey {
+            instance: InstanceName::new("a"),
+            service: ServiceName::new("web"),
+            container: ContainerId::new("c1"),
+        }
+    }
+
+    #[test]
+    fn only_stop_remove_and_stale_withdrawals_of_the_pass_are_outside_effects() {
+        let service = ServiceKey {
+            instance: InstanceName::new("a"),
+            service: ServiceName::new("web"),
+        };
+        let cases = [
+            (
+                InstanceCommand::Service {
+                    key: key(),
+                    command: stead::core::recovery::Command::Start,
+                },
+                true,
+            ),
+            (
+                InstanceCommand::Service {
+                    key: key(),
+                    command: stead::core::recovery::Command::Inspect,
+                },
+                false,
+            ),
+            (
+                InstanceCommand::InspectSuccessor(ContainerId::new("c2")),
+                false,
+            ),
+            (InstanceCommand::ReadRoutes, false),
+            (
+                InstanceCommand::StopPredecessor {
+                    generation: key(),
+                    grace: Duration::from_secs(1),
+                },
+                true,
+            ),
+            (InstanceCommand::RemovePredecessor(key()), true),
+            (InstanceCommand::ReleaseClaims(key()), false),
+            (InstanceCommand::ClearMarker(key()), false),
+            (InstanceCommand::WithdrawStale(service), true),
+        ];
+        for (command, outside) in cases {
+            assert_eq!(command.is_outside_effect(), outside, "{command:?}");
+        }
+    }
+
+    #[test]
+    fn a_failed_answer_is_counted_against_its_port() {
+        let unavailable = TrafficError::Unreachable("down".into());
+        assert_eq!(
+            InstanceAnswer::StaleWithdrawn(Err(unavailable.clone())).port_failure(),
+            Some((PortName::Traffic, ErrorKind::Unavailable))
+        );
+        assert_eq!(
+            InstanceAnswer::Service(Outcome::Inspected(Err(RuntimeError::NotFound))).port_failure(),
+            Some((PortName::Runtime, ErrorKind::NotFound))
+        );
+        assert_eq!(
+            InstanceAnswer::PredecessorRemoved(Ok(())).port_failure(),
+            None
+        );
+        let stale = PassError::StaleRoute {
+            route: ServiceKey {
+                instance: InstanceName::new("a"),
+                service: ServiceName::new("web"),
+            },
+            source: unavailable,
+        };
+        assert_eq!(
+            stale.port_failure(),
+            Some((PortName::Traffic, ErrorKind::Unavailable))
+        );
+        let marker = PassError::Retirement {
+            instance: InstanceName::new("a"),
+            container: ContainerId::new("c0"),
+            source: RetireError::ClearMarker(StoreError::Unavailable("db down".into())),
+        };
+        assert_eq!(
+            marker.port_failure(),
+            Some((PortName::Store, ErrorKind::Unavailable))
+        );
+    }
+
+    #[test]
+    fn retirements_left_behind_say_why() {
+        let left = |why| {
+            PassError::RetirementsLeft {
+                instance: InstanceName::new("a"),
+                pending: 2,
+                why,
+            }
+            .to_string()
+        };
+        assert_eq!(
+            left(Abandon::Deadline),
+            "a: 2 retirement(s) left for the next pass: deadline exceeded"
+        );
+        assert!(left(Abandon::MandateLost).contains("no longer trusted"));
+    }
+
+    #[test]
+    fn a_delayed_instance_asks_to_be_woken_at_its_earliest_next_attempt() {
+        let at = |s| Timestamp::from_second(s).unwrap();
+        let report = |verdict| Report {
+            key: key(),
+            verdict,
+            errors: Vec::new(),
+            memory: ServiceMemory::default(),
+            intervened: false,
+            start_race_lost: false,
+        };
+        let instance = |reports| InstanceReport {
+            reports,
+            retired: Vec::new(),
+            withdrawn_stale: Vec::new(),
+            errors: Vec::new(),
+            memory: RecoveryMemory::default(),
+        };
+        let delayed = |s| Verdict::Delayed {
+            next_attempt: Some(at(s)),
+        };
+        assert_eq!(
+            instance(vec![
+                report(delayed(200)),
+                report(Verdict::Failed),
+                report(delayed(100))
+            ])
+            .wake_at(),
+            Some(at(100))
+        );
+        assert_eq!(instance(vec![report(Verdict::Failed)]).wake_at(), None);
+        assert_eq!(
+            instance(vec![report(Verdict::Delayed { next_attempt: None })]).wake_at(),
+            None
+        );
+    }
+}

@@ -192,9 +192,7 @@ impl SwarmFaults {
             runtime: std::sync::OnceLock::new(),
         }
     }
-}
 
-impl SwarmFaults {
     /// The runtime's own restart policy brings a down container up just
     /// as stead starts it (R11): true if it did, and the start must fail.
     fn race_start(&self, subject: &str) -> bool {

@@ -41,7 +41,7 @@ fn fleet(now: Timestamp) -> (Vec<Instance>, Vec<Task>, Vec<Release>) {
         if n % 100 != 7 {
             releases.push(Release {
                 name: name.clone(),
-                namespace: "stead".into(),
+                namespace: stead::core::release::DOCKER_RELEASE_NAMESPACE.into(),
             });
         }
         instances.push(Instance {
@@ -117,6 +117,7 @@ fn planners(c: &mut Criterion) {
         } else {
             RolloutState::Active
         },
+        provisioning: stead::core::release::Provisioning::Docker,
         services: Vec::new(),
     }));
     let config = ControlConfig {

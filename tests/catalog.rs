@@ -198,3 +198,145 @@ fn a_lone_carriage_return_is_explained_and_located() {
         "c.toml: line 1, column 2: carriage return must be followed by newline, expected newline"
     );
 }
+
+const HELM: &str = r#"
+[types.search]
+version = "2.1.0"
+provisioner = "helm"
+
+[types.search.helm]
+chart = "oci://registry.example/charts/search"
+namespace = "search-{instance}"
+
+[types.search.helm.values]
+replicas = 2
+ingress = { host = "{instance}.search.example", team = "{team}" }
+"#;
+
+#[test]
+fn a_helm_type_names_its_chart_version_namespace_and_values() {
+    use stead::core::release::{Provisioning, ReleaseParams, DOCKER_RELEASE_NAMESPACE};
+    let catalog = Catalog::from_toml(&format!("{GOOD}{HELM}"), "c.toml").unwrap();
+    assert!(catalog.get("wiki").unwrap().is_docker());
+    let search = catalog.get("search").unwrap();
+    assert!(
+        search.services.is_empty(),
+        "Kubernetes runs a helm type's pods"
+    );
+    let Provisioning::Helm(chart) = &search.provisioning else {
+        panic!("a helm type");
+    };
+    assert_eq!(
+        chart.chart_version, "2.1.0",
+        "the catalog version by default"
+    );
+    let params = ReleaseParams {
+        instance: "acme",
+        team: "blue",
+        service_type: "search",
+        version: "2.1.0",
+    };
+    let release = chart.release_of(&params, true).unwrap();
+    assert_eq!(release.namespace, "search-acme");
+    assert_eq!(release.values["ingress"]["host"], "acme.search.example");
+    assert_eq!(release.values["ingress"]["team"], "blue");
+    assert_eq!(release.values["replicas"], 2);
+    // A Docker type's release lives where the Docker provisioner lists it.
+    let wiki = &catalog.get("wiki").unwrap().provisioning;
+    assert_eq!(
+        wiki.target_of(&params).unwrap().release.namespace,
+        DOCKER_RELEASE_NAMESPACE
+    );
+    // An explicit chart version, and the default namespace: one per instance.
+    let text = "[types.s]\nversion = \"7\"\nprovisioner = \"helm\"\n[types.s.helm]\nchart = \"c/s\"\nchart_version = \"0.7.1\"\n";
+    let catalog = Catalog::from_toml(text, "c.toml").unwrap();
+    let Provisioning::Helm(chart) = &catalog.get("s").unwrap().provisioning else {
+        panic!("a helm type");
+    };
+    assert_eq!(chart.chart_version, "0.7.1");
+    assert_eq!(chart.namespace_of(&params).unwrap(), "acme");
+}
+
+#[test]
+fn helm_type_errors_name_the_file_the_field_and_the_value() {
+    let cases = [
+        (
+            HELM.replace("provisioner = \"helm\"", "provisioner = \"k8s\""),
+            "c.toml: line 4: types.search.provisioner = \"k8s\": must be \"docker\" or \"helm\"",
+        ),
+        (
+            HELM.replace("namespace = \"search-{instance}\"", "namespace = \"{tenant}\""),
+            "c.toml: line 8: types.search.helm.namespace = \"{tenant}\": unknown placeholder {tenant}",
+        ),
+        (
+            HELM.replace("namespace = \"search-{instance}\"", "namespace = \"Search_{instance}\""),
+            "c.toml: line 8: types.search.helm.namespace = \"Search_i\"",
+        ),
+        (
+            HELM.replace("team = \"{team}\"", "team = \"{owner}\""),
+            "c.toml: line 12: types.search.helm.values.ingress.team = \"{owner}\": unknown placeholder {owner}",
+        ),
+        (
+            HELM.replace("chart = \"oci", "chart = \"--post-renderer=oci"),
+            "c.toml: line 7: types.search.helm.chart = \"--post-renderer=oci://registry.example/charts/search\": must not start with '-'",
+        ),
+        (
+            HELM.replace("provisioner = \"helm\"\n", ""),
+            "c.toml: line 5: types.search.helm = \"set\": only a type with provisioner = \"helm\" takes a helm table",
+        ),
+        (
+            format!("{HELM}[[types.search.services]]\nname = \"x\"\nimage = \"x\"\n"),
+            "c.toml: line 13: types.search.services = 1: a helm type has no services",
+        ),
+        (
+            "[types.s]\nversion = \"1\"\nprovisioner = \"helm\"\n".to_owned(),
+            "c.toml: types.s.helm = \"missing\": a helm type needs a helm table",
+        ),
+    ];
+    for (text, expect) in cases {
+        let error = Catalog::from_toml(&text, "c.toml").unwrap_err().to_string();
+        assert!(
+            error.starts_with(expect),
+            "\nexpected: {expect}\nactual:   {error}"
+        );
+    }
+}
+
+#[test]
+fn a_change_of_chart_or_provisioner_is_reported_on_reload() {
+    use stead::core::catalog::CatalogChange;
+    let before = Catalog::from_toml(HELM, "c.toml").unwrap();
+    let bumped = Catalog::from_toml(&HELM.replace("2.1.0", "2.2.0"), "c.toml").unwrap();
+    assert!(matches!(
+        bumped.changes_from(&before)[..],
+        [CatalogChange::Version { .. }]
+    ));
+    let values =
+        Catalog::from_toml(&HELM.replace("replicas = 2", "replicas = 3"), "c.toml").unwrap();
+    assert!(matches!(
+        values.changes_from(&before)[..],
+        [CatalogChange::SpecWithoutVersion { .. }]
+    ));
+    let docker = Catalog::from_toml(
+        "[types.search]\nversion = \"2.1.0\"\n[[types.search.services]]\nname = \"w\"\nimage = \"w\"\n",
+        "c.toml",
+    )
+    .unwrap();
+    let changes = docker.changes_from(&before);
+    assert!(
+        matches!(
+            changes[..],
+            [CatalogChange::Provisioner {
+                from: "helm",
+                to: "docker",
+                ..
+            }]
+        ),
+        "{changes:?}"
+    );
+    assert!(
+        changes[0].to_string().contains("keep their helm release"),
+        "{}",
+        changes[0]
+    );
+}

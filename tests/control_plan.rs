@@ -76,6 +76,7 @@ fn entry(service_type: &str, version: &str, security: bool) -> CatalogEntry {
         version: version.to_owned(),
         security,
         rollout: RolloutState::Active,
+        provisioning: stead::core::release::Provisioning::Docker,
         services: Vec::new(),
     }
 }
@@ -100,7 +101,7 @@ fn snapshot<'a>(
         .iter()
         .map(|i| Release {
             name: i.name.to_string(),
-            namespace: config.namespace.clone(),
+            namespace: stead::core::release::DOCKER_RELEASE_NAMESPACE.to_owned(),
         })
         .collect();
     Snapshot {
@@ -187,6 +188,9 @@ fn render(plan: &Plan, snapshot: &Snapshot<'_>) -> String {
             Report::RunningWithoutLease { task } => {
                 writeln!(out, "{level}: running task {task} without lease")
             }
+            Report::BadRelease { name, error, .. } => {
+                writeln!(out, "{level}: release of {name} cannot be located: {error}")
+            }
             Report::UnknownServiceType {
                 instance,
                 service_type,
@@ -228,7 +232,7 @@ fn assert_idempotent(snapshot: &mut Snapshot<'_>, plan: &Plan, planner: fn(&Snap
 
 #[test]
 fn drift_reprovisions_a_ready_instance_whose_release_is_gone_and_notifies() {
-    let catalog = Catalog::default();
+    let catalog = Catalog::from_entries([entry("wiki", "1", false)]);
     let config = ControlConfig::default();
     let mut snap = snapshot(
         vec![instance(1, "a", "wiki", "1"), instance(2, "b", "wiki", "1")],
@@ -241,7 +245,7 @@ fn drift_reprovisions_a_ready_instance_whose_release_is_gone_and_notifies() {
     check(
         plan.clone(),
         &snap,
-        "enqueue reprovision i2 at now: drift: release i2 missing from namespace stead
+        "enqueue reprovision i2 at now: drift: release i2 missing from namespace docker
          notify drift.release_missing i2 team b",
     );
     assert_idempotent(&mut snap, &plan, plan_drift);
@@ -249,7 +253,7 @@ fn drift_reprovisions_a_ready_instance_whose_release_is_gone_and_notifies() {
 
 #[test]
 fn drift_does_not_reprovision_while_one_is_queued_or_running() {
-    let catalog = Catalog::default();
+    let catalog = Catalog::from_entries([entry("wiki", "1", false)]);
     let config = ControlConfig::default();
     for state in [TaskState::Queued, TaskState::Running] {
         let mut snap = snapshot(
@@ -265,7 +269,7 @@ fn drift_does_not_reprovision_while_one_is_queued_or_running() {
 
 #[test]
 fn drift_ignores_instances_that_are_not_ready() {
-    let catalog = Catalog::default();
+    let catalog = Catalog::from_entries([entry("wiki", "1", false)]);
     let config = ControlConfig::default();
     let mut instances = Vec::new();
     for (id, state) in (1..).zip(InstanceState::ALL) {
@@ -278,14 +282,14 @@ fn drift_ignores_instances_that_are_not_ready() {
     check(
         plan_drift(&snap),
         &snap,
-        "enqueue reprovision i2 at now: drift: release i2 missing from namespace stead
+        "enqueue reprovision i2 at now: drift: release i2 missing from namespace docker
          notify drift.release_missing i2 team a",
     );
 }
 
 #[test]
 fn orphan_releases_are_reported_every_tick_and_never_deleted() {
-    let catalog = Catalog::default();
+    let catalog = Catalog::from_entries([entry("wiki", "1", false)]);
     let config = ControlConfig::default();
     let mut deleted = instance(2, "a", "wiki", "1");
     deleted.state = InstanceState::Deleted;
@@ -305,7 +309,7 @@ fn orphan_releases_are_reported_every_tick_and_never_deleted() {
         namespace: "other-team".into(),
     });
     let expect = "error: orphan release other-team/i1
-                  error: orphan release stead/i2
+                  error: orphan release docker/i2
                   error: orphan release stead/stranger";
     let plan = plan_drift(&snap);
     check(plan.clone(), &snap, expect);
@@ -350,7 +354,8 @@ fn an_expired_lease_goes_back_to_the_queue_with_its_attempts() {
     let catalog = Catalog::default();
     let config = ControlConfig::default();
     let mut expired = task(1, TaskKind::Provision, 1, TaskState::Running);
-    expired.locked_at = Some(at(-301));
+    let lease_s = config.lease.as_secs() as i64;
+    expired.locked_at = Some(at(-(lease_s + 1)));
     expired.attempts = 3;
     let mut unlocked = task(2, TaskKind::Upgrade, 2, TaskState::Running);
     unlocked.locked_at = None;
@@ -711,7 +716,7 @@ fn the_whole_tick_plans_each_instance_once() {
     check(
         plan.clone(),
         &snap,
-        "enqueue reprovision i2 at now: drift: release i2 missing from namespace stead
+        "enqueue reprovision i2 at now: drift: release i2 missing from namespace docker
          notify drift.release_missing i2 team platform
          expire i1 from ready with deprovision: ttl: expired at 2026-11-30T11:59:59Z
          enqueue upgrade i4 at now: version drift: 1.0.0 -> 2.0.0
@@ -760,8 +765,12 @@ fn config_errors_name_the_field_and_value() {
             "control.toml: lease_s = -5: must not be negative",
         ),
         (
-            "namespace = \"x\"\nbogus = 1",
+            "own_team = \"x\"\nbogus = 1",
             "control.toml: line 2, column 1: bogus: unknown field `bogus`",
+        ),
+        (
+            "namespace = \"x\"",
+            "control.toml: namespace = \"x\": is no longer a setting",
         ),
     ];
     for (toml, expect) in cases {
@@ -772,14 +781,7 @@ fn config_errors_name_the_field_and_value() {
     }
     let ok = ControlConfig::from_toml("own_team = \"ops\"\nmax_in_flight = 4\n", "control.toml")
         .unwrap();
-    assert_eq!(
-        (
-            ok.own_team.as_str(),
-            ok.max_in_flight,
-            ok.namespace.as_str()
-        ),
-        ("ops", 4, "stead")
-    );
+    assert_eq!((ok.own_team.as_str(), ok.max_in_flight), ("ops", 4));
     assert_eq!(ControlConfig::default().validate(), Ok(()));
 }
 

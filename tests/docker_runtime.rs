@@ -471,12 +471,30 @@ async fn docker_provisioner_lists_instances_as_releases_and_uninstalls_them() {
     let mine: Vec<_> = releases.iter().filter(|r| r.name == instance).collect();
     assert_eq!(mine.len(), 1, "one release per instance: {releases:?}");
 
-    provisioner.uninstall(&instance).await.expect("uninstall");
+    let target = stead::core::release::Provisioning::Docker
+        .spec_of(
+            &stead::core::release::ReleaseParams {
+                instance: &instance,
+                team: "t",
+                service_type: "s",
+                version: "1",
+            },
+            false,
+        )
+        .expect("a docker release");
+    assert_eq!(
+        target.target().release.namespace,
+        DockerProvisioner::NAMESPACE
+    );
+    provisioner
+        .uninstall(&target.target())
+        .await
+        .expect("uninstall");
     assert_eq!(runtime.inspect(&id).await, Err(RuntimeError::NotFound));
     // Installing is the worker's Runtime::create; the provisioner's half is
     // a no-op that must not fail the worker.
     provisioner
-        .install_or_upgrade(&instance, "1")
+        .install_or_upgrade(&target)
         .await
         .expect("install is a no-op for docker");
 }

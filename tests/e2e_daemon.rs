@@ -186,6 +186,7 @@ async fn stop_intent_stops_and_unpublishes_without_removing() {
         catalog: &catalog,
         memory: Some(&memory),
         caddy_admin: Some(&h.caddy.admin_addr),
+        provisioner: Some(h.daemon().ports.provisioner.as_ref()),
         database: String::new(),
         now: h.daemon().ports.clock.now(),
     })

@@ -1,5 +1,8 @@
 //! The Helm provisioner against `tests/fixtures/fake-helm`, a stand-in that
-//! records its arguments and answers like helm (helm is not installable here).
+//! implements Helm 3's CLI contract (flags, JSON shapes, exit codes, error
+//! texts, paging and the 256 default cap, pending and failed states,
+//! `--wait` and `--atomic`) over a state file, since there is no cluster or
+//! real helm on these machines. Each test has its own state folder.
 
 // The timeout test measures how long a kill took.
 #![allow(clippy::disallowed_methods)]
@@ -7,8 +10,16 @@
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
+use serde_json::{json, Value};
 use stead::adapters::helm::{HelmConfig, HelmProvisioner};
-use stead::ports::{ErrorKind, PortFailure, Provisioner, Release};
+use stead::ports::{
+    ErrorKind, HelmRelease, PortFailure, Provisioner, Release, ReleaseKind, ReleaseSpec,
+    ReleaseTarget,
+};
+
+fn fake_helm_path() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/fake-helm")
+}
 
 struct FakeHelm {
     dir: tempfile::TempDir,
@@ -22,118 +33,356 @@ impl FakeHelm {
     }
 
     fn log_path(&self) -> PathBuf {
-        self.dir.path().join("argv.log")
+        self.dir.path().join("calls.jsonl")
     }
 
-    fn config(&self, mode: &str) -> HelmConfig {
-        let helm = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/fake-helm");
+    fn state_dir(&self) -> PathBuf {
+        self.dir.path().join("state")
+    }
+
+    fn config(&self, extra: &[(&str, &str)]) -> HelmConfig {
+        let mut env = vec![
+            (
+                "FAKE_HELM_LOG".to_owned(),
+                self.log_path().display().to_string(),
+            ),
+            (
+                "FAKE_HELM_STATE".to_owned(),
+                self.state_dir().display().to_string(),
+            ),
+        ];
+        env.extend(extra.iter().map(|(k, v)| (k.to_string(), v.to_string())));
         HelmConfig {
-            helm_path: helm,
-            chart: "stead-charts/app".to_owned(),
-            namespace: "tenants".to_owned(),
+            helm_path: fake_helm_path(),
             wait_timeout: Duration::from_secs(5),
-            call_timeout: Duration::from_secs(10),
-            env: vec![
-                (
-                    "FAKE_HELM_LOG".to_owned(),
-                    self.log_path().display().to_string(),
-                ),
-                (
-                    "FAKE_HELM_STATE".to_owned(),
-                    self.dir.path().join("state").display().to_string(),
-                ),
-                ("FAKE_HELM_MODE".to_owned(), mode.to_owned()),
-            ],
+            kill_margin: Duration::from_secs(5),
+            pass_env: Vec::new(),
+            env,
         }
     }
 
-    fn provisioner(&self, mode: &str) -> HelmProvisioner {
-        HelmProvisioner::new(self.config(mode)).expect("valid config")
+    fn provisioner(&self, extra: &[(&str, &str)]) -> HelmProvisioner {
+        HelmProvisioner::new(self.config(extra)).expect("valid config")
     }
 
-    /// Every recorded call, each as its argument vector.
-    fn calls(&self) -> Vec<Vec<String>> {
+    /// Every recorded call: its argument vector and the names of the
+    /// environment variables helm received.
+    fn calls(&self) -> Vec<(Vec<String>, Vec<String>)> {
         let log = std::fs::read_to_string(self.log_path()).unwrap_or_default();
-        let mut calls = Vec::new();
-        let mut current = Vec::new();
-        for line in log.lines() {
-            if line == "--end--" {
-                calls.push(std::mem::take(&mut current));
-            } else {
-                current.push(line.to_owned());
-            }
-        }
-        calls
+        log.lines()
+            .map(|line| {
+                let call: Value = serde_json::from_str(line).expect("a JSON line");
+                let strings = |key: &str| -> Vec<String> {
+                    call[key]
+                        .as_array()
+                        .expect("an array")
+                        .iter()
+                        .map(|v| v.as_str().expect("a string").to_owned())
+                        .collect()
+                };
+                (strings("argv"), strings("env"))
+            })
+            .collect()
+    }
+
+    fn argvs(&self) -> Vec<Vec<String>> {
+        self.calls().into_iter().map(|(argv, _)| argv).collect()
+    }
+
+    /// Writes releases straight into the fake's state, as Helm's storage
+    /// would hold them.
+    fn seed(&self, releases: Vec<Value>) {
+        std::fs::create_dir_all(self.state_dir()).unwrap();
+        let mut namespaces: Vec<Value> = releases.iter().map(|r| r["namespace"].clone()).collect();
+        namespaces.push(json!("default"));
+        std::fs::write(
+            self.state_dir().join("releases.json"),
+            json!({"namespaces": namespaces, "releases": releases}).to_string(),
+        )
+        .unwrap();
+    }
+
+    /// Runs the fake directly (not through stead), for its own contract.
+    fn run(&self, args: &[&str]) -> (bool, String, String) {
+        let out = std::process::Command::new(fake_helm_path())
+            .args(args)
+            .env("FAKE_HELM_STATE", self.state_dir())
+            .output()
+            .expect("fake-helm runs");
+        (
+            out.status.success(),
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
     }
 }
 
-fn release(name: &str) -> Release {
-    Release {
+fn helm_release(name: &str, namespace: &str, chart_version: &str, atomic: bool) -> HelmRelease {
+    HelmRelease {
         name: name.to_owned(),
-        namespace: "tenants".to_owned(),
+        namespace: namespace.to_owned(),
+        chart: "charts/shop".to_owned(),
+        chart_version: chart_version.to_owned(),
+        values: json!({"host": format!("{name}.example.org"), "replicas": 2}),
+        atomic,
     }
+}
+
+fn spec(name: &str, chart_version: &str) -> ReleaseSpec {
+    ReleaseSpec::Helm(helm_release(name, name, chart_version, false))
+}
+
+fn target(name: &str, namespace: &str) -> ReleaseTarget {
+    ReleaseTarget {
+        kind: ReleaseKind::Helm,
+        release: Release {
+            name: name.to_owned(),
+            namespace: namespace.to_owned(),
+        },
+    }
+}
+
+fn strings(items: &[&str]) -> Vec<String> {
+    items.iter().map(|s| s.to_string()).collect()
 }
 
 #[tokio::test]
-async fn install_or_upgrade_runs_helm_with_an_argument_vector() {
+async fn install_runs_helm_with_an_argument_vector_and_values_on_stdin() {
     let fake = FakeHelm::new();
-    let helm = fake.provisioner("ok");
-    helm.install_or_upgrade("shop", "1.2.3")
+    let helm = fake.provisioner(&[]);
+    helm.install_or_upgrade(&spec("shop-1", "1.2.3"))
         .await
         .expect("install");
     assert_eq!(
-        fake.calls(),
-        [[
+        fake.argvs(),
+        [strings(&[
             "upgrade",
             "--install",
-            "shop",
-            "stead-charts/app",
+            "shop-1",
+            "charts/shop",
             "--version",
             "1.2.3",
             "--namespace",
-            "tenants",
+            "shop-1",
+            "--create-namespace",
             "--wait",
             "--timeout",
-            "5s"
-        ]
-        .map(str::to_owned)
-        .to_vec()]
+            "5s",
+            "--values",
+            "-",
+        ])]
+    );
+    // The values reached helm (on its standard input, never on disk).
+    let (ok, stdout, stderr) = fake.run(&["status", "shop-1", "-n", "shop-1", "-o", "json"]);
+    assert!(ok, "{stderr}");
+    let status: Value = serde_json::from_str(&stdout).unwrap();
+    assert_eq!(status["config"]["host"], "shop-1.example.org");
+    assert_eq!(status["config"]["replicas"], 2);
+    assert_eq!(status["info"]["status"], "deployed");
+}
+
+#[tokio::test]
+async fn a_version_drift_upgrade_is_atomic_and_a_failed_one_is_rolled_back_by_helm() {
+    let fake = FakeHelm::new();
+    let helm = fake.provisioner(&[("FAKE_HELM_FAIL_CHART_VERSIONS", "2.0.0")]);
+    helm.install_or_upgrade(&spec("shop-1", "1.0.0"))
+        .await
+        .expect("install");
+    let upgrade = ReleaseSpec::Helm(helm_release("shop-1", "shop-1", "2.0.0", true));
+    let error = helm.install_or_upgrade(&upgrade).await.unwrap_err();
+    assert_eq!(error.kind(), ErrorKind::Failed, "{error:?}");
+    let text = error.to_string();
+    assert!(text.contains("release shop-1 in shop-1"), "{text}");
+    assert!(text.contains("rolled back"), "helm's own words: {text}");
+    let argv = fake.argvs().pop().unwrap();
+    assert!(argv.contains(&"--atomic".to_owned()), "{argv:?}");
+    assert!(
+        argv.windows(2).any(|w| w == ["--version", "2.0.0"]),
+        "{argv:?}"
+    );
+    // Helm rolled back: the release serves the old chart again.
+    let status = helm
+        .status(&target("shop-1", "shop-1"))
+        .await
+        .unwrap()
+        .expect("the release exists");
+    assert_eq!(status.status, "deployed");
+    assert!(status.chart.ends_with("-1.0.0"), "{status:?}");
+}
+
+#[tokio::test]
+async fn listing_sees_every_release_in_every_state_past_helms_default_cap() {
+    let fake = FakeHelm::new();
+    let states = [
+        "deployed",
+        "failed",
+        "pending-install",
+        "pending-upgrade",
+        "uninstalling",
+    ];
+    let seeded: Vec<Value> = (0..300)
+        .map(|n| {
+            json!({
+                "name": format!("app-{n:03}"),
+                "namespace": format!("ns-{}", n % 7),
+                "status": states[n % states.len()],
+                "chart_version": "1.0.0",
+                "revision": 1,
+            })
+        })
+        .collect();
+    fake.seed(seeded);
+    // The fake is faithful to helm's defaults: 256 at most, only deployed
+    // and failed ones.
+    let (ok, stdout, _) = fake.run(&["list", "-A", "-o", "json"]);
+    assert!(ok);
+    let default: Vec<Value> = serde_json::from_str(&stdout).unwrap();
+    assert!(default.len() < 300, "helm's default listing is partial");
+    let (_, stdout, _) = fake.run(&["list", "-A", "--all", "-o", "json"]);
+    let capped: Vec<Value> = serde_json::from_str(&stdout).unwrap();
+    assert_eq!(capped.len(), 256, "helm's default --max");
+
+    let helm = fake.provisioner(&[]);
+    let releases = helm.list_releases().await.expect("list");
+    assert_eq!(releases.len(), 300, "every release, every state, no cap");
+    assert!(releases.contains(&Release {
+        name: "app-002".into(),
+        namespace: "ns-2".into(),
+    }));
+    assert_eq!(
+        fake.argvs(),
+        [strings(&[
+            "list",
+            "--all",
+            "--all-namespaces",
+            "--max",
+            "0",
+            "-o",
+            "json"
+        ])]
     );
 }
 
 #[tokio::test]
-async fn list_reports_installed_releases_and_uninstall_removes_them() {
+async fn uninstall_removes_and_only_helms_release_not_found_counts_as_done() {
     let fake = FakeHelm::new();
-    let helm = fake.provisioner("ok");
-    assert_eq!(helm.list_releases().await.expect("list"), Vec::new());
-    helm.install_or_upgrade("shop", "1.0.0").await.unwrap();
-    helm.install_or_upgrade("blog", "2.0.0").await.unwrap();
-    helm.install_or_upgrade("shop", "1.1.0").await.unwrap();
+    let helm = fake.provisioner(&[]);
+    helm.install_or_upgrade(&spec("shop-1", "1.0.0"))
+        .await
+        .unwrap();
+    helm.install_or_upgrade(&spec("blog-1", "1.0.0"))
+        .await
+        .unwrap();
+    helm.uninstall(&target("shop-1", "shop-1"))
+        .await
+        .expect("uninstall");
     assert_eq!(
         helm.list_releases().await.unwrap(),
-        [release("blog"), release("shop")]
+        [Release {
+            name: "blog-1".into(),
+            namespace: "blog-1".into(),
+        }]
     );
-
-    helm.uninstall("shop").await.expect("uninstall");
-    assert_eq!(helm.list_releases().await.unwrap(), [release("blog")]);
-    helm.uninstall("shop")
+    helm.uninstall(&target("shop-1", "shop-1"))
         .await
-        .expect("uninstalling a release helm does not know is done already");
-
-    let calls = fake.calls();
-    let list = ["list", "-o", "json", "--all-namespaces"].map(str::to_owned);
-    assert_eq!(calls[0], list);
-    let uninstall = [
+        .expect("a release helm no longer knows is uninstalled already");
+    assert!(fake.argvs().contains(&strings(&[
         "uninstall",
-        "shop",
+        "shop-1",
         "--namespace",
-        "tenants",
+        "shop-1",
         "--wait",
         "--timeout",
         "5s",
-    ]
-    .map(str::to_owned);
-    assert!(calls.contains(&uninstall.to_vec()), "{calls:?}");
+    ])));
+
+    // Other failures that merely say "not found" are errors naming the
+    // release: the release may well live on.
+    let script = fake.dir.path().join("helm-missing-plugin");
+    std::fs::write(
+        &script,
+        "#!/bin/sh\necho 'Error: uninstall: failed to delete release: namespaces \"blog-1\" not found' >&2\nexit 1\n",
+    )
+    .unwrap();
+    std::fs::set_permissions(&script, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    let odd = HelmProvisioner::new(HelmConfig {
+        helm_path: script,
+        ..fake.config(&[])
+    })
+    .unwrap();
+    let error = odd
+        .uninstall(&target("blog-1", "blog-1"))
+        .await
+        .unwrap_err();
+    assert_eq!(error.kind(), ErrorKind::Failed, "{error:?}");
+    assert!(
+        error.to_string().contains("release blog-1 in blog-1"),
+        "{error}"
+    );
+}
+
+#[tokio::test]
+async fn status_reports_helms_word_or_none_for_an_unknown_release() {
+    let fake = FakeHelm::new();
+    fake.seed(vec![json!({
+        "name": "shop-1", "namespace": "shop-1", "status": "pending-upgrade",
+        "chart_version": "1.1.0", "revision": 3,
+    })]);
+    let helm = fake.provisioner(&[]);
+    let status = helm
+        .status(&target("shop-1", "shop-1"))
+        .await
+        .unwrap()
+        .expect("known");
+    assert_eq!(
+        (status.status.as_str(), status.revision),
+        ("pending-upgrade", 3)
+    );
+    assert!(status.chart.ends_with("-1.1.0"), "{status:?}");
+    assert_eq!(helm.status(&target("nope", "nope")).await.unwrap(), None);
+}
+
+#[tokio::test]
+async fn helm_gets_a_clean_environment() {
+    let fake = FakeHelm::new();
+    // Some variable of this test process that helm must not see (the
+    // daemon's would include its database password).
+    let (private, _) = std::env::vars()
+        .find(|(k, _)| {
+            !matches!(k.as_str(), "PATH" | "HOME" | "KUBECONFIG") && !k.starts_with("HELM_")
+        })
+        .expect("the test process has some variable");
+    let helm = fake.provisioner(&[]);
+    helm.list_releases().await.unwrap();
+    let (_, env) = fake.calls().pop().unwrap();
+    assert!(!env.contains(&private), "{private} leaked to helm: {env:?}");
+    assert!(env.contains(&"PATH".to_owned()), "{env:?}");
+    assert!(
+        env.contains(&"FAKE_HELM_STATE".to_owned()),
+        "configured values pass"
+    );
+    for name in &env {
+        let allowed = [
+            "PATH",
+            "HOME",
+            "KUBECONFIG",
+            "FAKE_HELM_STATE",
+            "FAKE_HELM_LOG",
+        ]
+        .contains(&name.as_str())
+            || name.starts_with("HELM_");
+        // Python itself may add nothing; whatever arrives was allowed.
+        assert!(allowed, "{name} reached helm: {env:?}");
+    }
+    // A name the config passes does reach it.
+    let passing = HelmProvisioner::new(HelmConfig {
+        pass_env: vec![private.clone()],
+        ..fake.config(&[])
+    })
+    .unwrap();
+    passing.list_releases().await.unwrap();
+    let (_, env) = fake.calls().pop().unwrap();
+    assert!(env.contains(&private), "{env:?}");
 }
 
 #[tokio::test]
@@ -141,12 +390,15 @@ async fn a_hung_helm_is_killed_at_the_call_timeout() {
     let fake = FakeHelm::new();
     let config = HelmConfig {
         wait_timeout: Duration::from_millis(100),
-        call_timeout: Duration::from_millis(500),
-        ..fake.config("sleep")
+        kill_margin: Duration::from_millis(400),
+        ..fake.config(&[("FAKE_HELM_MODE", "sleep")])
     };
     let helm = HelmProvisioner::new(config).unwrap();
     let began = Instant::now();
-    let error = helm.install_or_upgrade("shop", "1.0.0").await.unwrap_err();
+    let error = helm
+        .install_or_upgrade(&spec("shop-1", "1.0.0"))
+        .await
+        .unwrap_err();
     assert!(
         began.elapsed() < Duration::from_secs(5),
         "killed, not waited for"
@@ -156,14 +408,13 @@ async fn a_hung_helm_is_killed_at_the_call_timeout() {
         error.to_string().contains("killed after the call timeout"),
         "{error}"
     );
-    assert_eq!(fake.calls().len(), 1, "the process did start");
 }
 
 #[tokio::test]
-async fn malformed_list_output_is_a_clear_error() {
+async fn malformed_output_is_a_clear_error() {
     let fake = FakeHelm::new();
     let error = fake
-        .provisioner("garbage")
+        .provisioner(&[("FAKE_HELM_MODE", "garbage")])
         .list_releases()
         .await
         .unwrap_err();
@@ -171,18 +422,24 @@ async fn malformed_list_output_is_a_clear_error() {
     assert!(error.to_string().contains("helm list -o json"), "{error}");
     assert!(
         error.to_string().contains("this is not json"),
-        "the output is quoted: {error}"
+        "quoted: {error}"
     );
+    let error = stead::adapters::helm::parse_status("{\"info\": 3}").unwrap_err();
+    assert!(error.to_string().contains("helm status -o json"), "{error}");
 }
 
 #[tokio::test]
 async fn a_failing_helm_reports_its_exit_and_stderr() {
     let fake = FakeHelm::new();
-    let helm = fake.provisioner("fail");
+    let helm = fake.provisioner(&[("FAKE_HELM_MODE", "fail")]);
+    let t = target("shop-1", "shop-1");
     for error in [
-        helm.install_or_upgrade("shop", "1.0.0").await.unwrap_err(),
-        helm.uninstall("shop").await.unwrap_err(),
+        helm.install_or_upgrade(&spec("shop-1", "1.0.0"))
+            .await
+            .unwrap_err(),
+        helm.uninstall(&t).await.unwrap_err(),
         helm.list_releases().await.unwrap_err(),
+        helm.status(&t).await.unwrap_err(),
     ] {
         assert_eq!(error.kind(), ErrorKind::Failed, "{error:?}");
         assert!(error.to_string().contains("exit status: 1"), "{error}");
@@ -193,45 +450,42 @@ async fn a_failing_helm_reports_its_exit_and_stderr() {
 #[tokio::test]
 async fn bad_names_never_reach_helm() {
     let fake = FakeHelm::new();
-    let helm = fake.provisioner("ok");
-    let error = helm
-        .install_or_upgrade("--dry-run", "1.0.0")
-        .await
-        .unwrap_err();
+    let helm = fake.provisioner(&[]);
+    let cases = [
+        (
+            helm_release("--dry-run", "a", "1.0.0", false),
+            "release = \"--dry-run\"",
+        ),
+        (
+            helm_release("shop-1", "a", "--devel", false),
+            "chart_version = \"--devel\"",
+        ),
+        (
+            helm_release("shop-1", "Not Valid", "1.0.0", false),
+            "namespace = \"Not Valid\"",
+        ),
+        (
+            HelmRelease {
+                chart: "--post-renderer=x".into(),
+                ..helm_release("shop-1", "a", "1.0.0", false)
+            },
+            "chart = \"--post-renderer=x\"",
+        ),
+    ];
+    for (release, expect) in cases {
+        let error = helm
+            .install_or_upgrade(&ReleaseSpec::Helm(release))
+            .await
+            .unwrap_err();
+        assert_eq!(error.kind(), ErrorKind::Refused, "{error:?}");
+        assert!(error.to_string().contains(expect), "{error}");
+    }
+    let docker = ReleaseSpec::Docker {
+        name: "shop-1".into(),
+    };
+    let error = helm.install_or_upgrade(&docker).await.unwrap_err();
     assert_eq!(error.kind(), ErrorKind::Refused, "{error:?}");
-    assert!(
-        error.to_string().contains("release = \"--dry-run\""),
-        "{error}"
-    );
-    let error = helm
-        .install_or_upgrade("shop", "--devel")
-        .await
-        .unwrap_err();
-    assert!(
-        error.to_string().contains("version = \"--devel\""),
-        "{error}"
-    );
     assert!(fake.calls().is_empty(), "helm never ran");
-}
-
-#[tokio::test]
-async fn config_is_validated_naming_the_field() {
-    let fake = FakeHelm::new();
-    let short = HelmConfig {
-        call_timeout: Duration::from_secs(1),
-        ..fake.config("ok")
-    };
-    let error = HelmProvisioner::new(short).unwrap_err();
-    assert!(error.to_string().contains("call_timeout"), "{error}");
-    let bad = HelmConfig {
-        namespace: "Not Valid".to_owned(),
-        ..fake.config("ok")
-    };
-    let error = HelmProvisioner::new(bad).unwrap_err();
-    assert!(
-        error.to_string().contains("namespace = \"Not Valid\""),
-        "{error}"
-    );
 }
 
 #[tokio::test]
@@ -239,7 +493,7 @@ async fn a_missing_helm_binary_is_a_clear_error() {
     let fake = FakeHelm::new();
     let config = HelmConfig {
         helm_path: fake.dir.path().join("no-such-helm"),
-        ..fake.config("ok")
+        ..fake.config(&[])
     };
     let error = HelmProvisioner::new(config)
         .unwrap()

@@ -8,6 +8,7 @@ use stead::core::errors::StoreError;
 use stead::core::provision::{
     Deprovision, DeprovisionInput, Provision, ProvisionInput, WorkAnswer, WorkCommand, WorkError,
 };
+use stead::core::release::ReleaseSpec;
 use stead::core::spec::{ReadinessProbe, ServiceSpec};
 use stead::core::types::{
     ActiveRecord, ActiveService, ContainerId, ContainerStatus, Inhibition, InhibitionReason,
@@ -107,6 +108,7 @@ proptest! {
         let mut machine = Provision::new(ProvisionInput {
             instance: InstanceName::new("app"),
             version: "2".into(),
+            release: ReleaseSpec::Docker { name: "app".into() },
             services: SERVICES.iter().map(|n| spec(n)).collect(),
             active: active.clone(),
         });
@@ -118,7 +120,7 @@ proptest! {
             prop_assert!(!failed, "a command after a failure: {command:?}");
             prop_assert!(issued.len() < 4 * SERVICES.len() + 1, "unbounded");
             if issued.is_empty() {
-                prop_assert!(matches!(command, WorkCommand::Install { .. }), "install first");
+                prop_assert!(matches!(command, WorkCommand::Install(_)), "install first");
             }
             match &command {
                 WorkCommand::Create { spec, .. } => {
@@ -177,6 +179,7 @@ proptest! {
             .collect();
         let mut machine = Deprovision::new(DeprovisionInput {
             instance: InstanceName::new("app"),
+            release: ReleaseSpec::Docker { name: "app".into() }.target(),
             active: active.clone(),
             inhibitions: inhibitions.clone(),
             stop_grace_default: Duration::from_secs(10),
@@ -197,7 +200,7 @@ proptest! {
                         || inhibitions.iter().any(|m| m.container == generation.container && m.reason == InhibitionReason::RetirementPending);
                     prop_assert!(ours, "stopped {} which nothing of the instance names", generation.container);
                 }
-                WorkCommand::Uninstall => prop_assert_eq!(removed.len(), active.services.len() + inhibitions.iter().filter(|m| m.reason == InhibitionReason::RetirementPending).count()),
+                WorkCommand::Uninstall(_) => prop_assert_eq!(removed.len(), active.services.len() + inhibitions.iter().filter(|m| m.reason == InhibitionReason::RetirementPending).count()),
                 _ => {}
             }
             let reply = answer(&command, answers[n % answers.len()]);

@@ -58,6 +58,7 @@ async fn pending_upgrades_say_where_they_are_and_halted_rollouts_why() {
         catalog: &catalog,
         memory: None,
         caddy_admin: None,
+        provisioner: None,
         database: "sqlite://x".into(),
         now,
     })

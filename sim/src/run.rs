@@ -112,7 +112,7 @@ async fn simulate(cfg: SimConfig) -> SimOutcome {
     let _ = faults.checker.set(checker.clone());
     let _ = faults.runtime.set(Arc::downgrade(&runtime));
     let traffic = Arc::new(MemoryTraffic::new(hooks.clone()));
-    let provisioner = Arc::new(MemoryProvisioner::new("stead", hooks.clone()));
+    let provisioner = Arc::new(MemoryProvisioner::new("foreign", hooks.clone()));
     checker.watch_provisioner(provisioner.clone());
     let actors = Arc::new(Actors {
         rng: Mutex::new(ChaCha8Rng::seed_from_u64(rng.random())),
@@ -546,7 +546,9 @@ async fn setup(
             .await
             .expect("setup: ready");
         provisioner
-            .install_or_upgrade(name.as_str(), "1")
+            .install_or_upgrade(&stead::core::release::ReleaseSpec::Docker {
+                name: name.to_string(),
+            })
             .await
             .expect("setup: install");
         for j in 0..cfg.services_per_instance {
@@ -737,6 +739,7 @@ fn sim_catalog(actors: &Actors, version: u32, security: bool) -> Catalog {
         version: version.to_string(),
         security,
         rollout: RolloutState::Active,
+        provisioning: stead::core::release::Provisioning::Docker,
         services: specs,
     }])
 }

@@ -52,7 +52,7 @@ use crate::core::types::{
 };
 use crate::ports::{
     CreateContainer, EventSubscription, ManagedContainer, ProvisionError, Provisioner, Release,
-    Runtime, RuntimeEvents,
+    ReleaseSpec, ReleaseTarget, Runtime, RuntimeEvents,
 };
 
 /// Label that marks a container as stead's. Its value is always `true`.
@@ -817,15 +817,18 @@ impl Provisioner for DockerProvisioner {
     /// Nothing to do: with Docker, a release *is* its labelled containers,
     /// which the worker creates from catalog specs through `Runtime::create`
     /// (idempotent on their deterministic names) right after this call.
-    async fn install_or_upgrade(
-        &self,
-        _release: &str,
-        _version: &str,
-    ) -> Result<(), ProvisionError> {
-        Ok(())
+    async fn install_or_upgrade(&self, release: &ReleaseSpec) -> Result<(), ProvisionError> {
+        match release {
+            ReleaseSpec::Docker { .. } => Ok(()),
+            ReleaseSpec::Helm(helm) => Err(ProvisionError::Refused(format!(
+                "release {} is a Helm release; the Docker provisioner installs none",
+                helm.name
+            ))),
+        }
     }
 
-    async fn uninstall(&self, release: &str) -> Result<(), ProvisionError> {
+    async fn uninstall(&self, target: &ReleaseTarget) -> Result<(), ProvisionError> {
+        let release = target.release.name.as_str();
         let containers = self
             .runtime
             .list_labelled()

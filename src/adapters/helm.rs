@@ -1,26 +1,37 @@
-//! Helm: the `Provisioner` port over the `helm` CLI.
+//! Helm: the release half of the `Provisioner` port, over the `helm` CLI,
+//! for the service types whose catalog entry says `provisioner = "helm"`.
 //!
 //! Helm runs as a subprocess with an argument vector, never through a shell,
-//! and every call has a timeout after which the process is killed. Release
-//! names, chart, namespace and version are checked before they reach helm's
-//! command line, so no value can pose as a flag.
+//! with a clean environment (`PATH`, `HOME`, `KUBECONFIG`, `HELM_*` and the
+//! names the config passes, nothing else of the daemon's: the database
+//! password stays in the daemon), and every call has a timeout after which
+//! the process is killed. Release names, chart, namespace and version are
+//! checked before they reach helm's command line, so no value can pose as a
+//! flag; values go to helm on its standard input, never on disk.
 //!
 //! | port call | helm command |
 //! | --- | --- |
-//! | `install_or_upgrade` | `helm upgrade --install <release> <chart> --version <v> --namespace <ns> --wait --timeout <t>` |
-//! | `uninstall` | `helm uninstall <release> --namespace <ns> --wait --timeout <t>` (a release helm does not know counts as uninstalled) |
-//! | `list_releases` | `helm list -o json --all-namespaces` |
+//! | `install_or_upgrade` | `helm upgrade --install <release> <chart> --version <v> --namespace <ns> --create-namespace --wait --timeout <t> [--atomic] --values -` |
+//! | `uninstall` | `helm uninstall <release> --namespace <ns> --wait --timeout <t>` (only helm's own "release: not found" counts as uninstalled) |
+//! | `list_releases` | `helm list --all --all-namespaces --max 0 -o json` (every state, no cap) |
+//! | `status` | `helm status <release> --namespace <ns> -o json`, then `helm get metadata` for the chart |
 
+use std::ffi::OsString;
 use std::path::PathBuf;
 use std::process::Stdio;
 use std::time::Duration;
 
 use async_trait::async_trait;
 use serde::Deserialize;
+use tokio::io::AsyncWriteExt;
 use tokio::process::Command;
 
 use crate::core::names;
-use crate::ports::{ProvisionError, Provisioner, Release};
+use crate::core::policy::HELM_KILL_MARGIN;
+use crate::ports::{
+    HelmRelease, ProvisionError, Provisioner, Release, ReleaseKind, ReleaseSpec, ReleaseStatus,
+    ReleaseTarget,
+};
 
 /// Helm's own limit on release names.
 pub const RELEASE_NAME_LEN_MAX: usize = names::INSTANCE_NAME_LEN_MAX;
@@ -28,21 +39,29 @@ pub const RELEASE_NAME_LEN_MAX: usize = names::INSTANCE_NAME_LEN_MAX;
 /// Upper bound on the bytes of helm's output quoted in an error.
 const OUTPUT_EXCERPT_LEN_MAX: usize = 400;
 
-/// How to run helm and what to install.
+/// What helm's storage says when it has no such release, and the only
+/// failure of `uninstall` that means the work is already done. ("not
+/// found" alone also ends messages about a missing namespace, plugin or
+/// kubeconfig, which mean nothing of the kind.)
+const RELEASE_NOT_FOUND: &str = "release: not found";
+
+/// The daemon's environment variables helm always receives (besides
+/// every `HELM_*`): enough to find its binary, its config and the cluster.
+pub const ENV_ALWAYS: [&str; 3] = ["PATH", "HOME", "KUBECONFIG"];
+
+/// How to run helm.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct HelmConfig {
     /// The `helm` binary (a name looked up on `PATH`, or a path).
     pub helm_path: PathBuf,
-    /// The chart every release installs (`repo/chart`, a path or an OCI URL).
-    pub chart: String,
-    /// The namespace releases are installed into.
-    pub namespace: String,
     /// Helm's own `--timeout` for `--wait`.
     pub wait_timeout: Duration,
-    /// Bound on one helm process; it is killed past it. Must exceed
-    /// `wait_timeout` (checked by [`HelmProvisioner::new`]).
-    pub call_timeout: Duration,
-    /// Extra environment for helm (e.g. `KUBECONFIG`, `HELM_CACHE_HOME`).
+    /// How long past `wait_timeout` helm may run before it is killed
+    /// ([`HELM_KILL_MARGIN`]; shorter only in tests).
+    pub kill_margin: Duration,
+    /// Names of further daemon environment variables helm receives.
+    pub pass_env: Vec<String>,
+    /// Variables set for helm with these values (after the passed ones).
     pub env: Vec<(String, String)>,
 }
 
@@ -50,16 +69,30 @@ impl Default for HelmConfig {
     fn default() -> Self {
         Self {
             helm_path: PathBuf::from("helm"),
-            chart: String::new(),
-            namespace: "default".to_owned(),
             wait_timeout: Duration::from_secs(300),
-            call_timeout: Duration::from_secs(330),
+            kill_margin: HELM_KILL_MARGIN,
+            pass_env: Vec::new(),
             env: Vec::new(),
         }
     }
 }
 
-/// The `Provisioner` port over the `helm` CLI.
+impl HelmConfig {
+    /// Bound on one helm process: its wait plus the margin helm needs to
+    /// report a timed-out wait. It is killed past it.
+    pub fn call_timeout(&self) -> Duration {
+        self.wait_timeout + self.kill_margin
+    }
+
+    /// Whether the daemon's variable `name` is passed to helm.
+    pub fn passes(&self, name: &str) -> bool {
+        ENV_ALWAYS.contains(&name)
+            || name.starts_with("HELM_")
+            || self.pass_env.iter().any(|n| n == name)
+    }
+}
+
+/// The Helm releases of the `Provisioner` port.
 #[derive(Clone, Debug)]
 pub struct HelmProvisioner {
     config: HelmConfig,
@@ -72,16 +105,48 @@ struct ListedRelease {
     namespace: String,
 }
 
+/// What stead reads of `helm status -o json`.
+#[derive(Deserialize)]
+struct StatusOutput {
+    info: StatusInfo,
+    #[serde(default)]
+    version: u64,
+    chart: Option<StatusChart>,
+}
+
+/// What stead reads of `helm get metadata -o json`.
+#[derive(Deserialize)]
+struct MetadataOutput {
+    chart: String,
+    version: String,
+}
+
+#[derive(Deserialize)]
+struct StatusInfo {
+    status: String,
+    #[serde(default)]
+    description: String,
+}
+
+#[derive(Deserialize)]
+struct StatusChart {
+    metadata: ChartMetadata,
+}
+
+#[derive(Deserialize)]
+struct ChartMetadata {
+    name: String,
+    #[serde(default)]
+    version: String,
+}
+
 impl HelmProvisioner {
     /// Validates the config: errors name the field and the value.
     pub fn new(config: HelmConfig) -> Result<Self, ProvisionError> {
-        check_arg("chart", &config.chart)?;
-        check_dns_label("namespace", &config.namespace)?;
-        if config.call_timeout <= config.wait_timeout {
-            return Err(ProvisionError::Refused(format!(
-                "helm call_timeout = {:?} must exceed wait_timeout = {:?}, or helm is killed while it waits",
-                config.call_timeout, config.wait_timeout
-            )));
+        if config.wait_timeout.is_zero() {
+            return Err(ProvisionError::Refused(
+                "helm wait_timeout = 0s: helm would not wait for the release at all".into(),
+            ));
         }
         Ok(Self { config })
     }
@@ -96,34 +161,65 @@ impl HelmProvisioner {
         format!("{}s", t.as_secs() + u64::from(t.subsec_nanos() > 0))
     }
 
-    /// Runs helm with `args`; `Ok(stdout)` on exit 0, else an error with the
-    /// exit status and an excerpt of stderr. Killed past `call_timeout`.
-    async fn run(&self, args: &[&str]) -> Result<String, HelmFailure> {
+    /// The environment helm runs with: the allowed part of the daemon's,
+    /// then the configured values.
+    fn environment(&self) -> Vec<(OsString, OsString)> {
+        let mut env: Vec<(OsString, OsString)> = std::env::vars_os()
+            .filter(|(name, _)| name.to_str().is_some_and(|n| self.config.passes(n)))
+            .collect();
+        env.extend(
+            self.config
+                .env
+                .iter()
+                .map(|(k, v)| (OsString::from(k), OsString::from(v))),
+        );
+        env
+    }
+
+    /// Runs helm with `args`, `stdin` on its standard input; `Ok(stdout)`
+    /// on exit 0, else an error with the exit status and an excerpt of
+    /// stderr. Killed past the call timeout.
+    async fn run(&self, args: &[&str], stdin: Option<&[u8]>) -> Result<String, HelmFailure> {
         let mut command = Command::new(&self.config.helm_path);
         command
             .args(args)
-            .envs(self.config.env.iter().map(|(k, v)| (k, v)))
-            .stdin(Stdio::null())
+            .env_clear()
+            .envs(self.environment())
+            .stdin(if stdin.is_some() {
+                Stdio::piped()
+            } else {
+                Stdio::null()
+            })
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
             // Dropping the future on timeout kills the process.
             .kill_on_drop(true);
         let what = format!("helm {}", args.first().copied().unwrap_or_default());
-        let child = command.spawn().map_err(|e| {
+        let mut child = command.spawn().map_err(|e| {
             HelmFailure::Other(format!(
                 "{what}: cannot run {:?}: {e}",
                 self.config.helm_path
             ))
         })?;
-        let output = tokio::time::timeout(self.config.call_timeout, child.wait_with_output())
-            .await
-            .map_err(|_| {
-                HelmFailure::Other(format!(
-                    "{what}: killed after the call timeout of {:?}",
-                    self.config.call_timeout
-                ))
-            })?
-            .map_err(|e| HelmFailure::Other(format!("{what}: {e}")))?;
+        let limit = self.config.call_timeout();
+        let output = tokio::time::timeout(limit, async {
+            if let (Some(input), Some(mut pipe)) = (stdin, child.stdin.take()) {
+                // Dropped after writing: helm reads to the end of input. A
+                // helm that failed before reading closes the pipe; its exit
+                // status and stderr say why, so the write's error is not
+                // the story.
+                let _ = pipe.write_all(input).await;
+            }
+            child.wait_with_output().await
+        })
+        .await
+        .map_err(|_| {
+            HelmFailure::Other(format!(
+                "{what}: killed after the call timeout of {limit:?} (helm's wait of {:?} plus {:?})",
+                self.config.wait_timeout, self.config.kill_margin
+            ))
+        })?
+        .map_err(|e| HelmFailure::Other(format!("{what}: {e}")))?;
         let stdout = String::from_utf8_lossy(&output.stdout).into_owned();
         if output.status.success() {
             return Ok(stdout);
@@ -132,6 +228,41 @@ impl HelmProvisioner {
         Err(HelmFailure::Exit {
             stderr: stderr.to_string(),
             message: format!("{what}: {}: {}", output.status, excerpt(&stderr)),
+        })
+    }
+
+    async fn upgrade(&self, release: &HelmRelease) -> Result<(), ProvisionError> {
+        check_release(&release.name)?;
+        check_dns_label("namespace", &release.namespace)?;
+        check_arg("chart", &release.chart)?;
+        check_arg("chart_version", &release.chart_version)?;
+        let timeout = self.wait_timeout_arg();
+        let mut args = vec![
+            "upgrade",
+            "--install",
+            &release.name,
+            &release.chart,
+            "--version",
+            &release.chart_version,
+            "--namespace",
+            &release.namespace,
+            "--create-namespace",
+            "--wait",
+            "--timeout",
+            &timeout,
+        ];
+        if release.atomic {
+            args.push("--atomic");
+        }
+        args.extend(["--values", "-"]);
+        let values = serde_json::to_vec(&release.values).map_err(|e| {
+            ProvisionError::Refused(format!("values of release {}: {e}", release.name))
+        })?;
+        self.run(&args, Some(&values)).await.map(drop).map_err(|f| {
+            f.into_error(&format!(
+                "release {} in {}",
+                release.name, release.namespace
+            ))
         })
     }
 }
@@ -144,67 +275,148 @@ enum HelmFailure {
 }
 
 impl HelmFailure {
-    fn into_error(self) -> ProvisionError {
+    fn into_error(self, release: &str) -> ProvisionError {
         match self {
-            Self::Exit { message, .. } => ProvisionError::Failed(message),
-            Self::Other(message) => ProvisionError::Unavailable(message),
+            Self::Exit { message, .. } => ProvisionError::Failed(format!("{release}: {message}")),
+            Self::Other(message) => ProvisionError::Unavailable(format!("{release}: {message}")),
         }
+    }
+}
+
+/// Only Helm releases come here (the daemon routes Docker's elsewhere).
+fn helm_only(target: &ReleaseTarget) -> Result<&Release, ProvisionError> {
+    match target.kind {
+        ReleaseKind::Helm => Ok(&target.release),
+        ReleaseKind::Docker => Err(ProvisionError::Refused(format!(
+            "release {} is a Docker release; helm does not manage it",
+            target.release.name
+        ))),
     }
 }
 
 #[async_trait]
 impl Provisioner for HelmProvisioner {
-    async fn install_or_upgrade(&self, release: &str, version: &str) -> Result<(), ProvisionError> {
-        check_release(release)?;
-        check_arg("version", version)?;
-        let timeout = self.wait_timeout_arg();
-        let args = [
-            "upgrade",
-            "--install",
-            release,
-            &self.config.chart,
-            "--version",
-            version,
-            "--namespace",
-            &self.config.namespace,
-            "--wait",
-            "--timeout",
-            &timeout,
-        ];
-        self.run(&args)
-            .await
-            .map(drop)
-            .map_err(HelmFailure::into_error)
+    async fn install_or_upgrade(&self, release: &ReleaseSpec) -> Result<(), ProvisionError> {
+        match release {
+            ReleaseSpec::Helm(helm) => self.upgrade(helm).await,
+            ReleaseSpec::Docker { name } => Err(ProvisionError::Refused(format!(
+                "release {name} is a Docker release; helm does not install it"
+            ))),
+        }
     }
 
-    async fn uninstall(&self, release: &str) -> Result<(), ProvisionError> {
-        check_release(release)?;
+    async fn uninstall(&self, target: &ReleaseTarget) -> Result<(), ProvisionError> {
+        let release = helm_only(target)?;
+        check_release(&release.name)?;
+        check_dns_label("namespace", &release.namespace)?;
         let timeout = self.wait_timeout_arg();
         let args = [
             "uninstall",
-            release,
+            &release.name,
             "--namespace",
-            &self.config.namespace,
+            &release.namespace,
             "--wait",
             "--timeout",
             &timeout,
         ];
-        match self.run(&args).await {
+        match self.run(&args, None).await {
             Ok(_) => Ok(()),
-            // Deprovisioning is idempotent: helm's "release: not found" means
-            // the work is already done.
-            Err(HelmFailure::Exit { stderr, .. }) if stderr.contains("not found") => Ok(()),
-            Err(failure) => Err(failure.into_error()),
+            // Deprovisioning is idempotent: helm's own "release: not found"
+            // means the work is already done.
+            Err(HelmFailure::Exit { stderr, .. }) if stderr.contains(RELEASE_NOT_FOUND) => Ok(()),
+            Err(failure) => Err(failure.into_error(&format!(
+                "uninstall of release {} in {}",
+                release.name, release.namespace
+            ))),
         }
     }
 
     async fn list_releases(&self) -> Result<Vec<Release>, ProvisionError> {
+        // `--all`: pending, failed and uninstalling releases exist too (a
+        // release mid-upgrade must not look missing); `--max 0`: no cap
+        // (helm's default is 256).
         let stdout = self
-            .run(&["list", "-o", "json", "--all-namespaces"])
+            .run(
+                &[
+                    "list",
+                    "--all",
+                    "--all-namespaces",
+                    "--max",
+                    "0",
+                    "-o",
+                    "json",
+                ],
+                None,
+            )
             .await
-            .map_err(HelmFailure::into_error)?;
+            .map_err(|f| f.into_error("list of releases"))?;
         parse_list(&stdout)
     }
+
+    async fn status(
+        &self,
+        target: &ReleaseTarget,
+    ) -> Result<Option<ReleaseStatus>, ProvisionError> {
+        let release = helm_only(target)?;
+        check_release(&release.name)?;
+        check_dns_label("namespace", &release.namespace)?;
+        let args = [
+            "status",
+            &release.name,
+            "--namespace",
+            &release.namespace,
+            "-o",
+            "json",
+        ];
+        let mut status = match self.run(&args, None).await {
+            Ok(stdout) => parse_status(&stdout)?,
+            Err(HelmFailure::Exit { stderr, .. }) if stderr.contains(RELEASE_NOT_FOUND) => {
+                return Ok(None)
+            }
+            Err(failure) => {
+                return Err(failure.into_error(&format!(
+                    "status of release {} in {}",
+                    release.name, release.namespace
+                )))
+            }
+        };
+        // `helm status` strips the chart from its output; `get metadata`
+        // (helm 3.13+) names it. Without it the chart is just not shown.
+        let metadata = [
+            "get",
+            "metadata",
+            &release.name,
+            "--namespace",
+            &release.namespace,
+            "-o",
+            "json",
+        ];
+        if let Ok(stdout) = self.run(&metadata, None).await {
+            if let Ok(m) = serde_json::from_str::<MetadataOutput>(stdout.trim()) {
+                status.chart = format!("{}-{}", m.chart, m.version);
+            }
+        }
+        Ok(Some(status))
+    }
+}
+
+/// Parses `helm status -o json`.
+pub fn parse_status(stdout: &str) -> Result<ReleaseStatus, ProvisionError> {
+    let parsed: StatusOutput = serde_json::from_str(stdout.trim()).map_err(|e| {
+        ProvisionError::Failed(format!(
+            "helm status -o json: output is not a release with info.status ({e}): {:?}",
+            excerpt(stdout)
+        ))
+    })?;
+    Ok(ReleaseStatus {
+        status: parsed.info.status,
+        revision: parsed.version,
+        chart: parsed
+            .chart
+            .map(|c| format!("{}-{}", c.metadata.name, c.metadata.version))
+            .unwrap_or_default(),
+        description: parsed.info.description,
+    })
 }
 
 /// Parses `helm list -o json`. Helm prints `[]` for no releases; anything

@@ -19,7 +19,9 @@ use std::time::Duration;
 use serde::Deserialize;
 
 use crate::core::plan::{ConfigError, ControlConfig, RawControlConfig};
-use crate::core::policy::{RecoveryPolicy, INSTANCES_AT_ONCE_MAX};
+use crate::core::policy::{
+    RecoveryPolicy, HELM_KILL_MARGIN, INSTANCES_AT_ONCE_MAX, TASK_LEASE_SAFETY_MARGIN,
+};
 use crate::core::toml_error;
 
 /// Where the config file is looked for when neither `--config` nor
@@ -54,14 +56,12 @@ pub const KEYS: &[&str] = &[
     "state_dir",
     "database_url",
     "catalog",
-    "provisioner",
     "admin_listen",
     "log_format",
     "workers",
     "worker_idle_poll_ms",
     "shutdown_grace_s",
     "docker_events",
-    "control.namespace",
     "control.own_team",
     "control.max_in_flight",
     "control.lease_s",
@@ -83,23 +83,14 @@ pub const KEYS: &[&str] = &[
     "caddy.host_suffix",
     "caddy.request_timeout_s",
     "helm.path",
-    "helm.chart",
-    "helm.namespace",
     "helm.wait_timeout_s",
+    "helm.kill_margin_s",
+    "helm.pass_env",
 ];
 
 /// The environment variable that overrides a key.
 pub fn env_name(key: &str) -> String {
     format!("STEAD_{}", key.replace('.', "__").to_ascii_uppercase())
-}
-
-/// Which provisioner installs releases.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum ProvisionerKind {
-    /// The embedded default: a release is its labelled containers.
-    Docker,
-    /// `helm` as a subprocess.
-    Helm,
 }
 
 /// How logs are written.
@@ -139,9 +130,14 @@ pub struct CaddySettings {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct HelmSettings {
     pub path: PathBuf,
-    pub chart: String,
-    pub namespace: String,
     pub wait_timeout: Duration,
+    /// How long past `wait_timeout` a helm process is killed.
+    pub kill_margin: Duration,
+    /// Further daemon environment variables helm receives (besides `PATH`,
+    /// `HOME`, `KUBECONFIG` and `HELM_*`).
+    pub pass_env: Vec<String>,
+    /// Variables set for helm with these values.
+    pub env: BTreeMap<String, String>,
 }
 
 /// The validated daemon configuration.
@@ -152,7 +148,6 @@ pub struct DaemonConfig {
     pub state_dir: PathBuf,
     pub database_url: String,
     pub catalog: PathBuf,
-    pub provisioner: ProvisionerKind,
     /// `None` turns the admin endpoints off (`admin_listen = ""`).
     pub admin_listen: Option<SocketAddr>,
     pub log_format: LogFormat,
@@ -274,6 +269,7 @@ pub fn parse(
     let mut doc: toml::Table = toml::from_str(contents).map_err(in_file)?;
     toml::from_str::<RawConfig>(contents).map_err(in_file)?;
     let overridden = apply_env(&mut doc, env)?;
+    let doc_has_helm = doc.contains_key("helm");
     let raw: RawConfig = toml::Value::Table(doc)
         .try_into()
         .map_err(|e: toml::de::Error| DaemonConfigError::Syntax {
@@ -287,27 +283,44 @@ pub fn parse(
         contents,
         overridden,
     };
-    let namespace_set = raw.control.as_ref().is_some_and(|c| c.namespace.is_some());
+    let helm_configured = doc_has_helm;
     let config = validator.config(raw)?;
-    // The drift check compares releases in the provisioner's own namespace,
-    // so a different `control.namespace` would be silently ignored: refuse it.
-    if namespace_set {
-        let (effective, source) = match config.provisioner {
-            ProvisionerKind::Docker => (DOCKER_RELEASE_NAMESPACE, "provisioner = \"docker\""),
-            ProvisionerKind::Helm => (config.helm.namespace.as_str(), "helm.namespace"),
-        };
-        if config.control.namespace != effective {
+    // A task's lease must outlive the helm call it covers, or a slow
+    // `upgrade --wait` is handed to a second worker mid-flight and left
+    // pending-upgrade. Checked here when helm is configured, and by the
+    // daemon whenever its catalog has a Helm type.
+    if helm_configured {
+        if let Err(reason) = config.check_helm_timeouts() {
             return Err(validator.invalid(
-                "control.namespace",
-                &config.control.namespace,
-                format!(
-                    "releases are looked for in {effective:?} (from {source}); remove \
-                     control.namespace or set it to that"
-                ),
+                "control.lease_s",
+                config.control.lease.as_secs(),
+                reason,
             ));
         }
     }
     Ok(config)
+}
+
+impl DaemonConfig {
+    /// Whether the task lease outlives a whole helm call: helm's wait, the
+    /// kill margin, and the time to record the outcome. The error names
+    /// both settings.
+    pub fn check_helm_timeouts(&self) -> Result<(), String> {
+        let bound = self.helm.wait_timeout + self.helm.kill_margin + TASK_LEASE_SAFETY_MARGIN;
+        if self.control.lease > bound {
+            return Ok(());
+        }
+        Err(format!(
+            "control.lease_s ({}) must exceed helm.wait_timeout_s ({}) plus helm.kill_margin_s \
+             ({}) and {} s to record the outcome, i.e. be at least {} s; raise control.lease_s \
+             or lower helm.wait_timeout_s",
+            self.control.lease.as_secs(),
+            self.helm.wait_timeout.as_secs(),
+            self.helm.kill_margin.as_secs(),
+            TASK_LEASE_SAFETY_MARGIN.as_secs(),
+            bound.as_secs() + 1
+        ))
+    }
 }
 
 /// `sqlite::memory:`, `sqlite://:memory:`, `sqlite:foo?mode=memory` and
@@ -316,9 +329,7 @@ fn is_in_memory_sqlite(url: &str) -> bool {
     url.starts_with("sqlite:") && (url.contains(":memory:") || url.contains("mode=memory"))
 }
 
-/// The namespace the Docker provisioner reports its releases in (Docker has
-/// none of its own).
-pub const DOCKER_RELEASE_NAMESPACE: &str = "docker";
+pub use crate::core::release::DOCKER_RELEASE_NAMESPACE;
 
 /// Sets each known key found in the environment, and returns which keys
 /// were set, by variable name. A value that reads as a TOML value (a
@@ -380,6 +391,7 @@ struct RawConfig {
     state_dir: Option<String>,
     database_url: Option<String>,
     catalog: Option<String>,
+    /// Removed (read only to say where it went).
     provisioner: Option<String>,
     admin_listen: Option<String>,
     log_format: Option<String>,
@@ -432,9 +444,13 @@ struct RawCaddy {
 #[serde(deny_unknown_fields)]
 struct RawHelm {
     path: Option<String>,
+    /// Removed (read only to say where they went).
     chart: Option<String>,
     namespace: Option<String>,
     wait_timeout_s: Option<i64>,
+    kill_margin_s: Option<i64>,
+    pass_env: Option<Vec<String>>,
+    env: Option<BTreeMap<String, String>>,
 }
 
 struct Validator<'a> {
@@ -577,13 +593,14 @@ impl Validator<'_> {
             }
         };
         let catalog = PathBuf::from(self.text("catalog", raw.catalog, DEFAULT_CATALOG_PATH)?);
-        let provisioner = match raw.provisioner.as_deref().unwrap_or("docker") {
-            "docker" => ProvisionerKind::Docker,
-            "helm" => ProvisionerKind::Helm,
-            other => {
-                return Err(self.invalid("provisioner", other, "must be \"docker\" or \"helm\""))
-            }
-        };
+        if let Some(word) = &raw.provisioner {
+            return Err(self.invalid(
+                "provisioner",
+                word,
+                "is now chosen per service type: write provisioner = \"docker\" or \"helm\" \
+                 in the catalog's [types.<name>] and remove it here",
+            ));
+        }
         let admin_listen = match raw.admin_listen.as_deref().unwrap_or(DEFAULT_ADMIN_LISTEN) {
             "" => None,
             addr => Some(self.addr("admin_listen", addr)?),
@@ -613,7 +630,6 @@ impl Validator<'_> {
             state_dir,
             database_url,
             catalog,
-            provisioner,
             admin_listen,
             log_format,
             workers,
@@ -765,10 +781,55 @@ impl Validator<'_> {
     }
 
     fn helm(&self, raw: RawHelm) -> Result<HelmSettings, DaemonConfigError> {
+        for (field, value) in [
+            ("helm.chart", &raw.chart),
+            ("helm.namespace", &raw.namespace),
+        ] {
+            if let Some(value) = value {
+                return Err(self.invalid(
+                    field,
+                    value,
+                    "is now set per service type: write it in the catalog's \
+                     [types.<name>.helm] and remove it here",
+                ));
+            }
+        }
+        let env_name_ok = |name: &str| {
+            !name.is_empty()
+                && name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_')
+                && !name.starts_with(|c: char| c.is_ascii_digit())
+        };
+        let pass_env = raw.pass_env.unwrap_or_default();
+        for (i, name) in pass_env.iter().enumerate() {
+            if !env_name_ok(name) {
+                return Err(self.invalid(
+                    &format!("helm.pass_env[{i}]"),
+                    name,
+                    "must be an environment variable name (A-Z, a-z, 0-9, _)",
+                ));
+            }
+        }
+        let env = raw.env.unwrap_or_default();
+        for name in env.keys() {
+            if !env_name_ok(name) {
+                return Err(self.invalid(
+                    &format!("helm.env.{name}"),
+                    name,
+                    "must be an environment variable name (A-Z, a-z, 0-9, _)",
+                ));
+            }
+        }
         Ok(HelmSettings {
             path: PathBuf::from(self.text("helm.path", raw.path, "helm")?),
-            chart: raw.chart.unwrap_or_default(),
-            namespace: self.text("helm.namespace", raw.namespace, "stead")?,
+            pass_env,
+            env,
+            kill_margin: self.secs(
+                "helm.kill_margin_s",
+                raw.kill_margin_s,
+                HELM_KILL_MARGIN,
+                1,
+                600,
+            )?,
             wait_timeout: self.secs(
                 "helm.wait_timeout_s",
                 raw.wait_timeout_s,
@@ -808,7 +869,11 @@ mod tests {
         assert_eq!(config.caddy.admin, "127.0.0.1:2019");
         assert_eq!(config.admin_listen.unwrap().to_string(), "127.0.0.1:9464");
         assert_eq!(config.docker.socket, PathBuf::from("/var/run/docker.sock"));
-        assert_eq!(config.provisioner, ProvisionerKind::Docker);
+        assert_eq!(config.helm.wait_timeout, Duration::from_secs(300));
+        assert!(
+            config.control.lease
+                > config.helm.wait_timeout + config.helm.kill_margin + TASK_LEASE_SAFETY_MARGIN
+        );
     }
 
     #[test]
@@ -991,20 +1056,81 @@ mod tests {
     }
 
     #[test]
-    fn a_control_namespace_the_provisioner_would_ignore_is_refused() {
+    fn settings_that_moved_to_the_catalog_are_refused_saying_where_they_went() {
         let e = parse("[control]\nnamespace = \"prod\"\n", "stead.toml", &[]).unwrap_err();
-        assert_eq!(
-            e.to_string(),
-            "stead.toml: line 2: control.namespace = \"prod\": releases are looked for in \
-             \"docker\" (from provisioner = \"docker\"); remove control.namespace or set it to that"
+        assert!(
+            e.to_string().starts_with(
+                "stead.toml: line 2: control.namespace = \"prod\": is no longer a setting"
+            ),
+            "{e}"
         );
-        let helm = "provisioner = \"helm\"\n[helm]\nchart = \"c\"\nnamespace = \"prod\"\n";
-        let agreeing = format!("{helm}[control]\nnamespace = \"prod\"\n");
-        let config = parse(&agreeing, "stead.toml", &[]).unwrap();
-        assert_eq!(config.control.namespace, "prod");
-        let env = vec![(env_name("control.namespace"), "other".to_owned())];
-        let e = parse(helm, "stead.toml", &env).unwrap_err().to_string();
-        assert!(e.contains("control.namespace = \"other\""), "{e}");
-        assert!(e.contains("from helm.namespace"), "{e}");
+        let e = parse("provisioner = \"helm\"\n", "stead.toml", &[]).unwrap_err();
+        let e = e.to_string();
+        assert!(
+            e.starts_with("stead.toml: line 1: provisioner = \"helm\""),
+            "{e}"
+        );
+        assert!(e.contains("in the catalog's [types.<name>]"), "{e}");
+        for key in ["chart", "namespace"] {
+            let doc = format!("[helm]\n{key} = \"x\"\n");
+            let e = parse(&doc, "stead.toml", &[]).unwrap_err().to_string();
+            assert!(e.contains(&format!("helm.{key} = \"x\"")), "{e}");
+            assert!(e.contains("[types.<name>.helm]"), "{e}");
+        }
+    }
+
+    #[test]
+    fn a_task_lease_shorter_than_a_helm_call_is_refused_naming_both_settings() {
+        let e = parse(
+            "[control]\nlease_s = 300\n[helm]\nwait_timeout_s = 300\n",
+            "stead.toml",
+            &[],
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(
+            e.starts_with(
+                "stead.toml: line 2: control.lease_s = 300: control.lease_s (300) must exceed"
+            ),
+            "{e}"
+        );
+        assert!(e.contains("helm.wait_timeout_s (300)"), "{e}");
+        assert!(e.contains("helm.kill_margin_s (30)"), "{e}");
+        assert!(e.contains("at least 336 s"), "{e}");
+        // Within the bound, either way round.
+        parse("[control]\nlease_s = 336\n[helm]\n", "stead.toml", &[]).unwrap();
+        // A Docker-only config (no [helm] table) keeps its short lease; the
+        // daemon checks again once its catalog has a Helm type.
+        let docker_only = parse(
+            "[control]\nlease_s = 10\nprovisioner_timeout_s = 5\n",
+            "f",
+            &[],
+        )
+        .unwrap();
+        assert!(docker_only
+            .check_helm_timeouts()
+            .unwrap_err()
+            .contains("helm.wait_timeout_s (300)"));
+        let short = "[helm]\nwait_timeout_s = 2\nkill_margin_s = 1\n[control]\nlease_s = 10\nprovisioner_timeout_s = 5\n";
+        parse(short, "f", &[]).unwrap();
+        let env = vec![(env_name("helm.wait_timeout_s"), "900".to_owned())];
+        let e = parse("", "stead.toml", &env).unwrap_err().to_string();
+        assert!(e.contains("helm.wait_timeout_s (900)"), "{e}");
+    }
+
+    #[test]
+    fn helm_environment_settings_are_names_and_values() {
+        let config = parse(
+            "[helm]\npass_env = [\"AWS_PROFILE\"]\nenv = { KUBECONFIG = \"/etc/k\" }\n",
+            "stead.toml",
+            &[],
+        )
+        .unwrap();
+        assert_eq!(config.helm.pass_env, ["AWS_PROFILE"]);
+        assert_eq!(config.helm.env["KUBECONFIG"], "/etc/k");
+        let e = parse("[helm]\npass_env = [\"A B\"]\n", "stead.toml", &[]).unwrap_err();
+        assert!(e.to_string().contains("helm.pass_env[0] = \"A B\""), "{e}");
+        let e = parse("[helm]\nenv = { \"1X\" = \"v\" }\n", "stead.toml", &[]).unwrap_err();
+        assert!(e.to_string().contains("helm.env.1X"), "{e}");
     }
 }

@@ -14,6 +14,7 @@ use serde::Deserialize;
 
 use super::fleet::RolloutState;
 use super::names;
+use super::release::{HelmChart, Provisioning, ReleaseParams, HELM_NAMESPACE_DEFAULT};
 use super::spec::{Healthcheck, ReadinessProbe, ServiceSpec};
 use super::toml_error;
 use super::types::ServiceName;
@@ -59,7 +60,19 @@ pub struct CatalogEntry {
     /// The rollout switch as the catalog file sets it. The store's rollout
     /// table can halt a type too; either one halting wins.
     pub rollout: RolloutState,
+    /// Docker containers recovered by stead, or a Helm chart recovered by
+    /// Kubernetes (`core::release`).
+    pub provisioning: Provisioning,
+    /// The containers of a Docker type; a Helm type has none (its chart
+    /// says what runs).
     pub services: Vec<ServiceSpec>,
+}
+
+impl CatalogEntry {
+    /// Whether stead runs and recovers this type's containers itself.
+    pub fn is_docker(&self) -> bool {
+        self.provisioning == Provisioning::Docker
+    }
 }
 
 /// A validated catalog, keyed by service type (iterated in name order).
@@ -148,6 +161,13 @@ pub enum CatalogChange {
         service_type: String,
         version: String,
     },
+    /// A type moved between Docker and Helm: its existing instances keep
+    /// the release they were installed as until they are reprovisioned.
+    Provisioner {
+        service_type: String,
+        from: &'static str,
+        to: &'static str,
+    },
     /// `security` or `rollout` changed.
     Settings {
         service_type: String,
@@ -181,6 +201,15 @@ impl std::fmt::Display for CatalogChange {
             Self::Settings { service_type } => {
                 write!(f, "{service_type} security or rollout setting changed")
             }
+            Self::Provisioner {
+                service_type,
+                from,
+                to,
+            } => write!(
+                f,
+                "{service_type} moved from {from} to {to} (existing instances keep \
+                 their {from} release; delete and recreate them to move them)"
+            ),
         }
     }
 }
@@ -205,13 +234,20 @@ impl Catalog {
                 });
                 continue;
             };
-            if before.version != entry.version {
+            if before.provisioning.word() != entry.provisioning.word() {
+                changes.push(CatalogChange::Provisioner {
+                    service_type,
+                    from: before.provisioning.word(),
+                    to: entry.provisioning.word(),
+                });
+            } else if before.version != entry.version {
                 changes.push(CatalogChange::Version {
                     service_type,
                     from: before.version.clone(),
                     to: entry.version.clone(),
                 });
-            } else if before.services != entry.services {
+            } else if before.services != entry.services || before.provisioning != entry.provisioning
+            {
                 changes.push(CatalogChange::SpecWithoutVersion {
                     service_type,
                     version: entry.version.clone(),
@@ -231,6 +267,7 @@ fn change_type(change: &CatalogChange) -> &str {
         | CatalogChange::Removed { service_type }
         | CatalogChange::Version { service_type, .. }
         | CatalogChange::SpecWithoutVersion { service_type, .. }
+        | CatalogChange::Provisioner { service_type, .. }
         | CatalogChange::Settings { service_type } => service_type,
     }
 }
@@ -279,7 +316,21 @@ struct RawType {
     #[serde(default)]
     security: bool,
     rollout: Option<String>,
+    /// `docker` (the default) or `helm`.
+    provisioner: Option<String>,
+    helm: Option<RawHelm>,
+    #[serde(default)]
     services: Vec<RawService>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawHelm {
+    chart: String,
+    chart_version: Option<String>,
+    namespace: Option<String>,
+    #[serde(default)]
+    values: toml::Table,
 }
 
 #[derive(Deserialize)]
@@ -431,6 +482,24 @@ impl Checker<'_> {
                 )
             })?,
         };
+        let provisioning = self.provisioning(&at, &raw)?;
+        if provisioning != Provisioning::Docker {
+            if !raw.services.is_empty() {
+                return Err(self.invalid(
+                    format!("{at}.services"),
+                    raw.services.len(),
+                    "a helm type has no services: its chart says what runs",
+                ));
+            }
+            return Ok(CatalogEntry {
+                service_type: name.to_owned(),
+                version: raw.version,
+                security: raw.security,
+                rollout,
+                provisioning,
+                services: Vec::new(),
+            });
+        }
         if raw.services.is_empty() || raw.services.len() > SERVICES_MAX {
             return Err(self.invalid(
                 format!("{at}.services"),
@@ -455,8 +524,87 @@ impl Checker<'_> {
             version: raw.version,
             security: raw.security,
             rollout,
+            provisioning,
             services,
         })
+    }
+
+    /// `provisioner` and, for a Helm type, its `helm` table.
+    fn provisioning(&self, at: &str, raw: &RawType) -> Result<Provisioning, CatalogError> {
+        let word = raw.provisioner.as_deref().unwrap_or("docker");
+        match (word, &raw.helm) {
+            ("docker", None) => Ok(Provisioning::Docker),
+            ("docker", Some(_)) => Err(self.invalid(
+                format!("{at}.helm"),
+                "set",
+                "only a type with provisioner = \"helm\" takes a helm table",
+            )),
+            ("helm", None) => Err(self.invalid(
+                format!("{at}.helm"),
+                "missing",
+                "a helm type needs a helm table with at least its chart",
+            )),
+            ("helm", Some(helm)) => self.helm(&format!("{at}.helm"), helm, &raw.version),
+            (other, _) => Err(self.invalid(
+                format!("{at}.provisioner"),
+                other,
+                "must be \"docker\" or \"helm\"",
+            )),
+        }
+    }
+
+    fn helm(&self, at: &str, raw: &RawHelm, version: &str) -> Result<Provisioning, CatalogError> {
+        let helm_arg = |field: String, value: &str, len_max: usize| {
+            self.text(&field, value, len_max)?;
+            if value.starts_with('-') || value.chars().any(char::is_control) {
+                return Err(self.invalid(
+                    field,
+                    value,
+                    "must not start with '-' (helm would read it as a flag)",
+                ));
+            }
+            Ok(())
+        };
+        helm_arg(format!("{at}.chart"), &raw.chart, IMAGE_LEN_MAX)?;
+        let chart_version = raw
+            .chart_version
+            .clone()
+            .unwrap_or_else(|| version.to_owned());
+        helm_arg(
+            format!("{at}.chart_version"),
+            &chart_version,
+            VERSION_LEN_MAX,
+        )?;
+        let namespace = raw
+            .namespace
+            .clone()
+            .unwrap_or_else(|| HELM_NAMESPACE_DEFAULT.to_owned());
+        let values = serde_json::to_value(&raw.values).map_err(|e| {
+            self.invalid(
+                format!("{at}.values"),
+                "…",
+                format!("cannot be given to helm: {e}"),
+            )
+        })?;
+        let chart = HelmChart {
+            chart: raw.chart.clone(),
+            chart_version,
+            namespace,
+            values,
+        };
+        // Rendered once for a sample instance: a bad placeholder, or a
+        // namespace that can never be a DNS label, is the catalog's error,
+        // not every provision's.
+        let sample = ReleaseParams {
+            instance: "i",
+            team: "t",
+            service_type: "s",
+            version: "v",
+        };
+        chart
+            .release_of(&sample, false)
+            .map_err(|e| self.invalid(format!("{at}.{}", e.field), &e.value, e.reason))?;
+        Ok(Provisioning::Helm(chart))
     }
 
     fn service(&self, at: &str, raw: RawService) -> Result<ServiceSpec, CatalogError> {

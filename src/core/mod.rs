@@ -19,6 +19,7 @@ pub mod plan;
 pub mod policy;
 pub mod provision;
 pub mod recovery;
+pub mod release;
 pub mod retire;
 pub mod spec;
 pub mod toml_error;

@@ -196,6 +196,16 @@ impl RecoveryPolicy {
     }
 }
 
+/// How long past its own `--timeout` a helm process may run before it is
+/// killed, by default (`helm.kill_margin_s`): helm reports a timed-out
+/// wait, and `--atomic` rolls back, in this margin.
+pub const HELM_KILL_MARGIN: Duration = Duration::from_secs(30);
+
+/// How much longer than a helm call's bound a task lease must be: the
+/// worker still records the outcome and moves the instance after helm
+/// returns, under the same lease.
+pub const TASK_LEASE_SAFETY_MARGIN: Duration = Duration::from_secs(5);
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -273,3 +283,4 @@ mod tests {
         );
     }
 }
+

@@ -30,6 +30,7 @@ use super::errors::{
     failure_of, ErrorKind, PortFailure, PortName, ProvisionError, StoreError, TrafficError,
 };
 use super::fleet::InstanceState;
+use super::release::{ReleaseSpec, ReleaseTarget};
 use super::spec::ServiceSpec;
 use super::types::{
     ActiveRecord, ActiveService, ContainerId, GenerationKey, Inhibition, InhibitionReason,
@@ -39,11 +40,10 @@ use super::types::{
 /// One effect (or read) a worker's protocol asks for.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum WorkCommand {
-    /// Install or upgrade the instance's release at `version`.
-    Install {
-        version: String,
-    },
-    Uninstall,
+    /// Install or upgrade the instance's release (for a Docker type, the
+    /// containers that follow are the release).
+    Install(ReleaseSpec),
+    Uninstall(ReleaseTarget),
     Inspect(ContainerId),
     Create {
         spec: ServiceSpec,
@@ -123,6 +123,9 @@ impl WorkAnswer {
 pub struct ProvisionInput {
     pub instance: InstanceName,
     pub version: String,
+    /// What to install first; a Helm release has no containers of stead's.
+    pub release: ReleaseSpec,
+    /// The catalog's services (a Docker type's containers).
     pub services: Vec<ServiceSpec>,
     /// ACTIVE as loaded under the instance lock.
     pub active: ActiveRecord,
@@ -142,6 +145,7 @@ enum ProvisionStep {
 #[derive(Debug)]
 pub struct Provision {
     version: String,
+    release: ReleaseSpec,
     active: ActiveRecord,
     pending: VecDeque<ServiceSpec>,
     step: ProvisionStep,
@@ -155,10 +159,17 @@ impl Provision {
     pub const SETTLES_AT: InstanceState = InstanceState::Ready;
 
     pub fn new(input: ProvisionInput) -> Self {
+        // Kubernetes runs a Helm release's pods: stead creates no
+        // container for it, whatever the services say.
+        let pending = match input.release {
+            ReleaseSpec::Docker { .. } => input.services.into(),
+            ReleaseSpec::Helm(_) => VecDeque::new(),
+        };
         Self {
             version: input.version,
+            release: input.release,
             active: input.active,
-            pending: input.services.into(),
+            pending,
             step: ProvisionStep::Install,
             to_save: None,
             outstanding: None,
@@ -173,9 +184,7 @@ impl Provision {
                 return None;
             }
             let command = match &self.step {
-                ProvisionStep::Install => WorkCommand::Install {
-                    version: self.version.clone(),
-                },
+                ProvisionStep::Install => WorkCommand::Install(self.release.clone()),
                 ProvisionStep::Next => {
                     let Some(spec) = self.pending.pop_front() else {
                         self.step = ProvisionStep::Done;
@@ -279,6 +288,8 @@ impl Provision {
 #[derive(Clone, Debug)]
 pub struct DeprovisionInput {
     pub instance: InstanceName,
+    /// The release to uninstall last.
+    pub release: ReleaseTarget,
     pub active: ActiveRecord,
     pub inhibitions: Vec<Inhibition>,
     /// The stop grace of a generation that names none.
@@ -336,7 +347,7 @@ impl Deprovision {
             }
             plan.push_back(WorkCommand::ClearInhibition(marker.clone()));
         }
-        plan.push_back(WorkCommand::Uninstall);
+        plan.push_back(WorkCommand::Uninstall(input.release.clone()));
         Self {
             plan,
             outstanding: None,

@@ -29,8 +29,9 @@ use std::time::Duration;
 
 use jiff::Timestamp;
 
-use super::errors::{failure_of, ErrorKind, PortName, ProbeError, StoreError};
+use super::errors::{failure_of, ErrorKind, PortName, ProbeError, ProvisionError, StoreError};
 use super::fleet::{add, InstanceState};
+use super::release::HelmRelease;
 use super::spec::{ReadinessProbe, ServiceSpec};
 use super::types::{
     ActiveRecord, ActiveService, Binds, ContainerId, ContainerStatus, GenerationKey, Inhibition,
@@ -58,6 +59,10 @@ pub struct UpgradeInput {
     pub services: Vec<ServiceSpec>,
     /// ACTIVE as loaded under the instance lock.
     pub active: ActiveRecord,
+    /// A Helm type's release at the target version (`--atomic`): upgraded
+    /// in one step by Helm instead of service by service. `None` for a
+    /// Docker type.
+    pub release: Option<HelmRelease>,
 }
 
 impl UpgradeInput {
@@ -100,6 +105,9 @@ pub enum UpgradeCommand {
     },
     /// Record the version the instance now runs.
     SetVersion(String),
+    /// Upgrade a Helm type's release in place; Helm rolls a failure back
+    /// (`--atomic`) and Kubernetes replaces the pods.
+    UpgradeRelease(HelmRelease),
 }
 
 impl UpgradeCommand {
@@ -133,6 +141,7 @@ pub enum UpgradeAnswer {
     ActiveSaved(Result<(), StoreError>),
     StateMoved(Result<(), StoreError>),
     VersionSet(Result<(), StoreError>),
+    ReleaseUpgraded(Result<(), ProvisionError>),
 }
 
 impl UpgradeAnswer {
@@ -148,6 +157,7 @@ impl UpgradeAnswer {
             | Self::ActiveSaved(r)
             | Self::StateMoved(r)
             | Self::VersionSet(r) => failure_of(r),
+            Self::ReleaseUpgraded(r) => failure_of(r),
         }
     }
 }
@@ -218,6 +228,8 @@ pub struct Upgrade {
     version: String,
     active: ActiveRecord,
     pending: VecDeque<ServiceSpec>,
+    /// A Helm release still to upgrade (taken when its command is issued).
+    release: Option<HelmRelease>,
     current: Option<(ServiceSpec, Step)>,
     outstanding: Option<UpgradeCommand>,
     switched: Vec<ServiceName>,
@@ -245,7 +257,13 @@ impl Upgrade {
             skipped_stopped,
             version: input.version,
             active: input.active,
-            pending,
+            // A Helm type has no services of stead's to replace.
+            pending: if input.release.is_some() {
+                VecDeque::new()
+            } else {
+                pending
+            },
+            release: input.release,
             current: None,
             outstanding: None,
             switched: Vec::new(),
@@ -290,6 +308,11 @@ impl Upgrade {
                     self.phase = Phase::Services;
                 }
                 Phase::Services => {
+                    if self.error.is_none() {
+                        if let Some(release) = self.release.take() {
+                            return Some(UpgradeCommand::UpgradeRelease(release));
+                        }
+                    }
                     if self.error.is_none() && (self.current.is_some() || !self.pending.is_empty())
                     {
                         return None;
@@ -428,6 +451,18 @@ impl Upgrade {
                     // Best effort: a failure leaves the instance upgrading,
                     // and the next upgrade or provision moves it on.
                     self.phase = Phase::Done;
+                }
+                return;
+            }
+            (UpgradeCommand::UpgradeRelease(release), UpgradeAnswer::ReleaseUpgraded(result)) => {
+                // Helm rolled a failed upgrade back (`--atomic`): the
+                // instance keeps serving its old version, as a Docker
+                // upgrade whose successor failed does.
+                if let Err(e) = result {
+                    self.error = Some(format!(
+                        "helm upgrade of release {} in {} to chart {} {}: {e}",
+                        release.name, release.namespace, release.chart, release.chart_version
+                    ));
                 }
                 return;
             }

@@ -137,6 +137,7 @@ async fn status(
         catalog: &catalog,
         memory: Some(&memory),
         caddy_admin: Some(&daemon.config.caddy.admin),
+        provisioner: Some(daemon.ports.provisioner.as_ref()),
         database: super::redact(&daemon.config.database_url),
         now: daemon.ports.clock.now(),
     })

@@ -7,9 +7,8 @@
 //! workloads. It builds the engine's ports from config and runs the engine's
 //! loops; every decision stays in `core`.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
-use std::time::Duration;
 
 use async_trait::async_trait;
 use tokio::sync::watch;
@@ -35,12 +34,29 @@ pub mod events;
 pub mod human;
 pub mod identity;
 pub mod metrics;
+pub mod provisioners;
 pub mod status;
 
 // The config parser needs no adapter and lives in `crate::config` so that it
 // builds (and is fuzzed) without `io`; `daemon::config` stays its name here.
 pub use crate::config::daemon as config;
-pub use config::{DaemonConfig, DaemonConfigError, LogFormat, ProvisionerKind};
+pub use config::{DaemonConfig, DaemonConfigError, LogFormat};
+
+/// How the daemon runs helm, from its `[helm]` settings.
+pub fn helm_config(config: &DaemonConfig) -> HelmConfig {
+    HelmConfig {
+        helm_path: config.helm.path.clone(),
+        wait_timeout: config.helm.wait_timeout,
+        kill_margin: config.helm.kill_margin,
+        pass_env: config.helm.pass_env.clone(),
+        env: config
+            .helm
+            .env
+            .iter()
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect(),
+    }
+}
 
 /// Which loops this process runs (`stead run --role`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -159,6 +175,29 @@ pub fn readiness_table(catalog: &Catalog) -> ReadinessTable {
     table
 }
 
+/// A catalog with a Helm type needs a task lease that outlives a helm call
+/// (`DaemonConfig::check_helm_timeouts`); a Docker-only one does not.
+fn helm_timeouts_agree(config: &DaemonConfig, catalog: &Catalog) -> Result<(), String> {
+    let Some(helm_type) = catalog.entries().find(|e| !e.is_docker()) else {
+        return Ok(());
+    };
+    config.check_helm_timeouts().map_err(|reason| {
+        format!(
+            "type {} is provisioned by helm, but {reason}",
+            helm_type.service_type
+        )
+    })
+}
+
+/// The service types Kubernetes recovers (the recovery pass skips them).
+pub fn helm_types(catalog: &Catalog) -> BTreeSet<String> {
+    catalog
+        .entries()
+        .filter(|e| !e.is_docker())
+        .map(|e| e.service_type.clone())
+        .collect()
+}
+
 /// The process-wide Prometheus recorder; see [`metrics::handle`].
 pub fn metrics_handle() -> metrics_exporter_prometheus::PrometheusHandle {
     metrics::handle()
@@ -233,7 +272,11 @@ pub struct Daemon {
 impl Daemon {
     /// Loads the catalog, opens the store and builds every port.
     pub async fn build(config: DaemonConfig) -> Result<Daemon, DaemonError> {
-        let catalog = SharedCatalog::new(Arc::new(crate::config::load_catalog(&config.catalog)?));
+        let loaded = crate::config::load_catalog(&config.catalog)?;
+        helm_timeouts_agree(&config, &loaded).map_err(|reason| {
+            DaemonError::Setup(format!("{}: {reason}", config.catalog.display()))
+        })?;
+        let catalog = SharedCatalog::new(Arc::new(loaded));
         let identity = identity::Identity::take(&config.state_dir, os_seed())
             .await
             .map_err(|e| DaemonError::Setup(e.to_string()))?;
@@ -247,30 +290,14 @@ impl Daemon {
             request_timeout: config.caddy.request_timeout,
         })
         .map_err(|e| DaemonError::Setup(e.to_string()))?;
-        let mut control = config.control.clone();
-        let provisioner: Arc<dyn Provisioner> = match config.provisioner {
-            ProvisionerKind::Docker => {
-                // A Docker release lives in no namespace of its own; the
-                // drift check must compare against the one it reports, or
-                // every release would look foreign and every instance gone.
-                control.namespace = DockerProvisioner::NAMESPACE.to_owned();
-                Arc::new(DockerProvisioner::new(docker.clone()))
-            }
-            ProvisionerKind::Helm => {
-                control.namespace = config.helm.namespace.clone();
-                Arc::new(
-                    HelmProvisioner::new(HelmConfig {
-                        helm_path: config.helm.path.clone(),
-                        chart: config.helm.chart.clone(),
-                        namespace: config.helm.namespace.clone(),
-                        wait_timeout: config.helm.wait_timeout,
-                        call_timeout: config.helm.wait_timeout + Duration::from_secs(30),
-                        env: Vec::new(),
-                    })
-                    .map_err(|e| DaemonError::Setup(e.to_string()))?,
-                )
-            }
-        };
+        let control = config.control.clone();
+        let helm = HelmProvisioner::new(helm_config(&config))
+            .map_err(|e| DaemonError::Setup(e.to_string()))?;
+        let provisioner: Arc<dyn Provisioner> = Arc::new(provisioners::RoutedProvisioner::new(
+            Arc::new(DockerProvisioner::new(docker.clone())),
+            Arc::new(helm),
+            catalog.clone(),
+        ));
         let ports = Ports {
             clock: Arc::new(AnchoredClock::new(Arc::new(SystemClock))),
             runtime: Arc::new(docker.clone()),
@@ -296,6 +323,7 @@ impl Daemon {
             identity.process.actor("recovery"),
             lease,
         ));
+        recoverer.set_helm_types(helm_types(&catalog.current()));
         let reconciler = Arc::new(Reconciler::new(
             ports.clone(),
             catalog.clone(),
@@ -346,7 +374,15 @@ impl Daemon {
     /// changed.
     pub fn reload_catalog(&self) -> Result<Vec<CatalogChange>, CatalogError> {
         let path = &self.config.catalog;
-        let new = match crate::config::load_catalog(path) {
+        let loaded = crate::config::load_catalog(path).and_then(|catalog| {
+            helm_timeouts_agree(&self.config, &catalog)
+                .map_err(|reason| CatalogError::Read {
+                    file: path.display().to_string(),
+                    reason,
+                })
+                .map(|()| catalog)
+        });
+        let new = match loaded {
             Ok(catalog) => catalog,
             Err(e) => {
                 tracing::error!(
@@ -360,6 +396,7 @@ impl Daemon {
         };
         let changes = new.changes_from(&self.catalog.current());
         self.recoverer.set_readiness(readiness_table(&new));
+        self.recoverer.set_helm_types(helm_types(&new));
         self.catalog.replace(Arc::new(new));
         let summary = if changes.is_empty() {
             "no change".to_owned()

@@ -15,8 +15,9 @@ use crate::core::catalog::Catalog;
 use crate::core::fleet::{Instance, InstanceState, RolloutState, Task, TaskKind, TaskState};
 use crate::core::memory::RecoveryMemory;
 use crate::core::plan::is_behind;
+use crate::core::release::{Provisioning, ReleaseParams};
 use crate::core::types::{ContainerStatus, GenerationKey, InstanceName, ServiceName, Timestamp};
-use crate::ports::{Runtime, Store};
+use crate::ports::{Provisioner, Runtime, Store};
 
 use super::human::{relative, table};
 
@@ -43,6 +44,24 @@ pub struct StatusRow {
     pub binds: String,
     pub inhibitions: Vec<String>,
     pub expires_at: Option<String>,
+}
+
+/// One instance of a Helm type: its release as Helm reports it
+/// (Kubernetes runs and recovers it, so there are no containers of
+/// stead's to show).
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct ReleaseRow {
+    pub instance: String,
+    pub state: String,
+    pub version: String,
+    pub namespace: String,
+    /// Helm's status (`deployed`, `pending-upgrade`, `failed`, ...),
+    /// `missing` when Helm does not know the release, or why it could not
+    /// be asked.
+    pub release: String,
+    pub revision: Option<u64>,
+    pub chart: String,
+    pub description: String,
 }
 
 /// An instance behind its type's catalog version, and where its upgrade is.
@@ -85,6 +104,9 @@ pub struct Status {
     /// The database it was read from, without a password.
     pub database: String,
     pub rows: Vec<StatusRow>,
+    /// Instances of Helm types, one row each.
+    #[serde(default)]
+    pub releases: Vec<ReleaseRow>,
     pub catalog: Vec<TypeStatus>,
     /// Halted rollouts of types no longer in the catalog, too.
     pub halted_rollouts: Vec<String>,
@@ -102,6 +124,8 @@ pub struct StatusSources<'a> {
     /// The running daemon's memory (budgets are volatile, R17).
     pub memory: Option<&'a RecoveryMemory>,
     pub caddy_admin: Option<&'a str>,
+    /// Asked for the status of Helm types' releases (`helm status`).
+    pub provisioner: Option<&'a dyn Provisioner>,
     pub database: String,
     pub now: Timestamp,
 }
@@ -146,9 +170,53 @@ pub async fn status(from: StatusSources<'_>) -> Status {
     fleet_by_type(&from, &live, &mut status).await;
     let caddy = caddy_client(from.caddy_admin);
     for instance in live {
-        instance_rows(&from, instance, caddy.as_ref(), &mut status).await;
+        match from.catalog.get(&instance.service_type) {
+            Some(entry) if !entry.is_docker() => {
+                release_row(&from, &entry.provisioning, instance, &mut status).await
+            }
+            _ => instance_rows(&from, instance, caddy.as_ref(), &mut status).await,
+        }
     }
     status
+}
+
+/// A Helm type's instance: where its release lives and what Helm says.
+async fn release_row(
+    from: &StatusSources<'_>,
+    provisioning: &Provisioning,
+    instance: &Instance,
+    status: &mut Status,
+) {
+    let mut row = ReleaseRow {
+        instance: instance.name.to_string(),
+        state: instance.state.as_str().to_owned(),
+        version: instance.version.clone(),
+        namespace: "-".into(),
+        release: "-".into(),
+        revision: None,
+        chart: "-".into(),
+        description: String::new(),
+    };
+    match provisioning.target_of(&ReleaseParams::of(instance, &instance.version)) {
+        Err(e) => row.release = format!("cannot be located: {e}"),
+        Ok(target) => {
+            row.namespace = target.release.namespace.clone();
+            row.release = match from.provisioner {
+                None => "not asked (no provisioner)".into(),
+                Some(p) => match p.status(&target).await {
+                    Ok(Some(s)) => {
+                        row.revision = Some(s.revision);
+                        row.chart = s.chart;
+                        row.description = s.description;
+                        s.status
+                    }
+                    Ok(None) => "missing".into(),
+                    Err(e) => format!("unknown ({e})"),
+                },
+            };
+        }
+    }
+    status.releases.push(row);
 }
 
 /// The catalog's types: version, instances, rollout, pending upgrades.
@@ -434,6 +502,10 @@ pub fn render_status(status: &Status) -> String {
     } else {
         table(&rows)
     };
+    if !status.releases.is_empty() {
+        out.push('\n');
+        out.push_str(&render_releases(status));
+    }
     out.push('\n');
     out.push_str(&render_catalog(status));
     match &status.reconciler {
@@ -454,6 +526,41 @@ pub fn render_status(status: &Status) -> String {
         out.push_str(&format!("error: {e}\n"));
     }
     out
+}
+
+fn render_releases(status: &Status) -> String {
+    let mut rows = vec![[
+        "INSTANCE",
+        "STATE",
+        "VERSION",
+        "NAMESPACE",
+        "RELEASE",
+        "REVISION",
+        "CHART",
+        "HELM SAYS",
+    ]
+    .map(str::to_owned)
+    .to_vec()];
+    for r in &status.releases {
+        rows.push(vec![
+            r.instance.clone(),
+            r.state.clone(),
+            r.version.clone(),
+            r.namespace.clone(),
+            r.release.clone(),
+            r.revision.map_or("-".into(), |n| n.to_string()),
+            r.chart.clone(),
+            if r.description.is_empty() {
+                "-".into()
+            } else {
+                r.description.clone()
+            },
+        ]);
+    }
+    format!(
+        "Helm releases (Kubernetes recovers these):\n{}",
+        table(&rows)
+    )
 }
 
 fn render_catalog(status: &Status) -> String {

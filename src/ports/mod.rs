@@ -192,14 +192,41 @@ pub trait Traffic: Send + Sync {
 }
 
 pub use crate::core::fleet::Release;
+pub use crate::core::release::{HelmRelease, ReleaseKind, ReleaseSpec, ReleaseTarget};
 
 /// Releases: install-or-upgrade on a deterministic name, uninstall, list.
+/// One provisioner serves every kind of release (`ReleaseKind`); the
+/// daemon's routes each call to Docker or Helm.
 #[async_trait]
 pub trait Provisioner: Send + Sync {
     /// Idempotent: installing an installed release upgrades it in place.
-    async fn install_or_upgrade(&self, release: &str, version: &str) -> Result<(), ProvisionError>;
-    async fn uninstall(&self, release: &str) -> Result<(), ProvisionError>;
+    async fn install_or_upgrade(&self, release: &ReleaseSpec) -> Result<(), ProvisionError>;
+    /// Idempotent: a release that is already gone counts as uninstalled.
+    async fn uninstall(&self, release: &ReleaseTarget) -> Result<(), ProvisionError>;
+    /// Every live release in every state (pending ones included: they
+    /// exist), keyed by (name, namespace), with no cap on their number.
     async fn list_releases(&self) -> Result<Vec<Release>, ProvisionError>;
+    /// The provisioner's own account of one release (`helm status`), for
+    /// `stead status`; `None` when it keeps none (Docker) or does not know
+    /// the release.
+    async fn status(
+        &self,
+        _release: &ReleaseTarget,
+    ) -> Result<Option<ReleaseStatus>, ProvisionError> {
+        Ok(None)
+    }
+}
+
+/// What a provisioner says of one release.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct ReleaseStatus {
+    /// The provisioner's word: `deployed`, `failed`, `pending-upgrade`, ...
+    pub status: String,
+    pub revision: u64,
+    /// The chart and its version, as `chart-1.2.3`.
+    pub chart: String,
+    /// Helm's description of the last operation ("Upgrade complete").
+    pub description: String,
 }
 
 /// Readiness of one execution's backends.

@@ -113,6 +113,7 @@ fn entry(service_type: &str, version: &str, security: bool, halted: bool) -> Cat
         } else {
             RolloutState::Active
         },
+        provisioning: stead::core::release::Provisioning::Docker,
         services: Vec::new(),
     }
 }
@@ -173,7 +174,12 @@ impl WorldSeed {
                 .take(RELEASES_MAX)
                 .map(|&(n, foreign)| Release {
                     name: format!("i{}", n % 32),
-                    namespace: if foreign { "other-team" } else { "stead" }.to_owned(),
+                    namespace: if foreign {
+                        "other-team"
+                    } else {
+                        stead::core::release::DOCKER_RELEASE_NAMESPACE
+                    }
+                    .to_owned(),
                 })
                 .collect()
         });

@@ -26,8 +26,8 @@ use stead::core::types::{
 use stead::ports::{
     Clock, CreateContainer, EventSubscription, HeldRoute, ManagedContainer, Notifier, NotifyError,
     PlaneCheck, Policy, PolicyError, Probe, ProbeError, ProvisionError, Provisioner, Release,
-    Route, Runtime, RuntimeEvent, RuntimeEventAction, RuntimeEvents, ServiceKey, Traffic,
-    TrafficError,
+    ReleaseSpec, ReleaseStatus, ReleaseTarget, Route, Runtime, RuntimeEvent, RuntimeEventAction,
+    RuntimeEvents, ServiceKey, Traffic, TrafficError,
 };
 
 /// Which operation a fault is asked about.
@@ -934,11 +934,12 @@ impl Policy for MemoryPolicy {
     }
 }
 
-/// Releases as a set of names.
+/// Releases by name, each with its namespace and version.
 pub struct MemoryProvisioner {
     hooks: Hooks,
+    /// Where `add_foreign` puts releases.
     namespace: String,
-    releases: Mutex<BTreeMap<String, String>>,
+    releases: Mutex<BTreeMap<String, (String, String)>>,
 }
 
 impl MemoryProvisioner {
@@ -957,10 +958,10 @@ impl MemoryProvisioner {
 
     /// A release installed by some other tool.
     pub fn add_foreign(&self, release: &str) {
-        self.releases
-            .lock()
-            .expect("poisoned")
-            .insert(release.to_owned(), "foreign".into());
+        self.releases.lock().expect("poisoned").insert(
+            release.to_owned(),
+            (self.namespace.clone(), "foreign".into()),
+        );
     }
 
     pub fn release_names(&self) -> Vec<String> {
@@ -975,16 +976,22 @@ impl MemoryProvisioner {
 
 #[async_trait]
 impl Provisioner for MemoryProvisioner {
-    async fn install_or_upgrade(&self, release: &str, version: &str) -> Result<(), ProvisionError> {
+    async fn install_or_upgrade(&self, spec: &ReleaseSpec) -> Result<(), ProvisionError> {
+        let target = spec.target();
+        let release = target.release.name.as_str();
+        let version = match spec {
+            ReleaseSpec::Docker { .. } => String::new(),
+            ReleaseSpec::Helm(helm) => helm.chart_version.clone(),
+        };
         let latency = self
             .hooks
             .admit(Op::Install, release)
             .await
             .map_err(|f| ProvisionError::Unavailable(text_err(f)))?;
-        self.releases
-            .lock()
-            .expect("poisoned")
-            .insert(release.to_owned(), version.to_owned());
+        self.releases.lock().expect("poisoned").insert(
+            release.to_owned(),
+            (target.release.namespace.clone(), version),
+        );
         self.hooks.observer.effect(&Effect::Installed {
             release: release.to_owned(),
         });
@@ -992,7 +999,8 @@ impl Provisioner for MemoryProvisioner {
         Ok(())
     }
 
-    async fn uninstall(&self, release: &str) -> Result<(), ProvisionError> {
+    async fn uninstall(&self, target: &ReleaseTarget) -> Result<(), ProvisionError> {
+        let release = target.release.name.as_str();
         let latency = self
             .hooks
             .admit(Op::Uninstall, release)
@@ -1015,12 +1023,30 @@ impl Provisioner for MemoryProvisioner {
             .releases
             .lock()
             .expect("poisoned")
-            .keys()
-            .map(|name| Release {
+            .iter()
+            .map(|(name, (namespace, _))| Release {
                 name: name.clone(),
-                namespace: self.namespace.clone(),
+                namespace: namespace.clone(),
             })
             .collect())
+    }
+
+    async fn status(
+        &self,
+        target: &ReleaseTarget,
+    ) -> Result<Option<ReleaseStatus>, ProvisionError> {
+        Ok(self
+            .releases
+            .lock()
+            .expect("poisoned")
+            .get(&target.release.name)
+            .filter(|(namespace, _)| *namespace == target.release.namespace)
+            .map(|(_, version)| ReleaseStatus {
+                status: "deployed".into(),
+                revision: 1,
+                chart: format!("chart-{version}"),
+                description: "Install complete".into(),
+            }))
     }
 }
 

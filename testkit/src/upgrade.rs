@@ -21,7 +21,7 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use stead::core::errors::{ProbeError, StoreError};
+use stead::core::errors::{ProbeError, ProvisionError, StoreError};
 use stead::core::fleet::InstanceState;
 use stead::core::spec::{ReadinessProbe, ServiceSpec};
 use stead::core::types::{
@@ -85,6 +85,7 @@ pub fn upgrade_input(services: &[UpgradeServiceSeed], stopped: bool, ready: bool
         version: "2".into(),
         services: specs,
         active,
+        release: None,
     }
 }
 
@@ -118,6 +119,11 @@ fn answer_for(command: &UpgradeCommand, seed: &OutcomeSeed) -> UpgradeAnswer {
                     execution(seed.execution)
                 },
             }),
+        }),
+        UpgradeCommand::UpgradeRelease(_) => UpgradeAnswer::ReleaseUpgraded(if fails {
+            Err(ProvisionError::Failed("rolled back".into()))
+        } else {
+            Ok(())
         }),
         UpgradeCommand::ReadBinds(_) => UpgradeAnswer::Binds(if fails {
             Err(RuntimeError::Transient("timeout".into()))

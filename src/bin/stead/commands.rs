@@ -286,12 +286,17 @@ async fn local_status(config: &DaemonConfig) -> Result<Status, String> {
         Ok(c) => (c, None),
         Err(e) => (Catalog::default(), Some(e.to_string())),
     };
+    // Only Helm types' releases are asked about, so Docker's half is not
+    // needed here.
+    let helm = stead::adapters::helm::HelmProvisioner::new(stead::daemon::helm_config(config))
+        .map_err(|e| e.to_string())?;
     let mut status = stead::daemon::status::status(StatusSources {
         store: store.as_ref(),
         runtime: &docker,
         catalog: &catalog,
         memory: None,
         caddy_admin: Some(&config.caddy.admin),
+        provisioner: Some(&helm),
         database: redact(&config.database_url),
         now: SystemClock.now(),
     })

@@ -6,8 +6,6 @@ use crate::core::broken::Mutant;
 
 use serde::Deserialize;
 
-use crate::core::names;
-
 /// Upper bound on `max_in_flight`: more concurrent upgrades than this is a
 /// typo, not a rollout policy.
 pub const MAX_IN_FLIGHT_MAX: u32 = 1000;
@@ -28,9 +26,6 @@ pub const CONFIG_LEN_MAX: usize = 64 * 1024;
 /// What the four checks of the control loop need to know.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ControlConfig {
-    /// Namespace of every release stead installs; a live release elsewhere
-    /// is not one of ours (and so reported as an orphan).
-    pub namespace: String,
     /// Team whose instances upgrade first: stead's operators eat their own
     /// dog food before any tenant does.
     pub own_team: String,
@@ -52,10 +47,11 @@ pub struct ControlConfig {
 impl Default for ControlConfig {
     fn default() -> Self {
         Self {
-            namespace: "stead".to_owned(),
             own_team: "platform".to_owned(),
             max_in_flight: 1,
-            lease: Duration::from_secs(300),
+            // Longer than helm's default wait (300 s) plus the margins
+            // (`policy::HELM_KILL_MARGIN`, `TASK_LEASE_SAFETY_MARGIN`).
+            lease: Duration::from_secs(600),
             provisioner_timeout: Duration::from_secs(240),
             tick_interval: Duration::from_secs(60),
             broken: None,
@@ -134,9 +130,6 @@ impl ControlConfig {
     /// Checks every bound and the relation between lease and provisioner
     /// timeout. The first violation is returned, naming its field.
     pub fn validate(&self) -> Result<(), ConfigError> {
-        // Releases live in this namespace: a Kubernetes namespace is a DNS label.
-        names::check_dns_label("namespace", &self.namespace)
-            .map_err(|e| invalid("namespace", &self.namespace, e.rule.to_string()))?;
         check_team("own_team", &self.own_team)?;
         if !(1..=MAX_IN_FLIGHT_MAX).contains(&self.max_in_flight) {
             return Err(invalid(
@@ -204,8 +197,16 @@ impl ControlConfig {
                 .map(Duration::from_secs)
                 .map_err(|_| invalid(field, s, "must not be negative")),
         };
+        if let Some(namespace) = &raw.namespace {
+            return Err(invalid(
+                "namespace",
+                namespace,
+                "is no longer a setting: each service type's provisioner says where its \
+                 releases live (Docker's in \"docker\", a Helm type's in the catalog's \
+                 helm.namespace); remove it",
+            ));
+        }
         let config = ControlConfig {
-            namespace: raw.namespace.unwrap_or(defaults.namespace),
             own_team: raw.own_team.unwrap_or(defaults.own_team),
             max_in_flight: match raw.max_in_flight {
                 None => defaults.max_in_flight,
@@ -240,6 +241,7 @@ impl ControlConfig {
 #[derive(Clone, Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct RawControlConfig {
+    /// Removed (read only to say so).
     pub namespace: Option<String>,
     pub own_team: Option<String>,
     pub max_in_flight: Option<i64>,

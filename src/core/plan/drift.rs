@@ -1,7 +1,8 @@
 //! C5: live releases against the instances the database says are ready.
 
 use super::{is_expired, Decision, Notice, Plan, Planner, Report};
-use crate::core::fleet::{InstanceState, TaskKind};
+use crate::core::fleet::{Instance, InstanceState, Release, TaskKind};
+use crate::core::release::ReleaseParams;
 
 impl Planner<'_, '_> {
     /// A ready instance whose release is gone gets one `reprovision` (safe:
@@ -19,7 +20,6 @@ impl Planner<'_, '_> {
         let Some(live) = &self.live else {
             return Plan::default();
         };
-        let namespace = snapshot.config.namespace.as_str();
         let mut plan = Plan::default();
         // Which live releases some instance owns. Every instance the
         // database has not finished deleting owns its release name; a
@@ -29,7 +29,21 @@ impl Planner<'_, '_> {
             if instance.state == InstanceState::Deleted {
                 continue;
             }
-            let position = live.position(instance.name.as_str(), namespace);
+            // Where its type's provisioner keeps the release: Docker's
+            // labelled containers, or a Helm chart in its rendered
+            // namespace.
+            let Some(expected) = self.release_of(instance, &mut plan) else {
+                // A type the catalog does not list, or a namespace that
+                // does not render: where its release lives is unknown, so
+                // any release of its name is its, and none is missing.
+                for (p, (name, _)) in live.distinct.iter().enumerate() {
+                    if *name == instance.name.as_str() {
+                        owned[p] = true;
+                    }
+                }
+                continue;
+            };
+            let position = live.position(&expected.name, &expected.namespace);
             if let Some(p) = position {
                 owned[p] = true;
             }
@@ -41,8 +55,8 @@ impl Planner<'_, '_> {
                 continue;
             }
             let reason = format!(
-                "drift: release {} missing from namespace {namespace}",
-                instance.name
+                "drift: release {} missing from namespace {}",
+                instance.name, expected.namespace
             );
             plan.decisions.push(Decision::Enqueue(self.new_task(
                 TaskKind::Reprovision,
@@ -71,5 +85,26 @@ impl Planner<'_, '_> {
                 namespace: ns.to_owned(),
             }));
         plan
+    }
+
+    /// Where `instance`'s release lives, or `None` (reported) when that
+    /// cannot be known: its type is not in the catalog, or its namespace
+    /// template does not render for it.
+    pub(super) fn release_of(&self, instance: &Instance, plan: &mut Plan) -> Option<Release> {
+        let entry = self.snapshot.catalog.get(&instance.service_type)?;
+        match entry
+            .provisioning
+            .target_of(&ReleaseParams::of(instance, &instance.version))
+        {
+            Ok(target) => Some(target.release),
+            Err(error) => {
+                plan.reports.push(Report::BadRelease {
+                    instance: instance.id,
+                    name: instance.name.clone(),
+                    error: error.to_string(),
+                });
+                None
+            }
+        }
     }
 }

@@ -174,6 +174,13 @@ pub enum Report {
     /// A running task without `locked_at` (a row written by another tool).
     /// No lease can be broken early, so it was requeued.
     RunningWithoutLease { task: TaskId },
+    /// An instance whose release cannot be located: its type's namespace
+    /// template does not render for it. Drift cannot check it.
+    BadRelease {
+        instance: InstanceId,
+        name: InstanceName,
+        error: String,
+    },
     /// An instance of a service type the catalog does not list; it is
     /// never upgraded.
     UnknownServiceType {
@@ -200,6 +207,11 @@ impl std::fmt::Display for Report {
                 "instance {name}: maintenance window {window:?} does not parse ({error}); \
                  its upgrades are skipped until it is fixed (C8)"
             ),
+            Self::BadRelease { name, error, .. } => write!(
+                f,
+                "instance {name}: its release cannot be located ({error}); drift does not \
+                 check it until the catalog is fixed"
+            ),
             Self::RunningWithoutLease { task } => write!(
                 f,
                 "task {task} is running without locked_at (written by another tool); requeued"
@@ -219,7 +231,7 @@ impl std::fmt::Display for Report {
 impl Report {
     pub fn level(&self) -> Level {
         match self {
-            Self::OrphanRelease { .. } => Level::Error,
+            Self::OrphanRelease { .. } | Self::BadRelease { .. } => Level::Error,
             Self::BadWindow { .. } | Self::RunningWithoutLease { .. } => Level::Warn,
             Self::UnknownServiceType { .. } => Level::Warn,
         }

@@ -74,7 +74,6 @@ impl Planner<'_, '_> {
     /// Whether `instance` may be upgraded now, apart from the fleet limit
     /// and the rollout switch. Cheap checks first: this runs per instance.
     fn upgradable(&self, instance: &Instance, entry: &CatalogEntry) -> bool {
-        let namespace = self.snapshot.config.namespace.as_str();
         instance.state == InstanceState::Ready
             // A stopped instance runs nothing to overlap with and must not be
             // started or published (S3): it is upgraded once started again.
@@ -85,10 +84,10 @@ impl Planner<'_, '_> {
             // reprovision or deprovision helps nobody.
             && !self.active_kinds(instance.id).any()
             // A missing release is drift's to repair first.
-            && self
-                .live
-                .as_ref()
-                .is_none_or(|live| live.contains(instance.name.as_str(), namespace))
+            && self.live.as_ref().is_none_or(|live| {
+                self.release_of(instance, &mut Plan::default())
+                    .is_some_and(|r| live.contains(&r.name, &r.namespace))
+            })
     }
 
     /// Instances behind their catalog version get an `upgrade`, the

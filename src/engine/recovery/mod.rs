@@ -4,7 +4,7 @@
 //! aggregates: the whole-fleet pass here, one instance in `instance`, the
 //! ports in `perform`, the traffic plane in `plane`, the log in `log`.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Mutex, OnceLock};
 
 use crate::core::memory::RecoveryMemory;
@@ -36,6 +36,9 @@ pub struct Recoverer {
     policy: RecoveryPolicy,
     /// Replaced when the catalog is reloaded.
     readiness: Mutex<ReadinessTable>,
+    /// Service types whose instances Kubernetes recovers (Helm types):
+    /// the pass leaves them alone. Replaced when the catalog is reloaded.
+    helm_types: Mutex<BTreeSet<String>>,
     memory: Mutex<RecoveryMemory>,
     locks: Arc<InstanceLocks>,
     /// This process's recovery as an instance-lock holder (T3).
@@ -60,6 +63,7 @@ impl Recoverer {
             ports,
             policy,
             readiness: Mutex::new(readiness),
+            helm_types: Mutex::new(BTreeSet::new()),
             memory: Mutex::new(RecoveryMemory::default()),
             locks,
             lock_holder,
@@ -97,6 +101,12 @@ impl Recoverer {
         *self.readiness.lock().expect("readiness poisoned") = readiness;
     }
 
+    /// Installs the Helm types of a reloaded catalog: their instances run
+    /// in Kubernetes, which recovers them, so the pass skips them.
+    pub fn set_helm_types(&self, types: BTreeSet<String>) {
+        *self.helm_types.lock().expect("helm types poisoned") = types;
+    }
+
     pub fn memory(&self) -> RecoveryMemory {
         self.memory.lock().expect("memory poisoned").clone()
     }
@@ -128,6 +138,13 @@ impl Recoverer {
             }
         };
         let bad_rows = !rows.bad.is_empty();
+        let mut rows = rows;
+        {
+            let helm = self.helm_types.lock().expect("helm types poisoned");
+            if !helm.is_empty() {
+                rows.rows.retain(|i| !helm.contains(&i.service_type));
+            }
+        }
         outcome
             .errors
             .extend(rows.bad.into_iter().map(RecoverError::SkippedRow));

@@ -4,7 +4,7 @@
 use crate::core::fleet::Instance;
 use crate::core::provision::{WorkAnswer, WorkCommand, WorkError};
 use crate::core::upgrade::{UpgradeAnswer, UpgradeCommand};
-use crate::ports::StoreError;
+use crate::ports::{ReleaseSpec, StoreError};
 
 use super::Worker;
 
@@ -18,12 +18,8 @@ impl Worker {
         let p = &self.ports;
         let name = &instance.name;
         match command {
-            WorkCommand::Install { version } => done(
-                p.provisioner
-                    .install_or_upgrade(name.as_str(), &version)
-                    .await,
-            ),
-            WorkCommand::Uninstall => done(p.provisioner.uninstall(name.as_str()).await),
+            WorkCommand::Install(release) => done(p.provisioner.install_or_upgrade(&release).await),
+            WorkCommand::Uninstall(release) => done(p.provisioner.uninstall(&release).await),
             WorkCommand::Inspect(id) => WorkAnswer::Inspected(p.runtime.inspect(&id).await),
             WorkCommand::Create { spec, revision } => {
                 WorkAnswer::Created(self.create(instance, &spec, &revision).await)
@@ -93,6 +89,11 @@ impl Worker {
             UpgradeCommand::SaveMarker(marker) => {
                 UpgradeAnswer::MarkerSaved(p.store.save_inhibition(&instance.name, &marker).await)
             }
+            UpgradeCommand::UpgradeRelease(release) => UpgradeAnswer::ReleaseUpgraded(
+                p.provisioner
+                    .install_or_upgrade(&ReleaseSpec::Helm(release))
+                    .await,
+            ),
             UpgradeCommand::SaveActive { service, record } => UpgradeAnswer::ActiveSaved(
                 p.store
                     .save_active_service(&instance.name, &service, &record)

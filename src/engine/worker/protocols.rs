@@ -7,6 +7,7 @@ use crate::core::fleet::{settle_state, Instance, InstanceState};
 use crate::core::provision::{
     Deprovision, DeprovisionInput, Provision, ProvisionInput, WorkAnswer,
 };
+use crate::core::release::{Provisioning, ReleaseParams, ReleaseTarget};
 use crate::core::spec::ServiceSpec;
 use crate::core::types::{ContainerId, RuntimeError};
 use crate::core::upgrade::{Upgrade, UpgradeInput};
@@ -41,9 +42,14 @@ impl Worker {
             .load_active(&instance.name)
             .await
             .map_err(|e| e.to_string())?;
+        let release = entry
+            .provisioning
+            .spec_of(&ReleaseParams::of(instance, &instance.version), false)
+            .map_err(|e| format!("{}: {e}", instance.name))?;
         let mut provision = Provision::new(ProvisionInput {
             instance: instance.name.clone(),
             version: instance.version.clone(),
+            release,
             services: entry.services,
             active,
         });
@@ -75,7 +81,18 @@ impl Worker {
             .load_active(&instance.name)
             .await
             .map_err(|e| e.to_string())?;
+        // A Helm type is upgraded by Helm, atomically, to the chart of the
+        // catalog's version; a Docker type service by service.
+        let release = match &entry.provisioning {
+            Provisioning::Docker => None,
+            Provisioning::Helm(chart) => Some(
+                chart
+                    .release_of(&ReleaseParams::of(instance, &entry.version), true)
+                    .map_err(|e| format!("{}: {e}", instance.name))?,
+            ),
+        };
         let mut upgrade = Upgrade::new(UpgradeInput {
+            release,
             instance: instance.name.clone(),
             stopped: instance.stopped,
             state: instance.state,
@@ -123,8 +140,10 @@ impl Worker {
             .load_inhibitions(name)
             .await
             .map_err(|e| e.to_string())?;
+        let release = self.release_target(instance)?;
         let mut deprovision = Deprovision::new(DeprovisionInput {
             instance: name.clone(),
+            release,
             active,
             inhibitions,
             stop_grace_default: self.config.stop_grace_default,
@@ -140,6 +159,27 @@ impl Worker {
         }
         deprovision.into_result()?;
         self.move_to(instance, Deprovision::SETTLES_AT).await
+    }
+
+    /// Where the instance's release lives, by its type's provisioner. A
+    /// type gone from the catalog was Docker's or Helm's, and stead cannot
+    /// tell which: its containers are removed as a Docker release's, and
+    /// the log says a Helm release, if it had one, is left installed.
+    fn release_target(&self, instance: &Instance) -> Result<ReleaseTarget, String> {
+        let provisioning = match self.entry(instance) {
+            Ok(entry) => entry.provisioning,
+            Err(e) => {
+                tracing::warn!(
+                    instance = %instance.name,
+                    "{e}: deprovisioned as a Docker release; a Helm release of it, if any, \
+                     is left installed (keep a type in the catalog until its instances are deleted)"
+                );
+                Provisioning::Docker
+            }
+        };
+        provisioning
+            .target_of(&ReleaseParams::of(instance, &instance.version))
+            .map_err(|e| format!("{}: {e}", instance.name))
     }
 
     /// Moves the instance along its lifecycle, compare-and-set on its

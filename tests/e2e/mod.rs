@@ -86,6 +86,8 @@ pub struct Setup {
     pub control_extra: String,
     /// A migrated database; `None` uses a SQLite file in the state dir.
     pub database_url: Option<String>,
+    /// Extra keys of the `[helm]` table (e.g. `path`, `env`).
+    pub helm_extra: String,
     /// What the harness's own daemon runs.
     pub role: Role,
 }
@@ -99,6 +101,7 @@ impl Default for Setup {
             extra_config: String::new(),
             control_extra: String::new(),
             database_url: None,
+            helm_extra: String::new(),
             role: Role::All,
         }
     }
@@ -137,6 +140,12 @@ provisioner_timeout_s = 5
 [caddy]
 admin = "{admin}"
 listen = "{listen}"
+[helm]
+# Short enough for the ten-second task lease above (the lease must outlive
+# a whole helm call).
+wait_timeout_s = 2
+kill_margin_s = 1
+{helm_extra}
 "#,
             state = dir.path().display(),
             catalog = catalog_path.display(),
@@ -144,6 +153,7 @@ listen = "{listen}"
             tick = setup.tick_interval_s,
             admin = caddy.admin_addr,
             control_extra = setup.control_extra,
+            helm_extra = setup.helm_extra,
         );
         let database = setup
             .database_url

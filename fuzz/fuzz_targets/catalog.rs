@@ -14,6 +14,7 @@ use stead::core::catalog::{
     DURATION_MS_MAX, IMAGE_LEN_MAX, NAME_LEN_MAX, PORTS_MAX, SERVICES_MAX, SERVICE_TYPES_MAX,
     VERSION_LEN_MAX,
 };
+use stead::core::release::{Provisioning, ReleaseParams};
 use stead::core::spec::{ReadinessProbe, ServiceSpec};
 
 const FILE: &str = "fuzz.toml";
@@ -118,7 +119,39 @@ fn check_entry(key: &str, entry: &CatalogEntry) {
         "version {:?}",
         entry.version
     );
-    assert!((1..=SERVICES_MAX).contains(&entry.services.len()));
+    match &entry.provisioning {
+        Provisioning::Docker => assert!((1..=SERVICES_MAX).contains(&entry.services.len())),
+        Provisioning::Helm(chart) => {
+            assert!(entry.services.is_empty(), "a helm type with services");
+            for arg in [&chart.chart, &chart.chart_version] {
+                assert!(
+                    !arg.starts_with('-') && !arg.is_empty(),
+                    "helm argument {arg:?}"
+                );
+                assert!(
+                    !arg.chars().any(char::is_whitespace),
+                    "helm argument {arg:?}"
+                );
+            }
+            // Every accepted template renders for the sample the catalog
+            // checks with (a longer instance name may still overflow a
+            // namespace; that is reported per instance, BadRelease).
+            let sample = ReleaseParams {
+                instance: "i",
+                team: "t",
+                service_type: "s",
+                version: "v",
+            };
+            let release = chart
+                .release_of(&sample, false)
+                .expect("a valid chart renders");
+            assert!(
+                is_name(&release.namespace),
+                "namespace {:?}",
+                release.namespace
+            );
+        }
+    }
     for (i, service) in entry.services.iter().enumerate() {
         check_service(service);
         assert!(

@@ -121,8 +121,15 @@ fn check_accepted(config: &DaemonConfig) {
     assert!(is_text(&caddy.host_suffix) && is_dns(&caddy.host_suffix));
     assert!(within(caddy.request_timeout, s(1), s(600)));
     assert!(is_text(&config.helm.path.to_string_lossy()));
-    assert!(is_text(&config.helm.namespace));
     assert!(within(config.helm.wait_timeout, s(1), s(12 * 3600)));
+    assert!(within(config.helm.kill_margin, s(1), s(600)));
+    let env_name = |n: &str| {
+        !n.is_empty()
+            && n.chars().all(|c| c.is_ascii_alphanumeric() || c == '_')
+            && !n.starts_with(|c: char| c.is_ascii_digit())
+    };
+    assert!(config.helm.pass_env.iter().all(|n| env_name(n)));
+    assert!(config.helm.env.keys().all(|n| env_name(n)));
 }
 
 fn check_rejected(error: &DaemonConfigError) {

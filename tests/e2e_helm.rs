@@ -145,8 +145,30 @@ async fn a_docker_type_and_a_helm_type_provision_upgrade_and_deprovision_side_by
         ..Setup::default()
     })
     .await;
-    h.create(&web, None).await;
-    h.create_typed(&search, HELM_TYPE, None).await;
+    // Each upgrades inside its maintenance window: one open now, around
+    // the current hour.
+    let hour = h
+        .daemon()
+        .ports
+        .clock
+        .now()
+        .to_zoned(jiff::tz::TimeZone::UTC)
+        .hour();
+    let window = format!("daily {:02}:00-{:02}:00", (hour + 23) % 24, (hour + 2) % 24);
+    for (name, service_type) in [(&web, e2e::TYPE), (&search, HELM_TYPE)] {
+        h.ops()
+            .create(&stead::ops::CreateRequest {
+                name: name.clone(),
+                service_type: service_type.to_owned(),
+                team: "e2e".to_owned(),
+                version: None,
+                ttl: None,
+                maintenance_window: Some(window.clone()),
+                exists_ok: false,
+            })
+            .await
+            .expect("create instance");
+    }
 
     // Provisioned: the Docker instance serves through Caddy; the Helm one
     // is ready with its release deployed in its own namespace.
@@ -267,6 +289,16 @@ async fn a_docker_type_and_a_helm_type_provision_upgrade_and_deprovision_side_by
             && h.active_container(&web).await.is_some_and(|c| c != old)
     })
     .await;
+    let tasks = h.daemon().ports.store.tasks(true, 1000).await.unwrap().rows;
+    let upgrades: Vec<_> = tasks
+        .iter()
+        .filter(|t| t.kind == TaskKind::Upgrade)
+        .collect();
+    assert_eq!(
+        upgrades.len(),
+        2,
+        "one upgrade each, both in flight at once: {upgrades:?}"
+    );
     let calls = helm_calls(&log);
     let upgrade = installs_of(&calls, &search).last().unwrap().clone();
     assert!(upgrade.contains(&"--atomic".to_owned()), "{upgrade:?}");

@@ -133,6 +133,10 @@ struct State {
     catalog_changed_at: Option<Timestamp>,
     /// When each release was last installed or uninstalled.
     release_changed_at: BTreeMap<String, Timestamp>,
+    /// When each release was missing: since when (by hand or by a
+    /// deprovision) and, once installed again, until when (C5). Every
+    /// interval is kept: the queue is looked at after the fact.
+    release_missing: BTreeMap<String, Vec<(Timestamp, Option<Timestamp>)>>,
     /// When the rollout switch last moved.
     rollout_changed_at: Option<Timestamp>,
     /// Consecutive unhealthy health reads of a container by one process
@@ -243,6 +247,7 @@ impl Checker {
                 self.check_rollout(began);
             }
         }
+        self.check_helm_releases();
         let mut s = self.lock();
         s.ticks += 1;
         let outage = s.store_outage;
@@ -259,6 +264,36 @@ impl Checker {
             "L7 a restarted daemon reconciles at once",
             !expected || leader,
             || format!("{holder} restarted holding its identity's lease but its first tick was not a leader's ({identity})"),
+        );
+    }
+
+    /// H2: a ready instance of the Helm type never records a version its
+    /// release has not reached. The worker upgrades the release through the
+    /// provisioner before it records the version (a version drift that
+    /// never reaches Helm records a version nothing runs).
+    fn check_helm_releases(&self) {
+        let Some(provisioner) = self.provisioner.get() else {
+            return;
+        };
+        let versions = provisioner.release_versions();
+        let number = |v: &str| v.parse::<u32>().unwrap_or(0);
+        let behind: Vec<String> = self
+            .store()
+            .all_instances()
+            .into_iter()
+            .filter(|i| crate::world::is_helm_instance(i.name.as_str()))
+            .filter(|i| i.state == InstanceState::Ready)
+            .filter_map(|i| {
+                let release = versions.get(i.name.as_str())?;
+                (number(release) < number(&i.version))
+                    .then(|| format!("{} at {} but its release at {release}", i.name, i.version))
+            })
+            .collect();
+        let mut s = self.lock();
+        s.check(
+            "H2 a Helm instance's version is its release's",
+            behind.is_empty(),
+            || behind.join("; "),
         );
     }
 
@@ -403,6 +438,30 @@ impl Checker {
         self.lock().truth.clone()
     }
 
+    /// An operator ran `helm uninstall` by hand: the release is missing
+    /// from now until something installs it again.
+    pub fn release_removed_by_hand(&self, release: &str, now: Timestamp) {
+        self.lock().release_went_missing(release, now);
+    }
+
+    /// C5 exactly: a reprovision is enqueued only for an instance whose
+    /// release was missing when the tick that planned it read the
+    /// releases (a drift that cannot find releases that exist would
+    /// reprovision every tick).
+    pub fn check_reprovision(&self, release: &str, created_at: Timestamp, tick: Duration) {
+        let mut s = self.lock();
+        let listed_after =
+            created_at - jiff::SignedDuration::try_from(tick + CLOCK_TOLERANCE).expect("fits");
+        let missing = s.release_missing.get(release).is_some_and(|intervals| {
+            intervals.iter().any(|(from, until)| {
+                *from <= add(created_at, CLOCK_TOLERANCE) && until.is_none_or(|u| u >= listed_after)
+            })
+        });
+        s.check("C5 reprovision only a missing release", missing, || {
+            format!("reprovision of {release} enqueued at {created_at} while its release existed")
+        });
+    }
+
     /// The engine was told a container is gone (R7): it forgets the
     /// generation's budget, so the model does too.
     pub fn generation_forgotten(&self, id: &ContainerId) {
@@ -527,6 +586,16 @@ impl Checker {
 
     fn lock(&self) -> std::sync::MutexGuard<'_, State> {
         self.state.lock().expect("checker poisoned")
+    }
+}
+
+impl State {
+    /// A release is missing from `now` (a missing one stays missing).
+    fn release_went_missing(&mut self, release: &str, now: Timestamp) {
+        let intervals = self.release_missing.entry(release.to_owned()).or_default();
+        if intervals.last().is_none_or(|(_, until)| until.is_some()) {
+            intervals.push((now, None));
+        }
     }
 }
 
@@ -695,6 +764,9 @@ impl Checker {
         let instance = match effect {
             Effect::Created { instance, .. } => instance.clone(),
             Effect::ActiveSaved { service, .. } => service.instance.clone(),
+            // A release is named after its instance (a Helm type's has no
+            // container: installing it is what building means).
+            Effect::Installed { release } => InstanceName::new(release.clone()),
             _ => return,
         };
         let Some((holder, _)) = self.store().instance_lock_of(&instance) else {
@@ -743,6 +815,12 @@ impl Checker {
                     previous.as_ref().is_none_or(|p| *p == key),
                     || format!("{id} named for {key:?} and for {previous:?}"),
                 );
+            }
+            Effect::Installed { release } => {
+                let deleted = self.is_deleted(&InstanceName::new(release.clone()));
+                s.check("T4 deleted stays deleted", !deleted, || {
+                    format!("release {release} installed for a deleted instance")
+                });
             }
             Effect::ActiveSaved { service, container } => {
                 let deleted = self.is_deleted(&service.instance);
@@ -871,7 +949,12 @@ impl Observer for Checker {
                     });
                 }
             }
-            Effect::Created { id, .. } => {
+            Effect::Created { id, instance, .. } => {
+                s.check(
+                    "H1 no container for an instance of a Helm type",
+                    !crate::world::is_helm_instance(instance.as_str()),
+                    || format!("{id} created for {instance}, which Kubernetes runs"),
+                );
                 let by_operator = s.truth.operator_created.contains(id);
                 let by_worker = actor == Actor::Worker;
                 if by_worker {
@@ -895,6 +978,7 @@ impl Observer for Checker {
             }
             Effect::Uninstalled { release } => {
                 s.release_changed_at.insert(release.clone(), now);
+                s.release_went_missing(release, now);
                 let ours = s.truth.deleting.iter().any(|i| i.as_str() == release);
                 let foreign = s.truth.foreign_releases.contains(release);
                 s.check("S8 orphans never deleted", ours && !foreign, || {
@@ -928,6 +1012,11 @@ impl Observer for Checker {
             }
             Effect::Published { route } => {
                 let key = &route.service;
+                s.check(
+                    "H1 no route for an instance of a Helm type",
+                    !crate::world::is_helm_instance(key.instance.as_str()),
+                    || format!("{key:?} published, but Kubernetes runs it"),
+                );
                 let active = s.truth.active.get(key) == Some(&route.container);
                 s.check("S2 publish only ACTIVE", active, || {
                     format!("{key:?} published to non-ACTIVE {}", route.container)
@@ -974,6 +1063,13 @@ impl Observer for Checker {
             }
             Effect::Installed { release } => {
                 s.release_changed_at.insert(release.clone(), now);
+                if let Some((_, until)) = s
+                    .release_missing
+                    .get_mut(release)
+                    .and_then(|intervals| intervals.last_mut())
+                {
+                    until.get_or_insert(now);
+                }
             }
             // The store's writes keep the truth of ACTIVE and of the
             // inhibitions, whoever made them (operators or workers).

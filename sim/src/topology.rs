@@ -212,6 +212,8 @@ pub async fn process_main(slot: Arc<Slot>, shared: Arc<Shared>) {
             identity.actor("recovery"),
             lease,
         ));
+        // As the daemon: Kubernetes recovers the Helm type's instances.
+        recoverer.set_helm_types(catalog.helm_types());
         let reconciler = Arc::new(Reconciler::new(
             ports.clone(),
             catalog.clone(),

@@ -489,6 +489,10 @@ impl Actors {
             self.delete_instance(pick).await;
             return;
         }
+        if which == 4 && pick % 2 == 0 {
+            self.uninstall_helm_by_hand(pick).await;
+            return;
+        }
         let services = self.services.lock().expect("poisoned").clone();
         if services.is_empty() {
             return;
@@ -595,6 +599,8 @@ impl Actors {
             4 => {
                 // Someone runs `helm uninstall` by hand (C5: drift repairs).
                 self.provisioner.remove_by_hand(instance.name.as_str());
+                self.checker
+                    .release_removed_by_hand(instance.name.as_str(), self.clock.now());
                 self.counts.bump("operator uninstalled by hand");
             }
             5 => {
@@ -637,6 +643,26 @@ impl Actors {
                 }
             }
             _ => {}
+        }
+    }
+
+    /// Someone runs `helm uninstall` on a Helm instance's release by hand:
+    /// drift must reinstall it, and only it (C5).
+    async fn uninstall_helm_by_hand(&self, pick: usize) {
+        let Ok(rows) = self.store.list_instances().await else {
+            return;
+        };
+        let helm: Vec<_> = rows
+            .rows
+            .iter()
+            .filter(|i| is_helm_instance(i.name.as_str()) && i.state == InstanceState::Ready)
+            .collect();
+        if let Some(instance) = helm.get(pick % helm.len().max(1)) {
+            self.provisioner.remove_by_hand(instance.name.as_str());
+            self.checker
+                .release_removed_by_hand(instance.name.as_str(), self.clock.now());
+            self.counts
+                .bump("operator uninstalled a helm release by hand");
         }
     }
 
@@ -698,10 +724,17 @@ impl Actors {
         let now = self.clock.now();
         let ttl = (pick % 2 == 0).then(|| Duration::from_secs(600 + (pick as u64 % 10_000)));
         let version = self.catalog_version.load(Ordering::Relaxed).to_string();
+        // Some are of the Helm type: their provision installs a chart and
+        // must create no container.
+        let helm = pick % 4 == 1;
         let new = NewInstance {
-            name: InstanceName::new(format!("new{n}")),
+            name: if helm {
+                InstanceName::new(format!("chart-new{n}"))
+            } else {
+                InstanceName::new(format!("new{n}"))
+            },
             team: team_of(pick).into(),
-            service_type: SERVICE_TYPE.into(),
+            service_type: if helm { HELM_TYPE } else { SERVICE_TYPE }.into(),
             version,
             expires_at: ttl.map(|ttl| stead::core::fleet::add(now, ttl)),
             maintenance_window: None,
@@ -855,5 +888,19 @@ pub fn team_of(i: usize) -> &'static str {
     ["red", "platform", "blue"][i % 3]
 }
 
-/// The one service type of the simulated fleet.
+/// The Docker service type of the simulated fleet.
 pub const SERVICE_TYPE: &str = "app";
+
+/// The Helm service type: its instances run in "Kubernetes" (the memory
+/// provisioner), so no container, route or recovery may ever touch them,
+/// and its upgrades go through the provisioner.
+pub const HELM_TYPE: &str = "chart";
+
+/// Instances of the Helm type are named so the checker knows them at once.
+pub fn helm_instance_name(k: usize) -> InstanceName {
+    InstanceName::new(format!("chart{k}"))
+}
+
+pub fn is_helm_instance(name: &str) -> bool {
+    name.starts_with("chart")
+}

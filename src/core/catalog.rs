@@ -106,6 +106,15 @@ impl Catalog {
         self.entries.len()
     }
 
+    /// The types Kubernetes runs and recovers (Helm types): the recovery
+    /// pass leaves their instances alone.
+    pub fn helm_types(&self) -> std::collections::BTreeSet<String> {
+        self.entries()
+            .filter(|e| !e.is_docker())
+            .map(|e| e.service_type.clone())
+            .collect()
+    }
+
     pub fn is_empty(&self) -> bool {
         self.entries.is_empty()
     }

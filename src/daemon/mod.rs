@@ -7,7 +7,7 @@
 //! workloads. It builds the engine's ports from config and runs the engine's
 //! loops; every decision stays in `core`.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use async_trait::async_trait;
@@ -189,15 +189,6 @@ fn helm_timeouts_agree(config: &DaemonConfig, catalog: &Catalog) -> Result<(), S
     })
 }
 
-/// The service types Kubernetes recovers (the recovery pass skips them).
-pub fn helm_types(catalog: &Catalog) -> BTreeSet<String> {
-    catalog
-        .entries()
-        .filter(|e| !e.is_docker())
-        .map(|e| e.service_type.clone())
-        .collect()
-}
-
 /// The process-wide Prometheus recorder; see [`metrics::handle`].
 pub fn metrics_handle() -> metrics_exporter_prometheus::PrometheusHandle {
     metrics::handle()
@@ -323,7 +314,7 @@ impl Daemon {
             identity.process.actor("recovery"),
             lease,
         ));
-        recoverer.set_helm_types(helm_types(&catalog.current()));
+        recoverer.set_helm_types(catalog.current().helm_types());
         let reconciler = Arc::new(Reconciler::new(
             ports.clone(),
             catalog.clone(),
@@ -396,7 +387,7 @@ impl Daemon {
         };
         let changes = new.changes_from(&self.catalog.current());
         self.recoverer.set_readiness(readiness_table(&new));
-        self.recoverer.set_helm_types(helm_types(&new));
+        self.recoverer.set_helm_types(new.helm_types());
         self.catalog.replace(Arc::new(new));
         let summary = if changes.is_empty() {
             "no change".to_owned()

@@ -964,6 +964,17 @@ impl MemoryProvisioner {
         );
     }
 
+    /// Each release's version (a Helm release's chart version; empty for
+    /// a Docker release).
+    pub fn release_versions(&self) -> BTreeMap<String, String> {
+        self.releases
+            .lock()
+            .expect("poisoned")
+            .iter()
+            .map(|(name, (_, version))| (name.clone(), version.clone()))
+            .collect()
+    }
+
     pub fn release_names(&self) -> Vec<String> {
         self.releases
             .lock()

@@ -383,6 +383,17 @@ impl Ops<'_> {
                 instance.state
             )));
         }
+        if self
+            .catalog
+            .get(&instance.service_type)
+            .is_some_and(|entry| !entry.is_docker())
+        {
+            return Err(OpsError::Invalid(format!(
+                "{name} is of the Helm type {}: Kubernetes runs its pods, and stead has no \
+                 containers of it to stop or start (scale it through its chart's values)",
+                instance.service_type
+            )));
+        }
         if instance.stopped == stopped {
             return Ok(false);
         }

@@ -202,3 +202,27 @@ async fn a_command_on_a_busy_instance_changes_nothing_and_says_so() {
         "the provision only, nothing cancelled"
     );
 }
+
+#[tokio::test]
+async fn stop_and_start_of_a_helm_instance_are_refused_saying_why() {
+    let store = MemoryStore::new();
+    let catalog = Catalog::from_toml(
+        "[types.search]\nversion = \"1\"\nprovisioner = \"helm\"\n[types.search.helm]\nchart = \"c/search\"\n",
+        "catalog.toml",
+    )
+    .unwrap();
+    let ops = Ops::new(&store, Arc::new(catalog), at(), 7);
+    ops.create(&CreateRequest {
+        service_type: "search".into(),
+        ..request("acme")
+    })
+    .await
+    .unwrap();
+    for stopped in [true, false] {
+        let error = ops.set_stopped("acme", stopped).await.unwrap_err();
+        assert!(matches!(error, OpsError::Invalid(_)), "{error:?}");
+        assert!(error.to_string().contains("Helm type search"), "{error}");
+    }
+    let instance = ops.find("acme").await.unwrap();
+    assert!(!instance.stopped, "nothing changed");
+}

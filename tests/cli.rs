@@ -131,6 +131,42 @@ fn check_names_file_line_field_and_value_of_a_bad_catalog() {
 }
 
 #[test]
+fn check_refuses_a_helm_type_whose_calls_would_outlive_the_task_lease() {
+    let dir = tempfile::tempdir().unwrap();
+    let catalog = dir.path().join("catalog.toml");
+    std::fs::write(
+        &catalog,
+        "[types.search]\nversion = \"1\"\nprovisioner = \"helm\"\n[types.search.helm]\nchart = \"c/s\"\n",
+    )
+    .unwrap();
+    let config = dir.path().join("stead.toml");
+    std::fs::write(
+        &config,
+        "[control]\nlease_s = 120\nprovisioner_timeout_s = 60\n",
+    )
+    .unwrap();
+    let run = stead(
+        &["--config", config.to_str().unwrap(), "check"],
+        &[("STEAD_CATALOG", catalog.to_str().unwrap())],
+    );
+    assert_eq!(run.code, 1, "{}", run.text());
+    for expected in [
+        "type search is provisioned by helm",
+        "control.lease_s (120)",
+        "helm.wait_timeout_s (300)",
+    ] {
+        assert!(run.stderr.contains(expected), "{expected}: {}", run.text());
+    }
+    // With a lease that outlives helm's call it is fine.
+    std::fs::write(&config, "[control]\nlease_s = 400\n").unwrap();
+    let run = stead(
+        &["--config", config.to_str().unwrap(), "check"],
+        &[("STEAD_CATALOG", catalog.to_str().unwrap())],
+    );
+    assert_eq!(run.code, 0, "{}", run.text());
+}
+
+#[test]
 fn a_bad_config_value_exits_1_naming_the_variable_that_set_it() {
     let run = stead(
         &["--config", "examples/stead.toml", "check"],

@@ -177,7 +177,7 @@ pub fn readiness_table(catalog: &Catalog) -> ReadinessTable {
 
 /// A catalog with a Helm type needs a task lease that outlives a helm call
 /// (`DaemonConfig::check_helm_timeouts`); a Docker-only one does not.
-fn helm_timeouts_agree(config: &DaemonConfig, catalog: &Catalog) -> Result<(), String> {
+pub fn helm_timeouts_agree(config: &DaemonConfig, catalog: &Catalog) -> Result<(), String> {
     let Some(helm_type) = catalog.entries().find(|e| !e.is_docker()) else {
         return Ok(());
     };

@@ -162,6 +162,12 @@ async fn check(config: &DaemonConfig) -> Result<u8, CliError> {
             return Ok(EXIT_FAILURE);
         }
     };
+    // What the daemon would refuse at start (or on reload) with this
+    // catalog: a Helm type whose calls outlive the task lease.
+    if let Err(reason) = stead::daemon::helm_timeouts_agree(config, &catalog) {
+        complain(&format!("{}: {reason}", config.catalog.display()));
+        return Ok(EXIT_FAILURE);
+    }
     let versions: Vec<String> = catalog
         .entries()
         .map(|e| format!("{} {}", e.service_type, e.version))

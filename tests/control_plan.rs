@@ -320,6 +320,55 @@ fn orphan_releases_are_reported_every_tick_and_never_deleted() {
 }
 
 #[test]
+fn drift_locates_a_helm_release_in_its_rendered_namespace_and_owns_any_release_of_an_unknown_type()
+{
+    use stead::core::release::{HelmChart, Provisioning};
+    let mut search = entry("search", "1", false);
+    search.provisioning = Provisioning::Helm(HelmChart {
+        chart: "c/search".into(),
+        chart_version: "1".into(),
+        namespace: "t-{team}".into(),
+        values: serde_json::json!({}),
+    });
+    let catalog = Catalog::from_entries([entry("wiki", "1", false), search]);
+    let config = ControlConfig::default();
+    let mut snap = snapshot(
+        vec![
+            instance(1, "a", "search", "1"),
+            instance(2, "b", "search", "1"),
+            // A type the catalog no longer lists: where its release lives
+            // is unknown, so none is missing and any of its name is its.
+            instance(3, "c", "gone", "1"),
+        ],
+        vec![],
+        &catalog,
+        &config,
+    );
+    snap.releases = Some(vec![
+        Release {
+            name: "i1".into(),
+            namespace: "t-a".into(),
+        },
+        // i2's release in the Docker namespace is not where its type puts it.
+        Release {
+            name: "i2".into(),
+            namespace: "docker".into(),
+        },
+        Release {
+            name: "i3".into(),
+            namespace: "anywhere".into(),
+        },
+    ]);
+    check(
+        plan_drift(&snap),
+        &snap,
+        "enqueue reprovision i2 at now: drift: release i2 missing from namespace t-b
+         notify drift.release_missing i2 team b
+         error: orphan release docker/i2",
+    );
+}
+
+#[test]
 fn drift_plans_nothing_when_releases_could_not_be_listed() {
     let catalog = Catalog::default();
     let config = ControlConfig::default();

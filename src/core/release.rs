@@ -168,18 +168,6 @@ pub struct TemplateError {
     pub reason: String,
 }
 
-/// Checks a template's syntax and placeholders without rendering it (the
-/// catalog's validation). `field` names it in the error.
-pub fn check_template(field: &str, template: &str) -> Result<(), TemplateError> {
-    let any = ReleaseParams {
-        instance: "i",
-        team: "t",
-        service_type: "s",
-        version: "v",
-    };
-    render(field, template, &any).map(drop)
-}
-
 /// Renders `{placeholder}`s with `params`; `{{` and `}}` are literal braces.
 pub fn render(
     field: &str,

@@ -14,7 +14,9 @@ use stead::core::fleet::{add, InstanceState, RolloutState, TaskKind};
 use stead::core::plan::ControlConfig;
 use stead::core::policy::{reconciler_lease_ttl, RecoveryPolicy};
 use stead::core::spec::{Healthcheck, ReadinessProbe, ServiceSpec};
-use stead::core::types::{ActiveService, ContainerStatus, InhibitionReason, ServiceKey, Timestamp};
+use stead::core::types::{
+    ActiveService, ContainerStatus, InhibitionReason, InstanceName, ServiceKey, Timestamp,
+};
 use stead::core::window::Window;
 use stead::engine::recovery::InstanceLocks;
 use stead::engine::SystemClock;
@@ -521,42 +523,21 @@ async fn setup(
     provisioner: &MemoryProvisioner,
 ) {
     let now = actors.clock.now();
+    let docker = stead::core::release::Provisioning::Docker;
     for i in 0..cfg.instances {
-        // Some instances expire during the safety phase (C7).
-        let expires_at = rng.random_bool(0.3).then(|| {
-            let after = Duration::from_secs(rng.random_range(600..cfg.safety.as_secs().max(601)));
-            stead::core::fleet::add(now, after)
-        });
         let name = instance_name(i);
-        store
-            .create_instance(
-                &NewInstance {
-                    name: name.clone(),
-                    team: crate::world::team_of(i).into(),
-                    service_type: SERVICE_TYPE.into(),
-                    version: "1".into(),
-                    expires_at,
-                    maintenance_window: WINDOWS[i % WINDOWS.len()].map(str::to_owned),
-                },
-                now,
-            )
-            .await
-            .expect("setup: create instance");
-        let row = store
-            .instance(&name)
-            .await
-            .expect("setup")
-            .expect("created");
-        store
-            .set_instance_state(row.id, row.state, InstanceState::Ready, now)
-            .await
-            .expect("setup: ready");
-        provisioner
-            .install_or_upgrade(&stead::core::release::ReleaseSpec::Docker {
-                name: name.to_string(),
-            })
-            .await
-            .expect("setup: install");
+        ready_instance(
+            cfg,
+            rng,
+            store,
+            provisioner,
+            now,
+            i,
+            &name,
+            SERVICE_TYPE,
+            &docker,
+        )
+        .await;
         for j in 0..cfg.services_per_instance {
             let service = service_name(j);
             let key = ServiceKey {
@@ -609,39 +590,71 @@ async fn setup(
             });
         }
     }
+    let helm = stead::core::release::Provisioning::Helm(helm_chart(1));
     for k in 0..helm_instances(cfg.instances) {
-        let expires_at = rng.random_bool(0.3).then(|| {
-            let after = Duration::from_secs(rng.random_range(600..cfg.safety.as_secs().max(601)));
-            stead::core::fleet::add(now, after)
-        });
         let name = helm_instance_name(k);
-        let instance = store
-            .create_instance(
-                &NewInstance {
-                    name: name.clone(),
-                    team: crate::world::team_of(k).into(),
-                    service_type: HELM_TYPE.into(),
-                    version: "1".into(),
-                    expires_at,
-                    maintenance_window: WINDOWS[k % WINDOWS.len()].map(str::to_owned),
-                },
-                now,
-            )
-            .await
-            .expect("setup: create helm instance");
-        store
-            .set_instance_state(instance.id, instance.state, InstanceState::Ready, now)
-            .await
-            .expect("setup: ready");
-        let params = stead::core::release::ReleaseParams::of(&instance, "1");
-        let release = helm_chart(1)
-            .release_of(&params, false)
-            .expect("the sim's chart renders");
-        provisioner
-            .install_or_upgrade(&stead::core::release::ReleaseSpec::Helm(release))
-            .await
-            .expect("setup: install");
+        ready_instance(
+            cfg,
+            rng,
+            store,
+            provisioner,
+            now,
+            k,
+            &name,
+            HELM_TYPE,
+            &helm,
+        )
+        .await;
     }
+}
+
+/// The `i`-th instance of a type in the starting fleet: created at version
+/// 1, ready, its release installed as its type provisions it; some expire
+/// during the safety phase (C7).
+#[allow(clippy::too_many_arguments)]
+async fn ready_instance(
+    cfg: &SimConfig,
+    rng: &mut ChaCha8Rng,
+    store: &MemoryStore,
+    provisioner: &MemoryProvisioner,
+    now: Timestamp,
+    i: usize,
+    name: &InstanceName,
+    service_type: &str,
+    provisioning: &stead::core::release::Provisioning,
+) {
+    let expires_at = rng.random_bool(0.3).then(|| {
+        let after = Duration::from_secs(rng.random_range(600..cfg.safety.as_secs().max(601)));
+        stead::core::fleet::add(now, after)
+    });
+    let instance = store
+        .create_instance(
+            &NewInstance {
+                name: name.clone(),
+                team: crate::world::team_of(i).into(),
+                service_type: service_type.into(),
+                version: "1".into(),
+                expires_at,
+                maintenance_window: WINDOWS[i % WINDOWS.len()].map(str::to_owned),
+            },
+            now,
+        )
+        .await
+        .expect("setup: create instance");
+    store
+        .set_instance_state(instance.id, instance.state, InstanceState::Ready, now)
+        .await
+        .expect("setup: ready");
+    let release = provisioning
+        .spec_of(
+            &stead::core::release::ReleaseParams::of(&instance, "1"),
+            false,
+        )
+        .expect("the sim's catalog renders");
+    provisioner
+        .install_or_upgrade(&release)
+        .await
+        .expect("setup: install");
 }
 
 /// L1, L3, L4 after the liveness phase.

@@ -598,9 +598,7 @@ impl Actors {
             }
             4 => {
                 // Someone runs `helm uninstall` by hand (C5: drift repairs).
-                self.provisioner.remove_by_hand(instance.name.as_str());
-                self.checker
-                    .release_removed_by_hand(instance.name.as_str(), self.clock.now());
+                self.uninstall_by_hand(instance.name.as_str());
                 self.counts.bump("operator uninstalled by hand");
             }
             5 => {
@@ -646,6 +644,14 @@ impl Actors {
         }
     }
 
+    /// `helm uninstall` (or its Docker equivalent) run by hand: the release
+    /// is gone, and the checker knows since when (C5).
+    fn uninstall_by_hand(&self, release: &str) {
+        self.provisioner.remove_by_hand(release);
+        self.checker
+            .release_removed_by_hand(release, self.clock.now());
+    }
+
     /// Someone runs `helm uninstall` on a Helm instance's release by hand:
     /// drift must reinstall it, and only it (C5).
     async fn uninstall_helm_by_hand(&self, pick: usize) {
@@ -658,9 +664,7 @@ impl Actors {
             .filter(|i| is_helm_instance(i.name.as_str()) && i.state == InstanceState::Ready)
             .collect();
         if let Some(instance) = helm.get(pick % helm.len().max(1)) {
-            self.provisioner.remove_by_hand(instance.name.as_str());
-            self.checker
-                .release_removed_by_hand(instance.name.as_str(), self.clock.now());
+            self.uninstall_by_hand(instance.name.as_str());
             self.counts
                 .bump("operator uninstalled a helm release by hand");
         }

@@ -283,15 +283,20 @@ impl HelmFailure {
     }
 }
 
-/// Only Helm releases come here (the daemon routes Docker's elsewhere).
-fn helm_only(target: &ReleaseTarget) -> Result<&Release, ProvisionError> {
-    match target.kind {
-        ReleaseKind::Helm => Ok(&target.release),
-        ReleaseKind::Docker => Err(ProvisionError::Refused(format!(
+/// The release a target names, checked before it reaches helm's command
+/// line. Only Helm releases come here (the daemon routes Docker's
+/// elsewhere).
+fn helm_release(target: &ReleaseTarget) -> Result<&Release, ProvisionError> {
+    if target.kind == ReleaseKind::Docker {
+        return Err(ProvisionError::Refused(format!(
             "release {} is a Docker release; helm does not manage it",
             target.release.name
-        ))),
+        )));
     }
+    let release = &target.release;
+    check_release(&release.name)?;
+    check_dns_label("namespace", &release.namespace)?;
+    Ok(release)
 }
 
 #[async_trait]
@@ -306,9 +311,7 @@ impl Provisioner for HelmProvisioner {
     }
 
     async fn uninstall(&self, target: &ReleaseTarget) -> Result<(), ProvisionError> {
-        let release = helm_only(target)?;
-        check_release(&release.name)?;
-        check_dns_label("namespace", &release.namespace)?;
+        let release = helm_release(target)?;
         let timeout = self.wait_timeout_arg();
         let args = [
             "uninstall",
@@ -357,9 +360,7 @@ impl Provisioner for HelmProvisioner {
         &self,
         target: &ReleaseTarget,
     ) -> Result<Option<ReleaseStatus>, ProvisionError> {
-        let release = helm_only(target)?;
-        check_release(&release.name)?;
-        check_dns_label("namespace", &release.namespace)?;
+        let release = helm_release(target)?;
         let args = [
             "status",
             &release.name,

@@ -269,7 +269,7 @@ pub fn parse(
     let mut doc: toml::Table = toml::from_str(contents).map_err(in_file)?;
     toml::from_str::<RawConfig>(contents).map_err(in_file)?;
     let overridden = apply_env(&mut doc, env)?;
-    let doc_has_helm = doc.contains_key("helm");
+    let helm_configured = doc.contains_key("helm");
     let raw: RawConfig = toml::Value::Table(doc)
         .try_into()
         .map_err(|e: toml::de::Error| DaemonConfigError::Syntax {
@@ -283,7 +283,6 @@ pub fn parse(
         contents,
         overridden,
     };
-    let helm_configured = doc_has_helm;
     let config = validator.config(raw)?;
     // A task's lease must outlive the helm call it covers, or a slow
     // `upgrade --wait` is handed to a second worker mid-flight and left

@@ -17,6 +17,8 @@
 //! deterministic, so drift and the workers always agree on where an
 //! instance's release lives.
 
+use std::borrow::Cow;
+
 use serde_json::Value;
 
 use super::fleet::{Instance, Release};
@@ -278,22 +280,31 @@ impl HelmChart {
 }
 
 impl Provisioning {
-    /// Where an instance's release lives (what drift looks for).
+    /// Which provisioner installs this type's releases.
+    pub fn kind(&self) -> ReleaseKind {
+        match self {
+            Self::Docker => ReleaseKind::Docker,
+            Self::Helm(_) => ReleaseKind::Helm,
+        }
+    }
+
+    /// The namespace an instance's release lives in: Docker's fixed one
+    /// (borrowed: drift asks this of every instance every tick), or a Helm
+    /// type's rendered template.
+    pub fn namespace_of(&self, params: &ReleaseParams) -> Result<Cow<'static, str>, TemplateError> {
+        match self {
+            Self::Docker => Ok(Cow::Borrowed(DOCKER_RELEASE_NAMESPACE)),
+            Self::Helm(chart) => chart.namespace_of(params).map(Cow::Owned),
+        }
+    }
+
+    /// Where an instance's release lives, to uninstall or ask about it.
     pub fn target_of(&self, params: &ReleaseParams) -> Result<ReleaseTarget, TemplateError> {
-        Ok(match self {
-            Self::Docker => ReleaseTarget {
-                kind: ReleaseKind::Docker,
-                release: Release {
-                    name: params.instance.to_owned(),
-                    namespace: DOCKER_RELEASE_NAMESPACE.to_owned(),
-                },
-            },
-            Self::Helm(chart) => ReleaseTarget {
-                kind: ReleaseKind::Helm,
-                release: Release {
-                    name: params.instance.to_owned(),
-                    namespace: chart.namespace_of(params)?,
-                },
+        Ok(ReleaseTarget {
+            kind: self.kind(),
+            release: Release {
+                name: params.instance.to_owned(),
+                namespace: self.namespace_of(params)?.into_owned(),
             },
         })
     }

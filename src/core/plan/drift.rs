@@ -1,7 +1,9 @@
 //! C5: live releases against the instances the database says are ready.
 
 use super::{is_expired, Decision, Notice, Plan, Planner, Report};
-use crate::core::fleet::{Instance, InstanceState, Release, TaskKind};
+use std::borrow::Cow;
+
+use crate::core::fleet::{Instance, InstanceState, TaskKind};
 use crate::core::release::ReleaseParams;
 
 impl Planner<'_, '_> {
@@ -32,7 +34,7 @@ impl Planner<'_, '_> {
             // Where its type's provisioner keeps the release: Docker's
             // labelled containers, or a Helm chart in its rendered
             // namespace.
-            let Some(expected) = self.release_of(instance, &mut plan) else {
+            let Some(namespace) = self.release_namespace(instance, &mut plan) else {
                 // A type the catalog does not list, or a namespace that
                 // does not render: where its release lives is unknown, so
                 // any release of its name is its, and none is missing.
@@ -43,7 +45,7 @@ impl Planner<'_, '_> {
                 }
                 continue;
             };
-            let position = live.position(&expected.name, &expected.namespace);
+            let position = live.position(instance.name.as_str(), &namespace);
             if let Some(p) = position {
                 owned[p] = true;
             }
@@ -55,8 +57,8 @@ impl Planner<'_, '_> {
                 continue;
             }
             let reason = format!(
-                "drift: release {} missing from namespace {}",
-                instance.name, expected.namespace
+                "drift: release {} missing from namespace {namespace}",
+                instance.name
             );
             plan.decisions.push(Decision::Enqueue(self.new_task(
                 TaskKind::Reprovision,
@@ -87,16 +89,21 @@ impl Planner<'_, '_> {
         plan
     }
 
-    /// Where `instance`'s release lives, or `None` (reported) when that
-    /// cannot be known: its type is not in the catalog, or its namespace
-    /// template does not render for it.
-    pub(super) fn release_of(&self, instance: &Instance, plan: &mut Plan) -> Option<Release> {
+    /// The namespace `instance`'s release lives in (its name is the
+    /// instance's), or `None` (reported) when that cannot be known: its
+    /// type is not in the catalog, or its namespace template does not
+    /// render for it.
+    pub(super) fn release_namespace(
+        &self,
+        instance: &Instance,
+        plan: &mut Plan,
+    ) -> Option<Cow<'static, str>> {
         let entry = self.snapshot.catalog.get(&instance.service_type)?;
         match entry
             .provisioning
-            .target_of(&ReleaseParams::of(instance, &instance.version))
+            .namespace_of(&ReleaseParams::of(instance, &instance.version))
         {
-            Ok(target) => Some(target.release),
+            Ok(namespace) => Some(namespace),
             Err(error) => {
                 plan.reports.push(Report::BadRelease {
                     instance: instance.id,

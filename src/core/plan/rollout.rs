@@ -85,8 +85,8 @@ impl Planner<'_, '_> {
             && !self.active_kinds(instance.id).any()
             // A missing release is drift's to repair first.
             && self.live.as_ref().is_none_or(|live| {
-                self.release_of(instance, &mut Plan::default())
-                    .is_some_and(|r| live.contains(&r.name, &r.namespace))
+                self.release_namespace(instance, &mut Plan::default())
+                    .is_some_and(|namespace| live.contains(instance.name.as_str(), &namespace))
             })
     }
 

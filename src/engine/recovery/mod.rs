@@ -130,7 +130,7 @@ impl Recoverer {
         // created in between is listed, so its fresh route is never taken
         // for a gone instance's.
         let held = self.read_traffic_plane(&mut outcome).await;
-        let rows = match self.ports.store.list_instances().await {
+        let mut rows = match self.ports.store.list_instances().await {
             Ok(rows) => rows,
             Err(e) => {
                 outcome.errors.push(RecoverError::ListInstances(e));
@@ -138,12 +138,9 @@ impl Recoverer {
             }
         };
         let bad_rows = !rows.bad.is_empty();
-        let mut rows = rows;
         {
             let helm = self.helm_types.lock().expect("helm types poisoned");
-            if !helm.is_empty() {
-                rows.rows.retain(|i| !helm.contains(&i.service_type));
-            }
+            rows.rows.retain(|i| !helm.contains(&i.service_type));
         }
         outcome
             .errors

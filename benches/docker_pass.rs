@@ -105,9 +105,12 @@ async fn bench(n_containers: usize) {
             healthcheck: None,
             readiness: ReadinessProbe::None,
             stop_grace: Duration::ZERO,
+            run: Default::default(),
         };
         let request = CreateContainer {
             instance: instance.clone(),
+            instance_id: 1,
+            env: Vec::new(),
             spec,
             revision: "r1".to_owned(),
         };

@@ -904,6 +904,8 @@ fn create_request(instance: &str, service: &str) -> stead::ports::CreateContaine
     spec.name = ServiceName::new(service);
     stead::ports::CreateContainer {
         instance: InstanceName::new(instance),
+        instance_id: 1,
+        env: Vec::new(),
         spec,
         revision: "2".into(),
     }

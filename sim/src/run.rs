@@ -558,9 +558,12 @@ async fn setup(
                 }),
                 readiness: ReadinessProbe::None,
                 stop_grace: Duration::from_secs(5),
+                run: Default::default(),
             };
             let request = CreateContainer {
                 instance: name.clone(),
+                instance_id: 1,
+                env: Vec::new(),
                 spec: spec.clone(),
                 revision: "r0".into(),
             };

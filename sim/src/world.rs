@@ -769,6 +769,8 @@ impl Actors {
         let n = self.deploys.fetch_add(1, Ordering::Relaxed);
         let request = CreateContainer {
             instance: svc.key.instance.clone(),
+            instance_id: 1,
+            env: Vec::new(),
             spec: svc.spec.clone(),
             revision: format!("d{n}"),
         };

@@ -45,6 +45,11 @@ use futures_util::{Stream, StreamExt};
 
 use super::read_cache::{Inspected, ReadCache};
 
+mod workload;
+pub use workload::{
+    network_name, volume_name, LABEL_INSTANCE_ID, LABEL_VOLUME, SECRET_FILE_LEN_MAX,
+};
+
 use crate::core::names;
 use crate::core::types::{
     Binds, ContainerId, ContainerStatus, GenerationKey, Health, InstanceName, Observation,
@@ -420,14 +425,31 @@ impl DockerRuntime {
             .with_timeout(self.config.request_timeout + grace)
     }
 
-    fn create_body(&self, request: &CreateContainer) -> ContainerCreateBody {
+    /// The create call. `secrets` are the resolved `NAME=value` entries;
+    /// they go into the environment and nowhere else.
+    fn create_body(&self, request: &CreateContainer, secrets: Vec<String>) -> ContainerCreateBody {
         let spec = &request.spec;
-        let labels = HashMap::from([
+        let run = &spec.run;
+        // The catalog refuses `stead.*` keys, so stead's own cannot be overridden.
+        let mut labels: HashMap<String, String> = run
+            .labels
+            .iter()
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect();
+        labels.extend([
             (LABEL_MANAGED.to_owned(), "true".to_owned()),
             (LABEL_INSTANCE.to_owned(), request.instance.to_string()),
             (LABEL_SERVICE.to_owned(), spec.name.to_string()),
             (LABEL_REVISION.to_owned(), request.revision.clone()),
         ]);
+        let env: Vec<String> = request
+            .env
+            .iter()
+            .map(|(name, value)| format!("{name}={value}"))
+            .chain(secrets)
+            .collect();
+        let (network, networking_config) = workload::networking(request).unzip();
+        let mounts = workload::mounts(request);
         let exposed_ports = spec
             .ports
             .iter()
@@ -464,12 +486,20 @@ impl DockerRuntime {
         ContainerCreateBody {
             image: Some(spec.image.clone()),
             cmd: (!spec.command.is_empty()).then(|| spec.command.clone()),
+            entrypoint: (!run.entrypoint.is_empty()).then(|| run.entrypoint.clone()),
+            user: run.user.clone(),
+            env: (!env.is_empty()).then_some(env),
             labels: Some(labels),
+            networking_config,
             exposed_ports: Some(exposed_ports),
             healthcheck,
             stop_timeout: Some(i64::from(grace_secs(spec.stop_grace))),
             host_config: Some(HostConfig {
                 port_bindings: Some(port_bindings),
+                network_mode: network,
+                mounts: (!mounts.is_empty()).then_some(mounts),
+                memory: run.memory_bytes.and_then(|b| i64::try_from(b).ok()),
+                nano_cpus: run.nano_cpus.and_then(|n| i64::try_from(n).ok()),
                 restart_policy: Some(RestartPolicy {
                     name: Some(restart),
                     maximum_retry_count: None,
@@ -694,7 +724,16 @@ impl Runtime for DockerRuntime {
 
     async fn create(&self, request: &CreateContainer) -> Result<ContainerId, RuntimeError> {
         let name = Self::container_name(&request.instance, &request.spec.name, &request.revision)?;
-        let body = self.create_body(request);
+        // Everything the container needs, before the container: a missing
+        // secret or a volume kept from another instance stops here.
+        let secrets = workload::resolve_secrets(&request.instance, &request.spec).await?;
+        if request.spec.run.instance_network {
+            self.ensure_network(&request.instance).await?;
+        }
+        for volume in request.spec.run.volumes() {
+            self.ensure_volume(request, volume).await?;
+        }
+        let body = self.create_body(request, secrets);
         let created = match self.try_create(&name, &body).await {
             Ok(created) => created,
             Err(DockerError::DockerResponseServerError {
@@ -721,6 +760,7 @@ impl Runtime for DockerRuntime {
                 id
             }
         };
+        self.join_networks(&id, request).await?;
         self.start(&id).await?;
         Ok(id)
     }
@@ -843,6 +883,20 @@ impl Provisioner for DockerProvisioner {
             };
             if let Err(e) = self.runtime.remove(&key).await {
                 failures.push(format!("{}: {e}", container.id));
+            }
+        }
+        // The network goes with the last container; named volumes stay
+        // (only an explicit purge removes them).
+        if failures.is_empty() {
+            if let Err(e) = self
+                .runtime
+                .remove_network(&InstanceName::new(release))
+                .await
+            {
+                failures.push(format!(
+                    "network {:?}: {e}",
+                    network_name(&InstanceName::new(release))
+                ));
             }
         }
         if failures.is_empty() {

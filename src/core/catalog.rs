@@ -14,8 +14,10 @@ use serde::Deserialize;
 
 use super::fleet::RolloutState;
 use super::names;
-use super::release::{HelmChart, Provisioning, ReleaseParams, HELM_NAMESPACE_DEFAULT};
-use super::spec::{Healthcheck, ReadinessProbe, ServiceSpec};
+use super::release::{render, HelmChart, Provisioning, ReleaseParams, HELM_NAMESPACE_DEFAULT};
+use super::spec::{
+    Healthcheck, Mount, MountSource, ReadinessProbe, RunSpec, SecretEnv, SecretSource, ServiceSpec,
+};
 use super::toml_error;
 use super::types::ServiceName;
 
@@ -131,7 +133,16 @@ impl Catalog {
             file: file.to_owned(),
             message: toml_error::describe(&e, contents),
         })?;
-        let check = Checker { file, contents };
+        let check = Checker {
+            file,
+            contents,
+            host_path_prefixes: Vec::new(),
+        };
+        let host_path_prefixes = check.host_path_prefixes(&raw.host_path_prefixes)?;
+        let check = Checker {
+            host_path_prefixes,
+            ..check
+        };
         if raw.types.len() > SERVICE_TYPES_MAX {
             return Err(check.invalid(
                 "types",
@@ -314,6 +325,9 @@ fn at_line(line: Option<usize>) -> String {
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
 struct RawCatalog {
+    /// Host directories under which services may bind-mount paths.
+    #[serde(default)]
+    host_path_prefixes: Vec<String>,
     #[serde(default)]
     types: BTreeMap<String, RawType>,
 }
@@ -354,6 +368,39 @@ struct RawService {
     healthcheck: Option<RawHealthcheck>,
     readiness: Option<RawReadiness>,
     stop_grace_ms: Option<i64>,
+    #[serde(default)]
+    entrypoint: Vec<String>,
+    user: Option<String>,
+    #[serde(default)]
+    env: BTreeMap<String, String>,
+    #[serde(default)]
+    secrets: Vec<RawSecret>,
+    #[serde(default)]
+    volumes: Vec<RawVolume>,
+    memory_mb: Option<i64>,
+    cpus: Option<f64>,
+    #[serde(default)]
+    labels: BTreeMap<String, String>,
+    #[serde(default)]
+    networks: Vec<String>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawSecret {
+    env: String,
+    file: Option<String>,
+    from_env: Option<String>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawVolume {
+    name: Option<String>,
+    host_path: Option<String>,
+    path: String,
+    #[serde(default)]
+    read_only: bool,
 }
 
 #[derive(Deserialize)]
@@ -385,6 +432,8 @@ struct Checker<'a> {
     file: &'a str,
     /// The text, to say on which line a bad field is written.
     contents: &'a str,
+    /// Validated `host_path_prefixes`, each ending in '/'.
+    host_path_prefixes: Vec<String>,
 }
 
 impl Checker<'_> {
@@ -528,6 +577,10 @@ impl Checker<'_> {
             }
             services.push(service);
         }
+        let instance_network = services.len() > 1;
+        for service in &mut services {
+            service.run.instance_network = instance_network;
+        }
         Ok(CatalogEntry {
             service_type: name.to_owned(),
             version: raw.version,
@@ -618,6 +671,7 @@ impl Checker<'_> {
 
     fn service(&self, at: &str, raw: RawService) -> Result<ServiceSpec, CatalogError> {
         self.name(&format!("{at}.name"), &raw.name)?;
+        let run = self.run(at, &raw)?;
         self.text(&format!("{at}.image"), &raw.image, IMAGE_LEN_MAX)?;
         self.argv(&format!("{at}.command"), &raw.command, false)?;
         if raw.ports.len() > PORTS_MAX {
@@ -657,6 +711,7 @@ impl Checker<'_> {
             healthcheck,
             readiness,
             stop_grace,
+            run: Box::new(run),
         })
     }
 
@@ -772,5 +827,340 @@ impl Checker<'_> {
             interval,
             attempts_max,
         })
+    }
+}
+
+// --- what a service needs to run ---------------------------------------------
+
+/// Most plain or secret environment variables of one service.
+pub const ENV_MAX: usize = 128;
+/// Longest environment variable name, and the longest plain value.
+pub const ENV_NAME_LEN_MAX: usize = 256;
+pub const ENV_VALUE_LEN_MAX: usize = 32 * 1024;
+/// Most mounts, extra labels and extra networks of one service.
+pub const MOUNTS_MAX: usize = 32;
+pub const LABELS_MAX: usize = 64;
+pub const NETWORKS_MAX: usize = 8;
+/// The bounds of `memory_mb` and `cpus`.
+pub const MEMORY_MB_MIN: i64 = 6;
+pub const MEMORY_MB_MAX: i64 = 1 << 20;
+pub const CPUS_MIN: f64 = 0.01;
+pub const CPUS_MAX: f64 = 1024.0;
+/// Longest path (mount target, host path, secret file).
+pub const PATH_LEN_MAX: usize = 1024;
+/// The label prefix stead's own labels use; the catalog may not set it.
+pub const RESERVED_LABEL_PREFIX: &str = "stead.";
+
+fn is_env_name(name: &str) -> bool {
+    let mut chars = name.chars();
+    matches!(chars.next(), Some(c) if c == '_' || c.is_ascii_alphabetic())
+        && chars.all(|c| c == '_' || c.is_ascii_alphanumeric())
+        && name.len() <= ENV_NAME_LEN_MAX
+}
+
+/// A runtime object name as Docker accepts it: `[a-zA-Z0-9][a-zA-Z0-9_.-]*`.
+fn is_object_name(name: &str) -> bool {
+    let mut chars = name.chars();
+    matches!(chars.next(), Some(c) if c.is_ascii_alphanumeric())
+        && chars.all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '.' | '-'))
+        && name.len() <= names::LABEL_LEN_MAX
+}
+
+/// An absolute path with no empty, `.` or `..` component (so a prefix
+/// check on it means what it says).
+fn is_clean_absolute(path: &str) -> bool {
+    path.len() <= PATH_LEN_MAX
+        && !path.chars().any(char::is_control)
+        && path.strip_prefix('/').is_some_and(|rest| {
+            rest.is_empty() || rest.split('/').all(|c| !matches!(c, "" | "." | ".."))
+        })
+}
+
+impl Checker<'_> {
+    fn host_path_prefixes(&self, raw: &[String]) -> Result<Vec<String>, CatalogError> {
+        raw.iter()
+            .enumerate()
+            .map(|(i, prefix)| {
+                if !is_clean_absolute(prefix) || prefix == "/" {
+                    return Err(self.invalid(
+                        format!("host_path_prefixes[{i}]"),
+                        prefix,
+                        "must be an absolute directory other than / with no '.', '..' or empty component",
+                    ));
+                }
+                Ok(format!("{}/", prefix.trim_end_matches('/')))
+            })
+            .collect()
+    }
+
+    fn run(&self, at: &str, raw: &RawService) -> Result<RunSpec, CatalogError> {
+        self.argv(&format!("{at}.entrypoint"), &raw.entrypoint, false)?;
+        if let Some(user) = &raw.user {
+            let ok = !user.is_empty()
+                && user.len() <= VERSION_LEN_MAX
+                && user.split(':').count() <= 2
+                && user.split(':').all(is_object_name);
+            if !ok {
+                return Err(self.invalid(
+                    format!("{at}.user"),
+                    user,
+                    "must be a user or user:group (letters, digits, '_', '.', '-')",
+                ));
+            }
+        }
+        if raw.env.len() + raw.secrets.len() > ENV_MAX {
+            return Err(self.invalid(
+                format!("{at}.env"),
+                raw.env.len() + raw.secrets.len(),
+                format!("at most {ENV_MAX} environment variables, plain and secret together"),
+            ));
+        }
+        let sample = ReleaseParams {
+            instance: "i",
+            team: "t",
+            service_type: "s",
+            version: "v",
+        };
+        for (name, value) in &raw.env {
+            let field = format!("{at}.env.{name}");
+            if !is_env_name(name) {
+                return Err(self.invalid(
+                    field,
+                    name,
+                    "an environment variable's name is a letter or '_', then letters, digits or '_'",
+                ));
+            }
+            if value.len() > ENV_VALUE_LEN_MAX || value.contains('\0') {
+                return Err(self.invalid(
+                    field,
+                    value,
+                    format!("at most {ENV_VALUE_LEN_MAX} bytes, no NUL"),
+                ));
+            }
+            render(&field, value, &sample).map_err(|e| self.invalid(field, value, e.reason))?;
+        }
+        let mut secrets = Vec::with_capacity(raw.secrets.len());
+        for (i, secret) in raw.secrets.iter().enumerate() {
+            let field = format!("{at}.secrets[{i}]");
+            if !is_env_name(&secret.env) {
+                return Err(self.invalid(
+                    format!("{field}.env"),
+                    &secret.env,
+                    "an environment variable's name is a letter or '_', then letters, digits or '_'",
+                ));
+            }
+            if raw.env.contains_key(&secret.env)
+                || secrets.iter().any(|s: &SecretEnv| s.env == secret.env)
+            {
+                return Err(self.invalid(
+                    format!("{field}.env"),
+                    &secret.env,
+                    "this variable is already set (by env or another secret)",
+                ));
+            }
+            let source = match (&secret.file, &secret.from_env) {
+                (Some(path), None) if is_clean_absolute(path) => SecretSource::File(path.clone()),
+                (Some(path), None) => {
+                    return Err(self.invalid(
+                        format!("{field}.file"),
+                        path,
+                        "must be an absolute path with no '.', '..' or empty component",
+                    ))
+                }
+                (None, Some(name)) if is_env_name(name) => SecretSource::DaemonEnv(name.clone()),
+                (None, Some(name)) => {
+                    return Err(self.invalid(
+                        format!("{field}.from_env"),
+                        name,
+                        "must be an environment variable's name",
+                    ))
+                }
+                _ => {
+                    return Err(self.invalid(
+                        field,
+                        &secret.env,
+                        "a secret takes exactly one of `file` or `from_env`",
+                    ))
+                }
+            };
+            secrets.push(SecretEnv {
+                env: secret.env.clone(),
+                source,
+            });
+        }
+        let mounts = self.mounts(at, &raw.volumes)?;
+        let memory_bytes = match raw.memory_mb {
+            None => None,
+            Some(mb) if (MEMORY_MB_MIN..=MEMORY_MB_MAX).contains(&mb) => {
+                Some(mb.unsigned_abs() * 1024 * 1024)
+            }
+            Some(mb) => {
+                return Err(self.invalid(
+                    format!("{at}.memory_mb"),
+                    mb,
+                    format!("must be between {MEMORY_MB_MIN} and {MEMORY_MB_MAX} (Docker refuses less than 6 MB)"),
+                ))
+            }
+        };
+        let nano_cpus = match raw.cpus {
+            None => None,
+            Some(cpus) if (CPUS_MIN..=CPUS_MAX).contains(&cpus) => {
+                // In range, so the product is a positive integer-sized float.
+                Some((cpus * 1e9).round() as u64)
+            }
+            Some(cpus) => {
+                return Err(self.invalid(
+                    format!("{at}.cpus"),
+                    cpus,
+                    format!("must be between {CPUS_MIN} and {CPUS_MAX}"),
+                ))
+            }
+        };
+        if raw.labels.len() > LABELS_MAX {
+            return Err(self.invalid(
+                format!("{at}.labels"),
+                raw.labels.len(),
+                format!("at most {LABELS_MAX} labels"),
+            ));
+        }
+        for (key, value) in &raw.labels {
+            let field = format!("{at}.labels.{key}");
+            if key.starts_with(RESERVED_LABEL_PREFIX) {
+                return Err(self.invalid(
+                    field,
+                    key,
+                    "labels starting with \"stead.\" are stead's own",
+                ));
+            }
+            if key.is_empty()
+                || key.len() > IMAGE_LEN_MAX
+                || key.chars().any(|c| c.is_whitespace() || c.is_control())
+            {
+                return Err(self.invalid(
+                    field,
+                    key,
+                    "a label key is 1 to 256 bytes without whitespace",
+                ));
+            }
+            if value.len() > ARG_LEN_MAX || value.chars().any(char::is_control) {
+                return Err(self.invalid(
+                    field,
+                    value,
+                    format!(
+                        "a label value is at most {ARG_LEN_MAX} bytes without control characters"
+                    ),
+                ));
+            }
+        }
+        if raw.networks.len() > NETWORKS_MAX {
+            return Err(self.invalid(
+                format!("{at}.networks"),
+                raw.networks.len(),
+                format!("at most {NETWORKS_MAX} networks"),
+            ));
+        }
+        for (i, network) in raw.networks.iter().enumerate() {
+            let field = format!("{at}.networks[{i}]");
+            if !is_object_name(network) {
+                return Err(self.invalid(
+                    field,
+                    network,
+                    "must be a network name (letters, digits, '_', '.', '-')",
+                ));
+            }
+            if matches!(network.as_str(), "host" | "none" | "bridge")
+                || network.starts_with(RESERVED_LABEL_PREFIX)
+            {
+                return Err(self.invalid(
+                    field,
+                    network,
+                    "host, none, bridge and stead.* networks cannot be joined (every instance has its own network)",
+                ));
+            }
+            if raw.networks[..i].contains(network) {
+                return Err(self.invalid(field, network, "duplicate network"));
+            }
+        }
+        Ok(RunSpec {
+            env: raw.env.clone(),
+            secrets,
+            mounts,
+            memory_bytes,
+            nano_cpus,
+            user: raw.user.clone(),
+            entrypoint: raw.entrypoint.clone(),
+            labels: raw.labels.clone(),
+            networks: raw.networks.clone(),
+            instance_network: false,
+        })
+    }
+
+    fn mounts(&self, at: &str, raw: &[RawVolume]) -> Result<Vec<Mount>, CatalogError> {
+        if raw.len() > MOUNTS_MAX {
+            return Err(self.invalid(
+                format!("{at}.volumes"),
+                raw.len(),
+                format!("at most {MOUNTS_MAX} volumes"),
+            ));
+        }
+        let mut mounts: Vec<Mount> = Vec::with_capacity(raw.len());
+        for (i, volume) in raw.iter().enumerate() {
+            let field = format!("{at}.volumes[{i}]");
+            if !is_clean_absolute(&volume.path) || volume.path == "/" {
+                return Err(self.invalid(
+                    format!("{field}.path"),
+                    &volume.path,
+                    "must be an absolute path other than / with no '.', '..' or empty component",
+                ));
+            }
+            if mounts.iter().any(|m| m.target == volume.path) {
+                return Err(self.invalid(
+                    format!("{field}.path"),
+                    &volume.path,
+                    "duplicate mount path",
+                ));
+            }
+            let source = match (&volume.name, &volume.host_path) {
+                (Some(name), None) => {
+                    self.name(&format!("{field}.name"), name)?;
+                    if mounts.iter().any(|m| m.source == MountSource::Volume(name.clone())) {
+                        return Err(self.invalid(format!("{field}.name"), name, "duplicate volume name"));
+                    }
+                    MountSource::Volume(name.clone())
+                }
+                (None, Some(path)) => {
+                    let allowed = is_clean_absolute(path)
+                        && self
+                            .host_path_prefixes
+                            .iter()
+                            .any(|prefix| format!("{path}/").starts_with(prefix.as_str()));
+                    if !allowed {
+                        let allowed = if self.host_path_prefixes.is_empty() {
+                            "the catalog allows no host paths (list a directory in the top-level host_path_prefixes)".to_owned()
+                        } else {
+                            format!(
+                                "must be a clean absolute path under one of host_path_prefixes ({})",
+                                self.host_path_prefixes.join(", ")
+                            )
+                        };
+                        return Err(self.invalid(format!("{field}.host_path"), path, allowed));
+                    }
+                    MountSource::HostPath(path.clone())
+                }
+                _ => {
+                    return Err(self.invalid(
+                        field,
+                        &volume.path,
+                        "a volume takes exactly one of `name` (a named volume) or `host_path` (a bind mount)",
+                    ))
+                }
+            };
+            mounts.push(Mount {
+                source,
+                target: volume.path.clone(),
+                read_only: volume.read_only,
+            });
+        }
+        Ok(mounts)
     }
 }

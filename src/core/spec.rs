@@ -2,8 +2,10 @@
 //! workload, as the provisioner creates it and the probes verify it.
 //! Plain data; loading and validation live in `core::catalog`.
 
+use std::collections::BTreeMap;
 use std::time::Duration;
 
+use super::release::{render, ReleaseParams, TemplateError};
 use super::types::ServiceName;
 
 /// How to decide a backend is ready to take traffic.
@@ -50,4 +52,110 @@ pub struct ServiceSpec {
     pub healthcheck: Option<Healthcheck>,
     pub readiness: ReadinessProbe,
     pub stop_grace: Duration,
+    /// Environment, secrets, storage, limits and networks (boxed: most
+    /// specs are copied far more often than this is read).
+    pub run: Box<RunSpec>,
+}
+
+/// How a service runs beyond its image and command: what a real
+/// application needs (environment, secrets, storage, limits, networks).
+/// Everything here is the catalog's; the runtime applies it at creation.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct RunSpec {
+    /// Plain environment. Values are templates (`core::release::render`),
+    /// rendered per instance by [`RunSpec::render_env`].
+    pub env: BTreeMap<String, String>,
+    /// Environment variables whose values are secrets: resolved by the
+    /// runtime when it creates the container, never stored or shown.
+    pub secrets: Vec<SecretEnv>,
+    pub mounts: Vec<Mount>,
+    /// Memory limit in bytes.
+    pub memory_bytes: Option<u64>,
+    /// CPU limit in billionths of a CPU (`1.5` CPUs is 1.5e9).
+    pub nano_cpus: Option<u64>,
+    /// `user` or `user:group`, as the runtime takes it; `None` keeps the
+    /// image's.
+    pub user: Option<String>,
+    /// Entrypoint override (argument vector); empty keeps the image's.
+    pub entrypoint: Vec<String>,
+    /// Extra labels; stead's own (`stead.*`) are refused by the catalog.
+    pub labels: BTreeMap<String, String>,
+    /// Existing networks to join besides the instance's own network.
+    pub networks: Vec<String>,
+    /// Whether the container joins its instance's own network, where the
+    /// instance's services reach each other by service name. Set for every
+    /// service of a type with more than one (a lone service has no peer,
+    /// and each network takes one of the runtime's address pools).
+    pub instance_network: bool,
+}
+
+/// One secret environment variable and where its value comes from.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SecretEnv {
+    /// The variable's name inside the container.
+    pub env: String,
+    pub source: SecretSource,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum SecretSource {
+    /// The contents of a file on the daemon's host (one trailing newline
+    /// dropped, as `echo secret > file` writes one).
+    File(String),
+    /// A variable of the daemon's own environment.
+    DaemonEnv(String),
+}
+
+impl SecretSource {
+    /// Where the value comes from, for errors (never the value).
+    pub fn describe(&self) -> String {
+        match self {
+            Self::File(path) => format!("file {path:?}"),
+            Self::DaemonEnv(name) => format!("the daemon's environment variable {name}"),
+        }
+    }
+}
+
+/// Storage mounted into a container.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Mount {
+    pub source: MountSource,
+    /// Absolute path inside the container.
+    pub target: String,
+    pub read_only: bool,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum MountSource {
+    /// A named volume of this instance and service, created on first use
+    /// and kept across upgrades, reprovisions and recoveries; removed only
+    /// by `stead instance delete --purge-volumes`.
+    Volume(String),
+    /// A host path, allowed only under a prefix the catalog lists.
+    HostPath(String),
+}
+
+impl RunSpec {
+    /// The plain environment rendered for one instance, in name order.
+    pub fn render_env(
+        &self,
+        service: &ServiceName,
+        params: &ReleaseParams,
+    ) -> Result<Vec<(String, String)>, TemplateError> {
+        self.env
+            .iter()
+            .map(|(name, template)| {
+                let field = format!("services.{service}.env.{name}");
+                Ok((name.clone(), render(&field, template, params)?))
+            })
+            .collect()
+    }
+
+    /// The named volumes this service mounts.
+    pub fn volumes(&self) -> impl Iterator<Item = &str> {
+        self.mounts.iter().filter_map(|m| match &m.source {
+            MountSource::Volume(name) => Some(name.as_str()),
+            MountSource::HostPath(_) => None,
+        })
+    }
 }

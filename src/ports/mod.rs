@@ -100,7 +100,13 @@ pub trait EventSubscription: Send {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct CreateContainer {
     pub instance: InstanceName,
+    /// The instance's row id: its named volumes carry it, so an instance
+    /// that reuses a deleted one's name never mounts the earlier data.
+    pub instance_id: crate::core::fleet::InstanceId,
     pub spec: ServiceSpec,
+    /// The spec's plain environment rendered for this instance
+    /// (`RunSpec::render_env`); secrets are the runtime's to resolve.
+    pub env: Vec<(String, String)>,
     /// Distinguishes an upgrade's successor from its predecessor; part of
     /// the deterministic container name.
     pub revision: String,

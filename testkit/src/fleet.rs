@@ -39,6 +39,7 @@ fn spec(service: usize) -> ServiceSpec {
         healthcheck: None,
         readiness: ReadinessProbe::None,
         stop_grace: Duration::ZERO,
+        run: Default::default(),
     }
 }
 
@@ -72,6 +73,8 @@ pub async fn build_steady_fleet(
             let service = spec.name.clone();
             let request = CreateContainer {
                 instance: name.clone(),
+                instance_id: 1,
+                env: Vec::new(),
                 spec,
                 revision: "r1".into(),
             };

@@ -60,6 +60,7 @@ pub fn upgrade_input(services: &[UpgradeServiceSeed], stopped: bool, ready: bool
             healthcheck: None,
             readiness: ReadinessProbe::None,
             stop_grace: Duration::from_secs(5),
+            run: Default::default(),
         });
         if seed.active % 3 != 0 {
             active.services.insert(

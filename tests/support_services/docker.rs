@@ -52,12 +52,15 @@ pub fn httpd_spec(service: &str) -> ServiceSpec {
         }),
         readiness: ReadinessProbe::None,
         stop_grace: Duration::from_secs(1),
+        run: Default::default(),
     }
 }
 
 pub fn create_request(instance: &str, spec: ServiceSpec, revision: &str) -> CreateContainer {
     CreateContainer {
         instance: InstanceName::new(instance),
+        instance_id: 1,
+        env: Vec::new(),
         spec,
         revision: revision.to_owned(),
     }
@@ -176,6 +179,14 @@ impl Drop for Cleanup {
             let mut args = vec!["rm", "-f"];
             args.extend(targets);
             let _ = docker(&args);
+        }
+        // The instance's network and named volumes, once its containers
+        // are gone (both are labelled like the containers).
+        for kind in ["network", "volume"] {
+            let names = docker(&[kind, "ls", "-q", "--filter", &filter]).unwrap_or_default();
+            for name in names.split_whitespace() {
+                let _ = docker(&[kind, "rm", name]);
+            }
         }
     }
 }

@@ -220,11 +220,18 @@ impl Worker {
         spec: &ServiceSpec,
         revision: &str,
     ) -> Result<ContainerId, RuntimeError> {
+        // The revision a container is created at is the version it runs.
+        let env = spec
+            .run
+            .render_env(&spec.name, &ReleaseParams::of(instance, revision))
+            .map_err(|e| RuntimeError::Refused(format!("{}: {e}", instance.name)))?;
         self.ports
             .runtime
             .create(&CreateContainer {
                 instance: instance.name.clone(),
+                instance_id: instance.id,
                 spec: spec.clone(),
+                env,
                 revision: revision.to_owned(),
             })
             .await

@@ -1,0 +1,234 @@
+//! What a real application's services declare in the catalog (environment,
+//! secrets, volumes, limits, user, entrypoint, labels, networks), and the
+//! errors bad declarations get: each names the file, the field and the
+//! value, and never quotes a secret (there is none in the file to quote).
+
+use std::collections::BTreeMap;
+
+use stead::core::catalog::Catalog;
+use stead::core::release::ReleaseParams;
+use stead::core::spec::{Mount, MountSource, RunSpec, SecretEnv, SecretSource};
+use stead::core::types::ServiceName;
+
+const APP: &str = r#"
+host_path_prefixes = ["/srv/stead"]
+
+[types.notes]
+version = "1"
+
+[[types.notes.services]]
+name = "db"
+image = "example/db:1"
+entrypoint = ["/bin/sh", "-c"]
+command = ["exec db --data /data"]
+user = "999:999"
+memory_mb = 256
+cpus = 0.5
+env = { DB_NAME = "notes_{instance}" }
+secrets = [
+  { env = "DB_PASSWORD", file = "/etc/stead/secrets/notes-db" },
+  { env = "DB_ADMIN_TOKEN", from_env = "NOTES_ADMIN_TOKEN" },
+]
+volumes = [
+  { name = "data", path = "/data" },
+  { host_path = "/srv/stead/notes/seed", path = "/seed", read_only = true },
+]
+labels = { "com.example.tier" = "storage" }
+networks = ["backups"]
+
+[[types.notes.services]]
+name = "web"
+image = "example/web:1"
+ports = [8080]
+"#;
+
+#[test]
+fn a_real_applications_services_convert_into_run_specs() {
+    let catalog = Catalog::from_toml(APP, "catalog.toml").unwrap();
+    let notes = catalog.get("notes").unwrap();
+    let db = &notes.services[0];
+    assert_eq!(
+        *db.run,
+        RunSpec {
+            env: BTreeMap::from([("DB_NAME".into(), "notes_{instance}".into())]),
+            secrets: vec![
+                SecretEnv {
+                    env: "DB_PASSWORD".into(),
+                    source: SecretSource::File("/etc/stead/secrets/notes-db".into()),
+                },
+                SecretEnv {
+                    env: "DB_ADMIN_TOKEN".into(),
+                    source: SecretSource::DaemonEnv("NOTES_ADMIN_TOKEN".into()),
+                },
+            ],
+            mounts: vec![
+                Mount {
+                    source: MountSource::Volume("data".into()),
+                    target: "/data".into(),
+                    read_only: false,
+                },
+                Mount {
+                    source: MountSource::HostPath("/srv/stead/notes/seed".into()),
+                    target: "/seed".into(),
+                    read_only: true,
+                },
+            ],
+            memory_bytes: Some(256 * 1024 * 1024),
+            nano_cpus: Some(500_000_000),
+            user: Some("999:999".into()),
+            entrypoint: vec!["/bin/sh".into(), "-c".into()],
+            labels: BTreeMap::from([("com.example.tier".into(), "storage".into())]),
+            networks: vec!["backups".into()],
+            instance_network: true,
+        }
+    );
+    assert_eq!(db.run.volumes().collect::<Vec<_>>(), ["data"]);
+    assert!(
+        notes.services[1].run.instance_network,
+        "every service of a multi-service type joins the instance network"
+    );
+    let params = ReleaseParams {
+        instance: "acme",
+        team: "t",
+        service_type: "notes",
+        version: "1",
+    };
+    assert_eq!(
+        db.run.render_env(&ServiceName::new("db"), &params).unwrap(),
+        vec![("DB_NAME".to_owned(), "notes_acme".to_owned())]
+    );
+}
+
+#[test]
+fn a_lone_service_does_not_join_an_instance_network() {
+    let one =
+        "[types.web]\nversion = \"1\"\n[[types.web.services]]\nname = \"web\"\nimage = \"x:1\"\n";
+    let catalog = Catalog::from_toml(one, "catalog.toml").unwrap();
+    assert!(!catalog.get("web").unwrap().services[0].run.instance_network);
+}
+
+fn check(from: &str, to: &str, expect: &str) {
+    assert!(APP.contains(from), "{from:?} not in the catalog");
+    let text = APP.replacen(from, to, 1);
+    let error = Catalog::from_toml(&text, "catalog.toml")
+        .unwrap_err()
+        .to_string();
+    assert!(
+        error.starts_with("catalog.toml: ") && error.contains(expect),
+        "\nexpected: {expect}\nactual:   {error}"
+    );
+}
+
+#[test]
+fn bad_declarations_name_the_field_and_the_value() {
+    check(
+        "DB_NAME = ",
+        "DB-NAME = ",
+        "types.notes.services[0].env.DB-NAME = \"DB-NAME\": an environment variable's name",
+    );
+    check(
+        "\"notes_{instance}\"",
+        "\"notes_{tenant}\"",
+        "types.notes.services[0].env.DB_NAME = \"notes_{tenant}\": unknown placeholder {tenant}",
+    );
+    check(
+        "file = \"/etc/stead/secrets/notes-db\"",
+        "file = \"/etc/stead/secrets/notes-db\", from_env = \"X\"",
+        "types.notes.services[0].secrets[0] = \"DB_PASSWORD\": a secret takes exactly one of `file` or `from_env`",
+    );
+    check(
+        "file = \"/etc/stead/secrets/notes-db\"",
+        "file = \"secrets/notes-db\"",
+        "types.notes.services[0].secrets[0].file = \"secrets/notes-db\": must be an absolute path",
+    );
+    check(
+        "env = \"DB_ADMIN_TOKEN\"",
+        "env = \"DB_NAME\"",
+        "types.notes.services[0].secrets[1].env = \"DB_NAME\": this variable is already set",
+    );
+    check(
+        "host_path = \"/srv/stead/notes/seed\"",
+        "host_path = \"/etc/shadow\"",
+        "types.notes.services[0].volumes[1].host_path = \"/etc/shadow\": must be a clean absolute path under one of host_path_prefixes (/srv/stead/)",
+    );
+    check(
+        "host_path = \"/srv/stead/notes/seed\"",
+        "host_path = \"/srv/stead/../../etc\"",
+        "types.notes.services[0].volumes[1].host_path = \"/srv/stead/../../etc\"",
+    );
+    check(
+        "host_path = \"/srv/stead/notes/seed\"",
+        "host_path = \"/srv/steady\"",
+        "types.notes.services[0].volumes[1].host_path = \"/srv/steady\"",
+    );
+    check(
+        "host_path_prefixes = [\"/srv/stead\"]",
+        "",
+        "types.notes.services[0].volumes[1].host_path = \"/srv/stead/notes/seed\": the catalog allows no host paths",
+    );
+    check(
+        "host_path_prefixes = [\"/srv/stead\"]",
+        "host_path_prefixes = [\"/\"]",
+        "host_path_prefixes[0] = \"/\": must be an absolute directory other than /",
+    );
+    check(
+        "{ name = \"data\", path = \"/data\" }",
+        "{ name = \"data\", path = \"data\" }",
+        "types.notes.services[0].volumes[0].path = \"data\": must be an absolute path",
+    );
+    check(
+        "path = \"/seed\"",
+        "path = \"/data\"",
+        "types.notes.services[0].volumes[1].path = \"/data\": duplicate mount path",
+    );
+    check(
+        "{ name = \"data\", path = \"/data\" }",
+        "{ name = \"Data\", path = \"/data\" }",
+        "types.notes.services[0].volumes[0].name = \"Data\": must be a DNS label",
+    );
+    check(
+        "{ name = \"data\", path = \"/data\" }",
+        "{ path = \"/data\" }",
+        "types.notes.services[0].volumes[0] = \"/data\": a volume takes exactly one of `name`",
+    );
+    check(
+        "memory_mb = 256",
+        "memory_mb = 2",
+        "types.notes.services[0].memory_mb = 2: must be between 6 and 1048576",
+    );
+    check(
+        "cpus = 0.5",
+        "cpus = -1",
+        "types.notes.services[0].cpus = -1.0: must be between 0.01 and 1024",
+    );
+    check(
+        "cpus = 0.5",
+        "cpus = nan",
+        "types.notes.services[0].cpus = NaN: must be between 0.01 and 1024",
+    );
+    check(
+        "user = \"999:999\"",
+        "user = \"root; rm -rf /\"",
+        "types.notes.services[0].user = \"root; rm -rf /\": must be a user or user:group",
+    );
+    check(
+        "\"com.example.tier\" = ",
+        "\"stead.managed\" = ",
+        "types.notes.services[0].labels.stead.managed = \"stead.managed\": labels starting with \"stead.\" are stead's own",
+    );
+    check(
+        "networks = [\"backups\"]",
+        "networks = [\"host\"]",
+        "types.notes.services[0].networks[0] = \"host\": host, none, bridge and stead.* networks cannot be joined",
+    );
+    check(
+        "networks = [\"backups\"]",
+        "networks = [\"stead.other\"]",
+        "types.notes.services[0].networks[0] = \"stead.other\"",
+    );
+    check(
+        "entrypoint = [\"/bin/sh\", \"-c\"]",
+        "entrypoint = \"/bin/sh\"",
+        "types.notes.services[0].entrypoint: invalid type",
+    );
+}

@@ -1,0 +1,393 @@
+//! What real applications need from the Docker runtime, against the real
+//! dockerd: environment and secrets, named volumes that outlive their
+//! containers, the instance network, limits, user, entrypoint, labels and
+//! bind mounts (`src/adapters/docker/workload.rs`).
+
+// These tests wait on real services, so they read the wall clock to bound
+// their waits; the crate-wide ban protects the core, not tests.
+#![allow(clippy::disallowed_methods)]
+
+mod support_services;
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use stead::adapters::docker::{volume_name, DockerProvisioner, DockerRuntime};
+use stead::core::release::{ReleaseKind, ReleaseParams, ReleaseTarget};
+use stead::core::spec::{Mount, MountSource, RunSpec, SecretEnv, SecretSource, ServiceSpec};
+use stead::core::types::{ContainerId, GenerationKey, InstanceName, RuntimeError, ServiceName};
+use stead::ports::{CreateContainer, Provisioner, Release, Runtime};
+use support_services::docker::{create_request, docker, httpd_spec, runtime, Cleanup};
+use support_services::unique;
+
+/// A service that runs `script` under sh and then sleeps, so a test can
+/// read what it wrote with `docker exec`.
+fn script_spec(service: &str, script: &str) -> ServiceSpec {
+    let mut spec = httpd_spec(service);
+    spec.command = vec![
+        "sh".into(),
+        "-c".into(),
+        format!("{script}; exec sleep 600"),
+    ];
+    spec.healthcheck = None;
+    spec.ports = Vec::new();
+    spec
+}
+
+fn request(instance: &str, instance_id: i64, spec: ServiceSpec, revision: &str) -> CreateContainer {
+    let params = ReleaseParams {
+        instance,
+        team: "team",
+        service_type: "app",
+        version: revision,
+    };
+    let env = spec
+        .run
+        .render_env(&spec.name, &params)
+        .expect("env renders");
+    CreateContainer {
+        instance_id,
+        env,
+        ..create_request(instance, spec, revision)
+    }
+}
+
+/// What `cat path` prints inside the container, once the file exists.
+async fn read_inside(id: &ContainerId, path: &str) -> String {
+    for _ in 0..100 {
+        if let Ok(text) = docker(&["exec", id.as_str(), "busybox", "cat", path]) {
+            return text;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    panic!("{path} never appeared in {id}");
+}
+
+fn generation(instance: &str, service: &str, id: &ContainerId) -> GenerationKey {
+    GenerationKey {
+        instance: InstanceName::new(instance),
+        service: ServiceName::new(service),
+        container: id.clone(),
+    }
+}
+
+#[tokio::test]
+async fn env_and_secrets_reach_the_container_and_nothing_else() {
+    let runtime = runtime().await;
+    let instance = unique("wkenv");
+    let _cleanup = Cleanup::new(&instance);
+    let dir = tempfile::tempdir().unwrap();
+    let secret_file = dir.path().join("db-password");
+    std::fs::write(&secret_file, "file-s3cret-9f2\n").unwrap();
+    // A variable of this test process: the runtime reads the daemon's own
+    // environment, which is ours here.
+    let env_name = format!("STEAD_TEST_SECRET_{}", std::process::id());
+    std::env::set_var(&env_name, "env-s3cret-4c7");
+
+    let mut spec = script_spec("app", "echo \"$GREETING|$DB_PASSWORD|$API_KEY\" > /tmp/out");
+    spec.run.env = BTreeMap::from([("GREETING".into(), "hello {instance}".into())]);
+    spec.run.secrets = vec![
+        SecretEnv {
+            env: "DB_PASSWORD".into(),
+            source: SecretSource::File(secret_file.display().to_string()),
+        },
+        SecretEnv {
+            env: "API_KEY".into(),
+            source: SecretSource::DaemonEnv(env_name.clone()),
+        },
+    ];
+    let id = runtime
+        .create(&request(&instance, 1, spec, "1"))
+        .await
+        .expect("create");
+    assert_eq!(
+        read_inside(&id, "/tmp/out").await,
+        format!("hello {instance}|file-s3cret-9f2|env-s3cret-4c7"),
+        "the rendered env and both secrets (without the file's newline) reach the process"
+    );
+    let labels = docker(&[
+        "inspect",
+        "--format",
+        "{{json .Config.Labels}}",
+        id.as_str(),
+    ])
+    .unwrap();
+    assert!(
+        !labels.contains("s3cret"),
+        "no secret in the container's labels: {labels}"
+    );
+    std::env::remove_var(&env_name);
+}
+
+#[tokio::test]
+async fn a_missing_secret_fails_the_create_naming_it_and_creates_nothing() {
+    let runtime = runtime().await;
+    let instance = unique("wkmiss");
+    let _cleanup = Cleanup::new(&instance);
+    let mut spec = script_spec("db", "true");
+    spec.run.secrets = vec![SecretEnv {
+        env: "DB_PASSWORD".into(),
+        source: SecretSource::File("/nonexistent/stead/db-password".into()),
+    }];
+    let Err(RuntimeError::Refused(message)) =
+        runtime.create(&request(&instance, 1, spec, "1")).await
+    else {
+        panic!("a create whose secret is missing must be refused");
+    };
+    assert!(message.contains("secret DB_PASSWORD"), "{message}");
+    assert!(
+        message.contains("/nonexistent/stead/db-password"),
+        "{message}"
+    );
+    assert!(message.contains(&format!("{instance}/db")), "{message}");
+    let filter = format!("label=stead.instance={instance}");
+    assert_eq!(
+        docker(&["ps", "-aq", "--filter", &filter]).unwrap(),
+        "",
+        "nothing was created"
+    );
+}
+
+#[tokio::test]
+async fn a_named_volume_outlives_its_containers_and_only_purge_removes_it() {
+    let runtime = runtime().await;
+    let instance = unique("wkvol");
+    let _cleanup = Cleanup::new(&instance);
+    let spec = |revision: &str| {
+        let mut spec = script_spec("db", &format!("echo {revision} >> /data/rows"));
+        spec.run.mounts = vec![Mount {
+            source: MountSource::Volume("data".into()),
+            target: "/data".into(),
+            read_only: false,
+        }];
+        spec
+    };
+    let first = runtime
+        .create(&request(&instance, 7, spec("r1"), "r1"))
+        .await
+        .expect("create r1");
+    assert_eq!(read_inside(&first, "/data/rows").await, "r1");
+    runtime
+        .remove(&generation(&instance, "db", &first))
+        .await
+        .expect("remove r1");
+
+    // An upgrade's successor (another revision) mounts the same volume.
+    let second = runtime
+        .create(&request(&instance, 7, spec("r2"), "r2"))
+        .await
+        .expect("create r2");
+    let mut rows = String::new();
+    for _ in 0..100 {
+        rows = read_inside(&second, "/data/rows").await;
+        if rows.lines().count() == 2 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(rows, "r1\nr2", "the data written by r1 survived into r2");
+    let name = volume_name(
+        &InstanceName::new(&instance),
+        &ServiceName::new("db"),
+        "data",
+    );
+    assert_eq!(
+        runtime
+            .instance_volumes(&InstanceName::new(&instance))
+            .await
+            .unwrap(),
+        vec![name.clone()]
+    );
+
+    // Uninstalling the release removes the containers and keeps the volume.
+    let provisioner = DockerProvisioner::new(runtime.clone());
+    provisioner
+        .uninstall(&ReleaseTarget {
+            kind: ReleaseKind::Docker,
+            release: Release {
+                name: instance.clone(),
+                namespace: DockerProvisioner::NAMESPACE.to_owned(),
+            },
+        })
+        .await
+        .expect("uninstall");
+    assert!(
+        docker(&["volume", "inspect", &name]).is_ok(),
+        "uninstall keeps the volume"
+    );
+
+    // A later instance under the same name (another row id) is refused the
+    // earlier one's data.
+    let Err(RuntimeError::Refused(message)) = runtime
+        .create(&request(&instance, 8, spec("r3"), "r3"))
+        .await
+    else {
+        panic!("a kept volume of an earlier instance must not be mounted");
+    };
+    assert!(
+        message.contains("kept from an earlier instance"),
+        "{message}"
+    );
+    assert!(message.contains(&name), "{message}");
+
+    let purged = runtime
+        .purge_volumes(&InstanceName::new(&instance))
+        .await
+        .expect("purge");
+    assert_eq!(purged, vec![name.clone()]);
+    assert!(docker(&["volume", "inspect", &name]).is_err(), "purged");
+    assert_eq!(
+        runtime
+            .purge_volumes(&InstanceName::new(&instance))
+            .await
+            .unwrap(),
+        Vec::<String>::new(),
+        "a second purge finds nothing and succeeds"
+    );
+}
+
+#[tokio::test]
+async fn services_of_one_instance_reach_each_other_by_name_and_no_one_else_does() {
+    let runtime = runtime().await;
+    let instance = unique("wknet");
+    let other = unique("wknetb");
+    let _cleanup = (Cleanup::new(&instance), Cleanup::new(&other));
+    let on_network = |mut spec: ServiceSpec| {
+        spec.run.instance_network = true;
+        spec
+    };
+    let db = runtime
+        .create(&request(&instance, 1, on_network(httpd_spec("db")), "1"))
+        .await
+        .expect("create db");
+    let web = runtime
+        .create(&request(
+            &instance,
+            1,
+            on_network(script_spec("web", "true")),
+            "1",
+        ))
+        .await
+        .expect("create web");
+    let stranger = runtime
+        .create(&request(
+            &other,
+            2,
+            on_network(script_spec("web", "true")),
+            "1",
+        ))
+        .await
+        .expect("create another instance's web");
+
+    // (busybox wget's `-T` crashes the test image's static build: no -T.)
+    let mut answer = Err(String::new());
+    for _ in 0..50 {
+        answer = docker(&["exec", web.as_str(), "wget", "-q", "-O-", "http://db:8080/"]);
+        if answer.is_ok() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(
+        answer.as_deref().is_ok_and(|a| a.contains("stead test")),
+        "web reaches db by its service name: {answer:?}"
+    );
+    let refused = docker(&[
+        "exec",
+        stranger.as_str(),
+        "wget",
+        "-q",
+        "-O-",
+        "http://db:8080/",
+    ]);
+    assert!(
+        refused.is_err(),
+        "another instance cannot resolve db: {refused:?}"
+    );
+
+    for (service, id) in [("db", &db), ("web", &web)] {
+        runtime
+            .remove(&generation(&instance, service, id))
+            .await
+            .expect("remove");
+    }
+    runtime
+        .remove_network(&InstanceName::new(&instance))
+        .await
+        .expect("remove network");
+    assert!(docker(&["network", "inspect", &format!("stead.{instance}")]).is_err());
+    runtime
+        .remove_network(&InstanceName::new(&instance))
+        .await
+        .expect("removing an absent network succeeds");
+}
+
+#[tokio::test]
+async fn a_network_stead_does_not_own_is_neither_joined_nor_removed() {
+    let runtime = runtime().await;
+    let instance = unique("wkforeign");
+    let network = format!("stead.{instance}");
+    docker(&["network", "create", &network]).expect("create a foreign network");
+    let _cleanup = Cleanup::new(&instance);
+    let mut spec = httpd_spec("db");
+    spec.run.instance_network = true;
+    let Err(RuntimeError::Refused(message)) =
+        runtime.create(&request(&instance, 1, spec, "1")).await
+    else {
+        panic!("a foreign network under the instance's name must be refused");
+    };
+    assert!(message.contains("not this instance's"), "{message}");
+    runtime
+        .remove_network(&InstanceName::new(&instance))
+        .await
+        .expect("leaving it is not an error");
+    assert!(
+        docker(&["network", "inspect", &network]).is_ok(),
+        "left alone"
+    );
+    docker(&["network", "rm", &network]).unwrap();
+}
+
+#[tokio::test]
+async fn limits_user_entrypoint_labels_and_bind_mounts_are_applied() {
+    let runtime: DockerRuntime = runtime().await;
+    let instance = unique("wkrun");
+    let _cleanup = Cleanup::new(&instance);
+    let host = tempfile::tempdir().unwrap();
+    std::fs::write(host.path().join("config"), "from-the-host").unwrap();
+    let mut spec = httpd_spec("app");
+    spec.healthcheck = None;
+    spec.ports = Vec::new();
+    spec.run = Box::new(RunSpec {
+        memory_bytes: Some(64 * 1024 * 1024),
+        nano_cpus: Some(500_000_000),
+        user: Some("65534:65534".into()),
+        entrypoint: vec!["/bin/sh".into(), "-c".into()],
+        labels: BTreeMap::from([("com.example.tier".into(), "backend".into())]),
+        mounts: vec![Mount {
+            source: MountSource::HostPath(host.path().display().to_string()),
+            target: "/etc/app".into(),
+            read_only: true,
+        }],
+        ..RunSpec::default()
+    });
+    spec.command = vec!["id -u > /tmp/uid; exec sleep 600".into()];
+    let id = runtime
+        .create(&request(&instance, 1, spec, "1"))
+        .await
+        .expect("create");
+    let inspected = docker(&[
+        "inspect",
+        "--format",
+        "{{.HostConfig.Memory}} {{.HostConfig.NanoCpus}} {{.Config.User}} {{json .Config.Entrypoint}} {{index .Config.Labels \"com.example.tier\"}} {{index .Config.Labels \"stead.managed\"}}",
+        id.as_str(),
+    ])
+    .unwrap();
+    assert_eq!(
+        inspected,
+        "67108864 500000000 65534:65534 [\"/bin/sh\",\"-c\"] backend true"
+    );
+    assert_eq!(read_inside(&id, "/etc/app/config").await, "from-the-host");
+    let written = docker(&["exec", id.as_str(), "sh", "-c", "echo x > /etc/app/new"]);
+    assert!(written.is_err(), "a read-only bind mount refuses writes");
+}

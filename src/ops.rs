@@ -450,7 +450,9 @@ impl Ops<'_> {
         service: &str,
         reason: &str,
     ) -> Result<ContainerId, OpsError> {
-        if reason == InhibitionReason::RETIREMENT_PENDING {
+        if reason == InhibitionReason::RETIREMENT_PENDING
+            || reason == InhibitionReason::SERVICE_DROPPED
+        {
             return Err(OpsError::Invalid(format!(
                 "--reason {reason:?} is reserved for upgrades"
             )));

@@ -474,6 +474,23 @@ fn each_kind_of_refusal_has_its_own_exit_code() {
     // No such service on an existing instance: not found (3).
     let service = s.run(&["instance", "inhibit", "a", "--service", "nope"]);
     assert_eq!(service.code, 3, "{}", service.text());
+    // The holds upgrades take are theirs alone.
+    for reason in ["retirement-pending", "service-dropped"] {
+        let reserved = s.run(&[
+            "instance",
+            "inhibit",
+            "a",
+            "--service",
+            "web",
+            "--reason",
+            reason,
+        ]);
+        assert!(
+            reserved.stderr.contains("is reserved for upgrades"),
+            "{reason}: {}",
+            reserved.text()
+        );
+    }
     // An instance being deleted refuses a change of intent: a conflict.
     s.ok(&["instance", "delete", "a"]);
     let deleting = s.run(&["instance", "stop", "a"]);

@@ -23,7 +23,7 @@ use stead::engine::tick::{Check, Reconciler};
 use stead::engine::wake::WakeQueue;
 use stead::engine::worker::{TaskEnd, Worker, WorkerConfig};
 use stead::engine::Ports;
-use stead::ports::{NewInstance, Store, Traffic};
+use stead::ports::{NewInstance, Runtime, Store, Traffic};
 use stead_testkit::ports::{
     Fault, FaultInjector, Hooks, ManualClock, MemoryNotifier, MemoryPolicy, MemoryProbe,
     MemoryProvisioner, MemoryRuntime, MemoryTraffic, Op,
@@ -438,6 +438,109 @@ async fn upgrade_replaces_with_overlap_and_the_pass_retires_the_predecessor() {
     assert_eq!(
         (row.version.as_str(), row.state),
         ("2", InstanceState::Ready)
+    );
+}
+
+#[tokio::test]
+async fn a_version_that_drops_a_service_retires_it_and_the_pass_never_revives_it() {
+    // Version 1 of wiki ran two services; version 2 (the catalog) lists
+    // only web. The upgrade must withdraw, hold, stop, remove and forget
+    // api, then clear the hold (#17).
+    let f = fixture();
+    let instance = f.served("wiki1", "1").await;
+    let api = f
+        .runtime
+        .create(&create_request("wiki1", "api"))
+        .await
+        .expect("create api");
+    let record = stead::core::types::ActiveService {
+        container: api.clone(),
+        effective_revision: "1".into(),
+        binds: f.runtime.binds(&api).await.unwrap(),
+        stop_grace: None,
+        verified_started_at: f.runtime.inspect(&api).await.unwrap().started_at,
+    };
+    f.store
+        .save_active_service(&instance.name, &ServiceName::new("api"), &record)
+        .await
+        .unwrap();
+    let recoverer = f.recoverer();
+    recoverer.pass().await;
+    assert!(f.routed("wiki1", "api"), "version 1 serves api");
+
+    f.enqueue(instance.id, TaskKind::Upgrade).await;
+    assert_eq!(f.worker().work_once().await.unwrap().1, TaskEnd::Done);
+    let active = f.store.load_active(&instance.name).await.unwrap();
+    assert!(
+        !active.services.contains_key(&ServiceName::new("api")),
+        "api left ACTIVE"
+    );
+    assert!(!f.routed("wiki1", "api"), "api is withdrawn");
+    assert!(f.runtime.container(&api).is_none(), "api is removed");
+    assert!(
+        f.store
+            .load_inhibitions(&instance.name)
+            .await
+            .unwrap()
+            .iter()
+            .all(|m| m.service != ServiceName::new("api")),
+        "the hold is cleared once api is gone"
+    );
+    for _ in 0..3 {
+        recoverer.pass().await;
+    }
+    assert!(!f.routed("wiki1", "api"), "no pass routes api again");
+    assert!(
+        f.runtime
+            .list_managed()
+            .await
+            .unwrap()
+            .iter()
+            .all(|c| c.service != ServiceName::new("api")),
+        "no pass starts api again"
+    );
+    assert!(f.routed("wiki1", "web"), "web serves throughout");
+    let row = f.store.instance(&instance.name).await.unwrap().unwrap();
+    assert_eq!(
+        (row.version.as_str(), row.state),
+        ("2", InstanceState::Ready)
+    );
+}
+
+#[tokio::test]
+async fn a_dropped_services_hold_left_by_a_crash_is_finished_off() {
+    // A crash between dropping api from ACTIVE and clearing its hold
+    // leaves only the hold: the next upgrade removes what is left and
+    // clears it.
+    let f = fixture();
+    let instance = f.served("wiki1", "1").await;
+    let api = f
+        .runtime
+        .create(&create_request("wiki1", "api"))
+        .await
+        .expect("create api");
+    let hold = stead::core::types::Inhibition {
+        service: ServiceName::new("api"),
+        container: api.clone(),
+        reason: InhibitionReason::Hold(InhibitionReason::SERVICE_DROPPED.into()),
+        operation: "upgrade".into(),
+        created_at: f.clock.now(),
+        stop_grace: None,
+    };
+    f.store
+        .save_inhibition(&instance.name, &hold)
+        .await
+        .unwrap();
+    f.enqueue(instance.id, TaskKind::Upgrade).await;
+    assert_eq!(f.worker().work_once().await.unwrap().1, TaskEnd::Done);
+    assert!(
+        f.runtime.container(&api).is_none(),
+        "what was left is removed"
+    );
+    let holds = f.store.load_inhibitions(&instance.name).await.unwrap();
+    assert!(
+        holds.iter().all(|m| m.service != ServiceName::new("api")),
+        "the hold is cleared: {holds:?}"
     );
 }
 

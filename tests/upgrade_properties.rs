@@ -18,7 +18,7 @@ const CASES_UPGRADE: u32 = 4_000;
 fn services() -> impl Strategy<Value = Vec<UpgradeServiceSeed>> {
     proptest::collection::vec(
         any::<u8>().prop_map(|active| UpgradeServiceSeed { active }),
-        0..=3,
+        0..=4,
     )
 }
 

@@ -26,7 +26,7 @@ impl<'a> Arbitrary<'a> for Input {
         let stopped = u.ratio(1, 10)?;
         let ready = u.ratio(4, 5)?;
         let mut services = Vec::new();
-        for _ in 0..u.int_in_range(0..=3)? {
+        for _ in 0..u.int_in_range(0..=4)? {
             services.push(UpgradeServiceSeed {
                 active: u.arbitrary()?,
             });

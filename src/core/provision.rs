@@ -61,6 +61,8 @@ pub enum WorkCommand {
     Remove(GenerationKey),
     ReleaseClaims(ContainerId),
     RemoveActive(ServiceName),
+    /// Save a hold (an inhibition) on a generation.
+    Inhibit(Inhibition),
     ClearInhibition(Inhibition),
 }
 
@@ -116,6 +118,90 @@ impl WorkAnswer {
             Self::Stopped(r) | Self::Removed(r) => failure_of(r),
         }
     }
+}
+
+/// The failure a teardown step's answer reports, if any: the judgement
+/// deprovisioning and the retirement of a dropped service share.
+pub fn teardown_failure(command: &WorkCommand, answer: WorkAnswer) -> Option<String> {
+    match (command, answer) {
+        // A container already stopped or gone is what a stop wants.
+        (WorkCommand::Stop { generation, .. }, WorkAnswer::Stopped(result)) => match result {
+            Ok(()) | Err(RuntimeError::NotFound) => None,
+            Err(e) => Some(format!("stop {}: {e}", generation.container)),
+        },
+        (WorkCommand::Remove(generation), WorkAnswer::Removed(result)) => result
+            .err()
+            .map(|e| format!("remove {}: {e}", generation.container)),
+        (_, WorkAnswer::Done(result)) => result.err().map(|e| e.to_string()),
+        (command, answer) => panic!("answer {answer:?} does not answer {command:?}"),
+    }
+}
+
+/// The retirement of a service a new catalog version no longer lists, in
+/// the order that never leaves it routed or revivable: withdraw its
+/// traffic, hold it (so no recovery pass starts it again), stop and remove
+/// it (its named volumes stay), release its claims, drop it from ACTIVE,
+/// then clear the hold. Re-run after a crash at any step, the upgrade
+/// finds either the service still in ACTIVE (and starts over, every step
+/// being idempotent) or only its hold left (see [`leftover_drop_hold`]).
+pub fn retire_dropped_service(
+    instance: &InstanceName,
+    service: &ServiceName,
+    record: &ActiveService,
+    grace: Duration,
+    now: jiff::Timestamp,
+) -> Vec<WorkCommand> {
+    let generation = GenerationKey {
+        instance: instance.clone(),
+        service: service.clone(),
+        container: record.container.clone(),
+    };
+    let hold = Inhibition {
+        service: service.clone(),
+        container: record.container.clone(),
+        reason: InhibitionReason::Hold(InhibitionReason::SERVICE_DROPPED.to_owned()),
+        operation: "upgrade".into(),
+        created_at: now,
+        stop_grace: record.stop_grace,
+    };
+    vec![
+        WorkCommand::Withdraw(ServiceKey {
+            instance: instance.clone(),
+            service: service.clone(),
+        }),
+        WorkCommand::Inhibit(hold.clone()),
+        WorkCommand::Stop {
+            generation: generation.clone(),
+            grace,
+        },
+        WorkCommand::Remove(generation),
+        WorkCommand::ReleaseClaims(record.container.clone()),
+        WorkCommand::RemoveActive(service.clone()),
+        WorkCommand::ClearInhibition(hold),
+    ]
+}
+
+/// A dropped service's hold whose service already left ACTIVE (a crash
+/// between the last two steps of [`retire_dropped_service`]): make sure
+/// its container is gone, then clear the hold.
+pub fn leftover_drop_hold(
+    instance: &InstanceName,
+    hold: &Inhibition,
+    grace: Duration,
+) -> Vec<WorkCommand> {
+    let generation = GenerationKey {
+        instance: instance.clone(),
+        service: hold.service.clone(),
+        container: hold.container.clone(),
+    };
+    vec![
+        WorkCommand::Stop {
+            generation: generation.clone(),
+            grace,
+        },
+        WorkCommand::Remove(generation),
+        WorkCommand::ClearInhibition(hold.clone()),
+    ]
 }
 
 /// What provisioning starts from.
@@ -370,19 +456,7 @@ impl Deprovision {
             .outstanding
             .take()
             .expect("an answer without a command");
-        let failed = match (&command, answer) {
-            // A container already stopped or gone is what a stop wants.
-            (WorkCommand::Stop { generation, .. }, WorkAnswer::Stopped(result)) => match result {
-                Ok(()) | Err(RuntimeError::NotFound) => None,
-                Err(e) => Some(format!("stop {}: {e}", generation.container)),
-            },
-            (WorkCommand::Remove(generation), WorkAnswer::Removed(result)) => result
-                .err()
-                .map(|e| format!("remove {}: {e}", generation.container)),
-            (_, WorkAnswer::Done(result)) => result.err().map(|e| e.to_string()),
-            (command, answer) => panic!("answer {answer:?} does not answer {command:?}"),
-        };
-        if let Some(e) = failed {
+        if let Some(e) = teardown_failure(&command, answer) {
             self.error = Some(e);
         }
     }

@@ -196,6 +196,9 @@ pub enum InhibitionReason {
 
 impl InhibitionReason {
     pub const RETIREMENT_PENDING: &'static str = "retirement-pending";
+    /// The hold an upgrade puts on a service its new version dropped,
+    /// while it retires it.
+    pub const SERVICE_DROPPED: &'static str = "service-dropped";
 
     pub fn parse(word: &str) -> Self {
         if word == Self::RETIREMENT_PENDING {

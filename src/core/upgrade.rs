@@ -31,6 +31,9 @@ use jiff::Timestamp;
 
 use super::errors::{failure_of, ErrorKind, PortName, ProbeError, ProvisionError, StoreError};
 use super::fleet::{add, InstanceState};
+use super::provision::{
+    leftover_drop_hold, retire_dropped_service, teardown_failure, WorkAnswer, WorkCommand,
+};
 use super::release::HelmRelease;
 use super::spec::{ReadinessProbe, ServiceSpec};
 use super::types::{
@@ -63,6 +66,11 @@ pub struct UpgradeInput {
     /// in one step by Helm instead of service by service. `None` for a
     /// Docker type.
     pub release: Option<HelmRelease>,
+    /// The instance's inhibitions as loaded under the lock: a dropped
+    /// service's hold left by a crashed upgrade is finished off.
+    pub inhibitions: Vec<Inhibition>,
+    /// The stop grace of a generation that names none.
+    pub stop_grace_default: Duration,
 }
 
 impl UpgradeInput {
@@ -108,6 +116,9 @@ pub enum UpgradeCommand {
     /// Upgrade a Helm type's release in place; Helm rolls a failure back
     /// (`--atomic`) and Kubernetes replaces the pods.
     UpgradeRelease(HelmRelease),
+    /// One step of retiring a service the new version no longer lists
+    /// (`provision::retire_dropped_service`).
+    Retire(WorkCommand),
 }
 
 impl UpgradeCommand {
@@ -142,6 +153,7 @@ pub enum UpgradeAnswer {
     StateMoved(Result<(), StoreError>),
     VersionSet(Result<(), StoreError>),
     ReleaseUpgraded(Result<(), ProvisionError>),
+    Retired(WorkAnswer),
 }
 
 impl UpgradeAnswer {
@@ -158,6 +170,7 @@ impl UpgradeAnswer {
             | Self::StateMoved(r)
             | Self::VersionSet(r) => failure_of(r),
             Self::ReleaseUpgraded(r) => failure_of(r),
+            Self::Retired(answer) => answer.port_failure(),
         }
     }
 }
@@ -211,6 +224,8 @@ enum Phase {
     /// Ready → Upgrading, when the instance is ready.
     Begin,
     Services,
+    /// Every service of the new version serves: retire those it dropped.
+    Drop,
     SetVersion,
     /// Upgrading → Ready, whether the services were switched or not: the
     /// instance serves either way, the new version or the old untouched.
@@ -231,6 +246,8 @@ pub struct Upgrade {
     /// A Helm release still to upgrade (taken when its command is issued).
     release: Option<HelmRelease>,
     current: Option<(ServiceSpec, Step)>,
+    /// The steps retiring dropped services, in order.
+    retiring: VecDeque<WorkCommand>,
     outstanding: Option<UpgradeCommand>,
     switched: Vec<ServiceName>,
     error: Option<String>,
@@ -246,6 +263,11 @@ impl Upgrade {
             .cloned()
             .collect();
         let skipped_stopped = input.stopped;
+        let retiring = if input.release.is_some() {
+            VecDeque::new()
+        } else {
+            retiring_plan(&input)
+        };
         Self {
             instance: input.instance,
             phase: if skipped_stopped {
@@ -265,6 +287,7 @@ impl Upgrade {
             },
             release: input.release,
             current: None,
+            retiring,
             outstanding: None,
             switched: Vec::new(),
             error: None,
@@ -318,10 +341,26 @@ impl Upgrade {
                         return None;
                     }
                     self.phase = if self.error.is_none() {
-                        Phase::SetVersion
+                        Phase::Drop
                     } else {
                         Phase::Finish
                     };
+                }
+                Phase::Drop => {
+                    if self.error.is_some() {
+                        self.phase = Phase::Finish;
+                        continue;
+                    }
+                    match self.retiring.pop_front() {
+                        Some(mut step) => {
+                            // The hold says when it was taken.
+                            if let (WorkCommand::Inhibit(hold), Some(now)) = (&mut step, self.now) {
+                                hold.created_at = now;
+                            }
+                            return Some(UpgradeCommand::Retire(step));
+                        }
+                        None => self.phase = Phase::SetVersion,
+                    }
                 }
                 Phase::SetVersion => return Some(UpgradeCommand::SetVersion(self.version.clone())),
                 Phase::Finish => {
@@ -463,6 +502,12 @@ impl Upgrade {
                         "helm upgrade of release {} in {} to chart {} {}: {e}",
                         release.name, release.namespace, release.chart, release.chart_version
                     ));
+                }
+                return;
+            }
+            (UpgradeCommand::Retire(step), UpgradeAnswer::Retired(answer)) => {
+                if let Some(e) = teardown_failure(step, answer.clone()) {
+                    self.error = Some(format!("retire a dropped service: {e}"));
                 }
                 return;
             }
@@ -617,9 +662,9 @@ impl Upgrade {
     pub fn abandon(&mut self, why: String) {
         self.outstanding = None;
         self.error.get_or_insert(why);
-        // Mid-services the instance still goes back to ready (it serves
-        // the old version untouched); elsewhere nothing more is issued.
-        self.phase = if self.phase == Phase::Services {
+        // Mid-services (or mid-retirement) the instance still goes back
+        // to ready; elsewhere nothing more is issued.
+        self.phase = if matches!(self.phase, Phase::Services | Phase::Drop) {
             Phase::Finish
         } else {
             Phase::Done
@@ -634,6 +679,35 @@ impl Upgrade {
             Some(e) => Err((self.switched, e)),
         }
     }
+}
+
+/// The steps retiring every ACTIVE service the catalog's services no longer
+/// list, then finishing off any dropped service's hold a crashed upgrade
+/// left behind after the service left ACTIVE.
+fn retiring_plan(input: &UpgradeInput) -> VecDeque<WorkCommand> {
+    let listed = |service: &ServiceName| input.services.iter().any(|s| &s.name == service);
+    let now = Timestamp::UNIX_EPOCH;
+    let mut plan = VecDeque::new();
+    for (service, record) in &input.active.services {
+        if !listed(service) {
+            let grace = record.stop_grace.unwrap_or(input.stop_grace_default);
+            plan.extend(retire_dropped_service(
+                &input.instance,
+                service,
+                record,
+                grace,
+                now,
+            ));
+        }
+    }
+    for hold in &input.inhibitions {
+        let dropped = hold.reason.as_str() == InhibitionReason::SERVICE_DROPPED;
+        if dropped && !listed(&hold.service) && !input.active.services.contains_key(&hold.service) {
+            let grace = hold.stop_grace.unwrap_or(input.stop_grace_default);
+            plan.extend(leftover_drop_hold(&input.instance, hold, grace));
+        }
+    }
+    plan
 }
 
 fn retry_or_fail(candidate: ContainerId, tries: u32) -> Result<Step, String> {

@@ -13,7 +13,12 @@
 //! - a removal only ever targets this upgrade's own candidate, never a
 //!   container ACTIVE names;
 //! - the upgrade ends within its bound, and a completed one switched every
-//!   service that was behind.
+//!   service that was behind;
+//! - a service ACTIVE names that the new version dropped is retired only
+//!   after every listed service was switched, in the order withdraw, hold,
+//!   stop, remove, release claims, drop from ACTIVE, clear the hold; no
+//!   retirement step touches a listed service; and a completed upgrade
+//!   dropped every such service from ACTIVE before recording its version.
 //!
 //! Shared by the cargo-fuzz target `upgrade` and by
 //! `tests/upgrade_properties.rs` (as `stead_testkit::…`).
@@ -23,6 +28,7 @@ use std::time::Duration;
 
 use stead::core::errors::{ProbeError, ProvisionError, StoreError};
 use stead::core::fleet::InstanceState;
+use stead::core::provision::{WorkAnswer, WorkCommand};
 use stead::core::spec::{ReadinessProbe, ServiceSpec};
 use stead::core::types::{
     ActiveRecord, ActiveService, Binds, ContainerId, ContainerStatus, InhibitionReason,
@@ -44,6 +50,9 @@ pub struct UpgradeServiceSeed {
 }
 
 const SERVICES: [&str; 3] = ["web", "api", "worker"];
+/// A fourth seed puts this service, which the catalog no longer lists,
+/// into ACTIVE: the upgrade must retire it.
+const DROPPED: &str = "legacy";
 
 /// Builds the input: up to three services; the instance stopped or not,
 /// ready or already upgrading (a retried task).
@@ -75,7 +84,24 @@ pub fn upgrade_input(services: &[UpgradeServiceSeed], stopped: bool, ready: bool
             );
         }
     }
+    if services
+        .get(SERVICES.len())
+        .is_some_and(|seed| seed.active % 3 != 0)
+    {
+        active.services.insert(
+            ServiceName::new(DROPPED),
+            ActiveService {
+                container: ContainerId::new(format!("{DROPPED}-old")),
+                effective_revision: "1".into(),
+                binds: binds(1),
+                stop_grace: None,
+                verified_started_at: execution(1),
+            },
+        );
+    }
     UpgradeInput {
+        inhibitions: Vec::new(),
+        stop_grace_default: Duration::from_secs(10),
         instance: InstanceName::new("app"),
         stopped,
         state: if ready {
@@ -147,6 +173,23 @@ fn answer_for(command: &UpgradeCommand, seed: &OutcomeSeed) -> UpgradeAnswer {
         } else {
             Ok(())
         }),
+        UpgradeCommand::Retire(step) => UpgradeAnswer::Retired(match step {
+            WorkCommand::Stop { .. } => WorkAnswer::Stopped(match seed.choice % 16 {
+                0 => Err(RuntimeError::NotFound),
+                1 => Err(RuntimeError::Transient("timeout".into())),
+                _ => Ok(()),
+            }),
+            WorkCommand::Remove(_) => WorkAnswer::Removed(if fails {
+                Err(RuntimeError::Transient("timeout".into()))
+            } else {
+                Ok(())
+            }),
+            _ => WorkAnswer::Done(if fails {
+                Err(StoreError::Unavailable("store down".into()).into())
+            } else {
+                Ok(())
+            }),
+        }),
         UpgradeCommand::MoveState { .. } => UpgradeAnswer::StateMoved(if seed.choice % 16 == 5 {
             Err(StoreError::Conflict("changed state concurrently".into()))
         } else {
@@ -177,7 +220,15 @@ pub fn run_upgrade_and_check(input: &UpgradeInput, answers: &[OutcomeSeed]) -> u
     let mut upgrade = Upgrade::new(input.clone());
     let tries =
         (CANDIDATE_RUNNING_WAIT_MAX.as_millis() / UPGRADE_RETRY_INTERVAL.as_millis()) as usize;
-    let bound = input.services.len() * (tries + 8) + 3;
+    let bound = input.services.len() * (tries + 8) + 3 + 7;
+    let dropped: Vec<&ServiceName> = input
+        .active
+        .services
+        .keys()
+        .filter(|name| !input.services.iter().any(|spec| &spec.name == *name))
+        .collect();
+    // Per dropped service, the retirement steps seen so far, in order.
+    let mut retired: BTreeMap<ServiceName, Vec<&'static str>> = BTreeMap::new();
     let mut seen: BTreeMap<ServiceName, Seen> = BTreeMap::new();
     let mut in_hand: Option<ServiceName> = None;
     let mut switched = Vec::new();
@@ -239,6 +290,13 @@ pub fn run_upgrade_and_check(input: &UpgradeInput, answers: &[OutcomeSeed]) -> u
                     behind,
                     "the version recorded before every service was switched"
                 );
+                for service in &dropped {
+                    assert_eq!(
+                        retired.get(*service).map(Vec::as_slice),
+                        Some(RETIREMENT.as_slice()),
+                        "the version recorded before dropped {service} was retired"
+                    );
+                }
                 version_set = true;
             }
             _ => assert!(
@@ -256,6 +314,37 @@ pub fn run_upgrade_and_check(input: &UpgradeInput, answers: &[OutcomeSeed]) -> u
                 );
                 in_hand = Some(spec.name.clone());
                 seen.insert(spec.name.clone(), Seen::default());
+            }
+            UpgradeCommand::Retire(step) => {
+                let (service, kind) = retirement_step(step);
+                assert!(
+                    dropped.contains(&&service),
+                    "a retirement step for {service}, which the catalog lists: {step:?}"
+                );
+                let behind = input
+                    .services
+                    .iter()
+                    .filter(|spec| input.is_behind(spec))
+                    .count();
+                assert_eq!(
+                    switched.len(),
+                    behind,
+                    "{service} retired before every listed service was switched"
+                );
+                let done = retired.entry(service.clone()).or_default();
+                assert_eq!(
+                    RETIREMENT.get(done.len()),
+                    Some(&kind),
+                    "retirement of {service} out of order: {kind} after {done:?}"
+                );
+                if let WorkCommand::Stop { generation, .. } | WorkCommand::Remove(generation) = step
+                {
+                    assert_eq!(
+                        Some(&generation.container),
+                        input.active.services.get(&service).map(|a| &a.container),
+                        "a retirement step aimed at another container than ACTIVE's {service}"
+                    );
+                }
             }
             UpgradeCommand::RemoveCandidate(generation) => {
                 assert!(
@@ -314,9 +403,31 @@ pub fn run_upgrade_and_check(input: &UpgradeInput, answers: &[OutcomeSeed]) -> u
         {
             began = matches!(answer, UpgradeAnswer::StateMoved(Ok(())));
         }
+        if let (UpgradeCommand::Retire(step), UpgradeAnswer::Retired(answered)) =
+            (&command, &answer)
+        {
+            let ok = match answered {
+                WorkAnswer::Stopped(r) => matches!(r, Ok(()) | Err(RuntimeError::NotFound)),
+                WorkAnswer::Removed(r) => r.is_ok(),
+                WorkAnswer::Done(r) => r.is_ok(),
+                _ => false,
+            };
+            let (service, _) = retirement_step(step);
+            if ok {
+                retired
+                    .entry(service)
+                    .or_default()
+                    .push(retirement_step(step).1);
+            } else {
+                // The step failed: it is not done (the upgrade stops here).
+                retired.entry(service).or_default();
+            }
+        }
         if matches!(
             command,
-            UpgradeCommand::MoveState { .. } | UpgradeCommand::SetVersion(_)
+            UpgradeCommand::MoveState { .. }
+                | UpgradeCommand::SetVersion(_)
+                | UpgradeCommand::Retire(_)
         ) {
             upgrade.handle(answer, base());
             continue;
@@ -378,11 +489,54 @@ pub fn run_upgrade_and_check(input: &UpgradeInput, answers: &[OutcomeSeed]) -> u
                 behind,
                 "a completed upgrade switched every service behind"
             );
+            for service in &dropped {
+                assert_eq!(
+                    retired.get(*service).map(Vec::as_slice),
+                    Some(RETIREMENT.as_slice()),
+                    "a completed upgrade retired dropped {service} fully"
+                );
+            }
             done.len()
         }
         Err((done, _)) => {
             assert_eq!(done, switched);
             done.len()
         }
+    }
+}
+
+/// The retirement of a dropped service, step by step, in its only order.
+const RETIREMENT: [&str; 7] = [
+    "withdraw",
+    "hold",
+    "stop",
+    "remove",
+    "release claims",
+    "drop from ACTIVE",
+    "clear hold",
+];
+
+/// The service a retirement step is about, and which step it is.
+fn retirement_step(step: &WorkCommand) -> (ServiceName, &'static str) {
+    match step {
+        WorkCommand::Withdraw(key) => (key.service.clone(), "withdraw"),
+        WorkCommand::Inhibit(hold) => {
+            assert_eq!(hold.reason.as_str(), InhibitionReason::SERVICE_DROPPED);
+            (hold.service.clone(), "hold")
+        }
+        WorkCommand::Stop { generation, .. } => (generation.service.clone(), "stop"),
+        WorkCommand::Remove(generation) => (generation.service.clone(), "remove"),
+        WorkCommand::ReleaseClaims(container) => (
+            ServiceName::new(
+                container
+                    .as_str()
+                    .strip_suffix("-old")
+                    .expect("the test's containers are named <service>-old"),
+            ),
+            "release claims",
+        ),
+        WorkCommand::RemoveActive(service) => (service.clone(), "drop from ACTIVE"),
+        WorkCommand::ClearInhibition(hold) => (hold.service.clone(), "clear hold"),
+        other => panic!("not a retirement step: {other:?}"),
     }
 }

@@ -40,6 +40,7 @@ impl Worker {
             WorkCommand::RemoveActive(service) => {
                 done(p.store.remove_active_service(name, &service).await)
             }
+            WorkCommand::Inhibit(marker) => done(p.store.save_inhibition(name, &marker).await),
             WorkCommand::ClearInhibition(marker) => done(
                 p.store
                     .clear_inhibition(name, &marker.service, &marker.container, None)
@@ -82,6 +83,9 @@ impl Worker {
             UpgradeCommand::ReadBinds(id) => UpgradeAnswer::Binds(p.runtime.binds(&id).await),
             UpgradeCommand::Probe { readiness, binds } => {
                 UpgradeAnswer::Probed(p.probe.ready(&readiness, &binds).await)
+            }
+            UpgradeCommand::Retire(step) => {
+                UpgradeAnswer::Retired(Box::pin(self.perform_work(instance, step)).await)
             }
             UpgradeCommand::RemoveCandidate(generation) => {
                 UpgradeAnswer::Removed(p.runtime.remove(&generation).await)

@@ -91,8 +91,15 @@ impl Worker {
                     .map_err(|e| format!("{}: {e}", instance.name))?,
             ),
         };
+        let inhibitions = p
+            .store
+            .load_inhibitions(&instance.name)
+            .await
+            .map_err(|e| e.to_string())?;
         let mut upgrade = Upgrade::new(UpgradeInput {
             release,
+            inhibitions,
+            stop_grace_default: self.config.stop_grace_default,
             instance: instance.name.clone(),
             stopped: instance.stopped,
             state: instance.state,

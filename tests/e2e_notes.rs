@@ -1,0 +1,389 @@
+//! The notes example (examples/notes) on a whole daemon against the real
+//! dockerd, Caddy and SQLite: a row written through the web service
+//! survives an upgrade of the instance to a new catalog version (the
+//! database's named volume is kept), the database password (a secret)
+//! appears nowhere in stead's database files, its log or `stead status
+//! --json`; and a version that drops a service ends with it neither
+//! running nor routed, its volume kept.
+
+mod e2e;
+mod support;
+mod support_services;
+
+use std::io::Write;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use e2e::{wait_until, Harness, Setup};
+use stead::core::types::{InstanceName, ServiceName};
+use support_services::docker::{docker, Cleanup};
+use support_services::unique;
+
+const CONVERGE: Duration = Duration::from_secs(90);
+const EXAMPLE_SECRET_PATH: &str = "/tmp/stead-example/notes/db-password";
+
+/// Every line the daemon logs, at debug level, to grep for the secret.
+#[derive(Clone, Default)]
+struct CapturedLog(Arc<Mutex<Vec<u8>>>);
+
+impl Write for CapturedLog {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().unwrap().extend_from_slice(buf);
+        Ok(buf.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+impl CapturedLog {
+    /// Installed before the harness's own subscriber (which then stays
+    /// out): this test binary's whole log goes here.
+    fn install() -> CapturedLog {
+        let log = CapturedLog::default();
+        let writer = log.clone();
+        tracing_subscriber::fmt()
+            .with_env_filter(tracing_subscriber::EnvFilter::new("stead=debug,info"))
+            .with_writer(move || writer.clone())
+            .with_ansi(false)
+            .init();
+        log
+    }
+
+    fn text(&self) -> String {
+        String::from_utf8_lossy(&self.0.lock().unwrap()).into_owned()
+    }
+}
+
+/// Builds the example's image (idempotent).
+fn build_image() {
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+    let out = std::process::Command::new(root.join("examples/notes/build-image"))
+        .output()
+        .expect("run examples/notes/build-image");
+    assert!(
+        out.status.success(),
+        "build-image failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// The example catalog at `version`, reading its secret from `secret`.
+fn notes_catalog(version: &str, secret: &std::path::Path) -> String {
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+    let text = std::fs::read_to_string(root.join("examples/notes/catalog.toml")).unwrap();
+    assert!(text.contains(EXAMPLE_SECRET_PATH) && text.contains("version = \"1\""));
+    text.replace(EXAMPLE_SECRET_PATH, &secret.display().to_string())
+        .replace("version = \"1\"", &format!("version = \"{version}\""))
+}
+
+struct Web {
+    client: reqwest::Client,
+    listen: String,
+    host: String,
+}
+
+impl Web {
+    fn new(h: &Harness, instance: &str) -> Web {
+        Web {
+            client: reqwest::Client::builder()
+                .no_proxy()
+                .timeout(Duration::from_secs(5))
+                .build()
+                .unwrap(),
+            listen: h.listen.clone(),
+            host: format!("web.{instance}.localhost"),
+        }
+    }
+
+    /// The body of a 200 answer to `path`, or `None`.
+    async fn get(&self, path: &str) -> Option<String> {
+        let response = self
+            .client
+            .get(format!("http://{}{path}", self.listen))
+            .header("host", &self.host)
+            .send()
+            .await
+            .ok()?;
+        if response.status() != 200 {
+            return None;
+        }
+        response.text().await.ok()
+    }
+
+    async fn post(&self, path: &str, body: &str) -> Option<String> {
+        let response = self
+            .client
+            .post(format!("http://{}{path}", self.listen))
+            .header("host", &self.host)
+            .body(body.to_owned())
+            .send()
+            .await
+            .ok()?;
+        if response.status() != 200 {
+            return None;
+        }
+        response.text().await.ok()
+    }
+}
+
+/// Every file under `dir` (the state directory: the SQLite database, its
+/// journal, the identity) whose bytes contain `needle`.
+fn files_containing(dir: &std::path::Path, needle: &str) -> Vec<String> {
+    let mut found = Vec::new();
+    for entry in std::fs::read_dir(dir).unwrap() {
+        let path = entry.unwrap().path();
+        if path.is_dir() {
+            found.extend(files_containing(&path, needle));
+        } else if let Ok(bytes) = std::fs::read(&path) {
+            if bytes.windows(needle.len()).any(|w| w == needle.as_bytes()) {
+                found.push(path.display().to_string());
+            }
+        }
+    }
+    found
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_row_survives_an_upgrade_and_the_secret_is_nowhere_to_be_seen() {
+    let log = CapturedLog::install();
+    build_image();
+    let secrets = tempfile::tempdir().unwrap();
+    let secret = secrets.path().join("db-password");
+    // Distinctive, so a grep cannot match anything else.
+    let password = format!("pw{}x{}", std::process::id(), unique("s"));
+    std::fs::write(&secret, format!("{password}\n")).unwrap();
+
+    let instance = unique("notes");
+    let _cleanup = Cleanup::new(&instance);
+    let mut h = Harness::start(Setup {
+        catalog: notes_catalog("1", &secret),
+        ..Setup::default()
+    })
+    .await;
+    h.create_typed(&instance, "notes", None).await;
+    let web = Web::new(&h, &instance);
+    wait_until("the notes web page at version 1", CONVERGE, || async {
+        web.get("/")
+            .await
+            .is_some_and(|page| page.contains("version 1"))
+    })
+    .await;
+    let row = format!("remember the milk {}", unique("r"));
+    wait_until(
+        "the row is written through web into db",
+        CONVERGE,
+        || async {
+            web.post("/cgi-bin/notes", &row)
+                .await
+                .is_some_and(|rows| rows.contains(&row))
+        },
+    )
+    .await;
+    let store = h.daemon().ports.store.clone();
+    let db_before = store
+        .load_active(&InstanceName::new(&instance))
+        .await
+        .unwrap()
+        .services[&ServiceName::new("db")]
+        .container
+        .clone();
+
+    // Version 2: the daemon starts again on the new catalog and version
+    // drift upgrades the instance, service by service.
+    h.restart_with_catalog(&notes_catalog("2", &secret)).await;
+    wait_until("the notes web page at version 2", CONVERGE, || async {
+        web.get("/")
+            .await
+            .is_some_and(|page| page.contains("version 2"))
+    })
+    .await;
+    wait_until(
+        "db replaced by its version-2 successor",
+        CONVERGE,
+        || async {
+            let active = store
+                .load_active(&InstanceName::new(&instance))
+                .await
+                .unwrap();
+            active
+                .services
+                .get(&ServiceName::new("db"))
+                .is_some_and(|db| db.container != db_before && db.effective_revision == "2")
+        },
+    )
+    .await;
+    let rows = web
+        .get("/cgi-bin/notes")
+        .await
+        .expect("the rows, through web");
+    assert!(
+        rows.contains(&row),
+        "the row written at version 1 is read back at version 2: {rows:?}"
+    );
+    let volume = format!("stead.{instance}.db.data");
+    assert!(docker(&["volume", "inspect", &volume]).is_ok());
+
+    // The secret reached the containers (the rows above needed it) and
+    // nothing of stead's.
+    let status = stead::daemon::status::status(stead::daemon::status::StatusSources {
+        store: h.daemon().ports.store.as_ref(),
+        runtime: h.daemon().ports.runtime.as_ref(),
+        catalog: &h.daemon().catalog.current(),
+        memory: None,
+        caddy_admin: Some(&h.caddy.admin_addr),
+        provisioner: Some(h.daemon().ports.provisioner.as_ref()),
+        database: String::new(),
+        now: h.daemon().ports.clock.now(),
+    })
+    .await;
+    let status_json = serde_json::to_string(&status).unwrap();
+    assert!(status_json.contains(&instance), "status lists the instance");
+    assert!(
+        !status_json.contains(&password),
+        "the secret is in stead status --json"
+    );
+    h.shutdown().await;
+    let in_files = files_containing(h.dir.path(), &password);
+    assert!(in_files.is_empty(), "the secret is in {in_files:?}");
+    let text = log.text();
+    assert!(
+        text.contains(&instance),
+        "the log was captured ({} bytes)",
+        text.len()
+    );
+    assert!(
+        !text.contains(&password),
+        "the secret is in the daemon's log"
+    );
+    let labels = docker(&[
+        "ps",
+        "-a",
+        "--filter",
+        &format!("label=stead.instance={instance}"),
+        "--format",
+        "{{.Labels}}",
+    ])
+    .unwrap();
+    assert!(!labels.is_empty() && !labels.contains(&password));
+}
+
+/// Version 1 runs http and a sidecar with a named volume; version 2 only
+/// http.
+fn dropping_catalog(version: &str, with_sidecar: bool) -> String {
+    let sidecar = if with_sidecar {
+        r#"
+[[types.web.services]]
+name = "sidecar"
+image = "stead-test/busybox:1"
+command = ["httpd", "-f", "-p", "8080", "-h", "/www"]
+ports = [8080]
+volumes = [{ name = "cache", path = "/cache" }]
+stop_grace_ms = 1000
+"#
+    } else {
+        ""
+    };
+    format!(
+        r#"
+[types.web]
+version = "{version}"
+
+[[types.web.services]]
+name = "http"
+image = "stead-test/busybox:1"
+command = ["httpd", "-f", "-p", "8080", "-h", "/www"]
+ports = [8080]
+stop_grace_ms = 1000
+{sidecar}"#
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_version_that_drops_a_service_stops_and_unroutes_it_and_keeps_its_volume() {
+    let instance = unique("drop");
+    let _cleanup = Cleanup::new(&instance);
+    let mut h = Harness::start(Setup {
+        catalog: dropping_catalog("1", true),
+        ..Setup::default()
+    })
+    .await;
+    h.create(&instance, None).await;
+    let client = reqwest::Client::builder().no_proxy().build().unwrap();
+    let listen = h.listen.clone();
+    let served = |service: &'static str| {
+        let client = client.clone();
+        let url = format!("http://{listen}/");
+        let host = format!("{service}.{instance}.localhost");
+        async move {
+            client
+                .get(&url)
+                .header("host", host)
+                .timeout(Duration::from_secs(2))
+                .send()
+                .await
+                .is_ok_and(|r| r.status() == 200)
+        }
+    };
+    wait_until("both services served", CONVERGE, || async {
+        served("http").await && served("sidecar").await
+    })
+    .await;
+    let filter = format!("label=stead.instance={instance}");
+    let sidecar_filter = "label=stead.service=sidecar".to_owned();
+
+    h.restart_with_catalog(&dropping_catalog("2", false)).await;
+    wait_until("the sidecar is gone from the runtime", CONVERGE, || async {
+        docker(&[
+            "ps",
+            "-aq",
+            "--filter",
+            &filter,
+            "--filter",
+            &sidecar_filter,
+        ])
+        .is_ok_and(|ids| ids.is_empty())
+    })
+    .await;
+    assert!(!served("sidecar").await, "the sidecar is no longer routed");
+    assert!(served("http").await, "http serves throughout");
+    let active = h
+        .daemon()
+        .ports
+        .store
+        .load_active(&InstanceName::new(&instance))
+        .await
+        .unwrap();
+    assert_eq!(
+        active
+            .services
+            .keys()
+            .map(|s| s.as_str())
+            .collect::<Vec<_>>(),
+        ["http"]
+    );
+    assert!(
+        docker(&[
+            "volume",
+            "inspect",
+            &format!("stead.{instance}.sidecar.cache")
+        ])
+        .is_ok(),
+        "the dropped service's volume is kept"
+    );
+    // A few more ticks: no pass revives it.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert_eq!(
+        docker(&[
+            "ps",
+            "-aq",
+            "--filter",
+            &filter,
+            "--filter",
+            &sidecar_filter
+        ])
+        .unwrap(),
+        ""
+    );
+    h.shutdown().await;
+}

@@ -45,6 +45,8 @@ fn fleet(now: Timestamp) -> (Vec<Instance>, Vec<Task>, Vec<Release>) {
             });
         }
         instances.push(Instance {
+            parameters: Default::default(),
+            purge_volumes: false,
             id,
             name: InstanceName::new(name),
             team: TEAMS[n % TEAMS.len()].into(),
@@ -109,6 +111,7 @@ fn fleet(now: Timestamp) -> (Vec<Instance>, Vec<Task>, Vec<Release>) {
 fn planners(c: &mut Criterion) {
     let now: Timestamp = "2026-11-30T12:00:00Z".parse().unwrap();
     let catalog = Catalog::from_entries(TYPES.iter().enumerate().map(|(i, t)| CatalogEntry {
+        parameters: Default::default(),
         service_type: (*t).into(),
         version: "1.1.0".into(),
         security: i == 4,

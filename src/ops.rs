@@ -5,6 +5,7 @@
 //! `daemon::status`. They are plain store calls under the instance lock,
 //! so the simulation runs the very same commands.
 
+use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -48,6 +49,8 @@ pub struct CreateRequest {
     /// A live instance of that name and type is success, not an error (the
     /// quickstart runs any number of times).
     pub exists_ok: bool,
+    /// `--set NAME=VALUE`: the type's declared parameters.
+    pub parameters: BTreeMap<String, String>,
 }
 
 /// What `create` did.
@@ -259,6 +262,9 @@ impl Ops<'_> {
                 )));
             }
         }
+        entry
+            .check_parameters(&request.parameters)
+            .map_err(|e| OpsError::Invalid(format!("--set: {e}")))?;
         if let Some(window) = &request.maintenance_window {
             crate::core::window::Window::parse(window)
                 .map_err(|e| OpsError::Invalid(format!("--window {window:?}: {e}")))?;
@@ -277,6 +283,7 @@ impl Ops<'_> {
             version: entry.version.clone(),
             expires_at,
             maintenance_window: request.maintenance_window.clone(),
+            parameters: request.parameters.clone(),
         };
         let instance = self
             .store
@@ -407,13 +414,43 @@ impl Ops<'_> {
     /// Moves the instance to `deleting` with a deprovision task and cancels
     /// its queued tasks, in one transaction (the same path TTL expiry
     /// takes, T4).
-    pub async fn delete(&self, name: &str) -> Result<Deletion, OpsError> {
-        self.under_lock(name, async |instance| self.delete_locked(instance).await)
-            .await
+    /// With `purge_volumes`, the deprovision removes the instance's named
+    /// volumes too (asked again while it is still being deleted, it still
+    /// does); without, they are kept.
+    pub async fn delete(&self, name: &str, purge_volumes: bool) -> Result<Deletion, OpsError> {
+        self.under_lock(name, async |instance| {
+            self.delete_locked(instance, purge_volumes).await
+        })
+        .await
     }
 
-    async fn delete_locked(&self, instance: &Instance) -> Result<Deletion, OpsError> {
+    /// The named volumes the catalog declares for the instance's type, as
+    /// `service/volume`: what a plain delete keeps.
+    pub fn declared_volumes(&self, instance: &Instance) -> Vec<String> {
+        self.catalog
+            .get(&instance.service_type)
+            .map(|entry| {
+                entry
+                    .services
+                    .iter()
+                    .flat_map(|s| s.run.volumes().map(move |v| format!("{}/{v}", s.name)))
+                    .collect()
+            })
+            .unwrap_or_default()
+    }
+
+    async fn delete_locked(
+        &self,
+        instance: &Instance,
+        purge_volumes: bool,
+    ) -> Result<Deletion, OpsError> {
         let name = &instance.name;
+        if purge_volumes && instance.state != InstanceState::Deleted {
+            self.store
+                .set_purge_volumes(instance.id, self.now)
+                .await
+                .map_err(OpsError::from)?;
+        }
         match instance.state {
             InstanceState::Deleting => return Ok(Deletion::AlreadyDeleting),
             InstanceState::Deleted => return Ok(Deletion::AlreadyDeleted),

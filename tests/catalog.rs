@@ -235,6 +235,7 @@ fn a_helm_type_names_its_chart_version_namespace_and_values() {
         team: "blue",
         service_type: "search",
         version: "2.1.0",
+        parameters: &stead::core::release::NO_PARAMETERS,
     };
     let release = chart.release_of(&params, true).unwrap();
     assert_eq!(release.namespace, "search-acme");

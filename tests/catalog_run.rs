@@ -92,6 +92,7 @@ fn a_real_applications_services_convert_into_run_specs() {
         team: "t",
         service_type: "notes",
         version: "1",
+        parameters: &stead::core::release::NO_PARAMETERS,
     };
     assert_eq!(
         db.run.render_env(&ServiceName::new("db"), &params).unwrap(),
@@ -230,5 +231,117 @@ fn bad_declarations_name_the_field_and_the_value() {
         "entrypoint = [\"/bin/sh\", \"-c\"]",
         "entrypoint = \"/bin/sh\"",
         "types.notes.services[0].entrypoint: invalid type",
+    );
+}
+
+const PARAMETERS: &str = r#"
+[types.shop]
+version = "1"
+
+[types.shop.parameters.domain]
+description = "where the shop answers"
+
+[types.shop.parameters.plan]
+default = "small"
+
+[[types.shop.services]]
+name = "web"
+image = "example/shop:1"
+env = { DOMAIN = "{param.domain}", PLAN = "{param.plan}" }
+"#;
+
+#[test]
+fn parameters_are_declared_checked_and_filled_with_defaults() {
+    use std::collections::BTreeMap;
+    let catalog = Catalog::from_toml(PARAMETERS, "catalog.toml").unwrap();
+    let shop = catalog.get("shop").unwrap();
+    let given = BTreeMap::from([("domain".to_owned(), "shop.example".to_owned())]);
+    shop.check_parameters(&given).unwrap();
+    let filled = shop.parameters_of(&given);
+    assert_eq!(
+        filled,
+        BTreeMap::from([
+            ("domain".to_owned(), "shop.example".to_owned()),
+            ("plan".to_owned(), "small".to_owned()),
+        ])
+    );
+    let params = ReleaseParams {
+        instance: "s1",
+        team: "t",
+        service_type: "shop",
+        version: "1",
+        parameters: &filled,
+    };
+    assert_eq!(
+        shop.services[0]
+            .run
+            .render_env(&ServiceName::new("web"), &params)
+            .unwrap(),
+        vec![
+            ("DOMAIN".to_owned(), "shop.example".to_owned()),
+            ("PLAN".to_owned(), "small".to_owned()),
+        ]
+    );
+    let missing = shop.check_parameters(&BTreeMap::new()).unwrap_err();
+    assert_eq!(
+        missing.to_string(),
+        "parameter domain: required by service type shop (give it with --set domain=VALUE)"
+    );
+    let unknown = shop
+        .check_parameters(&BTreeMap::from([
+            ("domain".to_owned(), "x".to_owned()),
+            ("size".to_owned(), "9".to_owned()),
+        ]))
+        .unwrap_err();
+    assert!(
+        unknown
+            .to_string()
+            .contains("declares no such parameter (declared: domain, plan)"),
+        "{unknown}"
+    );
+}
+
+#[test]
+fn a_template_may_use_only_declared_parameters() {
+    let text = PARAMETERS.replace("{param.plan}", "{param.tier}");
+    let error = Catalog::from_toml(&text, "catalog.toml")
+        .unwrap_err()
+        .to_string();
+    assert!(
+        error.contains("types.shop.services[0].env.PLAN = \"{param.tier}\": unknown placeholder {param.tier}; known: {instance}, {team}, {service_type}, {version}, {param.domain}, {param.plan}"),
+        "{error}"
+    );
+    let text = PARAMETERS.replace(
+        "[types.shop.parameters.plan]",
+        "[types.shop.parameters.Plan]",
+    );
+    let error = Catalog::from_toml(&text, "catalog.toml")
+        .unwrap_err()
+        .to_string();
+    assert!(
+        error.contains("types.shop.parameters.Plan = \"Plan\": a parameter's name is a-z"),
+        "{error}"
+    );
+}
+
+#[test]
+fn a_helm_namespace_cannot_use_parameters_but_its_values_can() {
+    let helm = |namespace: &str| {
+        format!(
+            "[types.search]\nversion = \"1\"\nprovisioner = \"helm\"\n\
+             [types.search.parameters.size]\ndefault = \"2\"\n\
+             [types.search.helm]\nchart = \"c/search\"\nnamespace = \"{namespace}\"\n\
+             values = {{ replicas = \"{{param.size}}\" }}\n"
+        )
+    };
+    Catalog::from_toml(&helm("{instance}"), "catalog.toml").unwrap();
+    let error = Catalog::from_toml(&helm("ns-{param.size}"), "catalog.toml")
+        .unwrap_err()
+        .to_string();
+    assert!(
+        error.contains(
+            "types.search.helm.namespace = \"ns-{param.size}\": a namespace cannot use parameters"
+        ),
+        "{error}"
     );
 }

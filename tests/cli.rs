@@ -59,6 +59,19 @@ struct Setup {
 }
 
 impl Setup {
+    /// On the notes example's catalog (two services, a parameter, named
+    /// volumes).
+    fn notes() -> Self {
+        let s = Self::new();
+        let notes = Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/notes/catalog.toml");
+        let text = std::fs::read_to_string(&s.config).unwrap().replace(
+            &example_catalog().display().to_string(),
+            &notes.display().to_string(),
+        );
+        std::fs::write(&s.config, text).unwrap();
+        s
+    }
+
     fn new() -> Self {
         let dir = tempfile::tempdir().unwrap();
         let config = dir.path().join("stead.toml");
@@ -646,4 +659,105 @@ fn postgres_on_a_closed_port_fails_at_once_naming_host_port_and_the_os_error() {
         "{}",
         run.text()
     );
+}
+
+#[tokio::test]
+async fn parameters_are_checked_against_the_catalog_and_stored() {
+    use stead::core::types::InstanceName;
+    let s = Setup::notes();
+    let unknown = s.run(&[
+        "instance",
+        "create",
+        "a",
+        "--type",
+        "notes",
+        "--set",
+        "colour=red",
+    ]);
+    assert_ne!(unknown.code, 0);
+    assert!(
+        unknown.stderr.contains("--set: parameter colour: service type notes declares no such parameter (declared: title)"),
+        "{}",
+        unknown.text()
+    );
+    let malformed = s.run(&[
+        "instance", "create", "a", "--type", "notes", "--set", "title",
+    ]);
+    assert_ne!(malformed.code, 0);
+    assert!(
+        malformed.stderr.contains("expected NAME=VALUE"),
+        "{}",
+        malformed.text()
+    );
+    let twice = s.run(&[
+        "instance", "create", "a", "--type", "notes", "--set", "title=x", "--set", "title=y",
+    ]);
+    assert!(
+        twice.stderr.contains("--set title: given twice"),
+        "{}",
+        twice.text()
+    );
+    let control = s.run(&[
+        "instance",
+        "create",
+        "a",
+        "--type",
+        "notes",
+        "--set",
+        "title=a\nb",
+    ]);
+    assert!(
+        control.stderr.contains("without control characters"),
+        "{}",
+        control.text()
+    );
+
+    s.ok(&[
+        "instance",
+        "create",
+        "a",
+        "--type",
+        "notes",
+        "--set",
+        "title=Shopping list",
+    ]);
+    let store = stead::store::sql::connect(&s.url()).await.unwrap();
+    let a = store
+        .instance(&InstanceName::new("a"))
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(
+        a.parameters,
+        std::collections::BTreeMap::from([("title".to_owned(), "Shopping list".to_owned())])
+    );
+}
+
+#[tokio::test]
+async fn a_plain_delete_keeps_named_volumes_and_says_so_and_purge_asks_for_them() {
+    use stead::core::types::InstanceName;
+    let s = Setup::notes();
+    s.ok(&["instance", "create", "a", "--type", "notes"]);
+    s.ok(&["instance", "create", "b", "--type", "notes"]);
+    let kept = s.ok(&["instance", "delete", "a"]);
+    assert!(
+        kept.contains("its named volumes (db/data) are kept with their data; `stead instance delete a --purge-volumes` removes them"),
+        "{kept}"
+    );
+    let purged = s.ok(&["instance", "delete", "b", "--purge-volumes"]);
+    assert!(
+        purged.contains("its named volumes (db/data) are removed with it"),
+        "{purged}"
+    );
+    // Asked again while the deprovision has not run: still purged, once.
+    s.ok(&["instance", "delete", "a", "--purge-volumes"]);
+    let store = stead::store::sql::connect(&s.url()).await.unwrap();
+    for name in ["a", "b"] {
+        let row = store
+            .instance(&InstanceName::new(name))
+            .await
+            .unwrap()
+            .unwrap();
+        assert!(row.purge_volumes, "{name}");
+    }
 }

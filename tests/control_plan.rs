@@ -38,6 +38,8 @@ fn at(offset_s: i64) -> Timestamp {
 
 fn instance(id: i64, team: &str, service_type: &str, version: &str) -> Instance {
     Instance {
+        parameters: Default::default(),
+        purge_volumes: false,
         id,
         name: InstanceName::new(format!("i{id}")),
         team: team.to_owned(),
@@ -72,6 +74,7 @@ fn task(id: i64, kind: TaskKind, instance: i64, state: TaskState) -> Task {
 
 fn entry(service_type: &str, version: &str, security: bool) -> CatalogEntry {
     CatalogEntry {
+        parameters: Default::default(),
         service_type: service_type.to_owned(),
         version: version.to_owned(),
         security,

@@ -478,6 +478,7 @@ async fn docker_provisioner_lists_instances_as_releases_and_uninstalls_them() {
                 team: "t",
                 service_type: "s",
                 version: "1",
+                parameters: &stead::core::release::NO_PARAMETERS,
             },
             false,
         )

@@ -40,6 +40,7 @@ fn request(instance: &str, instance_id: i64, spec: ServiceSpec, revision: &str) 
         team: "team",
         service_type: "app",
         version: revision,
+        parameters: &stead::core::release::NO_PARAMETERS,
     };
     let env = spec
         .run
@@ -231,14 +232,14 @@ async fn a_named_volume_outlives_its_containers_and_only_purge_removes_it() {
     assert!(message.contains(&name), "{message}");
 
     let purged = runtime
-        .purge_volumes(&InstanceName::new(&instance))
+        .purge_instance_volumes(&InstanceName::new(&instance))
         .await
         .expect("purge");
     assert_eq!(purged, vec![name.clone()]);
     assert!(docker(&["volume", "inspect", &name]).is_err(), "purged");
     assert_eq!(
         runtime
-            .purge_volumes(&InstanceName::new(&instance))
+            .purge_instance_volumes(&InstanceName::new(&instance))
             .await
             .unwrap(),
         Vec::<String>::new(),

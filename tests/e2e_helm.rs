@@ -158,6 +158,7 @@ async fn a_docker_type_and_a_helm_type_provision_upgrade_and_deprovision_side_by
     for (name, service_type) in [(&web, e2e::TYPE), (&search, HELM_TYPE)] {
         h.ops()
             .create(&stead::ops::CreateRequest {
+                parameters: Default::default(),
                 name: name.clone(),
                 service_type: service_type.to_owned(),
                 team: "e2e".to_owned(),
@@ -324,8 +325,8 @@ async fn a_docker_type_and_a_helm_type_provision_upgrade_and_deprovision_side_by
 
     // Deprovisioned: the release uninstalled, the containers removed; the
     // foreign releases are still there.
-    h.ops().delete(&web).await.unwrap();
-    h.ops().delete(&search).await.unwrap();
+    h.ops().delete(&web, false).await.unwrap();
+    h.ops().delete(&search, false).await.unwrap();
     wait_until("both deleted", CONVERGE, || async {
         let gone = |i: Option<Instance>| i.is_some_and(|i| i.state == InstanceState::Deleted);
         gone(instance(&h, &search).await) && gone(instance(&h, &web).await)

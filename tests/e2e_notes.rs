@@ -161,12 +161,25 @@ async fn a_row_survives_an_upgrade_and_the_secret_is_nowhere_to_be_seen() {
         ..Setup::default()
     })
     .await;
-    h.create_typed(&instance, "notes", None).await;
+    h.ops()
+        .create(&stead::ops::CreateRequest {
+            name: instance.clone(),
+            service_type: "notes".into(),
+            team: "e2e".into(),
+            version: None,
+            ttl: None,
+            maintenance_window: None,
+            exists_ok: false,
+            parameters: [("title".to_owned(), "Shopping".to_owned())].into(),
+        })
+        .await
+        .expect("create the notes instance");
     let web = Web::new(&h, &instance);
+    let page_v1 = format!("Shopping of {instance}, version 1");
     wait_until("the notes web page at version 1", CONVERGE, || async {
         web.get("/")
             .await
-            .is_some_and(|page| page.contains("version 1"))
+            .is_some_and(|page| page.contains(&page_v1))
     })
     .await;
     let row = format!("remember the milk {}", unique("r"));

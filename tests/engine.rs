@@ -38,6 +38,7 @@ version = "2"
 name = "web"
 image = "wiki"
 ports = [8080]
+volumes = [{ name = "data", path = "/data" }]
 
 [types.wiki.services.readiness]
 kind = "none"
@@ -210,6 +211,7 @@ impl Fixture {
         self.store
             .create_instance(
                 &NewInstance {
+                    parameters: Default::default(),
                     name: InstanceName::new(name),
                     team: "t".into(),
                     service_type: "wiki".into(),
@@ -545,6 +547,48 @@ async fn a_dropped_services_hold_left_by_a_crash_is_finished_off() {
 }
 
 #[tokio::test]
+async fn a_delete_keeps_named_volumes_unless_asked_to_purge_them() {
+    let f = fixture();
+    for name in ["kept", "purged"] {
+        f.served(name, "2").await;
+    }
+    let volumes = |instance: &str| {
+        f.runtime
+            .volumes()
+            .into_iter()
+            .filter(|(i, _, _)| i.as_str() == instance)
+            .map(|(_, s, v)| format!("{s}/{v}"))
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(
+        volumes("kept"),
+        ["web/data"],
+        "created with the first container"
+    );
+    let ops = stead::ops::Ops::new(f.store.as_ref(), f.catalog.clone(), f.clock.now(), 7);
+    ops.delete("kept", false).await.unwrap();
+    ops.delete("purged", true).await.unwrap();
+    for _ in 0..2 {
+        assert_eq!(f.worker().work_once().await.unwrap().1, TaskEnd::Done);
+    }
+    for name in ["kept", "purged"] {
+        let row = f
+            .store
+            .instance(&InstanceName::new(name))
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(row.state, InstanceState::Deleted, "{name}");
+    }
+    assert_eq!(
+        volumes("kept"),
+        ["web/data"],
+        "a plain delete keeps the volume"
+    );
+    assert!(volumes("purged").is_empty(), "--purge-volumes removed it");
+}
+
+#[tokio::test]
 async fn a_predecessor_is_not_retired_while_the_proxy_lost_the_successors_route() {
     // Found by the simulation (seed 201): the pass reads the proxy's routes
     // once, as it begins. The proxy lost them during the pass (a reload),
@@ -836,6 +880,7 @@ async fn a_hung_runtime_does_not_hold_back_the_control_checks() {
         .store
         .create_instance(
             &NewInstance {
+                parameters: Default::default(),
                 name: InstanceName::new("b-expires"),
                 team: "t".into(),
                 service_type: "wiki".into(),

@@ -22,6 +22,7 @@ fn catalog() -> Catalog {
 
 fn request(name: &str) -> CreateRequest {
     CreateRequest {
+        parameters: Default::default(),
         name: name.into(),
         service_type: "web".into(),
         team: "t".into(),
@@ -43,7 +44,7 @@ async fn operator_tasks_carry_a_fresh_traceparent() {
     for name in ["blog", "wiki"] {
         ops.create(&request(name)).await.unwrap();
     }
-    ops.delete("blog").await.unwrap();
+    ops.delete("blog", false).await.unwrap();
     let tasks = store.all_tasks();
     assert_eq!(tasks.len(), 3);
     let mut seen = std::collections::BTreeSet::new();
@@ -128,11 +129,14 @@ async fn deleting_says_what_it_cancelled_and_is_idempotent() {
     let store = MemoryStore::new();
     let ops = Ops::new(&store, Arc::new(catalog()), at(), 7);
     let created = ops.create(&request("blog")).await.unwrap();
-    let Deletion::Started { cancelled, .. } = ops.delete("blog").await.unwrap() else {
+    let Deletion::Started { cancelled, .. } = ops.delete("blog", false).await.unwrap() else {
         panic!("deletion did not start");
     };
     assert_eq!(cancelled, vec![created.task.unwrap()], "the provision");
-    assert_eq!(ops.delete("blog").await.unwrap(), Deletion::AlreadyDeleting);
+    assert_eq!(
+        ops.delete("blog", false).await.unwrap(),
+        Deletion::AlreadyDeleting
+    );
     let error = ops.create(&request("blog")).await.unwrap_err();
     assert!(matches!(error, OpsError::Conflict(_)), "{error:?}");
     assert!(error.to_string().contains("being deleted"), "{error}");
@@ -187,7 +191,7 @@ async fn a_command_on_a_busy_instance_changes_nothing_and_says_so() {
         .try_lock_instances(&[id], "worker#1", Duration::from_secs(3600))
         .await
         .unwrap();
-    let error = ops.delete("blog").await.unwrap_err();
+    let error = ops.delete("blog", false).await.unwrap_err();
     assert!(matches!(error, OpsError::Busy(_)), "{error:?}");
     assert!(error.to_string().contains("blog is busy"), "{error}");
     assert!(error.to_string().contains("nothing was changed"), "{error}");

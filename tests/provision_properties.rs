@@ -90,6 +90,10 @@ fn answer(command: &WorkCommand, choice: u8) -> WorkAnswer {
             RuntimeError::NotFound => Ok(()),
             e => Err(e),
         })),
+        WorkCommand::PurgeVolumes => WorkAnswer::Purged(match choice % 8 {
+            1 => Err(RuntimeError::Transient("volume in use".into())),
+            _ => Ok(vec!["stead.app.web.data".into()]),
+        }),
         _ => WorkAnswer::Done(done(choice)),
     }
 }
@@ -157,9 +161,11 @@ proptest! {
 
     /// Deprovisioning removes only what is stopped, drops a service from
     /// ACTIVE only once its container is removed and its claims released,
-    /// uninstalls last and only when everything before succeeded.
+    /// uninstalls only when everything before succeeded, and purges the
+    /// named volumes last, only when asked and only once uninstalled.
     #[test]
     fn deprovisioning_takes_everything_down_in_order(
+        purge_volumes in any::<bool>(),
         mask in 0u8..8,
         markers in 0u8..8,
         answers in proptest::collection::vec(any::<u8>(), 1..48),
@@ -184,7 +190,10 @@ proptest! {
             active: active.clone(),
             inhibitions: inhibitions.clone(),
             stop_grace_default: Duration::from_secs(10),
+            purge_volumes,
         });
+        let mut uninstalled = false;
+        let mut purged = false;
         let mut stopped = Vec::new();
         let mut removed = Vec::new();
         let mut released = Vec::new();
@@ -201,6 +210,10 @@ proptest! {
                         || inhibitions.iter().any(|m| m.container == generation.container && m.reason == InhibitionReason::RetirementPending);
                     prop_assert!(ours, "stopped {} which nothing of the instance names", generation.container);
                 }
+                WorkCommand::PurgeVolumes => {
+                    prop_assert!(purge_volumes, "purged without being asked");
+                    prop_assert!(uninstalled, "purged before the release was uninstalled");
+                }
                 WorkCommand::Uninstall(_) => prop_assert_eq!(removed.len(), active.services.len() + inhibitions.iter().filter(|m| m.reason == InhibitionReason::RetirementPending).count()),
                 _ => {}
             }
@@ -214,11 +227,19 @@ proptest! {
                     if r.is_ok() { removed.push(g.container.clone()) } else { ok_so_far = false }
                 }
                 (WorkCommand::ReleaseClaims(c), WorkAnswer::Done(Ok(()))) => released.push(c.clone()),
+                (WorkCommand::Uninstall(_), WorkAnswer::Done(Ok(()))) => uninstalled = true,
+                (WorkCommand::PurgeVolumes, WorkAnswer::Purged(r)) => {
+                    if r.is_ok() { purged = true } else { ok_so_far = false }
+                }
                 (_, WorkAnswer::Done(Err(_))) => ok_so_far = false,
                 _ => {}
             }
             machine.handle(reply);
         }
-        prop_assert_eq!(machine.into_result().is_ok(), ok_so_far);
+        let completed = machine.into_result().is_ok();
+        prop_assert_eq!(completed, ok_so_far);
+        if completed {
+            prop_assert_eq!(purged, purge_volumes, "a completed deprovision purged exactly when asked");
+        }
     }
 }

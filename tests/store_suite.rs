@@ -40,6 +40,7 @@ store_suite! {
         instances_are_listed_in_id_order,
         instance_state_is_compare_and_set,
         stopped_and_version_updates_need_an_existing_instance,
+        parameters_and_the_purge_flag_round_trip,
         active_services_round_trip_and_are_replaced,
         a_batch_load_reads_what_the_single_loads_read,
         active_of_an_unknown_instance_is_empty_and_cannot_be_saved,
@@ -97,6 +98,7 @@ fn t(seconds: i64) -> Timestamp {
 
 fn new_instance(name: &str) -> NewInstance {
     NewInstance {
+        parameters: Default::default(),
         name: InstanceName::new(name),
         team: "team-a".into(),
         service_type: "wiki".into(),
@@ -224,6 +226,29 @@ async fn stopped_and_version_updates_need_an_existing_instance(s: TestStore) {
         "{missing:?}"
     );
     let missing = store.set_instance_version(9_999, "2", t(1)).await;
+    assert!(
+        matches!(missing, Err(StoreError::NotFound(_))),
+        "{missing:?}"
+    );
+}
+
+async fn parameters_and_the_purge_flag_round_trip(s: TestStore) {
+    let store = &*s.store;
+    let mut new = new_instance("alpha");
+    new.parameters = std::collections::BTreeMap::from([
+        ("title".to_owned(), "Ünïcode \"quoted\" {braces}".to_owned()),
+        ("empty".to_owned(), String::new()),
+    ]);
+    let created = store.create_instance(&new, t(0)).await.unwrap();
+    assert_eq!(created.parameters, new.parameters);
+    assert!(!created.purge_volumes, "a new instance keeps its volumes");
+    store.set_purge_volumes(created.id, t(1)).await.unwrap();
+    store.set_purge_volumes(created.id, t(2)).await.unwrap();
+    let loaded = store.instance(&new.name).await.unwrap().unwrap();
+    assert_eq!(loaded.parameters, new.parameters);
+    assert!(loaded.purge_volumes);
+    assert_eq!(loaded.updated_at, t(2));
+    let missing = store.set_purge_volumes(9_999, t(1)).await;
     assert!(
         matches!(missing, Err(StoreError::NotFound(_))),
         "{missing:?}"

@@ -716,7 +716,9 @@ impl Actors {
             self.clock.now(),
             seed,
         );
-        if let Ok(stead::ops::Deletion::Started { .. }) = ops.delete(instance.name.as_str()).await {
+        if let Ok(stead::ops::Deletion::Started { .. }) =
+            ops.delete(instance.name.as_str(), false).await
+        {
             self.counts.bump("operator deleted instance");
         }
     }

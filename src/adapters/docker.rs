@@ -788,6 +788,10 @@ impl Runtime for DockerRuntime {
         result
     }
 
+    async fn purge_volumes(&self, instance: &InstanceName) -> Result<Vec<String>, RuntimeError> {
+        self.purge_instance_volumes(instance).await
+    }
+
     /// The stream is what makes the read cache sound: every event drops
     /// its container's cached answer.
     fn event_seen(&self, event: &RuntimeEvent) {

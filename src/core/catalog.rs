@@ -68,9 +68,100 @@ pub struct CatalogEntry {
     /// The containers of a Docker type; a Helm type has none (its chart
     /// says what runs).
     pub services: Vec<ServiceSpec>,
+    /// Per-instance parameters: given at `instance create --set NAME=VALUE`
+    /// and read by templates as `{param.NAME}`. A parameter without a
+    /// default must be given.
+    pub parameters: BTreeMap<String, Parameter>,
+}
+
+/// One declared parameter of a service type.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Parameter {
+    /// Used when an instance does not give the parameter; none makes it
+    /// required.
+    pub default: Option<String>,
+}
+
+/// Longest parameter name and value.
+pub const PARAMETER_NAME_LEN_MAX: usize = 64;
+pub const PARAMETER_VALUE_LEN_MAX: usize = 1024;
+/// Most parameters of one service type.
+pub const PARAMETERS_MAX: usize = 64;
+
+/// Why an instance's parameters do not fit its type.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("parameter {name}: {reason}")]
+pub struct ParameterError {
+    pub name: String,
+    pub reason: String,
+}
+
+/// A parameter value as templates may use it: bounded, one line, no
+/// control characters.
+pub fn check_parameter_value(name: &str, value: &str) -> Result<(), ParameterError> {
+    if value.len() > PARAMETER_VALUE_LEN_MAX || value.chars().any(char::is_control) {
+        return Err(ParameterError {
+            name: name.to_owned(),
+            reason: format!(
+                "the value must be at most {PARAMETER_VALUE_LEN_MAX} bytes without control characters"
+            ),
+        });
+    }
+    Ok(())
 }
 
 impl CatalogEntry {
+    /// Checks the parameters an instance is created with: every one
+    /// declared, every required one given, every value usable.
+    pub fn check_parameters(&self, given: &BTreeMap<String, String>) -> Result<(), ParameterError> {
+        for (name, value) in given {
+            if !self.parameters.contains_key(name) {
+                let declared: Vec<&str> = self.parameters.keys().map(String::as_str).collect();
+                return Err(ParameterError {
+                    name: name.clone(),
+                    reason: format!(
+                        "service type {} declares no such parameter (declared: {})",
+                        self.service_type,
+                        if declared.is_empty() {
+                            "none".to_owned()
+                        } else {
+                            declared.join(", ")
+                        }
+                    ),
+                });
+            }
+            check_parameter_value(name, value)?;
+        }
+        for (name, parameter) in &self.parameters {
+            if parameter.default.is_none() && !given.contains_key(name) {
+                return Err(ParameterError {
+                    name: name.clone(),
+                    reason: format!(
+                        "required by service type {} (give it with --set {name}=VALUE)",
+                        self.service_type
+                    ),
+                });
+            }
+        }
+        Ok(())
+    }
+
+    /// An instance's parameters with the catalog's defaults filled in, as
+    /// templates read them. A parameter declared after the instance was
+    /// created takes its default; one the catalog no longer declares is
+    /// left out.
+    pub fn parameters_of(&self, given: &BTreeMap<String, String>) -> BTreeMap<String, String> {
+        self.parameters
+            .iter()
+            .filter_map(|(name, parameter)| {
+                given
+                    .get(name)
+                    .or(parameter.default.as_ref())
+                    .map(|value| (name.clone(), value.clone()))
+            })
+            .collect()
+    }
+
     /// Whether stead runs and recovers this type's containers itself.
     pub fn is_docker(&self) -> bool {
         self.provisioning == Provisioning::Docker
@@ -343,7 +434,18 @@ struct RawType {
     provisioner: Option<String>,
     helm: Option<RawHelm>,
     #[serde(default)]
+    parameters: BTreeMap<String, RawParameter>,
+    #[serde(default)]
     services: Vec<RawService>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawParameter {
+    default: Option<String>,
+    /// For operators reading the catalog; stead does not use it.
+    #[allow(dead_code)]
+    description: Option<String>,
 }
 
 #[derive(Deserialize)]
@@ -434,6 +536,20 @@ struct Checker<'a> {
     contents: &'a str,
     /// Validated `host_path_prefixes`, each ending in '/'.
     host_path_prefixes: Vec<String>,
+}
+
+/// Values standing in for an instance's when templates are checked: every
+/// declared parameter, with its default or a placeholder value.
+fn sample_parameters(parameters: &BTreeMap<String, Parameter>) -> BTreeMap<String, String> {
+    parameters
+        .iter()
+        .map(|(name, p)| {
+            (
+                name.clone(),
+                p.default.clone().unwrap_or_else(|| "p".to_owned()),
+            )
+        })
+        .collect()
 }
 
 impl Checker<'_> {
@@ -540,7 +656,8 @@ impl Checker<'_> {
                 )
             })?,
         };
-        let provisioning = self.provisioning(&at, &raw)?;
+        let parameters = self.parameters(&at, &raw.parameters)?;
+        let provisioning = self.provisioning(&at, &raw, &parameters)?;
         if provisioning != Provisioning::Docker {
             if !raw.services.is_empty() {
                 return Err(self.invalid(
@@ -556,6 +673,7 @@ impl Checker<'_> {
                 rollout,
                 provisioning,
                 services: Vec::new(),
+                parameters,
             });
         }
         if raw.services.is_empty() || raw.services.len() > SERVICES_MAX {
@@ -567,7 +685,7 @@ impl Checker<'_> {
         }
         let mut services: Vec<ServiceSpec> = Vec::with_capacity(raw.services.len());
         for (i, raw_service) in raw.services.into_iter().enumerate() {
-            let service = self.service(&format!("{at}.services[{i}]"), raw_service)?;
+            let service = self.service(&format!("{at}.services[{i}]"), raw_service, &parameters)?;
             if services.iter().any(|s| s.name == service.name) {
                 return Err(self.invalid(
                     format!("{at}.services[{i}].name"),
@@ -588,11 +706,57 @@ impl Checker<'_> {
             rollout,
             provisioning,
             services,
+            parameters,
         })
     }
 
+    fn parameters(
+        &self,
+        at: &str,
+        raw: &BTreeMap<String, RawParameter>,
+    ) -> Result<BTreeMap<String, Parameter>, CatalogError> {
+        if raw.len() > PARAMETERS_MAX {
+            return Err(self.invalid(
+                format!("{at}.parameters"),
+                raw.len(),
+                format!("at most {PARAMETERS_MAX} parameters"),
+            ));
+        }
+        raw.iter()
+            .map(|(name, parameter)| {
+                let field = format!("{at}.parameters.{name}");
+                let mut chars = name.chars();
+                let well_formed = matches!(chars.next(), Some(c) if c.is_ascii_lowercase())
+                    && chars.all(|c| c == '_' || c.is_ascii_lowercase() || c.is_ascii_digit())
+                    && name.len() <= PARAMETER_NAME_LEN_MAX;
+                if !well_formed {
+                    return Err(self.invalid(
+                        field,
+                        name,
+                        format!("a parameter's name is a-z, then a-z, 0-9 or '_', at most {PARAMETER_NAME_LEN_MAX} bytes"),
+                    ));
+                }
+                if let Some(default) = &parameter.default {
+                    check_parameter_value(name, default)
+                        .map_err(|e| self.invalid(format!("{field}.default"), default, e.reason))?;
+                }
+                Ok((
+                    name.clone(),
+                    Parameter {
+                        default: parameter.default.clone(),
+                    },
+                ))
+            })
+            .collect()
+    }
+
     /// `provisioner` and, for a Helm type, its `helm` table.
-    fn provisioning(&self, at: &str, raw: &RawType) -> Result<Provisioning, CatalogError> {
+    fn provisioning(
+        &self,
+        at: &str,
+        raw: &RawType,
+        parameters: &BTreeMap<String, Parameter>,
+    ) -> Result<Provisioning, CatalogError> {
         let word = raw.provisioner.as_deref().unwrap_or("docker");
         match (word, &raw.helm) {
             ("docker", None) => Ok(Provisioning::Docker),
@@ -606,7 +770,9 @@ impl Checker<'_> {
                 "missing",
                 "a helm type needs a helm table with at least its chart",
             )),
-            ("helm", Some(helm)) => self.helm(&format!("{at}.helm"), helm, &raw.version),
+            ("helm", Some(helm)) => {
+                self.helm(&format!("{at}.helm"), helm, &raw.version, parameters)
+            }
             (other, _) => Err(self.invalid(
                 format!("{at}.provisioner"),
                 other,
@@ -615,7 +781,13 @@ impl Checker<'_> {
         }
     }
 
-    fn helm(&self, at: &str, raw: &RawHelm, version: &str) -> Result<Provisioning, CatalogError> {
+    fn helm(
+        &self,
+        at: &str,
+        raw: &RawHelm,
+        version: &str,
+        parameters: &BTreeMap<String, Parameter>,
+    ) -> Result<Provisioning, CatalogError> {
         let helm_arg = |field: String, value: &str, len_max: usize| {
             self.text(&field, value, len_max)?;
             if value.starts_with('-') || value.chars().any(char::is_control) {
@@ -641,6 +813,15 @@ impl Checker<'_> {
             .namespace
             .clone()
             .unwrap_or_else(|| HELM_NAMESPACE_DEFAULT.to_owned());
+        // Drift and status find a release by its namespace without the
+        // instance's parameters at hand.
+        if namespace.contains("{param.") {
+            return Err(self.invalid(
+                format!("{at}.namespace"),
+                &namespace,
+                "a namespace cannot use parameters (only values and env can)",
+            ));
+        }
         let values = serde_json::to_value(&raw.values).map_err(|e| {
             self.invalid(
                 format!("{at}.values"),
@@ -657,11 +838,13 @@ impl Checker<'_> {
         // Rendered once for a sample instance: a bad placeholder, or a
         // namespace that can never be a DNS label, is the catalog's error,
         // not every provision's.
+        let sample_parameters = sample_parameters(parameters);
         let sample = ReleaseParams {
             instance: "i",
             team: "t",
             service_type: "s",
             version: "v",
+            parameters: &sample_parameters,
         };
         chart
             .release_of(&sample, false)
@@ -669,9 +852,14 @@ impl Checker<'_> {
         Ok(Provisioning::Helm(chart))
     }
 
-    fn service(&self, at: &str, raw: RawService) -> Result<ServiceSpec, CatalogError> {
+    fn service(
+        &self,
+        at: &str,
+        raw: RawService,
+        parameters: &BTreeMap<String, Parameter>,
+    ) -> Result<ServiceSpec, CatalogError> {
         self.name(&format!("{at}.name"), &raw.name)?;
-        let run = self.run(at, &raw)?;
+        let run = self.run(at, &raw, parameters)?;
         self.text(&format!("{at}.image"), &raw.image, IMAGE_LEN_MAX)?;
         self.argv(&format!("{at}.command"), &raw.command, false)?;
         if raw.ports.len() > PORTS_MAX {
@@ -893,7 +1081,12 @@ impl Checker<'_> {
             .collect()
     }
 
-    fn run(&self, at: &str, raw: &RawService) -> Result<RunSpec, CatalogError> {
+    fn run(
+        &self,
+        at: &str,
+        raw: &RawService,
+        parameters: &BTreeMap<String, Parameter>,
+    ) -> Result<RunSpec, CatalogError> {
         self.argv(&format!("{at}.entrypoint"), &raw.entrypoint, false)?;
         if let Some(user) = &raw.user {
             let ok = !user.is_empty()
@@ -915,11 +1108,13 @@ impl Checker<'_> {
                 format!("at most {ENV_MAX} environment variables, plain and secret together"),
             ));
         }
+        let sample_parameters = sample_parameters(parameters);
         let sample = ReleaseParams {
             instance: "i",
             team: "t",
             service_type: "s",
             version: "v",
+            parameters: &sample_parameters,
         };
         for (name, value) in &raw.env {
             let field = format!("{at}.env.{name}");

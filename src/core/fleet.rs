@@ -2,6 +2,7 @@
 //! instances, tasks, and the lifecycles they move through. Transitions are
 //! checked here, in one place, and nowhere else.
 
+use std::collections::BTreeMap;
 use std::fmt;
 use std::time::Duration;
 
@@ -278,6 +279,12 @@ pub struct Instance {
     pub maintenance_window: Option<String>,
     pub created_at: Timestamp,
     pub updated_at: Timestamp,
+    /// Values given at `instance create --set key=value`, for the
+    /// catalog's `{param.key}` templates.
+    pub parameters: BTreeMap<String, String>,
+    /// `instance delete --purge-volumes` asked for its named volumes to go
+    /// with it.
+    pub purge_volumes: bool,
 }
 
 impl Instance {

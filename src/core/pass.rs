@@ -734,6 +734,8 @@ mod tests {
 
     fn instance(id: i64, name: &str, state: InstanceState) -> Instance {
         Instance {
+            parameters: Default::default(),
+            purge_volumes: false,
             id,
             name: InstanceName::new(name),
             team: "t".into(),

@@ -30,7 +30,7 @@ use super::errors::{
     failure_of, ErrorKind, PortFailure, PortName, ProvisionError, StoreError, TrafficError,
 };
 use super::fleet::InstanceState;
-use super::release::{ReleaseSpec, ReleaseTarget};
+use super::release::{ReleaseKind, ReleaseSpec, ReleaseTarget};
 use super::spec::ServiceSpec;
 use super::types::{
     ActiveRecord, ActiveService, ContainerId, GenerationKey, Inhibition, InhibitionReason,
@@ -63,6 +63,8 @@ pub enum WorkCommand {
     RemoveActive(ServiceName),
     /// Save a hold (an inhibition) on a generation.
     Inhibit(Inhibition),
+    /// Remove the instance's named volumes (`delete --purge-volumes`).
+    PurgeVolumes,
     ClearInhibition(Inhibition),
 }
 
@@ -106,6 +108,7 @@ pub enum WorkAnswer {
     Created(Result<ContainerId, RuntimeError>),
     Stopped(Result<(), RuntimeError>),
     Removed(Result<(), RuntimeError>),
+    Purged(Result<Vec<String>, RuntimeError>),
 }
 
 impl WorkAnswer {
@@ -116,6 +119,7 @@ impl WorkAnswer {
             Self::Created(r) => failure_of(r),
             Self::Inspected(r) => failure_of(r),
             Self::Stopped(r) | Self::Removed(r) => failure_of(r),
+            Self::Purged(r) => failure_of(r),
         }
     }
 }
@@ -133,6 +137,9 @@ pub fn teardown_failure(command: &WorkCommand, answer: WorkAnswer) -> Option<Str
             .err()
             .map(|e| format!("remove {}: {e}", generation.container)),
         (_, WorkAnswer::Done(result)) => result.err().map(|e| e.to_string()),
+        (WorkCommand::PurgeVolumes, WorkAnswer::Purged(result)) => result
+            .err()
+            .map(|e| format!("purge the named volumes: {e}")),
         (command, answer) => panic!("answer {answer:?} does not answer {command:?}"),
     }
 }
@@ -380,6 +387,9 @@ pub struct DeprovisionInput {
     pub inhibitions: Vec<Inhibition>,
     /// The stop grace of a generation that names none.
     pub stop_grace_default: Duration,
+    /// `delete --purge-volumes`: remove the named volumes after the
+    /// release (a Docker release's only; a chart's storage is the chart's).
+    pub purge_volumes: bool,
 }
 
 /// The deprovisioning machine. See the module docs.
@@ -434,6 +444,9 @@ impl Deprovision {
             plan.push_back(WorkCommand::ClearInhibition(marker.clone()));
         }
         plan.push_back(WorkCommand::Uninstall(input.release.clone()));
+        if input.purge_volumes && input.release.kind == ReleaseKind::Docker {
+            plan.push_back(WorkCommand::PurgeVolumes);
+        }
         Self {
             plan,
             outstanding: None,

@@ -18,6 +18,7 @@
 //! instance's release lives.
 
 use std::borrow::Cow;
+use std::collections::BTreeMap;
 
 use serde_json::Value;
 
@@ -32,7 +33,8 @@ pub const DOCKER_RELEASE_NAMESPACE: &str = "docker";
 /// instance, created with the release.
 pub const HELM_NAMESPACE_DEFAULT: &str = "{instance}";
 
-/// The names a template may use, each written `{name}`. Write `{{` and `}}`
+/// The names a template may use, each written `{name}`, besides
+/// `{param.NAME}` for the type's declared parameters. Write `{{` and `}}`
 /// for literal braces.
 pub const PLACEHOLDERS: [&str; 4] = ["instance", "team", "service_type", "version"];
 
@@ -69,6 +71,10 @@ pub struct HelmChart {
     pub values: Value,
 }
 
+/// No parameters: for templates rendered without an instance's (samples,
+/// tests).
+pub static NO_PARAMETERS: BTreeMap<String, String> = BTreeMap::new();
+
 /// The instance-specific values a template may use.
 #[derive(Clone, Copy, Debug)]
 pub struct ReleaseParams<'a> {
@@ -76,6 +82,9 @@ pub struct ReleaseParams<'a> {
     pub team: &'a str,
     pub service_type: &'a str,
     pub version: &'a str,
+    /// The instance's parameters with the catalog's defaults filled in
+    /// (`CatalogEntry::parameters_of`), read as `{param.NAME}`.
+    pub parameters: &'a BTreeMap<String, String>,
 }
 
 impl<'a> ReleaseParams<'a> {
@@ -87,10 +96,14 @@ impl<'a> ReleaseParams<'a> {
             team: &instance.team,
             service_type: &instance.service_type,
             version,
+            parameters: &instance.parameters,
         }
     }
 
     fn get(&self, name: &str) -> Option<&str> {
+        if let Some(parameter) = name.strip_prefix("param.") {
+            return self.parameters.get(parameter).map(String::as_str);
+        }
         match name {
             "instance" => Some(self.instance),
             "team" => Some(self.team),
@@ -202,7 +215,12 @@ pub fn render(
             let value = params.get(name).ok_or_else(|| {
                 error(format!(
                     "unknown placeholder {{{name}}}; known: {}",
-                    PLACEHOLDERS.map(|p| format!("{{{p}}}")).join(", ")
+                    PLACEHOLDERS
+                        .iter()
+                        .map(|p| format!("{{{p}}}"))
+                        .chain(params.parameters.keys().map(|p| format!("{{param.{p}}}")))
+                        .collect::<Vec<_>>()
+                        .join(", ")
                 ))
             })?;
             out.push_str(value);
@@ -334,6 +352,7 @@ mod tests {
             team: "blue",
             service_type: "shop",
             version: "2.0.0",
+            parameters: &NO_PARAMETERS,
         }
     }
 

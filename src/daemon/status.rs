@@ -743,6 +743,8 @@ mod tests {
     fn instance(state: InstanceState, stopped: bool) -> Instance {
         let at: Timestamp = "2026-11-30T00:00:00Z".parse().unwrap();
         Instance {
+            parameters: Default::default(),
+            purge_volumes: false,
             id: 1,
             name: InstanceName::new("demo"),
             team: "t".into(),

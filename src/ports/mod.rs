@@ -138,6 +138,9 @@ pub trait Runtime: Send + Sync {
     /// Removes the container of the generation `key` names, checked as
     /// [`Runtime::stop`] checks it. Not-found counts as removed.
     async fn remove(&self, key: &GenerationKey) -> Result<(), RuntimeError>;
+    /// Removes every named volume created for the instance (and only
+    /// those); returns their names. Run after its containers are gone.
+    async fn purge_volumes(&self, instance: &InstanceName) -> Result<Vec<String>, RuntimeError>;
     /// Every event of the runtime's stream is shown to the runtime too, so a
     /// runtime that caches reads can drop what the event made stale.
     fn event_seen(&self, _event: &RuntimeEvent) {}
@@ -274,6 +277,8 @@ pub struct NewInstance {
     pub version: String,
     pub expires_at: Option<Timestamp>,
     pub maintenance_window: Option<String>,
+    /// Checked against the catalog's declared parameters by the caller.
+    pub parameters: BTreeMap<String, String>,
 }
 
 /// What [`Store::expire_instance`] did.
@@ -350,6 +355,9 @@ pub trait Store: Send + Sync {
         stopped: bool,
         now: Timestamp,
     ) -> Result<(), StoreError>;
+    /// Records that the instance's deprovision removes its named volumes
+    /// too (`instance delete --purge-volumes`). Idempotent.
+    async fn set_purge_volumes(&self, id: InstanceId, now: Timestamp) -> Result<(), StoreError>;
     async fn set_instance_version(
         &self,
         id: InstanceId,

@@ -105,6 +105,7 @@ fn pick<T: Copy>(items: &[T], n: u8) -> T {
 
 fn entry(service_type: &str, version: &str, security: bool, halted: bool) -> CatalogEntry {
     CatalogEntry {
+        parameters: Default::default(),
         service_type: service_type.to_owned(),
         version: version.to_owned(),
         security,
@@ -153,6 +154,8 @@ impl WorldSeed {
         for (n, seed) in self.instances.iter().take(INSTANCES_MAX).enumerate() {
             let id = n as i64 + 1;
             instances.push(Instance {
+                parameters: Default::default(),
+                purge_volumes: false,
                 id,
                 name: InstanceName::new(format!("i{id}")),
                 team: pick(&TEAMS, seed.team).to_owned(),

@@ -349,6 +349,9 @@ pub struct MemoryRuntime {
     hooks: Hooks,
     clock: Arc<dyn Clock>,
     containers: Mutex<BTreeMap<ContainerId, MemContainer>>,
+    /// Named volumes by (instance, service, volume): created with the first
+    /// container that mounts them, removed only by a purge.
+    volumes: Mutex<std::collections::BTreeSet<(InstanceName, ServiceName, String)>>,
     next_port: Mutex<u16>,
     /// Strictly increasing execution starts, even within one instant.
     executions: Mutex<i64>,
@@ -403,10 +406,21 @@ impl MemoryRuntime {
             hooks,
             clock,
             containers: Mutex::new(BTreeMap::new()),
+            volumes: Mutex::default(),
             next_port: Mutex::new(20000),
             executions: Mutex::new(0),
             events: Mutex::default(),
         }
+    }
+
+    /// The named volumes that exist, as (instance, service, volume).
+    pub fn volumes(&self) -> Vec<(InstanceName, ServiceName, String)> {
+        self.volumes
+            .lock()
+            .expect("runtime poisoned")
+            .iter()
+            .cloned()
+            .collect()
     }
 
     /// Tells the event stream what happened to container `id` (the engine's
@@ -658,6 +672,22 @@ impl Runtime for MemoryRuntime {
             .collect())
     }
 
+    async fn purge_volumes(&self, instance: &InstanceName) -> Result<Vec<String>, RuntimeError> {
+        let mut volumes = self.volumes.lock().expect("runtime poisoned");
+        let purged: Vec<_> = volumes
+            .iter()
+            .filter(|(i, _, _)| i == instance)
+            .cloned()
+            .collect();
+        for volume in &purged {
+            volumes.remove(volume);
+        }
+        Ok(purged
+            .into_iter()
+            .map(|(i, s, v)| format!("stead.{i}.{s}.{v}"))
+            .collect())
+    }
+
     async fn create(&self, request: &CreateContainer) -> Result<ContainerId, RuntimeError> {
         let id = Self::id_of(request)?;
         let latency = self
@@ -676,6 +706,16 @@ impl Runtime for MemoryRuntime {
             .map(|port| (*port, self.alloc_port()))
             .collect();
         let started_at = self.next_execution();
+        self.volumes
+            .lock()
+            .expect("runtime poisoned")
+            .extend(request.spec.run.volumes().map(|v| {
+                (
+                    request.instance.clone(),
+                    request.spec.name.clone(),
+                    v.to_owned(),
+                )
+            }));
         self.containers.lock().expect("runtime poisoned").insert(
             id.clone(),
             MemContainer {

@@ -395,6 +395,8 @@ impl Store for MemoryStore {
         state.next_instance_id += 1;
         let now = normalize_timestamp(now);
         let instance = Instance {
+            parameters: new.parameters.clone(),
+            purge_volumes: false,
             id: state.next_instance_id,
             name: new.name.clone(),
             team: new.team.clone(),
@@ -467,6 +469,14 @@ impl Store for MemoryStore {
         let mut state = self.call()?;
         let instance = state.instance_mut(id)?;
         instance.stopped = stopped;
+        instance.updated_at = normalize_timestamp(now);
+        Ok(())
+    }
+
+    async fn set_purge_volumes(&self, id: InstanceId, now: Timestamp) -> Result<(), StoreError> {
+        let mut state = self.call()?;
+        let instance = state.instance_mut(id)?;
+        instance.purge_volumes = true;
         instance.updated_at = normalize_timestamp(now);
         Ok(())
     }
@@ -1101,6 +1111,7 @@ mod tests {
 
     fn new_instance(name: &str) -> NewInstance {
         NewInstance {
+            parameters: Default::default(),
             name: InstanceName::new(name),
             team: "t".into(),
             service_type: "wiki".into(),

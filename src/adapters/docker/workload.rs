@@ -366,7 +366,7 @@ impl DockerRuntime {
 
     /// Removes every named volume stead created for the instance and says
     /// which. Only volumes whose labels name the instance are touched.
-    pub async fn purge_volumes(
+    pub async fn purge_instance_volumes(
         &self,
         instance: &InstanceName,
     ) -> Result<Vec<String>, RuntimeError> {

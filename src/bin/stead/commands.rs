@@ -364,8 +364,19 @@ async fn instance(config: &DaemonConfig, command: InstanceCommand) -> Result<u8,
             ttl_s,
             window,
             exists_ok,
+            parameters,
         } => {
+            let mut given = std::collections::BTreeMap::new();
+            for (name, value) in parameters {
+                if given.insert(name.clone(), value).is_some() {
+                    return Err(stead::ops::OpsError::Invalid(format!(
+                        "--set {name}: given twice"
+                    ))
+                    .into());
+                }
+            }
             let request = CreateRequest {
+                parameters: given,
                 name,
                 service_type,
                 team,
@@ -407,25 +418,45 @@ async fn instance(config: &DaemonConfig, command: InstanceCommand) -> Result<u8,
                 say(format!("{name} is already running intent; nothing to do"));
             }
         }
-        InstanceCommand::Delete { name } => match ops.delete(&name).await? {
-            Deletion::Started { task, cancelled } => say(format!(
-                "deleting {name}: deprovision queued as task {task}{}",
-                if cancelled.is_empty() {
-                    String::new()
+        InstanceCommand::Delete {
+            name,
+            purge_volumes,
+        } => {
+            let volumes = ops.declared_volumes(&ops.find(&name).await?);
+            match ops.delete(&name, purge_volumes).await? {
+                Deletion::Started { task, cancelled } => say(format!(
+                    "deleting {name}: deprovision queued as task {task}{}",
+                    if cancelled.is_empty() {
+                        String::new()
+                    } else {
+                        format!(
+                            "; cancelled queued task(s) {} (T4, docs/rules.md#t4)",
+                            cancelled
+                                .iter()
+                                .map(ToString::to_string)
+                                .collect::<Vec<_>>()
+                                .join(", ")
+                        )
+                    }
+                )),
+                Deletion::AlreadyDeleting => say(format!("{name} is already being deleted")),
+                Deletion::AlreadyDeleted => say(format!("{name} is already deleted")),
+            }
+            if !volumes.is_empty() {
+                say(if purge_volumes {
+                    format!(
+                        "its named volumes ({}) are removed with it",
+                        volumes.join(", ")
+                    )
                 } else {
                     format!(
-                        "; cancelled queued task(s) {} (T4, docs/rules.md#t4)",
-                        cancelled
-                            .iter()
-                            .map(ToString::to_string)
-                            .collect::<Vec<_>>()
-                            .join(", ")
+                        "its named volumes ({}) are kept with their data; \
+                         `stead instance delete {name} --purge-volumes` removes them",
+                        volumes.join(", ")
                     )
-                }
-            )),
-            Deletion::AlreadyDeleting => say(format!("{name} is already being deleted")),
-            Deletion::AlreadyDeleted => say(format!("{name} is already deleted")),
-        },
+                });
+            }
+        }
         InstanceCommand::Inhibit {
             name,
             service,

@@ -123,6 +123,10 @@ pub enum InstanceCommand {
         /// type exists (for scripts that run more than once).
         #[arg(long)]
         exists_ok: bool,
+        /// A parameter the service type declares, for its templates
+        /// (`{param.NAME}`); repeat for several.
+        #[arg(long = "set", value_name = "NAME=VALUE", value_parser = parse_parameter)]
+        parameters: Vec<(String, String)>,
     },
     /// Show one instance: its row, services and tasks.
     Show {
@@ -144,7 +148,13 @@ pub enum InstanceCommand {
     Start { name: String },
     /// Deprovision: remove containers and the release, mark deleted. Its
     /// queued tasks are cancelled.
-    Delete { name: String },
+    Delete {
+        name: String,
+        /// Remove the instance's named volumes too (a plain delete keeps
+        /// them, with their data).
+        #[arg(long)]
+        purge_volumes: bool,
+    },
     /// Hold the current generation of a service: never start it.
     Inhibit {
         name: String,
@@ -190,6 +200,14 @@ pub enum RolloutCommand {
 }
 
 /// `--ttl-s`: whole seconds, at least [`stead::ops::TTL_CLI_MIN`].
+/// `NAME=VALUE` of `--set`; the catalog checks the name and the value.
+fn parse_parameter(text: &str) -> Result<(String, String), String> {
+    match text.split_once('=') {
+        Some((name, value)) if !name.is_empty() => Ok((name.to_owned(), value.to_owned())),
+        _ => Err(format!("{text:?}: expected NAME=VALUE")),
+    }
+}
+
 fn parse_ttl_s(text: &str) -> Result<u64, String> {
     use stead::ops::{TTL_CLI_MIN, TTL_MAX};
     let seconds: u64 = text

@@ -40,6 +40,13 @@ impl Worker {
             WorkCommand::RemoveActive(service) => {
                 done(p.store.remove_active_service(name, &service).await)
             }
+            WorkCommand::PurgeVolumes => {
+                let purged = p.runtime.purge_volumes(name).await;
+                if let Ok(volumes) = &purged {
+                    tracing::warn!(instance = %name, volumes = ?volumes, "purged the instance's named volumes (delete --purge-volumes)");
+                }
+                WorkAnswer::Purged(purged)
+            }
             WorkCommand::Inhibit(marker) => done(p.store.save_inhibition(name, &marker).await),
             WorkCommand::ClearInhibition(marker) => done(
                 p.store

@@ -42,9 +42,14 @@ impl Worker {
             .load_active(&instance.name)
             .await
             .map_err(|e| e.to_string())?;
+        let parameters = entry.parameters_of(&instance.parameters);
+        let params = ReleaseParams {
+            parameters: &parameters,
+            ..ReleaseParams::of(instance, &instance.version)
+        };
         let release = entry
             .provisioning
-            .spec_of(&ReleaseParams::of(instance, &instance.version), false)
+            .spec_of(&params, false)
             .map_err(|e| format!("{}: {e}", instance.name))?;
         let mut provision = Provision::new(ProvisionInput {
             instance: instance.name.clone(),
@@ -83,11 +88,16 @@ impl Worker {
             .map_err(|e| e.to_string())?;
         // A Helm type is upgraded by Helm, atomically, to the chart of the
         // catalog's version; a Docker type service by service.
+        let parameters = entry.parameters_of(&instance.parameters);
+        let params = ReleaseParams {
+            parameters: &parameters,
+            ..ReleaseParams::of(instance, &entry.version)
+        };
         let release = match &entry.provisioning {
             Provisioning::Docker => None,
             Provisioning::Helm(chart) => Some(
                 chart
-                    .release_of(&ReleaseParams::of(instance, &entry.version), true)
+                    .release_of(&params, true)
                     .map_err(|e| format!("{}: {e}", instance.name))?,
             ),
         };
@@ -154,6 +164,7 @@ impl Worker {
             active,
             inhibitions,
             stop_grace_default: self.config.stop_grace_default,
+            purge_volumes: instance.purge_volumes,
         });
         while let Some(command) = deprovision.poll_command() {
             if command.is_effect() {
@@ -228,9 +239,17 @@ impl Worker {
         revision: &str,
     ) -> Result<ContainerId, RuntimeError> {
         // The revision a container is created at is the version it runs.
+        let parameters = self
+            .entry(instance)
+            .map(|entry| entry.parameters_of(&instance.parameters))
+            .map_err(RuntimeError::Refused)?;
+        let params = ReleaseParams {
+            parameters: &parameters,
+            ..ReleaseParams::of(instance, revision)
+        };
         let env = spec
             .run
-            .render_env(&spec.name, &ReleaseParams::of(instance, revision))
+            .render_env(&spec.name, &params)
             .map_err(|e| RuntimeError::Refused(format!("{}: {e}", instance.name)))?;
         self.ports
             .runtime

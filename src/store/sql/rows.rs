@@ -82,6 +82,10 @@ pub fn encode_timestamp(ts: Option<Timestamp>) -> Option<i64> {
 }
 
 /// Binds are stored as a JSON object, container port → host port.
+pub fn encode_parameters(parameters: &std::collections::BTreeMap<String, String>) -> String {
+    serde_json::to_string(parameters).expect("a map of strings always serialises")
+}
+
 pub fn encode_binds(binds: &Binds) -> String {
     serde_json::to_string(binds).expect("a map of integers always serialises")
 }
@@ -99,6 +103,9 @@ pub struct InstanceRow {
     pub maintenance_window: Option<String>,
     pub created_at_us: i64,
     pub updated_at_us: i64,
+    /// A JSON object of strings.
+    pub parameters: String,
+    pub purge_volumes: bool,
 }
 
 impl InstanceRow {
@@ -123,6 +130,9 @@ impl InstanceRow {
             maintenance_window: self.maintenance_window,
             created_at: timestamp(T, &id, "created_at_us", self.created_at_us)?,
             updated_at: timestamp(T, &id, "updated_at_us", self.updated_at_us)?,
+            parameters: serde_json::from_str(&self.parameters)
+                .map_err(|_| bad_row(T, &id, "parameters", &self.parameters))?,
+            purge_volumes: self.purge_volumes,
         })
     }
 }

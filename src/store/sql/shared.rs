@@ -61,6 +61,7 @@ macro_rules! impl_sql_store {
                     .bind(encode_timestamp(new.expires_at))
                     .bind(&new.maintenance_window)
                     .bind(timestamp_to_us(now))
+                    .bind(encode_parameters(&new.parameters))
                     .fetch_one(&mut *tx)
                     .await
                     .map_err(db_error)?
@@ -125,6 +126,21 @@ macro_rules! impl_sql_store {
                         sqlx::query(sql::SET_INSTANCE_STOPPED)
                             .bind(id)
                             .bind(stopped)
+                            .bind(timestamp_to_us(now)),
+                    )
+                    .await?;
+                found_or(found, id)
+            }
+
+            async fn set_purge_volumes(
+                &self,
+                id: InstanceId,
+                now: Timestamp,
+            ) -> Result<(), StoreError> {
+                let found = self
+                    .write(
+                        sqlx::query(sql::SET_INSTANCE_PURGE_VOLUMES)
+                            .bind(id)
                             .bind(timestamp_to_us(now)),
                     )
                     .await?;

@@ -21,8 +21,8 @@ use sqlx::{Sqlite, Transaction};
 use super::rows::{assemble_loaded, collect_rows, count_states, found_or, instance_found_or};
 use super::rows::{
     claim_order, decode_rollout, decode_rollout_record, encode_binds, encode_grace,
-    encode_timestamp, inhibition_order, lease_grant, ActiveRow, InhibitionRow, InstanceRow,
-    LeaseRow, TaskRow,
+    encode_parameters, encode_timestamp, inhibition_order, lease_grant, ActiveRow, InhibitionRow,
+    InstanceRow, LeaseRow, TaskRow,
 };
 use super::shared::impl_sql_store;
 use super::statements as sql;

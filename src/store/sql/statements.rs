@@ -6,13 +6,13 @@
 
 pub const CREATE_INSTANCE: &str = "INSERT INTO instances \
      (name, team, service_type, version, state, stopped, expires_at_us, maintenance_window, \
-      created_at_us, updated_at_us) \
-     VALUES ($1, $2, $3, $4, 'provisioning', FALSE, $5, $6, $7, $7) \
+      created_at_us, updated_at_us, parameters) \
+     VALUES ($1, $2, $3, $4, 'provisioning', FALSE, $5, $6, $7, $7, $8) \
      RETURNING id, name, team, service_type, version, state, stopped, \
-     expires_at_us, maintenance_window, created_at_us, updated_at_us";
+     expires_at_us, maintenance_window, created_at_us, updated_at_us, parameters, purge_volumes";
 
 pub const INSTANCE_BY_NAME: &str = "SELECT id, name, team, service_type, version, state, stopped, \
-     expires_at_us, maintenance_window, created_at_us, updated_at_us \
+     expires_at_us, maintenance_window, created_at_us, updated_at_us, parameters, purge_volumes \
      FROM instances WHERE name = $1";
 
 /// The instance's tasks that have not finished; a deleted instance with any
@@ -29,11 +29,11 @@ pub const DELETE_DELETED_INSTANCE: &str =
     "DELETE FROM instances WHERE id = $1 AND state = 'deleted'";
 
 pub const INSTANCE_BY_ID: &str = "SELECT id, name, team, service_type, version, state, stopped, \
-     expires_at_us, maintenance_window, created_at_us, updated_at_us \
+     expires_at_us, maintenance_window, created_at_us, updated_at_us, parameters, purge_volumes \
      FROM instances WHERE id = $1";
 
 pub const LIST_INSTANCES: &str = "SELECT id, name, team, service_type, version, state, stopped, \
-     expires_at_us, maintenance_window, created_at_us, updated_at_us \
+     expires_at_us, maintenance_window, created_at_us, updated_at_us, parameters, purge_volumes \
      FROM instances ORDER BY id";
 
 /// Compare-and-set: the `WHERE state = $2` is the compare.
@@ -42,6 +42,9 @@ pub const SET_INSTANCE_STATE: &str =
 
 pub const SET_INSTANCE_STOPPED: &str =
     "UPDATE instances SET stopped = $2, updated_at_us = $3 WHERE id = $1";
+
+pub const SET_INSTANCE_PURGE_VOLUMES: &str =
+    "UPDATE instances SET purge_volumes = TRUE, updated_at_us = $2 WHERE id = $1";
 
 pub const SET_INSTANCE_VERSION: &str =
     "UPDATE instances SET version = $2, updated_at_us = $3 WHERE id = $1";
@@ -233,7 +236,7 @@ macro_rules! batch_loads {
     ($ids:literal) => {
         pub const INSTANCES_OF_IDS: &str = concat!(
             "SELECT id, name, team, service_type, version, state, stopped, \
-             expires_at_us, maintenance_window, created_at_us, updated_at_us \
+             expires_at_us, maintenance_window, created_at_us, updated_at_us, parameters, purge_volumes \
              FROM instances WHERE id ",
             $ids
         );

@@ -16,10 +16,12 @@ use stead::adapters::docker::{
 };
 use stead::core::types::{
     ContainerId, ContainerStatus, GenerationKey, Health, InstanceName, RuntimeError, ServiceName,
+    Timestamp,
 };
-use stead::ports::{Provisioner, Runtime};
+use stead::ports::{Provisioner, Runtime, RuntimeEvent};
 use support_services::docker::{
-    create_request, docker, httpd_spec, runtime, runtime_with, Cleanup, HTTP_PORT, TEST_IMAGE,
+    create_request, docker, httpd_spec, is_podman, runtime, runtime_with, Cleanup, EventCounter,
+    HTTP_PORT, TEST_IMAGE,
 };
 use support_services::unique;
 
@@ -40,6 +42,13 @@ async fn wait_for_health(runtime: &DockerRuntime, id: &ContainerId, want: Health
         );
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
+}
+
+/// API calls Docker itself would have needed: all of them, less those made
+/// only because the engine answered otherwise (Podman's; always none
+/// against Docker, see `DockerRuntime::compat_call_count`).
+fn docker_calls(runtime: &DockerRuntime) -> u64 {
+    runtime.api_call_count() - runtime.compat_call_count()
 }
 
 /// The generation a test's container is: the key stop and remove check.
@@ -115,10 +124,12 @@ async fn list_managed_is_one_labelled_call_with_instance_and_service() {
         .await
         .expect("create worker");
 
-    let calls_before = runtime.api_call_count();
+    let calls_before = docker_calls(&runtime);
     let listed = runtime.list_managed().await.expect("list");
+    // Against Podman a second read follows when any managed container (of
+    // any test) is stopping: counted apart, by compat_call_count.
     assert_eq!(
-        runtime.api_call_count() - calls_before,
+        docker_calls(&runtime) - calls_before,
         1,
         "one API call per list"
     );
@@ -401,7 +412,7 @@ async fn a_missing_image_gives_an_error_naming_it() {
 async fn unless_stopped_is_available_for_the_native_restart_race() {
     let config = DockerConfig {
         native_restart: NativeRestart::UnlessStopped,
-        ..DockerConfig::default()
+        ..support_services::docker::config()
     };
     let runtime = runtime_with(config).await;
     let instance = unique("dn");
@@ -531,36 +542,234 @@ async fn steady_reads(runtime: &DockerRuntime, id: &ContainerId) -> ContainerSta
     observation.status
 }
 
+/// Follows the event stream as the daemon's follower does (every event
+/// shown to the runtime, which drops its cached answer) and records what
+/// the stream passed on, so a test can wait until it has seen something.
+struct Recorder {
+    seen: std::sync::Arc<std::sync::Mutex<Vec<RuntimeEvent>>>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Recorder {
+    /// From now; with `cache`, the runtime's read cache follows the stream.
+    fn follow(runtime: &DockerRuntime, cache: bool) -> Recorder {
+        let mut events = runtime.events(Timestamp::now());
+        if cache {
+            runtime.events_followed(true);
+        }
+        let runtime = runtime.clone();
+        let seen: std::sync::Arc<std::sync::Mutex<Vec<RuntimeEvent>>> = std::sync::Arc::default();
+        let record = std::sync::Arc::clone(&seen);
+        let task = tokio::spawn(async move {
+            while let Some(Ok(event)) = events.next().await {
+                runtime.event_seen(&event);
+                record.lock().expect("recorder lock").push(event);
+            }
+            if cache {
+                runtime.events_followed(false);
+            }
+        });
+        Recorder { seen, task }
+    }
+
+    /// The actions passed on so far for one container.
+    fn actions(&self, id: &ContainerId) -> Vec<RuntimeEventAction> {
+        let seen = self.seen.lock().expect("recorder lock");
+        seen.iter()
+            .filter(|e| &e.container == id)
+            .map(|e| e.action)
+            .collect()
+    }
+
+    /// Waits (bounded) until the stream has passed on `action` for `id`.
+    async fn wait_for(&self, id: &ContainerId, action: RuntimeEventAction) {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while !self.actions(id).contains(&action) {
+            assert!(
+                Instant::now() < deadline,
+                "the stream passed on no {action:?} for {id} within 30 s: {:?}",
+                self.actions(id)
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+}
+
+impl Drop for Recorder {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
 #[tokio::test]
 async fn a_steady_pass_costs_one_list_call_while_events_are_followed() {
     let runtime = runtime().await;
     let instance = unique("dc");
     let _cleanup = Cleanup::new(&instance);
-    let follower = follow_events_into_cache(&runtime);
+    let follower = Recorder::follow(&runtime, true);
     let mut ids = Vec::new();
     for service in ["a", "b", "c"] {
         let request = create_request(&instance, httpd_spec(service), "r1");
         ids.push(runtime.create(&request).await.expect("create"));
     }
+    // Once the stream has passed on each one's healthy verdict, nothing
+    // changes: Docker sends no more health events, and Podman's (one per
+    // check) are dropped by the stream for repeating that verdict.
     for id in &ids {
-        wait_for_health(&runtime, id, Health::Healthy).await;
+        follower
+            .wait_for(id, RuntimeEventAction::HealthStatus(Health::Healthy))
+            .await;
     }
     // The first pass fills the cache: one inspect per container.
     runtime.begin_pass().await.expect("begin pass");
     for id in &ids {
         steady_reads(&runtime, id).await;
     }
-    let before = runtime.api_call_count();
+    let before = docker_calls(&runtime);
     runtime.begin_pass().await.expect("begin pass");
     for id in &ids {
         assert_eq!(steady_reads(&runtime, id).await, ContainerStatus::Running);
     }
     assert_eq!(
-        runtime.api_call_count() - before,
+        docker_calls(&runtime) - before,
         1,
         "a steady pass is one list call"
     );
-    follower.abort();
+    if is_podman() {
+        assert!(
+            runtime.compat_call_count() >= 3,
+            "each container's healthy verdict came from an inspect of a verdict-less event"
+        );
+    } else {
+        assert_eq!(runtime.compat_call_count(), 0, "docker needs no extra call");
+    }
+}
+
+/// Docker sends a health event when the verdict changes; Podman 4.3 sends
+/// one after every check run, without the verdict. Either way stead hears
+/// of each verdict once.
+#[tokio::test]
+async fn health_events_reach_stead_once_per_verdict() {
+    let runtime = runtime().await;
+    let instance = unique("dy");
+    let _cleanup = Cleanup::new(&instance);
+    let raw = EventCounter::follow_action(&instance, "health_status");
+    let recorder = Recorder::follow(&runtime, false);
+    let id = runtime
+        .create(&create_request(&instance, httpd_spec("web"), "r1"))
+        .await
+        .expect("create");
+    wait_for_health(&runtime, &id, Health::Healthy).await;
+    // Four more check intervals (0.5 s each) with the verdict unchanged.
+    if is_podman() {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while raw.count() < 5 {
+            assert!(
+                Instant::now() < deadline,
+                "podman sent {} health events in 20 s; it sends one per check run",
+                raw.count()
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    } else {
+        tokio::time::sleep(Duration::from_secs(2)).await;
+    }
+    let engine_sent = raw.count();
+    docker(&["kill", id.as_str()]).expect("docker kill");
+    // Everything up to the die: the stream keeps the engine's order.
+    recorder.wait_for(&id, RuntimeEventAction::Die).await;
+    let verdicts: Vec<Health> = recorder
+        .actions(&id)
+        .into_iter()
+        .filter_map(|action| match action {
+            RuntimeEventAction::HealthStatus(health) => Some(health),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(verdicts.last(), Some(&Health::Healthy), "{verdicts:?}");
+    assert!(
+        verdicts.windows(2).all(|pair| pair[0] != pair[1]),
+        "a verdict was passed on twice in a row: {verdicts:?}"
+    );
+    if is_podman() {
+        // Starting then healthy, or healthy alone when the first inspect
+        // came after the first check recorded its verdict.
+        assert!(
+            verdicts.len() <= 2,
+            "{engine_sent} health events became {verdicts:?}"
+        );
+        assert!(
+            runtime.compat_call_count() >= engine_sent as u64,
+            "one inspect per verdict-less event: {} for {engine_sent}",
+            runtime.compat_call_count()
+        );
+    } else {
+        assert_eq!(engine_sent, 1, "docker sends one, when the verdict changes");
+        assert_eq!(verdicts, [Health::Healthy]);
+        assert_eq!(runtime.compat_call_count(), 0);
+    }
+}
+
+/// During a stop's grace the process still runs: Docker says `running`,
+/// Podman 4.3 says `stopping`, a word of no Docker API version. stead reads
+/// it as running, and a list showing it still answers.
+#[tokio::test]
+async fn a_stopping_container_reads_as_running_until_it_stops() {
+    let runtime = runtime().await;
+    let instance = unique("dt");
+    let _cleanup = Cleanup::new(&instance);
+    let mut spec = httpd_spec("web");
+    // Says when SIGTERM comes and outlives it, so the stop takes its grace.
+    spec.command = [
+        "sh",
+        "-c",
+        "trap 'echo got TERM' TERM; while :; do sleep 1; done",
+    ]
+    .map(str::to_owned)
+    .to_vec();
+    spec.healthcheck = None;
+    spec.ports = Vec::new();
+    let id = runtime
+        .create(&create_request(&instance, spec, "r1"))
+        .await
+        .expect("create");
+    let key = generation(&instance, "web", &id);
+    let stopping = tokio::spawn({
+        let runtime = runtime.clone();
+        async move { runtime.stop(&key, Duration::from_secs(8)).await }
+    });
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while !docker(&["logs", id.as_str()])
+        .unwrap_or_default()
+        .contains("got TERM")
+    {
+        assert!(Instant::now() < deadline, "no SIGTERM within 5 s");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let engine_says = docker(&["inspect", "--format", "{{.State.Status}}", id.as_str()]);
+    let expected = if is_podman() { "stopping" } else { "running" };
+    assert_eq!(engine_says.unwrap(), expected);
+
+    let compat_before = runtime.compat_call_count();
+    let listed = runtime.list_labelled().await.expect("list while it stops");
+    let found = listed.iter().find(|c| c.id == id).expect("listed");
+    assert_eq!(found.status, ContainerStatus::Running);
+    let observed = runtime.inspect(&id).await.expect("inspect while it stops");
+    assert_eq!(observed.status, ContainerStatus::Running);
+    let rereads = runtime.compat_call_count() - compat_before;
+    assert!(
+        !stopping.is_finished(),
+        "the stop ended before the reads; they saw no stopping container"
+    );
+    if is_podman() {
+        assert_eq!(rereads, 2, "the list and the inspect are each read again");
+    } else {
+        assert_eq!(rereads, 0);
+    }
+
+    stopping.await.expect("stop task").expect("stop");
+    let stopped = runtime.inspect(&id).await.expect("inspect");
+    assert_eq!(stopped.status, ContainerStatus::Exited);
 }
 
 #[tokio::test]

@@ -1,9 +1,14 @@
 //! The Docker runtime: the `Runtime` port over the Docker Engine API.
 //!
 //! It speaks to a unix socket (default `/var/run/docker.sock`). Podman's
-//! Docker-compatible socket works the same: point [`DockerConfig::socket_path`]
+//! Docker-compatible socket works too: point [`DockerConfig::socket_path`]
 //! at `/run/podman/podman.sock` (rootful, `systemctl enable --now
 //! podman.socket`) or `$XDG_RUNTIME_DIR/podman/podman.sock` (rootless).
+//! Where Podman 4.3's answers differ from Docker's (a taken name, the event
+//! filter's words, verdict-less health events, `stopping`, a stopped
+//! container's ports) the adapter makes them read as Docker's; each is
+//! listed in docs/operations.md, "Podman", and tested against both engines
+//! by tests/docker_runtime.rs.
 //!
 //! What stead owns is marked by labels, never by name patterns:
 //! `stead.managed=true`, `stead.instance`, `stead.service`, `stead.revision`.
@@ -27,14 +32,14 @@ use std::future::Future;
 use std::path::PathBuf;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use async_trait::async_trait;
 use bollard::errors::Error as DockerError;
 use bollard::models::{
-    ContainerCreateBody, ContainerInspectResponse, EventMessage, HealthConfig, HealthStatusEnum,
-    HostConfig, PortBinding, RestartPolicy, RestartPolicyNameEnum,
+    ContainerCreateBody, ContainerInspectResponse, ContainerStateStatusEnum, EventMessage,
+    HealthConfig, HealthStatusEnum, HostConfig, PortBinding, RestartPolicy, RestartPolicyNameEnum,
 };
 use bollard::query_parameters::{
     CreateContainerOptions, CreateImageOptions, EventsOptions, ListContainersOptions,
@@ -79,6 +84,10 @@ const LOOPBACK_HOST_IP: &str = "127.0.0.1";
 /// Docker's rendering of "never": a container created but not yet started
 /// reports this as `State.StartedAt`.
 const DOCKER_ZERO_TIME_PREFIX: &str = "0001-01-01T00:00:00";
+
+/// How Podman's compatible API words a create whose name is taken (it
+/// answers 500, not Docker's 409).
+const PODMAN_NAME_IN_USE: &str = "that name is already in use";
 
 /// What an operator whose engine does not answer should check.
 const DOCKERD_HINT: &str = "is dockerd running? `scripts/services up` starts it";
@@ -158,6 +167,8 @@ pub struct DockerRuntime {
     /// Engine API requests made through this client (and its clones), so
     /// benchmarks and metrics can show what a pass costs.
     api_calls: Arc<AtomicU64>,
+    /// Of those, the ones Docker would not have needed ([`Self::compat_call_count`]).
+    compat_calls: Arc<AtomicU64>,
     /// Inspect answers, kept only while the event stream is followed.
     cache: Arc<ReadCache>,
 }
@@ -196,6 +207,7 @@ impl DockerRuntime {
             docker,
             config,
             api_calls: Arc::default(),
+            compat_calls: Arc::default(),
             cache: Arc::default(),
         })
     }
@@ -208,6 +220,7 @@ impl DockerRuntime {
             docker,
             config,
             api_calls,
+            compat_calls,
             cache,
         } = Self::new(config)?;
         let socket = config.socket_path.display().to_string();
@@ -221,6 +234,7 @@ impl DockerRuntime {
             docker,
             config,
             api_calls,
+            compat_calls,
             cache,
         })
     }
@@ -231,11 +245,25 @@ impl DockerRuntime {
         self.api_calls.load(Ordering::Relaxed)
     }
 
+    /// Of [`Self::api_call_count`], the calls made only because the engine
+    /// answered otherwise than Docker does; always 0 against Docker. Against
+    /// Podman 4.3: an inspect per health event of an event stream (its
+    /// events carry no verdict, [`Self::events`]), and a second read of a
+    /// list or inspect answer that shows a `stopping` container
+    /// (`get_with_docker_states`).
+    pub fn compat_call_count(&self) -> u64 {
+        self.compat_calls.load(Ordering::Relaxed)
+    }
+
     /// The client, counting one API request.
     fn api(&self) -> &Docker {
+        self.count_call();
+        &self.docker
+    }
+
+    fn count_call(&self) {
         self.api_calls.fetch_add(1, Ordering::Relaxed);
         metrics::counter!("stead_docker_api_calls_total").increment(1);
-        &self.docker
     }
 
     pub fn config(&self) -> &DockerConfig {
@@ -315,11 +343,18 @@ impl DockerRuntime {
             filters: Some(filters),
             ..Default::default()
         };
-        let summaries = self
-            .api()
-            .list_containers(Some(options))
-            .await
-            .map_err(|e| transient("list containers", LABEL_MANAGED, e))?;
+        let summaries: Vec<bollard::models::ContainerSummary> =
+            match self.api().list_containers(Some(options)).await {
+                Ok(summaries) => summaries,
+                Err(e) if is_unknown_state(&e) => {
+                    let filters = format!(r#"{{"label":["{LABEL_MANAGED}=true"]}}"#);
+                    let path = format!("/containers/json?all=1&filters={}", url_encode(&filters));
+                    self.get_with_docker_states(&path)
+                        .await
+                        .map_err(|e| transient("list containers", LABEL_MANAGED, e))?
+                }
+                Err(e) => return Err(transient("list containers", LABEL_MANAGED, e)),
+            };
         let mut containers = Vec::with_capacity(summaries.len());
         for summary in summaries {
             let Some(id) = summary.id else {
@@ -371,6 +406,23 @@ impl DockerRuntime {
     /// after it), not at the stream's first poll, so events in between are
     /// not lost. Pass the clock's `now` when subscribing, or the time of the
     /// last event seen when resubscribing.
+    ///
+    /// Podman's compatible API (4.3) differs in three ways the stream
+    /// absorbs (docs/operations.md, "Podman"):
+    /// - its event filter matches Podman's own names, `died` and `remove`,
+    ///   not `die` and `destroy` (which it reports as `die` and `remove`):
+    ///   the filter asks for both spellings (Docker matches none of
+    ///   Podman's), and `remove` is read as `destroy`;
+    /// - it sends a `health_status` event after every healthcheck run, not
+    ///   only when the verdict changes, and without the verdict in the
+    ///   action. For such an event the stream inspects the container (see
+    ///   [`Self::compat_call_count`]) and passes the event on only when
+    ///   the verdict differs from the last one it passed on for that
+    ///   container's current execution, so an unchanged check neither drops
+    ///   a cached answer nor wakes recovery. Podman emits the event just
+    ///   before it records the run's verdict, so a change can be seen one
+    ///   run late: a changed verdict reaches stead within one healthcheck
+    ///   interval.
     pub fn events(&self, since: Timestamp) -> RuntimeEventStream {
         let since = format!(
             "{}.{:09}",
@@ -382,7 +434,8 @@ impl DockerRuntime {
             ("label".to_owned(), vec![format!("{LABEL_MANAGED}=true")]),
             (
                 "event".to_owned(),
-                ["start", "die", "health_status", "destroy"]
+                // `died` and `remove`: Podman's names for `die` and `destroy`.
+                ["start", "die", "died", "health_status", "destroy", "remove"]
                     .map(str::to_owned)
                     .to_vec(),
             ),
@@ -392,29 +445,132 @@ impl DockerRuntime {
             filters: Some(filters),
             ..Default::default()
         };
-        let stream = self
-            .api()
-            .events(Some(options))
-            .filter_map(|item| async move {
+        let runtime = self.clone();
+        let verdicts = Arc::new(Mutex::new(HashMap::new()));
+        let stream = self.api().events(Some(options)).filter_map(move |item| {
+            let runtime = runtime.clone();
+            let verdicts = verdicts.clone();
+            async move {
                 match item {
-                    Ok(message) => parse_event(message).map(Ok),
+                    Ok(message) => runtime.with_verdict(parse_event(message)?, &verdicts).await,
                     Err(e) => Some(Err(transient("read docker events", "", e))),
                 }
-            });
+            }
+        });
         Box::pin(stream)
+    }
+
+    /// Gives a verdict-less health event (Podman's) its verdict, read by an
+    /// inspect, and drops it when that verdict is the one last passed on for
+    /// the container; `verdicts` is the stream's memory of those, forgotten
+    /// at each start, die and destroy. Other events pass unchanged.
+    async fn with_verdict(
+        &self,
+        mut event: RuntimeEvent,
+        verdicts: &Mutex<HashMap<ContainerId, Health>>,
+    ) -> Option<Result<RuntimeEvent, RuntimeError>> {
+        let remember = |health: Option<Health>| {
+            let mut verdicts = verdicts.lock().unwrap_or_else(|e| e.into_inner());
+            match health {
+                Some(health) => verdicts.insert(event.container.clone(), health),
+                None => verdicts.remove(&event.container),
+            }
+        };
+        match event.action {
+            RuntimeEventAction::HealthStatus(Health::None) => {
+                self.compat_calls.fetch_add(1, Ordering::Relaxed);
+                let health = match self.inspect_raw(&event.container).await {
+                    Ok(response) => health_of(&response),
+                    // Removed since: its destroy event follows.
+                    Err(RuntimeError::NotFound) => return None,
+                    Err(e) => return Some(Err(e)),
+                };
+                if remember(Some(health)) == Some(health) {
+                    return None;
+                }
+                event.action = RuntimeEventAction::HealthStatus(health);
+            }
+            RuntimeEventAction::HealthStatus(health) => {
+                remember(Some(health));
+            }
+            RuntimeEventAction::Start | RuntimeEventAction::Die | RuntimeEventAction::Destroy => {
+                remember(None);
+            }
+        }
+        Some(Ok(event))
     }
 
     async fn inspect_raw(
         &self,
         id: &ContainerId,
     ) -> Result<ContainerInspectResponse, RuntimeError> {
-        self.api()
+        let inspected = self
+            .api()
             .inspect_container(
                 id.as_str(),
                 None::<bollard::query_parameters::InspectContainerOptions>,
             )
+            .await;
+        let result = match inspected {
+            Err(e) if is_unknown_state(&e) => {
+                let path = format!("/containers/{}/json", url_encode(id.as_str()));
+                self.get_with_docker_states(&path).await
+            }
+            other => other,
+        };
+        result.map_err(|e| not_found_or_transient("inspect", id.as_str(), e))
+    }
+
+    /// GETs `path` (with its query) again, without bollard, for an answer
+    /// bollard refused because a container's state is a word Docker's API
+    /// does not have: Podman 4.3 says `stopping` for a container whose stop
+    /// grace is running, where Docker says `running`. The state words are
+    /// made Docker's ([`docker_state`]) before the answer is parsed. One
+    /// more API call; HTTP/1.0, so the answer is neither chunked nor kept
+    /// alive.
+    async fn get_with_docker_states<T: serde::de::DeserializeOwned>(
+        &self,
+        path: &str,
+    ) -> Result<T, DockerError> {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        self.count_call();
+        self.compat_calls.fetch_add(1, Ordering::Relaxed);
+        let version = self.docker.client_version();
+        let request = format!(
+            "GET /v{}.{}{path} HTTP/1.0\r\nHost: docker\r\n\r\n",
+            version.major_version, version.minor_version
+        );
+        let exchange = async {
+            let mut stream = tokio::net::UnixStream::connect(&self.config.socket_path).await?;
+            stream.write_all(request.as_bytes()).await?;
+            let mut response = Vec::new();
+            stream.read_to_end(&mut response).await?;
+            Ok::<_, std::io::Error>(response)
+        };
+        let response = tokio::time::timeout(self.config.request_timeout, exchange)
             .await
-            .map_err(|e| not_found_or_transient("inspect", id.as_str(), e))
+            .map_err(|_| DockerError::RequestTimeoutError)??;
+        let (status_code, body) =
+            split_response(&response).ok_or_else(|| DockerError::IOError {
+                err: std::io::Error::new(
+                    std::io::ErrorKind::InvalidData,
+                    format!("GET {path}: not an HTTP answer"),
+                ),
+            })?;
+        if status_code != 200 {
+            // Docker's error body, `{"message": …}`, or whatever came.
+            let message = serde_json::from_slice::<serde_json::Value>(body)
+                .ok()
+                .and_then(|v| v["message"].as_str().map(str::to_owned))
+                .unwrap_or_else(|| String::from_utf8_lossy(body).into_owned());
+            return Err(DockerError::DockerResponseServerError {
+                status_code,
+                message,
+            });
+        }
+        let mut value: serde_json::Value = serde_json::from_slice(body)?;
+        with_docker_states(&mut value);
+        Ok(serde_json::from_value(value)?)
     }
 
     /// A client whose timeout covers the grace period on top of the usual
@@ -526,9 +682,7 @@ impl DockerRuntime {
             .await
         {
             Ok(created) => Ok(Some(ContainerId::new(created.id))),
-            Err(DockerError::DockerResponseServerError {
-                status_code: 409, ..
-            }) => Ok(None),
+            Err(e) if name_taken(&e) => Ok(None),
             Err(e) => Err(e),
         }
     }
@@ -963,7 +1117,18 @@ fn health_of(response: &ContainerInspectResponse) -> Health {
     }
 }
 
+/// A container's loopback binds; none unless it runs (or is paused: Docker
+/// keeps them then). Docker forgets a stopped container's host ports (a
+/// start picks new ones); Podman keeps reporting the ones it picked at
+/// create, on which nothing listens while the container is stopped.
 fn binds_of(id: &ContainerId, response: &ContainerInspectResponse) -> Result<Binds, RuntimeError> {
+    let status = response.state.as_ref().and_then(|s| s.status);
+    if !matches!(
+        status,
+        Some(ContainerStateStatusEnum::RUNNING | ContainerStateStatusEnum::PAUSED)
+    ) {
+        return Ok(Binds::new());
+    }
     let empty = HashMap::new();
     let ports = response
         .network_settings
@@ -1038,7 +1203,10 @@ fn parse_port(
 }
 
 /// One Docker event as a stead event; `None` for events stead does not use
-/// or that lack its labels.
+/// or that lack its labels. A `health_status` event without a verdict
+/// (Podman's) gets `Health::None`, which no real health event reports (an
+/// event never says "no healthcheck"): [`DockerRuntime::events`] then reads
+/// the verdict by an inspect.
 fn parse_event(message: EventMessage) -> Option<RuntimeEvent> {
     let action = message.action?;
     let actor = message.actor?;
@@ -1055,7 +1223,8 @@ fn parse_event(message: EventMessage) -> Option<RuntimeEvent> {
     let action = match verb {
         "start" => RuntimeEventAction::Start,
         "die" => RuntimeEventAction::Die,
-        "destroy" => RuntimeEventAction::Destroy,
+        // `remove`: Podman's name for it.
+        "destroy" | "remove" => RuntimeEventAction::Destroy,
         "health_status" => RuntimeEventAction::HealthStatus(match argument {
             "healthy" => Health::Healthy,
             "unhealthy" => Health::Unhealthy,
@@ -1088,6 +1257,96 @@ fn grace_secs(grace: Duration) -> i32 {
 
 fn duration_ns(duration: Duration) -> i64 {
     i64::try_from(duration.as_nanos()).unwrap_or(i64::MAX)
+}
+
+/// Whether bollard refused an answer for a word its enums lack, which among
+/// the answers stead reads only a container's state can be (Podman's
+/// `stopping`).
+fn is_unknown_state(error: &DockerError) -> bool {
+    matches!(error, DockerError::JsonDataError { message, .. } if message.contains("unknown variant"))
+}
+
+/// The state words Docker's API uses; bollard refuses any other.
+const DOCKER_STATES: [&str; 8] = [
+    "",
+    "created",
+    "running",
+    "paused",
+    "restarting",
+    "removing",
+    "exited",
+    "dead",
+];
+
+/// A state word as Docker would say it. Podman's `stopping` (a stop's grace
+/// is running; the process still runs) is Docker's `running`; any other
+/// word Docker lacks becomes the empty one, which stead reads as
+/// [`ContainerStatus::Unknown`] and never acts on.
+fn docker_state(word: &str) -> &str {
+    match word {
+        "stopping" => "running",
+        word if DOCKER_STATES.contains(&word) => word,
+        _ => "",
+    }
+}
+
+/// Rewrites the state words of a list answer (`[{"State": …}]`) or an
+/// inspect answer (`{"State": {"Status": …}}`) as Docker's.
+fn with_docker_states(value: &mut serde_json::Value) {
+    let words = match value {
+        serde_json::Value::Array(summaries) => summaries
+            .iter_mut()
+            .filter_map(|summary| summary.get_mut("State"))
+            .collect(),
+        serde_json::Value::Object(inspected) => inspected
+            .get_mut("State")
+            .and_then(|state| state.get_mut("Status"))
+            .into_iter()
+            .collect(),
+        _ => Vec::new(),
+    };
+    for word in words {
+        if let Some(docker) = word.as_str().map(|w| docker_state(w).to_owned()) {
+            *word = serde_json::Value::String(docker);
+        }
+    }
+}
+
+/// The status code and body of an HTTP/1.x answer.
+fn split_response(response: &[u8]) -> Option<(u16, &[u8])> {
+    let end = response.windows(4).position(|w| w == b"\r\n\r\n")?;
+    let head = std::str::from_utf8(&response[..end]).ok()?;
+    let status_code = head.split_whitespace().nth(1)?.parse().ok()?;
+    Some((status_code, &response[end + 4..]))
+}
+
+/// Percent-encodes all but RFC 3986's unreserved characters.
+fn url_encode(text: &str) -> String {
+    let mut encoded = String::with_capacity(text.len());
+    for byte in text.bytes() {
+        if byte.is_ascii_alphanumeric() || b"-._~".contains(&byte) {
+            encoded.push(char::from(byte));
+        } else {
+            encoded.push_str(&format!("%{byte:02X}"));
+        }
+    }
+    encoded
+}
+
+/// Whether a create failed because the name is taken: Docker answers 409;
+/// Podman 4.3's compatible API answers 500 with libpod's message. Either way
+/// [`Runtime::create`] adopts the container only if its labels match.
+fn name_taken(error: &DockerError) -> bool {
+    match error {
+        DockerError::DockerResponseServerError {
+            status_code: 409, ..
+        } => true,
+        DockerError::DockerResponseServerError {
+            status_code: 500,
+            message,
+        } => message.contains(PODMAN_NAME_IN_USE),
+        _ => false,
+    }
 }
 
 /// Docker's answer by kind: 404 is a confirmed absence, 409 a conflict
@@ -1245,6 +1504,118 @@ mod tests {
         assert_eq!(grace_secs(Duration::from_millis(1500)), 2);
         assert_eq!(grace_secs(Duration::from_secs(10)), 10);
         assert_eq!(grace_secs(Duration::ZERO), 0);
+    }
+
+    fn podman_event(action: &str) -> EventMessage {
+        EventMessage {
+            action: Some(action.to_owned()),
+            actor: Some(bollard::models::EventActor {
+                id: Some("abc".to_owned()),
+                attributes: Some(HashMap::from([
+                    (LABEL_INSTANCE.to_owned(), "shop".to_owned()),
+                    (LABEL_SERVICE.to_owned(), "web".to_owned()),
+                ])),
+            }),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn podman_spellings_are_read_as_dockers() {
+        let action = |name: &str| parse_event(podman_event(name)).map(|e| e.action);
+        assert_eq!(action("remove"), Some(RuntimeEventAction::Destroy));
+        assert_eq!(action("die"), Some(RuntimeEventAction::Die));
+        // A check ran; the verdict is not in the event: `events` inspects.
+        assert_eq!(
+            action("health_status"),
+            Some(RuntimeEventAction::HealthStatus(Health::None))
+        );
+        assert_eq!(action("exec_died"), None);
+    }
+
+    #[test]
+    fn podmans_stopping_reads_as_dockers_running() {
+        let mut listed = serde_json::json!([
+            {"Id": "a", "State": "stopping"},
+            {"Id": "b", "State": "exited"},
+            {"Id": "c", "State": "configured"},
+            {"Id": "d"},
+        ]);
+        with_docker_states(&mut listed);
+        let summaries: Vec<bollard::models::ContainerSummary> =
+            serde_json::from_value(listed).expect("bollard parses it now");
+        let states: Vec<_> = summaries.iter().map(|s| s.state).collect();
+        use bollard::models::ContainerSummaryStateEnum as S;
+        assert_eq!(
+            states,
+            [Some(S::RUNNING), Some(S::EXITED), Some(S::EMPTY), None]
+        );
+        let mut inspected =
+            serde_json::json!({"Id": "a", "State": {"Status": "stopping", "Running": false}});
+        with_docker_states(&mut inspected);
+        let response: ContainerInspectResponse = serde_json::from_value(inspected).unwrap();
+        assert_eq!(
+            response.state.and_then(|s| s.status),
+            Some(ContainerStateStatusEnum::RUNNING)
+        );
+    }
+
+    #[test]
+    fn raw_answers_and_queries() {
+        let answer = b"HTTP/1.0 404 Not Found\r\nContent-Type: application/json\r\n\r\n{\"message\":\"no such container\"}";
+        assert_eq!(
+            split_response(answer),
+            Some((404, &b"{\"message\":\"no such container\"}"[..]))
+        );
+        assert_eq!(split_response(b"garbage"), None);
+        assert_eq!(
+            url_encode(r#"{"label":["stead.managed=true"]}"#),
+            "%7B%22label%22%3A%5B%22stead.managed%3Dtrue%22%5D%7D"
+        );
+    }
+
+    #[test]
+    fn a_taken_name_is_409_or_podmans_500() {
+        let error = |status_code: u16, message: &str| DockerError::DockerResponseServerError {
+            status_code,
+            message: message.to_owned(),
+        };
+        assert!(name_taken(&error(
+            409,
+            "Conflict. The container name is already in use"
+        )));
+        assert!(name_taken(&error(
+            500,
+            "container create: creating container storage: the container name \"x\" is \
+             already in use by 1326. You have to remove that container to be able to reuse \
+             that name: that name is already in use"
+        )));
+        assert!(!name_taken(&error(500, "no space left on device")));
+        assert!(!name_taken(&error(404, "that name is already in use")));
+    }
+
+    #[test]
+    fn a_container_that_does_not_run_has_no_binds() {
+        let response = |running: bool| ContainerInspectResponse {
+            state: Some(bollard::models::ContainerState {
+                status: Some(if running {
+                    ContainerStateStatusEnum::RUNNING
+                } else {
+                    ContainerStateStatusEnum::EXITED
+                }),
+                ..Default::default()
+            }),
+            network_settings: Some(bollard::models::NetworkSettings {
+                ports: Some(ports(&[("8080/tcp", &[("127.0.0.1", "43723")])])),
+                ..Default::default()
+            }),
+            ..Default::default()
+        };
+        assert_eq!(
+            binds_of(&id(), &response(true)).unwrap(),
+            Binds::from([(8080, 43723)])
+        );
+        assert_eq!(binds_of(&id(), &response(false)).unwrap(), Binds::new());
     }
 
     #[test]

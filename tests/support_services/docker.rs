@@ -1,6 +1,7 @@
 //! Docker for tests: a connected runtime (or a clear failure), the test image,
 //! a busybox httpd spec, and cleanup of everything a test labelled.
 
+use std::path::PathBuf;
 use std::process::Command;
 use std::time::Duration;
 
@@ -14,16 +15,60 @@ pub const TEST_IMAGE: &str = "stead-test/busybox:1";
 /// The port busybox httpd listens on inside the test containers.
 pub const HTTP_PORT: u16 = 8080;
 
-/// A runtime connected to the local dockerd. Fails the test, saying how to
-/// fix it, when dockerd does not answer or the test image is missing: these
+/// Names the Engine API socket the Docker tests talk to instead of
+/// dockerd's: `scripts/test` runs `tests/docker_runtime.rs` a second time
+/// with it set to Podman's (`/run/podman/podman.sock`).
+pub const SOCKET_ENV: &str = "STEAD_TEST_DOCKER_SOCKET";
+
+/// The socket [`SOCKET_ENV`] names, if it names one.
+fn socket_override() -> Option<PathBuf> {
+    std::env::var_os(SOCKET_ENV)
+        .filter(|s| !s.is_empty())
+        .map(PathBuf::from)
+}
+
+/// The socket under test: [`SOCKET_ENV`], or dockerd's default.
+pub fn socket_path() -> PathBuf {
+    socket_override().unwrap_or_else(|| DockerConfig::default().socket_path)
+}
+
+/// Whether the engine under test is Podman (its compatible API), as the
+/// engine itself says: its version lists a "Podman Engine" component.
+/// Asked once per process. Tests use it only to assert what each engine
+/// does where they differ (docs/operations.md, "Podman").
+pub fn is_podman() -> bool {
+    static PODMAN: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *PODMAN.get_or_init(|| {
+        let components = docker(&[
+            "version",
+            "--format",
+            "{{range .Server.Components}}{{.Name}};{{end}}",
+        ])
+        .unwrap_or_else(|e| panic!("docker version on {:?}: {e}", socket_path()));
+        components.split(';').any(|name| name == "Podman Engine")
+    })
+}
+
+/// The default configuration, on the socket under test.
+pub fn config() -> DockerConfig {
+    DockerConfig {
+        socket_path: socket_path(),
+        ..DockerConfig::default()
+    }
+}
+
+/// A runtime connected to the engine under test (the local dockerd unless
+/// [`SOCKET_ENV`] names another socket). Fails the test, saying how to fix
+/// it, when the engine does not answer or the test image is missing: these
 /// tests run against the real engine or not at all.
 pub async fn runtime() -> DockerRuntime {
-    runtime_with(DockerConfig::default()).await
+    runtime_with(config()).await
 }
 
 pub async fn runtime_with(config: DockerConfig) -> DockerRuntime {
+    let socket = config.socket_path.display().to_string();
     let runtime = DockerRuntime::connect(config).await.unwrap_or_else(|e| {
-        panic!("dockerd is not reachable ({e}); run `scripts/services up` first")
+        panic!("the engine at {socket} is not reachable ({e}); run `scripts/services up` first")
     });
     let image = docker(&["image", "inspect", "--format", "{{.Id}}", TEST_IMAGE]);
     assert!(
@@ -66,10 +111,14 @@ pub fn create_request(instance: &str, spec: ServiceSpec, revision: &str) -> Crea
     }
 }
 
-/// Runs the docker CLI with an argument vector (as an operator would).
-/// Returns stdout, or the stderr on failure.
+/// Runs the docker CLI with an argument vector (as an operator would),
+/// against the engine under test. Returns stdout, or the stderr on failure.
 pub fn docker(args: &[&str]) -> Result<String, String> {
-    let output = Command::new("docker")
+    let mut command = Command::new("docker");
+    if let Some(socket) = socket_override() {
+        command.env("DOCKER_HOST", format!("unix://{}", socket.display()));
+    }
+    let output = command
         .args(args)
         .output()
         .map_err(|e| format!("run docker {args:?}: {e}"))?;
@@ -84,26 +133,44 @@ pub fn docker(args: &[&str]) -> Result<String, String> {
 /// Docker streams them. A live stream, not `docker events --since`: dockerd
 /// keeps only its last 256 events for replay, and on a busy machine
 /// (healthcheck execs are events too) that is a few seconds of history.
-pub struct StartCounter {
+pub type StartCounter = EventCounter;
+
+/// Counts one kind of event of the instance's containers from now on, as
+/// the engine streams them (raw, before stead's adapter reads them).
+pub struct EventCounter {
     count: std::sync::Arc<std::sync::atomic::AtomicUsize>,
     /// Why the stream ended early, if it did: a count from a broken
-    /// stream would be a lie, so `starts` refuses to give one.
+    /// stream would be a lie, so `count` refuses to give one.
     broken: std::sync::Arc<std::sync::Mutex<Option<String>>>,
     task: tokio::task::JoinHandle<()>,
 }
 
-impl StartCounter {
-    /// Counts from now: the subscription replays from this instant, so a
-    /// start in the moment before the stream opens is counted too.
-    pub fn follow(instance: &str) -> StartCounter {
+impl EventCounter {
+    /// Counts starts from now: the subscription replays from this instant,
+    /// so a start in the moment before the stream opens is counted too.
+    pub fn follow(instance: &str) -> EventCounter {
+        Self::follow_action(instance, "start")
+    }
+
+    /// Counts events whose action filter is `action` (`start`,
+    /// `health_status`, …) from now, as [`EventCounter::follow`] does.
+    pub fn follow_action(instance: &str, action: &str) -> EventCounter {
         use futures_util::StreamExt;
-        let api = bollard::Docker::connect_with_local_defaults().expect("docker socket");
+        let api = match socket_override() {
+            Some(socket) => bollard::Docker::connect_with_unix(
+                &socket.to_string_lossy(),
+                120,
+                bollard::API_DEFAULT_VERSION,
+            ),
+            None => bollard::Docker::connect_with_local_defaults(),
+        }
+        .expect("docker socket");
         let since = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .expect("after 1970");
         let filters = std::collections::HashMap::from([
             ("type".to_owned(), vec!["container".to_owned()]),
-            ("event".to_owned(), vec!["start".to_owned()]),
+            ("event".to_owned(), vec![action.to_owned()]),
             (
                 "label".to_owned(),
                 vec![format!("{LABEL_INSTANCE}={instance}")],
@@ -130,16 +197,21 @@ impl StartCounter {
             };
             *reason.lock().expect("start counter lock") = Some(why);
         });
-        StartCounter {
+        EventCounter {
             count,
             broken,
             task,
         }
     }
 
-    /// Starts seen so far. Panics if the event stream broke: the count
-    /// would then miss starts and the test would judge a wrong figure.
+    /// Starts seen so far (for a counter of starts).
     pub fn starts(&self) -> usize {
+        self.count()
+    }
+
+    /// Events seen so far. Panics if the event stream broke: the count
+    /// would then miss events and the test would judge a wrong figure.
+    pub fn count(&self) -> usize {
         if let Some(why) = self.broken.lock().expect("start counter lock").as_ref() {
             panic!("cannot count starts: {why}");
         }
@@ -147,7 +219,7 @@ impl StartCounter {
     }
 }
 
-impl Drop for StartCounter {
+impl Drop for EventCounter {
     fn drop(&mut self) {
         self.task.abort();
     }

@@ -8,7 +8,7 @@ use async_trait::async_trait;
 
 use crate::core::spec::ReadinessProbe;
 use crate::core::types::Binds;
-use crate::ports::{Probe, ProbeError};
+use crate::ports::{Probe, ProbeError, ProbeTarget};
 
 /// Upper bound on attempts, whatever the catalog says, so a probe always
 /// ends within `attempts × (timeout + interval)`.
@@ -66,7 +66,8 @@ impl NetProbe {
 
 #[async_trait]
 impl Probe for NetProbe {
-    async fn ready(&self, probe: &ReadinessProbe, binds: &Binds) -> Result<(), ProbeError> {
+    async fn ready(&self, probe: &ReadinessProbe, target: &ProbeTarget) -> Result<(), ProbeError> {
+        let binds = &target.binds;
         match probe {
             ReadinessProbe::None => Ok(()),
             ReadinessProbe::Http {

@@ -25,9 +25,9 @@ use stead::core::types::{
 
 use stead::ports::{
     Clock, CreateContainer, EventSubscription, HeldRoute, ManagedContainer, Notifier, NotifyError,
-    PlaneCheck, Policy, PolicyError, Probe, ProbeError, ProvisionError, Provisioner, Release,
-    ReleaseSpec, ReleaseStatus, ReleaseTarget, Route, Runtime, RuntimeEvent, RuntimeEventAction,
-    RuntimeEvents, ServiceKey, Traffic, TrafficError,
+    PlaneCheck, Policy, PolicyError, Probe, ProbeError, ProbeTarget, ProvisionError, Provisioner,
+    Release, ReleaseSpec, ReleaseStatus, ReleaseTarget, Route, Runtime, RuntimeEvent,
+    RuntimeEventAction, RuntimeEvents, ServiceKey, Traffic, TrafficError,
 };
 
 /// Which operation a fault is asked about.
@@ -863,8 +863,9 @@ impl Traffic for MemoryTraffic {
     }
 }
 
-/// Readiness against the in-memory runtime: ready iff some running
-/// container with exactly these binds says it is ready.
+/// Readiness against the in-memory runtime, of the exact execution probed:
+/// its container runs it still and says it is ready on exactly the probed
+/// binds.
 pub struct MemoryProbe {
     hooks: Hooks,
     runtime: Arc<MemoryRuntime>,
@@ -878,26 +879,32 @@ impl MemoryProbe {
 
 #[async_trait]
 impl Probe for MemoryProbe {
-    async fn ready(&self, _probe: &ReadinessProbe, binds: &Binds) -> Result<(), ProbeError> {
+    async fn ready(&self, _probe: &ReadinessProbe, target: &ProbeTarget) -> Result<(), ProbeError> {
         self.hooks
             .gate(Op::Probe, "")
             .await
             .map_err(|f| ProbeError::Unreachable(text_err(f)))?;
-        let ready = self.runtime.with_containers(|cs| {
-            cs.iter()
-                .find(|(_, c)| &c.binds == binds && c.status == ContainerStatus::Running && c.ready)
-                .map(|(id, c)| (id.clone(), c.started_at))
-        });
-        if let Some((id, started_at)) = ready {
+        let id = &target.container;
+        let container = self
+            .runtime
+            .container(id)
+            .filter(|c| c.status == ContainerStatus::Running && c.started_at == target.started_at);
+        let ready = match &container {
+            None => Err(ProbeError::Unreachable(format!(
+                "container {id} does not run the execution started at {:?}",
+                target.started_at
+            ))),
+            Some(c) if c.ready && c.binds == target.binds => Ok(()),
+            Some(_) => Err(ProbeError::Unreachable("connection refused".into())),
+        };
+        if ready.is_ok() {
             self.hooks.observer.effect(&Effect::ProbePassed {
-                id,
-                started_at,
-                binds: binds.clone(),
+                id: id.clone(),
+                started_at: target.started_at,
+                binds: target.binds.clone(),
             });
-            Ok(())
-        } else {
-            Err(ProbeError::Unreachable("connection refused".into()))
         }
+        ready
     }
 }
 

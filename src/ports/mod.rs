@@ -241,8 +241,9 @@ pub use crate::core::types::ProbeTarget;
 #[async_trait]
 pub trait Probe: Send + Sync {
     /// Whether `target`'s execution is ready as `probe` says: its binds
-    /// answer. A probe that finds the container running another execution
-    /// fails.
+    /// answer, or a line appeared in that execution's own logs (never in
+    /// an earlier execution's). A probe that finds the container running
+    /// another execution fails.
     async fn ready(&self, probe: &ReadinessProbe, target: &ProbeTarget) -> Result<(), ProbeError>;
 }
 

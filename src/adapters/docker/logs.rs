@@ -11,6 +11,11 @@
 //! process began, and a line printed at once is stamped up to some
 //! milliseconds before it (measured with Docker 20.10).
 //!
+//! Podman's compatible API stamps lines in whole seconds, which only ever
+//! moves a stamp earlier: an earlier execution's line still never counts,
+//! but a line printed within the second the previous execution finished
+//! is dropped with them (the probe then times out, on the safe side).
+//!
 //! Reading is bounded: the logs are followed as a stream of messages, each
 //! searched where it lies; what is kept between messages is at most the
 //! pattern's length less one byte per stream, so that a pattern cut in two

@@ -9,7 +9,9 @@ use stead::adapters::caddy::{etag, CaddyConfig, CaddyTraffic, ServerCheck};
 use stead::adapters::probe::NetProbe;
 use stead::core::spec::ReadinessProbe;
 use stead::core::types::{Binds, ContainerId, ServiceKey};
-use stead::ports::{ErrorKind, PortFailure, Probe, Route, Runtime, Traffic, TrafficError};
+use stead::ports::{
+    ErrorKind, PortFailure, Probe, ProbeTarget, Route, Runtime, Traffic, TrafficError,
+};
 use support_services::caddy::CaddyProcess;
 use support_services::docker::{create_request, docker, httpd_spec, runtime, Cleanup, HTTP_PORT};
 use support_services::{free_port, unique};
@@ -506,7 +508,14 @@ async fn a_verified_busybox_container_is_served_through_caddy() {
     };
     NetProbe::new()
         .unwrap()
-        .ready(&readiness, &binds)
+        .ready(
+            &readiness,
+            &ProbeTarget {
+                container: container.clone(),
+                started_at: runtime.inspect(&container).await.unwrap().started_at,
+                binds: binds.clone(),
+            },
+        )
         .await
         .expect("busybox httpd is ready");
 

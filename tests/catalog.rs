@@ -97,7 +97,7 @@ fn catalog_errors_name_the_file_the_line_the_field_and_the_value() {
         "catalog.toml: line 8: types.wiki.services[0].ports[1] = 8080: duplicate port",
     );
     check("port = 8080", "port = 8081", "catalog.toml: line 12: types.wiki.services[0].readiness.port = 8081: the probe must dial one of the service's ports");
-    check("kind = \"http\"", "kind = \"grpc\"", "catalog.toml: line 11: types.wiki.services[0].readiness.kind = \"grpc\": must be \"http\", \"tcp\" or \"none\"");
+    check("kind = \"http\"", "kind = \"grpc\"", "catalog.toml: line 11: types.wiki.services[0].readiness.kind = \"grpc\": must be \"http\", \"tcp\", \"log\" or \"none\"");
     check("timeout_ms = 500", "timeout_ms = -1", "catalog.toml: line 31: types.db.services[0].readiness.timeout_ms = -1: must be between 1 and 3600000 milliseconds");
     check(
         "stop_grace_ms = 60000",

@@ -8,8 +8,8 @@ use std::time::Duration;
 
 use stead::adapters::probe::NetProbe;
 use stead::core::spec::ReadinessProbe;
-use stead::core::types::Binds;
-use stead::ports::{Probe, ProbeError};
+use stead::core::types::{Binds, ContainerId};
+use stead::ports::{Probe, ProbeError, ProbeTarget};
 use support_services::free_port;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpListener;
@@ -60,8 +60,17 @@ fn tcp(attempts_max: u32) -> ReadinessProbe {
     }
 }
 
-fn binds(host_port: u16) -> Binds {
-    Binds::from([(CONTAINER_PORT, host_port)])
+/// Some execution of some container: a network probe dials only its binds.
+fn target_with(binds: Binds) -> ProbeTarget {
+    ProbeTarget {
+        container: ContainerId::new("c1"),
+        started_at: None,
+        binds,
+    }
+}
+
+fn target(host_port: u16) -> ProbeTarget {
+    target_with(Binds::from([(CONTAINER_PORT, host_port)]))
 }
 
 #[tokio::test]
@@ -69,15 +78,15 @@ async fn http_2xx_and_3xx_are_ready() {
     let probe = NetProbe::new().unwrap();
     let (ok, _) = server(|_| 200, Duration::ZERO).await;
     let (redirect, _) = server(|_| 302, Duration::ZERO).await;
-    assert_eq!(probe.ready(&http(1), &binds(ok)).await, Ok(()));
-    assert_eq!(probe.ready(&http(1), &binds(redirect)).await, Ok(()));
+    assert_eq!(probe.ready(&http(1), &target(ok)).await, Ok(()));
+    assert_eq!(probe.ready(&http(1), &target(redirect)).await, Ok(()));
 }
 
 #[tokio::test]
 async fn http_5xx_is_retried_up_to_the_attempts_then_fails() {
     let probe = NetProbe::new().unwrap();
     let (port, count) = server(|_| 503, Duration::ZERO).await;
-    let error = probe.ready(&http(3), &binds(port)).await.unwrap_err();
+    let error = probe.ready(&http(3), &target(port)).await.unwrap_err();
     assert_eq!(
         count.load(Ordering::SeqCst),
         3,
@@ -92,7 +101,7 @@ async fn http_5xx_is_retried_up_to_the_attempts_then_fails() {
 async fn http_becomes_ready_on_a_later_attempt() {
     let probe = NetProbe::new().unwrap();
     let (port, count) = server(|n| if n < 3 { 500 } else { 200 }, Duration::ZERO).await;
-    assert_eq!(probe.ready(&http(5), &binds(port)).await, Ok(()));
+    assert_eq!(probe.ready(&http(5), &target(port)).await, Ok(()));
     assert_eq!(count.load(Ordering::SeqCst), 3);
 }
 
@@ -100,7 +109,7 @@ async fn http_becomes_ready_on_a_later_attempt() {
 async fn a_slow_http_answer_times_out() {
     let probe = NetProbe::new().unwrap();
     let (port, _) = server(|_| 200, Duration::from_secs(3)).await;
-    let error = probe.ready(&http(1), &binds(port)).await.unwrap_err();
+    let error = probe.ready(&http(1), &target(port)).await.unwrap_err();
     assert!(matches!(error, ProbeError::Unreachable(_)), "{error:?}");
     assert!(
         error.to_string().contains("not ready after 1 attempt(s)"),
@@ -113,8 +122,11 @@ async fn tcp_connect_is_ready_and_a_closed_port_is_not() {
     let probe = NetProbe::new().unwrap();
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let open = listener.local_addr().unwrap().port();
-    assert_eq!(probe.ready(&tcp(1), &binds(open)).await, Ok(()));
-    let error = probe.ready(&tcp(2), &binds(free_port())).await.unwrap_err();
+    assert_eq!(probe.ready(&tcp(1), &target(open)).await, Ok(()));
+    let error = probe
+        .ready(&tcp(2), &target(free_port()))
+        .await
+        .unwrap_err();
     assert!(matches!(error, ProbeError::Unreachable(_)), "{error:?}");
     assert!(error.to_string().contains("after 2 attempt(s)"), "{error}");
 }
@@ -122,7 +134,7 @@ async fn tcp_connect_is_ready_and_a_closed_port_is_not() {
 #[tokio::test]
 async fn a_port_missing_from_the_binds_is_a_clear_error() {
     let probe = NetProbe::new().unwrap();
-    let other = Binds::from([(9090, 40000)]);
+    let other = target_with(Binds::from([(9090, 40000)]));
     for readiness in [http(1), tcp(1)] {
         let error = probe.ready(&readiness, &other).await.unwrap_err();
         assert!(matches!(error, ProbeError::Misconfigured(_)), "{error:?}");
@@ -139,7 +151,9 @@ async fn a_port_missing_from_the_binds_is_a_clear_error() {
 async fn no_probe_is_ready_and_a_bad_path_is_refused() {
     let probe = NetProbe::new().unwrap();
     assert_eq!(
-        probe.ready(&ReadinessProbe::None, &Binds::new()).await,
+        probe
+            .ready(&ReadinessProbe::None, &target_with(Binds::new()))
+            .await,
         Ok(())
     );
     let bad = ReadinessProbe::Http {
@@ -149,7 +163,7 @@ async fn no_probe_is_ready_and_a_bad_path_is_refused() {
         interval: Duration::ZERO,
         attempts_max: 1,
     };
-    let error = probe.ready(&bad, &binds(1)).await.unwrap_err();
+    let error = probe.ready(&bad, &target(1)).await.unwrap_err();
     assert!(matches!(error, ProbeError::Misconfigured(_)), "{error:?}");
     assert!(error.to_string().contains("path = \"healthz\""), "{error}");
 }

@@ -1188,6 +1188,7 @@ fn outside_effects_are_exactly_the_workload_and_traffic_changes() {
         (
             Command::ProbeReadiness {
                 binds: Binds::new(),
+                started_at: None,
             },
             false,
             false,

@@ -11,8 +11,8 @@ use std::time::Duration;
 use libfuzzer_sys::fuzz_target;
 use stead::core::catalog::{
     Catalog, CatalogEntry, CatalogError, ARGS_MAX, ARG_LEN_MAX, ATTEMPTS_MAX, CATALOG_LEN_MAX,
-    DURATION_MS_MAX, IMAGE_LEN_MAX, NAME_LEN_MAX, PORTS_MAX, SERVICES_MAX, SERVICE_TYPES_MAX,
-    VERSION_LEN_MAX,
+    DURATION_MS_MAX, IMAGE_LEN_MAX, LOG_PATTERN_LEN_MAX, NAME_LEN_MAX, PORTS_MAX, SERVICES_MAX,
+    SERVICE_TYPES_MAX, VERSION_LEN_MAX,
 };
 use stead::core::release::{Provisioning, ReleaseParams};
 use stead::core::spec::{ReadinessProbe, ServiceSpec};
@@ -102,6 +102,11 @@ fn check_service(service: &ServiceSpec) {
             check_duration(*timeout, ms);
             check_duration(*interval, ms);
             check_count(*attempts_max);
+        }
+        ReadinessProbe::Log { pattern, timeout } => {
+            assert!(!pattern.is_empty() && pattern.len() <= LOG_PATTERN_LEN_MAX);
+            assert!(!pattern.contains(['\n', '\r']), "pattern {pattern:?}");
+            check_duration(*timeout, ms);
         }
     }
     check_duration(service.stop_grace, Duration::ZERO);

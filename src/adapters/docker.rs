@@ -50,6 +50,7 @@ use futures_util::{Stream, StreamExt};
 
 use super::read_cache::{Inspected, ReadCache};
 
+mod logs;
 mod workload;
 pub use workload::{
     network_name, volume_name, LABEL_INSTANCE_ID, LABEL_VOLUME, SECRET_FILE_LEN_MAX,

@@ -9,7 +9,7 @@
 //! | `Provisioner` | [`docker::DockerProvisioner`] | the same Docker socket (the embedded default) |
 //! | `Provisioner` | [`helm::HelmProvisioner`] | the `helm` binary, as a subprocess with argument vectors |
 //! | `Traffic` | [`caddy::CaddyTraffic`] | Caddy's admin API on loopback |
-//! | `Probe` | [`probe::NetProbe`] | HTTP and TCP on loopback binds |
+//! | `Probe` | [`probe::NetAndLogProbe`] | HTTP and TCP on loopback binds ([`probe::NetProbe`]); log lines of one execution through the Docker socket |
 //!
 //! Built only with the `io` feature and never under madsim: the simulation
 //! uses the in-memory ports.

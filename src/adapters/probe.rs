@@ -1,21 +1,24 @@
 //! Readiness probes: the `Probe` port over HTTP and TCP against loopback
-//! binds. Probes dial `127.0.0.1:<host port>` from the exact container's
-//! binds, never a container IP.
+//! binds, and over the runtime's logs. Probes dial `127.0.0.1:<host port>`
+//! from the exact container's binds, never a container IP; a log probe
+//! reads the logs of the exact execution (`docker/logs.rs`).
 
 use std::time::Duration;
 
 use async_trait::async_trait;
 
+use super::docker::DockerRuntime;
 use crate::core::spec::ReadinessProbe;
 use crate::core::types::Binds;
-use crate::ports::{Probe, ProbeError};
+use crate::ports::{Probe, ProbeError, ProbeTarget};
 
 /// Upper bound on attempts, whatever the catalog says, so a probe always
 /// ends within `attempts × (timeout + interval)`.
 pub const PROBE_ATTEMPTS_MAX: u32 = 1_000;
 
 /// The `Probe` port over HTTP GET (2xx or 3xx is ready; redirects are not
-/// followed) and TCP connect.
+/// followed) and TCP connect. A log probe is not its to run: it refuses
+/// one as misconfigured ([`NetAndLogProbe`] runs both).
 #[derive(Clone, Debug)]
 pub struct NetProbe {
     client: reqwest::Client,
@@ -66,9 +69,14 @@ impl NetProbe {
 
 #[async_trait]
 impl Probe for NetProbe {
-    async fn ready(&self, probe: &ReadinessProbe, binds: &Binds) -> Result<(), ProbeError> {
+    async fn ready(&self, probe: &ReadinessProbe, target: &ProbeTarget) -> Result<(), ProbeError> {
+        let binds = &target.binds;
         match probe {
             ReadinessProbe::None => Ok(()),
+            ReadinessProbe::Log { .. } => Err(ProbeError::Misconfigured(
+                "a log readiness probe needs the runtime's logs, which this probe does not read"
+                    .to_owned(),
+            )),
             ReadinessProbe::Http {
                 port,
                 path,
@@ -95,6 +103,34 @@ impl Probe for NetProbe {
                     Self::tcp_once(&address, *timeout)
                 })
                 .await
+            }
+        }
+    }
+}
+
+/// The daemon's `Probe` port: HTTP, TCP and none through [`NetProbe`], log
+/// lines through the Docker runtime's logs of the probed execution.
+#[derive(Clone, Debug)]
+pub struct NetAndLogProbe {
+    net: NetProbe,
+    logs: DockerRuntime,
+}
+
+impl NetAndLogProbe {
+    pub fn new(net: NetProbe, logs: DockerRuntime) -> Self {
+        Self { net, logs }
+    }
+}
+
+#[async_trait]
+impl Probe for NetAndLogProbe {
+    async fn ready(&self, probe: &ReadinessProbe, target: &ProbeTarget) -> Result<(), ProbeError> {
+        match probe {
+            ReadinessProbe::Log { pattern, timeout } => {
+                self.logs.log_line_appeared(target, pattern, *timeout).await
+            }
+            ReadinessProbe::None | ReadinessProbe::Http { .. } | ReadinessProbe::Tcp { .. } => {
+                self.net.ready(probe, target).await
             }
         }
     }

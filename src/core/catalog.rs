@@ -50,6 +50,12 @@ const HEALTHCHECK_RETRIES_DEFAULT: i64 = 3;
 const PROBE_TIMEOUT_MS_DEFAULT: i64 = 2_000;
 const PROBE_INTERVAL_MS_DEFAULT: i64 = 1_000;
 const PROBE_ATTEMPTS_MAX_DEFAULT: i64 = 30;
+/// A log line may take a while: a database replays its journal before it
+/// says it accepts connections.
+const LOG_PROBE_TIMEOUT_MS_DEFAULT: i64 = 60_000;
+/// Longest pattern of a log readiness probe. A log reader keeps this many
+/// bytes of a line across the pieces it reads, so it is kept small.
+pub const LOG_PATTERN_LEN_MAX: usize = 256;
 
 /// One service type of the catalog.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -520,6 +526,8 @@ struct RawReadiness {
     kind: String,
     port: Option<i64>,
     path: Option<String>,
+    /// Kind `log` only: the substring a line must contain.
+    pattern: Option<String>,
     timeout_ms: Option<i64>,
     interval_ms: Option<i64>,
     attempts_max: Option<i64>,
@@ -937,6 +945,7 @@ impl Checker<'_> {
             let stray = [
                 ("port", raw.port.is_some()),
                 ("path", raw.path.is_some()),
+                ("pattern", raw.pattern.is_some()),
                 ("timeout_ms", raw.timeout_ms.is_some()),
                 ("interval_ms", raw.interval_ms.is_some()),
                 ("attempts_max", raw.attempts_max.is_some()),
@@ -950,11 +959,21 @@ impl Checker<'_> {
             }
             return Ok(ReadinessProbe::None);
         }
+        if raw.kind == "log" {
+            return self.log_readiness(at, raw);
+        }
         if raw.kind != "http" && raw.kind != "tcp" {
             return Err(self.invalid(
                 format!("{at}.kind"),
                 &raw.kind,
-                "must be \"http\", \"tcp\" or \"none\"",
+                "must be \"http\", \"tcp\", \"log\" or \"none\"",
+            ));
+        }
+        if let Some(pattern) = raw.pattern {
+            return Err(self.invalid(
+                format!("{at}.pattern"),
+                pattern,
+                "only a readiness probe of kind \"log\" takes a pattern",
             ));
         }
         let port_field = format!("{at}.port");
@@ -1015,6 +1034,49 @@ impl Checker<'_> {
             interval,
             attempts_max,
         })
+    }
+
+    /// Kind `log`: a pattern and a timeout, nothing to dial. The logs are
+    /// followed, not polled, so there is no interval or attempt count.
+    fn log_readiness(&self, at: &str, raw: RawReadiness) -> Result<ReadinessProbe, CatalogError> {
+        let stray = [
+            ("port", raw.port.is_some()),
+            ("path", raw.path.is_some()),
+            ("interval_ms", raw.interval_ms.is_some()),
+            ("attempts_max", raw.attempts_max.is_some()),
+        ];
+        if let Some((field, _)) = stray.iter().find(|(_, set)| *set) {
+            return Err(self.invalid(
+                format!("{at}.{field}"),
+                "set",
+                "a readiness probe of kind \"log\" takes only pattern and timeout_ms",
+            ));
+        }
+        let field = format!("{at}.pattern");
+        let pattern = raw.pattern.ok_or_else(|| {
+            self.invalid(
+                &field,
+                "missing",
+                "a log probe needs the text its line contains",
+            )
+        })?;
+        if pattern.is_empty()
+            || pattern.len() > LOG_PATTERN_LEN_MAX
+            || pattern.contains(['\n', '\r'])
+        {
+            return Err(self.invalid(
+                &field,
+                pattern,
+                format!("must be 1 to {LOG_PATTERN_LEN_MAX} bytes on one line"),
+            ));
+        }
+        let timeout = self.duration(
+            &format!("{at}.timeout_ms"),
+            raw.timeout_ms,
+            LOG_PROBE_TIMEOUT_MS_DEFAULT,
+            1,
+        )?;
+        Ok(ReadinessProbe::Log { pattern, timeout })
     }
 }
 

@@ -121,8 +121,11 @@ pub enum Command {
     },
     ReadHealth,
     ReadBinds,
+    /// Probe the readiness of execution `started_at` (the one inspected
+    /// this pass) on `binds`.
     ProbeReadiness {
         binds: Binds,
+        started_at: Option<Timestamp>,
     },
     /// Load ACTIVE for this service again.
     ReloadActive,
@@ -669,6 +672,7 @@ impl<'p> ServiceRecovery<'p> {
             Phase::ReadBinds => Command::ReadBinds,
             Phase::Probe => Command::ProbeReadiness {
                 binds: self.binds.clone(),
+                started_at: self.observed_started_at(),
             },
             Phase::ReloadActive => Command::ReloadActive,
             Phase::PersistBinds => Command::PersistBinds {

@@ -28,6 +28,10 @@ pub enum ReadinessProbe {
         interval: Duration,
         attempts_max: u32,
     },
+    /// A line containing `pattern` (a plain substring) must appear in the
+    /// logs (stdout or stderr) of the probed execution, within `timeout`.
+    /// Lines of the container's earlier executions never count.
+    Log { pattern: String, timeout: Duration },
 }
 
 /// A container-level healthcheck, run by the runtime itself.

@@ -71,6 +71,19 @@ pub struct ServiceKey {
 /// Probes and traffic dial these, never container IPs.
 pub type Binds = BTreeMap<u16, u16>;
 
+/// What one readiness probe vouches for: one execution of one container
+/// and the binds read from it. A restart is a new execution the probe
+/// does not vouch for, so the machine that will publish the result names
+/// the execution it inspected, and the probe never guesses it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ProbeTarget {
+    pub container: ContainerId,
+    /// When the probed execution started; `None` when the runtime reported
+    /// no start, which a probe that reads the execution's logs refuses.
+    pub started_at: Option<Timestamp>,
+    pub binds: Binds,
+}
+
 /// What the runtime says a container is doing.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum ContainerStatus {

@@ -36,6 +36,7 @@ use super::provision::{
 };
 use super::release::HelmRelease;
 use super::spec::{ReadinessProbe, ServiceSpec};
+use super::types::ProbeTarget;
 use super::types::{
     ActiveRecord, ActiveService, Binds, ContainerId, ContainerStatus, GenerationKey, Inhibition,
     InhibitionReason, InstanceName, Observation, RuntimeError, ServiceName,
@@ -95,9 +96,11 @@ pub enum UpgradeCommand {
     },
     Inspect(ContainerId),
     ReadBinds(ContainerId),
+    /// Probe the readiness of the candidate's execution that was seen
+    /// running, on the binds read from it.
     Probe {
         readiness: ReadinessProbe,
-        binds: Binds,
+        target: ProbeTarget,
     },
     /// Remove a successor that failed verification.
     RemoveCandidate(GenerationKey),
@@ -400,9 +403,17 @@ impl Upgrade {
             }
             Step::Retry { .. } => return None,
             Step::ReadBinds { candidate, .. } => UpgradeCommand::ReadBinds(candidate.clone()),
-            Step::Probe { binds, .. } => UpgradeCommand::Probe {
+            Step::Probe {
+                candidate,
+                started_at,
+                binds,
+            } => UpgradeCommand::Probe {
                 readiness: spec.readiness.clone(),
-                binds: binds.clone(),
+                target: ProbeTarget {
+                    container: candidate.clone(),
+                    started_at: Some(*started_at),
+                    binds: binds.clone(),
+                },
             },
             Step::Remove { candidate, .. } => {
                 UpgradeCommand::RemoveCandidate(self.generation(&spec.name, candidate))

@@ -16,7 +16,7 @@ use tokio::sync::watch;
 use crate::adapters::caddy::{CaddyConfig, CaddyTraffic, ServerCheck};
 use crate::adapters::docker::{DockerConfig, DockerProvisioner, DockerRuntime, NativeRestart};
 use crate::adapters::helm::{HelmConfig, HelmProvisioner};
-use crate::adapters::probe::NetProbe;
+use crate::adapters::probe::{NetAndLogProbe, NetProbe};
 use crate::core::catalog::{Catalog, CatalogChange, CatalogError};
 use crate::core::policy::{reconciler_lease_ttl, LEASE_MARGIN};
 use crate::core::types::{InstanceName, ServiceName};
@@ -294,7 +294,10 @@ impl Daemon {
             runtime: Arc::new(docker.clone()),
             traffic: Arc::new(caddy.clone()),
             store: store.clone(),
-            probe: Arc::new(NetProbe::new().map_err(DaemonError::Setup)?),
+            probe: Arc::new(NetAndLogProbe::new(
+                NetProbe::new().map_err(DaemonError::Setup)?,
+                docker.clone(),
+            )),
             policy: Arc::new(CatalogPolicy::new(catalog.clone(), store)),
             provisioner,
             notifier: Arc::new(LogNotifier),

@@ -238,10 +238,16 @@ pub struct ReleaseStatus {
     pub description: String,
 }
 
+pub use crate::core::types::ProbeTarget;
+
 /// Readiness of one execution's backends.
 #[async_trait]
 pub trait Probe: Send + Sync {
-    async fn ready(&self, probe: &ReadinessProbe, binds: &Binds) -> Result<(), ProbeError>;
+    /// Whether `target`'s execution is ready as `probe` says: its binds
+    /// answer, or a line appeared in that execution's own logs (never in
+    /// an earlier execution's). A probe that finds the container running
+    /// another execution fails.
+    async fn ready(&self, probe: &ReadinessProbe, target: &ProbeTarget) -> Result<(), ProbeError>;
 }
 
 /// Bind and device grants; checked before any runtime mutation (R11).

@@ -408,11 +408,16 @@ impl<'a> Checker<'a> {
                     "R4: only a running or transitional container is stopped"
                 );
             }
-            Command::ProbeReadiness { binds } => {
+            Command::ProbeReadiness { binds, started_at } => {
                 assert_eq!(
                     Some(binds),
                     self.last_binds.as_ref(),
                     "R13: probe the read binds"
+                );
+                assert_eq!(
+                    Some(*started_at),
+                    self.current_execution(),
+                    "R13: probe the execution inspected last"
                 );
             }
             Command::PersistBinds { binds, .. } => {

@@ -9,7 +9,7 @@
 //!
 //! Only `std::sync::Mutex` is used, never held across an await.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -25,9 +25,9 @@ use stead::core::types::{
 
 use stead::ports::{
     Clock, CreateContainer, EventSubscription, HeldRoute, ManagedContainer, Notifier, NotifyError,
-    PlaneCheck, Policy, PolicyError, Probe, ProbeError, ProvisionError, Provisioner, Release,
-    ReleaseSpec, ReleaseStatus, ReleaseTarget, Route, Runtime, RuntimeEvent, RuntimeEventAction,
-    RuntimeEvents, ServiceKey, Traffic, TrafficError,
+    PlaneCheck, Policy, PolicyError, Probe, ProbeError, ProbeTarget, ProvisionError, Provisioner,
+    Release, ReleaseSpec, ReleaseStatus, ReleaseTarget, Route, Runtime, RuntimeEvent,
+    RuntimeEventAction, RuntimeEvents, ServiceKey, Traffic, TrafficError,
 };
 
 /// Which operation a fault is asked about.
@@ -342,7 +342,14 @@ pub struct MemContainer {
     pub status_after_start: ContainerStatus,
     /// Stopped on request: a runtime restart policy leaves it alone.
     pub stopped_on_request: bool,
+    /// The lines it printed, each with the execution that printed it
+    /// (Docker keeps a container's logs across restarts): the last
+    /// [`MEM_LOG_LINES_MAX`].
+    pub log: VecDeque<(Option<Timestamp>, String)>,
 }
+
+/// Most log lines the in-memory runtime keeps per container.
+pub const MEM_LOG_LINES_MAX: usize = 64;
 
 /// The in-memory container runtime.
 pub struct MemoryRuntime {
@@ -495,6 +502,18 @@ impl MemoryRuntime {
         f: impl FnOnce(&mut BTreeMap<ContainerId, MemContainer>) -> R,
     ) -> R {
         f(&mut self.containers.lock().expect("runtime poisoned"))
+    }
+
+    /// The container's current execution prints `line`; false if there is
+    /// no such container.
+    pub fn print(&self, id: &ContainerId, line: &str) -> bool {
+        self.mutate(id, |c| {
+            if c.log.len() == MEM_LOG_LINES_MAX {
+                c.log.pop_front();
+            }
+            c.log.push_back((c.started_at, line.to_owned()));
+        })
+        .is_ok()
     }
 
     /// `docker rm -f` by hand: the container is gone, with a `destroy`
@@ -732,6 +751,7 @@ impl Runtime for MemoryRuntime {
                 ready: true,
                 status_after_start: ContainerStatus::Running,
                 stopped_on_request: false,
+                log: VecDeque::new(),
             },
         );
         self.hooks.observer.effect(&Effect::Created {
@@ -903,8 +923,11 @@ impl Traffic for MemoryTraffic {
     }
 }
 
-/// Readiness against the in-memory runtime: ready iff some running
-/// container with exactly these binds says it is ready.
+/// Readiness against the in-memory runtime, of the exact execution probed:
+/// its container runs it still, and either says it is ready on exactly
+/// the probed binds or, for a log probe, printed a line containing the
+/// pattern during that execution. A log probe answers at once, as if its
+/// timeout had passed: a line printed later counts for a later probe.
 pub struct MemoryProbe {
     hooks: Hooks,
     runtime: Arc<MemoryRuntime>,
@@ -918,26 +941,45 @@ impl MemoryProbe {
 
 #[async_trait]
 impl Probe for MemoryProbe {
-    async fn ready(&self, _probe: &ReadinessProbe, binds: &Binds) -> Result<(), ProbeError> {
+    async fn ready(&self, probe: &ReadinessProbe, target: &ProbeTarget) -> Result<(), ProbeError> {
         self.hooks
             .gate(Op::Probe, "")
             .await
             .map_err(|f| ProbeError::Unreachable(text_err(f)))?;
-        let ready = self.runtime.with_containers(|cs| {
-            cs.iter()
-                .find(|(_, c)| &c.binds == binds && c.status == ContainerStatus::Running && c.ready)
-                .map(|(id, c)| (id.clone(), c.started_at))
-        });
-        if let Some((id, started_at)) = ready {
+        let id = &target.container;
+        let container = self
+            .runtime
+            .container(id)
+            .filter(|c| c.status == ContainerStatus::Running && c.started_at == target.started_at);
+        let ready = match (probe, &container) {
+            (_, None) => Err(ProbeError::Unreachable(format!(
+                "container {id} does not run the execution started at {:?}",
+                target.started_at
+            ))),
+            (ReadinessProbe::Log { pattern, timeout }, Some(c)) => {
+                let printed = c
+                    .log
+                    .iter()
+                    .any(|(execution, line)| *execution == c.started_at && line.contains(pattern));
+                printed.then_some(()).ok_or_else(|| {
+                    ProbeError::NotReady(format!(
+                        "container {id}: timed out after {} s waiting for a log line containing \
+                         {pattern:?}",
+                        timeout.as_secs_f64()
+                    ))
+                })
+            }
+            (_, Some(c)) if c.ready && c.binds == target.binds => Ok(()),
+            (_, Some(_)) => Err(ProbeError::Unreachable("connection refused".into())),
+        };
+        if ready.is_ok() {
             self.hooks.observer.effect(&Effect::ProbePassed {
-                id,
-                started_at,
-                binds: binds.clone(),
+                id: id.clone(),
+                started_at: target.started_at,
+                binds: target.binds.clone(),
             });
-            Ok(())
-        } else {
-            Err(ProbeError::Unreachable("connection refused".into()))
         }
+        ready
     }
 }
 

@@ -449,11 +449,16 @@ pub fn run_upgrade_and_check(input: &UpgradeInput, answers: &[OutcomeSeed]) -> u
             (UpgradeCommand::ReadBinds(_), UpgradeAnswer::Binds(Ok(b))) => {
                 s.binds = Some(b.clone())
             }
-            (UpgradeCommand::Probe { binds, .. }, UpgradeAnswer::Probed(Ok(()))) => {
+            (UpgradeCommand::Probe { target, .. }, UpgradeAnswer::Probed(Ok(()))) => {
                 assert_eq!(
-                    Some(binds),
+                    Some(&target.binds),
                     s.binds.as_ref(),
                     "probed other binds than were read"
+                );
+                assert_eq!(
+                    (Some(&target.container), target.started_at),
+                    (s.candidate.as_ref(), s.running),
+                    "probed another execution than the candidate's seen running"
                 );
                 s.probed = true;
             }

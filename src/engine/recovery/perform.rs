@@ -5,7 +5,7 @@ use crate::core::pass::{InstanceAnswer, InstanceCommand};
 use crate::core::recovery::{Command, Outcome};
 use crate::core::spec::ReadinessProbe;
 use crate::core::types::{GenerationKey, ServiceKey};
-use crate::ports::{LeaseGrant, Route};
+use crate::ports::{LeaseGrant, ProbeTarget, Route};
 
 use super::Recoverer;
 
@@ -113,7 +113,7 @@ impl Recoverer {
             Command::Stop { grace } => Outcome::Stopped(p.runtime.stop(key, *grace).await),
             Command::ReadHealth => Outcome::Health(p.runtime.health(id).await),
             Command::ReadBinds => Outcome::Binds(p.runtime.binds(id).await),
-            Command::ProbeReadiness { binds } => {
+            Command::ProbeReadiness { binds, started_at } => {
                 let probe = self
                     .readiness
                     .lock()
@@ -121,7 +121,12 @@ impl Recoverer {
                     .get(&(instance.service_type.clone(), key.service.clone()))
                     .cloned()
                     .unwrap_or(ReadinessProbe::None);
-                Outcome::Readiness(p.probe.ready(&probe, binds).await)
+                let target = ProbeTarget {
+                    container: id.clone(),
+                    started_at: *started_at,
+                    binds: binds.clone(),
+                };
+                Outcome::Readiness(p.probe.ready(&probe, &target).await)
             }
             Command::ReloadActive => Outcome::ActiveReloaded(
                 p.store

@@ -88,8 +88,8 @@ impl Worker {
             }
             UpgradeCommand::Inspect(id) => UpgradeAnswer::Inspected(p.runtime.inspect(&id).await),
             UpgradeCommand::ReadBinds(id) => UpgradeAnswer::Binds(p.runtime.binds(&id).await),
-            UpgradeCommand::Probe { readiness, binds } => {
-                UpgradeAnswer::Probed(p.probe.ready(&readiness, &binds).await)
+            UpgradeCommand::Probe { readiness, target } => {
+                UpgradeAnswer::Probed(p.probe.ready(&readiness, &target).await)
             }
             UpgradeCommand::Retire(step) => {
                 UpgradeAnswer::Retired(Box::pin(self.perform_work(instance, step)).await)

@@ -173,6 +173,7 @@ impl Fixture {
             .store
             .create_instance(
                 &NewInstance {
+                    parameters: Default::default(),
                     name: InstanceName::new(name),
                     team: "t".into(),
                     service_type: "ledger".into(),

@@ -65,6 +65,9 @@ pub struct Truth {
     pub deleting: BTreeSet<InstanceName>,
     /// Releases some other tool installed; never ours to delete (S8).
     pub foreign_releases: BTreeSet<String>,
+    /// Generations of services the catalog dropped, held while an upgrade
+    /// retires them: the upgrade may stop and remove them.
+    pub dropping: BTreeSet<ContainerId>,
 }
 
 #[derive(Debug, Default)]
@@ -130,6 +133,8 @@ struct State {
     state_changed_at: BTreeMap<InstanceName, Timestamp>,
     /// The catalog's version of the fleet's type, and when it last changed.
     catalog_version: u32,
+    /// The service the catalog's current version no longer lists.
+    catalog_dropped: Option<stead::core::types::ServiceName>,
     catalog_changed_at: Option<Timestamp>,
     /// When each release was last installed or uninstalled.
     release_changed_at: BTreeMap<String, Timestamp>,
@@ -178,6 +183,7 @@ impl Checker {
             own_team: control.own_team.clone(),
             state: Mutex::new(State {
                 catalog_version: 1,
+                catalog_dropped: None,
                 ..State::default()
             }),
             store: OnceLock::new(),
@@ -192,11 +198,13 @@ impl Checker {
     }
 
     /// Operators published catalog `version` of the fleet's one type.
-    pub fn catalog_bumped(&self, version: u32) {
+    /// A new catalog version; `dropped` is the service it no longer lists.
+    pub fn catalog_bumped(&self, version: u32, dropped: Option<stead::core::types::ServiceName>) {
         let now = self.clock.now();
         let mut s = self.lock();
         s.catalog_version = version;
         s.catalog_changed_at = Some(now);
+        s.catalog_dropped = dropped;
     }
 
     pub fn watch_store(&self, store: Arc<MemoryStore>) {
@@ -971,7 +979,10 @@ impl Observer for Checker {
                     .as_ref()
                     .is_some_and(|k| s.truth.deleting.contains(&k.instance));
                 let candidate = s.truth.worker_created.contains(id) && actor == Actor::Worker;
-                let ok = deprovisioned || (owner.is_none() && (marker || candidate));
+                // An upgrade retiring a service its version dropped removes
+                // it while ACTIVE still names it, under its hold.
+                let dropping = s.truth.dropping.contains(id) && actor == Actor::Worker;
+                let ok = deprovisioned || dropping || (owner.is_none() && (marker || candidate));
                 s.check("S1 never removes ACTIVE", ok, || {
                     format!("{id} removed but it is neither a retirement marker nor deprovisioned")
                 });
@@ -1083,7 +1094,17 @@ impl Observer for Checker {
                 service,
                 container,
                 retirement,
+                dropped,
             } => {
+                if *dropped {
+                    let listed = s.catalog_dropped.as_ref() != Some(&service.service);
+                    s.check(
+                        "S1 a service is retired only when the catalog dropped it",
+                        !listed,
+                        || format!("{service:?} held as dropped, but the catalog lists it"),
+                    );
+                    s.truth.dropping.insert(container.clone());
+                }
                 if *retirement {
                     s.truth.markers.insert(container.clone(), service.clone());
                 } else {
@@ -1165,6 +1186,7 @@ impl Observer for Checker {
             Effect::InhibitionCleared { container, .. } => {
                 s.truth.markers.remove(container);
                 s.truth.inhibited.remove(container);
+                s.truth.dropping.remove(container);
             }
         }
     }

@@ -132,6 +132,7 @@ async fn simulate(cfg: SimConfig) -> SimOutcome {
         chaos: true.into(),
         deploys: 0.into(),
         catalog_version: 1.into(),
+        dropped: Mutex::new(None),
         created: 0.into(),
     });
     faults.enabled.store(false, Ordering::Relaxed);
@@ -195,7 +196,7 @@ async fn simulate(cfg: SimConfig) -> SimOutcome {
         let version = actors.catalog_version.load(Ordering::Relaxed);
         if version != catalog_version_now {
             catalog_version_now = version;
-            checker.catalog_bumped(version);
+            checker.catalog_bumped(version, actors.dropped.lock().expect("poisoned").clone());
             let security = rng.random_bool(0.2);
             *shared.catalog.lock().expect("poisoned") =
                 Arc::new(sim_catalog(&actors, version, security));
@@ -283,6 +284,7 @@ async fn simulate(cfg: SimConfig) -> SimOutcome {
         tokio::time::sleep(cfg.tick).await;
         check_liveness(
             &checker,
+            &actors,
             store.as_ref(),
             runtime.as_ref(),
             provisioner.as_ref(),
@@ -558,7 +560,16 @@ async fn setup(
                 }),
                 readiness: ReadinessProbe::None,
                 stop_grace: Duration::from_secs(5),
-                run: Default::default(),
+                // Data that must outlive every container of the service,
+                // a dropped one's too (only a purge removes it).
+                run: Box::new(stead::core::spec::RunSpec {
+                    mounts: vec![stead::core::spec::Mount {
+                        source: stead::core::spec::MountSource::Volume(VOLUME.into()),
+                        target: "/data".into(),
+                        read_only: false,
+                    }],
+                    ..Default::default()
+                }),
             };
             let request = CreateContainer {
                 instance: name.clone(),
@@ -633,6 +644,7 @@ async fn ready_instance(
     let instance = store
         .create_instance(
             &NewInstance {
+                parameters: Default::default(),
                 name: name.clone(),
                 team: crate::world::team_of(i).into(),
                 service_type: service_type.into(),
@@ -660,9 +672,14 @@ async fn ready_instance(
         .expect("setup: install");
 }
 
-/// L1, L3, L4 after the liveness phase.
+/// The named volume every simulated service mounts.
+const VOLUME: &str = "data";
+
+/// L1, L3, L4, L8 after the liveness phase.
+#[allow(clippy::too_many_arguments)]
 async fn check_liveness(
     checker: &Checker,
+    actors: &Actors,
     store: &MemoryStore,
     runtime: &MemoryRuntime,
     provisioner: &MemoryProvisioner,
@@ -673,8 +690,14 @@ async fn check_liveness(
     let truth = checker.truth_snapshot();
     let routes = checker.routes();
     let mut failures = Vec::new();
+    let dropped = actors.dropped.lock().expect("poisoned").clone();
     for (key, id) in &truth.active {
         if truth.deleting.contains(&key.instance) {
+            continue;
+        }
+        // A service the catalog dropped is not granted (R11) and is on its
+        // way out: L8 judges it.
+        if Some(&key.service) == dropped.as_ref() {
             continue;
         }
         let stopped = truth.stopped.contains(&key.instance);
@@ -704,6 +727,56 @@ async fn check_liveness(
                 "L1: {key:?} on {id} not running, verified and published: {c:?}, route {:?}",
                 routes.get(key)
             ));
+        }
+    }
+    // L8: a service the catalog's version dropped is, once its instance
+    // runs that version, neither running nor routed and gone from ACTIVE;
+    // and no named volume ever goes (the operators never purge).
+    let version = actors.catalog_version.load(Ordering::Relaxed).to_string();
+    if let (Some(dropped), Ok(rows)) = (&dropped, store.list_instances().await) {
+        let managed = runtime.list_managed().await.unwrap_or_default();
+        for i in rows.rows.iter().filter(|i| {
+            i.state == InstanceState::Ready
+                && i.version == version
+                && i.service_type == SERVICE_TYPE
+        }) {
+            let key = ServiceKey {
+                instance: i.name.clone(),
+                service: dropped.clone(),
+            };
+            let running = managed.iter().any(|c| {
+                c.instance == i.name
+                    && &c.service == dropped
+                    && c.status == ContainerStatus::Running
+            });
+            if running || routes.contains_key(&key) || truth.active.contains_key(&key) {
+                failures.push(format!(
+                    "L8: {key:?} was dropped by version {version}, which {} runs, yet it is{}{}{}",
+                    i.name,
+                    if running { " running" } else { "" },
+                    if routes.contains_key(&key) {
+                        " routed"
+                    } else {
+                        ""
+                    },
+                    if truth.active.contains_key(&key) {
+                        " in ACTIVE"
+                    } else {
+                        ""
+                    },
+                ));
+            }
+        }
+    }
+    let volumes = runtime.volumes();
+    for s in actors.services.lock().expect("poisoned").iter() {
+        let volume = (
+            s.key.instance.clone(),
+            s.key.service.clone(),
+            VOLUME.to_owned(),
+        );
+        if !volumes.contains(&volume) {
+            failures.push(format!("L8: the named volume of {:?} is gone", s.key));
         }
     }
     // L2 and L5: instances expired by the time the faults stopped reached
@@ -783,14 +856,16 @@ async fn check_liveness(
 /// them), sometimes a security release that ignores windows.
 fn sim_catalog(actors: &Actors, version: u32, security: bool) -> Catalog {
     let services = actors.services.lock().expect("poisoned");
+    let dropped = actors.dropped.lock().expect("poisoned").clone();
     let mut specs: Vec<ServiceSpec> = Vec::new();
     for s in services.iter() {
-        if !specs.iter().any(|x| x.name == s.spec.name) {
+        if Some(&s.spec.name) != dropped.as_ref() && !specs.iter().any(|x| x.name == s.spec.name) {
             specs.push(s.spec.clone());
         }
     }
     Catalog::from_entries([
         CatalogEntry {
+            parameters: Default::default(),
             service_type: SERVICE_TYPE.into(),
             version: version.to_string(),
             security,
@@ -801,6 +876,7 @@ fn sim_catalog(actors: &Actors, version: u32, security: bool) -> Catalog {
         // The Helm type moves with the Docker one: one catalog bump
         // upgrades both kinds, within one max_in_flight.
         CatalogEntry {
+            parameters: Default::default(),
             service_type: HELM_TYPE.into(),
             version: version.to_string(),
             security,

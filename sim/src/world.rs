@@ -357,6 +357,10 @@ pub struct Actors {
     pub deploys: AtomicU64,
     /// The catalog's version of the service type; operators bump it.
     pub catalog_version: AtomicU32,
+    /// A service the catalog's current version no longer lists: an
+    /// operator's bump dropped it (the upgrade retires it), a later bump
+    /// may list it again (the upgrade creates it anew).
+    pub dropped: Mutex<Option<ServiceName>>,
     /// Instances the operators created so far.
     pub created: AtomicU64,
 }
@@ -612,6 +616,22 @@ impl Actors {
             6 => {
                 // A new version in the catalog: version drift upgrades the
                 // fleet through the queue, inside the maintenance windows.
+                let toggle = self.rng.lock().expect("poisoned").random_ratio(1, 3);
+                if toggle {
+                    // The new version drops the second service, or lists a
+                    // dropped one again.
+                    let mut dropped = self.dropped.lock().expect("poisoned");
+                    *dropped = match dropped.take() {
+                        Some(_) => {
+                            self.counts.bump("operator listed a dropped service again");
+                            None
+                        }
+                        None => {
+                            self.counts.bump("operator dropped a service");
+                            Some(service_name(1))
+                        }
+                    };
+                }
                 self.catalog_version.fetch_add(1, Ordering::Relaxed);
                 self.counts.bump("operator bumped catalog");
             }
@@ -734,6 +754,7 @@ impl Actors {
         // must create no container.
         let helm = pick % 4 == 1;
         let new = NewInstance {
+            parameters: Default::default(),
             name: if helm {
                 InstanceName::new(format!("chart-new{n}"))
             } else {

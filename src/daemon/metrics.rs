@@ -103,6 +103,10 @@ pub const METRICS: &[Metric] = &[
         "Restarts of an unhealthy container by the recovery pass (R12).",
     ),
     counter(
+        "stead_dropped_services_retired_total",
+        "Services an upgrade retired because the instance's new catalog version no longer lists them (withdrawn, stopped, removed, dropped from ACTIVE; named volumes kept).",
+    ),
+    counter(
         "stead_withdrawals_total",
         "Withdrawals of a route that the proxy confirmed.",
     ),

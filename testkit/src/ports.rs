@@ -160,6 +160,8 @@ pub enum Effect {
         service: ServiceKey,
         container: ContainerId,
         retirement: bool,
+        /// The hold an upgrade takes on a service its new version dropped.
+        dropped: bool,
     },
     InhibitionCleared {
         service: ServiceKey,

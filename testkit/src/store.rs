@@ -690,6 +690,7 @@ impl Store for MemoryStore {
             service: service_key(instance, &inhibition.service),
             container: inhibition.container.clone(),
             retirement: inhibition.reason == InhibitionReason::RetirementPending,
+            dropped: inhibition.reason.as_str() == InhibitionReason::SERVICE_DROPPED,
         });
         Ok(())
     }

@@ -92,7 +92,21 @@ impl Worker {
                 UpgradeAnswer::Probed(p.probe.ready(&readiness, &target).await)
             }
             UpgradeCommand::Retire(step) => {
-                UpgradeAnswer::Retired(Box::pin(self.perform_work(instance, step)).await)
+                let dropped = match &step {
+                    WorkCommand::RemoveActive(service) => Some(service.clone()),
+                    _ => None,
+                };
+                let answer = Box::pin(self.perform_work(instance, step)).await;
+                if let (Some(service), WorkAnswer::Done(Ok(()))) = (dropped, &answer) {
+                    metrics::counter!("stead_dropped_services_retired_total").increment(1);
+                    tracing::info!(
+                        instance = %instance.name,
+                        %service,
+                        "retired a service the instance's new catalog version no longer lists \
+                         (its named volumes are kept)"
+                    );
+                }
+                UpgradeAnswer::Retired(answer)
             }
             UpgradeCommand::RemoveCandidate(generation) => {
                 UpgradeAnswer::Removed(p.runtime.remove(&generation).await)

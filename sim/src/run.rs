@@ -744,16 +744,24 @@ async fn check_liveness(
                 instance: i.name.clone(),
                 service: dropped.clone(),
             };
-            let running = managed.iter().any(|c| {
-                c.instance == i.name
-                    && &c.service == dropped
-                    && c.status == ContainerStatus::Running
-            });
-            if running || routes.contains_key(&key) || truth.active.contains_key(&key) {
+            let running: Vec<String> = managed
+                .iter()
+                .filter(|c| {
+                    c.instance == i.name
+                        && &c.service == dropped
+                        && c.status == ContainerStatus::Running
+                })
+                .map(|c| c.id.to_string())
+                .collect();
+            if !running.is_empty() || routes.contains_key(&key) || truth.active.contains_key(&key) {
                 failures.push(format!(
                     "L8: {key:?} was dropped by version {version}, which {} runs, yet it is{}{}{}",
                     i.name,
-                    if running { " running" } else { "" },
+                    if running.is_empty() {
+                        String::new()
+                    } else {
+                        format!(" running ({})", running.join(", "))
+                    },
                     if routes.contains_key(&key) {
                         " routed"
                     } else {

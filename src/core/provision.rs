@@ -150,7 +150,8 @@ pub fn teardown_failure(command: &WorkCommand, answer: WorkAnswer) -> Option<Str
 /// it (its named volumes stay), release its claims, drop it from ACTIVE,
 /// then clear the hold. Re-run after a crash at any step, the upgrade
 /// finds either the service still in ACTIVE (and starts over, every step
-/// being idempotent) or only its hold left (see [`leftover_drop_hold`]).
+/// being idempotent) or only its hold and container left, which the
+/// upgrade's plan finishes off (`core::upgrade`).
 pub fn retire_dropped_service(
     instance: &InstanceName,
     service: &ServiceName,
@@ -188,18 +189,18 @@ pub fn retire_dropped_service(
     ]
 }
 
-/// A dropped service's hold whose service already left ACTIVE (a crash
-/// between the last two steps of [`retire_dropped_service`]): make sure
-/// its container is gone, then clear the hold.
-pub fn leftover_drop_hold(
+/// Stop and remove one generation that is neither ACTIVE's nor routed (a
+/// dropped service's predecessor or leftover candidate).
+pub fn remove_generation(
     instance: &InstanceName,
-    hold: &Inhibition,
+    service: &ServiceName,
+    container: &ContainerId,
     grace: Duration,
 ) -> Vec<WorkCommand> {
     let generation = GenerationKey {
         instance: instance.clone(),
-        service: hold.service.clone(),
-        container: hold.container.clone(),
+        service: service.clone(),
+        container: container.clone(),
     };
     vec![
         WorkCommand::Stop {
@@ -207,7 +208,6 @@ pub fn leftover_drop_hold(
             grace,
         },
         WorkCommand::Remove(generation),
-        WorkCommand::ClearInhibition(hold.clone()),
     ]
 }
 

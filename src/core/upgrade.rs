@@ -32,7 +32,7 @@ use jiff::Timestamp;
 use super::errors::{failure_of, ErrorKind, PortName, ProbeError, ProvisionError, StoreError};
 use super::fleet::{add, InstanceState};
 use super::provision::{
-    leftover_drop_hold, retire_dropped_service, teardown_failure, WorkAnswer, WorkCommand,
+    remove_generation, retire_dropped_service, teardown_failure, WorkAnswer, WorkCommand,
 };
 use super::release::HelmRelease;
 use super::spec::{ReadinessProbe, ServiceSpec};
@@ -72,6 +72,10 @@ pub struct UpgradeInput {
     pub inhibitions: Vec<Inhibition>,
     /// The stop grace of a generation that names none.
     pub stop_grace_default: Duration,
+    /// The instance's containers the runtime lists, as (service,
+    /// container): every generation of a dropped service is retired, not
+    /// only ACTIVE's.
+    pub containers: Vec<(ServiceName, ContainerId)>,
 }
 
 impl UpgradeInput {
@@ -692,15 +696,30 @@ impl Upgrade {
     }
 }
 
-/// The steps retiring every ACTIVE service the catalog's services no longer
-/// list, then finishing off any dropped service's hold a crashed upgrade
-/// left behind after the service left ACTIVE.
+/// The steps retiring every service the catalog's services no longer list:
+/// ACTIVE's generation in the safe order (`retire_dropped_service`); then
+/// every other container of the service the runtime still has (a
+/// retirement-pending predecessor, a candidate a crashed upgrade left
+/// behind), stopped and removed; then every hold left on the service
+/// cleared. A service that only left holds or containers behind (a crash
+/// after it left ACTIVE) is finished off the same way.
 fn retiring_plan(input: &UpgradeInput) -> VecDeque<WorkCommand> {
     let listed = |service: &ServiceName| input.services.iter().any(|s| &s.name == service);
     let now = Timestamp::UNIX_EPOCH;
+    let mut dropped: Vec<&ServiceName> = input
+        .active
+        .services
+        .keys()
+        .chain(input.inhibitions.iter().map(|h| &h.service))
+        .chain(input.containers.iter().map(|(service, _)| service))
+        .filter(|service| !listed(service))
+        .collect();
+    dropped.sort();
+    dropped.dedup();
     let mut plan = VecDeque::new();
-    for (service, record) in &input.active.services {
-        if !listed(service) {
+    for service in dropped {
+        let active = input.active.services.get(service);
+        if let Some(record) = active {
             let grace = record.stop_grace.unwrap_or(input.stop_grace_default);
             plan.extend(retire_dropped_service(
                 &input.instance,
@@ -710,12 +729,30 @@ fn retiring_plan(input: &UpgradeInput) -> VecDeque<WorkCommand> {
                 now,
             ));
         }
-    }
-    for hold in &input.inhibitions {
-        let dropped = hold.reason.as_str() == InhibitionReason::SERVICE_DROPPED;
-        if dropped && !listed(&hold.service) && !input.active.services.contains_key(&hold.service) {
-            let grace = hold.stop_grace.unwrap_or(input.stop_grace_default);
-            plan.extend(leftover_drop_hold(&input.instance, hold, grace));
+        for (_, container) in input
+            .containers
+            .iter()
+            .filter(|(s, c)| s == service && active.is_none_or(|a| &a.container != c))
+        {
+            let grace = input
+                .inhibitions
+                .iter()
+                .find(|h| &h.container == container)
+                .and_then(|h| h.stop_grace)
+                .unwrap_or(input.stop_grace_default);
+            plan.extend(remove_generation(
+                &input.instance,
+                service,
+                container,
+                grace,
+            ));
+        }
+        for hold in input.inhibitions.iter().filter(|h| &h.service == service) {
+            let ours = active.is_some_and(|a| a.container == hold.container)
+                && hold.reason.as_str() == InhibitionReason::SERVICE_DROPPED;
+            if !ours {
+                plan.push_back(WorkCommand::ClearInhibition(hold.clone()));
+            }
         }
     }
     plan

@@ -53,6 +53,9 @@ const SERVICES: [&str; 3] = ["web", "api", "worker"];
 /// A fourth seed puts this service, which the catalog no longer lists,
 /// into ACTIVE: the upgrade must retire it.
 const DROPPED: &str = "legacy";
+/// The dropped service's leftovers besides ACTIVE's generation.
+const ORPHAN: &str = "legacy-candidate-of-a-crash";
+const PREDECESSOR: &str = "legacy-predecessor";
 
 /// Builds the input: up to three services; the instance stopped or not,
 /// ready or already upgrading (a retried task).
@@ -84,10 +87,33 @@ pub fn upgrade_input(services: &[UpgradeServiceSeed], stopped: bool, ready: bool
             );
         }
     }
+    let mut containers: Vec<(ServiceName, ContainerId)> = active
+        .services
+        .iter()
+        .map(|(s, a)| (s.clone(), a.container.clone()))
+        .collect();
+    let mut inhibitions = Vec::new();
     if services
         .get(SERVICES.len())
         .is_some_and(|seed| seed.active % 3 != 0)
     {
+        // A candidate a crashed upgrade left behind, and a predecessor
+        // still marked for retirement: both go with the dropped service.
+        for leftover in [ORPHAN, PREDECESSOR] {
+            containers.push((ServiceName::new(DROPPED), ContainerId::new(leftover)));
+        }
+        inhibitions.push(stead::core::types::Inhibition {
+            service: ServiceName::new(DROPPED),
+            container: ContainerId::new(PREDECESSOR),
+            reason: InhibitionReason::RetirementPending,
+            operation: "upgrade".into(),
+            created_at: Timestamp::UNIX_EPOCH,
+            stop_grace: None,
+        });
+        containers.push((
+            ServiceName::new(DROPPED),
+            ContainerId::new(format!("{DROPPED}-old")),
+        ));
         active.services.insert(
             ServiceName::new(DROPPED),
             ActiveService {
@@ -100,7 +126,8 @@ pub fn upgrade_input(services: &[UpgradeServiceSeed], stopped: bool, ready: bool
         );
     }
     UpgradeInput {
-        inhibitions: Vec::new(),
+        inhibitions,
+        containers,
         stop_grace_default: Duration::from_secs(10),
         instance: InstanceName::new("app"),
         stopped,
@@ -220,7 +247,10 @@ pub fn run_upgrade_and_check(input: &UpgradeInput, answers: &[OutcomeSeed]) -> u
     let mut upgrade = Upgrade::new(input.clone());
     let tries =
         (CANDIDATE_RUNNING_WAIT_MAX.as_millis() / UPGRADE_RETRY_INTERVAL.as_millis()) as usize;
-    let bound = input.services.len() * (tries + 8) + 3 + 7;
+    let bound = input.services.len() * (tries + 8) + 3 + 7 + 5;
+    // Stops, removals and clears of the dropped services' other
+    // generations, by container.
+    let mut leftovers: BTreeMap<ContainerId, Vec<&'static str>> = BTreeMap::new();
     let dropped: Vec<&ServiceName> = input
         .active
         .services
@@ -314,6 +344,45 @@ pub fn run_upgrade_and_check(input: &UpgradeInput, answers: &[OutcomeSeed]) -> u
                 );
                 in_hand = Some(spec.name.clone());
                 seen.insert(spec.name.clone(), Seen::default());
+            }
+            UpgradeCommand::Retire(step) if is_leftover(input, step) => {
+                let (service, container, kind) = leftover_step(step);
+                assert!(
+                    dropped.contains(&&service),
+                    "a leftover of {service}, which the catalog lists, touched: {step:?}"
+                );
+                assert!(
+                    input
+                        .containers
+                        .contains(&(service.clone(), container.clone()))
+                        || kind == "clear hold",
+                    "{kind} of {container}, which the runtime did not list for {service}"
+                );
+                assert_eq!(
+                    retired
+                        .get(&service)
+                        .map(Vec::len)
+                        .unwrap_or(RETIREMENT.len()),
+                    RETIREMENT.len(),
+                    "{kind} of {container} before ACTIVE's generation of {service} was retired"
+                );
+                let done = leftovers.entry(container.clone()).or_default();
+                if kind == "remove" {
+                    assert_eq!(
+                        done.as_slice(),
+                        ["stop"],
+                        "{container} removed before it was stopped"
+                    );
+                }
+                if kind == "clear hold" {
+                    assert!(
+                        !input
+                            .containers
+                            .contains(&(service.clone(), container.clone()))
+                            || done.as_slice() == ["stop", "remove"],
+                        "the hold on {container} cleared while it may still run"
+                    );
+                }
             }
             UpgradeCommand::Retire(step) => {
                 let (service, kind) = retirement_step(step);
@@ -412,15 +481,22 @@ pub fn run_upgrade_and_check(input: &UpgradeInput, answers: &[OutcomeSeed]) -> u
                 WorkAnswer::Done(r) => r.is_ok(),
                 _ => false,
             };
-            let (service, _) = retirement_step(step);
-            if ok {
-                retired
-                    .entry(service)
-                    .or_default()
-                    .push(retirement_step(step).1);
+            if is_leftover(input, step) {
+                let (_, container, kind) = leftover_step(step);
+                if ok {
+                    leftovers.entry(container).or_default().push(kind);
+                }
             } else {
-                // The step failed: it is not done (the upgrade stops here).
-                retired.entry(service).or_default();
+                let (service, _) = retirement_step(step);
+                if ok {
+                    retired
+                        .entry(service)
+                        .or_default()
+                        .push(retirement_step(step).1);
+                } else {
+                    // The step failed: it is not done (the upgrade stops here).
+                    retired.entry(service).or_default();
+                }
             }
         }
         if matches!(
@@ -501,6 +577,29 @@ pub fn run_upgrade_and_check(input: &UpgradeInput, answers: &[OutcomeSeed]) -> u
                     "a completed upgrade retired dropped {service} fully"
                 );
             }
+            for (service, container) in &input.containers {
+                if dropped.contains(&service) && !input.active.names_container(container) {
+                    let steps = leftovers
+                        .get(container)
+                        .map(Vec::as_slice)
+                        .unwrap_or_default();
+                    assert!(
+                        steps.starts_with(&["stop", "remove"]),
+                        "a completed upgrade left {container} of dropped {service}: {steps:?}"
+                    );
+                }
+            }
+            for hold in &input.inhibitions {
+                if dropped.contains(&&hold.service) {
+                    assert!(
+                        leftovers
+                            .get(&hold.container)
+                            .is_some_and(|steps| steps.contains(&"clear hold")),
+                        "a completed upgrade left the hold on {}",
+                        hold.container
+                    );
+                }
+            }
             done.len()
         }
         Err((done, _)) => {
@@ -543,5 +642,39 @@ fn retirement_step(step: &WorkCommand) -> (ServiceName, &'static str) {
         WorkCommand::RemoveActive(service) => (service.clone(), "drop from ACTIVE"),
         WorkCommand::ClearInhibition(hold) => (hold.service.clone(), "clear hold"),
         other => panic!("not a retirement step: {other:?}"),
+    }
+}
+
+/// Whether a retirement step is about a generation of a dropped service
+/// other than ACTIVE's, or a hold other than the retirement's own.
+fn is_leftover(input: &UpgradeInput, step: &WorkCommand) -> bool {
+    match step {
+        WorkCommand::Stop { generation, .. } | WorkCommand::Remove(generation) => {
+            !input.active.names_container(&generation.container)
+        }
+        WorkCommand::ClearInhibition(hold) => {
+            hold.reason.as_str() != InhibitionReason::SERVICE_DROPPED
+        }
+        _ => false,
+    }
+}
+
+/// A leftover step's service, container and kind.
+fn leftover_step(step: &WorkCommand) -> (ServiceName, ContainerId, &'static str) {
+    match step {
+        WorkCommand::Stop { generation, .. } => (
+            generation.service.clone(),
+            generation.container.clone(),
+            "stop",
+        ),
+        WorkCommand::Remove(generation) => (
+            generation.service.clone(),
+            generation.container.clone(),
+            "remove",
+        ),
+        WorkCommand::ClearInhibition(hold) => {
+            (hold.service.clone(), hold.container.clone(), "clear hold")
+        }
+        other => panic!("not a leftover step: {other:?}"),
     }
 }

@@ -106,9 +106,25 @@ impl Worker {
             .load_inhibitions(&instance.name)
             .await
             .map_err(|e| e.to_string())?;
+        // Every container of the instance the runtime has, so a dropped
+        // service's leftovers (a predecessor, a crashed upgrade's
+        // candidate) go with it.
+        let containers = if release.is_none() {
+            p.runtime
+                .list_managed()
+                .await
+                .map_err(|e| format!("list the containers of {}: {e}", instance.name))?
+                .into_iter()
+                .filter(|c| c.instance == instance.name)
+                .map(|c| (c.service, c.id))
+                .collect()
+        } else {
+            Vec::new()
+        };
         let mut upgrade = Upgrade::new(UpgradeInput {
             release,
             inhibitions,
+            containers,
             stop_grace_default: self.config.stop_grace_default,
             instance: instance.name.clone(),
             stopped: instance.stopped,

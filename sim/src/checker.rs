@@ -68,6 +68,8 @@ pub struct Truth {
     /// Generations of services the catalog dropped, held while an upgrade
     /// retires them: the upgrade may stop and remove them.
     pub dropping: BTreeSet<ContainerId>,
+    /// The service of every container ever created.
+    pub service_of: BTreeMap<ContainerId, ServiceKey>,
 }
 
 #[derive(Debug, Default)]
@@ -957,7 +959,18 @@ impl Observer for Checker {
                     });
                 }
             }
-            Effect::Created { id, instance, .. } => {
+            Effect::Created {
+                id,
+                instance,
+                service,
+            } => {
+                s.truth.service_of.insert(
+                    id.clone(),
+                    ServiceKey {
+                        instance: instance.clone(),
+                        service: service.clone(),
+                    },
+                );
                 s.check(
                     "H1 no container for an instance of a Helm type",
                     !crate::world::is_helm_instance(instance.as_str()),
@@ -981,7 +994,14 @@ impl Observer for Checker {
                 let candidate = s.truth.worker_created.contains(id) && actor == Actor::Worker;
                 // An upgrade retiring a service its version dropped removes
                 // it while ACTIVE still names it, under its hold.
-                let dropping = s.truth.dropping.contains(id) && actor == Actor::Worker;
+                // Or any other generation of such a service (a leftover
+                // candidate, a predecessor), once it left ACTIVE.
+                let of_dropped = s.truth.service_of.get(id).is_some_and(|k| {
+                    s.catalog_dropped.as_ref() == Some(&k.service)
+                        && !s.truth.active.contains_key(k)
+                });
+                let dropping =
+                    (s.truth.dropping.contains(id) || of_dropped) && actor == Actor::Worker;
                 let ok = deprovisioned || dropping || (owner.is_none() && (marker || candidate));
                 s.check("S1 never removes ACTIVE", ok, || {
                     format!("{id} removed but it is neither a retirement marker nor deprovisioned")

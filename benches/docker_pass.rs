@@ -119,6 +119,7 @@ async fn bench(n_containers: usize) {
         store
             .create_instance(
                 &NewInstance {
+                    spec_digest: None,
                     parameters: Default::default(),
                     name: instance.clone(),
                     team: "bench".into(),

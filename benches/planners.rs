@@ -45,6 +45,7 @@ fn fleet(now: Timestamp) -> (Vec<Instance>, Vec<Task>, Vec<Release>) {
             });
         }
         instances.push(Instance {
+            spec_digest: None,
             parameters: Default::default(),
             purge_volumes: false,
             id,
@@ -111,6 +112,7 @@ fn fleet(now: Timestamp) -> (Vec<Instance>, Vec<Task>, Vec<Release>) {
 fn planners(c: &mut Criterion) {
     let now: Timestamp = "2026-11-30T12:00:00Z".parse().unwrap();
     let catalog = Catalog::from_entries(TYPES.iter().enumerate().map(|(i, t)| CatalogEntry {
+        spec_digest: String::new(),
         parameters: Default::default(),
         service_type: (*t).into(),
         version: "1.1.0".into(),

@@ -284,6 +284,7 @@ impl Ops<'_> {
             expires_at,
             maintenance_window: request.maintenance_window.clone(),
             parameters: request.parameters.clone(),
+            spec_digest: Some(entry.spec_digest.clone()),
         };
         let instance = self
             .store

@@ -22,6 +22,7 @@ ports = [8080]
 async fn policy_with(service_type: &str) -> CatalogPolicy {
     let store = Arc::new(MemoryStore::new());
     let new = NewInstance {
+        spec_digest: None,
         parameters: Default::default(),
         name: InstanceName::new("blog"),
         team: "t".into(),

@@ -38,6 +38,7 @@ fn at(offset_s: i64) -> Timestamp {
 
 fn instance(id: i64, team: &str, service_type: &str, version: &str) -> Instance {
     Instance {
+        spec_digest: None,
         parameters: Default::default(),
         purge_volumes: false,
         id,
@@ -74,6 +75,7 @@ fn task(id: i64, kind: TaskKind, instance: i64, state: TaskState) -> Task {
 
 fn entry(service_type: &str, version: &str, security: bool) -> CatalogEntry {
     CatalogEntry {
+        spec_digest: String::new(),
         parameters: Default::default(),
         service_type: service_type.to_owned(),
         version: version.to_owned(),
@@ -644,6 +646,85 @@ fn a_failed_upgrade_halts_its_rollout() {
         "enqueue upgrade i4 at now: version drift: 1.0.0 -> 2.0.0
          enqueue upgrade i3 at now: version drift: 1.9.9 -> 2.0.0",
     );
+}
+
+#[test]
+fn a_change_of_spec_at_the_same_version_is_an_upgrade_like_any_other() {
+    let (catalog, mut instances) = rollout_world();
+    let current = catalog.get("wiki").unwrap().spec_digest.clone();
+    assert_eq!(current.len(), 64, "a SHA-256 in hex: {current}");
+    // i5 runs wiki's catalog version with another spec; i6 is ahead of the
+    // catalog (never downgraded, whatever its spec); i7 runs the catalog's
+    // spec; i8 is a row from before digests were recorded.
+    instances[4].spec_digest = Some("0".repeat(64));
+    instances[5].spec_digest = Some("0".repeat(64));
+    let mut same = instance(7, "acme", "wiki", "1.4.0");
+    same.spec_digest = Some(current);
+    instances.push(same);
+    instances.push(instance(8, "acme", "wiki", "1.4.0"));
+    instances[4].maintenance_window = Some("sun 03:00-05:00".into());
+    let config = config(10);
+    let snap = snapshot(instances, vec![], &catalog, &config);
+    check(
+        plan_version_drift(&snap),
+        &snap,
+        "enqueue upgrade i4 at now: version drift: 1.0.0 -> 2.0.0
+         enqueue upgrade i2 at now: version drift: 1.3.0 -> 1.4.0
+         enqueue upgrade i3 at now: version drift: 1.9.9 -> 2.0.0
+         enqueue upgrade i1 at now: version drift: 1.3.0 -> 1.4.0
+         enqueue upgrade i5 at now+486000s: spec drift: the catalog changed wiki's spec at version 1.4.0",
+    );
+}
+
+#[test]
+fn a_spec_digest_changes_with_the_spec_and_only_with_it() {
+    let text = "[types.web]\nversion = \"1\"\n[[types.web.services]]\nname = \"http\"\nimage = \"x:1\"\nenv = { A = \"1\" }\n";
+    let digest = |text: &str| {
+        Catalog::from_toml(text, "catalog.toml")
+            .unwrap()
+            .get("web")
+            .unwrap()
+            .spec_digest
+            .clone()
+    };
+    let revision = |text: &str| {
+        Catalog::from_toml(text, "catalog.toml")
+            .unwrap()
+            .get("web")
+            .unwrap()
+            .services[0]
+            .revision("1")
+    };
+    assert_eq!(digest(text), digest(text), "deterministic");
+    assert_eq!(
+        digest(text),
+        digest(&text.replace("version = \"1\"", "version = \"2\"")),
+        "the version is not the spec"
+    );
+    assert_eq!(
+        digest(text),
+        digest(
+            &format!("{text}security = false\n")
+                .replace(
+                    "[[types.web.services]]",
+                    "security = true\n[[types.web.services]]"
+                )
+                .replace("security = false\n", "")
+        ),
+        "nor the security flag"
+    );
+    assert_ne!(
+        digest(text),
+        digest(&text.replace("A = \"1\"", "A = \"2\"")),
+        "an env value is"
+    );
+    assert_ne!(
+        digest(text),
+        digest(&text.replace("x:1", "x:2")),
+        "an image is"
+    );
+    assert_ne!(revision(text), revision(&text.replace("x:1", "x:2")));
+    assert!(revision(text).starts_with("1."), "{}", revision(text));
 }
 
 #[test]

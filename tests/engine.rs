@@ -211,6 +211,7 @@ impl Fixture {
         self.store
             .create_instance(
                 &NewInstance {
+                    spec_digest: None,
                     parameters: Default::default(),
                     name: InstanceName::new(name),
                     team: "t".into(),
@@ -880,6 +881,7 @@ async fn a_hung_runtime_does_not_hold_back_the_control_checks() {
         .store
         .create_instance(
             &NewInstance {
+                spec_digest: None,
                 parameters: Default::default(),
                 name: InstanceName::new("b-expires"),
                 team: "t".into(),

@@ -173,6 +173,7 @@ impl Fixture {
             .store
             .create_instance(
                 &NewInstance {
+                    spec_digest: None,
                     parameters: Default::default(),
                     name: InstanceName::new(name),
                     team: "t".into(),

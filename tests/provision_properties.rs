@@ -76,7 +76,7 @@ fn answer(command: &WorkCommand, choice: u8) -> WorkAnswer {
                 started_at: Some(Timestamp::UNIX_EPOCH),
             }),
         }),
-        WorkCommand::Create { spec, revision } => WorkAnswer::Created(match choice % 8 {
+        WorkCommand::Create { spec, revision, .. } => WorkAnswer::Created(match choice % 8 {
             1 => Err(RuntimeError::Transient("pull failed".into())),
             // Sometimes the deterministic name is ACTIVE's own.
             3 => Ok(ContainerId::new(format!("stead.app.{}.1", spec.name))),

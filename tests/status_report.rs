@@ -25,6 +25,7 @@ async fn pending_upgrades_say_where_they_are_and_halted_rollouts_why() {
     let mut ids = BTreeMap::new();
     for (name, service_type, version) in [("a", "web", "1"), ("b", "web", "1"), ("c", "db", "6")] {
         let new = NewInstance {
+            spec_digest: None,
             parameters: Default::default(),
             name: InstanceName::new(name),
             team: "t".into(),

@@ -370,6 +370,7 @@ async fn apply(subject: &mut Subject, op: &Op, now: &mut Timestamp) -> Seen {
         }
         Op::Create { name: n, expires } => {
             let new = NewInstance {
+                spec_digest: None,
                 parameters: Default::default(),
                 name: name(n),
                 team: "team".into(),

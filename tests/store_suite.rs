@@ -98,6 +98,7 @@ fn t(seconds: i64) -> Timestamp {
 
 fn new_instance(name: &str) -> NewInstance {
     NewInstance {
+        spec_digest: None,
         parameters: Default::default(),
         name: InstanceName::new(name),
         team: "team-a".into(),

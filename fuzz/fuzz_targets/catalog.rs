@@ -141,11 +141,19 @@ fn check_entry(key: &str, entry: &CatalogEntry) {
             // Every accepted template renders for the sample the catalog
             // checks with (a longer instance name may still overflow a
             // namespace; that is reported per instance, BadRelease).
+            let parameters = entry.parameters_of(
+                &entry
+                    .parameters
+                    .keys()
+                    .map(|name| (name.clone(), "p".to_owned()))
+                    .collect(),
+            );
             let sample = ReleaseParams {
                 instance: "i",
                 team: "t",
                 service_type: "s",
                 version: "v",
+                parameters: &parameters,
             };
             let release = chart
                 .release_of(&sample, false)

@@ -78,10 +78,15 @@ pub struct CatalogEntry {
     /// and read by templates as `{param.NAME}`. A parameter without a
     /// default must be given.
     pub parameters: BTreeMap<String, Parameter>,
+    /// The digest of what the type's instances run (`provisioning`,
+    /// `services`, `parameters`): an instance that recorded another one is
+    /// upgraded even when the version did not change. Computed when the
+    /// catalog is built ([`CatalogEntry::digest`]).
+    pub spec_digest: String,
 }
 
 /// One declared parameter of a service type.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
 pub struct Parameter {
     /// Used when an instance does not give the parameter; none makes it
     /// required.
@@ -117,6 +122,13 @@ pub fn check_parameter_value(name: &str, value: &str) -> Result<(), ParameterErr
 }
 
 impl CatalogEntry {
+    /// The digest of what the type's instances run: its provisioning, its
+    /// services and its parameters (not the version, the security flag or
+    /// the rollout switch, which say when, not what).
+    pub fn digest(&self) -> String {
+        super::spec::digest_of(&(&self.provisioning, &self.services, &self.parameters))
+    }
+
     /// Checks the parameters an instance is created with: every one
     /// declared, every required one given, every value usable.
     pub fn check_parameters(&self, given: &BTreeMap<String, String>) -> Result<(), ParameterError> {
@@ -187,7 +199,10 @@ impl Catalog {
         Catalog {
             entries: entries
                 .into_iter()
-                .map(|e| (e.service_type.clone(), e))
+                .map(|mut e| {
+                    e.spec_digest = e.digest();
+                    (e.service_type.clone(), e)
+                })
                 .collect(),
         }
     }
@@ -249,7 +264,8 @@ impl Catalog {
         }
         let mut entries = BTreeMap::new();
         for (name, raw_type) in raw.types {
-            let entry = check.service_type(&name, raw_type)?;
+            let mut entry = check.service_type(&name, raw_type)?;
+            entry.spec_digest = entry.digest();
             entries.insert(name, entry);
         }
         Ok(Catalog { entries })
@@ -272,8 +288,8 @@ pub enum CatalogChange {
         from: String,
         to: String,
     },
-    /// The services changed but the version did not: nothing is rolled out
-    /// (new containers get the new spec; running ones keep theirs).
+    /// The spec changed but the version did not: rolled out as an upgrade
+    /// to instances that recorded the old spec's digest.
     SpecWithoutVersion {
         service_type: String,
         version: String,
@@ -312,8 +328,8 @@ impl std::fmt::Display for CatalogChange {
                 version,
             } => write!(
                 f,
-                "{service_type} services changed at the same version {version} \
-                 (not rolled out; bump the version to upgrade running instances)"
+                "{service_type} spec changed at the same version {version} \
+                 (rolled out as an upgrade, within the windows and max_in_flight)"
             ),
             Self::Settings { service_type } => {
                 write!(f, "{service_type} security or rollout setting changed")
@@ -682,6 +698,7 @@ impl Checker<'_> {
                 provisioning,
                 services: Vec::new(),
                 parameters,
+                spec_digest: String::new(),
             });
         }
         if raw.services.is_empty() || raw.services.len() > SERVICES_MAX {
@@ -715,6 +732,7 @@ impl Checker<'_> {
             provisioning,
             services,
             parameters,
+            spec_digest: String::new(),
         })
     }
 

@@ -285,6 +285,10 @@ pub struct Instance {
     /// `instance delete --purge-volumes` asked for its named volumes to go
     /// with it.
     pub purge_volumes: bool,
+    /// The digest of the catalog spec it was last provisioned or upgraded
+    /// to (`CatalogEntry::spec_digest`); `None` for rows from before stead
+    /// recorded it, which count as current until the next version.
+    pub spec_digest: Option<String>,
 }
 
 impl Instance {

@@ -734,6 +734,7 @@ mod tests {
 
     fn instance(id: i64, name: &str, state: InstanceState) -> Instance {
         Instance {
+            spec_digest: None,
             parameters: Default::default(),
             purge_volumes: false,
             id,

@@ -45,8 +45,11 @@ pub enum WorkCommand {
     Install(ReleaseSpec),
     Uninstall(ReleaseTarget),
     Inspect(ContainerId),
+    /// Create the container of `spec` at `revision` (`ServiceSpec::revision`
+    /// of `version`, which its templates read as `{version}`).
     Create {
         spec: ServiceSpec,
+        version: String,
         revision: String,
     },
     SaveActive {
@@ -296,7 +299,8 @@ impl Provision {
                 ProvisionStep::Inspect(_, container) => WorkCommand::Inspect(container.clone()),
                 ProvisionStep::Create(spec) => WorkCommand::Create {
                     spec: spec.clone(),
-                    revision: self.version.clone(),
+                    version: self.version.clone(),
+                    revision: spec.revision(&self.version),
                 },
                 ProvisionStep::Save => {
                     let (service, record) = self.to_save.clone().expect("a record to save");
@@ -339,8 +343,8 @@ impl Provision {
                         self.to_save = Some((
                             spec.name.clone(),
                             ActiveService {
+                                effective_revision: spec.revision(&self.version),
                                 container: id,
-                                effective_revision: self.version.clone(),
                                 binds: Default::default(),
                                 stop_grace: Some(spec.stop_grace),
                                 verified_started_at: None,

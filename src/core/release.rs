@@ -39,7 +39,7 @@ pub const HELM_NAMESPACE_DEFAULT: &str = "{instance}";
 pub const PLACEHOLDERS: [&str; 4] = ["instance", "team", "service_type", "version"];
 
 /// How a service type's instances are provisioned.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
 pub enum Provisioning {
     /// Labelled containers on the local Docker engine, recovered by stead.
     Docker,
@@ -58,7 +58,7 @@ impl Provisioning {
 }
 
 /// A Helm type's chart and templates, as the catalog gives them.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
 pub struct HelmChart {
     /// `repo/chart`, a path or an OCI reference.
     pub chart: String,

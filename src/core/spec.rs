@@ -9,7 +9,7 @@ use super::release::{render, ReleaseParams, TemplateError};
 use super::types::ServiceName;
 
 /// How to decide a backend is ready to take traffic.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
 pub enum ReadinessProbe {
     /// No probe: readiness is assumed once the container runs.
     None,
@@ -35,7 +35,7 @@ pub enum ReadinessProbe {
 }
 
 /// A container-level healthcheck, run by the runtime itself.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
 pub struct Healthcheck {
     /// Argument vector run inside the container (never a shell string).
     pub command: Vec<String>,
@@ -45,7 +45,7 @@ pub struct Healthcheck {
 }
 
 /// One workload of a catalog service type.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
 pub struct ServiceSpec {
     pub name: ServiceName,
     pub image: String,
@@ -64,7 +64,7 @@ pub struct ServiceSpec {
 /// How a service runs beyond its image and command: what a real
 /// application needs (environment, secrets, storage, limits, networks).
 /// Everything here is the catalog's; the runtime applies it at creation.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize)]
 pub struct RunSpec {
     /// Plain environment. Values are templates (`core::release::render`),
     /// rendered per instance by [`RunSpec::render_env`].
@@ -94,14 +94,14 @@ pub struct RunSpec {
 }
 
 /// One secret environment variable and where its value comes from.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
 pub struct SecretEnv {
     /// The variable's name inside the container.
     pub env: String,
     pub source: SecretSource,
 }
 
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
 pub enum SecretSource {
     /// The contents of a file on the daemon's host (one trailing newline
     /// dropped, as `echo secret > file` writes one).
@@ -121,7 +121,7 @@ impl SecretSource {
 }
 
 /// Storage mounted into a container.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
 pub struct Mount {
     pub source: MountSource,
     /// Absolute path inside the container.
@@ -129,7 +129,7 @@ pub struct Mount {
     pub read_only: bool,
 }
 
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
 pub enum MountSource {
     /// A named volume of this instance and service, created on first use
     /// and kept across upgrades, reprovisions and recoveries; removed only
@@ -137,6 +137,36 @@ pub enum MountSource {
     Volume(String),
     /// A host path, allowed only under a prefix the catalog lists.
     HostPath(String),
+}
+
+impl ServiceSpec {
+    /// A digest of everything the catalog says about the service: two
+    /// specs share it exactly when they are equal.
+    pub fn digest(&self) -> String {
+        digest_of(self)
+    }
+
+    /// The revision a container of this spec runs at `version`: a change
+    /// of the spec (not only of the version) gives the successor another
+    /// revision, so an upgrade replaces it (C11).
+    pub fn revision(&self, version: &str) -> String {
+        format!("{version}.{}", &self.digest()[..REVISION_DIGEST_LEN])
+    }
+}
+
+/// Hex digits of a spec's digest a revision carries: 32 bits, for a
+/// handful of specs per service, never compared across services.
+pub const REVISION_DIGEST_LEN: usize = 8;
+
+/// SHA-256 of the value's JSON form, in hex. The JSON of these types is
+/// canonical: fields in declaration order, maps in key order.
+pub fn digest_of(value: &impl serde::Serialize) -> String {
+    use sha2::Digest;
+    let json = serde_json::to_vec(value).expect("catalog data always serialises");
+    sha2::Sha256::digest(&json)
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect()
 }
 
 impl RunSpec {

@@ -20,6 +20,13 @@ pub struct InstanceName(Arc<str>);
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct ServiceName(Arc<str>);
 
+/// As its name: a catalog spec's digest (`core::spec::digest_of`) reads it.
+impl serde::Serialize for ServiceName {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.serialize_str(&self.0)
+    }
+}
+
 /// The runtime's ID of one exact container.
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct ContainerId(Arc<str>);

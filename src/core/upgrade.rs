@@ -76,16 +76,20 @@ pub struct UpgradeInput {
     /// container): every generation of a dropped service is retired, not
     /// only ACTIVE's.
     pub containers: Vec<(ServiceName, ContainerId)>,
+    /// The catalog entry's spec digest, recorded with the version.
+    pub spec_digest: String,
 }
 
 impl UpgradeInput {
-    /// Whether a service of the entry is not yet at the target version
-    /// (new to ACTIVE, or ACTIVE's generation at another revision).
+    /// Whether a service of the entry is not yet at its target revision
+    /// (new to ACTIVE, or ACTIVE's generation at another version or of
+    /// another spec: `ServiceSpec::revision`).
     pub fn is_behind(&self, spec: &ServiceSpec) -> bool {
+        let target = spec.revision(&self.version);
         self.active
             .services
             .get(&spec.name)
-            .is_none_or(|current| current.effective_revision != self.version)
+            .is_none_or(|current| current.effective_revision != target)
     }
 }
 
@@ -93,9 +97,10 @@ impl UpgradeInput {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum UpgradeCommand {
     /// Create (idempotently, by deterministic name) the successor of
-    /// `spec.name` at `revision`.
+    /// `spec.name` at `revision` (of `version`, which its templates read).
     Create {
         spec: ServiceSpec,
+        version: String,
         revision: String,
     },
     Inspect(ContainerId),
@@ -119,7 +124,11 @@ pub enum UpgradeCommand {
         to: InstanceState,
     },
     /// Record the version the instance now runs.
-    SetVersion(String),
+    SetVersion {
+        version: String,
+        /// The catalog spec's digest the instance now runs.
+        spec_digest: String,
+    },
     /// Upgrade a Helm type's release in place; Helm rolls a failure back
     /// (`--atomic`) and Kubernetes replaces the pods.
     UpgradeRelease(HelmRelease),
@@ -248,6 +257,7 @@ pub struct Upgrade {
     state: InstanceState,
     skipped_stopped: bool,
     version: String,
+    spec_digest: String,
     active: ActiveRecord,
     pending: VecDeque<ServiceSpec>,
     /// A Helm release still to upgrade (taken when its command is issued).
@@ -285,6 +295,7 @@ impl Upgrade {
             state: input.state,
             skipped_stopped,
             version: input.version,
+            spec_digest: input.spec_digest,
             active: input.active,
             // A Helm type has no services of stead's to replace.
             pending: if input.release.is_some() {
@@ -369,7 +380,12 @@ impl Upgrade {
                         None => self.phase = Phase::SetVersion,
                     }
                 }
-                Phase::SetVersion => return Some(UpgradeCommand::SetVersion(self.version.clone())),
+                Phase::SetVersion => {
+                    return Some(UpgradeCommand::SetVersion {
+                        version: self.version.clone(),
+                        spec_digest: self.spec_digest.clone(),
+                    })
+                }
                 Phase::Finish => {
                     return Some(UpgradeCommand::MoveState {
                         from: InstanceState::Upgrading,
@@ -400,7 +416,8 @@ impl Upgrade {
         let command = match step {
             Step::Create => UpgradeCommand::Create {
                 spec: spec.clone(),
-                revision: self.version.clone(),
+                version: self.version.clone(),
+                revision: spec.revision(&self.version),
             },
             Step::WaitRunning { candidate, .. } | Step::Confirm { candidate, .. } => {
                 UpgradeCommand::Inspect(candidate.clone())
@@ -441,7 +458,7 @@ impl Upgrade {
                 service: spec.name.clone(),
                 record: ActiveService {
                     container: candidate.clone(),
-                    effective_revision: self.version.clone(),
+                    effective_revision: spec.revision(&self.version),
                     binds: binds.clone(),
                     stop_grace: Some(spec.stop_grace),
                     verified_started_at: Some(*started_at),
@@ -526,7 +543,7 @@ impl Upgrade {
                 }
                 return;
             }
-            (UpgradeCommand::SetVersion(_), UpgradeAnswer::VersionSet(result)) => {
+            (UpgradeCommand::SetVersion { .. }, UpgradeAnswer::VersionSet(result)) => {
                 if let Err(e) = result {
                     self.error = Some(format!("record version {}: {e}", self.version));
                 }

@@ -14,7 +14,7 @@ use serde::{Deserialize, Serialize};
 use crate::core::catalog::Catalog;
 use crate::core::fleet::{Instance, InstanceState, RolloutState, Task, TaskKind, TaskState};
 use crate::core::memory::RecoveryMemory;
-use crate::core::plan::is_behind;
+use crate::core::plan::{is_behind, spec_changed};
 use crate::core::release::{Provisioning, ReleaseParams};
 use crate::core::types::{ContainerStatus, GenerationKey, InstanceName, ServiceName, Timestamp};
 use crate::ports::{Provisioner, Runtime, Store};
@@ -258,7 +258,7 @@ async fn fleet_by_type(from: &StatusSources<'_>, live: &[&Instance], status: &mu
         };
         let pending = of_type
             .iter()
-            .filter(|i| is_behind(&i.version, &entry.version))
+            .filter(|i| is_behind(&i.version, &entry.version) || spec_changed(i, entry))
             .map(|i| PendingUpgrade {
                 instance: i.name.to_string(),
                 from: i.version.clone(),
@@ -743,6 +743,7 @@ mod tests {
     fn instance(state: InstanceState, stopped: bool) -> Instance {
         let at: Timestamp = "2026-11-30T00:00:00Z".parse().unwrap();
         Instance {
+            spec_digest: None,
             parameters: Default::default(),
             purge_volumes: false,
             id: 1,

@@ -285,6 +285,8 @@ pub struct NewInstance {
     pub maintenance_window: Option<String>,
     /// Checked against the catalog's declared parameters by the caller.
     pub parameters: BTreeMap<String, String>,
+    /// The catalog type's spec digest it is created at.
+    pub spec_digest: Option<String>,
 }
 
 /// What [`Store::expire_instance`] did.
@@ -359,6 +361,13 @@ pub trait Store: Send + Sync {
         &self,
         id: InstanceId,
         stopped: bool,
+        now: Timestamp,
+    ) -> Result<(), StoreError>;
+    /// Records the digest of the catalog spec the instance now runs.
+    async fn set_instance_spec_digest(
+        &self,
+        id: InstanceId,
+        digest: &str,
         now: Timestamp,
     ) -> Result<(), StoreError>;
     /// Records that the instance's deprovision removes its named volumes

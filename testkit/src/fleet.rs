@@ -57,6 +57,7 @@ pub async fn build_steady_fleet(
     for i in 0..shape.instances {
         let name = instance_name(i);
         let new = NewInstance {
+            spec_digest: None,
             parameters: Default::default(),
             name: name.clone(),
             team: "steady".into(),

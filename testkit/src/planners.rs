@@ -105,6 +105,7 @@ fn pick<T: Copy>(items: &[T], n: u8) -> T {
 
 fn entry(service_type: &str, version: &str, security: bool, halted: bool) -> CatalogEntry {
     CatalogEntry {
+        spec_digest: String::new(),
         parameters: Default::default(),
         service_type: service_type.to_owned(),
         version: version.to_owned(),
@@ -154,6 +155,7 @@ impl WorldSeed {
         for (n, seed) in self.instances.iter().take(INSTANCES_MAX).enumerate() {
             let id = n as i64 + 1;
             instances.push(Instance {
+                spec_digest: None,
                 parameters: Default::default(),
                 purge_volumes: false,
                 id,

@@ -397,6 +397,7 @@ impl Store for MemoryStore {
         let instance = Instance {
             parameters: new.parameters.clone(),
             purge_volumes: false,
+            spec_digest: new.spec_digest.clone(),
             id: state.next_instance_id,
             name: new.name.clone(),
             team: new.team.clone(),
@@ -469,6 +470,19 @@ impl Store for MemoryStore {
         let mut state = self.call()?;
         let instance = state.instance_mut(id)?;
         instance.stopped = stopped;
+        instance.updated_at = normalize_timestamp(now);
+        Ok(())
+    }
+
+    async fn set_instance_spec_digest(
+        &self,
+        id: InstanceId,
+        digest: &str,
+        now: Timestamp,
+    ) -> Result<(), StoreError> {
+        let mut state = self.call()?;
+        let instance = state.instance_mut(id)?;
+        instance.spec_digest = Some(digest.to_owned());
         instance.updated_at = normalize_timestamp(now);
         Ok(())
     }
@@ -1112,6 +1126,7 @@ mod tests {
 
     fn new_instance(name: &str) -> NewInstance {
         NewInstance {
+            spec_digest: None,
             parameters: Default::default(),
             name: InstanceName::new(name),
             team: "t".into(),

@@ -64,7 +64,7 @@ pub fn upgrade_input(services: &[UpgradeServiceSeed], stopped: bool, ready: bool
     let mut specs = Vec::new();
     for (i, seed) in services.iter().take(SERVICES.len()).enumerate() {
         let name = ServiceName::new(SERVICES[i]);
-        specs.push(ServiceSpec {
+        let spec = ServiceSpec {
             name: name.clone(),
             image: "img".into(),
             command: Vec::new(),
@@ -73,13 +73,21 @@ pub fn upgrade_input(services: &[UpgradeServiceSeed], stopped: bool, ready: bool
             readiness: ReadinessProbe::None,
             stop_grace: Duration::from_secs(5),
             run: Default::default(),
-        });
+        };
+        // Behind by version, behind by spec at the same version (another
+        // spec's digest), or at the target revision already.
+        let revision = match (seed.active % 3, (seed.active / 3) % 2) {
+            (2, _) => spec.revision("2"),
+            (_, 0) => spec.revision("1"),
+            _ => "2.00000000".to_owned(),
+        };
+        specs.push(spec);
         if seed.active % 3 != 0 {
             active.services.insert(
                 name,
                 ActiveService {
                     container: ContainerId::new(format!("{}-old", SERVICES[i])),
-                    effective_revision: if seed.active % 3 == 2 { "2" } else { "1" }.into(),
+                    effective_revision: revision,
                     binds: binds(1),
                     stop_grace: None,
                     verified_started_at: execution(1),
@@ -128,6 +136,7 @@ pub fn upgrade_input(services: &[UpgradeServiceSeed], stopped: bool, ready: bool
     UpgradeInput {
         inhibitions,
         containers,
+        spec_digest: "digest".into(),
         stop_grace_default: Duration::from_secs(10),
         instance: InstanceName::new("app"),
         stopped,
@@ -222,7 +231,7 @@ fn answer_for(command: &UpgradeCommand, seed: &OutcomeSeed) -> UpgradeAnswer {
         } else {
             Ok(())
         }),
-        UpgradeCommand::SetVersion(_) => UpgradeAnswer::VersionSet(if seed.choice % 16 == 6 {
+        UpgradeCommand::SetVersion { .. } => UpgradeAnswer::VersionSet(if seed.choice % 16 == 6 {
             Err(StoreError::Unavailable("store down".into()))
         } else {
             Ok(())
@@ -308,7 +317,7 @@ pub fn run_upgrade_and_check(input: &UpgradeInput, answers: &[OutcomeSeed]) -> u
                 ..
             } => finished = true,
             UpgradeCommand::MoveState { .. } => {}
-            UpgradeCommand::SetVersion(v) => {
+            UpgradeCommand::SetVersion { version: v, .. } => {
                 assert_eq!(v, &input.version);
                 let behind = input
                     .services
@@ -335,8 +344,13 @@ pub fn run_upgrade_and_check(input: &UpgradeInput, answers: &[OutcomeSeed]) -> u
             ),
         }
         match &command {
-            UpgradeCommand::Create { spec, revision } => {
-                assert_eq!(revision, &input.version);
+            UpgradeCommand::Create {
+                spec,
+                version,
+                revision,
+            } => {
+                assert_eq!(version, &input.version);
+                assert_eq!(revision, &spec.revision(&input.version));
                 assert!(
                     input.is_behind(spec),
                     "replaced {} which is already at the target version",
@@ -449,7 +463,15 @@ pub fn run_upgrade_and_check(input: &UpgradeInput, answers: &[OutcomeSeed]) -> u
                 assert_eq!(Some(&record.container), s.candidate.as_ref());
                 assert_eq!(record.verified_started_at, s.running);
                 assert_eq!(Some(&record.binds), s.binds.as_ref());
-                assert_eq!(record.effective_revision, input.version);
+                assert_eq!(
+                    record.effective_revision,
+                    input
+                        .services
+                        .iter()
+                        .find(|spec| &spec.name == service)
+                        .expect("a listed service")
+                        .revision(&input.version)
+                );
                 if input.active.services.contains_key(service) {
                     assert!(
                         s.marker_saved,
@@ -502,7 +524,7 @@ pub fn run_upgrade_and_check(input: &UpgradeInput, answers: &[OutcomeSeed]) -> u
         if matches!(
             command,
             UpgradeCommand::MoveState { .. }
-                | UpgradeCommand::SetVersion(_)
+                | UpgradeCommand::SetVersion { .. }
                 | UpgradeCommand::Retire(_)
         ) {
             upgrade.handle(answer, base());

@@ -43,6 +43,18 @@ pub fn is_behind(current: &str, target: &str) -> bool {
     }
 }
 
+/// Whether an instance at the catalog's version runs another spec than the
+/// catalog's (its recorded digest differs): a change of spec is an upgrade
+/// like any other. An instance with no recorded digest (a row from before
+/// stead recorded them) counts as current until the next version.
+pub fn spec_changed(instance: &Instance, entry: &CatalogEntry) -> bool {
+    instance.version == entry.version
+        && instance
+            .spec_digest
+            .as_deref()
+            .is_some_and(|digest| digest != entry.spec_digest)
+}
+
 /// The worker's rule for a failed upgrade: once the task is out of
 /// attempts, halt its service type's rollout so a bad version stops after
 /// one tenant. `None` for other tasks or while retries remain.
@@ -79,7 +91,7 @@ impl Planner<'_, '_> {
             // started or published (S3): it is upgraded once started again.
             && !instance.stopped
             && !is_expired(instance, self.snapshot.now)
-            && is_behind(&instance.version, &entry.version)
+            && (is_behind(&instance.version, &entry.version) || spec_changed(instance, entry))
             // One task per instance at a time: an upgrade racing a
             // reprovision or deprovision helps nobody.
             && !self.active_kinds(instance.id).any()
@@ -175,10 +187,17 @@ impl Planner<'_, '_> {
                 _ => snapshot.now,
             };
             let security = if entry.security { " (security)" } else { "" };
-            let reason = format!(
-                "version drift: {} -> {}{security}",
-                instance.version, entry.version
-            );
+            let reason = if instance.version == entry.version {
+                format!(
+                    "spec drift: the catalog changed {}'s spec at version {}{security}",
+                    entry.service_type, entry.version
+                )
+            } else {
+                format!(
+                    "version drift: {} -> {}{security}",
+                    instance.version, entry.version
+                )
+            };
             plan.decisions.push(Decision::Enqueue(self.new_task(
                 TaskKind::Upgrade,
                 instance.id,

@@ -21,9 +21,11 @@ impl Worker {
             WorkCommand::Install(release) => done(p.provisioner.install_or_upgrade(&release).await),
             WorkCommand::Uninstall(release) => done(p.provisioner.uninstall(&release).await),
             WorkCommand::Inspect(id) => WorkAnswer::Inspected(p.runtime.inspect(&id).await),
-            WorkCommand::Create { spec, revision } => {
-                WorkAnswer::Created(self.create(instance, &spec, &revision).await)
-            }
+            WorkCommand::Create {
+                spec,
+                version,
+                revision,
+            } => WorkAnswer::Created(self.create(instance, &spec, &version, &revision).await),
             WorkCommand::SaveActive { service, record } => {
                 done(p.store.save_active_service(name, &service, &record).await)
             }
@@ -78,14 +80,33 @@ impl Worker {
                     Err(e) => Err(e),
                 },
             ),
-            UpgradeCommand::SetVersion(version) => UpgradeAnswer::VersionSet(
-                p.store
-                    .set_instance_version(instance.id, &version, p.clock.now())
-                    .await,
-            ),
-            UpgradeCommand::Create { spec, revision } => {
-                UpgradeAnswer::Created(self.create(instance, &spec, &revision).await)
+            UpgradeCommand::SetVersion {
+                version,
+                spec_digest,
+            } => {
+                // Two writes: a crash between them leaves the old digest,
+                // so the next tick plans an upgrade that finds every
+                // service at its revision and records it again.
+                let now = p.clock.now();
+                let set = match p
+                    .store
+                    .set_instance_version(instance.id, &version, now)
+                    .await
+                {
+                    Ok(()) => {
+                        p.store
+                            .set_instance_spec_digest(instance.id, &spec_digest, now)
+                            .await
+                    }
+                    Err(e) => Err(e),
+                };
+                UpgradeAnswer::VersionSet(set)
             }
+            UpgradeCommand::Create {
+                spec,
+                version,
+                revision,
+            } => UpgradeAnswer::Created(self.create(instance, &spec, &version, &revision).await),
             UpgradeCommand::Inspect(id) => UpgradeAnswer::Inspected(p.runtime.inspect(&id).await),
             UpgradeCommand::ReadBinds(id) => UpgradeAnswer::Binds(p.runtime.binds(&id).await),
             UpgradeCommand::Probe { readiness, target } => {

@@ -125,6 +125,7 @@ impl Worker {
             release,
             inhibitions,
             containers,
+            spec_digest: entry.spec_digest.clone(),
             stop_grace_default: self.config.stop_grace_default,
             instance: instance.name.clone(),
             stopped: instance.stopped,
@@ -252,16 +253,16 @@ impl Worker {
         &self,
         instance: &Instance,
         spec: &ServiceSpec,
+        version: &str,
         revision: &str,
     ) -> Result<ContainerId, RuntimeError> {
-        // The revision a container is created at is the version it runs.
         let parameters = self
             .entry(instance)
             .map(|entry| entry.parameters_of(&instance.parameters))
             .map_err(RuntimeError::Refused)?;
         let params = ReleaseParams {
             parameters: &parameters,
-            ..ReleaseParams::of(instance, revision)
+            ..ReleaseParams::of(instance, version)
         };
         let env = spec
             .run

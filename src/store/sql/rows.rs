@@ -106,6 +106,7 @@ pub struct InstanceRow {
     /// A JSON object of strings.
     pub parameters: String,
     pub purge_volumes: bool,
+    pub spec_digest: Option<String>,
 }
 
 impl InstanceRow {
@@ -133,6 +134,7 @@ impl InstanceRow {
             parameters: serde_json::from_str(&self.parameters)
                 .map_err(|_| bad_row(T, &id, "parameters", &self.parameters))?,
             purge_volumes: self.purge_volumes,
+            spec_digest: self.spec_digest,
         })
     }
 }

@@ -62,6 +62,7 @@ macro_rules! impl_sql_store {
                     .bind(&new.maintenance_window)
                     .bind(timestamp_to_us(now))
                     .bind(encode_parameters(&new.parameters))
+                    .bind(&new.spec_digest)
                     .fetch_one(&mut *tx)
                     .await
                     .map_err(db_error)?
@@ -126,6 +127,23 @@ macro_rules! impl_sql_store {
                         sqlx::query(sql::SET_INSTANCE_STOPPED)
                             .bind(id)
                             .bind(stopped)
+                            .bind(timestamp_to_us(now)),
+                    )
+                    .await?;
+                found_or(found, id)
+            }
+
+            async fn set_instance_spec_digest(
+                &self,
+                id: InstanceId,
+                digest: &str,
+                now: Timestamp,
+            ) -> Result<(), StoreError> {
+                let found = self
+                    .write(
+                        sqlx::query(sql::SET_INSTANCE_SPEC_DIGEST)
+                            .bind(id)
+                            .bind(digest)
                             .bind(timestamp_to_us(now)),
                     )
                     .await?;

@@ -6,13 +6,13 @@
 
 pub const CREATE_INSTANCE: &str = "INSERT INTO instances \
      (name, team, service_type, version, state, stopped, expires_at_us, maintenance_window, \
-      created_at_us, updated_at_us, parameters) \
-     VALUES ($1, $2, $3, $4, 'provisioning', FALSE, $5, $6, $7, $7, $8) \
+      created_at_us, updated_at_us, parameters, spec_digest) \
+     VALUES ($1, $2, $3, $4, 'provisioning', FALSE, $5, $6, $7, $7, $8, $9) \
      RETURNING id, name, team, service_type, version, state, stopped, \
-     expires_at_us, maintenance_window, created_at_us, updated_at_us, parameters, purge_volumes";
+     expires_at_us, maintenance_window, created_at_us, updated_at_us, parameters, purge_volumes, spec_digest";
 
 pub const INSTANCE_BY_NAME: &str = "SELECT id, name, team, service_type, version, state, stopped, \
-     expires_at_us, maintenance_window, created_at_us, updated_at_us, parameters, purge_volumes \
+     expires_at_us, maintenance_window, created_at_us, updated_at_us, parameters, purge_volumes, spec_digest \
      FROM instances WHERE name = $1";
 
 /// The instance's tasks that have not finished; a deleted instance with any
@@ -29,11 +29,11 @@ pub const DELETE_DELETED_INSTANCE: &str =
     "DELETE FROM instances WHERE id = $1 AND state = 'deleted'";
 
 pub const INSTANCE_BY_ID: &str = "SELECT id, name, team, service_type, version, state, stopped, \
-     expires_at_us, maintenance_window, created_at_us, updated_at_us, parameters, purge_volumes \
+     expires_at_us, maintenance_window, created_at_us, updated_at_us, parameters, purge_volumes, spec_digest \
      FROM instances WHERE id = $1";
 
 pub const LIST_INSTANCES: &str = "SELECT id, name, team, service_type, version, state, stopped, \
-     expires_at_us, maintenance_window, created_at_us, updated_at_us, parameters, purge_volumes \
+     expires_at_us, maintenance_window, created_at_us, updated_at_us, parameters, purge_volumes, spec_digest \
      FROM instances ORDER BY id";
 
 /// Compare-and-set: the `WHERE state = $2` is the compare.
@@ -48,6 +48,9 @@ pub const SET_INSTANCE_PURGE_VOLUMES: &str =
 
 pub const SET_INSTANCE_VERSION: &str =
     "UPDATE instances SET version = $2, updated_at_us = $3 WHERE id = $1";
+
+pub const SET_INSTANCE_SPEC_DIGEST: &str =
+    "UPDATE instances SET spec_digest = $2, updated_at_us = $3 WHERE id = $1";
 
 pub const INSTANCE_COUNTS: &str = "SELECT state, COUNT(*) FROM instances GROUP BY state";
 
@@ -236,7 +239,7 @@ macro_rules! batch_loads {
     ($ids:literal) => {
         pub const INSTANCES_OF_IDS: &str = concat!(
             "SELECT id, name, team, service_type, version, state, stopped, \
-             expires_at_us, maintenance_window, created_at_us, updated_at_us, parameters, purge_volumes \
+             expires_at_us, maintenance_window, created_at_us, updated_at_us, parameters, purge_volumes, spec_digest \
              FROM instances WHERE id ",
             $ids
         );

@@ -644,6 +644,7 @@ async fn ready_instance(
     let instance = store
         .create_instance(
             &NewInstance {
+                spec_digest: None,
                 parameters: Default::default(),
                 name: name.clone(),
                 team: crate::world::team_of(i).into(),
@@ -873,6 +874,7 @@ fn sim_catalog(actors: &Actors, version: u32, security: bool) -> Catalog {
     }
     Catalog::from_entries([
         CatalogEntry {
+            spec_digest: String::new(),
             parameters: Default::default(),
             service_type: SERVICE_TYPE.into(),
             version: version.to_string(),
@@ -884,6 +886,7 @@ fn sim_catalog(actors: &Actors, version: u32, security: bool) -> Catalog {
         // The Helm type moves with the Docker one: one catalog bump
         // upgrades both kinds, within one max_in_flight.
         CatalogEntry {
+            spec_digest: String::new(),
             parameters: Default::default(),
             service_type: HELM_TYPE.into(),
             version: version.to_string(),

@@ -754,6 +754,7 @@ impl Actors {
         // must create no container.
         let helm = pick % 4 == 1;
         let new = NewInstance {
+            spec_digest: None,
             parameters: Default::default(),
             name: if helm {
                 InstanceName::new(format!("chart-new{n}"))

@@ -301,7 +301,9 @@ async fn an_upgrade_switches_only_to_a_successor_that_printed_its_own_line() {
     assert_eq!(f.db_container("l1").await, before);
 
     // Now the successor prints its line right before it is probed.
-    let successor = ContainerId::new("stead.l1.db.2");
+    // Named by its revision: the version and the spec's digest.
+    let revision = f.catalog.get("ledger").unwrap().services[0].revision("2");
+    let successor = ContainerId::new(format!("stead.l1.db.{revision}"));
     let runtime = f.runtime.clone();
     let printer = successor.clone();
     f.script.on_next(Op::Probe, move || {

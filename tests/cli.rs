@@ -721,6 +721,11 @@ async fn parameters_are_checked_against_the_catalog_and_stored() {
         "--set",
         "title=Shopping list",
     ]);
+    let shown = s.ok(&["instance", "show", "a"]);
+    assert!(
+        shown.contains("parameters: title=\"Shopping list\""),
+        "{shown}"
+    );
     let store = stead::store::sql::connect(&s.url()).await.unwrap();
     let a = store
         .instance(&InstanceName::new("a"))
@@ -752,6 +757,8 @@ async fn a_plain_delete_keeps_named_volumes_and_says_so_and_purge_asks_for_them(
     // Asked again while the deprovision has not run: still purged, once.
     s.ok(&["instance", "delete", "a", "--purge-volumes"]);
     let store = stead::store::sql::connect(&s.url()).await.unwrap();
+    let shown = s.ok(&["instance", "show", "b", "--json"]);
+    assert!(shown.contains("\"purge_volumes\": true"), "{shown}");
     for name in ["a", "b"] {
         let row = store
             .instance(&InstanceName::new(name))

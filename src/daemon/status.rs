@@ -611,6 +611,13 @@ pub struct InstanceView {
     pub maintenance_window: Option<String>,
     pub created_at: String,
     pub updated_at: String,
+    /// Given at `instance create --set` (not secrets: those never reach
+    /// the store).
+    #[serde(default)]
+    pub parameters: BTreeMap<String, String>,
+    /// `instance delete --purge-volumes` was asked for.
+    #[serde(default)]
+    pub purge_volumes: bool,
 }
 
 impl From<&Instance> for InstanceView {
@@ -627,6 +634,8 @@ impl From<&Instance> for InstanceView {
             maintenance_window: i.maintenance_window.clone(),
             created_at: i.created_at.to_string(),
             updated_at: i.updated_at.to_string(),
+            parameters: i.parameters.clone(),
+            purge_volumes: i.purge_volumes,
         }
     }
 }

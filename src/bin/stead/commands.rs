@@ -560,6 +560,18 @@ async fn instance_show(config: &DaemonConfig, name: &str, json: bool) -> Result<
                 .clone()
                 .unwrap_or_else(|| "none".into()),
         ),
+        (
+            "parameters",
+            if view.parameters.is_empty() {
+                "none".into()
+            } else {
+                view.parameters
+                    .iter()
+                    .map(|(k, v)| format!("{k}={v:?}"))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            },
+        ),
     ] {
         text.push_str(&format!("{key}: {value}\n"));
     }

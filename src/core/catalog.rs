@@ -651,6 +651,20 @@ impl Checker<'_> {
         Ok(Duration::from_millis(ms.unsigned_abs()))
     }
 
+    /// The first of `fields` (name, whether it is set) that is set, refused
+    /// as `{at}.{name}` with `reason`.
+    fn refuse_set(
+        &self,
+        at: &str,
+        fields: &[(&str, bool)],
+        reason: &str,
+    ) -> Result<(), CatalogError> {
+        match fields.iter().find(|(_, set)| *set) {
+            Some((field, _)) => Err(self.invalid(format!("{at}.{field}"), "set", reason)),
+            None => Ok(()),
+        }
+    }
+
     fn count(&self, field: &str, value: Option<i64>, default: i64) -> Result<u32, CatalogError> {
         let n = value.unwrap_or(default);
         if !(1..=ATTEMPTS_MAX).contains(&n) {
@@ -968,13 +982,11 @@ impl Checker<'_> {
                 ("interval_ms", raw.interval_ms.is_some()),
                 ("attempts_max", raw.attempts_max.is_some()),
             ];
-            if let Some((field, _)) = stray.iter().find(|(_, set)| *set) {
-                return Err(self.invalid(
-                    format!("{at}.{field}"),
-                    "set",
-                    "a readiness probe of kind \"none\" takes no other fields",
-                ));
-            }
+            self.refuse_set(
+                at,
+                &stray,
+                "a readiness probe of kind \"none\" takes no other fields",
+            )?;
             return Ok(ReadinessProbe::None);
         }
         if raw.kind == "log" {
@@ -1063,13 +1075,11 @@ impl Checker<'_> {
             ("interval_ms", raw.interval_ms.is_some()),
             ("attempts_max", raw.attempts_max.is_some()),
         ];
-        if let Some((field, _)) = stray.iter().find(|(_, set)| *set) {
-            return Err(self.invalid(
-                format!("{at}.{field}"),
-                "set",
-                "a readiness probe of kind \"log\" takes only pattern and timeout_ms",
-            ));
-        }
+        self.refuse_set(
+            at,
+            &stray,
+            "a readiness probe of kind \"log\" takes only pattern and timeout_ms",
+        )?;
         let field = format!("{at}.pattern");
         let pattern = raw.pattern.ok_or_else(|| {
             self.invalid(

@@ -662,6 +662,49 @@ async fn an_upgrade_of_a_stopped_instance_starts_and_publishes_nothing() {
 }
 
 #[tokio::test]
+async fn an_instance_deleted_after_it_was_asked_for_is_forgotten_not_recovered() {
+    // Found by the simulation's R16 check: a targeted pass asked for an
+    // instance (a runtime event) and loaded it after its deprovision had
+    // finished; it drove the deleted instance and wrote its memory back
+    // after the fleet's pass had forgotten it.
+    let f = fixture();
+    let instance = f.served("wiki1", "1").await;
+    let recoverer = f.recoverer();
+    recoverer.pass().await;
+    assert!(
+        recoverer
+            .memory()
+            .instance_names()
+            .any(|n| n == &instance.name),
+        "a served instance is remembered (its verified execution)"
+    );
+    for (from, to) in [
+        (InstanceState::Ready, InstanceState::Deleting),
+        (InstanceState::Deleting, InstanceState::Deleted),
+    ] {
+        assert!(f
+            .store
+            .set_instance_state(instance.id, from, to, f.clock.now())
+            .await
+            .unwrap());
+    }
+    let asked_before = f.script.seen.lock().unwrap().len();
+    // The row the event was resolved to is the live one from before.
+    let outcome = recoverer.recover_instance(&instance).await;
+    assert!(!outcome.driven, "a deleted instance is not driven");
+    assert!(outcome.reports.is_empty() && outcome.errors.is_empty());
+    let asked: Vec<Op> = f.script.seen.lock().unwrap()[asked_before..].to_vec();
+    assert!(asked.is_empty(), "nothing asked of any port: {asked:?}");
+    assert!(
+        recoverer
+            .memory()
+            .instance_names()
+            .all(|n| n != &instance.name),
+        "and nothing of it is remembered (R4, R16)"
+    );
+}
+
+#[tokio::test]
 async fn a_deleting_instance_is_kept_withdrawn_and_stopped_until_deprovisioned() {
     // Found by the simulation: a deprovision whose withdrawal failed was
     // retried later, and meanwhile the pass republished the instance.

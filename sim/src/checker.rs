@@ -13,6 +13,7 @@ use std::time::Duration;
 
 use madsim::task::NodeId;
 use stead::core::fleet::{add, Instance, InstanceState, TaskKind, TaskState};
+use stead::core::memory::RecoveryMemory;
 use stead::core::names;
 use stead::core::plan::ControlConfig;
 use stead::core::policy::RecoveryPolicy;
@@ -81,6 +82,18 @@ struct Streak {
     reset_earned: bool,
 }
 
+/// What a process's tick did, as the checker judges it.
+pub struct Ticked<'a> {
+    pub leader: bool,
+    /// When the tick began (true time).
+    pub began: Timestamp,
+    pub failed: &'a [Check],
+    /// The instances its recovery pass drove.
+    pub recovered: &'a BTreeSet<InstanceName>,
+    /// The recovery's memory after the tick.
+    pub memory: &'a RecoveryMemory,
+}
+
 /// Who made an effect.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Actor {
@@ -146,6 +159,12 @@ struct State {
     release_missing: BTreeMap<String, Vec<(Timestamp, Option<Timestamp>)>>,
     /// When the rollout switch last moved.
     rollout_changed_at: Option<Timestamp>,
+    /// When ACTIVE stopped naming a container (a switch, a removal), for
+    /// R16: a pass may remember what ACTIVE named while it ran.
+    active_until: BTreeMap<ContainerId, Timestamp>,
+    /// Per process: the deleted or gone instances its memory named after
+    /// its last leader's tick (R16).
+    gone_remembered: BTreeMap<String, BTreeSet<InstanceName>>,
     /// Consecutive unhealthy health reads of a container by one process
     /// incarnation since its last other answer or intervention (R12).
     unhealthy_reads: BTreeMap<(ContainerId, String), u32>,
@@ -238,23 +257,25 @@ impl Checker {
         );
     }
 
-    /// A process finished a tick (L7).
     /// A process finished a tick that began at `began` (true time), as
     /// leader or not, with these checks failed. A leader's successful TTL
     /// and lease-expiry checks are held to the rule exactly: whatever was
-    /// due when the tick began is done by its end (C6, C7).
-    pub fn ticked(
-        &self,
-        node: NodeId,
-        holder: &str,
-        leader: bool,
-        began: Timestamp,
-        failed: &[Check],
-    ) {
+    /// due when the tick began is done by its end (C6, C7); and its
+    /// recovery's memory is held to R16.
+    pub fn ticked(&self, node: NodeId, holder: &str, tick: Ticked<'_>) {
+        let Ticked {
+            leader,
+            began,
+            failed,
+            ..
+        } = tick;
         if leader {
             self.check_due_work_done(began, failed);
             if !failed.contains(&Check::VersionDrift) {
                 self.check_rollout(began);
+            }
+            if !failed.contains(&Check::Recovery) {
+                self.check_memory_pruned(holder, &tick);
             }
         }
         self.check_helm_releases();
@@ -275,6 +296,84 @@ impl Checker {
             !expected || leader,
             || format!("{holder} restarted holding its identity's lease but its first tick was not a leader's ({identity})"),
         );
+    }
+
+    /// R16 exactly, after a leader's tick whose recovery pass listed the
+    /// fleet: the memory names only generations ACTIVE named at some
+    /// moment of the tick for the instances the pass drove (each pruned
+    /// against the ACTIVE it loaded under its lock), and nothing of an
+    /// instance that was deleted, or gone from the store, before the tick
+    /// began (the pass forgets those). A memory that is never pruned is a
+    /// leak no other invariant sees.
+    fn check_memory_pruned(&self, holder: &str, tick: &Ticked<'_>) {
+        let since = tick.began - jiff::SignedDuration::try_from(CLOCK_TOLERANCE).expect("fits");
+        let instances: BTreeMap<InstanceName, Instance> = self
+            .store()
+            .all_instances()
+            .into_iter()
+            .map(|i| (i.name.clone(), i))
+            .collect();
+        let mut s = self.lock();
+        for key in tick.memory.generation_keys() {
+            if !tick.recovered.contains(&key.instance) {
+                continue;
+            }
+            let service = ServiceKey {
+                instance: key.instance.clone(),
+                service: key.service.clone(),
+            };
+            let named_now = s.truth.active.get(&service) == Some(&key.container);
+            let named_lately = s
+                .active_until
+                .get(&key.container)
+                .is_some_and(|until| *until >= since);
+            s.check(
+                "R16 memory pruned to ACTIVE's generations",
+                named_now || named_lately,
+                || {
+                    format!(
+                        "{}/{} remembers {} after a pass drove it, though ACTIVE named it at no moment of the tick",
+                        key.instance, key.service, key.container
+                    )
+                },
+            );
+        }
+        // A drive that loaded the instance before its deletion (a targeted
+        // pass of a process paused mid-drive) may write its memory back
+        // after the tick's pass forgot it: the next pass forgets it again.
+        // So only what two consecutive passes left behind is a leak.
+        let mut gone_now = BTreeSet::new();
+        for name in tick.memory.instance_names() {
+            let gone = match instances.get(name) {
+                None => true,
+                Some(i) => i.state == InstanceState::Deleted,
+            };
+            let settled = s.state_changed_at.get(name).is_none_or(|at| *at < since);
+            if gone && settled {
+                gone_now.insert(name.clone());
+            }
+        }
+        let before = s
+            .gone_remembered
+            .insert(holder.to_owned(), gone_now.clone())
+            .unwrap_or_default();
+        // Judged for every instance deleted before the tick (one the
+        // memory never named passes), and any name the memory keeps that
+        // the store has no row for.
+        let deleted = instances
+            .values()
+            .filter(|i| i.state == InstanceState::Deleted)
+            .map(|i| &i.name)
+            .filter(|name| s.state_changed_at.get(*name).is_none_or(|at| *at < since));
+        let judged: BTreeSet<InstanceName> = deleted.chain(&gone_now).cloned().collect();
+        for name in judged {
+            let kept = gone_now.contains(&name) && before.contains(&name);
+            s.check(
+                "R16 a deleted instance's memory is forgotten",
+                !kept,
+                || format!("{name}: remembered after two passes that listed it deleted or gone"),
+            );
+        }
     }
 
     /// H2: a ready instance of the Helm type never records a version its
@@ -1105,10 +1204,17 @@ impl Observer for Checker {
             // The store's writes keep the truth of ACTIVE and of the
             // inhibitions, whoever made them (operators or workers).
             Effect::ActiveSaved { service, container } => {
-                s.truth.active.insert(service.clone(), container.clone());
+                if let Some(before) = s.truth.active.insert(service.clone(), container.clone()) {
+                    if &before != container {
+                        s.active_until.insert(before, now);
+                    }
+                }
+                s.active_until.remove(container);
             }
             Effect::ActiveRemoved { service } => {
-                s.truth.active.remove(service);
+                if let Some(before) = s.truth.active.remove(service) {
+                    s.active_until.insert(before, now);
+                }
             }
             Effect::InhibitionSaved {
                 service,

@@ -35,7 +35,7 @@ use stead_testkit::ports::{
 };
 use stead_testkit::store::MemoryStore;
 
-use crate::checker::Checker;
+use crate::checker::{Checker, Ticked};
 
 /// What a process runs (`stead run --role`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -252,7 +252,18 @@ pub async fn process_main(slot: Arc<Slot>, shared: Arc<Shared>) {
                 let began = stead::ports::Clock::now(&stead::engine::SystemClock);
                 let outcome = reconciler.tick().await;
                 let failed: Vec<_> = outcome.failed.iter().map(|(check, _)| *check).collect();
-                checker.ticked(node, &holder, outcome.leader, began, &failed);
+                let memory = reconciler.recoverer().memory();
+                checker.ticked(
+                    node,
+                    &holder,
+                    Ticked {
+                        leader: outcome.leader,
+                        began,
+                        failed: &failed,
+                        recovered: &outcome.recovered,
+                        memory: &memory,
+                    },
+                );
                 tokio::time::sleep(tick).await;
             }
         }));

@@ -192,6 +192,8 @@ fn seeds_hold_every_invariant() {
         "S12 restart for health only at the threshold",
         "C8 max_in_flight not left unused while instances wait",
         "C8 upgrades in order, own team first",
+        "R16 memory pruned to ACTIVE's generations",
+        "R16 a deleted instance's memory is forgotten",
     ] {
         assert!(
             checks.get(invariant).copied().unwrap_or(0) > 0,

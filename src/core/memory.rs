@@ -151,6 +151,18 @@ impl RecoveryMemory {
             .is_some_and(|i| i.pending_withdrawals.contains(&key.service))
     }
 
+    /// Every generation remembered, instance by instance.
+    pub fn generation_keys(&self) -> impl Iterator<Item = &GenerationKey> {
+        self.instances
+            .values()
+            .flat_map(|i| i.generations.iter().map(|(k, _)| k))
+    }
+
+    /// Every instance something is remembered of.
+    pub fn instance_names(&self) -> impl Iterator<Item = &InstanceName> {
+        self.instances.keys()
+    }
+
     pub fn generations_count(&self) -> usize {
         self.instances.values().map(|i| i.generations.len()).sum()
     }

@@ -19,7 +19,7 @@ use crate::core::plan::{
     Decision, Level, Plan, Snapshot,
 };
 use crate::core::policy::PLANNERS_LEASE_NEED;
-use crate::core::types::Timestamp;
+use crate::core::types::{InstanceName, Timestamp};
 use crate::ports::{LeaseGrant, NotifyError, StoreError};
 
 use super::lease::LeaseAnswer;
@@ -75,6 +75,9 @@ pub struct TickOutcome {
     pub warnings: Vec<String>,
     pub tasks_enqueued: u32,
     pub traceparent: String,
+    /// Instances the recovery pass drove (loaded under their lock): what
+    /// the pass's memory now says of them was pruned this tick (R16).
+    pub recovered: BTreeSet<InstanceName>,
 }
 
 impl TickOutcome {
@@ -193,6 +196,12 @@ impl Reconciler {
             let errors: Vec<String> = pass.errors.iter().map(ToString::to_string).collect();
             out.failed.push((Check::Recovery, errors.join("; ")));
         }
+        out.recovered = pass
+            .instances
+            .iter()
+            .filter(|(_, i)| i.driven)
+            .map(|(name, _)| name.clone())
+            .collect();
         for (name, instance) in &pass.instances {
             for e in &instance.errors {
                 out.warnings.push(format!("recovery {name}: {e}"));

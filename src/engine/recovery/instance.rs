@@ -12,7 +12,7 @@ use tokio::time::Instant;
 use crate::core::broken::Mutant;
 use crate::core::fleet::InstanceId;
 use crate::core::fleet::{add, Instance};
-use crate::core::pass::{Abandon, InstancePass, PassInput};
+use crate::core::pass::{is_recovered, Abandon, InstancePass, PassInput};
 use crate::core::policy::INSTANCE_LEASE_SLACK;
 use crate::core::traffic::{routes_of, HeldRoutes};
 use crate::core::types::InstanceName;
@@ -149,6 +149,16 @@ impl Recoverer {
                         instance: name.clone(),
                         source,
                     }),
+                    // Deleted since it was listed (or since the event
+                    // that asked for it): nothing of it is recovered, and
+                    // what was remembered of it goes (R4).
+                    (Some(_), Some(Ok(row))) if !is_recovered(&row.instance) => {
+                        self.memory
+                            .lock()
+                            .expect("memory poisoned")
+                            .forget_instance(&row.instance.name);
+                        InstanceOutcome::default()
+                    }
                     (Some(lock_until), Some(Ok(row))) => {
                         let mandate = Mandate { fence, lock_until };
                         self.drive(row, &mandate, held, deadline).await
@@ -234,6 +244,7 @@ impl Recoverer {
             reports: report.reports,
             retired: report.retired.iter().map(ToString::to_string).collect(),
             errors: report.errors.into_iter().map(RecoverError::from).collect(),
+            driven: true,
             ..Default::default()
         }
     }

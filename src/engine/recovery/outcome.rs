@@ -74,6 +74,10 @@ pub struct InstanceOutcome {
     pub reports: Vec<Report>,
     pub retired: Vec<String>,
     pub errors: Vec<RecoverError>,
+    /// Loaded under its lock and driven through its pass (to the end, to
+    /// an error or to the deadline): its memory is now pruned against the
+    /// ACTIVE it loaded (R16).
+    pub driven: bool,
     pub skipped_busy: bool,
     /// Not attempted: this process no longer holds the reconciler lease
     /// (T2), so it must not act.

@@ -162,6 +162,9 @@ struct State {
     /// When ACTIVE stopped naming a container (a switch, a removal), for
     /// R16: a pass may remember what ACTIVE named while it ran.
     active_until: BTreeMap<ContainerId, Timestamp>,
+    /// When each process's last tick ended: its next tick's snapshot is
+    /// younger.
+    tick_ended: BTreeMap<NodeId, Timestamp>,
     /// Per process: the deleted or gone instances its memory named after
     /// its last leader's tick (R16).
     gone_remembered: BTreeMap<String, BTreeSet<InstanceName>>,
@@ -279,8 +282,10 @@ impl Checker {
             }
         }
         self.check_helm_releases();
+        let now = self.clock.now();
         let mut s = self.lock();
         s.ticks += 1;
+        s.tick_ended.insert(node, now);
         let outage = s.store_outage;
         let Some(p) = s.processes.get_mut(&node) else {
             return;
@@ -686,8 +691,16 @@ impl Checker {
         let s = self.lock();
         s.withdraw_failed
             .iter()
+            // A service that left ACTIVE (a version dropped it) is no
+            // longer the pending withdrawal's business: its memory is
+            // pruned (R16) and its route is a stale one, withdrawn as such
+            // (L8 judges that it is gone). Seed 401 found this, with two
+            // upgrades in flight: another process's worker retired the
+            // service while the leader's withdrawal was pending.
             .filter(|(key, holder)| {
-                Some(holder) == leader.as_ref() && !s.truth.deleting.contains(&key.instance)
+                Some(holder) == leader.as_ref()
+                    && !s.truth.deleting.contains(&key.instance)
+                    && s.truth.active.contains_key(key)
             })
             .map(|(key, _)| key.clone())
             .collect()
@@ -1003,6 +1016,7 @@ impl Observer for Checker {
     fn effect(&self, effect: &Effect) {
         let now = self.clock.now();
         let actor = madsim::plugin::node();
+        let node = actor;
         let mut s = self.lock();
         s.record(now, effect);
         let process = s.processes.get(&actor).cloned();
@@ -1302,6 +1316,28 @@ impl Observer for Checker {
                     };
                 }
             }
+            Effect::Enqueue {
+                instance,
+                kind,
+                fenced: true,
+                refused_for,
+            } => {
+                // A planner's decision, judged against what its snapshot
+                // held: the tick began after this process's previous one
+                // ended, and a task created before then was in it (a task
+                // once done or failed never becomes active again).
+                let planned_after = s.tick_ended.get(&node).copied();
+                let duplicate = refused_for.filter(|(_, created)| {
+                    planned_after.is_some_and(|after| add(*created, CLOCK_TOLERANCE) < after)
+                });
+                s.check("S9 a planner never decides a duplicate task", duplicate.is_none(), || {
+                    format!(
+                        "{kind} of instance {instance} decided while task {:?} of that kind was active before the tick",
+                        duplicate
+                    )
+                });
+            }
+            Effect::Enqueue { .. } => {}
             Effect::LeaseBroken { task, locked_at } => {
                 let expiry = add(*locked_at, self.task_lease);
                 let due = expiry <= add(now, CLOCK_TOLERANCE);

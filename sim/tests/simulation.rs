@@ -194,6 +194,7 @@ fn seeds_hold_every_invariant() {
         "C8 upgrades in order, own team first",
         "R16 memory pruned to ACTIVE's generations",
         "R16 a deleted instance's memory is forgotten",
+        "S9 a planner never decides a duplicate task",
     ] {
         assert!(
             checks.get(invariant).copied().unwrap_or(0) > 0,

@@ -176,6 +176,16 @@ pub enum Effect {
         id: ContainerId,
         health: Health,
     },
+    /// A task was offered to the queue: by the reconciler's planners (with
+    /// its fence) or an operator (without). `refused_for`: the queue
+    /// already held an active task of that instance and kind (its id and
+    /// when it was created), and refused this one.
+    Enqueue {
+        instance: i64,
+        kind: stead::core::fleet::TaskKind,
+        fenced: bool,
+        refused_for: Option<(i64, Timestamp)>,
+    },
     /// A running task's lease was broken: the task went back to the queue
     /// (C6). `locked_at` is when its worker last took or renewed it.
     LeaseBroken {

@@ -739,7 +739,22 @@ impl Store for MemoryStore {
     ) -> Result<Option<TaskId>, StoreError> {
         let mut state = self.call()?;
         state.check_fence(fence, self.now_us())?;
-        state.insert_task(task, now)
+        let refused_for = state
+            .tasks
+            .values()
+            .find(|t| t.instance == task.instance && t.kind == task.kind && t.state.is_active())
+            .map(|t| (t.id, t.created_at));
+        let inserted = state.insert_task(task, now);
+        drop(state);
+        if inserted.is_ok() {
+            self.tell(|| Effect::Enqueue {
+                instance: task.instance,
+                kind: task.kind,
+                fenced: fence.is_some(),
+                refused_for,
+            });
+        }
+        inserted
     }
 
     async fn claim(

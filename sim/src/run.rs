@@ -139,6 +139,7 @@ async fn simulate(cfg: SimConfig) -> SimOutcome {
         catalog_version: 1.into(),
         dropped: Mutex::new(None),
         created: 0.into(),
+        bad_versions: faults.bad_versions.clone(),
     });
     faults.enabled.store(false, Ordering::Relaxed);
     setup(

@@ -2,7 +2,7 @@
 //! injector, and the operators. Every random draw comes from a ChaCha8 RNG
 //! seeded from the run's seed.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -176,6 +176,10 @@ pub struct SwarmFaults {
     /// The runtime the faults act in, for the runtime's own restart that
     /// races a start.
     pub runtime: std::sync::OnceLock<std::sync::Weak<MemoryRuntime>>,
+    /// Catalog versions whose image is broken (shared with the operators,
+    /// who publish them): every container of one fails to create while
+    /// the faults last, so upgrades to it fail and halt the rollout.
+    pub bad_versions: Arc<Mutex<BTreeSet<u32>>>,
 }
 
 impl SwarmFaults {
@@ -190,7 +194,16 @@ impl SwarmFaults {
             process_nodes: std::sync::OnceLock::new(),
             paused_after_effect: Mutex::new(Vec::new()),
             runtime: std::sync::OnceLock::new(),
+            bad_versions: Arc::default(),
         }
+    }
+
+    /// Whether a container name (`stead.<instance>.<service>.<version>.
+    /// <digest>`) is of a broken catalog version.
+    fn of_bad_version(&self, container: &str) -> bool {
+        let mut parts = container.split('.');
+        let version = parts.nth(3).and_then(|v| v.parse::<u32>().ok());
+        version.is_some_and(|v| self.bad_versions.lock().expect("poisoned").contains(&v))
     }
 
     /// The runtime's own restart policy brings a down container up just
@@ -233,6 +246,13 @@ impl FaultInjector for SwarmFaults {
         }
         if !self.enabled.load(Ordering::Relaxed) {
             return Fault::Proceed;
+        }
+        if op == Op::Create && self.of_bad_version(subject) {
+            // An image tag that does not exist: an upgrade to this version
+            // can never succeed (its retries fail too, and the rollout
+            // halts after one tenant).
+            self.counts.bump("create of a broken version");
+            return Fault::Fail("pull access denied: manifest unknown".into());
         }
         let mut rng = self.rng.lock().expect("poisoned");
         let m = &self.mix;
@@ -363,6 +383,8 @@ pub struct Actors {
     pub dropped: Mutex<Option<ServiceName>>,
     /// Instances the operators created so far.
     pub created: AtomicU64,
+    /// Catalog versions published with a broken image (`SwarmFaults`).
+    pub bad_versions: Arc<Mutex<BTreeSet<u32>>>,
 }
 
 impl Actors {
@@ -632,8 +654,12 @@ impl Actors {
                         }
                     };
                 }
-                self.catalog_version.fetch_add(1, Ordering::Relaxed);
+                let version = self.catalog_version.fetch_add(1, Ordering::Relaxed) + 1;
                 self.counts.bump("operator bumped catalog");
+                if self.rng.lock().expect("poisoned").random_ratio(1, 4) {
+                    self.bad_versions.lock().expect("poisoned").insert(version);
+                    self.counts.bump("operator published a broken version");
+                }
             }
             7 => {
                 let halted = self

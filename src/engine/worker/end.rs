@@ -66,28 +66,35 @@ impl Worker {
         };
         let mut failed = task.clone();
         failed.last_error = Some(error.to_owned());
-        if let Some(crate::core::plan::Decision::HaltRollout {
-            service_type,
-            reason,
-        }) = halt_after_failed_upgrade(&failed, &instance, RetryDecision::Fail)
+        let decision = halt_after_failed_upgrade(&failed, &instance, RetryDecision::Fail);
+        if let Some(
+            decision @ crate::core::plan::Decision::HaltRollout {
+                service_type,
+                reason,
+            },
+        ) = &decision
         {
             let now = self.ports.clock.now();
             let halted = self
                 .ports
                 .store
                 .set_rollout(
-                    &service_type,
+                    service_type,
                     crate::core::fleet::RolloutState::Halted,
-                    &reason,
+                    reason,
                     now,
                     None,
                 )
                 .await;
             match halted {
-                Ok(()) => tracing::warn!(
+                Ok(()) => {
+                    metrics::counter!("stead_decisions_total", "decision" => decision.label())
+                        .increment(1);
+                    tracing::warn!(
                     service_type = %service_type,
                     "rollout of {service_type} halted (C8): {reason}; resume with `stead rollout resume {service_type}`"
-                ),
+                    )
+                }
                 Err(e) => tracing::error!(
                     service_type = %service_type,
                     "rollout of {service_type} should halt ({reason}) but the store refused: {e}"

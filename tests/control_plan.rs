@@ -1017,3 +1017,103 @@ proptest! {
         check_plan_shape(&world);
     }
 }
+
+/// Operators read decisions by their metric label and reports by their
+/// words; both are tables nothing else in the planners' tests looks at
+/// (mutation testing found `label` and `Report`'s text replaceable).
+#[test]
+fn every_decision_kind_has_its_own_label() {
+    use stead::core::fleet::NewTask;
+    use stead::core::plan::Notice;
+    let task = |kind| NewTask {
+        kind,
+        instance: 1,
+        run_after: Timestamp::UNIX_EPOCH,
+        reason: "why".into(),
+        traceparent: None,
+    };
+    let decisions = [
+        Decision::Enqueue(task(TaskKind::Provision)),
+        Decision::Enqueue(task(TaskKind::Reprovision)),
+        Decision::Enqueue(task(TaskKind::Upgrade)),
+        Decision::Enqueue(task(TaskKind::Deprovision)),
+        Decision::Expire {
+            instance: 1,
+            from: InstanceState::Ready,
+            task: task(TaskKind::Deprovision),
+        },
+        Decision::RequeueExpiredLease {
+            task: 1,
+            locked_by: None,
+            locked_at: None,
+            attempts: 0,
+        },
+        Decision::Notify(Notice {
+            event: "drift.release_missing",
+            instance: 1,
+            team: "t".into(),
+            message: "m".into(),
+        }),
+        Decision::HaltRollout {
+            service_type: "web".into(),
+            reason: "r".into(),
+        },
+    ];
+    let labels: Vec<&str> = decisions.iter().map(Decision::label).collect();
+    assert_eq!(labels, Decision::LABELS, "one label per kind, as listed");
+}
+
+#[test]
+fn every_report_names_what_and_where_at_its_level() {
+    use stead::core::window::Window;
+    let window_error = Window::parse("someday").expect_err("not a window");
+    let cases = [
+        (
+            Report::OrphanRelease {
+                name: "wiki9".into(),
+                namespace: "tenants".into(),
+            },
+            vec!["wiki9", "tenants", "left alone"],
+            Level::Error,
+        ),
+        (
+            Report::BadWindow {
+                instance: 7,
+                name: InstanceName::new("wiki7"),
+                window: "someday".into(),
+                error: window_error,
+            },
+            vec!["wiki7", "\"someday\"", "skipped"],
+            Level::Warn,
+        ),
+        (
+            Report::RunningWithoutLease { task: 42 },
+            vec!["task 42", "requeued"],
+            Level::Warn,
+        ),
+        (
+            Report::BadRelease {
+                instance: 8,
+                name: InstanceName::new("wiki8"),
+                error: "namespace template".into(),
+            },
+            vec!["wiki8", "namespace template"],
+            Level::Error,
+        ),
+        (
+            Report::UnknownServiceType {
+                instance: 9,
+                service_type: "gone".into(),
+            },
+            vec!["instance 9", "\"gone\"", "never upgraded"],
+            Level::Warn,
+        ),
+    ];
+    for (report, words, level) in cases {
+        let text = report.to_string();
+        for word in words {
+            assert!(text.contains(word), "{report:?} says {text:?}, not {word:?}");
+        }
+        assert_eq!(report.level(), level, "{report:?}");
+    }
+}

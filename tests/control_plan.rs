@@ -1112,7 +1112,10 @@ fn every_report_names_what_and_where_at_its_level() {
     for (report, words, level) in cases {
         let text = report.to_string();
         for word in words {
-            assert!(text.contains(word), "{report:?} says {text:?}, not {word:?}");
+            assert!(
+                text.contains(word),
+                "{report:?} says {text:?}, not {word:?}"
+            );
         }
         assert_eq!(report.level(), level, "{report:?}");
     }

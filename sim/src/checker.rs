@@ -622,6 +622,28 @@ impl Checker {
         }
     }
 
+    /// The container `holder` intervened on most often in one streak,
+    /// among those `eligible` accepts, if that streak reached the ladder
+    /// (more interventions than the free attempts): the generation whose
+    /// budget most surely holds history in that process's memory.
+    pub fn most_recovered_by(
+        &self,
+        holder: &str,
+        eligible: impl Fn(&ContainerId) -> bool,
+    ) -> Option<ContainerId> {
+        let free = self.policy.free_attempts as usize;
+        let s = self.lock();
+        s.streaks
+            .iter()
+            .filter(|((id, h), streak)| {
+                h == holder && streak.interventions.len() > free && eligible(id)
+            })
+            .max_by_key(|((id, _), streak)| {
+                (streak.interventions.len(), std::cmp::Reverse(id.clone()))
+            })
+            .map(|((id, _), _)| id.clone())
+    }
+
     /// A check made outside an effect (the queue, after each tick).
     pub fn check_external(
         &self,

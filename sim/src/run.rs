@@ -15,12 +15,15 @@ use stead::core::plan::ControlConfig;
 use stead::core::policy::{reconciler_lease_ttl, RecoveryPolicy};
 use stead::core::spec::{Healthcheck, ReadinessProbe, ServiceSpec};
 use stead::core::types::{
-    ActiveService, ContainerStatus, InhibitionReason, InstanceName, ServiceKey, Timestamp,
+    ActiveService, ContainerId, ContainerStatus, InhibitionReason, InstanceName, ServiceKey,
+    Timestamp,
 };
 use stead::core::window::Window;
 use stead::engine::recovery::InstanceLocks;
 use stead::engine::SystemClock;
-use stead::ports::{Clock, CreateContainer, NewInstance, Provisioner, Runtime, Store};
+use stead::ports::{
+    Clock, CreateContainer, NewInstance, Provisioner, Runtime, RuntimeEventAction, Store,
+};
 use stead_testkit::ports::{
     Hooks, MemoryNotifier, MemoryProbe, MemoryProvisioner, MemoryRuntime, MemoryTraffic,
 };
@@ -298,6 +301,17 @@ async fn simulate(cfg: SimConfig) -> SimOutcome {
             cfg.tick,
         )
         .await;
+        if checker.violations().is_empty() {
+            check_budget_reset(
+                &checker,
+                &actors,
+                store.as_ref(),
+                &runtime,
+                &policy,
+                cfg.tick,
+            )
+            .await;
+        }
     }
 
     outcome.violations = checker.violations();
@@ -309,6 +323,69 @@ async fn simulate(cfg: SimConfig) -> SimOutcome {
     outcome.faults = counts.counts.lock().expect("poisoned").clone();
     outcome.simulated = clock.now().duration_since(start).unsigned_abs();
     outcome
+}
+
+/// L9 (R14): five stable minutes reset the budget. Once everything has
+/// converged and stayed up a stable window (and a few ticks) with no fault,
+/// the container the leader recovered most often in one streak crashes
+/// once more: its budget must have been dropped, so it is started at once
+/// (within a couple of ticks), not held on the ladder. A budget that never
+/// resets, or resets late, is more conservative than the rule and broke no
+/// other invariant: it delays this start by minutes.
+async fn check_budget_reset(
+    checker: &Checker,
+    actors: &Actors,
+    store: &MemoryStore,
+    runtime: &Arc<MemoryRuntime>,
+    policy: &RecoveryPolicy,
+    tick: Duration,
+) {
+    tokio::time::sleep(policy.stable_window + tick * 3).await;
+    let Some(leader) = store.lease_now().map(|g| g.holder) else {
+        return;
+    };
+    let truth = checker.truth_snapshot();
+    let eligible = |id: &ContainerId| {
+        let Some((key, _)) = truth.active.iter().find(|(_, c)| *c == id) else {
+            return false;
+        };
+        !truth.stopped.contains(&key.instance)
+            && !truth.deleting.contains(&key.instance)
+            && !truth.inhibited.contains(id)
+            && runtime
+                .container(id)
+                .is_some_and(|c| c.status == ContainerStatus::Running)
+    };
+    let Some(id) = checker.most_recovered_by(&leader, eligible) else {
+        return;
+    };
+    let crashed_at = runtime.next_execution();
+    runtime.with_containers(|cs| {
+        if let Some(c) = cs.get_mut(&id) {
+            c.status = ContainerStatus::Exited;
+        }
+    });
+    checker.container_went_down(&id);
+    runtime.emit(&id, RuntimeEventAction::Die);
+    tokio::time::sleep(tick * 2).await;
+    let after = runtime.container(&id);
+    let restarted = after.as_ref().is_some_and(|c| {
+        c.status == ContainerStatus::Running && c.started_at.is_some_and(|at| at >= crashed_at)
+    });
+    checker.check_external(
+        "L9 a stable generation's budget resets",
+        restarted,
+        || {
+            format!(
+                "{id} ran stable for {:?} after converging, crashed once at {crashed_at} and was \
+                 not started again within two ticks ({:?} since {:?}): its budget never reset (R14)",
+                policy.stable_window,
+                after.as_ref().map(|c| c.status),
+                after.as_ref().and_then(|c| c.started_at)
+            )
+        },
+    );
+    actors.counts.bump("a stable generation crashed once more");
 }
 
 /// How long after one tick a lost route may take to be back: the pass

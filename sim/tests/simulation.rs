@@ -195,6 +195,7 @@ fn seeds_hold_every_invariant() {
         "R16 memory pruned to ACTIVE's generations",
         "R16 a deleted instance's memory is forgotten",
         "S9 a planner never decides a duplicate task",
+        "L9 a stable generation's budget resets",
     ] {
         assert!(
             checks.get(invariant).copied().unwrap_or(0) > 0,

@@ -280,6 +280,7 @@ async fn simulate(cfg: SimConfig) -> SimOutcome {
         // back as a stranger expires in its own time.
         tokio::time::sleep(reconciler_lease_ttl(cfg.tick, policy.instance_deadline) + cfg.tick * 2)
             .await;
+        check_stop_forgets_budget(&checker, &actors, store.as_ref(), &runtime, cfg.tick).await;
         let routed_before = traffic.routes();
         traffic.lose_everything();
         tokio::time::sleep(cfg.tick + ROUTE_RESTORE_SLACK).await;
@@ -325,6 +326,88 @@ async fn simulate(cfg: SimConfig) -> SimOutcome {
     outcome
 }
 
+/// The container the leader recovered most often in one streak (past
+/// the free attempts) among ACTIVE's running-intent, live, uninhibited
+/// ones that `up` accepts, with its service.
+fn most_recovered(
+    checker: &Checker,
+    store: &MemoryStore,
+    up: impl Fn(&ContainerId) -> bool,
+) -> Option<(ServiceKey, ContainerId)> {
+    let leader = store.lease_now()?.holder;
+    let truth = checker.truth_snapshot();
+    let service_of = |id: &ContainerId| {
+        truth
+            .active
+            .iter()
+            .find(|(_, c)| *c == id)
+            .map(|(key, _)| key.clone())
+    };
+    let eligible = |id: &ContainerId| {
+        service_of(id).is_some_and(|key| {
+            !truth.stopped.contains(&key.instance)
+                && !truth.deleting.contains(&key.instance)
+                && !truth.inhibited.contains(id)
+                && up(id)
+        })
+    };
+    let id = checker.most_recovered_by(&leader, eligible)?;
+    Some((service_of(&id)?, id))
+}
+
+/// L10 (R4): stopped intent forgets a service's budget. Right after the
+/// faults stop, while the leader's memory still holds the crash loops of
+/// the run, the instance of the container it recovered most often is
+/// stopped and started again by hand: the container must be started within
+/// two ticks of the start, whatever its ladder said before. A budget that
+/// survives a stop (`Budget::forget` -> `()`) holds it down for minutes.
+async fn check_stop_forgets_budget(
+    checker: &Checker,
+    actors: &Actors,
+    store: &MemoryStore,
+    runtime: &Arc<MemoryRuntime>,
+    tick: Duration,
+) {
+    let Some((key, id)) = most_recovered(checker, store, |id| runtime.container(id).is_some())
+    else {
+        return;
+    };
+    if !actors.stop_or_start(&key.instance, true).await {
+        return;
+    }
+    tokio::time::sleep(tick * 2).await;
+    let started_at = runtime.next_execution();
+    if !actors.stop_or_start(&key.instance, false).await {
+        return;
+    }
+    tokio::time::sleep(tick * 2).await;
+    // An upgrade that replaced the container meanwhile moves the question
+    // to another generation: nothing to judge.
+    if checker.truth(|t| t.active.get(&key) != Some(&id)) {
+        return;
+    }
+    let after = runtime.container(&id);
+    let started = after.as_ref().is_some_and(|c| {
+        c.status == ContainerStatus::Running && c.started_at.is_some_and(|at| at >= started_at)
+    });
+    checker.check_external(
+        "L10 a stopped instance started again starts at once",
+        started,
+        || {
+            format!(
+                "{id} of {} was not started within two ticks of `instance start` at {started_at} \
+             ({:?} since {:?}): a stop must forget its budget (R4)",
+                key.instance,
+                after.as_ref().map(|c| c.status),
+                after.as_ref().and_then(|c| c.started_at)
+            )
+        },
+    );
+    actors
+        .counts
+        .bump("an operator stopped and started an instance");
+}
+
 /// L9 (R14): five stable minutes reset the budget. Once everything has
 /// converged and stayed up a stable window (and a few ticks) with no fault,
 /// the container the leader recovered most often in one streak crashes
@@ -341,22 +424,12 @@ async fn check_budget_reset(
     tick: Duration,
 ) {
     tokio::time::sleep(policy.stable_window + tick * 3).await;
-    let Some(leader) = store.lease_now().map(|g| g.holder) else {
-        return;
+    let running = |id: &ContainerId| {
+        runtime
+            .container(id)
+            .is_some_and(|c| c.status == ContainerStatus::Running)
     };
-    let truth = checker.truth_snapshot();
-    let eligible = |id: &ContainerId| {
-        let Some((key, _)) = truth.active.iter().find(|(_, c)| *c == id) else {
-            return false;
-        };
-        !truth.stopped.contains(&key.instance)
-            && !truth.deleting.contains(&key.instance)
-            && !truth.inhibited.contains(id)
-            && runtime
-                .container(id)
-                .is_some_and(|c| c.status == ContainerStatus::Running)
-    };
-    let Some(id) = checker.most_recovered_by(&leader, eligible) else {
+    let Some((_, id)) = most_recovered(checker, store, running) else {
         return;
     };
     let crashed_at = runtime.next_execution();

@@ -10,7 +10,7 @@ use std::time::Duration;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
-use stead::core::fleet::{InstanceState, NewTask, RolloutState, TaskKind};
+use stead::core::fleet::{Instance, InstanceState, NewTask, RolloutState, TaskKind};
 use stead::core::spec::ServiceSpec;
 use stead::core::types::{
     ActiveService, ContainerId, ContainerStatus, Health, Inhibition, InhibitionReason,
@@ -553,6 +553,53 @@ impl Actors {
         guard.release().await;
     }
 
+    /// `stead instance stop` or `start`, under the instance lock the
+    /// caller holds: true if the store took it.
+    async fn set_intent(&self, instance: &Instance, stopped: bool) -> bool {
+        if self
+            .store
+            .set_instance_stopped(instance.id, stopped, self.clock.now())
+            .await
+            .is_err()
+        {
+            return false;
+        }
+        self.checker.truth(|t| {
+            if stopped {
+                t.stopped.insert(instance.name.clone());
+            } else {
+                t.stopped.remove(&instance.name);
+            }
+        });
+        if stopped {
+            self.checker.instance_stopped(&instance.name);
+        }
+        true
+    }
+
+    /// An operator stops or starts `name` by hand, taking its lock as the
+    /// CLI does: true if it took effect.
+    pub async fn stop_or_start(&self, name: &InstanceName, stopped: bool) -> bool {
+        let Ok(Some(instance)) = self.store.instance(name).await else {
+            return false;
+        };
+        let Ok(guard) = self
+            .locks
+            .lock(
+                instance.id,
+                "operator",
+                Duration::from_secs(60),
+                Duration::from_secs(20),
+            )
+            .await
+        else {
+            return false;
+        };
+        let done = self.set_intent(&instance, stopped).await;
+        guard.release().await;
+        done
+    }
+
     async fn operate(&self, which: u32, pick: usize, svc: &SimService) {
         let Ok(Some(instance)) = self.store.instance(&svc.key.instance).await else {
             return;
@@ -568,24 +615,8 @@ impl Actors {
         };
         match which {
             0 => {
-                let stopped = !instance.stopped;
-                if self
-                    .store
-                    .set_instance_stopped(instance.id, stopped, self.clock.now())
-                    .await
-                    .is_ok()
-                {
+                if self.set_intent(&instance, !instance.stopped).await {
                     self.counts.bump("operator toggled intent");
-                    self.checker.truth(|t| {
-                        if stopped {
-                            t.stopped.insert(instance.name.clone());
-                        } else {
-                            t.stopped.remove(&instance.name);
-                        }
-                    });
-                    if stopped {
-                        self.checker.instance_stopped(&instance.name);
-                    }
                 }
             }
             1 => {

@@ -196,6 +196,7 @@ fn seeds_hold_every_invariant() {
         "R16 a deleted instance's memory is forgotten",
         "S9 a planner never decides a duplicate task",
         "L9 a stable generation's budget resets",
+        "L10 a stopped instance started again starts at once",
     ] {
         assert!(
             checks.get(invariant).copied().unwrap_or(0) > 0,

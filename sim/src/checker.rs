@@ -162,6 +162,9 @@ struct State {
     /// When ACTIVE stopped naming a container (a switch, a removal), for
     /// R16: a pass may remember what ACTIVE named while it ran.
     active_until: BTreeMap<ContainerId, Timestamp>,
+    /// Containers made unhealthy on purpose in the calm after the run:
+    /// their restart for health is judged exactly (L11).
+    health_watched: BTreeSet<ContainerId>,
     /// When each process's last tick ended: its next tick's snapshot is
     /// younger.
     tick_ended: BTreeMap<NodeId, Timestamp>,
@@ -642,6 +645,17 @@ impl Checker {
                 (streak.interventions.len(), std::cmp::Reverse(id.clone()))
             })
             .map(|((id, _), _)| id.clone())
+    }
+
+    /// Judges `id`'s restart for health exactly from now on (L11), or no
+    /// longer.
+    pub fn watch_health(&self, id: &ContainerId, watched: bool) {
+        let mut s = self.lock();
+        if watched {
+            s.health_watched.insert(id.clone());
+        } else {
+            s.health_watched.remove(id);
+        }
     }
 
     /// A check made outside an effect (the queue, after each tick).
@@ -1336,6 +1350,17 @@ impl Observer for Checker {
                     } else {
                         0
                     };
+                    let reads = *reads;
+                    if s.health_watched.contains(id) {
+                        // The threshold-th read restarts in the same pass
+                        // (budget reset, no fault): no read comes after it.
+                        let threshold = self.policy.unhealthy_threshold;
+                        s.check(
+                            "L11 an unhealthy container is restarted at the threshold",
+                            reads <= threshold,
+                            || format!("{id} read unhealthy {reads} times in a row by {holder} and not restarted at the threshold ({threshold})"),
+                        );
+                    }
                 }
             }
             Effect::Enqueue {

@@ -143,6 +143,7 @@ async fn simulate(cfg: SimConfig) -> SimOutcome {
         dropped: Mutex::new(None),
         created: 0.into(),
         bad_versions: faults.bad_versions.clone(),
+        sick: Mutex::default(),
     });
     faults.enabled.store(false, Ordering::Relaxed);
     setup(
@@ -312,6 +313,15 @@ async fn simulate(cfg: SimConfig) -> SimOutcome {
                 cfg.tick,
             )
             .await;
+            check_health_restart(
+                &checker,
+                &actors,
+                store.as_ref(),
+                &runtime,
+                &policy,
+                cfg.tick,
+            )
+            .await;
         }
     }
 
@@ -441,6 +451,11 @@ async fn check_budget_reset(
     checker.container_went_down(&id);
     runtime.emit(&id, RuntimeEventAction::Die);
     tokio::time::sleep(tick * 2).await;
+    // An upgrade in a window that opened meanwhile may have replaced or
+    // retired it: nothing to judge then.
+    if !checker.truth(|t| t.active.values().any(|c| *c == id)) {
+        return;
+    }
     let after = runtime.container(&id);
     let restarted = after.as_ref().is_some_and(|c| {
         c.status == ContainerStatus::Running && c.started_at.is_some_and(|at| at >= crashed_at)
@@ -459,6 +474,82 @@ async fn check_budget_reset(
         },
     );
     actors.counts.bump("a stable generation crashed once more");
+}
+
+/// L11 (R12): a container whose healthcheck keeps failing is restarted
+/// at the threshold's consecutive unhealthy read, in that same pass (the
+/// checker fails a read past the threshold), and so within the threshold's
+/// ticks (a pass a tick, and one per health event). S12 judges that no
+/// restart comes before the threshold; this, in the calm that follows the
+/// run (budgets reset, no fault), that none comes later. The container
+/// heals again afterwards.
+async fn check_health_restart(
+    checker: &Checker,
+    actors: &Actors,
+    store: &MemoryStore,
+    runtime: &Arc<MemoryRuntime>,
+    policy: &RecoveryPolicy,
+    tick: Duration,
+) {
+    let healthy = |id: &ContainerId| {
+        runtime.container(id).is_some_and(|c| {
+            c.status == ContainerStatus::Running && c.health == stead::core::types::Health::Healthy
+        })
+    };
+    // Any healthy container will do; the one recovered most often first,
+    // else the first ACTIVE one.
+    let id = most_recovered(checker, store, healthy)
+        .map(|(_, id)| id)
+        .or_else(|| {
+            let truth = checker.truth_snapshot();
+            truth
+                .active
+                .iter()
+                .filter(|(key, id)| {
+                    !truth.stopped.contains(&key.instance)
+                        && !truth.deleting.contains(&key.instance)
+                        && !truth.inhibited.contains(*id)
+                        && healthy(id)
+                })
+                .map(|(_, id)| id.clone())
+                .next()
+        });
+    let Some(id) = id else {
+        return;
+    };
+    let Some(before) = runtime.container(&id).and_then(|c| c.started_at) else {
+        return;
+    };
+    checker.watch_health(&id, true);
+    actors.sick.lock().expect("poisoned").insert(id.clone());
+    let within = tick * policy.unhealthy_threshold + ROUTE_RESTORE_SLACK;
+    tokio::time::sleep(within).await;
+    actors.sick.lock().expect("poisoned").remove(&id);
+    checker.watch_health(&id, false);
+    // An upgrade in a window that opened meanwhile may have replaced or
+    // retired it: nothing to judge then.
+    if !checker.truth(|t| t.active.values().any(|c| *c == id)) {
+        return;
+    }
+    let after = runtime.container(&id);
+    let restarted = after
+        .as_ref()
+        .and_then(|c| c.started_at)
+        .is_some_and(|at| at > before);
+    checker.check_external(
+        "L11 an unhealthy container is restarted at the threshold",
+        restarted,
+        || {
+            format!(
+                "{id} unhealthy for {within:?} (threshold {} reads, a pass a tick) and not \
+                 restarted: still on the execution started at {before}",
+                policy.unhealthy_threshold
+            )
+        },
+    );
+    actors
+        .counts
+        .bump("a container's healthcheck failed on purpose");
 }
 
 /// How long after one tick a lost route may take to be back: the pass

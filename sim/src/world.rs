@@ -385,22 +385,29 @@ pub struct Actors {
     pub created: AtomicU64,
     /// Catalog versions published with a broken image (`SwarmFaults`).
     pub bad_versions: Arc<Mutex<BTreeSet<u32>>>,
+    /// Containers whose healthcheck fails whatever their behaviour, chaos
+    /// or not (a calm-phase check makes one sick on purpose).
+    pub sick: Mutex<BTreeSet<ContainerId>>,
 }
 
 impl Actors {
     /// The behaviour of every ACTIVE container; anything else (a candidate,
     /// a predecessor) is healthy, and everything is once chaos ends.
     fn behaviours(&self) -> BTreeMap<ContainerId, Behaviour> {
+        let sick = self.sick.lock().expect("poisoned").clone();
+        let sick = sick.into_iter().map(|id| (id, Behaviour::NeverHealthy));
         if !self.chaos.load(Ordering::Relaxed) {
-            return BTreeMap::new();
+            return sick.collect();
         }
         let services = self.services.lock().expect("poisoned");
-        self.checker.truth(|t| {
+        let mut behaviours: BTreeMap<ContainerId, Behaviour> = self.checker.truth(|t| {
             services
                 .iter()
                 .filter_map(|s| t.active.get(&s.key).map(|id| (id.clone(), s.behaviour)))
                 .collect()
-        })
+        });
+        behaviours.extend(sick);
+        behaviours
     }
 
     pub fn draw_behaviour(rng: &mut ChaCha8Rng) -> Behaviour {

@@ -197,6 +197,7 @@ fn seeds_hold_every_invariant() {
         "S9 a planner never decides a duplicate task",
         "L9 a stable generation's budget resets",
         "L10 a stopped instance started again starts at once",
+        "L11 an unhealthy container is restarted at the threshold",
     ] {
         assert!(
             checks.get(invariant).copied().unwrap_or(0) > 0,

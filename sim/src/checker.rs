@@ -542,6 +542,12 @@ impl Checker {
         }
     }
 
+    /// When the catalog last changed (a bump restarts every process, but
+    /// a tick racing the restart may still plan with the old file).
+    pub fn catalog_changed_at(&self) -> Option<Timestamp> {
+        self.lock().catalog_changed_at
+    }
+
     pub fn set_store_outage(&self, outage: bool) {
         self.lock().store_outage = outage;
     }

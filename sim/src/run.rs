@@ -1245,6 +1245,59 @@ async fn check_queue(
                     t.id, t.run_after
                 )
             });
+            // Exactly at the window's next opening, not a later one: no
+            // moment between its enqueueing and its run is in the window
+            // (sampled every quarter hour; the sim's windows are hours
+            // long), and the minute before it is not (it starts an
+            // opening), unless it was enqueued inside one.
+            // As the planner wrote it: a retry moves `run_after` on.
+            let settled = t.attempts == 0
+                && checker
+                    .catalog_changed_at()
+                    .is_none_or(|at| t.created_at > add(at, control.tick_interval));
+            if !security && settled {
+                let quarter = jiff::SignedDuration::from_mins(15);
+                let due_at_once = t.run_after <= add(t.created_at, Duration::from_secs(1));
+                let opens_then = !window.contains(t.run_after - jiff::SignedDuration::from_mins(1));
+                let mut probe = t.created_at;
+                let mut skipped = None;
+                while probe < t.run_after - jiff::SignedDuration::from_mins(1) {
+                    if window.contains(probe) {
+                        skipped = Some(probe);
+                        break;
+                    }
+                    probe += quarter;
+                }
+                checker.check_external(
+                    "S9 an upgrade runs at its window's next opening",
+                    (due_at_once || opens_then) && skipped.is_none(),
+                    || {
+                        format!(
+                            "upgrade task {} enqueued at {} runs at {}, but {spec:?} was open at {skipped:?} or before",
+                            t.id, t.created_at, t.run_after
+                        )
+                    },
+                );
+            }
+        }
+        if security {
+            // C8: a security release does not wait for any window.
+            let settled = t.attempts == 0
+                && checker
+                    .catalog_changed_at()
+                    .is_none_or(|at| t.created_at > add(at, control.tick_interval));
+            if settled {
+                checker.check_external(
+                    "S9 a security upgrade is due at once",
+                    t.run_after <= add(t.created_at, Duration::from_secs(1)),
+                    || {
+                        format!(
+                            "security upgrade task {} enqueued at {} waits until {}",
+                            t.id, t.created_at, t.run_after
+                        )
+                    },
+                );
+            }
         }
     }
 }

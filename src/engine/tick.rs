@@ -178,7 +178,15 @@ impl Reconciler {
             traceparent: traceparent.clone(),
             ..Default::default()
         };
-        super::clock::anchor(self.ports.clock.as_ref(), self.ports.store.as_ref()).await;
+        if !super::clock::anchor(self.ports.clock.as_ref(), self.ports.store.as_ref()).await {
+            // Never anchored: this host's clock may be minutes off the
+            // database's, and a TTL, a window or a budget timed by it would
+            // be wrong for every other process. Nothing is decided until
+            // the database answers (it is down, so no lease could be taken
+            // either).
+            tracing::warn!("the database's clock was never read; this tick decides nothing");
+            return out;
+        }
         if !self.take_lease().await {
             return out;
         }

@@ -33,6 +33,12 @@ pub trait Clock: Send + Sync {
     fn wants_anchor(&self) -> bool {
         false
     }
+    /// Whether `now` agrees with the database's clock: a clock that
+    /// follows it has been anchored at least once. Until then nothing that
+    /// compares times across processes may be decided by it (T2).
+    fn follows_database(&self) -> bool {
+        true
+    }
 }
 
 /// A container the runtime manages on stead's behalf (it carries stead's

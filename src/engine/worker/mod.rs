@@ -120,7 +120,12 @@ impl Worker {
     /// Claims one due task and runs it. `None` when nothing was due (or the
     /// store is down).
     pub async fn work_once(&self) -> Option<(Task, TaskEnd)> {
-        super::clock::anchor(self.ports.clock.as_ref(), self.ports.store.as_ref()).await;
+        if !super::clock::anchor(self.ports.clock.as_ref(), self.ports.store.as_ref()).await {
+            // A host clock minutes ahead would claim tasks before they are
+            // due (an upgrade before its window): none until the database
+            // has answered once.
+            return None;
+        }
         let now = self.ports.clock.now();
         let sent = Instant::now();
         let claimed = match self.ports.store.claim(&self.config.id, now, 1).await {

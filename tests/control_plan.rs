@@ -1120,3 +1120,37 @@ fn every_report_names_what_and_where_at_its_level() {
         assert_eq!(report.level(), level, "{report:?}");
     }
 }
+
+/// `Snapshot::apply` stands in for the store in the idempotence checks: a
+/// task it inserts gets an id no other task has, as the database's would
+/// (a reused id would make a second plan see the wrong task).
+#[test]
+fn applied_enqueues_get_ids_no_task_has() {
+    use stead::core::fleet::NewTask;
+    let catalog = Catalog::from_entries([entry("wiki", "1", false)]);
+    let config = ControlConfig::default();
+    let mut snap = snapshot(
+        vec![instance(1, "a", "wiki", "1"), instance(2, "b", "wiki", "1")],
+        vec![
+            task(3, TaskKind::Upgrade, 1, TaskState::Done),
+            task(7, TaskKind::Reprovision, 1, TaskState::Running),
+        ],
+        &catalog,
+        &config,
+    );
+    let enqueue = |instance, kind| {
+        Decision::Enqueue(NewTask {
+            kind,
+            instance,
+            run_after: now(),
+            reason: "test".into(),
+            traceparent: None,
+        })
+    };
+    snap.apply(&[
+        enqueue(2, TaskKind::Reprovision),
+        enqueue(2, TaskKind::Upgrade),
+    ]);
+    let ids: Vec<i64> = snap.tasks.iter().map(|t| t.id).collect();
+    assert_eq!(ids, [3, 7, 8, 9], "after the largest id, one each");
+}

@@ -1154,3 +1154,54 @@ fn applied_enqueues_get_ids_no_task_has() {
     let ids: Vec<i64> = snap.tasks.iter().map(|t| t.id).collect();
     assert_eq!(ids, [3, 7, 8, 9], "after the largest id, one each");
 }
+
+/// An expiry applies as the store's compare-and-set does: only from the
+/// state the planner saw, and its deprovision takes a fresh id too.
+#[test]
+fn applied_expiries_compare_and_set_and_take_fresh_ids() {
+    use stead::core::fleet::NewTask;
+    let catalog = Catalog::from_entries([entry("wiki", "1", false)]);
+    let config = ControlConfig::default();
+    let mut snap = snapshot(
+        vec![instance(1, "a", "wiki", "1"), instance(2, "b", "wiki", "1")],
+        vec![task(7, TaskKind::Reprovision, 2, TaskState::Running)],
+        &catalog,
+        &config,
+    );
+    let new_task = |instance, kind| NewTask {
+        kind,
+        instance,
+        run_after: now(),
+        reason: "test".into(),
+        traceparent: None,
+    };
+    snap.apply(&[
+        // Seen `upgrading`, but it is `ready` now: the swap misses.
+        Decision::Expire {
+            instance: 2,
+            from: InstanceState::Upgrading,
+            task: new_task(2, TaskKind::Deprovision),
+        },
+        Decision::Expire {
+            instance: 1,
+            from: InstanceState::Ready,
+            task: new_task(1, TaskKind::Deprovision),
+        },
+        Decision::Enqueue(new_task(2, TaskKind::Upgrade)),
+    ]);
+    let tasks: Vec<(i64, i64, TaskKind)> = snap
+        .tasks
+        .iter()
+        .map(|t| (t.id, t.instance, t.kind))
+        .collect();
+    assert_eq!(
+        tasks,
+        [
+            (7, 2, TaskKind::Reprovision),
+            (8, 1, TaskKind::Deprovision),
+            (9, 2, TaskKind::Upgrade)
+        ]
+    );
+    let states: Vec<InstanceState> = snap.instances.iter().map(|i| i.state).collect();
+    assert_eq!(states, [InstanceState::Deleting, InstanceState::Ready]);
+}

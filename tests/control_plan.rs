@@ -833,6 +833,12 @@ fn numeric_versions_compare_numerically() {
     assert!(!is_behind("v2.0", "2.0.0"));
     assert!(is_behind("2.0.0-rc1", "2.0.0"));
     assert!(!is_behind("same", "same"));
+    // Past eight components a version is an opaque string: behind
+    // whenever it differs, never by number.
+    let nine = "1.2.3.4.5.6.7.8.9";
+    assert!(!is_behind(nine, nine));
+    assert!(is_behind("1.2.3.4.5.6.7.8.10", nine), "differs, so behind");
+    assert!(is_behind("1..2", "1.0.2"), "an empty component is not a zero");
 }
 
 #[test]

@@ -794,6 +794,10 @@ fn busy_expired_or_releaseless_instances_are_not_upgraded() {
     );
     snap.releases.as_mut().unwrap().retain(|r| r.name != "i4");
     snap.instances.push(instance(7, "acme", "mystery", "1"));
+    // One of an unknown type that is not ready (being deleted) says nothing.
+    let mut leaving = instance(8, "acme", "mystery", "1");
+    leaving.state = InstanceState::Deleting;
+    snap.instances.push(leaving);
     check(
         plan_version_drift(&snap),
         &snap,
@@ -838,7 +842,10 @@ fn numeric_versions_compare_numerically() {
     let nine = "1.2.3.4.5.6.7.8.9";
     assert!(!is_behind(nine, nine));
     assert!(is_behind("1.2.3.4.5.6.7.8.10", nine), "differs, so behind");
-    assert!(is_behind("1..2", "1.0.2"), "an empty component is not a zero");
+    assert!(
+        is_behind("1..2", "1.0.2"),
+        "an empty component is not a zero"
+    );
 }
 
 #[test]

@@ -1036,15 +1036,8 @@ proptest! {
 /// (mutation testing found `label` and `Report`'s text replaceable).
 #[test]
 fn every_decision_kind_has_its_own_label() {
-    use stead::core::fleet::NewTask;
     use stead::core::plan::Notice;
-    let task = |kind| NewTask {
-        kind,
-        instance: 1,
-        run_after: Timestamp::UNIX_EPOCH,
-        reason: "why".into(),
-        traceparent: None,
-    };
+    let task = |kind| new_task(1, kind);
     let decisions = [
         Decision::Enqueue(task(TaskKind::Provision)),
         Decision::Enqueue(task(TaskKind::Reprovision)),
@@ -1134,12 +1127,22 @@ fn every_report_names_what_and_where_at_its_level() {
     }
 }
 
+/// A task to insert, due now.
+fn new_task(instance: i64, kind: TaskKind) -> stead::core::fleet::NewTask {
+    stead::core::fleet::NewTask {
+        kind,
+        instance,
+        run_after: now(),
+        reason: "test".into(),
+        traceparent: None,
+    }
+}
+
 /// `Snapshot::apply` stands in for the store in the idempotence checks: a
 /// task it inserts gets an id no other task has, as the database's would
 /// (a reused id would make a second plan see the wrong task).
 #[test]
 fn applied_enqueues_get_ids_no_task_has() {
-    use stead::core::fleet::NewTask;
     let catalog = Catalog::from_entries([entry("wiki", "1", false)]);
     let config = ControlConfig::default();
     let mut snap = snapshot(
@@ -1151,15 +1154,7 @@ fn applied_enqueues_get_ids_no_task_has() {
         &catalog,
         &config,
     );
-    let enqueue = |instance, kind| {
-        Decision::Enqueue(NewTask {
-            kind,
-            instance,
-            run_after: now(),
-            reason: "test".into(),
-            traceparent: None,
-        })
-    };
+    let enqueue = |instance, kind| Decision::Enqueue(new_task(instance, kind));
     snap.apply(&[
         enqueue(2, TaskKind::Reprovision),
         enqueue(2, TaskKind::Upgrade),
@@ -1172,7 +1167,6 @@ fn applied_enqueues_get_ids_no_task_has() {
 /// state the planner saw, and its deprovision takes a fresh id too.
 #[test]
 fn applied_expiries_compare_and_set_and_take_fresh_ids() {
-    use stead::core::fleet::NewTask;
     let catalog = Catalog::from_entries([entry("wiki", "1", false)]);
     let config = ControlConfig::default();
     let mut snap = snapshot(
@@ -1181,13 +1175,6 @@ fn applied_expiries_compare_and_set_and_take_fresh_ids() {
         &catalog,
         &config,
     );
-    let new_task = |instance, kind| NewTask {
-        kind,
-        instance,
-        run_after: now(),
-        reason: "test".into(),
-        traceparent: None,
-    };
     snap.apply(&[
         // Seen `upgrading`, but it is `ready` now: the swap misses.
         Decision::Expire {

@@ -25,7 +25,8 @@ use stead::ports::{
     Clock, CreateContainer, NewInstance, Provisioner, Runtime, RuntimeEventAction, Store,
 };
 use stead_testkit::ports::{
-    Hooks, MemoryNotifier, MemoryProbe, MemoryProvisioner, MemoryRuntime, MemoryTraffic,
+    Hooks, MemContainer, MemoryNotifier, MemoryProbe, MemoryProvisioner, MemoryRuntime,
+    MemoryTraffic,
 };
 use stead_testkit::store::MemoryStore;
 
@@ -365,6 +366,14 @@ fn most_recovered(
     Some((service_of(&id)?, id))
 }
 
+/// Whether `container` is running an execution started at or after
+/// `since` (the calm-phase checks' "started again").
+fn runs_an_execution_since(container: Option<&MemContainer>, since: Timestamp) -> bool {
+    container.is_some_and(|c| {
+        c.status == ContainerStatus::Running && c.started_at.is_some_and(|at| at >= since)
+    })
+}
+
 /// L10 (R4): stopped intent forgets a service's budget. Right after the
 /// faults stop, while the leader's memory still holds the crash loops of
 /// the run, the instance of the container it recovered most often is
@@ -397,9 +406,7 @@ async fn check_stop_forgets_budget(
         return;
     }
     let after = runtime.container(&id);
-    let started = after.as_ref().is_some_and(|c| {
-        c.status == ContainerStatus::Running && c.started_at.is_some_and(|at| at >= started_at)
-    });
+    let started = runs_an_execution_since(after.as_ref(), started_at);
     checker.check_external(
         "L10 a stopped instance started again starts at once",
         started,
@@ -457,9 +464,7 @@ async fn check_budget_reset(
         return;
     }
     let after = runtime.container(&id);
-    let restarted = after.as_ref().is_some_and(|c| {
-        c.status == ContainerStatus::Running && c.started_at.is_some_and(|at| at >= crashed_at)
-    });
+    let restarted = runs_an_execution_since(after.as_ref(), crashed_at);
     checker.check_external(
         "L9 a stable generation's budget resets",
         restarted,

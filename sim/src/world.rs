@@ -534,17 +534,7 @@ impl Actors {
         let Ok(Some(instance)) = self.store.instance(&svc.key.instance).await else {
             return;
         };
-        // Operators take the instance lock as workers do (T3).
-        let Ok(guard) = self
-            .locks
-            .lock(
-                instance.id,
-                "operator",
-                Duration::from_secs(60),
-                Duration::from_secs(20),
-            )
-            .await
-        else {
+        let Ok(guard) = self.lock_as_operator(instance.id).await else {
             return;
         };
         self.operate(which, pick, svc).await;
@@ -558,6 +548,22 @@ impl Actors {
             tokio::time::sleep(hold).await;
         }
         guard.release().await;
+    }
+
+    /// Operators take the instance lock as workers do (T3), waiting a
+    /// bounded while for it as the CLI does.
+    async fn lock_as_operator(
+        &self,
+        instance: i64,
+    ) -> Result<stead::engine::locks::InstanceGuard, stead::engine::locks::LockError> {
+        self.locks
+            .lock(
+                instance,
+                "operator",
+                Duration::from_secs(60),
+                Duration::from_secs(20),
+            )
+            .await
     }
 
     /// `stead instance stop` or `start`, under the instance lock the
@@ -590,16 +596,7 @@ impl Actors {
         let Ok(Some(instance)) = self.store.instance(name).await else {
             return false;
         };
-        let Ok(guard) = self
-            .locks
-            .lock(
-                instance.id,
-                "operator",
-                Duration::from_secs(60),
-                Duration::from_secs(20),
-            )
-            .await
-        else {
+        let Ok(guard) = self.lock_as_operator(instance.id).await else {
             return false;
         };
         let done = self.set_intent(&instance, stopped).await;

@@ -16,18 +16,22 @@ use stead::engine::recovery::{InstanceLocks, Recoverer};
 use stead::engine::Ports;
 use stead_testkit::fleet::{build_steady_fleet, FleetShape};
 use stead_testkit::ports::{
-    Hooks, ManualClock, MemoryNotifier, MemoryPolicy, MemoryProbe, MemoryProvisioner,
-    MemoryRuntime, MemoryTraffic,
+    Fault, FaultInjector, Hooks, ManualClock, MemoryNotifier, MemoryPolicy, MemoryProbe,
+    MemoryProvisioner, MemoryRuntime, MemoryTraffic, Op,
 };
 use stead_testkit::store::MemoryStore;
 
 /// The store round trips of one steady pass over `shape`, after a first
 /// pass (which takes the lease) changed nothing either.
 async fn steady_round_trips(shape: FleetShape, policy: &RecoveryPolicy) -> u64 {
+    steady_round_trips_with(shape, policy, Hooks::default()).await
+}
+
+/// [`steady_round_trips`] with the runtime's faults decided by `hooks`.
+async fn steady_round_trips_with(shape: FleetShape, policy: &RecoveryPolicy, hooks: Hooks) -> u64 {
     let clock = Arc::new(ManualClock::new(
         Timestamp::from_second(1_800_000_000).unwrap(),
     ));
-    let hooks = Hooks::default();
     let store = Arc::new(MemoryStore::new().with_clock(clock.clone()));
     let runtime = Arc::new(MemoryRuntime::new(clock.clone(), hooks.clone()));
     let traffic = Arc::new(MemoryTraffic::new(hooks.clone()));
@@ -133,4 +137,47 @@ async fn larger_batches_mean_fewer_round_trips_for_the_same_fleet() {
         assert!(trips < last);
         last = trips;
     }
+}
+
+/// Answers every inspect after a while, and nothing else.
+struct SlowInspect(Duration);
+
+impl FaultInjector for SlowInspect {
+    fn decide(&self, op: Op, _subject: &str) -> Fault {
+        match op {
+            Op::Inspect => Fault::Slow(self.0),
+            _ => Fault::Proceed,
+        }
+    }
+}
+
+/// The pass takes the next batch's locks and rows while it drives this
+/// one; a batch that waited behind a slow one longer than a second is
+/// released and taken again before it is driven (its locks' trust and its
+/// deadline run from when they were taken), and one that waited less is
+/// driven as taken.
+#[tokio::test(start_paused = true)]
+async fn a_batch_taken_ahead_of_a_slow_one_is_taken_again_before_it_is_driven() {
+    let policy = RecoveryPolicy {
+        instances_at_once: 1,
+        ..Default::default()
+    };
+    let shape = FleetShape {
+        instances: 4,
+        services_per_instance: 1,
+    };
+    let slow = |after| Hooks {
+        faults: Arc::new(SlowInspect(after)),
+        ..Hooks::default()
+    };
+    assert_eq!(
+        steady_round_trips_with(shape, &policy, slow(Duration::from_millis(500))).await,
+        1 + 3 * 4,
+        "half a second behind: every batch driven as taken ahead"
+    );
+    assert_eq!(
+        steady_round_trips_with(shape, &policy, slow(Duration::from_millis(1500))).await,
+        1 + 3 * 4 + 3 * 3,
+        "a second and a half behind: each batch after the first released, locked and loaded again"
+    );
 }

@@ -16,7 +16,7 @@ use crate::core::pass::{is_recovered, Abandon, InstancePass, PassInput};
 use crate::core::policy::INSTANCE_LEASE_SLACK;
 use crate::core::traffic::{routes_of, HeldRoutes};
 use crate::core::types::InstanceName;
-use crate::engine::locks::InstanceLocks;
+use crate::engine::locks::{InstanceGuard, InstanceLocks};
 use crate::engine::time_until;
 use crate::ports::{LeaseGrant, LoadedInstance, LoadedInstances};
 
@@ -42,8 +42,10 @@ impl Recoverer {
     /// Recovers one instance under its lock, its deadline and the lease
     /// (a targeted pass: a runtime event, T7).
     pub async fn recover_instance(&self, instance: &Instance) -> InstanceOutcome {
+        let batch = std::slice::from_ref(instance);
+        let taken = self.take_batch(batch).await;
         let outcome = self
-            .recover_batch(std::slice::from_ref(instance), None)
+            .finish_batch(batch, taken, None)
             .await
             .pop()
             .map_or_else(InstanceOutcome::default, |(_, outcome)| outcome);
@@ -53,19 +55,13 @@ impl Recoverer {
         outcome
     }
 
-    /// Recovers a batch of instances at once: their locks taken in one
-    /// round trip (busy ones skipped, R3), their rows loaded in one, then
-    /// each instance's pass driven concurrently under its own deadline
-    /// (services of one instance stay in order), and the locks released in
-    /// one. The store's round trips per pass grow with the number of
-    /// batches, not of instances (issue #14).
-    pub(super) async fn recover_batch(
-        &self,
-        batch: &[Instance],
-        held: Option<&HeldRoutes>,
-    ) -> Vec<(InstanceName, InstanceOutcome)> {
+    /// A batch's first half: the lease ensured, the instances' locks
+    /// taken in one round trip (busy ones skipped, R3) and their rows
+    /// loaded under them in one. The store's round trips per pass grow
+    /// with the number of batches, not of instances (issue #14).
+    pub(super) async fn take_batch(&self, batch: &[Instance]) -> Taken {
         let each = |f: &dyn Fn(&Instance) -> InstanceOutcome| {
-            batch.iter().map(|i| (i.name.clone(), f(i))).collect()
+            Taken::Settled(batch.iter().map(|i| (i.name.clone(), f(i))).collect())
         };
         let Some(fence) = self.fence().await else {
             return each(&|_| InstanceOutcome {
@@ -94,7 +90,8 @@ impl Recoverer {
             .iter()
             .map(|g| (g.instance(), g.trusted_until()))
             .collect();
-        let deadline = Instant::now() + self.policy.instance_deadline;
+        let taken_at = Instant::now();
+        let deadline = taken_at + self.policy.instance_deadline;
         let locked_ids: Vec<InstanceId> = locked.keys().copied().collect();
         // Loaded under the locks: the listing that started the pass may be
         // stale by now (an operator may have changed intent, a worker
@@ -104,7 +101,7 @@ impl Recoverer {
         } else {
             within(deadline, self.ports.store.load_instances(&locked_ids)).await
         };
-        let mut loaded = match loaded {
+        let loaded = match loaded {
             Ok(Ok(loaded)) => loaded,
             failed => {
                 InstanceLocks::release_all(guards).await;
@@ -125,6 +122,36 @@ impl Recoverer {
                     }
                 });
             }
+        };
+        Taken::Ready(TakenBatch {
+            fence,
+            guards,
+            locked,
+            loaded,
+            taken_at,
+            deadline,
+        })
+    }
+
+    /// A batch's second half: each locked instance's pass driven
+    /// concurrently under its own deadline (services of one instance stay
+    /// in order), then the locks released in one round trip.
+    pub(super) async fn finish_batch(
+        &self,
+        batch: &[Instance],
+        taken: Taken,
+        held: Option<&HeldRoutes>,
+    ) -> Vec<(InstanceName, InstanceOutcome)> {
+        let TakenBatch {
+            fence,
+            guards,
+            locked,
+            mut loaded,
+            taken_at: _,
+            deadline,
+        } = match taken {
+            Taken::Settled(outcomes) => return outcomes,
+            Taken::Ready(taken) => taken,
         };
         if let Some(queue) = self.wake.get() {
             // One scheduler: a wake-up that came due by this load is
@@ -196,11 +223,11 @@ impl Recoverer {
             active,
             inhibitions,
             held: held.map(|held| routes_of(held, &instance.name)),
-            memory: memory.clone(),
+            memory,
             deadline: add(self.ports.clock.now(), self.policy.instance_deadline),
         };
         let mut pass = InstancePass::new(&self.policy, input);
-        let mut log = StepLog::new(memory);
+        let mut log = StepLog::new(&self.memory);
         // One timer for the whole instance, not one per command: the
         // deadline is measured on the monotonic clock, and when it passes
         // the command in flight is dropped and the machine told.
@@ -253,6 +280,42 @@ impl Recoverer {
 /// How long after a delayed service's next attempt is allowed its wake-up
 /// fires: enough that the clocks agree it is allowed by then.
 const WAKE_SLACK: Duration = Duration::from_millis(10);
+
+/// A batch whose locks are taken and rows loaded, ready to drive; or one
+/// settled without driving (no lease, the lock or the load failed).
+pub(super) enum Taken {
+    Ready(TakenBatch),
+    Settled(Vec<(InstanceName, InstanceOutcome)>),
+}
+
+pub(super) struct TakenBatch {
+    fence: LeaseGrant,
+    guards: Vec<InstanceGuard>,
+    /// The locked instances, each with when its lock stops being trusted.
+    locked: BTreeMap<InstanceId, Instant>,
+    loaded: LoadedInstances,
+    taken_at: Instant,
+    /// Every pass of the batch ends by then: measured from the locks, as
+    /// the locks' trust is.
+    deadline: Instant,
+}
+
+impl Taken {
+    /// Whether the batch was taken so long ago that it should be released
+    /// and taken again before it is driven: its locks' trust and its
+    /// deadline run from when they were taken, and its rows were read
+    /// then.
+    pub(super) fn is_stale(&self, fresh_for: Duration) -> bool {
+        matches!(self, Taken::Ready(t) if t.taken_at.elapsed() > fresh_for)
+    }
+
+    /// Gives up a batch without driving it: its locks released.
+    pub(super) async fn release(self) {
+        if let Taken::Ready(taken) = self {
+            InstanceLocks::release_all(taken.guards).await;
+        }
+    }
+}
 
 /// A busy instance's outcome: skipped, never waited on (R3).
 fn busy() -> InstanceOutcome {

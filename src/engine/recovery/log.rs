@@ -2,6 +2,7 @@
 //! machine's reason, crash-loop holds once per new delay, counters.
 
 use std::collections::BTreeMap;
+use std::sync::Mutex;
 
 use crate::core::memory::RecoveryMemory;
 use crate::core::pass::{InstanceAnswer, InstanceCommand};
@@ -21,15 +22,18 @@ pub(super) fn record_metrics(report: &Report) {
 }
 
 /// What the log of one instance's pass needs to say what each step meant.
-pub(super) struct StepLog {
-    /// The instance's memory before the pass.
-    before: RecoveryMemory,
+pub(super) struct StepLog<'a> {
+    /// The recovery's memory, which holds the instance's memory from
+    /// before the pass until the pass ends (its lock keeps every other
+    /// pass of the instance out): read only for a step that is logged,
+    /// never copied by a steady pass.
+    before: &'a Mutex<RecoveryMemory>,
     /// The last status inspected, per generation.
     last_status: BTreeMap<GenerationKey, ContainerStatus>,
 }
 
-impl StepLog {
-    pub(super) fn new(before: RecoveryMemory) -> Self {
+impl<'a> StepLog<'a> {
+    pub(super) fn new(before: &'a Mutex<RecoveryMemory>) -> Self {
         Self {
             before,
             last_status: BTreeMap::new(),
@@ -37,7 +41,8 @@ impl StepLog {
     }
 
     pub(super) fn before(&self, key: &GenerationKey) -> Before {
-        let memory = self.before.service(key);
+        let memory = self.before.lock().expect("memory poisoned");
+        let memory = memory.service(key);
         Before {
             routed: memory.generation.verified_started_at.is_some(),
             next_attempt: memory
@@ -181,7 +186,7 @@ fn log_step(
 }
 
 /// A crash-loop hold, once per new delay rather than every pass.
-pub(super) fn log_hold(report: &Report, log: &StepLog) {
+pub(super) fn log_hold(report: &Report, log: &StepLog<'_>) {
     let Verdict::Delayed {
         next_attempt: Some(next),
     } = report.verdict

@@ -22,6 +22,11 @@ mod plane;
 
 pub use outcome::{InstanceOutcome, PassOutcome, RecoverError};
 
+/// How long a batch taken ahead (while the one before it was driven) may
+/// wait before it is driven; longer, and it is released and taken again,
+/// so its passes get their whole deadline under locks taken just before.
+const PREFETCH_FRESH: std::time::Duration = std::time::Duration::from_secs(1);
+
 use super::lease::LeaseGuard;
 pub use super::locks::InstanceLocks;
 use super::wake::WakeQueue;
@@ -155,11 +160,37 @@ impl Recoverer {
                 memory.forget_instance(name);
             }
         }
-        for batch in plan.recover.chunks(self.policy.instances_at_once.max(1)) {
-            let results = self.recover_batch(batch, held.as_ref()).await;
+        // A pipeline of two: the next batch's locks are taken and its rows
+        // loaded while this batch's instances are driven, so the store's
+        // round trips and the passes overlap; at most `instances_at_once`
+        // instances are driven at a time.
+        let mut batches = plan.recover.chunks(self.policy.instances_at_once.max(1));
+        let mut current = match batches.next() {
+            Some(batch) => Some((batch, self.take_batch(batch).await)),
+            None => None,
+        };
+        while let Some((batch, mut taken)) = current.take() {
+            if taken.is_stale(PREFETCH_FRESH) {
+                // The batch before took long (a slow runtime): these locks
+                // were taken too long ago to drive under; take them again.
+                taken.release().await;
+                taken = self.take_batch(batch).await;
+            }
+            let next = batches.next();
+            let (results, next_taken) =
+                tokio::join!(self.finish_batch(batch, taken, held.as_ref()), async {
+                    match next {
+                        Some(next) => Some((next, self.take_batch(next).await)),
+                        None => None,
+                    }
+                });
+            current = next_taken;
             if results.iter().any(|(_, r)| r.skipped_no_lease) {
                 // The lease is lost: nothing more may be done this pass.
                 outcome.errors.push(RecoverError::LeaseLost);
+                if let Some((_, taken)) = current.take() {
+                    taken.release().await;
+                }
                 break;
             }
             let busy = results.iter().filter(|(_, r)| r.skipped_busy).count();

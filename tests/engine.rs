@@ -73,6 +73,11 @@ impl Script {
         self.armed.lock().unwrap().push((op, Box::new(happen)));
     }
 
+    /// Every rule dropped: the port answers again.
+    fn heal(&self) {
+        self.rules.lock().unwrap().clear();
+    }
+
     fn fail(&self, op: Op, subject_prefix: &str, fault: Fault) {
         self.rules
             .lock()
@@ -1157,4 +1162,39 @@ async fn the_memory_runtime_refuses_to_stop_or_remove_another_generation() {
     assert_eq!(container.status, ContainerStatus::Running);
     f.runtime.remove(&key("a-api", "web")).await.unwrap();
     assert!(f.runtime.container(&id).is_none());
+}
+
+/// T7: an event subscription the runtime accepts and never answers (a hung
+/// dockerd) is given up after `SUBSCRIBE_TIMEOUT` and tried again, so once
+/// the runtime answers, its events wake instances again; the follower never
+/// waits on it forever, leaving every recovery a tick late. (The
+/// simulation's L12 found a follower stuck so since the chaos of its run.)
+#[tokio::test(start_paused = true)]
+async fn a_hung_event_subscription_is_given_up_and_tried_again() {
+    let f = fixture();
+    f.served("evented", "2").await;
+    let web = f.web_container("evented").await;
+    f.script.fail(Op::List, "events", Fault::Hang);
+    let queue = Arc::new(WakeQueue::new(16));
+    let (stop, stopped) = tokio::sync::watch::channel(false);
+    let follower = tokio::spawn(stead::engine::events::follow(
+        f.runtime.clone(),
+        f.runtime.clone(),
+        f.clock.clone(),
+        queue.clone(),
+        stopped,
+    ));
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    f.script.heal();
+    tokio::time::sleep(stead::engine::events::SUBSCRIBE_TIMEOUT + Duration::from_secs(5)).await;
+    f.clock.advance(Duration::from_secs(1));
+    f.runtime.emit(&web, stead::ports::RuntimeEventAction::Die);
+    let woken = tokio::time::timeout(Duration::from_secs(1), queue.next()).await;
+    assert_eq!(
+        woken.ok(),
+        Some(InstanceName::new("evented")),
+        "the crash's event woke its instance once the runtime answered again"
+    );
+    stop.send(true).unwrap();
+    follower.await.unwrap();
 }

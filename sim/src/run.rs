@@ -30,7 +30,7 @@ use stead_testkit::ports::{
 };
 use stead_testkit::store::MemoryStore;
 
-use crate::checker::{ladder_cap, Checker};
+use crate::checker::{ladder_cap, Checker, CLOCK_TOLERANCE};
 use crate::topology::{process_main, Shared, Slot, Topology};
 use crate::world::{
     helm_instance_name, instance_name, service_name, Actors, FaultCounts, FaultMix, SimService,
@@ -323,6 +323,21 @@ async fn simulate(cfg: SimConfig) -> SimOutcome {
                 cfg.tick,
             )
             .await;
+            let observed_within = if shared.events {
+                // A crash's event brings a targeted pass at once.
+                LADDER_SLACK
+            } else {
+                cfg.tick + LADDER_SLACK
+            };
+            check_ladder_on_time(
+                &checker,
+                &actors,
+                &runtime,
+                &policy,
+                observed_within,
+                cfg.tick,
+            )
+            .await;
         }
     }
 
@@ -556,6 +571,119 @@ async fn check_health_restart(
         .counts
         .bump("a container's healthcheck failed on purpose");
 }
+
+/// L12 (R10): the crash-loop ladder is climbed on time, not later. In the
+/// calm after L11, a container that has run stable for longer than the
+/// stable window (so its budget was reset) crashes again each time it is
+/// started, `free_attempts + 2` times. The first `free_attempts` restarts
+/// must come within `observed_within` of the crash; each later one within
+/// that plus the ladder's next delay: the budget charges a crash when the
+/// engine observes it (at once on its event, else at the next tick) and the
+/// wake-up queue brings the instance back the moment the delay ends.
+/// S6 judges that no restart comes earlier; this, that none comes later: a
+/// ladder that waits longer than the rule, or an attempt charged twice,
+/// broke no other invariant.
+async fn check_ladder_on_time(
+    checker: &Checker,
+    actors: &Actors,
+    runtime: &Arc<MemoryRuntime>,
+    policy: &RecoveryPolicy,
+    observed_within: Duration,
+    tick: Duration,
+) {
+    let now = actors.clock.now();
+    // Stable for the window after its start, with room for the readiness
+    // and verification that start the stable streak.
+    let settled = |c: &MemContainer| {
+        c.status == ContainerStatus::Running
+            && c.health == stead::core::types::Health::Healthy
+            && c.started_at
+                .is_some_and(|at| add(at, policy.stable_window + STABLE_STREAK_SLACK) <= now)
+    };
+    let truth = checker.truth_snapshot();
+    let Some((key, id)) = truth
+        .active
+        .iter()
+        .find(|(key, id)| {
+            !truth.stopped.contains(&key.instance)
+                && !truth.deleting.contains(&key.instance)
+                && !truth.inhibited.contains(*id)
+                && !truth.markers.contains_key(*id)
+                && runtime.container(id).is_some_and(|c| settled(&c))
+        })
+        .map(|(key, id)| (key.clone(), id.clone()))
+    else {
+        return;
+    };
+    let free = policy.free_attempts as usize;
+    for crash in 1..=free + 2 {
+        let delay = crash.checked_sub(free + 1).map_or(Duration::ZERO, |rung| {
+            policy.delays[rung.min(policy.delays.len() - 1)]
+        });
+        let since = runtime.next_execution();
+        let crashed_at = actors.clock.now();
+        let crashed = runtime.with_containers(|cs| match cs.get_mut(&id) {
+            Some(c) if c.status == ContainerStatus::Running => {
+                c.status = ContainerStatus::Exited;
+                true
+            }
+            _ => false,
+        });
+        if !crashed {
+            return;
+        }
+        checker.container_went_down(&id);
+        runtime.emit(&id, RuntimeEventAction::Die);
+        let limit = delay + observed_within + CLOCK_TOLERANCE;
+        let mut waited = Duration::ZERO;
+        let restarted = loop {
+            if runs_an_execution_since(runtime.container(&id).as_ref(), since) {
+                break true;
+            }
+            if waited >= limit {
+                break false;
+            }
+            tokio::time::sleep(LADDER_POLL).await;
+            waited += LADDER_POLL;
+        };
+        // An upgrade in a window that opened meanwhile may have replaced
+        // or retired it: nothing to judge then.
+        if checker.truth(|t| t.active.get(&key) != Some(&id)) {
+            return;
+        }
+        checker.check_external(
+            "L12 the crash-loop ladder is climbed on time",
+            restarted,
+            || {
+                format!(
+                "{id} crashed for the {crash}th time in a row at {crashed_at} and was not started \
+                 again within {limit:?} (the ladder's delay for that crash is {delay:?}, \
+                 {free} attempts free): the budget waits longer than the rule (R10)"
+            )
+            },
+        );
+        if !restarted {
+            return;
+        }
+        // The pass that started it finishes (verification, publication)
+        // before the next crash.
+        tokio::time::sleep(tick).await;
+    }
+    actors
+        .counts
+        .bump("a container crashed down its budget's ladder");
+}
+
+/// What L12 allows beyond the moment a crash is observed and the
+/// ladder's delay: the pass that starts the container, and a poll.
+const LADDER_SLACK: Duration = Duration::from_secs(5);
+
+/// How often L12 looks for the restart it waits for.
+const LADDER_POLL: Duration = Duration::from_millis(250);
+
+/// How long after a start the stable streak that resets a budget may
+/// begin: the first verified, ready observation.
+const STABLE_STREAK_SLACK: Duration = Duration::from_secs(60);
 
 /// How long after one tick a lost route may take to be back: the pass
 /// that republishes it runs at the tick, and takes a moment.

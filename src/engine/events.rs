@@ -26,6 +26,11 @@ use super::wake::{Wake, WakeQueue};
 pub const EVENT_WORKERS_DEFAULT: usize = 4;
 /// Pause before subscribing again after the stream ended or failed.
 const RESUBSCRIBE_DELAY: Duration = Duration::from_secs(1);
+/// How long a subscription may take to answer. A runtime that accepts the
+/// request and never answers (a hung dockerd) would otherwise hold the
+/// follower forever, long after the runtime recovered: events would be
+/// lost until the daemon restarted, every recovery a tick late.
+pub const SUBSCRIBE_TIMEOUT: Duration = Duration::from_secs(10);
 /// A woken instance that was busy (a worker or another pass held it) is
 /// tried again this much later.
 const BUSY_RETRY: Duration = Duration::from_millis(500);
@@ -44,12 +49,16 @@ pub async fn follow(
         let subscribed = tokio::select! {
             // In order, not at random: the simulation must replay exactly.
             biased;
-            s = source.subscribe(since) => s,
+            s = tokio::time::timeout(SUBSCRIBE_TIMEOUT, source.subscribe(since)) => s,
             _ = stopped(&mut stop) => return,
         };
         match subscribed {
-            Err(e) => tracing::warn!(error = %e, "runtime events: subscribe failed; retrying"),
-            Ok(mut subscription) => {
+            Err(_) => tracing::warn!(
+                timeout = ?SUBSCRIBE_TIMEOUT,
+                "runtime events: subscribe did not answer in time; retrying"
+            ),
+            Ok(Err(e)) => tracing::warn!(error = %e, "runtime events: subscribe failed; retrying"),
+            Ok(Ok(mut subscription)) => {
                 runtime.events_followed(true);
                 loop {
                     let item = tokio::select! {

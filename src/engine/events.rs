@@ -26,10 +26,12 @@ use super::wake::{Wake, WakeQueue};
 pub const EVENT_WORKERS_DEFAULT: usize = 4;
 /// Pause before subscribing again after the stream ended or failed.
 const RESUBSCRIBE_DELAY: Duration = Duration::from_secs(1);
-/// How long a subscription may take to answer. A runtime that accepts the
-/// request and never answers (a hung dockerd) would otherwise hold the
-/// follower forever, long after the runtime recovered: events would be
-/// lost until the daemon restarted, every recovery a tick late.
+/// How long a subscription may take to answer. A runtime port whose
+/// subscribe accepts the request and never answers would otherwise hold
+/// the follower forever, long after the runtime recovered: events would be
+/// lost until the daemon restarted, every recovery a tick late. (Docker's
+/// subscribe is lazy, its request goes out on the first read; a stream
+/// that stays silent is, to the follower, a quiet fleet.)
 pub const SUBSCRIBE_TIMEOUT: Duration = Duration::from_secs(10);
 /// A woken instance that was busy (a worker or another pass held it) is
 /// tried again this much later.

@@ -3,7 +3,7 @@
 use std::collections::BTreeMap;
 
 use super::recovery::{GenerationMemory, Report, ServiceMemory};
-use super::types::{ActiveRecord, GenerationKey, InstanceName, ServiceKey, ServiceName};
+use super::types::{ActiveRecord, GenerationKey, InstanceName, ServiceName};
 
 /// Budgets and verified executions per generation, and the services whose
 /// last withdrawal failed. Lost on a daemon restart by design (R17).
@@ -145,12 +145,6 @@ impl RecoveryMemory {
         self.instances.get(&key.instance)?.generation(key)
     }
 
-    pub fn withdrawal_pending(&self, key: &ServiceKey) -> bool {
-        self.instances
-            .get(&key.instance)
-            .is_some_and(|i| i.pending_withdrawals.contains(&key.service))
-    }
-
     /// Every generation remembered, instance by instance.
     pub fn generation_keys(&self) -> impl Iterator<Item = &GenerationKey> {
         self.instances
@@ -179,6 +173,7 @@ impl RecoveryMemory {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::core::budget::BudgetEntry;
     use crate::core::types::ContainerId;
 
     /// A fleet that churns must not keep a husk per instance it once
@@ -208,5 +203,56 @@ mod tests {
         memory.put(&key, &remembered);
         memory.forget_instance(&key.instance);
         assert_eq!(memory, RecoveryMemory::default(), "forgotten (R4, R16)");
+    }
+
+    /// What the engine's gauge (`stead_budget_delays_in_force`) and the
+    /// simulation's R16 checker read: every generation remembered, and
+    /// those whose budget delays the next attempt.
+    #[test]
+    fn generations_and_delays_are_listed_as_remembered() {
+        let key = |service: &str, container: &str| GenerationKey {
+            instance: InstanceName::new("a"),
+            service: ServiceName::new(service),
+            container: ContainerId::new(container),
+        };
+        let (routed, delayed, failed) = (key("api", "c1"), key("web", "c2"), key("db", "c3"));
+        let at = jiff::Timestamp::from_second(1_000).unwrap();
+        let with = |budget: Option<BudgetEntry>, verified: Option<jiff::Timestamp>| ServiceMemory {
+            generation: GenerationMemory {
+                budget,
+                verified_started_at: verified,
+            },
+            withdrawal_pending: false,
+        };
+        let mut memory = RecoveryMemory::default();
+        memory.put(&routed, &with(None, Some(at)));
+        memory.put(
+            &delayed,
+            &with(
+                Some(BudgetEntry {
+                    failures: 3,
+                    next_attempt: Some(at),
+                    ..BudgetEntry::default()
+                }),
+                None,
+            ),
+        );
+        memory.put(
+            &failed,
+            &with(
+                Some(BudgetEntry {
+                    failures: 1,
+                    ..BudgetEntry::default()
+                }),
+                None,
+            ),
+        );
+        let mut keys: Vec<_> = memory.generation_keys().cloned().collect();
+        keys.sort();
+        let mut want = vec![routed, delayed.clone(), failed];
+        want.sort();
+        assert_eq!(keys, want);
+        let delays: Vec<_> = memory.delayed().map(|(k, _)| k.clone()).collect();
+        assert_eq!(delays, vec![delayed]);
     }
 }

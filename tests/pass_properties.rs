@@ -128,10 +128,15 @@ fn a_verified_routed_successor_lets_the_predecessor_go() {
     let case = seed.build();
     let mut pass = InstancePass::new(&case.policy, case.input.clone());
     let mut retired = false;
+    let mut whys = Vec::new();
     while let Some(command) = pass.poll_command() {
         use stead::core::pass::{InstanceAnswer as A, InstanceCommand as C};
         use stead::core::recovery::{Command, Outcome};
         use stead::core::types::{ContainerStatus, Observation};
+        if matches!(command, C::Service { .. }) {
+            // What the engine's log and step counters say of the step.
+            whys.push(pass.why());
+        }
         let running = Observation {
             status: ContainerStatus::Running,
             started_at: machine::execution(1),
@@ -178,6 +183,12 @@ fn a_verified_routed_successor_lets_the_predecessor_go() {
     let report = pass.into_report();
     assert!(retired, "no retirement: {:?}", report.errors);
     assert_eq!(report.retired.len(), 1);
+    assert_eq!(
+        whys.first(),
+        Some(&Some(stead::core::recovery::Why::Observe)),
+        "a service's steps say why: {whys:?}"
+    );
+    assert!(whys.iter().all(Option::is_some), "{whys:?}");
 }
 
 // The instance pass's own tables, pinned: which of its commands need the

@@ -401,15 +401,15 @@ impl<'p> InstancePass<'p> {
                     if let Some(command) = self.marker_command() {
                         return Some(command);
                     }
-                    if self.marker.is_none() && self.markers.is_empty() {
-                        self.stale = self
-                            .held
-                            .as_ref()
-                            .map(|held| routes_without_active(held, &self.instance, &self.active))
-                            .unwrap_or_default()
-                            .into();
-                        self.stage = Stage::Stale;
-                    }
+                    // `marker_command` answers `None` only once no marker
+                    // is in hand and none is left.
+                    self.stale = self
+                        .held
+                        .as_ref()
+                        .map(|held| routes_without_active(held, &self.instance, &self.active))
+                        .unwrap_or_default()
+                        .into();
+                    self.stage = Stage::Stale;
                 }
                 Stage::Stale => match self.stale.pop_front() {
                     Some(key) => return Some(InstanceCommand::WithdrawStale(key)),

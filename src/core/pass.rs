@@ -19,10 +19,9 @@
 //! let report = pass.into_report();
 //! ```
 //!
-//! The instance deadline is the machine's: [`InstancePass::poll_timeout`]
-//! names it and [`InstancePass::handle_timeout`] abandons what is left once
-//! it has passed. A driver that loses its mandate (lease or lock) mid-pass
-//! calls [`InstancePass::abandon`].
+//! The instance deadline is the driver's, measured on its monotonic clock:
+//! when it passes, or when the driver loses its mandate (lease or lock)
+//! mid-pass, the driver calls [`InstancePass::abandon`].
 
 use std::collections::VecDeque;
 use std::time::Duration;
@@ -61,8 +60,6 @@ pub struct PassInput {
     /// This instance's memory from earlier passes
     /// ([`RecoveryMemory::of_instance`]).
     pub memory: RecoveryMemory,
-    /// When the pass must give up what is left.
-    pub deadline: Timestamp,
 }
 
 /// One effect the driver must perform.
@@ -290,7 +287,6 @@ pub struct InstancePass<'p> {
     inhibitions: Vec<Inhibition>,
     held: Option<HeldRoutes>,
     memory: RecoveryMemory,
-    deadline: Timestamp,
     stage: Stage,
     services: VecDeque<(ServiceName, ActiveService)>,
     current: Option<ServiceRecovery<'p>>,
@@ -330,7 +326,6 @@ impl<'p> InstancePass<'p> {
             inhibitions: input.inhibitions,
             held,
             memory: input.memory,
-            deadline: input.deadline,
             stage: Stage::Services,
             services,
             current: None,
@@ -627,19 +622,6 @@ impl<'p> InstancePass<'p> {
         }
     }
 
-    /// The instant after which the pass gives up what is left, while it
-    /// is not over.
-    pub fn poll_timeout(&self) -> Option<Timestamp> {
-        (!self.is_done()).then_some(self.deadline)
-    }
-
-    /// Abandons what is left once `now` has reached the deadline.
-    pub fn handle_timeout(&mut self, now: Timestamp) {
-        if now >= self.deadline {
-            self.abandon(Abandon::Deadline);
-        }
-    }
-
     /// Gives up the rest of the pass, failing closed: the service in hand
     /// and every service not reached yet are abandoned (an unanswered
     /// withdrawal counts as failed; a period nobody watched does not count
@@ -811,7 +793,6 @@ mod tests {
                 inhibitions: Vec::new(),
                 held: None,
                 memory: RecoveryMemory::default(),
-                deadline: Timestamp::UNIX_EPOCH,
             },
         );
         assert!(pass.poll_command().is_some(), "the first service starts");

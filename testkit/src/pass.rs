@@ -156,7 +156,6 @@ impl PassSeed {
                 inhibitions,
                 held: self.routes_read.then_some(held),
                 memory,
-                deadline: stead::core::fleet::add(base(), policy.instance_deadline),
             },
             policy,
         }

@@ -233,7 +233,6 @@ impl World {
             inhibitions: self.inhibitions.clone(),
             held: None,
             memory: self.memory.of_instance(&self.instance),
-            deadline: add(self.now, self.policy.instance_deadline),
         };
         let policy = self.policy.clone();
         let mut pass = InstancePass::new(&policy, input);

@@ -10,8 +10,8 @@ use futures_util::future::join_all;
 use tokio::time::Instant;
 
 use crate::core::broken::Mutant;
+use crate::core::fleet::Instance;
 use crate::core::fleet::InstanceId;
-use crate::core::fleet::{add, Instance};
 use crate::core::pass::{is_recovered, Abandon, InstancePass, PassInput};
 use crate::core::policy::INSTANCE_LEASE_SLACK;
 use crate::core::traffic::{routes_of, HeldRoutes};
@@ -224,7 +224,6 @@ impl Recoverer {
             inhibitions,
             held: held.map(|held| routes_of(held, &instance.name)),
             memory,
-            deadline: add(self.ports.clock.now(), self.policy.instance_deadline),
         };
         let mut pass = InstancePass::new(&self.policy, input);
         let mut log = StepLog::new(&self.memory);

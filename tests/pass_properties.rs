@@ -191,6 +191,52 @@ fn a_verified_routed_successor_lets_the_predecessor_go() {
     assert!(whys.iter().all(Option::is_some), "{whys:?}");
 }
 
+/// A pass abandoned before its retirements tells the operator exactly
+/// how many it left: none in hand yet, so every marker counts, once.
+#[test]
+fn an_abandoned_pass_counts_the_retirements_it_left() {
+    use stead::core::pass::{Abandon, InstancePass, PassError};
+    let service = ServiceSeed {
+        in_active: true,
+        active_binds: 1,
+        active_verified: 1,
+        marker: 1,
+        route: 0,
+        memory_verified: 1,
+    };
+    let seed = PassSeed {
+        stopped: false,
+        routes_read: false,
+        services: vec![service, service],
+        abandon_after: 0,
+        steady: false,
+    };
+    let case = seed.build();
+    let markers = case
+        .input
+        .inhibitions
+        .iter()
+        .filter(|i| i.reason == stead::core::types::InhibitionReason::RetirementPending)
+        .count();
+    assert_eq!(markers, 2, "a marker per service");
+    let mut pass = InstancePass::new(&case.policy, case.input.clone());
+    assert!(
+        pass.poll_command().is_some(),
+        "the first service's first step"
+    );
+    pass.abandon(Abandon::Deadline);
+    let left: Vec<_> = pass
+        .into_report()
+        .errors
+        .into_iter()
+        .filter_map(|e| match e {
+            PassError::RetirementsLeft { pending, .. } => Some(pending),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(left, vec![2], "both retirements left, counted once");
+}
+
 // The instance pass's own tables, pinned: which of its commands need the
 // lease trusted right now (T2), which port a failure is counted against,
 // what an abandoned retirement tells the operator, and when a delayed

@@ -73,6 +73,16 @@ pub struct Truth {
     pub service_of: BTreeMap<ContainerId, ServiceKey>,
 }
 
+impl Truth {
+    /// Whether `id`, ACTIVE for `key`, is meant to run: its instance is
+    /// neither stopped nor being deleted, and no durable hold is on it.
+    pub fn meant_to_run(&self, key: &ServiceKey, id: &ContainerId) -> bool {
+        !self.stopped.contains(&key.instance)
+            && !self.deleting.contains(&key.instance)
+            && !self.inhibited.contains(id)
+    }
+}
+
 #[derive(Debug, Default)]
 struct Streak {
     interventions: Vec<Timestamp>,

@@ -369,14 +369,8 @@ fn most_recovered(
             .find(|(_, c)| *c == id)
             .map(|(key, _)| key.clone())
     };
-    let eligible = |id: &ContainerId| {
-        service_of(id).is_some_and(|key| {
-            !truth.stopped.contains(&key.instance)
-                && !truth.deleting.contains(&key.instance)
-                && !truth.inhibited.contains(id)
-                && up(id)
-        })
-    };
+    let eligible =
+        |id: &ContainerId| service_of(id).is_some_and(|key| truth.meant_to_run(&key, id) && up(id));
     let id = checker.most_recovered_by(&leader, eligible)?;
     Some((service_of(&id)?, id))
 }
@@ -525,12 +519,7 @@ async fn check_health_restart(
             truth
                 .active
                 .iter()
-                .filter(|(key, id)| {
-                    !truth.stopped.contains(&key.instance)
-                        && !truth.deleting.contains(&key.instance)
-                        && !truth.inhibited.contains(*id)
-                        && healthy(id)
-                })
+                .filter(|(key, id)| truth.meant_to_run(key, id) && healthy(id))
                 .map(|(_, id)| id.clone())
                 .next()
         });
@@ -605,9 +594,7 @@ async fn check_ladder_on_time(
         .active
         .iter()
         .find(|(key, id)| {
-            !truth.stopped.contains(&key.instance)
-                && !truth.deleting.contains(&key.instance)
-                && !truth.inhibited.contains(*id)
+            truth.meant_to_run(key, id)
                 && !truth.markers.contains_key(*id)
                 && runtime.container(id).is_some_and(|c| settled(&c))
         })

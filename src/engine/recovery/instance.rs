@@ -129,7 +129,6 @@ impl Recoverer {
             locked,
             loaded,
             taken_at,
-            deadline,
         })
     }
 
@@ -147,12 +146,13 @@ impl Recoverer {
             guards,
             locked,
             mut loaded,
-            taken_at: _,
-            deadline,
+            taken_at,
         } = match taken {
             Taken::Settled(outcomes) => return outcomes,
             Taken::Ready(taken) => taken,
         };
+        // Measured from the locks, as their trust is.
+        let deadline = taken_at + self.policy.instance_deadline;
         if let Some(queue) = self.wake.get() {
             // One scheduler: a wake-up that came due by this load is
             // served by this recovery, so no worker repeats it. Done before
@@ -293,10 +293,8 @@ pub(super) struct TakenBatch {
     /// The locked instances, each with when its lock stops being trusted.
     locked: BTreeMap<InstanceId, Instant>,
     loaded: LoadedInstances,
+    /// When the locks were taken: the batch's deadline runs from then.
     taken_at: Instant,
-    /// Every pass of the batch ends by then: measured from the locks, as
-    /// the locks' trust is.
-    deadline: Instant,
 }
 
 impl Taken {

@@ -22,15 +22,15 @@ mod plane;
 
 pub use outcome::{InstanceOutcome, PassOutcome, RecoverError};
 
-/// How long a batch taken ahead (while the one before it was driven) may
-/// wait before it is driven; longer, and it is released and taken again,
-/// so its passes get their whole deadline under locks taken just before.
-const PREFETCH_FRESH: std::time::Duration = std::time::Duration::from_secs(1);
-
 use super::lease::LeaseGuard;
 pub use super::locks::InstanceLocks;
 use super::wake::WakeQueue;
 use super::Ports;
+
+/// How long a batch taken ahead (while the one before it was driven) may
+/// wait before it is driven; longer, and it is released and taken again,
+/// so its passes get their whole deadline under locks taken just before.
+const PREFETCH_FRESH: std::time::Duration = std::time::Duration::from_secs(1);
 
 /// Readiness probe per (service type, service), from the catalog.
 pub type ReadinessTable = BTreeMap<(String, ServiceName), ReadinessProbe>;

@@ -106,26 +106,33 @@ fn arbitrary_passes_do_retire_predecessors() {
     eprintln!("{retired} retirements in {CASES_PASS} arbitrary passes");
 }
 
+/// A running instance of `services` services, each ACTIVE, bound,
+/// verified and remembered so, each with a predecessor marked for
+/// retirement; the proxy's routes not read.
+fn settled_services_retiring(services: usize) -> PassSeed {
+    let service = ServiceSeed {
+        in_active: true,
+        active_binds: 1,
+        active_verified: 1,
+        marker: 1,
+        route: 0,
+        memory_verified: 1,
+    };
+    PassSeed {
+        stopped: false,
+        routes_read: false,
+        services: vec![service; services],
+        abandon_after: 0,
+        steady: false,
+    }
+}
+
 /// The checker is not blind: a run where retirement must happen does
 /// retire, so the properties above are about real retirements.
 #[test]
 fn a_verified_routed_successor_lets_the_predecessor_go() {
     use stead::core::pass::InstancePass;
-    let seed = PassSeed {
-        stopped: false,
-        routes_read: false,
-        services: vec![ServiceSeed {
-            in_active: true,
-            active_binds: 1,
-            active_verified: 1,
-            marker: 1,
-            route: 0,
-            memory_verified: 1,
-        }],
-        abandon_after: 0,
-        steady: false,
-    };
-    let case = seed.build();
+    let case = settled_services_retiring(1).build();
     let mut pass = InstancePass::new(&case.policy, case.input.clone());
     let mut retired = false;
     let mut whys = Vec::new();
@@ -196,22 +203,7 @@ fn a_verified_routed_successor_lets_the_predecessor_go() {
 #[test]
 fn an_abandoned_pass_counts_the_retirements_it_left() {
     use stead::core::pass::{Abandon, InstancePass, PassError};
-    let service = ServiceSeed {
-        in_active: true,
-        active_binds: 1,
-        active_verified: 1,
-        marker: 1,
-        route: 0,
-        memory_verified: 1,
-    };
-    let seed = PassSeed {
-        stopped: false,
-        routes_read: false,
-        services: vec![service, service],
-        abandon_after: 0,
-        steady: false,
-    };
-    let case = seed.build();
+    let case = settled_services_retiring(2).build();
     let markers = case
         .input
         .inhibitions

@@ -4,7 +4,8 @@
 //! `STEAD_SIM_SEEDS` (default 500), `STEAD_SIM_SEED` (first seed, default 1),
 //! `STEAD_SIM_HOURS` (safety phase per seed, default 6), and the world's
 //! shape: `STEAD_SIM_INSTANCES` (default 6), `STEAD_SIM_SERVICES` (services
-//! per instance, default 2).
+//! per instance, default 2). `STEAD_SIM_THREADS` sets how many seeds run
+//! at once (default: one per core).
 #![cfg(madsim)]
 
 use std::time::Instant;
@@ -106,6 +107,69 @@ fn init_log() {
     }
 }
 
+/// Runs seeds `first..first + n` on `STEAD_SIM_THREADS` threads (default:
+/// one per core), each seed in its own madsim runtime on one thread, so a
+/// seed's run is the same whichever thread takes it. Seeds are handed out
+/// in order and none above a failed seed is started: every seed below a
+/// failure has been taken already, so the first failing outcome returned
+/// is always the lowest failing seed, as if run one by one. Outcomes come
+/// back sorted by seed; a passing seed's trace is dropped.
+fn run_seeds(first: u64, n: u64, wall: Instant) -> Vec<SimOutcome> {
+    use std::sync::atomic::{AtomicU64, Ordering::SeqCst};
+    let default_threads = std::thread::available_parallelism().map_or(1, |p| p.get() as u64);
+    let threads = env_u64("STEAD_SIM_THREADS", default_threads).clamp(1, n);
+    let next = AtomicU64::new(first);
+    let lowest_failure = AtomicU64::new(u64::MAX);
+    let finished = AtomicU64::new(0);
+    let outcomes = std::sync::Mutex::new(Vec::with_capacity(n as usize));
+    std::thread::scope(|scope| {
+        for _ in 0..threads {
+            scope.spawn(|| loop {
+                let seed = next.fetch_add(1, SeqCst);
+                if seed >= first + n || seed > lowest_failure.load(SeqCst) {
+                    return;
+                }
+                // A panicking seed (a broken rule the core asserts on) is a
+                // failure of that seed: the other threads stop taking seeds
+                // above it, and the panic is raised again once they finish.
+                let run = std::panic::catch_unwind(|| run_seed(&config(seed)));
+                let failed = !matches!(&run, Ok(o) if o.violations.is_empty());
+                if failed {
+                    lowest_failure.fetch_min(seed, SeqCst);
+                }
+                outcomes
+                    .lock()
+                    .expect("a seed thread panicked holding the outcomes")
+                    .push((seed, run));
+                let done = finished.fetch_add(1, SeqCst) + 1;
+                if done % 50 == 0 {
+                    say!(
+                        "sim: {done}/{n} seeds, {:.1}s",
+                        wall.elapsed().as_secs_f64()
+                    );
+                }
+            });
+        }
+    });
+    let mut outcomes = outcomes.into_inner().expect("seed threads finished");
+    outcomes.sort_by_key(|(seed, _)| *seed);
+    outcomes
+        .into_iter()
+        .map(|(seed, run)| match run {
+            Ok(mut outcome) => {
+                if outcome.violations.is_empty() {
+                    outcome.trace = Vec::new();
+                }
+                outcome
+            }
+            Err(panic) => {
+                say!("sim: seed {seed} panicked; replay: STEAD_SIM_SEED={seed} STEAD_SIM_SEEDS=1");
+                std::panic::resume_unwind(panic)
+            }
+        })
+        .collect()
+}
+
 #[test]
 fn seeds_hold_every_invariant() {
     init_log();
@@ -120,8 +184,7 @@ fn seeds_hold_every_invariant() {
     let mut checks = std::collections::BTreeMap::<&str, u64>::new();
     let mut faults = std::collections::BTreeMap::<&str, u64>::new();
     let mut branches = coverage::Branches::new();
-    for seed in first..first + n {
-        let outcome = run_seed(&config(seed));
+    for outcome in run_seeds(first, n, wall) {
         assert!(
             outcome.violations.is_empty(),
             "{}",
@@ -138,9 +201,6 @@ fn seeds_hold_every_invariant() {
         }
         for (k, v) in outcome.branches {
             *branches.entry(k).or_default() += v;
-        }
-        if ran % 50 == 0 {
-            say!("sim: {ran}/{n} seeds, {:.1}s", wall.elapsed().as_secs_f64());
         }
     }
     let secs = wall.elapsed().as_secs_f64();

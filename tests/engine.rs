@@ -194,9 +194,24 @@ impl Fixture {
     }
 
     fn worker(&self) -> Worker {
+        self.worker_with(self.catalog.clone())
+    }
+
+    /// The fixture's catalog as it was at `version`, with the same
+    /// services: what a worker of that day provisioned with.
+    fn catalog_at(&self, version: &str) -> Arc<Catalog> {
+        Arc::new(Catalog::from_entries(self.catalog.entries().map(|e| {
+            stead::core::catalog::CatalogEntry {
+                version: version.into(),
+                ..e.clone()
+            }
+        })))
+    }
+
+    fn worker_with(&self, catalog: Arc<Catalog>) -> Worker {
         Worker::new(
             self.ports.clone(),
-            self.catalog.clone(),
+            catalog,
             WorkerConfig {
                 id: "w1".into(),
                 lease: Duration::from_secs(300),
@@ -248,11 +263,17 @@ impl Fixture {
             .unwrap();
     }
 
-    /// Provisions `name` through a worker and one pass, so it is served.
+    /// Provisions `name` at `version` through a worker whose catalog had
+    /// that version (a worker provisions its own catalog's version), and
+    /// one pass, so it is served.
     async fn served(&self, name: &str, version: &str) -> stead::core::fleet::Instance {
         let instance = self.instance(name, version).await;
         self.enqueue(instance.id, TaskKind::Provision).await;
-        let (_, end) = self.worker().work_once().await.expect("a task");
+        let (_, end) = self
+            .worker_with(self.catalog_at(version))
+            .work_once()
+            .await
+            .expect("a task");
         assert_eq!(end, TaskEnd::Done);
         self.recoverer().pass().await;
         assert!(self.routed(name, "web"), "provisioned and published");
@@ -1197,4 +1218,45 @@ async fn a_hung_event_subscription_is_given_up_and_tried_again() {
     );
     stop.send(true).unwrap();
     follower.await.unwrap();
+}
+
+/// A worker provisions its own catalog's version (issue found by seed 780
+/// of the simulation): one whose catalog is behind the instance's version
+/// installs nothing and retries, naming both versions; one whose catalog
+/// is ahead provisions that version and records it on the row, so the
+/// rollout (which upgrades only instances behind) sees what runs.
+#[tokio::test]
+async fn a_worker_provisions_its_own_catalogs_version_and_records_it() {
+    let f = fixture();
+    let ahead = f.instance("wiki2", "2").await;
+    f.enqueue(ahead.id, TaskKind::Provision).await;
+    let (_, end) = f
+        .worker_with(f.catalog_at("1"))
+        .work_once()
+        .await
+        .expect("a task");
+    assert!(
+        matches!(&end, TaskEnd::Retried(e) if e.contains("version 1") && e.contains("instance's 2")),
+        "{end:?}"
+    );
+    assert_eq!(
+        f.runtime.with_containers(|cs| cs.len()),
+        0,
+        "nothing created"
+    );
+    assert_eq!(f.script.count(Op::Install), 0, "nothing installed");
+
+    let behind = f.instance("wiki1", "1").await;
+    f.enqueue(behind.id, TaskKind::Provision).await;
+    let (_, end) = f.worker().work_once().await.expect("a task");
+    assert_eq!(end, TaskEnd::Done);
+    let row = f.store.instance(&behind.name).await.unwrap().unwrap();
+    let entry = f.catalog.get("wiki").unwrap();
+    assert_eq!(
+        (row.version.as_str(), row.spec_digest.as_deref()),
+        ("2", Some(entry.spec_digest.as_str())),
+        "the version it runs"
+    );
+    let web = f.web_container("wiki1").await;
+    assert!(web.as_str().contains(".2."), "{web} is of version 2");
 }

@@ -148,9 +148,14 @@ impl Fixture {
     }
 
     fn worker(&self) -> Worker {
+        self.worker_with(self.catalog.clone())
+    }
+
+    /// A worker whose catalog is `catalog`.
+    fn worker_with(&self, catalog: Arc<Catalog>) -> Worker {
         Worker::new(
             self.ports.clone(),
-            self.catalog.clone(),
+            catalog,
             WorkerConfig {
                 id: "w1".into(),
                 lease: Duration::from_secs(300),
@@ -166,8 +171,10 @@ impl Fixture {
         )
     }
 
-    /// Creates `name` at `version` and runs its provisioning task: its
-    /// container runs and ACTIVE names it, nothing is published yet.
+    /// Creates `name` at `version` and runs its provisioning task, by a
+    /// worker whose catalog had that version (a worker provisions its own
+    /// catalog's version): its container runs and ACTIVE names it, nothing
+    /// is published yet.
     async fn provisioned(&self, name: &str, version: &str) -> i64 {
         let instance = self
             .store
@@ -186,11 +193,24 @@ impl Fixture {
             )
             .await
             .unwrap();
-        self.run_task(instance.id, TaskKind::Provision).await;
+        let then = Arc::new(Catalog::from_entries(self.catalog.entries().map(|e| {
+            stead::core::catalog::CatalogEntry {
+                version: version.into(),
+                ..e.clone()
+            }
+        })));
+        let end = self
+            .run_task_by(&self.worker_with(then), instance.id, TaskKind::Provision)
+            .await;
+        assert_eq!(end, TaskEnd::Done, "provisioned");
         instance.id
     }
 
     async fn run_task(&self, instance: i64, kind: TaskKind) -> TaskEnd {
+        self.run_task_by(&self.worker(), instance, kind).await
+    }
+
+    async fn run_task_by(&self, worker: &Worker, instance: i64, kind: TaskKind) -> TaskEnd {
         self.store
             .enqueue(
                 &NewTask {
@@ -205,7 +225,7 @@ impl Fixture {
             )
             .await
             .unwrap();
-        let (_, end) = self.worker().work_once().await.expect("a task");
+        let (_, end) = worker.work_once().await.expect("a task");
         end
     }
 

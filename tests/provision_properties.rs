@@ -98,6 +98,137 @@ fn answer(command: &WorkCommand, choice: u8) -> WorkAnswer {
     }
 }
 
+/// A Docker provision at version 2 (digest `d2`) of a row that records
+/// the same.
+fn docker_input(active: ActiveRecord) -> ProvisionInput {
+    ProvisionInput {
+        instance: InstanceName::new("app"),
+        version: "2".into(),
+        spec_digest: "d2".into(),
+        recorded_version: "2".into(),
+        recorded_digest: Some("d2".into()),
+        release: ReleaseSpec::Docker { name: "app".into() },
+        services: SERVICES.iter().map(|n| spec(n)).collect(),
+        active,
+    }
+}
+
+/// Runs a provision with every answer a success; its commands and result.
+fn provision_all_ok(input: ProvisionInput) -> (Vec<WorkCommand>, Result<(), String>) {
+    let mut machine = Provision::new(input);
+    let mut issued = Vec::new();
+    while let Some(command) = machine.poll_command() {
+        // 4: found (Inspect) and created under a fresh name (Create).
+        machine.handle(answer(&command, 4));
+        issued.push(command);
+    }
+    (issued, machine.into_result())
+}
+
+fn recorded_version(issued: &[WorkCommand]) -> Option<(&str, &str)> {
+    issued.iter().find_map(|c| match c {
+        WorkCommand::RecordVersion {
+            version,
+            spec_digest,
+        } => Some((version.as_str(), spec_digest.as_str())),
+        _ => None,
+    })
+}
+
+/// An operator created the instance at version 1 under the catalog it had;
+/// the worker's catalog is at 2 by the time it provisions: what it installs
+/// is 2, and 2 is what the row must say, or the rollout (which upgrades only
+/// instances behind) would take it for the version it is not.
+#[test]
+fn a_provision_at_a_newer_catalog_version_records_it() {
+    let (issued, result) = provision_all_ok(ProvisionInput {
+        recorded_version: "1".into(),
+        recorded_digest: Some("d1".into()),
+        ..docker_input(ActiveRecord::default())
+    });
+    assert_eq!(result, Ok(()));
+    assert_eq!(recorded_version(&issued), Some(("2", "d2")));
+    assert!(
+        matches!(issued.last(), Some(WorkCommand::RecordVersion { .. })),
+        "recorded last, once the whole instance is of it: {issued:?}"
+    );
+    let created: Vec<_> = issued
+        .iter()
+        .filter_map(|c| match c {
+            WorkCommand::Create { version, .. } => Some(version.as_str()),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(
+        created, ["2"; 3],
+        "every container of the version installed"
+    );
+    // A Helm release is installed whole, containers or not.
+    let helm = ReleaseSpec::Helm(stead::core::release::HelmRelease {
+        name: "app".into(),
+        namespace: "app".into(),
+        chart: "charts/app".into(),
+        chart_version: "2".into(),
+        values: serde_json::json!({}),
+        atomic: false,
+    });
+    let (issued, result) = provision_all_ok(ProvisionInput {
+        recorded_version: "1".into(),
+        release: helm,
+        ..docker_input(ActiveRecord::default())
+    });
+    assert_eq!(result, Ok(()));
+    assert_eq!(recorded_version(&issued), Some(("2", "d2")));
+}
+
+/// The seed that found it (780): the operator saw the catalog's bump to 2
+/// and created the instance at 2; a worker still on 1 took the task. It
+/// must not install 1 under 2's name: it refuses, naming both versions,
+/// before touching anything, and the task is retried.
+#[test]
+fn a_worker_whose_catalog_is_behind_the_instance_refuses_to_provision_it() {
+    let (issued, result) = provision_all_ok(ProvisionInput {
+        version: "1".into(),
+        spec_digest: "d1".into(),
+        ..docker_input(ActiveRecord::default())
+    });
+    assert_eq!(issued, Vec::new(), "nothing installed or created");
+    let error = result.expect_err("refused");
+    assert!(
+        error.contains("version 1") && error.contains("instance's 2") && error.contains("app"),
+        "{error}"
+    );
+}
+
+/// A reprovision that kept a container (or an ACTIVE service the version
+/// no longer lists) leaves the row's version: the instance is partly of
+/// it, and the rollout upgrades what is behind.
+#[test]
+fn a_partly_kept_instance_keeps_its_recorded_version() {
+    let behind = |active| ProvisionInput {
+        recorded_version: "1".into(),
+        recorded_digest: Some("d1".into()),
+        ..docker_input(active)
+    };
+    let (issued, result) = provision_all_ok(behind(active(0b001)));
+    assert_eq!(result, Ok(()));
+    assert_eq!(recorded_version(&issued), None, "web was kept: {issued:?}");
+    let mut dropped = ActiveRecord::default();
+    dropped.services.insert(
+        ServiceName::new("cron"),
+        active(0b001).services.into_values().next().unwrap(),
+    );
+    let (issued, _) = provision_all_ok(behind(dropped));
+    assert_eq!(
+        recorded_version(&issued),
+        None,
+        "cron is of the old version"
+    );
+    // Nothing differs: nothing to record.
+    let (issued, _) = provision_all_ok(docker_input(ActiveRecord::default()));
+    assert_eq!(recorded_version(&issued), None);
+}
+
 proptest! {
     #![proptest_config(ProptestConfig::with_cases(2_000))]
 
@@ -107,27 +238,38 @@ proptest! {
     #[test]
     fn provisioning_repairs_only_what_is_missing(
         mask in 0u8..8,
+        recorded in 1u32..4,
+        same_digest in any::<bool>(),
         answers in proptest::collection::vec(any::<u8>(), 1..32),
     ) {
         let active = active(mask);
         let mut machine = Provision::new(ProvisionInput {
-            instance: InstanceName::new("app"),
-            version: "2".into(),
-            release: ReleaseSpec::Docker { name: "app".into() },
-            services: SERVICES.iter().map(|n| spec(n)).collect(),
-            active: active.clone(),
+            recorded_version: recorded.to_string(),
+            recorded_digest: same_digest.then(|| "d2".into()),
+            ..docker_input(active.clone())
         });
         let mut issued = Vec::new();
         let mut created: Option<ContainerId> = None;
         let mut exists: Option<ServiceName> = None;
+        let mut kept = false;
         let mut failed = false;
         while let Some(command) = machine.poll_command() {
             prop_assert!(!failed, "a command after a failure: {command:?}");
-            prop_assert!(issued.len() < 4 * SERVICES.len() + 1, "unbounded");
+            prop_assert!(recorded <= 2, "provisioned by a catalog behind the instance");
+            prop_assert!(issued.len() < 4 * SERVICES.len() + 2, "unbounded");
+            prop_assert!(
+                !matches!(issued.last(), Some(WorkCommand::RecordVersion { .. })),
+                "a command after the version was recorded"
+            );
             if issued.is_empty() {
                 prop_assert!(matches!(command, WorkCommand::Install(_)), "install first");
             }
             match &command {
+                WorkCommand::RecordVersion { version, spec_digest } => {
+                    prop_assert_eq!((version.as_str(), spec_digest.as_str()), ("2", "d2"));
+                    prop_assert!(recorded != 2 || !same_digest, "recorded what the row says already");
+                    prop_assert!(!kept, "recorded a version a kept container does not run");
+                }
                 WorkCommand::Create { spec, .. } => {
                     prop_assert_ne!(exists.as_ref(), Some(&spec.name), "replaced a live container");
                 }
@@ -147,6 +289,7 @@ proptest! {
             match (&command, &reply) {
                 (WorkCommand::Inspect(id), WorkAnswer::Inspected(Ok(_))) => {
                     exists = active.services.iter().find(|(_, s)| &s.container == id).map(|(n, _)| n.clone());
+                    kept = true;
                 }
                 (WorkCommand::Create { .. }, WorkAnswer::Created(Ok(id))) => created = Some(id.clone()),
                 (_, WorkAnswer::Done(Err(_)) | WorkAnswer::Created(Err(_))) => failed = true,
@@ -156,7 +299,16 @@ proptest! {
             machine.handle(reply);
             issued.push(command);
         }
-        prop_assert_eq!(machine.into_result().is_err(), failed);
+        let refused = recorded > 2;
+        prop_assert_eq!(machine.into_result().is_err(), failed || refused);
+        let differs = recorded != 2 || !same_digest;
+        if !failed && !refused {
+            prop_assert_eq!(
+                matches!(issued.last(), Some(WorkCommand::RecordVersion { .. })),
+                differs && !kept,
+                "the version installed is recorded exactly when it differs and nothing was kept"
+            );
+        }
     }
 
     /// Deprovisioning removes only what is stopped, drops a service from

@@ -172,6 +172,8 @@ struct State {
     /// When ACTIVE stopped naming a container (a switch, a removal), for
     /// R16: a pass may remember what ACTIVE named while it ran.
     active_until: BTreeMap<ContainerId, Timestamp>,
+    /// When ACTIVE last came to name each service's container.
+    active_since: BTreeMap<ServiceKey, Timestamp>,
     /// Containers made unhealthy on purpose in the calm after the run:
     /// their restart for health is judged exactly (L11).
     health_watched: BTreeSet<ContainerId>,
@@ -394,26 +396,40 @@ impl Checker {
         }
     }
 
-    /// H2: a ready instance of the Helm type never records a version its
-    /// release has not reached. The worker upgrades the release through the
+    /// H2: a ready instance of the Helm type records exactly the version
+    /// its release runs. The worker upgrades the release through the
     /// provisioner before it records the version (a version drift that
-    /// never reaches Helm records a version nothing runs).
+    /// never reaches Helm records a version nothing runs), and a provision
+    /// records the version it installed when the catalog moved between the
+    /// instance's creation and its provisioning (seed 780 of 501-2500 found
+    /// a worker with an older catalog installing it under a newer name).
     fn check_helm_releases(&self) {
         let Some(provisioner) = self.provisioner.get() else {
             return;
         };
         let versions = provisioner.release_versions();
         let number = |v: &str| v.parse::<u32>().unwrap_or(0);
-        let behind: Vec<String> = self
-            .store()
+        let store = self.store();
+        // A task in flight (a reprovision of a ready instance between its
+        // install and its record) may leave the release ahead for a while;
+        // never behind, and never once it is done.
+        let in_flight: BTreeSet<_> = store
+            .all_tasks()
+            .into_iter()
+            .filter(|t| t.state.is_active())
+            .map(|t| t.instance)
+            .collect();
+        let behind: Vec<String> = store
             .all_instances()
             .into_iter()
             .filter(|i| crate::world::is_helm_instance(i.name.as_str()))
             .filter(|i| i.state == InstanceState::Ready)
             .filter_map(|i| {
-                let release = versions.get(i.name.as_str())?;
-                (number(release) < number(&i.version))
-                    .then(|| format!("{} at {} but its release at {release}", i.name, i.version))
+                let release = number(versions.get(i.name.as_str())?);
+                let recorded = number(&i.version);
+                let wrong =
+                    release < recorded || (release != recorded && !in_flight.contains(&i.id));
+                wrong.then(|| format!("{} at {} but its release at {release}", i.name, i.version))
             })
             .collect();
         let mut s = self.lock();
@@ -569,6 +585,11 @@ impl Checker {
 
     pub fn truth_snapshot(&self) -> Truth {
         self.lock().truth.clone()
+    }
+
+    /// When ACTIVE came to name the container it names for `key` now.
+    pub fn active_since(&self, key: &ServiceKey) -> Option<Timestamp> {
+        self.lock().active_since.get(key).copied()
     }
 
     /// An operator ran `helm uninstall` by hand: the release is missing
@@ -991,10 +1012,30 @@ impl Checker {
                 );
             }
             Effect::Installed { release } => {
-                let deleted = self.is_deleted(&InstanceName::new(release.clone()));
+                let name = InstanceName::new(release.clone());
+                let deleted = self.is_deleted(&name);
                 s.check("T4 deleted stays deleted", !deleted, || {
                     format!("release {release} installed for a deleted instance")
                 });
+                // H3: a worker installs its own catalog's version; one
+                // whose catalog is behind the instance's must refuse, not
+                // put an older chart under a newer version's name (or
+                // downgrade a live release).
+                if let (Some(recorded), Some(installed)) = (
+                    self.store().instance_now(&name).map(|i| i.version),
+                    self.provisioner
+                        .get()
+                        .and_then(|p| p.release_versions().remove(release)),
+                ) {
+                    let number = |v: &str| v.parse::<u32>().unwrap_or(0);
+                    if crate::world::is_helm_instance(release) {
+                        s.check(
+                            "H3 a release is never installed behind its instance's version",
+                            number(&installed) >= number(&recorded),
+                            || format!("{release} installed at {installed}, its instance at {recorded}"),
+                        );
+                    }
+                }
             }
             Effect::ActiveSaved { service, container } => {
                 let deleted = self.is_deleted(&service.instance);
@@ -1270,7 +1311,11 @@ impl Observer for Checker {
             // The store's writes keep the truth of ACTIVE and of the
             // inhibitions, whoever made them (operators or workers).
             Effect::ActiveSaved { service, container } => {
-                if let Some(before) = s.truth.active.insert(service.clone(), container.clone()) {
+                let before = s.truth.active.insert(service.clone(), container.clone());
+                if before.as_ref() != Some(container) {
+                    s.active_since.insert(service.clone(), now);
+                }
+                if let Some(before) = before {
                     if &before != container {
                         s.active_until.insert(before, now);
                     }

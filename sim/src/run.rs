@@ -1086,6 +1086,15 @@ async fn check_liveness(
         if inhibited {
             continue;
         }
+        // An upgrade that switched ACTIVE in the last moments (a rollout
+        // still going when the budget ran out, one instance a tick within
+        // max_in_flight) is routed by the next pass: young, not stuck.
+        let young = |at: Timestamp| {
+            now.duration_since(at) < jiff::SignedDuration::try_from(tick * 2).expect("a tick fits")
+        };
+        if checker.active_since(key).is_some_and(young) {
+            continue;
+        }
         let served = c.status == ContainerStatus::Running
             && routes
                 .get(key)

@@ -695,6 +695,16 @@ impl Actors {
                     self.bad_versions.lock().expect("poisoned").insert(version);
                     self.counts.bump("operator published a broken version");
                 }
+                if self.rng.lock().expect("poisoned").random_ratio(1, 2) {
+                    // The operator's CLI has the new catalog before the
+                    // daemons are restarted with it: an instance created
+                    // now is at a version the workers do not have yet
+                    // (seed 780 of 501-2500 found a worker installing its
+                    // older version under the newer one's name).
+                    self.counts
+                        .bump("operator created an instance ahead of the daemons' catalog");
+                    self.create_instance(pick).await;
+                }
             }
             7 => {
                 let halted = self

@@ -232,7 +232,10 @@ fn seeds_hold_every_invariant() {
     report_coverage(&branches, &required, n);
     assert_eq!(ran, n, "fewer seeds ran than asked");
     assert!(effects > 0, "no effect was ever checked");
-    for invariant in [
+    // Every invariant judged at least once: like the coverage gate, enforced
+    // from the coverage file's seed count (a replay of one seed, or the
+    // mutation judge's hundred, reaches only some).
+    let unexercised: Vec<&str> = [
         "S1 start only ACTIVE",
         "S2 publish only verified",
         "S2 never routed to an unverified execution",
@@ -261,12 +264,26 @@ fn seeds_hold_every_invariant() {
         "L12 the crash-loop ladder is climbed on time",
         "S9 an upgrade runs at its window's next opening",
         "S9 a security upgrade is due at once",
-    ] {
-        assert!(
-            checks.get(invariant).copied().unwrap_or(0) > 0,
-            "invariant {invariant} was never exercised"
-        );
+        "H3 a release is never installed behind its instance's version",
+    ]
+    .into_iter()
+    .filter(|invariant| checks.get(invariant).copied().unwrap_or(0) == 0)
+    .collect();
+    if n < required.seeds {
+        if !unexercised.is_empty() {
+            say!(
+                "sim: never exercised in {n} seeds (not enforced under {}): {}",
+                required.seeds,
+                unexercised.join(", ")
+            );
+        }
+        return;
     }
+    assert!(
+        unexercised.is_empty(),
+        "invariants never exercised in {n} seeds: {}",
+        unexercised.join(", ")
+    );
 }
 
 #[test]

@@ -30,6 +30,7 @@ use super::errors::{
     failure_of, ErrorKind, PortFailure, PortName, ProvisionError, StoreError, TrafficError,
 };
 use super::fleet::InstanceState;
+use super::plan::is_behind;
 use super::release::{ReleaseKind, ReleaseSpec, ReleaseTarget};
 use super::spec::ServiceSpec;
 use super::types::{
@@ -69,6 +70,12 @@ pub enum WorkCommand {
     /// Remove the instance's named volumes (`delete --purge-volumes`).
     PurgeVolumes,
     ClearInhibition(Inhibition),
+    /// Record on the instance the catalog version (and spec digest) it was
+    /// just provisioned at, which is not the one its row named.
+    RecordVersion {
+        version: String,
+        spec_digest: String,
+    },
 }
 
 impl WorkCommand {
@@ -218,7 +225,15 @@ pub fn remove_generation(
 #[derive(Clone, Debug)]
 pub struct ProvisionInput {
     pub instance: InstanceName,
+    /// The version of the worker's catalog entry, which the release and the
+    /// containers below are made from (the only one it can install).
     pub version: String,
+    /// That entry's spec digest.
+    pub spec_digest: String,
+    /// The version and digest the instance's row records (what it was
+    /// created or last upgraded at, by another process's catalog perhaps).
+    pub recorded_version: String,
+    pub recorded_digest: Option<String>,
     /// What to install first; a Helm release has no containers of stead's.
     pub release: ReleaseSpec,
     /// The catalog's services (a Docker type's containers).
@@ -234,6 +249,7 @@ enum ProvisionStep {
     Inspect(ServiceSpec, ContainerId),
     Create(ServiceSpec),
     Save,
+    Record,
     Done,
 }
 
@@ -241,6 +257,12 @@ enum ProvisionStep {
 #[derive(Debug)]
 pub struct Provision {
     version: String,
+    spec_digest: String,
+    /// The row's version and digest differ from the ones installed.
+    record_differs: bool,
+    /// A container of ACTIVE was kept (it still existed): a Docker
+    /// instance is then partly of the recorded version.
+    kept: bool,
     release: ReleaseSpec,
     active: ActiveRecord,
     pending: VecDeque<ServiceSpec>,
@@ -261,15 +283,39 @@ impl Provision {
             ReleaseSpec::Docker { .. } => input.services.into(),
             ReleaseSpec::Helm(_) => VecDeque::new(),
         };
+        // A worker whose catalog is older than the version the instance was
+        // created at (another process saw the catalog's bump first) would
+        // install an older release under a newer version's name, which the
+        // rollout, upgrading only instances behind, would never correct. It
+        // refuses; the task is retried, by then under the new catalog.
+        let error = is_behind(&input.version, &input.recorded_version).then(|| {
+            format!(
+                "{}: this worker's catalog has version {} of its type, behind the instance's \
+                 {}: not provisioned until the catalog is reloaded",
+                input.instance, input.version, input.recorded_version
+            )
+        });
+        let record_differs = input.recorded_version != input.version
+            || input.recorded_digest.as_deref() != Some(input.spec_digest.as_str());
+        // A service ACTIVE names that this version does not list stays of
+        // the recorded version, as a kept container does.
+        let kept = input
+            .active
+            .services
+            .keys()
+            .any(|name| !pending.iter().any(|spec: &ServiceSpec| &spec.name == name));
         Self {
             version: input.version,
+            spec_digest: input.spec_digest,
+            record_differs,
+            kept,
             release: input.release,
             active: input.active,
             pending,
             step: ProvisionStep::Install,
             to_save: None,
             outstanding: None,
-            error: None,
+            error,
         }
     }
 
@@ -283,7 +329,11 @@ impl Provision {
                 ProvisionStep::Install => WorkCommand::Install(self.release.clone()),
                 ProvisionStep::Next => {
                     let Some(spec) = self.pending.pop_front() else {
-                        self.step = ProvisionStep::Done;
+                        self.step = if self.records_version() {
+                            ProvisionStep::Record
+                        } else {
+                            ProvisionStep::Done
+                        };
                         continue;
                     };
                     // Repair what is missing, never churn what exists.
@@ -306,6 +356,10 @@ impl Provision {
                     let (service, record) = self.to_save.clone().expect("a record to save");
                     WorkCommand::SaveActive { service, record }
                 }
+                ProvisionStep::Record => WorkCommand::RecordVersion {
+                    version: self.version.clone(),
+                    spec_digest: self.spec_digest.clone(),
+                },
                 ProvisionStep::Done => return None,
             };
             self.outstanding = Some(command.clone());
@@ -327,7 +381,7 @@ impl Provision {
             }
             (ProvisionStep::Inspect(spec, container), WorkAnswer::Inspected(result)) => {
                 match result {
-                    Ok(_) => {}
+                    Ok(_) => self.kept = true,
                     Err(RuntimeError::NotFound) => self.step = ProvisionStep::Create(spec),
                     Err(e) => self.error = Some(format!("inspect {container}: {e}")),
                 }
@@ -361,10 +415,26 @@ impl Provision {
                     self.error = Some(e.to_string());
                 }
             }
+            (ProvisionStep::Record, WorkAnswer::Done(result)) => {
+                self.step = ProvisionStep::Done;
+                if let Err(e) = result {
+                    self.error = Some(e.to_string());
+                }
+            }
             (step, answer) => {
                 panic!("answer {answer:?} does not answer {command:?} (step {step:?})")
             }
         }
+    }
+
+    /// Whether the version installed is recorded on the instance: when its
+    /// row names another, and the instance is now entirely of the version
+    /// installed. A Helm release is installed whole. A Docker instance with
+    /// a container kept (or a service the version dropped) is partly of the
+    /// recorded version, so that stays: the rollout upgrades what is
+    /// behind, and keeps what this provision already made at the target.
+    fn records_version(&self) -> bool {
+        self.record_differs && !self.kept
     }
 
     /// Stops issuing commands (the task lease or lock is not trusted).

@@ -171,6 +171,10 @@ pub const METRICS: &[Metric] = &[
         "kind",
     ),
     counter(
+        "stead_provision_versions_recorded_total",
+        "Provisions that recorded their worker's catalog version because the instance named another (the catalog moved between its creation and its provisioning).",
+    ),
+    counter(
         "stead_docker_events_total",
         "Docker events that triggered a targeted recovery pass.",
     ),

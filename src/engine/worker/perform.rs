@@ -55,6 +55,37 @@ impl Worker {
                     .clear_inhibition(name, &marker.service, &marker.container, None)
                     .await,
             ),
+            WorkCommand::RecordVersion {
+                version,
+                spec_digest,
+            } => {
+                let now = p.clock.now();
+                let recorded = match p
+                    .store
+                    .set_instance_version(instance.id, &version, now)
+                    .await
+                {
+                    Ok(()) => {
+                        p.store
+                            .set_instance_spec_digest(instance.id, &spec_digest, now)
+                            .await
+                    }
+                    Err(e) => Err(e),
+                };
+                // A digest alone is recorded quietly: a row from before
+                // stead recorded digests has none.
+                if recorded.is_ok() && version != instance.version {
+                    metrics::counter!("stead_provision_versions_recorded_total").increment(1);
+                    tracing::warn!(
+                        instance = %name,
+                        was = %instance.version,
+                        now = %version,
+                        "provisioned at this worker's catalog version, not the one the instance \
+                         named (its catalog moved between the two); recorded the version it runs"
+                    );
+                }
+                done(recorded)
+            }
         }
     }
 

@@ -43,9 +43,11 @@ impl Worker {
             .await
             .map_err(|e| e.to_string())?;
         let parameters = entry.parameters_of(&instance.parameters);
+        // Made from this worker's catalog, so of its version: the machine
+        // refuses one behind the instance's, and records one ahead.
         let params = ReleaseParams {
             parameters: &parameters,
-            ..ReleaseParams::of(instance, &instance.version)
+            ..ReleaseParams::of(instance, &entry.version)
         };
         let release = entry
             .provisioning
@@ -53,7 +55,10 @@ impl Worker {
             .map_err(|e| format!("{}: {e}", instance.name))?;
         let mut provision = Provision::new(ProvisionInput {
             instance: instance.name.clone(),
-            version: instance.version.clone(),
+            version: entry.version.clone(),
+            spec_digest: entry.spec_digest.clone(),
+            recorded_version: instance.version.clone(),
+            recorded_digest: instance.spec_digest.clone(),
             release,
             services: entry.services,
             active,

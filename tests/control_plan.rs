@@ -15,8 +15,8 @@ use stead::core::fleet::{
     Instance, InstanceState, RetryDecision, RolloutState, Task, TaskKind, TaskState,
 };
 use stead::core::plan::{
-    halt_after_failed_upgrade, is_behind, plan_drift, plan_lease_expiry, plan_tick, plan_ttl,
-    plan_version_drift, ControlConfig, Decision, Level, Plan, Report, Snapshot,
+    halt_after_failed_upgrade, is_behind, is_older, plan_drift, plan_lease_expiry, plan_tick,
+    plan_ttl, plan_version_drift, ControlConfig, Decision, Level, Plan, Report, Snapshot,
 };
 use stead::core::types::InstanceName;
 use stead::ports::Release;
@@ -846,6 +846,22 @@ fn numeric_versions_compare_numerically() {
         is_behind("1..2", "1.0.2"),
         "an empty component is not a zero"
     );
+}
+
+/// A worker refuses to install its catalog's version over an instance's
+/// only when that version is older for certain.
+#[test]
+fn only_numeric_versions_are_older() {
+    assert!(is_older("1.9.0", "1.10.0"));
+    assert!(is_older("v1", "2"));
+    assert!(!is_older("1.10.0", "1.9.0"));
+    assert!(!is_older("2", "2.0"), "equal");
+    assert!(
+        !is_older("blue", "green"),
+        "not numeric: the catalog decides"
+    );
+    assert!(!is_older("green", "blue"));
+    assert!(!is_older("2.0.0-rc1", "2.0.0"));
 }
 
 #[test]

@@ -64,3 +64,34 @@ fn arbitrary_upgrades_do_switch_services() {
     assert!(switched > 0, "no arbitrary upgrade switched a service");
     eprintln!("{switched} services switched in {CASES_UPGRADE} arbitrary upgrades");
 }
+
+/// A worker whose catalog is older than the instance's version (another
+/// process planned the upgrade under a newer catalog) skips the task: it
+/// issues nothing at all rather than downgrade services, retire ones the
+/// newer version added, or record its older version. At the same version,
+/// or an older recorded one, the upgrade runs.
+#[test]
+fn a_worker_with_an_older_catalog_downgrades_nothing() {
+    let services = [
+        UpgradeServiceSeed { active: 0 },
+        UpgradeServiceSeed { active: 1 },
+    ];
+    let mut input = upgrade_input(&services, false, true);
+    input.recorded_version = "3".into();
+    let mut upgrade = stead::core::upgrade::Upgrade::new(input.clone());
+    assert!(upgrade.skipped_older_catalog());
+    assert_eq!(upgrade.poll_command(), None, "nothing issued");
+    assert!(
+        upgrade.into_result().is_ok(),
+        "done, for version drift to plan again"
+    );
+    for recorded in ["1", "2", "blue"] {
+        input.recorded_version = recorded.into();
+        let mut upgrade = stead::core::upgrade::Upgrade::new(input.clone());
+        assert!(!upgrade.skipped_older_catalog(), "recorded {recorded}");
+        assert!(
+            upgrade.poll_command().is_some(),
+            "recorded {recorded}: upgraded"
+        );
+    }
+}

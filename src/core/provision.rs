@@ -30,7 +30,7 @@ use super::errors::{
     failure_of, ErrorKind, PortFailure, PortName, ProvisionError, StoreError, TrafficError,
 };
 use super::fleet::InstanceState;
-use super::plan::is_behind;
+use super::plan::is_older;
 use super::release::{ReleaseKind, ReleaseSpec, ReleaseTarget};
 use super::spec::ServiceSpec;
 use super::types::{
@@ -288,7 +288,7 @@ impl Provision {
         // install an older release under a newer version's name, which the
         // rollout, upgrading only instances behind, would never correct. It
         // refuses; the task is retried, by then under the new catalog.
-        let error = is_behind(&input.version, &input.recorded_version).then(|| {
+        let error = is_older(&input.version, &input.recorded_version).then(|| {
             format!(
                 "{}: this worker's catalog has version {} of its type, behind the instance's \
                  {}: not provisioned until the catalog is reloaded",

@@ -31,6 +31,7 @@ use jiff::Timestamp;
 
 use super::errors::{failure_of, ErrorKind, PortName, ProbeError, ProvisionError, StoreError};
 use super::fleet::{add, InstanceState};
+use super::plan::is_older;
 use super::provision::{
     remove_generation, retire_dropped_service, teardown_failure, WorkAnswer, WorkCommand,
 };
@@ -57,8 +58,12 @@ pub struct UpgradeInput {
     pub stopped: bool,
     /// The instance's lifecycle state as re-read under the lock.
     pub state: InstanceState,
-    /// The catalog version every service should reach.
+    /// The catalog version every service should reach (the worker's).
     pub version: String,
+    /// The version the instance's row records. A worker whose catalog is
+    /// older (another process planned the upgrade under a newer catalog)
+    /// skips the task rather than downgrade the instance to its version.
+    pub recorded_version: String,
     /// The catalog's services, in order.
     pub services: Vec<ServiceSpec>,
     /// ACTIVE as loaded under the instance lock.
@@ -256,6 +261,8 @@ pub struct Upgrade {
     phase: Phase,
     state: InstanceState,
     skipped_stopped: bool,
+    /// This worker's catalog is older than the instance's version.
+    skipped_older_catalog: bool,
     version: String,
     spec_digest: String,
     active: ActiveRecord,
@@ -280,6 +287,7 @@ impl Upgrade {
             .cloned()
             .collect();
         let skipped_stopped = input.stopped;
+        let skipped_older_catalog = is_older(&input.version, &input.recorded_version);
         let retiring = if input.release.is_some() {
             VecDeque::new()
         } else {
@@ -287,13 +295,14 @@ impl Upgrade {
         };
         Self {
             instance: input.instance,
-            phase: if skipped_stopped {
+            phase: if skipped_stopped || skipped_older_catalog {
                 Phase::Done
             } else {
                 Phase::Begin
             },
             state: input.state,
             skipped_stopped,
+            skipped_older_catalog,
             version: input.version,
             spec_digest: input.spec_digest,
             active: input.active,
@@ -332,6 +341,13 @@ impl Upgrade {
     /// Whether the upgrade was skipped because the instance is stopped.
     pub fn skipped_stopped(&self) -> bool {
         self.skipped_stopped
+    }
+
+    /// Whether the upgrade was skipped because this worker's catalog is
+    /// older than the instance's version: nothing is downgraded, and
+    /// version drift plans it again for a worker with the newer catalog.
+    pub fn skipped_older_catalog(&self) -> bool {
+        self.skipped_older_catalog
     }
 
     /// The lifecycle commands around the services, or `None` while the

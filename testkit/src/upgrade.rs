@@ -146,6 +146,7 @@ pub fn upgrade_input(services: &[UpgradeServiceSeed], stopped: bool, ready: bool
             InstanceState::Upgrading
         },
         version: "2".into(),
+        recorded_version: "1".into(),
         services: specs,
         active,
         release: None,

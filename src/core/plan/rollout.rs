@@ -43,6 +43,15 @@ pub fn is_behind(current: &str, target: &str) -> bool {
     }
 }
 
+/// Whether `a` is an older version than `b` for certain: both numeric and
+/// `a` below. A worker whose catalog is older than what an instance runs
+/// must not install its version over it (that would be a downgrade, or an
+/// older release under a newer version's name). Versions that are not
+/// numeric are never older: the catalog is the authority for them.
+pub fn is_older(a: &str, b: &str) -> bool {
+    compare_numeric(a, b) == Some(Ordering::Less)
+}
+
 /// Whether an instance at the catalog's version runs another spec than the
 /// catalog's (its recorded digest differs): a change of spec is an upgrade
 /// like any other. An instance with no recorded digest (a row from before

@@ -136,11 +136,21 @@ impl Worker {
             stopped: instance.stopped,
             state: instance.state,
             version: entry.version.clone(),
+            recorded_version: instance.version.clone(),
             services: entry.services.clone(),
             active,
         });
         if upgrade.skipped_stopped() {
             tracing::info!(instance = %instance.name, "upgrade skipped: instance is stopped");
+        }
+        if upgrade.skipped_older_catalog() {
+            tracing::warn!(
+                instance = %instance.name,
+                instance_version = %instance.version,
+                catalog_version = %entry.version,
+                "upgrade skipped: this worker's catalog is older than the instance's version \
+                 (reload it); nothing downgraded, version drift plans it again"
+            );
         }
         loop {
             if let Some(command) = upgrade.poll_command() {

@@ -16,7 +16,8 @@ use stead::core::fleet::{
 };
 use stead::core::plan::{
     halt_after_failed_upgrade, is_behind, is_older, plan_drift, plan_lease_expiry, plan_tick,
-    plan_ttl, plan_version_drift, ControlConfig, Decision, Level, Plan, Report, Snapshot,
+    plan_ttl, plan_version_drift, upgrade_retry_at, ControlConfig, Decision, Level, Plan, Report,
+    Snapshot,
 };
 use stead::core::types::InstanceName;
 use stead::ports::Release;
@@ -845,6 +846,30 @@ fn numeric_versions_compare_numerically() {
     assert!(
         is_behind("1..2", "1.0.2"),
         "an empty component is not a zero"
+    );
+}
+
+/// A failed upgrade's retry waits for the window as its first run did
+/// (found by the 50-instance world's seed 38: an upgrade planned a minute
+/// before its window closed failed, and its backoff retried it after).
+#[test]
+fn an_upgrade_retry_waits_for_the_window_unless_security() {
+    let t = |s: &str| s.parse::<Timestamp>().unwrap();
+    let mut i = instance(1, "t", "wiki", "1");
+    i.maintenance_window = Some("daily 02:00-03:00".into());
+    let inside = t("2026-03-02T02:59:19Z");
+    let after = t("2026-03-02T03:00:19Z");
+    let next_opening = t("2026-03-03T02:00:00Z");
+    assert_eq!(upgrade_retry_at(inside, &i, false), inside);
+    assert_eq!(upgrade_retry_at(after, &i, false), next_opening);
+    assert_eq!(upgrade_retry_at(after, &i, true), after, "security");
+    i.maintenance_window = None;
+    assert_eq!(upgrade_retry_at(after, &i, false), after, "no window");
+    i.maintenance_window = Some("someday".into());
+    assert_eq!(
+        upgrade_retry_at(after, &i, false),
+        after,
+        "a bad spec is the planner's to report"
     );
 }
 

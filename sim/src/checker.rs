@@ -193,6 +193,8 @@ struct State {
     trace_hash: u64,
     effects: u64,
     tasks_seen: BTreeSet<i64>,
+    /// Each queued task's `run_after` at the last look: a retry moves it.
+    run_after_seen: BTreeMap<i64, Timestamp>,
 }
 
 /// Checks S1–S8 on every effect; collects violations rather than panicking
@@ -717,6 +719,20 @@ impl Checker {
         let new = now.difference(&s.tasks_seen).copied().collect();
         s.tasks_seen = now;
         new
+    }
+
+    /// The queued tasks, of `(id, run_after)`, whose `run_after` moved since
+    /// the last look (a retry's backoff): S9 judges a retried upgrade's
+    /// new time against its window as it judged the planned one.
+    pub fn run_after_moved(&self, queued: &[(i64, Timestamp)]) -> BTreeSet<i64> {
+        let mut s = self.lock();
+        let moved = queued
+            .iter()
+            .filter(|(id, at)| s.run_after_seen.get(id).is_some_and(|seen| seen != at))
+            .map(|(id, _)| *id)
+            .collect();
+        s.run_after_seen = queued.iter().copied().collect();
+        moved
     }
 
     /// A violation found outside an effect (the liveness checks).

@@ -34,7 +34,7 @@ use std::hash::{BuildHasherDefault, Hasher};
 
 pub use config::{ConfigError, ControlConfig, RawControlConfig, MAX_IN_FLIGHT_MAX};
 pub use lease::task_lease;
-pub use rollout::{halt_after_failed_upgrade, is_behind, is_older, spec_changed};
+pub use rollout::{halt_after_failed_upgrade, is_behind, is_older, spec_changed, upgrade_retry_at};
 
 use super::catalog::Catalog;
 use super::fleet::{

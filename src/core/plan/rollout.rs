@@ -64,6 +64,21 @@ pub fn spec_changed(instance: &Instance, entry: &CatalogEntry) -> bool {
             .is_some_and(|digest| digest != entry.spec_digest)
 }
 
+/// When a failed upgrade runs again, given when its backoff ends: like its
+/// first run, only inside the instance's maintenance window unless the
+/// catalog entry is a security release (C8), so a retry the backoff would
+/// put after the window closed waits for the next opening. Without a
+/// window, for a security release, or with a window that no longer parses
+/// (the planner reports that one), at the backoff's end.
+pub fn upgrade_retry_at(backoff_ends: Timestamp, instance: &Instance, security: bool) -> Timestamp {
+    match (&instance.maintenance_window, security) {
+        (Some(spec), false) => {
+            Window::parse(spec).map_or(backoff_ends, |window| next_run_after(&window, backoff_ends))
+        }
+        _ => backoff_ends,
+    }
+}
+
 /// The worker's rule for a failed upgrade: once the task is out of
 /// attempts, halt its service type's rollout so a bad version stops after
 /// one tenant. `None` for other tasks or while retries remain.

@@ -10,8 +10,10 @@ use tokio::sync::watch;
 use tokio::time::Instant;
 
 use crate::core::broken::Mutant;
-use crate::core::fleet::{RetryDecision, Task, TaskRetryPolicy};
+use crate::core::fleet::{RetryDecision, Task, TaskKind, TaskRetryPolicy};
+use crate::core::plan::upgrade_retry_at;
 use crate::core::policy::trust_margin;
+use crate::core::types::Timestamp;
 
 mod end;
 mod handle;
@@ -182,6 +184,7 @@ impl Worker {
             }
             Err(error) => match self.config.retry.after_failure(task.attempts, now) {
                 RetryDecision::RetryAt(at) => {
+                    let at = self.retry_at(task, at).await;
                     let _ = store.retry(task.id, &self.config.id, at, &error, now).await;
                     TaskEnd::Retried(error)
                 }
@@ -192,6 +195,32 @@ impl Worker {
                 }
             },
         }
+    }
+
+    /// When a failed task runs again, its backoff having ended at
+    /// `backoff_ends`: an upgrade waits for its instance's maintenance
+    /// window as its first run did (`core::plan::upgrade_retry_at`).
+    async fn retry_at(&self, task: &Task, backoff_ends: Timestamp) -> Timestamp {
+        if task.kind != TaskKind::Upgrade {
+            return backoff_ends;
+        }
+        let Ok(Some(instance)) = self.ports.store.instance_by_id(task.instance).await else {
+            return backoff_ends;
+        };
+        let security = self
+            .catalog
+            .current()
+            .get(&instance.service_type)
+            .is_some_and(|entry| entry.security);
+        let at = upgrade_retry_at(backoff_ends, &instance, security);
+        if at != backoff_ends {
+            tracing::info!(
+                instance = %instance.name,
+                retry_at = %at,
+                "upgrade retry waits for the maintenance window's next opening"
+            );
+        }
+        at
     }
 
     /// Renews the lease every third of it; returns only if it was lost.

@@ -227,6 +227,24 @@ fn an_abandoned_pass_counts_the_retirements_it_left() {
         })
         .collect();
     assert_eq!(left, vec![2], "both retirements left, counted once");
+    // With no marker, nothing is said to be left.
+    let mut unmarked = settled_services_retiring(2);
+    for service in &mut unmarked.services {
+        service.marker = 0;
+    }
+    let case = unmarked.build();
+    let mut pass = InstancePass::new(&case.policy, case.input.clone());
+    assert!(pass.poll_command().is_some());
+    pass.abandon(Abandon::Deadline);
+    let report = pass.into_report();
+    assert!(
+        !report
+            .errors
+            .iter()
+            .any(|e| matches!(e, PassError::RetirementsLeft { .. })),
+        "{:?}",
+        report.errors
+    );
 }
 
 // The instance pass's own tables, pinned: which of its commands need the

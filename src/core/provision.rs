@@ -5,7 +5,10 @@
 //! service of the catalog entry and ACTIVE naming it. Idempotent: a service
 //! whose ACTIVE container still exists keeps it (the recovery pass owns its
 //! health), containers are created by deterministic name, and ACTIVE is
-//! written only when it changes.
+//! written only when it changes. A worker installs its own catalog's
+//! version, the only one it has: it refuses an instance whose recorded
+//! version is newer, and records its version on one created at an older
+//! one (split roles reload the catalog at different moments).
 //!
 //! [`Deprovision`]: per ACTIVE service withdraw, stop, remove, release its
 //! claims and drop it from ACTIVE; then stop and remove every predecessor a

@@ -149,6 +149,26 @@ fn parse_required(text: &str) -> Result<Required, String> {
 
 /// The branches of `required` reached fewer times than stated, as
 /// `(branch, reached, minimum)`.
+impl Required {
+    /// The minimums in proportion to `seeds` (rounded down, at least one
+    /// for a branch that must be reached at all): the mutation judge runs
+    /// fewer seeds than CI and holds a mutant to the same coverage, so a
+    /// mutant that stops a branch from being taken is caught by the gate
+    /// CI would catch it with.
+    pub fn scaled_to(&self, seeds: u64) -> Required {
+        let minimum = self
+            .minimum
+            .iter()
+            .map(|(branch, &min)| {
+                let scaled =
+                    (min.saturating_mul(seeds) / self.seeds.max(1)).max(u64::from(min > 0));
+                (branch.clone(), scaled)
+            })
+            .collect();
+        Required { seeds, minimum }
+    }
+}
+
 pub fn shortfalls(required: &Required, reached: &Branches) -> Vec<(String, u64, u64)> {
     required
         .minimum
@@ -162,6 +182,26 @@ pub fn shortfalls(required: &Required, reached: &Branches) -> Vec<(String, u64, 
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn scaled_minimums_are_proportional_and_never_drop_a_branch() {
+        let required = super::Required {
+            seeds: 500,
+            minimum: [
+                ("a".to_owned(), 20),
+                ("b".to_owned(), 3),
+                ("c".to_owned(), 0),
+            ]
+            .into_iter()
+            .collect(),
+        };
+        let scaled = required.scaled_to(100);
+        assert_eq!(scaled.seeds, 100);
+        assert_eq!(scaled.minimum["a"], 4);
+        assert_eq!(scaled.minimum["b"], 1, "rounded down, but still required");
+        assert_eq!(scaled.minimum["c"], 0);
+        assert_eq!(required.scaled_to(500).minimum, required.minimum);
+    }
+
     use super::*;
 
     #[test]

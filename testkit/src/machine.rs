@@ -641,6 +641,7 @@ pub fn run_and_check(case: &Case, outcomes: &[OutcomeSeed]) -> Report {
             Some(&command),
             "an unanswered command is repeated"
         );
+        assert!(!machine.is_done(), "done with {command:?} outstanding");
         checker.command(&command);
         let seed = outcomes.get(step).copied().unwrap_or_default();
         step += 1;

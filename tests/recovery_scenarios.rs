@@ -5,7 +5,7 @@
 use std::time::Duration;
 
 use stead::core::errors::{PolicyError, StoreError, TrafficError};
-use stead::core::recovery::{Command, RecoveryError, Report, Verdict};
+use stead::core::recovery::{Command, RecoveryError, Report, Verdict, Why};
 use stead::core::types::{
     Binds, ContainerId, ContainerStatus, Health, InhibitionReason, Intent, RuntimeError,
     ServiceName,
@@ -279,6 +279,41 @@ fn a_native_restart_with_changed_binds_republishes_the_new_binds() {
         w.active.services[&ServiceName::new("web")].binds,
         Binds::from([(8080, 31999)])
     );
+}
+
+/// The reason a publication is logged and counted under (R13): a new
+/// execution verified ready, binds that changed under the same execution,
+/// or a route this daemon cannot vouch for. Each is what operators read in
+/// `stead_recovery_steps_total{reason}`.
+#[test]
+fn a_publication_says_why_it_was_made() {
+    let publish_why = |w: &World| {
+        w.log
+            .iter()
+            .filter(|p| is_publish(&p.command))
+            .map(|p| p.why)
+            .collect::<Vec<_>>()
+    };
+    let mut w = settled();
+    w.native_restart("c1");
+    w.pass();
+    assert_eq!(publish_why(&w), [Some(Why::NewExecution)]);
+
+    let mut w = settled();
+    // Same execution, but ACTIVE's binds are not what it serves on.
+    w.active
+        .services
+        .get_mut(&ServiceName::new("web"))
+        .unwrap()
+        .binds = Binds::from([(8080, 30999)]);
+    w.pass();
+    assert_eq!(publish_why(&w), [Some(Why::BindsChanged)]);
+
+    let mut w = settled();
+    // A restarted daemon: nothing of the route is remembered.
+    w.memory = Default::default();
+    w.pass();
+    assert_eq!(publish_why(&w), [Some(Why::RouteUnvouched)]);
 }
 
 #[test]

@@ -13,7 +13,7 @@ use stead::core::fleet::add;
 use stead::core::memory::RecoveryMemory;
 use stead::core::pass::{InstanceAnswer, InstanceCommand, InstancePass, PassInput};
 use stead::core::policy::RecoveryPolicy;
-use stead::core::recovery::{Command, Outcome, Report};
+use stead::core::recovery::{Command, Outcome, Report, Why};
 use stead::core::types::{
     ActiveRecord, ActiveService, Binds, ContainerId, ContainerStatus, Health, Inhibition,
     InhibitionReason, InstanceName, Intent, Observation, RuntimeError, ServiceKey, ServiceName,
@@ -84,6 +84,9 @@ pub struct Performed {
     pub service: ServiceName,
     pub container: ContainerId,
     pub command: Command,
+    /// Why the machine asked for it (what the log line and the step
+    /// counter say).
+    pub why: Option<Why>,
 }
 
 /// A route in the fake traffic plane.
@@ -237,7 +240,7 @@ impl World {
         let policy = self.policy.clone();
         let mut pass = InstancePass::new(&policy, input);
         while let Some(command) = pass.poll_command() {
-            let answer = self.perform_step(&command);
+            let answer = self.perform_step(&command, pass.why());
             pass.handle(answer, self.now);
         }
         let report = pass.into_report();
@@ -246,7 +249,7 @@ impl World {
     }
 
     /// Performs one command of the instance pass.
-    fn perform_step(&mut self, command: &InstanceCommand) -> InstanceAnswer {
+    fn perform_step(&mut self, command: &InstanceCommand, why: Option<Why>) -> InstanceAnswer {
         match command {
             InstanceCommand::Service { key, command } => {
                 self.log.push(Performed {
@@ -254,6 +257,7 @@ impl World {
                     service: key.service.clone(),
                     container: key.container.clone(),
                     command: command.clone(),
+                    why,
                 });
                 InstanceAnswer::Service(self.perform(&key.service, &key.container, command))
             }

@@ -1074,6 +1074,55 @@ fn a_restarted_daemon_does_not_blink_traffic_for_unchanged_executions() {
     assert!(routed(&w));
 }
 
+/// A routed, verified execution whose durable record lags (an earlier
+/// record failed after its publication) is recorded again, and nothing
+/// more: no second publication. If the record fails again the route and
+/// the verdict stand (S11 forbids routing an execution before its record,
+/// not keeping one already routed); the error is reported.
+#[test]
+fn a_lagging_record_is_written_again_without_republishing() {
+    let lagging = || {
+        let mut w = settled();
+        w.active
+            .services
+            .get_mut(&ServiceName::new("web"))
+            .unwrap()
+            .verified_started_at = None;
+        w
+    };
+    let mut w = lagging();
+    let reports = w.pass();
+    let commands = w.commands("web");
+    assert!(
+        commands
+            .iter()
+            .any(|c| matches!(c, Command::RecordExecution { .. })),
+        "{commands:?}"
+    );
+    assert!(!commands.iter().any(is_publish), "{commands:?}");
+    assert!(matches!(reports[0].verdict, Verdict::Verified { .. }));
+
+    let mut w = lagging();
+    w.faults
+        .record
+        .push_back(StoreError::Unavailable("database restarting".into()));
+    let reports = w.pass();
+    assert!(
+        matches!(reports[0].verdict, Verdict::Verified { .. }),
+        "{:?}",
+        reports[0]
+    );
+    assert!(routed(&w), "the route stands");
+    assert!(
+        reports[0]
+            .errors
+            .iter()
+            .any(|e| matches!(e, RecoveryError::RecordFailed(_))),
+        "{:?}",
+        reports[0].errors
+    );
+}
+
 /// S11, found by CI: a fresh execution is recorded as verified before it
 /// is published, so a daemon restarted between the two (here: the
 /// publication failed, then the daemon restarted) finds it vouched for and

@@ -60,6 +60,8 @@ pub struct Faults {
     pub health: VecDeque<RuntimeError>,
     pub binds: VecDeque<RuntimeError>,
     pub persist: VecDeque<StoreError>,
+    /// Failures of recording a verified execution in ACTIVE.
+    pub record: VecDeque<StoreError>,
     /// When set, the policy check fails with this error.
     pub policy_revoked: Option<PolicyError>,
     /// When set, the runtime itself restarts the container while the
@@ -392,6 +394,9 @@ impl World {
                 })
             }
             Command::RecordExecution { started_at } => {
+                if let Some(e) = self.faults.record.pop_front() {
+                    return Outcome::ExecutionRecorded(Err(e));
+                }
                 if let Some(record) = self.active.services.get_mut(service) {
                     if &record.container == id {
                         record.verified_started_at = Some(*started_at);

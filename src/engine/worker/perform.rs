@@ -59,19 +59,7 @@ impl Worker {
                 version,
                 spec_digest,
             } => {
-                let now = p.clock.now();
-                let recorded = match p
-                    .store
-                    .set_instance_version(instance.id, &version, now)
-                    .await
-                {
-                    Ok(()) => {
-                        p.store
-                            .set_instance_spec_digest(instance.id, &spec_digest, now)
-                            .await
-                    }
-                    Err(e) => Err(e),
-                };
+                let recorded = self.record_version(instance, &version, &spec_digest).await;
                 // A digest alone is recorded quietly: a row from before
                 // stead recorded digests has none.
                 if recorded.is_ok() && version != instance.version {
@@ -87,6 +75,26 @@ impl Worker {
                 done(recorded)
             }
         }
+    }
+
+    /// Records the version (and spec digest) the instance now runs, for
+    /// a provision and an upgrade alike. Two writes: a crash between them
+    /// leaves the old digest, so the next tick plans an upgrade that finds
+    /// every service at its revision and records it again.
+    async fn record_version(
+        &self,
+        instance: &Instance,
+        version: &str,
+        spec_digest: &str,
+    ) -> Result<(), StoreError> {
+        let store = &self.ports.store;
+        let now = self.ports.clock.now();
+        store
+            .set_instance_version(instance.id, version, now)
+            .await?;
+        store
+            .set_instance_spec_digest(instance.id, spec_digest, now)
+            .await
     }
 
     /// Performs one step of an upgrade through the ports. No decisions.
@@ -114,25 +122,9 @@ impl Worker {
             UpgradeCommand::SetVersion {
                 version,
                 spec_digest,
-            } => {
-                // Two writes: a crash between them leaves the old digest,
-                // so the next tick plans an upgrade that finds every
-                // service at its revision and records it again.
-                let now = p.clock.now();
-                let set = match p
-                    .store
-                    .set_instance_version(instance.id, &version, now)
-                    .await
-                {
-                    Ok(()) => {
-                        p.store
-                            .set_instance_spec_digest(instance.id, &spec_digest, now)
-                            .await
-                    }
-                    Err(e) => Err(e),
-                };
-                UpgradeAnswer::VersionSet(set)
-            }
+            } => UpgradeAnswer::VersionSet(
+                self.record_version(instance, &version, &spec_digest).await,
+            ),
             UpgradeCommand::Create {
                 spec,
                 version,

@@ -410,7 +410,6 @@ impl Checker {
             return;
         };
         let versions = provisioner.release_versions();
-        let number = |v: &str| v.parse::<u32>().unwrap_or(0);
         let store = self.store();
         // A task in flight (a reprovision of a ready instance between its
         // install and its record) may leave the release ahead for a while;
@@ -427,8 +426,8 @@ impl Checker {
             .filter(|i| crate::world::is_helm_instance(i.name.as_str()))
             .filter(|i| i.state == InstanceState::Ready)
             .filter_map(|i| {
-                let release = number(versions.get(i.name.as_str())?);
-                let recorded = number(&i.version);
+                let release = version_number(versions.get(i.name.as_str())?);
+                let recorded = version_number(&i.version);
                 let wrong =
                     release < recorded || (release != recorded && !in_flight.contains(&i.id));
                 wrong.then(|| format!("{} at {} but its release at {release}", i.name, i.version))
@@ -1037,20 +1036,23 @@ impl Checker {
                 // whose catalog is behind the instance's must refuse, not
                 // put an older chart under a newer version's name (or
                 // downgrade a live release).
-                if let (Some(recorded), Some(installed)) = (
+                let helm = crate::world::is_helm_instance(release);
+                if let (true, Some(recorded), Some(installed)) = (
+                    helm,
                     self.store().instance_now(&name).map(|i| i.version),
                     self.provisioner
                         .get()
                         .and_then(|p| p.release_versions().remove(release)),
                 ) {
-                    let number = |v: &str| v.parse::<u32>().unwrap_or(0);
-                    if crate::world::is_helm_instance(release) {
-                        s.check(
-                            "H3 a release is never installed behind its instance's version",
-                            number(&installed) >= number(&recorded),
-                            || format!("{release} installed at {installed}, its instance at {recorded}"),
-                        );
-                    }
+                    s.check(
+                        "H3 a release is never installed behind its instance's version",
+                        version_number(&installed) >= version_number(&recorded),
+                        || {
+                            format!(
+                                "{release} installed at {installed}, its instance at {recorded}"
+                            )
+                        },
+                    );
                 }
             }
             Effect::ActiveSaved { service, container } => {
@@ -1119,6 +1121,12 @@ impl Checker {
             .instance_now(instance)
             .is_some_and(|i| i.state == InstanceState::Deleted)
     }
+}
+
+/// A simulated catalog version as a number (the sim's versions are
+/// counters; anything else counts as 0).
+fn version_number(v: &str) -> u32 {
+    v.parse().unwrap_or(0)
 }
 
 impl Observer for Checker {
@@ -1330,9 +1338,7 @@ impl Observer for Checker {
                 let before = s.truth.active.insert(service.clone(), container.clone());
                 if before.as_ref() != Some(container) {
                     s.active_since.insert(service.clone(), now);
-                }
-                if let Some(before) = before {
-                    if &before != container {
+                    if let Some(before) = before {
                         s.active_until.insert(before, now);
                     }
                 }

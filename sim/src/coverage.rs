@@ -147,8 +147,6 @@ fn parse_required(text: &str) -> Result<Required, String> {
     Ok(Required { seeds, minimum })
 }
 
-/// The branches of `required` reached fewer times than stated, as
-/// `(branch, reached, minimum)`.
 impl Required {
     /// The minimums in proportion to `seeds` (rounded down, at least one
     /// for a branch that must be reached at all): the mutation judge runs
@@ -169,6 +167,8 @@ impl Required {
     }
 }
 
+/// The branches of `required` reached fewer times than stated, as
+/// `(branch, reached, minimum)`.
 pub fn shortfalls(required: &Required, reached: &Branches) -> Vec<(String, u64, u64)> {
     required
         .minimum
@@ -182,9 +182,11 @@ pub fn shortfalls(required: &Required, reached: &Branches) -> Vec<(String, u64, 
 
 #[cfg(test)]
 mod tests {
+    use super::*;
+
     #[test]
     fn scaled_minimums_are_proportional_and_never_drop_a_branch() {
-        let required = super::Required {
+        let required = Required {
             seeds: 500,
             minimum: [
                 ("a".to_owned(), 20),
@@ -201,8 +203,6 @@ mod tests {
         assert_eq!(scaled.minimum["c"], 0);
         assert_eq!(required.scaled_to(500).minimum, required.minimum);
     }
-
-    use super::*;
 
     #[test]
     fn the_coverage_file_parses_and_bad_files_are_named() {

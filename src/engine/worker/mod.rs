@@ -207,11 +207,7 @@ impl Worker {
         let Ok(Some(instance)) = self.ports.store.instance_by_id(task.instance).await else {
             return backoff_ends;
         };
-        let security = self
-            .catalog
-            .current()
-            .get(&instance.service_type)
-            .is_some_and(|entry| entry.security);
+        let security = self.entry(&instance).is_ok_and(|entry| entry.security);
         let at = upgrade_retry_at(backoff_ends, &instance, security);
         if at != backoff_ends {
             tracing::info!(

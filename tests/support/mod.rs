@@ -238,7 +238,6 @@ fn start_postgres() -> Result<PostgresServer, String> {
             .map_err(|e| format!("chown {} to postgres: {e}", dir.display()))?;
     }
     let data = dir.join("data");
-    let port = free_port()?;
     let as_pg = |program: PathBuf| {
         let mut command = if run_as_postgres {
             let mut c = Command::new("runuser");
@@ -260,8 +259,11 @@ fn start_postgres() -> Result<PostgresServer, String> {
         "--locale=C",
     ]))?;
     // Durability settings are off: the data dies with the test run anyway.
+    // The server listens on a Unix socket in its own directory only: a TCP
+    // port picked free beforehand could be taken by another process before
+    // the server binds it, and every test process starts a server.
     let options = format!(
-        "-p {port} -k {} -c listen_addresses=127.0.0.1 -c fsync=off \
+        "-k {} -c listen_addresses='' -c fsync=off \
          -c synchronous_commit=off -c full_page_writes=off -c max_connections=300",
         dir.display()
     );
@@ -273,7 +275,10 @@ fn start_postgres() -> Result<PostgresServer, String> {
         .args(["-o", &options, "-w", "-t", "60", "start"]))?;
     spawn_watchdog(&bin, &dir, &data, run_as_postgres)?;
     Ok(PostgresServer {
-        admin_url: format!("postgres://postgres@127.0.0.1:{port}/postgres"),
+        admin_url: format!(
+            "postgres://postgres@localhost/postgres?host={}",
+            dir.display()
+        ),
     })
 }
 
@@ -354,15 +359,6 @@ fn id_of(flag: &str) -> Result<u32, String> {
         .map_err(|_| {
             "running as root, but there is no `postgres` user to run Postgres as".to_owned()
         })
-}
-
-fn free_port() -> Result<u16, String> {
-    let listener =
-        std::net::TcpListener::bind("127.0.0.1:0").map_err(|e| format!("find a free port: {e}"))?;
-    listener
-        .local_addr()
-        .map(|a| a.port())
-        .map_err(|e| format!("find a free port: {e}"))
 }
 
 fn run(command: &mut Command) -> Result<(), String> {

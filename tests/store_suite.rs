@@ -1768,3 +1768,56 @@ async fn the_schema_itself_rejects_bad_states_and_duplicate_active_tasks(s: Test
         .unwrap();
     assert!(running_unlocked.is_err(), "a running task holds a lease");
 }
+
+/// SQLite lets a column hold a value of any type, and another tool may
+/// write one: such a row is a bad row naming its table, id and value, and
+/// fails alone — the rest of the listing and of its batch read on. (A
+/// Postgres column cannot hold such a value.)
+#[tokio::test]
+async fn sqlite_a_value_of_the_wrong_type_fails_only_its_row() {
+    let s = support::sqlite().await;
+    let store = &*s.store;
+    let good = instance(store, "good-1").await;
+    let odd = instance(store, "odd-1").await;
+    s.write_as_foreign_tool("UPDATE instances SET expires_at_us = 'soon' WHERE name = 'odd-1'")
+        .await
+        .unwrap();
+    let wrong_type = |e: &StoreError, table: &str| {
+        matches!(e, StoreError::BadRow { table: t, id, value, .. }
+            if *t == table && id == &odd.to_string() && value.contains("invalid type"))
+    };
+
+    let listed = store.list_instances().await.unwrap();
+    let names: Vec<_> = listed.rows.iter().map(|i| i.name.as_str()).collect();
+    assert_eq!(names, ["good-1"]);
+    assert!(
+        matches!(&listed.bad[..], [e] if wrong_type(e, "instances")),
+        "{:?}",
+        listed.bad
+    );
+    let message = listed.bad[0].to_string();
+    assert!(message.contains("soon"), "the value is quoted: {message}");
+
+    let batch = store.load_instances(&[good, odd]).await.unwrap();
+    assert!(batch[&good].is_ok(), "{batch:?}");
+    assert!(
+        matches!(&batch[&odd], Err(e) if wrong_type(e, "instances")),
+        "{batch:?}"
+    );
+
+    // A wrong-typed ACTIVE row fails its own instance only.
+    s.write_as_foreign_tool(&format!(
+        "UPDATE instances SET expires_at_us = NULL WHERE id = {odd}; \
+         INSERT INTO active_services (instance_id, service, container_id, \
+         effective_revision, stop_grace_ms) VALUES ({odd}, 'web', 'c1', 'r1', 'long')"
+    ))
+    .await
+    .unwrap();
+    let batch = store.load_instances(&[good, odd]).await.unwrap();
+    assert!(batch[&good].is_ok(), "{batch:?}");
+    assert!(
+        matches!(&batch[&odd], Err(e) if wrong_type(e, "active_services")),
+        "{batch:?}"
+    );
+    assert_eq!(store.list_instances().await.unwrap().rows.len(), 2);
+}

@@ -17,8 +17,8 @@ use sqlx::{Postgres, Transaction};
 use super::rows::{assemble_loaded, collect_rows, count_states, found_or, instance_found_or};
 use super::rows::{
     claim_order, decode_rollout, decode_rollout_record, encode_binds, encode_grace,
-    encode_parameters, encode_timestamp, inhibition_order, lease_grant, ActiveRow, InhibitionRow,
-    InstanceRow, LeaseRow, TaskRow,
+    encode_parameters, encode_timestamp, inhibition_order, lease_grant, read_rows, ActiveRow,
+    BatchRows, InhibitionRow, InstanceRow, LeaseRow, ReadRow, TaskRow,
 };
 use super::shared::impl_sql_store;
 use super::statements as sql;
@@ -76,6 +76,40 @@ const UNLOCK_INSTANCES: &str =
 /// A list of instance ids as the lock statements take it: an array.
 fn id_list(ids: &[InstanceId]) -> Vec<i64> {
     ids.to_vec()
+}
+
+impl PostgresStore {
+    /// Every instance row, by id.
+    async fn instance_rows(&self) -> Result<Vec<ReadRow<InstanceRow>>, StoreError> {
+        sqlx::query_as::<_, InstanceRow>(sql::LIST_INSTANCES)
+            .fetch_all(&self.pool)
+            .await
+            .map(read_rows)
+            .map_err(db_error)
+    }
+
+    /// The rows of a batch of instances, read on three of the pool's
+    /// connections at once: the caller holds the instances' locks, so no
+    /// writer of theirs runs in between.
+    async fn load_batch(&self, ids: &[InstanceId]) -> Result<BatchRows, StoreError> {
+        let (instances, active, inhibitions) = tokio::try_join!(
+            sqlx::query_as::<_, InstanceRow>(batch::INSTANCES_OF_IDS)
+                .bind(id_list(ids))
+                .fetch_all(&self.pool),
+            sqlx::query_as::<_, ActiveRow>(batch::ACTIVE_OF_IDS)
+                .bind(id_list(ids))
+                .fetch_all(&self.pool),
+            sqlx::query_as::<_, InhibitionRow>(batch::INHIBITIONS_OF_IDS)
+                .bind(id_list(ids))
+                .fetch_all(&self.pool),
+        )
+        .map_err(db_error)?;
+        Ok((
+            read_rows(instances),
+            read_rows(active),
+            read_rows(inhibitions),
+        ))
+    }
 }
 
 /// A [`Store`] on a Postgres database.

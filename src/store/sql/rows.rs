@@ -90,7 +90,7 @@ pub fn encode_binds(binds: &Binds) -> String {
     serde_json::to_string(binds).expect("a map of integers always serialises")
 }
 
-#[derive(Debug, sqlx::FromRow)]
+#[derive(Debug, sqlx::FromRow, serde::Deserialize)]
 pub struct InstanceRow {
     pub id: i64,
     pub name: String,
@@ -98,6 +98,7 @@ pub struct InstanceRow {
     pub service_type: String,
     pub version: String,
     pub state: String,
+    #[serde(deserialize_with = "bool_of_int")]
     pub stopped: bool,
     pub expires_at_us: Option<i64>,
     pub maintenance_window: Option<String>,
@@ -105,6 +106,7 @@ pub struct InstanceRow {
     pub updated_at_us: i64,
     /// A JSON object of strings.
     pub parameters: String,
+    #[serde(deserialize_with = "bool_of_int")]
     pub purge_volumes: bool,
     pub spec_digest: Option<String>,
 }
@@ -191,7 +193,7 @@ pub fn claim_order(tasks: &mut [Task]) {
     tasks.sort_by_key(|t| (t.run_after, t.id));
 }
 
-#[derive(Debug, sqlx::FromRow)]
+#[derive(Debug, sqlx::FromRow, serde::Deserialize)]
 pub struct ActiveRow {
     pub instance_id: i64,
     pub service: String,
@@ -236,7 +238,7 @@ impl ActiveRow {
     }
 }
 
-#[derive(Debug, sqlx::FromRow)]
+#[derive(Debug, sqlx::FromRow, serde::Deserialize)]
 pub struct InhibitionRow {
     pub instance_id: i64,
     pub service: String,
@@ -388,27 +390,62 @@ pub fn instance_found_or(found: bool, name: &InstanceName) -> Result<(), StoreEr
 /// [`LoadedInstances`] from the three batch reads: each instance with its
 /// own ACTIVE and inhibitions, or the first of its rows that did not
 /// decode.
+/// A boolean column as SQLite's JSON functions render it: the integer 0
+/// or 1 (the columns' CHECK constraints admit nothing else).
+fn bool_of_int<'de, D: serde::Deserializer<'de>>(d: D) -> Result<bool, D::Error> {
+    match <i64 as serde::Deserialize>::deserialize(d)? {
+        0 => Ok(false),
+        1 => Ok(true),
+        other => Err(serde::de::Error::custom(format!(
+            "{other} is not a boolean (0 or 1)"
+        ))),
+    }
+}
+
+/// A row as read: its columns, or why they could not be read, with the
+/// id of the instance it belongs to (so only that instance fails).
+pub type ReadRow<T> = Result<T, (InstanceId, StoreError)>;
+
+/// The rows of one batch of instances: their instance rows, ACTIVE rows
+/// and inhibitions.
+pub type BatchRows = (
+    Vec<ReadRow<InstanceRow>>,
+    Vec<ReadRow<ActiveRow>>,
+    Vec<ReadRow<InhibitionRow>>,
+);
+
+/// Rows sqlx decoded (a row it cannot decode fails the whole read).
+pub fn read_rows<T>(rows: Vec<T>) -> Vec<ReadRow<T>> {
+    rows.into_iter().map(Ok).collect()
+}
+
 pub fn assemble_loaded(
-    instances: Vec<InstanceRow>,
-    active: Vec<ActiveRow>,
-    inhibitions: Vec<InhibitionRow>,
+    instances: Vec<ReadRow<InstanceRow>>,
+    active: Vec<ReadRow<ActiveRow>>,
+    inhibitions: Vec<ReadRow<InhibitionRow>>,
 ) -> LoadedInstances {
     let mut loaded: LoadedInstances = instances
         .into_iter()
-        .map(|row| {
-            let id = row.id;
-            let instance = row.decode().map(|instance| LoadedInstance {
-                instance,
-                active: ActiveRecord::default(),
-                inhibitions: Vec::new(),
-            });
-            (id, instance)
+        .map(|row| match row {
+            Ok(row) => {
+                let id = row.id;
+                let instance = row.decode().map(|instance| LoadedInstance {
+                    instance,
+                    active: ActiveRecord::default(),
+                    inhibitions: Vec::new(),
+                });
+                (id, instance)
+            }
+            Err((id, e)) => (id, Err(e)),
         })
         .collect();
     for row in active {
-        if let Some(Ok(entry)) = loaded.get_mut(&row.instance_id) {
-            let id = row.instance_id;
-            match row.decode() {
+        let (id, row) = match row {
+            Ok(row) => (row.instance_id, Ok(row)),
+            Err((id, e)) => (id, Err(e)),
+        };
+        if let Some(Ok(entry)) = loaded.get_mut(&id) {
+            match row.and_then(ActiveRow::decode) {
                 Ok((service, record)) => {
                     entry.active.services.insert(service, record);
                 }
@@ -419,9 +456,12 @@ pub fn assemble_loaded(
         }
     }
     for row in inhibitions {
-        if let Some(Ok(entry)) = loaded.get_mut(&row.instance_id) {
-            let id = row.instance_id;
-            match row.decode() {
+        let (id, row) = match row {
+            Ok(row) => (row.instance_id, Ok(row)),
+            Err((id, e)) => (id, Err(e)),
+        };
+        if let Some(Ok(entry)) = loaded.get_mut(&id) {
+            match row.and_then(InhibitionRow::decode) {
                 Ok(inhibition) => entry.inhibitions.push(inhibition),
                 Err(e) => {
                     loaded.insert(id, Err(e));

@@ -92,11 +92,10 @@ macro_rules! impl_sql_store {
             }
 
             async fn list_instances(&self) -> Result<Rows<Instance>, StoreError> {
-                let rows = sqlx::query_as::<_, InstanceRow>(sql::LIST_INSTANCES)
-                    .fetch_all(&self.pool)
-                    .await
-                    .map_err(db_error)?;
-                Ok(collect_rows(rows.into_iter().map(InstanceRow::decode)))
+                let rows = self.instance_rows().await?;
+                Ok(collect_rows(rows.into_iter().map(|row| {
+                    row.map_err(|(_, e)| e).and_then(InstanceRow::decode)
+                })))
             }
 
             async fn set_instance_state(
@@ -297,21 +296,7 @@ macro_rules! impl_sql_store {
                 if ids.is_empty() {
                     return Ok(LoadedInstances::new());
                 }
-                // Three reads on three of the pool's connections at once:
-                // the caller holds the instances' locks, so no writer of
-                // theirs runs in between.
-                let (instances, active, inhibitions) = tokio::try_join!(
-                    sqlx::query_as::<_, InstanceRow>(batch::INSTANCES_OF_IDS)
-                        .bind(id_list(ids))
-                        .fetch_all(&self.pool),
-                    sqlx::query_as::<_, ActiveRow>(batch::ACTIVE_OF_IDS)
-                        .bind(id_list(ids))
-                        .fetch_all(&self.pool),
-                    sqlx::query_as::<_, InhibitionRow>(batch::INHIBITIONS_OF_IDS)
-                        .bind(id_list(ids))
-                        .fetch_all(&self.pool),
-                )
-                .map_err(db_error)?;
+                let (instances, active, inhibitions) = self.load_batch(ids).await?;
                 Ok(assemble_loaded(instances, active, inhibitions))
             }
 

@@ -1690,12 +1690,38 @@ async fn a_batch_load_reads_what_the_single_loads_read(s: TestStore) {
     let store = &*s.store;
     let mut ids = Vec::new();
     for (n, name) in ["alpha", "beta", "gamma"].into_iter().enumerate() {
-        let id = instance(store, name).await;
+        // Every field a batch decodes, set and unset (SQLite reads them
+        // back through JSON: quoting, nulls, booleans, big integers).
+        let mut new = new_instance(name);
+        if n == 1 {
+            new.parameters = BTreeMap::from([
+                (
+                    "title".to_owned(),
+                    "Ünïcode \"quoted\" {braces} \\ /".to_owned(),
+                ),
+                ("empty".to_owned(), String::new()),
+            ]);
+            new.spec_digest = Some("sha256:0123abcd".into());
+            new.expires_at = None;
+            new.maintenance_window = None;
+        }
+        let id = store.create_instance(&new, t(0)).await.unwrap().id;
         ids.push(id);
+        if n == 1 {
+            store.set_purge_volumes(id, t(1)).await.unwrap();
+            store.set_instance_stopped(id, true, t(2)).await.unwrap();
+        }
         let name = InstanceName::new(name);
         for service in ["web", "db"].iter().take(n + 1) {
+            let mut record = active("c1", "r1");
+            if n == 2 {
+                record.verified_started_at =
+                    Some(Timestamp::from_nanosecond(1_800_000_000_123_456_789).unwrap());
+                record.stop_grace = None;
+                record.binds = BTreeMap::new();
+            }
             store
-                .save_active_service(&name, &ServiceName::new(*service), &active("c1", "r1"))
+                .save_active_service(&name, &ServiceName::new(*service), &record)
                 .await
                 .unwrap();
         }
@@ -1715,11 +1741,14 @@ async fn a_batch_load_reads_what_the_single_loads_read(s: TestStore) {
     let mut asked = ids.clone();
     asked.push(missing);
     let batch = store.load_instances(&asked).await.unwrap();
+    let listed = store.list_instances().await.unwrap();
+    assert!(listed.bad.is_empty(), "{:?}", listed.bad);
     assert_eq!(batch.len(), 3, "the missing instance is absent: {batch:?}");
     for id in ids {
         let single = store.instance_by_id(id).await.unwrap().unwrap();
         let loaded = batch[&id].as_ref().unwrap();
         assert_eq!(loaded.instance, single);
+        assert_eq!(listed.rows.iter().find(|i| i.id == id), Some(&single));
         assert_eq!(
             loaded.active,
             store.load_active(&single.name).await.unwrap()

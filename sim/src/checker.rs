@@ -152,6 +152,9 @@ struct State {
     /// The state an instance was in when a worker took its lock: a handler
     /// that found it deleting must not build anything for it (T4).
     state_when_locked: BTreeMap<(InstanceName, String), InstanceState>,
+    /// When a holder other than the recovery pass last released each
+    /// instance's lock.
+    released_by_others: BTreeMap<InstanceName, Timestamp>,
     /// The store is down on purpose: a failed lease take-over is no news.
     store_outage: bool,
     /// When each instance last changed state.
@@ -586,6 +589,20 @@ impl Checker {
 
     pub fn truth_snapshot(&self) -> Truth {
         self.lock().truth.clone()
+    }
+
+    /// Whether a holder other than the recovery pass (a worker, an
+    /// operator's command) held the instance's lock at any moment since
+    /// `since`: the pass skips a busy instance (R3), so what it has to
+    /// restore there waits until the lock is free.
+    pub fn locked_by_others_since(&self, instance: &InstanceName, since: Timestamp) -> bool {
+        let s = self.lock();
+        s.state_when_locked
+            .keys()
+            .any(|(locked, holder)| locked == instance && !is_recovery(holder))
+            || s.released_by_others
+                .get(instance)
+                .is_some_and(|at| *at >= since)
     }
 
     /// When ACTIVE came to name the container it names for `key` now.
@@ -1123,6 +1140,11 @@ impl Checker {
     }
 }
 
+/// Whether a lock holder is a recovery pass (`<process>/recovery`).
+fn is_recovery(holder: &str) -> bool {
+    holder.ends_with("/recovery")
+}
+
 /// A simulated catalog version as a number (the sim's versions are
 /// counters; anything else counts as 0).
 fn version_number(v: &str) -> u32 {
@@ -1417,6 +1439,9 @@ impl Observer for Checker {
             Effect::InstanceUnlocked { instance, holder } => {
                 s.state_when_locked
                     .remove(&(instance.clone(), holder.clone()));
+                if !is_recovery(holder) {
+                    s.released_by_others.insert(instance.clone(), now);
+                }
             }
             // The proxy forgot a route by itself: nothing routes there now.
             Effect::RouteLost { service } => {

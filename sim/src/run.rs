@@ -284,9 +284,16 @@ async fn simulate(cfg: SimConfig) -> SimOutcome {
             .await;
         check_stop_forgets_budget(&checker, &actors, store.as_ref(), &runtime, cfg.tick).await;
         let routed_before = traffic.routes();
+        let lost_at = clock.now();
         traffic.lose_everything();
         tokio::time::sleep(cfg.tick + ROUTE_RESTORE_SLACK).await;
-        check_routes_restored(&checker, &routed_before, traffic.as_ref(), runtime.as_ref());
+        check_routes_restored(
+            &checker,
+            &routed_before,
+            lost_at,
+            traffic.as_ref(),
+            runtime.as_ref(),
+        );
         let ticks = liveness.as_secs() / cfg.tick.as_secs();
         for _ in 0..ticks {
             tokio::time::sleep(cfg.tick).await;
@@ -681,10 +688,15 @@ fn catalog_of(shared: &Shared) -> Arc<Catalog> {
 }
 
 /// L6 (T5): every route that was up before the proxy forgot them is back,
-/// for every container still running the execution it was verified for.
+/// for every container still running the execution it was verified for —
+/// except on an instance a worker or an operator's command held locked
+/// since the routes were lost: the pass skips a busy instance (R3), and
+/// republishing beside an upgrade could route back to the generation it is
+/// replacing. Such routes are L1's to judge once every lock is free.
 fn check_routes_restored(
     checker: &Checker,
     before: &BTreeMap<ServiceKey, stead::ports::Route>,
+    lost_at: Timestamp,
     traffic: &MemoryTraffic,
     runtime: &MemoryRuntime,
 ) {
@@ -693,7 +705,7 @@ fn check_routes_restored(
         let still = runtime.container(&route.container).is_some_and(|c| {
             c.status == ContainerStatus::Running && c.started_at == route.verified_started_at
         });
-        if !still {
+        if !still || checker.locked_by_others_since(&key.instance, lost_at) {
             continue;
         }
         // Back to the same container, or to the successor ACTIVE switched
@@ -707,8 +719,10 @@ fn check_routes_restored(
             }),
             || {
                 format!(
-                    "{key:?} on {} not republished within a tick",
-                    route.container
+                    "{key:?} on {} not republished within a tick (routed now: {:?}, ACTIVE: {:?})",
+                    route.container,
+                    now.get(key).map(|r| &r.container),
+                    active,
                 )
             },
         );

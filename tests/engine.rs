@@ -473,7 +473,7 @@ async fn upgrade_replaces_with_overlap_and_the_pass_retires_the_predecessor() {
 #[tokio::test]
 async fn a_version_that_drops_a_service_retires_it_and_the_pass_never_revives_it() {
     // Version 1 of wiki ran two services; version 2 (the catalog) lists
-    // only web. The upgrade must withdraw, hold, stop, remove and forget
+    // only web. The upgrade must hold, withdraw, stop, remove and forget
     // api, then clear the hold (#17).
     let f = fixture();
     let instance = f.served("wiki1", "1").await;
@@ -534,6 +534,62 @@ async fn a_version_that_drops_a_service_retires_it_and_the_pass_never_revives_it
         (row.version.as_str(), row.state),
         ("2", InstanceState::Ready)
     );
+}
+
+#[tokio::test]
+async fn a_dropped_service_whose_withdrawal_failed_is_not_routed_again_before_the_retry() {
+    // Simulation seed 6240: the proxy restarted without its routes and
+    // refused the upgrade's withdrawal of api, a service version 2 drops;
+    // the task waited for its retry, and the recovery pass in between
+    // found api's route lost and its execution verified, and published it
+    // again. The retirement now holds api before withdrawing it: the pass
+    // withdraws it itself and never routes it (R5).
+    let f = fixture();
+    let instance = f.served("wiki1", "1").await;
+    let api = f
+        .runtime
+        .create(&create_request("wiki1", "api"))
+        .await
+        .expect("create api");
+    let record = stead::core::types::ActiveService {
+        container: api.clone(),
+        effective_revision: "1".into(),
+        binds: f.runtime.binds(&api).await.unwrap(),
+        stop_grace: None,
+        verified_started_at: f.runtime.inspect(&api).await.unwrap().started_at,
+    };
+    f.store
+        .save_active_service(&instance.name, &ServiceName::new("api"), &record)
+        .await
+        .unwrap();
+    let recoverer = f.recoverer();
+    recoverer.pass().await;
+    assert!(f.routed("wiki1", "api"), "version 1 serves api");
+
+    f.traffic.lose_everything();
+    f.script
+        .fail(Op::Withdraw, "wiki1/api", Fault::Fail("proxy down".into()));
+    f.enqueue(instance.id, TaskKind::Upgrade).await;
+    let end = f.worker().work_once().await.unwrap().1;
+    assert!(
+        matches!(&end, TaskEnd::Retried(e) if e.contains("proxy down")),
+        "{end:?}"
+    );
+    f.script.heal();
+    for _ in 0..2 {
+        recoverer.pass().await;
+        assert!(
+            !f.routed("wiki1", "api"),
+            "a service being dropped is never routed again"
+        );
+    }
+    assert!(f.routed("wiki1", "web"), "web is republished");
+
+    f.clock.advance(Duration::from_secs(3600));
+    assert_eq!(f.worker().work_once().await.unwrap().1, TaskEnd::Done);
+    assert!(f.runtime.container(&api).is_none(), "api is removed");
+    recoverer.pass().await;
+    assert!(!f.routed("wiki1", "api"));
 }
 
 #[tokio::test]

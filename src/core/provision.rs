@@ -158,10 +158,14 @@ pub fn teardown_failure(command: &WorkCommand, answer: WorkAnswer) -> Option<Str
 }
 
 /// The retirement of a service a new catalog version no longer lists, in
-/// the order that never leaves it routed or revivable: withdraw its
-/// traffic, hold it (so no recovery pass starts it again), stop and remove
-/// it (its named volumes stay), release its claims, drop it from ACTIVE,
-/// then clear the hold. Re-run after a crash at any step, the upgrade
+/// the order that never leaves it routed or revivable: hold it, then
+/// withdraw its traffic, stop and remove it (its named volumes stay),
+/// release its claims, drop it from ACTIVE, then clear the hold. The hold
+/// comes first: a withdrawal that fails ends the attempt, and until the
+/// retry a recovery pass must neither publish the service again (it would
+/// republish a route it believes lost) nor start it; held, it withdraws
+/// the service itself and starts nothing (R5). Re-run after a crash at any
+/// step, the upgrade
 /// finds either the service still in ACTIVE (and starts over, every step
 /// being idempotent) or only its hold and container left, which the
 /// upgrade's plan finishes off (`core::upgrade`).
@@ -186,11 +190,11 @@ pub fn retire_dropped_service(
         stop_grace: record.stop_grace,
     };
     vec![
+        WorkCommand::Inhibit(hold.clone()),
         WorkCommand::Withdraw(ServiceKey {
             instance: instance.clone(),
             service: service.clone(),
         }),
-        WorkCommand::Inhibit(hold.clone()),
         WorkCommand::Stop {
             generation: generation.clone(),
             grace,

@@ -15,7 +15,7 @@
 //! - the upgrade ends within its bound, and a completed one switched every
 //!   service that was behind;
 //! - a service ACTIVE names that the new version dropped is retired only
-//!   after every listed service was switched, in the order withdraw, hold,
+//!   after every listed service was switched, in the order hold, withdraw,
 //!   stop, remove, release claims, drop from ACTIVE, clear the hold; no
 //!   retirement step touches a listed service; and a completed upgrade
 //!   dropped every such service from ACTIVE before recording its version.
@@ -634,8 +634,8 @@ pub fn run_upgrade_and_check(input: &UpgradeInput, answers: &[OutcomeSeed]) -> u
 
 /// The retirement of a dropped service, step by step, in its only order.
 const RETIREMENT: [&str; 7] = [
-    "withdraw",
     "hold",
+    "withdraw",
     "stop",
     "remove",
     "release claims",

@@ -201,13 +201,22 @@ async fn simulate(cfg: SimConfig) -> SimOutcome {
     let start = clock.now();
     let safety_ticks = cfg.safety.as_secs() / cfg.tick.as_secs();
     let mut catalog_version_now = 1;
+    // Ticks left in which the proxy is restarted often: operators roll a
+    // catalog that drops a service out with the proxy's own config, so the
+    // proxy comes and goes while upgrades retire the dropped service (a
+    // withdrawal refused mid-retirement, seed 6240).
+    let mut proxy_restarts_left = 0u32;
     for _ in 0..safety_ticks {
         // A bumped catalog is rolled out as operators do: every process
         // restarts with the new file (memory lost, R17).
         let version = actors.catalog_version.load(Ordering::Relaxed);
         if version != catalog_version_now {
             catalog_version_now = version;
-            checker.catalog_bumped(version, actors.dropped.lock().expect("poisoned").clone());
+            let dropped = actors.dropped.lock().expect("poisoned").clone();
+            if dropped.is_some() {
+                proxy_restarts_left = PROXY_RESTART_TICKS;
+            }
+            checker.catalog_bumped(version, dropped);
             let security = rng.random_bool(0.2);
             *shared.catalog.lock().expect("poisoned") =
                 Arc::new(sim_catalog(&actors, version, security));
@@ -219,8 +228,14 @@ async fn simulate(cfg: SimConfig) -> SimOutcome {
         let outage = rng
             .random_bool(mix.store_outage)
             .then(|| Duration::from_secs(rng.random_range(5..cfg.tick.as_secs().max(6))));
+        let proxy_down_p = if proxy_restarts_left > 0 {
+            proxy_restarts_left -= 1;
+            PROXY_RESTART_P.max(mix.proxy_down)
+        } else {
+            mix.proxy_down
+        };
         let proxy_down = rng
-            .random_bool(mix.proxy_down)
+            .random_bool(proxy_down_p)
             .then(|| Duration::from_secs(rng.random_range(5..cfg.tick.as_secs().max(6))));
         if rng.random_bool(mix.proxy_loss) {
             counts.bump("proxy lost every route");
@@ -678,6 +693,11 @@ const LADDER_POLL: Duration = Duration::from_millis(250);
 /// How long after a start the stable streak that resets a budget may
 /// begin: the first verified, ready observation.
 const STABLE_STREAK_SLACK: Duration = Duration::from_secs(60);
+
+/// After a catalog that drops a service, for how many ticks the proxy is
+/// down with [`PROXY_RESTART_P`] each tick.
+const PROXY_RESTART_TICKS: u32 = 30;
+const PROXY_RESTART_P: f64 = 0.3;
 
 /// How long after one tick a lost route may take to be back: the pass
 /// that republishes it runs at the tick, and takes a moment.

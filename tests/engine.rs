@@ -266,6 +266,29 @@ impl Fixture {
     /// Provisions `name` at `version` through a worker whose catalog had
     /// that version (a worker provisions its own catalog's version), and
     /// one pass, so it is served.
+    /// wiki1 served at version 1 with a second service, api, in ACTIVE
+    /// (version 2, the catalog's, no longer lists api).
+    async fn served_with_api(&self) -> (stead::core::fleet::Instance, ContainerId) {
+        let instance = self.served("wiki1", "1").await;
+        let api = self
+            .runtime
+            .create(&create_request("wiki1", "api"))
+            .await
+            .expect("create api");
+        let record = stead::core::types::ActiveService {
+            container: api.clone(),
+            effective_revision: "1".into(),
+            binds: self.runtime.binds(&api).await.unwrap(),
+            stop_grace: None,
+            verified_started_at: self.runtime.inspect(&api).await.unwrap().started_at,
+        };
+        self.store
+            .save_active_service(&instance.name, &ServiceName::new("api"), &record)
+            .await
+            .unwrap();
+        (instance, api)
+    }
+
     async fn served(&self, name: &str, version: &str) -> stead::core::fleet::Instance {
         let instance = self.instance(name, version).await;
         self.enqueue(instance.id, TaskKind::Provision).await;
@@ -476,23 +499,7 @@ async fn a_version_that_drops_a_service_retires_it_and_the_pass_never_revives_it
     // only web. The upgrade must hold, withdraw, stop, remove and forget
     // api, then clear the hold (#17).
     let f = fixture();
-    let instance = f.served("wiki1", "1").await;
-    let api = f
-        .runtime
-        .create(&create_request("wiki1", "api"))
-        .await
-        .expect("create api");
-    let record = stead::core::types::ActiveService {
-        container: api.clone(),
-        effective_revision: "1".into(),
-        binds: f.runtime.binds(&api).await.unwrap(),
-        stop_grace: None,
-        verified_started_at: f.runtime.inspect(&api).await.unwrap().started_at,
-    };
-    f.store
-        .save_active_service(&instance.name, &ServiceName::new("api"), &record)
-        .await
-        .unwrap();
+    let (instance, api) = f.served_with_api().await;
     let recoverer = f.recoverer();
     recoverer.pass().await;
     assert!(f.routed("wiki1", "api"), "version 1 serves api");
@@ -545,23 +552,7 @@ async fn a_dropped_service_whose_withdrawal_failed_is_not_routed_again_before_th
     // again. The retirement now holds api before withdrawing it: the pass
     // withdraws it itself and never routes it (R5).
     let f = fixture();
-    let instance = f.served("wiki1", "1").await;
-    let api = f
-        .runtime
-        .create(&create_request("wiki1", "api"))
-        .await
-        .expect("create api");
-    let record = stead::core::types::ActiveService {
-        container: api.clone(),
-        effective_revision: "1".into(),
-        binds: f.runtime.binds(&api).await.unwrap(),
-        stop_grace: None,
-        verified_started_at: f.runtime.inspect(&api).await.unwrap().started_at,
-    };
-    f.store
-        .save_active_service(&instance.name, &ServiceName::new("api"), &record)
-        .await
-        .unwrap();
+    let (instance, api) = f.served_with_api().await;
     let recoverer = f.recoverer();
     recoverer.pass().await;
     assert!(f.routed("wiki1", "api"), "version 1 serves api");

@@ -165,10 +165,9 @@ pub fn teardown_failure(command: &WorkCommand, answer: WorkAnswer) -> Option<Str
 /// retry a recovery pass must neither publish the service again (it would
 /// republish a route it believes lost) nor start it; held, it withdraws
 /// the service itself and starts nothing (R5). Re-run after a crash at any
-/// step, the upgrade
-/// finds either the service still in ACTIVE (and starts over, every step
-/// being idempotent) or only its hold and container left, which the
-/// upgrade's plan finishes off (`core::upgrade`).
+/// step, the upgrade finds either the service still in ACTIVE (and starts
+/// over, every step being idempotent) or only its hold and container left,
+/// which the upgrade's plan finishes off (`core::upgrade`).
 pub fn retire_dropped_service(
     instance: &InstanceName,
     service: &ServiceName,

@@ -253,8 +253,17 @@ async fn insert_task<'e>(
 
 /// The batch reads of `load_instances`, naming their ids as this backend
 /// takes a list.
+/// The batch reads of `load_instances`, the ids bound as one array.
+/// (SQLite's read the same rows as JSON: `sqlite.rs`'s `batch`.)
 mod batch {
-    super::sql::batch_loads!("= ANY($1)");
+    pub const INSTANCES_OF_IDS: &str = "SELECT id, name, team, service_type, version, state, \
+         stopped, expires_at_us, maintenance_window, created_at_us, updated_at_us, parameters, \
+         purge_volumes, spec_digest FROM instances WHERE id = ANY($1)";
+    pub const ACTIVE_OF_IDS: &str = "SELECT instance_id, service, container_id, \
+         effective_revision, backend_binds, stop_grace_ms, verified_started_at_ns \
+         FROM active_services WHERE instance_id = ANY($1)";
+    pub const INHIBITIONS_OF_IDS: &str = "SELECT instance_id, service, container_id, reason, \
+         operation, created_at_us, stop_grace_ms FROM inhibitions WHERE instance_id = ANY($1)";
 }
 
 impl_sql_store!(PostgresStore, claim: sql::POSTGRES_CLAIM, lock_lease: LOCK_LEASE);

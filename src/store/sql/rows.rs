@@ -387,9 +387,6 @@ pub fn instance_found_or(found: bool, name: &InstanceName) -> Result<(), StoreEr
     }
 }
 
-/// [`LoadedInstances`] from the three batch reads: each instance with its
-/// own ACTIVE and inhibitions, or the first of its rows that did not
-/// decode.
 /// A boolean column as SQLite's JSON functions render it: the integer 0
 /// or 1 (the columns' CHECK constraints admit nothing else).
 fn bool_of_int<'de, D: serde::Deserializer<'de>>(d: D) -> Result<bool, D::Error> {
@@ -419,6 +416,20 @@ pub fn read_rows<T>(rows: Vec<T>) -> Vec<ReadRow<T>> {
     rows.into_iter().map(Ok).collect()
 }
 
+/// The instance a row belongs to, and the row or why it could not be read.
+fn with_owner<T>(
+    row: ReadRow<T>,
+    instance_id: fn(&T) -> InstanceId,
+) -> (InstanceId, Result<T, StoreError>) {
+    match row {
+        Ok(row) => (instance_id(&row), Ok(row)),
+        Err((id, e)) => (id, Err(e)),
+    }
+}
+
+/// [`LoadedInstances`] from the three batch reads: each instance with its
+/// own ACTIVE and inhibitions, or the first of its rows that did not
+/// decode.
 pub fn assemble_loaded(
     instances: Vec<ReadRow<InstanceRow>>,
     active: Vec<ReadRow<ActiveRow>>,
@@ -426,24 +437,20 @@ pub fn assemble_loaded(
 ) -> LoadedInstances {
     let mut loaded: LoadedInstances = instances
         .into_iter()
-        .map(|row| match row {
-            Ok(row) => {
-                let id = row.id;
-                let instance = row.decode().map(|instance| LoadedInstance {
+        .map(|row| {
+            let (id, row) = with_owner(row, |row| row.id);
+            let instance = row
+                .and_then(InstanceRow::decode)
+                .map(|instance| LoadedInstance {
                     instance,
                     active: ActiveRecord::default(),
                     inhibitions: Vec::new(),
                 });
-                (id, instance)
-            }
-            Err((id, e)) => (id, Err(e)),
+            (id, instance)
         })
         .collect();
     for row in active {
-        let (id, row) = match row {
-            Ok(row) => (row.instance_id, Ok(row)),
-            Err((id, e)) => (id, Err(e)),
-        };
+        let (id, row) = with_owner(row, |row| row.instance_id);
         if let Some(Ok(entry)) = loaded.get_mut(&id) {
             match row.and_then(ActiveRow::decode) {
                 Ok((service, record)) => {
@@ -456,10 +463,7 @@ pub fn assemble_loaded(
         }
     }
     for row in inhibitions {
-        let (id, row) = match row {
-            Ok(row) => (row.instance_id, Ok(row)),
-            Err((id, e)) => (id, Err(e)),
-        };
+        let (id, row) = with_owner(row, |row| row.instance_id);
         if let Some(Ok(entry)) = loaded.get_mut(&id) {
             match row.and_then(InhibitionRow::decode) {
                 Ok(inhibition) => entry.inhibitions.push(inhibition),

@@ -304,7 +304,7 @@ impl SqliteStore {
         let ids = id_list(ids);
         let read = |statement: &'static str| {
             sqlx::query_scalar::<_, String>(statement)
-                .bind(ids.clone())
+                .bind(ids.as_str())
                 .fetch_one(&self.pool)
         };
         let (instances, active, inhibitions) = tokio::try_join!(

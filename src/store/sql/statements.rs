@@ -231,28 +231,3 @@ pub const POSTGRES_CLAIM: &str = "WITH due AS ( \
      FROM due WHERE id = due_id \
      RETURNING id, kind, instance_id, state, run_after_us, locked_by, locked_at_us, attempts, \
        reason, last_error, traceparent, created_at_us, updated_at_us";
-
-/// The rows [`Store::load_instances`](crate::ports::Store::load_instances)
-/// reads, given the backend's way of naming a list of ids (`$1`): SQLite's
-/// `IN (SELECT value FROM json_each($1))`, Postgres's `= ANY($1)`.
-macro_rules! batch_loads {
-    ($ids:literal) => {
-        pub const INSTANCES_OF_IDS: &str = concat!(
-            "SELECT id, name, team, service_type, version, state, stopped, \
-             expires_at_us, maintenance_window, created_at_us, updated_at_us, parameters, purge_volumes, spec_digest \
-             FROM instances WHERE id ",
-            $ids
-        );
-        pub const ACTIVE_OF_IDS: &str = concat!(
-            "SELECT instance_id, service, container_id, effective_revision, backend_binds, \
-             stop_grace_ms, verified_started_at_ns FROM active_services WHERE instance_id ",
-            $ids
-        );
-        pub const INHIBITIONS_OF_IDS: &str = concat!(
-            "SELECT instance_id, service, container_id, reason, operation, created_at_us, \
-             stop_grace_ms FROM inhibitions WHERE instance_id ",
-            $ids
-        );
-    };
-}
-pub(crate) use batch_loads;

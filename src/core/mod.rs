@@ -12,6 +12,7 @@ pub mod budget;
 pub mod catalog;
 pub mod errors;
 pub mod fleet;
+pub mod hash;
 pub mod memory;
 pub mod names;
 pub mod pass;

@@ -9,6 +9,7 @@
 use std::collections::BTreeMap;
 
 use super::fleet::{Instance, InstanceState};
+use super::hash::FastMap;
 use super::types::{ActiveRecord, InstanceName, ServiceKey, ServiceName};
 
 /// The routes a pass found in the proxy: service → loopback host port.
@@ -19,7 +20,7 @@ pub type HeldRoutes = BTreeMap<ServiceKey, u16>;
 pub fn routes_of(held: &HeldRoutes, instance: &InstanceName) -> HeldRoutes {
     let first = ServiceKey {
         instance: instance.clone(),
-        service: ServiceName::new(""),
+        service: ServiceName::least(),
     };
     held.range(first..)
         .take_while(|(key, _)| &key.instance == instance)
@@ -32,7 +33,7 @@ pub fn routes_of(held: &HeldRoutes, instance: &InstanceName) -> HeldRoutes {
 /// `instances` must have been listed *after* the routes were read, so an
 /// instance created in between is in the list.
 pub fn routes_of_gone_instances(held: &HeldRoutes, instances: &[Instance]) -> Vec<ServiceKey> {
-    let live: BTreeMap<&InstanceName, InstanceState> =
+    let live: FastMap<&InstanceName, InstanceState> =
         instances.iter().map(|i| (&i.name, i.state)).collect();
     held.keys()
         .filter(|key| {

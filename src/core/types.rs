@@ -13,11 +13,11 @@ pub use jiff::Timestamp;
 // not an allocation (issue #14).
 
 /// The name of one tenant's deployment; also its release name.
-#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+#[derive(Clone, Debug)]
 pub struct InstanceName(Arc<str>);
 
 /// The name of one workload inside an instance (`web`, `worker`).
-#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+#[derive(Clone, Debug)]
 pub struct ServiceName(Arc<str>);
 
 /// As its name: a catalog spec's digest (`core::spec::digest_of`) reads it.
@@ -28,7 +28,7 @@ impl serde::Serialize for ServiceName {
 }
 
 /// The runtime's ID of one exact container.
-#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+#[derive(Clone, Debug)]
 pub struct ContainerId(Arc<str>);
 
 macro_rules! string_newtype {
@@ -40,6 +40,13 @@ macro_rules! string_newtype {
             pub fn as_str(&self) -> &str {
                 &self.0
             }
+            /// The empty name, which sorts before every other: the start
+            /// of a range of keys that begin with something else. Shared,
+            /// so a range lookup allocates nothing.
+            pub fn least() -> Self {
+                static LEAST: std::sync::OnceLock<Arc<str>> = std::sync::OnceLock::new();
+                Self(LEAST.get_or_init(|| Arc::from("")).clone())
+            }
         }
         impl fmt::Display for $t {
             fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -49,6 +56,34 @@ macro_rules! string_newtype {
         impl From<&str> for $t {
             fn from(s: &str) -> Self {
                 Self(Arc::from(s))
+            }
+        }
+        // By content, as the strings compare; a copy of the same name (the
+        // common case: keys are copied from one another) is told equal by
+        // its pointer, without reading the bytes.
+        impl PartialEq for $t {
+            fn eq(&self, other: &Self) -> bool {
+                Arc::ptr_eq(&self.0, &other.0) || self.0 == other.0
+            }
+        }
+        impl Eq for $t {}
+        impl std::hash::Hash for $t {
+            fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+                self.0.hash(state)
+            }
+        }
+        impl Ord for $t {
+            fn cmp(&self, other: &Self) -> std::cmp::Ordering {
+                if Arc::ptr_eq(&self.0, &other.0) {
+                    std::cmp::Ordering::Equal
+                } else {
+                    self.0.cmp(&other.0)
+                }
+            }
+        }
+        impl PartialOrd for $t {
+            fn partial_cmp(&self, other: &Self) -> Option<std::cmp::Ordering> {
+                Some(self.cmp(other))
             }
         }
     };

@@ -549,7 +549,7 @@ impl Reconciler {
             }
             Err(e) => tracing::warn!(error = %e, "gauge instances"),
         }
-        let delayed = self.recoverer.memory().delayed().count();
+        let delayed = self.recoverer.delays_in_force();
         metrics::gauge!("stead_budget_delays_in_force").set(delayed as f64);
     }
 

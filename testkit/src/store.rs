@@ -515,7 +515,7 @@ impl Store for MemoryStore {
         };
         let services = state
             .active
-            .range((id, ServiceName::new(""))..)
+            .range((id, ServiceName::least())..)
             .take_while(|((i, _), _)| *i == id)
             .map(|((_, service), active)| (service.clone(), active.clone()))
             .collect();
@@ -620,7 +620,7 @@ impl Store for MemoryStore {
         let Some(id) = state.instance_id(instance) else {
             return Ok(());
         };
-        let first = (id, ServiceName::new(""));
+        let first = (id, ServiceName::least());
         for (_, active) in state
             .active
             .range_mut(first..)
@@ -644,7 +644,7 @@ impl Store for MemoryStore {
                 services: State::of_instance(
                     &state.active,
                     *id,
-                    (*id, ServiceName::new("")),
+                    (*id, ServiceName::least()),
                     |k| k.0,
                 )
                 .map(|((_, service), record)| (service.clone(), record.clone()))
@@ -653,7 +653,7 @@ impl Store for MemoryStore {
             let inhibitions = State::of_instance(
                 &state.inhibitions,
                 *id,
-                (*id, ServiceName::new(""), ContainerId::new("")),
+                (*id, ServiceName::least(), ContainerId::least()),
                 |(i, _, _)| *i,
             )
             .map(|(_, inhibition)| inhibition.clone())
@@ -681,7 +681,7 @@ impl Store for MemoryStore {
         Ok(State::of_instance(
             &state.inhibitions,
             id,
-            (id, ServiceName::new(""), ContainerId::new("")),
+            (id, ServiceName::least(), ContainerId::least()),
             |(i, _, _)| *i,
         )
         .map(|(_, inhibition)| inhibition.clone())

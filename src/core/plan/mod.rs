@@ -29,8 +29,7 @@ mod lease;
 mod rollout;
 mod ttl;
 
-use std::collections::{BTreeMap, HashMap};
-use std::hash::{BuildHasherDefault, Hasher};
+use std::collections::BTreeMap;
 
 pub use config::{ConfigError, ControlConfig, RawControlConfig, MAX_IN_FLIGHT_MAX};
 pub use lease::task_lease;
@@ -41,6 +40,7 @@ use super::fleet::{
     Instance, InstanceId, InstanceState, NewTask, Release, RolloutState, Task, TaskId, TaskKind,
     TaskState,
 };
+use super::hash::{FastMap, FastSet};
 use super::types::{InstanceName, Timestamp};
 use super::window::WindowError;
 
@@ -238,61 +238,6 @@ impl Report {
     }
 }
 
-/// A small multiply-rotate hasher (the one rustc uses, "FxHash") for the
-/// planners' per-tick indexes. std's SipHash resists hash flooding, which
-/// buys nothing here: the keys are instance ids and release names from our
-/// own database and provisioner, and SipHash made the indexes the largest
-/// cost of a 10,000-instance tick.
-#[derive(Clone, Copy, Default)]
-struct FxHasher(u64);
-
-impl FxHasher {
-    const SEED: u64 = 0x51_7c_c1_b7_27_22_0a_95;
-
-    fn add(&mut self, word: u64) {
-        self.0 = (self.0.rotate_left(5) ^ word).wrapping_mul(Self::SEED);
-    }
-}
-
-impl Hasher for FxHasher {
-    fn write(&mut self, bytes: &[u8]) {
-        let mut chunks = bytes.chunks_exact(8);
-        for chunk in &mut chunks {
-            let mut word = [0u8; 8];
-            word.copy_from_slice(chunk);
-            self.add(u64::from_le_bytes(word));
-        }
-        let rest = chunks.remainder();
-        if !rest.is_empty() {
-            let mut word = [0u8; 8];
-            word[..rest.len()].copy_from_slice(rest);
-            self.add(u64::from_le_bytes(word));
-        }
-    }
-
-    fn write_u8(&mut self, n: u8) {
-        self.add(u64::from(n));
-    }
-
-    fn write_u64(&mut self, n: u64) {
-        self.add(n);
-    }
-
-    fn write_i64(&mut self, n: i64) {
-        self.add(n as u64);
-    }
-
-    fn write_usize(&mut self, n: usize) {
-        self.add(n as u64);
-    }
-
-    fn finish(&self) -> u64 {
-        self.0
-    }
-}
-
-type FastMap<K, V> = HashMap<K, V, BuildHasherDefault<FxHasher>>;
-
 /// Kinds of queued-or-running tasks of one instance, one bit per kind.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 struct ActiveKinds(u8);
@@ -371,16 +316,15 @@ impl<'s, 'a> Planner<'s, 'a> {
         // tick is queued again first, C6), so a slot such an upgrade holds
         // is free already. Counting it would let the next plan, made on this
         // plan's effects, fill it: planning would not be idempotent.
-        let expiring: std::collections::HashSet<InstanceId, BuildHasherDefault<FxHasher>> =
-            snapshot
-                .instances
-                .iter()
-                .filter(|i| {
-                    let kinds = active.get(&i.id).copied().unwrap_or_default();
-                    ttl_expires(i, snapshot.now, kinds)
-                })
-                .map(|i| i.id)
-                .collect();
+        let expiring: FastSet<InstanceId> = snapshot
+            .instances
+            .iter()
+            .filter(|i| {
+                let kinds = active.get(&i.id).copied().unwrap_or_default();
+                ttl_expires(i, snapshot.now, kinds)
+            })
+            .map(|i| i.id)
+            .collect();
         if !expiring.is_empty() {
             upgrades_in_flight -= snapshot
                 .tasks
@@ -563,42 +507,5 @@ impl Snapshot<'_> {
             updated_at: self.now,
         });
         true
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use std::collections::HashSet;
-    use std::hash::{BuildHasher, Hash};
-
-    fn hash<T: Hash>(value: T) -> u64 {
-        BuildHasherDefault::<FxHasher>::default().hash_one(value)
-    }
-
-    fn distinct(hashes: impl IntoIterator<Item = u64>) -> usize {
-        hashes.into_iter().collect::<HashSet<_>>().len()
-    }
-
-    /// The planners' indexes stay linear in the fleet only while the
-    /// hasher spreads the keys they use: instance ids, release names (short
-    /// ones end in a partial word) and (name, namespace) pairs. A hasher
-    /// that gives many keys one value keeps every answer right and makes
-    /// a 10,000-instance tick quadratic, which no rule would notice.
-    #[test]
-    fn the_index_hasher_spreads_ids_names_and_pairs() {
-        assert_eq!(distinct((0..1000i64).map(hash)), 1000, "instance ids");
-        assert_eq!(distinct((0..1000u64).map(hash)), 1000, "words");
-        assert_eq!(distinct((0..1000usize).map(hash)), 1000, "sizes");
-        assert_eq!(distinct((0..=255u8).map(hash)), 256, "bytes");
-        let short = (0..1000).map(|i| hash(format!("wiki{i}").as_str()));
-        assert_eq!(distinct(short), 1000, "names shorter than a word");
-        let long = (0..1000).map(|i| hash(format!("tenant-release-{i:04}").as_str()));
-        assert_eq!(distinct(long), 1000, "names of whole words and a rest");
-        assert_ne!(
-            hash(("ab", "c")),
-            hash(("a", "bc")),
-            "a pair's parts are delimited"
-        );
     }
 }

@@ -1,7 +1,6 @@
 //! What the pass tells operators: one info line per intervention with the
 //! machine's reason, crash-loop holds once per new delay, counters.
 
-use std::collections::BTreeMap;
 use std::sync::Mutex;
 
 use crate::core::memory::RecoveryMemory;
@@ -28,15 +27,19 @@ pub(super) struct StepLog<'a> {
     /// pass of the instance out): read only for a step that is logged,
     /// never copied by a steady pass.
     before: &'a Mutex<RecoveryMemory>,
-    /// The last status inspected, per generation.
-    last_status: BTreeMap<GenerationKey, ContainerStatus>,
+    /// The status the last inspection of a service found, with the
+    /// generation it was of. One slot is enough: an instance's services
+    /// are recovered one after another, so a start always follows the
+    /// inspection of its own generation (a map here cost a steady pass a
+    /// key copy and an insert per service, issue #14).
+    last_status: Option<(GenerationKey, ContainerStatus)>,
 }
 
 impl<'a> StepLog<'a> {
     pub(super) fn new(before: &'a Mutex<RecoveryMemory>) -> Self {
         Self {
             before,
-            last_status: BTreeMap::new(),
+            last_status: None,
         }
     }
 
@@ -74,9 +77,16 @@ impl<'a> StepLog<'a> {
             metrics::counter!("stead_recovery_steps_total", "reason" => why.label()).increment(1);
         }
         if let Outcome::Inspected(Ok(obs)) = outcome {
-            self.last_status.insert(key.clone(), obs.status);
+            match &mut self.last_status {
+                Some((last, status)) if last == key => *status = obs.status,
+                slot => *slot = Some((key.clone(), obs.status)),
+            }
         }
-        let last_status = self.last_status.get(key).copied();
+        let last_status = self
+            .last_status
+            .as_ref()
+            .filter(|(last, _)| last == key)
+            .map(|(_, status)| *status);
         log_step(key, command, why, outcome, || self.before(key), last_status);
     }
 }

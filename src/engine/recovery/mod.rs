@@ -116,6 +116,17 @@ impl Recoverer {
         self.memory.lock().expect("memory poisoned").clone()
     }
 
+    /// How many generations the crash-loop budget holds down now (a
+    /// gauge, read every tick: counted in place, not on a copy of the
+    /// whole fleet's memory).
+    pub fn delays_in_force(&self) -> usize {
+        self.memory
+            .lock()
+            .expect("memory poisoned")
+            .delayed()
+            .count()
+    }
+
     /// One pass over every instance. Never fails as a whole: errors are
     /// aggregated per instance so one never hides another.
     pub async fn pass(&self) -> PassOutcome {

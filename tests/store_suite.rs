@@ -1759,6 +1759,38 @@ async fn a_batch_load_reads_what_the_single_loads_read(s: TestStore) {
         );
     }
     assert!(store.load_instances(&[]).await.unwrap().is_empty());
+
+    // A pass takes a batch's locks and rows together: the same rows, read
+    // under the locks; an instance another holds is neither locked nor
+    // read (R3, T3).
+    let long = Duration::from_secs(600);
+    let (mut locked, rows) = store
+        .try_lock_and_load(&asked, "p1#x/recovery", long)
+        .await
+        .unwrap();
+    locked.sort_unstable();
+    let mut expected = asked[..3].to_vec();
+    expected.sort_unstable();
+    assert_eq!(locked, expected, "the missing instance is not locked");
+    assert_eq!(rows.unwrap(), batch, "the rows a batch load reads");
+    let (locked, rows) = store
+        .try_lock_and_load(&asked, "p2#y/w0", long)
+        .await
+        .unwrap();
+    assert!(locked.is_empty(), "held by the first: {locked:?}");
+    assert!(rows.unwrap().is_empty());
+    store
+        .unlock_instances(&asked, "p1#x/recovery")
+        .await
+        .unwrap();
+    let (locked, rows) = store
+        .try_lock_and_load(&asked[..1], "p2#y/w0", long)
+        .await
+        .unwrap();
+    assert_eq!(locked, asked[..1], "free once released");
+    assert_eq!(rows.unwrap().len(), 1);
+    let (locked, rows) = store.try_lock_and_load(&[], "p2#y/w0", long).await.unwrap();
+    assert!(locked.is_empty() && rows.unwrap().is_empty());
 }
 
 async fn the_schema_itself_rejects_bad_states_and_duplicate_active_tasks(s: TestStore) {
@@ -1849,4 +1881,20 @@ async fn sqlite_a_value_of_the_wrong_type_fails_only_its_row() {
         "{batch:?}"
     );
     assert_eq!(store.list_instances().await.unwrap().rows.len(), 2);
+
+    // Taken with its locks, the batch reads the same: the bad row fails
+    // its instance alone, and both locks are taken (the pass releases
+    // them with the batch).
+    let (mut locked, rows) = store
+        .try_lock_and_load(&[good, odd], "p1#x/recovery", Duration::from_secs(600))
+        .await
+        .unwrap();
+    locked.sort_unstable();
+    assert_eq!(locked, [good, odd]);
+    let rows = rows.unwrap();
+    assert!(rows[&good].is_ok(), "{rows:?}");
+    assert!(
+        matches!(&rows[&odd], Err(e) if wrong_type(e, "active_services")),
+        "{rows:?}"
+    );
 }

@@ -21,7 +21,7 @@ use tokio::time::Instant;
 
 use crate::core::fleet::InstanceId;
 use crate::core::policy::trust_margin;
-use crate::ports::{Store, StoreError};
+use crate::ports::{LoadedInstances, Store, StoreError};
 
 /// Pause between tries of a waiting [`InstanceLocks::lock`].
 const LOCK_RETRY_INTERVAL: Duration = Duration::from_millis(100);
@@ -92,23 +92,57 @@ impl InstanceLocks {
         holder: &str,
         ttl: Duration,
     ) -> Result<Vec<InstanceGuard>, StoreError> {
-        let local: Vec<_> = instances
-            .iter()
-            .filter_map(|&id| Some((id, self.local(id).try_lock_owned().ok()?)))
-            .collect();
+        let local = self.try_local(instances);
         if local.is_empty() {
             return Ok(Vec::new());
         }
         let ids: Vec<InstanceId> = local.iter().map(|(id, _)| *id).collect();
         let sent = Instant::now();
-        let locked: BTreeSet<InstanceId> = self
-            .store
-            .try_lock_instances(&ids, holder, ttl)
-            .await?
-            .into_iter()
-            .collect();
+        let locked = self.store.try_lock_instances(&ids, holder, ttl).await?;
+        Ok(self.guards(local, &locked, holder, sent, ttl))
+    }
+
+    /// [`Self::try_lock_batch`], and the rows of the instances taken read
+    /// under their locks, in one round trip where the store can
+    /// ([`Store::try_lock_and_load`]): a recovery pass takes its batches
+    /// so. An `Err` of the rows leaves the guards to be released.
+    pub async fn try_lock_and_load_batch(
+        &self,
+        instances: &[InstanceId],
+        holder: &str,
+        ttl: Duration,
+    ) -> Result<(Vec<InstanceGuard>, Result<LoadedInstances, StoreError>), StoreError> {
+        let local = self.try_local(instances);
+        if local.is_empty() {
+            return Ok((Vec::new(), Ok(LoadedInstances::new())));
+        }
+        let ids: Vec<InstanceId> = local.iter().map(|(id, _)| *id).collect();
+        let sent = Instant::now();
+        let (locked, loaded) = self.store.try_lock_and_load(&ids, holder, ttl).await?;
+        Ok((self.guards(local, &locked, holder, sent, ttl), loaded))
+    }
+
+    /// The in-process locks of `instances` that are free, taken.
+    fn try_local(&self, instances: &[InstanceId]) -> Vec<(InstanceId, OwnedMutexGuard<()>)> {
+        instances
+            .iter()
+            .filter_map(|&id| Some((id, self.local(id).try_lock_owned().ok()?)))
+            .collect()
+    }
+
+    /// Guards for the instances the store locked (in-process locks of the
+    /// rest are dropped), trusted from when the request was sent.
+    fn guards(
+        &self,
+        local: Vec<(InstanceId, OwnedMutexGuard<()>)>,
+        locked: &[InstanceId],
+        holder: &str,
+        sent: Instant,
+        ttl: Duration,
+    ) -> Vec<InstanceGuard> {
+        let locked: BTreeSet<InstanceId> = locked.iter().copied().collect();
         let trusted_until = sent + (ttl - trust_margin(ttl));
-        Ok(local
+        local
             .into_iter()
             .filter(|(id, _)| locked.contains(id))
             .map(|(instance, local)| InstanceGuard {
@@ -118,7 +152,7 @@ impl InstanceLocks {
                 holder: holder.to_owned(),
                 trusted_until,
             })
-            .collect())
+            .collect()
     }
 
     /// Releases the guards of one holder in one round trip to the store,

@@ -574,6 +574,25 @@ pub trait Store: Send + Sync {
         holder: &str,
         ttl: Duration,
     ) -> Result<Vec<InstanceId>, StoreError>;
+    /// [`Store::try_lock_instances`] and [`Store::load_instances`] of the
+    /// instances locked, as one round trip where the backend can: a pass
+    /// takes each batch this way. The rows are read under the locks.
+    /// `Err`: the locks were not taken. `Ok((locked, Err(_)))`: they were,
+    /// but the rows were not read; the caller releases them.
+    async fn try_lock_and_load(
+        &self,
+        instances: &[InstanceId],
+        holder: &str,
+        ttl: Duration,
+    ) -> Result<(Vec<InstanceId>, Result<LoadedInstances, StoreError>), StoreError> {
+        let locked = self.try_lock_instances(instances, holder, ttl).await?;
+        let loaded = if locked.is_empty() {
+            Ok(LoadedInstances::new())
+        } else {
+            self.load_instances(&locked).await
+        };
+        Ok((locked, loaded))
+    }
     /// Releases `holder`'s locks of these instances; others' are untouched.
     async fn unlock_instances(
         &self,

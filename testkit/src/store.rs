@@ -135,6 +135,57 @@ impl MemoryStore {
         }
     }
 
+    /// Takes the free, expired or own locks of `instances` for `holder`
+    /// (T3); the ids taken.
+    fn lock_in(
+        &self,
+        state: &mut State,
+        instances: &[InstanceId],
+        holder: &str,
+        ttl: Duration,
+    ) -> Vec<InstanceId> {
+        let now_us = self.now_us();
+        let expires_at_us = now_us.saturating_add(lease_to_us(ttl));
+        let mut locked = Vec::new();
+        let unique: std::collections::BTreeSet<&InstanceId> = instances.iter().collect();
+        for id in unique {
+            if !state.instances.contains_key(id) {
+                continue;
+            }
+            let free = state
+                .instance_locks
+                .get(id)
+                .is_none_or(|(h, expires)| h == holder || *expires <= now_us);
+            if free {
+                state
+                    .instance_locks
+                    .insert(*id, (holder.to_owned(), expires_at_us));
+                locked.push(*id);
+            }
+        }
+        locked
+    }
+
+    /// Tells the observer of the locks taken, once the state is let go.
+    fn tell_locked(
+        &self,
+        state: std::sync::MutexGuard<'_, State>,
+        locked: &[InstanceId],
+        holder: &str,
+    ) {
+        let names: Vec<InstanceName> = locked
+            .iter()
+            .filter_map(|id| state.instances.get(id).map(|i| i.name.clone()))
+            .collect();
+        drop(state);
+        for instance in names {
+            self.tell(|| Effect::InstanceLocked {
+                instance,
+                holder: holder.to_owned(),
+            });
+        }
+    }
+
     /// Fault hook: while `true`, every call returns
     /// [`StoreError::Unavailable`] and changes nothing.
     pub fn set_unavailable(&self, unavailable: bool) {
@@ -230,6 +281,40 @@ impl MemoryStore {
 impl State {
     fn instance_id(&self, name: &InstanceName) -> Option<InstanceId> {
         self.names.get(name).copied()
+    }
+
+    /// What [`Store::load_instances`] reads of `ids`.
+    fn load(&self, ids: &[InstanceId]) -> LoadedInstances {
+        let mut loaded = LoadedInstances::new();
+        for id in ids {
+            let Some(instance) = self.instances.get(id) else {
+                continue;
+            };
+            let active = ActiveRecord {
+                services: State::of_instance(&self.active, *id, (*id, ServiceName::least()), |k| {
+                    k.0
+                })
+                .map(|((_, service), record)| (service.clone(), record.clone()))
+                .collect(),
+            };
+            let inhibitions = State::of_instance(
+                &self.inhibitions,
+                *id,
+                (*id, ServiceName::least(), ContainerId::least()),
+                |(i, _, _)| *i,
+            )
+            .map(|(_, inhibition)| inhibition.clone())
+            .collect();
+            loaded.insert(
+                *id,
+                Ok(LoadedInstance {
+                    instance: instance.clone(),
+                    active,
+                    inhibitions,
+                }),
+            );
+        }
+        loaded
     }
 
     /// Every row keyed by instance `id` in `map`, whose keys start with it.
@@ -635,39 +720,7 @@ impl Store for MemoryStore {
 
     async fn load_instances(&self, ids: &[InstanceId]) -> Result<LoadedInstances, StoreError> {
         let state = self.call()?;
-        let mut loaded = LoadedInstances::new();
-        for id in ids {
-            let Some(instance) = state.instances.get(id) else {
-                continue;
-            };
-            let active = ActiveRecord {
-                services: State::of_instance(
-                    &state.active,
-                    *id,
-                    (*id, ServiceName::least()),
-                    |k| k.0,
-                )
-                .map(|((_, service), record)| (service.clone(), record.clone()))
-                .collect(),
-            };
-            let inhibitions = State::of_instance(
-                &state.inhibitions,
-                *id,
-                (*id, ServiceName::least(), ContainerId::least()),
-                |(i, _, _)| *i,
-            )
-            .map(|(_, inhibition)| inhibition.clone())
-            .collect();
-            loaded.insert(
-                *id,
-                Ok(LoadedInstance {
-                    instance: instance.clone(),
-                    active,
-                    inhibitions,
-                }),
-            );
-        }
-        Ok(loaded)
+        Ok(State::load(&state, ids))
     }
 
     async fn load_inhibitions(
@@ -1052,37 +1105,29 @@ impl Store for MemoryStore {
             return Ok(instances.to_vec());
         }
         let mut state = self.call()?;
-        let now_us = self.now_us();
-        let expires_at_us = now_us.saturating_add(lease_to_us(ttl));
-        let mut locked = Vec::new();
-        let unique: std::collections::BTreeSet<&InstanceId> = instances.iter().collect();
-        for id in unique {
-            if !state.instances.contains_key(id) {
-                continue;
-            }
-            let free = state
-                .instance_locks
-                .get(id)
-                .is_none_or(|(h, expires)| h == holder || *expires <= now_us);
-            if free {
-                state
-                    .instance_locks
-                    .insert(*id, (holder.to_owned(), expires_at_us));
-                locked.push(*id);
-            }
-        }
-        let names: Vec<InstanceName> = locked
-            .iter()
-            .filter_map(|id| state.instances.get(id).map(|i| i.name.clone()))
-            .collect();
-        drop(state);
-        for instance in names {
-            self.tell(|| Effect::InstanceLocked {
-                instance,
-                holder: holder.to_owned(),
-            });
-        }
+        let locked = self.lock_in(&mut state, instances, holder, ttl);
+        self.tell_locked(state, &locked, holder);
         Ok(locked)
+    }
+
+    async fn try_lock_and_load(
+        &self,
+        instances: &[InstanceId],
+        holder: &str,
+        ttl: Duration,
+    ) -> Result<(Vec<InstanceId>, Result<LoadedInstances, StoreError>), StoreError> {
+        // One call, as the SQL stores make it one statement: the locks
+        // taken and the rows of those taken read in the same moment.
+        let mut state = self.call()?;
+        if mutants::active(Mutant::SkipInstanceLockRow) {
+            // Broken on purpose, as in `try_lock_instances`.
+            let loaded = State::load(&state, instances);
+            return Ok((instances.to_vec(), Ok(loaded)));
+        }
+        let locked = self.lock_in(&mut state, instances, holder, ttl);
+        let loaded = State::load(&state, &locked);
+        self.tell_locked(state, &locked, holder);
+        Ok((locked, Ok(loaded)))
     }
 
     async fn unlock_instances(

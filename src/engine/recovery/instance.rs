@@ -56,9 +56,9 @@ impl Recoverer {
     }
 
     /// A batch's first half: the lease ensured, the instances' locks
-    /// taken in one round trip (busy ones skipped, R3) and their rows
-    /// loaded under them in one. The store's round trips per pass grow
-    /// with the number of batches, not of instances (issue #14).
+    /// taken (busy ones skipped, R3) and their rows loaded under them, in
+    /// one round trip where the store can. The store's round trips per
+    /// pass grow with the number of batches, not of instances (issue #14).
     pub(super) async fn take_batch(&self, batch: &[Instance]) -> Taken {
         let each = |f: &dyn Fn(&Instance) -> InstanceOutcome| {
             Taken::Settled(batch.iter().map(|i| (i.name.clone(), f(i))).collect())
@@ -71,17 +71,33 @@ impl Recoverer {
         };
         let lock_ttl = self.policy.instance_deadline + INSTANCE_LEASE_SLACK;
         let ids: Vec<InstanceId> = batch.iter().map(|i| i.id).collect();
-        let guards = match self
-            .locks
-            .try_lock_batch(&ids, &self.lock_holder, lock_ttl)
-            .await
-        {
-            Ok(guards) => guards,
-            Err(e) => {
+        // The locks and the rows under them in one round trip (where the
+        // store can), bounded like every other call of the pass. The
+        // deadline runs from before the request, as the locks' trust does.
+        // Should it pass with the locks taken, they are this recovery's own
+        // (taken again by its next pass) and expire for everyone else.
+        let taken_at = Instant::now();
+        let deadline = taken_at + self.policy.instance_deadline;
+        let taken = within(
+            deadline,
+            self.locks
+                .try_lock_and_load_batch(&ids, &self.lock_holder, lock_ttl),
+        )
+        .await;
+        let (guards, loaded) = match taken {
+            Ok(Ok(taken)) => taken,
+            Ok(Err(e)) => {
                 return each(&|i| {
                     InstanceOutcome::failed(RecoverError::Lock {
                         instance: i.name.clone(),
                         source: e.clone(),
+                    })
+                })
+            }
+            Err(_) => {
+                return each(&|i| {
+                    InstanceOutcome::failed(RecoverError::Deadline {
+                        what: format!("{}: lock and load", i.name),
                     })
                 })
             }
@@ -90,33 +106,16 @@ impl Recoverer {
             .iter()
             .map(|g| (g.instance(), g.trusted_until()))
             .collect();
-        let taken_at = Instant::now();
-        let deadline = taken_at + self.policy.instance_deadline;
-        let locked_ids: Vec<InstanceId> = locked.keys().copied().collect();
-        // Loaded under the locks: the listing that started the pass may be
-        // stale by now (an operator may have changed intent, a worker
-        // switched ACTIVE, while earlier batches were recovered).
-        let loaded = if locked_ids.is_empty() {
-            Ok(Ok(LoadedInstances::new()))
-        } else {
-            within(deadline, self.ports.store.load_instances(&locked_ids)).await
-        };
         let loaded = match loaded {
-            Ok(Ok(loaded)) => loaded,
-            failed => {
+            Ok(loaded) => loaded,
+            Err(e) => {
                 InstanceLocks::release_all(guards).await;
-                let why = |i: &Instance| match &failed {
-                    Ok(Err(e)) => RecoverError::Load {
-                        instance: i.name.clone(),
-                        source: e.clone(),
-                    },
-                    _ => RecoverError::Deadline {
-                        what: format!("{}: load", i.name),
-                    },
-                };
                 return each(&|i| {
                     if locked.contains_key(&i.id) {
-                        InstanceOutcome::failed(why(i))
+                        InstanceOutcome::failed(RecoverError::Load {
+                            instance: i.name.clone(),
+                            source: e.clone(),
+                        })
                     } else {
                         busy()
                     }

@@ -88,6 +88,23 @@ impl PostgresStore {
             .map_err(db_error)
     }
 
+    /// The locks of a batch, then its rows read under them (two round
+    /// trips; SQLite makes it one statement).
+    async fn lock_and_load_batch(
+        &self,
+        ids: &[InstanceId],
+        holder: &str,
+        ttl: Duration,
+    ) -> Result<(Vec<InstanceId>, Result<BatchRows, StoreError>), StoreError> {
+        let locked = self.try_lock_instances(ids, holder, ttl).await?;
+        let rows = if locked.is_empty() {
+            Ok((Vec::new(), Vec::new(), Vec::new()))
+        } else {
+            self.load_batch(&locked).await
+        };
+        Ok((locked, rows))
+    }
+
     /// The rows of a batch of instances, read on three of the pool's
     /// connections at once: the caller holds the instances' locks, so no
     /// writer of theirs runs in between.

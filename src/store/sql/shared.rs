@@ -666,6 +666,22 @@ macro_rules! impl_sql_store {
                     .map_err(db_error)
             }
 
+            async fn try_lock_and_load(
+                &self,
+                instances: &[InstanceId],
+                holder: &str,
+                ttl: Duration,
+            ) -> Result<(Vec<InstanceId>, Result<LoadedInstances, StoreError>), StoreError> {
+                if instances.is_empty() {
+                    return Ok((Vec::new(), Ok(LoadedInstances::new())));
+                }
+                let (locked, rows) = self.lock_and_load_batch(instances, holder, ttl).await?;
+                let loaded = rows.map(|(instances, active, inhibitions)| {
+                    assemble_loaded(instances, active, inhibitions)
+                });
+                Ok((locked, loaded))
+            }
+
             async fn unlock_instances(
                 &self,
                 instances: &[InstanceId],

@@ -275,6 +275,33 @@ mod batch {
         instance_object!(),
         ") FROM instances WHERE id IN (SELECT value FROM json_each($1))"
     );
+    /// T3 and a batch's reads in one statement: the locks taken as
+    /// `TRY_LOCK_INSTANCES` takes them, and for each instance locked its
+    /// row, ACTIVE and inhibitions, read by the same statement under the
+    /// write lock that takes them (so after the locks, as a separate read
+    /// would be). Two hand-overs a batch fewer than locking, then reading.
+    pub const LOCK_AND_LOAD: &str = concat!(
+        "INSERT INTO instance_locks (instance_id, holder, expires_at_us) \
+         SELECT i.id, $2, CAST(unixepoch('subsec') * 1000000 AS INTEGER) + $3 FROM instances i \
+         WHERE i.id IN (SELECT value FROM json_each($1)) \
+         ON CONFLICT (instance_id) DO UPDATE SET holder = excluded.holder, \
+           expires_at_us = excluded.expires_at_us \
+         WHERE instance_locks.holder = excluded.holder \
+            OR instance_locks.expires_at_us <= CAST(unixepoch('subsec') * 1000000 AS INTEGER) \
+         RETURNING instance_id, (SELECT ",
+        instance_object!(),
+        " FROM instances WHERE id = instance_locks.instance_id), \
+         (SELECT json_group_array(json_object( \
+           'instance_id', a.instance_id, 'service', a.service, 'container_id', a.container_id, \
+           'effective_revision', a.effective_revision, 'backend_binds', a.backend_binds, \
+           'stop_grace_ms', a.stop_grace_ms, 'verified_started_at_ns', a.verified_started_at_ns)) \
+           FROM active_services a WHERE a.instance_id = instance_locks.instance_id), \
+         (SELECT json_group_array(json_object( \
+           'instance_id', h.instance_id, 'service', h.service, 'container_id', h.container_id, \
+           'reason', h.reason, 'operation', h.operation, 'created_at_us', h.created_at_us, \
+           'stop_grace_ms', h.stop_grace_ms)) \
+           FROM inhibitions h WHERE h.instance_id = instance_locks.instance_id)"
+    );
     pub const ACTIVE_OF_IDS: &str = "SELECT json_group_array(json_object( \
          'instance_id', instance_id, 'service', service, 'container_id', container_id, \
          'effective_revision', effective_revision, 'backend_binds', backend_binds, \
@@ -318,6 +345,47 @@ impl SqliteStore {
             json_rows("active_services", "instance_id", &active)?,
             json_rows("inhibitions", "instance_id", &inhibitions)?,
         ))
+    }
+}
+
+impl SqliteStore {
+    /// The locks of a batch and its rows read under them, in one statement
+    /// (`batch::LOCK_AND_LOAD`). The rows come back one locked instance at
+    /// a time: a row that does not decode fails only its instance.
+    async fn lock_and_load_batch(
+        &self,
+        ids: &[InstanceId],
+        holder: &str,
+        ttl: Duration,
+    ) -> Result<(Vec<InstanceId>, Result<BatchRows, StoreError>), StoreError> {
+        let rows: Vec<(i64, Option<String>, String, String)> = sqlx::query_as(batch::LOCK_AND_LOAD)
+            .bind(id_list(ids))
+            .bind(holder)
+            .bind(lease_to_us(ttl))
+            .fetch_all(&self.pool)
+            .await
+            .map_err(db_error)?;
+        let locked = rows.iter().map(|(id, ..)| *id).collect();
+        // The locks are taken from here on: what fails now is the rows'.
+        let batch = || -> Result<BatchRows, StoreError> {
+            let mut batch: BatchRows = (Vec::new(), Vec::new(), Vec::new());
+            for (id, instance, active, inhibitions) in rows {
+                // Taken from `instances` by the same statement: present.
+                let instance = instance.unwrap_or_default();
+                batch.0.push(
+                    serde_json::from_str::<InstanceRow>(&instance)
+                        .map_err(|e| (id, bad_row("instances", id, "row", &e.to_string()))),
+                );
+                batch
+                    .1
+                    .extend(json_rows("active_services", "instance_id", &active)?);
+                batch
+                    .2
+                    .extend(json_rows("inhibitions", "instance_id", &inhibitions)?);
+            }
+            Ok(batch)
+        };
+        Ok((locked, batch()))
     }
 }
 

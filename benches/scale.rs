@@ -182,6 +182,32 @@ async fn pass(fleet: &Fleet) -> (Duration, Option<u64>) {
     (took, trips)
 }
 
+/// The process's CPU time (every thread's, user and system) and context
+/// switches so far: over SQLite most of a pass is the store's threads
+/// handing work to one another, which wall time on a shared 2-core machine
+/// shows only noisily.
+#[derive(Clone, Copy)]
+struct Usage {
+    cpu: Duration,
+    switches: i64,
+}
+
+impl Usage {
+    fn now() -> Self {
+        // SAFETY: getrusage only writes the struct it is given.
+        let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
+        let rc = unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut usage) };
+        assert_eq!(rc, 0, "getrusage");
+        let time = |t: libc::timeval| {
+            Duration::from_secs(t.tv_sec as u64) + Duration::from_micros(t.tv_usec as u64)
+        };
+        Self {
+            cpu: time(usage.ru_utime) + time(usage.ru_stime),
+            switches: usage.ru_nvcsw + usage.ru_nivcsw,
+        }
+    }
+}
+
 /// A measured size: instances and median pass time.
 struct Row {
     instances: usize,
@@ -225,22 +251,27 @@ async fn measure(backend: &str, instances: usize, passes: usize) -> Row {
     COUNTING.store(false, Ordering::Relaxed);
     let mut times = Vec::with_capacity(passes);
     let mut trips = None;
+    let before = Usage::now();
     for _ in 0..passes {
         let (took, t) = pass(&fleet).await;
         times.push(took);
         trips = t;
     }
+    let after = Usage::now();
     times.sort();
     let median = times[passes / 2];
     let services = shape.services();
     println!(
         "{backend:>8} {instances:>7} instances {services:>7} services: pass {:>9.1} ms, \
-         {:>6.2} µs/service, {} round trips, {:>5} B/service retained (built in {:.1} s)",
+         {:>6.2} µs/service, {} round trips, {:>5} B/service retained (built in {:.1} s); \
+         per pass {:.1} ms of CPU, {} context switches",
         median.as_secs_f64() * 1e3,
         median.as_secs_f64() * 1e6 / services as f64,
         trips.map_or("-".to_owned(), |t| t.to_string()),
         retained / services as isize,
         build.as_secs_f64(),
+        (after.cpu - before.cpu).as_secs_f64() * 1e3 / passes as f64,
+        (after.switches - before.switches) / passes as i64,
     );
     Row {
         instances,

@@ -417,9 +417,7 @@ impl Actors {
     /// One step of every workload (every few simulated seconds).
     pub fn workload_step(&self) {
         let chaos = self.chaos.load(Ordering::Relaxed);
-        let ids: Vec<ContainerId> = self
-            .runtime
-            .with_containers(|cs| cs.keys().cloned().collect());
+        let ids: Vec<ContainerId> = self.runtime.container_ids();
         let behaviours = self.behaviours();
         for id in ids {
             let behaviour = behaviours.get(&id).copied().unwrap_or(Behaviour::Healthy);
@@ -914,9 +912,7 @@ impl Actors {
 
     /// Markers whose retirement finished are dropped from the truth.
     pub fn forget_retired(&self) {
-        let present: Vec<ContainerId> = self
-            .runtime
-            .with_containers(|cs| cs.keys().cloned().collect());
+        let present: Vec<ContainerId> = self.runtime.container_ids();
         self.checker
             .truth(|t| t.markers.retain(|id, _| present.contains(id)));
     }

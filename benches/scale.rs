@@ -14,6 +14,8 @@
 //!
 //! `STEAD_BENCH_SCALE_MAX` caps the largest fleet (default 100000);
 //! `STEAD_BENCH_AT_ONCE` sets `recovery.instances_at_once` (default 32);
+//! `STEAD_BENCH_PASSES` the timed passes per size (so that a profile of
+//! the run is mostly passes, not the fleet's building);
 //! `STEAD_BENCH_SCALE_BACKENDS` picks runs (default
 //! `memory,sqlite,postgres,slow`).
 //! Outside `cargo bench` (the CI smoke run) it runs the 1k in-memory fleet
@@ -215,6 +217,11 @@ struct Row {
 }
 
 async fn measure(backend: &str, instances: usize, passes: usize) -> Row {
+    let passes = std::env::var("STEAD_BENCH_PASSES")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(passes)
+        .max(1);
     let shape = FleetShape {
         instances,
         services_per_instance: SERVICES_PER_INSTANCE,

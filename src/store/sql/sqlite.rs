@@ -53,15 +53,21 @@ const SELECT_LEASE: &str = "SELECT holder, epoch, expires_at_us, \
 
 /// T3: take the free, expired or own locks of the instances a JSON array
 /// names, in one statement; `$3` is the lock's length in microseconds.
-/// (SQLite's upsert after a `SELECT` needs its `WHERE`.)
-const TRY_LOCK_INSTANCES: &str = "INSERT INTO instance_locks (instance_id, holder, expires_at_us) \
-     SELECT i.id, $2, CAST(unixepoch('subsec') * 1000000 AS INTEGER) + $3 FROM instances i \
-     WHERE i.id IN (SELECT value FROM json_each($1)) \
-     ON CONFLICT (instance_id) DO UPDATE SET holder = excluded.holder, \
-       expires_at_us = excluded.expires_at_us \
-     WHERE instance_locks.holder = excluded.holder \
-        OR instance_locks.expires_at_us <= CAST(unixepoch('subsec') * 1000000 AS INTEGER) \
-     RETURNING instance_id";
+/// (SQLite's upsert after a `SELECT` needs its `WHERE`.) What it returns
+/// is the caller's: `TRY_LOCK_INSTANCES` the ids, `batch::LOCK_AND_LOAD`
+/// their rows too.
+macro_rules! lock_instances {
+    () => {
+        "INSERT INTO instance_locks (instance_id, holder, expires_at_us) \
+         SELECT i.id, $2, CAST(unixepoch('subsec') * 1000000 AS INTEGER) + $3 FROM instances i \
+         WHERE i.id IN (SELECT value FROM json_each($1)) \
+         ON CONFLICT (instance_id) DO UPDATE SET holder = excluded.holder, \
+           expires_at_us = excluded.expires_at_us \
+         WHERE instance_locks.holder = excluded.holder \
+            OR instance_locks.expires_at_us <= CAST(unixepoch('subsec') * 1000000 AS INTEGER) "
+    };
+}
+const TRY_LOCK_INSTANCES: &str = concat!(lock_instances!(), "RETURNING instance_id");
 const UNLOCK_INSTANCES: &str = "DELETE FROM instance_locks \
      WHERE holder = $2 AND instance_id IN (SELECT value FROM json_each($1))";
 
@@ -275,43 +281,51 @@ mod batch {
         instance_object!(),
         ") FROM instances WHERE id IN (SELECT value FROM json_each($1))"
     );
+    /// An ACTIVE row as a JSON object.
+    macro_rules! active_object {
+        () => {
+            "json_object('instance_id', instance_id, 'service', service, \
+             'container_id', container_id, 'effective_revision', effective_revision, \
+             'backend_binds', backend_binds, 'stop_grace_ms', stop_grace_ms, \
+             'verified_started_at_ns', verified_started_at_ns)"
+        };
+    }
+    /// An inhibition row as a JSON object.
+    macro_rules! inhibition_object {
+        () => {
+            "json_object('instance_id', instance_id, 'service', service, \
+             'container_id', container_id, 'reason', reason, 'operation', operation, \
+             'created_at_us', created_at_us, 'stop_grace_ms', stop_grace_ms)"
+        };
+    }
+    pub const ACTIVE_OF_IDS: &str = concat!(
+        "SELECT json_group_array(",
+        active_object!(),
+        ") FROM active_services WHERE instance_id IN (SELECT value FROM json_each($1))"
+    );
+    pub const INHIBITIONS_OF_IDS: &str = concat!(
+        "SELECT json_group_array(",
+        inhibition_object!(),
+        ") FROM inhibitions WHERE instance_id IN (SELECT value FROM json_each($1))"
+    );
     /// T3 and a batch's reads in one statement: the locks taken as
     /// `TRY_LOCK_INSTANCES` takes them, and for each instance locked its
     /// row, ACTIVE and inhibitions, read by the same statement under the
     /// write lock that takes them (so after the locks, as a separate read
     /// would be). Two hand-overs a batch fewer than locking, then reading.
+    /// Inside each subquery the bare column names are the subquery's
+    /// table's (SQLite resolves a name in the innermost scope first).
     pub const LOCK_AND_LOAD: &str = concat!(
-        "INSERT INTO instance_locks (instance_id, holder, expires_at_us) \
-         SELECT i.id, $2, CAST(unixepoch('subsec') * 1000000 AS INTEGER) + $3 FROM instances i \
-         WHERE i.id IN (SELECT value FROM json_each($1)) \
-         ON CONFLICT (instance_id) DO UPDATE SET holder = excluded.holder, \
-           expires_at_us = excluded.expires_at_us \
-         WHERE instance_locks.holder = excluded.holder \
-            OR instance_locks.expires_at_us <= CAST(unixepoch('subsec') * 1000000 AS INTEGER) \
-         RETURNING instance_id, (SELECT ",
+        lock_instances!(),
+        "RETURNING instance_id, (SELECT ",
         instance_object!(),
-        " FROM instances WHERE id = instance_locks.instance_id), \
-         (SELECT json_group_array(json_object( \
-           'instance_id', a.instance_id, 'service', a.service, 'container_id', a.container_id, \
-           'effective_revision', a.effective_revision, 'backend_binds', a.backend_binds, \
-           'stop_grace_ms', a.stop_grace_ms, 'verified_started_at_ns', a.verified_started_at_ns)) \
-           FROM active_services a WHERE a.instance_id = instance_locks.instance_id), \
-         (SELECT json_group_array(json_object( \
-           'instance_id', h.instance_id, 'service', h.service, 'container_id', h.container_id, \
-           'reason', h.reason, 'operation', h.operation, 'created_at_us', h.created_at_us, \
-           'stop_grace_ms', h.stop_grace_ms)) \
-           FROM inhibitions h WHERE h.instance_id = instance_locks.instance_id)"
+        " FROM instances WHERE id = instance_locks.instance_id), (SELECT json_group_array(",
+        active_object!(),
+        ") FROM active_services WHERE instance_id = instance_locks.instance_id), \
+         (SELECT json_group_array(",
+        inhibition_object!(),
+        ") FROM inhibitions WHERE instance_id = instance_locks.instance_id)"
     );
-    pub const ACTIVE_OF_IDS: &str = "SELECT json_group_array(json_object( \
-         'instance_id', instance_id, 'service', service, 'container_id', container_id, \
-         'effective_revision', effective_revision, 'backend_binds', backend_binds, \
-         'stop_grace_ms', stop_grace_ms, 'verified_started_at_ns', verified_started_at_ns)) \
-         FROM active_services WHERE instance_id IN (SELECT value FROM json_each($1))";
-    pub const INHIBITIONS_OF_IDS: &str = "SELECT json_group_array(json_object( \
-         'instance_id', instance_id, 'service', service, 'container_id', container_id, \
-         'reason', reason, 'operation', operation, 'created_at_us', created_at_us, \
-         'stop_grace_ms', stop_grace_ms)) \
-         FROM inhibitions WHERE instance_id IN (SELECT value FROM json_each($1))";
 }
 
 impl SqliteStore {

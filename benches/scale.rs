@@ -27,7 +27,7 @@
 #[path = "../tests/support/mod.rs"]
 mod support;
 
-use std::alloc::{GlobalAlloc, Layout, System};
+use std::alloc::{GlobalAlloc, Layout};
 use std::sync::atomic::{AtomicBool, AtomicIsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -45,11 +45,15 @@ use stead_testkit::ports::{
 };
 use stead_testkit::store::MemoryStore;
 
-/// Live heap bytes, for what the recovery retains between passes. Counted
+/// The daemon's allocator (`src/bin/stead/main.rs`: mimalloc), counting
+/// live heap bytes, for what the recovery retains between passes. Counted
 /// only while [`COUNTING`] is set: the timed passes run without the
 /// counter's atomic operations on every allocation, which are the
 /// benchmark's cost, not stead's.
 struct Counting;
+
+/// What the daemon allocates with.
+static DAEMONS: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 static LIVE: AtomicIsize = AtomicIsize::new(0);
 static COUNTING: AtomicBool = AtomicBool::new(false);
@@ -63,15 +67,15 @@ fn count(delta: isize) {
 unsafe impl GlobalAlloc for Counting {
     unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
         count(layout.size() as isize);
-        unsafe { System.alloc(layout) }
+        unsafe { DAEMONS.alloc(layout) }
     }
     unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
         count(-(layout.size() as isize));
-        unsafe { System.dealloc(ptr, layout) }
+        unsafe { DAEMONS.dealloc(ptr, layout) }
     }
     unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
         count(new_size as isize - layout.size() as isize);
-        unsafe { System.realloc(ptr, layout, new_size) }
+        unsafe { DAEMONS.realloc(ptr, layout, new_size) }
     }
 }
 

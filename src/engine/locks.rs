@@ -12,7 +12,7 @@
 //! instance; workers and operator commands wait, bounded
 //! ([`InstanceLocks::lock`]).
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::BTreeSet;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -20,6 +20,7 @@ use tokio::sync::OwnedMutexGuard;
 use tokio::time::Instant;
 
 use crate::core::fleet::InstanceId;
+use crate::core::hash::FastMap;
 use crate::core::policy::trust_margin;
 use crate::ports::{LoadedInstances, Store, StoreError};
 
@@ -28,7 +29,7 @@ const LOCK_RETRY_INTERVAL: Duration = Duration::from_millis(100);
 
 /// Per-instance locks of one process.
 pub struct InstanceLocks {
-    local: Mutex<HashMap<InstanceId, Arc<tokio::sync::Mutex<()>>>>,
+    local: Mutex<FastMap<InstanceId, Arc<tokio::sync::Mutex<()>>>>,
     store: Arc<dyn Store>,
 }
 

@@ -521,3 +521,19 @@ fn a_crash_and_native_restart_between_two_passes_restarts_the_stable_window() {
         "five stable minutes of one execution"
     );
 }
+
+/// The machine refuses an outcome that does not answer its outstanding
+/// command (a driver bug, or a fuzzer's nonsense) instead of acting on it:
+/// a health read taken for an inspection would otherwise pass for one.
+#[test]
+#[should_panic(expected = "does not answer")]
+fn an_outcome_that_answers_another_command_is_refused() {
+    let case = CaseSeed::default().build();
+    let mut machine = stead::core::recovery::ServiceRecovery::new(&case.policy, case.input);
+    let command = machine.poll_command().expect("a first command");
+    let wrong = match command {
+        Command::ReadHealth => stead::core::recovery::Outcome::Binds(Ok(Default::default())),
+        _ => stead::core::recovery::Outcome::Health(Ok(Health::Healthy)),
+    };
+    machine.handle(wrong, machine::base());
+}

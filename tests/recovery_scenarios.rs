@@ -779,6 +779,52 @@ fn active_changing_mid_pass_is_never_published() {
     assert!(!routed(&w));
 }
 
+/// R13: either half of the generation changing is a conflict on its own —
+/// the container at the same revision, or the revision of the same
+/// container (a mutant that asked for both to change survived the fast
+/// tests, session 14).
+#[test]
+fn a_changed_container_or_revision_alone_is_a_conflict() {
+    for change in ["container", "revision"] {
+        let mut w = settled();
+        w.native_restart("c1");
+        w.containers.insert(
+            ContainerId::new("c2"),
+            w.containers[&ContainerId::new("c1")].clone(),
+        );
+        match change {
+            "container" => w.faults.active_switch_during_probe = Some(ContainerId::new("c2")),
+            _ => w.faults.active_revision_during_probe = Some("r2".into()),
+        }
+        let reports = w.pass();
+        assert!(
+            reports[0]
+                .errors
+                .contains(&RecoveryError::GenerationChanged),
+            "{change}: {:?}",
+            reports[0].errors
+        );
+        assert!(!routed(&w), "{change}");
+    }
+}
+
+/// S11, R17: a fresh execution's record reaches ACTIVE before its route
+/// is published, so a daemon restarted between the two never finds a
+/// route it cannot vouch for.
+#[test]
+fn a_new_execution_is_recorded_before_it_is_published() {
+    let mut w = settled();
+    w.native_restart("c1");
+    w.pass();
+    let commands = w.commands("web");
+    let record = commands
+        .iter()
+        .position(|c| matches!(c, Command::RecordExecution { .. }))
+        .expect("recorded");
+    let publish = commands.iter().position(is_publish).expect("published");
+    assert!(record < publish, "{commands:?}");
+}
+
 #[test]
 fn a_failed_binds_read_is_charged_and_withdrawn() {
     let mut w = settled();
@@ -1332,4 +1378,23 @@ fn a_failed_port_call_is_counted_against_its_port_and_kind() {
     );
     assert_eq!(Outcome::Started(Ok(())).port_failure(), None);
     assert_eq!(RecoveryError::Gone.port_failure(), None);
+}
+
+/// A service withdrawn once in a pass is not withdrawn again when a later
+/// step of the same pass fails: the route is already gone, and a second
+/// call to the proxy only costs (and could fail, leaving a needless
+/// pending withdrawal). Both skips of it survived the fast tests (session
+/// 14).
+#[test]
+fn a_failure_after_the_fail_closed_withdrawal_withdraws_no_second_time() {
+    let mut w = settled();
+    w.native_restart("c1");
+    w.faults
+        .binds
+        .push_back(RuntimeError::Transient("inspect failed".into()));
+    let reports = w.pass();
+    assert_eq!(failures(&reports[0]), 1, "{:?}", reports[0]);
+    assert!(!routed(&w));
+    let withdrawals = w.count(|c| matches!(c, Command::Withdraw));
+    assert_eq!(withdrawals, 1, "{:?}", w.commands("web"));
 }

@@ -67,8 +67,12 @@ pub struct Faults {
     /// When set, the runtime itself restarts the container while the
     /// readiness probe runs (a native restart racing verification).
     pub native_restart_during_probe: bool,
-    /// When set, ACTIVE switches to this container during the probe.
+    /// When set, ACTIVE switches to this container during the probe (at
+    /// the same effective revision: the container alone changed).
     pub active_switch_during_probe: Option<ContainerId>,
+    /// When set, ACTIVE's effective revision becomes this during the probe
+    /// (the same container, re-recorded by a deploy).
+    pub active_revision_during_probe: Option<String>,
     /// When set, the runtime's own restart policy revives the container
     /// just as stead's start fails.
     pub native_restart_races_start: bool,
@@ -463,7 +467,13 @@ impl World {
             for record in self.active.services.values_mut() {
                 if &record.container == id {
                     record.container = next.clone();
-                    record.effective_revision = "r2".into();
+                }
+            }
+        }
+        if let Some(revision) = self.faults.active_revision_during_probe.take() {
+            for record in self.active.services.values_mut() {
+                if &record.container == id {
+                    record.effective_revision = revision.clone();
                 }
             }
         }

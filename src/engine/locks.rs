@@ -81,32 +81,25 @@ impl InstanceLocks {
         holder: &str,
         ttl: Duration,
     ) -> Result<Option<InstanceGuard>, StoreError> {
-        Ok(self.try_lock_batch(&[instance], holder, ttl).await?.pop())
-    }
-
-    /// [`Self::try_lock`] for a batch in one round trip to the store: the
-    /// guards of the instances taken, in the order given; busy ones are
-    /// left out (R3). Release them with [`InstanceLocks::release_all`].
-    pub async fn try_lock_batch(
-        &self,
-        instances: &[InstanceId],
-        holder: &str,
-        ttl: Duration,
-    ) -> Result<Vec<InstanceGuard>, StoreError> {
-        let local = self.try_local(instances);
+        let local = self.try_local(&[instance]);
         if local.is_empty() {
-            return Ok(Vec::new());
+            return Ok(None);
         }
-        let ids: Vec<InstanceId> = local.iter().map(|(id, _)| *id).collect();
         let sent = Instant::now();
-        let locked = self.store.try_lock_instances(&ids, holder, ttl).await?;
-        Ok(self.guards(local, &locked, holder, sent, ttl))
+        let locked = self
+            .store
+            .try_lock_instances(&[instance], holder, ttl)
+            .await?;
+        Ok(self.guards(local, &locked, holder, sent, ttl).pop())
     }
 
-    /// [`Self::try_lock_batch`], and the rows of the instances taken read
-    /// under their locks, in one round trip where the store can
+    /// [`Self::try_lock`] for a batch, and the rows of the instances taken
+    /// read under their locks, in one round trip where the store can
     /// ([`Store::try_lock_and_load`]): a recovery pass takes its batches
-    /// so. An `Err` of the rows leaves the guards to be released.
+    /// so. The guards of the instances taken, in the order given; busy
+    /// ones are left out (R3). Release them with
+    /// [`InstanceLocks::release_all`]; an `Err` of the rows leaves them to
+    /// be released too.
     pub async fn try_lock_and_load_batch(
         &self,
         instances: &[InstanceId],

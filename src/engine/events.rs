@@ -16,6 +16,7 @@ use std::time::Duration;
 use tokio::sync::watch;
 use tokio::time::Instant;
 
+use crate::core::errors::PortFailure;
 use crate::core::pass::is_recovered;
 use crate::ports::{Clock, Runtime, RuntimeEvents, Store};
 
@@ -125,6 +126,8 @@ pub async fn drain(
             Ok(Some(instance)) if is_recovered(&instance) => instance,
             Ok(_) => continue,
             Err(e) => {
+                let (port, kind) = e.failure();
+                super::count_port_failure(port, kind);
                 tracing::warn!(instance = %name, error = %e, "woken instance not loaded");
                 continue;
             }

@@ -10,6 +10,7 @@ use futures_util::future::join_all;
 use tokio::time::Instant;
 
 use crate::core::broken::Mutant;
+use crate::core::errors::PortFailure;
 use crate::core::fleet::Instance;
 use crate::core::fleet::InstanceId;
 use crate::core::pass::{is_recovered, Abandon, InstancePass, PassInput};
@@ -17,7 +18,7 @@ use crate::core::policy::INSTANCE_LEASE_SLACK;
 use crate::core::traffic::{routes_of, HeldRoutes};
 use crate::core::types::InstanceName;
 use crate::engine::locks::{InstanceGuard, InstanceLocks};
-use crate::engine::time_until;
+use crate::engine::{count_port_failure, time_until};
 use crate::ports::{LeaseGrant, LoadedInstance, LoadedInstances};
 
 use super::log::{log_hold, record_metrics, StepLog};
@@ -87,12 +88,16 @@ impl Recoverer {
         let (guards, loaded) = match taken {
             Ok(Ok(taken)) => taken,
             Ok(Err(e)) => {
+                // One failed call, counted once, however many instances
+                // of the batch it leaves untaken.
+                let (port, kind) = e.failure();
+                count_port_failure(port, kind);
                 return each(&|i| {
                     InstanceOutcome::failed(RecoverError::Lock {
                         instance: i.name.clone(),
                         source: e.clone(),
                     })
-                })
+                });
             }
             Err(_) => {
                 return each(&|i| {
@@ -109,6 +114,8 @@ impl Recoverer {
         let loaded = match loaded {
             Ok(loaded) => loaded,
             Err(e) => {
+                let (port, kind) = e.failure();
+                count_port_failure(port, kind);
                 InstanceLocks::release_all(guards).await;
                 return each(&|i| {
                     if locked.contains_key(&i.id) {
@@ -171,10 +178,13 @@ impl Recoverer {
                     (None, _) => busy(),
                     // Gone since the listing (its name freed): nothing to do.
                     (Some(_), None) => InstanceOutcome::default(),
-                    (Some(_), Some(Err(source))) => InstanceOutcome::failed(RecoverError::Load {
-                        instance: name.clone(),
-                        source,
-                    }),
+                    (Some(_), Some(Err(source))) => InstanceOutcome::failed(
+                        RecoverError::Load {
+                            instance: name.clone(),
+                            source,
+                        }
+                        .counted(),
+                    ),
                     // Deleted since it was listed (or since the event
                     // that asked for it): nothing of it is recovered, and
                     // what was remembered of it goes (R4).

@@ -137,7 +137,7 @@ impl Recoverer {
         .await;
         match began {
             Ok(Ok(())) => {}
-            Ok(Err(e)) => outcome.errors.push(RecoverError::RuntimeList(e)),
+            Ok(Err(e)) => outcome.errors.push(RecoverError::RuntimeList(e).counted()),
             Err(_) => outcome.errors.push(RecoverError::Deadline {
                 what: "runtime list".to_owned(),
             }),
@@ -149,7 +149,9 @@ impl Recoverer {
         let mut rows = match self.ports.store.list_instances().await {
             Ok(rows) => rows,
             Err(e) => {
-                outcome.errors.push(RecoverError::ListInstances(e));
+                outcome
+                    .errors
+                    .push(RecoverError::ListInstances(e).counted());
                 return outcome;
             }
         };
@@ -158,9 +160,11 @@ impl Recoverer {
             let helm = self.helm_types.lock().expect("helm types poisoned");
             rows.rows.retain(|i| !helm.contains(&i.service_type));
         }
-        outcome
-            .errors
-            .extend(rows.bad.into_iter().map(RecoverError::SkippedRow));
+        outcome.errors.extend(
+            rows.bad
+                .into_iter()
+                .map(|e| RecoverError::SkippedRow(e).counted()),
+        );
         let plan = plan_fleet_pass(held.as_ref(), rows.rows, bad_rows);
         for gone in &plan.withdraw {
             self.withdraw_stale(gone, &mut outcome.errors).await;

@@ -51,10 +51,13 @@ pub enum RecoverError {
 }
 
 impl RecoverError {
-    /// The port and kind of the failure underneath, if a port failed.
+    /// The port and kind of a failure the pass met in its own calls
+    /// (listing, locks and loads, the traffic plane), if a port failed.
+    /// `None` for an instance machine's errors: those are counted where
+    /// the port answered the machine's command (`log::StepLog::step`).
     pub fn port_failure(&self) -> Option<(PortName, ErrorKind)> {
         match self {
-            Self::Pass(e) => e.port_failure(),
+            Self::Pass(_) => None,
             Self::Lock { source: e, .. }
             | Self::Load { source: e, .. }
             | Self::ListInstances(e)
@@ -65,6 +68,17 @@ impl RecoverError {
             }
             Self::Deadline { .. } | Self::LeaseLost => None,
         }
+    }
+
+    /// This error, counted in `stead_port_errors_total` if a port failed
+    /// underneath: called once where the pass first meets the failure, so
+    /// a store that fails the pass's lock-and-load is as visible as one
+    /// that fails a machine's write.
+    pub(super) fn counted(self) -> Self {
+        if let Some((port, kind)) = self.port_failure() {
+            crate::engine::count_port_failure(port, kind);
+        }
+        self
     }
 }
 

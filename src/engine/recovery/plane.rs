@@ -26,7 +26,7 @@ impl Recoverer {
                 was = %was,
                 "stead's proxy server listened elsewhere than configured; corrected"
             ),
-            Ok(Err(e)) => outcome.errors.push(RecoverError::TrafficPlane(e)),
+            Ok(Err(e)) => outcome.errors.push(RecoverError::TrafficPlane(e).counted()),
             Err(_) => outcome.errors.push(RecoverError::Deadline {
                 what: "traffic plane".to_owned(),
             }),
@@ -34,7 +34,7 @@ impl Recoverer {
         match tokio::time::timeout(deadline, traffic.held_routes()).await {
             Ok(Ok(routes)) => Some(routes.into_iter().map(|r| (r.service, r.port)).collect()),
             Ok(Err(e)) => {
-                outcome.errors.push(RecoverError::ReadRoutes(e));
+                outcome.errors.push(RecoverError::ReadRoutes(e).counted());
                 None
             }
             Err(_) => {
@@ -69,10 +69,13 @@ impl Recoverer {
                     "withdrew a route nothing serves any more"
                 );
             }
-            Ok(Err(source)) => errors.push(RecoverError::WithdrawStale {
-                route: service.clone(),
-                source,
-            }),
+            Ok(Err(source)) => errors.push(
+                RecoverError::WithdrawStale {
+                    route: service.clone(),
+                    source,
+                }
+                .counted(),
+            ),
             Err(_) => errors.push(RecoverError::Deadline {
                 what: format!(
                     "{}/{}: withdraw stale route",

@@ -257,9 +257,7 @@ mod tables {
 
     use stead::core::errors::{ErrorKind, PortName, StoreError, TrafficError};
     use stead::core::memory::RecoveryMemory;
-    use stead::core::pass::{
-        Abandon, InstanceAnswer, InstanceCommand, InstanceReport, PassError, RetireError,
-    };
+    use stead::core::pass::{Abandon, InstanceAnswer, InstanceCommand, InstanceReport, PassError};
     use stead::core::recovery::{Outcome, Report, ServiceMemory, Verdict};
     use stead::core::types::{
         ContainerId, GenerationKey, InstanceName, RuntimeError, ServiceKey, ServiceName, Timestamp,
@@ -320,8 +318,13 @@ mod tables {
     fn a_failed_answer_is_counted_against_its_port() {
         let unavailable = TrafficError::Unreachable("down".into());
         assert_eq!(
-            InstanceAnswer::StaleWithdrawn(Err(unavailable.clone())).port_failure(),
+            InstanceAnswer::StaleWithdrawn(Err(unavailable)).port_failure(),
             Some((PortName::Traffic, ErrorKind::Unavailable))
+        );
+        assert_eq!(
+            InstanceAnswer::MarkerCleared(Err(StoreError::Unavailable("db down".into())))
+                .port_failure(),
+            Some((PortName::Store, ErrorKind::Unavailable))
         );
         assert_eq!(
             InstanceAnswer::Service(Outcome::Inspected(Err(RuntimeError::NotFound))).port_failure(),
@@ -330,26 +333,6 @@ mod tables {
         assert_eq!(
             InstanceAnswer::PredecessorRemoved(Ok(())).port_failure(),
             None
-        );
-        let stale = PassError::StaleRoute {
-            route: ServiceKey {
-                instance: InstanceName::new("a"),
-                service: ServiceName::new("web"),
-            },
-            source: unavailable,
-        };
-        assert_eq!(
-            stale.port_failure(),
-            Some((PortName::Traffic, ErrorKind::Unavailable))
-        );
-        let marker = PassError::Retirement {
-            instance: InstanceName::new("a"),
-            container: ContainerId::new("c0"),
-            source: RetireError::ClearMarker(StoreError::Unavailable("db down".into())),
-        };
-        assert_eq!(
-            marker.port_failure(),
-            Some((PortName::Store, ErrorKind::Unavailable))
         );
     }
 

@@ -1366,22 +1366,13 @@ fn a_failed_port_call_is_counted_against_its_port_and_kind() {
     use stead::core::recovery::Outcome;
     let gone = RuntimeError::NotFound;
     assert_eq!(
-        Outcome::Started(Err(gone.clone())).port_failure(),
-        Some((PortName::Runtime, ErrorKind::NotFound))
-    );
-    assert_eq!(
-        RecoveryError::StartFailed(gone).port_failure(),
+        Outcome::Started(Err(gone)).port_failure(),
         Some((PortName::Runtime, ErrorKind::NotFound))
     );
     let refused = TrafficError::Rejected("no".into());
     assert_eq!(
-        Outcome::Published(Err(refused.clone())).port_failure(),
-        Some((PortName::Traffic, ErrorKind::Refused))
-    );
-    assert_eq!(
-        RecoveryError::WithdrawFailed(refused).port_failure(),
+        Outcome::Published(Err(refused)).port_failure(),
         Some((PortName::Traffic, ErrorKind::Refused))
     );
     assert_eq!(Outcome::Started(Ok(())).port_failure(), None);
-    assert_eq!(RecoveryError::Gone.port_failure(), None);
 }

@@ -29,7 +29,7 @@ use std::time::Duration;
 use jiff::Timestamp;
 
 use super::broken::Mutant;
-use super::errors::{failure_of, ErrorKind, PortFailure, PortName, StoreError, TrafficError};
+use super::errors::{failure_of, ErrorKind, PortName, StoreError, TrafficError};
 
 use super::fleet::{Instance, InstanceState};
 use super::memory::RecoveryMemory;
@@ -178,22 +178,6 @@ pub enum RetireError {
     ReleaseClaims(#[source] StoreError),
     #[error("clear marker: {0}")]
     ClearMarker(#[source] StoreError),
-}
-
-impl PassError {
-    /// The port and kind of the failure underneath, if a port failed.
-    pub fn port_failure(&self) -> Option<(PortName, ErrorKind)> {
-        match self {
-            Self::Service { source, .. } => source.port_failure(),
-            Self::Retirement { source, .. } => Some(match source {
-                RetireError::RoutesUnread(e) => e.failure(),
-                RetireError::Stop(e) | RetireError::Remove(e) => e.failure(),
-                RetireError::ReleaseClaims(e) | RetireError::ClearMarker(e) => e.failure(),
-            }),
-            Self::StaleRoute { source, .. } => Some(source.failure()),
-            Self::RetirementsLeft { .. } => None,
-        }
-    }
 }
 
 /// Why the rest of a pass was given up.

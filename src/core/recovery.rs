@@ -23,7 +23,7 @@ use super::broken::Mutant;
 
 use super::budget::{Budget, BudgetEntry};
 use super::errors::{
-    failure_of, ErrorKind, PolicyError, PortFailure, PortName, ProbeError, StoreError, TrafficError,
+    failure_of, ErrorKind, PolicyError, PortName, ProbeError, StoreError, TrafficError,
 };
 use super::policy::RecoveryPolicy;
 use super::types::{
@@ -302,33 +302,6 @@ pub enum RecoveryError {
     DeadlineExceeded,
     #[error("the lease or the instance lock is no longer trusted; left for the next pass")]
     MandateLost,
-}
-
-impl RecoveryError {
-    /// The port and kind of the failure underneath, if a port failed.
-    pub fn port_failure(&self) -> Option<(PortName, ErrorKind)> {
-        match self {
-            Self::WithdrawFailed(e) | Self::PublishFailed(e) => Some(e.failure()),
-            Self::InspectFailed(e)
-            | Self::StartFailed(e)
-            | Self::RestartFailed(e)
-            | Self::StopFailed(e)
-            | Self::BindsFailed(e) => Some(e.failure()),
-            Self::ReleaseClaimsFailed(e)
-            | Self::ReloadFailed(e)
-            | Self::PersistFailed(e)
-            | Self::RecordFailed(e) => Some(e.failure()),
-            Self::PolicyRevoked(e) => Some(e.failure()),
-            Self::NotReady(e) => Some(e.failure()),
-            Self::Inhibited { .. }
-            | Self::Gone
-            | Self::RefusedStatus(_)
-            | Self::ExecutionChanged
-            | Self::GenerationChanged
-            | Self::DeadlineExceeded
-            | Self::MandateLost => None,
-        }
-    }
 }
 
 /// What one service recovery did and what it leaves behind.

@@ -180,10 +180,23 @@ pub struct SwarmFaults {
     /// who publish them): every container of one fails to create while
     /// the faults last, so upgrades to it fail and halt the rollout.
     pub bad_versions: Arc<Mutex<BTreeSet<u32>>>,
+    /// Per read of the routes: the proxy restarts without its config just
+    /// before it answers. A retirement reads the routes back right before
+    /// it stops the predecessor (S5), so this is what judges that the
+    /// read-back is heeded. Drawn, with its decisions, from an rng of its
+    /// own: the other faults' draws stay what they were.
+    proxy_restart_on_read: f64,
+    mid_pass_rng: Mutex<ChaCha8Rng>,
 }
 
 impl SwarmFaults {
     pub fn new(mix: FaultMix, seed: u64, counts: Arc<FaultCounts>) -> Self {
+        let mut mid_pass_rng = ChaCha8Rng::seed_from_u64(seed ^ 0x9e37_79b9_7f4a_7c15);
+        let proxy_restart_on_read = if mid_pass_rng.random_bool(0.3) {
+            0.0
+        } else {
+            mid_pass_rng.random_range(0.0..0.05)
+        };
         Self {
             enabled: AtomicBool::new(true),
             proxy_down: AtomicBool::new(false),
@@ -195,6 +208,8 @@ impl SwarmFaults {
             paused_after_effect: Mutex::new(Vec::new()),
             runtime: std::sync::OnceLock::new(),
             bad_versions: Arc::default(),
+            proxy_restart_on_read,
+            mid_pass_rng: Mutex::new(mid_pass_rng),
         }
     }
 
@@ -253,6 +268,17 @@ impl FaultInjector for SwarmFaults {
             // halts after one tenant).
             self.counts.bump("create of a broken version");
             return Fault::Fail("pull access denied: manifest unknown".into());
+        }
+        if op == Op::TrafficRead
+            && subject == "read routes"
+            && self
+                .mid_pass_rng
+                .lock()
+                .expect("poisoned")
+                .random_bool(self.proxy_restart_on_read)
+        {
+            self.counts.bump("proxy restarted as its routes were read");
+            return Fault::ProxyRestart;
         }
         let mut rng = self.rng.lock().expect("poisoned");
         let m = &self.mix;

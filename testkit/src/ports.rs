@@ -67,6 +67,10 @@ pub enum Fault {
     Hang,
     /// Answer normally, after this long.
     Slow(Duration),
+    /// Reading routes back only: the proxy restarts without its config
+    /// just before it answers, so the answer holds no route (a reload or a
+    /// crash mid-pass, after the pass's own read of the plane).
+    ProxyRestart,
 }
 
 /// Decides faults. The default injects none.
@@ -299,7 +303,9 @@ fn runtime_err(fault: Fault) -> RuntimeError {
     match fault {
         Fault::NotFound => RuntimeError::NotFound,
         Fault::Fail(detail) => RuntimeError::Transient(detail),
-        Fault::Proceed | Fault::Hang | Fault::Slow(_) => RuntimeError::Transient("injected".into()),
+        Fault::Proceed | Fault::Hang | Fault::Slow(_) | Fault::ProxyRestart => {
+            RuntimeError::Transient("injected".into())
+        }
     }
 }
 
@@ -909,10 +915,11 @@ impl Traffic for MemoryTraffic {
     }
 
     async fn held_routes(&self) -> Result<Vec<HeldRoute>, TrafficError> {
-        self.hooks
-            .gate(Op::TrafficRead, "read routes")
-            .await
-            .map_err(|f| TrafficError::Unreachable(text_err(f)))?;
+        match self.hooks.gate(Op::TrafficRead, "read routes").await {
+            Ok(()) => {}
+            Err(Fault::ProxyRestart) => self.lose_everything(),
+            Err(f) => return Err(TrafficError::Unreachable(text_err(f))),
+        }
         Ok(self
             .routes
             .lock()

@@ -24,6 +24,7 @@ use stead::engine::wake::WakeQueue;
 use stead::engine::worker::{TaskEnd, Worker, WorkerConfig};
 use stead::engine::Ports;
 use stead::ports::{NewInstance, Runtime, Store, Traffic};
+use stead_testkit::metrics::Tally;
 use stead_testkit::ports::{
     Fault, FaultInjector, Hooks, ManualClock, MemoryNotifier, MemoryPolicy, MemoryProbe,
     MemoryProvisioner, MemoryRuntime, MemoryTraffic, Op,
@@ -1308,77 +1309,6 @@ async fn a_worker_provisions_its_own_catalogs_version_and_records_it() {
     assert!(web.as_str().contains(".2."), "{web} is of version 2");
 }
 
-/// `stead_port_errors_total{port="store",kind="unavailable"}` as counted
-/// on this thread while `f` runs (a current-thread test runtime runs every
-/// task here).
-struct StoreErrors(Arc<std::sync::atomic::AtomicU64>);
-
-impl metrics::CounterFn for StoreErrors {
-    fn increment(&self, value: u64) {
-        self.0
-            .fetch_add(value, std::sync::atomic::Ordering::Relaxed);
-    }
-    fn absolute(&self, _: u64) {}
-}
-
-#[derive(Default)]
-struct PortErrorTally(Arc<std::sync::atomic::AtomicU64>);
-
-impl metrics::Recorder for PortErrorTally {
-    fn describe_counter(
-        &self,
-        _: metrics::KeyName,
-        _: Option<metrics::Unit>,
-        _: metrics::SharedString,
-    ) {
-    }
-    fn describe_gauge(
-        &self,
-        _: metrics::KeyName,
-        _: Option<metrics::Unit>,
-        _: metrics::SharedString,
-    ) {
-    }
-    fn describe_histogram(
-        &self,
-        _: metrics::KeyName,
-        _: Option<metrics::Unit>,
-        _: metrics::SharedString,
-    ) {
-    }
-    fn register_counter(&self, key: &metrics::Key, _: &metrics::Metadata<'_>) -> metrics::Counter {
-        let label = |name: &str| {
-            key.labels()
-                .find(|l| l.key() == name)
-                .map(|l| l.value().to_owned())
-        };
-        if key.name() == "stead_port_errors_total"
-            && label("port").as_deref() == Some("store")
-            && label("kind").as_deref() == Some("unavailable")
-        {
-            metrics::Counter::from_arc(Arc::new(StoreErrors(self.0.clone())))
-        } else {
-            metrics::Counter::noop()
-        }
-    }
-    fn register_gauge(&self, _: &metrics::Key, _: &metrics::Metadata<'_>) -> metrics::Gauge {
-        metrics::Gauge::noop()
-    }
-    fn register_histogram(
-        &self,
-        _: &metrics::Key,
-        _: &metrics::Metadata<'_>,
-    ) -> metrics::Histogram {
-        metrics::Histogram::noop()
-    }
-}
-
-impl PortErrorTally {
-    fn store_unavailable(&self) -> u64 {
-        self.0.load(std::sync::atomic::Ordering::Relaxed)
-    }
-}
-
 /// The pass's own store calls (the listing, the batch's lock-and-load)
 /// are counted against the store like a machine's writes: an operator
 /// watching `stead_port_errors_total` sees an outage that failed only
@@ -1391,8 +1321,16 @@ async fn the_pass_counts_the_failures_of_its_own_store_calls() {
     f.served("wiki2", "1").await;
     let recoverer = f.recoverer();
     recoverer.pass().await;
-    let tally = PortErrorTally::default();
+    // Every task of a current-thread test runtime runs on this thread.
+    let tally = Tally::default();
     let _recording = metrics::set_default_local_recorder(&tally);
+    let store_unavailable = || {
+        tally
+            .branches()
+            .get("stead_port_errors_total{port=\"store\",kind=\"unavailable\"}")
+            .copied()
+            .unwrap_or(0)
+    };
 
     f.store.fail_next_calls(1);
     let pass = recoverer.pass().await;
@@ -1401,7 +1339,7 @@ async fn the_pass_counts_the_failures_of_its_own_store_calls() {
         "{:?}",
         pass.errors
     );
-    assert_eq!(tally.store_unavailable(), 1, "the failed listing");
+    assert_eq!(store_unavailable(), 1, "the failed listing");
 
     // The grant is fresh: the targeted pass's first store call is its
     // lock-and-load.
@@ -1412,13 +1350,9 @@ async fn the_pass_counts_the_failures_of_its_own_store_calls() {
         "{:?}",
         outcome.errors
     );
-    assert_eq!(tally.store_unavailable(), 2, "and the failed lock-and-load");
+    assert_eq!(store_unavailable(), 2, "and the failed lock-and-load");
 
     let pass = recoverer.pass().await;
     assert!(pass.errors.is_empty(), "{:?}", pass.errors);
-    assert_eq!(
-        tally.store_unavailable(),
-        2,
-        "nothing failed: nothing counted"
-    );
+    assert_eq!(store_unavailable(), 2, "nothing failed: nothing counted");
 }

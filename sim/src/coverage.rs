@@ -12,89 +12,8 @@
 //! of `cargo sim`, not a silent gap.
 
 use std::collections::BTreeMap;
-use std::sync::{Arc, Mutex};
 
-use metrics::{
-    Counter, CounterFn, Gauge, Histogram, Key, KeyName, Metadata, Recorder, SharedString, Unit,
-};
-
-/// Counter series → total, named as Prometheus names them
-/// (`name{label="value"}`).
-pub type Branches = BTreeMap<String, u64>;
-
-/// A recorder that keeps every counter of one run; gauges and histograms
-/// are not branches and are dropped.
-#[derive(Default)]
-pub struct Tally {
-    counts: Arc<Mutex<Branches>>,
-}
-
-struct Series {
-    name: String,
-    counts: Arc<Mutex<Branches>>,
-}
-
-impl CounterFn for Series {
-    fn increment(&self, value: u64) {
-        *self
-            .counts
-            .lock()
-            .expect("tally poisoned")
-            .entry(self.name.clone())
-            .or_default() += value;
-    }
-
-    fn absolute(&self, value: u64) {
-        let mut counts = self.counts.lock().expect("tally poisoned");
-        let total = counts.entry(self.name.clone()).or_default();
-        *total = (*total).max(value);
-    }
-}
-
-/// `name{a="x",b="y"}`, labels in the order given, or `name` alone.
-pub fn series_name(key: &Key) -> String {
-    let labels: Vec<String> = key
-        .labels()
-        .map(|l| format!("{}=\"{}\"", l.key(), l.value()))
-        .collect();
-    if labels.is_empty() {
-        key.name().to_owned()
-    } else {
-        format!("{}{{{}}}", key.name(), labels.join(","))
-    }
-}
-
-impl Recorder for Tally {
-    fn describe_counter(&self, _: KeyName, _: Option<Unit>, _: SharedString) {}
-    fn describe_gauge(&self, _: KeyName, _: Option<Unit>, _: SharedString) {}
-    fn describe_histogram(&self, _: KeyName, _: Option<Unit>, _: SharedString) {}
-
-    fn register_counter(&self, key: &Key, _: &Metadata<'_>) -> Counter {
-        Counter::from_arc(Arc::new(Series {
-            name: series_name(key),
-            counts: self.counts.clone(),
-        }))
-    }
-
-    fn register_gauge(&self, _: &Key, _: &Metadata<'_>) -> Gauge {
-        Gauge::noop()
-    }
-
-    fn register_histogram(&self, _: &Key, _: &Metadata<'_>) -> Histogram {
-        Histogram::noop()
-    }
-}
-
-impl Tally {
-    /// Runs `f` with this tally recording every counter on this thread.
-    pub fn around<T>(&self, f: impl FnOnce() -> T) -> T {
-        metrics::with_local_recorder(self, f)
-    }
-
-    pub fn branches(&self) -> Branches {
-        self.counts.lock().expect("tally poisoned").clone()
-    }
-}
+pub use stead_testkit::metrics::{Branches, Tally};
 
 /// The branches a run of `seeds` seeds must reach, read from
 /// `sim/coverage.toml`.
@@ -226,19 +145,5 @@ mod tests {
             shortfalls(&required, &reached),
             vec![("a".to_owned(), 2, 3)]
         );
-    }
-
-    #[test]
-    fn a_tally_counts_what_the_code_records_on_its_thread() {
-        let tally = Tally::default();
-        tally.around(|| {
-            metrics::counter!("x_total", "why" => "down").increment(2);
-            metrics::counter!("x_total", "why" => "down").increment(1);
-            metrics::counter!("y_total").increment(1);
-        });
-        metrics::counter!("y_total").increment(5); // Outside: not counted.
-        let b = tally.branches();
-        assert_eq!(b.get("x_total{why=\"down\"}"), Some(&3));
-        assert_eq!(b.get("y_total"), Some(&1));
     }
 }

@@ -16,6 +16,7 @@
 
 pub mod fleet;
 pub mod machine;
+pub mod metrics;
 pub mod model;
 pub mod mutants;
 pub mod pass;

@@ -296,6 +296,11 @@ impl Checker {
             self.check_due_work_done(began, failed);
             if !failed.contains(&Check::VersionDrift) {
                 self.check_rollout(began);
+                // A failed drift check may mean the releases could not be
+                // listed: the planner then upgrades without knowing them.
+                if !failed.contains(&Check::Drift) {
+                    self.check_upgrades_have_releases(began);
+                }
             }
             if !failed.contains(&Check::Recovery) {
                 self.check_memory_pruned(holder, &tick);
@@ -569,6 +574,46 @@ impl Checker {
                     t.id, chosen.name, chosen.team, first
                 )
             });
+        }
+    }
+
+    /// C5 before C8: an upgrade enqueued in a leader's tick that listed the
+    /// releases was planned for an instance whose release existed. One
+    /// missing all through the tick is drift's to reprovision first; an
+    /// upgrade racing the reprovision helps nobody.
+    fn check_upgrades_have_releases(&self, began: Timestamp) {
+        let settled_before = began - jiff::SignedDuration::try_from(CLOCK_TOLERANCE).expect("fits");
+        let names: BTreeMap<i64, InstanceName> = self
+            .store()
+            .all_instances()
+            .into_iter()
+            .map(|i| (i.id, i.name))
+            .collect();
+        let tasks = self.store().all_tasks();
+        let mut s = self.lock();
+        for t in tasks
+            .iter()
+            .filter(|t| t.kind == TaskKind::Upgrade && t.created_at >= settled_before)
+        {
+            let Some(name) = names.get(&t.instance) else {
+                continue;
+            };
+            let missing_throughout = s.release_missing.get(name.as_str()).is_some_and(|spans| {
+                spans.iter().any(|(from, until)| {
+                    *from <= settled_before
+                        && until.is_none_or(|u| u >= add(t.created_at, CLOCK_TOLERANCE))
+                })
+            });
+            s.check(
+                "C5 no upgrade while the release is missing",
+                !missing_throughout,
+                || {
+                    format!(
+                        "upgrade {} of {name} enqueued at {} while its release was missing",
+                        t.id, t.created_at
+                    )
+                },
+            );
         }
     }
 
@@ -1499,6 +1544,30 @@ impl Observer for Checker {
                 s.check("C6 never broken before the lease expires", due, || {
                     format!("task {task}'s lease, taken at {locked_at}, broken at {now} before {expiry}")
                 });
+            }
+            Effect::LeaseSweep {
+                now: planned,
+                freed,
+            } => {
+                // C6's planner sweeps only when a lease it saw had run out.
+                // Had one, and had nothing moved since it looked, the
+                // sweep (the same rule at the same `now`) would free it.
+                let since =
+                    *planned - jiff::SignedDuration::try_from(CLOCK_TOLERANCE).expect("fits");
+                let moved = self
+                    .store()
+                    .all_tasks()
+                    .iter()
+                    .any(|t| t.updated_at >= since);
+                s.check(
+                    "C6 a lease sweep only when a lease ran out",
+                    *freed > 0 || moved,
+                    || {
+                        format!(
+                            "the leader swept for expired leases at {planned} though no running task's lease had run out"
+                        )
+                    },
+                );
             }
             Effect::InhibitionCleared { container, .. } => {
                 s.truth.markers.remove(container);

@@ -322,6 +322,15 @@ impl Reconciler {
         let instances = store.list_instances().await?;
         let tasks = store.active_tasks().await?;
         let rollouts = store.rollouts().await?;
+        // When the rows were read, at the store's precision: the planners
+        // judge them at this instant. Taken after the release listing
+        // (which may take the provisioner's whole timeout) a task's row
+        // would be judged at a moment it no longer described: its lease
+        // run out though its worker had renewed or finished it since, and
+        // a planner at a finer `now` than the store applies its decision
+        // with sees a lease run out a fraction of a microsecond early. The
+        // simulation's C6 check found both (a sweep that freed nothing).
+        let now = crate::store::normalize_timestamp(self.ports.clock.now());
         for bad in instances.bad.iter().chain(tasks.bad.iter()) {
             tracing::error!(error = %bad, "skipped a bad row");
         }
@@ -339,7 +348,7 @@ impl Reconciler {
         };
         Ok((
             Snapshot {
-                now: self.ports.clock.now(),
+                now,
                 instances: instances.rows,
                 tasks: tasks.rows,
                 releases,

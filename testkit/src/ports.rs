@@ -197,6 +197,15 @@ pub enum Effect {
         task: i64,
         locked_at: Timestamp,
     },
+    /// The reconciler swept the queue for expired leases at `now` (the
+    /// planner's snapshot time) and freed `freed` tasks: C6's planner
+    /// decides a sweep only when some lease ran out, so a sweep that frees
+    /// nothing while no task moved since the planner looked is a wrong
+    /// decision (issue #15).
+    LeaseSweep {
+        now: Timestamp,
+        freed: u64,
+    },
     /// An instance moved along its lifecycle.
     InstanceState {
         instance: InstanceName,

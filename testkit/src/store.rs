@@ -919,6 +919,10 @@ impl Store for MemoryStore {
         for (task, locked_at) in broken {
             self.tell(|| Effect::LeaseBroken { task, locked_at });
         }
+        self.tell(|| Effect::LeaseSweep {
+            now,
+            freed: n_reset,
+        });
         Ok(n_reset)
     }
 

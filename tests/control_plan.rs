@@ -15,16 +15,15 @@ use stead::core::fleet::{
     Instance, InstanceState, RetryDecision, RolloutState, Task, TaskKind, TaskState,
 };
 use stead::core::plan::{
-    halt_after_failed_upgrade, is_behind, is_older, plan_drift, plan_lease_expiry, plan_tick,
-    plan_ttl, plan_version_drift, upgrade_retry_at, ControlConfig, Decision, Level, Plan, Report,
-    Snapshot,
+    halt_after_failed_upgrade, is_behind, is_older, plan_drift, plan_lease_expiry, plan_ttl,
+    plan_version_drift, upgrade_retry_at, ControlConfig, Decision, Level, Plan, Report, Snapshot,
 };
 use stead::core::types::InstanceName;
 use stead::ports::Release;
 
 use planners::{
-    check_idempotent, check_in_flight_limit, check_no_duplicate_active_tasks, check_plan_shape,
-    InstanceSeed, World, WorldSeed,
+    apply_as_store, check_idempotent, check_in_flight_limit, check_no_duplicate_active_tasks,
+    check_plan_shape, plan_tick, InstanceSeed, World, WorldSeed,
 };
 
 const NOW: &str = "2026-11-30T12:00:00Z"; // a Monday
@@ -225,7 +224,7 @@ fn check(plan: Plan, snapshot: &Snapshot<'_>, expect: &str) {
 
 /// Applies `plan` and asserts that planning again decides nothing.
 fn assert_idempotent(snapshot: &mut Snapshot<'_>, plan: &Plan, planner: fn(&Snapshot<'_>) -> Plan) {
-    snapshot.apply(&plan.decisions);
+    apply_as_store(snapshot, &plan.decisions);
     let again = planner(snapshot);
     assert!(
         again.decisions.is_empty(),
@@ -321,7 +320,7 @@ fn orphan_releases_are_reported_every_tick_and_never_deleted() {
     check(plan.clone(), &snap, expect);
     // A second tick over the same world reports them again, and no plan
     // ever contains a decision about an orphan.
-    snap.apply(&plan.decisions);
+    apply_as_store(&mut snap, &plan.decisions);
     check(plan_drift(&snap), &snap, expect);
 }
 
@@ -640,7 +639,7 @@ fn a_failed_upgrade_halts_its_rollout() {
     );
     let halt = halt_after_failed_upgrade(&failed, wiki, RetryDecision::Fail).unwrap();
     let mut snap = snapshot(instances, vec![], &catalog, &config);
-    snap.apply(&[halt]);
+    apply_as_store(&mut snap, &[halt]);
     check(
         plan_version_drift(&snap),
         &snap,
@@ -1179,7 +1178,7 @@ fn new_task(instance: i64, kind: TaskKind) -> stead::core::fleet::NewTask {
     }
 }
 
-/// `Snapshot::apply` stands in for the store in the idempotence checks: a
+/// `apply_as_store` stands in for the store in the idempotence checks: a
 /// task it inserts gets an id no other task has, as the database's would
 /// (a reused id would make a second plan see the wrong task).
 #[test]
@@ -1196,10 +1195,13 @@ fn applied_enqueues_get_ids_no_task_has() {
         &config,
     );
     let enqueue = |instance, kind| Decision::Enqueue(new_task(instance, kind));
-    snap.apply(&[
-        enqueue(2, TaskKind::Reprovision),
-        enqueue(2, TaskKind::Upgrade),
-    ]);
+    apply_as_store(
+        &mut snap,
+        &[
+            enqueue(2, TaskKind::Reprovision),
+            enqueue(2, TaskKind::Upgrade),
+        ],
+    );
     let ids: Vec<i64> = snap.tasks.iter().map(|t| t.id).collect();
     assert_eq!(ids, [3, 7, 8, 9], "after the largest id, one each");
 }
@@ -1216,20 +1218,23 @@ fn applied_expiries_compare_and_set_and_take_fresh_ids() {
         &catalog,
         &config,
     );
-    snap.apply(&[
-        // Seen `upgrading`, but it is `ready` now: the swap misses.
-        Decision::Expire {
-            instance: 2,
-            from: InstanceState::Upgrading,
-            task: new_task(2, TaskKind::Deprovision),
-        },
-        Decision::Expire {
-            instance: 1,
-            from: InstanceState::Ready,
-            task: new_task(1, TaskKind::Deprovision),
-        },
-        Decision::Enqueue(new_task(2, TaskKind::Upgrade)),
-    ]);
+    apply_as_store(
+        &mut snap,
+        &[
+            // Seen `upgrading`, but it is `ready` now: the swap misses.
+            Decision::Expire {
+                instance: 2,
+                from: InstanceState::Upgrading,
+                task: new_task(2, TaskKind::Deprovision),
+            },
+            Decision::Expire {
+                instance: 1,
+                from: InstanceState::Ready,
+                task: new_task(1, TaskKind::Deprovision),
+            },
+            Decision::Enqueue(new_task(2, TaskKind::Upgrade)),
+        ],
+    );
     let tasks: Vec<(i64, i64, TaskKind)> = snap
         .tasks
         .iter()

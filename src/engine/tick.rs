@@ -14,10 +14,7 @@ use tokio::sync::watch;
 use tracing::Instrument;
 
 use crate::core::catalog::Catalog;
-use crate::core::plan::{
-    plan_drift, plan_lease_expiry, plan_ttl, plan_version_drift, task_lease, ControlConfig,
-    Decision, Level, Plan, Snapshot,
-};
+use crate::core::plan::{task_lease, ControlConfig, Decision, Level, Plan, Planner, Snapshot};
 use crate::core::policy::PLANNERS_LEASE_NEED;
 use crate::core::types::{InstanceName, Timestamp};
 use crate::ports::{LeaseGrant, NotifyError, StoreError};
@@ -28,9 +25,6 @@ use super::{Ports, SharedCatalog};
 
 /// Bound on one courtesy notification.
 const NOTIFY_TIMEOUT: Duration = Duration::from_secs(10);
-
-/// A pure planner of the control loop.
-type Planner = fn(&Snapshot<'_>) -> Plan;
 
 /// The checks of one tick, in order. Each is its own error boundary (C3).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -368,27 +362,45 @@ impl Reconciler {
         fence: &LeaseGrant,
         out: &mut TickOutcome,
     ) {
-        let checks: [(Check, Planner); 4] = [
-            (Check::Drift, plan_drift),
-            (Check::LeaseExpiry, plan_lease_expiry),
-            (Check::Ttl, plan_ttl),
-            (Check::VersionDrift, plan_version_drift),
-        ];
-        for (check, planner) in checks {
-            if check == Check::Drift {
-                if let Some(e) = &releases_error {
-                    out.failed.push((check, format!("list releases: {e}")));
-                    continue;
-                }
+        // The snapshot's indexes are built once for the four planners;
+        // each check is carried out before the next is planned.
+        let planner = Planner::new(snapshot);
+        match &releases_error {
+            Some(e) => out
+                .failed
+                .push((Check::Drift, format!("list releases: {e}"))),
+            None => {
+                let plan = planner.drift();
+                self.carry_out(Check::Drift, plan, snapshot, fence, out)
+                    .await;
             }
-            let plan = planner(snapshot);
-            self.log_reports(check, &plan.reports);
-            if let Err(e) = self
-                .apply(check, &plan.decisions, fence, out, snapshot)
-                .await
-            {
-                out.failed.push((check, e));
-            }
+        }
+        let plan = planner.lease_expiry();
+        self.carry_out(Check::LeaseExpiry, plan, snapshot, fence, out)
+            .await;
+        let plan = planner.ttl();
+        self.carry_out(Check::Ttl, plan, snapshot, fence, out).await;
+        let plan = planner.version_drift();
+        self.carry_out(Check::VersionDrift, plan, snapshot, fence, out)
+            .await;
+    }
+
+    /// Logs one check's reports and carries out its decisions; a failure
+    /// fails that check alone (C3).
+    async fn carry_out(
+        &self,
+        check: Check,
+        plan: Plan,
+        snapshot: &Snapshot<'_>,
+        fence: &LeaseGrant,
+        out: &mut TickOutcome,
+    ) {
+        self.log_reports(check, &plan.reports);
+        if let Err(e) = self
+            .apply(check, &plan.decisions, fence, out, snapshot)
+            .await
+        {
+            out.failed.push((check, e));
         }
     }
 

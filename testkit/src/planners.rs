@@ -14,13 +14,122 @@ use std::time::Duration;
 
 use stead::core::catalog::{Catalog, CatalogEntry};
 use stead::core::fleet::{
-    add, Instance, InstanceState, Release, RolloutState, Task, TaskKind, TaskState,
+    add, Instance, InstanceId, InstanceState, NewTask, Release, RolloutState, Task, TaskId,
+    TaskKind, TaskState, CANCELLED_BY_DELETION,
 };
 use stead::core::plan::{
-    plan_drift, plan_lease_expiry, plan_tick, plan_ttl, plan_version_drift, ControlConfig,
-    Decision, Plan, Report, Snapshot,
+    plan_drift, plan_lease_expiry, plan_ttl, plan_version_drift, ControlConfig, Decision, Plan,
+    Report, Snapshot,
 };
 use stead::core::types::{InstanceName, Timestamp};
+
+/// The whole tick's plan: the four checks in the engine's order (drift,
+/// lease expiry, TTL, version drift), each on the same snapshot, as the
+/// engine runs them one by one.
+pub fn plan_tick(snapshot: &Snapshot<'_>) -> Plan {
+    let mut plan = Plan::default();
+    for planner in [plan_drift, plan_lease_expiry, plan_ttl, plan_version_drift] {
+        let part = planner(snapshot);
+        plan.decisions.extend(part.decisions);
+        plan.reports.extend(part.reports);
+    }
+    plan
+}
+
+/// Applies decisions to `snapshot` the way the store would, including its
+/// refusals (a second active task of one kind, a failed compare-and-set).
+/// Pure: the scenario tests and the planners' properties use it to check
+/// that planning is idempotent. The engine carries decisions out through
+/// the real store, and the simulation judges what reaches it (S9, C6, C7);
+/// so this stand-in lives with the tests, not in the core.
+pub fn apply_as_store(snapshot: &mut Snapshot<'_>, decisions: &[Decision]) {
+    let mut next_id = snapshot.tasks.iter().map(|t| t.id).max().unwrap_or(0) + 1;
+    for decision in decisions {
+        match decision {
+            Decision::Enqueue(task) => {
+                if push_task(snapshot, task, next_id) {
+                    next_id += 1;
+                }
+            }
+            Decision::Expire {
+                instance,
+                from,
+                task,
+            } => {
+                let Some(index) = snapshot.instances.iter().position(|i| i.id == *instance) else {
+                    continue;
+                };
+                let state = snapshot.instances[index].state;
+                if state != *from || !from.can_become(InstanceState::Deleting) {
+                    continue;
+                }
+                if push_task(snapshot, task, next_id) {
+                    next_id += 1;
+                    snapshot.instances[index].state = InstanceState::Deleting;
+                    snapshot.instances[index].updated_at = snapshot.now;
+                    cancel_for_deletion(snapshot, *instance);
+                }
+            }
+            Decision::RequeueExpiredLease { task, .. } => {
+                if let Some(t) = snapshot.tasks.iter_mut().find(|t| t.id == *task) {
+                    if t.state.can_become(TaskState::Queued) {
+                        t.state = TaskState::Queued;
+                        t.locked_by = None;
+                        t.locked_at = None;
+                        t.updated_at = snapshot.now;
+                    }
+                }
+            }
+            Decision::Notify(_) => {}
+            Decision::HaltRollout { service_type, .. } => {
+                snapshot
+                    .rollouts
+                    .insert(service_type.clone(), RolloutState::Halted);
+            }
+        }
+    }
+}
+
+/// T4, as the store applies it with an expiry: the instance's queued
+/// tasks but its deprovision are cancelled.
+fn cancel_for_deletion(snapshot: &mut Snapshot<'_>, instance: InstanceId) {
+    let now = snapshot.now;
+    for t in snapshot.tasks.iter_mut() {
+        if t.instance == instance && t.cancelled_by_deletion() {
+            t.state = TaskState::Failed;
+            t.last_error = Some(CANCELLED_BY_DELETION.to_owned());
+            t.updated_at = now;
+        }
+    }
+}
+
+/// Inserts a queued task unless one of the same (instance, kind) is
+/// active, as the database's partial unique index does.
+fn push_task(snapshot: &mut Snapshot<'_>, task: &NewTask, id: TaskId) -> bool {
+    let taken = snapshot
+        .tasks
+        .iter()
+        .any(|t| t.instance == task.instance && t.kind == task.kind && t.state.is_active());
+    if taken {
+        return false;
+    }
+    snapshot.tasks.push(Task {
+        id,
+        kind: task.kind,
+        instance: task.instance,
+        state: TaskState::Queued,
+        run_after: task.run_after,
+        locked_by: None,
+        locked_at: None,
+        attempts: 0,
+        reason: task.reason.clone(),
+        last_error: None,
+        traceparent: task.traceparent.clone(),
+        created_at: snapshot.now,
+        updated_at: snapshot.now,
+    });
+    true
+}
 
 /// Most instances in one world; the proptest generator stays below it.
 pub const INSTANCES_MAX: usize = 24;
@@ -273,7 +382,7 @@ pub fn check_no_duplicate_active_tasks(world: &World) {
         .filter(|d| matches!(d, Decision::Enqueue(_) | Decision::Expire { .. }))
         .count();
     let before = snapshot.tasks.len();
-    snapshot.apply(&plan.decisions);
+    apply_as_store(&mut snapshot, &plan.decisions);
     assert_eq!(
         snapshot.tasks.len() - before,
         inserts,
@@ -296,7 +405,7 @@ pub fn check_in_flight_limit(world: &World) {
     let mut snapshot = world.snapshot();
     let in_flight = upgrades_in_flight(&snapshot);
     let plan = plan_tick(&snapshot);
-    snapshot.apply(&plan.decisions);
+    apply_as_store(&mut snapshot, &plan.decisions);
     let limit = world.config.max_in_flight as usize;
     let after = upgrades_in_flight(&snapshot);
     assert!(
@@ -331,7 +440,7 @@ pub fn check_in_flight_limit(world: &World) {
 pub fn check_idempotent(world: &World) {
     let mut snapshot = world.snapshot();
     let plan = plan_tick(&snapshot);
-    snapshot.apply(&plan.decisions);
+    apply_as_store(&mut snapshot, &plan.decisions);
     let again = plan_tick(&snapshot);
     assert!(
         again.decisions.is_empty(),

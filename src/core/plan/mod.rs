@@ -8,7 +8,8 @@
 //! instance and the others are planned as usual.
 //!
 //! **Idempotence.** Planning again on a snapshot that already contains the
-//! effects of a plan's decisions ([`Snapshot::apply`]) yields no decision.
+//! effects of a plan's decisions (the testkit's `apply_as_store`, the store's
+//! stand-in) yields no decision.
 //! Reports are not decisions: an orphan release is reported by every plan
 //! while it lasts; the engine logs a report when it appears and when it is
 //! gone, not every tick.
@@ -71,13 +72,6 @@ pub struct Snapshot<'a> {
 pub struct Plan {
     pub decisions: Vec<Decision>,
     pub reports: Vec<Report>,
-}
-
-impl Plan {
-    fn extend(&mut self, other: Plan) {
-        self.decisions.extend(other.decisions);
-        self.reports.extend(other.reports);
-    }
 }
 
 /// One effect the engine should carry out.
@@ -364,16 +358,6 @@ impl<'s, 'a> Planner<'s, 'a> {
             traceparent: self.snapshot.traceparent.clone(),
         }
     }
-
-    /// All four checks, in the tick's order: drift, lease expiry, TTL,
-    /// version drift.
-    pub fn all(&self) -> Plan {
-        let mut plan = self.drift();
-        plan.extend(self.lease_expiry());
-        plan.extend(self.ttl());
-        plan.extend(self.version_drift());
-        plan
-    }
 }
 
 /// Whether an instance's TTL has run out at `now`.
@@ -408,104 +392,4 @@ pub fn plan_ttl(snapshot: &Snapshot<'_>) -> Plan {
 /// C8 on its own; see [`Planner::version_drift`].
 pub fn plan_version_drift(snapshot: &Snapshot<'_>) -> Plan {
     Planner::new(snapshot).version_drift()
-}
-
-/// The whole tick's plan.
-pub fn plan_tick(snapshot: &Snapshot<'_>) -> Plan {
-    Planner::new(snapshot).all()
-}
-
-impl Snapshot<'_> {
-    /// Applies decisions the way the store would, including its refusals (a
-    /// second active task of one kind, a failed compare-and-set). Pure: the
-    /// scenario tests and the planners' properties (`testkit/src/planners.rs`)
-    /// use it to check that planning is idempotent. The simulation judges
-    /// the planners by what reaches the store instead (S9, C6, C7).
-    pub fn apply(&mut self, decisions: &[Decision]) {
-        let mut next_id = self.tasks.iter().map(|t| t.id).max().unwrap_or(0) + 1;
-        for decision in decisions {
-            match decision {
-                Decision::Enqueue(task) => {
-                    if self.push_task(task, next_id) {
-                        next_id += 1;
-                    }
-                }
-                Decision::Expire {
-                    instance,
-                    from,
-                    task,
-                } => {
-                    let Some(index) = self.instances.iter().position(|i| i.id == *instance) else {
-                        continue;
-                    };
-                    let state = self.instances[index].state;
-                    if state != *from || !from.can_become(InstanceState::Deleting) {
-                        continue;
-                    }
-                    if self.push_task(task, next_id) {
-                        next_id += 1;
-                        self.instances[index].state = InstanceState::Deleting;
-                        self.instances[index].updated_at = self.now;
-                        self.cancel_for_deletion(*instance);
-                    }
-                }
-                Decision::RequeueExpiredLease { task, .. } => {
-                    if let Some(t) = self.tasks.iter_mut().find(|t| t.id == *task) {
-                        if t.state.can_become(TaskState::Queued) {
-                            t.state = TaskState::Queued;
-                            t.locked_by = None;
-                            t.locked_at = None;
-                            t.updated_at = self.now;
-                        }
-                    }
-                }
-                Decision::Notify(_) => {}
-                Decision::HaltRollout { service_type, .. } => {
-                    self.rollouts
-                        .insert(service_type.clone(), RolloutState::Halted);
-                }
-            }
-        }
-    }
-
-    /// T4, as the store applies it with an expiry: the instance's queued
-    /// tasks but its deprovision are cancelled.
-    fn cancel_for_deletion(&mut self, instance: InstanceId) {
-        let now = self.now;
-        for t in self.tasks.iter_mut() {
-            if t.instance == instance && t.cancelled_by_deletion() {
-                t.state = TaskState::Failed;
-                t.last_error = Some(super::fleet::CANCELLED_BY_DELETION.to_owned());
-                t.updated_at = now;
-            }
-        }
-    }
-
-    /// Inserts a queued task unless one of the same (instance, kind) is
-    /// active, as the database's partial unique index does.
-    fn push_task(&mut self, task: &NewTask, id: TaskId) -> bool {
-        let taken = self
-            .tasks
-            .iter()
-            .any(|t| t.instance == task.instance && t.kind == task.kind && t.state.is_active());
-        if taken {
-            return false;
-        }
-        self.tasks.push(Task {
-            id,
-            kind: task.kind,
-            instance: task.instance,
-            state: TaskState::Queued,
-            run_after: task.run_after,
-            locked_by: None,
-            locked_at: None,
-            attempts: 0,
-            reason: task.reason.clone(),
-            last_error: None,
-            traceparent: task.traceparent.clone(),
-            created_at: self.now,
-            updated_at: self.now,
-        });
-        true
-    }
 }

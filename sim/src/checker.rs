@@ -17,7 +17,9 @@ use stead::core::memory::RecoveryMemory;
 use stead::core::names;
 use stead::core::plan::ControlConfig;
 use stead::core::policy::RecoveryPolicy;
-use stead::core::types::{Binds, ContainerId, Health, InstanceName, ServiceKey, Timestamp};
+use stead::core::types::{
+    Binds, ContainerId, ContainerStatus, Health, InstanceName, ServiceKey, Timestamp,
+};
 use stead::engine::lease::ProcessIdentity;
 use stead::engine::tick::Check;
 use stead::ports::{Clock, Route};
@@ -189,6 +191,9 @@ struct State {
     /// Consecutive unhealthy health reads of a container by one process
     /// incarnation since its last other answer or intervention (R12).
     unhealthy_reads: BTreeMap<(ContainerId, String), u32>,
+    /// What each process incarnation's last inspection of a container
+    /// found (`None`: not found), for S5's final inspection.
+    last_inspected: BTreeMap<(ContainerId, String), Option<(ContainerStatus, Option<Timestamp>)>>,
     ticks: u64,
     violations: Vec<String>,
     checks: BTreeMap<&'static str, u64>,
@@ -1335,6 +1340,34 @@ impl Observer for Checker {
                         s.check("S5 retire after successor serves", ok, || {
                             format!("{id} retired before its successor was verified and routed")
                         });
+                        // Exactly: the retiring pass's last look at the
+                        // successor (its final inspection) found it
+                        // running the execution the proxy routes to.
+                        let successor = s.truth.active.get(&service).cloned();
+                        if let (false, Actor::Recovery, Some(successor)) =
+                            (stopped, actor, successor)
+                        {
+                            let seen = s
+                                .last_inspected
+                                .get(&(successor.clone(), holder.clone()))
+                                .copied()
+                                .flatten();
+                            let routed = s.routes.get(&service).and_then(|r| r.verified_started_at);
+                            let confirmed = seen.is_some_and(|(status, started_at)| {
+                                status == ContainerStatus::Running
+                                    && started_at.is_some()
+                                    && started_at == routed
+                            });
+                            s.check(
+                                "S5 retire only after the successor's final inspection",
+                                confirmed,
+                                || {
+                                    format!(
+                                        "{id} retired by {holder} though its last inspection of {successor} found {seen:?}, not the routed execution {routed:?}"
+                                    )
+                                },
+                            );
+                        }
                     }
                 }
             }
@@ -1491,6 +1524,11 @@ impl Observer for Checker {
             // The proxy forgot a route by itself: nothing routes there now.
             Effect::RouteLost { service } => {
                 s.routes.remove(service);
+            }
+            Effect::Inspected { id, seen } => {
+                if by_process {
+                    s.last_inspected.insert((id.clone(), holder.clone()), *seen);
+                }
             }
             Effect::HealthRead { id, health } => {
                 if by_process {

@@ -176,6 +176,13 @@ pub enum Effect {
         service_type: String,
         halted: bool,
     },
+    /// An inspection answered: what the runtime told the reader (`None`:
+    /// not found). The checker judges a retirement by the successor's last
+    /// inspection before it (S5).
+    Inspected {
+        id: ContainerId,
+        seen: Option<(ContainerStatus, Option<Timestamp>)>,
+    },
     /// A health read answered: what the runtime told the reader.
     HealthRead {
         id: ContainerId,
@@ -635,11 +642,15 @@ impl Runtime for MemoryRuntime {
             .gate(Op::Inspect, id.as_str())
             .await
             .map_err(runtime_err)?;
-        self.read(id, |c| Observation {
+        let observation = self.read(id, |c| Observation {
             status: c.status,
             started_at: c.started_at,
-        })
-        .ok_or(RuntimeError::NotFound)
+        });
+        self.hooks.observer.effect(&Effect::Inspected {
+            id: id.clone(),
+            seen: observation.as_ref().map(|o| (o.status, o.started_at)),
+        });
+        observation.ok_or(RuntimeError::NotFound)
     }
 
     async fn start(&self, id: &ContainerId) -> Result<(), RuntimeError> {

@@ -168,6 +168,8 @@ struct State {
     catalog_changed_at: Option<Timestamp>,
     /// When each release was last installed or uninstalled.
     release_changed_at: BTreeMap<String, Timestamp>,
+    /// When any release last appeared or went (ours, by hand, foreign).
+    releases_moved_at: Option<Timestamp>,
     /// When each release was missing: since when (by hand or by a
     /// deprovision) and, once installed again, until when (C5). Every
     /// interval is kept: the queue is looked at after the fact.
@@ -220,6 +222,8 @@ pub struct Checker {
     /// The database: leases, instance locks and tasks as they stand.
     store: OnceLock<Arc<MemoryStore>>,
     provisioner: OnceLock<Arc<MemoryProvisioner>>,
+    /// The engine's gauges, as an operator's dashboard shows them.
+    gauges: OnceLock<stead_testkit::metrics::Tally>,
 }
 
 impl Checker {
@@ -237,6 +241,7 @@ impl Checker {
             }),
             store: OnceLock::new(),
             provisioner: OnceLock::new(),
+            gauges: OnceLock::new(),
         }
     }
 
@@ -254,6 +259,19 @@ impl Checker {
         s.catalog_version = version;
         s.catalog_changed_at = Some(now);
         s.catalog_dropped = dropped;
+    }
+
+    /// Another tool installed release `name`: never ours to delete (S8).
+    pub fn foreign_release_appeared(&self, name: &str) {
+        let now = self.clock.now();
+        let mut s = self.lock();
+        s.truth.foreign_releases.insert(name.to_owned());
+        s.releases_moved_at = Some(now);
+    }
+
+    /// The engine's gauges: the orphan count drift reports (C5).
+    pub fn watch_gauges(&self, tally: stead_testkit::metrics::Tally) {
+        let _ = self.gauges.set(tally);
     }
 
     pub fn watch_store(&self, store: Arc<MemoryStore>) {
@@ -306,6 +324,9 @@ impl Checker {
                 if !failed.contains(&Check::Drift) {
                     self.check_upgrades_have_releases(began);
                 }
+            }
+            if !failed.contains(&Check::Drift) {
+                self.check_orphans_reported(began);
             }
             if !failed.contains(&Check::Recovery) {
                 self.check_memory_pruned(holder, &tick);
@@ -572,6 +593,19 @@ impl Checker {
             let Some(chosen) = instances.iter().find(|i| i.id == t.instance) else {
                 continue;
             };
+            // Only an instance behind the catalog is upgraded (the sim's
+            // catalog changes a spec only with its version).
+            let settled = chosen.updated_at < settled_before;
+            s.check(
+                "C8 upgrades only what is behind the catalog",
+                !settled || behind(&chosen.version),
+                || {
+                    format!(
+                        "upgrade {} of {} enqueued though it runs {}, the catalog's {target}",
+                        t.id, chosen.name, chosen.version
+                    )
+                },
+            );
             let jumped = first.as_ref().is_some_and(|f| *f < order(chosen));
             s.check("C8 upgrades in order, own team first", !jumped, || {
                 format!(
@@ -620,6 +654,45 @@ impl Checker {
                 },
             );
         }
+    }
+
+    /// C5's other half, exactly: after a leader's tick whose drift check
+    /// succeeded, the orphan releases it reports (the `stead_orphan_releases`
+    /// gauge an operator watches) are exactly the live releases no
+    /// undeleted instance names, judged when no instance and no release
+    /// moved since the tick began (the planner saw a snapshot).
+    fn check_orphans_reported(&self, began: Timestamp) {
+        let (Some(provisioner), Some(gauges)) = (self.provisioner.get(), self.gauges.get()) else {
+            return;
+        };
+        let settled_before = began - jiff::SignedDuration::try_from(CLOCK_TOLERANCE).expect("fits");
+        let instances = self.store().all_instances();
+        let releases = provisioner.release_names();
+        let s = self.lock();
+        let moved = instances.iter().any(|i| i.updated_at >= settled_before)
+            || s.releases_moved_at.is_some_and(|at| at >= settled_before);
+        drop(s);
+        let Some(reported) = gauges.gauge("stead_orphan_releases") else {
+            return;
+        };
+        if moved {
+            return;
+        }
+        let named: BTreeSet<&str> = instances
+            .iter()
+            .filter(|i| i.state != InstanceState::Deleted)
+            .map(|i| i.name.as_str())
+            .collect();
+        let orphans: Vec<&String> = releases
+            .iter()
+            .filter(|r| !named.contains(r.as_str()))
+            .collect();
+        let mut s = self.lock();
+        s.check(
+            "C5 orphan releases reported exactly",
+            reported == orphans.len() as f64,
+            || format!("drift reported {reported} orphan releases after a tick began at {began}; the orphans are {orphans:?}"),
+        );
     }
 
     /// When the catalog last changed (a bump restarts every process, but
@@ -869,6 +942,7 @@ impl Checker {
 impl State {
     /// A release is missing from `now` (a missing one stays missing).
     fn release_went_missing(&mut self, release: &str, now: Timestamp) {
+        self.releases_moved_at = Some(now);
         let intervals = self.release_missing.entry(release.to_owned()).or_default();
         if intervals.last().is_none_or(|(_, until)| until.is_some()) {
             intervals.push((now, None));
@@ -1424,6 +1498,7 @@ impl Observer for Checker {
             }
             Effect::Installed { release } => {
                 s.release_changed_at.insert(release.clone(), now);
+                s.releases_moved_at = Some(now);
                 if let Some((_, until)) = s
                     .release_missing
                     .get_mut(release)
@@ -1482,6 +1557,31 @@ impl Observer for Checker {
                         .or_insert(now);
                 } else {
                     s.truth.halted_since.remove(service_type);
+                }
+                if *halted && by_process {
+                    // C8: a process halts a rollout only when an upgrade of
+                    // that type has just failed for good (the worker fails
+                    // the task, then halts).
+                    let types: BTreeMap<i64, String> = self
+                        .store()
+                        .all_instances()
+                        .into_iter()
+                        .map(|i| (i.id, i.service_type))
+                        .collect();
+                    let lately = now - jiff::SignedDuration::from_secs(30);
+                    let failed_upgrade = self.store().all_tasks().into_iter().any(|t| {
+                        t.kind == TaskKind::Upgrade
+                            && t.state == TaskState::Failed
+                            && t.last_error.as_deref()
+                                != Some(stead::core::fleet::CANCELLED_BY_DELETION)
+                            && t.updated_at >= lately
+                            && types.get(&t.instance) == Some(service_type)
+                    });
+                    s.check(
+                        "C8 a rollout halts only after an upgrade failed for good",
+                        failed_upgrade,
+                        || format!("{holder} halted the rollout of {service_type} though no upgrade of it had just failed"),
+                    );
                 }
             }
             Effect::InstanceState { instance, state } => {

@@ -85,12 +85,12 @@ pub fn run_seed(cfg: &SimConfig) -> SimOutcome {
     // madsim runs every node of the run on this thread: the tally sees
     // every process's counters and nothing of another run's.
     let tally = crate::coverage::Tally::default();
-    let mut outcome = tally.around(|| runtime.block_on(simulate(cfg)));
+    let mut outcome = tally.around(|| runtime.block_on(simulate(cfg, tally.clone())));
     outcome.branches = tally.branches();
     outcome
 }
 
-async fn simulate(cfg: SimConfig) -> SimOutcome {
+async fn simulate(cfg: SimConfig, tally: crate::coverage::Tally) -> SimOutcome {
     let mut rng = ChaCha8Rng::seed_from_u64(cfg.seed);
     let mix = FaultMix::draw(&mut rng);
     let topology = Topology::draw(rng.random());
@@ -125,6 +125,7 @@ async fn simulate(cfg: SimConfig) -> SimOutcome {
     let traffic = Arc::new(MemoryTraffic::new(hooks.clone()));
     let provisioner = Arc::new(MemoryProvisioner::new("foreign", hooks.clone()));
     checker.watch_provisioner(provisioner.clone());
+    checker.watch_gauges(tally);
     let actors = Arc::new(Actors {
         rng: Mutex::new(ChaCha8Rng::seed_from_u64(rng.random())),
         mix: mix.clone(),

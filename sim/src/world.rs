@@ -689,8 +689,7 @@ impl Actors {
             5 => {
                 // Another tool's release appears: never ours to delete (S8).
                 let name = format!("foreign-{pick}");
-                self.checker
-                    .truth(|t| t.foreign_releases.insert(name.clone()));
+                self.checker.foreign_release_appeared(&name);
                 self.provisioner.add_foreign(&name);
                 self.counts.bump("foreign release");
             }

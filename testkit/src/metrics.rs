@@ -7,18 +7,48 @@ use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 
 use metrics::{
-    Counter, CounterFn, Gauge, Histogram, Key, KeyName, Metadata, Recorder, SharedString, Unit,
+    Counter, CounterFn, Gauge, GaugeFn, Histogram, Key, KeyName, Metadata, Recorder, SharedString,
+    Unit,
 };
 
 /// Counter series → total, named as Prometheus names them
 /// (`name{label="value"}`).
 pub type Branches = BTreeMap<String, u64>;
 
-/// A recorder that keeps every counter of one run; gauges and histograms
-/// are not branches and are dropped.
-#[derive(Default)]
+/// A recorder that keeps every counter of one run, and each gauge's last
+/// value (the simulation's checker reads what an operator's dashboard
+/// would show); histograms are dropped. Clones share the records.
+#[derive(Clone, Default)]
 pub struct Tally {
     counts: Arc<Mutex<Branches>>,
+    gauges: Arc<Mutex<BTreeMap<String, f64>>>,
+}
+
+struct GaugeSeries {
+    name: String,
+    gauges: Arc<Mutex<BTreeMap<String, f64>>>,
+}
+
+impl GaugeSeries {
+    fn update(&self, f: impl FnOnce(f64) -> f64) {
+        let mut gauges = self.gauges.lock().expect("tally poisoned");
+        let value = gauges.entry(self.name.clone()).or_default();
+        *value = f(*value);
+    }
+}
+
+impl GaugeFn for GaugeSeries {
+    fn increment(&self, value: f64) {
+        self.update(|v| v + value);
+    }
+
+    fn decrement(&self, value: f64) {
+        self.update(|v| v - value);
+    }
+
+    fn set(&self, value: f64) {
+        self.update(|_| value);
+    }
 }
 
 struct Series {
@@ -68,8 +98,11 @@ impl Recorder for Tally {
         }))
     }
 
-    fn register_gauge(&self, _: &Key, _: &Metadata<'_>) -> Gauge {
-        Gauge::noop()
+    fn register_gauge(&self, key: &Key, _: &Metadata<'_>) -> Gauge {
+        Gauge::from_arc(Arc::new(GaugeSeries {
+            name: series_name(key),
+            gauges: self.gauges.clone(),
+        }))
     }
 
     fn register_histogram(&self, _: &Key, _: &Metadata<'_>) -> Histogram {
@@ -85,6 +118,15 @@ impl Tally {
 
     pub fn branches(&self) -> Branches {
         self.counts.lock().expect("tally poisoned").clone()
+    }
+
+    /// A gauge's last value, `None` if nothing set it.
+    pub fn gauge(&self, series: &str) -> Option<f64> {
+        self.gauges
+            .lock()
+            .expect("tally poisoned")
+            .get(series)
+            .copied()
     }
 }
 
@@ -104,5 +146,17 @@ mod tests {
         let b = tally.branches();
         assert_eq!(b.get("x_total{why=\"down\"}"), Some(&3));
         assert_eq!(b.get("y_total"), Some(&1));
+    }
+
+    #[test]
+    fn a_tally_keeps_each_gauges_last_value() {
+        let tally = Tally::default();
+        tally.around(|| {
+            metrics::gauge!("g").set(4.0);
+            metrics::gauge!("g").increment(2.0);
+            metrics::gauge!("g").decrement(1.0);
+        });
+        assert_eq!(tally.gauge("g"), Some(5.0));
+        assert_eq!(tally.gauge("unset"), None);
     }
 }

@@ -28,6 +28,8 @@ use stead_testkit::ports::{Effect, Observer, Op};
 use stead_testkit::store::MemoryStore;
 
 use crate::topology::Role;
+use crate::world::VersionScheme;
+use stead::core::catalog::Catalog;
 
 /// Effects kept for the failure trace (override: `STEAD_SIM_TRACE`).
 const TRACE_LEN_DEFAULT: usize = 40;
@@ -166,6 +168,12 @@ struct State {
     /// The service the catalog's current version no longer lists.
     catalog_dropped: Option<stead::core::types::ServiceName>,
     catalog_changed_at: Option<Timestamp>,
+    /// Whether the catalog's current version is a security release (C8:
+    /// its upgrades wait for no window).
+    catalog_security: bool,
+    /// Each catalog type's spec digest: an instance at the catalog's
+    /// version that records another is behind (C8).
+    catalog_digests: BTreeMap<String, String>,
     /// When each release was last installed or uninstalled.
     release_changed_at: BTreeMap<String, Timestamp>,
     /// When any release last appeared or went (ours, by hand, foreign).
@@ -218,6 +226,8 @@ pub struct Checker {
     max_in_flight: usize,
     /// C8: the team whose instances upgrade first.
     own_team: String,
+    /// How the seed spells versions: the counter behind each is the truth.
+    versions: VersionScheme,
     state: Mutex<State>,
     /// The database: leases, instance locks and tasks as they stand.
     store: OnceLock<Arc<MemoryStore>>,
@@ -227,8 +237,14 @@ pub struct Checker {
 }
 
 impl Checker {
-    pub fn new(clock: Arc<dyn Clock>, policy: RecoveryPolicy, control: &ControlConfig) -> Self {
+    pub fn new(
+        clock: Arc<dyn Clock>,
+        policy: RecoveryPolicy,
+        control: &ControlConfig,
+        versions: VersionScheme,
+    ) -> Self {
         Self {
+            versions,
             clock,
             policy,
             task_lease: control.lease,
@@ -251,12 +267,33 @@ impl Checker {
         let _ = self.provisioner.set(provisioner);
     }
 
-    /// Operators published catalog `version` of the fleet's one type.
-    /// A new catalog version; `dropped` is the service it no longer lists.
-    pub fn catalog_bumped(&self, version: u32, dropped: Option<stead::core::types::ServiceName>) {
+    /// The catalog the run starts with.
+    pub fn catalog_published(&self, catalog: &Catalog) {
+        let mut s = self.lock();
+        Self::learn_catalog(&mut s, catalog);
+    }
+
+    fn learn_catalog(s: &mut State, catalog: &Catalog) {
+        s.catalog_security = catalog.entries().any(|e| e.security);
+        s.catalog_digests = catalog
+            .entries()
+            .map(|e| (e.service_type.clone(), e.spec_digest.clone()))
+            .collect();
+    }
+
+    /// Operators published catalog `version` of the fleet's types (a new
+    /// version or a new spec at the same one); `dropped` is the service it
+    /// no longer lists.
+    pub fn catalog_bumped(
+        &self,
+        version: u32,
+        dropped: Option<stead::core::types::ServiceName>,
+        catalog: &Catalog,
+    ) {
         let now = self.clock.now();
         let mut s = self.lock();
         s.catalog_version = version;
+        Self::learn_catalog(&mut s, catalog);
         s.catalog_changed_at = Some(now);
         s.catalog_dropped = dropped;
     }
@@ -319,6 +356,7 @@ impl Checker {
             self.check_due_work_done(began, failed);
             if !failed.contains(&Check::VersionDrift) {
                 self.check_rollout(began);
+                self.check_unknown_types_reported(began);
                 // A failed drift check may mean the releases could not be
                 // listed: the planner then upgrades without knowing them.
                 if !failed.contains(&Check::Drift) {
@@ -460,8 +498,8 @@ impl Checker {
             .filter(|i| crate::world::is_helm_instance(i.name.as_str()))
             .filter(|i| i.state == InstanceState::Ready)
             .filter_map(|i| {
-                let release = version_number(versions.get(i.name.as_str())?);
-                let recorded = version_number(&i.version);
+                let release = self.version_number(versions.get(i.name.as_str())?);
+                let recorded = self.version_number(&i.version);
                 let wrong =
                     release < recorded || (release != recorded && !in_flight.contains(&i.id));
                 wrong.then(|| format!("{} at {} but its release at {release}", i.name, i.version))
@@ -547,14 +585,32 @@ impl Checker {
                 .any(|t| t.instance == id && t.updated_at >= settled_before)
         };
         let target = s.catalog_version;
-        let behind = |version: &str| version.parse::<u32>().is_ok_and(|v| v < target);
+        let target_version = self.versions.render(target);
+        let digests = s.catalog_digests.clone();
+        // The reference rule (C8): only a type the catalog lists has a
+        // version to be behind; a numeric version is behind a greater one,
+        // any other behind whatever differs; at the catalog's version, a
+        // recorded spec digest other than the catalog's is behind too.
+        let behind = |i: &Instance| {
+            let Some(digest) = digests.get(&i.service_type) else {
+                return false;
+            };
+            let version_behind = if self.versions.ordered() {
+                self.versions.number(&i.version).is_some_and(|v| v < target)
+            } else {
+                i.version != target_version
+            };
+            let spec_behind =
+                i.version == target_version && i.spec_digest.as_ref().is_some_and(|d| d != digest);
+            version_behind || spec_behind
+        };
         let waiting: Vec<_> = instances
             .iter()
             .filter(|i| {
                 i.state == InstanceState::Ready
                     && !i.stopped
                     && i.expires_at.is_none_or(|at| at > began)
-                    && behind(&i.version)
+                    && behind(i)
                     && !in_flight(i.id)
                     && !touched(i.id)
                     && i.updated_at < settled_before
@@ -598,11 +654,28 @@ impl Checker {
             let settled = chosen.updated_at < settled_before;
             s.check(
                 "C8 upgrades only what is behind the catalog",
-                !settled || behind(&chosen.version),
+                !settled || behind(chosen),
                 || {
                     format!(
                         "upgrade {} of {} enqueued though it runs {}, the catalog's {target}",
                         t.id, chosen.name, chosen.version
+                    )
+                },
+            );
+            // Its reason says which drift it is, for the operator who reads
+            // the queue.
+            let why = if chosen.version == target_version {
+                "spec drift"
+            } else {
+                "version drift"
+            };
+            s.check(
+                "C8 an upgrade's reason names its drift",
+                !settled || t.reason.starts_with(why),
+                || {
+                    format!(
+                        "upgrade {} of {} at {} (catalog {target_version}) says {:?}",
+                        t.id, chosen.name, chosen.version, t.reason
                     )
                 },
             );
@@ -692,6 +765,35 @@ impl Checker {
             "C5 orphan releases reported exactly",
             reported == orphans.len() as f64,
             || format!("drift reported {reported} orphan releases after a tick began at {began}; the orphans are {orphans:?}"),
+        );
+    }
+
+    /// C8's report, exactly: after a leader's tick whose version-drift
+    /// check succeeded, the instances it reports of a type the catalog
+    /// does not list (the `stead_unknown_type_instances` gauge) are exactly
+    /// the ready ones, judged when no instance moved since the tick began.
+    fn check_unknown_types_reported(&self, began: Timestamp) {
+        let Some(gauges) = self.gauges.get() else {
+            return;
+        };
+        let settled_before = began - jiff::SignedDuration::try_from(CLOCK_TOLERANCE).expect("fits");
+        let instances = self.store().all_instances();
+        if instances.iter().any(|i| i.updated_at >= settled_before) {
+            return;
+        }
+        let Some(reported) = gauges.gauge("stead_unknown_type_instances") else {
+            return;
+        };
+        let unknown: Vec<&str> = instances
+            .iter()
+            .filter(|i| i.state == InstanceState::Ready && !is_catalog_type(&i.service_type))
+            .map(|i| i.name.as_str())
+            .collect();
+        let mut s = self.lock();
+        s.check(
+            "C8 unknown service types reported exactly",
+            reported == unknown.len() as f64,
+            || format!("version drift reported {reported} instances of unknown types after a tick began at {began}; they are {unknown:?}"),
         );
     }
 
@@ -1187,7 +1289,7 @@ impl Checker {
                 ) {
                     s.check(
                         "H3 a release is never installed behind its instance's version",
-                        version_number(&installed) >= version_number(&recorded),
+                        self.version_number(&installed) >= self.version_number(&recorded),
                         || {
                             format!(
                                 "{release} installed at {installed}, its instance at {recorded}"
@@ -1269,10 +1371,12 @@ fn is_recovery(holder: &str) -> bool {
     holder.ends_with("/recovery")
 }
 
-/// A simulated catalog version as a number (the sim's versions are
-/// counters; anything else counts as 0).
-fn version_number(v: &str) -> u32 {
-    v.parse().unwrap_or(0)
+impl Checker {
+    /// A simulated catalog version as the counter behind it (anything
+    /// else counts as 0).
+    fn version_number(&self, v: &str) -> u32 {
+        self.versions.number(v).unwrap_or(0)
+    }
 }
 
 impl Observer for Checker {
@@ -1707,6 +1811,32 @@ impl Observer for Checker {
                     },
                 );
             }
+            Effect::TaskRetried {
+                task,
+                instance,
+                kind: TaskKind::Upgrade,
+                run_after,
+            } => {
+                // C8: a failed upgrade runs again, like its first run, only
+                // inside its instance's maintenance window (unless the
+                // catalog is a security release), however its backoff falls.
+                let window = self
+                    .store()
+                    .all_instances()
+                    .into_iter()
+                    .find(|i| i.id == *instance)
+                    .and_then(|i| i.maintenance_window);
+                if let (Some(spec), false) = (window, s.catalog_security) {
+                    let inside = stead::core::window::Window::parse(&spec)
+                        .is_ok_and(|window| window.contains(*run_after));
+                    s.check("C8 a retried upgrade waits for its window", inside, || {
+                        format!(
+                            "upgrade task {task} of instance {instance} retried at {now} to run at {run_after}, outside {spec:?}"
+                        )
+                    });
+                }
+            }
+            Effect::TaskRetried { .. } => {}
             Effect::InhibitionCleared { container, .. } => {
                 s.truth.markers.remove(container);
                 s.truth.inhibited.remove(container);
@@ -1756,6 +1886,12 @@ impl Checker {
         let detail = format!("{id}: intervention #{k} at {now} too soon after the previous one");
         s.check("S6 budget", gap_ok, || detail);
     }
+}
+
+/// Whether the sim's catalog lists `service_type` (it lists every type
+/// but the legacy one, always).
+fn is_catalog_type(service_type: &str) -> bool {
+    service_type == crate::world::SERVICE_TYPE || service_type == crate::world::HELM_TYPE
 }
 
 /// Upper bound of the budget's cap, used by the liveness deadline.

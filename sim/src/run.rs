@@ -34,7 +34,7 @@ use crate::checker::{ladder_cap, Checker, CLOCK_TOLERANCE};
 use crate::topology::{process_main, Shared, Slot, Topology};
 use crate::world::{
     helm_instance_name, instance_name, service_name, Actors, FaultCounts, FaultMix, SimService,
-    SwarmFaults, HELM_TYPE, SERVICE_TYPE,
+    SwarmFaults, VersionScheme, HELM_TYPE, LEGACY_TYPE, SERVICE_TYPE,
 };
 
 /// The shape of one run.
@@ -110,9 +110,20 @@ async fn simulate(cfg: SimConfig, tally: crate::coverage::Tally) -> SimOutcome {
         max_in_flight: 1 + (cfg.seed % 3) as u32,
         ..ControlConfig::default()
     };
-    let checker = Arc::new(Checker::new(clock.clone(), policy.clone(), &control));
+    let versions = VersionScheme::of_seed(cfg.seed);
+    let checker = Arc::new(Checker::new(
+        clock.clone(),
+        policy.clone(),
+        &control,
+        versions,
+    ));
     let counts = Arc::new(FaultCounts::default());
-    let faults = Arc::new(SwarmFaults::new(mix.clone(), rng.random(), counts.clone()));
+    let faults = Arc::new(SwarmFaults::new(
+        mix.clone(),
+        rng.random(),
+        counts.clone(),
+        versions,
+    ));
     let hooks = Hooks {
         faults: faults.clone(),
         observer: checker.clone(),
@@ -142,6 +153,8 @@ async fn simulate(cfg: SimConfig, tally: crate::coverage::Tally) -> SimOutcome {
         chaos: true.into(),
         deploys: 0.into(),
         catalog_version: 1.into(),
+        versions,
+        spec_edition: 0.into(),
         dropped: Mutex::new(None),
         created: 0.into(),
         bad_versions: faults.bad_versions.clone(),
@@ -183,7 +196,11 @@ async fn simulate(cfg: SimConfig, tally: crate::coverage::Tally) -> SimOutcome {
         probe: Arc::new(MemoryProbe::new(runtime.clone(), hooks.clone())),
         notifier: Arc::new(MemoryNotifier::new(hooks.clone())),
         checker: checker.clone(),
-        catalog: Mutex::new(Arc::new(sim_catalog(&actors, 1, false))),
+        catalog: Mutex::new(Arc::new({
+            let catalog = sim_catalog(&actors, 1, false);
+            checker.catalog_published(&catalog);
+            catalog
+        })),
         policy: policy.clone(),
         control: control.clone(),
         tick: cfg.tick,
@@ -201,7 +218,7 @@ async fn simulate(cfg: SimConfig, tally: crate::coverage::Tally) -> SimOutcome {
     };
     let start = clock.now();
     let safety_ticks = cfg.safety.as_secs() / cfg.tick.as_secs();
-    let mut catalog_version_now = 1;
+    let mut catalog_now = (1, 0);
     // Ticks left in which the proxy is restarted often: operators roll a
     // catalog that drops a service out with the proxy's own config, so the
     // proxy comes and goes while upgrades retire the dropped service (a
@@ -211,16 +228,17 @@ async fn simulate(cfg: SimConfig, tally: crate::coverage::Tally) -> SimOutcome {
         // A bumped catalog is rolled out as operators do: every process
         // restarts with the new file (memory lost, R17).
         let version = actors.catalog_version.load(Ordering::Relaxed);
-        if version != catalog_version_now {
-            catalog_version_now = version;
+        let edition = actors.spec_edition.load(Ordering::Relaxed);
+        if (version, edition) != catalog_now {
+            catalog_now = (version, edition);
             let dropped = actors.dropped.lock().expect("poisoned").clone();
             if dropped.is_some() {
                 proxy_restarts_left = PROXY_RESTART_TICKS;
             }
-            checker.catalog_bumped(version, dropped);
             let security = rng.random_bool(0.2);
-            *shared.catalog.lock().expect("poisoned") =
-                Arc::new(sim_catalog(&actors, version, security));
+            let catalog = sim_catalog(&actors, version, security);
+            checker.catalog_bumped(version, dropped, &catalog);
+            *shared.catalog.lock().expect("poisoned") = Arc::new(catalog);
             processes.adopt_pauses(&faults, &mut rng);
             processes.restart_all(&counts);
         }
@@ -939,6 +957,7 @@ async fn setup(
             i,
             &name,
             SERVICE_TYPE,
+            &actors.versions.render(1),
             &docker,
         )
         .await;
@@ -1006,7 +1025,7 @@ async fn setup(
             });
         }
     }
-    let helm = stead::core::release::Provisioning::Helm(helm_chart(1));
+    let helm = stead::core::release::Provisioning::Helm(helm_chart(&actors.versions.render(1), 0));
     for k in 0..helm_instances(cfg.instances) {
         let name = helm_instance_name(k);
         ready_instance(
@@ -1018,9 +1037,68 @@ async fn setup(
             k,
             &name,
             HELM_TYPE,
+            &actors.versions.render(1),
             &helm,
         )
         .await;
+    }
+    legacy_instances(store, provisioner, now).await;
+    // The starting fleet was provisioned by a stead that records specs:
+    // each instance records its type's digest, so a spec change under the
+    // same version upgrades it (C8).
+    let catalog = sim_catalog(actors, 1, false);
+    for instance in store.all_instances() {
+        if let Some(entry) = catalog.get(&instance.service_type) {
+            store
+                .set_instance_spec_digest(instance.id, &entry.spec_digest, now)
+                .await
+                .expect("setup: record the spec digest");
+        }
+    }
+}
+
+/// Instances of a type the catalog no longer lists (it was removed while
+/// they remained): version drift reports the ready one and never upgrades
+/// either (C8); drift counts the ready one's release as its own, not an
+/// orphan (C5). Drawn from no random stream: the rest of a seed stays as
+/// it was.
+async fn legacy_instances(store: &MemoryStore, provisioner: &MemoryProvisioner, now: Timestamp) {
+    for (k, state) in [InstanceState::Ready, InstanceState::Failed]
+        .into_iter()
+        .enumerate()
+    {
+        let instance = store
+            .create_instance(
+                &NewInstance {
+                    spec_digest: None,
+                    parameters: Default::default(),
+                    name: InstanceName::new(format!("legacy{k}")),
+                    team: crate::world::team_of(k).into(),
+                    service_type: LEGACY_TYPE.into(),
+                    version: "1".into(),
+                    expires_at: None,
+                    maintenance_window: None,
+                },
+                now,
+            )
+            .await
+            .expect("setup: create a legacy instance");
+        store
+            .set_instance_state(instance.id, instance.state, state, now)
+            .await
+            .expect("setup: legacy state");
+        if state == InstanceState::Ready {
+            let release = stead::core::release::Provisioning::Docker
+                .spec_of(
+                    &stead::core::release::ReleaseParams::of(&instance, "1"),
+                    false,
+                )
+                .expect("a Docker release renders");
+            provisioner
+                .install_or_upgrade(&release)
+                .await
+                .expect("setup: install a legacy release");
+        }
     }
 }
 
@@ -1037,6 +1115,7 @@ async fn ready_instance(
     i: usize,
     name: &InstanceName,
     service_type: &str,
+    version: &str,
     provisioning: &stead::core::release::Provisioning,
 ) {
     let expires_at = rng.random_bool(0.3).then(|| {
@@ -1051,9 +1130,12 @@ async fn ready_instance(
                 name: name.clone(),
                 team: crate::world::team_of(i).into(),
                 service_type: service_type.into(),
-                version: "1".into(),
+                version: version.into(),
                 expires_at,
-                maintenance_window: WINDOWS[i % WINDOWS.len()].map(str::to_owned),
+                maintenance_window: {
+                    let windows = windows(now);
+                    windows[i % windows.len()].clone()
+                },
             },
             now,
         )
@@ -1065,7 +1147,7 @@ async fn ready_instance(
         .expect("setup: ready");
     let release = provisioning
         .spec_of(
-            &stead::core::release::ReleaseParams::of(&instance, "1"),
+            &stead::core::release::ReleaseParams::of(&instance, &instance.version),
             false,
         )
         .expect("the sim's catalog renders");
@@ -1144,7 +1226,9 @@ async fn check_liveness(
     // L8: a service the catalog's version dropped is, once its instance
     // runs that version, neither running nor routed and gone from ACTIVE;
     // and no named volume ever goes (the operators never purge).
-    let version = actors.catalog_version.load(Ordering::Relaxed).to_string();
+    let version = actors
+        .versions
+        .render(actors.catalog_version.load(Ordering::Relaxed));
     if let (Some(dropped), Ok(rows)) = (&dropped, store.list_instances().await) {
         let managed = runtime.list_managed().await.unwrap_or_default();
         for i in rows.rows.iter().filter(|i| {
@@ -1274,21 +1358,28 @@ async fn check_liveness(
 /// The catalog of the simulated fleet: one service type at `version`
 /// (instances start at 1; operators bump it, and version drift upgrades
 /// them), sometimes a security release that ignores windows.
-fn sim_catalog(actors: &Actors, version: u32, security: bool) -> Catalog {
+fn sim_catalog(actors: &Actors, number: u32, security: bool) -> Catalog {
     let services = actors.services.lock().expect("poisoned");
     let dropped = actors.dropped.lock().expect("poisoned").clone();
+    let edition = actors.spec_edition.load(Ordering::Relaxed);
+    let version = actors.versions.render(number);
     let mut specs: Vec<ServiceSpec> = Vec::new();
     for s in services.iter() {
         if Some(&s.spec.name) != dropped.as_ref() && !specs.iter().any(|x| x.name == s.spec.name) {
-            specs.push(s.spec.clone());
+            let mut spec = s.spec.clone();
+            if edition > 0 {
+                // A spec change under the same version: another argument.
+                spec.command = vec![format!("--edition={edition}")];
+            }
+            specs.push(spec);
         }
     }
-    Catalog::from_entries([
+    let entries = [
         CatalogEntry {
             spec_digest: String::new(),
             parameters: Default::default(),
             service_type: SERVICE_TYPE.into(),
-            version: version.to_string(),
+            version: version.clone(),
             security,
             rollout: RolloutState::Active,
             provisioning: stead::core::release::Provisioning::Docker,
@@ -1300,22 +1391,29 @@ fn sim_catalog(actors: &Actors, version: u32, security: bool) -> Catalog {
             spec_digest: String::new(),
             parameters: Default::default(),
             service_type: HELM_TYPE.into(),
-            version: version.to_string(),
+            version: version.clone(),
             security,
             rollout: RolloutState::Active,
-            provisioning: stead::core::release::Provisioning::Helm(helm_chart(version)),
+            provisioning: stead::core::release::Provisioning::Helm(helm_chart(&version, edition)),
             services: Vec::new(),
         },
-    ])
+    ];
+    // Each entry records its digest, as `Catalog::load` does: an instance
+    // records the digest it was provisioned or upgraded with, and one that
+    // differs from the catalog's at the same version is behind (C8).
+    Catalog::from_entries(entries.map(|mut entry| {
+        entry.spec_digest = entry.digest();
+        entry
+    }))
 }
 
-/// The Helm type's chart at a catalog version.
-fn helm_chart(version: u32) -> stead::core::release::HelmChart {
+/// The Helm type's chart at a catalog version and spec edition.
+fn helm_chart(version: &str, edition: u32) -> stead::core::release::HelmChart {
     stead::core::release::HelmChart {
         chart: "charts/app".into(),
-        chart_version: version.to_string(),
+        chart_version: version.to_owned(),
         namespace: "{instance}".into(),
-        values: serde_json::json!({"host": "{instance}.example"}),
+        values: serde_json::json!({"host": "{instance}.example", "edition": edition}),
     }
 }
 
@@ -1490,11 +1588,28 @@ async fn check_queue(
 }
 
 /// Maintenance windows, assigned round-robin; `None` upgrades at once.
-const WINDOWS: [Option<&str>; 4] = [
-    None,
-    // Two minutes: a failed upgrade's retries outlive it (a retry must wait
-    // for the next opening, as the first run did).
-    Some("daily 02:00-02:02"),
-    Some("mon-fri 22:00-02:00 Europe/Paris"),
-    Some("sat,sun 01:30-04:00 America/New_York"),
-];
+/// Two are fixed (local times in zones with daylight saving); two open
+/// a while after the run starts (madsim starts each seed at its own time of
+/// day), so windowed upgrades run, fail and are retried inside the run.
+/// They are minutes long: a failed upgrade's retries outlive them, and a
+/// retry must wait for the next opening as the first run did (C8).
+fn windows(start: Timestamp) -> [Option<String>; 5] {
+    let daily = |after_mins: i64, len_mins: i64| {
+        let open = (start + jiff::SignedDuration::from_mins(after_mins))
+            .to_zoned(jiff::tz::TimeZone::UTC)
+            .time();
+        let close = open + jiff::SignedDuration::from_mins(len_mins);
+        Some(format!(
+            "daily {}-{}",
+            open.strftime("%H:%M"),
+            close.strftime("%H:%M")
+        ))
+    };
+    [
+        None,
+        daily(75, 2),
+        Some("mon-fri 22:00-02:00 Europe/Paris".into()),
+        Some("sat,sun 01:30-04:00 America/New_York".into()),
+        daily(200, 3),
+    ]
+}

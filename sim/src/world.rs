@@ -187,10 +187,17 @@ pub struct SwarmFaults {
     /// own: the other faults' draws stay what they were.
     proxy_restart_on_read: f64,
     mid_pass_rng: Mutex<ChaCha8Rng>,
+    /// How the seed spells versions, to read one back from a container name.
+    pub versions: VersionScheme,
 }
 
 impl SwarmFaults {
-    pub fn new(mix: FaultMix, seed: u64, counts: Arc<FaultCounts>) -> Self {
+    pub fn new(
+        mix: FaultMix,
+        seed: u64,
+        counts: Arc<FaultCounts>,
+        versions: VersionScheme,
+    ) -> Self {
         let mut mid_pass_rng = ChaCha8Rng::seed_from_u64(seed ^ 0x9e37_79b9_7f4a_7c15);
         let proxy_restart_on_read = if mid_pass_rng.random_bool(0.3) {
             0.0
@@ -210,14 +217,18 @@ impl SwarmFaults {
             bad_versions: Arc::default(),
             proxy_restart_on_read,
             mid_pass_rng: Mutex::new(mid_pass_rng),
+            versions,
         }
     }
 
     /// Whether a container name (`stead.<instance>.<service>.<version>.
     /// <digest>`) is of a broken catalog version.
     fn of_bad_version(&self, container: &str) -> bool {
-        let mut parts = container.split('.');
-        let version = parts.nth(3).and_then(|v| v.parse::<u32>().ok());
+        // The first three dots end the prefix, the instance and the
+        // service; the last one begins the spec digest.
+        let revision = container.splitn(4, '.').nth(3).unwrap_or_default();
+        let version = revision.rsplit_once('.').map_or(revision, |(v, _)| v);
+        let version = self.versions.number(version);
         version.is_some_and(|v| self.bad_versions.lock().expect("poisoned").contains(&v))
     }
 
@@ -403,6 +414,11 @@ pub struct Actors {
     pub deploys: AtomicU64,
     /// The catalog's version of the service type; operators bump it.
     pub catalog_version: AtomicU32,
+    /// How the seed spells versions.
+    pub versions: VersionScheme,
+    /// The catalog's spec edition: operators change the services' spec
+    /// without a new version (C8: an upgrade like any other).
+    pub spec_edition: AtomicU32,
     /// A service the catalog's current version no longer lists: an
     /// operator's bump dropped it (the upgrade retires it), a later bump
     /// may list it again (the upgrade creates it anew).
@@ -686,6 +702,14 @@ impl Actors {
                 self.uninstall_by_hand(instance.name.as_str());
                 self.counts.bump("operator uninstalled by hand");
             }
+            5 if pick % 3 == 0 => {
+                // The catalog's spec changes under the same version (an
+                // image digest, an argument): version drift upgrades every
+                // instance that records the old spec, as for a new version.
+                self.spec_edition.fetch_add(1, Ordering::Relaxed);
+                self.counts
+                    .bump("operator changed the spec without a new version");
+            }
             5 => {
                 // Another tool's release appears: never ours to delete (S8).
                 let name = format!("foreign-{pick}");
@@ -714,11 +738,23 @@ impl Actors {
                 }
                 let version = self.catalog_version.fetch_add(1, Ordering::Relaxed) + 1;
                 self.counts.bump("operator bumped catalog");
+                if pick % 3 == 2 {
+                    // The release of an instance now behind the catalog is
+                    // gone before the daemons plan its upgrade: drift must
+                    // reprovision it first, and no upgrade may race that
+                    // (C5 before C8).
+                    self.uninstall_by_hand(instance.name.as_str());
+                    self.counts
+                        .bump("operator uninstalled a release the new version upgrades");
+                }
                 if self.rng.lock().expect("poisoned").random_ratio(1, 4) {
                     self.bad_versions.lock().expect("poisoned").insert(version);
                     self.counts.bump("operator published a broken version");
                 }
-                if self.rng.lock().expect("poisoned").random_ratio(1, 2) {
+                // Only a version stead can order can be ahead of a catalog
+                // (an opaque one differing from the catalog's is behind it).
+                if self.versions.ordered() && self.rng.lock().expect("poisoned").random_ratio(1, 2)
+                {
                     // The operator's CLI has the new catalog before the
                     // daemons are restarted with it: an instance created
                     // now is at a version the workers do not have yet
@@ -843,7 +879,9 @@ impl Actors {
         let n = self.created.fetch_add(1, Ordering::Relaxed);
         let now = self.clock.now();
         let ttl = (pick % 2 == 0).then(|| Duration::from_secs(600 + (pick as u64 % 10_000)));
-        let version = self.catalog_version.load(Ordering::Relaxed).to_string();
+        let version = self
+            .versions
+            .render(self.catalog_version.load(Ordering::Relaxed));
         // Some are of the Helm type: their provision installs a chart and
         // must create no container.
         let helm = pick % 4 == 1;
@@ -1017,6 +1055,75 @@ pub const SERVICE_TYPE: &str = "app";
 /// provisioner), so no container, route or recovery may ever touch them,
 /// and its upgrades go through the provisioner.
 pub const HELM_TYPE: &str = "chart";
+
+/// How a seed spells its catalog versions (drawn from the seed, so every
+/// other draw stays as it was). The counter behind each version (1, 2, ...)
+/// is the world's truth; how stead orders them is the rule under test:
+/// numeric versions compare numerically (C8: never a downgrade), any other
+/// version is behind whenever it differs from the catalog's.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum VersionScheme {
+    /// `3`
+    Plain,
+    /// `2.0.11`: the patch crosses 9 to 10 at the second bump, where a
+    /// comparison of strings would go wrong.
+    Semver,
+    /// `v3.0`
+    Prefixed,
+    /// `1.0.0.0.0.0.0.0.3`: more components than stead compares, so an
+    /// opaque version.
+    Long,
+    /// `build-3`: not numeric, an opaque version.
+    Named,
+}
+
+impl VersionScheme {
+    pub fn of_seed(seed: u64) -> Self {
+        match (seed / 3) % 5 {
+            0 => Self::Plain,
+            1 => Self::Semver,
+            2 => Self::Prefixed,
+            3 => Self::Long,
+            _ => Self::Named,
+        }
+    }
+
+    /// The catalog's spelling of version `n`.
+    pub fn render(self, n: u32) -> String {
+        match self {
+            Self::Plain => n.to_string(),
+            Self::Semver => format!("2.0.{}", n + 8),
+            Self::Prefixed => format!("v{n}.0"),
+            Self::Long => format!("1.0.0.0.0.0.0.0.{n}"),
+            Self::Named => format!("build-{n}"),
+        }
+    }
+
+    /// The counter behind a version this scheme rendered.
+    pub fn number(self, version: &str) -> Option<u32> {
+        match self {
+            Self::Plain => version.parse().ok(),
+            Self::Semver => version
+                .strip_prefix("2.0.")?
+                .parse::<u32>()
+                .ok()?
+                .checked_sub(8),
+            Self::Prefixed => version.strip_prefix('v')?.strip_suffix(".0")?.parse().ok(),
+            Self::Long => version.strip_prefix("1.0.0.0.0.0.0.0.")?.parse().ok(),
+            Self::Named => version.strip_prefix("build-")?.parse().ok(),
+        }
+    }
+
+    /// Whether stead can order these versions (numeric ones): only then can
+    /// an instance be ahead of a catalog without being upgraded back.
+    pub fn ordered(self) -> bool {
+        matches!(self, Self::Plain | Self::Semver | Self::Prefixed)
+    }
+}
+
+/// A service type the catalog does not list (removed while instances of it
+/// remained).
+pub const LEGACY_TYPE: &str = "legacy";
 
 /// Instances of the Helm type are named so the checker knows them at once.
 pub fn helm_instance_name(k: usize) -> InstanceName {

@@ -86,6 +86,10 @@ pub const METRICS: &[Metric] = &[
         "stead_orphan_releases",
         "Live releases no instance owns, at the last drift check (C5); never deleted.",
     ),
+    gauge(
+        "stead_unknown_type_instances",
+        "Ready instances whose service type the catalog does not list, at the last version-drift check (C8); never upgraded.",
+    ),
     counter(
         "stead_recoveries_total",
         "Services the recovery pass started or restarted.",

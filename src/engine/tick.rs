@@ -415,6 +415,13 @@ impl Reconciler {
                 .count();
             metrics::gauge!("stead_orphan_releases").set(orphans as f64);
         }
+        if check == Check::VersionDrift {
+            let unknown = reports
+                .iter()
+                .filter(|r| matches!(r, crate::core::plan::Report::UnknownServiceType { .. }))
+                .count();
+            metrics::gauge!("stead_unknown_type_instances").set(unknown as f64);
+        }
         let now: BTreeMap<String, Level> =
             reports.iter().map(|r| (r.to_string(), r.level())).collect();
         let mut reported = self.reported.lock().expect("reported poisoned");

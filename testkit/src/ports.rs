@@ -213,6 +213,15 @@ pub enum Effect {
         now: Timestamp,
         freed: u64,
     },
+    /// A worker put its failed task back in the queue to run again at
+    /// `run_after` (its backoff, and for an upgrade its window's next
+    /// opening: C8).
+    TaskRetried {
+        task: i64,
+        instance: i64,
+        kind: stead::core::fleet::TaskKind,
+        run_after: Timestamp,
+    },
     /// An instance moved along its lifecycle.
     InstanceState {
         instance: InstanceName,

@@ -871,9 +871,19 @@ impl Store for MemoryStore {
     ) -> Result<bool, StoreError> {
         let mut state = self.call()?;
         let requeued = state.finish(id, worker, TaskState::Queued, Some(error), now);
-        if requeued {
+        let retried = requeued.then(|| {
             let task = state.tasks.get_mut(&id).expect("just finished");
             task.run_after = normalize_timestamp(run_after);
+            (task.instance, task.kind, task.run_after)
+        });
+        drop(state);
+        if let Some((instance, kind, run_after)) = retried {
+            self.tell(|| Effect::TaskRetried {
+                task: id,
+                instance,
+                kind,
+                run_after,
+            });
         }
         Ok(requeued)
     }

@@ -144,9 +144,6 @@ impl Planner<'_, '_> {
             limit
         };
         let mut slots = limit.saturating_sub(self.upgrades_in_flight);
-        if slots == 0 {
-            return plan;
-        }
         let own_team = if snapshot.config.broken == Some(Mutant::IgnoreOwnTeam) {
             ""
         } else {
@@ -159,10 +156,13 @@ impl Planner<'_, '_> {
             let rolling = (!self.halted(entry)).then_some(entry);
             types.insert(entry.service_type.as_str(), rolling);
         }
+        // Instances of unknown types are reported every tick, a full fleet
+        // limit or not: a report that came and went with the free slots
+        // would log its warning again each time it came back.
         let mut candidates: Vec<(&Instance, &CatalogEntry)> = Vec::new();
         for instance in &snapshot.instances {
             match types.get(instance.service_type.as_str()) {
-                Some(Some(entry)) if self.upgradable(instance, entry) => {
+                Some(Some(entry)) if slots > 0 && self.upgradable(instance, entry) => {
                     candidates.push((instance, entry))
                 }
                 Some(_) => {}

@@ -784,12 +784,14 @@ impl Checker {
         let Some(reported) = gauges.gauge("stead_unknown_type_instances") else {
             return;
         };
+        let mut s = self.lock();
         let unknown: Vec<&str> = instances
             .iter()
-            .filter(|i| i.state == InstanceState::Ready && !is_catalog_type(&i.service_type))
+            .filter(|i| {
+                i.state == InstanceState::Ready && !s.catalog_digests.contains_key(&i.service_type)
+            })
             .map(|i| i.name.as_str())
             .collect();
-        let mut s = self.lock();
         s.check(
             "C8 unknown service types reported exactly",
             reported == unknown.len() as f64,
@@ -1886,12 +1888,6 @@ impl Checker {
         let detail = format!("{id}: intervention #{k} at {now} too soon after the previous one");
         s.check("S6 budget", gap_ok, || detail);
     }
-}
-
-/// Whether the sim's catalog lists `service_type` (it lists every type
-/// but the legacy one, always).
-fn is_catalog_type(service_type: &str) -> bool {
-    service_type == crate::world::SERVICE_TYPE || service_type == crate::world::HELM_TYPE
 }
 
 /// Upper bound of the budget's cap, used by the liveness deadline.

@@ -406,21 +406,14 @@ impl Reconciler {
 
     /// Logs a planner's reports once per change: each when it first
     /// appears, at its level, and once at info when it no longer does. The
-    /// count of orphan releases stays visible as a gauge.
+    /// counts an operator alerts on stay visible as gauges, each set by the
+    /// check that reports it (to zero when it reports none).
     fn log_reports(&self, check: Check, reports: &[crate::core::plan::Report]) {
-        if check == Check::Drift {
-            let orphans = reports
-                .iter()
-                .filter(|r| matches!(r, crate::core::plan::Report::OrphanRelease { .. }))
-                .count();
-            metrics::gauge!("stead_orphan_releases").set(orphans as f64);
-        }
-        if check == Check::VersionDrift {
-            let unknown = reports
-                .iter()
-                .filter(|r| matches!(r, crate::core::plan::Report::UnknownServiceType { .. }))
-                .count();
-            metrics::gauge!("stead_unknown_type_instances").set(unknown as f64);
+        for (owner, gauge, counts) in REPORT_GAUGES {
+            if owner == check {
+                let n = reports.iter().filter(|r| counts(r)).count();
+                metrics::gauge!(gauge).set(n as f64);
+            }
         }
         let now: BTreeMap<String, Level> =
             reports.iter().map(|r| (r.to_string(), r.level())).collect();
@@ -643,3 +636,17 @@ pub fn new_traceparent(rng: &mut impl Rng) -> String {
     let span: u64 = rng.random::<u64>() | 1;
     format!("00-{trace:032x}-{span:016x}-01")
 }
+
+/// A gauge counting one kind of a check's reports.
+type ReportGauge = (Check, &'static str, fn(&crate::core::plan::Report) -> bool);
+
+/// The reports an operator alerts on, each counted by the check that
+/// reports it.
+const REPORT_GAUGES: [ReportGauge; 2] = [
+    (Check::Drift, "stead_orphan_releases", |r| {
+        matches!(r, crate::core::plan::Report::OrphanRelease { .. })
+    }),
+    (Check::VersionDrift, "stead_unknown_type_instances", |r| {
+        matches!(r, crate::core::plan::Report::UnknownServiceType { .. })
+    }),
+];

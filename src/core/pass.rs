@@ -685,11 +685,16 @@ pub fn plan_fleet_pass(
         Some(held) if !bad_rows => routes_of_gone_instances(held, &instances),
         _ => Vec::new(),
     };
-    let (deleted, recover): (Vec<Instance>, Vec<Instance>) =
-        instances.into_iter().partition(|i| !is_recovered(i));
+    // In place: the listing becomes the recovery list (a pass over 100k
+    // instances would otherwise copy and regrow two vectors of them).
+    let mut recover = instances;
+    let forget = recover
+        .extract_if(.., |i| !is_recovered(i))
+        .map(|i| i.name)
+        .collect();
     FleetPassPlan {
         withdraw,
-        forget: deleted.into_iter().map(|i| i.name).collect(),
+        forget,
         recover,
     }
 }

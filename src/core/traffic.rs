@@ -22,10 +22,15 @@ pub fn routes_of(held: &HeldRoutes, instance: &InstanceName) -> HeldRoutes {
         instance: instance.clone(),
         service: ServiceName::least(),
     };
-    held.range(first..)
-        .take_while(|(key, _)| &key.instance == instance)
-        .map(|(key, port)| (key.clone(), *port))
-        .collect()
+    // Inserted one by one: `collect` would gather and sort a vector first,
+    // which for an instance's few routes costs more than the map itself.
+    let mut routes = HeldRoutes::new();
+    routes.extend(
+        held.range(first..)
+            .take_while(|(key, _)| &key.instance == instance)
+            .map(|(key, port)| (key.clone(), *port)),
+    );
+    routes
 }
 
 /// Routes of instances that are gone: deleted, or unknown to the store

@@ -290,13 +290,13 @@ impl State {
             let Some(instance) = self.instances.get(id) else {
                 continue;
             };
-            let active = ActiveRecord {
-                services: State::of_instance(&self.active, *id, (*id, ServiceName::least()), |k| {
-                    k.0
-                })
-                .map(|((_, service), record)| (service.clone(), record.clone()))
-                .collect(),
-            };
+            // Inserted one by one, as a SQL store decodes rows: `collect`
+            // would gather and sort a vector first.
+            let mut active = ActiveRecord::default();
+            active.services.extend(
+                State::of_instance(&self.active, *id, (*id, ServiceName::least()), |k| k.0)
+                    .map(|((_, service), record)| (service.clone(), record.clone())),
+            );
             let inhibitions = State::of_instance(
                 &self.inhibitions,
                 *id,

@@ -197,7 +197,11 @@ impl Recoverer {
                     }
                     (Some(lock_until), Some(Ok(row))) => {
                         let mandate = Mandate { fence, lock_until };
-                        self.drive(row, &mandate, held, deadline).await
+                        // Boxed: a drive's state is a few kilobytes, and
+                        // every instance's future is moved several times
+                        // into the batch's join; boxed, only the driven
+                        // ones pay for it, once.
+                        Box::pin(self.drive(row, &mandate, held, deadline)).await
                     }
                 };
                 (name, outcome)

@@ -58,11 +58,12 @@ async fn steady_round_trips_with(shape: FleetShape, policy: &RecoveryPolicy, hoo
         notifier: Arc::new(MemoryNotifier::new(hooks)),
     };
     let ttl = reconciler_lease_ttl(Duration::from_secs(30), policy.instance_deadline);
+    let locks = Arc::new(InstanceLocks::new(store.clone()));
     let recoverer = Recoverer::new(
         ports,
         policy.clone(),
         Default::default(),
-        Arc::new(InstanceLocks::new(store.clone())),
+        locks.clone(),
         "a/recovery".into(),
         Arc::new(LeaseGuard::new("a".into(), ttl, LEASE_MARGIN)),
     );
@@ -81,6 +82,13 @@ async fn steady_round_trips_with(shape: FleetShape, policy: &RecoveryPolicy, hoo
         assert!(
             reports.clone().all(|r| !r.intervened),
             "a steady fleet is left alone ({pass} pass)"
+        );
+        // Released locks are forgotten in-process too: the map does not
+        // grow with every instance the process ever locked.
+        assert_eq!(
+            locks.local_entries(),
+            0,
+            "in-process lock entries left after the {pass} pass"
         );
         if pass == "steady" {
             return store.n_calls() - before;

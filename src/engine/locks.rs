@@ -27,9 +27,13 @@ use crate::ports::{LoadedInstances, Store, StoreError};
 /// Pause between tries of a waiting [`InstanceLocks::lock`].
 const LOCK_RETRY_INTERVAL: Duration = Duration::from_millis(100);
 
+/// The in-process lock of each instance this process holds, waits for or
+/// has just released.
+type LocalLocks = Mutex<FastMap<InstanceId, Arc<tokio::sync::Mutex<()>>>>;
+
 /// Per-instance locks of one process.
 pub struct InstanceLocks {
-    local: Mutex<FastMap<InstanceId, Arc<tokio::sync::Mutex<()>>>>,
+    local: Arc<LocalLocks>,
     store: Arc<dyn Store>,
 }
 
@@ -50,7 +54,9 @@ pub enum LockError {
 /// leaves its row to expire by the database's clock, as a killed process
 /// would: a guard never acts from a destructor.
 pub struct InstanceGuard {
-    _local: OwnedMutexGuard<()>,
+    local: OwnedMutexGuard<()>,
+    /// Where the in-process lock came from, to forget it once released.
+    locals: Arc<LocalLocks>,
     store: Arc<dyn Store>,
     instance: InstanceId,
     holder: String,
@@ -63,7 +69,7 @@ pub struct InstanceGuard {
 impl InstanceLocks {
     pub fn new(store: Arc<dyn Store>) -> Self {
         Self {
-            local: Mutex::default(),
+            local: Arc::default(),
             store,
         }
     }
@@ -116,12 +122,23 @@ impl InstanceLocks {
         Ok((self.guards(local, &locked, holder, sent, ttl), loaded))
     }
 
-    /// The in-process locks of `instances` that are free, taken.
+    /// The in-process locks of `instances` that are free, taken (the map
+    /// locked once for the whole batch).
     fn try_local(&self, instances: &[InstanceId]) -> Vec<(InstanceId, OwnedMutexGuard<()>)> {
+        let mut local = self.local.lock().unwrap_or_else(|e| e.into_inner());
         instances
             .iter()
-            .filter_map(|&id| Some((id, self.local(id).try_lock_owned().ok()?)))
+            .filter_map(|&id| {
+                let mutex = local.entry(id).or_default().clone();
+                Some((id, mutex.try_lock_owned().ok()?))
+            })
             .collect()
+    }
+
+    /// How many instances have an in-process lock entry (held, waited
+    /// for, or not yet forgotten).
+    pub fn local_entries(&self) -> usize {
+        self.local.lock().unwrap_or_else(|e| e.into_inner()).len()
     }
 
     /// Guards for the instances the store locked (in-process locks of the
@@ -136,11 +153,15 @@ impl InstanceLocks {
     ) -> Vec<InstanceGuard> {
         let locked: BTreeSet<InstanceId> = locked.iter().copied().collect();
         let trusted_until = sent + (ttl - trust_margin(ttl));
-        local
+        let (taken, busy): (Vec<_>, Vec<_>) =
+            local.into_iter().partition(|(id, _)| locked.contains(id));
+        let busy: Vec<InstanceId> = busy.into_iter().map(|(id, _)| id).collect();
+        forget_unused(&self.local, &busy);
+        taken
             .into_iter()
-            .filter(|(id, _)| locked.contains(id))
             .map(|(instance, local)| InstanceGuard {
-                _local: local,
+                local,
+                locals: self.local.clone(),
                 store: self.store.clone(),
                 instance,
                 holder: holder.to_owned(),
@@ -160,6 +181,9 @@ impl InstanceLocks {
             // The rows expire by themselves; until then the instances are busy.
             tracing::warn!(instances = ?ids, error = %e, "instance locks not released; they will expire");
         }
+        let locals = first.locals.clone();
+        drop(guards);
+        forget_unused(&locals, &ids);
     }
 
     /// Waits for the lock, at most `wait_max`.
@@ -186,7 +210,8 @@ impl InstanceLocks {
                 .await?;
             if locked.contains(&instance) {
                 return Ok(InstanceGuard {
-                    _local: local,
+                    local,
+                    locals: self.local.clone(),
                     store: self.store.clone(),
                     instance,
                     holder: holder.to_owned(),
@@ -225,6 +250,27 @@ impl InstanceGuard {
         {
             // The row expires by itself; until then the instance is busy.
             tracing::warn!(instance = self.instance, error = %e, "instance lock not released; it will expire");
+        }
+        let Self {
+            local,
+            locals,
+            instance,
+            ..
+        } = self;
+        drop(local);
+        forget_unused(&locals, &[instance]);
+    }
+}
+
+/// Forgets the in-process locks of `instances` that nobody holds or waits
+/// for, so that the map does not keep every instance this process ever
+/// locked (deleted ones included). Safe under the map's mutex: a holder or
+/// a waiter has a clone of the entry, and clones are only made under it.
+fn forget_unused(locals: &LocalLocks, instances: &[InstanceId]) {
+    let mut local = locals.lock().unwrap_or_else(|e| e.into_inner());
+    for id in instances {
+        if local.get(id).is_some_and(|m| Arc::strong_count(m) == 1) {
+            local.remove(id);
         }
     }
 }

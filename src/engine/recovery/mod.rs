@@ -180,6 +180,9 @@ impl Recoverer {
         // round trips and the passes overlap; at most `instances_at_once`
         // instances are driven at a time.
         let mut batches = plan.recover.chunks(self.policy.instances_at_once.max(1));
+        // Gathered in listing order and keyed once at the end: a bulk build
+        // from a (mostly) sorted vector, not a search per instance.
+        let mut instances = Vec::with_capacity(plan.recover.len());
         let mut current = match batches.next() {
             Some(batch) => Some((batch, self.take_batch(batch).await)),
             None => None,
@@ -213,8 +216,9 @@ impl Recoverer {
                 metrics::counter!("stead_recovery_busy_skips_total", "by" => "pass")
                     .increment(busy as u64);
             }
-            outcome.instances.extend(results);
+            instances.extend(results);
         }
+        outcome.instances = instances.into_iter().collect();
         outcome
     }
 }

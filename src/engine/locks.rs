@@ -114,7 +114,7 @@ impl InstanceLocks {
     ) -> Result<(Vec<InstanceGuard>, Result<LoadedInstances, StoreError>), StoreError> {
         let local = self.try_local(instances);
         if local.is_empty() {
-            return Ok((Vec::new(), Ok(LoadedInstances::new())));
+            return Ok((Vec::new(), Ok(LoadedInstances::default())));
         }
         let ids: Vec<InstanceId> = local.iter().map(|(id, _)| *id).collect();
         let sent = Instant::now();

@@ -17,6 +17,7 @@ pub use crate::core::errors::{
 use crate::core::fleet::{
     Instance, InstanceId, InstanceState, NewTask, RolloutState, Task, TaskId,
 };
+use crate::core::hash::FastMap;
 use crate::core::spec::{ReadinessProbe, ServiceSpec};
 use crate::core::types::{
     ActiveRecord, ActiveService, Binds, ContainerId, ContainerStatus, GenerationKey, Health,
@@ -335,7 +336,11 @@ pub struct LoadedInstance {
 /// What [`Store::load_instances`] found: per instance that still exists,
 /// its rows, or the error its own rows gave (one tenant's bad row never
 /// hides the others).
-pub type LoadedInstances = BTreeMap<InstanceId, Result<LoadedInstance, StoreError>>;
+///
+/// Hashed, not ordered: the pass takes each instance's rows out by id, and
+/// rows of a few hundred bytes would be shifted inside an ordered map's
+/// nodes on every removal.
+pub type LoadedInstances = FastMap<InstanceId, Result<LoadedInstance, StoreError>>;
 
 /// Durable state and the task queue.
 #[async_trait]
@@ -587,7 +592,7 @@ pub trait Store: Send + Sync {
     ) -> Result<(Vec<InstanceId>, Result<LoadedInstances, StoreError>), StoreError> {
         let locked = self.try_lock_instances(instances, holder, ttl).await?;
         let loaded = if locked.is_empty() {
-            Ok(LoadedInstances::new())
+            Ok(LoadedInstances::default())
         } else {
             self.load_instances(&locked).await
         };

@@ -285,7 +285,7 @@ impl State {
 
     /// What [`Store::load_instances`] reads of `ids`.
     fn load(&self, ids: &[InstanceId]) -> LoadedInstances {
-        let mut loaded = LoadedInstances::new();
+        let mut loaded = LoadedInstances::default();
         for id in ids {
             let Some(instance) = self.instances.get(id) else {
                 continue;

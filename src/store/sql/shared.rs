@@ -294,7 +294,7 @@ macro_rules! impl_sql_store {
                 ids: &[InstanceId],
             ) -> Result<LoadedInstances, StoreError> {
                 if ids.is_empty() {
-                    return Ok(LoadedInstances::new());
+                    return Ok(LoadedInstances::default());
                 }
                 let (instances, active, inhibitions) = self.load_batch(ids).await?;
                 Ok(assemble_loaded(instances, active, inhibitions))
@@ -673,7 +673,7 @@ macro_rules! impl_sql_store {
                 ttl: Duration,
             ) -> Result<(Vec<InstanceId>, Result<LoadedInstances, StoreError>), StoreError> {
                 if instances.is_empty() {
-                    return Ok((Vec::new(), Ok(LoadedInstances::new())));
+                    return Ok((Vec::new(), Ok(LoadedInstances::default())));
                 }
                 let (locked, rows) = self.lock_and_load_batch(instances, holder, ttl).await?;
                 let loaded = rows.map(|(instances, active, inhibitions)| {

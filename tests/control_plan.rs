@@ -15,15 +15,16 @@ use stead::core::fleet::{
     Instance, InstanceState, RetryDecision, RolloutState, Task, TaskKind, TaskState,
 };
 use stead::core::plan::{
-    halt_after_failed_upgrade, is_behind, is_older, plan_drift, plan_lease_expiry, plan_ttl,
-    plan_version_drift, upgrade_retry_at, ControlConfig, Decision, Level, Plan, Report, Snapshot,
+    halt_after_failed_upgrade, is_behind, is_older, upgrade_retry_at, ControlConfig, Decision,
+    Level, Plan, Report, Snapshot,
 };
 use stead::core::types::InstanceName;
 use stead::ports::Release;
 
 use planners::{
     apply_as_store, check_idempotent, check_in_flight_limit, check_no_duplicate_active_tasks,
-    check_plan_shape, plan_tick, InstanceSeed, World, WorldSeed,
+    check_plan_shape, plan_drift, plan_lease_expiry, plan_tick, plan_ttl, plan_version_drift,
+    InstanceSeed, World, WorldSeed,
 };
 
 const NOW: &str = "2026-11-30T12:00:00Z"; // a Monday

@@ -17,11 +17,31 @@ use stead::core::fleet::{
     add, Instance, InstanceId, InstanceState, NewTask, Release, RolloutState, Task, TaskId,
     TaskKind, TaskState, CANCELLED_BY_DELETION,
 };
-use stead::core::plan::{
-    plan_drift, plan_lease_expiry, plan_ttl, plan_version_drift, ControlConfig, Decision, Plan,
-    Report, Snapshot,
-};
+use stead::core::plan::{ControlConfig, Decision, Plan, Planner, Report, Snapshot};
 use stead::core::types::{InstanceName, Timestamp};
+
+// Each check on its own, as the tests judge them; the engine runs all four
+// on one `Planner` a tick, so these live with the tests, not in the core.
+
+/// C5 on its own; see [`Planner::drift`].
+pub fn plan_drift(snapshot: &Snapshot<'_>) -> Plan {
+    Planner::new(snapshot).drift()
+}
+
+/// C6 on its own; see [`Planner::lease_expiry`].
+pub fn plan_lease_expiry(snapshot: &Snapshot<'_>) -> Plan {
+    Planner::new(snapshot).lease_expiry()
+}
+
+/// C7 on its own; see [`Planner::ttl`].
+pub fn plan_ttl(snapshot: &Snapshot<'_>) -> Plan {
+    Planner::new(snapshot).ttl()
+}
+
+/// C8 on its own; see [`Planner::version_drift`].
+pub fn plan_version_drift(snapshot: &Snapshot<'_>) -> Plan {
+    Planner::new(snapshot).version_drift()
+}
 
 /// The whole tick's plan: the four checks in the engine's order (drift,
 /// lease expiry, TTL, version drift), each on the same snapshot, as the

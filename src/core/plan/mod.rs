@@ -373,23 +373,3 @@ fn ttl_expires(instance: &Instance, now: Timestamp, kinds: ActiveKinds) -> bool 
         && (instance.state == InstanceState::Deleting || is_expired(instance, now))
         && !kinds.has(TaskKind::Deprovision)
 }
-
-/// C5 on its own; see [`Planner::drift`].
-pub fn plan_drift(snapshot: &Snapshot<'_>) -> Plan {
-    Planner::new(snapshot).drift()
-}
-
-/// C6 on its own; see [`Planner::lease_expiry`].
-pub fn plan_lease_expiry(snapshot: &Snapshot<'_>) -> Plan {
-    Planner::new(snapshot).lease_expiry()
-}
-
-/// C7 on its own; see [`Planner::ttl`].
-pub fn plan_ttl(snapshot: &Snapshot<'_>) -> Plan {
-    Planner::new(snapshot).ttl()
-}
-
-/// C8 on its own; see [`Planner::version_drift`].
-pub fn plan_version_drift(snapshot: &Snapshot<'_>) -> Plan {
-    Planner::new(snapshot).version_drift()
-}

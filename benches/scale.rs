@@ -17,7 +17,10 @@
 //! `STEAD_BENCH_PASSES` the timed passes per size (so that a profile of
 //! the run is mostly passes, not the fleet's building);
 //! `STEAD_BENCH_SCALE_BACKENDS` picks runs (default
-//! `memory,sqlite,postgres,slow`).
+//! `memory,sqlite,postgres,slow`); `STEAD_BENCH_METRICS=1` installs the
+//! daemon's Prometheus recorder first, so every counter the pass bumps
+//! costs what it costs in the daemon (without it, the `metrics` macros
+//! find no recorder and do almost nothing).
 //! Outside `cargo bench` (the CI smoke run) it runs the 1k in-memory fleet
 //! once and checks the pass is steady.
 
@@ -357,6 +360,9 @@ fn main() {
         runtime.block_on(measure("memory", 1_000, 1));
         println!("scale: the full run is `cargo bench --bench scale`");
         return;
+    }
+    if std::env::var_os("STEAD_BENCH_METRICS").is_some() {
+        let _ = stead::daemon::metrics::handle();
     }
     let max = std::env::var("STEAD_BENCH_SCALE_MAX")
         .ok()

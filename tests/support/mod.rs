@@ -53,7 +53,7 @@ impl TestStore {
     pub async fn take_down(&self) {
         match &self.backend {
             Backend::Memory(store) => store.set_unavailable(true),
-            Backend::Sqlite { store, .. } => store.close().await,
+            Backend::Sqlite { store, .. } => store.pool().close().await,
             Backend::Postgres { store, .. } => store.pool().close().await,
         }
     }

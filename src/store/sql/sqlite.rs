@@ -88,15 +88,6 @@ const CONNECTIONS_MAX: u32 = 4;
 #[derive(Clone, Debug)]
 pub struct SqliteStore {
     pool: SqlitePool,
-    /// One connection for the writes a recovery pass streams (each batch's
-    /// lock-and-load and unlock) and for every write transaction. SQLite
-    /// admits one writer at a time anyway: two connections writing at once
-    /// meet in its busy handler, which sleeps, and every commit on one
-    /// connection empties the page caches of the others, so each batch
-    /// read its pages again. Queued on one connection, the writes wait
-    /// for each other without sleeping and find their pages cached (a
-    /// steady 10,000-instance pass: about 30% less CPU, docs/operations.md).
-    writer: SqlitePool,
 }
 
 impl SqliteStore {
@@ -113,34 +104,19 @@ impl SqliteStore {
         let create = url.contains("mode=rwc");
         let pool = SqlitePoolOptions::new()
             .max_connections(CONNECTIONS_MAX)
-            .connect_with(options.clone())
-            .await
-            .map_err(|e| open_error(&filename, create, e))?;
-        let writer = SqlitePoolOptions::new()
-            .max_connections(1)
             .connect_with(options)
             .await
             .map_err(|e| open_error(&filename, create, e))?;
-        Ok(Self { pool, writer })
+        Ok(Self { pool })
     }
 
-    /// Wraps a pool the caller configured (it must have foreign keys on);
-    /// its connections write too.
+    /// Wraps a pool the caller configured (it must have foreign keys on).
     pub fn from_pool(pool: SqlitePool) -> Self {
-        Self {
-            writer: pool.clone(),
-            pool,
-        }
+        Self { pool }
     }
 
     pub fn pool(&self) -> &SqlitePool {
         &self.pool
-    }
-
-    /// Closes both pools: every later call fails as unavailable.
-    pub async fn close(&self) {
-        self.pool.close().await;
-        self.writer.close().await;
     }
 
     /// Applies the embedded `migrations/sqlite`.
@@ -158,7 +134,7 @@ impl SqliteStore {
     }
 
     async fn write_transaction(&self) -> Result<Transaction<'static, Sqlite>, StoreError> {
-        self.writer
+        self.pool
             .begin_with("BEGIN IMMEDIATE")
             .await
             .map_err(db_error)
@@ -205,7 +181,7 @@ impl SqliteStore {
         &self,
         query: sqlx::query::Query<'q, Sqlite, sqlx::sqlite::SqliteArguments<'q>>,
     ) -> Result<bool, StoreError> {
-        let done = query.execute(&self.writer).await.map_err(db_error)?;
+        let done = query.execute(&self.pool).await.map_err(db_error)?;
         Ok(done.rows_affected() > 0)
     }
 }
@@ -400,7 +376,7 @@ impl SqliteStore {
             .bind(id_list(ids))
             .bind(holder)
             .bind(lease_to_us(ttl))
-            .fetch_all(&self.writer)
+            .fetch_all(&self.pool)
             .await
             .map_err(db_error)?;
         let locked = rows.iter().map(|(id, ..)| *id).collect();

@@ -281,6 +281,12 @@ fn the_quickstart_runs_twice_after_a_delete_and_after_ctrl_c_stopping_only_what_
     wait_until("served", CONVERGE, || {
         out.text().contains("quickstart: serving")
     });
+    // "serving" can come before the daemon is up: the test's own Caddy
+    // still routes the instance from the runs before, so the script's
+    // first probe succeeds at once. Ctrl-C is meant for a running daemon.
+    wait_until("the daemon leads", CONVERGE, || {
+        err.text().contains("reconciler lease taken by")
+    });
     assert!(admin_answers(&own_caddy));
     signal(-(child.id() as i32), libc::SIGINT);
     let code = wait_exit(&mut child, Duration::from_secs(30));
@@ -499,6 +505,12 @@ async fn a_killed_container_logs_its_withdrawal_start_and_publication_and_a_rest
         get(&d.listen, &format!("http.{name}.localhost")) == 404
     });
     wait_until("served again", CONVERGE, || d.served(&name));
+    // Traffic flows as soon as Caddy has the route; the daemon logs the
+    // publication once Caddy's answer is back, a moment later.
+    let published = format!("published {name}/http");
+    wait_until("publication logged", Duration::from_secs(10), || {
+        d.log.text()[before..].contains(&published)
+    });
     let log = d.log.text()[before..].to_owned();
     let withdrew = lines_with(&log, &format!("withdrew {name}/http"));
     let started = lines_with(

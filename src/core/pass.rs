@@ -41,7 +41,7 @@ use super::retire::{
     decide_marker, inhibition_for, note_verdict, successor_confirmed, successor_routed,
     MarkerDecision, VerifiedThisPass,
 };
-use super::traffic::{routes_of_gone_instances, routes_without_active, HeldRoutes};
+use super::traffic::{routes_of_gone_instances, routes_without_active, FleetRoutes, HeldRoutes};
 use super::types::{
     ActiveRecord, ActiveService, Binds, ContainerId, GenerationKey, Inhibition, InhibitionReason,
     InstanceName, Intent, Observation, RuntimeError, ServiceKey, ServiceName,
@@ -677,7 +677,7 @@ pub fn is_recovered(instance: &Instance) -> bool {
 /// instances listed after them. Rows that failed to decode may hide live
 /// instances: with any, no route is taken for a gone instance's.
 pub fn plan_fleet_pass(
-    held: Option<&HeldRoutes>,
+    held: Option<&FleetRoutes>,
     instances: Vec<Instance>,
     bad_rows: bool,
 ) -> FleetPassPlan {
@@ -732,7 +732,9 @@ mod tests {
 
     #[test]
     fn a_pass_withdraws_gone_instances_forgets_deleted_ones_and_recovers_the_rest() {
-        let held: HeldRoutes = [route("live"), route("deleted"), route("unknown")].into();
+        let held: FleetRoutes = [route("live"), route("deleted"), route("unknown")]
+            .into_iter()
+            .collect();
         let plan = plan_fleet_pass(
             Some(&held),
             vec![
@@ -749,7 +751,7 @@ mod tests {
 
     #[test]
     fn bad_rows_or_unread_routes_withdraw_nothing() {
-        let held: HeldRoutes = [route("unknown")].into();
+        let held: FleetRoutes = [route("unknown")].into_iter().collect();
         let live = || vec![instance(1, "live", InstanceState::Ready)];
         assert!(plan_fleet_pass(Some(&held), live(), true)
             .withdraw

@@ -10,43 +10,60 @@ use std::collections::BTreeMap;
 
 use super::fleet::{Instance, InstanceState};
 use super::hash::FastMap;
-use super::types::{ActiveRecord, InstanceName, ServiceKey, ServiceName};
+use super::types::{ActiveRecord, InstanceName, ServiceKey};
 
 /// The routes a pass found in the proxy: service → loopback host port.
 pub type HeldRoutes = BTreeMap<ServiceKey, u16>;
 
-/// The routes of one instance's services (keys sort by instance first:
-/// a range, not a scan of the fleet).
-pub fn routes_of(held: &HeldRoutes, instance: &InstanceName) -> HeldRoutes {
-    let first = ServiceKey {
-        instance: instance.clone(),
-        service: ServiceName::least(),
-    };
-    // Inserted one by one: `collect` would gather and sort a vector first,
-    // which for an instance's few routes costs more than the map itself.
-    let mut routes = HeldRoutes::new();
-    routes.extend(
-        held.range(first..)
-            .take_while(|(key, _)| &key.instance == instance)
-            .map(|(key, port)| (key.clone(), *port)),
-    );
-    routes
+/// The routes a whole pass found in the proxy, grouped by instance, so
+/// each instance's pass finds its own in one hashed lookup (issue #14: a
+/// range over one fleet-wide ordered map cost every instance a chain of
+/// name comparisons, each a cache miss in a large fleet).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct FleetRoutes {
+    by_instance: FastMap<InstanceName, HeldRoutes>,
+}
+
+impl FromIterator<(ServiceKey, u16)> for FleetRoutes {
+    fn from_iter<I: IntoIterator<Item = (ServiceKey, u16)>>(routes: I) -> Self {
+        let mut by_instance: FastMap<InstanceName, HeldRoutes> = FastMap::default();
+        for (key, port) in routes {
+            by_instance
+                .entry(key.instance.clone())
+                .or_default()
+                .insert(key, port);
+        }
+        Self { by_instance }
+    }
+}
+
+impl FleetRoutes {
+    /// Takes out the routes of one instance's services (its pass is the
+    /// only one that reads them: no copy).
+    pub fn take(&mut self, instance: &InstanceName) -> HeldRoutes {
+        self.by_instance.remove(instance).unwrap_or_default()
+    }
 }
 
 /// Routes of instances that are gone: deleted, or unknown to the store
 /// (another tool's row, or one pruned). Nothing may be routed to them.
 /// `instances` must have been listed *after* the routes were read, so an
-/// instance created in between is in the list.
-pub fn routes_of_gone_instances(held: &HeldRoutes, instances: &[Instance]) -> Vec<ServiceKey> {
+/// instance created in between is in the list. In order.
+pub fn routes_of_gone_instances(held: &FleetRoutes, instances: &[Instance]) -> Vec<ServiceKey> {
     let live: FastMap<&InstanceName, InstanceState> =
         instances.iter().map(|i| (&i.name, i.state)).collect();
-    held.keys()
-        .filter(|key| {
-            live.get(&key.instance)
+    let mut gone: Vec<ServiceKey> = held
+        .by_instance
+        .iter()
+        .filter(|(instance, _)| {
+            live.get(instance)
                 .is_none_or(|state| *state == InstanceState::Deleted)
         })
-        .cloned()
-        .collect()
+        .flat_map(|(_, routes)| routes.keys().cloned())
+        .collect();
+    // The groups come out of a hash map: in order, so the withdrawals do.
+    gone.sort_unstable();
+    gone
 }
 
 /// Routes of one live instance's services that ACTIVE no longer names

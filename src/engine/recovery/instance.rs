@@ -15,7 +15,7 @@ use crate::core::fleet::Instance;
 use crate::core::fleet::InstanceId;
 use crate::core::pass::{is_recovered, Abandon, InstancePass, PassInput};
 use crate::core::policy::INSTANCE_LEASE_SLACK;
-use crate::core::traffic::{routes_of, HeldRoutes};
+use crate::core::traffic::{FleetRoutes, HeldRoutes};
 use crate::core::types::InstanceName;
 use crate::engine::locks::{InstanceGuard, InstanceLocks};
 use crate::engine::{count_port_failure, time_until};
@@ -145,7 +145,7 @@ impl Recoverer {
         &self,
         batch: &[Instance],
         taken: Taken,
-        held: Option<&HeldRoutes>,
+        mut held: Option<&mut FleetRoutes>,
     ) -> Vec<(InstanceName, InstanceOutcome)> {
         let TakenBatch {
             fence,
@@ -172,6 +172,7 @@ impl Recoverer {
             let name = instance.name.clone();
             let lock_until = locked.get(&instance.id).copied();
             let row = loaded.remove(&instance.id);
+            let routes = held.as_deref_mut().map(|held| held.take(&instance.name));
             let fence = fence.clone();
             async move {
                 let outcome = match (lock_until, row) {
@@ -201,7 +202,7 @@ impl Recoverer {
                         // every instance's future is moved several times
                         // into the batch's join; boxed, only the driven
                         // ones pay for it, once.
-                        Box::pin(self.drive(row, &mandate, held, deadline)).await
+                        Box::pin(self.drive(row, &mandate, routes, deadline)).await
                     }
                 };
                 (name, outcome)
@@ -209,6 +210,7 @@ impl Recoverer {
         });
         let outcomes = join_all(passes).await;
         InstanceLocks::release_all(guards).await;
+        record_metrics(outcomes.iter().flat_map(|(_, o)| &o.reports));
         outcomes
     }
 
@@ -217,7 +219,7 @@ impl Recoverer {
         &self,
         row: LoadedInstance,
         mandate: &Mandate,
-        held: Option<&HeldRoutes>,
+        held: Option<HeldRoutes>,
         deadline: Instant,
     ) -> InstanceOutcome {
         let LoadedInstance {
@@ -235,7 +237,7 @@ impl Recoverer {
             intent: instance.intent(),
             active,
             inhibitions,
-            held: held.map(|held| routes_of(held, &instance.name)),
+            held,
             memory,
         };
         let mut pass = InstancePass::new(&self.policy, input);
@@ -271,7 +273,6 @@ impl Recoverer {
             queue.wake(&instance.name, Instant::now() + wait + WAKE_SLACK);
         }
         for service in &report.reports {
-            record_metrics(service);
             log_hold(service, &log);
         }
         metrics::counter!("stead_retirements_total").increment(report.retired.len() as u64);

@@ -9,14 +9,32 @@ use crate::core::recovery::{Command, Outcome, Report, Verdict, Why};
 use crate::core::types::{ContainerStatus, GenerationKey};
 use crate::engine::count_port_failure;
 
-pub(super) fn record_metrics(report: &Report) {
-    metrics::counter!("stead_recovery_verdicts_total", "verdict" => report.verdict.label())
-        .increment(1);
-    if report.intervened {
-        metrics::counter!("stead_recoveries_total").increment(1);
+/// Counts a batch's reports: tallied here and added once per label, not
+/// once per service (with a recorder installed, each increment looks its
+/// counter up in the registry; issue #14).
+pub(super) fn record_metrics<'r>(reports: impl Iterator<Item = &'r Report>) {
+    let mut verdicts = [0u64; Verdict::LABELS.len()];
+    let (mut recoveries, mut start_races) = (0u64, 0u64);
+    for report in reports {
+        let label = report.verdict.label();
+        // Every label is one of LABELS (a core test holds them to it).
+        if let Some(at) = Verdict::LABELS.iter().position(|l| *l == label) {
+            verdicts[at] += 1;
+        }
+        recoveries += u64::from(report.intervened);
+        start_races += u64::from(report.start_race_lost);
     }
-    if report.start_race_lost {
-        metrics::counter!("stead_recovery_start_races_total").increment(1);
+    for (label, count) in Verdict::LABELS.iter().zip(verdicts) {
+        if count > 0 {
+            metrics::counter!("stead_recovery_verdicts_total", "verdict" => *label)
+                .increment(count);
+        }
+    }
+    if recoveries > 0 {
+        metrics::counter!("stead_recoveries_total").increment(recoveries);
+    }
+    if start_races > 0 {
+        metrics::counter!("stead_recovery_start_races_total").increment(start_races);
     }
 }
 

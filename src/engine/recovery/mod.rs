@@ -145,7 +145,7 @@ impl Recoverer {
         // The routes are read before the instances are listed: an instance
         // created in between is listed, so its fresh route is never taken
         // for a gone instance's.
-        let held = self.read_traffic_plane(&mut outcome).await;
+        let mut held = self.read_traffic_plane(&mut outcome).await;
         let mut rows = match self.ports.store.list_instances().await {
             Ok(rows) => rows,
             Err(e) => {
@@ -196,7 +196,7 @@ impl Recoverer {
             }
             let next = batches.next();
             let (results, next_taken) =
-                tokio::join!(self.finish_batch(batch, taken, held.as_ref()), async {
+                tokio::join!(self.finish_batch(batch, taken, held.as_mut()), async {
                     match next {
                         Some(next) => Some((next, self.take_batch(next).await)),
                         None => None,

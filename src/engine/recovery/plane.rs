@@ -1,7 +1,7 @@
 //! The traffic plane as the pass sees it (T5): made sure of and read back
 //! once per pass; routes nothing may be routed by any more withdrawn.
 
-use crate::core::traffic::HeldRoutes;
+use crate::core::traffic::FleetRoutes;
 use crate::core::types::ServiceKey;
 use crate::ports::PlaneCheck;
 
@@ -11,7 +11,10 @@ impl Recoverer {
     /// T5: makes sure of the traffic plane and reads its routes back, one
     /// call each per pass. `None` when the plane did not answer: the pass
     /// then trusts memory, as a targeted pass does.
-    pub(super) async fn read_traffic_plane(&self, outcome: &mut PassOutcome) -> Option<HeldRoutes> {
+    pub(super) async fn read_traffic_plane(
+        &self,
+        outcome: &mut PassOutcome,
+    ) -> Option<FleetRoutes> {
         let traffic = &self.ports.traffic;
         let deadline = self.policy.instance_deadline;
         match tokio::time::timeout(deadline, traffic.ensure()).await {

@@ -350,6 +350,9 @@ async fn slow_runtime() {
 }
 
 fn main() {
+    // As the daemon's `main` does (MIMALLOC_PURGE_DELAY in the
+    // environment overrides it, for an A/B run).
+    stead::daemon::allocator::tune();
     let full = std::env::args().any(|a| a == "--bench");
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
@@ -374,8 +377,9 @@ fn main() {
     runtime.block_on(async {
         println!(
             "steady passes, {SERVICES_PER_INSTANCE} services per instance, {} instances at \
-             once, median of several:",
-            at_once()
+             once, allocator purge delay {} ms, median of several:",
+            at_once(),
+            stead::daemon::allocator::purge_delay_ms()
         );
         let mut rows = Vec::new();
         for n in [1_000, 10_000, 100_000].into_iter().filter(|n| *n <= max) {

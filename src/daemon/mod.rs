@@ -30,6 +30,7 @@ use crate::engine::{Ports, SharedCatalog, SystemClock};
 use crate::ports::{Notifier, NotifyError, Policy, PolicyError, Provisioner, Store};
 
 pub mod admin;
+pub mod allocator;
 pub mod events;
 pub mod human;
 pub mod identity;

@@ -12,7 +12,6 @@
 //! instance; workers and operator commands wait, bounded
 //! ([`InstanceLocks::lock`]).
 
-use std::collections::BTreeSet;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -59,7 +58,8 @@ pub struct InstanceGuard {
     locals: Arc<LocalLocks>,
     store: Arc<dyn Store>,
     instance: InstanceId,
-    holder: String,
+    /// Shared by every guard of one batch.
+    holder: Arc<str>,
     /// Until when the store's row is trusted to be this guard's: like a
     /// lease, it expires by the database's clock, so a holder paused past
     /// it must not act on the instance (another process may hold it now).
@@ -151,10 +151,13 @@ impl InstanceLocks {
         sent: Instant,
         ttl: Duration,
     ) -> Vec<InstanceGuard> {
-        let locked: BTreeSet<InstanceId> = locked.iter().copied().collect();
+        let mut locked = locked.to_vec();
+        locked.sort_unstable();
+        let holder: Arc<str> = Arc::from(holder);
         let trusted_until = sent + (ttl - trust_margin(ttl));
-        let (taken, busy): (Vec<_>, Vec<_>) =
-            local.into_iter().partition(|(id, _)| locked.contains(id));
+        let (taken, busy): (Vec<_>, Vec<_>) = local
+            .into_iter()
+            .partition(|(id, _)| locked.binary_search(id).is_ok());
         let busy: Vec<InstanceId> = busy.into_iter().map(|(id, _)| id).collect();
         forget_unused(&self.local, &busy);
         taken
@@ -164,7 +167,7 @@ impl InstanceLocks {
                 locals: self.local.clone(),
                 store: self.store.clone(),
                 instance,
-                holder: holder.to_owned(),
+                holder: holder.clone(),
                 trusted_until,
             })
             .collect()
@@ -214,7 +217,7 @@ impl InstanceLocks {
                     locals: self.local.clone(),
                     store: self.store.clone(),
                     instance,
-                    holder: holder.to_owned(),
+                    holder: Arc::from(holder),
                     trusted_until: sent + (ttl - trust_margin(ttl)),
                 });
             }

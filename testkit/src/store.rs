@@ -91,7 +91,9 @@ struct State {
     rollouts: BTreeMap<String, RolloutRecord>,
     lease: Option<ReconcilerLeaseRow>,
     /// T3: instance → (holder, expiry by the store's clock).
-    instance_locks: BTreeMap<InstanceId, (String, i64)>,
+    /// The holder is shared by every row it holds, as a pass takes
+    /// thousands at once.
+    instance_locks: BTreeMap<InstanceId, (Arc<str>, i64)>,
     next_instance_id: InstanceId,
     next_task_id: TaskId,
 }
@@ -146,24 +148,26 @@ impl MemoryStore {
     ) -> Vec<InstanceId> {
         let now_us = self.now_us();
         let expires_at_us = now_us.saturating_add(lease_to_us(ttl));
-        let mut locked = Vec::new();
-        let unique: std::collections::BTreeSet<&InstanceId> = instances.iter().collect();
-        for id in unique {
+        let mut unique = instances.to_vec();
+        unique.sort_unstable();
+        unique.dedup();
+        let held_by: Arc<str> = Arc::from(holder);
+        unique.retain(|id| {
             if !state.instances.contains_key(id) {
-                continue;
+                return false;
             }
             let free = state
                 .instance_locks
                 .get(id)
-                .is_none_or(|(h, expires)| h == holder || *expires <= now_us);
+                .is_none_or(|(h, expires)| &**h == holder || *expires <= now_us);
             if free {
                 state
                     .instance_locks
-                    .insert(*id, (holder.to_owned(), expires_at_us));
-                locked.push(*id);
+                    .insert(*id, (held_by.clone(), expires_at_us));
             }
-        }
-        locked
+            free
+        });
+        unique
     }
 
     /// Tells the observer of the locks taken, once the state is let go.
@@ -173,6 +177,9 @@ impl MemoryStore {
         locked: &[InstanceId],
         holder: &str,
     ) {
+        if self.observer.is_none() {
+            return;
+        }
         let names: Vec<InstanceName> = locked
             .iter()
             .filter_map(|id| state.instances.get(id).map(|i| i.name.clone()))
@@ -216,7 +223,7 @@ impl MemoryStore {
         let id = state.instance_id(name)?;
         let (holder, expires_us) = state.instance_locks.get(&id)?;
         Some((
-            holder.clone(),
+            holder.to_string(),
             stead::store::timestamp_from_us(*expires_us)?,
         ))
     }
@@ -1155,10 +1162,10 @@ impl Store for MemoryStore {
             if state
                 .instance_locks
                 .get(id)
-                .is_some_and(|(h, _)| h == holder)
+                .is_some_and(|(h, _)| &**h == holder)
             {
                 state.instance_locks.remove(id);
-                if let Some(i) = state.instances.get(id) {
+                if let (Some(i), Some(_)) = (state.instances.get(id), &self.observer) {
                     names.push(i.name.clone());
                 }
             }

@@ -233,6 +233,7 @@ fn parse_ttl_s(text: &str) -> Result<u64, String> {
 }
 
 fn main() -> ExitCode {
+    stead::daemon::allocator::tune();
     let cli = match Cli::try_parse() {
         Ok(cli) => cli,
         Err(e) => return usage(e),

@@ -76,14 +76,16 @@ impl Recoverer {
     ) -> Outcome {
         let p = &self.ports;
         let fence = Some(fence);
-        let service_key = ServiceKey {
+        // Built only for the traffic plane's two commands: a steady
+        // service's inspections need no copy of its names (issue #14).
+        let service_key = || ServiceKey {
             instance: key.instance.clone(),
             service: key.service.clone(),
         };
         let id = &key.container;
         match command {
             Command::Withdraw => {
-                let result = p.traffic.withdraw(&service_key).await;
+                let result = p.traffic.withdraw(&service_key()).await;
                 if result.is_ok() {
                     metrics::counter!("stead_withdrawals_total").increment(1);
                 }
@@ -141,7 +143,7 @@ impl Recoverer {
             ),
             Command::Publish { binds, started_at } => {
                 let route = Route {
-                    service: service_key,
+                    service: service_key(),
                     container: id.clone(),
                     binds: binds.clone(),
                     verified_started_at: *started_at,

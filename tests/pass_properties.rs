@@ -280,14 +280,14 @@ mod tables {
         let cases = [
             (
                 InstanceCommand::Service {
-                    key: key(),
+                    key: key().into(),
                     command: stead::core::recovery::Command::Start,
                 },
                 true,
             ),
             (
                 InstanceCommand::Service {
-                    key: key(),
+                    key: key().into(),
                     command: stead::core::recovery::Command::Inspect,
                 },
                 false,

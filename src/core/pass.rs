@@ -24,6 +24,7 @@
 //! mid-pass, the driver calls [`InstancePass::abandon`].
 
 use std::collections::VecDeque;
+use std::sync::Arc;
 use std::time::Duration;
 
 use jiff::Timestamp;
@@ -65,9 +66,12 @@ pub struct PassInput {
 /// One effect the driver must perform.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum InstanceCommand {
-    /// A step of one service's recovery, on that exact generation.
+    /// A step of one service's recovery, on that exact generation. The
+    /// key is shared by every step of the service (a steady service takes
+    /// several; each copy of three names was three atomic increments and
+    /// three decrements, issue #14).
     Service {
-        key: GenerationKey,
+        key: Arc<GenerationKey>,
         command: Command,
     },
     /// R15: the successor's final inspection before its predecessor goes.
@@ -274,6 +278,8 @@ pub struct InstancePass<'p> {
     stage: Stage,
     services: VecDeque<(ServiceName, ActiveService)>,
     current: Option<ServiceRecovery<'p>>,
+    /// The current machine's key, shared by its commands.
+    current_key: Option<Arc<GenerationKey>>,
     verified: VerifiedThisPass,
     markers: VecDeque<Inhibition>,
     marker: Option<(Inhibition, MarkerStep)>,
@@ -313,6 +319,7 @@ impl<'p> InstancePass<'p> {
             stage: Stage::Services,
             services,
             current: None,
+            current_key: None,
             verified: VerifiedThisPass::new(),
             markers,
             marker: None,
@@ -360,18 +367,22 @@ impl<'p> InstancePass<'p> {
                 Stage::Services => {
                     if let Some(machine) = &mut self.current {
                         if let Some(command) = machine.poll_command() {
+                            let key = self.current_key.as_ref().expect("a machine's key");
                             return Some(InstanceCommand::Service {
-                                key: machine.key().clone(),
+                                key: Arc::clone(key),
                                 command,
                             });
                         }
                         let machine = self.current.take().expect("current");
+                        self.current_key = None;
                         self.finish_service(machine.into_report());
                         continue;
                     }
                     match self.services.pop_front() {
                         Some((name, record)) => {
-                            self.current = Some(self.service_machine(name, record))
+                            let machine = self.service_machine(name, record);
+                            self.current_key = Some(Arc::new(machine.key().clone()));
+                            self.current = Some(machine);
                         }
                         None => self.stage = Stage::Markers,
                     }
@@ -620,6 +631,7 @@ impl<'p> InstancePass<'p> {
             Abandon::Deadline => RecoveryError::DeadlineExceeded,
             Abandon::MandateLost => RecoveryError::MandateLost,
         };
+        self.current_key = None;
         if let Some(machine) = self.current.take() {
             self.finish_service(machine.abandon_because(reason()));
         }

@@ -1,7 +1,7 @@
 //! What the pass tells operators: one info line per intervention with the
 //! machine's reason, crash-loop holds once per new delay, counters.
 
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 
 use crate::core::memory::RecoveryMemory;
 use crate::core::pass::{InstanceAnswer, InstanceCommand};
@@ -50,7 +50,7 @@ pub(super) struct StepLog<'a> {
     /// are recovered one after another, so a start always follows the
     /// inspection of its own generation (a map here cost a steady pass a
     /// key copy and an insert per service, issue #14).
-    last_status: Option<(GenerationKey, ContainerStatus)>,
+    last_status: Option<(Arc<GenerationKey>, ContainerStatus)>,
 }
 
 impl<'a> StepLog<'a> {

@@ -256,7 +256,7 @@ mod tables {
     use std::time::Duration;
 
     use stead::core::errors::{ErrorKind, PortName, StoreError, TrafficError};
-    use stead::core::memory::RecoveryMemory;
+    use stead::core::memory::InstanceMemory;
     use stead::core::pass::{Abandon, InstanceAnswer, InstanceCommand, InstanceReport, PassError};
     use stead::core::recovery::{Outcome, Report, ServiceMemory, Verdict};
     use stead::core::types::{
@@ -369,7 +369,7 @@ mod tables {
             retired: Vec::new(),
             withdrawn_stale: Vec::new(),
             errors: Vec::new(),
-            memory: RecoveryMemory::default(),
+            memory: InstanceMemory::default(),
         };
         let delayed = |s| Verdict::Delayed {
             next_attempt: Some(at(s)),

@@ -16,16 +16,19 @@ pub struct RecoveryMemory {
     instances: FastMap<InstanceName, InstanceMemory>,
 }
 
-/// One instance's part of the memory: a handful of services, so plain
-/// vectors (a map's node would allocate room for eleven).
+/// One instance's part of the memory: what its pass starts from and
+/// leaves behind ([`super::pass::PassInput::memory`]). A handful of
+/// services, so plain vectors (a map's node would allocate room for
+/// eleven), and no map around them: a pass looks its own services up
+/// without hashing its instance's name each time (issue #14).
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
-struct InstanceMemory {
+pub struct InstanceMemory {
     generations: Vec<(GenerationKey, GenerationMemory)>,
     pending_withdrawals: Vec<ServiceName>,
 }
 
 impl InstanceMemory {
-    fn is_empty(&self) -> bool {
+    pub fn is_empty(&self) -> bool {
         self.generations.is_empty() && self.pending_withdrawals.is_empty()
     }
 
@@ -35,19 +38,12 @@ impl InstanceMemory {
             .find(|(k, _)| k == key)
             .map(|(_, m)| m)
     }
-}
 
-impl RecoveryMemory {
     /// The memory one service's recovery starts from.
     pub fn service(&self, key: &GenerationKey) -> ServiceMemory {
-        let instance = self.instances.get(&key.instance);
         ServiceMemory {
-            generation: instance
-                .and_then(|i| i.generation(key))
-                .cloned()
-                .unwrap_or_default(),
-            withdrawal_pending: instance
-                .is_some_and(|i| i.pending_withdrawals.contains(&key.service)),
+            generation: self.generation(key).cloned().unwrap_or_default(),
+            withdrawal_pending: self.pending_withdrawals.contains(&key.service),
         }
     }
 
@@ -57,7 +53,7 @@ impl RecoveryMemory {
     }
 
     pub fn put(&mut self, key: &GenerationKey, memory: &ServiceMemory) {
-        let instance = self.instances.entry(key.instance.clone()).or_default();
+        let instance = self;
         let at = instance.generations.iter().position(|(k, _)| k == key);
         match (at, memory.generation.is_empty()) {
             (Some(at), true) => {
@@ -86,6 +82,38 @@ impl RecoveryMemory {
             }
             _ => {}
         }
+    }
+
+    /// R16: drop history of generations ACTIVE no longer names, and pending
+    /// withdrawals of services ACTIVE no longer has.
+    pub fn prune(&mut self, active: &ActiveRecord) {
+        self.generations.retain(|(key, _)| {
+            active
+                .services
+                .get(&key.service)
+                .is_some_and(|s| s.container == key.container)
+        });
+        self.pending_withdrawals
+            .retain(|service| active.services.contains_key(service));
+    }
+}
+
+impl RecoveryMemory {
+    /// The memory one service's recovery starts from.
+    pub fn service(&self, key: &GenerationKey) -> ServiceMemory {
+        self.instances
+            .get(&key.instance)
+            .map_or_else(ServiceMemory::default, |i| i.service(key))
+    }
+
+    /// Stores what a recovery leaves behind.
+    pub fn apply(&mut self, report: &Report) {
+        self.put(&report.key, &report.memory);
+    }
+
+    pub fn put(&mut self, key: &GenerationKey, memory: &ServiceMemory) {
+        let instance = self.instances.entry(key.instance.clone()).or_default();
+        instance.put(key, memory);
         if instance.is_empty() {
             self.instances.remove(&key.instance);
         }
@@ -97,15 +125,7 @@ impl RecoveryMemory {
         let Some(memory) = self.instances.get_mut(instance) else {
             return;
         };
-        memory.generations.retain(|(key, _)| {
-            active
-                .services
-                .get(&key.service)
-                .is_some_and(|s| s.container == key.container)
-        });
-        memory
-            .pending_withdrawals
-            .retain(|service| active.services.contains_key(service));
+        memory.prune(active);
         if memory.is_empty() {
             self.instances.remove(instance);
         }
@@ -113,27 +133,17 @@ impl RecoveryMemory {
 
     /// The part of the memory about one instance: what its pass starts
     /// from ([`super::pass::PassInput::memory`]).
-    pub fn of_instance(&self, instance: &InstanceName) -> RecoveryMemory {
-        RecoveryMemory {
-            instances: self
-                .instances
-                .get(instance)
-                .map(|m| (instance.clone(), m.clone()))
-                .into_iter()
-                .collect(),
-        }
+    pub fn of_instance(&self, instance: &InstanceName) -> InstanceMemory {
+        self.instances.get(instance).cloned().unwrap_or_default()
     }
 
     /// Replaces everything about one instance with what its pass left
     /// ([`super::pass::InstanceReport::memory`]).
-    pub fn replace_instance(&mut self, instance: &InstanceName, mut with: RecoveryMemory) {
-        match with.instances.remove(instance) {
-            Some(memory) if !memory.is_empty() => {
-                self.instances.insert(instance.clone(), memory);
-            }
-            _ => {
-                self.instances.remove(instance);
-            }
+    pub fn replace_instance(&mut self, instance: &InstanceName, with: InstanceMemory) {
+        if with.is_empty() {
+            self.instances.remove(instance);
+        } else {
+            self.instances.insert(instance.clone(), with);
         }
     }
 

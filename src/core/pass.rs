@@ -33,7 +33,7 @@ use super::broken::Mutant;
 use super::errors::{failure_of, ErrorKind, PortName, StoreError, TrafficError};
 
 use super::fleet::{Instance, InstanceState};
-use super::memory::RecoveryMemory;
+use super::memory::InstanceMemory;
 use super::policy::RecoveryPolicy;
 use super::recovery::{
     Command, Outcome, ProxyView, RecoveryError, Report, ServiceInput, ServiceRecovery, Verdict, Why,
@@ -59,8 +59,8 @@ pub struct PassInput {
     /// for a targeted pass or when the read failed (memory is trusted).
     pub held: Option<HeldRoutes>,
     /// This instance's memory from earlier passes
-    /// ([`RecoveryMemory::of_instance`]).
-    pub memory: RecoveryMemory,
+    /// ([`super::memory::RecoveryMemory::of_instance`]).
+    pub memory: InstanceMemory,
 }
 
 /// One effect the driver must perform.
@@ -213,7 +213,7 @@ pub struct InstanceReport {
     /// Each naming the instance (and service) it concerns.
     pub errors: Vec<PassError>,
     /// This instance's memory for the next pass, pruned (R16).
-    pub memory: RecoveryMemory,
+    pub memory: InstanceMemory,
 }
 
 impl InstanceReport {
@@ -274,7 +274,7 @@ pub struct InstancePass<'p> {
     active: ActiveRecord,
     inhibitions: Vec<Inhibition>,
     held: Option<HeldRoutes>,
-    memory: RecoveryMemory,
+    memory: InstanceMemory,
     stage: Stage,
     services: VecDeque<(ServiceName, ActiveService)>,
     current: Option<ServiceRecovery<'p>>,
@@ -404,7 +404,7 @@ impl<'p> InstancePass<'p> {
                 Stage::Stale => match self.stale.pop_front() {
                     Some(key) => return Some(InstanceCommand::WithdrawStale(key)),
                     None => {
-                        self.memory.prune(&self.instance, &self.active);
+                        self.memory.prune(&self.active);
                         self.stage = Stage::Done;
                     }
                 },
@@ -650,7 +650,7 @@ impl<'p> InstancePass<'p> {
         self.marker = None;
         self.markers.clear();
         self.stale.clear();
-        self.memory.prune(&self.instance, &self.active);
+        self.memory.prune(&self.active);
         self.stage = Stage::Done;
     }
 
@@ -795,7 +795,7 @@ mod tests {
                 active,
                 inhibitions: Vec::new(),
                 held: None,
-                memory: RecoveryMemory::default(),
+                memory: InstanceMemory::default(),
             },
         );
         assert!(pass.poll_command().is_some(), "the first service starts");

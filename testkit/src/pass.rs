@@ -18,7 +18,7 @@
 use std::collections::BTreeMap;
 
 use stead::core::errors::{StoreError, TrafficError};
-use stead::core::memory::RecoveryMemory;
+use stead::core::memory::InstanceMemory;
 use stead::core::pass::{Abandon, InstanceAnswer, InstanceCommand, InstancePass, PassInput};
 use stead::core::policy::RecoveryPolicy;
 use stead::core::recovery::{
@@ -89,7 +89,7 @@ impl PassSeed {
         let mut active = ActiveRecord::default();
         let mut inhibitions = Vec::new();
         let mut held = HeldRoutes::new();
-        let mut memory = RecoveryMemory::default();
+        let mut memory = InstanceMemory::default();
         for (i, seed) in self.services.iter().take(SERVICES.len()).enumerate() {
             let service = ServiceName::new(SERVICES[i]);
             let current = ContainerId::new(format!("{}-2", SERVICES[i]));

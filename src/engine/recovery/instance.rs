@@ -13,6 +13,7 @@ use crate::core::broken::Mutant;
 use crate::core::errors::PortFailure;
 use crate::core::fleet::Instance;
 use crate::core::fleet::InstanceId;
+use crate::core::memory::InstanceMemory;
 use crate::core::pass::{is_recovered, Abandon, InstancePass, PassInput};
 use crate::core::policy::INSTANCE_LEASE_SLACK;
 use crate::core::traffic::{FleetRoutes, HeldRoutes};
@@ -168,70 +169,118 @@ impl Recoverer {
                 queue.served(&instance.name, at);
             }
         }
-        let passes = batch.iter().map(|instance| {
-            let name = instance.name.clone();
-            let lock_until = locked.get(&instance.id).copied();
-            let row = loaded.remove(&instance.id);
-            let routes = held.as_deref_mut().map(|held| held.take(&instance.name));
-            let fence = fence.clone();
-            async move {
-                let outcome = match (lock_until, row) {
-                    (None, _) => busy(),
-                    // Gone since the listing (its name freed): nothing to do.
-                    (Some(_), None) => InstanceOutcome::default(),
-                    (Some(_), Some(Err(source))) => InstanceOutcome::failed(
-                        RecoverError::Load {
-                            instance: name.clone(),
-                            source,
+        // Each driven instance's memory is copied out for the batch under
+        // one lock, and put back the same way once the batch is done: a
+        // tight loop of lookups into a large map overlaps their cache
+        // misses (issue #14). Nothing else reads an instance's memory
+        // while its lock is held but the log (the memory from before the
+        // pass) and the operators' views.
+        let passes: Vec<_> = {
+            let memory = self.memory.lock().expect("memory poisoned");
+            batch
+                .iter()
+                .map(|instance| {
+                    let lock_until = locked.get(&instance.id).copied();
+                    let row = loaded.remove(&instance.id);
+                    let remembered = match &row {
+                        Some(Ok(row)) if lock_until.is_some() && is_recovered(&row.instance) => {
+                            memory.of_instance(&row.instance.name)
                         }
-                        .counted(),
-                    ),
-                    // Deleted since it was listed (or since the event
-                    // that asked for it): nothing of it is recovered, and
-                    // what was remembered of it goes (R4).
-                    (Some(_), Some(Ok(row))) if !is_recovered(&row.instance) => {
-                        self.memory
-                            .lock()
-                            .expect("memory poisoned")
-                            .forget_instance(&row.instance.name);
-                        InstanceOutcome::default()
+                        _ => InstanceMemory::default(),
+                    };
+                    let slot = Slot {
+                        name: instance.name.clone(),
+                        lock_until,
+                        row,
+                        remembered,
+                        routes: held.as_deref_mut().map(|held| held.take(&instance.name)),
+                    };
+                    self.pass_of(slot, fence.clone(), deadline)
+                })
+                .collect()
+        };
+        let driven = join_all(passes).await;
+        let outcomes: Vec<(InstanceName, InstanceOutcome)> = {
+            let mut memory = self.memory.lock().expect("memory poisoned");
+            driven
+                .into_iter()
+                .map(|(name, outcome, left)| {
+                    if let Some(left) = left {
+                        memory.replace_instance(&name, left);
                     }
-                    (Some(lock_until), Some(Ok(row))) => {
-                        let mandate = Mandate { fence, lock_until };
-                        // Boxed: a drive's state is a few kilobytes, and
-                        // every instance's future is moved several times
-                        // into the batch's join; boxed, only the driven
-                        // ones pay for it, once.
-                        Box::pin(self.drive(row, &mandate, routes, deadline)).await
-                    }
-                };
-                (name, outcome)
-            }
-        });
-        let outcomes = join_all(passes).await;
+                    (name, outcome)
+                })
+                .collect()
+        };
         InstanceLocks::release_all(guards).await;
         record_metrics(outcomes.iter().flat_map(|(_, o)| &o.reports));
         outcomes
+    }
+
+    /// One instance's part of a batch: driven if it was locked and
+    /// loaded, else settled; with the memory its pass left, if driven.
+    async fn pass_of(
+        &self,
+        slot: Slot,
+        fence: LeaseGrant,
+        deadline: Instant,
+    ) -> (InstanceName, InstanceOutcome, Option<InstanceMemory>) {
+        let Slot {
+            name,
+            lock_until,
+            row,
+            remembered,
+            routes,
+        } = slot;
+        let outcome = match (lock_until, row) {
+            (None, _) => busy(),
+            // Gone since the listing (its name freed): nothing to do.
+            (Some(_), None) => InstanceOutcome::default(),
+            (Some(_), Some(Err(source))) => InstanceOutcome::failed(
+                RecoverError::Load {
+                    instance: name.clone(),
+                    source,
+                }
+                .counted(),
+            ),
+            // Deleted since it was listed (or since the event
+            // that asked for it): nothing of it is recovered, and
+            // what was remembered of it goes (R4).
+            (Some(_), Some(Ok(row))) if !is_recovered(&row.instance) => {
+                self.memory
+                    .lock()
+                    .expect("memory poisoned")
+                    .forget_instance(&row.instance.name);
+                InstanceOutcome::default()
+            }
+            (Some(lock_until), Some(Ok(row))) => {
+                let mandate = Mandate { fence, lock_until };
+                // Boxed: a drive's state is a few kilobytes, and
+                // every instance's future is moved several times
+                // into the batch's join; boxed, only the driven
+                // ones pay for it, once.
+                let (outcome, left) =
+                    Box::pin(self.drive(row, remembered, &mandate, routes, deadline)).await;
+                return (name, outcome, Some(left));
+            }
+        };
+        (name, outcome, None)
     }
 
     /// Drives one loaded instance's pass through the ports.
     async fn drive(
         &self,
         row: LoadedInstance,
+        memory: InstanceMemory,
         mandate: &Mandate,
         held: Option<HeldRoutes>,
         deadline: Instant,
-    ) -> InstanceOutcome {
+    ) -> (InstanceOutcome, InstanceMemory) {
         let LoadedInstance {
             instance,
             active,
             inhibitions,
         } = row;
-        let memory = self
-            .memory
-            .lock()
-            .expect("memory poisoned")
-            .of_instance(&instance.name);
         let input = PassInput {
             instance: instance.name.clone(),
             intent: instance.intent(),
@@ -276,23 +325,34 @@ impl Recoverer {
             log_hold(service, &log);
         }
         metrics::counter!("stead_retirements_total").increment(report.retired.len() as u64);
-        self.memory
-            .lock()
-            .expect("memory poisoned")
-            .replace_instance(&instance.name, report.memory);
-        InstanceOutcome {
+        let outcome = InstanceOutcome {
             reports: report.reports,
             retired: report.retired.iter().map(ToString::to_string).collect(),
             errors: report.errors.into_iter().map(RecoverError::from).collect(),
             driven: true,
             ..Default::default()
-        }
+        };
+        (outcome, report.memory)
     }
 }
 
 /// How long after a delayed service's next attempt is allowed its wake-up
 /// fires: enough that the clocks agree it is allowed by then.
 const WAKE_SLACK: Duration = Duration::from_millis(10);
+
+/// One instance of a batch, as the batch hands it to its pass.
+struct Slot {
+    name: InstanceName,
+    /// Until when its lock is trusted; `None`: busy (R3).
+    lock_until: Option<Instant>,
+    /// What was loaded under the lock; `None`: gone since it was listed.
+    row: Option<Result<LoadedInstance, crate::ports::StoreError>>,
+    /// Its memory from earlier passes.
+    remembered: InstanceMemory,
+    /// Its routes as the whole pass read them back (T5); `None` for a
+    /// targeted pass or when the read failed.
+    routes: Option<HeldRoutes>,
+}
 
 /// A batch whose locks are taken and rows loaded, ready to drive; or one
 /// settled without driving (no lease, the lock or the load failed).

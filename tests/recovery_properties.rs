@@ -526,7 +526,6 @@ fn a_crash_and_native_restart_between_two_passes_restarts_the_stable_window() {
 /// command (a driver bug, or a fuzzer's nonsense) instead of acting on it:
 /// a health read taken for an inspection would otherwise pass for one.
 #[test]
-#[should_panic(expected = "does not answer")]
 fn an_outcome_that_answers_another_command_is_refused() {
     let case = CaseSeed::default().build();
     let mut machine = stead::core::recovery::ServiceRecovery::new(&case.policy, case.input);
@@ -535,5 +534,15 @@ fn an_outcome_that_answers_another_command_is_refused() {
         Command::ReadHealth => stead::core::recovery::Outcome::Binds(Ok(Default::default())),
         _ => stead::core::recovery::Outcome::Health(Ok(Health::Healthy)),
     };
-    machine.handle(wrong, machine::base());
+    // A broken invariant is an assertion (STYLE.md): the refusal is a panic.
+    let refused = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        machine.handle(wrong, machine::base())
+    }))
+    .expect_err("the machine acted on an outcome that answers another command");
+    let why = refused
+        .downcast_ref::<String>()
+        .map(String::as_str)
+        .or_else(|| refused.downcast_ref::<&str>().copied())
+        .unwrap_or_default();
+    assert!(why.contains("does not answer"), "refused, but for: {why}");
 }

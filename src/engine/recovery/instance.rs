@@ -182,6 +182,7 @@ impl Recoverer {
                 .map(|instance| {
                     let lock_until = locked.get(&instance.id).copied();
                     let row = loaded.remove(&instance.id);
+                    // Only for the instances `pass_of` drives.
                     let remembered = match &row {
                         Some(Ok(row)) if lock_until.is_some() && is_recovered(&row.instance) => {
                             memory.of_instance(&row.instance.name)

@@ -106,31 +106,6 @@ impl RecoveryMemory {
             .map_or_else(ServiceMemory::default, |i| i.service(key))
     }
 
-    /// Stores what a recovery leaves behind.
-    pub fn apply(&mut self, report: &Report) {
-        self.put(&report.key, &report.memory);
-    }
-
-    pub fn put(&mut self, key: &GenerationKey, memory: &ServiceMemory) {
-        let instance = self.instances.entry(key.instance.clone()).or_default();
-        instance.put(key, memory);
-        if instance.is_empty() {
-            self.instances.remove(&key.instance);
-        }
-    }
-
-    /// R16: drop history of generations ACTIVE no longer names, and pending
-    /// withdrawals of services ACTIVE no longer has.
-    pub fn prune(&mut self, instance: &InstanceName, active: &ActiveRecord) {
-        let Some(memory) = self.instances.get_mut(instance) else {
-            return;
-        };
-        memory.prune(active);
-        if memory.is_empty() {
-            self.instances.remove(instance);
-        }
-    }
-
     /// The part of the memory about one instance: what its pass starts
     /// from ([`super::pass::PassInput::memory`]).
     pub fn of_instance(&self, instance: &InstanceName) -> InstanceMemory {
@@ -194,6 +169,21 @@ mod tests {
     use crate::core::budget::BudgetEntry;
     use crate::core::types::ContainerId;
 
+    /// Stores one service's memory the way the engine does: the instance's
+    /// memory copied out, changed by its pass, and put back whole.
+    fn put(memory: &mut RecoveryMemory, key: &GenerationKey, service: &ServiceMemory) {
+        let mut instance = memory.of_instance(&key.instance);
+        instance.put(key, service);
+        memory.replace_instance(&key.instance, instance);
+    }
+
+    /// ... and pruned the same way (R16).
+    fn prune(memory: &mut RecoveryMemory, instance: &InstanceName, active: &ActiveRecord) {
+        let mut remembered = memory.of_instance(instance);
+        remembered.prune(active);
+        memory.replace_instance(instance, remembered);
+    }
+
     /// A fleet that churns must not keep a husk per instance it once
     /// remembered: memory at rest is what issue #14 budgets per service.
     #[test]
@@ -211,14 +201,14 @@ mod tests {
             withdrawal_pending: true,
         };
         let mut memory = RecoveryMemory::default();
-        memory.put(&key, &remembered);
+        put(&mut memory, &key, &remembered);
         assert_eq!(memory.generations_count(), 1);
-        memory.put(&key, &ServiceMemory::default());
+        put(&mut memory, &key, &ServiceMemory::default());
         assert_eq!(memory, RecoveryMemory::default(), "emptied by put");
-        memory.put(&key, &remembered);
-        memory.prune(&key.instance, &ActiveRecord::default());
+        put(&mut memory, &key, &remembered);
+        prune(&mut memory, &key.instance, &ActiveRecord::default());
         assert_eq!(memory, RecoveryMemory::default(), "emptied by prune");
-        memory.put(&key, &remembered);
+        put(&mut memory, &key, &remembered);
         memory.forget_instance(&key.instance);
         assert_eq!(memory, RecoveryMemory::default(), "forgotten (R4, R16)");
     }
@@ -243,8 +233,9 @@ mod tests {
             withdrawal_pending: false,
         };
         let mut memory = RecoveryMemory::default();
-        memory.put(&routed, &with(None, Some(at)));
-        memory.put(
+        put(&mut memory, &routed, &with(None, Some(at)));
+        put(
+            &mut memory,
             &delayed,
             &with(
                 Some(BudgetEntry {
@@ -255,7 +246,8 @@ mod tests {
                 None,
             ),
         );
-        memory.put(
+        put(
+            &mut memory,
             &failed,
             &with(
                 Some(BudgetEntry {

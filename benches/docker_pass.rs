@@ -209,8 +209,7 @@ async fn measure(recoverer: &Recoverer, docker: &DockerRuntime) -> (f64, Duratio
         durations.push(began.elapsed());
         assert_eq!(outcome.error_count(), 0, "steady pass failed");
         let intervened = outcome
-            .instances
-            .values()
+            .outcomes()
             .flat_map(|i| &i.reports)
             .filter(|r| r.intervened)
             .count();

@@ -176,11 +176,7 @@ async fn pass(fleet: &Fleet) -> (Duration, Option<u64>) {
         "pass errors: {:?}",
         outcome.errors
     );
-    let reports: Vec<_> = outcome
-        .instances
-        .values()
-        .flat_map(|i| &i.reports)
-        .collect();
+    let reports: Vec<_> = outcome.outcomes().flat_map(|i| &i.reports).collect();
     assert_eq!(reports.len(), fleet.shape.services(), "every service seen");
     assert!(reports.iter().all(|r| !r.intervened), "a steady pass");
     let trips = fleet

@@ -869,7 +869,7 @@ async fn a_busy_instance_is_skipped_never_waited_on() {
         .await
         .expect("free");
     let outcome = f.recoverer().pass().await;
-    assert!(outcome.instances[&instance.name].skipped_busy);
+    assert!(outcome.instance(&instance.name).unwrap().skipped_busy);
     held.release().await;
 }
 
@@ -884,7 +884,7 @@ async fn a_hung_runtime_call_times_out_and_the_next_instance_is_still_recovered(
         cs.get_mut(&b_web).unwrap().status = stead::core::types::ContainerStatus::Exited
     });
     let outcome = f.recoverer().pass().await;
-    let a = &outcome.instances[&InstanceName::new("a-hangs")];
+    let a = outcome.instance(&InstanceName::new("a-hangs")).unwrap();
     assert!(
         a.errors.iter().any(|e| matches!(
             e,
@@ -940,7 +940,9 @@ async fn a_delayed_service_is_woken_when_its_backoff_ends() {
     let mut delayed_until = None;
     for _ in 0..6 {
         let outcome = recoverer.pass().await;
-        delayed_until = outcome.instances[&InstanceName::new("crashy")]
+        delayed_until = outcome
+            .instance(&InstanceName::new("crashy"))
+            .unwrap()
             .reports
             .iter()
             .find_map(|r| match r.verdict {

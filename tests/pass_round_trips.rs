@@ -77,7 +77,7 @@ async fn steady_round_trips_with(shape: FleetShape, policy: &RecoveryPolicy, hoo
             outcome.errors
         );
         assert_eq!(outcome.instances.len(), shape.instances, "{pass} pass");
-        let reports = outcome.instances.values().flat_map(|i| &i.reports);
+        let reports = outcome.outcomes().flat_map(|i| &i.reports);
         assert_eq!(reports.clone().count(), shape.services(), "{pass} pass");
         assert!(
             reports.clone().all(|r| !r.intervened),

@@ -260,7 +260,7 @@ pub async fn process_main(slot: Arc<Slot>, shared: Arc<Shared>) {
                         leader: outcome.leader,
                         began,
                         failed: &failed,
-                        recovered: &outcome.recovered,
+                        recovered: &outcome.recovered.iter().cloned().collect(),
                         memory: &memory,
                     },
                 );

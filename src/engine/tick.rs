@@ -69,9 +69,10 @@ pub struct TickOutcome {
     pub warnings: Vec<String>,
     pub tasks_enqueued: u32,
     pub traceparent: String,
-    /// Instances the recovery pass drove (loaded under their lock): what
-    /// the pass's memory now says of them was pruned this tick (R16).
-    pub recovered: BTreeSet<InstanceName>,
+    /// Instances the recovery pass drove (loaded under their lock), in
+    /// listing order: what the pass's memory now says of them was pruned
+    /// this tick (R16).
+    pub recovered: Vec<InstanceName>,
 }
 
 impl TickOutcome {

@@ -180,8 +180,7 @@ impl Recoverer {
         // round trips and the passes overlap; at most `instances_at_once`
         // instances are driven at a time.
         let mut batches = plan.recover.chunks(self.policy.instances_at_once.max(1));
-        // Gathered in listing order and keyed once at the end (one sort and
-        // a bulk build), not searched into the map per instance.
+        // Gathered in listing order, as the outcome keeps them.
         let mut instances = Vec::with_capacity(plan.recover.len());
         let mut current = match batches.next() {
             Some(batch) => Some((batch, self.take_batch(batch).await)),
@@ -218,7 +217,7 @@ impl Recoverer {
             }
             instances.extend(results);
         }
-        outcome.instances = instances.into_iter().collect();
+        outcome.instances = instances;
         outcome
     }
 }

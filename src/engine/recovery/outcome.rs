@@ -1,7 +1,5 @@
 //! What a pass reports: per instance, and aggregated.
 
-use std::collections::BTreeMap;
-
 use crate::core::errors::{ErrorKind, PortFailure, PortName};
 use crate::core::pass::PassError;
 use crate::core::recovery::Report;
@@ -101,7 +99,10 @@ pub struct InstanceOutcome {
 /// What one whole pass did, aggregated (R2).
 #[derive(Debug, Default)]
 pub struct PassOutcome {
-    pub instances: BTreeMap<InstanceName, InstanceOutcome>,
+    /// Each instance the pass took up, in listing order. Kept as listed:
+    /// keying 100,000 outcomes by name cost a sort of the whole fleet per
+    /// pass, and every reader walks them all (issue #14).
+    pub instances: Vec<(InstanceName, InstanceOutcome)>,
     /// Errors not tied to one instance (listing failed, bad rows).
     pub errors: Vec<RecoverError>,
 }
@@ -117,11 +118,20 @@ impl InstanceOutcome {
 
 impl PassOutcome {
     pub fn error_count(&self) -> usize {
-        self.errors.len()
-            + self
-                .instances
-                .values()
-                .map(|i| i.errors.len())
-                .sum::<usize>()
+        self.errors.len() + self.outcomes().map(|i| i.errors.len()).sum::<usize>()
+    }
+
+    /// Every instance's outcome, in listing order.
+    pub fn outcomes(&self) -> impl Iterator<Item = &InstanceOutcome> + Clone {
+        self.instances.iter().map(|(_, outcome)| outcome)
+    }
+
+    /// One instance's outcome, if the pass took it up (a linear search:
+    /// for tests and one-off lookups, not per instance).
+    pub fn instance(&self, name: &InstanceName) -> Option<&InstanceOutcome> {
+        self.instances
+            .iter()
+            .find(|(listed, _)| listed == name)
+            .map(|(_, outcome)| outcome)
     }
 }

@@ -133,6 +133,7 @@ fn planners(c: &mut Criterion) {
     let snapshot = Snapshot {
         now,
         instances,
+        unreadable_instances: 0,
         tasks,
         releases: Some(releases),
         catalog: &catalog,

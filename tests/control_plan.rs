@@ -113,6 +113,7 @@ fn snapshot<'a>(
     Snapshot {
         now: now(),
         instances,
+        unreadable_instances: 0,
         tasks,
         releases: Some(releases),
         catalog,
@@ -193,6 +194,12 @@ fn render(plan: &Plan, snapshot: &Snapshot<'_>) -> String {
             }
             Report::RunningWithoutLease { task } => {
                 writeln!(out, "{level}: running task {task} without lease")
+            }
+            Report::OrphansWithheld { unreadable } => {
+                writeln!(
+                    out,
+                    "{level}: orphans withheld, {unreadable} unreadable rows"
+                )
             }
             Report::BadRelease { name, error, .. } => {
                 writeln!(out, "{level}: release of {name} cannot be located: {error}")
@@ -323,6 +330,43 @@ fn orphan_releases_are_reported_every_tick_and_never_deleted() {
     // ever contains a decision about an orphan.
     apply_as_store(&mut snap, &plan.decisions);
     check(plan_drift(&snap), &snap, expect);
+}
+
+/// An instance row that does not decode still owns its release: while one
+/// is unreadable, no release is called an orphan (an operator told to remove
+/// a live tenant's release by hand would take it down), and drift goes on
+/// repairing the instances it can read (one tenant's bad row stops no one).
+#[test]
+fn no_release_is_an_orphan_while_an_instance_row_is_unreadable() {
+    let catalog = Catalog::from_entries([entry("wiki", "1", false)]);
+    let config = ControlConfig::default();
+    // i1 reads; i2's row does not decode, so it is not listed, and its
+    // live release looks like nobody's.
+    let mut snap = snapshot(
+        vec![instance(1, "a", "wiki", "1")],
+        vec![],
+        &catalog,
+        &config,
+    );
+    snap.releases = Some(vec![Release {
+        name: "i2".into(),
+        namespace: "docker".into(),
+    }]);
+    check(
+        plan_drift(&snap),
+        &snap,
+        "enqueue reprovision i1 at now: drift: release i1 missing from namespace docker
+         notify drift.release_missing i1 team a
+         error: orphan release docker/i2",
+    );
+    snap.unreadable_instances = 1;
+    check(
+        plan_drift(&snap),
+        &snap,
+        "enqueue reprovision i1 at now: drift: release i1 missing from namespace docker
+         notify drift.release_missing i1 team a
+         warn: orphans withheld, 1 unreadable rows",
+    );
 }
 
 #[test]
@@ -1131,6 +1175,11 @@ fn every_report_names_what_and_where_at_its_level() {
                 error: window_error,
             },
             vec!["wiki7", "\"someday\"", "skipped"],
+            Level::Warn,
+        ),
+        (
+            Report::OrphansWithheld { unreadable: 3 },
+            vec!["orphan releases not judged", "3 instance row(s)", "bad row"],
             Level::Warn,
         ),
         (

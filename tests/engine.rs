@@ -389,6 +389,52 @@ async fn tick_reprovisions_a_vanished_release_and_never_deletes_an_orphan() {
     assert_eq!(n, 1);
 }
 
+/// A row another tool garbled (its state does not decode) hides its
+/// instance from the listing, not from the world: its release is no orphan
+/// (the gauge and the log keep what they said before), and its routes are
+/// not taken for a gone instance's. Found by the simulation once it
+/// garbled rows (issue #15).
+#[tokio::test]
+async fn an_unreadable_instance_row_is_neither_an_orphan_nor_gone() {
+    let f = fixture();
+    let hidden = f.served("wiki1", "2").await;
+    f.served("wiki2", "2").await;
+    f.provisioner.add_foreign("somebody-elses");
+    // Every task of a current-thread test runtime runs on this thread.
+    let tally = Tally::default();
+    let _recording = metrics::set_default_local_recorder(&tally);
+    let r = f.reconciler("a");
+    let out = r.tick().await;
+    assert!(out.ok(), "{:?}", out.failed);
+    assert_eq!(tally.gauge("stead_orphan_releases"), Some(1.0));
+
+    f.store.garble_instance_row(Some(hidden.id));
+    let out = r.tick().await;
+    // The bad row is the operator's to fix, so the pass says so; every
+    // other check ran clean.
+    assert!(
+        matches!(&out.failed[..], [(Check::Recovery, why)] if why.contains("bad row in instances (id 1)")),
+        "{:?}",
+        out.failed
+    );
+    assert_eq!(
+        tally.gauge("stead_orphan_releases"),
+        Some(1.0),
+        "wiki1's release is not counted, somebody-elses' still is"
+    );
+    assert!(
+        f.routed("wiki1", "web"),
+        "not withdrawn as a gone instance's"
+    );
+    assert!(f.provisioner.release_names().contains(&"wiki1".to_string()));
+
+    f.store.garble_instance_row(None);
+    f.provisioner.remove_by_hand("somebody-elses");
+    let out = r.tick().await;
+    assert!(out.ok(), "{:?}", out.failed);
+    assert_eq!(tally.gauge("stead_orphan_releases"), Some(0.0));
+}
+
 #[tokio::test]
 async fn a_failing_check_does_not_stop_the_others_and_the_heartbeat_is_set() {
     let f = fixture();

@@ -224,7 +224,32 @@ async fn simulate(cfg: SimConfig, tally: crate::coverage::Tally) -> SimOutcome {
     // proxy comes and goes while upgrades retire the dropped service (a
     // withdrawal refused mid-retirement, seed 6240).
     let mut proxy_restarts_left = 0u32;
+    // Instance rows another tool garbles for a tick (a state stead does not
+    // know): drawn from their own stream, so every other fault of a seed
+    // stays what it was before this fault existed.
+    let mut row_rng = ChaCha8Rng::seed_from_u64(cfg.seed ^ 0x5851_f42d_4c95_7f2d);
+    let garble_p = if row_rng.random_bool(0.5) {
+        row_rng.random_range(0.0..0.08)
+    } else {
+        0.0
+    };
     for _ in 0..safety_ticks {
+        let garbled = row_rng
+            .random_bool(garble_p)
+            .then(|| {
+                let instances = store.all_instances();
+                let live: Vec<_> = instances
+                    .iter()
+                    .filter(|i| i.state != InstanceState::Deleted)
+                    .collect();
+                (!live.is_empty()).then(|| live[row_rng.random_range(0..live.len())].id)
+            })
+            .flatten();
+        if let Some(id) = garbled {
+            counts.bump("instance row garbled for a tick");
+            checker.set_rows_garbled(true);
+            store.garble_instance_row(Some(id));
+        }
         // A bumped catalog is rolled out as operators do: every process
         // restarts with the new file (memory lost, R17).
         let version = actors.catalog_version.load(Ordering::Relaxed);
@@ -287,6 +312,10 @@ async fn simulate(cfg: SimConfig, tally: crate::coverage::Tally) -> SimOutcome {
             tokio::time::sleep(rest - at).await;
         } else {
             tokio::time::sleep(rest).await;
+        }
+        if garbled.is_some() {
+            store.garble_instance_row(None);
+            checker.set_rows_garbled(false);
         }
         processes.adopt_pauses(&faults, &mut rng);
         processes.settle(clock.now(), &counts);

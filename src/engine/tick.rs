@@ -3,7 +3,7 @@
 //! whose `traceparent` every enqueued task carries. The loop ticks first,
 //! then sleeps a fixed interval that a stop signal interrupts.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicI64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -14,7 +14,9 @@ use tokio::sync::watch;
 use tracing::Instrument;
 
 use crate::core::catalog::Catalog;
-use crate::core::plan::{task_lease, ControlConfig, Decision, Level, Plan, Planner, Snapshot};
+use crate::core::plan::{
+    task_lease, ControlConfig, Decision, Level, Plan, Planner, Report, Snapshot,
+};
 use crate::core::policy::PLANNERS_LEASE_NEED;
 use crate::core::types::{InstanceName, Timestamp};
 use crate::ports::{LeaseGrant, NotifyError, StoreError};
@@ -98,8 +100,9 @@ pub struct Reconciler {
     wake: tokio::sync::Notify,
     /// The holder last logged as keeping this standby waiting.
     waiting_for: Mutex<Option<String>>,
-    /// Each check's reports at its last run, so each is logged once.
-    reported: Mutex<BTreeMap<Check, BTreeSet<String>>>,
+    /// Each check's reports at its last run, so each is logged once; with
+    /// whether it names an orphan release (those stand while withheld).
+    reported: Mutex<BTreeMap<Check, BTreeMap<String, bool>>>,
 }
 
 impl Reconciler {
@@ -344,6 +347,7 @@ impl Reconciler {
         Ok((
             Snapshot {
                 now,
+                unreadable_instances: instances.bad.len(),
                 instances: instances.rows,
                 tasks: tasks.rows,
                 releases,
@@ -408,20 +412,35 @@ impl Reconciler {
     /// Logs a planner's reports once per change: each when it first
     /// appears, at its level, and once at info when it no longer does. The
     /// counts an operator alerts on stay visible as gauges, each set by the
-    /// check that reports it (to zero when it reports none).
-    fn log_reports(&self, check: Check, reports: &[crate::core::plan::Report]) {
+    /// check that reports it (to zero when it reports none). While drift
+    /// withholds its judgement of orphans, what it last said of them
+    /// stands: neither the gauge nor the log claims they went away.
+    fn log_reports(&self, check: Check, reports: &[Report]) {
+        let withheld = reports
+            .iter()
+            .any(|r| matches!(r, Report::OrphansWithheld { .. }));
         for (owner, gauge, counts) in REPORT_GAUGES {
-            if owner == check {
+            if owner == check && !(withheld && gauge == ORPHAN_GAUGE) {
                 let n = reports.iter().filter(|r| counts(r)).count();
                 metrics::gauge!(gauge).set(n as f64);
             }
         }
-        let now: BTreeMap<String, Level> =
-            reports.iter().map(|r| (r.to_string(), r.level())).collect();
+        let mut now: BTreeMap<String, (Level, bool)> = reports
+            .iter()
+            .map(|r| {
+                let orphan = matches!(r, Report::OrphanRelease { .. });
+                (r.to_string(), (r.level(), orphan))
+            })
+            .collect();
         let mut reported = self.reported.lock().expect("reported poisoned");
         let before = reported.entry(check).or_default();
-        for (text, level) in &now {
-            if before.contains(text) {
+        if withheld {
+            for (text, _) in before.iter().filter(|(_, orphan)| **orphan) {
+                now.entry(text.clone()).or_insert((Level::Error, true));
+            }
+        }
+        for (text, (level, _)) in &now {
+            if before.contains_key(text) {
                 continue;
             }
             match level {
@@ -429,10 +448,13 @@ impl Reconciler {
                 Level::Warn => tracing::warn!(check = check.as_str(), "{text}"),
             }
         }
-        for text in before.iter().filter(|t| !now.contains_key(*t)) {
+        for text in before.keys().filter(|t| !now.contains_key(*t)) {
             tracing::info!(check = check.as_str(), "no longer the case: {text}");
         }
-        *before = now.into_keys().collect();
+        *before = now
+            .into_iter()
+            .map(|(text, (_, orphan))| (text, orphan))
+            .collect();
     }
 
     /// Carries out decisions through the store; never decides anything.
@@ -641,10 +663,13 @@ pub fn new_traceparent(rng: &mut impl Rng) -> String {
 /// A gauge counting one kind of a check's reports.
 type ReportGauge = (Check, &'static str, fn(&crate::core::plan::Report) -> bool);
 
+/// Drift's count of orphan releases (C5).
+const ORPHAN_GAUGE: &str = "stead_orphan_releases";
+
 /// The reports an operator alerts on, each counted by the check that
 /// reports it.
 const REPORT_GAUGES: [ReportGauge; 2] = [
-    (Check::Drift, "stead_orphan_releases", |r| {
+    (Check::Drift, ORPHAN_GAUGE, |r| {
         matches!(r, crate::core::plan::Report::OrphanRelease { .. })
     }),
     (Check::VersionDrift, "stead_unknown_type_instances", |r| {

@@ -355,6 +355,7 @@ impl World {
         Snapshot {
             now: self.now,
             instances: self.instances.clone(),
+            unreadable_instances: 0,
             tasks: self.tasks.clone(),
             releases: self.releases.clone(),
             catalog: &self.catalog,

@@ -80,6 +80,9 @@ struct State {
     unavailable: bool,
     /// Calls left to fail before the store answers again.
     failing_calls: u32,
+    /// An instance row that does not decode (another tool wrote a value
+    /// stead does not know): listed and loaded as a bad row.
+    garbled: Option<InstanceId>,
     n_calls: u64,
     instances: BTreeMap<InstanceId, Instance>,
     /// The index the SQL stores keep on `instances.name`: names never
@@ -205,6 +208,14 @@ impl MemoryStore {
         self.lock().failing_calls = n;
     }
 
+    /// Fault hook: while set, instance `id`'s row does not decode, as if
+    /// another tool had written a state stead does not know: the listing
+    /// reports it among its bad rows and a load under its lock fails with
+    /// the same error; every other row reads as before. `None` mends it.
+    pub fn garble_instance_row(&self, id: Option<InstanceId>) {
+        self.lock().garbled = id;
+    }
+
     /// How many calls reached the store (failed ones included); lets a
     /// simulation check that a tick touched the store at all.
     pub fn n_calls(&self) -> u64 {
@@ -285,6 +296,16 @@ impl MemoryStore {
     }
 }
 
+/// What a SQL store reports for an instance row it cannot decode.
+fn garbled_row(id: InstanceId) -> StoreError {
+    StoreError::BadRow {
+        table: "instances",
+        id: id.to_string(),
+        field: "state",
+        value: "garbled".to_owned(),
+    }
+}
+
 impl State {
     fn instance_id(&self, name: &InstanceName) -> Option<InstanceId> {
         self.names.get(name).copied()
@@ -297,6 +318,10 @@ impl State {
             let Some(instance) = self.instances.get(id) else {
                 continue;
             };
+            if self.garbled == Some(*id) {
+                loaded.insert(*id, Err(garbled_row(*id)));
+                continue;
+            }
             // Inserted one by one, as a SQL store decodes rows: `collect`
             // would gather and sort a vector first.
             let mut active = ActiveRecord::default();
@@ -521,9 +546,20 @@ impl Store for MemoryStore {
 
     async fn list_instances(&self) -> Result<Rows<Instance>, StoreError> {
         let state = self.call()?;
+        let Some(garbled) = state.garbled.filter(|id| state.instances.contains_key(id)) else {
+            return Ok(Rows {
+                rows: state.instances.values().cloned().collect(),
+                bad: Vec::new(),
+            });
+        };
         Ok(Rows {
-            rows: state.instances.values().cloned().collect(),
-            bad: Vec::new(),
+            rows: state
+                .instances
+                .values()
+                .filter(|i| i.id != garbled)
+                .cloned()
+                .collect(),
+            bad: vec![garbled_row(garbled)],
         })
     }
 

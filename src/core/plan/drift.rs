@@ -15,6 +15,8 @@ impl Planner<'_, '_> {
     /// A live release no instance names is reported at error level every
     /// tick and never deleted: "the database does not know it" is one query
     /// against one database, and the release may belong to someone else.
+    /// While an instance row does not decode, no release is called an
+    /// orphan (it may be that row's): the report says so instead.
     ///
     /// Plans nothing when the releases could not be listed.
     pub fn drift(&self) -> Plan {
@@ -72,6 +74,15 @@ impl Planner<'_, '_> {
                 team: instance.team.clone(),
                 message: format!("reprovisioning {}: {reason}", instance.name),
             }));
+        }
+        if snapshot.unreadable_instances > 0 {
+            // An instance row that does not decode still owns its release:
+            // calling that release an orphan would invite an operator to
+            // remove a live tenant's deployment by hand.
+            plan.reports.push(Report::OrphansWithheld {
+                unreadable: snapshot.unreadable_instances,
+            });
+            return plan;
         }
         let mut orphans: Vec<(&str, &str)> = live
             .distinct

@@ -50,6 +50,10 @@ use super::window::WindowError;
 pub struct Snapshot<'a> {
     pub now: Timestamp,
     pub instances: Vec<Instance>,
+    /// Instance rows the store could not decode (each logged, none in
+    /// `instances`): a live release may be one of theirs, so drift calls
+    /// no release an orphan while there are any.
+    pub unreadable_instances: usize,
     /// The queued and running tasks. Finished tasks may be present; they
     /// are ignored.
     pub tasks: Vec<Task>,
@@ -157,6 +161,10 @@ pub enum Report {
     /// A live release the database does not know. Never deleted: it might
     /// belong to another team or tool; a human decides (C5).
     OrphanRelease { name: String, namespace: String },
+    /// Orphan releases were not judged this tick: `unreadable` instance
+    /// rows did not decode, and a live release no readable row names may
+    /// be one of theirs. What was last reported of orphans stands.
+    OrphansWithheld { unreadable: usize },
     /// An instance's maintenance window did not parse; its upgrade was
     /// skipped this tick and every other instance was planned (C8).
     BadWindow {
@@ -190,6 +198,12 @@ impl std::fmt::Display for Report {
                 f,
                 "release {name} in {namespace} belongs to no instance stead knows; \
                  it is left alone (C5): remove it by hand if it is not someone else's"
+            ),
+            Self::OrphansWithheld { unreadable } => write!(
+                f,
+                "orphan releases not judged: {unreadable} instance row(s) do not decode \
+                 (each is logged as a bad row), and a release no readable row names may be \
+                 theirs; fix the rows"
             ),
             Self::BadWindow {
                 name,
@@ -226,7 +240,9 @@ impl Report {
     pub fn level(&self) -> Level {
         match self {
             Self::OrphanRelease { .. } | Self::BadRelease { .. } => Level::Error,
-            Self::BadWindow { .. } | Self::RunningWithoutLease { .. } => Level::Warn,
+            Self::BadWindow { .. }
+            | Self::RunningWithoutLease { .. }
+            | Self::OrphansWithheld { .. } => Level::Warn,
             Self::UnknownServiceType { .. } => Level::Warn,
         }
     }

@@ -165,8 +165,9 @@ struct State {
     rows_garbled: bool,
     /// When the last garbled row was mended.
     rows_mended_at: Option<Timestamp>,
-    /// The orphan gauge as the last leader's tick that ran drift left it.
-    orphans_reported: Option<f64>,
+    /// The orphan gauge as the last leader's tick that ran drift left it
+    /// (`None`: never set).
+    orphans_reported: Option<Option<f64>>,
     /// When each instance last changed state.
     state_changed_at: BTreeMap<InstanceName, Timestamp>,
     /// The catalog's version of the fleet's type, and when it last changed.
@@ -764,13 +765,14 @@ impl Checker {
         let settled_before = began - jiff::SignedDuration::try_from(CLOCK_TOLERANCE).expect("fits");
         let instances = self.store().all_instances();
         let releases = provisioner.release_names();
-        let Some(reported) = gauges.gauge("stead_orphan_releases") else {
-            return;
-        };
+        // Unset after a leader's tick that ran drift only if drift has
+        // withheld its judgement ever since the daemon started.
+        let gauge = gauges.gauge("stead_orphan_releases");
+        let reported = gauge.unwrap_or(0.0);
         let mut s = self.lock();
         let moved = instances.iter().any(|i| i.updated_at >= settled_before)
             || s.releases_moved_at.is_some_and(|at| at >= settled_before);
-        let before = s.orphans_reported.replace(reported);
+        let before = s.orphans_reported.replace(gauge);
         drop(s);
         if moved {
             return;
@@ -784,8 +786,9 @@ impl Checker {
             .iter()
             .filter(|r| !named.contains(r.as_str()))
             .collect();
-        let exact = reported == orphans.len() as f64;
-        let withheld = garbled && before == Some(reported);
+        let exact = gauge.is_some() && reported == orphans.len() as f64
+            || gauge.is_none() && orphans.is_empty();
+        let withheld = garbled && before.is_none_or(|b| b == gauge);
         let mut s = self.lock();
         s.check(
             "C5 orphan releases reported exactly",

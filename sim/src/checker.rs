@@ -786,8 +786,7 @@ impl Checker {
             .iter()
             .filter(|r| !named.contains(r.as_str()))
             .collect();
-        let exact = gauge.is_some() && reported == orphans.len() as f64
-            || gauge.is_none() && orphans.is_empty();
+        let exact = reported == orphans.len() as f64;
         let withheld = garbled && before.is_none_or(|b| b == gauge);
         let mut s = self.lock();
         s.check(

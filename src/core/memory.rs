@@ -53,32 +53,30 @@ impl InstanceMemory {
     }
 
     pub fn put(&mut self, key: &GenerationKey, memory: &ServiceMemory) {
-        let instance = self;
-        let at = instance.generations.iter().position(|(k, _)| k == key);
+        let at = self.generations.iter().position(|(k, _)| k == key);
         match (at, memory.generation.is_empty()) {
             (Some(at), true) => {
-                instance.generations.remove(at);
+                self.generations.remove(at);
             }
-            (Some(at), false) => instance.generations[at].1 = memory.generation.clone(),
+            (Some(at), false) => self.generations[at].1 = memory.generation.clone(),
             (None, true) => {}
             (None, false) => {
-                instance
-                    .generations
+                self.generations
                     .push((key.clone(), memory.generation.clone()));
-                instance.generations.sort_by(|a, b| a.0.cmp(&b.0));
+                self.generations.sort_by(|a, b| a.0.cmp(&b.0));
             }
         }
-        let pending = instance
+        let pending = self
             .pending_withdrawals
             .iter()
             .position(|s| s == &key.service);
         match (pending, memory.withdrawal_pending) {
             (None, true) => {
-                instance.pending_withdrawals.push(key.service.clone());
-                instance.pending_withdrawals.sort();
+                self.pending_withdrawals.push(key.service.clone());
+                self.pending_withdrawals.sort();
             }
             (Some(at), false) => {
-                instance.pending_withdrawals.remove(at);
+                self.pending_withdrawals.remove(at);
             }
             _ => {}
         }

@@ -546,20 +546,15 @@ impl Store for MemoryStore {
 
     async fn list_instances(&self) -> Result<Rows<Instance>, StoreError> {
         let state = self.call()?;
-        let Some(garbled) = state.garbled.filter(|id| state.instances.contains_key(id)) else {
-            return Ok(Rows {
-                rows: state.instances.values().cloned().collect(),
-                bad: Vec::new(),
-            });
-        };
+        let garbled = state.garbled.filter(|id| state.instances.contains_key(id));
         Ok(Rows {
             rows: state
                 .instances
                 .values()
-                .filter(|i| i.id != garbled)
+                .filter(|i| Some(i.id) != garbled)
                 .cloned()
                 .collect(),
-            bad: vec![garbled_row(garbled)],
+            bad: garbled.map(garbled_row).into_iter().collect(),
         })
     }
 

@@ -17,7 +17,9 @@ use std::time::Duration;
 use jiff::Timestamp;
 use proptest::prelude::*;
 use proptest::test_runner::{Config, TestCaseError, TestRunner};
-use stead::core::fleet::{add, Instance, InstanceState, NewTask, RolloutState, Task, TaskKind};
+use stead::core::fleet::{
+    add, Instance, InstanceState, ListedInstance, NewTask, RolloutState, Task, TaskKind,
+};
 use stead::core::types::{
     ActiveRecord, ActiveService, ContainerId, Inhibition, InhibitionReason, InstanceName,
     ServiceName,
@@ -312,6 +314,7 @@ enum Seen {
     Expired(Box<Seen>, Vec<i64>),
     Instance(Option<Instance>),
     Instances(Vec<Instance>, usize),
+    Listed(Vec<ListedInstance>, usize),
     Task(Option<Task>),
     Tasks(Vec<Task>, usize),
     Active(ActiveRecord),
@@ -701,6 +704,18 @@ async fn snapshot(subject: &Subject) -> Vec<Seen> {
         seen(store.list_instances().await, |rows| {
             Seen::Instances(
                 rows.rows.into_iter().map(|i| subject.instance(i)).collect(),
+                rows.bad.len(),
+            )
+        }),
+        seen(store.list_for_recovery().await, |rows| {
+            Seen::Listed(
+                rows.rows
+                    .into_iter()
+                    .map(|mut i| {
+                        i.id = subject.canonical_instance(i.id);
+                        i
+                    })
+                    .collect(),
                 rows.bad.len(),
             )
         }),

@@ -10,7 +10,9 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use jiff::Timestamp;
-use stead::core::fleet::{add, InstanceState, NewTask, RolloutState, TaskKind, TaskState};
+use stead::core::fleet::{
+    add, InstanceState, ListedInstance, NewTask, RolloutState, TaskKind, TaskState,
+};
 use stead::core::types::{
     ActiveService, ContainerId, Inhibition, InhibitionReason, InstanceName, ServiceName,
 };
@@ -187,6 +189,12 @@ async fn instances_are_listed_in_id_order(s: TestStore) {
     assert!(listed.bad.is_empty());
     let names: Vec<_> = listed.rows.iter().map(|i| i.name.as_str()).collect();
     assert_eq!(names, ["c", "a", "b"]);
+    // A recovery pass's listing: the same instances, in the same order,
+    // each with the fields the pass plans by.
+    let for_recovery = store.list_for_recovery().await.unwrap();
+    assert!(for_recovery.bad.is_empty());
+    let expected: Vec<ListedInstance> = listed.rows.iter().map(ListedInstance::from).collect();
+    assert_eq!(for_recovery.rows, expected);
 }
 
 async fn instance_state_is_compare_and_set(s: TestStore) {
@@ -1487,6 +1495,14 @@ async fn unknown_instance_state_is_a_bad_row_and_others_are_listed(s: TestStore)
         message.contains("instances") && message.contains("suspended"),
         "{message}"
     );
+    let for_recovery = store.list_for_recovery().await.unwrap();
+    let names: Vec<_> = for_recovery.rows.iter().map(|i| i.name.as_str()).collect();
+    assert_eq!(names, ["good-1", "good-2"]);
+    assert!(
+        matches!(&for_recovery.bad[..], [StoreError::BadRow { table: "instances", field: "state", value, .. }] if value == "suspended"),
+        "{:?}",
+        for_recovery.bad
+    );
     let direct = store.instance(&InstanceName::new("weird")).await;
     assert!(
         matches!(direct, Err(StoreError::BadRow { .. })),
@@ -1592,6 +1608,10 @@ async fn instance_names_that_are_not_dns_labels_are_bad_rows_and_others_are_list
         })
         .collect();
     assert_eq!(reported, bad);
+    let for_recovery = store.list_for_recovery().await.unwrap();
+    let names: Vec<_> = for_recovery.rows.iter().map(|i| i.name.as_str()).collect();
+    assert_eq!(names, ["good-1", "good-2"]);
+    assert_eq!(for_recovery.bad, listed.bad);
     let direct = store.instance(&InstanceName::new("x/../../config#")).await;
     assert!(
         matches!(&direct, Err(StoreError::BadRow { field: "name", .. })),
@@ -1858,6 +1878,12 @@ async fn sqlite_a_value_of_the_wrong_type_fails_only_its_row() {
     );
     let message = listed.bad[0].to_string();
     assert!(message.contains("soon"), "the value is quoted: {message}");
+    // A recovery pass lists it (its name and state are sound), so its
+    // routes are not taken for a gone instance's; its load fails alone.
+    let for_recovery = store.list_for_recovery().await.unwrap();
+    let names: Vec<_> = for_recovery.rows.iter().map(|i| i.name.as_str()).collect();
+    assert_eq!(names, ["good-1", "odd-1"]);
+    assert!(for_recovery.bad.is_empty(), "{:?}", for_recovery.bad);
 
     let batch = store.load_instances(&[good, odd]).await.unwrap();
     assert!(batch[&good].is_ok(), "{batch:?}");

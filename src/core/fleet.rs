@@ -306,6 +306,29 @@ impl Instance {
     }
 }
 
+/// One instance as a whole recovery pass lists it: what the pass plans
+/// by (which instances to drive, which to forget, whose routes are gone,
+/// which Kubernetes recovers). The rest of the row is read under the
+/// instance's lock, so a fleet's listing stays a few words per instance.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ListedInstance {
+    pub id: InstanceId,
+    pub name: InstanceName,
+    pub service_type: String,
+    pub state: InstanceState,
+}
+
+impl From<&Instance> for ListedInstance {
+    fn from(instance: &Instance) -> Self {
+        Self {
+            id: instance.id,
+            name: instance.name.clone(),
+            service_type: instance.service_type.clone(),
+            state: instance.state,
+        }
+    }
+}
+
 /// One row of the durable task queue.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Task {

@@ -32,7 +32,7 @@ use jiff::Timestamp;
 use super::broken::Mutant;
 use super::errors::{failure_of, ErrorKind, PortName, StoreError, TrafficError};
 
-use super::fleet::{Instance, InstanceState};
+use super::fleet::{InstanceState, ListedInstance};
 use super::memory::InstanceMemory;
 use super::policy::RecoveryPolicy;
 use super::recovery::{
@@ -675,14 +675,14 @@ pub struct FleetPassPlan {
     /// Deleted instances: their memory is forgotten, nothing else done.
     pub forget: Vec<InstanceName>,
     /// Every other instance, in listing order, each by its own pass.
-    pub recover: Vec<Instance>,
+    pub recover: Vec<ListedInstance>,
 }
 
-/// Whether the recovery pass acts on `instance` (R2): every instance but
-/// a deleted one, whose memory is only forgotten. A targeted pass (a
-/// runtime event, T7) asks the same.
-pub fn is_recovered(instance: &Instance) -> bool {
-    instance.state != InstanceState::Deleted
+/// Whether the recovery pass acts on an instance in `state` (R2): every
+/// instance but a deleted one, whose memory is only forgotten. A targeted
+/// pass (a runtime event, T7) asks the same.
+pub fn is_recovered(state: InstanceState) -> bool {
+    state != InstanceState::Deleted
 }
 
 /// Plans a whole pass from the routes read back (`None`: not read) and the
@@ -690,7 +690,7 @@ pub fn is_recovered(instance: &Instance) -> bool {
 /// instances: with any, no route is taken for a gone instance's.
 pub fn plan_fleet_pass(
     held: Option<&FleetRoutes>,
-    instances: Vec<Instance>,
+    instances: Vec<ListedInstance>,
     bad_rows: bool,
 ) -> FleetPassPlan {
     let withdraw = match held {
@@ -701,7 +701,7 @@ pub fn plan_fleet_pass(
     // instances would otherwise copy and regrow two vectors of them).
     let mut recover = instances;
     let forget = recover
-        .extract_if(.., |i| !is_recovered(i))
+        .extract_if(.., |i| !is_recovered(i.state))
         .map(|i| i.name)
         .collect();
     FleetPassPlan {
@@ -715,22 +715,12 @@ pub fn plan_fleet_pass(
 mod tests {
     use super::*;
 
-    fn instance(id: i64, name: &str, state: InstanceState) -> Instance {
-        Instance {
-            spec_digest: None,
-            parameters: Default::default(),
-            purge_volumes: false,
+    fn instance(id: i64, name: &str, state: InstanceState) -> ListedInstance {
+        ListedInstance {
             id,
             name: InstanceName::new(name),
-            team: "t".into(),
             service_type: "web".into(),
-            version: "1".into(),
             state,
-            stopped: false,
-            expires_at: None,
-            maintenance_window: None,
-            created_at: Timestamp::UNIX_EPOCH,
-            updated_at: Timestamp::UNIX_EPOCH,
         }
     }
 

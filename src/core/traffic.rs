@@ -8,7 +8,7 @@
 
 use std::collections::BTreeMap;
 
-use super::fleet::{Instance, InstanceState};
+use super::fleet::{InstanceState, ListedInstance};
 use super::hash::FastMap;
 use super::types::{ActiveRecord, InstanceName, ServiceKey};
 
@@ -49,7 +49,10 @@ impl FleetRoutes {
 /// (another tool's row, or one pruned). Nothing may be routed to them.
 /// `instances` must have been listed *after* the routes were read, so an
 /// instance created in between is in the list. In order.
-pub fn routes_of_gone_instances(held: &FleetRoutes, instances: &[Instance]) -> Vec<ServiceKey> {
+pub fn routes_of_gone_instances(
+    held: &FleetRoutes,
+    instances: &[ListedInstance],
+) -> Vec<ServiceKey> {
     let live: FastMap<&InstanceName, InstanceState> =
         instances.iter().map(|i| (&i.name, i.state)).collect();
     let mut gone: Vec<ServiceKey> = held

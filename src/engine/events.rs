@@ -123,7 +123,7 @@ pub async fn drain(
             continue;
         }
         let instance = match store.instance(&name).await {
-            Ok(Some(instance)) if is_recovered(&instance) => instance,
+            Ok(Some(instance)) if is_recovered(instance.state) => instance,
             Ok(_) => continue,
             Err(e) => {
                 let (port, kind) = e.failure();

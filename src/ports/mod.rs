@@ -15,7 +15,7 @@ pub use crate::core::errors::{
     StoreError, TrafficError,
 };
 use crate::core::fleet::{
-    Instance, InstanceId, InstanceState, NewTask, RolloutState, Task, TaskId,
+    Instance, InstanceId, InstanceState, ListedInstance, NewTask, RolloutState, Task, TaskId,
 };
 use crate::core::hash::FastMap;
 use crate::core::spec::{ReadinessProbe, ServiceSpec};
@@ -360,6 +360,12 @@ pub trait Store: Send + Sync {
     async fn instance(&self, name: &InstanceName) -> Result<Option<Instance>, StoreError>;
     async fn instance_by_id(&self, id: InstanceId) -> Result<Option<Instance>, StoreError>;
     async fn list_instances(&self) -> Result<Rows<Instance>, StoreError>;
+    /// Every instance as a whole recovery pass lists it, by id: only what
+    /// the pass plans by, so the listing of a large fleet reads and copies
+    /// a few words per instance; each instance's whole row is read under
+    /// its lock ([`Store::load_instances`]). A row whose listed fields do
+    /// not decode is reported in [`Rows::bad`].
+    async fn list_for_recovery(&self) -> Result<Rows<ListedInstance>, StoreError>;
     /// Compare-and-set; `Ok(false)` when the state was not `from`.
     async fn set_instance_state(
         &self,

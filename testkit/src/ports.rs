@@ -949,18 +949,17 @@ impl Traffic for MemoryTraffic {
             Err(Fault::ProxyRestart) => self.lose_everything(),
             Err(f) => return Err(TrafficError::Unreachable(text_err(f))),
         }
-        Ok(self
-            .routes
-            .lock()
-            .expect("traffic poisoned")
-            .values()
-            .filter_map(|r| {
-                r.binds.values().next().map(|port| HeldRoute {
-                    service: r.service.clone(),
-                    port: *port,
-                })
+        let routes = self.routes.lock().expect("traffic poisoned");
+        // Sized once: a fleet's routes would otherwise regrow (and copy)
+        // the vector a dozen times.
+        let mut held = Vec::with_capacity(routes.len());
+        held.extend(routes.values().filter_map(|r| {
+            r.binds.values().next().map(|port| HeldRoute {
+                service: r.service.clone(),
+                port: *port,
             })
-            .collect())
+        }));
+        Ok(held)
     }
 
     async fn withdraw(&self, service: &ServiceKey) -> Result<(), TrafficError> {

@@ -19,8 +19,8 @@ use async_trait::async_trait;
 use crate::mutants::{self, Mutant};
 use crate::ports::{Effect, Observer};
 use stead::core::fleet::{
-    Instance, InstanceId, InstanceState, NewTask, RolloutState, Task, TaskId, TaskState,
-    CANCELLED_BY_DELETION,
+    Instance, InstanceId, InstanceState, ListedInstance, NewTask, RolloutState, Task, TaskId,
+    TaskState, CANCELLED_BY_DELETION,
 };
 use stead::core::types::{
     ActiveRecord, ActiveService, Binds, ContainerId, Inhibition, InhibitionReason, InstanceName,
@@ -311,6 +311,25 @@ impl State {
         self.names.get(name).copied()
     }
 
+    /// Every instance row by id, each as `row` makes it; the garbled row
+    /// (if any) reported as bad instead.
+    fn listed<T>(&self, row: impl Fn(&Instance) -> T) -> Rows<T> {
+        let garbled = self.garbled.filter(|id| self.instances.contains_key(id));
+        // Sized once: a fleet's listing would otherwise regrow (and copy)
+        // its vector a dozen times.
+        let mut rows = Vec::with_capacity(self.instances.len());
+        rows.extend(
+            self.instances
+                .values()
+                .filter(|i| Some(i.id) != garbled)
+                .map(row),
+        );
+        Rows {
+            rows,
+            bad: garbled.map(garbled_row).into_iter().collect(),
+        }
+    }
+
     /// What [`Store::load_instances`] reads of `ids`.
     fn load(&self, ids: &[InstanceId]) -> LoadedInstances {
         let mut loaded = LoadedInstances::default();
@@ -546,16 +565,12 @@ impl Store for MemoryStore {
 
     async fn list_instances(&self) -> Result<Rows<Instance>, StoreError> {
         let state = self.call()?;
-        let garbled = state.garbled.filter(|id| state.instances.contains_key(id));
-        Ok(Rows {
-            rows: state
-                .instances
-                .values()
-                .filter(|i| Some(i.id) != garbled)
-                .cloned()
-                .collect(),
-            bad: garbled.map(garbled_row).into_iter().collect(),
-        })
+        Ok(state.listed(Instance::clone))
+    }
+
+    async fn list_for_recovery(&self) -> Result<Rows<ListedInstance>, StoreError> {
+        let state = self.call()?;
+        Ok(state.listed(|i| ListedInstance::from(i)))
     }
 
     async fn set_instance_state(

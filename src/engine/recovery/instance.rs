@@ -11,8 +11,7 @@ use tokio::time::Instant;
 
 use crate::core::broken::Mutant;
 use crate::core::errors::PortFailure;
-use crate::core::fleet::Instance;
-use crate::core::fleet::InstanceId;
+use crate::core::fleet::{Instance, InstanceId, ListedInstance};
 use crate::core::memory::InstanceMemory;
 use crate::core::pass::{is_recovered, Abandon, InstancePass, PassInput};
 use crate::core::policy::INSTANCE_LEASE_SLACK;
@@ -44,10 +43,10 @@ impl Recoverer {
     /// Recovers one instance under its lock, its deadline and the lease
     /// (a targeted pass: a runtime event, T7).
     pub async fn recover_instance(&self, instance: &Instance) -> InstanceOutcome {
-        let batch = std::slice::from_ref(instance);
-        let taken = self.take_batch(batch).await;
+        let batch = [ListedInstance::from(instance)];
+        let taken = self.take_batch(&batch).await;
         let outcome = self
-            .finish_batch(batch, taken, None)
+            .finish_batch(&batch, taken, None)
             .await
             .pop()
             .map_or_else(InstanceOutcome::default, |(_, outcome)| outcome);
@@ -61,8 +60,8 @@ impl Recoverer {
     /// taken (busy ones skipped, R3) and their rows loaded under them, in
     /// one round trip where the store can. The store's round trips per
     /// pass grow with the number of batches, not of instances (issue #14).
-    pub(super) async fn take_batch(&self, batch: &[Instance]) -> Taken {
-        let each = |f: &dyn Fn(&Instance) -> InstanceOutcome| {
+    pub(super) async fn take_batch(&self, batch: &[ListedInstance]) -> Taken {
+        let each = |f: &dyn Fn(&ListedInstance) -> InstanceOutcome| {
             Taken::Settled(batch.iter().map(|i| (i.name.clone(), f(i))).collect())
         };
         let Some(fence) = self.fence().await else {
@@ -144,7 +143,7 @@ impl Recoverer {
     /// in order), then the locks released in one round trip.
     pub(super) async fn finish_batch(
         &self,
-        batch: &[Instance],
+        batch: &[ListedInstance],
         taken: Taken,
         mut held: Option<&mut FleetRoutes>,
     ) -> Vec<(InstanceName, InstanceOutcome)> {
@@ -184,7 +183,9 @@ impl Recoverer {
                     let row = loaded.remove(&instance.id);
                     // Only for the instances `pass_of` drives.
                     let remembered = match &row {
-                        Some(Ok(row)) if lock_until.is_some() && is_recovered(&row.instance) => {
+                        Some(Ok(row))
+                            if lock_until.is_some() && is_recovered(row.instance.state) =>
+                        {
                             memory.of_instance(&row.instance.name)
                         }
                         _ => InstanceMemory::default(),
@@ -247,7 +248,7 @@ impl Recoverer {
             // Deleted since it was listed (or since the event
             // that asked for it): nothing of it is recovered, and
             // what was remembered of it goes (R4).
-            (Some(_), Some(Ok(row))) if !is_recovered(&row.instance) => {
+            (Some(_), Some(Ok(row))) if !is_recovered(row.instance.state) => {
                 self.memory
                     .lock()
                     .expect("memory poisoned")

@@ -146,7 +146,7 @@ impl Recoverer {
         // created in between is listed, so its fresh route is never taken
         // for a gone instance's.
         let mut held = self.read_traffic_plane(&mut outcome).await;
-        let mut rows = match self.ports.store.list_instances().await {
+        let mut rows = match self.ports.store.list_for_recovery().await {
             Ok(rows) => rows,
             Err(e) => {
                 outcome

@@ -18,13 +18,14 @@ use super::rows::{assemble_loaded, collect_rows, count_states, found_or, instanc
 use super::rows::{
     claim_order, decode_rollout, decode_rollout_record, encode_binds, encode_grace,
     encode_parameters, encode_timestamp, inhibition_order, lease_grant, read_rows, ActiveRow,
-    BatchRows, InhibitionRow, InstanceRow, LeaseRow, ReadRow, TaskRow,
+    BatchRows, InhibitionRow, InstanceRow, LeaseRow, ListedRow, ReadRow, TaskRow,
 };
 use super::shared::impl_sql_store;
 use super::statements as sql;
 use super::{db_error, migrate_error};
 use crate::core::fleet::{
-    Instance, InstanceId, InstanceState, NewTask, RolloutState, Task, TaskId, CANCELLED_BY_DELETION,
+    Instance, InstanceId, InstanceState, ListedInstance, NewTask, RolloutState, Task, TaskId,
+    CANCELLED_BY_DELETION,
 };
 use crate::core::types::{
     ActiveRecord, ActiveService, Binds, ContainerId, Inhibition, InstanceName, ServiceName,
@@ -82,6 +83,15 @@ impl PostgresStore {
     /// Every instance row, by id.
     async fn instance_rows(&self) -> Result<Vec<ReadRow<InstanceRow>>, StoreError> {
         sqlx::query_as::<_, InstanceRow>(sql::LIST_INSTANCES)
+            .fetch_all(&self.pool)
+            .await
+            .map(read_rows)
+            .map_err(db_error)
+    }
+
+    /// Every instance as a whole pass lists it, by id.
+    async fn listed_rows(&self) -> Result<Vec<ReadRow<ListedRow>>, StoreError> {
+        sqlx::query_as::<_, ListedRow>(sql::LIST_FOR_RECOVERY)
             .fetch_all(&self.pool)
             .await
             .map(read_rows)

@@ -10,7 +10,7 @@ use std::time::Duration;
 use std::collections::BTreeMap;
 
 use crate::core::fleet::{
-    Instance, InstanceId, InstanceState, RolloutState, Task, TaskKind, TaskState,
+    Instance, InstanceId, InstanceState, ListedInstance, RolloutState, Task, TaskKind, TaskState,
 };
 use crate::core::names::{self, NameError};
 use crate::core::types::{
@@ -109,6 +109,33 @@ pub struct InstanceRow {
     #[serde(deserialize_with = "bool_of_int")]
     pub purge_volumes: bool,
     pub spec_digest: Option<String>,
+}
+
+/// An instance row as a whole recovery pass lists it
+/// ([`crate::ports::Store::list_for_recovery`]).
+#[derive(Debug, sqlx::FromRow, serde::Deserialize)]
+pub struct ListedRow {
+    pub id: i64,
+    pub name: String,
+    pub service_type: String,
+    pub state: String,
+}
+
+impl ListedRow {
+    /// Checked as [`InstanceRow::decode`] checks the same fields.
+    pub fn decode(self) -> Result<ListedInstance, StoreError> {
+        const T: &str = "instances";
+        let id = self.id.to_string();
+        let state =
+            InstanceState::parse(&self.state).map_err(|_| bad_row(T, &id, "state", &self.state))?;
+        check_name(T, &id, "name", &self.name, names::check_instance_name)?;
+        Ok(ListedInstance {
+            id: self.id,
+            name: InstanceName::new(self.name),
+            service_type: self.service_type,
+            state,
+        })
+    }
 }
 
 impl InstanceRow {

@@ -98,6 +98,13 @@ macro_rules! impl_sql_store {
                 })))
             }
 
+            async fn list_for_recovery(&self) -> Result<Rows<ListedInstance>, StoreError> {
+                let rows = self.listed_rows().await?;
+                Ok(collect_rows(rows.into_iter().map(|row| {
+                    row.map_err(|(_, e)| e).and_then(ListedRow::decode)
+                })))
+            }
+
             async fn set_instance_state(
                 &self,
                 id: InstanceId,

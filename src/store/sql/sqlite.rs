@@ -22,13 +22,14 @@ use super::rows::{assemble_loaded, collect_rows, count_states, found_or, instanc
 use super::rows::{
     bad_row, claim_order, decode_rollout, decode_rollout_record, encode_binds, encode_grace,
     encode_parameters, encode_timestamp, inhibition_order, lease_grant, read_rows, ActiveRow,
-    BatchRows, InhibitionRow, InstanceRow, LeaseRow, ReadRow, TaskRow,
+    BatchRows, InhibitionRow, InstanceRow, LeaseRow, ListedRow, ReadRow, TaskRow,
 };
 use super::shared::impl_sql_store;
 use super::statements as sql;
 use super::{db_error, migrate_error};
 use crate::core::fleet::{
-    Instance, InstanceId, InstanceState, NewTask, RolloutState, Task, TaskId, CANCELLED_BY_DELETION,
+    Instance, InstanceId, InstanceState, ListedInstance, NewTask, RolloutState, Task, TaskId,
+    CANCELLED_BY_DELETION,
 };
 use crate::core::types::{
     ActiveRecord, ActiveService, Binds, ContainerId, Inhibition, InstanceName, ServiceName,
@@ -276,6 +277,9 @@ mod batch {
         instance_object!(),
         " ORDER BY id) FROM instances"
     );
+    /// What a whole pass lists of every instance (`ListedRow`).
+    pub const LISTED: &str = "SELECT json_group_array(json_object('id', id, 'name', name, \
+         'service_type', service_type, 'state', state) ORDER BY id) FROM instances";
     pub const INSTANCES_OF_IDS: &str = concat!(
         "SELECT json_group_array(",
         instance_object!(),
@@ -332,6 +336,15 @@ impl SqliteStore {
     /// Every instance row, by id.
     async fn instance_rows(&self) -> Result<Vec<ReadRow<InstanceRow>>, StoreError> {
         let json: String = sqlx::query_scalar(batch::INSTANCES)
+            .fetch_one(&self.pool)
+            .await
+            .map_err(db_error)?;
+        json_rows("instances", "id", &json)
+    }
+
+    /// Every instance as a whole pass lists it, by id.
+    async fn listed_rows(&self) -> Result<Vec<ReadRow<ListedRow>>, StoreError> {
+        let json: String = sqlx::query_scalar(batch::LISTED)
             .fetch_one(&self.pool)
             .await
             .map_err(db_error)?;

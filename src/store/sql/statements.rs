@@ -36,6 +36,10 @@ pub const LIST_INSTANCES: &str = "SELECT id, name, team, service_type, version, 
      expires_at_us, maintenance_window, created_at_us, updated_at_us, parameters, purge_volumes, spec_digest \
      FROM instances ORDER BY id";
 
+/// What a whole recovery pass lists of every instance (`ListedRow`).
+pub const LIST_FOR_RECOVERY: &str =
+    "SELECT id, name, service_type, state FROM instances ORDER BY id";
+
 /// Compare-and-set: the `WHERE state = $2` is the compare.
 pub const SET_INSTANCE_STATE: &str =
     "UPDATE instances SET state = $3, updated_at_us = $4 WHERE id = $1 AND state = $2";

@@ -29,7 +29,7 @@ use stead_testkit::ports::{
     Fault, FaultInjector, Hooks, ManualClock, MemoryNotifier, MemoryPolicy, MemoryProbe,
     MemoryProvisioner, MemoryRuntime, MemoryTraffic, Op,
 };
-use stead_testkit::store::MemoryStore;
+use stead_testkit::store::{Garbled, MemoryStore};
 
 const CATALOG: &str = r#"
 [types.wiki]
@@ -408,7 +408,8 @@ async fn an_unreadable_instance_row_is_neither_an_orphan_nor_gone() {
     assert!(out.ok(), "{:?}", out.failed);
     assert_eq!(tally.gauge("stead_orphan_releases"), Some(1.0));
 
-    f.store.garble_instance_row(Some(hidden.id));
+    f.store
+        .garble_instance_row(Some((hidden.id, Garbled::Listed)));
     let out = r.tick().await;
     // The bad row is the operator's to fix, so the pass says so; every
     // other check ran clean.
@@ -433,6 +434,72 @@ async fn an_unreadable_instance_row_is_neither_an_orphan_nor_gone() {
     let out = r.tick().await;
     assert!(out.ok(), "{:?}", out.failed);
     assert_eq!(tally.gauge("stead_orphan_releases"), Some(0.0));
+}
+
+/// A whole pass lists the fleet by id, name, type and state only. A row
+/// garbled in another field (its parameters) is listed: its routes are not
+/// taken for a gone instance's, its load fails alone, and the routes of an
+/// instance that really is gone are still withdrawn. A row garbled in a
+/// listed field hides the instance, so nothing is taken for gone then.
+#[tokio::test]
+async fn a_row_garbled_outside_the_listed_fields_fails_only_its_own_load() {
+    let f = fixture();
+    let recoverer = f.recoverer();
+    let hidden = f.served("wiki1", "2").await;
+    f.served("wiki2", "2").await;
+    let web = f.traffic.routes()[&ServiceKey {
+        instance: InstanceName::new("wiki1"),
+        service: ServiceName::new("web"),
+    }]
+        .clone();
+    let leave_ghost = |name: &str| {
+        let route = stead::ports::Route {
+            service: ServiceKey {
+                instance: InstanceName::new(name),
+                service: ServiceName::new("web"),
+            },
+            ..web.clone()
+        };
+        let traffic = f.traffic.clone();
+        async move { traffic.publish(&route).await.unwrap() }
+    };
+
+    leave_ghost("ghost1").await;
+    f.store
+        .garble_instance_row(Some((hidden.id, Garbled::Unlisted)));
+    let outcome = recoverer.pass().await;
+    let wiki1 = outcome.instance(&hidden.name).expect("listed");
+    assert!(!wiki1.driven);
+    assert!(
+        matches!(
+            &wiki1.errors[..],
+            [RecoverError::Load {
+                source: stead::ports::StoreError::BadRow {
+                    field: "parameters",
+                    ..
+                },
+                ..
+            }]
+        ),
+        "{:?}",
+        wiki1.errors
+    );
+    assert!(
+        outcome
+            .instance(&InstanceName::new("wiki2"))
+            .unwrap()
+            .driven
+    );
+    assert!(!f.routed("ghost1", "web"), "a gone instance's route goes");
+    assert!(f.routed("wiki1", "web"), "not taken for a gone instance's");
+
+    leave_ghost("ghost2").await;
+    f.store
+        .garble_instance_row(Some((hidden.id, Garbled::Listed)));
+    let outcome = recoverer.pass().await;
+    assert!(outcome.instance(&hidden.name).is_none(), "not listed");
+    assert!(f.routed("ghost2", "web"), "nothing is taken for gone");
+    assert!(f.routed("wiki1", "web"));
 }
 
 #[tokio::test]

@@ -28,7 +28,7 @@ use stead_testkit::ports::{
     Hooks, MemContainer, MemoryNotifier, MemoryProbe, MemoryProvisioner, MemoryRuntime,
     MemoryTraffic,
 };
-use stead_testkit::store::MemoryStore;
+use stead_testkit::store::{Garbled, MemoryStore};
 
 use crate::checker::{ladder_cap, Checker, CLOCK_TOLERANCE};
 use crate::topology::{process_main, Shared, Slot, Topology};
@@ -228,6 +228,11 @@ async fn simulate(cfg: SimConfig, tally: crate::coverage::Tally) -> SimOutcome {
     // know): drawn from their own stream, so every other fault of a seed
     // stays what it was before this fault existed.
     let mut row_rng = ChaCha8Rng::seed_from_u64(cfg.seed ^ 0x5851_f42d_4c95_7f2d);
+    // Which field another tool garbled: the state, which every listing
+    // reads, or the parameters, which a recovery pass's listing does not
+    // (it lists the instance, and only its load fails). Its own stream
+    // too, so the garbled rows and ticks stay what they were.
+    let mut field_rng = ChaCha8Rng::seed_from_u64(cfg.seed ^ 0x2545_f491_4f6c_dd1d);
     let garble_p = if row_rng.random_bool(0.5) {
         row_rng.random_range(0.0..0.08)
     } else {
@@ -246,9 +251,15 @@ async fn simulate(cfg: SimConfig, tally: crate::coverage::Tally) -> SimOutcome {
             })
             .flatten();
         if let Some(id) = garbled {
-            counts.bump("instance row garbled for a tick");
+            let field = if field_rng.random_bool(0.5) {
+                counts.bump("instance row garbled for a tick (its state)");
+                Garbled::Listed
+            } else {
+                counts.bump("instance row garbled for a tick (its parameters)");
+                Garbled::Unlisted
+            };
             checker.set_rows_garbled(true);
-            store.garble_instance_row(Some(id));
+            store.garble_instance_row(Some((id, field)));
         }
         // A bumped catalog is rolled out as operators do: every process
         // restarts with the new file (memory lost, R17).

@@ -81,8 +81,9 @@ struct State {
     /// Calls left to fail before the store answers again.
     failing_calls: u32,
     /// An instance row that does not decode (another tool wrote a value
-    /// stead does not know): listed and loaded as a bad row.
-    garbled: Option<InstanceId>,
+    /// stead does not know), and which of its fields: listed and loaded as
+    /// a bad row where a read decodes that field.
+    garbled: Option<(InstanceId, Garbled)>,
     n_calls: u64,
     instances: BTreeMap<InstanceId, Instance>,
     /// The index the SQL stores keep on `instances.name`: names never
@@ -208,12 +209,13 @@ impl MemoryStore {
         self.lock().failing_calls = n;
     }
 
-    /// Fault hook: while set, instance `id`'s row does not decode, as if
-    /// another tool had written a state stead does not know: the listing
-    /// reports it among its bad rows and a load under its lock fails with
-    /// the same error; every other row reads as before. `None` mends it.
-    pub fn garble_instance_row(&self, id: Option<InstanceId>) {
-        self.lock().garbled = id;
+    /// Fault hook: while set, an instance's row does not decode, as if
+    /// another tool had written a value stead does not know into one of
+    /// its fields. Every read that decodes that field reports the row
+    /// among its bad rows (a load under the lock fails with the same
+    /// error); every other row reads as before. `None` mends it.
+    pub fn garble_instance_row(&self, garbled: Option<(InstanceId, Garbled)>) {
+        self.lock().garbled = garbled;
     }
 
     /// How many calls reached the store (failed ones included); lets a
@@ -297,12 +299,29 @@ impl MemoryStore {
 }
 
 /// What a SQL store reports for an instance row it cannot decode.
-fn garbled_row(id: InstanceId) -> StoreError {
+/// Which field of a garbled instance row does not decode
+/// ([`MemoryStore::garble_instance_row`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Garbled {
+    /// The state, which a recovery pass lists by: the row is bad in every
+    /// listing and every load.
+    Listed,
+    /// The parameters, which only whole rows carry: a recovery pass lists
+    /// the instance ([`Store::list_for_recovery`]), and its load and the
+    /// whole listing report the row as bad.
+    Unlisted,
+}
+
+fn garbled_row((id, garbled): (InstanceId, Garbled)) -> StoreError {
+    let (field, value) = match garbled {
+        Garbled::Listed => ("state", "garbled"),
+        Garbled::Unlisted => ("parameters", "{garbled"),
+    };
     StoreError::BadRow {
         table: "instances",
         id: id.to_string(),
-        field: "state",
-        value: "garbled".to_owned(),
+        field,
+        value: value.to_owned(),
     }
 }
 
@@ -312,16 +331,19 @@ impl State {
     }
 
     /// Every instance row by id, each as `row` makes it; the garbled row
-    /// (if any) reported as bad instead.
-    fn listed<T>(&self, row: impl Fn(&Instance) -> T) -> Rows<T> {
-        let garbled = self.garbled.filter(|id| self.instances.contains_key(id));
+    /// (if any, and if the listing reads its garbled field: every field
+    /// when `whole`) reported as bad instead.
+    fn listed<T>(&self, whole: bool, row: impl Fn(&Instance) -> T) -> Rows<T> {
+        let garbled = self.garbled.filter(|(id, field)| {
+            self.instances.contains_key(id) && (whole || *field == Garbled::Listed)
+        });
         // Sized once: a fleet's listing would otherwise regrow (and copy)
         // its vector a dozen times.
         let mut rows = Vec::with_capacity(self.instances.len());
         rows.extend(
             self.instances
                 .values()
-                .filter(|i| Some(i.id) != garbled)
+                .filter(|i| garbled.is_none_or(|(id, _)| id != i.id))
                 .map(row),
         );
         Rows {
@@ -337,8 +359,8 @@ impl State {
             let Some(instance) = self.instances.get(id) else {
                 continue;
             };
-            if self.garbled == Some(*id) {
-                loaded.insert(*id, Err(garbled_row(*id)));
+            if let Some(garbled) = self.garbled.filter(|(garbled, _)| garbled == id) {
+                loaded.insert(*id, Err(garbled_row(garbled)));
                 continue;
             }
             // Inserted one by one, as a SQL store decodes rows: `collect`
@@ -565,12 +587,12 @@ impl Store for MemoryStore {
 
     async fn list_instances(&self) -> Result<Rows<Instance>, StoreError> {
         let state = self.call()?;
-        Ok(state.listed(Instance::clone))
+        Ok(state.listed(true, Instance::clone))
     }
 
     async fn list_for_recovery(&self) -> Result<Rows<ListedInstance>, StoreError> {
         let state = self.call()?;
-        Ok(state.listed(|i| ListedInstance::from(i)))
+        Ok(state.listed(false, |i| ListedInstance::from(i)))
     }
 
     async fn set_instance_state(

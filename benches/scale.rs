@@ -298,9 +298,11 @@ fn at_once() -> usize {
         .unwrap_or(RecoveryPolicy::default().instances_at_once)
 }
 
+/// The growth exponent between each pair of neighbouring sizes, and over
+/// the whole range when there are more than two: a small fleet fits the
+/// caches, so one step can grow faster than the whole range does.
 fn growth(rows: &[Row]) {
-    for pair in rows.windows(2) {
-        let (a, b) = (&pair[0], &pair[1]);
+    let line = |a: &Row, b: &Row| {
         let exponent = (b.pass.as_secs_f64() / a.pass.as_secs_f64()).ln()
             / (b.instances as f64 / a.instances as f64).ln();
         println!(
@@ -310,6 +312,12 @@ fn growth(rows: &[Row]) {
             b.pass.as_secs_f64() / a.pass.as_secs_f64(),
             b.instances / a.instances
         );
+    };
+    for pair in rows.windows(2) {
+        line(&pair[0], &pair[1]);
+    }
+    if let [first, _, .., last] = rows {
+        line(first, last);
     }
 }
 

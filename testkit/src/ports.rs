@@ -252,6 +252,13 @@ pub enum Effect {
 /// Told about every effect. The default ignores them.
 pub trait Observer: Send + Sync {
     fn effect(&self, effect: &Effect);
+
+    /// Whether effects are worth building for it: a port skips building
+    /// (and copying names into) an effect nobody reads, which a steady
+    /// pass over a large fleet would do several times per service.
+    fn observes(&self) -> bool {
+        true
+    }
 }
 
 #[derive(Debug, Default)]
@@ -259,6 +266,10 @@ pub struct NoObserver;
 
 impl Observer for NoObserver {
     fn effect(&self, _: &Effect) {}
+
+    fn observes(&self) -> bool {
+        false
+    }
 }
 
 /// The hooks every in-memory port shares.
@@ -266,6 +277,15 @@ impl Observer for NoObserver {
 pub struct Hooks {
     pub faults: Arc<dyn FaultInjector>,
     pub observer: Arc<dyn Observer>,
+}
+
+impl Hooks {
+    /// Tells the observer of the effect `effect` builds, if it observes.
+    pub fn tell(&self, effect: impl FnOnce() -> Effect) {
+        if self.observer.observes() {
+            self.observer.effect(&effect());
+        }
+    }
 }
 
 impl Default for Hooks {
@@ -655,7 +675,7 @@ impl Runtime for MemoryRuntime {
             status: c.status,
             started_at: c.started_at,
         });
-        self.hooks.observer.effect(&Effect::Inspected {
+        self.hooks.tell(|| Effect::Inspected {
             id: id.clone(),
             seen: observation.as_ref().map(|o| (o.status, o.started_at)),
         });
@@ -668,9 +688,7 @@ impl Runtime for MemoryRuntime {
             .admit(Op::Start, id.as_str())
             .await
             .map_err(runtime_err)?;
-        self.hooks
-            .observer
-            .effect(&Effect::Started { id: id.clone() });
+        self.hooks.tell(|| Effect::Started { id: id.clone() });
         self.run(id)?;
         self.emit(id, RuntimeEventAction::Start);
         latency.answer().await;
@@ -690,9 +708,7 @@ impl Runtime for MemoryRuntime {
             c.stopped_on_request = true;
             Ok(())
         })??;
-        self.hooks
-            .observer
-            .effect(&Effect::Stopped { id: id.clone() });
+        self.hooks.tell(|| Effect::Stopped { id: id.clone() });
         self.emit(id, RuntimeEventAction::Die);
         latency.answer().await;
         Ok(())
@@ -704,9 +720,7 @@ impl Runtime for MemoryRuntime {
             .admit(Op::Restart, id.as_str())
             .await
             .map_err(runtime_err)?;
-        self.hooks
-            .observer
-            .effect(&Effect::Restarted { id: id.clone() });
+        self.hooks.tell(|| Effect::Restarted { id: id.clone() });
         self.run(id)?;
         self.emit(id, RuntimeEventAction::Die);
         self.emit(id, RuntimeEventAction::Start);
@@ -720,7 +734,7 @@ impl Runtime for MemoryRuntime {
             .await
             .map_err(runtime_err)?;
         let health = self.read(id, |c| c.health).ok_or(RuntimeError::NotFound)?;
-        self.hooks.observer.effect(&Effect::HealthRead {
+        self.hooks.tell(|| Effect::HealthRead {
             id: id.clone(),
             health,
         });
@@ -816,7 +830,7 @@ impl Runtime for MemoryRuntime {
                 log: VecDeque::new(),
             },
         );
-        self.hooks.observer.effect(&Effect::Created {
+        self.hooks.tell(|| Effect::Created {
             id: id.clone(),
             instance: request.instance.clone(),
             service: request.spec.name.clone(),
@@ -848,9 +862,7 @@ impl Runtime for MemoryRuntime {
             latency.answer().await;
             return Ok(());
         }
-        self.hooks
-            .observer
-            .effect(&Effect::Removed { id: id.clone() });
+        self.hooks.tell(|| Effect::Removed { id: id.clone() });
         self.emit_for(id, &key.instance, &key.service, RuntimeEventAction::Destroy);
         latency.answer().await;
         Ok(())
@@ -905,7 +917,7 @@ impl MemoryTraffic {
                 .into_keys()
                 .collect();
         for service in lost {
-            self.hooks.observer.effect(&Effect::RouteLost { service });
+            self.hooks.tell(|| Effect::RouteLost { service });
         }
     }
 }
@@ -919,7 +931,7 @@ impl Traffic for MemoryTraffic {
             .admit(Op::Publish, &subject)
             .await
             .map_err(|f| TrafficError::Unreachable(text_err(f)))?;
-        self.hooks.observer.effect(&Effect::Published {
+        self.hooks.tell(|| Effect::Published {
             route: route.clone(),
         });
         self.lost.store(false, std::sync::atomic::Ordering::SeqCst);
@@ -967,7 +979,7 @@ impl Traffic for MemoryTraffic {
         let latency = match self.hooks.admit(Op::Withdraw, &subject).await {
             Ok(latency) => latency,
             Err(f) => {
-                self.hooks.observer.effect(&Effect::WithdrawFailed {
+                self.hooks.tell(|| Effect::WithdrawFailed {
                     service: service.clone(),
                 });
                 return Err(TrafficError::Unreachable(text_err(f)));
@@ -977,7 +989,7 @@ impl Traffic for MemoryTraffic {
             .lock()
             .expect("traffic poisoned")
             .remove(service);
-        self.hooks.observer.effect(&Effect::Withdrawn {
+        self.hooks.tell(|| Effect::Withdrawn {
             service: service.clone(),
         });
         latency.answer().await;
@@ -1035,7 +1047,7 @@ impl Probe for MemoryProbe {
             (_, Some(_)) => Err(ProbeError::Unreachable("connection refused".into())),
         };
         if ready.is_ok() {
-            self.hooks.observer.effect(&Effect::ProbePassed {
+            self.hooks.tell(|| Effect::ProbePassed {
                 id: id.clone(),
                 started_at: target.started_at,
                 binds: target.binds.clone(),
@@ -1147,7 +1159,7 @@ impl Provisioner for MemoryProvisioner {
             release.to_owned(),
             (target.release.namespace.clone(), version),
         );
-        self.hooks.observer.effect(&Effect::Installed {
+        self.hooks.tell(|| Effect::Installed {
             release: release.to_owned(),
         });
         latency.answer().await;
@@ -1162,7 +1174,7 @@ impl Provisioner for MemoryProvisioner {
             .await
             .map_err(|f| ProvisionError::Unavailable(text_err(f)))?;
         self.releases.lock().expect("poisoned").remove(release);
-        self.hooks.observer.effect(&Effect::Uninstalled {
+        self.hooks.tell(|| Effect::Uninstalled {
             release: release.to_owned(),
         });
         latency.answer().await;

@@ -121,17 +121,25 @@ pub struct ListedRow {
     pub state: String,
 }
 
+/// The state and name of instance row `id`, checked as every read of the
+/// row checks them, a recovery pass's listing included (T6).
+fn state_and_name(
+    id: &str,
+    state: &str,
+    name: String,
+) -> Result<(InstanceState, InstanceName), StoreError> {
+    const T: &str = "instances";
+    let state = InstanceState::parse(state).map_err(|_| bad_row(T, id, "state", state))?;
+    check_name(T, id, "name", &name, names::check_instance_name)?;
+    Ok((state, InstanceName::new(name)))
+}
+
 impl ListedRow {
-    /// Checked as [`InstanceRow::decode`] checks the same fields.
     pub fn decode(self) -> Result<ListedInstance, StoreError> {
-        const T: &str = "instances";
-        let id = self.id.to_string();
-        let state =
-            InstanceState::parse(&self.state).map_err(|_| bad_row(T, &id, "state", &self.state))?;
-        check_name(T, &id, "name", &self.name, names::check_instance_name)?;
+        let (state, name) = state_and_name(&self.id.to_string(), &self.state, self.name)?;
         Ok(ListedInstance {
             id: self.id,
-            name: InstanceName::new(self.name),
+            name,
             service_type: self.service_type,
             state,
         })
@@ -142,12 +150,10 @@ impl InstanceRow {
     pub fn decode(self) -> Result<Instance, StoreError> {
         const T: &str = "instances";
         let id = self.id.to_string();
-        let state =
-            InstanceState::parse(&self.state).map_err(|_| bad_row(T, &id, "state", &self.state))?;
-        check_name(T, &id, "name", &self.name, names::check_instance_name)?;
+        let (state, name) = state_and_name(&id, &self.state, self.name)?;
         Ok(Instance {
             id: self.id,
-            name: InstanceName::new(self.name),
+            name,
             team: self.team,
             service_type: self.service_type,
             version: self.version,

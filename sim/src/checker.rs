@@ -208,6 +208,10 @@ struct State {
     /// Consecutive unhealthy health reads of a container by one process
     /// incarnation since its last other answer or intervention (R12).
     unhealthy_reads: BTreeMap<(ContainerId, String), u32>,
+    /// Starts a recovery pass asked for and the runtime refused, by
+    /// process incarnation, until the pass's next call on the container
+    /// shows which way R11 went.
+    refused_starts: BTreeMap<(ContainerId, String), StartFollowUp>,
     /// What each process incarnation's last inspection of a container
     /// found (`None`: not found), for S5's final inspection.
     last_inspected: BTreeMap<(ContainerId, String), Option<(ContainerStatus, Option<Timestamp>)>>,
@@ -220,6 +224,33 @@ struct State {
     tasks_seen: BTreeSet<i64>,
     /// Each queued task's `run_after` at the last look: a retry moves it.
     run_after_seen: BTreeMap<i64, Timestamp>,
+}
+
+/// Where a recovery pass stands after the runtime refused its start of a
+/// container (R11): the inspection that follows tells whether the
+/// runtime's own restart got there first. If it did, nothing is charged
+/// and the new execution is verified like a started one, its health read
+/// first; if not, the failed start is charged and the service's pass ends.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum StartFollowUp {
+    /// Refused; the inspection is next.
+    Refused,
+    /// The inspection was asked; no answer seen yet (an error answer
+    /// leaves it here: the start then counts as failed).
+    Inspecting,
+    /// Found running or coming up: the runtime won the race.
+    FoundUp,
+    /// Found down or gone: the start failed.
+    FoundDown,
+}
+
+/// The checker's own reading of the statuses in which the runtime's
+/// restart is under way or done (R11's "Docker's own restart won").
+fn up_or_coming_up(status: ContainerStatus) -> bool {
+    matches!(
+        status,
+        ContainerStatus::Running | ContainerStatus::Restarting | ContainerStatus::Starting
+    )
 }
 
 /// Checks S1–S8 on every effect; collects violations rather than panicking
@@ -1184,11 +1215,80 @@ impl Checker {
         });
     }
 
+    /// The runtime refused a start (an injected error, or its own restart
+    /// getting there first): followed when a recovery pass asked for it.
+    pub fn start_refused(&self, id: &ContainerId) {
+        let node = madsim::plugin::node();
+        let mut s = self.lock();
+        let Some(process) = s.processes.get(&node).cloned() else {
+            return;
+        };
+        let by_recovery = instance_of_container(&s, id)
+            .and_then(|instance| self.store().instance_lock_of(&instance))
+            .is_some_and(|(holder, _)| holder == format!("{}/recovery", process.holder));
+        if by_recovery {
+            s.refused_starts
+                .insert((id.clone(), process.holder), StartFollowUp::Refused);
+        }
+    }
+
+    /// R11, exact: after a refused start and the inspection that follows
+    /// it, the pass's next call on the container says which way it went.
+    /// Found up, the runtime's restart is taken as the start (nothing
+    /// charged) and verified: its health is read next. Found down (or not
+    /// read), the start failed (charged) and the service's pass ends: no
+    /// health read of it follows in that pass. Judged by the calls asked
+    /// for, so an answer the faults spoil judges the same.
+    fn follow_refused_start(&self, op: Op, subject: &str) {
+        let on_container = matches!(
+            op,
+            Op::Inspect | Op::Start | Op::Stop | Op::Restart | Op::Health | Op::Binds | Op::Remove
+        );
+        if !on_container {
+            return;
+        }
+        let node = madsim::plugin::node();
+        let mut s = self.lock();
+        let Some(holder) = s.processes.get(&node).map(|p| p.holder.clone()) else {
+            return;
+        };
+        let key = (ContainerId::new(subject), holder);
+        let Some(stage) = s.refused_starts.get(&key).copied() else {
+            return;
+        };
+        match (stage, op) {
+            (StartFollowUp::Refused, Op::Inspect) => {
+                s.refused_starts.insert(key, StartFollowUp::Inspecting);
+            }
+            // Not the machine's follow-up (the pass was cut short): unjudged.
+            (StartFollowUp::Refused, _) => {
+                s.refused_starts.remove(&key);
+            }
+            (StartFollowUp::FoundUp, op) => {
+                s.refused_starts.remove(&key);
+                s.check(
+                    "R11 a start the runtime's own restart answered is not charged",
+                    op == Op::Health,
+                    || format!("{}: found up after its refused start, then {op:?} instead of its health read", key.0),
+                );
+            }
+            (StartFollowUp::Inspecting | StartFollowUp::FoundDown, op) => {
+                s.refused_starts.remove(&key);
+                s.check(
+                    "R11 a refused start that left the container down is charged",
+                    op != Op::Health,
+                    || format!("{}: found down after its refused start, then its health read in the same pass", key.0),
+                );
+            }
+        }
+    }
+
     /// T2: an outside effect is attempted only while the acting process
     /// holds the lease it acts under, by the database's clock: the
     /// reconciler lease for recovery, the task's lease for a worker. Called
     /// by the fault injector the instant a port is asked to act.
     pub fn attempt(&self, op: Op, subject: &str) {
+        self.follow_refused_start(op, subject);
         let outside = matches!(
             op,
             Op::Start
@@ -1777,6 +1877,16 @@ impl Observer for Checker {
             Effect::Inspected { id, seen } => {
                 if by_process {
                     s.last_inspected.insert((id.clone(), holder.clone()), *seen);
+                    let key = (id.clone(), holder.clone());
+                    if s.refused_starts.get(&key) == Some(&StartFollowUp::Inspecting) {
+                        let up = seen.is_some_and(|(status, _)| up_or_coming_up(status));
+                        let found = if up {
+                            StartFollowUp::FoundUp
+                        } else {
+                            StartFollowUp::FoundDown
+                        };
+                        s.refused_starts.insert(key, found);
+                    }
                 }
             }
             Effect::HealthRead { id, health } => {

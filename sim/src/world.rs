@@ -257,14 +257,9 @@ impl SwarmFaults {
         }
         came_up
     }
-}
 
-impl FaultInjector for SwarmFaults {
-    fn decide(&self, op: Op, subject: &str) -> Fault {
-        // The instant a port is asked to act: T2 is judged here.
-        if let Some(checker) = self.checker.get() {
-            checker.attempt(op, subject);
-        }
+    /// The fault for one operation, drawn from the seed's mix.
+    fn choose(&self, op: Op, subject: &str) -> Fault {
         if self.proxy_down.load(Ordering::Relaxed)
             && matches!(op, Op::Publish | Op::Withdraw | Op::TrafficRead)
         {
@@ -361,6 +356,21 @@ impl FaultInjector for SwarmFaults {
             return Fault::Slow(Duration::from_millis(rng.random_range(10..3_000)));
         }
         Fault::Proceed
+    }
+}
+
+impl FaultInjector for SwarmFaults {
+    fn decide(&self, op: Op, subject: &str) -> Fault {
+        // The instant a port is asked to act: T2 is judged here.
+        if let Some(checker) = self.checker.get() {
+            checker.attempt(op, subject);
+        }
+        let fault = self.choose(op, subject);
+        if let (Op::Start, Fault::Fail(_), Some(checker)) = (op, &fault, self.checker.get()) {
+            // What the pass does next is R11's to judge.
+            checker.start_refused(&ContainerId::new(subject));
+        }
+        fault
     }
 
     fn event_fate(&self, _event: &stead::ports::RuntimeEvent) -> EventFate {

@@ -283,6 +283,8 @@ fn seeds_hold_every_invariant() {
         "C7 expired within one tick of its TTL",
         "C7 never expired before its TTL",
         "S12 restart for health only at the threshold",
+        "R11 a refused start that left the container down is charged",
+        "R11 a start the runtime's own restart answered is not charged",
         "C8 max_in_flight not left unused while instances wait",
         "C8 upgrades in order, own team first",
         "R16 memory pruned to ACTIVE's generations",

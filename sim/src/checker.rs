@@ -1053,6 +1053,11 @@ impl Checker {
     }
 
     /// A violation found outside an effect (the liveness checks).
+    /// An invariant judged outside the effect stream (the pass judge).
+    pub fn judged(&self, invariant: &'static str, ok: bool, detail: impl FnOnce() -> String) {
+        self.lock().check(invariant, ok, detail);
+    }
+
     pub fn record_violation(&self, violation: String) {
         self.lock().violations.push(violation);
     }

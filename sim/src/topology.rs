@@ -36,6 +36,7 @@ use stead_testkit::ports::{
 use stead_testkit::store::MemoryStore;
 
 use crate::checker::{Checker, Ticked};
+use crate::judge::PassJudge;
 
 /// What a process runs (`stead run --role`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -212,6 +213,10 @@ pub async fn process_main(slot: Arc<Slot>, shared: Arc<Shared>) {
             identity.actor("recovery"),
             lease,
         ));
+        recoverer.watch_passes(Arc::new(PassJudge::new(
+            shared.checker.clone(),
+            shared.policy.clone(),
+        )));
         // As the daemon: Kubernetes recovers the Helm type's instances.
         recoverer.set_helm_types(catalog.helm_types());
         let reconciler = Arc::new(Reconciler::new(

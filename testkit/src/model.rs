@@ -1,5 +1,5 @@
 //! A reference model of the crash-loop budget, written from the text of
-//! DESIGN.md R10 and R14 alone (it never calls `Budget`), and a checker that
+//! DESIGN.md R10, R12 and R14 alone (it never calls `Budget`), and a checker that
 //! runs a sequence of operations against both and demands they agree.
 //!
 //! Shared, without duplication, by the cargo-fuzz target `budget`
@@ -23,6 +23,8 @@ struct History {
     stable_since: Option<Timestamp>,
     /// A start or restart not yet confirmed.
     attempt_pending: bool,
+    /// Consecutive unhealthy observations (R12).
+    unhealthy_streak: u32,
 }
 
 /// The budget of one generation as DESIGN.md describes it.
@@ -45,8 +47,20 @@ impl BudgetModel {
                 next_attempt: e.next_attempt,
                 stable_since: e.stable_since,
                 attempt_pending: e.attempt_pending,
+                unhealthy_streak: e.unhealthy_streak,
             }),
         }
+    }
+
+    /// The model as the engine's remembered entry, to compare whole.
+    pub fn entry(&self) -> Option<BudgetEntry> {
+        self.history.as_ref().map(|h| BudgetEntry {
+            failures: h.failures,
+            next_attempt: h.next_attempt,
+            stable_since: h.stable_since,
+            unhealthy_streak: h.unhealthy_streak,
+            attempt_pending: h.attempt_pending,
+        })
     }
 
     pub fn allow(&self, now: Timestamp) -> bool {
@@ -78,6 +92,7 @@ impl BudgetModel {
             next_attempt: None,
             stable_since: None,
             attempt_pending: false,
+            unhealthy_streak: 0,
         })
     }
 
@@ -125,6 +140,26 @@ impl BudgetModel {
         h.stable_since = None;
     }
 
+    /// R12: "`unhealthy` → streak + 1"; the streak is the generation's
+    /// history too. Returns the streak.
+    pub fn unhealthy(&mut self) -> u32 {
+        let h = self.history();
+        h.unhealthy_streak = h.unhealthy_streak.saturating_add(1);
+        h.unhealthy_streak
+    }
+
+    /// R12: `healthy`, a new execution, or a start or restart clears the
+    /// streak.
+    pub fn clear_unhealthy(&mut self) {
+        if let Some(h) = &mut self.history {
+            h.unhealthy_streak = 0;
+        }
+    }
+
+    pub fn unhealthy_streak(&self) -> u32 {
+        self.history.as_ref().map_or(0, |h| h.unhealthy_streak)
+    }
+
     /// R14: "a stable observation starts or continues the streak and, once
     /// it has lasted the stable window, drops the generation's history ...
     /// A stable observation never creates history."
@@ -132,6 +167,9 @@ impl BudgetModel {
         let Some(h) = &mut self.history else {
             return;
         };
+        // A stable observation is not an unhealthy one: the consecutive
+        // unhealthy streak is over.
+        h.unhealthy_streak = 0;
         match h.stable_since {
             None => h.stable_since = Some(now),
             Some(since) if later(since, policy.stable_window) <= now => self.history = None,
@@ -211,7 +249,7 @@ pub fn policy_from_bytes(free: u8, delays: &[u16], window_s: u16) -> RecoveryPol
 
 /// Runs `ops` against `Budget` and the model from `start`; panics, naming
 /// the step, at the first disagreement in `allow`, `next_attempt`,
-/// `failures` or `attempt_pending`.
+/// `failures` or `attempt_pending`, or anywhere in the entry remembered.
 pub fn check_budget_against_model(policy: &RecoveryPolicy, start: Timestamp, ops: &[BudgetOp]) {
     let mut budget = Budget::default();
     let mut model = BudgetModel::default();
@@ -246,11 +284,13 @@ pub fn check_budget_against_model(policy: &RecoveryPolicy, start: Timestamp, ops
                 model.unstable();
             }
             BudgetOp::Unhealthy => {
-                // The streak is not part of the attempt budget; it may
-                // create an entry, which must not change any answer.
                 budget.observe_unhealthy();
+                model.unhealthy();
             }
-            BudgetOp::ClearUnhealthy => budget.clear_unhealthy(),
+            BudgetOp::ClearUnhealthy => {
+                budget.clear_unhealthy();
+                model.clear_unhealthy();
+            }
             BudgetOp::Forget => {
                 budget.forget();
                 model.forget();
@@ -274,6 +314,12 @@ pub fn check_budget_against_model(policy: &RecoveryPolicy, start: Timestamp, ops
             budget.attempt_pending(),
             model.attempt_pending(),
             "attempt_pending, {}",
+            context()
+        );
+        assert_eq!(
+            budget.clone().into_entry(),
+            model.entry(),
+            "the entry, {}",
             context()
         );
     }

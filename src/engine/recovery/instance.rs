@@ -22,7 +22,7 @@ use crate::engine::{count_port_failure, time_until};
 use crate::ports::{LeaseGrant, LoadedInstance, LoadedInstances};
 
 use super::log::{log_hold, record_metrics, StepLog};
-use super::{InstanceOutcome, RecoverError, Recoverer};
+use super::{InstanceOutcome, RecoverError, Recoverer, WatchedPass, WatchedStep};
 
 /// What entitles one instance's recovery to act: the reconciler lease
 /// (its fence goes with every write) and the instance's lock, each trusted
@@ -283,6 +283,11 @@ impl Recoverer {
             active,
             inhibitions,
         } = row;
+        // What a watcher is told of the pass; only gathered for one.
+        let watcher = self.watcher.get();
+        let watched = watcher.map(|_| (active.clone(), inhibitions.clone(), memory.clone()));
+        let mut steps = Vec::new();
+        let mut abandoned = None;
         let input = PassInput {
             instance: instance.name.clone(),
             intent: instance.intent(),
@@ -304,19 +309,41 @@ impl Recoverer {
                 let careless = self.policy.broken == Some(Mutant::ActOnExpiredLease);
                 if command.is_outside_effect() && !self.may_act(mandate) && !careless {
                     pass.abandon(Abandon::MandateLost);
+                    abandoned = Some(Abandon::MandateLost);
                     break;
                 }
                 let why = pass.why();
                 let answer = self.perform(&instance, &command, &mandate.fence).await;
                 log.step(&command, why, &answer);
-                pass.handle(answer, self.ports.clock.now());
+                let now = self.ports.clock.now();
+                if watcher.is_some() {
+                    steps.push(WatchedStep {
+                        command,
+                        answer: answer.clone(),
+                        now,
+                    });
+                }
+                pass.handle(answer, now);
             }
         })
         .await;
         if driven.is_err() {
             pass.abandon(Abandon::Deadline);
+            abandoned = Some(Abandon::Deadline);
         }
         let report = pass.into_report();
+        if let (Some(watcher), Some((active, inhibitions, before))) = (watcher, &watched) {
+            watcher.passed(&WatchedPass {
+                instance: &instance.name,
+                intent: instance.intent(),
+                active,
+                inhibitions,
+                before,
+                steps: &steps,
+                abandoned,
+                after: &report.memory,
+            });
+        }
         if let (Some(at), Some(queue)) = (report.wake_at(), self.wake.get()) {
             // The machine's instant, on the monotonic clock, a little after
             // so the budget surely allows it by then.

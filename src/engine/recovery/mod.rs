@@ -19,8 +19,10 @@ mod log;
 mod outcome;
 mod perform;
 mod plane;
+mod watch;
 
 pub use outcome::{InstanceOutcome, PassOutcome, RecoverError};
+pub use watch::{PassWatcher, WatchedPass, WatchedStep};
 
 use super::lease::LeaseGuard;
 pub use super::locks::InstanceLocks;
@@ -53,6 +55,8 @@ pub struct Recoverer {
     /// Where an instance asks to be recovered again before the next tick
     /// (a delayed service's backoff expiring); none: it waits for a tick.
     wake: OnceLock<Arc<WakeQueue>>,
+    /// Told of every instance pass; none: nothing is gathered for it.
+    watcher: OnceLock<Arc<dyn PassWatcher>>,
 }
 
 impl Recoverer {
@@ -74,6 +78,7 @@ impl Recoverer {
             lock_holder,
             lease,
             wake: OnceLock::new(),
+            watcher: OnceLock::new(),
         }
     }
 
@@ -82,6 +87,12 @@ impl Recoverer {
     /// (the core's `next_attempt`), not left to the next tick. Set once.
     pub fn wake_at_requested_times(&self, queue: Arc<WakeQueue>) {
         let _ = self.wake.set(queue);
+    }
+
+    /// From now on, every instance pass is told to `watcher` as it ends,
+    /// step by step. Set once.
+    pub fn watch_passes(&self, watcher: Arc<dyn PassWatcher>) {
+        let _ = self.watcher.set(watcher);
     }
 
     /// The lease this recovery acts under.

@@ -348,7 +348,9 @@ impl<'a> Service<'a> {
                 Err(_) => self.at = At::AfterRefusedStart,
             },
             (At::AfterRefusedStart, Outcome::Inspected(r)) => match r {
-                Ok(obs) if obs.status == ContainerStatus::Running || obs.status.is_transitional() => {
+                Ok(obs)
+                    if obs.status == ContainerStatus::Running || obs.status.is_transitional() =>
+                {
                     // R11: the runtime's own restart won: nothing charged.
                     self.budget.clear_unhealthy();
                     self.observed = Some(obs.clone());
@@ -419,7 +421,13 @@ impl<'a> Service<'a> {
             // loop: charged first, then the budget asked.
             let allowed = self.budget.found_down(self.policy, now);
             self.budget.unstable();
-            self.decided(FOUND_DOWN, allowed, next, Some(Command::CheckPolicy), checker);
+            self.decided(
+                FOUND_DOWN,
+                allowed,
+                next,
+                Some(Command::CheckPolicy),
+                checker,
+            );
             if allowed {
                 self.at = At::PolicyForStart;
             } else {

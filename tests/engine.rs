@@ -1082,6 +1082,82 @@ async fn a_delayed_service_is_woken_when_its_backoff_ends() {
     );
 }
 
+/// Issue #15: a watcher is told every instance pass whole — the memory it
+/// started from, each command with its answer and instant, the memory it
+/// left — as the simulation's budget judge needs it.
+#[tokio::test(start_paused = true)]
+async fn a_pass_watcher_is_told_each_pass_with_its_steps_and_memory() {
+    use stead::core::pass::{InstanceAnswer, InstanceCommand};
+    use stead::core::recovery::{Command, Outcome};
+    use stead::engine::recovery::{PassWatcher, WatchedPass};
+
+    #[derive(Default)]
+    struct Seen(std::sync::Mutex<Vec<(String, Vec<String>, bool, bool)>>);
+    impl PassWatcher for Seen {
+        fn passed(&self, pass: &WatchedPass<'_>) {
+            let steps = pass
+                .steps
+                .iter()
+                .filter_map(|s| match (&s.command, &s.answer) {
+                    (
+                        InstanceCommand::Service { command, .. },
+                        InstanceAnswer::Service(outcome),
+                    ) => Some(match (command, outcome) {
+                        (Command::Start, Outcome::Started(Ok(()))) => "started".to_owned(),
+                        (command, _) => format!("{command:?}"),
+                    }),
+                    _ => None,
+                })
+                .collect();
+            let pending = |m: &stead::core::memory::InstanceMemory| {
+                pass.active.services.iter().any(|(service, record)| {
+                    let key = stead::core::types::GenerationKey {
+                        instance: pass.instance.clone(),
+                        service: service.clone(),
+                        container: record.container.clone(),
+                    };
+                    m.service(&key)
+                        .generation
+                        .budget
+                        .is_some_and(|b| b.attempt_pending)
+                })
+            };
+            self.0.lock().unwrap().push((
+                pass.instance.to_string(),
+                steps,
+                pending(pass.before),
+                pending(pass.after),
+            ));
+        }
+    }
+
+    let f = fixture();
+    f.served("crashy", "2").await;
+    let web = f.web_container("crashy").await;
+    f.runtime.with_containers(|cs| {
+        cs.get_mut(&web).unwrap().status = stead::core::types::ContainerStatus::Exited;
+    });
+    let recoverer = f.recoverer();
+    let seen = Arc::new(Seen::default());
+    recoverer.watch_passes(seen.clone());
+    recoverer.pass().await;
+    let seen = seen.0.lock().unwrap();
+    let (instance, steps, before, after) = seen
+        .iter()
+        .find(|(instance, steps, ..)| instance == "crashy" && steps.contains(&"started".to_owned()))
+        .unwrap_or_else(|| panic!("no pass of crashy with its start: {seen:?}"));
+    assert_eq!(instance, "crashy");
+    assert!(
+        steps.iter().position(|s| s == "Inspect") < steps.iter().position(|s| s == "started"),
+        "the inspection that found it down comes before the start: {steps:?}"
+    );
+    assert!(!before, "nothing was pending before the pass");
+    assert!(
+        after,
+        "the start is left pending (R11), as the memory after shows"
+    );
+}
+
 /// Issue #14: one scheduler. A wake-up that came due before the periodic
 /// pass loaded its instance is served by that pass (no worker repeats the
 /// recovery); one asked for a later moment stays queued.

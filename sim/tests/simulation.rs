@@ -10,7 +10,7 @@
 
 use std::time::Instant;
 
-use stead_sim::{coverage, run_seed, say, SimConfig, SimOutcome};
+use stead_sim::{coverage, judge, run_seed, say, SimConfig, SimOutcome};
 
 fn env_u64(name: &str, default: u64) -> u64 {
     match std::env::var(name) {
@@ -285,6 +285,10 @@ fn seeds_hold_every_invariant() {
         "S12 restart for health only at the threshold",
         "R11 a refused start that left the container down is charged",
         "R11 a start the runtime's own restart answered is not charged",
+        judge::FOUND_DOWN,
+        judge::AT_THRESHOLD,
+        judge::LEFT,
+        judge::KEPT,
         "C8 max_in_flight not left unused while instances wait",
         "C8 upgrades in order, own team first",
         "R16 memory pruned to ACTIVE's generations",

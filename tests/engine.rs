@@ -1091,8 +1091,11 @@ async fn a_pass_watcher_is_told_each_pass_with_its_steps_and_memory() {
     use stead::core::recovery::{Command, Outcome};
     use stead::engine::recovery::{PassWatcher, WatchedPass};
 
+    /// One pass: its instance, its service steps, and whether an attempt
+    /// was pending in the memory before and after it.
+    type Told = (String, Vec<String>, bool, bool);
     #[derive(Default)]
-    struct Seen(std::sync::Mutex<Vec<(String, Vec<String>, bool, bool)>>);
+    struct Seen(std::sync::Mutex<Vec<Told>>);
     impl PassWatcher for Seen {
         fn passed(&self, pass: &WatchedPass<'_>) {
             let steps = pass

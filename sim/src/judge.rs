@@ -445,57 +445,51 @@ impl<'a> Service<'a> {
         checker: &Checker,
     ) {
         self.at = At::Verifying;
-        match read {
-            Err(_) => self.stable = false,
-            Ok(Health::None) => self.stable = true,
-            Ok(Health::Starting) => {
-                self.budget.clear_unhealthy();
-                self.stable = false;
-            }
-            Ok(Health::Healthy) => {
-                self.budget.clear_unhealthy();
-                self.stable = true;
-            }
-            Ok(Health::Unhealthy) => {
-                self.stable = false;
-                if self.budget.unhealthy() < self.policy.unhealthy_threshold {
-                    return;
-                }
-                // At the threshold with a restart unconfirmed: that restart
-                // failed (a never-healthy workload is a crash loop too).
-                if self.budget.allow(now) && self.budget.attempt_pending() {
-                    self.budget.failure(self.policy, now);
-                }
-                let allowed = self.budget.allow(now);
-                let then = if allowed {
-                    Command::CheckPolicy
-                } else {
-                    Command::ReadBinds
-                };
-                self.decided(AT_THRESHOLD, allowed, next, Some(then), checker);
-                if allowed {
-                    self.at = At::PolicyForRestart;
-                }
-            }
+        // R12 as its text reads: (stable, clears the streak) per answer.
+        let (stable, clears) = match read {
+            Err(_) => (false, false),
+            Ok(Health::None) => (true, false),
+            Ok(Health::Starting) => (false, true),
+            Ok(Health::Healthy) => (true, true),
+            Ok(Health::Unhealthy) => (false, false),
+        };
+        self.stable = stable;
+        if clears {
+            self.budget.clear_unhealthy();
+        }
+        if !matches!(read, Ok(Health::Unhealthy))
+            || self.budget.unhealthy() < self.policy.unhealthy_threshold
+        {
+            return;
+        }
+        // At the threshold with a restart unconfirmed: that restart failed
+        // (a never-healthy workload is a crash loop too).
+        if self.budget.allow(now) && self.budget.attempt_pending() {
+            self.budget.failure(self.policy, now);
+        }
+        let allowed = self.budget.allow(now);
+        let then = if allowed {
+            Command::CheckPolicy
+        } else {
+            Command::ReadBinds
+        };
+        self.decided(AT_THRESHOLD, allowed, next, Some(then), checker);
+        if allowed {
+            self.at = At::PolicyForRestart;
         }
     }
 
-    /// Judges the command that follows a budget decision: `then` when the
-    /// rule acts, nothing more of this service when it holds (for a down
-    /// generation); unjudged when the pass was cut short there.
+    /// Judges the command that follows a budget decision against the
+    /// rule's `expected` one (`None`: nothing more of this service, a down
+    /// generation held); unjudged when the pass was cut short there.
     fn decided(
         &self,
         invariant: &'static str,
         allowed: bool,
         next: Option<&Command>,
-        then: Option<Command>,
+        expected: Option<Command>,
         checker: &Checker,
     ) {
-        let expected = if allowed || invariant == AT_THRESHOLD {
-            then
-        } else {
-            None
-        };
         let ok = match (next, &expected) {
             // Nothing followed: a hold, or the pass cut short (the
             // caller's judgement of the budget left covers both).

@@ -394,7 +394,7 @@ impl<'a> Service<'a> {
                 }
                 Err(_) => self.unstable_end(),
             },
-            (At::Verifying, _) => self.verifying(command, outcome, now, next),
+            (At::Verifying, _) => self.verifying(command, outcome, now, next, checker),
             (At::Gone, Outcome::Withdrawn(_)) => {
                 self.budget.forget();
                 self.end();
@@ -516,6 +516,7 @@ impl<'a> Service<'a> {
         outcome: &Outcome,
         now: Timestamp,
         next: Option<&Command>,
+        checker: &Checker,
     ) {
         let observed = self.observed.clone().expect("observed");
         let ok = match outcome {
@@ -545,8 +546,14 @@ impl<'a> Service<'a> {
             Outcome::ExecutionRecorded(Ok(())) => true,
             Outcome::Withdrawn(_) => return,
             other => {
+                // Not a verification step: the machine left the rules.
                 self.unsure = true;
-                debug_assert!(false, "{command:?} answered {other:?} while verifying");
+                checker.judged(LEFT, false, || {
+                    format!(
+                        "{:?}: {command:?} answered {other:?} while the rules stand verifying it",
+                        self.key
+                    )
+                });
                 return;
             }
         };

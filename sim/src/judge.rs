@@ -20,9 +20,8 @@
 //! Together these make every start and restart of a generation happen at
 //! the first pass the rule allows it, with the ladder, the charges and the
 //! five stable minutes followed through every fault the world injects.
-//! What the steps cannot tell (a pass cut short mid-service, a record that
-//! failed where only the route's state says whether it was fatal) is left
-//! unjudged rather than guessed.
+//! What the steps cannot tell (the service a pass was cut short in the
+//! middle of) is left unjudged rather than guessed.
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
@@ -32,8 +31,8 @@ use stead::core::pass::{InstanceAnswer, InstanceCommand};
 use stead::core::policy::RecoveryPolicy;
 use stead::core::recovery::{Command, Outcome};
 use stead::core::types::{
-    ActiveService, ContainerStatus, GenerationKey, Health, InhibitionReason, Intent, Observation,
-    RuntimeError, Timestamp,
+    ActiveService, Binds, ContainerStatus, GenerationKey, Health, InhibitionReason, Intent,
+    Observation, RuntimeError, ServiceKey, Timestamp,
 };
 use stead::engine::recovery::{PassWatcher, WatchedPass, WatchedStep};
 use stead_testkit::model::BudgetModel;
@@ -96,6 +95,16 @@ impl PassWatcher for PassJudge {
                 }
                 left.insert(key.clone(), after.clone());
             }
+            // T5, R17: the route is known to be up only if this daemon
+            // verified it and the proxy, where it was read back, agrees.
+            let service_key = ServiceKey {
+                instance: pass.instance.clone(),
+                service: (*name).clone(),
+            };
+            let contradicted = pass.held.is_some_and(|held| {
+                held.get(&service_key)
+                    .is_none_or(|port| record.binds.values().next() != Some(port))
+            });
             let mut service = Service::new(
                 &self.policy,
                 &key,
@@ -103,6 +112,7 @@ impl PassWatcher for PassJudge {
                 before.budget.as_ref(),
                 before.verified_started_at,
             );
+            service.route_unknown = before.verified_started_at.is_none() || contradicted;
             let inhibited = pass.inhibitions.iter().any(|i| {
                 i.service == **name
                     && i.container == record.container
@@ -210,8 +220,14 @@ struct Service<'a> {
     withdrawn: bool,
     stable: bool,
     published: bool,
-    /// A record failed before any publication: whether that was fatal
-    /// depends on the route's state, which the steps do not show.
+    /// This daemon cannot vouch that the route is up (R17, T5).
+    route_unknown: bool,
+    /// The execution verified is new: fresh, started or restarted.
+    new_execution: bool,
+    /// What the binds read answered.
+    binds: Option<Binds>,
+    /// The machine took a step the rules do not have where the judge
+    /// stands (already reported): what it leaves is not judged again.
     unsure: bool,
 }
 
@@ -235,8 +251,24 @@ impl<'a> Service<'a> {
             withdrawn: false,
             stable: false,
             published: false,
+            route_unknown: true,
+            new_execution: false,
+            binds: None,
             unsure: false,
         }
+    }
+
+    /// R13: whether the verified execution must be (re)published.
+    fn needs_publication(&self) -> bool {
+        self.new_execution
+            || self.route_unknown
+            || self.binds.as_ref().is_none_or(|b| *b != self.record.binds)
+    }
+
+    /// A successful withdrawal: nothing of the service is vouched for.
+    fn withdrew(&mut self) {
+        self.withdrawn = true;
+        self.route_unknown = true;
     }
 
     /// Follows the steps of one service's recovery, judging its two
@@ -298,7 +330,7 @@ impl<'a> Service<'a> {
                     // Withdrawn, nothing is vouched for any more: the
                     // execution found next is a fresh one (R8).
                     self.verified = None;
-                    self.withdrawn = true;
+                    self.withdrew();
                     self.at = At::FirstInspect;
                 }
                 Err(_) => self.unstable_end(),
@@ -309,6 +341,7 @@ impl<'a> Service<'a> {
                 Ok(obs) => {
                     self.observed_at = Some(now);
                     let fresh = obs.started_at.is_none() || obs.started_at != self.verified;
+                    self.new_execution = fresh;
                     if fresh {
                         // R12, R14: a new execution's streaks are its own.
                         self.budget.clear_unhealthy();
@@ -326,7 +359,7 @@ impl<'a> Service<'a> {
             },
             (At::FailClosed, Outcome::Withdrawn(r)) => match r {
                 Ok(()) => {
-                    self.withdrawn = true;
+                    self.withdrew();
                     self.by_status(now, next, checker);
                 }
                 Err(_) => self.unstable_end(),
@@ -339,6 +372,7 @@ impl<'a> Service<'a> {
                 Ok(()) => {
                     self.budget.attempt();
                     self.budget.clear_unhealthy();
+                    self.new_execution = true;
                     self.at = At::InspectStarted;
                 }
                 Err(RuntimeError::NotFound) => {
@@ -351,8 +385,10 @@ impl<'a> Service<'a> {
                 Ok(obs)
                     if obs.status == ContainerStatus::Running || obs.status.is_transitional() =>
                 {
-                    // R11: the runtime's own restart won: nothing charged.
+                    // R11: the runtime's own restart won: nothing charged,
+                    // and it counts as the start.
                     self.budget.clear_unhealthy();
+                    self.new_execution = true;
                     self.observed = Some(obs.clone());
                     self.at = At::Health;
                 }
@@ -373,7 +409,7 @@ impl<'a> Service<'a> {
             },
             (At::WithdrawBeforeRestart, Outcome::Withdrawn(r)) => match r {
                 Ok(()) => {
-                    self.withdrawn = true;
+                    self.withdrew();
                     self.at = At::Restart;
                 }
                 Err(_) => self.unstable_end(),
@@ -383,6 +419,7 @@ impl<'a> Service<'a> {
                     self.budget.attempt();
                     self.budget.clear_unhealthy();
                     self.stable = false;
+                    self.new_execution = true;
                     self.at = At::InspectRestarted;
                 }
                 Err(_) => self.charge(now),
@@ -520,7 +557,10 @@ impl<'a> Service<'a> {
     ) {
         let observed = self.observed.clone().expect("observed");
         let ok = match outcome {
-            Outcome::Binds(r) => r.is_ok(),
+            Outcome::Binds(r) => {
+                self.binds = r.as_ref().ok().cloned();
+                r.is_ok()
+            }
             Outcome::Readiness(r) => r.is_ok(),
             Outcome::Inspected(r) => matches!(r, Ok(obs)
                 if obs.started_at == observed.started_at && obs.status == ContainerStatus::Running),
@@ -537,12 +577,13 @@ impl<'a> Service<'a> {
                 self.published = true;
                 true
             }
-            Outcome::ExecutionRecorded(Err(_)) => {
-                if !self.published {
-                    self.unsure = true;
-                }
-                true
+            Outcome::ExecutionRecorded(Err(_)) if self.needs_publication() && !self.published => {
+                // S11: never routed unrecorded; not charged, left withdrawn.
+                self.unstable_end();
+                return;
             }
+            // An already-routed execution's record lags: verified anyway.
+            Outcome::ExecutionRecorded(Err(_)) => true,
             Outcome::ExecutionRecorded(Ok(())) => true,
             Outcome::Withdrawn(_) => return,
             other => {

@@ -285,7 +285,10 @@ impl Recoverer {
         } = row;
         // What a watcher is told of the pass; only gathered for one.
         let watcher = self.watcher.get();
-        let watched = watcher.map(|_| (active.clone(), inhibitions.clone(), memory.clone()));
+        let watched = watcher.map(|_| {
+            let held = held.clone();
+            (active.clone(), inhibitions.clone(), held, memory.clone())
+        });
         let mut steps = Vec::new();
         let mut abandoned = None;
         let input = PassInput {
@@ -332,12 +335,13 @@ impl Recoverer {
             abandoned = Some(Abandon::Deadline);
         }
         let report = pass.into_report();
-        if let (Some(watcher), Some((active, inhibitions, before))) = (watcher, &watched) {
+        if let (Some(watcher), Some((active, inhibitions, held, before))) = (watcher, &watched) {
             watcher.passed(&WatchedPass {
                 instance: &instance.name,
                 intent: instance.intent(),
                 active,
                 inhibitions,
+                held: held.as_ref(),
                 before,
                 steps: &steps,
                 abandoned,

@@ -8,6 +8,7 @@ use jiff::Timestamp;
 
 use crate::core::memory::InstanceMemory;
 use crate::core::pass::{Abandon, InstanceAnswer, InstanceCommand};
+use crate::core::traffic::HeldRoutes;
 use crate::core::types::{ActiveRecord, Inhibition, InstanceName, Intent};
 
 /// One command of a pass, as the machine saw it answered.
@@ -27,6 +28,9 @@ pub struct WatchedPass<'a> {
     /// ACTIVE as the pass loaded it under the instance lock.
     pub active: &'a ActiveRecord,
     pub inhibitions: &'a [Inhibition],
+    /// The instance's routes as the whole pass read them back (T5); `None`
+    /// for a targeted pass or when the read failed.
+    pub held: Option<&'a HeldRoutes>,
     /// The instance's memory the pass started from.
     pub before: &'a InstanceMemory,
     pub steps: &'a [WatchedStep],

@@ -111,8 +111,8 @@ impl PassWatcher for PassJudge {
                 record,
                 before.budget.as_ref(),
                 before.verified_started_at,
+                before.verified_started_at.is_none() || contradicted,
             );
-            service.route_unknown = before.verified_started_at.is_none() || contradicted;
             let inhibited = pass.inhibitions.iter().any(|i| {
                 i.service == **name
                     && i.container == record.container
@@ -238,6 +238,7 @@ impl<'a> Service<'a> {
         record: &'a ActiveService,
         entry: Option<&BudgetEntry>,
         remembered: Option<Timestamp>,
+        route_unknown: bool,
     ) -> Self {
         Self {
             policy,
@@ -251,7 +252,7 @@ impl<'a> Service<'a> {
             withdrawn: false,
             stable: false,
             published: false,
-            route_unknown: true,
+            route_unknown,
             new_execution: false,
             binds: None,
             unsure: false,

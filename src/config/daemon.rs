@@ -706,7 +706,7 @@ impl Validator<'_> {
                 0,
                 3_600_000,
             )?),
-            broken: None,
+            broken: Default::default(),
         };
         policy
             .validated()

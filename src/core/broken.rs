@@ -1,8 +1,47 @@
 //! The names of the rules the mutation exercise breaks on purpose
 //! (`testkit/src/mutants.rs`, `docs/simulation.md`). Plain data: the core receives
 //! the one armed, if any, as `RecoveryPolicy::broken`, and reads no switch.
+//!
+//! The exercise compiles only with the cargo feature `mutation-exercise`,
+//! which the test kit and the simulation turn on and the daemon never does:
+//! without it [`Armed`] is an empty type, every [`broken!`](crate::broken)
+//! check is the constant `false`, and `Mutant` does not exist, so a release
+//! build carries no code whose purpose is to break a rule
+//! (`scripts/no-sabotage` checks the daemon's binary).
+
+/// The rule the mutation exercise armed, if any: `Option<Mutant>` with the
+/// feature, an empty type without it.
+#[cfg(feature = "mutation-exercise")]
+pub type Armed = Option<Mutant>;
+
+/// Without the mutation exercise nothing can be armed.
+#[cfg(not(feature = "mutation-exercise"))]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Armed;
+
+/// Whether `$armed` (an [`Armed`]) breaks rule `$rule` (a `Mutant`
+/// variant's name). The constant `false` without the feature, where
+/// `$armed` (a field, the empty [`Armed`]) is only borrowed.
+#[cfg(feature = "mutation-exercise")]
+#[macro_export]
+macro_rules! broken {
+    ($armed:expr, $rule:ident) => {
+        $armed == Some($crate::core::broken::Mutant::$rule)
+    };
+}
+
+/// Whether `$armed` breaks rule `$rule`: never, without the feature.
+#[cfg(not(feature = "mutation-exercise"))]
+#[macro_export]
+macro_rules! broken {
+    ($armed:expr, $rule:ident) => {{
+        let _ = &$armed;
+        false
+    }};
+}
 
 /// One deliberately broken rule.
+#[cfg(feature = "mutation-exercise")]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Mutant {
     /// R8/R12: touch the workload without withdrawing its traffic first.
@@ -44,6 +83,7 @@ pub enum Mutant {
     UnderuseInFlight,
 }
 
+#[cfg(feature = "mutation-exercise")]
 impl Mutant {
     pub const ALL: [Mutant; 17] = [
         Mutant::SkipWithdrawBeforeStart,

@@ -29,7 +29,6 @@ use std::time::Duration;
 
 use jiff::Timestamp;
 
-use super::broken::Mutant;
 use super::errors::{failure_of, ErrorKind, PortName, StoreError, TrafficError};
 
 use super::fleet::{InstanceState, ListedInstance};
@@ -307,7 +306,7 @@ impl<'p> InstancePass<'p> {
             .collect();
         let held = input
             .held
-            .filter(|_| policy.broken != Some(Mutant::ForgetProxyRoutes));
+            .filter(|_| !crate::broken!(policy.broken, ForgetProxyRoutes));
         Self {
             policy,
             instance: input.instance,
@@ -414,7 +413,7 @@ impl<'p> InstancePass<'p> {
     }
 
     fn service_machine(&self, service: ServiceName, record: ActiveService) -> ServiceRecovery<'p> {
-        let record = if self.policy.broken == Some(Mutant::StartNonActive) {
+        let record = if crate::broken!(self.policy.broken, StartNonActive) {
             let marker = self
                 .inhibitions
                 .iter()

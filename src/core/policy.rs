@@ -1,6 +1,6 @@
 //! `RecoveryPolicy`: every tunable of the recovery pass, validated once.
 
-use super::broken::Mutant;
+use super::broken::Armed;
 use std::time::Duration;
 
 /// Most delays the ladder may hold; keeps the budget's arithmetic bounded.
@@ -80,7 +80,7 @@ pub struct RecoveryPolicy {
     /// A rule deliberately broken, armed as data by the mutation exercise
     /// (`testkit/src/mutants.rs`, `docs/simulation.md`); always `None` in a real
     /// policy. The core reads it here and from no global state.
-    pub broken: Option<Mutant>,
+    pub broken: Armed,
 }
 
 impl Default for RecoveryPolicy {
@@ -94,7 +94,7 @@ impl Default for RecoveryPolicy {
             instance_deadline: minutes(2),
             instances_at_once: INSTANCES_AT_ONCE_DEFAULT,
             stop_grace_default: Duration::from_secs(10),
-            broken: None,
+            broken: Armed::default(),
         }
     }
 }

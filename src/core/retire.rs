@@ -8,7 +8,7 @@ use std::collections::BTreeMap;
 
 use jiff::Timestamp;
 
-use super::broken::Mutant;
+use super::broken::Armed;
 
 use super::recovery::{ProxyView, Verdict};
 use super::types::{
@@ -78,7 +78,7 @@ pub fn decide_marker(
     active: &ActiveRecord,
     intent: Intent,
     verified: &VerifiedThisPass,
-    broken: Option<Mutant>,
+    broken: Armed,
 ) -> MarkerDecision {
     if active.names_container(&marker.container) {
         return MarkerDecision::ClearMarker;
@@ -89,7 +89,7 @@ pub fn decide_marker(
     let Some(successor) = active.services.get(&marker.service) else {
         return MarkerDecision::Retire;
     };
-    if broken == Some(Mutant::RetireBeforeSuccessorVerified) {
+    if crate::broken!(broken, RetireBeforeSuccessorVerified) {
         return MarkerDecision::Retire;
     }
     match verified.get(&marker.service) {

@@ -442,7 +442,7 @@ impl Daemon {
                 retry: Default::default(),
                 idle_poll: self.config.worker_idle_poll,
                 stop_grace_default: self.config.recovery.stop_grace_default,
-                broken: None,
+                broken: Default::default(),
             },
             self.locks.clone(),
         )

@@ -2,7 +2,7 @@
 
 use std::time::Duration;
 
-use crate::core::broken::Mutant;
+use crate::core::broken::Armed;
 
 use serde::Deserialize;
 
@@ -41,7 +41,7 @@ pub struct ControlConfig {
     pub tick_interval: Duration,
     /// A rule broken on purpose by the mutation exercise; `None` outside
     /// it (never read from a file).
-    pub broken: Option<Mutant>,
+    pub broken: Armed,
 }
 
 impl Default for ControlConfig {
@@ -54,7 +54,7 @@ impl Default for ControlConfig {
             lease: Duration::from_secs(600),
             provisioner_timeout: Duration::from_secs(240),
             tick_interval: Duration::from_secs(60),
-            broken: None,
+            broken: Armed::default(),
         }
     }
 }
@@ -229,7 +229,7 @@ impl ControlConfig {
                 raw.tick_interval_s,
                 defaults.tick_interval,
             )?,
-            broken: None,
+            broken: Armed::default(),
         };
         config.validate()?;
         Ok(config)

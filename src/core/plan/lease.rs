@@ -3,7 +3,6 @@
 use std::time::Duration;
 
 use super::{ControlConfig, Decision, Plan, Planner, Report};
-use crate::core::broken::Mutant;
 use crate::core::fleet::{add, Task, TaskState};
 use crate::core::types::Timestamp;
 
@@ -16,7 +15,7 @@ pub(super) fn lease_ran_out(task: &Task, now: Timestamp, lease: Duration) -> boo
 /// The lease C6 breaks tasks at: the configured one (half of it when the
 /// mutation exercise breaks the rule).
 pub fn task_lease(config: &ControlConfig) -> Duration {
-    if config.broken == Some(Mutant::BreakTaskLeaseEarly) {
+    if crate::broken!(config.broken, BreakTaskLeaseEarly) {
         config.lease / 2
     } else {
         config.lease

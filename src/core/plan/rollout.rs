@@ -1,6 +1,5 @@
 //! C8: version drift, one rollout per catalog service type.
 
-use crate::core::broken::Mutant;
 use std::cmp::Ordering;
 use std::collections::HashMap;
 
@@ -138,13 +137,13 @@ impl Planner<'_, '_> {
         let snapshot = self.snapshot;
         let mut plan = Plan::default();
         let limit = snapshot.config.max_in_flight as usize;
-        let limit = if snapshot.config.broken == Some(Mutant::UnderuseInFlight) {
+        let limit = if crate::broken!(snapshot.config.broken, UnderuseInFlight) {
             limit - 1
         } else {
             limit
         };
         let mut slots = limit.saturating_sub(self.upgrades_in_flight);
-        let own_team = if snapshot.config.broken == Some(Mutant::IgnoreOwnTeam) {
+        let own_team = if crate::broken!(snapshot.config.broken, IgnoreOwnTeam) {
             ""
         } else {
             snapshot.config.own_team.as_str()

@@ -1,7 +1,6 @@
 //! C7: expired instances are deleted.
 
 use super::{ttl_expires, Decision, Plan, Planner};
-use crate::core::broken::Mutant;
 use crate::core::fleet::{InstanceState, TaskKind};
 
 impl Planner<'_, '_> {
@@ -16,7 +15,7 @@ impl Planner<'_, '_> {
         let mut plan = Plan::default();
         // The mutation exercise's late expiry judges the TTL three minutes
         // in the past.
-        let judged_at = if snapshot.config.broken == Some(Mutant::ExpireLate) {
+        let judged_at = if crate::broken!(snapshot.config.broken, ExpireLate) {
             snapshot.now - jiff::SignedDuration::from_secs(180)
         } else {
             snapshot.now

@@ -9,7 +9,6 @@ use std::time::Duration;
 use futures_util::future::join_all;
 use tokio::time::Instant;
 
-use crate::core::broken::Mutant;
 use crate::core::errors::PortFailure;
 use crate::core::fleet::{Instance, InstanceId, ListedInstance};
 use crate::core::memory::InstanceMemory;
@@ -309,7 +308,7 @@ impl Recoverer {
                 // Checked with no await before the effect is issued: a
                 // process paused past its lease stops here instead of
                 // acting (T2).
-                let careless = self.policy.broken == Some(Mutant::ActOnExpiredLease);
+                let careless = crate::broken!(self.policy.broken, ActOnExpiredLease);
                 if command.is_outside_effect() && !self.may_act(mandate) && !careless {
                     pass.abandon(Abandon::MandateLost);
                     abandoned = Some(Abandon::MandateLost);

@@ -2,7 +2,6 @@
 //! the task lease), the instance re-read under it, and a task for a
 //! deleting or deleted instance refused (T4).
 
-use crate::core::broken::Mutant;
 use crate::core::fleet::{Task, TaskKind};
 use crate::core::policy::WORKER_LOCK_SLACK;
 
@@ -59,7 +58,7 @@ impl Worker {
             .map_err(|e| e.to_string())?
             .ok_or_else(|| format!("instance {} does not exist", task.instance))?;
         if !task.kind.applies_to(instance.state)
-            && self.config.broken != Some(Mutant::ReviveDeletedInstance)
+            && !crate::broken!(self.config.broken, ReviveDeletedInstance)
         {
             tracing::info!(
                 instance = %instance.name,

@@ -45,6 +45,29 @@ volumes = [{ name = "data", path = "/data" }]
 kind = "none"
 "#;
 
+/// `wiki` with a database beside web: no ports, reached only on the
+/// instance network, its data on a named volume.
+const CATALOG_WITH_DB: &str = r#"
+[types.wiki]
+version = "2"
+
+[[types.wiki.services]]
+name = "web"
+image = "wiki"
+ports = [8080]
+
+[types.wiki.services.readiness]
+kind = "none"
+
+[[types.wiki.services]]
+name = "db"
+image = "db"
+volumes = [{ name = "data", path = "/data" }]
+
+[types.wiki.services.readiness]
+kind = "none"
+"#;
+
 /// Something that happens in the world at a chosen moment.
 type Happening = Box<dyn FnOnce() + Send>;
 
@@ -605,6 +628,62 @@ async fn upgrade_replaces_with_overlap_and_the_pass_retires_the_predecessor() {
         (row.version.as_str(), row.state),
         ("2", InstanceState::Ready)
     );
+}
+
+/// Found by a new user on the notes example (#40): the proxy refuses a
+/// route without an upstream, so a pass that asked for one for a service
+/// without ports failed it every time, the upgrade never counted as
+/// verified and routed, and the old database containers ran on forever.
+#[tokio::test]
+async fn a_service_without_ports_is_verified_never_routed_and_its_predecessor_retired() {
+    let mut f = fixture();
+    f.catalog = Arc::new(Catalog::from_toml(CATALOG_WITH_DB, "catalog.toml").unwrap());
+    let instance = f.served("wiki1", "1").await;
+    let recoverer = f.recoverer();
+    recoverer.pass().await;
+    let db = ServiceName::new("db");
+    let before = f.store.load_active(&instance.name).await.unwrap().services[&db].clone();
+    assert!(before.binds.is_empty());
+    assert!(
+        before.verified_started_at.is_some(),
+        "the first pass verified db"
+    );
+    assert!(!f.routed("wiki1", "db"), "db has nothing to route");
+    let publications = f.script.count(Op::Publish);
+    let steady = recoverer.pass().await;
+    assert_eq!(steady.error_count(), 0, "{steady:?}");
+    assert_eq!(
+        f.script.count(Op::Publish),
+        publications,
+        "a steady pass publishes nothing: {steady:?}"
+    );
+
+    f.enqueue(instance.id, TaskKind::Upgrade).await;
+    assert_eq!(f.worker().work_once().await.unwrap().1, TaskEnd::Done);
+    let after = f.store.load_active(&instance.name).await.unwrap().services[&db].clone();
+    assert_ne!(after.container, before.container);
+    for _ in 0..2 {
+        let outcome = recoverer.pass().await;
+        assert_eq!(outcome.error_count(), 0, "{outcome:?}");
+    }
+    assert!(
+        f.runtime.container(&before.container).is_none(),
+        "the predecessor is retired"
+    );
+    assert!(f
+        .store
+        .load_inhibitions(&instance.name)
+        .await
+        .unwrap()
+        .is_empty());
+    let verified = f.store.load_active(&instance.name).await.unwrap().services[&db].clone();
+    assert_eq!(verified.container, after.container);
+    assert!(
+        verified.verified_started_at.is_some(),
+        "the successor is verified"
+    );
+    assert!(!f.routed("wiki1", "db"));
+    assert!(f.routed("wiki1", "web"), "web serves throughout");
 }
 
 #[tokio::test]

@@ -974,6 +974,45 @@ fn minutes_frozen_mid_pass_do_not_count_as_stable() {
 }
 
 #[test]
+fn minutes_frozen_before_a_start_do_not_count_as_the_started_executions_stability() {
+    // Found by the simulation (seed 78, once the world gained a service
+    // without ports): a process froze between inspecting a crash-looping
+    // container down and starting it; the pass that resumed found the new
+    // execution healthy and dated its stability from the first inspect,
+    // so the next pass, a minute later, found five "stable" minutes and
+    // dropped the history: three more free attempts within seconds (R14).
+    let mut w = settled();
+    for _ in 0..2 {
+        w.crash("c1");
+        w.pass();
+    }
+    let key = stead::core::types::GenerationKey {
+        instance: w.instance.clone(),
+        service: ServiceName::new("web"),
+        container: ContainerId::new("c1"),
+    };
+    let failures = |w: &World| {
+        w.memory
+            .generation(&key)
+            .and_then(|g| g.budget.as_ref().map(|b| b.failures))
+    };
+    w.crash("c1");
+    w.advance(MINUTE);
+    w.faults.pause_before_start = Some(10 * MINUTE);
+    w.pass(); // inspected down, started ten minutes later, found healthy
+    assert_eq!(failures(&w), Some(2), "the crash loop is charged");
+    w.advance(MINUTE);
+    w.pass(); // a minute of observed stability
+    assert!(
+        failures(&w).is_some(),
+        "the frozen minutes before the start counted as stable"
+    );
+    w.advance(5 * MINUTE);
+    w.pass();
+    assert_eq!(failures(&w), None, "five observed stable minutes reset it");
+}
+
+#[test]
 fn an_unstable_observation_breaks_the_stability_streak() {
     let mut w = settled();
     w.crash("c1");

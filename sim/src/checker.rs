@@ -18,7 +18,7 @@ use stead::core::names;
 use stead::core::plan::ControlConfig;
 use stead::core::policy::RecoveryPolicy;
 use stead::core::types::{
-    Binds, ContainerId, ContainerStatus, Health, InstanceName, ServiceKey, Timestamp,
+    Binds, ContainerId, ContainerStatus, Health, InstanceName, ServiceKey, ServiceName, Timestamp,
 };
 use stead::engine::lease::ProcessIdentity;
 use stead::engine::tick::Check;
@@ -75,6 +75,9 @@ pub struct Truth {
     pub dropping: BTreeSet<ContainerId>,
     /// The service of every container ever created.
     pub service_of: BTreeMap<ContainerId, ServiceKey>,
+    /// Services whose spec publishes no port (a worker, a database reached
+    /// on the instance network): verified, never routed.
+    pub portless: BTreeSet<ServiceName>,
 }
 
 impl Truth {
@@ -137,6 +140,9 @@ struct Process {
 #[derive(Debug, Default)]
 struct State {
     truth: Truth,
+    /// When each process's node made its latest effect: a process frozen
+    /// between two of its writes (a VM pause) makes the second one late.
+    last_effect_of: BTreeMap<NodeId, Timestamp>,
     probe_passed: BTreeSet<(ContainerId, Option<Timestamp>)>,
     /// Binds some execution of a container answered readiness on.
     ready_binds: BTreeSet<(ContainerId, Binds)>,
@@ -355,6 +361,25 @@ impl Checker {
 
     fn store(&self) -> &MemoryStore {
         self.store.get().expect("the checker watches the store")
+    }
+
+    /// The execution of `successor` that serves `service` now, if any: the
+    /// one the proxy routes to it, or, for a service without ports (never
+    /// routed), the one ACTIVE durably records as verified.
+    fn serving_execution(
+        &self,
+        s: &State,
+        service: &ServiceKey,
+        successor: &ContainerId,
+    ) -> Option<Option<Timestamp>> {
+        if s.truth.portless.contains(&service.service) {
+            let recorded = self.store().active_now(service)?;
+            (&recorded.container == successor && recorded.verified_started_at.is_some())
+                .then_some(recorded.verified_started_at)
+        } else {
+            let route = s.routes.get(service)?;
+            (&route.container == successor).then_some(route.verified_started_at)
+        }
     }
 
     /// A process (re)started on `node`. If its identity holds the
@@ -1545,6 +1570,11 @@ impl Observer for Checker {
         self.check_names_and_deletion(&mut s, effect);
         let by_process = process.is_some();
         let holder = process.map_or_else(|| "world".to_owned(), |p| p.holder);
+        let previous_effect_at = if by_process {
+            s.last_effect_of.insert(node, now)
+        } else {
+            None
+        };
         match effect {
             Effect::Started { id } | Effect::Restarted { id } => {
                 let service = instance_of(&s.truth, id);
@@ -1659,11 +1689,11 @@ impl Observer for Checker {
                         let ok = stopped
                             || match s.truth.active.get(&service) {
                                 None => true,
-                                Some(successor) => s.routes.get(&service).is_some_and(|r| {
-                                    &r.container == successor
-                                        && s.probe_passed
-                                            .contains(&(successor.clone(), r.verified_started_at))
-                                }),
+                                Some(successor) => {
+                                    self.serving_execution(&s, &service, successor).is_some_and(
+                                        |at| s.probe_passed.contains(&(successor.clone(), at)),
+                                    )
+                                }
                             };
                         s.check("S5 retire after successor serves", ok, || {
                             format!("{id} retired before its successor was verified and routed")
@@ -1680,7 +1710,7 @@ impl Observer for Checker {
                                 .get(&(successor.clone(), holder.clone()))
                                 .copied()
                                 .flatten();
-                            let routed = s.routes.get(&service).and_then(|r| r.verified_started_at);
+                            let routed = self.serving_execution(&s, &service, &successor).flatten();
                             let confirmed = seen.is_some_and(|(status, started_at)| {
                                 status == ContainerStatus::Running
                                     && started_at.is_some()
@@ -1822,7 +1852,12 @@ impl Observer for Checker {
                         .into_iter()
                         .map(|i| (i.id, i.service_type))
                         .collect();
-                    let lately = now - jiff::SignedDuration::from_secs(30);
+                    // Within 30 s, or since the process's previous effect:
+                    // a process frozen between failing the task and
+                    // halting halts late, and rightly.
+                    let lately = previous_effect_at
+                        .map_or(now, |at| at.min(now))
+                        .min(now - jiff::SignedDuration::from_secs(30));
                     let failed_upgrade = self.store().all_tasks().into_iter().any(|t| {
                         t.kind == TaskKind::Upgrade
                             && t.state == TaskState::Failed
@@ -1834,7 +1869,19 @@ impl Observer for Checker {
                     s.check(
                         "C8 a rollout halts only after an upgrade failed for good",
                         failed_upgrade,
-                        || format!("{holder} halted the rollout of {service_type} though no upgrade of it had just failed"),
+                        || {
+                            let upgrades: Vec<_> = self
+                                .store()
+                                .all_tasks()
+                                .into_iter()
+                                .filter(|t| t.kind == TaskKind::Upgrade)
+                                .map(|t| (t.id, t.instance, t.state, t.updated_at, t.last_error))
+                                .collect();
+                            format!(
+                                "{holder} halted the rollout of {service_type} though no upgrade of it had just failed \
+                                 (since {lately}; its previous effect at {previous_effect_at:?}; upgrades: {upgrades:?})"
+                            )
+                        },
                     );
                 }
             }

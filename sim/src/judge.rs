@@ -259,8 +259,14 @@ impl<'a> Service<'a> {
         }
     }
 
-    /// R13: whether the verified execution must be (re)published.
+    /// R13: whether the verified execution must be (re)published. A
+    /// service whose binds read answered none has nothing to route: it is
+    /// verified and never published (the proxy refuses a route without an
+    /// upstream).
     fn needs_publication(&self) -> bool {
+        if self.binds.as_ref().is_some_and(Binds::is_empty) {
+            return false;
+        }
         self.new_execution
             || self.route_unknown
             || self.binds.as_ref().is_none_or(|b| *b != self.record.binds)
@@ -390,6 +396,7 @@ impl<'a> Service<'a> {
                     // and it counts as the start.
                     self.budget.clear_unhealthy();
                     self.new_execution = true;
+                    self.observed_at = Some(now);
                     self.observed = Some(obs.clone());
                     self.at = At::Health;
                 }
@@ -397,6 +404,8 @@ impl<'a> Service<'a> {
             },
             (At::InspectStarted, Outcome::Inspected(r)) => match r {
                 Ok(obs) => {
+                    // R14: stable from the started execution's first sight.
+                    self.observed_at = Some(now);
                     self.observed = Some(obs.clone());
                     self.at = At::Health;
                 }
@@ -427,6 +436,7 @@ impl<'a> Service<'a> {
             },
             (At::InspectRestarted, Outcome::Inspected(r)) => match r {
                 Ok(obs) => {
+                    self.observed_at = Some(now);
                     self.observed = Some(obs.clone());
                     self.at = At::Verifying;
                 }

@@ -33,8 +33,8 @@ use stead_testkit::store::{Garbled, MemoryStore};
 use crate::checker::{ladder_cap, Checker, CLOCK_TOLERANCE};
 use crate::topology::{process_main, Shared, Slot, Topology};
 use crate::world::{
-    helm_instance_name, instance_name, service_name, Actors, FaultCounts, FaultMix, SimService,
-    SwarmFaults, VersionScheme, HELM_TYPE, LEGACY_TYPE, SERVICE_TYPE,
+    has_ports, helm_instance_name, instance_name, service_name, Actors, FaultCounts, FaultMix,
+    SimService, SwarmFaults, VersionScheme, HELM_TYPE, LEGACY_TYPE, SERVICE_TYPE,
 };
 
 /// The shape of one run.
@@ -53,7 +53,7 @@ impl SimConfig {
         Self {
             seed,
             instances: 6,
-            services_per_instance: 2,
+            services_per_instance: 3,
             safety: Duration::from_secs(6 * 3600),
             tick: Duration::from_secs(60),
         }
@@ -1012,7 +1012,11 @@ async fn setup(
                 name: service.clone(),
                 image: "sim".into(),
                 command: vec![],
-                ports: vec![8080],
+                ports: if has_ports(&service) {
+                    vec![8080]
+                } else {
+                    vec![]
+                },
                 healthcheck: Some(Healthcheck {
                     command: vec!["true".into()],
                     interval: Duration::from_secs(5),
@@ -1032,6 +1036,9 @@ async fn setup(
                     ..Default::default()
                 }),
             };
+            if !has_ports(&service) {
+                actors.checker.truth(|t| t.portless.insert(service.clone()));
+            }
             let request = CreateContainer {
                 instance: name.clone(),
                 instance_id: 1,
@@ -1252,10 +1259,22 @@ async fn check_liveness(
         if checker.active_since(key).is_some_and(young) {
             continue;
         }
+        // A service without ports is served once ACTIVE records its running
+        // execution as verified; it must never hold a route.
         let served = c.status == ContainerStatus::Running
-            && routes
-                .get(key)
-                .is_some_and(|r| &r.container == id && r.verified_started_at == c.started_at);
+            && if truth.portless.contains(&key.service) {
+                !routes.contains_key(key)
+                    && store.active_now(key).is_some_and(|a| {
+                        &a.container == id
+                            && a.verified_started_at
+                                == c.started_at
+                                    .and_then(stead::store::normalize_execution_start)
+                    })
+            } else {
+                routes
+                    .get(key)
+                    .is_some_and(|r| &r.container == id && r.verified_started_at == c.started_at)
+            };
         if !served {
             failures.push(format!(
                 "L1: {key:?} on {id} not running, verified and published: {c:?}, route {:?}",

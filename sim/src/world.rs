@@ -1052,6 +1052,13 @@ pub fn service_name(j: usize) -> ServiceName {
     }
 }
 
+/// Whether `service` publishes a port. `worker` has none: like a queue
+/// worker or a database reached on the instance network, it is verified
+/// and never routed (the proxy refuses a route without an upstream).
+pub fn has_ports(service: &ServiceName) -> bool {
+    service.as_str() != "worker"
+}
+
 /// Teams of the fleet: the control config's own team (`platform`, which
 /// upgrades first, C8) and two tenants.
 pub fn team_of(i: usize) -> &'static str {

@@ -4,7 +4,7 @@
 //! `STEAD_SIM_SEEDS` (default 500), `STEAD_SIM_SEED` (first seed, default 1),
 //! `STEAD_SIM_HOURS` (safety phase per seed, default 6), and the world's
 //! shape: `STEAD_SIM_INSTANCES` (default 6), `STEAD_SIM_SERVICES` (services
-//! per instance, default 2). `STEAD_SIM_THREADS` sets how many seeds run
+//! per instance, default 3: `web` and `api-web` serve HTTP, `worker` has no port). `STEAD_SIM_THREADS` sets how many seeds run
 //! at once (default: one per core).
 #![cfg(madsim)]
 

@@ -19,8 +19,6 @@ use std::time::Duration;
 
 use jiff::Timestamp;
 
-use super::broken::Mutant;
-
 use super::budget::{Budget, BudgetEntry};
 use super::errors::{
     failure_of, ErrorKind, PolicyError, PortName, ProbeError, StoreError, TrafficError,
@@ -92,8 +90,11 @@ impl ProxyView {
     /// `binds` (absent, or to another port). Such a route is republished
     /// after verifying the execution, as a restarted daemon does (R17):
     /// an idempotent upsert, never a new probe of an unchanged execution.
+    /// A service without binds (no ports: a worker, a database reached on
+    /// the instance network) is never routed, so nothing can contradict it.
     pub fn contradicts(self, binds: &Binds) -> bool {
         match self {
+            _ if binds.is_empty() => false,
             ProxyView::Unknown => false,
             ProxyView::Absent => true,
             ProxyView::Dials(port) => binds.values().next() != Some(&port),
@@ -553,11 +554,6 @@ impl<'p> ServiceRecovery<'p> {
         }
     }
 
-    /// Whether the mutation exercise broke `rule` in this policy.
-    fn broken(&self, rule: Mutant) -> bool {
-        self.policy.broken == Some(rule)
-    }
-
     pub fn key(&self) -> &GenerationKey {
         &self.key
     }
@@ -704,7 +700,7 @@ impl<'p> ServiceRecovery<'p> {
             Outcome::Binds(result) => match result {
                 Ok(binds) => {
                     self.binds = binds;
-                    let probe = !self.broken(Mutant::PublishBeforeReadiness);
+                    let probe = !crate::broken!(self.policy.broken, PublishBeforeReadiness);
                     self.phase = if self.needs_readiness() && probe {
                         Phase::Probe
                     } else {
@@ -852,6 +848,7 @@ impl<'p> ServiceRecovery<'p> {
                     self.start_race_lost = true;
                     self.budget.clear_unhealthy();
                     self.started = true;
+                    self.observed_at = Some(now);
                     self.observed = Some(obs);
                     self.phase = Phase::ReadHealth;
                 }
@@ -866,6 +863,11 @@ impl<'p> ServiceRecovery<'p> {
             },
             Phase::InspectStarted | Phase::InspectRestarted => match result {
                 Ok(obs) => {
+                    // The execution to verify is the one seen now: a stable
+                    // verdict vouches for it from here, never from the
+                    // first inspect of the down one (a process frozen
+                    // between the two saw nothing of the frozen minutes).
+                    self.observed_at = Some(now);
                     self.observed = Some(obs);
                     self.phase = if self.phase == Phase::InspectStarted {
                         Phase::ReadHealth
@@ -932,7 +934,7 @@ impl<'p> ServiceRecovery<'p> {
             self.budget.invalidate_stable();
         }
         self.observed = Some(obs);
-        let skip_withdrawal = self.broken(Mutant::SkipWithdrawBeforeStart);
+        let skip_withdrawal = crate::broken!(self.policy.broken, SkipWithdrawBeforeStart);
         if (self.fresh || unverified) && !self.withdrawn_this_pass && !skip_withdrawal {
             self.phase = Phase::WithdrawUnverified;
         } else {
@@ -968,7 +970,7 @@ impl<'p> ServiceRecovery<'p> {
         // Found down is not a stable observation: the streak starts over
         // (R14), even if the runtime's own restart later wins the race.
         self.budget.invalidate_stable();
-        let charge = !self.broken(Mutant::ForgetCrashLoopCharge);
+        let charge = !crate::broken!(self.policy.broken, ForgetCrashLoopCharge);
         if self.budget.allow(now) && self.budget.attempt_pending() && charge {
             self.budget.charge_unconfirmed_attempt(self.policy, now);
         }
@@ -988,7 +990,7 @@ impl<'p> ServiceRecovery<'p> {
             (Phase::CheckPolicyForRestart, Ok(())) => {
                 self.phase = Phase::WithdrawBeforeRestart;
                 self.skip_redundant_withdraw_to(Phase::Restart);
-                if self.broken(Mutant::SkipWithdrawBeforeStart) {
+                if crate::broken!(self.policy.broken, SkipWithdrawBeforeStart) {
                     self.phase = Phase::Restart;
                 }
             }
@@ -1066,7 +1068,7 @@ impl<'p> ServiceRecovery<'p> {
             Ok(Health::Unhealthy) => {
                 self.stable = false;
                 let streak = self.budget.observe_unhealthy();
-                let early = u32::from(self.broken(Mutant::RestartBeforeThreshold));
+                let early = u32::from(crate::broken!(self.policy.broken, RestartBeforeThreshold));
                 if streak + early < self.policy.unhealthy_threshold {
                     return;
                 }
@@ -1109,7 +1111,7 @@ impl<'p> ServiceRecovery<'p> {
     /// is always what a restarted daemon finds vouched for (R17) and a
     /// restart at any instant never blinks it.
     fn decide_publication(&mut self, now: Timestamp) {
-        let record_first = !self.broken(Mutant::PublishBeforeRecord);
+        let record_first = !crate::broken!(self.policy.broken, PublishBeforeRecord);
         if self.needs_record() && (record_first || !self.needs_publication()) {
             self.phase = Phase::RecordExecution;
         } else if self.needs_publication() {
@@ -1128,9 +1130,12 @@ impl<'p> ServiceRecovery<'p> {
     /// R13: whether the route must be (re)published: the execution was
     /// started, restarted or is fresh, this daemon cannot vouch for the
     /// route, or the binds changed. None of these changes between the
-    /// decision and the publication, so it is asked, not stored.
+    /// decision and the publication, so it is asked, not stored. A service
+    /// without binds has nothing to route: it is verified and never
+    /// published (the proxy refuses a route without an upstream).
     fn needs_publication(&self) -> bool {
-        self.needs_readiness() || self.route_unknown || self.binds != self.active.binds
+        !self.binds.is_empty()
+            && (self.needs_readiness() || self.route_unknown || self.binds != self.active.binds)
     }
 
     /// Whether ACTIVE's durable record is not yet the execution verified.
@@ -1141,6 +1146,10 @@ impl<'p> ServiceRecovery<'p> {
 
     fn finish_verified(&mut self, now: Timestamp) {
         self.verified_started_at = self.observed_started_at();
+        if self.binds.is_empty() {
+            // Nothing to route, so nothing this daemon cannot vouch for.
+            self.route_unknown = false;
+        }
         if self.stable {
             // Stable as of the observation, not of now: a process frozen
             // between its inspect and this answer saw nothing of the

@@ -926,6 +926,22 @@ impl MemoryTraffic {
 impl Traffic for MemoryTraffic {
     async fn publish(&self, route: &Route) -> Result<(), TrafficError> {
         let subject = format!("{}/{}", route.service.instance, route.service.service);
+        // Refused as the Caddy adapter refuses it, before any call: a route
+        // needs an upstream. A double that accepted it would hide a service
+        // failing every pass in production.
+        match route.binds.iter().next() {
+            None => {
+                return Err(TrafficError::Rejected(format!(
+                    "route {subject} has no binds to proxy to"
+                )))
+            }
+            Some((container_port, 0)) => {
+                return Err(TrafficError::Rejected(format!(
+                    "route {subject}: bind of container port {container_port} = host port 0, not a port"
+                )))
+            }
+            Some(_) => {}
+        }
         let latency = self
             .hooks
             .admit(Op::Publish, &subject)

@@ -81,6 +81,10 @@ pub struct Faults {
     /// When set, the process freezes this long between its inspect and
     /// its health read (a pause mid-pass): the clock jumps once.
     pub pause_before_health: Option<Duration>,
+    /// When set, the process freezes this long right before a start (the
+    /// first inspect saw the container down; the start and everything
+    /// after it happen once the clock jumped).
+    pub pause_before_start: Option<Duration>,
 }
 
 /// One command the world performed, for assertions.
@@ -335,6 +339,11 @@ impl World {
                 Some(e) => Err(e.clone()),
                 None => Ok(()),
             }),
+            Command::Start if self.faults.pause_before_start.is_some() => {
+                let frozen = self.faults.pause_before_start.take().expect("set");
+                self.advance(frozen);
+                self.perform(service, id, command)
+            }
             Command::Start => Outcome::Started(self.start(id)),
             Command::Restart { .. } => Outcome::Restarted(self.restart(id)),
             Command::Stop { .. } => Outcome::Stopped(match self.containers.get_mut(id) {

@@ -9,7 +9,7 @@ use std::time::Duration;
 use tokio::sync::watch;
 use tokio::time::Instant;
 
-use crate::core::broken::Mutant;
+use crate::core::broken::Armed;
 use crate::core::fleet::{RetryDecision, Task, TaskKind, TaskRetryPolicy};
 use crate::core::plan::upgrade_retry_at;
 use crate::core::policy::trust_margin;
@@ -42,7 +42,7 @@ pub struct WorkerConfig {
     /// A rule deliberately broken, armed as data by the simulation's
     /// mutation exercise (`stead_testkit::mutants`, `docs/simulation.md`);
     /// always `None` in the daemon.
-    pub broken: Option<Mutant>,
+    pub broken: Armed,
 }
 
 pub struct Worker {
@@ -87,7 +87,7 @@ impl Worker {
                 .is_some_and(|until| now < until)
         };
         let trusted = trusted(&self.trusted_until) && trusted(&self.lock_trusted_until);
-        if trusted || self.config.broken == Some(Mutant::ActOnExpiredLease) {
+        if trusted || crate::broken!(self.config.broken, ActOnExpiredLease) {
             Ok(())
         } else {
             Err("the task lease is no longer trusted; stopping before acting".to_owned())
@@ -188,10 +188,28 @@ impl Worker {
                     let _ = store.retry(task.id, &self.config.id, at, &error, now).await;
                     TaskEnd::Retried(error)
                 }
+                // Only a failure the store recorded as this worker's halts
+                // the rollout (C8). A worker frozen past its task lease
+                // finds the task requeued and maybe running elsewhere:
+                // its verdict is stale, and a halt on it would stop a
+                // rollout no upgrade failed (found by the simulation).
                 RetryDecision::Fail => {
-                    let _ = store.fail(task.id, &self.config.id, &error, now).await;
-                    self.after_final_failure(task, &error).await;
-                    TaskEnd::Failed(error)
+                    match store.fail(task.id, &self.config.id, &error, now).await {
+                        Ok(true) => {
+                            self.after_final_failure(task, &error).await;
+                            TaskEnd::Failed(error)
+                        }
+                        Ok(false) => TaskEnd::LeaseLost,
+                        Err(e) => {
+                            tracing::warn!(
+                                task = task.id,
+                                "task {} failed for good but the store did not record it ({e}); \
+                             its lease expires and the next attempt decides again",
+                                task.id
+                            );
+                            TaskEnd::Failed(error)
+                        }
+                    }
                 }
             },
         }

@@ -151,8 +151,8 @@ fn from_env_of_a_variable_stead_uses_is_refused_even_when_the_config_tries_to_gr
             error,
             format!(
                 "catalog.toml: line 6: types.web.services[0].secrets[0].from_env = \"{name}\": is \
-                 a variable stead itself uses; STEAD_* and KUBECONFIG are never passed to a \
-                 container"
+                 a variable stead itself uses (STEAD_* and KUBECONFIG are never passed to a \
+                 container)"
             )
         );
     }

@@ -6,6 +6,11 @@
 //!
 //! Every error names the file, the field (as a dotted path such as
 //! `types.wiki.services[0].ports[1]`) and the offending value.
+//!
+//! What of the host a service may reach (bind mounts, secret files, the
+//! daemon's variables) is not the catalog's to say: the operator grants it
+//! in `stead.toml` ([`Grants`]), passed in, and a catalog asking for more
+//! is refused naming the field and the missing grant.
 
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -13,7 +18,7 @@ use std::time::Duration;
 use serde::Deserialize;
 
 use super::fleet::RolloutState;
-use super::grants::{is_reserved_env, Grant, Grants};
+use super::grants::{is_reserved_env, reserved_env_reason, Grant, Grants};
 use super::names;
 use super::release::{render, HelmChart, Provisioning, ReleaseParams, HELM_NAMESPACE_DEFAULT};
 use super::spec::{
@@ -1279,49 +1284,7 @@ impl Checker<'_> {
                     "this variable is already set (by env or another secret)",
                 ));
             }
-            let source = match (&secret.file, &secret.from_env) {
-                (Some(path), None) if !is_clean_absolute(path) => {
-                    return Err(self.invalid(
-                        format!("{field}.file"),
-                        path,
-                        "must be an absolute path with no '.', '..' or empty component",
-                    ))
-                }
-                (Some(path), None) if !self.grants.allows_secret_file(path) => {
-                    return Err(self.not_granted(format!("{field}.file"), path, Grant::SecretFile))
-                }
-                (Some(path), None) => SecretSource::File(path.clone()),
-                (None, Some(name)) if !is_env_name(name) => {
-                    return Err(self.invalid(
-                        format!("{field}.from_env"),
-                        name,
-                        "must be an environment variable's name",
-                    ))
-                }
-                (None, Some(name)) if is_reserved_env(name) => {
-                    return Err(self.invalid(
-                        format!("{field}.from_env"),
-                        name,
-                        "is a variable stead itself uses; STEAD_* and KUBECONFIG are never \
-                         passed to a container",
-                    ))
-                }
-                (None, Some(name)) if !self.grants.passes_env(name) => {
-                    return Err(self.not_granted(
-                        format!("{field}.from_env"),
-                        name,
-                        Grant::DaemonEnv,
-                    ))
-                }
-                (None, Some(name)) => SecretSource::DaemonEnv(name.clone()),
-                _ => {
-                    return Err(self.invalid(
-                        field,
-                        &secret.env,
-                        "a secret takes exactly one of `file` or `from_env`",
-                    ))
-                }
-            };
+            let source = self.secret_source(&field, secret)?;
             secrets.push(SecretEnv {
                 env: secret.env.clone(),
                 source,
@@ -1432,6 +1395,40 @@ impl Checker<'_> {
             networks: raw.networks.clone(),
             instance_network: false,
         })
+    }
+
+    /// Where a secret's value comes from: a file inside a granted secret
+    /// directory, or a daemon variable the operator passes through (never
+    /// one of stead's own).
+    fn secret_source(&self, field: &str, secret: &RawSecret) -> Result<SecretSource, CatalogError> {
+        match (&secret.file, &secret.from_env) {
+            (Some(path), None) if !is_clean_absolute(path) => Err(self.invalid(
+                format!("{field}.file"),
+                path,
+                "must be an absolute path with no '.', '..' or empty component",
+            )),
+            (Some(path), None) if !self.grants.allows_secret_file(path) => {
+                Err(self.not_granted(format!("{field}.file"), path, Grant::SecretFile))
+            }
+            (Some(path), None) => Ok(SecretSource::File(path.clone())),
+            (None, Some(name)) if !is_env_name(name) => Err(self.invalid(
+                format!("{field}.from_env"),
+                name,
+                "must be an environment variable's name",
+            )),
+            (None, Some(name)) if is_reserved_env(name) => {
+                Err(self.invalid(format!("{field}.from_env"), name, reserved_env_reason()))
+            }
+            (None, Some(name)) if !self.grants.passes_env(name) => {
+                Err(self.not_granted(format!("{field}.from_env"), name, Grant::DaemonEnv))
+            }
+            (None, Some(name)) => Ok(SecretSource::DaemonEnv(name.clone())),
+            _ => Err(self.invalid(
+                field,
+                &secret.env,
+                "a secret takes exactly one of `file` or `from_env`",
+            )),
+        }
     }
 
     fn mounts(&self, at: &str, raw: &[RawVolume]) -> Result<Vec<Mount>, CatalogError> {

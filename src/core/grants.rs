@@ -30,6 +30,15 @@ pub fn is_reserved_env(name: &str) -> bool {
     name.starts_with(RESERVED_ENV_PREFIX) || RESERVED_ENV_NAMES.contains(&name)
 }
 
+/// Why a reserved variable is refused, wherever it is asked for.
+pub fn reserved_env_reason() -> String {
+    format!(
+        "is a variable stead itself uses ({RESERVED_ENV_PREFIX}* and {} are never passed to a \
+         container)",
+        RESERVED_ENV_NAMES.join(", ")
+    )
+}
+
 /// Which of the three grants a catalog field needs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Grant {
@@ -90,16 +99,18 @@ impl Grants {
         bounded(Grant::DaemonEnv, env_passthrough.len())?;
         for (i, name) in env_passthrough.iter().enumerate() {
             let reason = if !is_env_name(name) {
-                "must be an environment variable's name (a letter or '_', then letters, digits or '_')"
+                "must be an environment variable's name (a letter or '_', then letters, digits \
+                 or '_')"
+                    .to_owned()
             } else if is_reserved_env(name) {
-                "is a variable stead itself uses (STEAD_* and KUBECONFIG are never passed to a container)"
+                reserved_env_reason()
             } else {
                 continue;
             };
             return Err(GrantError {
                 field: format!("{}[{i}]", Grant::DaemonEnv.key()),
                 value: quote(name),
-                reason: reason.to_owned(),
+                reason,
             });
         }
         Ok(Grants {

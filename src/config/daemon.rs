@@ -6,10 +6,11 @@
 //! re-exports it as `daemon::config`, and the `config` fuzz target parses
 //! arbitrary files with it.
 //!
-//! The `[control]` table is handed to [`ControlConfig::from_toml`] and the
+//! The `[control]` table is handed to [`ControlConfig::from_toml`], the
 //! `[recovery]` table becomes a [`RecoveryPolicy`] checked by
-//! [`RecoveryPolicy::validated`], so the daemon adds no second set of rules
-//! for them.
+//! [`RecoveryPolicy::validated`], and the `[grants]` table (what a catalog
+//! may give a container) becomes [`Grants`] through [`Grants::new`], so the
+//! daemon adds no second set of rules for them.
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
@@ -1189,7 +1190,11 @@ mod tests {
                 vec!["\"/d\""; crate::core::grants::GRANT_ENTRIES_MAX + 1].join(", ")
             ),
             &[],
-            "grants.secret_dirs = 65: at most 64 entries",
+            &format!(
+                "grants.secret_dirs = {}: at most {} entries",
+                crate::core::grants::GRANT_ENTRIES_MAX + 1,
+                crate::core::grants::GRANT_ENTRIES_MAX
+            ),
         );
     }
 

@@ -5,6 +5,7 @@ use std::time::Duration;
 
 use stead::core::catalog::{Catalog, CatalogError};
 use stead::core::fleet::RolloutState;
+use stead::core::grants::Grants;
 use stead::core::spec::ReadinessProbe;
 
 const GOOD: &str = r#"
@@ -42,7 +43,7 @@ timeout_ms = 500
 
 #[test]
 fn a_catalog_converts_into_service_specs_with_defaults() {
-    let catalog = Catalog::from_toml(GOOD, "catalog.toml").unwrap();
+    let catalog = Catalog::from_toml(GOOD, "catalog.toml", &Grants::default()).unwrap();
     let names: Vec<&str> = catalog.entries().map(|e| e.service_type.as_str()).collect();
     assert_eq!(names, ["db", "wiki"]);
     let wiki = catalog.get("wiki").unwrap();
@@ -75,7 +76,7 @@ fn a_catalog_converts_into_service_specs_with_defaults() {
 fn check(from: &str, to: &str, expect: &str) {
     assert!(GOOD.contains(from), "{from:?} not in the catalog");
     let text = GOOD.replace(from, to);
-    let error = Catalog::from_toml(&text, "catalog.toml")
+    let error = Catalog::from_toml(&text, "catalog.toml", &Grants::default())
         .unwrap_err()
         .to_string();
     assert!(
@@ -160,7 +161,7 @@ fn catalog_errors_name_the_file_the_line_the_field_and_the_value() {
 #[test]
 fn a_service_type_needs_services() {
     let text = "[types.empty]\nversion = \"1\"\nservices = []\n";
-    let error = Catalog::from_toml(text, "c.toml").unwrap_err();
+    let error = Catalog::from_toml(text, "c.toml", &Grants::default()).unwrap_err();
     assert_eq!(
         error.to_string(),
         "c.toml: line 3: types.empty.services = 0: a service type needs 1 to 32 services"
@@ -171,14 +172,16 @@ fn a_service_type_needs_services() {
 fn an_oversized_catalog_is_refused_before_parsing() {
     let text = "#".repeat(stead::core::catalog::CATALOG_LEN_MAX + 1);
     assert!(matches!(
-        Catalog::from_toml(&text, "big.toml"),
+        Catalog::from_toml(&text, "big.toml", &Grants::default()),
         Err(CatalogError::TooLarge { .. })
     ));
 }
 
 #[test]
 fn an_empty_catalog_is_valid_and_empty() {
-    assert!(Catalog::from_toml("", "empty.toml").unwrap().is_empty());
+    assert!(Catalog::from_toml("", "empty.toml", &Grants::default())
+        .unwrap()
+        .is_empty());
 }
 
 /// A carriage return without its line feed is explained and located, not
@@ -187,12 +190,12 @@ fn an_empty_catalog_is_valid_and_empty() {
 /// message).
 #[test]
 fn a_lone_carriage_return_is_explained_and_located() {
-    let error = Catalog::from_toml("[types.wiki]\n\r", "c.toml").unwrap_err();
+    let error = Catalog::from_toml("[types.wiki]\n\r", "c.toml", &Grants::default()).unwrap_err();
     assert_eq!(
         error.to_string(),
         "c.toml: line 2, column 2: carriage return must be followed by newline, expected newline"
     );
-    let error = Catalog::from_toml("\r", "c.toml").unwrap_err();
+    let error = Catalog::from_toml("\r", "c.toml", &Grants::default()).unwrap_err();
     assert_eq!(
         error.to_string(),
         "c.toml: line 1, column 2: carriage return must be followed by newline, expected newline"
@@ -216,7 +219,8 @@ ingress = { host = "{instance}.search.example", team = "{team}" }
 #[test]
 fn a_helm_type_names_its_chart_version_namespace_and_values() {
     use stead::core::release::{Provisioning, ReleaseParams, DOCKER_RELEASE_NAMESPACE};
-    let catalog = Catalog::from_toml(&format!("{GOOD}{HELM}"), "c.toml").unwrap();
+    let catalog =
+        Catalog::from_toml(&format!("{GOOD}{HELM}"), "c.toml", &Grants::default()).unwrap();
     assert!(catalog.get("wiki").unwrap().is_docker());
     let search = catalog.get("search").unwrap();
     assert!(
@@ -250,7 +254,7 @@ fn a_helm_type_names_its_chart_version_namespace_and_values() {
     );
     // An explicit chart version, and the default namespace: one per instance.
     let text = "[types.s]\nversion = \"7\"\nprovisioner = \"helm\"\n[types.s.helm]\nchart = \"c/s\"\nchart_version = \"0.7.1\"\n";
-    let catalog = Catalog::from_toml(text, "c.toml").unwrap();
+    let catalog = Catalog::from_toml(text, "c.toml", &Grants::default()).unwrap();
     let Provisioning::Helm(chart) = &catalog.get("s").unwrap().provisioning else {
         panic!("a helm type");
     };
@@ -295,7 +299,9 @@ fn helm_type_errors_name_the_file_the_field_and_the_value() {
         ),
     ];
     for (text, expect) in cases {
-        let error = Catalog::from_toml(&text, "c.toml").unwrap_err().to_string();
+        let error = Catalog::from_toml(&text, "c.toml", &Grants::default())
+            .unwrap_err()
+            .to_string();
         assert!(
             error.starts_with(expect),
             "\nexpected: {expect}\nactual:   {error}"
@@ -306,21 +312,30 @@ fn helm_type_errors_name_the_file_the_field_and_the_value() {
 #[test]
 fn a_change_of_chart_or_provisioner_is_reported_on_reload() {
     use stead::core::catalog::CatalogChange;
-    let before = Catalog::from_toml(HELM, "c.toml").unwrap();
-    let bumped = Catalog::from_toml(&HELM.replace("2.1.0", "2.2.0"), "c.toml").unwrap();
+    let before = Catalog::from_toml(HELM, "c.toml", &Grants::default()).unwrap();
+    let bumped = Catalog::from_toml(
+        &HELM.replace("2.1.0", "2.2.0"),
+        "c.toml",
+        &Grants::default(),
+    )
+    .unwrap();
     assert!(matches!(
         bumped.changes_from(&before)[..],
         [CatalogChange::Version { .. }]
     ));
-    let values =
-        Catalog::from_toml(&HELM.replace("replicas = 2", "replicas = 3"), "c.toml").unwrap();
+    let values = Catalog::from_toml(
+        &HELM.replace("replicas = 2", "replicas = 3"),
+        "c.toml",
+        &Grants::default(),
+    )
+    .unwrap();
     assert!(matches!(
         values.changes_from(&before)[..],
         [CatalogChange::SpecWithoutVersion { .. }]
     ));
     let docker = Catalog::from_toml(
         "[types.search]\nversion = \"2.1.0\"\n[[types.search.services]]\nname = \"w\"\nimage = \"w\"\n",
-        "c.toml",
+        "c.toml", &Grants::default(),
     )
     .unwrap();
     let changes = docker.changes_from(&before);

@@ -4,6 +4,7 @@
 use std::sync::Arc;
 
 use stead::core::catalog::Catalog;
+use stead::core::grants::Grants;
 use stead::core::types::{InstanceName, ServiceName};
 use stead::daemon::CatalogPolicy;
 use stead::ports::{ErrorKind, NewInstance, Policy, PolicyError, PortFailure, Store};
@@ -35,7 +36,7 @@ async fn policy_with(service_type: &str) -> CatalogPolicy {
         .create_instance(&new, "2026-11-30T00:00:00Z".parse().unwrap())
         .await
         .unwrap();
-    let catalog = Catalog::from_toml(CATALOG, "catalog.toml").unwrap();
+    let catalog = Catalog::from_toml(CATALOG, "catalog.toml", &Grants::default()).unwrap();
     CatalogPolicy::new(Arc::new(catalog), store)
 }
 
@@ -81,7 +82,7 @@ async fn a_service_removed_from_the_catalog_is_revoked() {
 async fn grants_that_cannot_be_read_are_unavailable_not_revoked() {
     let store = Arc::new(MemoryStore::new());
     store.set_unavailable(true);
-    let catalog = Catalog::from_toml(CATALOG, "catalog.toml").unwrap();
+    let catalog = Catalog::from_toml(CATALOG, "catalog.toml", &Grants::default()).unwrap();
     let policy = CatalogPolicy::new(Arc::new(catalog), store);
     let error = policy
         .check(&InstanceName::new("blog"), &ServiceName::new("http"))

@@ -5,6 +5,7 @@
 use std::time::Duration;
 
 use stead::core::catalog::{Catalog, LOG_PATTERN_LEN_MAX};
+use stead::core::grants::Grants;
 use stead::core::spec::ReadinessProbe;
 
 const GOOD: &str = r#"
@@ -22,7 +23,8 @@ pattern = "ready to accept connections"
 "#;
 
 fn readiness(text: &str) -> ReadinessProbe {
-    let catalog = Catalog::from_toml(text, "catalog.toml").unwrap_or_else(|e| panic!("{e}"));
+    let catalog = Catalog::from_toml(text, "catalog.toml", &Grants::default())
+        .unwrap_or_else(|e| panic!("{e}"));
     catalog.get("ledger").unwrap().services[0].readiness.clone()
 }
 
@@ -30,7 +32,7 @@ fn readiness(text: &str) -> ReadinessProbe {
 fn check(from: &str, to: &str, expect: &str) {
     assert!(GOOD.contains(from), "{from:?} not in the catalog");
     let text = GOOD.replace(from, to);
-    let error = Catalog::from_toml(&text, "catalog.toml")
+    let error = Catalog::from_toml(&text, "catalog.toml", &Grants::default())
         .unwrap_err()
         .to_string();
     assert!(

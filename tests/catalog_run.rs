@@ -6,13 +6,12 @@
 use std::collections::BTreeMap;
 
 use stead::core::catalog::Catalog;
+use stead::core::grants::Grants;
 use stead::core::release::ReleaseParams;
 use stead::core::spec::{Mount, MountSource, RunSpec, SecretEnv, SecretSource};
 use stead::core::types::ServiceName;
 
 const APP: &str = r#"
-host_path_prefixes = ["/srv/stead"]
-
 [types.notes]
 version = "1"
 
@@ -42,9 +41,20 @@ image = "example/web:1"
 ports = [8080]
 "#;
 
+/// What the operator's `stead.toml` grants [`APP`]: its bind mount's
+/// directory, its secret file's directory and its daemon variable.
+fn app_grants() -> Grants {
+    Grants::new(
+        &["/srv/stead".to_owned()],
+        &["/etc/stead/secrets".to_owned()],
+        &["NOTES_ADMIN_TOKEN".to_owned()],
+    )
+    .unwrap()
+}
+
 #[test]
 fn a_real_applications_services_convert_into_run_specs() {
-    let catalog = Catalog::from_toml(APP, "catalog.toml").unwrap();
+    let catalog = Catalog::from_toml(APP, "catalog.toml", &app_grants()).unwrap();
     let notes = catalog.get("notes").unwrap();
     let db = &notes.services[0];
     assert_eq!(
@@ -104,14 +114,14 @@ fn a_real_applications_services_convert_into_run_specs() {
 fn a_lone_service_does_not_join_an_instance_network() {
     let one =
         "[types.web]\nversion = \"1\"\n[[types.web.services]]\nname = \"web\"\nimage = \"x:1\"\n";
-    let catalog = Catalog::from_toml(one, "catalog.toml").unwrap();
+    let catalog = Catalog::from_toml(one, "catalog.toml", &Grants::default()).unwrap();
     assert!(!catalog.get("web").unwrap().services[0].run.instance_network);
 }
 
 fn check(from: &str, to: &str, expect: &str) {
     assert!(APP.contains(from), "{from:?} not in the catalog");
     let text = APP.replacen(from, to, 1);
-    let error = Catalog::from_toml(&text, "catalog.toml")
+    let error = Catalog::from_toml(&text, "catalog.toml", &app_grants())
         .unwrap_err()
         .to_string();
     assert!(
@@ -150,7 +160,7 @@ fn bad_declarations_name_the_field_and_the_value() {
     check(
         "host_path = \"/srv/stead/notes/seed\"",
         "host_path = \"/etc/shadow\"",
-        "types.notes.services[0].volumes[1].host_path = \"/etc/shadow\": must be a clean absolute path under one of host_path_prefixes (/srv/stead/)",
+        "types.notes.services[0].volumes[1].host_path = \"/etc/shadow\": not under any of grants.host_path_prefixes in stead.toml (/srv/stead/)",
     );
     check(
         "host_path = \"/srv/stead/notes/seed\"",
@@ -161,16 +171,6 @@ fn bad_declarations_name_the_field_and_the_value() {
         "host_path = \"/srv/stead/notes/seed\"",
         "host_path = \"/srv/steady\"",
         "types.notes.services[0].volumes[1].host_path = \"/srv/steady\"",
-    );
-    check(
-        "host_path_prefixes = [\"/srv/stead\"]",
-        "",
-        "types.notes.services[0].volumes[1].host_path = \"/srv/stead/notes/seed\": the catalog allows no host paths",
-    );
-    check(
-        "host_path_prefixes = [\"/srv/stead\"]",
-        "host_path_prefixes = [\"/\"]",
-        "host_path_prefixes[0] = \"/\": must be an absolute directory other than /",
     );
     check(
         "{ name = \"data\", path = \"/data\" }",
@@ -253,7 +253,7 @@ env = { DOMAIN = "{param.domain}", PLAN = "{param.plan}" }
 #[test]
 fn parameters_are_declared_checked_and_filled_with_defaults() {
     use std::collections::BTreeMap;
-    let catalog = Catalog::from_toml(PARAMETERS, "catalog.toml").unwrap();
+    let catalog = Catalog::from_toml(PARAMETERS, "catalog.toml", &Grants::default()).unwrap();
     let shop = catalog.get("shop").unwrap();
     let given = BTreeMap::from([("domain".to_owned(), "shop.example".to_owned())]);
     shop.check_parameters(&given).unwrap();
@@ -304,7 +304,7 @@ fn parameters_are_declared_checked_and_filled_with_defaults() {
 #[test]
 fn a_template_may_use_only_declared_parameters() {
     let text = PARAMETERS.replace("{param.plan}", "{param.tier}");
-    let error = Catalog::from_toml(&text, "catalog.toml")
+    let error = Catalog::from_toml(&text, "catalog.toml", &Grants::default())
         .unwrap_err()
         .to_string();
     assert!(
@@ -315,7 +315,7 @@ fn a_template_may_use_only_declared_parameters() {
         "[types.shop.parameters.plan]",
         "[types.shop.parameters.Plan]",
     );
-    let error = Catalog::from_toml(&text, "catalog.toml")
+    let error = Catalog::from_toml(&text, "catalog.toml", &Grants::default())
         .unwrap_err()
         .to_string();
     assert!(
@@ -334,8 +334,8 @@ fn a_helm_namespace_cannot_use_parameters_but_its_values_can() {
              values = {{ replicas = \"{{param.size}}\" }}\n"
         )
     };
-    Catalog::from_toml(&helm("{instance}"), "catalog.toml").unwrap();
-    let error = Catalog::from_toml(&helm("ns-{param.size}"), "catalog.toml")
+    Catalog::from_toml(&helm("{instance}"), "catalog.toml", &Grants::default()).unwrap();
+    let error = Catalog::from_toml(&helm("ns-{param.size}"), "catalog.toml", &Grants::default())
         .unwrap_err()
         .to_string();
     assert!(

@@ -60,14 +60,15 @@ struct Setup {
 
 impl Setup {
     /// On the notes example's catalog (two services, a parameter, named
-    /// volumes).
+    /// volumes), with the grant of its secret's directory that
+    /// `examples/notes/stead.toml` gives.
     fn notes() -> Self {
         let s = Self::new();
         let notes = Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/notes/catalog.toml");
         let text = std::fs::read_to_string(&s.config).unwrap().replace(
             &example_catalog().display().to_string(),
             &notes.display().to_string(),
-        );
+        ) + "[grants]\nsecret_dirs = [\"/tmp/stead-example/notes\"]\n";
         std::fs::write(&s.config, text).unwrap();
         s
     }
@@ -176,6 +177,50 @@ fn check_refuses_a_helm_type_whose_calls_would_outlive_the_task_lease() {
         &["--config", config.to_str().unwrap(), "check"],
         &[("STEAD_CATALOG", catalog.to_str().unwrap())],
     );
+    assert_eq!(run.code, 0, "{}", run.text());
+}
+
+#[test]
+fn check_refuses_a_catalog_mounting_the_docker_socket_without_a_grant() {
+    let dir = tempfile::tempdir().unwrap();
+    let catalog = dir.path().join("catalog.toml");
+    std::fs::write(
+        &catalog,
+        "[types.web]\nversion = \"1\"\n[[types.web.services]]\nname = \"web\"\nimage = \"x:1\"\n\
+         volumes = [{ host_path = \"/var/run/docker.sock\", path = \"/var/run/docker.sock\" }]\n",
+    )
+    .unwrap();
+    let config = dir.path().join("stead.toml");
+    std::fs::write(&config, "admin_listen = \"\"\n").unwrap();
+    let check = |config_text: &str| {
+        std::fs::write(&config, config_text).unwrap();
+        stead(
+            &["--config", config.to_str().unwrap(), "check"],
+            &[("STEAD_CATALOG", catalog.to_str().unwrap())],
+        )
+    };
+    let run = check("admin_listen = \"\"\n");
+    assert_eq!(run.code, 1, "{}", run.text());
+    assert!(
+        run.stderr.contains(&format!(
+            "{}: line 6: types.web.services[0].volumes[0].host_path = \"/var/run/docker.sock\": \
+             not granted: grants.host_path_prefixes in stead.toml is empty",
+            catalog.display()
+        )),
+        "{}",
+        run.text()
+    );
+    // A grant of another directory does not cover it, and says what is granted.
+    let run = check("admin_listen = \"\"\n[grants]\nhost_path_prefixes = [\"/srv/stead\"]\n");
+    assert_eq!(run.code, 1, "{}", run.text());
+    assert!(
+        run.stderr
+            .contains("not under any of grants.host_path_prefixes in stead.toml (/srv/stead/)"),
+        "{}",
+        run.text()
+    );
+    // Only an operator who grants the socket's directory lets it through.
+    let run = check("admin_listen = \"\"\n[grants]\nhost_path_prefixes = [\"/var/run\"]\n");
     assert_eq!(run.code, 0, "{}", run.text());
 }
 

@@ -14,6 +14,7 @@ use stead::core::catalog::{Catalog, CatalogEntry};
 use stead::core::fleet::{
     Instance, InstanceState, RetryDecision, RolloutState, Task, TaskKind, TaskState,
 };
+use stead::core::grants::Grants;
 use stead::core::plan::{
     halt_after_failed_upgrade, is_behind, is_older, upgrade_retry_at, ControlConfig, Decision,
     Level, Plan, Report, Snapshot,
@@ -725,7 +726,7 @@ fn a_change_of_spec_at_the_same_version_is_an_upgrade_like_any_other() {
 fn a_spec_digest_changes_with_the_spec_and_only_with_it() {
     let text = "[types.web]\nversion = \"1\"\n[[types.web.services]]\nname = \"http\"\nimage = \"x:1\"\nenv = { A = \"1\" }\n";
     let digest = |text: &str| {
-        Catalog::from_toml(text, "catalog.toml")
+        Catalog::from_toml(text, "catalog.toml", &Grants::default())
             .unwrap()
             .get("web")
             .unwrap()
@@ -733,7 +734,7 @@ fn a_spec_digest_changes_with_the_spec_and_only_with_it() {
             .clone()
     };
     let revision = |text: &str| {
-        Catalog::from_toml(text, "catalog.toml")
+        Catalog::from_toml(text, "catalog.toml", &Grants::default())
             .unwrap()
             .get("web")
             .unwrap()

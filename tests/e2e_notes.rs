@@ -158,6 +158,11 @@ async fn a_row_survives_an_upgrade_and_the_secret_is_nowhere_to_be_seen() {
     let _cleanup = Cleanup::new(&instance);
     let mut h = Harness::start(Setup {
         catalog: notes_catalog("1", &secret),
+        // The operator grants the directory the secret is read from.
+        extra_config: format!(
+            "[grants]\nsecret_dirs = [\"{}\"]\n",
+            secrets.path().display()
+        ),
         ..Setup::default()
     })
     .await;

@@ -10,6 +10,7 @@ use std::time::Duration;
 
 use stead::core::catalog::Catalog;
 use stead::core::fleet::{InstanceState, NewTask, RolloutState, TaskKind, TaskRetryPolicy};
+use stead::core::grants::Grants;
 use stead::core::pass::PassError;
 use stead::core::plan::ControlConfig;
 use stead::core::policy::{reconciler_lease_ttl, RecoveryPolicy, LEASE_MARGIN};
@@ -177,7 +178,7 @@ fn fixture() -> Fixture {
         provisioner,
         script,
         ports,
-        catalog: Arc::new(Catalog::from_toml(CATALOG, "catalog.toml").unwrap()),
+        catalog: Arc::new(Catalog::from_toml(CATALOG, "catalog.toml", &Grants::default()).unwrap()),
     }
 }
 
@@ -1439,7 +1440,7 @@ async fn routes_of_gone_instances_and_dropped_services_are_withdrawn() {
 // --- names (T6) --------------------------------------------------------------
 
 fn create_request(instance: &str, service: &str) -> stead::ports::CreateContainer {
-    let entry = Catalog::from_toml(CATALOG, "catalog.toml").unwrap();
+    let entry = Catalog::from_toml(CATALOG, "catalog.toml", &Grants::default()).unwrap();
     let mut spec = entry.get("wiki").unwrap().services[0].clone();
     spec.name = ServiceName::new(service);
     stead::ports::CreateContainer {

@@ -9,6 +9,7 @@ use std::time::Duration;
 
 use stead::core::catalog::Catalog;
 use stead::core::fleet::{InstanceState, NewTask, TaskKind, TaskRetryPolicy};
+use stead::core::grants::Grants;
 use stead::core::plan::ControlConfig;
 use stead::core::policy::{reconciler_lease_ttl, RecoveryPolicy, LEASE_MARGIN};
 use stead::core::types::{ContainerId, InstanceName, ServiceKey, ServiceName, Timestamp};
@@ -109,7 +110,7 @@ fn fixture() -> Fixture {
         traffic,
         script,
         ports,
-        catalog: Arc::new(Catalog::from_toml(CATALOG, "catalog.toml").unwrap()),
+        catalog: Arc::new(Catalog::from_toml(CATALOG, "catalog.toml", &Grants::default()).unwrap()),
     }
 }
 

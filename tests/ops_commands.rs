@@ -7,6 +7,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use stead::core::catalog::Catalog;
+use stead::core::grants::Grants;
 use stead::core::types::Timestamp;
 use stead::ops::*;
 use stead::ports::Store;
@@ -16,6 +17,7 @@ fn catalog() -> Catalog {
     Catalog::from_toml(
         "[types.web]\nversion = \"1\"\n[[types.web.services]]\nname = \"http\"\nimage = \"i\"\n",
         "catalog.toml",
+        &Grants::default(),
     )
     .unwrap()
 }
@@ -212,7 +214,7 @@ async fn stop_and_start_of_a_helm_instance_are_refused_saying_why() {
     let store = MemoryStore::new();
     let catalog = Catalog::from_toml(
         "[types.search]\nversion = \"1\"\nprovisioner = \"helm\"\n[types.search.helm]\nchart = \"c/search\"\n",
-        "catalog.toml",
+        "catalog.toml", &Grants::default(),
     )
     .unwrap();
     let ops = Ops::new(&store, Arc::new(catalog), at(), 7);

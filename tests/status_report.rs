@@ -6,6 +6,7 @@ use std::sync::Arc;
 
 use stead::core::catalog::Catalog;
 use stead::core::fleet::{InstanceState, NewTask, RolloutState, TaskKind};
+use stead::core::grants::Grants;
 use stead::core::types::{InstanceName, Timestamp};
 use stead::daemon::status::{render_status, status, StatusSources};
 use stead::ports::{NewInstance, Store};
@@ -20,6 +21,7 @@ async fn pending_upgrades_say_where_they_are_and_halted_rollouts_why() {
         "[types.web]\nversion = \"2\"\n[[types.web.services]]\nname = \"http\"\nimage = \"i\"\n\
          [types.db]\nversion = \"7\"\n[[types.db.services]]\nname = \"pg\"\nimage = \"i\"\n",
         "catalog.toml",
+        &Grants::default(),
     )
     .unwrap();
     let mut ids = BTreeMap::new();

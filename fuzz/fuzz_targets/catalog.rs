@@ -14,6 +14,7 @@ use stead::core::catalog::{
     DURATION_MS_MAX, IMAGE_LEN_MAX, LOG_PATTERN_LEN_MAX, NAME_LEN_MAX, PORTS_MAX, SERVICES_MAX,
     SERVICE_TYPES_MAX, VERSION_LEN_MAX,
 };
+use stead::core::grants::Grants;
 use stead::core::release::{Provisioning, ReleaseParams};
 use stead::core::spec::{ReadinessProbe, ServiceSpec};
 
@@ -204,8 +205,23 @@ fn check_rejected(contents: &str, error: &CatalogError) {
             reason,
             ..
         } => {
-            assert!(field.starts_with("types"), "field {field:?}");
+            // The one top-level key besides types is refused as moved.
+            assert!(
+                field.starts_with("types") || field == "host_path_prefixes",
+                "field {field:?}"
+            );
             assert!(!value.is_empty() && !reason.is_empty(), "{message}");
+        }
+        CatalogError::NotGranted {
+            field,
+            value,
+            granted,
+            ..
+        } => {
+            // Nothing is granted here, so every host path, secret file and
+            // daemon variable is refused naming its field.
+            assert!(field.starts_with("types"), "field {field:?}");
+            assert!(!value.is_empty() && granted.is_empty(), "{message}");
         }
         CatalogError::Read { .. } => panic!("from_toml reads nothing: {message}"),
     }
@@ -217,10 +233,10 @@ fuzz_target!(|data: &[u8]| {
         Ok(text) => Cow::Borrowed(text),
         Err(_) => String::from_utf8_lossy(data),
     };
-    let result = Catalog::from_toml(&contents, FILE);
+    let result = Catalog::from_toml(&contents, FILE, &Grants::default());
     assert_eq!(
         result,
-        Catalog::from_toml(&contents, FILE),
+        Catalog::from_toml(&contents, FILE, &Grants::default()),
         "not deterministic"
     );
     match result {

@@ -18,6 +18,7 @@ use libfuzzer_sys::fuzz_target;
 use stead::config::daemon::{
     env_name, parse, DaemonConfig, DaemonConfigError, KEYS, SHUTDOWN_GRACE_MAX, WORKERS_MAX,
 };
+use stead::core::grants::{is_reserved_env, Grant, GRANT_ENTRIES_MAX};
 
 const FILE: &str = "fuzz.toml";
 
@@ -130,6 +131,28 @@ fn check_accepted(config: &DaemonConfig) {
     };
     assert!(config.helm.pass_env.iter().all(|n| env_name(n)));
     assert!(config.helm.env.keys().all(|n| env_name(n)));
+    // Nothing stead itself uses is ever granted to a container, and every
+    // granted directory is clean, absolute and not the root.
+    let passed = config.grants.granted(Grant::DaemonEnv);
+    assert!(passed.len() <= GRANT_ENTRIES_MAX);
+    for name in &passed {
+        assert!(env_name(name) && !is_reserved_env(name), "{name:?}");
+        assert!(config.grants.passes_env(name), "{name:?}");
+    }
+    for grant in [Grant::HostPath, Grant::SecretFile] {
+        let dirs = config.grants.granted(grant);
+        assert!(dirs.len() <= GRANT_ENTRIES_MAX);
+        for dir in &dirs {
+            let inner = dir
+                .strip_prefix('/')
+                .and_then(|d| d.strip_suffix('/'))
+                .unwrap_or_else(|| panic!("{dir:?} is not /…/"));
+            assert!(
+                inner.split('/').all(|c| !matches!(c, "" | "." | "..")),
+                "{dir:?}"
+            );
+        }
+    }
 }
 
 fn check_rejected(error: &DaemonConfigError) {

@@ -6,10 +6,11 @@
 //! re-exports it as `daemon::config`, and the `config` fuzz target parses
 //! arbitrary files with it.
 //!
-//! The `[control]` table is handed to [`ControlConfig::from_toml`] and the
+//! The `[control]` table is handed to [`ControlConfig::from_toml`], the
 //! `[recovery]` table becomes a [`RecoveryPolicy`] checked by
-//! [`RecoveryPolicy::validated`], so the daemon adds no second set of rules
-//! for them.
+//! [`RecoveryPolicy::validated`], and the `[grants]` table (what a catalog
+//! may give a container) becomes [`Grants`] through [`Grants::new`], so the
+//! daemon adds no second set of rules for them.
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
@@ -18,6 +19,7 @@ use std::time::Duration;
 
 use serde::Deserialize;
 
+use crate::core::grants::Grants;
 use crate::core::plan::{ConfigError, ControlConfig, RawControlConfig};
 use crate::core::policy::{
     RecoveryPolicy, HELM_KILL_MARGIN, INSTANCES_AT_ONCE_MAX, TASK_LEASE_SAFETY_MARGIN,
@@ -86,6 +88,9 @@ pub const KEYS: &[&str] = &[
     "helm.wait_timeout_s",
     "helm.kill_margin_s",
     "helm.pass_env",
+    "grants.host_path_prefixes",
+    "grants.secret_dirs",
+    "grants.env_passthrough",
 ];
 
 /// The environment variable that overrides a key.
@@ -160,6 +165,10 @@ pub struct DaemonConfig {
     pub docker: DockerSettings,
     pub caddy: CaddySettings,
     pub helm: HelmSettings,
+    /// What the catalog may give a container: host paths to bind-mount,
+    /// secret directories, daemon variables. Every catalog load checks
+    /// against these (`config::load_catalog`).
+    pub grants: Grants,
 }
 
 /// Why the daemon configuration was rejected. Every error says where the
@@ -407,6 +416,19 @@ struct RawConfig {
     caddy: RawCaddy,
     #[serde(default)]
     helm: RawHelm,
+    #[serde(default)]
+    grants: RawGrants,
+}
+
+#[derive(Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+struct RawGrants {
+    #[serde(default)]
+    host_path_prefixes: Vec<String>,
+    #[serde(default)]
+    secret_dirs: Vec<String>,
+    #[serde(default)]
+    env_passthrough: Vec<String>,
 }
 
 #[derive(Deserialize, Default)]
@@ -640,7 +662,19 @@ impl Validator<'_> {
             docker: self.docker(raw.docker)?,
             caddy: self.caddy(raw.caddy)?,
             helm: self.helm(raw.helm)?,
+            grants: self.grants(&raw.grants)?,
         })
+    }
+
+    /// `[grants]`, validated by [`Grants::new`] (one set of rules), its
+    /// errors named as the file names the keys.
+    fn grants(&self, raw: &RawGrants) -> Result<Grants, DaemonConfigError> {
+        Grants::new(
+            &raw.host_path_prefixes,
+            &raw.secret_dirs,
+            &raw.env_passthrough,
+        )
+        .map_err(|e| self.invalid_quoted(&format!("grants.{}", e.field), e.value, e.reason))
     }
 
     fn recovery(&self, raw: RawRecovery) -> Result<RecoveryPolicy, DaemonConfigError> {
@@ -1115,6 +1149,72 @@ mod tests {
         let env = vec![(env_name("helm.wait_timeout_s"), "900".to_owned())];
         let e = parse("", "stead.toml", &env).unwrap_err().to_string();
         assert!(e.contains("helm.wait_timeout_s (900)"), "{e}");
+    }
+
+    #[test]
+    fn nothing_is_granted_by_default_and_grants_are_read_from_the_file() {
+        let none = parse("", "stead.toml", &[]).unwrap().grants;
+        assert_eq!(none, Grants::default());
+        let config = parse(
+            "[grants]\nhost_path_prefixes = [\"/srv/stead\"]\nsecret_dirs = [\"/etc/stead/secrets\"]\n\
+             env_passthrough = [\"NOTES_DB_PASSWORD\"]\n",
+            "stead.toml",
+            &[],
+        )
+        .unwrap();
+        assert!(config.grants.allows_host_path("/srv/stead/notes"));
+        assert!(config.grants.allows_secret_file("/etc/stead/secrets/db"));
+        assert!(config.grants.passes_env("NOTES_DB_PASSWORD"));
+    }
+
+    #[test]
+    fn a_bad_grant_is_refused_naming_its_line_entry_and_value() {
+        check_err(
+            "[grants]\nhost_path_prefixes = [\"/\"]\n",
+            &[],
+            "stead.toml: line 2: grants.host_path_prefixes[0] = \"/\": must be an absolute directory other than /",
+        );
+        check_err(
+            "[grants]\nsecret_dirs = [\"/etc/stead/../..\"]\n",
+            &[],
+            "grants.secret_dirs[0] = \"/etc/stead/../..\": must be an absolute directory",
+        );
+        check_err(
+            "[grants]\nenv_passthrough = [\"A B\"]\n",
+            &[],
+            "grants.env_passthrough[0] = \"A B\": must be an environment variable's name",
+        );
+        check_err(
+            &format!(
+                "[grants]\nsecret_dirs = [{}]\n",
+                vec!["\"/d\""; crate::core::grants::GRANT_ENTRIES_MAX + 1].join(", ")
+            ),
+            &[],
+            &format!(
+                "grants.secret_dirs = {}: at most {} entries",
+                crate::core::grants::GRANT_ENTRIES_MAX + 1,
+                crate::core::grants::GRANT_ENTRIES_MAX
+            ),
+        );
+    }
+
+    #[test]
+    fn a_variable_stead_uses_cannot_be_granted_from_the_file_or_the_environment() {
+        check_err(
+            "[grants]\nenv_passthrough = [\"NOTES_DB_PASSWORD\", \"STEAD_DATABASE_URL\"]\n",
+            &[],
+            "stead.toml: line 2: grants.env_passthrough[1] = \"STEAD_DATABASE_URL\": is a variable stead itself uses",
+        );
+        check_err(
+            "[grants]\nenv_passthrough = [\"KUBECONFIG\"]\n",
+            &[],
+            "grants.env_passthrough[0] = \"KUBECONFIG\": is a variable stead itself uses",
+        );
+        check_err(
+            "",
+            &[("STEAD_GRANTS__ENV_PASSTHROUGH", "[\"STEAD_DATABASE_URL\"]")],
+            "environment variable STEAD_GRANTS__ENV_PASSTHROUGH: grants.env_passthrough[0] = \"STEAD_DATABASE_URL\"",
+        );
     }
 
     #[test]

@@ -13,6 +13,7 @@ use std::os::unix::fs::{FileTypeExt, OpenOptionsExt};
 use std::path::Path;
 
 use crate::core::catalog::{Catalog, CatalogError, CATALOG_LEN_MAX};
+use crate::core::grants::Grants;
 
 pub mod daemon;
 
@@ -91,14 +92,15 @@ pub fn read_bounded(path: &Path, len_max: u64) -> Result<String, ReadError> {
     })
 }
 
-/// Reads, parses and validates the catalog at `path`.
-pub fn load_catalog(path: &Path) -> Result<Catalog, CatalogError> {
+/// Reads, parses and validates the catalog at `path` against the
+/// operator's `grants` (`stead.toml`'s `[grants]`, `DaemonConfig::grants`).
+pub fn load_catalog(path: &Path, grants: &Grants) -> Result<Catalog, CatalogError> {
     let file = path.display().to_string();
     let contents = read_bounded(path, CATALOG_LEN_MAX as u64).map_err(|e| CatalogError::Read {
         file: file.clone(),
         reason: e.to_string(),
     })?;
-    Catalog::from_toml(&contents, &file)
+    Catalog::from_toml(&contents, &file, grants)
 }
 
 #[cfg(all(test, feature = "io"))]

@@ -6,6 +6,11 @@
 //!
 //! Every error names the file, the field (as a dotted path such as
 //! `types.wiki.services[0].ports[1]`) and the offending value.
+//!
+//! What of the host a service may reach (bind mounts, secret files, the
+//! daemon's variables) is not the catalog's to say: the operator grants it
+//! in `stead.toml` ([`Grants`]), passed in, and a catalog asking for more
+//! is refused naming the field and the missing grant.
 
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -13,6 +18,7 @@ use std::time::Duration;
 use serde::Deserialize;
 
 use super::fleet::RolloutState;
+use super::grants::{is_reserved_env, reserved_env_reason, Grant, Grants};
 use super::names;
 use super::release::{render, HelmChart, Provisioning, ReleaseParams, HELM_NAMESPACE_DEFAULT};
 use super::spec::{
@@ -233,8 +239,10 @@ impl Catalog {
         self.entries.is_empty()
     }
 
-    /// Parses and validates a catalog. `file` only labels errors.
-    pub fn from_toml(contents: &str, file: &str) -> Result<Catalog, CatalogError> {
+    /// Parses and validates a catalog against the operator's `grants`: a
+    /// host path, secret file or daemon variable they do not grant is
+    /// refused. `file` only labels errors.
+    pub fn from_toml(contents: &str, file: &str, grants: &Grants) -> Result<Catalog, CatalogError> {
         if contents.len() > CATALOG_LEN_MAX {
             return Err(CatalogError::TooLarge {
                 file: file.to_owned(),
@@ -248,13 +256,16 @@ impl Catalog {
         let check = Checker {
             file,
             contents,
-            host_path_prefixes: Vec::new(),
+            grants,
         };
-        let host_path_prefixes = check.host_path_prefixes(&raw.host_path_prefixes)?;
-        let check = Checker {
-            host_path_prefixes,
-            ..check
-        };
+        if raw.host_path_prefixes.is_some() {
+            return Err(check.invalid(
+                "host_path_prefixes",
+                "set",
+                "has moved to stead.toml: the operator grants bind-mount directories in \
+                 [grants] host_path_prefixes; remove it from the catalog",
+            ));
+        }
         if raw.types.len() > SERVICE_TYPES_MAX {
             return Err(check.invalid(
                 "types",
@@ -424,10 +435,39 @@ pub enum CatalogError {
         value: String,
         reason: String,
     },
+    /// The catalog asks for a host path, secret file or daemon variable
+    /// the operator's `[grants]` in `stead.toml` do not give; `granted` is
+    /// what that grant lists.
+    #[error("{file}: {}{field} = {value}: {}", at_line(*line), not_granted(*grant, granted))]
+    NotGranted {
+        file: String,
+        line: Option<usize>,
+        field: String,
+        value: String,
+        grant: Grant,
+        granted: Vec<String>,
+    },
 }
 
 fn at_line(line: Option<usize>) -> String {
     line.map(|l| format!("line {l}: ")).unwrap_or_default()
+}
+
+fn not_granted(grant: Grant, granted: &[String]) -> String {
+    let key = grant.key();
+    let wanted = match grant {
+        Grant::HostPath => "not under any of",
+        Grant::SecretFile => "not inside any of",
+        Grant::DaemonEnv => "not one of",
+    };
+    if granted.is_empty() {
+        format!("not granted: grants.{key} in stead.toml is empty (the operator grants it there)")
+    } else {
+        format!(
+            "{wanted} grants.{key} in stead.toml ({})",
+            granted.join(", ")
+        )
+    }
 }
 
 // --- the file format ---------------------------------------------------------
@@ -438,9 +478,8 @@ fn at_line(line: Option<usize>) -> String {
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
 struct RawCatalog {
-    /// Host directories under which services may bind-mount paths.
-    #[serde(default)]
-    host_path_prefixes: Vec<String>,
+    /// Moved to `stead.toml`'s `[grants]`: read, of any type, only to say so.
+    host_path_prefixes: Option<toml::Value>,
     #[serde(default)]
     types: BTreeMap<String, RawType>,
 }
@@ -558,8 +597,8 @@ struct Checker<'a> {
     file: &'a str,
     /// The text, to say on which line a bad field is written.
     contents: &'a str,
-    /// Validated `host_path_prefixes`, each ending in '/'.
-    host_path_prefixes: Vec<String>,
+    /// What the operator lets the catalog use.
+    grants: &'a Grants,
 }
 
 /// Values standing in for an instance's when templates are checked: every
@@ -576,6 +615,16 @@ fn sample_parameters(parameters: &BTreeMap<String, Parameter>) -> BTreeMap<Strin
         .collect()
 }
 
+/// `value` as an error quotes it: debug-formatted, at most
+/// [`ERROR_VALUE_LEN_MAX`] characters.
+pub(super) fn quote(value: impl std::fmt::Debug) -> String {
+    let mut value = format!("{value:?}");
+    if value.chars().count() > ERROR_VALUE_LEN_MAX {
+        value = value.chars().take(ERROR_VALUE_LEN_MAX).collect::<String>() + "…";
+    }
+    value
+}
+
 impl Checker<'_> {
     fn invalid(
         &self,
@@ -583,17 +632,25 @@ impl Checker<'_> {
         value: impl std::fmt::Debug,
         reason: impl Into<String>,
     ) -> CatalogError {
-        let mut value = format!("{value:?}");
-        if value.chars().count() > ERROR_VALUE_LEN_MAX {
-            value = value.chars().take(ERROR_VALUE_LEN_MAX).collect::<String>() + "…";
-        }
         let field = field.into();
         CatalogError::Invalid {
             file: self.file.to_owned(),
             line: toml_error::line_of(self.contents, &field),
             field,
-            value,
+            value: quote(value),
             reason: reason.into(),
+        }
+    }
+
+    /// `value` of `field` needs `grant`, which the operator did not give.
+    fn not_granted(&self, field: String, value: &str, grant: Grant) -> CatalogError {
+        CatalogError::NotGranted {
+            file: self.file.to_owned(),
+            line: toml_error::line_of(self.contents, &field),
+            field,
+            value: quote(value),
+            grant,
+            granted: self.grants.granted(grant),
         }
     }
 
@@ -1129,7 +1186,7 @@ pub const PATH_LEN_MAX: usize = 1024;
 /// The label prefix stead's own labels use; the catalog may not set it.
 pub const RESERVED_LABEL_PREFIX: &str = "stead.";
 
-fn is_env_name(name: &str) -> bool {
+pub(super) fn is_env_name(name: &str) -> bool {
     let mut chars = name.chars();
     matches!(chars.next(), Some(c) if c == '_' || c.is_ascii_alphabetic())
         && chars.all(|c| c == '_' || c.is_ascii_alphanumeric())
@@ -1146,7 +1203,7 @@ fn is_object_name(name: &str) -> bool {
 
 /// An absolute path with no empty, `.` or `..` component (so a prefix
 /// check on it means what it says).
-fn is_clean_absolute(path: &str) -> bool {
+pub(super) fn is_clean_absolute(path: &str) -> bool {
     path.len() <= PATH_LEN_MAX
         && !path.chars().any(char::is_control)
         && path.strip_prefix('/').is_some_and(|rest| {
@@ -1155,22 +1212,6 @@ fn is_clean_absolute(path: &str) -> bool {
 }
 
 impl Checker<'_> {
-    fn host_path_prefixes(&self, raw: &[String]) -> Result<Vec<String>, CatalogError> {
-        raw.iter()
-            .enumerate()
-            .map(|(i, prefix)| {
-                if !is_clean_absolute(prefix) || prefix == "/" {
-                    return Err(self.invalid(
-                        format!("host_path_prefixes[{i}]"),
-                        prefix,
-                        "must be an absolute directory other than / with no '.', '..' or empty component",
-                    ));
-                }
-                Ok(format!("{}/", prefix.trim_end_matches('/')))
-            })
-            .collect()
-    }
-
     fn run(
         &self,
         at: &str,
@@ -1243,31 +1284,7 @@ impl Checker<'_> {
                     "this variable is already set (by env or another secret)",
                 ));
             }
-            let source = match (&secret.file, &secret.from_env) {
-                (Some(path), None) if is_clean_absolute(path) => SecretSource::File(path.clone()),
-                (Some(path), None) => {
-                    return Err(self.invalid(
-                        format!("{field}.file"),
-                        path,
-                        "must be an absolute path with no '.', '..' or empty component",
-                    ))
-                }
-                (None, Some(name)) if is_env_name(name) => SecretSource::DaemonEnv(name.clone()),
-                (None, Some(name)) => {
-                    return Err(self.invalid(
-                        format!("{field}.from_env"),
-                        name,
-                        "must be an environment variable's name",
-                    ))
-                }
-                _ => {
-                    return Err(self.invalid(
-                        field,
-                        &secret.env,
-                        "a secret takes exactly one of `file` or `from_env`",
-                    ))
-                }
-            };
+            let source = self.secret_source(&field, secret)?;
             secrets.push(SecretEnv {
                 env: secret.env.clone(),
                 source,
@@ -1380,6 +1397,40 @@ impl Checker<'_> {
         })
     }
 
+    /// Where a secret's value comes from: a file inside a granted secret
+    /// directory, or a daemon variable the operator passes through (never
+    /// one of stead's own).
+    fn secret_source(&self, field: &str, secret: &RawSecret) -> Result<SecretSource, CatalogError> {
+        match (&secret.file, &secret.from_env) {
+            (Some(path), None) if !is_clean_absolute(path) => Err(self.invalid(
+                format!("{field}.file"),
+                path,
+                "must be an absolute path with no '.', '..' or empty component",
+            )),
+            (Some(path), None) if !self.grants.allows_secret_file(path) => {
+                Err(self.not_granted(format!("{field}.file"), path, Grant::SecretFile))
+            }
+            (Some(path), None) => Ok(SecretSource::File(path.clone())),
+            (None, Some(name)) if !is_env_name(name) => Err(self.invalid(
+                format!("{field}.from_env"),
+                name,
+                "must be an environment variable's name",
+            )),
+            (None, Some(name)) if is_reserved_env(name) => {
+                Err(self.invalid(format!("{field}.from_env"), name, reserved_env_reason()))
+            }
+            (None, Some(name)) if !self.grants.passes_env(name) => {
+                Err(self.not_granted(format!("{field}.from_env"), name, Grant::DaemonEnv))
+            }
+            (None, Some(name)) => Ok(SecretSource::DaemonEnv(name.clone())),
+            _ => Err(self.invalid(
+                field,
+                &secret.env,
+                "a secret takes exactly one of `file` or `from_env`",
+            )),
+        }
+    }
+
     fn mounts(&self, at: &str, raw: &[RawVolume]) -> Result<Vec<Mount>, CatalogError> {
         if raw.len() > MOUNTS_MAX {
             return Err(self.invalid(
@@ -1413,25 +1464,21 @@ impl Checker<'_> {
                     }
                     MountSource::Volume(name.clone())
                 }
-                (None, Some(path)) => {
-                    let allowed = is_clean_absolute(path)
-                        && self
-                            .host_path_prefixes
-                            .iter()
-                            .any(|prefix| format!("{path}/").starts_with(prefix.as_str()));
-                    if !allowed {
-                        let allowed = if self.host_path_prefixes.is_empty() {
-                            "the catalog allows no host paths (list a directory in the top-level host_path_prefixes)".to_owned()
-                        } else {
-                            format!(
-                                "must be a clean absolute path under one of host_path_prefixes ({})",
-                                self.host_path_prefixes.join(", ")
-                            )
-                        };
-                        return Err(self.invalid(format!("{field}.host_path"), path, allowed));
-                    }
-                    MountSource::HostPath(path.clone())
+                (None, Some(path)) if !is_clean_absolute(path) => {
+                    return Err(self.invalid(
+                        format!("{field}.host_path"),
+                        path,
+                        "must be an absolute path with no '.', '..' or empty component",
+                    ))
                 }
+                (None, Some(path)) if !self.grants.allows_host_path(path) => {
+                    return Err(self.not_granted(
+                        format!("{field}.host_path"),
+                        path,
+                        Grant::HostPath,
+                    ))
+                }
+                (None, Some(path)) => MountSource::HostPath(path.clone()),
                 _ => {
                     return Err(self.invalid(
                         field,

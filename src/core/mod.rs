@@ -12,6 +12,7 @@ pub mod budget;
 pub mod catalog;
 pub mod errors;
 pub mod fleet;
+pub mod grants;
 pub mod hash;
 pub mod memory;
 pub mod names;

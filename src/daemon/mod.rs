@@ -264,7 +264,7 @@ pub struct Daemon {
 impl Daemon {
     /// Loads the catalog, opens the store and builds every port.
     pub async fn build(config: DaemonConfig) -> Result<Daemon, DaemonError> {
-        let loaded = crate::config::load_catalog(&config.catalog)?;
+        let loaded = crate::config::load_catalog(&config.catalog, &config.grants)?;
         helm_timeouts_agree(&config, &loaded).map_err(|reason| {
             DaemonError::Setup(format!("{}: {reason}", config.catalog.display()))
         })?;
@@ -364,12 +364,14 @@ impl Daemon {
     /// Reads and validates the catalog file again and, only if it is
     /// valid, makes every loop use it: the next tick plans upgrades to its
     /// versions (woken now rather than after its pause), workers create
-    /// from its specs, grants and readiness probes follow it. A bad file is
+    /// from its specs, grants and readiness probes follow it. A bad file,
+    /// or one asking for a host path, secret or variable `stead.toml`'s
+    /// `[grants]` do not give (the grants this daemon started with), is
     /// refused with its error and the running catalog kept. Returns what
     /// changed.
     pub fn reload_catalog(&self) -> Result<Vec<CatalogChange>, CatalogError> {
         let path = &self.config.catalog;
-        let loaded = crate::config::load_catalog(path).and_then(|catalog| {
+        let loaded = crate::config::load_catalog(path, &self.config.grants).and_then(|catalog| {
             helm_timeouts_agree(&self.config, &catalog)
                 .map_err(|reason| CatalogError::Read {
                     file: path.display().to_string(),

@@ -155,7 +155,7 @@ async fn check(config: &DaemonConfig) -> Result<u8, CliError> {
     if let Some(warning) = stead::adapters::caddy::host_reload_warning() {
         say(format!("warning: {warning}"));
     }
-    let catalog = match stead::config::load_catalog(&config.catalog) {
+    let catalog = match stead::config::load_catalog(&config.catalog, &config.grants) {
         Ok(catalog) => catalog,
         Err(e) => {
             complain(&e.to_string());
@@ -288,10 +288,11 @@ async fn local_status(config: &DaemonConfig) -> Result<Status, String> {
     let docker = stead::daemon::docker_runtime(config)
         .await
         .map_err(|e| e.to_string())?;
-    let (catalog, catalog_error) = match stead::config::load_catalog(&config.catalog) {
-        Ok(c) => (c, None),
-        Err(e) => (Catalog::default(), Some(e.to_string())),
-    };
+    let (catalog, catalog_error) =
+        match stead::config::load_catalog(&config.catalog, &config.grants) {
+            Ok(c) => (c, None),
+            Err(e) => (Catalog::default(), Some(e.to_string())),
+        };
     // Only Helm types' releases are asked about, so Docker's half is not
     // needed here.
     let helm = stead::adapters::helm::HelmProvisioner::new(stead::daemon::helm_config(config))
@@ -335,7 +336,8 @@ async fn live_status(config: &DaemonConfig) -> Result<Status, String> {
 }
 
 async fn store_and_catalog(config: &DaemonConfig) -> Result<(Arc<dyn Store>, Catalog), String> {
-    let catalog = stead::config::load_catalog(&config.catalog).map_err(|e| e.to_string())?;
+    let catalog =
+        stead::config::load_catalog(&config.catalog, &config.grants).map_err(|e| e.to_string())?;
     let store = stead::daemon::open_store(config)
         .await
         .map_err(|e| e.to_string())?;

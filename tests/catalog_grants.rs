@@ -1,0 +1,258 @@
+//! What of the host a catalog may give a container is the operator's to
+//! grant, in `stead.toml`'s `[grants]` (issue #41, item 1): the catalog
+//! author can use only what is granted. A catalog asking for more is
+//! refused when it is loaded, naming its field and the missing grant; a
+//! reload asking for more is refused and the running catalog kept.
+
+use stead::core::catalog::{Catalog, CatalogError};
+use stead::core::grants::{Grant, Grants};
+use stead::daemon::Daemon;
+
+/// A one-service type at `version` with `extra` lines in its service
+/// (`extra` starts on line 6).
+fn web(version: &str, extra: &str) -> String {
+    format!(
+        "[types.web]\nversion = \"{version}\"\n[[types.web.services]]\nname = \"web\"\n\
+         image = \"x:1\"\n{extra}"
+    )
+}
+
+fn grants(host_path_prefixes: &[&str], secret_dirs: &[&str], env_passthrough: &[&str]) -> Grants {
+    let owned = |items: &[&str]| items.iter().map(|s| (*s).to_owned()).collect::<Vec<_>>();
+    Grants::new(
+        &owned(host_path_prefixes),
+        &owned(secret_dirs),
+        &owned(env_passthrough),
+    )
+    .unwrap()
+}
+
+/// Loads `extra` in a service under `grants` and returns the refusal.
+fn refusal(extra: &str, grants: &Grants) -> CatalogError {
+    Catalog::from_toml(&web("1", extra), "catalog.toml", grants)
+        .expect_err("more than granted must be refused")
+}
+
+const DOCKER_SOCKET: &str =
+    "volumes = [{ host_path = \"/var/run/docker.sock\", path = \"/var/run/docker.sock\" }]\n";
+
+#[test]
+fn a_catalog_bind_mounting_the_docker_socket_without_a_grant_is_refused_naming_the_field_and_the_missing_grant(
+) {
+    let error = refusal(DOCKER_SOCKET, &Grants::default());
+    assert_eq!(
+        error.to_string(),
+        "catalog.toml: line 6: types.web.services[0].volumes[0].host_path = \
+         \"/var/run/docker.sock\": not granted: grants.host_path_prefixes in stead.toml is \
+         empty (the operator grants it there)"
+    );
+    assert!(
+        matches!(
+            error,
+            CatalogError::NotGranted {
+                grant: Grant::HostPath,
+                ..
+            }
+        ),
+        "{error:?}"
+    );
+    let error = refusal(DOCKER_SOCKET, &grants(&["/srv/stead"], &[], &[]));
+    assert_eq!(
+        error.to_string(),
+        "catalog.toml: line 6: types.web.services[0].volumes[0].host_path = \
+         \"/var/run/docker.sock\": not under any of grants.host_path_prefixes in stead.toml \
+         (/srv/stead/)"
+    );
+}
+
+#[test]
+fn a_catalog_that_lists_host_path_prefixes_itself_is_refused_saying_it_moved_to_stead_toml() {
+    let text = format!("host_path_prefixes = [\"/\"]\n{}", web("1", DOCKER_SOCKET));
+    let error = Catalog::from_toml(&text, "catalog.toml", &Grants::default())
+        .unwrap_err()
+        .to_string();
+    assert!(
+        error.starts_with(
+            "catalog.toml: line 1: host_path_prefixes = \"set\": has moved to stead.toml: the \
+             operator grants bind-mount directories in [grants] host_path_prefixes"
+        ),
+        "{error}"
+    );
+    // Even when the operator grants what it lists: the key itself is refused.
+    let granted = grants(&["/var/run"], &[], &[]);
+    let text = format!("host_path_prefixes = [\"/var/run\"]\n{}", web("1", ""));
+    let error = Catalog::from_toml(&text, "catalog.toml", &granted).unwrap_err();
+    assert!(
+        error.to_string().contains("has moved to stead.toml"),
+        "{error}"
+    );
+}
+
+#[test]
+fn a_secret_file_outside_every_secret_dir_is_refused() {
+    let granted = grants(&[], &["/etc/stead/secrets"], &[]);
+    for (path, expect) in [
+        (
+            "/root/.kube/config",
+            "types.web.services[0].secrets[0].file = \"/root/.kube/config\": not inside any of \
+             grants.secret_dirs in stead.toml (/etc/stead/secrets/)",
+        ),
+        (
+            "/etc/stead/secrets-other/db",
+            "types.web.services[0].secrets[0].file = \"/etc/stead/secrets-other/db\": not inside",
+        ),
+        (
+            "/etc/stead/secrets",
+            "types.web.services[0].secrets[0].file = \"/etc/stead/secrets\": not inside",
+        ),
+        (
+            "/etc/stead/secrets/../../shadow",
+            "types.web.services[0].secrets[0].file = \"/etc/stead/secrets/../../shadow\": must \
+             be an absolute path with no '.', '..' or empty component",
+        ),
+    ] {
+        let extra = format!("secrets = [{{ env = \"DB_PASSWORD\", file = \"{path}\" }}]\n");
+        let error = refusal(&extra, &granted).to_string();
+        assert!(
+            error.starts_with("catalog.toml: line 6: ") && error.contains(expect),
+            "\nexpected: {expect}\nactual:   {error}"
+        );
+    }
+    let extra = "secrets = [{ env = \"DB_PASSWORD\", file = \"/etc/stead/secrets/db\" }]\n";
+    let error = refusal(extra, &Grants::default()).to_string();
+    assert!(
+        error.contains("not granted: grants.secret_dirs in stead.toml is empty"),
+        "{error}"
+    );
+}
+
+#[test]
+fn from_env_of_a_variable_stead_uses_is_refused_even_when_the_config_tries_to_grant_it() {
+    // The config cannot grant it: stead.toml is refused naming the entry.
+    for name in ["STEAD_DATABASE_URL", "KUBECONFIG"] {
+        let doc = format!("[grants]\nenv_passthrough = [\"{name}\"]\n");
+        let error = stead::config::daemon::parse(&doc, "stead.toml", &[])
+            .unwrap_err()
+            .to_string();
+        assert_eq!(
+            error,
+            format!(
+                "stead.toml: line 2: grants.env_passthrough[0] = \"{name}\": is a variable stead \
+                 itself uses (STEAD_* and KUBECONFIG are never passed to a container)"
+            )
+        );
+    }
+    // And the catalog cannot take it, whatever else is granted.
+    let granted = grants(&[], &[], &["NOTES_DB_PASSWORD"]);
+    for name in ["STEAD_DATABASE_URL", "STEAD_CONFIG", "KUBECONFIG"] {
+        let extra = format!("secrets = [{{ env = \"X\", from_env = \"{name}\" }}]\n");
+        let error = refusal(&extra, &granted).to_string();
+        assert_eq!(
+            error,
+            format!(
+                "catalog.toml: line 6: types.web.services[0].secrets[0].from_env = \"{name}\": is \
+                 a variable stead itself uses (STEAD_* and KUBECONFIG are never passed to a \
+                 container)"
+            )
+        );
+    }
+}
+
+#[test]
+fn a_from_env_name_not_passed_through_is_refused_naming_what_is() {
+    let granted = grants(&[], &[], &["NOTES_DB_PASSWORD"]);
+    let extra = "secrets = [{ env = \"X\", from_env = \"AWS_SECRET_ACCESS_KEY\" }]\n";
+    assert_eq!(
+        refusal(extra, &granted).to_string(),
+        "catalog.toml: line 6: types.web.services[0].secrets[0].from_env = \
+         \"AWS_SECRET_ACCESS_KEY\": not one of grants.env_passthrough in stead.toml \
+         (NOTES_DB_PASSWORD)"
+    );
+}
+
+#[test]
+fn a_granted_host_path_secret_file_and_variable_pass() {
+    let granted = grants(
+        &["/srv/stead"],
+        &["/etc/stead/secrets"],
+        &["NOTES_DB_PASSWORD"],
+    );
+    let extra = "volumes = [\n  { host_path = \"/srv/stead\", path = \"/all\" },\n  \
+                 { host_path = \"/srv/stead/notes/seed\", path = \"/seed\", read_only = true },\n]\n\
+                 secrets = [\n  { env = \"A\", file = \"/etc/stead/secrets/notes/db\" },\n  \
+                 { env = \"B\", from_env = \"NOTES_DB_PASSWORD\" },\n]\n";
+    let catalog = Catalog::from_toml(&web("1", extra), "catalog.toml", &granted)
+        .unwrap_or_else(|e| panic!("{e}"));
+    let run = &catalog.get("web").unwrap().services[0].run;
+    assert_eq!(run.mounts.len(), 2);
+    assert_eq!(run.secrets.len(), 2);
+}
+
+/// A daemon on a fresh SQLite file in `dir`, granting `/srv/stead` only.
+/// No Docker answers: its socket is a stale one nobody listens on (none is
+/// needed to load and reload a catalog).
+async fn daemon_granting_srv_stead(dir: &std::path::Path, catalog: &std::path::Path) -> Daemon {
+    drop(std::os::unix::net::UnixListener::bind(dir.join("no-docker.sock")).unwrap());
+    let doc = format!(
+        "state_dir = \"{dir}\"\ncatalog = \"{catalog}\"\nadmin_listen = \"\"\n\
+         [docker]\nsocket = \"{dir}/no-docker.sock\"\n\
+         [grants]\nhost_path_prefixes = [\"/srv/stead\"]\n",
+        dir = dir.display(),
+        catalog = catalog.display(),
+    );
+    let config = stead::config::daemon::parse(&doc, "stead.toml", &[]).unwrap();
+    Daemon::build(config)
+        .await
+        .unwrap_or_else(|e| panic!("daemon builds: {e}"))
+}
+
+#[tokio::test]
+async fn a_reload_of_a_catalog_asking_for_more_than_granted_is_refused_and_the_old_catalog_stays() {
+    let dir = tempfile::tempdir().unwrap();
+    let catalog = dir.path().join("catalog.toml");
+    let granted_mount = "volumes = [{ host_path = \"/srv/stead/web\", path = \"/data\" }]\n";
+    std::fs::write(&catalog, web("1", granted_mount)).unwrap();
+    let daemon = daemon_granting_srv_stead(dir.path(), &catalog).await;
+    let version = |daemon: &Daemon| daemon.catalog.current().get("web").unwrap().version.clone();
+    assert_eq!(version(&daemon), "1");
+
+    std::fs::write(&catalog, web("2", DOCKER_SOCKET)).unwrap();
+    let error = daemon
+        .reload_catalog()
+        .expect_err("a reload asking for the Docker socket must be refused");
+    assert!(
+        error.to_string().contains(
+            "types.web.services[0].volumes[0].host_path = \"/var/run/docker.sock\": not under \
+             any of grants.host_path_prefixes in stead.toml (/srv/stead/)"
+        ),
+        "{error}"
+    );
+    assert_eq!(version(&daemon), "1", "the running catalog is kept");
+
+    // A catalog within the grants is taken.
+    std::fs::write(&catalog, web("2", granted_mount)).unwrap();
+    daemon.reload_catalog().unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(version(&daemon), "2");
+}
+
+#[tokio::test]
+async fn a_daemon_does_not_start_on_a_catalog_asking_for_more_than_granted() {
+    let dir = tempfile::tempdir().unwrap();
+    let catalog = dir.path().join("catalog.toml");
+    std::fs::write(&catalog, web("1", DOCKER_SOCKET)).unwrap();
+    let doc = format!(
+        "state_dir = \"{dir}\"\ncatalog = \"{catalog}\"\nadmin_listen = \"\"\n",
+        dir = dir.path().display(),
+        catalog = catalog.display(),
+    );
+    let config = stead::config::daemon::parse(&doc, "stead.toml", &[]).unwrap();
+    let Err(error) = Daemon::build(config).await else {
+        panic!("a daemon must not start on the Docker socket ungranted");
+    };
+    assert!(
+        error
+            .to_string()
+            .contains("not granted: grants.host_path_prefixes in stead.toml is empty"),
+        "{error}"
+    );
+}

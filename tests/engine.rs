@@ -638,7 +638,8 @@ async fn upgrade_replaces_with_overlap_and_the_pass_retires_the_predecessor() {
 #[tokio::test]
 async fn a_service_without_ports_is_verified_never_routed_and_its_predecessor_retired() {
     let mut f = fixture();
-    f.catalog = Arc::new(Catalog::from_toml(CATALOG_WITH_DB, "catalog.toml").unwrap());
+    f.catalog =
+        Arc::new(Catalog::from_toml(CATALOG_WITH_DB, "catalog.toml", &Grants::default()).unwrap());
     let instance = f.served("wiki1", "1").await;
     let recoverer = f.recoverer();
     recoverer.pass().await;

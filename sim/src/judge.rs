@@ -75,6 +75,18 @@ impl PassWatcher for PassJudge {
                 .iter()
                 .rposition(|(name, _)| steps_of(pass, name).next().is_some())
         });
+        // R16: what the pass pruned (generations ACTIVE no longer names)
+        // is forgotten; a container re-created under the same ID later is
+        // a new generation with no history.
+        self.left.lock().expect("judge poisoned").retain(|key, _| {
+            key.instance != *pass.instance
+                || pass
+                    .active
+                    .services
+                    .get(&key.service)
+                    .is_some_and(|r| r.container == key.container)
+                || !pass.after.service(key).generation.is_empty()
+        });
         for (at, (name, record)) in services.iter().enumerate() {
             let key = GenerationKey {
                 instance: pass.instance.clone(),

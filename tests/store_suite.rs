@@ -75,6 +75,7 @@ store_suite! {
         rollouts_are_upserted_per_service_type,
         reconciler_lease_is_exclusive_until_it_expires,
         a_restarted_identity_takes_its_lease_back_at_once,
+        a_restarted_identity_queues_its_predecessors_running_tasks_again,
         stale_lease_holder_writes_are_fenced_and_write_nothing,
         recovery_writes_are_fenced_too,
         instance_locks_exclude_other_holders_until_released_or_expired,
@@ -1225,6 +1226,60 @@ async fn a_restarted_identity_takes_its_lease_back_at_once(s: TestStore) {
         .await
         .unwrap()
         .is_some());
+}
+
+async fn a_restarted_identity_queues_its_predecessors_running_tasks_again(s: TestStore) {
+    // #40: killed mid-upgrade and restarted at once, a daemon used to
+    // leave the upgrade running under its dead incarnation for the whole
+    // task lease, every other task of the instance waiting behind it.
+    let store = &*s.store;
+    let alpha = instance(store, "alpha").await;
+    let beta = instance(store, "beta").await;
+    let gamma = instance(store, "gamma").await;
+    for id in [alpha, beta, gamma] {
+        store
+            .enqueue(&task(TaskKind::Upgrade, id, t(0)), t(1), None)
+            .await
+            .unwrap()
+            .expect("enqueued");
+    }
+    let mine = store.claim("host-1#aa/w0", t(2), 1).await.unwrap();
+    let also_mine = store.claim("host-1#aa/w1", t(2), 1).await.unwrap();
+    let theirs = store.claim("host-10#bb/w0", t(2), 1).await.unwrap();
+    assert_eq!((mine.len(), also_mine.len(), theirs.len()), (1, 1, 1));
+
+    let mut requeued = store.requeue_tasks_of("host-1#", t(3)).await.unwrap();
+    requeued.sort_unstable();
+    let mut expected = vec![mine[0].id, also_mine[0].id];
+    expected.sort_unstable();
+    assert_eq!(
+        requeued, expected,
+        "only this identity's tasks, not host-10's"
+    );
+    let tasks = store.active_tasks().await.unwrap().rows;
+    for t in &tasks {
+        if expected.contains(&t.id) {
+            assert_eq!(t.state, TaskState::Queued);
+            assert_eq!(
+                (t.locked_by.as_deref(), t.attempts),
+                (None, 1),
+                "attempts kept"
+            );
+        } else {
+            assert_eq!(t.state, TaskState::Running);
+            assert_eq!(t.locked_by.as_deref(), Some("host-10#bb/w0"));
+        }
+    }
+    assert!(
+        store
+            .requeue_tasks_of("host-1#", t(4))
+            .await
+            .unwrap()
+            .is_empty(),
+        "safe to run twice"
+    );
+    let again = store.claim("host-1#cc/w0", t(5), 5).await.unwrap();
+    assert_eq!(again.len(), 2, "the new incarnation takes them up at once");
 }
 
 async fn stale_lease_holder_writes_are_fenced_and_write_nothing(s: TestStore) {

@@ -1569,7 +1569,9 @@ impl Observer for Checker {
         let actor = self.actor_of(&s, process.as_ref(), effect);
         self.check_names_and_deletion(&mut s, effect);
         let by_process = process.is_some();
-        let holder = process.map_or_else(|| "world".to_owned(), |p| p.holder);
+        let holder = process
+            .as_ref()
+            .map_or_else(|| "world".to_owned(), |p| p.holder.clone());
         let previous_effect_at = if by_process {
             s.last_effect_of.insert(node, now)
         } else {
@@ -1987,6 +1989,24 @@ impl Observer for Checker {
                 });
             }
             Effect::Enqueue { .. } => {}
+            Effect::TaskReclaimed {
+                task,
+                holder: worker,
+            } => {
+                // T1: a restarted identity takes back only what its own
+                // earlier incarnations held, and only once they are gone:
+                // never a live process's task, never another identity's.
+                let incarnation = worker.split('/').next().unwrap_or_default();
+                let own = process.as_ref().is_some_and(|p| {
+                    incarnation.starts_with(&format!("{}#", p.identity)) && incarnation != p.holder
+                });
+                let live = s.processes.values().any(|p| p.holder == incarnation);
+                s.check(
+                    "T1 only a gone incarnation's tasks are taken back early",
+                    own && !live,
+                    || format!("task {task} of {worker} requeued by {holder} (own identity: {own}, its holder live: {live})"),
+                );
+            }
             Effect::LeaseBroken { task, locked_at } => {
                 let expiry = add(*locked_at, self.task_lease);
                 let due = expiry <= add(now, CLOCK_TOLERANCE);

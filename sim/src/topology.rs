@@ -192,6 +192,10 @@ pub async fn process_main(slot: Arc<Slot>, shared: Arc<Shared>) {
     // T1: as the daemon does at start.
     let _ = shared
         .store
+        .requeue_tasks_of(&identity.identity_prefix(), clock.now())
+        .await;
+    let _ = shared
+        .store
         .clear_instance_locks_of(&identity.identity_prefix())
         .await;
     let (_stop_tx, stop) = watch::channel(false);

@@ -278,6 +278,7 @@ fn seeds_hold_every_invariant() {
         "T6 no two services share a route id",
         "L6 lost routes are back within one tick",
         "L7 a restarted daemon reconciles at once",
+        "T1 only a gone incarnation's tasks are taken back early",
         "C6 lease broken within one tick of expiry",
         "C6 never broken before the lease expires",
         "C7 expired within one tick of its TTL",

@@ -344,10 +344,28 @@ impl Daemon {
     }
 
     /// T1: this identity's earlier incarnation is gone (the identity lock
-    /// says so), so the instance locks it held are released at once rather
-    /// than left to expire.
-    pub async fn clear_predecessor_locks(&self) {
+    /// says so), so the instance locks it held are released and the tasks
+    /// its workers held running are queued again at once, rather than left
+    /// to expire: a daemon killed mid-upgrade and restarted resumes the
+    /// upgrade within a tick, not after the task lease (#40).
+    pub async fn reclaim_predecessor_work(&self) {
         let prefix = self.identity.process.identity_prefix();
+        match self
+            .ports
+            .store
+            .requeue_tasks_of(&prefix, self.ports.clock.now())
+            .await
+        {
+            Ok(tasks) if tasks.is_empty() => {}
+            Ok(tasks) => tracing::info!(
+                requeued = ?tasks,
+                identity = %self.identity.process.identity,
+                "queued again the tasks this daemon's previous run held (T1)"
+            ),
+            Err(e) => {
+                tracing::warn!(error = %e, "could not queue again the previous run's tasks; their leases will expire (C6)")
+            }
+        }
         match self.ports.store.clear_instance_locks_of(&prefix).await {
             Ok(0) => {}
             Ok(n) => tracing::info!(
@@ -461,7 +479,7 @@ impl Daemon {
     /// finish; what is still running after the bound is abandoned, and its
     /// task lease expires and requeues it (C6).
     pub async fn run(self: &Arc<Self>, role: Role, stop: watch::Receiver<bool>) {
-        self.clear_predecessor_locks().await;
+        self.reclaim_predecessor_work().await;
         let mut tasks = tokio::task::JoinSet::new();
         if let Some(addr) = self.config.admin_listen {
             let daemon = self.clone();

@@ -614,6 +614,15 @@ pub trait Store: Send + Sync {
     /// restarted daemon's `<identity>#`: its earlier incarnation is gone).
     /// Returns how many.
     async fn clear_instance_locks_of(&self, prefix: &str) -> Result<u64, StoreError>;
+    /// T1: running tasks whose worker starts with `prefix` (a restarted
+    /// daemon's `<identity>#`: its earlier incarnation is gone, and with it
+    /// the workers that held them) go back to queued at once, attempts
+    /// kept, instead of waiting out their lease (C6). Returns their ids.
+    async fn requeue_tasks_of(
+        &self,
+        prefix: &str,
+        now: Timestamp,
+    ) -> Result<Vec<TaskId>, StoreError>;
     /// Who holds the lease and until when, as recorded (the expiry may have
     /// passed); `None` when nobody took it or it was released. For logs and
     /// status only: it grants nothing.

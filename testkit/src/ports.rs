@@ -204,6 +204,12 @@ pub enum Effect {
         task: i64,
         locked_at: Timestamp,
     },
+    /// A restarted daemon queued again a task its earlier incarnation's
+    /// worker `holder` held running (T1), before the task's lease expired.
+    TaskReclaimed {
+        task: i64,
+        holder: String,
+    },
     /// The reconciler swept the queue for expired leases at `now` (the
     /// planner's snapshot time) and freed `freed` tasks: C6's planner
     /// decides a sweep only when some lease ran out, so a sweep that frees

@@ -1257,6 +1257,38 @@ impl Store for MemoryStore {
         Ok((before - state.instance_locks.len()) as u64)
     }
 
+    async fn requeue_tasks_of(
+        &self,
+        prefix: &str,
+        now: Timestamp,
+    ) -> Result<Vec<TaskId>, StoreError> {
+        let mut state = self.call()?;
+        let now = normalize_timestamp(now);
+        let mut requeued = Vec::new();
+        for task in state.tasks.values_mut() {
+            let held = task.state == TaskState::Running
+                && task
+                    .locked_by
+                    .as_deref()
+                    .is_some_and(|by| by.starts_with(prefix));
+            if held {
+                requeued.push((task.id, task.locked_by.take().unwrap_or_default()));
+                task.state = TaskState::Queued;
+                task.locked_at = None;
+                task.updated_at = now;
+            }
+        }
+        drop(state);
+        requeued.sort();
+        for (task, holder) in &requeued {
+            self.tell(|| Effect::TaskReclaimed {
+                task: *task,
+                holder: holder.clone(),
+            });
+        }
+        Ok(requeued.into_iter().map(|(task, _)| task).collect())
+    }
+
     async fn reconciler_lease(&self) -> Result<Option<LeaseGrant>, StoreError> {
         Ok(self.call()?.lease_row().grant())
     }

@@ -715,6 +715,21 @@ macro_rules! impl_sql_store {
                     .map_err(db_error)
             }
 
+            async fn requeue_tasks_of(
+                &self,
+                prefix: &str,
+                now: Timestamp,
+            ) -> Result<Vec<TaskId>, StoreError> {
+                let mut ids: Vec<TaskId> = sqlx::query_scalar(sql::REQUEUE_TASKS_OF)
+                    .bind(prefix)
+                    .bind(timestamp_to_us(now))
+                    .fetch_all(&self.pool)
+                    .await
+                    .map_err(db_error)?;
+                ids.sort_unstable();
+                Ok(ids)
+            }
+
             async fn reconciler_lease(&self) -> Result<Option<LeaseGrant>, StoreError> {
                 let (row, _) = sqlx::query_as::<_, LeaseRow>($lock_lease)
                     .fetch_one(&self.pool)

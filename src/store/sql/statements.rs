@@ -200,6 +200,13 @@ pub const WRITE_LEASE: &str =
 pub const CLEAR_INSTANCE_LOCKS_OF: &str =
     "DELETE FROM instance_locks WHERE substr(holder, 1, length($1)) = $1";
 
+/// T1: a restarted daemon's earlier incarnation's running tasks, queued
+/// again at once (attempts kept).
+pub const REQUEUE_TASKS_OF: &str = "UPDATE tasks \
+     SET state = 'queued', locked_by = NULL, locked_at_us = NULL, updated_at_us = $2 \
+     WHERE state = 'running' AND substr(locked_by, 1, length($1)) = $1 \
+     RETURNING id";
+
 // --- claims: where the dialects differ in locking ---------------------------
 
 /// SQLite claims with one `UPDATE … RETURNING`: the statement is atomic and

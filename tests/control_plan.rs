@@ -185,6 +185,7 @@ fn render(plan: &Plan, snapshot: &Snapshot<'_>) -> String {
         let level = match report.level() {
             Level::Error => "error",
             Level::Warn => "warn",
+            Level::Info => "info",
         };
         match report {
             Report::OrphanRelease { name, namespace } => {
@@ -192,6 +193,13 @@ fn render(plan: &Plan, snapshot: &Snapshot<'_>) -> String {
             }
             Report::BadWindow { name, error, .. } => {
                 writeln!(out, "{level}: bad window of {name}: {error}")
+            }
+            Report::WaitsForWindow { name, opens_at, .. } => {
+                writeln!(
+                    out,
+                    "{level}: {name} waits for its window at {}",
+                    when(*opens_at)
+                )
             }
             Report::RunningWithoutLease { task } => {
                 writeln!(out, "{level}: running task {task} without lease")
@@ -718,7 +726,7 @@ fn a_change_of_spec_at_the_same_version_is_an_upgrade_like_any_other() {
          enqueue upgrade i2 at now: version drift: 1.3.0 -> 1.4.0
          enqueue upgrade i3 at now: version drift: 1.9.9 -> 2.0.0
          enqueue upgrade i1 at now: version drift: 1.3.0 -> 1.4.0
-         enqueue upgrade i5 at now+486000s: spec drift: the catalog changed wiki's spec at version 1.4.0",
+         info: i5 waits for its window at now+486000s",
     );
 }
 
@@ -785,9 +793,30 @@ fn an_upgrade_waits_for_the_maintenance_window() {
         plan_version_drift(&snap),
         &snap,
         "enqueue upgrade i4 at now: version drift: 1.0.0 -> 2.0.0
-         enqueue upgrade i2 at now+486000s: version drift: 1.3.0 -> 1.4.0
-         enqueue upgrade i3 at now+43200s: version drift: 1.9.9 -> 2.0.0
-         enqueue upgrade i1 at now: version drift: 1.3.0 -> 1.4.0",
+         enqueue upgrade i1 at now: version drift: 1.3.0 -> 1.4.0
+         info: i2 waits for its window at now+486000s
+         info: i3 waits for its window at now+43200s",
+    );
+}
+
+/// #40: an upgrade used to park in the queue until its window opened,
+/// holding its instance's task slot and one of `max_in_flight`'s (default
+/// one): a weekly window blocked every other upgrade of the fleet, security
+/// releases included, for a week. A closed window now holds nothing.
+#[test]
+fn an_upgrade_waiting_for_its_window_holds_no_in_flight_slot() {
+    let (catalog, mut instances) = rollout_world();
+    let config = config(1);
+    // i4 and i2 come first (own team) but their windows are closed.
+    instances[3].maintenance_window = Some("sun 03:00-05:00".into()); // i4
+    instances[1].maintenance_window = Some("sun 03:00-05:00".into()); // i2
+    let snap = snapshot(instances, vec![], &catalog, &config);
+    check(
+        plan_version_drift(&snap),
+        &snap,
+        "enqueue upgrade i3 at now: version drift: 1.9.9 -> 2.0.0
+         info: i4 waits for its window at now+486000s
+         info: i2 waits for its window at now+486000s",
     );
 }
 

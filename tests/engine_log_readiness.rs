@@ -31,6 +31,10 @@ version = "2"
 [[types.ledger.services]]
 name = "db"
 image = "ledger-db"
+# A port, so there is a route to withhold until the line appears: a
+# service without ports is never routed (the proxy refuses a route
+# without an upstream, and so does the traffic double).
+ports = [5432]
 
 [types.ledger.services.readiness]
 kind = "log"

@@ -299,7 +299,7 @@ fn seeds_hold_every_invariant() {
         "L10 a stopped instance started again starts at once",
         "L11 an unhealthy container is restarted at the threshold",
         "L12 the crash-loop ladder is climbed on time",
-        "S9 an upgrade runs at its window's next opening",
+        "S9 an upgrade is enqueued only inside its window, due at once",
         "S9 a security upgrade is due at once",
         "H3 a release is never installed behind its instance's version",
     ]

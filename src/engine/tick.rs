@@ -446,6 +446,7 @@ impl Reconciler {
             match level {
                 Level::Error => tracing::error!(check = check.as_str(), "{text}"),
                 Level::Warn => tracing::warn!(check = check.as_str(), "{text}"),
+                Level::Info => tracing::info!(check = check.as_str(), "{text}"),
             }
         }
         for text in before.keys().filter(|t| !now.contains_key(*t)) {

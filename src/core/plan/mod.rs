@@ -151,6 +151,7 @@ pub struct Notice {
 /// How loudly the engine should log a report.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
 pub enum Level {
+    Info,
     Warn,
     Error,
 }
@@ -188,6 +189,14 @@ pub enum Report {
     UnknownServiceType {
         instance: InstanceId,
         service_type: String,
+    },
+    /// An instance behind its catalog version whose maintenance window is
+    /// closed: its upgrade is enqueued by the first tick inside the window
+    /// and until then holds neither a task nor a `max_in_flight` slot (C8).
+    WaitsForWindow {
+        instance: InstanceId,
+        name: InstanceName,
+        opens_at: Timestamp,
     },
 }
 
@@ -232,6 +241,11 @@ impl std::fmt::Display for Report {
                 "instance {instance} has service type {service_type:?}, which the catalog does \
                  not list; it is never upgraded"
             ),
+            Self::WaitsForWindow { name, opens_at, .. } => write!(
+                f,
+                "instance {name}: upgrade waits for its maintenance window, which opens at \
+                 {opens_at} (C8)"
+            ),
         }
     }
 }
@@ -244,6 +258,7 @@ impl Report {
             | Self::RunningWithoutLease { .. }
             | Self::OrphansWithheld { .. } => Level::Warn,
             Self::UnknownServiceType { .. } => Level::Warn,
+            Self::WaitsForWindow { .. } => Level::Info,
         }
     }
 }

@@ -129,10 +129,14 @@ impl Planner<'_, '_> {
     /// configured own team first, then by service type, name and id. At
     /// most `max_in_flight` upgrades are queued or running across the
     /// fleet, counting those already there. Nothing for a halted type.
-    /// `run_after` is the next opening of the instance's maintenance window
-    /// (now without one), or now for a `security` entry. An instance whose
-    /// window does not parse is reported and skipped, and the next
-    /// candidate takes its slot.
+    /// An upgrade is enqueued only while the instance's maintenance window
+    /// is open (or it has none, or the entry is a `security` release), to
+    /// run now: one whose window is closed is reported with the opening
+    /// and enqueued by the first tick inside it, so it never parks in the
+    /// queue holding a slot that every other upgrade of the fleet, security
+    /// releases included, would wait behind (#40). An instance whose window
+    /// does not parse is reported and skipped. Either way the next
+    /// candidate takes the slot.
     pub fn version_drift(&self) -> Plan {
         let snapshot = self.snapshot;
         let mut plan = Plan::default();
@@ -195,6 +199,14 @@ impl Planner<'_, '_> {
                         Window::parse(spec).map(|window| next_run_after(&window, snapshot.now))
                     });
                     match scheduled {
+                        Ok(at) if *at > snapshot.now => {
+                            plan.reports.push(Report::WaitsForWindow {
+                                instance: instance.id,
+                                name: instance.name.clone(),
+                                opens_at: *at,
+                            });
+                            continue;
+                        }
                         Ok(at) => *at,
                         Err(error) => {
                             plan.reports.push(Report::BadWindow {

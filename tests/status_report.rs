@@ -25,7 +25,13 @@ async fn pending_upgrades_say_where_they_are_and_halted_rollouts_why() {
     )
     .unwrap();
     let mut ids = BTreeMap::new();
-    for (name, service_type, version) in [("a", "web", "1"), ("b", "web", "1"), ("c", "db", "6")] {
+    // 2026-11-30 is a Monday: d's Sunday 03:00 window opens in six days and three hours.
+    for (name, service_type, version, window) in [
+        ("a", "web", "1", None),
+        ("b", "web", "1", None),
+        ("c", "db", "6", None),
+        ("d", "web", "1", Some("sun 03:00-05:00")),
+    ] {
         let new = NewInstance {
             spec_digest: None,
             parameters: Default::default(),
@@ -34,7 +40,7 @@ async fn pending_upgrades_say_where_they_are_and_halted_rollouts_why() {
             service_type: service_type.into(),
             version: version.into(),
             expires_at: None,
-            maintenance_window: None,
+            maintenance_window: window.map(str::to_owned),
         };
         let i = store.create_instance(&new, now).await.unwrap();
         assert!(store
@@ -81,13 +87,14 @@ async fn pending_upgrades_say_where_they_are_and_halted_rollouts_why() {
     assert_eq!(
         progress("web"),
         vec![
-            (
-                "a".to_owned(),
-                format!("queued (task {task}), due in 3 h (maintenance window)")
-            ),
+            ("a".to_owned(), format!("queued (task {task}), due in 3 h")),
             (
                 "b".to_owned(),
                 "planned at the next tick (at most max_in_flight at a time)".to_owned()
+            ),
+            (
+                "d".to_owned(),
+                "waits for its maintenance window, which opens in 6 d 3 h".to_owned()
             ),
         ]
     );

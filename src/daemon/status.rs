@@ -17,6 +17,7 @@ use crate::core::memory::RecoveryMemory;
 use crate::core::plan::{is_behind, spec_changed};
 use crate::core::release::{Provisioning, ReleaseParams};
 use crate::core::types::{ContainerStatus, GenerationKey, InstanceName, ServiceName, Timestamp};
+use crate::core::window::{next_run_after, Window};
 use crate::ports::{Provisioner, Runtime, Store};
 
 use super::human::{relative, table};
@@ -263,7 +264,7 @@ async fn fleet_by_type(from: &StatusSources<'_>, live: &[&Instance], status: &mu
                 instance: i.name.to_string(),
                 from: i.version.clone(),
                 to: entry.version.clone(),
-                progress: upgrade_progress(i, &tasks, &rollout, from.now),
+                progress: upgrade_progress(i, &tasks, &rollout, entry.security, from.now),
             })
             .collect();
         status.catalog.push(TypeStatus {
@@ -277,16 +278,37 @@ async fn fleet_by_type(from: &StatusSources<'_>, live: &[&Instance], status: &mu
 }
 
 /// Where an instance's upgrade is: its task, or why there is none yet.
-fn upgrade_progress(instance: &Instance, tasks: &[Task], rollout: &str, now: Timestamp) -> String {
+/// A queued upgrade due later is a retry (the planner enqueues upgrades
+/// only inside their window, due at once): its backoff, or the window its
+/// retry waits for, is what it waits on.
+fn upgrade_progress(
+    instance: &Instance,
+    tasks: &[Task],
+    rollout: &str,
+    security: bool,
+    now: Timestamp,
+) -> String {
     let upgrade = tasks
         .iter()
         .find(|t| t.instance == instance.id && t.kind == TaskKind::Upgrade);
+    let window_opens = instance
+        .maintenance_window
+        .as_deref()
+        .filter(|_| !security)
+        .and_then(|spec| Window::parse(spec).ok())
+        .map(|window| next_run_after(&window, now))
+        .filter(|opens| *opens > now);
     match upgrade {
         Some(t) if t.state == TaskState::Running => format!("running (task {})", t.id),
+        Some(t) if t.run_after > now && t.attempts == 0 => {
+            format!("queued (task {}), due {}", t.id, relative(t.run_after, now))
+        }
         Some(t) if t.run_after > now => format!(
-            "queued (task {}), due {} (maintenance window)",
+            "queued (task {}), retry due {} after {} failed attempt(s): {}",
             t.id,
-            relative(t.run_after, now)
+            relative(t.run_after, now),
+            t.attempts,
+            t.last_error.as_deref().unwrap_or("no error recorded")
         ),
         Some(t) => format!("queued (task {})", t.id),
         None if rollout != "active" => format!("not planned: rollout {rollout}"),
@@ -294,7 +316,13 @@ fn upgrade_progress(instance: &Instance, tasks: &[Task], rollout: &str, now: Tim
         None if instance.state != InstanceState::Ready => {
             format!("not planned while {}", instance.state)
         }
-        None => "planned at the next tick (at most max_in_flight at a time)".to_owned(),
+        None => match window_opens {
+            Some(opens) => format!(
+                "waits for its maintenance window, which opens {}",
+                relative(opens, now)
+            ),
+            None => "planned at the next tick (at most max_in_flight at a time)".to_owned(),
+        },
     }
 }
 

@@ -10,7 +10,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::core::catalog::Catalog;
-use crate::core::fleet::{Instance, InstanceState, NewTask, RolloutState, TaskId, TaskKind};
+use crate::core::fleet::{
+    Instance, InstanceState, NewTask, RolloutState, Task, TaskId, TaskKind, TaskState,
+    CANCELLED_BY_HALT, CANCELLED_BY_OPERATOR,
+};
 use crate::core::types::{
     ContainerId, Inhibition, InhibitionReason, InstanceName, ServiceName, Timestamp,
 };
@@ -71,6 +74,16 @@ pub enum Deletion {
     },
     AlreadyDeleting,
     AlreadyDeleted,
+}
+
+/// What `cancel_task` did.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum TaskCancel {
+    /// The task was queued and is now cancelled (as it was before).
+    Cancelled(Task),
+    /// The task had already finished (done, failed or cancelled): nothing
+    /// changed.
+    AlreadyOver(Task),
 }
 
 /// Checks an instance name: a DNS label that starts with a letter (one
@@ -575,13 +588,17 @@ impl Ops<'_> {
         Ok(n)
     }
 
-    /// Sets a type's rollout switch; returns the state it had before.
+    /// Sets a type's rollout switch; returns the state it had before and,
+    /// for a halt, the queued upgrades of the type it cancelled (C8: a halt
+    /// stops what is waiting, not only what is planned next; a running
+    /// upgrade finishes, and its worker checks the switch before it
+    /// starts). Safe to run twice.
     pub async fn set_rollout(
         &self,
         service_type: &str,
         state: RolloutState,
         reason: &str,
-    ) -> Result<RolloutState, OpsError> {
+    ) -> Result<(RolloutState, Vec<TaskId>), OpsError> {
         if self.catalog.get(service_type).is_none() {
             return Err(OpsError::Invalid(format!(
                 "service type {service_type:?} is not in the catalog"
@@ -599,6 +616,49 @@ impl Ops<'_> {
             .set_rollout(service_type, state, reason, self.now, None)
             .await
             .map_err(OpsError::from)?;
-        Ok(before)
+        let cancelled = if state == RolloutState::Halted {
+            self.store
+                .cancel_queued_upgrades(service_type, CANCELLED_BY_HALT, self.now)
+                .await
+                .map_err(OpsError::from)?
+        } else {
+            Vec::new()
+        };
+        Ok((before, cancelled))
+    }
+
+    /// `stead task cancel ID`: cancels a queued task (it becomes failed,
+    /// its error saying an operator cancelled it). A running task is
+    /// refused: it finishes, retries or fails on its own, and an upgrade
+    /// never stops half way. Cancelling a task already cancelled, or one
+    /// that finished, changes nothing and says so.
+    pub async fn cancel_task(&self, id: TaskId) -> Result<TaskCancel, OpsError> {
+        let Some(task) = self.store.task(id).await.map_err(OpsError::from)? else {
+            return Err(OpsError::NotFound(format!("no task {id}")));
+        };
+        match task.state {
+            TaskState::Running => Err(OpsError::Conflict(format!(
+                "task {id} ({} of instance {}) is running, locked by {}: a running task is \
+                 never interrupted; it finishes, retries or fails on its own",
+                task.kind,
+                task.instance,
+                task.locked_by.as_deref().unwrap_or("nobody")
+            ))),
+            TaskState::Queued => {
+                if self
+                    .store
+                    .cancel_queued_task(id, CANCELLED_BY_OPERATOR, self.now)
+                    .await
+                    .map_err(OpsError::from)?
+                {
+                    Ok(TaskCancel::Cancelled(task))
+                } else {
+                    Err(OpsError::Busy(format!(
+                        "task {id} was claimed by a worker just now; run the command again to see it"
+                    )))
+                }
+            }
+            TaskState::Done | TaskState::Failed => Ok(TaskCancel::AlreadyOver(task)),
+        }
     }
 }

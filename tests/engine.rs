@@ -688,6 +688,37 @@ async fn a_service_without_ports_is_verified_never_routed_and_its_predecessor_re
     assert!(f.routed("wiki1", "web"), "web serves throughout");
 }
 
+/// #40: the worker never re-read the rollout switch, so a halt left
+/// upgrades already queued to run anyway.
+#[tokio::test]
+async fn a_worker_does_not_start_an_upgrade_whose_rollout_was_halted_after_it_was_queued() {
+    let f = fixture();
+    let instance = f.served("wiki1", "1").await;
+    let before = f.web_container("wiki1").await;
+    let containers = f.runtime.list_managed().await.unwrap().len();
+    f.enqueue(instance.id, TaskKind::Upgrade).await;
+    f.store
+        .set_rollout(
+            "wiki",
+            RolloutState::Halted,
+            "operator",
+            stead::ports::Clock::now(f.clock.as_ref()),
+            None,
+        )
+        .await
+        .unwrap();
+    let (_, end) = f.worker().work_once().await.unwrap();
+    assert_eq!(end, TaskEnd::Done, "not run, and not a failure to retry");
+    assert_eq!(f.web_container("wiki1").await, before, "ACTIVE unchanged");
+    assert_eq!(
+        f.runtime.list_managed().await.unwrap().len(),
+        containers,
+        "no candidate created"
+    );
+    let row = f.store.instance(&instance.name).await.unwrap().unwrap();
+    assert_eq!(row.version, "1");
+}
+
 #[tokio::test]
 async fn a_version_that_drops_a_service_retires_it_and_the_pass_never_revives_it() {
     // Version 1 of wiki ran two services; version 2 (the catalog) lists

@@ -232,3 +232,90 @@ async fn stop_and_start_of_a_helm_instance_are_refused_saying_why() {
     let instance = ops.find("acme").await.unwrap();
     assert!(!instance.stopped, "nothing changed");
 }
+
+/// #40: `rollout halt` used to leave the type's queued upgrades queued, so
+/// they ran anyway; a halt now cancels them (a running one finishes, and
+/// its worker checks the switch before it starts). Safe to run twice.
+#[tokio::test]
+async fn halting_a_rollout_cancels_its_queued_upgrades_and_nothing_else() {
+    use stead::core::fleet::{NewTask, RolloutState, TaskKind, TaskState, CANCELLED_BY_HALT};
+    let store = MemoryStore::new();
+    let ops = Ops::new(&store, Arc::new(catalog()), at(), 7);
+    let blog = ops.create(&request("blog")).await.unwrap();
+    let wiki = ops.create(&request("wiki")).await.unwrap();
+    let upgrade = |instance| NewTask {
+        kind: TaskKind::Upgrade,
+        instance,
+        run_after: at(),
+        reason: "version drift: 1 -> 2".into(),
+        traceparent: None,
+    };
+    // A retry waiting for its backoff: queued, not yet due.
+    let retry = NewTask {
+        run_after: stead::core::fleet::add(at(), Duration::from_secs(60)),
+        ..upgrade(blog.instance.id)
+    };
+    let queued = store.enqueue(&retry, at(), None).await.unwrap().unwrap();
+    let running = store
+        .enqueue(&upgrade(wiki.instance.id), at(), None)
+        .await
+        .unwrap()
+        .unwrap();
+    // The provisions are due too: claim until wiki's upgrade runs.
+    while store.task(running).await.unwrap().unwrap().state != TaskState::Running {
+        assert!(!store.claim("w1", at(), 1).await.unwrap().is_empty());
+    }
+    let (before, cancelled) = ops
+        .set_rollout("web", RolloutState::Halted, "operator")
+        .await
+        .unwrap();
+    assert_eq!((before, cancelled), (RolloutState::Active, vec![queued]));
+    let task = store.task(queued).await.unwrap().unwrap();
+    assert_eq!(
+        (task.state, task.last_error.as_deref()),
+        (TaskState::Failed, Some(CANCELLED_BY_HALT))
+    );
+    assert_eq!(
+        store.task(running).await.unwrap().unwrap().state,
+        TaskState::Running,
+        "a running upgrade is never interrupted"
+    );
+    assert_eq!(
+        ops.set_rollout("web", RolloutState::Halted, "operator")
+            .await
+            .unwrap(),
+        (RolloutState::Halted, vec![])
+    );
+}
+
+#[tokio::test]
+async fn cancelling_a_task_cancels_only_a_queued_one_and_is_idempotent() {
+    use stead::core::fleet::{TaskState, CANCELLED_BY_OPERATOR};
+    let store = MemoryStore::new();
+    let ops = Ops::new(&store, Arc::new(catalog()), at(), 7);
+    let blog = ops.create(&request("blog")).await.unwrap().task.unwrap();
+    let wiki = ops.create(&request("wiki")).await.unwrap().task.unwrap();
+    let claimed = store.claim("w1", at(), 1).await.unwrap();
+    assert_eq!(claimed[0].id, blog);
+
+    let error = ops.cancel_task(blog).await.unwrap_err();
+    assert!(matches!(error, OpsError::Conflict(_)), "{error:?}");
+    assert!(error.to_string().contains("is running"), "{error}");
+
+    let TaskCancel::Cancelled(task) = ops.cancel_task(wiki).await.unwrap() else {
+        panic!("a queued task is cancelled");
+    };
+    assert_eq!(task.id, wiki);
+    let now = store.task(wiki).await.unwrap().unwrap();
+    assert_eq!(
+        (now.state, now.last_error.as_deref()),
+        (TaskState::Failed, Some(CANCELLED_BY_OPERATOR))
+    );
+    assert!(matches!(
+        ops.cancel_task(wiki).await.unwrap(),
+        TaskCancel::AlreadyOver(_)
+    ));
+    let error = ops.cancel_task(999).await.unwrap_err();
+    assert!(matches!(error, OpsError::NotFound(_)), "{error:?}");
+    assert_eq!(error.kind(), stead::core::errors::ErrorKind::NotFound);
+}

@@ -76,6 +76,7 @@ store_suite! {
         reconciler_lease_is_exclusive_until_it_expires,
         a_restarted_identity_takes_its_lease_back_at_once,
         a_restarted_identity_queues_its_predecessors_running_tasks_again,
+        queued_tasks_are_cancelled_one_by_id_or_a_types_upgrades_at_once,
         stale_lease_holder_writes_are_fenced_and_write_nothing,
         recovery_writes_are_fenced_too,
         instance_locks_exclude_other_holders_until_released_or_expired,
@@ -1280,6 +1281,77 @@ async fn a_restarted_identity_queues_its_predecessors_running_tasks_again(s: Tes
     );
     let again = store.claim("host-1#cc/w0", t(5), 5).await.unwrap();
     assert_eq!(again.len(), 2, "the new incarnation takes them up at once");
+}
+
+async fn queued_tasks_are_cancelled_one_by_id_or_a_types_upgrades_at_once(s: TestStore) {
+    let store = &*s.store;
+    let alpha = instance(store, "alpha").await;
+    let beta = instance(store, "beta").await;
+    let mut other_type = new_instance("gamma");
+    other_type.service_type = "blog".into();
+    let gamma = store.create_instance(&other_type, t(0)).await.unwrap().id;
+    let mut ids = Vec::new();
+    for (kind, id) in [
+        (TaskKind::Upgrade, alpha),
+        (TaskKind::Upgrade, beta),
+        (TaskKind::Upgrade, gamma),
+        (TaskKind::Provision, alpha),
+    ] {
+        ids.push(
+            store
+                .enqueue(&task(kind, id, t(0)), t(1), None)
+                .await
+                .unwrap()
+                .expect("enqueued"),
+        );
+    }
+    let running = store.claim("w", t(2), 1).await.unwrap();
+    assert_eq!(running[0].id, ids[0], "alpha's upgrade runs");
+
+    let cancelled = store
+        .cancel_queued_upgrades("wiki", "cancelled: halted", t(3))
+        .await
+        .unwrap();
+    assert_eq!(
+        cancelled,
+        vec![ids[1]],
+        "beta's only: not running, not blog's, not a provision"
+    );
+    assert!(
+        !store
+            .cancel_queued_task(ids[0], "cancelled: x", t(3))
+            .await
+            .unwrap(),
+        "running"
+    );
+    assert!(store
+        .cancel_queued_task(ids[3], "cancelled: x", t(3))
+        .await
+        .unwrap());
+    assert!(
+        !store
+            .cancel_queued_task(ids[3], "cancelled: x", t(4))
+            .await
+            .unwrap(),
+        "twice"
+    );
+    assert!(!store
+        .cancel_queued_task(9_999, "cancelled: x", t(4))
+        .await
+        .unwrap());
+    for (id, state, error) in [
+        (ids[0], TaskState::Running, None),
+        (ids[1], TaskState::Failed, Some("cancelled: halted")),
+        (ids[2], TaskState::Queued, None),
+        (ids[3], TaskState::Failed, Some("cancelled: x")),
+    ] {
+        let row = store.task(id).await.unwrap().unwrap();
+        assert_eq!(
+            (row.state, row.last_error.as_deref()),
+            (state, error),
+            "task {id}"
+        );
+    }
 }
 
 async fn stale_lease_holder_writes_are_fenced_and_write_nothing(s: TestStore) {

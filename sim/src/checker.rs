@@ -679,10 +679,24 @@ impl Checker {
                 i.version == target_version && i.spec_digest.as_ref().is_some_and(|d| d != digest);
             version_behind || spec_behind
         };
+        // C8: only while its window is open (or it has none, or the
+        // release is a security one) is an instance's upgrade enqueued;
+        // judged only well inside or outside a window, never at its edge.
+        let security = s.catalog_security;
+        let window_open = |i: &Instance| {
+            security
+                || i.maintenance_window.as_deref().is_none_or(|spec| {
+                    stead::core::window::Window::parse(spec).is_ok_and(|w| {
+                        let tolerance = jiff::SignedDuration::from_secs(60);
+                        w.contains(began - tolerance) && w.contains(began + tolerance)
+                    })
+                })
+        };
         let waiting: Vec<_> = instances
             .iter()
             .filter(|i| {
                 i.state == InstanceState::Ready
+                    && window_open(i)
                     && !i.stopped
                     && i.expires_at.is_none_or(|at| at > began)
                     && behind(i)

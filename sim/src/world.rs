@@ -793,6 +793,18 @@ impl Actors {
                     .await
                     .is_ok()
                 {
+                    if next == RolloutState::Halted {
+                        // As `stead rollout halt` does (`Ops::set_rollout`):
+                        // the type's queued upgrades are cancelled too.
+                        let _ = self
+                            .store
+                            .cancel_queued_upgrades(
+                                SERVICE_TYPE,
+                                stead::core::fleet::CANCELLED_BY_HALT,
+                                now,
+                            )
+                            .await;
+                    }
                     self.counts.bump(if halted {
                         "operator resumed rollout"
                     } else {

@@ -365,6 +365,16 @@ impl Task {
 /// finished task.
 pub const CANCELLED_BY_DELETION: &str = "cancelled: the instance is being deleted";
 
+/// Every cancelled task's `last_error` starts with this; what follows says
+/// why (an operator, a halted rollout, a deletion).
+pub const CANCELLED: &str = "cancelled: ";
+
+/// What a task cancelled by `stead task cancel` records.
+pub const CANCELLED_BY_OPERATOR: &str = "cancelled: by an operator (stead task cancel)";
+
+/// What a queued upgrade cancelled by its type's halted rollout records.
+pub const CANCELLED_BY_HALT: &str = "cancelled: the rollout of its service type was halted";
+
 /// A task to be inserted; the store assigns id, state and timestamps.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct NewTask {

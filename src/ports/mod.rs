@@ -517,6 +517,24 @@ pub trait Store: Send + Sync {
     /// Queued and running tasks (what the planners need).
     async fn active_tasks(&self) -> Result<Rows<Task>, StoreError>;
     async fn task(&self, id: TaskId) -> Result<Option<Task>, StoreError>;
+    /// Cancels task `id` if it is queued: it becomes `failed` with
+    /// `reason` as its error (see [`crate::core::fleet::CANCELLED`]).
+    /// `Ok(false)` when it is not queued (running, finished, or no such
+    /// task); a running task is never interrupted.
+    async fn cancel_queued_task(
+        &self,
+        id: TaskId,
+        reason: &str,
+        now: Timestamp,
+    ) -> Result<bool, StoreError>;
+    /// Cancels every queued upgrade of an instance of `service_type` (a
+    /// halted rollout, C8). Returns their ids, in order.
+    async fn cancel_queued_upgrades(
+        &self,
+        service_type: &str,
+        reason: &str,
+        now: Timestamp,
+    ) -> Result<Vec<TaskId>, StoreError>;
     /// Deletion, by TTL (C7) or by an operator: compare-and-set the state
     /// to `deleting`, insert one deprovision task and cancel the instance's
     /// other queued tasks (T4, [`Task::cancelled_by_deletion`]), in one

@@ -10,7 +10,7 @@
 //! every call fail as a database outage would, and
 //! [`MemoryStore::fail_next_calls`] fails the next few calls only.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -20,7 +20,7 @@ use crate::mutants::{self, Mutant};
 use crate::ports::{Effect, Observer};
 use stead::core::fleet::{
     Instance, InstanceId, InstanceState, ListedInstance, NewTask, RolloutState, Task, TaskId,
-    TaskState, CANCELLED_BY_DELETION,
+    TaskKind, TaskState, CANCELLED_BY_DELETION,
 };
 use stead::core::types::{
     ActiveRecord, ActiveService, Binds, ContainerId, Inhibition, InhibitionReason, InstanceName,
@@ -1255,6 +1255,54 @@ impl Store for MemoryStore {
             .instance_locks
             .retain(|_, (holder, _)| !holder.starts_with(prefix));
         Ok((before - state.instance_locks.len()) as u64)
+    }
+
+    async fn cancel_queued_task(
+        &self,
+        id: TaskId,
+        reason: &str,
+        now: Timestamp,
+    ) -> Result<bool, StoreError> {
+        let mut state = self.call()?;
+        let now = normalize_timestamp(now);
+        match state.tasks.get_mut(&id) {
+            Some(task) if task.state == TaskState::Queued => {
+                task.state = TaskState::Failed;
+                task.last_error = Some(reason.to_owned());
+                task.updated_at = now;
+                Ok(true)
+            }
+            _ => Ok(false),
+        }
+    }
+
+    async fn cancel_queued_upgrades(
+        &self,
+        service_type: &str,
+        reason: &str,
+        now: Timestamp,
+    ) -> Result<Vec<TaskId>, StoreError> {
+        let mut state = self.call()?;
+        let now = normalize_timestamp(now);
+        let of_type: BTreeSet<InstanceId> = state
+            .instances
+            .values()
+            .filter(|i| i.service_type == service_type)
+            .map(|i| i.id)
+            .collect();
+        let mut cancelled = Vec::new();
+        for task in state.tasks.values_mut() {
+            if task.state == TaskState::Queued
+                && task.kind == TaskKind::Upgrade
+                && of_type.contains(&task.instance)
+            {
+                task.state = TaskState::Failed;
+                task.last_error = Some(reason.to_owned());
+                task.updated_at = now;
+                cancelled.push(task.id);
+            }
+        }
+        Ok(cancelled)
     }
 
     async fn requeue_tasks_of(

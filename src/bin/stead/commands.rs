@@ -36,6 +36,7 @@ pub async fn dispatch(command: Command, config: DaemonConfig) -> Result<u8, CliE
         Command::Task(TaskCommand::List { all, limit, json }) => {
             task_list(&config, all, limit, json).await
         }
+        Command::Task(TaskCommand::Cancel { id }) => task_cancel(&config, id).await,
         Command::Rollout(command) => rollout(&config, command).await,
     }
 }
@@ -596,6 +597,34 @@ async fn instance_show(config: &DaemonConfig, name: &str, json: bool) -> Result<
     Ok(EXIT_OK)
 }
 
+async fn task_cancel(config: &DaemonConfig, id: i64) -> Result<u8, CliError> {
+    let (store, catalog) = store_and_catalog(config).await?;
+    let ops = Ops::new(
+        store.as_ref(),
+        Arc::new(catalog),
+        SystemClock.now(),
+        stead::daemon::os_seed(),
+    );
+    match ops.cancel_task(id).await? {
+        stead::ops::TaskCancel::Cancelled(task) => say(format!(
+            "task {id} ({} of instance {}) cancelled",
+            task.kind, task.instance
+        )),
+        stead::ops::TaskCancel::AlreadyOver(task) => say(format!(
+            "task {id} ({} of instance {}) was already {}{}; nothing changed",
+            task.kind,
+            task.instance,
+            task.state,
+            task.last_error
+                .as_deref()
+                .filter(|e| e.starts_with(stead::core::fleet::CANCELLED))
+                .map(|e| format!(" ({e})"))
+                .unwrap_or_default()
+        )),
+    }
+    Ok(EXIT_OK)
+}
+
 async fn task_list(
     config: &DaemonConfig,
     all: bool,
@@ -649,7 +678,7 @@ async fn rollout(config: &DaemonConfig, command: RolloutCommand) -> Result<u8, C
             service_type,
             reason,
         } => {
-            let before = ops
+            let (before, cancelled) = ops
                 .set_rollout(&service_type, RolloutState::Halted, &reason)
                 .await?;
             say(match before {
@@ -661,9 +690,16 @@ async fn rollout(config: &DaemonConfig, command: RolloutCommand) -> Result<u8, C
                      `stead rollout resume {service_type}` (C8, docs/rules.md#c8)"
                 ),
             });
+            if !cancelled.is_empty() {
+                let ids: Vec<String> = cancelled.iter().map(i64::to_string).collect();
+                say(format!(
+                    "{service_type}: cancelled its queued upgrade(s): task {}",
+                    ids.join(", ")
+                ));
+            }
         }
         RolloutCommand::Resume { service_type } => {
-            let before = ops
+            let (before, _) = ops
                 .set_rollout(&service_type, RolloutState::Active, "operator: resume")
                 .await?;
             say(match before {

@@ -194,11 +194,19 @@ pub enum TaskCommand {
         #[arg(long)]
         json: bool,
     },
+    /// Cancel a queued task (it becomes failed, its error saying so). A
+    /// running task is never interrupted. Safe to run twice.
+    Cancel {
+        /// The task's id (`stead task list`).
+        id: i64,
+    },
 }
 
 #[derive(Subcommand)]
 pub enum RolloutCommand {
-    /// Stop planning upgrades of a service type.
+    /// Stop a service type's rollout: no upgrade of it is planned, its
+    /// queued upgrades are cancelled, and a worker checks the switch
+    /// before it starts one (a running upgrade finishes).
     Halt {
         service_type: String,
         #[arg(long, default_value = "operator")]

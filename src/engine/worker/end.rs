@@ -88,6 +88,29 @@ impl Worker {
                 .await;
             match halted {
                 Ok(()) => {
+                    // A halt stops what is waiting too (C8).
+                    match self
+                        .ports
+                        .store
+                        .cancel_queued_upgrades(
+                            service_type,
+                            crate::core::fleet::CANCELLED_BY_HALT,
+                            now,
+                        )
+                        .await
+                    {
+                        Ok(cancelled) if !cancelled.is_empty() => tracing::warn!(
+                            service_type = %service_type,
+                            cancelled = ?cancelled,
+                            "cancelled the queued upgrades of {service_type}'s halted rollout"
+                        ),
+                        Ok(_) => {}
+                        Err(e) => tracing::warn!(
+                            service_type = %service_type,
+                            "could not cancel the queued upgrades of {service_type} ({e}); \
+                             workers check the switch before they start one"
+                        ),
+                    }
                     metrics::counter!("stead_decisions_total", "decision" => decision.label())
                         .increment(1);
                     tracing::warn!(

@@ -2,7 +2,7 @@
 //! the task lease), the instance re-read under it, and a task for a
 //! deleting or deleted instance refused (T4).
 
-use crate::core::fleet::{Task, TaskKind};
+use crate::core::fleet::{Instance, RolloutState, Task, TaskKind};
 use crate::core::policy::WORKER_LOCK_SLACK;
 
 use super::Worker;
@@ -49,6 +49,27 @@ impl Worker {
         result
     }
 
+    /// Whether `instance`'s type's rollout is halted, in the catalog file
+    /// or by the switch in the store, read now: a halt after the task was
+    /// queued must stop it before it changes anything.
+    async fn rollout_halted(&self, instance: &Instance) -> Result<bool, String> {
+        let in_catalog = self
+            .catalog
+            .current()
+            .get(&instance.service_type)
+            .is_some_and(|entry| entry.rollout == RolloutState::Halted);
+        if in_catalog {
+            return Ok(true);
+        }
+        let switches = self
+            .ports
+            .store
+            .rollouts()
+            .await
+            .map_err(|e| e.to_string())?;
+        Ok(switches.get(&instance.service_type) == Some(&RolloutState::Halted))
+    }
+
     async fn handle_locked(&self, task: &Task) -> Result<(), String> {
         let instance = self
             .ports
@@ -65,6 +86,18 @@ impl Worker {
                 state = %instance.state,
                 kind = task.kind.as_str(),
                 "task not run: the instance is deleting or deleted (T4)"
+            );
+            return Ok(());
+        }
+        if task.kind == TaskKind::Upgrade && self.rollout_halted(&instance).await? {
+            // C8: a halt stops what is waiting too. The upgrade was queued
+            // (or claimed) before the halt; once the rollout resumes, the
+            // planner plans it again.
+            tracing::info!(
+                instance = %instance.name,
+                service_type = %instance.service_type,
+                "upgrade not run: the rollout of {} is halted (C8)",
+                instance.service_type
             );
             return Ok(());
         }

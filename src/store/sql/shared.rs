@@ -715,6 +715,39 @@ macro_rules! impl_sql_store {
                     .map_err(db_error)
             }
 
+            async fn cancel_queued_task(
+                &self,
+                id: TaskId,
+                reason: &str,
+                now: Timestamp,
+            ) -> Result<bool, StoreError> {
+                sqlx::query(sql::CANCEL_QUEUED_TASK)
+                    .bind(id)
+                    .bind(reason)
+                    .bind(timestamp_to_us(now))
+                    .execute(&self.pool)
+                    .await
+                    .map(|done| done.rows_affected() == 1)
+                    .map_err(db_error)
+            }
+
+            async fn cancel_queued_upgrades(
+                &self,
+                service_type: &str,
+                reason: &str,
+                now: Timestamp,
+            ) -> Result<Vec<TaskId>, StoreError> {
+                let mut ids: Vec<TaskId> = sqlx::query_scalar(sql::CANCEL_QUEUED_UPGRADES)
+                    .bind(service_type)
+                    .bind(reason)
+                    .bind(timestamp_to_us(now))
+                    .fetch_all(&self.pool)
+                    .await
+                    .map_err(db_error)?;
+                ids.sort_unstable();
+                Ok(ids)
+            }
+
             async fn requeue_tasks_of(
                 &self,
                 prefix: &str,

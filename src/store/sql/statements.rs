@@ -166,6 +166,19 @@ pub const CANCEL_QUEUED_FOR_DELETION: &str = "UPDATE tasks \
      WHERE instance_id = $1 AND state = 'queued' AND kind <> 'deprovision' \
      RETURNING id";
 
+/// `stead task cancel`: a queued task only; a running one is never
+/// interrupted.
+pub const CANCEL_QUEUED_TASK: &str = "UPDATE tasks \
+     SET state = 'failed', last_error = $2, updated_at_us = $3 \
+     WHERE id = $1 AND state = 'queued'";
+
+/// C8: a halted rollout cancels its type's queued upgrades.
+pub const CANCEL_QUEUED_UPGRADES: &str = "UPDATE tasks \
+     SET state = 'failed', last_error = $2, updated_at_us = $3 \
+     WHERE state = 'queued' AND kind = 'upgrade' \
+       AND instance_id IN (SELECT id FROM instances WHERE service_type = $1) \
+     RETURNING id";
+
 /// `stead task list`: newest first; finished tasks only when `$1`.
 pub const LIST_TASKS: &str = "SELECT id, kind, instance_id, state, run_after_us, locked_by, \
      locked_at_us, attempts, reason, last_error, traceparent, created_at_us, updated_at_us \

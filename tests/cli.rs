@@ -813,3 +813,71 @@ async fn a_plain_delete_keeps_named_volumes_and_says_so_and_purge_asks_for_them(
         assert!(row.purge_volumes, "{name}");
     }
 }
+
+// --- the admin endpoints of a running daemon ---------------------------
+
+/// Bound on a daemon's start, and on its exit when it refuses to start.
+const DAEMON_START: Duration = Duration::from_secs(30);
+
+/// A loopback port nobody listens on (bound, then released).
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// `stead run` on `setup`'s config with its admin endpoints on `admin`.
+/// Docker and Caddy are pointed at addresses where nothing answers (a
+/// socket file nobody accepts on, a closed port), so the daemon touches no
+/// engine or proxy of the machine.
+fn spawn_run(setup: &Setup, admin: &str) -> std::process::Child {
+    let socket = setup.dir.path().join("no-docker.sock");
+    if !socket.exists() {
+        drop(std::os::unix::net::UnixListener::bind(&socket).unwrap());
+    }
+    let caddy = format!("127.0.0.1:{}", free_port());
+    command(
+        &["--config", setup.config.as_str(), "run"],
+        &[
+            ("STEAD_ADMIN_LISTEN", admin),
+            ("STEAD_DOCKER__SOCKET", socket.to_str().unwrap()),
+            ("STEAD_CADDY__ADMIN", &caddy),
+        ],
+    )
+    .stdout(Stdio::piped())
+    .stderr(Stdio::piped())
+    .spawn()
+    .expect("run stead")
+}
+
+#[test]
+fn run_refuses_to_start_when_another_process_holds_its_admin_port() {
+    let setup = Setup::new();
+    // Another local process took the port first: it would answer /healthz
+    // and /metrics in stead's name.
+    let squatter = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let admin = squatter.local_addr().unwrap().to_string();
+    let mut child = spawn_run(&setup, &admin);
+    let start = Instant::now();
+    while child.try_wait().unwrap().is_none() {
+        if start.elapsed() > DAEMON_START {
+            let _ = child.kill();
+            let out = child.wait_with_output().unwrap();
+            panic!(
+                "stead ran beside another process on its admin port:\n{}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let out = child.wait_with_output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(
+        stderr.contains(&format!("admin_listen = \"{admin}\": cannot listen"))
+            && stderr.contains("Address already in use"),
+        "{stderr}"
+    );
+}

@@ -28,11 +28,31 @@ struct AdminState {
     metrics: metrics_exporter_prometheus::PrometheusHandle,
 }
 
-/// Serves until `stop`. A bind failure is logged, not fatal: the loops
-/// matter more than their dashboards.
+/// The admin port could not be taken. Fatal at start: if another local
+/// process holds the port, it would answer `/healthz`, `/readyz` and
+/// `/metrics` in stead's name, so stead refuses to run beside it.
+#[derive(Debug, thiserror::Error)]
+#[error(
+    "admin_listen = \"{addr}\": cannot listen: {source}; another process may hold the port, \
+     and stead will not run while something else answers its health and metrics endpoints"
+)]
+pub struct AdminBindError {
+    pub addr: SocketAddr,
+    #[source]
+    pub source: std::io::Error,
+}
+
+/// Takes the admin port; [`serve`] then answers on it.
+pub async fn bind(addr: SocketAddr) -> Result<tokio::net::TcpListener, AdminBindError> {
+    tokio::net::TcpListener::bind(addr)
+        .await
+        .map_err(|source| AdminBindError { addr, source })
+}
+
+/// Serves on `listener` (from [`bind`]) until `stop`.
 pub async fn serve(
     daemon: Arc<Daemon>,
-    addr: SocketAddr,
+    listener: tokio::net::TcpListener,
     role: Role,
     mut stop: watch::Receiver<bool>,
 ) {
@@ -49,13 +69,10 @@ pub async fn serve(
         .route("/catalog", get(catalog))
         .route("/reload", axum::routing::post(reload))
         .with_state(state);
-    let listener = match tokio::net::TcpListener::bind(addr).await {
-        Ok(l) => l,
-        Err(e) => {
-            tracing::error!(%addr, error = %e, "admin endpoints not served");
-            return;
-        }
-    };
+    let addr = listener
+        .local_addr()
+        .map(|a| a.to_string())
+        .unwrap_or_default();
     tracing::info!(%addr, "admin endpoints: /metrics /healthz /readyz /status /catalog, POST /reload");
     let shutdown = async move {
         while !*stop.borrow() {

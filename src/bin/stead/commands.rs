@@ -77,7 +77,7 @@ async fn run(config: DaemonConfig, role: RoleArg, once: bool) -> Result<u8, CliE
         tracing::info!("signal received; shutting down");
         let _ = stop_tx.send(true);
     });
-    daemon.run(role, stop_rx).await;
+    daemon.run(role, stop_rx).await.map_err(|e| e.to_string())?;
     Ok(EXIT_OK)
 }
 

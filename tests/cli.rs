@@ -852,6 +852,52 @@ fn spawn_run(setup: &Setup, admin: &str) -> std::process::Child {
     .expect("run stead")
 }
 
+/// A running `stead run`, stopped (by its own process id) when dropped.
+struct RunningDaemon {
+    child: std::process::Child,
+    admin: String,
+}
+
+impl RunningDaemon {
+    fn start(setup: &Setup) -> Self {
+        let admin = format!("127.0.0.1:{}", free_port());
+        let child = spawn_run(setup, &admin);
+        let daemon = Self { child, admin };
+        let start = Instant::now();
+        while http(&daemon.admin, "GET /healthz HTTP/1.1\r\n\r\n").is_none() {
+            assert!(
+                start.elapsed() < DAEMON_START,
+                "the admin port never answered"
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        daemon
+    }
+}
+
+impl Drop for RunningDaemon {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// One HTTP/1.1 exchange on a fresh connection: the head of `request`
+/// (a request line and headers, each ending in CRLF, then an empty line)
+/// gets `Host` and `Connection: close` added. The whole answer, or `None`
+/// when nothing listens.
+fn http(addr: &str, request: &str) -> Option<String> {
+    use std::io::{Read, Write};
+    let mut stream = std::net::TcpStream::connect(addr).ok()?;
+    stream.set_read_timeout(Some(DAEMON_START)).unwrap();
+    let (line, rest) = request.split_once("\r\n").unwrap();
+    let full = format!("{line}\r\nHost: {addr}\r\nConnection: close\r\n{rest}");
+    stream.write_all(full.as_bytes()).ok()?;
+    let mut answer = String::new();
+    stream.read_to_string(&mut answer).ok()?;
+    Some(answer)
+}
+
 #[test]
 fn run_refuses_to_start_when_another_process_holds_its_admin_port() {
     let setup = Setup::new();
@@ -880,4 +926,34 @@ fn run_refuses_to_start_when_another_process_holds_its_admin_port() {
             && stderr.contains("Address already in use"),
         "{stderr}"
     );
+}
+
+#[test]
+fn reload_refuses_a_post_without_its_header_and_the_cli_sends_it() {
+    let setup = Setup::new();
+    let daemon = RunningDaemon::start(&setup);
+    // What a web page can make a browser send without a preflight.
+    let cross_site = http(
+        &daemon.admin,
+        "POST /reload HTTP/1.1\r\nOrigin: https://evil.example\r\n\
+         Content-Type: text/plain\r\nContent-Length: 0\r\n\r\n",
+    )
+    .expect("the daemon answers");
+    assert!(cross_site.starts_with("HTTP/1.1 403"), "{cross_site}");
+    assert!(
+        cross_site.contains("POST /reload needs the header x-stead-request: reload"),
+        "{cross_site}"
+    );
+    let asked = http(
+        &daemon.admin,
+        "POST /reload HTTP/1.1\r\nX-Stead-Request: reload\r\nContent-Length: 0\r\n\r\n",
+    )
+    .expect("the daemon answers");
+    assert!(asked.starts_with("HTTP/1.1 200"), "{asked}");
+    let run = stead(
+        &["--config", setup.config.as_str(), "reload"],
+        &[("STEAD_ADMIN_LISTEN", daemon.admin.as_str())],
+    );
+    assert_eq!(run.code, 0, "{}", run.text());
+    assert!(run.stdout.starts_with("reloaded "), "{}", run.text());
 }

@@ -5,6 +5,11 @@
 //! the status view with this daemon's budgets and loaded catalog),
 //! `/catalog` (the loaded catalog's versions) and `POST /reload` (`stead
 //! reload`: re-read the catalog file, as SIGHUP does).
+//!
+//! `POST /reload` changes the daemon, so it demands [`RELOAD_HEADER`]: a
+//! web page the operator's browser has open can send a "simple" POST to a
+//! loopback port without asking first, but it cannot add a custom header
+//! without a CORS preflight, which this server never answers.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -16,6 +21,11 @@ use axum::Router;
 use tokio::sync::watch;
 
 use super::{metrics_handle, Daemon, Role};
+
+/// The header (and its value) `POST /reload` requires; `stead reload`
+/// sends it. Any other caller gets 403.
+pub const RELOAD_HEADER: &str = "x-stead-request";
+pub const RELOAD_HEADER_VALUE: &str = "reload";
 
 /// A tick older than this many intervals (plus the instance deadline, which
 /// bounds one pass) means the loop is stuck.
@@ -204,7 +214,25 @@ pub struct ReloadAnswer {
 /// 422 with the error when the file was refused.
 async fn reload(
     State(state): State<AdminState>,
+    headers: axum::http::HeaderMap,
 ) -> (StatusCode, [(&'static str, &'static str); 1], String) {
+    let asked = headers.get(RELOAD_HEADER).is_some_and(|value| {
+        value
+            .as_bytes()
+            .eq_ignore_ascii_case(RELOAD_HEADER_VALUE.as_bytes())
+    });
+    if !asked {
+        tracing::warn!("POST /reload without {RELOAD_HEADER}: refused (403)");
+        return (
+            StatusCode::FORBIDDEN,
+            [("content-type", "text/plain")],
+            format!(
+                "POST /reload needs the header {RELOAD_HEADER}: {RELOAD_HEADER_VALUE} (a request \
+                 without it may come from a web page in a browser, so it is refused); `stead \
+                 reload` sends it\n"
+            ),
+        );
+    }
     let daemon = &state.daemon;
     let result = daemon.reload_catalog();
     let catalog = CatalogView::of(&daemon.config.catalog, &daemon.catalog.current());

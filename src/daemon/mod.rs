@@ -636,14 +636,39 @@ impl Daemon {
     }
 }
 
-/// The database URL without its password, for logs and status.
+/// Query parameters of a database URL whose value is a secret (libpq's
+/// and sqlx's spellings), compared without case.
+const SECRET_URL_PARAMETERS: [&str; 4] = ["password", "sslpassword", "pass", "pwd"];
+
+/// The database URL without its passwords, for logs and status: the user
+/// information (`user:pass@`) and the value of every password parameter
+/// of the query (`?password=…`). When in doubt it hides too much: an `@`
+/// in a query value hides everything before it.
 pub fn redact(url: &str) -> String {
-    match (url.find("://"), url.rfind('@')) {
+    let (head, rest) = match (url.find("://"), url.rfind('@')) {
         (Some(scheme_end), Some(at)) if at > scheme_end => {
-            format!("{}://…@{}", &url[..scheme_end], &url[at + 1..])
+            (format!("{}://…@", &url[..scheme_end]), &url[at + 1..])
         }
-        _ => url.to_owned(),
-    }
+        _ => (String::new(), url),
+    };
+    let Some((path, query)) = rest.split_once('?') else {
+        return format!("{head}{rest}");
+    };
+    let query = query
+        .split('&')
+        .map(|pair| match pair.split_once('=') {
+            Some((key, _))
+                if SECRET_URL_PARAMETERS
+                    .iter()
+                    .any(|secret| key.eq_ignore_ascii_case(secret)) =>
+            {
+                format!("{key}=…")
+            }
+            _ => pair.to_owned(),
+        })
+        .collect::<Vec<_>>()
+        .join("&");
+    format!("{head}{path}?{query}")
 }
 
 /// The seed of trace ids; drawn from the OS (the simulation passes its own).
@@ -661,6 +686,43 @@ mod tests {
     use std::time::Duration;
 
     use super::*;
+
+    #[test]
+    fn redact_hides_passwords_in_the_user_information_and_the_query() {
+        for (url, shown) in [
+            (
+                "postgres://stead:hunter2@db.example/stead",
+                "postgres://…@db.example/stead",
+            ),
+            (
+                "postgres://host/db?password=secret&sslmode=require",
+                "postgres://host/db?password=…&sslmode=require",
+            ),
+            (
+                "postgres://host/db?user=x&password=y",
+                "postgres://host/db?user=x&password=…",
+            ),
+            (
+                "postgres://u:p@host/db?sslmode=require&PassWord=y&sslpassword=z",
+                "postgres://…@host/db?sslmode=require&PassWord=…&sslpassword=…",
+            ),
+            (
+                "sqlite:///var/lib/stead/stead.db?mode=rwc",
+                "sqlite:///var/lib/stead/stead.db?mode=rwc",
+            ),
+        ] {
+            assert_eq!(redact(url), shown, "{url}");
+        }
+    }
+
+    #[test]
+    fn redact_never_shows_a_query_password_holding_an_at_sign() {
+        let shown = redact("postgres://host/db?password=a@b&sslmode=require");
+        assert!(
+            !shown.contains("a@b") && !shown.contains("password=a"),
+            "{shown}"
+        );
+    }
 
     /// Bound on a test's wait for supervision to end; it ends at once.
     const SUPERVISE_WAIT: Duration = Duration::from_secs(5);

@@ -569,3 +569,59 @@ async fn a_route_is_found_by_its_id_url_exactly_while_it_is_published() {
     f.traffic.withdraw(&shop).await.expect("withdraw");
     assert_eq!(status(shop).await.as_u16(), 404);
 }
+
+/// A fake Caddy admin API that answers every request with 200 and a
+/// chunked body of `len` bytes (no length announced), then closes.
+async fn oversized_admin(len: usize) -> String {
+    let listener = TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind fake admin");
+    let addr = listener.local_addr().unwrap().to_string();
+    tokio::spawn(async move {
+        while let Ok((mut stream, _)) = listener.accept().await {
+            tokio::spawn(async move {
+                let mut buffer = [0u8; 4096];
+                let _ = stream.read(&mut buffer).await;
+                let head = "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\n\
+                            transfer-encoding: chunked\r\nconnection: close\r\n\r\n";
+                if stream.write_all(head.as_bytes()).await.is_err() {
+                    return;
+                }
+                let chunk = vec![b' '; 1024 * 1024];
+                let mut sent = 0;
+                while sent < len {
+                    let n = chunk.len().min(len - sent);
+                    let framed = [format!("{n:x}\r\n").as_bytes(), &chunk[..n], b"\r\n"].concat();
+                    if stream.write_all(&framed).await.is_err() {
+                        return; // the client stopped reading: what the bound is for
+                    }
+                    sent += n;
+                }
+                let _ = stream.write_all(b"0\r\n\r\n").await;
+            });
+        }
+    });
+    addr
+}
+
+#[tokio::test]
+async fn an_oversized_admin_answer_is_refused_naming_the_call_and_the_bound() {
+    use stead::adapters::caddy::CADDY_ANSWER_LEN_MAX;
+    let admin = oversized_admin(CADDY_ANSWER_LEN_MAX + 1024 * 1024).await;
+    let traffic = CaddyTraffic::new(CaddyConfig {
+        admin_addr: admin,
+        ..CaddyConfig::default()
+    })
+    .expect("client");
+    let Err(TrafficError::Rejected(message)) = traffic.routes().await else {
+        panic!("an answer over the bound must be refused");
+    };
+    assert!(
+        message.starts_with("caddy GET /config/apps/http/servers/")
+            && message.ends_with(&format!(
+                "the answer is larger than {CADDY_ANSWER_LEN_MAX} bytes, the most stead reads \
+                 from Caddy's admin API"
+            )),
+        "{message}"
+    );
+}

@@ -813,3 +813,147 @@ async fn a_plain_delete_keeps_named_volumes_and_says_so_and_purge_asks_for_them(
         assert!(row.purge_volumes, "{name}");
     }
 }
+
+// --- the admin endpoints of a running daemon ---------------------------
+
+/// Bound on a daemon's start, and on its exit when it refuses to start.
+const DAEMON_START: Duration = Duration::from_secs(30);
+
+/// A loopback port nobody listens on (bound, then released).
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// `stead run` on `setup`'s config with its admin endpoints on `admin`.
+/// Docker and Caddy are pointed at addresses where nothing answers (a
+/// socket file nobody accepts on, a closed port), so the daemon touches no
+/// engine or proxy of the machine.
+fn spawn_run(setup: &Setup, admin: &str) -> std::process::Child {
+    let socket = setup.dir.path().join("no-docker.sock");
+    if !socket.exists() {
+        drop(std::os::unix::net::UnixListener::bind(&socket).unwrap());
+    }
+    let caddy = format!("127.0.0.1:{}", free_port());
+    command(
+        &["--config", setup.config.as_str(), "run"],
+        &[
+            ("STEAD_ADMIN_LISTEN", admin),
+            ("STEAD_DOCKER__SOCKET", socket.to_str().unwrap()),
+            ("STEAD_CADDY__ADMIN", &caddy),
+        ],
+    )
+    .stdout(Stdio::piped())
+    .stderr(Stdio::piped())
+    .spawn()
+    .expect("run stead")
+}
+
+/// A running `stead run`, stopped (by its own process id) when dropped.
+struct RunningDaemon {
+    child: std::process::Child,
+    admin: String,
+}
+
+impl RunningDaemon {
+    fn start(setup: &Setup) -> Self {
+        let admin = format!("127.0.0.1:{}", free_port());
+        let child = spawn_run(setup, &admin);
+        let daemon = Self { child, admin };
+        let start = Instant::now();
+        while http(&daemon.admin, "GET /healthz HTTP/1.1\r\n\r\n").is_none() {
+            assert!(
+                start.elapsed() < DAEMON_START,
+                "the admin port never answered"
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        daemon
+    }
+}
+
+impl Drop for RunningDaemon {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// One HTTP/1.1 exchange on a fresh connection: the head of `request`
+/// (a request line and headers, each ending in CRLF, then an empty line)
+/// gets `Host` and `Connection: close` added. The whole answer, or `None`
+/// when nothing listens.
+fn http(addr: &str, request: &str) -> Option<String> {
+    use std::io::{Read, Write};
+    let mut stream = std::net::TcpStream::connect(addr).ok()?;
+    stream.set_read_timeout(Some(DAEMON_START)).unwrap();
+    let (line, rest) = request.split_once("\r\n").unwrap();
+    let full = format!("{line}\r\nHost: {addr}\r\nConnection: close\r\n{rest}");
+    stream.write_all(full.as_bytes()).ok()?;
+    let mut answer = String::new();
+    stream.read_to_string(&mut answer).ok()?;
+    Some(answer)
+}
+
+#[test]
+fn run_refuses_to_start_when_another_process_holds_its_admin_port() {
+    let setup = Setup::new();
+    // Another local process took the port first: it would answer /healthz
+    // and /metrics in stead's name.
+    let squatter = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let admin = squatter.local_addr().unwrap().to_string();
+    let mut child = spawn_run(&setup, &admin);
+    let start = Instant::now();
+    while child.try_wait().unwrap().is_none() {
+        if start.elapsed() > DAEMON_START {
+            let _ = child.kill();
+            let out = child.wait_with_output().unwrap();
+            panic!(
+                "stead ran beside another process on its admin port:\n{}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let out = child.wait_with_output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(
+        stderr.contains(&format!("admin_listen = \"{admin}\": cannot listen"))
+            && stderr.contains("Address already in use"),
+        "{stderr}"
+    );
+}
+
+#[test]
+fn reload_refuses_a_post_without_its_header_and_the_cli_sends_it() {
+    let setup = Setup::new();
+    let daemon = RunningDaemon::start(&setup);
+    // What a web page can make a browser send without a preflight.
+    let cross_site = http(
+        &daemon.admin,
+        "POST /reload HTTP/1.1\r\nOrigin: https://evil.example\r\n\
+         Content-Type: text/plain\r\nContent-Length: 0\r\n\r\n",
+    )
+    .expect("the daemon answers");
+    assert!(cross_site.starts_with("HTTP/1.1 403"), "{cross_site}");
+    assert!(
+        cross_site.contains("POST /reload needs the header x-stead-request: reload"),
+        "{cross_site}"
+    );
+    let asked = http(
+        &daemon.admin,
+        "POST /reload HTTP/1.1\r\nX-Stead-Request: reload\r\nContent-Length: 0\r\n\r\n",
+    )
+    .expect("the daemon answers");
+    assert!(asked.starts_with("HTTP/1.1 200"), "{asked}");
+    let run = stead(
+        &["--config", setup.config.as_str(), "reload"],
+        &[("STEAD_ADMIN_LISTEN", daemon.admin.as_str())],
+    );
+    assert_eq!(run.code, 0, "{}", run.text());
+    assert!(run.stdout.starts_with("reloaded "), "{}", run.text());
+}

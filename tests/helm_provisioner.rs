@@ -504,3 +504,33 @@ async fn a_missing_helm_binary_is_a_clear_error() {
     assert!(error.to_string().contains("cannot run"), "{error}");
     assert!(error.to_string().contains("no-such-helm"), "{error}");
 }
+
+#[tokio::test]
+async fn an_oversized_helm_output_is_refused_naming_the_command_and_the_bound() {
+    use stead::adapters::helm::HELM_STDOUT_LEN_MAX;
+    let fake = FakeHelm::new();
+    // A helm (or something posing as it) that prints more than stead reads.
+    let script = fake.dir.path().join("helm-chatty");
+    std::fs::write(
+        &script,
+        format!(
+            "#!/bin/sh\nexec head -c {} /dev/zero\n",
+            HELM_STDOUT_LEN_MAX + 1024 * 1024
+        ),
+    )
+    .unwrap();
+    std::fs::set_permissions(&script, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    let helm = HelmProvisioner::new(HelmConfig {
+        helm_path: script,
+        ..fake.config(&[])
+    })
+    .unwrap();
+    let error = helm.list_releases().await.unwrap_err();
+    assert_eq!(
+        error.to_string(),
+        format!(
+            "provisioner: list of releases: helm list: standard output: is larger than \
+             {HELM_STDOUT_LEN_MAX} bytes, the most stead reads from helm; helm was killed"
+        )
+    );
+}

@@ -55,6 +55,11 @@ pub const DEFAULT_LISTEN_ADDR: &str = crate::config::daemon::DEFAULT_CADDY_LISTE
 
 /// Upper bound on the bytes of Caddy's answer quoted in an error.
 const BODY_EXCERPT_LEN_MAX: usize = 300;
+/// The most of one Caddy admin API answer stead reads. The largest it
+/// asks for is stead's routes array, a few hundred bytes per route, so
+/// this holds well over 100,000 routes; a larger answer is not Caddy's
+/// (or not sane) and is refused rather than buffered.
+pub const CADDY_ANSWER_LEN_MAX: usize = 64 * 1024 * 1024;
 /// Retries of a refused admin connection (50 ms doubling: 3.1 s in all).
 const ADMIN_CONNECT_RETRIES_MAX: u32 = 6;
 /// Attempts of one batched write: a write refused because the routes
@@ -459,10 +464,7 @@ impl CaddyTraffic {
     async fn read(&self, path: &str) -> Result<Option<Current>, TrafficError> {
         let response = self.send(Method::GET, path, None, None).await?;
         let status = response.status();
-        let body = response
-            .bytes()
-            .await
-            .map_err(|e| TrafficError::Unreachable(format!("caddy GET {path}: read body: {e}")))?;
+        let body = read_answer(response, &Method::GET, path).await?;
         match status {
             s if s.is_success() => {}
             StatusCode::BAD_REQUEST | StatusCode::NOT_FOUND => return Ok(None),
@@ -511,7 +513,8 @@ impl CaddyTraffic {
         if status.is_success() {
             return Ok(Written::Done);
         }
-        let text = response.text().await.unwrap_or_default();
+        let body = read_answer(response, &method, path).await?;
+        let text = String::from_utf8_lossy(&body);
         let e = error(method.as_str(), path, status, &text);
         if status == StatusCode::PRECONDITION_FAILED {
             return Ok(Written::Stale(e));
@@ -555,6 +558,40 @@ impl CaddyTraffic {
             }
         }
     }
+}
+
+/// Reads the body of one admin API answer, at most
+/// [`CADDY_ANSWER_LEN_MAX`] bytes whatever it claims: a larger one is
+/// refused naming the call and the bound, before or while it is read.
+async fn read_answer(
+    mut response: reqwest::Response,
+    method: &Method,
+    path: &str,
+) -> Result<Vec<u8>, TrafficError> {
+    let too_large = || {
+        TrafficError::Rejected(format!(
+            "caddy {method} {path}: the answer is larger than {CADDY_ANSWER_LEN_MAX} bytes, \
+             the most stead reads from Caddy's admin API"
+        ))
+    };
+    if response
+        .content_length()
+        .is_some_and(|len| len > CADDY_ANSWER_LEN_MAX as u64)
+    {
+        return Err(too_large());
+    }
+    let mut body = Vec::new();
+    while let Some(chunk) = response
+        .chunk()
+        .await
+        .map_err(|e| TrafficError::Unreachable(format!("caddy {method} {path}: read body: {e}")))?
+    {
+        if body.len() + chunk.len() > CADDY_ANSWER_LEN_MAX {
+            return Err(too_large());
+        }
+        body.extend_from_slice(&chunk);
+    }
+    Ok(body)
 }
 
 /// A config value as read, with the ETag that guards a write of it.

@@ -4,8 +4,9 @@
 //! Helm runs as a subprocess with an argument vector, never through a shell,
 //! with a clean environment (`PATH`, `HOME`, `KUBECONFIG`, `HELM_*` and the
 //! names the config passes, nothing else of the daemon's: the database
-//! password stays in the daemon), and every call has a timeout after which
-//! the process is killed. Release names, chart, namespace and version are
+//! password stays in the daemon), every call has a timeout after which
+//! the process is killed, and its output a bound ([`HELM_STDOUT_LEN_MAX`])
+//! past which it is killed too. Release names, chart, namespace and version are
 //! checked before they reach helm's command line, so no value can pose as a
 //! flag; values go to helm on its standard input, never on disk.
 //!
@@ -23,7 +24,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use serde::Deserialize;
-use tokio::io::AsyncWriteExt;
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
 use tokio::process::Command;
 
 use crate::core::names;
@@ -35,6 +36,16 @@ use crate::ports::{
 
 /// Helm's own limit on release names.
 pub const RELEASE_NAME_LEN_MAX: usize = names::INSTANCE_NAME_LEN_MAX;
+
+/// The most of helm's standard output stead reads from one call. The
+/// largest is `helm list -o json` over every release, a few hundred bytes
+/// each, so this holds over 100,000 releases; a helm that says more is
+/// killed and the call fails naming the command and the bound.
+pub const HELM_STDOUT_LEN_MAX: usize = 32 * 1024 * 1024;
+/// The most of helm's standard error kept (it is only quoted and searched
+/// for helm's own "not found"); the rest is read and dropped, so helm
+/// never blocks on a full pipe.
+pub const HELM_STDERR_LEN_MAX: usize = 1024 * 1024;
 
 /// Upper bound on the bytes of helm's output quoted in an error.
 const OUTPUT_EXCERPT_LEN_MAX: usize = 400;
@@ -202,15 +213,39 @@ impl HelmProvisioner {
             ))
         })?;
         let limit = self.config.call_timeout();
+        let (stdout_pipe, stderr_pipe) = match (child.stdout.take(), child.stderr.take()) {
+            (Some(stdout), Some(stderr)) => (stdout, stderr),
+            _ => unreachable!("both pipes are set up above"),
+        };
         let output = tokio::time::timeout(limit, async {
-            if let (Some(input), Some(mut pipe)) = (stdin, child.stdin.take()) {
-                // Dropped after writing: helm reads to the end of input. A
-                // helm that failed before reading closes the pipe; its exit
-                // status and stderr say why, so the write's error is not
-                // the story.
-                let _ = pipe.write_all(input).await;
-            }
-            child.wait_with_output().await
+            let write_stdin = async {
+                if let (Some(input), Some(mut pipe)) = (stdin, child.stdin.take()) {
+                    // Dropped after writing: helm reads to the end of
+                    // input. A helm that failed before reading closes the
+                    // pipe; its exit status and stderr say why, so the
+                    // write's error is not the story.
+                    let _ = pipe.write_all(input).await;
+                }
+                Ok::<(), HelmFailure>(())
+            };
+            let read_stdout = async {
+                read_at_most(stdout_pipe, HELM_STDOUT_LEN_MAX)
+                    .await
+                    .map_err(|e| HelmFailure::Other(format!("{what}: standard output: {e}")))
+            };
+            let read_stderr = async {
+                read_keeping(stderr_pipe, HELM_STDERR_LEN_MAX)
+                    .await
+                    .map_err(|e| HelmFailure::Other(format!("{what}: standard error: {e}")))
+            };
+            // The first failure (an output over its bound) ends the call;
+            // `child` is then dropped, which kills helm.
+            let ((), stdout, stderr) = tokio::try_join!(write_stdin, read_stdout, read_stderr)?;
+            let status = child
+                .wait()
+                .await
+                .map_err(|e| HelmFailure::Other(format!("{what}: {e}")))?;
+            Ok::<_, HelmFailure>((status, stdout, stderr))
         })
         .await
         .map_err(|_| {
@@ -218,16 +253,16 @@ impl HelmProvisioner {
                 "{what}: killed after the call timeout of {limit:?} (helm's wait of {:?} plus {:?})",
                 self.config.wait_timeout, self.config.kill_margin
             ))
-        })?
-        .map_err(|e| HelmFailure::Other(format!("{what}: {e}")))?;
-        let stdout = String::from_utf8_lossy(&output.stdout).into_owned();
-        if output.status.success() {
+        })?;
+        let (status, stdout, stderr) = output?;
+        let stdout = String::from_utf8_lossy(&stdout).into_owned();
+        if status.success() {
             return Ok(stdout);
         }
-        let stderr = String::from_utf8_lossy(&output.stderr);
+        let stderr = String::from_utf8_lossy(&stderr);
         Err(HelmFailure::Exit {
             stderr: stderr.to_string(),
-            message: format!("{what}: {}: {}", output.status, excerpt(&stderr)),
+            message: format!("{what}: {status}: {}", excerpt(&stderr)),
         })
     }
 
@@ -265,6 +300,42 @@ impl HelmProvisioner {
             ))
         })
     }
+}
+
+/// Why a helm output pipe could not be read.
+#[derive(Debug, thiserror::Error)]
+enum PipeError {
+    #[error("is larger than {len_max} bytes, the most stead reads from helm; helm was killed")]
+    TooLarge { len_max: usize },
+    #[error("cannot read: {0}")]
+    Read(#[from] std::io::Error),
+}
+
+/// Reads `pipe` to its end, failing as soon as it holds more than
+/// `len_max` bytes.
+async fn read_at_most(pipe: impl AsyncRead + Unpin, len_max: usize) -> Result<Vec<u8>, PipeError> {
+    let mut bytes = Vec::new();
+    pipe.take(len_max as u64 + 1)
+        .read_to_end(&mut bytes)
+        .await?;
+    if bytes.len() > len_max {
+        return Err(PipeError::TooLarge { len_max });
+    }
+    Ok(bytes)
+}
+
+/// Reads `pipe` to its end, keeping its first `len_max` bytes.
+async fn read_keeping(
+    mut pipe: impl AsyncRead + Unpin,
+    len_max: usize,
+) -> Result<Vec<u8>, PipeError> {
+    let mut bytes = Vec::new();
+    (&mut pipe)
+        .take(len_max as u64)
+        .read_to_end(&mut bytes)
+        .await?;
+    tokio::io::copy(&mut pipe, &mut tokio::io::sink()).await?;
+    Ok(bytes)
 }
 
 /// How a helm call failed: a non-zero exit (with helm's stderr, which the

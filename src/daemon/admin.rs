@@ -5,34 +5,120 @@
 //! the status view with this daemon's budgets and loaded catalog),
 //! `/catalog` (the loaded catalog's versions) and `POST /reload` (`stead
 //! reload`: re-read the catalog file, as SIGHUP does).
+//!
+//! `POST /reload` changes the daemon, so it demands [`RELOAD_HEADER`]: a
+//! web page the operator's browser has open can send a "simple" POST to a
+//! loopback port without asking first, but it cannot add a custom header
+//! without a CORS preflight, which this server never answers.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
+use std::time::Duration;
 
 use axum::extract::State;
 use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use axum::Router;
-use tokio::sync::watch;
+use tokio::sync::{watch, Semaphore};
 
 use super::{metrics_handle, Daemon, Role};
+
+/// The header (and its value) `POST /reload` requires; `stead reload`
+/// sends it. Any other caller gets 403.
+pub const RELOAD_HEADER: &str = "x-stead-request";
+pub const RELOAD_HEADER_VALUE: &str = "reload";
 
 /// A tick older than this many intervals (plus the instance deadline, which
 /// bounds one pass) means the loop is stuck.
 const STALE_TICK_INTERVALS: u32 = 3;
+
+/// At most this many `/status` answers are rendered at once. A render
+/// reads every instance, task and inhibition from the store; one at a time
+/// serves an operator, and a loop of requests then holds at most one of
+/// the store's connections, never the pool the tick needs.
+pub const STATUS_CONCURRENT_MAX: usize = 1;
+/// A `/status` render that takes longer is abandoned with 503 (a hung
+/// runtime or Caddy must not hold the permit).
+pub const STATUS_TIMEOUT: Duration = Duration::from_secs(10);
+/// `Retry-After` of a `/status` refused because another render runs.
+pub const STATUS_RETRY_AFTER_S: u64 = 1;
+
+/// Why a gated request was not served.
+#[derive(Debug, PartialEq, Eq, thiserror::Error)]
+pub enum GateRefusal {
+    #[error("busy: {concurrent_max} request(s) of this kind already running")]
+    Busy { concurrent_max: usize },
+    #[error("took longer than {timeout_ms} ms; abandoned")]
+    TimedOut { timeout_ms: u128 },
+}
+
+/// Bounds an expensive endpoint: at most `concurrent_max` requests run at
+/// once (the others are refused at once, never queued), each for at most
+/// `timeout`.
+#[derive(Clone, Debug)]
+pub struct Gate {
+    permits: Arc<Semaphore>,
+    concurrent_max: usize,
+    timeout: Duration,
+}
+
+impl Gate {
+    pub fn new(concurrent_max: usize, timeout: Duration) -> Self {
+        assert!(concurrent_max > 0, "a gate that admits nothing");
+        Self {
+            permits: Arc::new(Semaphore::new(concurrent_max)),
+            concurrent_max,
+            timeout,
+        }
+    }
+
+    /// Runs `work` if a permit is free, within the timeout.
+    pub async fn run<F: std::future::Future>(&self, work: F) -> Result<F::Output, GateRefusal> {
+        let _permit = self.permits.try_acquire().map_err(|_| GateRefusal::Busy {
+            concurrent_max: self.concurrent_max,
+        })?;
+        tokio::time::timeout(self.timeout, work)
+            .await
+            .map_err(|_| GateRefusal::TimedOut {
+                timeout_ms: self.timeout.as_millis(),
+            })
+    }
+}
 
 #[derive(Clone)]
 struct AdminState {
     daemon: Arc<Daemon>,
     role: Role,
     metrics: metrics_exporter_prometheus::PrometheusHandle,
+    status_gate: Gate,
 }
 
-/// Serves until `stop`. A bind failure is logged, not fatal: the loops
-/// matter more than their dashboards.
+/// The admin port could not be taken. Fatal at start: if another local
+/// process holds the port, it would answer `/healthz`, `/readyz` and
+/// `/metrics` in stead's name, so stead refuses to run beside it.
+#[derive(Debug, thiserror::Error)]
+#[error(
+    "admin_listen = \"{addr}\": cannot listen: {source}; another process may hold the port, \
+     and stead will not run while something else answers its health and metrics endpoints"
+)]
+pub struct AdminBindError {
+    pub addr: SocketAddr,
+    #[source]
+    pub source: std::io::Error,
+}
+
+/// Takes the admin port; [`serve`] then answers on it.
+pub async fn bind(addr: SocketAddr) -> Result<tokio::net::TcpListener, AdminBindError> {
+    tokio::net::TcpListener::bind(addr)
+        .await
+        .map_err(|source| AdminBindError { addr, source })
+}
+
+/// Serves on `listener` (from [`bind`]) until `stop`.
 pub async fn serve(
     daemon: Arc<Daemon>,
-    addr: SocketAddr,
+    listener: tokio::net::TcpListener,
     role: Role,
     mut stop: watch::Receiver<bool>,
 ) {
@@ -40,6 +126,7 @@ pub async fn serve(
         daemon,
         role,
         metrics: metrics_handle(),
+        status_gate: Gate::new(STATUS_CONCURRENT_MAX, STATUS_TIMEOUT),
     };
     let app = Router::new()
         .route("/metrics", get(metrics))
@@ -49,13 +136,10 @@ pub async fn serve(
         .route("/catalog", get(catalog))
         .route("/reload", axum::routing::post(reload))
         .with_state(state);
-    let listener = match tokio::net::TcpListener::bind(addr).await {
-        Ok(l) => l,
-        Err(e) => {
-            tracing::error!(%addr, error = %e, "admin endpoints not served");
-            return;
-        }
-    };
+    let addr = listener
+        .local_addr()
+        .map(|a| a.to_string())
+        .unwrap_or_default();
     tracing::info!(%addr, "admin endpoints: /metrics /healthz /readyz /status /catalog, POST /reload");
     let shutdown = async move {
         while !*stop.borrow() {
@@ -124,11 +208,24 @@ async fn readyz(State(state): State<AdminState>) -> (StatusCode, String) {
 }
 
 /// The status view with live budgets and the loaded catalog, for `stead
-/// status --live` (JSON).
-async fn status(
-    State(state): State<AdminState>,
-) -> (StatusCode, [(&'static str, &'static str); 1], String) {
-    let daemon = &state.daemon;
+/// status --live` (JSON); through the status gate, else 503 with
+/// `Retry-After`.
+async fn status(State(state): State<AdminState>) -> Response {
+    match state.status_gate.run(render_status(&state.daemon)).await {
+        Ok(answer) => answer.into_response(),
+        Err(refusal) => (
+            StatusCode::SERVICE_UNAVAILABLE,
+            [
+                ("retry-after", STATUS_RETRY_AFTER_S.to_string()),
+                ("content-type", "text/plain".to_owned()),
+            ],
+            format!("/status: {refusal}\n"),
+        )
+            .into_response(),
+    }
+}
+
+async fn render_status(daemon: &Daemon) -> (StatusCode, [(&'static str, &'static str); 1], String) {
     let memory = daemon.recoverer.memory();
     let catalog = daemon.catalog.current();
     let status = super::status::status(super::status::StatusSources {
@@ -187,7 +284,25 @@ pub struct ReloadAnswer {
 /// 422 with the error when the file was refused.
 async fn reload(
     State(state): State<AdminState>,
+    headers: axum::http::HeaderMap,
 ) -> (StatusCode, [(&'static str, &'static str); 1], String) {
+    let asked = headers.get(RELOAD_HEADER).is_some_and(|value| {
+        value
+            .as_bytes()
+            .eq_ignore_ascii_case(RELOAD_HEADER_VALUE.as_bytes())
+    });
+    if !asked {
+        tracing::warn!("POST /reload without {RELOAD_HEADER}: refused (403)");
+        return (
+            StatusCode::FORBIDDEN,
+            [("content-type", "text/plain")],
+            format!(
+                "POST /reload needs the header {RELOAD_HEADER}: {RELOAD_HEADER_VALUE} (a request \
+                 without it may come from a web page in a browser, so it is refused); `stead \
+                 reload` sends it\n"
+            ),
+        );
+    }
     let daemon = &state.daemon;
     let result = daemon.reload_catalog();
     let catalog = CatalogView::of(&daemon.config.catalog, &daemon.catalog.current());
@@ -223,5 +338,81 @@ fn json(
             [("content-type", "text/plain")],
             format!("cannot serialise: {e}\n"),
         ),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    use super::*;
+
+    /// A render as slow as a loaded store: counts how many run at once.
+    async fn slow_render(running: Arc<AtomicUsize>, peak: Arc<AtomicUsize>, len: Duration) {
+        let now = running.fetch_add(1, Ordering::SeqCst) + 1;
+        peak.fetch_max(now, Ordering::SeqCst);
+        tokio::time::sleep(len).await;
+        running.fetch_sub(1, Ordering::SeqCst);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_burst_of_status_requests_runs_one_render_and_refuses_the_rest_at_once() {
+        let gate = Gate::new(STATUS_CONCURRENT_MAX, STATUS_TIMEOUT);
+        let (running, peak) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
+        let start = tokio::time::Instant::now();
+        let requests: Vec<_> = (0..32)
+            .map(|_| {
+                let (gate, running, peak) = (gate.clone(), running.clone(), peak.clone());
+                tokio::spawn(async move {
+                    let answer = gate
+                        .run(slow_render(running, peak, Duration::from_secs(2)))
+                        .await;
+                    (answer, start.elapsed())
+                })
+            })
+            .collect();
+        let mut served = 0;
+        for request in requests {
+            let (answer, took) = request.await.expect("no panic");
+            match answer {
+                Ok(()) => served += 1,
+                Err(refusal) => {
+                    assert_eq!(
+                        refusal,
+                        GateRefusal::Busy {
+                            concurrent_max: STATUS_CONCURRENT_MAX
+                        }
+                    );
+                    assert_eq!(took, Duration::ZERO, "a refusal never waits");
+                }
+            }
+        }
+        assert_eq!(served, STATUS_CONCURRENT_MAX);
+        assert_eq!(peak.load(Ordering::SeqCst), STATUS_CONCURRENT_MAX);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_hung_status_render_is_abandoned_at_the_timeout_and_frees_its_permit() {
+        let gate = Gate::new(STATUS_CONCURRENT_MAX, STATUS_TIMEOUT);
+        let (running, peak) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
+        let start = tokio::time::Instant::now();
+        let hung = gate
+            .run(slow_render(
+                running.clone(),
+                peak.clone(),
+                Duration::from_secs(3600),
+            ))
+            .await;
+        assert_eq!(
+            hung,
+            Err(GateRefusal::TimedOut {
+                timeout_ms: STATUS_TIMEOUT.as_millis()
+            })
+        );
+        assert_eq!(start.elapsed(), STATUS_TIMEOUT);
+        let next = gate
+            .run(slow_render(running, peak, Duration::from_millis(10)))
+            .await;
+        assert_eq!(next, Ok(()));
     }
 }

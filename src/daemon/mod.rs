@@ -90,6 +90,110 @@ pub enum DaemonError {
     Store(#[from] crate::ports::StoreError),
     #[error("{0}")]
     Setup(String),
+    #[error(transparent)]
+    AdminBind(#[from] admin::AdminBindError),
+    #[error(transparent)]
+    TaskPanicked(#[from] TaskPanicked),
+}
+
+/// A loop of the daemon panicked: a bug, after which the process cannot be
+/// trusted to keep its promises (a dead reconciler ticks no more, a dead
+/// worker claims no more). The daemon exits non-zero so that its service
+/// manager restarts it, rather than run on without the loop.
+#[derive(Debug, thiserror::Error)]
+#[error(
+    "the daemon's {task} task panicked ({message}); stopping so the service manager restarts stead"
+)]
+pub struct TaskPanicked {
+    /// The task's name: `reconciler`, `worker w0`, `admin`, ….
+    pub task: String,
+    /// The panic's message, when it was a string.
+    pub message: String,
+}
+
+/// The daemon's loops, each with a name for the error that ends the
+/// process when one of them panics.
+#[derive(Default)]
+pub struct Tasks {
+    set: tokio::task::JoinSet<()>,
+    names: std::collections::HashMap<tokio::task::Id, String>,
+}
+
+impl Tasks {
+    pub fn spawn(
+        &mut self,
+        name: impl Into<String>,
+        task: impl std::future::Future<Output = ()> + Send + 'static,
+    ) {
+        let handle = self.set.spawn(task);
+        self.names.insert(handle.id(), name.into());
+    }
+
+    pub fn len(&self) -> usize {
+        self.set.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.set.is_empty()
+    }
+
+    /// Waits until `stop` turns true. A task that returns before is
+    /// fine (the admin server after an accept error, say); a task that
+    /// panics ends the wait at once with its name and message.
+    pub async fn supervise(&mut self, mut stop: watch::Receiver<bool>) -> Result<(), TaskPanicked> {
+        loop {
+            if *stop.borrow() {
+                return Ok(());
+            }
+            tokio::select! {
+                changed = stop.changed() => {
+                    if changed.is_err() {
+                        return Ok(());
+                    }
+                }
+                Some(joined) = self.set.join_next(), if !self.set.is_empty() => {
+                    if let Err(error) = joined {
+                        self.panicked(error)?;
+                    }
+                }
+            }
+        }
+    }
+
+    /// Waits for every task to end; a panic among them is an error, as
+    /// in [`Tasks::supervise`].
+    pub async fn drain(&mut self) -> Result<(), TaskPanicked> {
+        while let Some(joined) = self.set.join_next().await {
+            if let Err(error) = joined {
+                self.panicked(error)?;
+            }
+        }
+        Ok(())
+    }
+
+    pub fn abort_all(&mut self) {
+        self.set.abort_all();
+    }
+
+    /// A cancelled task is no failure (only `abort_all` cancels); a
+    /// panicked one is.
+    fn panicked(&self, error: tokio::task::JoinError) -> Result<(), TaskPanicked> {
+        if !error.is_panic() {
+            return Ok(());
+        }
+        let task = self
+            .names
+            .get(&error.id())
+            .cloned()
+            .unwrap_or_else(|| "unnamed".to_owned());
+        let panic = error.into_panic();
+        let message = panic
+            .downcast_ref::<&str>()
+            .map(|s| (*s).to_owned())
+            .or_else(|| panic.downcast_ref::<String>().cloned())
+            .unwrap_or_else(|| "no message".to_owned());
+        Err(TaskPanicked { task, message })
+    }
 }
 
 /// Grants checks (R11): the catalog is the grant list. An instance may run
@@ -478,13 +582,27 @@ impl Daemon {
     /// within `shutdown_grace`: loops stop claiming, in-flight handlers may
     /// finish; what is still running after the bound is abandoned, and its
     /// task lease expires and requeues it (C6).
-    pub async fn run(self: &Arc<Self>, role: Role, stop: watch::Receiver<bool>) {
+    ///
+    /// Fails at once when the admin port cannot be taken, and as soon as
+    /// any loop panics (the others are abandoned as at the shutdown bound):
+    /// either way the process must exit non-zero.
+    pub async fn run(
+        self: &Arc<Self>,
+        role: Role,
+        stop: watch::Receiver<bool>,
+    ) -> Result<(), DaemonError> {
+        let admin_listener = match self.config.admin_listen {
+            Some(addr) => Some(admin::bind(addr).await?),
+            None => None,
+        };
         self.reclaim_predecessor_work().await;
-        let mut tasks = tokio::task::JoinSet::new();
-        if let Some(addr) = self.config.admin_listen {
+        let mut tasks = Tasks::default();
+        if let Some(listener) = admin_listener {
             let daemon = self.clone();
             let stop = stop.clone();
-            tasks.spawn(async move { admin::serve(daemon, addr, role, stop).await });
+            tasks.spawn("admin", async move {
+                admin::serve(daemon, listener, role, stop).await
+            });
         }
         if role.reconciles() {
             if let Some(warning) = crate::adapters::caddy::host_reload_warning() {
@@ -493,7 +611,10 @@ impl Daemon {
             self.ensure_caddy_server().await;
             let daemon = self.clone();
             let stop_r = stop.clone();
-            tasks.spawn(async move { daemon.reconciler.run(stop_r).await });
+            tasks.spawn(
+                "reconciler",
+                async move { daemon.reconciler.run(stop_r).await },
+            );
             events::spawn_drainers(self, &mut tasks, &stop);
             if self.config.docker_events {
                 events::spawn_follower(self, &mut tasks, &stop);
@@ -503,36 +624,69 @@ impl Daemon {
             for n in 0..self.config.workers {
                 let worker = self.worker(n);
                 let stop_w = stop.clone();
-                tasks.spawn(async move { worker.run(stop_w).await });
+                tasks.spawn(
+                    format!("worker w{n}"),
+                    async move { worker.run(stop_w).await },
+                );
             }
         }
-        let mut stop_wait = stop.clone();
-        while !*stop_wait.borrow() {
-            if stop_wait.changed().await.is_err() {
-                break;
-            }
+        if let Err(panicked) = tasks.supervise(stop.clone()).await {
+            tracing::error!("{panicked}");
+            tasks.abort_all();
+            return Err(panicked.into());
         }
         tracing::info!(grace = ?self.config.shutdown_grace, "stopping: no new claims; waiting for handlers");
-        let drained = tokio::time::timeout(self.config.shutdown_grace, async {
-            while tasks.join_next().await.is_some() {}
-        })
-        .await;
-        if drained.is_err() {
-            tracing::warn!("shutdown bound reached; abandoning handlers (their task leases expire and requeue)");
-            tasks.abort_all();
+        let drained = tokio::time::timeout(self.config.shutdown_grace, tasks.drain()).await;
+        match drained {
+            Ok(Ok(())) => {}
+            Ok(Err(panicked)) => {
+                tracing::error!("{panicked}");
+                tasks.abort_all();
+                return Err(panicked.into());
+            }
+            Err(_) => {
+                tracing::warn!("shutdown bound reached; abandoning handlers (their task leases expire and requeue)");
+                tasks.abort_all();
+            }
         }
         tracing::info!("stopped");
+        Ok(())
     }
 }
 
-/// The database URL without its password, for logs and status.
+/// Query parameters of a database URL whose value is a secret (libpq's
+/// and sqlx's spellings), compared without case.
+const SECRET_URL_PARAMETERS: [&str; 4] = ["password", "sslpassword", "pass", "pwd"];
+
+/// The database URL without its passwords, for logs and status: the user
+/// information (`user:pass@`) and the value of every password parameter
+/// of the query (`?password=…`). When in doubt it hides too much: an `@`
+/// in a query value hides everything before it.
 pub fn redact(url: &str) -> String {
-    match (url.find("://"), url.rfind('@')) {
+    let (head, rest) = match (url.find("://"), url.rfind('@')) {
         (Some(scheme_end), Some(at)) if at > scheme_end => {
-            format!("{}://…@{}", &url[..scheme_end], &url[at + 1..])
+            (format!("{}://…@", &url[..scheme_end]), &url[at + 1..])
         }
-        _ => url.to_owned(),
-    }
+        _ => (String::new(), url),
+    };
+    let Some((path, query)) = rest.split_once('?') else {
+        return format!("{head}{rest}");
+    };
+    let query = query
+        .split('&')
+        .map(|pair| match pair.split_once('=') {
+            Some((key, _))
+                if SECRET_URL_PARAMETERS
+                    .iter()
+                    .any(|secret| key.eq_ignore_ascii_case(secret)) =>
+            {
+                format!("{key}=…")
+            }
+            _ => pair.to_owned(),
+        })
+        .collect::<Vec<_>>()
+        .join("&");
+    format!("{head}{path}?{query}")
 }
 
 /// The seed of trace ids; drawn from the OS (the simulation passes its own).
@@ -543,4 +697,94 @@ pub fn os_seed() -> u64 {
     std::collections::hash_map::RandomState::new()
         .build_hasher()
         .finish()
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+
+    #[test]
+    fn redact_hides_passwords_in_the_user_information_and_the_query() {
+        for (url, shown) in [
+            (
+                "postgres://stead:hunter2@db.example/stead",
+                "postgres://…@db.example/stead",
+            ),
+            (
+                "postgres://host/db?password=secret&sslmode=require",
+                "postgres://host/db?password=…&sslmode=require",
+            ),
+            (
+                "postgres://host/db?user=x&password=y",
+                "postgres://host/db?user=x&password=…",
+            ),
+            (
+                "postgres://u:p@host/db?sslmode=require&PassWord=y&sslpassword=z",
+                "postgres://…@host/db?sslmode=require&PassWord=…&sslpassword=…",
+            ),
+            (
+                "sqlite:///var/lib/stead/stead.db?mode=rwc",
+                "sqlite:///var/lib/stead/stead.db?mode=rwc",
+            ),
+        ] {
+            assert_eq!(redact(url), shown, "{url}");
+        }
+    }
+
+    #[test]
+    fn redact_never_shows_a_query_password_holding_an_at_sign() {
+        let shown = redact("postgres://host/db?password=a@b&sslmode=require");
+        assert!(
+            !shown.contains("a@b") && !shown.contains("password=a"),
+            "{shown}"
+        );
+    }
+
+    /// Bound on a test's wait for supervision to end; it ends at once.
+    const SUPERVISE_WAIT: Duration = Duration::from_secs(5);
+
+    #[tokio::test]
+    async fn a_panicking_loop_ends_supervision_with_its_name_and_message() {
+        let (_stop_tx, stop) = watch::channel(false);
+        let mut tasks = Tasks::default();
+        tasks.spawn("worker w0", std::future::pending());
+        tasks.spawn("reconciler", async {
+            let broken: Option<u32> = None;
+            // A broken invariant in the loop, as `assert!` would report it.
+            assert!(broken.is_some(), "invariant broken in the tick");
+        });
+        let error = tokio::time::timeout(SUPERVISE_WAIT, tasks.supervise(stop))
+            .await
+            .expect("a panic ends supervision at once, not at stop")
+            .expect_err("a panic is an error");
+        assert_eq!(error.task, "reconciler");
+        assert!(
+            error.message.contains("invariant broken in the tick"),
+            "{error}"
+        );
+        assert!(
+            error
+                .to_string()
+                .contains("the daemon's reconciler task panicked"),
+            "{error}"
+        );
+    }
+
+    #[tokio::test]
+    async fn a_loop_that_returns_before_stop_is_no_failure() {
+        let (stop_tx, stop) = watch::channel(false);
+        let mut tasks = Tasks::default();
+        tasks.spawn("admin", async {});
+        tasks.spawn("reconciler", std::future::pending());
+        let supervised = tokio::spawn(async move { tasks.supervise(stop).await });
+        tokio::task::yield_now().await;
+        stop_tx.send(true).expect("supervision listens");
+        let result = tokio::time::timeout(SUPERVISE_WAIT, supervised)
+            .await
+            .expect("stop ends supervision")
+            .expect("supervision does not panic");
+        assert!(result.is_ok(), "{result:?}");
+    }
 }

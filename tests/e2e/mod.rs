@@ -193,7 +193,12 @@ kill_margin_s = 1
         let (tx, rx) = watch::channel(false);
         let daemon = self.daemon().clone();
         let role = self.role;
-        self.run = Some(tokio::spawn(async move { daemon.run(role, rx).await }));
+        self.run = Some(tokio::spawn(async move {
+            daemon
+                .run(role, rx)
+                .await
+                .expect("the daemon runs until stopped")
+        }));
         self.stop = Some(tx);
     }
 
@@ -208,7 +213,12 @@ kill_margin_s = 1
         let (tx, rx) = watch::channel(false);
         let run = {
             let daemon = daemon.clone();
-            tokio::spawn(async move { daemon.run(role, rx).await })
+            tokio::spawn(async move {
+                daemon
+                    .run(role, rx)
+                    .await
+                    .expect("the daemon runs until stopped")
+            })
         };
         Peer {
             daemon,

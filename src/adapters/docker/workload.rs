@@ -42,6 +42,30 @@ pub const LABEL_VOLUME: &str = "stead.volume";
 /// Largest secret file read; a secret is a password or a key, not a blob.
 pub const SECRET_FILE_LEN_MAX: u64 = 64 * 1024;
 
+/// Why a secret file could not be read: [`crate::config::read_bounded`]'s
+/// errors (a FIFO, a device, a directory, more than
+/// [`SECRET_FILE_LEN_MAX`] bytes, not UTF-8), or the read could not run.
+#[derive(Debug, thiserror::Error)]
+enum SecretReadError {
+    #[error("{0}")]
+    Read(#[from] crate::config::ReadError),
+    #[error("cannot be read: the reading task failed: {0}")]
+    Task(#[from] tokio::task::JoinError),
+}
+
+/// Reads a secret file as the config is read: a regular file only, at
+/// most [`SECRET_FILE_LEN_MAX`] bytes, whatever the file claims, so a
+/// secret pointing at a FIFO or `/dev/zero` neither blocks creation nor
+/// fills memory. On the blocking pool: the read is a syscall, not a future.
+async fn read_secret_file(path: &str) -> Result<String, SecretReadError> {
+    let path = std::path::PathBuf::from(path);
+    let text = tokio::task::spawn_blocking(move || {
+        crate::config::read_bounded(&path, SECRET_FILE_LEN_MAX)
+    })
+    .await??;
+    Ok(text)
+}
+
 /// The instance's own network.
 pub fn network_name(instance: &InstanceName) -> String {
     format!("stead.{instance}")
@@ -71,27 +95,14 @@ pub(super) async fn resolve_secrets(
         };
         let value = match &secret.source {
             SecretSource::File(path) => {
-                let metadata = tokio::fs::metadata(path)
+                let text = read_secret_file(path)
                     .await
-                    .map_err(|e| missing(format!("cannot be read: {e}")))?;
-                if metadata.len() > SECRET_FILE_LEN_MAX {
-                    return Err(missing(format!(
-                        "is {} bytes; at most {SECRET_FILE_LEN_MAX} are read",
-                        metadata.len()
-                    )));
-                }
-                let bytes = tokio::fs::read(path)
-                    .await
-                    .map_err(|e| missing(format!("cannot be read: {e}")))?;
-                let text = String::from_utf8(bytes)
-                    .map_err(|_| missing("is not UTF-8 text".to_owned()))?;
+                    .map_err(|e| missing(e.to_string()))?;
                 // `echo secret > file` writes one newline; it is not part of the secret.
-                let text = text
-                    .strip_suffix('\n')
+                text.strip_suffix('\n')
                     .map(|t| t.strip_suffix('\r').unwrap_or(t))
                     .unwrap_or(&text)
-                    .to_owned();
-                text
+                    .to_owned()
             }
             SecretSource::DaemonEnv(name) => std::env::var(name).map_err(|e| match e {
                 std::env::VarError::NotPresent => missing("is not set".to_owned()),
@@ -385,5 +396,101 @@ impl DockerRuntime {
             }
         }
         Ok(names)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+    use crate::core::spec::{ReadinessProbe, SecretEnv};
+
+    /// A secret read never takes long; a hang would outlast this.
+    const READ_WAIT: Duration = Duration::from_secs(5);
+
+    fn spec_with_secret_file(path: &std::path::Path) -> ServiceSpec {
+        let mut spec = ServiceSpec {
+            name: ServiceName::new("db"),
+            image: "busybox".to_owned(),
+            command: Vec::new(),
+            ports: Vec::new(),
+            healthcheck: None,
+            readiness: ReadinessProbe::None,
+            stop_grace: Duration::from_secs(1),
+            run: Default::default(),
+        };
+        spec.run.secrets = vec![SecretEnv {
+            env: "DB_PASSWORD".into(),
+            source: SecretSource::File(path.to_str().unwrap().to_owned()),
+        }];
+        spec
+    }
+
+    /// The refusal of a create whose secret is the file at `path`.
+    async fn refusal(path: &std::path::Path) -> String {
+        let resolved = tokio::time::timeout(
+            READ_WAIT,
+            resolve_secrets(&InstanceName::new("notes"), &spec_with_secret_file(path)),
+        )
+        .await
+        .expect("reading a secret never hangs");
+        match resolved {
+            Err(RuntimeError::Refused(message)) => message,
+            other => panic!("{path:?}: expected a refusal, got {other:?}"),
+        }
+    }
+
+    #[tokio::test]
+    async fn a_secret_file_that_is_a_fifo_or_a_device_is_refused_without_reading() {
+        let dir = tempfile::tempdir().unwrap();
+        let fifo = dir.path().join("db-password");
+        let c_path = std::ffi::CString::new(fifo.to_str().unwrap()).unwrap();
+        // SAFETY: a valid NUL-terminated path; mkfifo touches nothing else.
+        assert_eq!(unsafe { libc::mkfifo(c_path.as_ptr(), 0o600) }, 0);
+        for (path, kind) in [
+            (fifo.as_path(), "is a FIFO (named pipe), not a regular file"),
+            (
+                std::path::Path::new("/dev/zero"),
+                "is a character device, not a regular file",
+            ),
+        ] {
+            let message = refusal(path).await;
+            assert!(
+                message.starts_with(&format!(
+                    "secret DB_PASSWORD of notes/db: file {:?} {kind}",
+                    path.to_str().unwrap()
+                )),
+                "{message}"
+            );
+        }
+    }
+
+    #[tokio::test]
+    async fn a_secret_file_over_the_bound_is_refused_naming_it_and_the_bound() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("db-password");
+        std::fs::write(&path, "x".repeat(SECRET_FILE_LEN_MAX as usize + 1)).unwrap();
+        let message = refusal(&path).await;
+        assert_eq!(
+            message,
+            format!(
+                "secret DB_PASSWORD of notes/db: file {:?} is larger than {SECRET_FILE_LEN_MAX} \
+                 bytes, the most stead reads from it",
+                path.to_str().unwrap()
+            )
+        );
+        assert!(!message.contains("xxxx"), "no value in the error");
+    }
+
+    #[tokio::test]
+    async fn a_plain_secret_file_is_read_without_its_final_newline() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("db-password");
+        std::fs::write(&path, "hunter2\n").unwrap();
+        let entries = resolve_secrets(&InstanceName::new("notes"), &spec_with_secret_file(&path))
+            .await
+            .expect("a plain secret file is read");
+        assert_eq!(entries, vec!["DB_PASSWORD=hunter2".to_owned()]);
     }
 }

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use stead::core::catalog::Catalog;
 use stead::core::fleet::RolloutState;
-use stead::daemon::admin::{CatalogView, ReloadAnswer};
+use stead::daemon::admin::{CatalogView, ReloadAnswer, RELOAD_HEADER, RELOAD_HEADER_VALUE};
 use stead::daemon::status::{
     render_instances, render_status, render_tasks, InstanceView, Status, StatusSources, TaskView,
 };
@@ -78,7 +78,7 @@ async fn run(config: DaemonConfig, role: RoleArg, once: bool) -> Result<u8, CliE
         tracing::info!("signal received; shutting down");
         let _ = stop_tx.send(true);
     });
-    daemon.run(role, stop_rx).await;
+    daemon.run(role, stop_rx).await.map_err(|e| e.to_string())?;
     Ok(EXIT_OK)
 }
 
@@ -237,9 +237,14 @@ async fn reload(config: &DaemonConfig) -> Result<u8, CliError> {
     let url = admin_url(config)?;
     let response = admin_client(ADMIN_TIMEOUT)?
         .post(format!("{url}/reload"))
+        .header(RELOAD_HEADER, RELOAD_HEADER_VALUE)
         .send()
         .await
         .map_err(|e| format!("no daemon answered on {url} ({e}); is `stead run` running?"))?;
+    if response.status() == reqwest::StatusCode::FORBIDDEN {
+        let why = response.text().await.unwrap_or_default();
+        return Err(format!("{url}/reload: refused (403): {}", why.trim_end()).into());
+    }
     let answer: ReloadAnswer = response
         .json()
         .await

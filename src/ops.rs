@@ -76,6 +76,19 @@ pub enum Deletion {
     AlreadyDeleted,
 }
 
+/// What `retry` did.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Retry {
+    /// A failed (or stuck) provision queued again; the instance is
+    /// `provisioning`.
+    Provisioning { task: TaskId },
+    /// A ready instance's release checked and whatever of it vanished
+    /// created again (a `reprovision`).
+    Reprovisioning { task: TaskId },
+    /// A task of that kind was already queued or running: nothing changed.
+    AlreadyQueued { kind: TaskKind },
+}
+
 /// What `cancel_task` did.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum TaskCancel {
@@ -423,6 +436,72 @@ impl Ops<'_> {
             .await
             .map_err(OpsError::from)?;
         Ok(true)
+    }
+
+    /// `stead instance retry NAME`: a `failed` instance (a provision that
+    /// ran out of attempts) is provisioned again: back to `provisioning`
+    /// with a new provision task. A ready one is reprovisioned: its
+    /// release installed or upgraded in place and whatever of it vanished
+    /// created again. Safe to run twice: a provision or reprovision already
+    /// queued or running is left alone and named.
+    pub async fn retry(&self, name: &str) -> Result<Retry, OpsError> {
+        self.under_lock(name, async |instance| self.retry_locked(instance).await)
+            .await
+    }
+
+    async fn retry_locked(&self, instance: &Instance) -> Result<Retry, OpsError> {
+        let name = &instance.name;
+        let kind = match instance.state {
+            InstanceState::Failed | InstanceState::Provisioning => TaskKind::Provision,
+            InstanceState::Ready => TaskKind::Reprovision,
+            InstanceState::Upgrading => {
+                return Err(OpsError::Conflict(format!(
+                    "{name} is upgrading; its upgrade task retries or fails on its own \
+                     (`stead task list`)"
+                )))
+            }
+            InstanceState::Deleting | InstanceState::Deleted => {
+                return Err(OpsError::Conflict(format!(
+                    "{name} is {}; there is nothing to retry",
+                    instance.state
+                )))
+            }
+        };
+        if instance.state == InstanceState::Failed
+            && !self
+                .store
+                .set_instance_state(
+                    instance.id,
+                    InstanceState::Failed,
+                    InstanceState::Provisioning,
+                    self.now,
+                )
+                .await
+                .map_err(OpsError::from)?
+        {
+            return Err(OpsError::Busy(format!(
+                "{name} changed state meanwhile; run the command again"
+            )));
+        }
+        let task = NewTask {
+            kind,
+            instance: instance.id,
+            run_after: self.now,
+            reason: "operator: instance retry".into(),
+            traceparent: Some(self.traceparent()),
+        };
+        // The queue holds at most one active task per (instance, kind): an
+        // insert it refuses means one is there already.
+        match self
+            .store
+            .enqueue(&task, self.now, None)
+            .await
+            .map_err(OpsError::from)?
+        {
+            Some(task) if kind == TaskKind::Provision => Ok(Retry::Provisioning { task }),
+            Some(task) => Ok(Retry::Reprovisioning { task }),
+            None => Ok(Retry::AlreadyQueued { kind }),
+        }
     }
 
     /// Moves the instance to `deleting` with a deprovision task and cancels

@@ -1056,6 +1056,54 @@ async fn a_failed_upgrade_removes_the_candidate_keeps_active_and_halts_the_rollo
     assert_eq!(rollouts.get("wiki"), Some(&RolloutState::Halted));
 }
 
+/// #40: a provision that failed for good left its instance
+/// `provisioning` forever, and only delete-and-recreate got out of it.
+#[tokio::test]
+async fn a_provision_that_runs_out_of_attempts_leaves_the_instance_failed_until_retried() {
+    let f = fixture();
+    let instance = f.instance("wiki1", "2").await;
+    f.enqueue(instance.id, TaskKind::Provision).await;
+    f.script
+        .fail(Op::Create, "", Fault::Fail("no such image".into()));
+    let mut last = None;
+    for _ in 0..2 {
+        f.clock.advance(Duration::from_secs(3600));
+        last = Some(f.worker().work_once().await.unwrap().1);
+    }
+    assert!(matches!(last, Some(TaskEnd::Failed(_))), "{last:?}");
+    let row = f.store.instance(&instance.name).await.unwrap().unwrap();
+    assert_eq!(row.state, InstanceState::Failed);
+
+    f.script.heal();
+    let ops = stead::ops::Ops::new(
+        f.store.as_ref(),
+        f.catalog.clone(),
+        stead::ports::Clock::now(f.clock.as_ref()),
+        7,
+    );
+    assert!(matches!(
+        ops.retry("wiki1").await.unwrap(),
+        stead::ops::Retry::Provisioning { .. }
+    ));
+    assert!(
+        matches!(
+            ops.retry("wiki1").await.unwrap(),
+            stead::ops::Retry::AlreadyQueued {
+                kind: TaskKind::Provision
+            }
+        ),
+        "safe to run twice"
+    );
+    assert_eq!(f.worker().work_once().await.unwrap().1, TaskEnd::Done);
+    let row = f.store.instance(&instance.name).await.unwrap().unwrap();
+    assert_eq!(row.state, InstanceState::Ready);
+    f.recoverer().pass().await;
+    assert!(
+        f.routed("wiki1", "web"),
+        "provisioned and served after the retry"
+    );
+}
+
 #[tokio::test]
 async fn deprovision_withdraws_removes_and_marks_deleted() {
     let f = fixture();

@@ -319,3 +319,41 @@ async fn cancelling_a_task_cancels_only_a_queued_one_and_is_idempotent() {
     assert!(matches!(error, OpsError::NotFound(_)), "{error:?}");
     assert_eq!(error.kind(), stead::core::errors::ErrorKind::NotFound);
 }
+
+#[tokio::test]
+async fn retrying_a_ready_instance_reprovisions_it_and_a_deleting_one_is_refused() {
+    use stead::core::fleet::{InstanceState, TaskKind};
+    let store = MemoryStore::new();
+    let ops = Ops::new(&store, Arc::new(catalog()), at(), 7);
+    let blog = ops.create(&request("blog")).await.unwrap();
+    assert!(
+        matches!(
+            ops.retry("blog").await.unwrap(),
+            Retry::AlreadyQueued {
+                kind: TaskKind::Provision
+            }
+        ),
+        "its first provision is still queued"
+    );
+    assert!(store
+        .set_instance_state(
+            blog.instance.id,
+            InstanceState::Provisioning,
+            InstanceState::Ready,
+            at()
+        )
+        .await
+        .unwrap());
+    let Retry::Reprovisioning { task } = ops.retry("blog").await.unwrap() else {
+        panic!("a ready instance is reprovisioned");
+    };
+    assert_eq!(
+        store.task(task).await.unwrap().unwrap().kind,
+        TaskKind::Reprovision
+    );
+    ops.delete("blog", false).await.unwrap();
+    let error = ops.retry("blog").await.unwrap_err();
+    assert!(matches!(error, OpsError::Conflict(_)), "{error:?}");
+    let error = ops.retry("nope").await.unwrap_err();
+    assert!(matches!(error, OpsError::NotFound(_)), "{error:?}");
+}

@@ -119,3 +119,68 @@ async fn pending_upgrades_say_where_they_are_and_halted_rollouts_why() {
     assert!(text.contains("upgrade a 1 -> 2: queued"), "{text}");
     assert!(text.contains("db    7"), "{text}");
 }
+
+/// #40: a provision that ran out of attempts leaves its instance failed,
+/// and status says why and how to get out of it.
+#[tokio::test]
+async fn a_failed_instance_shows_its_provisions_error_and_the_way_out() {
+    let now: Timestamp = "2026-11-30T00:00:00Z".parse().unwrap();
+    let store = MemoryStore::new();
+    let catalog = Catalog::from_toml(
+        "[types.web]\nversion = \"2\"\n[[types.web.services]]\nname = \"http\"\nimage = \"i\"\n",
+        "catalog.toml",
+        &Grants::default(),
+    )
+    .unwrap();
+    let new = NewInstance {
+        spec_digest: None,
+        parameters: Default::default(),
+        name: InstanceName::new("shop"),
+        team: "t".into(),
+        service_type: "web".into(),
+        version: "2".into(),
+        expires_at: None,
+        maintenance_window: None,
+    };
+    let shop = store.create_instance(&new, now).await.unwrap();
+    let provision = NewTask {
+        kind: TaskKind::Provision,
+        instance: shop.id,
+        run_after: now,
+        reason: "operator: instance create".into(),
+        traceparent: None,
+    };
+    let task = store.enqueue(&provision, now, None).await.unwrap().unwrap();
+    store.claim("w", now, 1).await.unwrap();
+    assert!(store
+        .fail(task, "w", "create http: pull access denied for i", now)
+        .await
+        .unwrap());
+    assert!(store
+        .set_instance_state(
+            shop.id,
+            InstanceState::Provisioning,
+            InstanceState::Failed,
+            now
+        )
+        .await
+        .unwrap());
+    let runtime = MemoryRuntime::new(Arc::new(ManualClock::new(now)), Hooks::default());
+    let status = status(StatusSources {
+        store: &store,
+        runtime: &runtime,
+        catalog: &catalog,
+        memory: None,
+        caddy_admin: None,
+        provisioner: None,
+        database: "sqlite://x".into(),
+        now,
+    })
+    .await;
+    let row = status.rows.iter().find(|r| r.instance == "shop").unwrap();
+    assert_eq!(row.state, "failed");
+    assert_eq!(
+        row.condition,
+        "failed: create http: pull access denied for i (`stead instance retry shop`)"
+    );
+}

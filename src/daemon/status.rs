@@ -339,7 +339,12 @@ fn caddy_client(admin: Option<&str>) -> Option<(reqwest::Client, String)> {
         .map(|client| (client, admin.to_owned()))
 }
 
-/// One row per service of `instance` (one row when it has none yet).
+/// How many of the newest tasks are searched for a failed instance's
+/// failed provision.
+const FAILED_REASON_TASKS_MAX: u32 = 1_000;
+
+/// One row per service of `instance` (one row when it has none yet, and
+/// one saying why for a failed one).
 async fn instance_rows(
     from: &StatusSources<'_>,
     instance: &Instance,
@@ -379,6 +384,27 @@ async fn instance_rows(
         inhibitions: Vec::new(),
         expires_at: instance.expires_at.map(|t| t.to_string()),
     };
+    if instance.state == InstanceState::Failed {
+        // #40: why it failed, from its last provision, and the way out.
+        let why = from
+            .store
+            .tasks(true, FAILED_REASON_TASKS_MAX)
+            .await
+            .ok()
+            .and_then(|tasks| {
+                tasks.rows.into_iter().find(|t| {
+                    t.instance == instance.id
+                        && t.kind == TaskKind::Provision
+                        && t.state == TaskState::Failed
+                })
+            })
+            .and_then(|t| t.last_error)
+            .unwrap_or_else(|| "its provision failed".to_owned());
+        let mut row = base;
+        row.condition = format!("failed: {why} (`stead instance retry {}`)", instance.name);
+        status.rows.push(row);
+        return;
+    }
     if active.services.is_empty() {
         status.rows.push(base);
         return;

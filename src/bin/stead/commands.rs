@@ -416,6 +416,18 @@ async fn instance(config: &DaemonConfig, command: InstanceCommand) -> Result<u8,
                 say(format!("{name} is already stopped; nothing to do"));
             }
         }
+        InstanceCommand::Retry { name } => match ops.retry(&name).await? {
+            stead::ops::Retry::Provisioning { task } => say(format!(
+                "{name}: provisioning again (task {task}); `stead instance show {name}` follows it"
+            )),
+            stead::ops::Retry::Reprovisioning { task } => say(format!(
+                "{name}: reprovisioning (task {task}): its release is installed or upgraded in \
+                 place and whatever of it vanished is created again"
+            )),
+            stead::ops::Retry::AlreadyQueued { kind } => say(format!(
+                "{name}: a {kind} is already queued or running; nothing to do (`stead task list`)"
+            )),
+        },
         InstanceCommand::Start { name } => {
             if ops.set_stopped(&name, false).await? {
                 say(format!(

@@ -155,6 +155,10 @@ pub enum InstanceCommand {
     Stop { name: String },
     /// Set running intent again.
     Start { name: String },
+    /// Provision a failed instance again, or reprovision a ready one
+    /// (whatever of its release vanished is created again). Safe to run
+    /// twice.
+    Retry { name: String },
     /// Deprovision: remove containers and the release, mark deleted. Its
     /// queued tasks are cancelled.
     Delete {

@@ -1,7 +1,7 @@
 //! How a task ends: done, retried with backoff, or failed (and a failed
 //! upgrade halts its type's rollout, C11); one log line per end.
 
-use crate::core::fleet::{RetryDecision, Task};
+use crate::core::fleet::{InstanceState, RetryDecision, Task, TaskKind};
 use crate::core::plan::halt_after_failed_upgrade;
 
 use super::Worker;
@@ -59,11 +59,42 @@ pub(super) fn log_end(task: &Task, instance: &str, end: &TaskEnd) {
 
 impl Worker {
     /// A failed upgrade halts its service type's rollout, so a bad
-    /// version stops after one tenant (C8).
+    /// version stops after one tenant (C8). A failed provision leaves its
+    /// instance `failed`, not `provisioning` forever: `stead status` shows
+    /// it, and `stead instance retry` provisions it again.
     pub(super) async fn after_final_failure(&self, task: &Task, error: &str) {
         let Ok(Some(instance)) = self.ports.store.instance_by_id(task.instance).await else {
             return;
         };
+        if task.kind == TaskKind::Provision && instance.state == InstanceState::Provisioning {
+            let now = self.ports.clock.now();
+            match self
+                .ports
+                .store
+                .set_instance_state(
+                    instance.id,
+                    InstanceState::Provisioning,
+                    InstanceState::Failed,
+                    now,
+                )
+                .await
+            {
+                Ok(true) => tracing::warn!(
+                    instance = %instance.name,
+                    "instance {} failed: its provision ran out of attempts ({error}); \
+                     `stead instance retry {}` provisions it again",
+                    instance.name,
+                    instance.name
+                ),
+                Ok(false) => {}
+                Err(e) => tracing::warn!(
+                    instance = %instance.name,
+                    "could not mark {} failed after its provision ran out of attempts: {e}",
+                    instance.name
+                ),
+            }
+            return;
+        }
         let mut failed = task.clone();
         failed.last_error = Some(error.to_owned());
         let decision = halt_after_failed_upgrade(&failed, &instance, RetryDecision::Fail);

@@ -19,7 +19,7 @@ use stead::core::plan::{
     halt_after_failed_upgrade, is_behind, is_older, upgrade_retry_at, ControlConfig, Decision,
     Level, Plan, Report, Snapshot,
 };
-use stead::core::types::InstanceName;
+use stead::core::types::{InstanceName, ServiceName};
 use stead::ports::Release;
 
 use planners::{
@@ -121,6 +121,7 @@ fn snapshot<'a>(
         rollouts: BTreeMap::new(),
         config,
         traceparent: Some(TRACEPARENT.to_owned()),
+        lost_services: BTreeMap::new(),
     }
 }
 
@@ -269,6 +270,33 @@ fn drift_reprovisions_a_ready_instance_whose_release_is_gone_and_notifies() {
         &snap,
         "enqueue reprovision i2 at now: drift: release i2 missing from namespace docker
          notify drift.release_missing i2 team b",
+    );
+    assert_idempotent(&mut snap, &plan, plan_drift);
+}
+
+/// #40: a multi-service instance that lost one container (removed by
+/// hand, lost with a disk) was never repaired: its other containers make
+/// its release look live, and recovery never recreates.
+#[test]
+fn drift_reprovisions_a_ready_instance_whose_container_the_pass_found_gone() {
+    let catalog = Catalog::from_entries([entry("wiki", "1", false)]);
+    let config = ControlConfig::default();
+    let mut snap = snapshot(
+        vec![instance(1, "a", "wiki", "1"), instance(2, "b", "wiki", "1")],
+        vec![],
+        &catalog,
+        &config,
+    );
+    snap.lost_services.insert(
+        InstanceName::new("i2"),
+        [ServiceName::new("db")].into_iter().collect(),
+    );
+    let plan = plan_drift(&snap);
+    check(
+        plan.clone(),
+        &snap,
+        "enqueue reprovision i2 at now: drift: the container of db is gone (removed by hand?); the rest of release i2 is live
+         notify drift.container_missing i2 team b",
     );
     assert_idempotent(&mut snap, &plan, plan_drift);
 }

@@ -688,6 +688,42 @@ async fn a_service_without_ports_is_verified_never_routed_and_its_predecessor_re
     assert!(f.routed("wiki1", "web"), "web serves throughout");
 }
 
+/// #40: a two-service instance that lost one container (removed by hand)
+/// was never repaired: its other container made its release look live,
+/// and recovery never recreates (R7). The pass now tells drift, which
+/// reprovisions it: back and verified within two ticks.
+#[tokio::test]
+async fn a_container_removed_by_hand_is_recreated_within_two_ticks() {
+    let mut f = fixture();
+    f.catalog =
+        Arc::new(Catalog::from_toml(CATALOG_WITH_DB, "catalog.toml", &Grants::default()).unwrap());
+    let instance = f.served("wiki1", "2").await;
+    let db = ServiceName::new("db");
+    let gone = f.store.load_active(&instance.name).await.unwrap().services[&db]
+        .container
+        .clone();
+    assert!(f.runtime.remove_by_hand(&gone));
+    let reconciler = f.reconciler("a");
+    for _ in 0..2 {
+        let out = reconciler.tick().await;
+        assert!(out.leader, "{:?}", out.failed);
+        f.clock.advance(Duration::from_secs(60));
+    }
+    assert_eq!(f.worker().work_once().await.unwrap().1, TaskEnd::Done);
+    reconciler.tick().await;
+    let back = f.store.load_active(&instance.name).await.unwrap().services[&db].clone();
+    let container = f.runtime.container(&back.container).expect("recreated");
+    assert_eq!(
+        container.status,
+        stead::core::types::ContainerStatus::Running
+    );
+    assert!(
+        back.verified_started_at.is_some() && back.verified_started_at == container.started_at,
+        "verified again: {back:?}"
+    );
+    assert!(f.routed("wiki1", "web"), "web served throughout");
+}
+
 /// #40: the worker never re-read the rollout switch, so a halt left
 /// upgrades already queued to run anyway.
 #[tokio::test]
@@ -1582,7 +1618,10 @@ async fn the_memory_runtime_refuses_to_stop_or_remove_another_generation() {
         }
     }
     let container = f.runtime.container(&id).expect("it survived");
-    assert_eq!(container.status, ContainerStatus::Running);
+    assert_eq!(
+        container.status,
+        stead::core::types::ContainerStatus::Running
+    );
     f.runtime.remove(&key("a-api", "web")).await.unwrap();
     assert!(f.runtime.container(&id).is_none());
 }

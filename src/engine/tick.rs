@@ -3,7 +3,7 @@
 //! whose `traceparent` every enqueued task carries. The loop ticks first,
 //! then sleeps a fixed interval that a stop signal interrupts.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::atomic::{AtomicI64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -18,7 +18,8 @@ use crate::core::plan::{
     task_lease, ControlConfig, Decision, Level, Plan, Planner, Report, Snapshot,
 };
 use crate::core::policy::PLANNERS_LEASE_NEED;
-use crate::core::types::{InstanceName, Timestamp};
+use crate::core::recovery::RecoveryError;
+use crate::core::types::{InstanceName, ServiceName, Timestamp};
 use crate::ports::{LeaseGrant, NotifyError, StoreError};
 
 use super::lease::LeaseAnswer;
@@ -103,6 +104,9 @@ pub struct Reconciler {
     /// Each check's reports at its last run, so each is logged once; with
     /// whether it names an orphan release (those stand while withheld).
     reported: Mutex<BTreeMap<Check, BTreeMap<String, bool>>>,
+    /// What the last full recovery pass found gone (R7), per instance:
+    /// drift reprovisions those services at the next tick's planning.
+    lost_services: Mutex<BTreeMap<InstanceName, BTreeSet<ServiceName>>>,
 }
 
 impl Reconciler {
@@ -126,7 +130,33 @@ impl Reconciler {
             wake: tokio::sync::Notify::new(),
             waiting_for: Mutex::new(None),
             reported: Mutex::new(BTreeMap::new()),
+            lost_services: Mutex::new(BTreeMap::new()),
         }
+    }
+
+    /// Learns from a full pass which services' containers are confirmed
+    /// gone. An instance the pass did not drive (busy, no lease) keeps what
+    /// was known of it; one it did not list is forgotten.
+    fn learn_lost_services(&self, pass: &super::recovery::PassOutcome) {
+        let mut lost = self.lost_services.lock().unwrap_or_else(|e| e.into_inner());
+        let mut next = BTreeMap::new();
+        for (name, instance) in &pass.instances {
+            let gone: BTreeSet<ServiceName> = instance
+                .reports
+                .iter()
+                .filter(|r| r.errors.iter().any(|e| matches!(e, RecoveryError::Gone)))
+                .map(|r| r.key.service.clone())
+                .collect();
+            let known = if instance.driven {
+                gone
+            } else {
+                lost.get(name).cloned().unwrap_or_default()
+            };
+            if !known.is_empty() {
+                next.insert(name.clone(), known);
+            }
+        }
+        *lost = next;
     }
 
     /// Starts the next tick now instead of after the pause (or right after
@@ -202,6 +232,7 @@ impl Reconciler {
             let errors: Vec<String> = pass.errors.iter().map(ToString::to_string).collect();
             out.failed.push((Check::Recovery, errors.join("; ")));
         }
+        self.learn_lost_services(&pass);
         out.recovered = pass
             .instances
             .iter()
@@ -355,6 +386,11 @@ impl Reconciler {
                 rollouts,
                 config: &self.config,
                 traceparent: Some(traceparent),
+                lost_services: self
+                    .lost_services
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .clone(),
             },
             releases_error,
         ))

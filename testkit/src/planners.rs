@@ -362,6 +362,7 @@ impl World {
             rollouts: self.rollouts.clone(),
             config: &self.config,
             traceparent: Some(TRACEPARENT.to_owned()),
+            lost_services: Default::default(),
         }
     }
 }

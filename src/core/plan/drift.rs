@@ -51,6 +51,35 @@ impl Planner<'_, '_> {
             if let Some(p) = position {
                 owned[p] = true;
             }
+            let lost = snapshot.lost_services.get(&instance.name);
+            if position.is_some() && lost.is_some_and(|services| !services.is_empty()) {
+                if instance.state == InstanceState::Ready
+                    && !is_expired(instance, snapshot.now)
+                    && !self.active_kinds(instance.id).any()
+                {
+                    let services: Vec<&str> =
+                        lost.into_iter().flatten().map(|s| s.as_str()).collect();
+                    let reason = format!(
+                        "drift: the container of {} is gone (removed by hand?); \
+                         the rest of release {} is live",
+                        services.join(", "),
+                        instance.name
+                    );
+                    plan.decisions.push(Decision::Enqueue(self.new_task(
+                        TaskKind::Reprovision,
+                        instance.id,
+                        snapshot.now,
+                        reason.clone(),
+                    )));
+                    plan.decisions.push(Decision::Notify(Notice {
+                        event: "drift.container_missing",
+                        instance: instance.id,
+                        team: instance.team.clone(),
+                        message: format!("reprovisioning {}: {reason}", instance.name),
+                    }));
+                }
+                continue;
+            }
             if position.is_some()
                 || instance.state != InstanceState::Ready
                 || is_expired(instance, snapshot.now)

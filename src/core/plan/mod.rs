@@ -30,7 +30,7 @@ mod lease;
 mod rollout;
 mod ttl;
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
 pub use config::{ConfigError, ControlConfig, RawControlConfig, MAX_IN_FLIGHT_MAX};
 pub use lease::task_lease;
@@ -42,7 +42,7 @@ use super::fleet::{
     TaskState,
 };
 use super::hash::{FastMap, FastSet};
-use super::types::{InstanceName, Timestamp};
+use super::types::{InstanceName, ServiceName, Timestamp};
 use super::window::WindowError;
 
 /// Everything the planners look at, read once per tick.
@@ -68,6 +68,11 @@ pub struct Snapshot<'a> {
     pub config: &'a ControlConfig,
     /// W3C trace context of the tick; every enqueued task carries it (C9).
     pub traceparent: Option<String>,
+    /// Per instance, the services whose ACTIVE container the last recovery
+    /// pass confirmed gone (R7: removed by hand, lost with a disk). Drift
+    /// reprovisions a ready instance that has any, though its release is
+    /// live: the rest of its containers make it look whole.
+    pub lost_services: BTreeMap<InstanceName, BTreeSet<ServiceName>>,
 }
 
 /// What a planner decided: effects for the engine, reports for the log.

@@ -335,6 +335,18 @@ async fn an_upgrade_switches_only_to_a_successor_that_printed_its_own_line() {
         assert!(runtime.print(&printer, READY_LINE), "the successor runs");
     });
     f.clock.advance(Duration::from_secs(3600));
+    // The failed upgrade halted the rollout (C8); an operator resumes it,
+    // or the worker would rightly not start the next one.
+    f.store
+        .set_rollout(
+            "ledger",
+            stead::core::fleet::RolloutState::Active,
+            "operator: resume",
+            f.clock.now(),
+            None,
+        )
+        .await
+        .unwrap();
     let end = f.run_task(instance, TaskKind::Upgrade).await;
     assert_eq!(end, TaskEnd::Done);
     assert_eq!(f.db_container("l1").await, successor);

@@ -195,6 +195,9 @@ struct State {
     /// deprovision) and, once installed again, until when (C5). Every
     /// interval is kept: the queue is looked at after the fact.
     release_missing: BTreeMap<String, Vec<(Timestamp, Option<Timestamp>)>>,
+    /// Per release, when one of its containers was removed by hand and,
+    /// once created again, until when (#40: drift reprovisions that too).
+    container_missing: BTreeMap<String, Vec<(ContainerId, Timestamp, Option<Timestamp>)>>,
     /// When the rollout switch last moved.
     rollout_changed_at: Option<Timestamp>,
     /// When ACTIVE stopped naming a container (a switch, a removal), for
@@ -969,9 +972,45 @@ impl Checker {
                 *from <= add(created_at, CLOCK_TOLERANCE) && until.is_none_or(|u| u >= listed_after)
             })
         });
+        // A container removed by hand is known to drift from the pass
+        // before the planning tick: up to two ticks late.
+        let seen_after =
+            created_at - jiff::SignedDuration::try_from(tick * 2 + CLOCK_TOLERANCE).expect("fits");
+        let lost = s.container_missing.get(release).is_some_and(|intervals| {
+            intervals.iter().any(|(_, from, until)| {
+                *from <= add(created_at, CLOCK_TOLERANCE) && until.is_none_or(|u| u >= seen_after)
+            })
+        });
+        let missing = missing || lost;
         s.check("C5 reprovision only a missing release", missing, || {
             format!("reprovision of {release} enqueued at {created_at} while its release existed")
         });
+    }
+
+    /// An operator removed `id`, a container of `release`, by hand: drift
+    /// may reprovision the release until it is created again (#40).
+    pub fn container_removed_by_hand(&self, release: &str, id: &ContainerId) {
+        let now = self.clock.now();
+        self.lock()
+            .container_missing
+            .entry(release.to_owned())
+            .or_default()
+            .push((id.clone(), now, None));
+    }
+
+    /// A start of `id` was answered not-found though the container is there
+    /// (an injected fault): the pass reports it gone (R11), and drift may
+    /// reprovision its release once for it (#40).
+    pub fn container_reported_gone(&self, id: &ContainerId) {
+        let Some(release) = id.as_str().split('.').nth(1) else {
+            return;
+        };
+        let now = self.clock.now();
+        self.lock()
+            .container_missing
+            .entry(release.to_owned())
+            .or_default()
+            .push((id.clone(), now, Some(now)));
     }
 
     /// The engine was told a container is gone (R7): it forgets the
@@ -1451,6 +1490,14 @@ impl Checker {
                 s.check("T4 deleted stays deleted", !deleted, || {
                     format!("{id} created for deleted {instance}")
                 });
+                let now = self.clock.now();
+                if let Some(intervals) = s.container_missing.get_mut(instance.as_str()) {
+                    for (missing, _, until) in intervals.iter_mut() {
+                        if missing == id && until.is_none() {
+                            *until = Some(now);
+                        }
+                    }
+                }
                 let previous = s.created_for.insert(id.clone(), key.clone());
                 s.check(
                     "T6 no two services share a container name",

@@ -1235,9 +1235,18 @@ async fn check_liveness(
         let stopped = truth.stopped.contains(&key.instance);
         let inhibited = truth.inhibited.contains(id);
         let Some(c) = runtime.container(id) else {
-            // Removed by hand: gone for good, and no longer routed (R7).
+            // Removed by hand: no longer routed (R7), and (#40) created
+            // again by drift's reprovision unless nothing of it may run.
             if routes.get(key).is_some_and(|r| &r.container == id) {
                 failures.push(format!("L1: {key:?} still routed to {id}, which is gone"));
+            }
+            let ready = store
+                .instance_now(&key.instance)
+                .is_some_and(|i| i.state == InstanceState::Ready);
+            if ready && !stopped && !inhibited {
+                failures.push(format!(
+                    "L1: {key:?}'s container {id} was removed by hand and never created again"
+                ));
             }
             continue;
         };

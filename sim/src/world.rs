@@ -321,6 +321,7 @@ impl SwarmFaults {
                     self.counts.bump("not found");
                     if let Some(checker) = self.checker.get() {
                         checker.generation_forgotten(&ContainerId::new(subject));
+                        checker.container_reported_gone(&ContainerId::new(subject));
                     }
                     return Fault::NotFound;
                 }
@@ -699,11 +700,13 @@ impl Actors {
             }
             3 => self.deploy(svc, &current).await,
             8 => {
-                // `docker rm -f` by hand: the container is gone for good.
-                // Recovery withdraws its traffic and releases its claims
-                // (R7), and never rebuilds it.
+                // `docker rm -f` by hand. Recovery withdraws its traffic and
+                // releases its claims (R7), and never rebuilds it; drift
+                // reprovisions the instance, which creates it again.
                 if self.runtime.remove_by_hand(&current) {
                     self.counts.bump("operator removed a container");
+                    self.checker
+                        .container_removed_by_hand(instance.name.as_str(), &current);
                     self.checker.generation_forgotten(&current);
                 }
             }

@@ -106,8 +106,17 @@ pub struct Reconciler {
     reported: Mutex<BTreeMap<Check, BTreeMap<String, bool>>>,
     /// What the last full recovery pass found gone (R7), per instance:
     /// drift reprovisions those services at the next tick's planning.
-    lost_services: Mutex<BTreeMap<InstanceName, BTreeSet<ServiceName>>>,
+    lost_services: Mutex<LostServices>,
 }
+
+/// What full passes confirmed gone (R7), per instance, with when that
+/// instance's pass began (nothing it saw is older).
+type LostServices = BTreeMap<InstanceName, (Timestamp, BTreeSet<ServiceName>)>;
+
+/// How old a pass's word on lost containers may be when the planners use
+/// it, in ticks: a process frozen since (a VM pause) must look again
+/// rather than reprovision on what another may have repaired meanwhile.
+const LOST_SERVICES_AGE_TICKS_MAX: u32 = 2;
 
 impl Reconciler {
     /// `seed` feeds trace ids; the daemon draws it from the OS, the
@@ -130,33 +139,47 @@ impl Reconciler {
             wake: tokio::sync::Notify::new(),
             waiting_for: Mutex::new(None),
             reported: Mutex::new(BTreeMap::new()),
-            lost_services: Mutex::new(BTreeMap::new()),
+            lost_services: Mutex::new(LostServices::new()),
         }
     }
 
-    /// Learns from a full pass which services' containers are confirmed
-    /// gone. An instance the pass did not drive (busy, no lease) keeps what
-    /// was known of it; one it did not list is forgotten.
+    /// Learns from a full pass which services' containers it confirmed
+    /// gone. Only what this pass saw counts: an instance it did not drive
+    /// (busy, no lease) may have been repaired meanwhile, by the very
+    /// reprovision that kept it busy.
     fn learn_lost_services(&self, pass: &super::recovery::PassOutcome) {
-        let mut lost = self.lost_services.lock().unwrap_or_else(|e| e.into_inner());
-        let mut next = BTreeMap::new();
-        for (name, instance) in &pass.instances {
-            let gone: BTreeSet<ServiceName> = instance
-                .reports
-                .iter()
-                .filter(|r| r.errors.iter().any(|e| matches!(e, RecoveryError::Gone)))
-                .map(|r| r.key.service.clone())
-                .collect();
-            let known = if instance.driven {
-                gone
-            } else {
-                lost.get(name).cloned().unwrap_or_default()
-            };
-            if !known.is_empty() {
-                next.insert(name.clone(), known);
-            }
-        }
-        *lost = next;
+        let lost: LostServices = pass
+            .instances
+            .iter()
+            .filter_map(|(name, instance)| {
+                let began_at = instance.began_at.filter(|_| instance.driven)?;
+                let gone: BTreeSet<ServiceName> = instance
+                    .reports
+                    .iter()
+                    .filter(|r| r.errors.iter().any(|e| matches!(e, RecoveryError::Gone)))
+                    .map(|r| r.key.service.clone())
+                    .collect();
+                (!gone.is_empty()).then(|| (name.clone(), (began_at, gone)))
+            })
+            .collect();
+        *self.lost_services.lock().unwrap_or_else(|e| e.into_inner()) = lost;
+    }
+
+    /// What the last full pass confirmed gone, where it looked recently
+    /// enough to act on at `now`.
+    fn recently_lost(&self, now: Timestamp) -> BTreeMap<InstanceName, BTreeSet<ServiceName>> {
+        let oldest = now
+            - jiff::SignedDuration::try_from(
+                self.config.tick_interval * LOST_SERVICES_AGE_TICKS_MAX,
+            )
+            .unwrap_or(jiff::SignedDuration::MAX);
+        self.lost_services
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .iter()
+            .filter(|(_, (seen_at, _))| *seen_at >= oldest)
+            .map(|(name, (_, services))| (name.clone(), services.clone()))
+            .collect()
     }
 
     /// Starts the next tick now instead of after the pause (or right after
@@ -216,6 +239,9 @@ impl Reconciler {
             return out;
         }
         if !self.take_lease().await {
+            // What a pass of an earlier leadership found gone is not this
+            // moment's truth: another leader may have repaired it since.
+            *self.lost_services.lock().unwrap_or_else(|e| e.into_inner()) = LostServices::default();
             return out;
         }
         out.leader = true;
@@ -386,11 +412,7 @@ impl Reconciler {
                 rollouts,
                 config: &self.config,
                 traceparent: Some(traceparent),
-                lost_services: self
-                    .lost_services
-                    .lock()
-                    .unwrap_or_else(|e| e.into_inner())
-                    .clone(),
+                lost_services: self.recently_lost(now),
             },
             releases_error,
         ))

@@ -53,7 +53,10 @@ impl Planner<'_, '_> {
             }
             let lost = snapshot.lost_services.get(&instance.name);
             if position.is_some() && lost.is_some_and(|services| !services.is_empty()) {
+                // A stopped instance runs nothing: its lost container is
+                // recreated once it is started again (S3).
                 if instance.state == InstanceState::Ready
+                    && !instance.stopped
                     && !is_expired(instance, snapshot.now)
                     && !self.active_kinds(instance.id).any()
                 {

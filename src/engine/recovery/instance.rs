@@ -298,6 +298,7 @@ impl Recoverer {
             held,
             memory,
         };
+        let began_at = self.ports.clock.now();
         let mut pass = InstancePass::new(&self.policy, input);
         let mut log = StepLog::new(&self.memory);
         // One timer for the whole instance, not one per command: the
@@ -362,6 +363,7 @@ impl Recoverer {
             retired: report.retired.iter().map(ToString::to_string).collect(),
             errors: report.errors.into_iter().map(RecoverError::from).collect(),
             driven: true,
+            began_at: Some(began_at),
             ..Default::default()
         };
         (outcome, report.memory)

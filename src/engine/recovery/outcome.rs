@@ -90,6 +90,8 @@ pub struct InstanceOutcome {
     /// an error or to the deadline): its memory is now pruned against the
     /// ACTIVE it loaded (R16).
     pub driven: bool,
+    /// When its driven pass began: nothing it reports was seen earlier.
+    pub began_at: Option<crate::core::types::Timestamp>,
     pub skipped_busy: bool,
     /// Not attempted: this process no longer holds the reconciler lease
     /// (T2), so it must not act.

@@ -1594,7 +1594,7 @@ async fn services_whose_dashed_names_collide_get_two_containers() {
 
 #[tokio::test]
 async fn the_memory_runtime_refuses_to_stop_or_remove_another_generation() {
-    use stead::core::types::{ContainerStatus, GenerationKey, RuntimeError};
+    use stead::core::types::{GenerationKey, RuntimeError};
     use stead::ports::Runtime;
     let f = fixture();
     let id = f

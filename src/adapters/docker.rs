@@ -774,17 +774,30 @@ impl DockerRuntime {
     }
 }
 
+/// A label a container does not carry with the value expected.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("label {label} is {found:?}, expected {expected:?}")]
+struct LabelMismatch {
+    label: String,
+    found: Option<String>,
+    expected: String,
+}
+
 /// The first of `expected`'s labels the container does not carry with the
-/// expected value, described for an error.
+/// expected value.
 fn check_labels(
     response: &ContainerInspectResponse,
     expected: &[(&str, &str)],
-) -> Result<(), String> {
+) -> Result<(), LabelMismatch> {
     let labels = response.config.as_ref().and_then(|c| c.labels.as_ref());
     for (label, value) in expected {
-        let found = labels.and_then(|l| l.get(*label)).map(String::as_str);
-        if found != Some(*value) {
-            return Err(format!("label {label} is {found:?}, expected {value:?}"));
+        let found = labels.and_then(|l| l.get(*label));
+        if found.map(String::as_str) != Some(*value) {
+            return Err(LabelMismatch {
+                label: (*label).to_owned(),
+                found: found.cloned(),
+                expected: (*value).to_owned(),
+            });
         }
     }
     Ok(())

@@ -321,3 +321,69 @@ fn clippy_disallows_clock_sleep_and_global_rng_calls() {
         );
     }
 }
+
+/// Where each `Result<T, E>` of `code` names `String` as its error type:
+/// the 1-based lines. Generic arguments nest (`Result<Vec<String>, E>` is
+/// not one); an arrow's `>` (`Result<impl Fn() -> T, E>`) closes nothing.
+fn string_errors(code: &str) -> Vec<usize> {
+    let mut found = Vec::new();
+    for (start, _) in code.match_indices("Result<") {
+        let after = &code[start + "Result<".len()..];
+        let (mut depth, mut comma, mut previous) = (0usize, None, ' ');
+        for (i, c) in after.char_indices() {
+            match c {
+                '<' | '(' | '[' => depth += 1,
+                ')' | ']' => depth = depth.saturating_sub(1),
+                '>' if previous == '-' => {}
+                '>' if depth > 0 => depth -= 1,
+                '>' => {
+                    let error = comma.map(|at: usize| after[at + 1..i].trim());
+                    if error.is_some_and(|e| e.trim_end_matches(',').trim_end() == "String") {
+                        found.push(code[..start].lines().count().max(1));
+                    }
+                    break;
+                }
+                ',' if depth == 0 && comma.is_none() => comma = Some(i),
+                _ => {}
+            }
+            previous = c;
+        }
+    }
+    found
+}
+
+/// Errors with a type and a subject (issue #45): no function of the
+/// shipped crate fails with a bare `String`, which callers could only
+/// match on by its words. The CLI's last word is `CliError`.
+#[test]
+fn no_function_of_the_shipped_crate_fails_with_a_bare_string() {
+    let root = repo_root();
+    let mut files = Vec::new();
+    rust_files(&root.join("src"), &mut files);
+    let mut report = String::new();
+    for file in &files {
+        let code =
+            strip_comments_and_literals(&std::fs::read_to_string(file).expect("readable source"));
+        for line in string_errors(&code) {
+            let relative = file.strip_prefix(&root).unwrap_or(file);
+            writeln!(report, "{}:{line}", relative.display()).expect("write to string");
+        }
+    }
+    assert!(
+        report.is_empty(),
+        "a failure is a typed error (core::errors), not a String:\n{report}"
+    );
+}
+
+#[test]
+fn the_string_error_scanner_finds_only_a_string_in_the_error_place() {
+    let check = |code: &str, expect: &[usize]| {
+        assert_eq!(string_errors(code), expect, "code:\n{code}");
+    };
+    check("fn f() -> Result<(), String> {}", &[1]);
+    check("fn f()\n-> Result<Vec<String>, String> {}", &[2]);
+    check("fn f() -> Result<BTreeMap<&str, String>, E> {}", &[]);
+    check("fn f() -> Result<(Arc<dyn S>, C),\n    String,\n> {}", &[1]);
+    check("fn f() -> Result<impl Fn() -> String, E> {}", &[]);
+    check("fn f() -> io::Result<String> {}", &[]);
+}

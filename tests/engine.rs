@@ -9,14 +9,17 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use stead::core::catalog::Catalog;
-use stead::core::fleet::{InstanceState, NewTask, RolloutState, TaskKind, TaskRetryPolicy};
+use stead::core::errors::{Cause, ErrorKind, PortName};
+use stead::core::fleet::{
+    InstanceState, NewTask, RolloutState, TaskKind, TaskRetryPolicy, TaskState,
+};
 use stead::core::grants::Grants;
 use stead::core::pass::PassError;
 use stead::core::plan::ControlConfig;
 use stead::core::policy::{reconciler_lease_ttl, RecoveryPolicy, LEASE_MARGIN};
 use stead::core::recovery::RecoveryError;
 use stead::core::types::{
-    ContainerId, InhibitionReason, InstanceName, ServiceKey, ServiceName, Timestamp,
+    ContainerId, InhibitionReason, InstanceName, RuntimeError, ServiceKey, ServiceName, Timestamp,
 };
 use stead::engine::lease::LeaseGuard;
 use stead::engine::recovery::{InstanceLocks, RecoverError, Recoverer};
@@ -825,7 +828,7 @@ async fn a_dropped_service_whose_withdrawal_failed_is_not_routed_again_before_th
     f.enqueue(instance.id, TaskKind::Upgrade).await;
     let end = f.worker().work_once().await.unwrap().1;
     assert!(
-        matches!(&end, TaskEnd::Retried(e) if e.contains("proxy down")),
+        matches!(&end, TaskEnd::Retried(e) if e.to_string().contains("proxy down")),
         "{end:?}"
     );
     f.script.heal();
@@ -1462,7 +1465,7 @@ async fn a_hung_handler_is_bounded_by_its_lease() {
     f.script.fail(Op::Create, "stead.wiki1.", Fault::Hang);
     let (_, end) = f.worker().work_once().await.expect("a task");
     assert!(
-        matches!(end, TaskEnd::Retried(ref e) if e.contains("lease")),
+        matches!(end, TaskEnd::Retried(ref e) if e.to_string().contains("lease")),
         "{end:?}"
     );
     let lock = f
@@ -1677,7 +1680,8 @@ async fn a_worker_provisions_its_own_catalogs_version_and_records_it() {
         .await
         .expect("a task");
     assert!(
-        matches!(&end, TaskEnd::Retried(e) if e.contains("version 1") && e.contains("instance's 2")),
+        matches!(&end, TaskEnd::Retried(e)
+            if e.to_string().contains("version 1") && e.to_string().contains("instance's 2")),
         "{end:?}"
     );
     assert_eq!(
@@ -1748,4 +1752,119 @@ async fn the_pass_counts_the_failures_of_its_own_store_calls() {
     let pass = recoverer.pass().await;
     assert!(pass.errors.is_empty(), "{:?}", pass.errors);
     assert_eq!(store_unavailable(), 2, "nothing failed: nothing counted");
+}
+
+/// Issue #45: a create the runtime refuses for good (an image that cannot
+/// be pulled) fails the provision on its first attempt, with its reason;
+/// retries would fail alike.
+#[tokio::test]
+async fn a_provision_whose_image_cannot_be_pulled_fails_on_its_first_attempt() {
+    let f = fixture();
+    let instance = f.instance("wiki1", "2").await;
+    f.enqueue(instance.id, TaskKind::Provision).await;
+    let denied = "pull access denied for wiki: repository does not exist";
+    f.script
+        .fail(Op::Create, "stead.wiki1.", Fault::Refused(denied.into()));
+    let (task, end) = f.worker().work_once().await.expect("a task");
+    assert_eq!(task.attempts, 1);
+    let TaskEnd::Failed(error) = end else {
+        panic!("failed for good at once, not {end:?}")
+    };
+    assert_eq!(error.kind(), ErrorKind::Refused);
+    assert!(error.to_string().contains(denied), "{error}");
+    let row = f.store.task(task.id).await.unwrap().expect("the task");
+    assert_eq!(row.state, TaskState::Failed);
+    assert!(row.last_error.is_some_and(|e| e.contains(denied)));
+    f.clock.advance(Duration::from_secs(3600));
+    assert!(f.worker().work_once().await.is_none(), "not retried");
+}
+
+/// Issue #45: an upgrade whose new version's image cannot be pulled fails
+/// on its first attempt and halts its type's rollout (C8) at once, instead
+/// of after every attempt failed alike.
+#[tokio::test]
+async fn an_upgrade_whose_image_cannot_be_pulled_fails_at_once_and_halts_the_rollout() {
+    let f = fixture();
+    let instance = f.served("wiki1", "1").await;
+    let before = f.store.load_active(&instance.name).await.unwrap();
+    f.script.fail(
+        Op::Create,
+        "stead.wiki1.web.2",
+        Fault::Refused("pull access denied: manifest unknown".into()),
+    );
+    f.enqueue(instance.id, TaskKind::Upgrade).await;
+    let (task, end) = f.worker().work_once().await.expect("a task");
+    assert_eq!(task.attempts, 1);
+    assert!(
+        matches!(&end, TaskEnd::Failed(e) if e.kind() == ErrorKind::Refused),
+        "{end:?}"
+    );
+    assert_eq!(f.store.load_active(&instance.name).await.unwrap(), before);
+    let rollouts = f.store.rollouts().await.unwrap();
+    assert_eq!(rollouts.get("wiki"), Some(&RolloutState::Halted));
+    let row = f.store.instance(&instance.name).await.unwrap().unwrap();
+    assert_eq!(row.state, InstanceState::Ready, "back to ready, serving 1");
+}
+
+/// Issue #45: a runtime that could not be reached is a failure that may
+/// pass: the task is retried after the policy's backoff, and succeeds once
+/// the runtime answers.
+#[tokio::test]
+async fn a_provision_whose_runtime_is_unavailable_is_retried_after_a_backoff() {
+    let f = fixture();
+    let instance = f.instance("wiki1", "2").await;
+    f.enqueue(instance.id, TaskKind::Provision).await;
+    f.script.fail(
+        Op::Create,
+        "stead.wiki1.",
+        Fault::Fail("docker daemon not answering".into()),
+    );
+    let failed_at = f.clock.now();
+    let (task, end) = f.worker().work_once().await.expect("a task");
+    let TaskEnd::Retried(error) = end else {
+        panic!("retried, not {end:?}")
+    };
+    assert!(!error.is_permanent());
+    assert_eq!(error.kind(), ErrorKind::Transient);
+    let row = f.store.task(task.id).await.unwrap().expect("the task");
+    let backoff = TaskRetryPolicy::default().backoff_base;
+    assert_eq!(row.run_after, stead::core::fleet::add(failed_at, backoff));
+    assert!(
+        f.worker().work_once().await.is_none(),
+        "not before its backoff"
+    );
+    f.script.heal();
+    f.clock.advance(backoff);
+    let (task, end) = f.worker().work_once().await.expect("the retry");
+    assert_eq!((task.attempts, end), (2, TaskEnd::Done));
+}
+
+/// Issue #45: a task's error names its instance, the step that failed
+/// (with the service) and the port, and keeps the port's typed error as
+/// its source.
+#[tokio::test]
+async fn a_task_error_names_the_instance_the_step_and_the_port() {
+    let f = fixture();
+    let instance = f.instance("wiki1", "2").await;
+    f.enqueue(instance.id, TaskKind::Provision).await;
+    f.script.fail(
+        Op::Create,
+        "stead.wiki1.",
+        Fault::Refused("no such image".into()),
+    );
+    let (_, end) = f.worker().work_once().await.expect("a task");
+    let TaskEnd::Failed(error) = end else {
+        panic!("failed, not {end:?}")
+    };
+    assert_eq!(error.instance, "wiki1");
+    assert_eq!(error.step, "create web");
+    assert_eq!(error.port(), Some(PortName::Runtime));
+    assert_eq!(
+        *error.cause,
+        Cause::Runtime(RuntimeError::Refused("no such image".into()))
+    );
+    assert_eq!(
+        error.to_string(),
+        "wiki1: create web: runtime refused: no such image"
+    );
 }

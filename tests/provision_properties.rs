@@ -4,7 +4,7 @@
 use std::time::Duration;
 
 use proptest::prelude::*;
-use stead::core::errors::StoreError;
+use stead::core::errors::{StoreError, TaskError};
 use stead::core::provision::{
     Deprovision, DeprovisionInput, Provision, ProvisionInput, WorkAnswer, WorkCommand, WorkError,
 };
@@ -114,7 +114,7 @@ fn docker_input(active: ActiveRecord) -> ProvisionInput {
 }
 
 /// Runs a provision with every answer a success; its commands and result.
-fn provision_all_ok(input: ProvisionInput) -> (Vec<WorkCommand>, Result<(), String>) {
+fn provision_all_ok(input: ProvisionInput) -> (Vec<WorkCommand>, Result<(), TaskError>) {
     let mut machine = Provision::new(input);
     let mut issued = Vec::new();
     while let Some(command) = machine.poll_command() {
@@ -194,9 +194,16 @@ fn a_worker_whose_catalog_is_behind_the_instance_refuses_to_provision_it() {
     });
     assert_eq!(issued, Vec::new(), "nothing installed or created");
     let error = result.expect_err("refused");
+    let message = error.to_string();
     assert!(
-        error.contains("version 1") && error.contains("instance's 2") && error.contains("app"),
+        message.contains("version 1")
+            && message.contains("instance's 2")
+            && message.contains("app"),
         "{error}"
+    );
+    assert!(
+        !error.is_permanent(),
+        "retried, by then under the new catalog"
     );
 }
 

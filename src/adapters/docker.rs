@@ -56,6 +56,7 @@ pub use workload::{
     network_name, volume_name, LABEL_INSTANCE_ID, LABEL_VOLUME, SECRET_FILE_LEN_MAX,
 };
 
+use crate::core::errors::PortFailure;
 use crate::core::names;
 use crate::core::types::{
     Binds, ContainerId, ContainerStatus, GenerationKey, Health, InstanceName, Observation,
@@ -705,16 +706,17 @@ impl DockerRuntime {
                 )));
             }
             let info = message.map_err(|e| {
-                RuntimeError::Transient(format!(
-                    "image {image:?} is missing and pulling it failed: {}",
-                    detail(&e)
-                ))
+                let refused = matches!(
+                    e,
+                    DockerError::DockerResponseServerError {
+                        status_code: 401 | 403 | 404,
+                        ..
+                    }
+                );
+                pull_failure(image, &detail(&e), refused)
             })?;
             if let Some(error) = info.error_detail.and_then(|d| d.message) {
-                return Err(RuntimeError::Transient(format!(
-                    "image {image:?} is missing and pulling it failed: {}",
-                    truncate(&error)
-                )));
+                return Err(pull_failure(image, &truncate(&error), false));
             }
         }
         Ok(())
@@ -772,17 +774,30 @@ impl DockerRuntime {
     }
 }
 
+/// A label a container does not carry with the value expected.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("label {label} is {found:?}, expected {expected:?}")]
+struct LabelMismatch {
+    label: String,
+    found: Option<String>,
+    expected: String,
+}
+
 /// The first of `expected`'s labels the container does not carry with the
-/// expected value, described for an error.
+/// expected value.
 fn check_labels(
     response: &ContainerInspectResponse,
     expected: &[(&str, &str)],
-) -> Result<(), String> {
+) -> Result<(), LabelMismatch> {
     let labels = response.config.as_ref().and_then(|c| c.labels.as_ref());
     for (label, value) in expected {
-        let found = labels.and_then(|l| l.get(*label)).map(String::as_str);
-        if found != Some(*value) {
-            return Err(format!("label {label} is {found:?}, expected {value:?}"));
+        let found = labels.and_then(|l| l.get(*label));
+        if found.map(String::as_str) != Some(*value) {
+            return Err(LabelMismatch {
+                label: (*label).to_owned(),
+                found: found.cloned(),
+                expected: (*value).to_owned(),
+            });
         }
     }
     Ok(())
@@ -1034,6 +1049,9 @@ impl Provisioner for DockerProvisioner {
             .await
             .map_err(|e| ProvisionError::Unavailable(format!("uninstall {release:?}: {e}")))?;
         let mut failures = Vec::new();
+        // Whether a removal was refused for good (a container that is not
+        // the generation's, T6); otherwise the runtime may answer next time.
+        let mut refused = false;
         for container in containers.iter().filter(|c| c.instance.as_str() == release) {
             let key = GenerationKey {
                 instance: container.instance.clone(),
@@ -1041,6 +1059,7 @@ impl Provisioner for DockerProvisioner {
                 container: container.id.clone(),
             };
             if let Err(e) = self.runtime.remove(&key).await {
+                refused |= e.kind().is_permanent();
                 failures.push(format!("{}: {e}", container.id));
             }
         }
@@ -1052,6 +1071,7 @@ impl Provisioner for DockerProvisioner {
                 .remove_network(&InstanceName::new(release))
                 .await
             {
+                refused |= e.kind().is_permanent();
                 failures.push(format!(
                     "network {:?}: {e}",
                     network_name(&InstanceName::new(release))
@@ -1059,14 +1079,20 @@ impl Provisioner for DockerProvisioner {
             }
         }
         if failures.is_empty() {
-            Ok(())
-        } else {
-            Err(ProvisionError::Failed(format!(
-                "uninstall {release:?}: {} container(s) not removed: {}",
-                failures.len(),
-                failures.join("; ")
-            )))
+            return Ok(());
         }
+        let message = format!(
+            "uninstall {release:?}: {} container(s) not removed: {}",
+            failures.len(),
+            failures.join("; ")
+        );
+        // A deprovision retries a runtime that did not answer; only a
+        // refusal fails it for good.
+        Err(if refused {
+            ProvisionError::Failed(message)
+        } else {
+            ProvisionError::Unavailable(message)
+        })
     }
 
     async fn list_releases(&self) -> Result<Vec<Release>, ProvisionError> {
@@ -1337,6 +1363,36 @@ fn url_encode(text: &str) -> String {
 /// Whether a create failed because the name is taken: Docker answers 409;
 /// Podman 4.3's compatible API answers 500 with libpod's message. Either way
 /// [`Runtime::create`] adopts the container only if its labels match.
+/// What the registry's refusal of a pull says, in the words Docker and
+/// registries use: the image or tag does not exist, or stead may not pull
+/// it. Pulling it again fails alike until the catalog or the registry
+/// changes. A rate limit (`toomanyrequests`) passes.
+const PULL_REFUSED_MARKERS: [&str; 6] = [
+    "pull access denied",
+    "manifest unknown",
+    "not found",
+    "repository does not exist",
+    "unauthorized",
+    "invalid reference format",
+];
+
+/// A missing image whose pull failed: refused (a permanent kind, so the
+/// task fails at once and an upgrade halts its rollout, C8) when the
+/// registry answered that the image cannot be had (`refused`, from its
+/// status, or its words), transient when it could not be reached or
+/// asked to wait.
+fn pull_failure(image: &str, said: &str, refused: bool) -> RuntimeError {
+    let message = format!("image {image:?} is missing and pulling it failed: {said}");
+    let lower = said.to_ascii_lowercase();
+    let refused = !lower.contains("toomanyrequests")
+        && (refused || PULL_REFUSED_MARKERS.iter().any(|m| lower.contains(m)));
+    if refused {
+        RuntimeError::Refused(message)
+    } else {
+        RuntimeError::Transient(message)
+    }
+}
+
 fn name_taken(error: &DockerError) -> bool {
     match error {
         DockerError::DockerResponseServerError {
@@ -1387,6 +1443,42 @@ fn truncate(text: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_image_the_registry_refuses_is_a_refused_pull_and_an_unreachable_one_transient() {
+        let check = |said: &str, status_refused: bool, expect_refused: bool| {
+            let error = pull_failure("wiki:9", said, status_refused);
+            assert_eq!(
+                matches!(error, RuntimeError::Refused(_)),
+                expect_refused,
+                "{said:?}: {error:?}"
+            );
+            assert!(error.to_string().contains("wiki:9"), "{error}");
+        };
+        check(
+            "pull access denied for wiki, repository does not exist or may require 'docker login'",
+            false,
+            true,
+        );
+        check(
+            "manifest for wiki:9 not found: manifest unknown",
+            false,
+            true,
+        );
+        check(
+            "Head https://registry/v2/wiki/manifests/9: unauthorized",
+            false,
+            true,
+        );
+        check("anything the registry said with a 404", true, true);
+        check("dial tcp 10.0.0.1:443: i/o timeout", false, false);
+        check(
+            "toomanyrequests: You have reached your pull rate limit",
+            false,
+            false,
+        );
+        check("toomanyrequests: not found in cache", true, false);
+    }
 
     fn id() -> ContainerId {
         ContainerId::new("c1")

@@ -43,7 +43,8 @@ pub const RELEASE_NAME_LEN_MAX: usize = names::INSTANCE_NAME_LEN_MAX;
 /// killed and the call fails naming the command and the bound.
 pub const HELM_STDOUT_LEN_MAX: usize = 32 * 1024 * 1024;
 /// The most of helm's standard error kept (it is only quoted and searched
-/// for helm's own "not found"); the rest is read and dropped, so helm
+/// for helm's own "not found" and the words of a failure that passes,
+/// `HELM_PASSING_MARKERS`); the rest is read and dropped, so helm
 /// never blocks on a full pipe.
 pub const HELM_STDERR_LEN_MAX: usize = 1024 * 1024;
 
@@ -345,10 +346,34 @@ enum HelmFailure {
     Other(String),
 }
 
+/// What helm's standard error says when it ran but could not reach the
+/// cluster, or found another helm operation on the release under way:
+/// failures that pass, unlike a chart or values the cluster rejected or a
+/// release that never became ready, which fail the same way again.
+const HELM_PASSING_MARKERS: [&str; 5] = [
+    "kubernetes cluster unreachable",
+    "another operation (install/upgrade/rollback) is in progress",
+    "connection refused",
+    "i/o timeout",
+    "tls handshake timeout",
+];
+
 impl HelmFailure {
+    /// `Failed` (a permanent kind: the task fails at once) for a helm that
+    /// ran and failed, `Unavailable` (retried) for one that could not run,
+    /// or whose failure says the cluster or the release was busy or out of
+    /// reach.
     fn into_error(self, release: &str) -> ProvisionError {
         match self {
-            Self::Exit { message, .. } => ProvisionError::Failed(format!("{release}: {message}")),
+            Self::Exit { stderr, message } => {
+                let said = stderr.to_ascii_lowercase();
+                let message = format!("{release}: {message}");
+                if HELM_PASSING_MARKERS.iter().any(|m| said.contains(m)) {
+                    ProvisionError::Unavailable(message)
+                } else {
+                    ProvisionError::Failed(message)
+                }
+            }
             Self::Other(message) => ProvisionError::Unavailable(format!("{release}: {message}")),
         }
     }
@@ -569,6 +594,34 @@ mod tests {
             let error = parse_list(bad).unwrap_err();
             assert!(matches!(error, ProvisionError::Failed(_)), "{error:?}");
             assert!(error.to_string().contains("not a JSON array"), "{error}");
+        }
+    }
+
+    #[test]
+    fn a_helm_that_could_not_reach_the_cluster_is_unavailable_and_one_that_failed_is_failed() {
+        let exit = |stderr: &str| HelmFailure::Exit {
+            stderr: stderr.to_owned(),
+            message: stderr.to_owned(),
+        };
+        let passing = [
+            "Error: Kubernetes cluster unreachable: Get \"https://k8s:6443/version\": dial tcp: connection refused",
+            "Error: UPGRADE FAILED: another operation (install/upgrade/rollback) is in progress",
+        ];
+        for stderr in passing {
+            let error = exit(stderr).into_error("shop");
+            assert!(matches!(error, ProvisionError::Unavailable(_)), "{error:?}");
+        }
+        let failing = [
+            "Error: UPGRADE FAILED: release shop failed, and has been rolled back due to atomic being set: timed out waiting for the condition",
+            "Error: INSTALLATION FAILED: chart \"nope\" version \"9\" not found",
+        ];
+        for stderr in failing {
+            let error = exit(stderr).into_error("shop");
+            assert!(matches!(error, ProvisionError::Failed(_)), "{error:?}");
+            assert!(
+                error.to_string().starts_with("provisioner: shop: "),
+                "{error}"
+            );
         }
     }
 

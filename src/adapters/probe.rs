@@ -24,8 +24,13 @@ pub struct NetProbe {
     client: reqwest::Client,
 }
 
+/// The probe's HTTP client could not be built (no TLS backend, say).
+#[derive(Debug, thiserror::Error)]
+#[error("build the probe's http client: {0}")]
+pub struct ProbeClientError(#[source] reqwest::Error);
+
 impl NetProbe {
-    pub fn new() -> Result<Self, String> {
+    pub fn new() -> Result<Self, ProbeClientError> {
         let client = reqwest::Client::builder()
             // A redirect answer already proves the backend serves.
             .redirect(reqwest::redirect::Policy::none())
@@ -34,7 +39,7 @@ impl NetProbe {
             // for an execution that may have been replaced since.
             .pool_max_idle_per_host(0)
             .build()
-            .map_err(|e| format!("build the probe's http client: {e}"))?;
+            .map_err(ProbeClientError)?;
         Ok(Self { client })
     }
 

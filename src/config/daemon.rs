@@ -194,6 +194,22 @@ pub enum DaemonConfigError {
     },
 }
 
+/// A task lease too short for the helm call it covers: the settings and
+/// the least lease that would do, in seconds.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error(
+    "control.lease_s ({lease_s}) must exceed helm.wait_timeout_s ({wait_timeout_s}) plus \
+     helm.kill_margin_s ({kill_margin_s}) and {record_s} s to record the outcome, i.e. be at \
+     least {least_s} s; raise control.lease_s or lower helm.wait_timeout_s"
+)]
+pub struct HelmLeaseTooShort {
+    pub lease_s: u64,
+    pub wait_timeout_s: u64,
+    pub kill_margin_s: u64,
+    pub record_s: u64,
+    pub least_s: u64,
+}
+
 fn quote(value: impl std::fmt::Debug) -> String {
     let mut value = format!("{value:?}");
     if value.chars().count() > ERROR_VALUE_LEN_MAX {
@@ -302,7 +318,7 @@ pub fn parse(
             return Err(validator.invalid(
                 "control.lease_s",
                 config.control.lease.as_secs(),
-                reason,
+                reason.to_string(),
             ));
         }
     }
@@ -313,21 +329,18 @@ impl DaemonConfig {
     /// Whether the task lease outlives a whole helm call: helm's wait, the
     /// kill margin, and the time to record the outcome. The error names
     /// both settings.
-    pub fn check_helm_timeouts(&self) -> Result<(), String> {
+    pub fn check_helm_timeouts(&self) -> Result<(), HelmLeaseTooShort> {
         let bound = self.helm.wait_timeout + self.helm.kill_margin + TASK_LEASE_SAFETY_MARGIN;
         if self.control.lease > bound {
             return Ok(());
         }
-        Err(format!(
-            "control.lease_s ({}) must exceed helm.wait_timeout_s ({}) plus helm.kill_margin_s \
-             ({}) and {} s to record the outcome, i.e. be at least {} s; raise control.lease_s \
-             or lower helm.wait_timeout_s",
-            self.control.lease.as_secs(),
-            self.helm.wait_timeout.as_secs(),
-            self.helm.kill_margin.as_secs(),
-            TASK_LEASE_SAFETY_MARGIN.as_secs(),
-            bound.as_secs() + 1
-        ))
+        Err(HelmLeaseTooShort {
+            lease_s: self.control.lease.as_secs(),
+            wait_timeout_s: self.helm.wait_timeout.as_secs(),
+            kill_margin_s: self.helm.kill_margin.as_secs(),
+            record_s: TASK_LEASE_SAFETY_MARGIN.as_secs(),
+            least_s: bound.as_secs() + 1,
+        })
     }
 }
 
@@ -1143,6 +1156,7 @@ mod tests {
         assert!(docker_only
             .check_helm_timeouts()
             .unwrap_err()
+            .to_string()
             .contains("helm.wait_timeout_s (300)"));
         let short = "[helm]\nwait_timeout_s = 2\nkill_margin_s = 1\n[control]\nlease_s = 10\nprovisioner_timeout_s = 5\n";
         parse(short, "f", &[]).unwrap();

@@ -13,6 +13,8 @@
 
 use std::fmt;
 
+use super::fleet::IllegalTransition;
+use super::release::TemplateError;
 use super::types::RuntimeError;
 
 /// What a failure lets the caller conclude, across every port. A port uses
@@ -66,6 +68,28 @@ impl ErrorKind {
             Self::BadRow => "bad_row",
             Self::NotReady => "not_ready",
             Self::Failed => "failed",
+        }
+    }
+
+    /// Whether a task that failed with this kind fails for good at once:
+    /// doing the same thing again is certain to fail again, so retries
+    /// would only delay the verdict (and, for an upgrade, the halt of its
+    /// rollout, C8). Every other kind may pass, or is a race the retry
+    /// re-reads the world for, and is retried with backoff.
+    ///
+    /// `NotFound` is not permanent: what a task finds gone was removed by
+    /// something else (an operator, a concurrent delete), and a retried
+    /// machine plans around what is left. `Conflict` and `Fenced` are
+    /// another writer's move; `NotReady` a successor that may yet start.
+    pub fn is_permanent(self) -> bool {
+        match self {
+            Self::Refused | Self::BadRow | Self::Failed => true,
+            Self::NotFound
+            | Self::Conflict
+            | Self::Transient
+            | Self::Unavailable
+            | Self::Fenced
+            | Self::NotReady => false,
         }
     }
 }
@@ -305,9 +329,156 @@ impl PortFailure for NotifyError {
     }
 }
 
+/// What made a task's step fail: a port's failure, kept typed, or a
+/// verdict stead reached on what the ports answered, of the kind it names.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum Cause {
+    #[error(transparent)]
+    Runtime(#[from] RuntimeError),
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    #[error(transparent)]
+    Traffic(#[from] TrafficError),
+    #[error(transparent)]
+    Provision(#[from] ProvisionError),
+    #[error(transparent)]
+    Probe(#[from] ProbeError),
+    /// A template of the catalog entry does not render: the same entry
+    /// never will.
+    #[error(transparent)]
+    Template(#[from] TemplateError),
+    /// The instance is in a state the task cannot settle it from.
+    #[error(transparent)]
+    Transition(#[from] IllegalTransition),
+    /// stead's own verdict (a successor that exited, a catalog behind the
+    /// instance's version, a lease no longer trusted).
+    #[error("{message}")]
+    Verdict { kind: ErrorKind, message: String },
+}
+
+impl Cause {
+    pub fn verdict(kind: ErrorKind, message: impl Into<String>) -> Self {
+        Self::Verdict {
+            kind,
+            message: message.into(),
+        }
+    }
+
+    pub fn kind(&self) -> ErrorKind {
+        match self {
+            Self::Runtime(e) => e.kind(),
+            Self::Store(e) => e.kind(),
+            Self::Traffic(e) => e.kind(),
+            Self::Provision(e) => e.kind(),
+            Self::Probe(e) => e.kind(),
+            Self::Template(_) => ErrorKind::Refused,
+            Self::Transition(_) => ErrorKind::Conflict,
+            Self::Verdict { kind, .. } => *kind,
+        }
+    }
+
+    /// The port the failure came through; `None` for stead's own verdicts.
+    pub fn port(&self) -> Option<PortName> {
+        match self {
+            Self::Runtime(_) => Some(RuntimeError::PORT),
+            Self::Store(_) => Some(StoreError::PORT),
+            Self::Traffic(_) => Some(TrafficError::PORT),
+            Self::Provision(_) => Some(ProvisionError::PORT),
+            Self::Probe(_) => Some(ProbeError::PORT),
+            Self::Template(_) | Self::Transition(_) | Self::Verdict { .. } => None,
+        }
+    }
+}
+
+/// Why a task failed, with its subject: the instance and the step that
+/// failed ("create web", "load ACTIVE"), the port through
+/// [`TaskError::port`], and the typed cause kept as its source. The
+/// worker decides on [`TaskError::kind`]: a permanent one fails the task
+/// at once (`TaskRetryPolicy::after_error`).
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("{instance}: {step}: {cause}")]
+pub struct TaskError {
+    /// The instance's name, or `instance {id}` before its row was read.
+    pub instance: String,
+    /// What the task was doing, naming the service when there is one.
+    pub step: String,
+    /// Boxed: the port errors are large, and a task error is returned
+    /// through every layer.
+    #[source]
+    pub cause: Box<Cause>,
+}
+
+impl TaskError {
+    pub fn new(
+        instance: impl fmt::Display,
+        step: impl Into<String>,
+        cause: impl Into<Cause>,
+    ) -> Self {
+        Self {
+            instance: instance.to_string(),
+            step: step.into(),
+            cause: Box::new(cause.into()),
+        }
+    }
+
+    pub fn kind(&self) -> ErrorKind {
+        self.cause.kind()
+    }
+
+    pub fn port(&self) -> Option<PortName> {
+        self.cause.port()
+    }
+
+    pub fn is_permanent(&self) -> bool {
+        self.kind().is_permanent()
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn refused_bad_row_and_failed_are_the_only_permanent_kinds() {
+        let permanent: Vec<ErrorKind> = ErrorKind::ALL
+            .into_iter()
+            .filter(|kind| kind.is_permanent())
+            .collect();
+        assert_eq!(
+            permanent,
+            [ErrorKind::Refused, ErrorKind::BadRow, ErrorKind::Failed]
+        );
+    }
+
+    #[test]
+    fn a_task_error_names_its_instance_step_and_port_and_keeps_its_cause() {
+        let error = TaskError::new(
+            "a1",
+            "create web",
+            RuntimeError::Refused("image \"x:9\" cannot be pulled".into()),
+        );
+        assert_eq!(
+            error.to_string(),
+            "a1: create web: runtime refused: image \"x:9\" cannot be pulled"
+        );
+        assert_eq!(error.kind(), ErrorKind::Refused);
+        assert_eq!(error.port(), Some(PortName::Runtime));
+        assert!(error.is_permanent());
+        let source = std::error::Error::source(&error).expect("a source");
+        assert_eq!(source.to_string(), error.cause.to_string());
+    }
+
+    #[test]
+    fn a_verdict_has_the_kind_it_names_and_no_port() {
+        let error = TaskError::new(
+            "a1",
+            "verify the successor of web",
+            Cause::verdict(ErrorKind::NotReady, "candidate is exited"),
+        );
+        assert_eq!(error.kind(), ErrorKind::NotReady);
+        assert_eq!(error.port(), None);
+        assert!(!error.is_permanent());
+    }
 
     fn kind_of<E: PortFailure>(error: E) -> (PortName, ErrorKind) {
         (E::PORT, error.kind())

@@ -6,6 +6,7 @@ use std::collections::BTreeMap;
 use std::fmt;
 use std::time::Duration;
 
+use super::errors::ErrorKind;
 use super::types::{InstanceName, Intent, Timestamp};
 
 /// Lifecycle of an instance.
@@ -441,7 +442,7 @@ impl Default for TaskRetryPolicy {
 pub enum RetryDecision {
     /// Requeue with `run_after`.
     RetryAt(Timestamp),
-    /// Out of attempts.
+    /// Out of attempts, or the failure is permanent.
     Fail,
 }
 
@@ -457,6 +458,17 @@ impl TaskRetryPolicy {
             .saturating_mul(1u32 << shift)
             .min(self.backoff_max);
         RetryDecision::RetryAt(add(now, delay))
+    }
+
+    /// As [`Self::after_failure`], deciding by the failure's kind first: a
+    /// permanent one ([`ErrorKind::is_permanent`]: an image that cannot be
+    /// pulled, a refused request) fails the task on this attempt, since
+    /// every retry would fail alike.
+    pub fn after_error(&self, attempts: u32, kind: ErrorKind, now: Timestamp) -> RetryDecision {
+        if kind.is_permanent() {
+            return RetryDecision::Fail;
+        }
+        self.after_failure(attempts, now)
     }
 }
 
@@ -549,5 +561,28 @@ mod tests {
             RetryDecision::RetryAt(add(now, Duration::from_secs(40)))
         );
         assert_eq!(policy.after_failure(5, now), RetryDecision::Fail);
+    }
+
+    #[test]
+    fn a_permanent_failure_fails_on_its_first_attempt_and_a_transient_one_backs_off() {
+        let policy = TaskRetryPolicy::default();
+        let now = Timestamp::UNIX_EPOCH;
+        for kind in ErrorKind::ALL {
+            let decision = policy.after_error(1, kind, now);
+            if kind.is_permanent() {
+                assert_eq!(decision, RetryDecision::Fail, "{kind}");
+            } else {
+                assert_eq!(
+                    decision,
+                    RetryDecision::RetryAt(add(now, Duration::from_secs(10))),
+                    "{kind}"
+                );
+            }
+        }
+        assert_eq!(
+            policy.after_error(5, ErrorKind::Unavailable, now),
+            RetryDecision::Fail,
+            "out of attempts"
+        );
     }
 }

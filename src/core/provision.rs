@@ -30,7 +30,8 @@ use std::collections::VecDeque;
 use std::time::Duration;
 
 use super::errors::{
-    failure_of, ErrorKind, PortFailure, PortName, ProvisionError, StoreError, TrafficError,
+    failure_of, Cause, ErrorKind, PortFailure, PortName, ProvisionError, StoreError, TaskError,
+    TrafficError,
 };
 use super::fleet::InstanceState;
 use super::plan::is_older;
@@ -87,6 +88,26 @@ impl WorkCommand {
     pub fn is_effect(&self) -> bool {
         !matches!(self, Self::Inspect(_))
     }
+
+    /// The step it performs, as a failure's subject names it.
+    pub fn step(&self) -> String {
+        match self {
+            Self::Install(_) => "install the release".to_owned(),
+            Self::Uninstall(_) => "uninstall the release".to_owned(),
+            Self::Inspect(container) => format!("inspect {container}"),
+            Self::Create { spec, .. } => format!("create {}", spec.name),
+            Self::SaveActive { service, .. } => format!("save ACTIVE of {service}"),
+            Self::Withdraw(key) => format!("withdraw {}", key.service),
+            Self::Stop { generation, .. } => format!("stop {}", generation.container),
+            Self::Remove(generation) => format!("remove {}", generation.container),
+            Self::ReleaseClaims(container) => format!("release the claims of {container}"),
+            Self::RemoveActive(service) => format!("remove {service} from ACTIVE"),
+            Self::Inhibit(marker) => format!("hold {}", marker.container),
+            Self::PurgeVolumes => "purge the named volumes".to_owned(),
+            Self::ClearInhibition(marker) => format!("clear the hold on {}", marker.container),
+            Self::RecordVersion { version, .. } => format!("record version {version}"),
+        }
+    }
 }
 
 /// A failure of a provisioning step that is not the runtime's.
@@ -107,6 +128,16 @@ impl WorkError {
             Self::Provision(e) => e.failure(),
             Self::Store(e) => e.failure(),
             Self::Traffic(e) => e.failure(),
+        }
+    }
+}
+
+impl From<WorkError> for Cause {
+    fn from(error: WorkError) -> Self {
+        match error {
+            WorkError::Provision(e) => e.into(),
+            WorkError::Store(e) => e.into(),
+            WorkError::Traffic(e) => e.into(),
         }
     }
 }
@@ -138,21 +169,18 @@ impl WorkAnswer {
 }
 
 /// The failure a teardown step's answer reports, if any: the judgement
-/// deprovisioning and the retirement of a dropped service share.
-pub fn teardown_failure(command: &WorkCommand, answer: WorkAnswer) -> Option<String> {
+/// deprovisioning and the retirement of a dropped service share. The
+/// step it failed is `command.step()`.
+pub fn teardown_failure(command: &WorkCommand, answer: WorkAnswer) -> Option<Cause> {
     match (command, answer) {
         // A container already stopped or gone is what a stop wants.
-        (WorkCommand::Stop { generation, .. }, WorkAnswer::Stopped(result)) => match result {
+        (WorkCommand::Stop { .. }, WorkAnswer::Stopped(result)) => match result {
             Ok(()) | Err(RuntimeError::NotFound) => None,
-            Err(e) => Some(format!("stop {}: {e}", generation.container)),
+            Err(e) => Some(e.into()),
         },
-        (WorkCommand::Remove(generation), WorkAnswer::Removed(result)) => result
-            .err()
-            .map(|e| format!("remove {}: {e}", generation.container)),
-        (_, WorkAnswer::Done(result)) => result.err().map(|e| e.to_string()),
-        (WorkCommand::PurgeVolumes, WorkAnswer::Purged(result)) => result
-            .err()
-            .map(|e| format!("purge the named volumes: {e}")),
+        (WorkCommand::Remove(_), WorkAnswer::Removed(result)) => result.err().map(Cause::from),
+        (_, WorkAnswer::Done(result)) => result.err().map(Cause::from),
+        (WorkCommand::PurgeVolumes, WorkAnswer::Purged(result)) => result.err().map(Cause::from),
         (command, answer) => panic!("answer {answer:?} does not answer {command:?}"),
     }
 }
@@ -262,6 +290,7 @@ enum ProvisionStep {
 /// The provisioning machine. See the module docs.
 #[derive(Debug)]
 pub struct Provision {
+    instance: InstanceName,
     version: String,
     spec_digest: String,
     /// The row's version and digest differ from the ones installed.
@@ -275,7 +304,7 @@ pub struct Provision {
     step: ProvisionStep,
     to_save: Option<(ServiceName, ActiveService)>,
     outstanding: Option<WorkCommand>,
-    error: Option<String>,
+    error: Option<TaskError>,
 }
 
 impl Provision {
@@ -294,11 +323,19 @@ impl Provision {
         // install an older release under a newer version's name, which the
         // rollout, upgrading only instances behind, would never correct. It
         // refuses; the task is retried, by then under the new catalog.
+        // Another process's catalog got there first: a conflict, retried.
         let error = is_older(&input.version, &input.recorded_version).then(|| {
-            format!(
-                "{}: this worker's catalog has version {} of its type, behind the instance's \
-                 {}: not provisioned until the catalog is reloaded",
-                input.instance, input.version, input.recorded_version
+            TaskError::new(
+                &input.instance,
+                "provision",
+                Cause::verdict(
+                    ErrorKind::Conflict,
+                    format!(
+                        "this worker's catalog has version {} of its type, behind the \
+                         instance's {}: not provisioned until the catalog is reloaded",
+                        input.version, input.recorded_version
+                    ),
+                ),
             )
         });
         let record_differs = input.recorded_version != input.version
@@ -311,6 +348,7 @@ impl Provision {
             .keys()
             .any(|name| !pending.iter().any(|spec: &ServiceSpec| &spec.name == name));
         Self {
+            instance: input.instance,
             version: input.version,
             spec_digest: input.spec_digest,
             record_differs,
@@ -382,16 +420,14 @@ impl Provision {
         match (step, answer) {
             (ProvisionStep::Install, WorkAnswer::Done(result)) => {
                 if let Err(e) = result {
-                    self.error = Some(e.to_string());
+                    self.fail(&command, e);
                 }
             }
-            (ProvisionStep::Inspect(spec, container), WorkAnswer::Inspected(result)) => {
-                match result {
-                    Ok(_) => self.kept = true,
-                    Err(RuntimeError::NotFound) => self.step = ProvisionStep::Create(spec),
-                    Err(e) => self.error = Some(format!("inspect {container}: {e}")),
-                }
-            }
+            (ProvisionStep::Inspect(spec, _), WorkAnswer::Inspected(result)) => match result {
+                Ok(_) => self.kept = true,
+                Err(RuntimeError::NotFound) => self.step = ProvisionStep::Create(spec),
+                Err(e) => self.fail(&command, e),
+            },
             (ProvisionStep::Create(spec), WorkAnswer::Created(result)) => match result {
                 Ok(id) => {
                     let unchanged = self
@@ -413,18 +449,18 @@ impl Provision {
                         self.step = ProvisionStep::Save;
                     }
                 }
-                Err(e) => self.error = Some(format!("create {}: {e}", spec.name)),
+                Err(e) => self.fail(&command, e),
             },
             (ProvisionStep::Save, WorkAnswer::Done(result)) => {
                 self.to_save = None;
                 if let Err(e) = result {
-                    self.error = Some(e.to_string());
+                    self.fail(&command, e);
                 }
             }
             (ProvisionStep::Record, WorkAnswer::Done(result)) => {
                 self.step = ProvisionStep::Done;
                 if let Err(e) = result {
-                    self.error = Some(e.to_string());
+                    self.fail(&command, e);
                 }
             }
             (step, answer) => {
@@ -443,13 +479,18 @@ impl Provision {
         self.record_differs && !self.kept
     }
 
+    /// `command` failed: the machine stops, naming the instance and step.
+    fn fail(&mut self, command: &WorkCommand, cause: impl Into<Cause>) {
+        self.error = Some(TaskError::new(&self.instance, command.step(), cause));
+    }
+
     /// Stops issuing commands (the task lease or lock is not trusted).
-    pub fn abandon(&mut self, why: String) {
+    pub fn abandon(&mut self, why: TaskError) {
         self.outstanding = None;
         self.error.get_or_insert(why);
     }
 
-    pub fn into_result(self) -> Result<(), String> {
+    pub fn into_result(self) -> Result<(), TaskError> {
         match self.error {
             Some(e) => Err(e),
             None => Ok(()),
@@ -475,11 +516,12 @@ pub struct DeprovisionInput {
 /// The deprovisioning machine. See the module docs.
 #[derive(Debug)]
 pub struct Deprovision {
+    instance: InstanceName,
     /// Every command still to issue, in order; each is issued only once
     /// the one before it succeeded.
     plan: VecDeque<WorkCommand>,
     outstanding: Option<WorkCommand>,
-    error: Option<String>,
+    error: Option<TaskError>,
 }
 
 impl Deprovision {
@@ -528,6 +570,7 @@ impl Deprovision {
             plan.push_back(WorkCommand::PurgeVolumes);
         }
         Self {
+            instance: input.instance,
             plan,
             outstanding: None,
             error: None,
@@ -549,18 +592,18 @@ impl Deprovision {
             .outstanding
             .take()
             .expect("an answer without a command");
-        if let Some(e) = teardown_failure(&command, answer) {
-            self.error = Some(e);
+        if let Some(cause) = teardown_failure(&command, answer) {
+            self.error = Some(TaskError::new(&self.instance, command.step(), cause));
         }
     }
 
     /// Stops issuing commands (the task lease or lock is not trusted).
-    pub fn abandon(&mut self, why: String) {
+    pub fn abandon(&mut self, why: TaskError) {
         self.outstanding = None;
         self.error.get_or_insert(why);
     }
 
-    pub fn into_result(self) -> Result<(), String> {
+    pub fn into_result(self) -> Result<(), TaskError> {
         match self.error {
             Some(e) => Err(e),
             None => Ok(()),

@@ -222,7 +222,8 @@ pub enum RuntimeError {
     #[error("runtime conflict: {0}")]
     Conflict(String),
     /// Refused for what was asked: the container is not the generation's
-    /// (T6), or the runtime's answer is unusable.
+    /// (T6), its image cannot be pulled (missing, or access denied), or the
+    /// runtime's answer is unusable. Asking again fails alike.
     #[error("runtime refused: {0}")]
     Refused(String),
     /// Anything else: a timeout, a 500, a refused connection. Changes nothing.

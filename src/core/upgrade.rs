@@ -29,7 +29,9 @@ use std::time::Duration;
 
 use jiff::Timestamp;
 
-use super::errors::{failure_of, ErrorKind, PortName, ProbeError, ProvisionError, StoreError};
+use super::errors::{
+    failure_of, Cause, ErrorKind, PortName, ProbeError, ProvisionError, StoreError, TaskError,
+};
 use super::fleet::{add, InstanceState};
 use super::plan::is_older;
 use super::provision::{
@@ -223,9 +225,10 @@ enum Step {
         started_at: Timestamp,
         binds: Binds,
     },
+    /// Remove a successor that failed verification, for `error`.
     Remove {
         candidate: ContainerId,
-        error: String,
+        error: Cause,
     },
     SaveMarker {
         candidate: ContainerId,
@@ -274,7 +277,7 @@ pub struct Upgrade {
     retiring: VecDeque<WorkCommand>,
     outstanding: Option<UpgradeCommand>,
     switched: Vec<ServiceName>,
-    error: Option<String>,
+    error: Option<TaskError>,
     now: Option<Timestamp>,
 }
 
@@ -521,8 +524,10 @@ impl Upgrade {
             .outstanding
             .take()
             .expect("an answer without a command");
+        let instance = self.instance.clone();
+        let fail = |step: String, cause: Cause| TaskError::new(&instance, step, cause);
         match (&command, &answer) {
-            (UpgradeCommand::MoveState { to, .. }, UpgradeAnswer::StateMoved(result)) => {
+            (UpgradeCommand::MoveState { from, to }, UpgradeAnswer::StateMoved(result)) => {
                 if self.phase == Phase::Begin {
                     match result {
                         Ok(()) => {
@@ -530,7 +535,8 @@ impl Upgrade {
                             self.phase = Phase::Services;
                         }
                         Err(e) => {
-                            self.error = Some(e.to_string());
+                            let step = format!("move the instance from {from} to {to}");
+                            self.error = Some(fail(step, e.clone().into()));
                             self.phase = Phase::Done;
                         }
                     }
@@ -546,22 +552,25 @@ impl Upgrade {
                 // instance keeps serving its old version, as a Docker
                 // upgrade whose successor failed does.
                 if let Err(e) = result {
-                    self.error = Some(format!(
-                        "helm upgrade of release {} in {} to chart {} {}: {e}",
+                    let step = format!(
+                        "helm upgrade of release {} in {} to chart {} {}",
                         release.name, release.namespace, release.chart, release.chart_version
-                    ));
+                    );
+                    self.error = Some(fail(step, e.clone().into()));
                 }
                 return;
             }
             (UpgradeCommand::Retire(step), UpgradeAnswer::Retired(answer)) => {
-                if let Some(e) = teardown_failure(step, answer.clone()) {
-                    self.error = Some(format!("retire a dropped service: {e}"));
+                if let Some(cause) = teardown_failure(step, answer.clone()) {
+                    let step = format!("retire a dropped service: {}", step.step());
+                    self.error = Some(fail(step, cause));
                 }
                 return;
             }
             (UpgradeCommand::SetVersion { .. }, UpgradeAnswer::VersionSet(result)) => {
                 if let Err(e) = result {
-                    self.error = Some(format!("record version {}: {e}", self.version));
+                    let step = format!("record version {}", self.version);
+                    self.error = Some(fail(step, e.clone().into()));
                 }
                 self.phase = Phase::Finish;
                 return;
@@ -578,7 +587,7 @@ impl Upgrade {
                     candidate,
                     tries: 0,
                 }),
-                Err(e) => Err(format!("create successor of {name}: {e}")),
+                Err(e) => Err(fail(format!("create successor of {name}"), e.into())),
             },
             (Step::WaitRunning { candidate, tries }, UpgradeAnswer::Inspected(inspected)) => {
                 match inspected {
@@ -587,19 +596,19 @@ impl Upgrade {
                             candidate,
                             started_at,
                         }),
-                        None => retry_or_fail(candidate, tries),
+                        None => Ok(retry_or_fail(candidate, tries)),
                     },
                     Ok(obs) if obs.status.is_down() => Ok(Step::Remove {
                         candidate,
-                        error: format!("candidate is {}", obs.status),
+                        error: not_ready(format!("candidate is {}", obs.status)),
                     }),
                     // Removed anyway: what was created must not be left
                     // behind on a spurious answer.
                     Err(RuntimeError::NotFound) => Ok(Step::Remove {
                         candidate,
-                        error: "candidate vanished".into(),
+                        error: not_ready("candidate vanished"),
                     }),
-                    Ok(_) | Err(_) => retry_or_fail(candidate, tries),
+                    Ok(_) | Err(_) => Ok(retry_or_fail(candidate, tries)),
                 }
             }
             (
@@ -616,7 +625,7 @@ impl Upgrade {
                 }),
                 Err(e) => Ok(Step::Remove {
                     candidate,
-                    error: e.to_string(),
+                    error: e.into(),
                 }),
             },
             (
@@ -634,7 +643,7 @@ impl Upgrade {
                 }),
                 Err(error) => Ok(Step::Remove {
                     candidate,
-                    error: error.to_string(),
+                    error: error.into(),
                 }),
             },
             (
@@ -665,13 +674,13 @@ impl Upgrade {
                 }
                 _ => Ok(Step::Remove {
                     candidate,
-                    error: "candidate restarted during verification".into(),
+                    error: not_ready("candidate restarted during verification"),
                 }),
             },
             (Step::Remove { error, .. }, UpgradeAnswer::Removed(_)) => {
                 // Removed or not (a later provision or the operator tidies
                 // up), the upgrade stops here with ACTIVE untouched.
-                Err(format!("successor of {name} not ready: {error}"))
+                Err(fail(format!("successor of {name} not ready"), error))
             }
             (
                 Step::SaveMarker {
@@ -686,14 +695,17 @@ impl Upgrade {
                     started_at,
                     binds,
                 }),
-                Err(e) => Err(format!("save the retirement marker of {name}: {e}")),
+                Err(e) => Err(fail(
+                    format!("save the retirement marker of {name}"),
+                    e.into(),
+                )),
             },
             (Step::SaveActive { .. }, UpgradeAnswer::ActiveSaved(result)) => match result {
                 Ok(()) => {
                     self.switched.push(name);
                     return;
                 }
-                Err(e) => Err(format!("switch ACTIVE of {name}: {e}")),
+                Err(e) => Err(fail(format!("switch ACTIVE of {name}"), e.into())),
             },
             (step, answer) => {
                 panic!("answer {answer:?} does not answer {command:?} (step {step:?})")
@@ -707,7 +719,7 @@ impl Upgrade {
 
     /// Abandons the upgrade (the task lease or lock is no longer trusted):
     /// nothing more is issued; ACTIVE is as the last saved command left it.
-    pub fn abandon(&mut self, why: String) {
+    pub fn abandon(&mut self, why: TaskError) {
         self.outstanding = None;
         self.error.get_or_insert(why);
         // Mid-services (or mid-retirement) the instance still goes back
@@ -721,7 +733,7 @@ impl Upgrade {
 
     /// The services switched to their successors, or the error that
     /// stopped the upgrade (services switched before it stay switched).
-    pub fn into_result(self) -> Result<Vec<ServiceName>, (Vec<ServiceName>, String)> {
+    pub fn into_result(self) -> Result<Vec<ServiceName>, (Vec<ServiceName>, TaskError)> {
         match self.error {
             None => Ok(self.switched),
             Some(e) => Err((self.switched, e)),
@@ -791,16 +803,24 @@ fn retiring_plan(input: &UpgradeInput) -> VecDeque<WorkCommand> {
     plan
 }
 
-fn retry_or_fail(candidate: ContainerId, tries: u32) -> Result<Step, String> {
+/// Looks again at a successor not yet running, or gives up on it once
+/// it has had [`CANDIDATE_RUNNING_WAIT_MAX`].
+fn retry_or_fail(candidate: ContainerId, tries: u32) -> Step {
     if tries + 1 >= Upgrade::tries_max() {
-        Ok(Step::Remove {
+        Step::Remove {
             candidate,
-            error: "candidate never reported running".into(),
-        })
+            error: not_ready("candidate never reported running"),
+        }
     } else {
-        Ok(Step::Retry {
+        Step::Retry {
             candidate,
             tries: tries + 1,
-        })
+        }
     }
+}
+
+/// A successor that did not come up: it may on another attempt (a slow
+/// start, a dependency not up yet), so the kind is not a permanent one.
+fn not_ready(message: impl Into<String>) -> Cause {
+    Cause::verdict(ErrorKind::NotReady, message)
 }

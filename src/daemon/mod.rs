@@ -280,18 +280,30 @@ pub fn readiness_table(catalog: &Catalog) -> ReadinessTable {
     table
 }
 
+/// A catalog's Helm type whose helm calls would outlive the task lease.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("type {service_type} is provisioned by helm, but {reason}")]
+pub struct HelmTimeoutsDisagree {
+    pub service_type: String,
+    #[source]
+    pub reason: config::HelmLeaseTooShort,
+}
+
 /// A catalog with a Helm type needs a task lease that outlives a helm call
 /// (`DaemonConfig::check_helm_timeouts`); a Docker-only one does not.
-pub fn helm_timeouts_agree(config: &DaemonConfig, catalog: &Catalog) -> Result<(), String> {
+pub fn helm_timeouts_agree(
+    config: &DaemonConfig,
+    catalog: &Catalog,
+) -> Result<(), HelmTimeoutsDisagree> {
     let Some(helm_type) = catalog.entries().find(|e| !e.is_docker()) else {
         return Ok(());
     };
-    config.check_helm_timeouts().map_err(|reason| {
-        format!(
-            "type {} is provisioned by helm, but {reason}",
-            helm_type.service_type
-        )
-    })
+    config
+        .check_helm_timeouts()
+        .map_err(|reason| HelmTimeoutsDisagree {
+            service_type: helm_type.service_type.to_string(),
+            reason,
+        })
 }
 
 /// The process-wide Prometheus recorder; see [`metrics::handle`].
@@ -400,7 +412,7 @@ impl Daemon {
             traffic: Arc::new(caddy.clone()),
             store: store.clone(),
             probe: Arc::new(NetAndLogProbe::new(
-                NetProbe::new().map_err(DaemonError::Setup)?,
+                NetProbe::new().map_err(|e| DaemonError::Setup(e.to_string()))?,
                 docker.clone(),
             )),
             policy: Arc::new(CatalogPolicy::new(catalog.clone(), store)),
@@ -497,7 +509,7 @@ impl Daemon {
             helm_timeouts_agree(&self.config, &catalog)
                 .map_err(|reason| CatalogError::Read {
                     file: path.display().to_string(),
-                    reason,
+                    reason: reason.to_string(),
                 })
                 .map(|()| catalog)
         });

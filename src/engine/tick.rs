@@ -84,6 +84,27 @@ impl TickOutcome {
     }
 }
 
+/// The store's refusals of one check's decisions, in order; a fenced or
+/// unavailable store ends the check at its first refusal.
+#[derive(Debug, thiserror::Error)]
+#[error("{}", self.describe())]
+struct ApplyFailed {
+    check: Check,
+    errors: Vec<StoreError>,
+}
+
+impl ApplyFailed {
+    /// Each refusal named by its check, as the tick's failure lists it.
+    fn describe(&self) -> String {
+        let each: Vec<String> = self
+            .errors
+            .iter()
+            .map(|e| format!("{}: {e}", self.check.as_str()))
+            .collect();
+        each.join("; ")
+    }
+}
+
 /// The singleton reconciler. Its lease is the recoverer's: one lease
 /// covers every effect of the reconciler, recovery included (T2).
 pub struct Reconciler {
@@ -463,7 +484,7 @@ impl Reconciler {
             .apply(check, &plan.decisions, fence, out, snapshot)
             .await
         {
-            out.failed.push((check, e));
+            out.failed.push((check, e.to_string()));
         }
     }
 
@@ -524,7 +545,7 @@ impl Reconciler {
         fence: &LeaseGrant,
         out: &mut TickOutcome,
         snapshot: &Snapshot<'_>,
-    ) -> Result<(), String> {
+    ) -> Result<(), ApplyFailed> {
         let store = &self.ports.store;
         let now = self.ports.clock.now();
         let mut errors = Vec::new();
@@ -623,8 +644,9 @@ impl Reconciler {
                     .increment(1);
             }
             if let Err(e) = result {
-                errors.push(format!("{}: {e}", check.as_str()));
-                if matches!(e, StoreError::Fenced { .. } | StoreError::Unavailable(_)) {
+                let stop = matches!(e, StoreError::Fenced { .. } | StoreError::Unavailable(_));
+                errors.push(e);
+                if stop {
                     break;
                 }
             }
@@ -632,7 +654,7 @@ impl Reconciler {
         if errors.is_empty() {
             Ok(())
         } else {
-            Err(errors.join("; "))
+            Err(ApplyFailed { check, errors })
         }
     }
 

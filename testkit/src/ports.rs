@@ -61,6 +61,9 @@ pub enum Fault {
     Proceed,
     /// Fail with a transient error carrying this detail.
     Fail(String),
+    /// Refuse what was asked, for good, with this detail (runtime
+    /// operations: an image that cannot be pulled); elsewhere as `Fail`.
+    Refused(String),
     /// Answer not-found (runtime operations only).
     NotFound,
     /// Never answer (the caller's deadline must cut it off).
@@ -354,6 +357,7 @@ fn runtime_err(fault: Fault) -> RuntimeError {
     match fault {
         Fault::NotFound => RuntimeError::NotFound,
         Fault::Fail(detail) => RuntimeError::Transient(detail),
+        Fault::Refused(detail) => RuntimeError::Refused(detail),
         Fault::Proceed | Fault::Hang | Fault::Slow(_) | Fault::ProxyRestart => {
             RuntimeError::Transient("injected".into())
         }
@@ -362,7 +366,7 @@ fn runtime_err(fault: Fault) -> RuntimeError {
 
 fn text_err(fault: Fault) -> String {
     match fault {
-        Fault::Fail(detail) => detail,
+        Fault::Fail(detail) | Fault::Refused(detail) => detail,
         other => format!("{other:?}"),
     }
 }

@@ -207,22 +207,25 @@ fn versions_text(versions: &BTreeMap<String, String>) -> String {
         .join(", ")
 }
 
-fn admin_client(timeout: Duration) -> Result<reqwest::Client, String> {
+fn admin_client(timeout: Duration) -> Result<reqwest::Client, CliError> {
     reqwest::Client::builder()
         .timeout(timeout)
         .no_proxy()
         .build()
-        .map_err(|e| format!("http client: {e}"))
+        .map_err(|e| CliError::from(format!("http client: {e}")))
 }
 
 /// The admin endpoint's base URL, or why there is none.
-fn admin_url(config: &DaemonConfig) -> Result<String, String> {
+fn admin_url(config: &DaemonConfig) -> Result<String, CliError> {
     config
         .admin_listen
         .map(|a| format!("http://{a}"))
         .ok_or_else(|| {
-            "the admin endpoints are off (admin_listen = \"\"); send the daemon SIGHUP instead"
-                .to_owned()
+            CliError::from(
+                "the admin endpoints are off (admin_listen = \"\"); send the daemon SIGHUP \
+                 instead"
+                    .to_owned(),
+            )
         })
 }
 
@@ -287,7 +290,7 @@ async fn status(config: &DaemonConfig, json: bool, live: bool) -> Result<u8, Cli
 }
 
 /// The status as the configured database, the runtime and Caddy say.
-async fn local_status(config: &DaemonConfig) -> Result<Status, String> {
+async fn local_status(config: &DaemonConfig) -> Result<Status, CliError> {
     let store = stead::daemon::open_store(config)
         .await
         .map_err(|e| e.to_string())?;
@@ -320,7 +323,7 @@ async fn local_status(config: &DaemonConfig) -> Result<Status, String> {
 
 /// The running daemon's status (with budgets), checked to be about the
 /// configured database.
-async fn live_status(config: &DaemonConfig) -> Result<Status, String> {
+async fn live_status(config: &DaemonConfig) -> Result<Status, CliError> {
     let url = admin_url(config)?;
     let status: Status = admin_client(ADMIN_TIMEOUT)?
         .get(format!("{url}/status"))
@@ -336,12 +339,13 @@ async fn live_status(config: &DaemonConfig) -> Result<Status, String> {
             "the daemon on {url} uses database {}, not the configured {ours}; its status is not \
              this config's",
             status.database
-        ));
+        )
+        .into());
     }
     Ok(status)
 }
 
-async fn store_and_catalog(config: &DaemonConfig) -> Result<(Arc<dyn Store>, Catalog), String> {
+async fn store_and_catalog(config: &DaemonConfig) -> Result<(Arc<dyn Store>, Catalog), CliError> {
     let catalog =
         stead::config::load_catalog(&config.catalog, &config.grants).map_err(|e| e.to_string())?;
     let store = stead::daemon::open_store(config)

@@ -222,24 +222,35 @@ pub enum RolloutCommand {
 
 /// `--ttl-s`: whole seconds, at least [`stead::ops::TTL_CLI_MIN`].
 /// `NAME=VALUE` of `--set`; the catalog checks the name and the value.
-fn parse_parameter(text: &str) -> Result<(String, String), String> {
+fn parse_parameter(text: &str) -> Result<(String, String), ArgError> {
     match text.split_once('=') {
         Some((name, value)) if !name.is_empty() => Ok((name.to_owned(), value.to_owned())),
-        _ => Err(format!("{text:?}: expected NAME=VALUE")),
+        _ => Err(ArgError::NotAParameter(text.to_owned())),
     }
 }
 
-fn parse_ttl_s(text: &str) -> Result<u64, String> {
+/// Why clap refused a value; clap prints it after the flag's name.
+#[derive(Debug, thiserror::Error)]
+enum ArgError {
+    #[error("{0:?}: expected NAME=VALUE")]
+    NotAParameter(String),
+    #[error("{0:?} is not a whole number of seconds")]
+    NotSeconds(String),
+    #[error(
+        "{seconds} s: must be between {min} s and {max} s (an instance that expires before it \
+         is provisioned helps nobody)"
+    )]
+    TtlOutOfRange { seconds: u64, min: u64, max: u64 },
+}
+
+fn parse_ttl_s(text: &str) -> Result<u64, ArgError> {
     use stead::ops::{TTL_CLI_MIN, TTL_MAX};
     let seconds: u64 = text
         .parse()
-        .map_err(|_| format!("{text:?} is not a whole number of seconds"))?;
+        .map_err(|_| ArgError::NotSeconds(text.to_owned()))?;
     let (min, max) = (TTL_CLI_MIN.as_secs(), TTL_MAX.as_secs());
     if !(min..=max).contains(&seconds) {
-        return Err(format!(
-            "{seconds} s: must be between {min} s and {max} s (an instance that expires before \
-             it is provisioned helps nobody)"
-        ));
+        return Err(ArgError::TtlOutOfRange { seconds, min, max });
     }
     Ok(seconds)
 }

@@ -108,8 +108,9 @@ pub fn say(text: impl AsRef<str>) {
 }
 
 /// `value` as pretty JSON on standard output.
-pub fn say_json(value: &impl serde::Serialize) -> Result<(), String> {
-    let text = serde_json::to_string_pretty(value).map_err(|e| format!("cannot serialise: {e}"))?;
+pub fn say_json(value: &impl serde::Serialize) -> Result<(), CliError> {
+    let text = serde_json::to_string_pretty(value)
+        .map_err(|e| CliError::from(format!("cannot serialise: {e}")))?;
     say(text);
     Ok(())
 }

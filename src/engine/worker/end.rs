@@ -1,6 +1,7 @@
 //! How a task ends: done, retried with backoff, or failed (and a failed
 //! upgrade halts its type's rollout, C11); one log line per end.
 
+use crate::core::errors::TaskError;
 use crate::core::fleet::{InstanceState, RetryDecision, Task, TaskKind};
 use crate::core::plan::halt_after_failed_upgrade;
 
@@ -10,8 +11,10 @@ use super::Worker;
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum TaskEnd {
     Done,
-    Retried(String),
-    Failed(String),
+    /// Failed with a kind that may pass; queued again after a backoff.
+    Retried(TaskError),
+    /// Failed for good: out of attempts, or of a permanent kind.
+    Failed(TaskError),
     /// The lease was lost mid-task; another worker owns it now.
     LeaseLost,
 }
@@ -40,12 +43,14 @@ pub(super) fn log_end(task: &Task, instance: &str, end: &TaskEnd) {
             tracing::warn!(
                 instance,
                 outcome = "retried",
+                error_kind = %e.kind(),
                 "{what} failed, will retry: {e}"
             )
         }
         TaskEnd::Failed(e) => tracing::warn!(
             instance,
             outcome = "failed",
+            error_kind = %e.kind(),
             "{what} failed after {} attempts, giving up: {e}",
             task.attempts
         ),
@@ -62,7 +67,7 @@ impl Worker {
     /// version stops after one tenant (C8). A failed provision leaves its
     /// instance `failed`, not `provisioning` forever: `stead status` shows
     /// it, and `stead instance retry` provisions it again.
-    pub(super) async fn after_final_failure(&self, task: &Task, error: &str) {
+    pub(super) async fn after_final_failure(&self, task: &Task, error: &TaskError) {
         let Ok(Some(instance)) = self.ports.store.instance_by_id(task.instance).await else {
             return;
         };
@@ -96,7 +101,7 @@ impl Worker {
             return;
         }
         let mut failed = task.clone();
-        failed.last_error = Some(error.to_owned());
+        failed.last_error = Some(error.to_string());
         let decision = halt_after_failed_upgrade(&failed, &instance, RetryDecision::Fail);
         if let Some(
             decision @ crate::core::plan::Decision::HaltRollout {

@@ -2,10 +2,12 @@
 //! the task lease), the instance re-read under it, and a task for a
 //! deleting or deleted instance refused (T4).
 
+use crate::core::errors::{Cause, ErrorKind, TaskError};
 use crate::core::fleet::{Instance, RolloutState, Task, TaskKind};
 use crate::core::policy::WORKER_LOCK_SLACK;
 
 use super::Worker;
+use crate::engine::locks::LockError;
 
 impl Worker {
     /// Runs the task's handler under the instance's lock, shared with
@@ -16,8 +18,10 @@ impl Worker {
     /// task lease: past it, another worker may own the task, and a hung
     /// runtime or provisioner call must not hold this worker, nor the
     /// instance lock, forever.
-    pub(super) async fn handle(&self, task: &Task) -> Result<(), String> {
+    pub(super) async fn handle(&self, task: &Task) -> Result<(), TaskError> {
         let began = tokio::time::Instant::now();
+        // Until the row is read under the lock, the instance is its id.
+        let subject = format!("instance {}", task.instance);
         let guard = self
             .locks
             .lock(
@@ -27,7 +31,15 @@ impl Worker {
                 self.config.lease,
             )
             .await
-            .map_err(|e| e.to_string())?;
+            .map_err(|e| {
+                let cause = match e {
+                    LockError::Store(e) => Cause::Store(e),
+                    busy @ LockError::Busy { .. } => {
+                        Cause::verdict(ErrorKind::Conflict, busy.to_string())
+                    }
+                };
+                TaskError::new(&subject, "lock the instance", cause)
+            })?;
         *self
             .lock_trusted_until
             .lock()
@@ -36,9 +48,11 @@ impl Worker {
         let result = tokio::time::timeout(remaining, self.handle_locked(task))
             .await
             .unwrap_or_else(|_| {
-                Err(format!(
-                    "handler exceeded its {:?} lease",
-                    self.config.lease
+                let message = format!("handler exceeded its {:?} lease", self.config.lease);
+                Err(TaskError::new(
+                    &subject,
+                    "run the task",
+                    Cause::verdict(ErrorKind::Transient, message),
                 ))
             });
         *self
@@ -52,7 +66,7 @@ impl Worker {
     /// Whether `instance`'s type's rollout is halted, in the catalog file
     /// or by the switch in the store, read now: a halt after the task was
     /// queued must stop it before it changes anything.
-    async fn rollout_halted(&self, instance: &Instance) -> Result<bool, String> {
+    async fn rollout_halted(&self, instance: &Instance) -> Result<bool, TaskError> {
         let in_catalog = self
             .catalog
             .current()
@@ -66,18 +80,20 @@ impl Worker {
             .store
             .rollouts()
             .await
-            .map_err(|e| e.to_string())?;
+            .map_err(|e| TaskError::new(&instance.name, "read the rollout switches", e))?;
         Ok(switches.get(&instance.service_type) == Some(&RolloutState::Halted))
     }
 
-    async fn handle_locked(&self, task: &Task) -> Result<(), String> {
+    async fn handle_locked(&self, task: &Task) -> Result<(), TaskError> {
+        let subject = format!("instance {}", task.instance);
+        let read = |cause: Cause| TaskError::new(&subject, "read the instance", cause);
         let instance = self
             .ports
             .store
             .instance_by_id(task.instance)
             .await
-            .map_err(|e| e.to_string())?
-            .ok_or_else(|| format!("instance {} does not exist", task.instance))?;
+            .map_err(|e| read(e.into()))?
+            .ok_or_else(|| read(Cause::verdict(ErrorKind::NotFound, "it does not exist")))?;
         if !task.kind.applies_to(instance.state)
             && !crate::broken!(self.config.broken, ReviveDeletedInstance)
         {

@@ -10,10 +10,11 @@ use tokio::sync::watch;
 use tokio::time::Instant;
 
 use crate::core::broken::Armed;
+use crate::core::errors::{Cause, ErrorKind, TaskError};
 use crate::core::fleet::{RetryDecision, Task, TaskKind, TaskRetryPolicy};
 use crate::core::plan::upgrade_retry_at;
 use crate::core::policy::trust_margin;
-use crate::core::types::Timestamp;
+use crate::core::types::{InstanceName, Timestamp};
 
 mod end;
 mod handle;
@@ -77,8 +78,8 @@ impl Worker {
     }
 
     /// `Ok` while the lease of the task in hand and its instance's lock
-    /// are both trusted.
-    fn allowed(&self) -> Result<(), String> {
+    /// are both trusted; otherwise `instance`'s task stops, fenced.
+    fn allowed(&self, instance: &InstanceName) -> Result<(), TaskError> {
         let now = Instant::now();
         let trusted = |until: &std::sync::Mutex<Option<Instant>>| {
             until
@@ -90,7 +91,14 @@ impl Worker {
         if trusted || crate::broken!(self.config.broken, ActOnExpiredLease) {
             Ok(())
         } else {
-            Err("the task lease is no longer trusted; stopping before acting".to_owned())
+            Err(TaskError::new(
+                instance,
+                "act under the task lease",
+                Cause::verdict(
+                    ErrorKind::Fenced,
+                    "the task lease is no longer trusted; stopping before acting",
+                ),
+            ))
         }
     }
 
@@ -182,10 +190,20 @@ impl Worker {
                 let _ = store.complete(task.id, &self.config.id, now).await;
                 TaskEnd::Done
             }
-            Err(error) => match self.config.retry.after_failure(task.attempts, now) {
+            // A permanent failure (an image that cannot be pulled, a
+            // refused request) fails at once; any other is retried with
+            // backoff until the attempts run out.
+            Err(error) => match self
+                .config
+                .retry
+                .after_error(task.attempts, error.kind(), now)
+            {
                 RetryDecision::RetryAt(at) => {
                     let at = self.retry_at(task, at).await;
-                    let _ = store.retry(task.id, &self.config.id, at, &error, now).await;
+                    let message = error.to_string();
+                    let _ = store
+                        .retry(task.id, &self.config.id, at, &message, now)
+                        .await;
                     TaskEnd::Retried(error)
                 }
                 // Only a failure the store recorded as this worker's halts
@@ -194,7 +212,10 @@ impl Worker {
                 // its verdict is stale, and a halt on it would stop a
                 // rollout no upgrade failed (found by the simulation).
                 RetryDecision::Fail => {
-                    match store.fail(task.id, &self.config.id, &error, now).await {
+                    match store
+                        .fail(task.id, &self.config.id, &error.to_string(), now)
+                        .await
+                    {
                         Ok(true) => {
                             self.after_final_failure(task, &error).await;
                             TaskEnd::Failed(error)

@@ -3,6 +3,7 @@
 //! instance along its lifecycle.
 
 use crate::core::catalog::CatalogEntry;
+use crate::core::errors::{Cause, ErrorKind, TaskError};
 use crate::core::fleet::{settle_state, Instance, InstanceState};
 use crate::core::provision::{
     Deprovision, DeprovisionInput, Provision, ProvisionInput, WorkAnswer,
@@ -19,29 +20,38 @@ use crate::engine::{count_port_failure, time_until};
 impl Worker {
     /// The instance's catalog entry as the catalog is now (it may be
     /// reloaded between tasks, never within one).
-    pub(super) fn entry(&self, instance: &Instance) -> Result<CatalogEntry, String> {
+    ///
+    /// A type missing is not permanent: a process with the newer catalog
+    /// may have queued the task before this worker reloaded its own.
+    pub(super) fn entry(&self, instance: &Instance) -> Result<CatalogEntry, TaskError> {
         self.catalog
             .current()
             .get(&instance.service_type)
             .cloned()
             .ok_or_else(|| {
-                format!(
-                    "service type {:?} of {} is not in the catalog",
-                    instance.service_type, instance.name
+                let message = format!(
+                    "service type {:?} is not in the catalog",
+                    instance.service_type
+                );
+                TaskError::new(
+                    &instance.name,
+                    "read its catalog entry",
+                    Cause::verdict(ErrorKind::NotFound, message),
                 )
             })
     }
 
     /// Install-or-upgrade on the deterministic release name, then one
     /// container per service and ACTIVE naming it (`core::provision`).
-    pub(super) async fn provision(&self, instance: &Instance) -> Result<(), String> {
+    pub(super) async fn provision(&self, instance: &Instance) -> Result<(), TaskError> {
+        let name = &instance.name;
         let entry = self.entry(instance)?;
         let active = self
             .ports
             .store
-            .load_active(&instance.name)
+            .load_active(name)
             .await
-            .map_err(|e| e.to_string())?;
+            .map_err(|e| TaskError::new(name, "load ACTIVE", e))?;
         let parameters = entry.parameters_of(&instance.parameters);
         // Made from this worker's catalog, so of its version: the machine
         // refuses one behind the instance's, and records one ahead.
@@ -52,7 +62,7 @@ impl Worker {
         let release = entry
             .provisioning
             .spec_of(&params, false)
-            .map_err(|e| format!("{}: {e}", instance.name))?;
+            .map_err(|e| TaskError::new(name, "render the release", e))?;
         let mut provision = Provision::new(ProvisionInput {
             instance: instance.name.clone(),
             version: entry.version.clone(),
@@ -65,7 +75,7 @@ impl Worker {
         });
         while let Some(command) = provision.poll_command() {
             if command.is_effect() {
-                if let Err(e) = self.allowed() {
+                if let Err(e) = self.allowed(name) {
                     provision.abandon(e);
                     continue;
                 }
@@ -83,14 +93,15 @@ impl Worker {
     /// cannot see) and retires the predecessor once the successor serves;
     /// until then the predecessor keeps serving, so there is no gap. A
     /// failure removes the candidate and leaves ACTIVE alone.
-    pub(super) async fn upgrade(&self, instance: &Instance) -> Result<(), String> {
+    pub(super) async fn upgrade(&self, instance: &Instance) -> Result<(), TaskError> {
         let p = &self.ports;
+        let name = &instance.name;
         let entry = self.entry(instance)?;
         let active = p
             .store
-            .load_active(&instance.name)
+            .load_active(name)
             .await
-            .map_err(|e| e.to_string())?;
+            .map_err(|e| TaskError::new(name, "load ACTIVE", e))?;
         // A Helm type is upgraded by Helm, atomically, to the chart of the
         // catalog's version; a Docker type service by service.
         let parameters = entry.parameters_of(&instance.parameters);
@@ -103,14 +114,14 @@ impl Worker {
             Provisioning::Helm(chart) => Some(
                 chart
                     .release_of(&params, true)
-                    .map_err(|e| format!("{}: {e}", instance.name))?,
+                    .map_err(|e| TaskError::new(name, "render the release", e))?,
             ),
         };
         let inhibitions = p
             .store
-            .load_inhibitions(&instance.name)
+            .load_inhibitions(name)
             .await
-            .map_err(|e| e.to_string())?;
+            .map_err(|e| TaskError::new(name, "load the inhibitions", e))?;
         // Every container of the instance the runtime has, so a dropped
         // service's leftovers (a predecessor, a crashed upgrade's
         // candidate) go with it.
@@ -118,7 +129,7 @@ impl Worker {
             p.runtime
                 .list_managed()
                 .await
-                .map_err(|e| format!("list the containers of {}: {e}", instance.name))?
+                .map_err(|e| TaskError::new(name, "list its containers", e))?
                 .into_iter()
                 .filter(|c| c.instance == instance.name)
                 .map(|c| (c.service, c.id))
@@ -155,7 +166,7 @@ impl Worker {
         loop {
             if let Some(command) = upgrade.poll_command() {
                 if command.is_effect() {
-                    if let Err(e) = self.allowed() {
+                    if let Err(e) = self.allowed(name) {
                         upgrade.abandon(e);
                         continue;
                     }
@@ -180,15 +191,19 @@ impl Worker {
     /// Withdraw, stop and remove every container of the instance, release
     /// its claims, uninstall the release, mark it deleted
     /// (`core::provision`).
-    pub(super) async fn deprovision(&self, instance: &Instance) -> Result<(), String> {
+    pub(super) async fn deprovision(&self, instance: &Instance) -> Result<(), TaskError> {
         let p = &self.ports;
         let name = &instance.name;
-        let active = p.store.load_active(name).await.map_err(|e| e.to_string())?;
+        let active = p
+            .store
+            .load_active(name)
+            .await
+            .map_err(|e| TaskError::new(name, "load ACTIVE", e))?;
         let inhibitions = p
             .store
             .load_inhibitions(name)
             .await
-            .map_err(|e| e.to_string())?;
+            .map_err(|e| TaskError::new(name, "load the inhibitions", e))?;
         let release = self.release_target(instance)?;
         let mut deprovision = Deprovision::new(DeprovisionInput {
             instance: name.clone(),
@@ -200,7 +215,7 @@ impl Worker {
         });
         while let Some(command) = deprovision.poll_command() {
             if command.is_effect() {
-                if let Err(e) = self.allowed() {
+                if let Err(e) = self.allowed(name) {
                     deprovision.abandon(e);
                     continue;
                 }
@@ -215,7 +230,7 @@ impl Worker {
     /// type gone from the catalog was Docker's or Helm's, and stead cannot
     /// tell which: its containers are removed as a Docker release's, and
     /// the log says a Helm release, if it had one, is left installed.
-    fn release_target(&self, instance: &Instance) -> Result<ReleaseTarget, String> {
+    fn release_target(&self, instance: &Instance) -> Result<ReleaseTarget, TaskError> {
         let provisioning = match self.entry(instance) {
             Ok(entry) => entry.provisioning,
             Err(e) => {
@@ -229,38 +244,39 @@ impl Worker {
         };
         provisioning
             .target_of(&ReleaseParams::of(instance, &instance.version))
-            .map_err(|e| format!("{}: {e}", instance.name))
+            .map_err(|e| TaskError::new(&instance.name, "name the release", e))
     }
 
     /// Moves the instance along its lifecycle, compare-and-set on its
     /// current state. Re-reads it so a retried handler is idempotent.
-    async fn move_to(&self, instance: &Instance, to: InstanceState) -> Result<(), String> {
+    async fn move_to(&self, instance: &Instance, to: InstanceState) -> Result<(), TaskError> {
         let p = &self.ports;
+        let name = &instance.name;
+        let step = format!("move the instance to {to}");
+        let fail = |cause: Cause| TaskError::new(name, step.as_str(), cause);
         let current = p
             .store
             .instance_by_id(instance.id)
             .await
-            .map_err(|e| e.to_string())?
-            .ok_or_else(|| format!("instance {} vanished", instance.name))?;
-        let Some(from) = settle_state(current.state, to)
-            .map_err(|e| format!("instance {}: {e}", instance.name))?
-        else {
+            .map_err(|e| fail(e.into()))?
+            .ok_or_else(|| fail(Cause::verdict(ErrorKind::NotFound, "the instance vanished")))?;
+        let Some(from) = settle_state(current.state, to).map_err(|e| fail(e.into()))? else {
             return Ok(());
         };
         let now = p.clock.now();
-        self.allowed()?;
+        self.allowed(name)?;
         let moved = p
             .store
             .set_instance_state(instance.id, from, to, now)
             .await
-            .map_err(|e| e.to_string())?;
+            .map_err(|e| fail(e.into()))?;
         if moved {
             Ok(())
         } else {
-            Err(format!(
-                "instance {} changed state concurrently",
-                instance.name
-            ))
+            Err(fail(Cause::verdict(
+                ErrorKind::Conflict,
+                "the instance changed state concurrently",
+            )))
         }
     }
 
@@ -274,7 +290,7 @@ impl Worker {
         let parameters = self
             .entry(instance)
             .map(|entry| entry.parameters_of(&instance.parameters))
-            .map_err(RuntimeError::Refused)?;
+            .map_err(|e| RuntimeError::Refused(e.to_string()))?;
         let params = ReleaseParams {
             parameters: &parameters,
             ..ReleaseParams::of(instance, version)

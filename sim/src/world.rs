@@ -270,10 +270,12 @@ impl SwarmFaults {
         }
         if op == Op::Create && self.of_bad_version(subject) {
             // An image tag that does not exist: an upgrade to this version
-            // can never succeed (its retries fail too, and the rollout
-            // halts after one tenant).
+            // can never succeed. The runtime says so (a refused pull, a
+            // permanent kind), so the task fails on its first attempt and
+            // the rollout halts after one tenant (#45: no retries of what
+            // never succeeds).
             self.counts.bump("create of a broken version");
-            return Fault::Fail("pull access denied: manifest unknown".into());
+            return Fault::Refused("pull access denied: manifest unknown".into());
         }
         if op == Op::TrafficRead
             && subject == "read routes"

@@ -727,6 +727,36 @@ async fn a_container_removed_by_hand_is_recreated_within_two_ticks() {
     assert!(f.routed("wiki1", "web"), "web served throughout");
 }
 
+/// #40: an upgrade abandoned between creating its candidate and switching
+/// ACTIVE (a crash, a catalog bump) left the candidate running, beside
+/// the old container and on its volumes, when the next attempt was at
+/// another revision. The next upgrade sweeps it; the predecessor it
+/// switches from stays for the pass to retire (R15).
+#[tokio::test]
+async fn an_upgrade_sweeps_a_candidate_an_interrupted_upgrade_left_behind() {
+    let f = fixture();
+    let instance = f.served("wiki1", "1").await;
+    let before = f.web_container("wiki1").await;
+    let stray = f
+        .runtime
+        .create(&stead::ports::CreateContainer {
+            revision: "1.5.abandoned".into(),
+            ..create_request("wiki1", "web")
+        })
+        .await
+        .unwrap();
+    f.enqueue(instance.id, TaskKind::Upgrade).await;
+    assert_eq!(f.worker().work_once().await.unwrap().1, TaskEnd::Done);
+    assert!(f.runtime.container(&stray).is_none(), "the stray is gone");
+    let after = f.web_container("wiki1").await;
+    assert_ne!(after, before);
+    assert!(f.runtime.container(&after).is_some(), "the successor runs");
+    assert!(
+        f.runtime.container(&before).is_some(),
+        "the predecessor waits for the pass to retire it"
+    );
+}
+
 /// #40: the worker never re-read the rollout switch, so a halt left
 /// upgrades already queued to run anyway.
 #[tokio::test]

@@ -1725,7 +1725,15 @@ impl Observer for Checker {
                 });
                 let dropping =
                     (s.truth.dropping.contains(id) || of_dropped) && actor == Actor::Worker;
-                let ok = deprovisioned || dropping || (owner.is_none() && (marker || candidate));
+                // An upgrade sweeps a kept service's stray generations:
+                // neither ACTIVE's nor under a durable record (an operator's
+                // half-made deploy, an interrupted upgrade's candidate, #40).
+                let stray = actor == Actor::Worker
+                    && !s.truth.inhibited.contains(id)
+                    && s.truth.service_of.contains_key(id);
+                let ok = deprovisioned
+                    || dropping
+                    || (owner.is_none() && (marker || candidate || stray));
                 s.check("S1 never removes ACTIVE", ok, || {
                     format!("{id} removed but it is neither a retirement marker nor deprovisioned")
                 });

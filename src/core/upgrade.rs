@@ -247,6 +247,10 @@ enum Step {
 enum Phase {
     /// Ready → Upgrading, when the instance is ready.
     Begin,
+    /// Stray generations of the services it keeps are stopped and removed
+    /// first: a candidate an interrupted upgrade left behind would run
+    /// beside the new one, on the same volumes (#40).
+    Sweep,
     Services,
     /// Every service of the new version serves: retire those it dropped.
     Drop,
@@ -275,6 +279,8 @@ pub struct Upgrade {
     current: Option<(ServiceSpec, Step)>,
     /// The steps retiring dropped services, in order.
     retiring: VecDeque<WorkCommand>,
+    /// The steps removing stray generations of kept services, in order.
+    sweeping: VecDeque<WorkCommand>,
     outstanding: Option<UpgradeCommand>,
     switched: Vec<ServiceName>,
     error: Option<TaskError>,
@@ -291,10 +297,10 @@ impl Upgrade {
             .collect();
         let skipped_stopped = input.stopped;
         let skipped_older_catalog = is_older(&input.version, &input.recorded_version);
-        let retiring = if input.release.is_some() {
-            VecDeque::new()
+        let (retiring, sweeping) = if input.release.is_some() {
+            (VecDeque::new(), VecDeque::new())
         } else {
-            retiring_plan(&input)
+            (retiring_plan(&input), sweeping_plan(&input))
         };
         Self {
             instance: input.instance,
@@ -318,6 +324,7 @@ impl Upgrade {
             release: input.release,
             current: None,
             retiring,
+            sweeping,
             outstanding: None,
             switched: Vec::new(),
             error: None,
@@ -365,8 +372,12 @@ impl Upgrade {
                             to: InstanceState::Upgrading,
                         });
                     }
-                    self.phase = Phase::Services;
+                    self.phase = Phase::Sweep;
                 }
+                Phase::Sweep => match self.sweeping.pop_front().filter(|_| self.error.is_none()) {
+                    Some(step) => return Some(UpgradeCommand::Retire(step)),
+                    None => self.phase = Phase::Services,
+                },
                 Phase::Services => {
                     if self.error.is_none() {
                         if let Some(release) = self.release.take() {
@@ -532,7 +543,7 @@ impl Upgrade {
                     match result {
                         Ok(()) => {
                             self.state = *to;
-                            self.phase = Phase::Services;
+                            self.phase = Phase::Sweep;
                         }
                         Err(e) => {
                             let step = format!("move the instance from {from} to {to}");
@@ -562,7 +573,11 @@ impl Upgrade {
             }
             (UpgradeCommand::Retire(step), UpgradeAnswer::Retired(answer)) => {
                 if let Some(cause) = teardown_failure(step, answer.clone()) {
-                    let step = format!("retire a dropped service: {}", step.step());
+                    let step = if self.phase == Phase::Sweep {
+                        format!("remove a stray generation: {}", step.step())
+                    } else {
+                        format!("retire a dropped service: {}", step.step())
+                    };
                     self.error = Some(fail(step, cause));
                 }
                 return;
@@ -722,9 +737,9 @@ impl Upgrade {
     pub fn abandon(&mut self, why: TaskError) {
         self.outstanding = None;
         self.error.get_or_insert(why);
-        // Mid-services (or mid-retirement) the instance still goes back
-        // to ready; elsewhere nothing more is issued.
-        self.phase = if matches!(self.phase, Phase::Services | Phase::Drop) {
+        // Mid-services (or mid-sweep, mid-retirement) the instance still
+        // goes back to ready; elsewhere nothing more is issued.
+        self.phase = if matches!(self.phase, Phase::Sweep | Phase::Services | Phase::Drop) {
             Phase::Finish
         } else {
             Phase::Done
@@ -739,6 +754,34 @@ impl Upgrade {
             Some(e) => Err((self.switched, e)),
         }
     }
+}
+
+/// The steps removing every generation of a service the catalog still
+/// lists that is neither ACTIVE's nor under a durable record (a
+/// `retirement-pending` predecessor, which the recovery pass retires; an
+/// operator's hold, which is theirs): a candidate a crashed or abandoned
+/// upgrade left behind, at whatever revision. Stopped first, then removed.
+fn sweeping_plan(input: &UpgradeInput) -> VecDeque<WorkCommand> {
+    let mut plan = VecDeque::new();
+    for spec in &input.services {
+        let active = input.active.services.get(&spec.name);
+        for (_, container) in input.containers.iter().filter(|(service, container)| {
+            service == &spec.name
+                && active.is_none_or(|a| &a.container != container)
+                && !input
+                    .inhibitions
+                    .iter()
+                    .any(|h| &h.service == service && &h.container == container)
+        }) {
+            plan.extend(remove_generation(
+                &input.instance,
+                &spec.name,
+                container,
+                spec.stop_grace,
+            ));
+        }
+    }
+    plan
 }
 
 /// The steps retiring every service the catalog's services no longer list:

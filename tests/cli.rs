@@ -560,6 +560,34 @@ fn each_kind_of_refusal_has_its_own_exit_code() {
     );
 }
 
+#[test]
+fn every_command_naming_a_missing_instance_exits_3_naming_it() {
+    let s = Setup::new();
+    // Another instance exists, so the store is not simply empty.
+    s.ok(&["instance", "create", "a", "--type", "web"]);
+    let commands: [&[&str]; 9] = [
+        &["instance", "show", "nope"],
+        &["instance", "show", "nope", "--json"],
+        &["instance", "stop", "nope"],
+        &["instance", "start", "nope"],
+        &["instance", "retry", "nope"],
+        &["instance", "delete", "nope"],
+        &["instance", "delete", "nope", "--purge-volumes"],
+        &["instance", "inhibit", "nope", "--service", "http"],
+        &["instance", "release", "nope", "--service", "http"],
+    ];
+    for args in commands {
+        let run = s.run(args);
+        assert_eq!(run.code, 3, "{args:?}: {}", run.text());
+        assert!(
+            run.stderr.contains("no instance named \"nope\""),
+            "{args:?}: {}",
+            run.text()
+        );
+        assert!(run.stdout.is_empty(), "{args:?}: {}", run.text());
+    }
+}
+
 #[tokio::test]
 async fn deleted_instances_are_listed_only_with_all_and_their_names_are_reused() {
     use stead::core::fleet::InstanceState;

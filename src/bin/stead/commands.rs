@@ -1,5 +1,6 @@
 //! One function per command. Each says what it did on standard output and
-//! returns the exit status; an `Err` is printed by `main` and exits 1.
+//! returns the exit status; an `Err` is printed by `main` and exits with
+//! the status its kind maps to (`output.rs`).
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -535,8 +536,7 @@ async fn instance_show(config: &DaemonConfig, name: &str, json: bool) -> Result<
         .await
         .map_err(|e| e.to_string())?;
     let Some(instance) = found else {
-        complain(&format!("no instance named {name:?}"));
-        return Ok(EXIT_FAILURE);
+        return Err(stead::ops::no_such_instance(name).into());
     };
     let active = store
         .load_active(&instance.name)

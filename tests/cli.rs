@@ -10,6 +10,8 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
+mod support;
+
 /// What one run of the binary did.
 struct Run {
     code: i32,
@@ -586,6 +588,62 @@ fn every_command_naming_a_missing_instance_exits_3_naming_it() {
         );
         assert!(run.stdout.is_empty(), "{args:?}: {}", run.text());
     }
+}
+
+/// A command against a Postgres database that was never migrated, or was
+/// migrated by an older stead, names the database and says to run
+/// `stead migrate`, with its own exit status; after the migration the same
+/// command works. (SQLite is migrated whenever it is opened, so only a
+/// Postgres database can be behind.)
+#[tokio::test]
+async fn a_postgres_database_without_the_current_schema_says_to_run_migrate_and_exits_7() {
+    use sqlx::Connection;
+    let url = support::fresh_postgres_database().await;
+    let database = url.rsplit('/').next().unwrap().split('?').next().unwrap();
+    let commands: [&[&str]; 3] = [
+        &["instance", "list"],
+        &["instance", "show", "demo"],
+        &["task", "list"],
+    ];
+    let expect_no_schema = |when: &str| {
+        for args in commands {
+            let mut all = vec!["--config", "examples/stead.toml"];
+            all.extend_from_slice(args);
+            let run = stead(&all, &[("STEAD_DATABASE_URL", &url)]);
+            assert_eq!(run.code, 7, "{when}, {args:?}: {}", run.text());
+            assert!(
+                run.stderr
+                    .contains("has no stead schema (or an older one): run `stead migrate`")
+                    && run.stderr.contains(database),
+                "{when}, {args:?}: {}",
+                run.text()
+            );
+        }
+    };
+    let migrate = || {
+        let run = stead(
+            &["--config", "examples/stead.toml", "migrate"],
+            &[("STEAD_DATABASE_URL", &url)],
+        );
+        assert_eq!(run.code, 0, "{}", run.text());
+    };
+    expect_no_schema("never migrated");
+    migrate();
+    let listed = stead(
+        &["--config", "examples/stead.toml", "instance", "list"],
+        &[("STEAD_DATABASE_URL", &url)],
+    );
+    assert_eq!(listed.code, 0, "{}", listed.text());
+    // As an older stead left it: its newest migration not applied.
+    let mut connection = sqlx::PgConnection::connect(&url).await.unwrap();
+    sqlx::raw_sql(
+        "DELETE FROM _sqlx_migrations WHERE version = (SELECT max(version) FROM _sqlx_migrations)",
+    )
+    .execute(&mut connection)
+    .await
+    .unwrap();
+    connection.close().await.unwrap();
+    expect_no_schema("one migration behind");
 }
 
 #[tokio::test]

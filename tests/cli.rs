@@ -562,6 +562,64 @@ fn each_kind_of_refusal_has_its_own_exit_code() {
     );
 }
 
+/// The two examples run one after the other, in the README's order, on one
+/// state directory: `scripts/quickstart` gives each its own default
+/// instance name, and creating both (twice, as reruns do) succeeds.
+#[test]
+fn the_quickstart_examples_have_their_own_instances_and_compose() {
+    let script =
+        std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("scripts/quickstart"))
+            .unwrap();
+    let names: Vec<&str> = script
+        .lines()
+        .filter_map(|l| l.trim().strip_prefix("default_instance="))
+        .collect();
+    assert_eq!(
+        names.len(),
+        2,
+        "one default instance per example: {names:?}"
+    );
+    assert_ne!(names[0], names[1], "the examples' instances must differ");
+    let (web, notes) = (Setup::new(), Setup::notes());
+    // The notes example's config, on the web example's database.
+    let text = std::fs::read_to_string(&notes.config).unwrap().replace(
+        &notes.dir.path().display().to_string(),
+        &web.dir.path().display().to_string(),
+    );
+    let notes_config = web.dir.path().join("notes.toml");
+    std::fs::write(&notes_config, text).unwrap();
+    let notes_config = notes_config.to_str().unwrap();
+    for _ in 0..2 {
+        web.ok(&[
+            "instance",
+            "create",
+            names[0],
+            "--type",
+            "web",
+            "--exists-ok",
+        ]);
+        let run = stead(
+            &[
+                "--config",
+                notes_config,
+                "instance",
+                "create",
+                names[1],
+                "--type",
+                "notes",
+                "--exists-ok",
+            ],
+            &[],
+        );
+        assert_eq!(run.code, 0, "{}", run.text());
+    }
+    let listed = web.ok(&["instance", "list"]);
+    assert!(
+        listed.contains(names[0]) && listed.contains(names[1]),
+        "{listed}"
+    );
+}
+
 #[test]
 fn every_command_naming_a_missing_instance_exits_3_naming_it() {
     let s = Setup::new();

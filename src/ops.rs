@@ -143,6 +143,14 @@ impl OpsError {
     }
 }
 
+/// The answer of every command that names an instance which does not
+/// exist: not found, naming it.
+pub fn no_such_instance(name: &str) -> OpsError {
+    OpsError::NotFound(format!(
+        "no instance named {name:?} (see `stead instance list --all`)"
+    ))
+}
+
 /// How long an operator command waits for an instance a pass or a task
 /// holds (T3) before it gives up and says so.
 pub const OPERATOR_LOCK_WAIT: Duration = Duration::from_secs(30);
@@ -257,11 +265,7 @@ impl Ops<'_> {
             .instance(&InstanceName::new(name))
             .await
             .map_err(OpsError::from)?
-            .ok_or_else(|| {
-                OpsError::NotFound(format!(
-                    "no instance named {name:?} (see `stead instance list --all`)"
-                ))
-            })
+            .ok_or_else(|| no_such_instance(name))
     }
 
     /// Writes the instance row and its provision task.

@@ -10,6 +10,8 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
+mod support;
+
 /// What one run of the binary did.
 struct Run {
     code: i32,
@@ -558,6 +560,148 @@ fn each_kind_of_refusal_has_its_own_exit_code() {
         "{}",
         deleting.text()
     );
+}
+
+/// The two examples run one after the other, in the README's order, on one
+/// state directory: `scripts/quickstart` gives each its own default
+/// instance name, and creating both (twice, as reruns do) succeeds.
+#[test]
+fn the_quickstart_examples_have_their_own_instances_and_compose() {
+    let script =
+        std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("scripts/quickstart"))
+            .unwrap();
+    let names: Vec<&str> = script
+        .lines()
+        .filter_map(|l| l.trim().strip_prefix("default_instance="))
+        .collect();
+    assert_eq!(
+        names.len(),
+        2,
+        "one default instance per example: {names:?}"
+    );
+    assert_ne!(names[0], names[1], "the examples' instances must differ");
+    let (web, notes) = (Setup::new(), Setup::notes());
+    // The notes example's config, on the web example's database.
+    let text = std::fs::read_to_string(&notes.config).unwrap().replace(
+        &notes.dir.path().display().to_string(),
+        &web.dir.path().display().to_string(),
+    );
+    let notes_config = web.dir.path().join("notes.toml");
+    std::fs::write(&notes_config, text).unwrap();
+    let notes_config = notes_config.to_str().unwrap();
+    for _ in 0..2 {
+        web.ok(&[
+            "instance",
+            "create",
+            names[0],
+            "--type",
+            "web",
+            "--exists-ok",
+        ]);
+        let run = stead(
+            &[
+                "--config",
+                notes_config,
+                "instance",
+                "create",
+                names[1],
+                "--type",
+                "notes",
+                "--exists-ok",
+            ],
+            &[],
+        );
+        assert_eq!(run.code, 0, "{}", run.text());
+    }
+    let listed = web.ok(&["instance", "list"]);
+    assert!(
+        listed.contains(names[0]) && listed.contains(names[1]),
+        "{listed}"
+    );
+}
+
+#[test]
+fn every_command_naming_a_missing_instance_exits_3_naming_it() {
+    let s = Setup::new();
+    // Another instance exists, so the store is not simply empty.
+    s.ok(&["instance", "create", "a", "--type", "web"]);
+    let commands: [&[&str]; 9] = [
+        &["instance", "show", "nope"],
+        &["instance", "show", "nope", "--json"],
+        &["instance", "stop", "nope"],
+        &["instance", "start", "nope"],
+        &["instance", "retry", "nope"],
+        &["instance", "delete", "nope"],
+        &["instance", "delete", "nope", "--purge-volumes"],
+        &["instance", "inhibit", "nope", "--service", "http"],
+        &["instance", "release", "nope", "--service", "http"],
+    ];
+    for args in commands {
+        let run = s.run(args);
+        assert_eq!(run.code, 3, "{args:?}: {}", run.text());
+        assert!(
+            run.stderr.contains("no instance named \"nope\""),
+            "{args:?}: {}",
+            run.text()
+        );
+        assert!(run.stdout.is_empty(), "{args:?}: {}", run.text());
+    }
+}
+
+/// A command against a Postgres database that was never migrated, or was
+/// migrated by an older stead, names the database and says to run
+/// `stead migrate`, with its own exit status; after the migration the same
+/// command works. (SQLite is migrated whenever it is opened, so only a
+/// Postgres database can be behind.)
+#[tokio::test]
+async fn a_postgres_database_without_the_current_schema_says_to_run_migrate_and_exits_7() {
+    use sqlx::Connection;
+    let url = support::fresh_postgres_database().await;
+    let database = url.rsplit('/').next().unwrap().split('?').next().unwrap();
+    let commands: [&[&str]; 3] = [
+        &["instance", "list"],
+        &["instance", "show", "demo"],
+        &["task", "list"],
+    ];
+    let expect_no_schema = |when: &str| {
+        for args in commands {
+            let mut all = vec!["--config", "examples/stead.toml"];
+            all.extend_from_slice(args);
+            let run = stead(&all, &[("STEAD_DATABASE_URL", &url)]);
+            assert_eq!(run.code, 7, "{when}, {args:?}: {}", run.text());
+            assert!(
+                run.stderr
+                    .contains("has no stead schema (or an older one): run `stead migrate`")
+                    && run.stderr.contains(database),
+                "{when}, {args:?}: {}",
+                run.text()
+            );
+        }
+    };
+    let migrate = || {
+        let run = stead(
+            &["--config", "examples/stead.toml", "migrate"],
+            &[("STEAD_DATABASE_URL", &url)],
+        );
+        assert_eq!(run.code, 0, "{}", run.text());
+    };
+    expect_no_schema("never migrated");
+    migrate();
+    let listed = stead(
+        &["--config", "examples/stead.toml", "instance", "list"],
+        &[("STEAD_DATABASE_URL", &url)],
+    );
+    assert_eq!(listed.code, 0, "{}", listed.text());
+    // As an older stead left it: its newest migration not applied.
+    let mut connection = sqlx::PgConnection::connect(&url).await.unwrap();
+    sqlx::raw_sql(
+        "DELETE FROM _sqlx_migrations WHERE version = (SELECT max(version) FROM _sqlx_migrations)",
+    )
+    .execute(&mut connection)
+    .await
+    .unwrap();
+    connection.close().await.unwrap();
+    expect_no_schema("one migration behind");
 }
 
 #[tokio::test]

@@ -463,6 +463,97 @@ async fn an_unreadable_instance_row_is_neither_an_orphan_nor_gone() {
     assert_eq!(tally.gauge("stead_orphan_releases"), Some(0.0));
 }
 
+/// The log lines a test runtime's thread writes while a [`Lines`] is its
+/// default subscriber.
+#[derive(Clone, Default)]
+struct Lines(Arc<std::sync::Mutex<Vec<u8>>>);
+
+impl Lines {
+    /// Records this thread's log at info and above until the guard drops.
+    fn record(&self) -> tracing::subscriber::DefaultGuard {
+        let subscriber = tracing_subscriber::fmt()
+            .with_writer(self.clone())
+            .with_ansi(false)
+            .with_max_level(tracing::Level::INFO)
+            .finish();
+        tracing::subscriber::set_default(subscriber)
+    }
+
+    fn count(&self, text: &str) -> usize {
+        let bytes = self.0.lock().unwrap();
+        String::from_utf8_lossy(&bytes)
+            .lines()
+            .filter(|l| l.contains(text))
+            .count()
+    }
+
+    fn text(&self) -> String {
+        String::from_utf8_lossy(&self.0.lock().unwrap()).into_owned()
+    }
+}
+
+impl std::io::Write for Lines {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().unwrap().extend_from_slice(buf);
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+impl<'a> tracing_subscriber::fmt::MakeWriter<'a> for Lines {
+    type Writer = Lines;
+
+    fn make_writer(&'a self) -> Self::Writer {
+        self.clone()
+    }
+}
+
+/// A bad row lasts until an operator mends it: the ticks it spans log it,
+/// and the recovery check it fails, once when it appears and once when it
+/// is gone, not once per tick (docs/operations.md, "Logs").
+#[tokio::test]
+async fn a_lasting_bad_row_and_the_check_it_fails_are_logged_once_when_they_begin_and_end() {
+    let f = fixture();
+    let hidden = f.served("wiki1", "2").await;
+    f.served("wiki2", "2").await;
+    let lines = Lines::default();
+    let _recording = lines.record();
+    let r = f.reconciler("a");
+    assert!(r.tick().await.ok());
+    f.store
+        .garble_instance_row(Some((hidden.id, Garbled::Listed)));
+    for _ in 0..3 {
+        let out = r.tick().await;
+        assert_eq!(out.failed.len(), 1, "{:?}", out.failed);
+    }
+    assert_eq!(lines.count("skipped a bad row"), 1, "{}", lines.text());
+    assert_eq!(lines.count("check failed"), 1, "{}", lines.text());
+    f.store.garble_instance_row(None);
+    for _ in 0..2 {
+        assert!(r.tick().await.ok());
+    }
+    assert_eq!(
+        lines.count("no longer the case: skipped a bad row"),
+        1,
+        "{}",
+        lines.text()
+    );
+    assert_eq!(
+        lines.count("check recovery passes again"),
+        1,
+        "{}",
+        lines.text()
+    );
+    // It comes back: it is logged again.
+    f.store
+        .garble_instance_row(Some((hidden.id, Garbled::Listed)));
+    assert!(!r.tick().await.ok());
+    assert_eq!(lines.count("check failed"), 2, "{}", lines.text());
+}
+
 /// A whole pass lists the fleet by id, name, type and state only. A row
 /// garbled in another field (its parameters) is listed: its routes are not
 /// taken for a gone instance's, its load fails alone, and the routes of an

@@ -90,6 +90,15 @@ pub enum DaemonError {
     Store(#[from] crate::ports::StoreError),
     #[error("{0}")]
     Setup(String),
+    /// The database has no stead schema, or an older one than this binary
+    /// needs; `stead migrate` brings it up to date.
+    #[error(
+        "the database at {database} has no stead schema (or an older one): run `stead migrate`"
+    )]
+    NoSchema {
+        /// The database's URL, without its password.
+        database: String,
+    },
     #[error(transparent)]
     AdminBind(#[from] admin::AdminBindError),
     #[error(transparent)]
@@ -313,7 +322,9 @@ pub fn metrics_handle() -> metrics_exporter_prometheus::PrometheusHandle {
 
 /// Opens the store the config names. SQLite is migrated on open (zero
 /// setup on one machine); Postgres is shared by several machines, so its
-/// schema moves only by an explicit `stead migrate`.
+/// schema moves only by an explicit `stead migrate`, and one without the
+/// schema this binary needs is refused ([`DaemonError::NoSchema`]) before
+/// any query fails on a missing table.
 pub async fn open_store(config: &DaemonConfig) -> Result<Arc<dyn Store>, DaemonError> {
     use crate::store::sql::{self, Backend};
     match Backend::of_url(&config.database_url)? {
@@ -331,7 +342,15 @@ pub async fn open_store(config: &DaemonConfig) -> Result<Arc<dyn Store>, DaemonE
             }
             Ok(sql::connect_and_migrate(&config.database_url).await?)
         }
-        Backend::Postgres => Ok(sql::connect(&config.database_url).await?),
+        Backend::Postgres => {
+            let store = sql::PostgresStore::connect(&config.database_url).await?;
+            if sql::pending_migrations(&store).await? > 0 {
+                return Err(DaemonError::NoSchema {
+                    database: redact(&config.database_url),
+                });
+            }
+            Ok(Arc::new(store))
+        }
     }
 }
 

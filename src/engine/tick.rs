@@ -128,6 +128,12 @@ pub struct Reconciler {
     /// What the last full recovery pass found gone (R7), per instance:
     /// drift reprovisions those services at the next tick's planning.
     lost_services: Mutex<LostServices>,
+    /// The checks that failed at the last tick this replica led, with
+    /// why: a failure that lasts is logged once when it begins and once
+    /// when it ends.
+    failing: Mutex<BTreeSet<(Check, String)>>,
+    /// The bad rows the last snapshot skipped, logged the same way.
+    bad_rows: Mutex<BTreeSet<String>>,
 }
 
 /// What full passes confirmed gone (R7), per instance, with when that
@@ -160,6 +166,8 @@ impl Reconciler {
             wake: tokio::sync::Notify::new(),
             waiting_for: Mutex::new(None),
             reported: Mutex::new(BTreeMap::new()),
+            failing: Mutex::new(BTreeSet::new()),
+            bad_rows: Mutex::new(BTreeSet::new()),
             lost_services: Mutex::new(LostServices::new()),
         }
     }
@@ -294,10 +302,10 @@ impl Reconciler {
         out.failed.append(&mut control.failed);
         out.warnings.append(&mut control.warnings);
         out.tasks_enqueued += control.tasks_enqueued;
-        for (check, why) in &out.failed {
-            tracing::error!(check = check.as_str(), error = %why, "check failed");
+        for (check, _) in &out.failed {
             metrics::counter!("stead_check_failures_total", "check" => check.as_str()).increment(1);
         }
+        self.log_failures(&out.failed);
         for w in &out.warnings {
             tracing::warn!("{w}");
         }
@@ -407,9 +415,7 @@ impl Reconciler {
         // with sees a lease run out a fraction of a microsecond early. The
         // simulation's C6 check found both (a sweep that freed nothing).
         let now = crate::store::normalize_timestamp(self.ports.clock.now());
-        for bad in instances.bad.iter().chain(tasks.bad.iter()) {
-            tracing::error!(error = %bad, "skipped a bad row");
-        }
+        self.log_bad_rows(instances.bad.iter().chain(tasks.bad.iter()));
         // Bounded like every outside call: a hung provisioner must not hang
         // the tick (found by the simulation).
         let listed = tokio::time::timeout(
@@ -486,6 +492,44 @@ impl Reconciler {
         {
             out.failed.push((check, e.to_string()));
         }
+    }
+
+    /// Logs each failed check once when it begins to fail (or fails for a
+    /// new reason) and once at info when it passes again, not every tick.
+    fn log_failures(&self, failed: &[(Check, String)]) {
+        let now: BTreeSet<(Check, String)> = failed.iter().cloned().collect();
+        let mut before = self.failing.lock().expect("failing poisoned");
+        for (check, why) in now.difference(&before) {
+            tracing::error!(check = check.as_str(), error = %why, "check failed");
+        }
+        let still: BTreeSet<Check> = now.iter().map(|(check, _)| *check).collect();
+        let mended: BTreeSet<Check> = before
+            .iter()
+            .map(|(check, _)| *check)
+            .filter(|check| !still.contains(check))
+            .collect();
+        for check in mended {
+            tracing::info!(
+                check = check.as_str(),
+                "check {} passes again",
+                check.as_str()
+            );
+        }
+        *before = now;
+    }
+
+    /// Logs each bad row once when a snapshot first skips it and once at
+    /// info when it reads again (mended or deleted), not every tick.
+    fn log_bad_rows<'e>(&self, bad: impl Iterator<Item = &'e StoreError>) {
+        let now: BTreeSet<String> = bad.map(ToString::to_string).collect();
+        let mut before = self.bad_rows.lock().expect("bad_rows poisoned");
+        for error in now.difference(&before) {
+            tracing::error!(error = %error, "skipped a bad row");
+        }
+        for error in before.difference(&now) {
+            tracing::info!("no longer the case: skipped a bad row ({error})");
+        }
+        *before = now;
     }
 
     /// Logs a planner's reports once per change: each when it first

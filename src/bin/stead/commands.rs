@@ -1,5 +1,6 @@
 //! One function per command. Each says what it did on standard output and
-//! returns the exit status; an `Err` is printed by `main` and exits 1.
+//! returns the exit status; an `Err` is printed by `main` and exits with
+//! the status its kind maps to (`output.rs`).
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -47,7 +48,7 @@ async fn run(config: DaemonConfig, role: RoleArg, once: bool) -> Result<u8, CliE
         RoleArg::Worker => Role::Worker,
         RoleArg::All => Role::All,
     };
-    let daemon = Arc::new(Daemon::build(config).await.map_err(|e| e.to_string())?);
+    let daemon = Arc::new(Daemon::build(config).await?);
     tracing::info!(
         holder = %daemon.holder,
         database = %redact(&daemon.config.database_url),
@@ -110,7 +111,7 @@ async fn handle_signals(daemon: &Daemon) {
 }
 
 async fn tick(config: DaemonConfig) -> Result<u8, CliError> {
-    let daemon = Daemon::build(config).await.map_err(|e| e.to_string())?;
+    let daemon = Daemon::build(config).await?;
     daemon.ensure_caddy_server().await;
     let outcome = daemon.reconciler.tick().await;
     daemon.reconciler.release_lease().await;
@@ -291,9 +292,7 @@ async fn status(config: &DaemonConfig, json: bool, live: bool) -> Result<u8, Cli
 
 /// The status as the configured database, the runtime and Caddy say.
 async fn local_status(config: &DaemonConfig) -> Result<Status, CliError> {
-    let store = stead::daemon::open_store(config)
-        .await
-        .map_err(|e| e.to_string())?;
+    let store = stead::daemon::open_store(config).await?;
     let docker = stead::daemon::docker_runtime(config)
         .await
         .map_err(|e| e.to_string())?;
@@ -348,9 +347,7 @@ async fn live_status(config: &DaemonConfig) -> Result<Status, CliError> {
 async fn store_and_catalog(config: &DaemonConfig) -> Result<(Arc<dyn Store>, Catalog), CliError> {
     let catalog =
         stead::config::load_catalog(&config.catalog, &config.grants).map_err(|e| e.to_string())?;
-    let store = stead::daemon::open_store(config)
-        .await
-        .map_err(|e| e.to_string())?;
+    let store = stead::daemon::open_store(config).await?;
     Ok((store, catalog))
 }
 
@@ -505,9 +502,7 @@ async fn instance(config: &DaemonConfig, command: InstanceCommand) -> Result<u8,
 }
 
 async fn instance_list(config: &DaemonConfig, all: bool, json: bool) -> Result<u8, CliError> {
-    let store = stead::daemon::open_store(config)
-        .await
-        .map_err(|e| e.to_string())?;
+    let store = stead::daemon::open_store(config).await?;
     let rows = store.list_instances().await?;
     let views: Vec<InstanceView> = rows
         .rows
@@ -527,16 +522,13 @@ async fn instance_list(config: &DaemonConfig, all: bool, json: bool) -> Result<u
 }
 
 async fn instance_show(config: &DaemonConfig, name: &str, json: bool) -> Result<u8, CliError> {
-    let store = stead::daemon::open_store(config)
-        .await
-        .map_err(|e| e.to_string())?;
+    let store = stead::daemon::open_store(config).await?;
     let found = store
         .instance(&stead::core::types::InstanceName::new(name))
         .await
         .map_err(|e| e.to_string())?;
     let Some(instance) = found else {
-        complain(&format!("no instance named {name:?}"));
-        return Ok(EXIT_FAILURE);
+        return Err(stead::ops::no_such_instance(name).into());
     };
     let active = store
         .load_active(&instance.name)
@@ -652,9 +644,7 @@ async fn task_list(
     limit: u32,
     json: bool,
 ) -> Result<u8, CliError> {
-    let store = stead::daemon::open_store(config)
-        .await
-        .map_err(|e| e.to_string())?;
+    let store = stead::daemon::open_store(config).await?;
     let tasks = store.tasks(all, limit).await?;
     let names: BTreeMap<i64, String> = store
         .list_instances()

@@ -1,7 +1,8 @@
 //! `stead`: the daemon and its operator CLI. Everything reusable lives in
 //! `stead::daemon`; this file parses arguments, sets up logging and signals,
 //! says what each command did, and maps results onto exit codes (0 success,
-//! 1 failure, 2 a wrong command line; `docs/operations.md`).
+//! 1 failure, 2 a wrong command line, 3 to 7 by the kind of refusal; the
+//! table is in `output.rs` and `docs/operations.md`, "Exit codes").
 
 mod commands;
 mod output;
@@ -35,7 +36,9 @@ static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 /// STEAD_<KEY> (dots become "__", e.g. STEAD_CONTROL__TICK_INTERVAL_S=5).
 /// See docs/operations.md for every key, docs/rules.md for the rules
 /// (R*, C*, T*) messages quote. Exit status: 0 success, 1 failure, 2 a
-/// wrong command line.
+/// wrong command line or request, 3 no such instance, 4 a conflict, 5 the
+/// instance stayed busy, 6 the database did not answer, 7 the database
+/// needs `stead migrate`.
 #[derive(Parser)]
 #[command(name = "stead", version, about, long_about, max_term_width = 100)]
 struct Cli {

@@ -7,6 +7,7 @@
 use std::io::Write;
 use std::process::ExitCode;
 
+use stead::daemon::DaemonError;
 use stead::ops::OpsError;
 use stead::ports::{ErrorKind, PortFailure, StoreError};
 
@@ -28,6 +29,8 @@ pub const EXIT_CONFLICT: u8 = 4;
 pub const EXIT_BUSY: u8 = 5;
 /// The database did not answer; nothing changed, run the command again.
 pub const EXIT_UNAVAILABLE: u8 = 6;
+/// The database has no stead schema, or an older one: run `stead migrate`.
+pub const EXIT_NO_SCHEMA: u8 = 7;
 
 /// A failed command: what to say on standard error and the exit status.
 #[derive(Debug)]
@@ -51,6 +54,21 @@ impl From<OpsError> for CliError {
             OpsError::Invalid(_) => EXIT_USAGE,
             OpsError::Busy(_) => EXIT_BUSY,
             _ => exit_code_of(error.kind()),
+        };
+        Self {
+            message: error.to_string(),
+            code,
+        }
+    }
+}
+
+impl From<DaemonError> for CliError {
+    /// A daemon that cannot be set up is a failure (1), except a database
+    /// without the schema, which says what to run.
+    fn from(error: DaemonError) -> Self {
+        let code = match &error {
+            DaemonError::NoSchema { .. } => EXIT_NO_SCHEMA,
+            _ => EXIT_FAILURE,
         };
         Self {
             message: error.to_string(),

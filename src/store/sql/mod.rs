@@ -69,6 +69,25 @@ pub async fn migrate(url: &str) -> Result<Migrated, StoreError> {
     }
 }
 
+/// How many of the migrations this binary carries the Postgres database
+/// behind `store` has not applied: all of them when it was never migrated
+/// (no bookkeeping table), none when its schema is current. A daemon or a
+/// command that does not migrate checks this before its first query, so
+/// an unmigrated database is named as such instead of failing a statement.
+pub async fn pending_migrations(store: &PostgresStore) -> Result<usize, StoreError> {
+    /// Postgres's SQLSTATE for a table that does not exist.
+    const UNDEFINED_TABLE: &str = "42P01";
+    let before: Vec<i64> = match sqlx::query_scalar(APPLIED_MIGRATIONS)
+        .fetch_all(store.pool())
+        .await
+    {
+        Ok(versions) => versions,
+        Err(sqlx::Error::Database(e)) if e.code().as_deref() == Some(UNDEFINED_TABLE) => Vec::new(),
+        Err(e) => return Err(db_error(e)),
+    };
+    Ok(migrated(PostgresStore::migrator(), &before).applied.len())
+}
+
 /// Versions already recorded as applied; none when the bookkeeping table
 /// does not exist yet (a new database).
 const APPLIED_MIGRATIONS: &str = "SELECT version FROM _sqlx_migrations WHERE success";

@@ -39,6 +39,19 @@ fn assert_caught(mutant: Mutant, invariant: &str) {
 }
 
 #[test]
+fn an_upgrade_parked_behind_its_window_is_caught() {
+    assert_caught(
+        Mutant::ParkUpgradeBehindWindow,
+        "S9 an upgrade is enqueued only inside its window, due at once",
+    );
+}
+
+#[test]
+fn a_publication_of_a_service_without_ports_is_caught() {
+    assert_caught(Mutant::PublishPortless, "L3");
+}
+
+#[test]
 fn a_start_without_withdrawing_first_is_caught() {
     assert_caught(
         Mutant::SkipWithdrawBeforeStart,

@@ -81,11 +81,17 @@ pub enum Mutant {
     IgnoreOwnTeam,
     /// C8: leave one upgrade slot of `max_in_flight` unused.
     UnderuseInFlight,
+    /// C8 (#40): park an upgrade in the queue until its window opens,
+    /// holding a slot, instead of waiting without one.
+    ParkUpgradeBehindWindow,
+    /// R13 (#40): ask the proxy to route a service without ports, which it
+    /// refuses, so the service never counts as verified and routed.
+    PublishPortless,
 }
 
 #[cfg(feature = "mutation-exercise")]
 impl Mutant {
-    pub const ALL: [Mutant; 17] = [
+    pub const ALL: [Mutant; 19] = [
         Mutant::SkipWithdrawBeforeStart,
         Mutant::PublishBeforeReadiness,
         Mutant::ForgetCrashLoopCharge,
@@ -103,5 +109,7 @@ impl Mutant {
         Mutant::RestartBeforeThreshold,
         Mutant::IgnoreOwnTeam,
         Mutant::UnderuseInFlight,
+        Mutant::ParkUpgradeBehindWindow,
+        Mutant::PublishPortless,
     ];
 }

@@ -1134,7 +1134,7 @@ impl<'p> ServiceRecovery<'p> {
     /// without binds has nothing to route: it is verified and never
     /// published (the proxy refuses a route without an upstream).
     fn needs_publication(&self) -> bool {
-        !self.binds.is_empty()
+        (!self.binds.is_empty() || crate::broken!(self.policy.broken, PublishPortless))
             && (self.needs_readiness() || self.route_unknown || self.binds != self.active.binds)
     }
 

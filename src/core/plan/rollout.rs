@@ -199,7 +199,13 @@ impl Planner<'_, '_> {
                         Window::parse(spec).map(|window| next_run_after(&window, snapshot.now))
                     });
                     match scheduled {
-                        Ok(at) if *at > snapshot.now => {
+                        Ok(at)
+                            if *at > snapshot.now
+                                && !crate::broken!(
+                                    snapshot.config.broken,
+                                    ParkUpgradeBehindWindow
+                                ) =>
+                        {
                             plan.reports.push(Report::WaitsForWindow {
                                 instance: instance.id,
                                 name: instance.name.clone(),

@@ -271,6 +271,10 @@ impl Ops<'_> {
     /// Writes the instance row and its provision task.
     pub async fn create(&self, request: &CreateRequest) -> Result<Created, OpsError> {
         check_instance_name(&request.name)?;
+        // A team names things too (`{team}` in a Helm namespace or values):
+        // the same DNS-label rule as every name (T6).
+        crate::core::names::check_dns_label("--team", &request.team)
+            .map_err(|e| OpsError::Invalid(e.to_string()))?;
         let entry = self.catalog.get(&request.service_type).ok_or_else(|| {
             let known: Vec<&str> = self
                 .catalog

@@ -277,6 +277,20 @@ fn helm_type_errors_name_the_file_the_field_and_the_value() {
             HELM.replace("namespace = \"search-{instance}\"", "namespace = \"Search_{instance}\""),
             "c.toml: line 8: types.search.helm.namespace = \"Search_i\"",
         ),
+        // #41: never a Kubernetes system namespace, never one that moves
+        // with the version.
+        (
+            HELM.replace("namespace = \"search-{instance}\"", "namespace = \"kube-{instance}\""),
+            "c.toml: line 8: types.search.helm.namespace = \"kube-i\"",
+        ),
+        (
+            HELM.replace("namespace = \"search-{instance}\"", "namespace = \"default\""),
+            "c.toml: line 8: types.search.helm.namespace = \"default\"",
+        ),
+        (
+            HELM.replace("namespace = \"search-{instance}\"", "namespace = \"s-{version}\""),
+            "c.toml: line 8: types.search.helm.namespace = \"s-{version}\": a namespace cannot depend on {version}",
+        ),
         (
             HELM.replace("team = \"{team}\"", "team = \"{owner}\""),
             "c.toml: line 12: types.search.helm.values.ingress.team = \"{owner}\": unknown placeholder {owner}",

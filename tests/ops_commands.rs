@@ -357,3 +357,21 @@ async fn retrying_a_ready_instance_reprovisions_it_and_a_deleting_one_is_refused
     let error = ops.retry("nope").await.unwrap_err();
     assert!(matches!(error, OpsError::NotFound(_)), "{error:?}");
 }
+
+/// #41: a team becomes part of names (`{team}` in a Helm namespace and
+/// values), so it follows the one DNS-label rule.
+#[tokio::test]
+async fn a_team_that_is_not_a_dns_label_is_refused_naming_the_flag() {
+    let store = MemoryStore::new();
+    let ops = Ops::new(&store, Arc::new(catalog()), at(), 7);
+    let error = ops
+        .create(&CreateRequest {
+            team: "Blue Team".into(),
+            ..request("blog")
+        })
+        .await
+        .unwrap_err();
+    assert!(matches!(error, OpsError::Invalid(_)), "{error:?}");
+    assert!(error.to_string().contains("--team"), "{error}");
+    assert!(store.all_tasks().is_empty(), "nothing written");
+}

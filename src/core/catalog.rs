@@ -919,6 +919,17 @@ impl Checker<'_> {
                 "a namespace cannot use parameters (only values and env can)",
             ));
         }
+        // An upgrade installs the new version where the old one lives: a
+        // namespace that moved with the version would leave the old
+        // release behind and install a second one.
+        if namespace.contains("{version}") {
+            return Err(self.invalid(
+                format!("{at}.namespace"),
+                &namespace,
+                "a namespace cannot depend on {version}: an upgrade would install a second \
+                 release instead of upgrading the first",
+            ));
+        }
         let values = serde_json::to_value(&raw.values).map_err(|e| {
             self.invalid(
                 format!("{at}.values"),

@@ -265,18 +265,31 @@ pub fn render_values(
     })
 }
 
+/// Whether `namespace` is one of Kubernetes' own (`default`, `kube-*`),
+/// which a tenant's release must never be installed into: its objects sit
+/// beside the cluster's, and an uninstall there could remove theirs.
+pub fn is_system_namespace(namespace: &str) -> bool {
+    namespace == "default" || namespace.starts_with("kube-")
+}
+
 impl HelmChart {
     /// The namespace an instance's release lives in.
     pub fn namespace_of(&self, params: &ReleaseParams) -> Result<String, TemplateError> {
         let namespace = render("namespace", &self.namespace, params)?;
-        names::check_dns_label("namespace", &namespace).map_err(|e| TemplateError {
+        let refused = |rule: &dyn std::fmt::Display| TemplateError {
             field: "namespace".into(),
             value: namespace.clone(),
             reason: format!(
-                "rendered from {:?} for {}: {}",
-                self.namespace, params.instance, e.rule
+                "rendered from {:?} for {}: {rule}",
+                self.namespace, params.instance
             ),
-        })?;
+        };
+        names::check_dns_label("namespace", &namespace).map_err(|e| refused(&e.rule))?;
+        if is_system_namespace(&namespace) {
+            return Err(refused(
+                &"a Kubernetes system namespace (default, kube-*) is never a tenant's",
+            ));
+        }
         Ok(namespace)
     }
 
@@ -403,6 +416,23 @@ mod tests {
         let bad = serde_json::json!({"a": {"b": ["ok", "{nope}"]}});
         let e = render_values("values", &bad, &params()).unwrap_err();
         assert_eq!(e.field, "values.a.b[1]");
+    }
+
+    #[test]
+    fn a_team_cannot_render_a_release_into_a_system_namespace() {
+        let chart = HelmChart {
+            chart: "c".into(),
+            chart_version: "1".into(),
+            namespace: "{team}".into(),
+            values: serde_json::json!({}),
+        };
+        for team in ["default", "kube-system", "kube-public"] {
+            let params = ReleaseParams { team, ..params() };
+            let e = chart.namespace_of(&params).unwrap_err();
+            assert_eq!(e.value, team);
+            assert!(e.reason.contains("system namespace"), "{e}");
+        }
+        assert_eq!(chart.namespace_of(&params()).unwrap(), "blue");
     }
 
     #[test]

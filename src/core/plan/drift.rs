@@ -7,6 +7,30 @@ use crate::core::fleet::{Instance, InstanceState, TaskKind};
 use crate::core::release::ReleaseParams;
 
 impl Planner<'_, '_> {
+    /// A `reprovision` of `instance` now, and the notification `event`
+    /// that says why.
+    fn reprovision(
+        &self,
+        plan: &mut Plan,
+        instance: &Instance,
+        event: &'static str,
+        reason: String,
+    ) {
+        let message = format!("reprovisioning {}: {reason}", instance.name);
+        plan.decisions.push(Decision::Enqueue(self.new_task(
+            TaskKind::Reprovision,
+            instance.id,
+            self.snapshot.now,
+            reason,
+        )));
+        plan.decisions.push(Decision::Notify(Notice {
+            event,
+            instance: instance.id,
+            team: instance.team.clone(),
+            message,
+        }));
+    }
+
     /// A ready instance whose release is gone gets one `reprovision` (safe:
     /// provisioning is install-or-upgrade on the instance's deterministic
     /// release name) and a notification, unless a reprovision is already
@@ -68,18 +92,7 @@ impl Planner<'_, '_> {
                         services.join(", "),
                         instance.name
                     );
-                    plan.decisions.push(Decision::Enqueue(self.new_task(
-                        TaskKind::Reprovision,
-                        instance.id,
-                        snapshot.now,
-                        reason.clone(),
-                    )));
-                    plan.decisions.push(Decision::Notify(Notice {
-                        event: "drift.container_missing",
-                        instance: instance.id,
-                        team: instance.team.clone(),
-                        message: format!("reprovisioning {}: {reason}", instance.name),
-                    }));
+                    self.reprovision(&mut plan, instance, "drift.container_missing", reason);
                 }
                 continue;
             }
@@ -94,18 +107,7 @@ impl Planner<'_, '_> {
                 "drift: release {} missing from namespace {namespace}",
                 instance.name
             );
-            plan.decisions.push(Decision::Enqueue(self.new_task(
-                TaskKind::Reprovision,
-                instance.id,
-                snapshot.now,
-                reason.clone(),
-            )));
-            plan.decisions.push(Decision::Notify(Notice {
-                event: "drift.release_missing",
-                instance: instance.id,
-                team: instance.team.clone(),
-                message: format!("reprovisioning {}: {reason}", instance.name),
-            }));
+            self.reprovision(&mut plan, instance, "drift.release_missing", reason);
         }
         if snapshot.unreadable_instances > 0 {
             // An instance row that does not decode still owns its release:

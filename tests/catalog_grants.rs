@@ -2,7 +2,8 @@
 //! grant, in `stead.toml`'s `[grants]` (issue #41, item 1): the catalog
 //! author can use only what is granted. A catalog asking for more is
 //! refused when it is loaded, naming its field and the missing grant; a
-//! reload asking for more is refused and the running catalog kept.
+//! reload asking for more is refused and the running catalog kept. The
+//! same holds for memory above `[limits]`'s `memory_max_mb` (item 5).
 
 use stead::core::catalog::{Catalog, CatalogError};
 use stead::core::grants::{Grant, Grants};
@@ -255,4 +256,39 @@ async fn a_daemon_does_not_start_on_a_catalog_asking_for_more_than_granted() {
             .contains("not granted: grants.host_path_prefixes in stead.toml is empty"),
         "{error}"
     );
+}
+
+#[tokio::test]
+async fn a_reload_asking_for_more_memory_than_the_operators_maximum_is_refused_and_the_old_catalog_stays(
+) {
+    let dir = tempfile::tempdir().unwrap();
+    let catalog = dir.path().join("catalog.toml");
+    std::fs::write(&catalog, web("1", "memory_mb = 512\n")).unwrap();
+    drop(std::os::unix::net::UnixListener::bind(dir.path().join("no-docker.sock")).unwrap());
+    let doc = format!(
+        "state_dir = \"{dir}\"\ncatalog = \"{catalog}\"\nadmin_listen = \"\"\n\
+         [docker]\nsocket = \"{dir}/no-docker.sock\"\n\
+         [limits]\nmemory_max_mb = 512\n",
+        dir = dir.path().display(),
+        catalog = catalog.display(),
+    );
+    let config = stead::config::daemon::parse(&doc, "stead.toml", &[]).unwrap();
+    let daemon = Daemon::build(config)
+        .await
+        .unwrap_or_else(|e| panic!("daemon builds: {e}"));
+    let version = |daemon: &Daemon| daemon.catalog.current().get("web").unwrap().version.clone();
+    assert_eq!(version(&daemon), "1", "memory at the maximum is taken");
+
+    std::fs::write(&catalog, web("2", "memory_mb = 513\n")).unwrap();
+    let error = daemon
+        .reload_catalog()
+        .expect_err("a reload above the maximum must be refused");
+    assert!(
+        error.to_string().contains(
+            "line 6: types.web.services[0].memory_mb = 513: more than limits.memory_max_mb = 512 \
+             in stead.toml"
+        ),
+        "{error}"
+    );
+    assert_eq!(version(&daemon), "1", "the running catalog is kept");
 }

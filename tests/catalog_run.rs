@@ -7,6 +7,7 @@ use std::collections::BTreeMap;
 
 use stead::core::catalog::Catalog;
 use stead::core::grants::Grants;
+use stead::core::limits::{ContainerLimits, RawLimits};
 use stead::core::release::ReleaseParams;
 use stead::core::spec::{Mount, MountSource, RunSpec, SecretEnv, SecretSource};
 use stead::core::types::ServiceName;
@@ -231,6 +232,33 @@ fn bad_declarations_name_the_field_and_the_value() {
         "entrypoint = [\"/bin/sh\", \"-c\"]",
         "entrypoint = \"/bin/sh\"",
         "types.notes.services[0].entrypoint: invalid type",
+    );
+}
+
+#[test]
+fn memory_above_the_operators_maximum_is_refused_naming_the_field_and_the_bound() {
+    let limits = ContainerLimits::new(&RawLimits {
+        memory_max_mb: Some(128),
+        memory_default_mb: Some(64),
+        ..Default::default()
+    })
+    .unwrap();
+    let grants = app_grants().with_limits(limits);
+    let error = Catalog::from_toml(APP, "catalog.toml", &grants)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        error.contains(
+            "types.notes.services[0].memory_mb = 256: more than limits.memory_max_mb = 128 in \
+             stead.toml"
+        ),
+        "{error}"
+    );
+    let at_the_max = APP.replace("memory_mb = 256", "memory_mb = 128");
+    let catalog = Catalog::from_toml(&at_the_max, "catalog.toml", &grants).unwrap();
+    assert_eq!(
+        catalog.get("notes").unwrap().services[0].run.memory_bytes,
+        Some(128 * 1024 * 1024)
     );
 }
 

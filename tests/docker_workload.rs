@@ -13,11 +13,14 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use stead::adapters::docker::{volume_name, DockerProvisioner, DockerRuntime};
+use stead::core::limits::{ContainerLimits, RawLimits};
 use stead::core::release::{ReleaseKind, ReleaseParams, ReleaseTarget};
 use stead::core::spec::{Mount, MountSource, RunSpec, SecretEnv, SecretSource, ServiceSpec};
 use stead::core::types::{ContainerId, GenerationKey, InstanceName, RuntimeError, ServiceName};
 use stead::ports::{CreateContainer, Provisioner, Release, Runtime};
-use support_services::docker::{create_request, docker, httpd_spec, runtime, Cleanup};
+use support_services::docker::{
+    config, create_request, docker, httpd_spec, is_podman, runtime, runtime_with, Cleanup,
+};
 use support_services::unique;
 
 /// A service that runs `script` under sh and then sleeps, so a test can
@@ -380,15 +383,84 @@ async fn limits_user_entrypoint_labels_and_bind_mounts_are_applied() {
     let inspected = docker(&[
         "inspect",
         "--format",
-        "{{.HostConfig.Memory}} {{.HostConfig.NanoCpus}} {{.Config.User}} {{json .Config.Entrypoint}} {{index .Config.Labels \"com.example.tier\"}} {{index .Config.Labels \"stead.managed\"}}",
+        "{{.HostConfig.Memory}} {{.HostConfig.PidsLimit}} {{.HostConfig.NanoCpus}} {{.Config.User}} {{json .Config.Entrypoint}} {{index .Config.Labels \"com.example.tier\"}} {{index .Config.Labels \"stead.managed\"}}",
         id.as_str(),
     ])
     .unwrap();
     assert_eq!(
         inspected,
-        "67108864 500000000 65534:65534 [\"/bin/sh\",\"-c\"] backend true"
+        "67108864 512 500000000 65534:65534 [\"/bin/sh\",\"-c\"] backend true"
     );
     assert_eq!(read_inside(&id, "/etc/app/config").await, "from-the-host");
     let written = docker(&["exec", id.as_str(), "sh", "-c", "echo x > /etc/app/new"]);
     assert!(written.is_err(), "a read-only bind mount refuses writes");
+}
+
+#[tokio::test]
+async fn every_container_gets_the_operators_memory_pids_log_rotation_and_no_new_privileges() {
+    let limits = ContainerLimits::new(&RawLimits {
+        memory_default_mb: Some(96),
+        pids_limit: Some(100),
+        log_max_size_mb: Some(5),
+        log_max_files: Some(2),
+        ..Default::default()
+    })
+    .unwrap();
+    let runtime = runtime_with(stead::adapters::docker::DockerConfig { limits, ..config() }).await;
+    let instance = unique("wklim");
+    let _cleanup = Cleanup::new(&instance);
+    // The catalog names no memory: the operator's default applies.
+    let spec = script_spec("app", "cat /proc/self/status > /tmp/status");
+    let id = runtime
+        .create(&request(&instance, 1, spec, "1"))
+        .await
+        .expect("create");
+    let inspected = docker(&[
+        "inspect",
+        "--format",
+        "{{.HostConfig.Memory}} {{.HostConfig.PidsLimit}} {{json .HostConfig.SecurityOpt}} {{.HostConfig.LogConfig.Type}} {{json .HostConfig.LogConfig.Config}}",
+        id.as_str(),
+    ])
+    .unwrap();
+    if is_podman() {
+        // Podman 4.3 keeps one log file, truncated at max-size, ignores
+        // max-file, and its compatible inspect shows no log options: its
+        // own inspect has the size (docs/operations.md, "Podman").
+        assert_eq!(
+            inspected,
+            "100663296 100 [\"no-new-privileges\"] json-file null"
+        );
+        assert_eq!(podman_log_size(&id), "5MB");
+    } else {
+        assert_eq!(
+            inspected,
+            "100663296 100 [\"no-new-privileges\"] json-file {\"max-file\":\"2\",\"max-size\":\"5m\"}"
+        );
+    }
+    let status = read_inside(&id, "/tmp/status").await;
+    assert!(
+        status
+            .lines()
+            .any(|l| l.split_whitespace().eq(["NoNewPrivs:", "1"])),
+        "the process runs with no_new_privs: {status}"
+    );
+}
+
+/// The log size limit Podman's own inspect reports (its compatible API
+/// shows none).
+fn podman_log_size(id: &ContainerId) -> String {
+    let socket = support_services::docker::socket_path();
+    let output = std::process::Command::new("podman")
+        .arg("--url")
+        .arg(format!("unix://{}", socket.display()))
+        .args([
+            "inspect",
+            "--format",
+            "{{.HostConfig.LogConfig.Size}}",
+            id.as_str(),
+        ])
+        .output()
+        .expect("the podman client runs");
+    assert!(output.status.success(), "podman inspect: {output:?}");
+    String::from_utf8_lossy(&output.stdout).trim().to_owned()
 }

@@ -39,7 +39,8 @@ use async_trait::async_trait;
 use bollard::errors::Error as DockerError;
 use bollard::models::{
     ContainerCreateBody, ContainerInspectResponse, ContainerStateStatusEnum, EventMessage,
-    HealthConfig, HealthStatusEnum, HostConfig, PortBinding, RestartPolicy, RestartPolicyNameEnum,
+    HealthConfig, HealthStatusEnum, HostConfig, HostConfigLogConfig, PortBinding, RestartPolicy,
+    RestartPolicyNameEnum,
 };
 use bollard::query_parameters::{
     CreateContainerOptions, CreateImageOptions, EventsOptions, ListContainersOptions,
@@ -57,6 +58,7 @@ pub use workload::{
 };
 
 use crate::core::errors::PortFailure;
+use crate::core::limits::ContainerLimits;
 use crate::core::names;
 use crate::core::types::{
     Binds, ContainerId, ContainerStatus, GenerationKey, Health, InstanceName, Observation,
@@ -94,6 +96,29 @@ const PODMAN_NAME_IN_USE: &str = "that name is already in use";
 /// What an operator whose engine does not answer should check.
 const DOCKERD_HINT: &str = "is dockerd running? `scripts/services up` starts it";
 
+/// The log driver of every container: rotated files the engine keeps,
+/// which `docker logs` (and the log readiness probe) read.
+pub const LOG_DRIVER: &str = "json-file";
+
+/// json-file rotation at the operator's size and count.
+fn log_config(limits: &ContainerLimits) -> HostConfigLogConfig {
+    HostConfigLogConfig {
+        typ: Some(LOG_DRIVER.to_owned()),
+        config: Some(HashMap::from([
+            (
+                "max-size".to_owned(),
+                format!("{}m", limits.log_max_size_mb),
+            ),
+            ("max-file".to_owned(), limits.log_max_files.to_string()),
+        ])),
+    }
+}
+
+/// Set on every container: no process in it gains privileges through a
+/// setuid binary or file capabilities. Both dockerd and Podman take this
+/// spelling.
+pub const NO_NEW_PRIVILEGES: &str = "no-new-privileges";
+
 /// Upper bound on the bytes of a Docker error message carried into ours, so
 /// a runaway body cannot flood logs.
 const DETAIL_LEN_MAX: usize = 512;
@@ -128,6 +153,9 @@ pub struct DockerConfig {
     pub api_version: (usize, usize),
     /// Restart policy given to created containers.
     pub native_restart: NativeRestart,
+    /// What every created container gets: its memory limit unless the
+    /// catalog names one, a pids limit and log rotation.
+    pub limits: ContainerLimits,
 }
 
 impl Default for DockerConfig {
@@ -137,6 +165,7 @@ impl Default for DockerConfig {
             request_timeout: Duration::from_secs(30),
             api_version: (1, 41),
             native_restart: NativeRestart::Never,
+            limits: ContainerLimits::default(),
         }
     }
 }
@@ -637,6 +666,7 @@ impl DockerRuntime {
             retries: Some(i64::from(check.retries)),
             ..Default::default()
         });
+        let limits = &self.config.limits;
         let restart = match self.config.native_restart {
             NativeRestart::Never => RestartPolicyNameEnum::NO,
             NativeRestart::UnlessStopped => RestartPolicyNameEnum::UNLESS_STOPPED,
@@ -656,8 +686,11 @@ impl DockerRuntime {
                 port_bindings: Some(port_bindings),
                 network_mode: network,
                 mounts: (!mounts.is_empty()).then_some(mounts),
-                memory: run.memory_bytes.and_then(|b| i64::try_from(b).ok()),
+                memory: i64::try_from(limits.memory_bytes(run.memory_bytes)).ok(),
                 nano_cpus: run.nano_cpus.and_then(|n| i64::try_from(n).ok()),
+                pids_limit: Some(i64::from(limits.pids_limit)),
+                log_config: Some(log_config(limits)),
+                security_opt: Some(vec![NO_NEW_PRIVILEGES.to_owned()]),
                 restart_policy: Some(RestartPolicy {
                     name: Some(restart),
                     maximum_retry_count: None,

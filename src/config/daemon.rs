@@ -9,8 +9,10 @@
 //! The `[control]` table is handed to [`ControlConfig::from_toml`], the
 //! `[recovery]` table becomes a [`RecoveryPolicy`] checked by
 //! [`RecoveryPolicy::validated`], and the `[grants]` table (what a catalog
-//! may give a container) becomes [`Grants`] through [`Grants::new`], so the
-//! daemon adds no second set of rules for them.
+//! may give a container) becomes [`Grants`] through [`Grants::new`], and
+//! the `[limits]` table (what every container gets, and the most a catalog
+//! may give) becomes [`ContainerLimits`] through [`ContainerLimits::new`],
+//! so the daemon adds no second set of rules for them.
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
@@ -20,6 +22,7 @@ use std::time::Duration;
 use serde::Deserialize;
 
 use crate::core::grants::Grants;
+use crate::core::limits::{ContainerLimits, RawLimits};
 use crate::core::plan::{ConfigError, ControlConfig, RawControlConfig};
 use crate::core::policy::{
     RecoveryPolicy, HELM_KILL_MARGIN, INSTANCES_AT_ONCE_MAX, TASK_LEASE_SAFETY_MARGIN,
@@ -91,6 +94,11 @@ pub const KEYS: &[&str] = &[
     "grants.host_path_prefixes",
     "grants.secret_dirs",
     "grants.env_passthrough",
+    "limits.memory_default_mb",
+    "limits.memory_max_mb",
+    "limits.pids_limit",
+    "limits.log_max_size_mb",
+    "limits.log_max_files",
 ];
 
 /// The environment variable that overrides a key.
@@ -167,8 +175,11 @@ pub struct DaemonConfig {
     pub helm: HelmSettings,
     /// What the catalog may give a container: host paths to bind-mount,
     /// secret directories, daemon variables. Every catalog load checks
-    /// against these (`config::load_catalog`).
+    /// against these (`config::load_catalog`); they carry [`Self::limits`].
     pub grants: Grants,
+    /// What every container gets unless the catalog says otherwise, and
+    /// the most memory the catalog may give one.
+    pub limits: ContainerLimits,
 }
 
 /// Why the daemon configuration was rejected. Every error says where the
@@ -431,6 +442,18 @@ struct RawConfig {
     helm: RawHelm,
     #[serde(default)]
     grants: RawGrants,
+    #[serde(default)]
+    limits: RawLimitsTable,
+}
+
+#[derive(Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+struct RawLimitsTable {
+    memory_default_mb: Option<i64>,
+    memory_max_mb: Option<i64>,
+    pids_limit: Option<i64>,
+    log_max_size_mb: Option<i64>,
+    log_max_files: Option<i64>,
 }
 
 #[derive(Deserialize, Default)]
@@ -659,6 +682,7 @@ impl Validator<'_> {
             1,
             SHUTDOWN_GRACE_MAX.as_secs() as i64,
         )?;
+        let limits = self.limits(raw.limits)?;
         Ok(DaemonConfig {
             source: None,
             state_dir,
@@ -675,8 +699,23 @@ impl Validator<'_> {
             docker: self.docker(raw.docker)?,
             caddy: self.caddy(raw.caddy)?,
             helm: self.helm(raw.helm)?,
-            grants: self.grants(&raw.grants)?,
+            grants: self.grants(&raw.grants)?.with_limits(limits.clone()),
+            limits,
         })
+    }
+
+    /// `[limits]`, validated by [`ContainerLimits::new`] (one set of
+    /// rules), its errors named as the file names the keys.
+    fn limits(&self, raw: RawLimitsTable) -> Result<ContainerLimits, DaemonConfigError> {
+        let raw = RawLimits {
+            memory_default_mb: raw.memory_default_mb,
+            memory_max_mb: raw.memory_max_mb,
+            pids_limit: raw.pids_limit,
+            log_max_size_mb: raw.log_max_size_mb,
+            log_max_files: raw.log_max_files,
+        };
+        ContainerLimits::new(&raw)
+            .map_err(|e| self.invalid_quoted(&format!("limits.{}", e.field), e.value, e.reason))
     }
 
     /// `[grants]`, validated by [`Grants::new`] (one set of rules), its
@@ -1228,6 +1267,46 @@ mod tests {
             "",
             &[("STEAD_GRANTS__ENV_PASSTHROUGH", "[\"STEAD_DATABASE_URL\"]")],
             "environment variable STEAD_GRANTS__ENV_PASSTHROUGH: grants.env_passthrough[0] = \"STEAD_DATABASE_URL\"",
+        );
+    }
+
+    #[test]
+    fn limits_are_read_from_the_file_and_reach_the_grants() {
+        let config = parse(
+            "[limits]\nmemory_default_mb = 256\nmemory_max_mb = 2048\npids_limit = 100\n\
+             log_max_size_mb = 5\nlog_max_files = 2\n",
+            "stead.toml",
+            &[],
+        )
+        .unwrap();
+        assert_eq!(config.limits.memory_bytes_default, 256 * 1024 * 1024);
+        assert_eq!(config.limits.memory_bytes_max, 2048 * 1024 * 1024);
+        assert_eq!(config.limits.pids_limit, 100);
+        assert_eq!(
+            (config.limits.log_max_size_mb, config.limits.log_max_files),
+            (5, 2)
+        );
+        assert_eq!(config.grants.limits(), &config.limits);
+        let unset = parse("", "stead.toml", &[]).unwrap();
+        assert_eq!(unset.limits, ContainerLimits::default());
+    }
+
+    #[test]
+    fn a_bad_limit_is_refused_naming_its_line_key_and_value() {
+        check_err(
+            "[limits]\npids_limit = 0\n",
+            &[],
+            "stead.toml: line 2: limits.pids_limit = 0: must be between 16 and 4194304",
+        );
+        check_err(
+            "[limits]\nmemory_max_mb = 512\nmemory_default_mb = 1024\n",
+            &[],
+            "limits.memory_default_mb = 1024: must be between 6 and memory_max_mb (512)",
+        );
+        check_err(
+            "",
+            &[("STEAD_LIMITS__LOG_MAX_FILES", "0")],
+            "environment variable STEAD_LIMITS__LOG_MAX_FILES: limits.log_max_files = 0",
         );
     }
 

@@ -19,6 +19,7 @@ use serde::Deserialize;
 
 use super::fleet::RolloutState;
 use super::grants::{is_reserved_env, reserved_env_reason, Grant, Grants};
+use super::limits::MIB;
 use super::names;
 use super::release::{render, HelmChart, Provisioning, ReleaseParams, HELM_NAMESPACE_DEFAULT};
 use super::spec::{
@@ -1305,7 +1306,20 @@ impl Checker<'_> {
         let memory_bytes = match raw.memory_mb {
             None => None,
             Some(mb) if (MEMORY_MB_MIN..=MEMORY_MB_MAX).contains(&mb) => {
-                Some(mb.unsigned_abs() * 1024 * 1024)
+                let bytes = mb.unsigned_abs() * MIB;
+                let max_bytes = self.grants.limits().memory_bytes_max;
+                if bytes > max_bytes {
+                    return Err(self.invalid(
+                        format!("{at}.memory_mb"),
+                        mb,
+                        format!(
+                            "more than limits.memory_max_mb = {} in stead.toml (the operator \
+                             raises it there)",
+                            max_bytes / MIB
+                        ),
+                    ));
+                }
+                Some(bytes)
             }
             Some(mb) => {
                 return Err(self.invalid(

@@ -1,6 +1,7 @@
 //! What the operator lets a catalog give a container: host directories a
 //! service may bind-mount, directories its secret files may be read from,
-//! and daemon environment variables a secret may take.
+//! and daemon environment variables a secret may take; and, from
+//! `[limits]`, the most memory it may give one ([`ContainerLimits`]).
 //!
 //! Whoever edits the catalog decides what runs; whoever writes `stead.toml`
 //! decides what of the host those containers may reach. A catalog asking
@@ -13,6 +14,7 @@
 use std::collections::BTreeSet;
 
 use super::catalog::{is_clean_absolute, is_env_name, quote};
+use super::limits::ContainerLimits;
 
 /// Most entries in each grant list.
 pub const GRANT_ENTRIES_MAX: usize = 64;
@@ -82,6 +84,9 @@ pub struct Grants {
     secret_dirs: Vec<String>,
     /// Variable names, none of them stead's own.
     env_passthrough: BTreeSet<String>,
+    /// The operator's container limits: the catalog's `memory_mb` may not
+    /// exceed their maximum.
+    limits: ContainerLimits,
 }
 
 impl Grants {
@@ -117,7 +122,19 @@ impl Grants {
             host_path_prefixes,
             secret_dirs,
             env_passthrough: env_passthrough.iter().cloned().collect(),
+            limits: ContainerLimits::default(),
         })
+    }
+
+    /// These grants with the operator's container limits in place of the
+    /// defaults.
+    pub fn with_limits(self, limits: ContainerLimits) -> Grants {
+        Grants { limits, ..self }
+    }
+
+    /// The container limits a catalog is checked against.
+    pub fn limits(&self) -> &ContainerLimits {
+        &self.limits
     }
 
     /// Whether `path` (clean and absolute) is a granted directory or lies

@@ -14,6 +14,7 @@ pub mod errors;
 pub mod fleet;
 pub mod grants;
 pub mod hash;
+pub mod limits;
 pub mod memory;
 pub mod names;
 pub mod pass;

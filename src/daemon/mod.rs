@@ -366,6 +366,7 @@ pub async fn docker_runtime(config: &DaemonConfig) -> Result<DockerRuntime, Daem
         } else {
             NativeRestart::Never
         },
+        limits: config.limits.clone(),
         ..DockerConfig::default()
     };
     match DockerRuntime::connect(docker_config.clone()).await {

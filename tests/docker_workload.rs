@@ -234,15 +234,28 @@ async fn a_named_volume_outlives_its_containers_and_only_purge_removes_it() {
     );
     assert!(message.contains(&name), "{message}");
 
+    // #41: deleting that later instance with --purge-volumes purges only
+    // its own volumes, never the data kept from the earlier one.
+    assert_eq!(
+        runtime
+            .purge_instance_volumes(&InstanceName::new(&instance), 8)
+            .await
+            .expect("purge of the later row"),
+        Vec::<String>::new()
+    );
+    assert!(
+        docker(&["volume", "inspect", &name]).is_ok(),
+        "the earlier instance's kept data survives another row's purge"
+    );
     let purged = runtime
-        .purge_instance_volumes(&InstanceName::new(&instance))
+        .purge_instance_volumes(&InstanceName::new(&instance), 7)
         .await
         .expect("purge");
     assert_eq!(purged, vec![name.clone()]);
     assert!(docker(&["volume", "inspect", &name]).is_err(), "purged");
     assert_eq!(
         runtime
-            .purge_instance_volumes(&InstanceName::new(&instance))
+            .purge_instance_volumes(&InstanceName::new(&instance), 7)
             .await
             .unwrap(),
         Vec::<String>::new(),

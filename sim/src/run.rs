@@ -1039,9 +1039,13 @@ async fn setup(
             if !has_ports(&service) {
                 actors.checker.truth(|t| t.portless.insert(service.clone()));
             }
+            let instance_id = store
+                .instance_now(&name)
+                .expect("setup: the instance was just created")
+                .id;
             let request = CreateContainer {
                 instance: name.clone(),
-                instance_id: 1,
+                instance_id,
                 env: Vec::new(),
                 spec: spec.clone(),
                 revision: "r0".into(),

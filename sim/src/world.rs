@@ -950,9 +950,12 @@ impl Actors {
     /// predecessor retirement-pending — what an upgrade worker does.
     async fn deploy(&self, svc: &SimService, current: &ContainerId) {
         let n = self.deploys.fetch_add(1, Ordering::Relaxed);
+        let Ok(Some(owner)) = self.store.instance(&svc.key.instance).await else {
+            return;
+        };
         let request = CreateContainer {
             instance: svc.key.instance.clone(),
-            instance_id: 1,
+            instance_id: owner.id,
             env: Vec::new(),
             spec: svc.spec.clone(),
             revision: format!("d{n}"),

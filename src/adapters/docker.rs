@@ -991,8 +991,12 @@ impl Runtime for DockerRuntime {
         result
     }
 
-    async fn purge_volumes(&self, instance: &InstanceName) -> Result<Vec<String>, RuntimeError> {
-        self.purge_instance_volumes(instance).await
+    async fn purge_volumes(
+        &self,
+        instance: &InstanceName,
+        instance_id: crate::core::fleet::InstanceId,
+    ) -> Result<Vec<String>, RuntimeError> {
+        self.purge_instance_volumes(instance, instance_id).await
     }
 
     /// The stream is what makes the read cache sound: every event drops

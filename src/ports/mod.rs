@@ -145,9 +145,15 @@ pub trait Runtime: Send + Sync {
     /// Removes the container of the generation `key` names, checked as
     /// [`Runtime::stop`] checks it. Not-found counts as removed.
     async fn remove(&self, key: &GenerationKey) -> Result<(), RuntimeError>;
-    /// Removes every named volume created for the instance (and only
-    /// those); returns their names. Run after its containers are gone.
-    async fn purge_volumes(&self, instance: &InstanceName) -> Result<Vec<String>, RuntimeError>;
+    /// Removes every named volume created for the instance with row id
+    /// `instance_id` (and only those: a volume kept from an earlier
+    /// instance of the same name is that one's data); returns their names.
+    /// Run after its containers are gone.
+    async fn purge_volumes(
+        &self,
+        instance: &InstanceName,
+        instance_id: crate::core::fleet::InstanceId,
+    ) -> Result<Vec<String>, RuntimeError>;
     /// Every event of the runtime's stream is shown to the runtime too, so a
     /// runtime that caches reads can drop what the event made stale.
     fn event_seen(&self, _event: &RuntimeEvent) {}

@@ -436,6 +436,8 @@ pub struct MemoryRuntime {
     /// Named volumes by (instance, service, volume): created with the first
     /// container that mounts them, removed only by a purge.
     volumes: Mutex<std::collections::BTreeSet<(InstanceName, ServiceName, String)>>,
+    /// The row id of the instance each volume was created for (its label).
+    volume_owners: Mutex<BTreeMap<(InstanceName, ServiceName, String), i64>>,
     next_port: Mutex<u16>,
     /// Strictly increasing execution starts, even within one instant.
     executions: Mutex<i64>,
@@ -491,6 +493,7 @@ impl MemoryRuntime {
             clock,
             containers: Mutex::new(FastMap::default()),
             volumes: Mutex::default(),
+            volume_owners: Mutex::default(),
             next_port: Mutex::new(20000),
             executions: Mutex::new(0),
             events: Mutex::default(),
@@ -777,15 +780,23 @@ impl Runtime for MemoryRuntime {
         Ok(listed)
     }
 
-    async fn purge_volumes(&self, instance: &InstanceName) -> Result<Vec<String>, RuntimeError> {
+    async fn purge_volumes(
+        &self,
+        instance: &InstanceName,
+        instance_id: stead::core::fleet::InstanceId,
+    ) -> Result<Vec<String>, RuntimeError> {
+        let owners = self.volume_owners.lock().expect("runtime poisoned");
         let mut volumes = self.volumes.lock().expect("runtime poisoned");
         let purged: Vec<_> = volumes
             .iter()
-            .filter(|(i, _, _)| i == instance)
+            .filter(|key| &key.0 == instance && owners.get(*key) == Some(&instance_id))
             .cloned()
             .collect();
+        drop(owners);
+        let mut owners = self.volume_owners.lock().expect("runtime poisoned");
         for volume in &purged {
             volumes.remove(volume);
+            owners.remove(volume);
         }
         Ok(purged
             .into_iter()
@@ -811,16 +822,21 @@ impl Runtime for MemoryRuntime {
             .map(|port| (*port, self.alloc_port()))
             .collect();
         let started_at = self.next_execution();
-        self.volumes
-            .lock()
-            .expect("runtime poisoned")
-            .extend(request.spec.run.volumes().map(|v| {
-                (
-                    request.instance.clone(),
-                    request.spec.name.clone(),
-                    v.to_owned(),
-                )
-            }));
+        for v in request.spec.run.volumes() {
+            let key = (
+                request.instance.clone(),
+                request.spec.name.clone(),
+                v.to_owned(),
+            );
+            // Created with the first container that mounts it, owned by
+            // that instance's row from then on (as its label says).
+            self.volume_owners
+                .lock()
+                .expect("runtime poisoned")
+                .entry(key.clone())
+                .or_insert(request.instance_id);
+            self.volumes.lock().expect("runtime poisoned").insert(key);
+        }
         self.containers.lock().expect("runtime poisoned").insert(
             id.clone(),
             MemContainer {

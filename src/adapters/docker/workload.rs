@@ -350,13 +350,22 @@ impl DockerRuntime {
         &self,
         instance: &InstanceName,
     ) -> Result<Vec<String>, RuntimeError> {
-        let filters = HashMap::from([(
-            "label".to_owned(),
-            vec![
-                format!("{LABEL_MANAGED}=true"),
-                format!("{LABEL_INSTANCE}={instance}"),
-            ],
-        )]);
+        self.volumes_labelled(instance, None).await
+    }
+
+    /// The named volumes labelled with the instance's name and, when given,
+    /// its row id.
+    async fn volumes_labelled(
+        &self,
+        instance: &InstanceName,
+        instance_id: Option<crate::core::fleet::InstanceId>,
+    ) -> Result<Vec<String>, RuntimeError> {
+        let mut labels = vec![
+            format!("{LABEL_MANAGED}=true"),
+            format!("{LABEL_INSTANCE}={instance}"),
+        ];
+        labels.extend(instance_id.map(|id| format!("{LABEL_INSTANCE_ID}={id}")));
+        let filters = HashMap::from([("label".to_owned(), labels)]);
         let listed = self
             .api()
             .list_volumes(Some(ListVolumesOptions {
@@ -364,24 +373,39 @@ impl DockerRuntime {
             }))
             .await
             .map_err(|e| transient("list volumes of", instance.as_str(), e))?;
+        // Each label checked here again: Podman's API matches several
+        // label filters by any of them, not all (seen with 4.3), and a
+        // purge must never take a volume of another row.
+        let instance_id = instance_id.map(|id| id.to_string());
+        let ours = |v: &Volume| {
+            let label = |key: &str| v.labels.get(key).map(String::as_str);
+            label(LABEL_MANAGED) == Some("true")
+                && label(LABEL_INSTANCE) == Some(instance.as_str())
+                && instance_id
+                    .as_deref()
+                    .is_none_or(|id| label(LABEL_INSTANCE_ID) == Some(id))
+        };
         let mut names: Vec<String> = listed
             .volumes
             .unwrap_or_default()
             .into_iter()
-            .filter(|v| v.name.starts_with(&format!("stead.{instance}.")))
+            .filter(|v| v.name.starts_with(&format!("stead.{instance}.")) && ours(v))
             .map(|v| v.name)
             .collect();
         names.sort();
         Ok(names)
     }
 
-    /// Removes every named volume stead created for the instance and says
-    /// which. Only volumes whose labels name the instance are touched.
+    /// Removes every named volume stead created for the instance with row
+    /// id `instance_id`, and says which. Only volumes whose labels name the
+    /// instance and that row are touched: one kept from an earlier instance
+    /// of the same name (a plain delete keeps its data) is not this one's.
     pub async fn purge_instance_volumes(
         &self,
         instance: &InstanceName,
+        instance_id: crate::core::fleet::InstanceId,
     ) -> Result<Vec<String>, RuntimeError> {
-        let names = self.instance_volumes(instance).await?;
+        let names = self.volumes_labelled(instance, Some(instance_id)).await?;
         for name in &names {
             match self
                 .api()

@@ -43,7 +43,7 @@ impl Worker {
                 done(p.store.remove_active_service(name, &service).await)
             }
             WorkCommand::PurgeVolumes => {
-                let purged = p.runtime.purge_volumes(name).await;
+                let purged = p.runtime.purge_volumes(name, instance.id).await;
                 if let Ok(volumes) = &purged {
                     tracing::warn!(instance = %name, volumes = ?volumes, "purged the instance's named volumes (delete --purge-volumes)");
                 }

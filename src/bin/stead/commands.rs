@@ -358,12 +358,7 @@ async fn instance(config: &DaemonConfig, command: InstanceCommand) -> Result<u8,
         _ => {}
     }
     let (store, catalog) = store_and_catalog(config).await?;
-    let ops = Ops::new(
-        store.as_ref(),
-        Arc::new(catalog),
-        SystemClock.now(),
-        stead::daemon::os_seed(),
-    );
+    let ops = operator(store.as_ref(), catalog);
     match command {
         InstanceCommand::Create {
             name,
@@ -610,14 +605,20 @@ async fn instance_show(config: &DaemonConfig, name: &str, json: bool) -> Result<
     Ok(EXIT_OK)
 }
 
-async fn task_cancel(config: &DaemonConfig, id: i64) -> Result<u8, CliError> {
-    let (store, catalog) = store_and_catalog(config).await?;
-    let ops = Ops::new(
-        store.as_ref(),
+/// The operator commands over `store` and `catalog`, at this instant,
+/// their trace ids drawn from the OS.
+fn operator(store: &dyn stead::ports::Store, catalog: Catalog) -> Ops<'_> {
+    Ops::new(
+        store,
         Arc::new(catalog),
         SystemClock.now(),
         stead::daemon::os_seed(),
-    );
+    )
+}
+
+async fn task_cancel(config: &DaemonConfig, id: i64) -> Result<u8, CliError> {
+    let (store, catalog) = store_and_catalog(config).await?;
+    let ops = operator(store.as_ref(), catalog);
     match ops.cancel_task(id).await? {
         stead::ops::TaskCancel::Cancelled(task) => say(format!(
             "task {id} ({} of instance {}) cancelled",
@@ -678,12 +679,7 @@ async fn task_list(
 
 async fn rollout(config: &DaemonConfig, command: RolloutCommand) -> Result<u8, CliError> {
     let (store, catalog) = store_and_catalog(config).await?;
-    let ops = Ops::new(
-        store.as_ref(),
-        Arc::new(catalog),
-        SystemClock.now(),
-        stead::daemon::os_seed(),
-    );
+    let ops = operator(store.as_ref(), catalog);
     match command {
         RolloutCommand::Halt {
             service_type,

@@ -632,6 +632,7 @@ impl Ops<'_> {
             operation: "operator".into(),
             created_at: self.now,
             stop_grace: record.stop_grace,
+            revert_to: None,
         };
         self.store
             .save_inhibition(&instance.name, &inhibition)

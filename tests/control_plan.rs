@@ -83,6 +83,7 @@ fn entry(service_type: &str, version: &str, security: bool) -> CatalogEntry {
         version: version.to_owned(),
         security,
         rollout: RolloutState::Active,
+        bake: std::time::Duration::ZERO,
         provisioning: stead::core::release::Provisioning::Docker,
         services: Vec::new(),
     }

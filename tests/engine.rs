@@ -19,7 +19,8 @@ use stead::core::plan::ControlConfig;
 use stead::core::policy::{reconciler_lease_ttl, RecoveryPolicy, LEASE_MARGIN};
 use stead::core::recovery::RecoveryError;
 use stead::core::types::{
-    ContainerId, InhibitionReason, InstanceName, RuntimeError, ServiceKey, ServiceName, Timestamp,
+    ContainerId, ContainerStatus, InhibitionReason, InstanceName, RuntimeError, ServiceKey,
+    ServiceName, Timestamp,
 };
 use stead::engine::lease::LeaseGuard;
 use stead::engine::recovery::{InstanceLocks, RecoverError, Recoverer};
@@ -35,9 +36,12 @@ use stead_testkit::ports::{
 };
 use stead_testkit::store::{Garbled, MemoryStore};
 
+/// Predecessors retire as soon as their successors serve (`bake_ms = 0`):
+/// the scenarios below that are not about the bake window (#40).
 const CATALOG: &str = r#"
 [types.wiki]
 version = "2"
+bake_ms = 0
 
 [[types.wiki.services]]
 name = "web"
@@ -54,6 +58,7 @@ kind = "none"
 const CATALOG_WITH_DB: &str = r#"
 [types.wiki]
 version = "2"
+bake_ms = 0
 
 [[types.wiki.services]]
 name = "web"
@@ -988,6 +993,7 @@ async fn a_dropped_services_hold_left_by_a_crash_is_finished_off() {
         operation: "upgrade".into(),
         created_at: f.clock.now(),
         stop_grace: None,
+        revert_to: None,
     };
     f.store
         .save_inhibition(&instance.name, &hold)
@@ -1988,4 +1994,127 @@ async fn a_task_error_names_the_instance_the_step_and_the_port() {
         error.to_string(),
         "wiki1: create web: runtime refused: no such image"
     );
+}
+
+/// `wiki` of [`CATALOG`], baking its upgrades for five minutes (#40).
+fn baking(f: &mut Fixture) {
+    f.catalog = Arc::new(
+        Catalog::from_toml(
+            &CATALOG.replace("bake_ms = 0", "bake_ms = 300000"),
+            "catalog.toml",
+            &Grants::default(),
+        )
+        .unwrap(),
+    );
+}
+
+/// #40: after an upgrade switched ACTIVE, the predecessor is stopped once
+/// the successor serves, but kept (the way back) until the bake window
+/// ends; then it is retired as before.
+#[tokio::test]
+async fn a_baking_upgrade_keeps_its_predecessor_stopped_until_the_window_ends() {
+    let mut f = fixture();
+    baking(&mut f);
+    let instance = f.served("wiki1", "1").await;
+    let before = f.web_container("wiki1").await;
+    f.enqueue(instance.id, TaskKind::Upgrade).await;
+    assert_eq!(f.worker().work_once().await.unwrap().1, TaskEnd::Done);
+    let after = f.web_container("wiki1").await;
+    let recoverer = f.recoverer();
+    for _ in 0..3 {
+        let outcome = recoverer.pass().await;
+        assert_eq!(outcome.error_count(), 0, "{outcome:?}");
+    }
+    assert!(f.routes_to("wiki1", "web", &after));
+    let kept = f.runtime.container(&before).expect("kept while baking");
+    assert!(
+        kept.status.is_down(),
+        "stopped while baking: {:?}",
+        kept.status
+    );
+    let markers = f.store.load_inhibitions(&instance.name).await.unwrap();
+    let back = markers[0].revert_to.as_ref().expect("the way back");
+    assert_eq!(back.version, "1");
+    f.clock.advance(Duration::from_secs(301));
+    // A fresh process view: the old one's lease lapsed meanwhile.
+    // (Its first pass republishes what it cannot vouch for; the next one
+    // retires, R15.)
+    let recoverer = f.recoverer();
+    for _ in 0..2 {
+        let outcome = recoverer.pass().await;
+        assert_eq!(outcome.error_count(), 0, "{outcome:?}");
+    }
+    assert!(f.runtime.container(&before).is_none(), "retired once baked");
+    assert!(f
+        .store
+        .load_inhibitions(&instance.name)
+        .await
+        .unwrap()
+        .is_empty());
+    let row = f.store.instance(&instance.name).await.unwrap().unwrap();
+    assert_eq!(row.version, "2");
+}
+
+/// #40: a successor that crashes while it bakes is reverted: the type's
+/// rollout is halted (first, with the reason), ACTIVE names the
+/// predecessor again and the instance's version goes back; the next pass
+/// starts, verifies and publishes the predecessor, and the one after
+/// retires the failed successor.
+#[tokio::test]
+async fn a_successor_that_crashes_while_baking_is_reverted_and_its_type_halted() {
+    let mut f = fixture();
+    baking(&mut f);
+    let instance = f.served("wiki1", "1").await;
+    let before = f.web_container("wiki1").await;
+    f.enqueue(instance.id, TaskKind::Upgrade).await;
+    assert_eq!(f.worker().work_once().await.unwrap().1, TaskEnd::Done);
+    let after = f.web_container("wiki1").await;
+    let recoverer = f.recoverer();
+    recoverer.pass().await;
+    recoverer.pass().await;
+    assert!(f.runtime.container(&before).unwrap().status.is_down());
+
+    f.clock.advance(Duration::from_secs(120));
+    let recoverer = f.recoverer();
+    f.runtime.with_containers(|cs| {
+        let c = cs.get_mut(&after).unwrap();
+        c.status = ContainerStatus::Exited;
+        c.status_after_start = ContainerStatus::Exited;
+    });
+    recoverer.pass().await;
+    let rollouts = f.store.rollout_records().await.unwrap();
+    let wiki = rollouts.iter().find(|r| r.service_type == "wiki").unwrap();
+    assert_eq!(wiki.state, RolloutState::Halted);
+    assert!(
+        wiki.reason.contains("wiki1 reverted to 1 while baking"),
+        "{}",
+        wiki.reason
+    );
+    assert_eq!(f.web_container("wiki1").await, before, "ACTIVE put back");
+    let row = f.store.instance(&instance.name).await.unwrap().unwrap();
+    assert_eq!(row.version, "1", "the version put back");
+
+    for _ in 0..2 {
+        recoverer.pass().await;
+    }
+    assert!(
+        f.routes_to("wiki1", "web", &before),
+        "the predecessor serves again"
+    );
+    assert_eq!(
+        f.runtime.container(&before).unwrap().status,
+        ContainerStatus::Running
+    );
+    assert!(
+        f.runtime.container(&after).is_none(),
+        "the failed successor retired"
+    );
+    assert!(f
+        .store
+        .load_inhibitions(&instance.name)
+        .await
+        .unwrap()
+        .is_empty());
+    // Halted: version drift plans no upgrade back to the bad version.
+    assert!(f.store.active_tasks().await.unwrap().rows.is_empty());
 }

@@ -184,6 +184,7 @@ fn a_verified_routed_successor_lets_the_predecessor_go() {
             C::ReleaseClaims(_) => A::ClaimsReleased(Ok(())),
             C::ClearMarker(_) => A::MarkerCleared(Ok(())),
             C::WithdrawStale(_) => A::StaleWithdrawn(Ok(())),
+            C::Revert { .. } => panic!("nothing bakes: no revert"),
         };
         pass.handle(answer, machine::base());
     }
@@ -368,6 +369,7 @@ mod tables {
             reports,
             retired: Vec::new(),
             withdrawn_stale: Vec::new(),
+            reverted: None,
             errors: Vec::new(),
             memory: InstanceMemory::default(),
         };

@@ -341,6 +341,7 @@ proptest! {
                 operation: "test".into(),
                 created_at: Timestamp::UNIX_EPOCH,
                 stop_grace: None,
+                revert_to: None,
             })
             .collect();
         let mut machine = Deprovision::new(DeprovisionInput {

@@ -585,6 +585,7 @@ async fn apply(subject: &mut Subject, op: &Op, now: &mut Timestamp) -> Seen {
                 operation: "diff".into(),
                 created_at: now_v,
                 stop_grace: grace_ms.map(Duration::from_millis),
+                revert_to: None,
             };
             seen(store.save_inhibition(&name(n), &inhibition).await, |()| {
                 Seen::Unit

@@ -431,6 +431,7 @@ async fn inhibition_save_replaces_the_same_key_and_clear_is_idempotent(s: TestSt
         operation: "manual".into(),
         created_at: t(1),
         stop_grace: None,
+        revert_to: None,
     };
     let marker = Inhibition {
         reason: InhibitionReason::RetirementPending,
@@ -1430,6 +1431,7 @@ async fn recovery_writes_are_fenced_too(s: TestStore) {
         operation: "upgrade".into(),
         created_at: t(0),
         stop_grace: None,
+        revert_to: None,
     };
     store.save_inhibition(&name, &hold).await.unwrap();
     let a = store
@@ -1763,6 +1765,7 @@ async fn bad_names_in_active_and_inhibition_rows_are_bad_rows_and_other_instance
         operation: "manual".into(),
         created_at: t(1),
         stop_grace: None,
+        revert_to: None,
     };
     store.save_inhibition(&good, &hold).await.unwrap();
 
@@ -1880,6 +1883,7 @@ async fn a_batch_load_reads_what_the_single_loads_read(s: TestStore) {
                 operation: "manual".into(),
                 created_at: t(1),
                 stop_grace: None,
+                revert_to: None,
             };
             store.save_inhibition(&name, &hold).await.unwrap();
         }

@@ -684,6 +684,7 @@ impl Actors {
                     operation: "sim".into(),
                     created_at: self.clock.now(),
                     stop_grace: None,
+                    revert_to: None,
                 };
                 if self
                     .store
@@ -975,6 +976,7 @@ impl Actors {
             operation: "upgrade".into(),
             created_at: self.clock.now(),
             stop_grace: Some(Duration::from_secs(5)),
+            revert_to: None,
         };
         // Marker first: a crash between the two writes leaves a marker on
         // the still-ACTIVE container, which the pass simply clears.

@@ -45,6 +45,9 @@ pub const VERSION_LEN_MAX: usize = 64;
 /// Longest service-type or service name: a DNS label, since both end up in
 /// release and container names.
 pub const NAME_LEN_MAX: usize = names::LABEL_LEN_MAX;
+/// How long an upgrade bakes unless the type says (#40): long enough for
+/// a version that crashes under its first real traffic to show it.
+const BAKE_MS_DEFAULT: i64 = 300_000;
 /// Longest any configured duration (grace, probe timeout or interval) may be.
 pub const DURATION_MS_MAX: i64 = 3_600_000;
 /// Most probe attempts or healthcheck retries.
@@ -75,6 +78,11 @@ pub struct CatalogEntry {
     /// The rollout switch as the catalog file sets it. The store's rollout
     /// table can halt a type too; either one halting wins.
     pub rollout: RolloutState,
+    /// How long an upgraded instance bakes (#40): its predecessors are
+    /// kept, stopped, and a successor that fails in this time is reverted
+    /// and the type halted. Zero retires predecessors as soon as their
+    /// successors serve.
+    pub bake: Duration,
     /// Docker containers recovered by stead, or a Helm chart recovered by
     /// Kubernetes (`core::release`).
     pub provisioning: Provisioning,
@@ -313,7 +321,7 @@ pub enum CatalogChange {
         from: &'static str,
         to: &'static str,
     },
-    /// `security` or `rollout` changed.
+    /// `security`, `rollout` or `bake_ms` changed.
     Settings {
         service_type: String,
     },
@@ -344,7 +352,10 @@ impl std::fmt::Display for CatalogChange {
                  (rolled out as an upgrade, within the windows and max_in_flight)"
             ),
             Self::Settings { service_type } => {
-                write!(f, "{service_type} security or rollout setting changed")
+                write!(
+                    f,
+                    "{service_type} security, rollout or bake setting changed"
+                )
             }
             Self::Provisioner {
                 service_type,
@@ -397,7 +408,9 @@ impl Catalog {
                     service_type,
                     version: entry.version.clone(),
                 });
-            } else if (before.security, before.rollout) != (entry.security, entry.rollout) {
+            } else if (before.security, before.rollout, before.bake)
+                != (entry.security, entry.rollout, entry.bake)
+            {
                 changes.push(CatalogChange::Settings { service_type });
             }
         }
@@ -492,6 +505,7 @@ struct RawType {
     #[serde(default)]
     security: bool,
     rollout: Option<String>,
+    bake_ms: Option<i64>,
     /// `docker` (the default) or `helm`.
     provisioner: Option<String>,
     helm: Option<RawHelm>,
@@ -752,6 +766,7 @@ impl Checker<'_> {
                 )
             })?,
         };
+        let bake = self.duration(&format!("{at}.bake_ms"), raw.bake_ms, BAKE_MS_DEFAULT, 0)?;
         let parameters = self.parameters(&at, &raw.parameters)?;
         let provisioning = self.provisioning(&at, &raw, &parameters)?;
         if provisioning != Provisioning::Docker {
@@ -767,6 +782,7 @@ impl Checker<'_> {
                 version: raw.version,
                 security: raw.security,
                 rollout,
+                bake,
                 provisioning,
                 services: Vec::new(),
                 parameters,
@@ -801,6 +817,7 @@ impl Checker<'_> {
             version: raw.version,
             security: raw.security,
             rollout,
+            bake,
             provisioning,
             services,
             parameters,

@@ -7,6 +7,7 @@
 //! proptest and under cargo-fuzz. `tests/core_purity.rs` fails the build's
 //! tests if this module gains a forbidden dependency.
 
+pub mod bake;
 pub mod broken;
 pub mod budget;
 pub mod catalog;

@@ -29,6 +29,7 @@ use std::time::Duration;
 
 use jiff::Timestamp;
 
+use super::bake::{baking, fails_while_baking, revert_steps, RevertStep};
 use super::errors::{failure_of, ErrorKind, PortName, StoreError, TrafficError};
 
 use super::fleet::{InstanceState, ListedInstance};
@@ -60,6 +61,10 @@ pub struct PassInput {
     /// This instance's memory from earlier passes
     /// ([`super::memory::RecoveryMemory::of_instance`]).
     pub memory: InstanceMemory,
+    /// The instance's type, whose rollout a revert halts.
+    pub service_type: String,
+    /// When the pass began: whether a successor still bakes (#40).
+    pub now: Timestamp,
 }
 
 /// One effect the driver must perform.
@@ -90,6 +95,11 @@ pub enum InstanceCommand {
     ClearMarker(GenerationKey),
     /// T5: a route of this instance's service that ACTIVE no longer names.
     WithdrawStale(ServiceKey),
+    /// #40: one step of reverting a successor that failed while baking.
+    Revert {
+        service_type: String,
+        step: RevertStep,
+    },
 }
 
 impl InstanceCommand {
@@ -101,6 +111,8 @@ impl InstanceCommand {
             Self::StopPredecessor { .. } | Self::RemovePredecessor(_) | Self::WithdrawStale(_) => {
                 true
             }
+            // Unfenced writes: performed only while the mandate holds.
+            Self::Revert { .. } => true,
             Self::InspectSuccessor(_)
             | Self::ReadRoutes
             | Self::ReleaseClaims(_)
@@ -120,6 +132,7 @@ pub enum InstanceAnswer {
     ClaimsReleased(Result<(), StoreError>),
     MarkerCleared(Result<(), StoreError>),
     StaleWithdrawn(Result<(), TrafficError>),
+    Reverted(Result<(), StoreError>),
 }
 
 impl InstanceAnswer {
@@ -132,6 +145,7 @@ impl InstanceAnswer {
             Self::PredecessorStopped(r) | Self::PredecessorRemoved(r) => failure_of(r),
             Self::ClaimsReleased(r) | Self::MarkerCleared(r) => failure_of(r),
             Self::StaleWithdrawn(r) => failure_of(r),
+            Self::Reverted(r) => failure_of(r),
         }
     }
 }
@@ -159,6 +173,13 @@ pub enum PassError {
         route: ServiceKey,
         #[source]
         source: TrafficError,
+    },
+    #[error("{instance}: reverting a failed successor: {step:?}: {source}")]
+    Revert {
+        instance: InstanceName,
+        step: Box<RevertStep>,
+        #[source]
+        source: StoreError,
     },
     #[error("{instance}: {pending} retirement(s) left for the next pass: {}", .why.describe())]
     RetirementsLeft {
@@ -209,6 +230,9 @@ pub struct InstanceReport {
     pub retired: Vec<ContainerId>,
     /// Stale routes withdrawn (T5).
     pub withdrawn_stale: Vec<ServiceKey>,
+    /// #40: why the instance's baking successors were reverted this pass
+    /// (every step of the revert done), with the services put back.
+    pub reverted: Option<(String, Vec<ServiceName>)>,
     /// Each naming the instance (and service) it concerns.
     pub errors: Vec<PassError>,
     /// This instance's memory for the next pass, pruned (R16).
@@ -259,6 +283,8 @@ enum Outstanding {
 #[derive(Debug)]
 enum Stage {
     Services,
+    /// #40: a baking successor failed: revert, then skip the markers.
+    Revert,
     Markers,
     Stale,
     Done,
@@ -288,6 +314,12 @@ pub struct InstancePass<'p> {
     retired: Vec<ContainerId>,
     withdrawn_stale: Vec<ServiceKey>,
     errors: Vec<PassError>,
+    service_type: String,
+    now: Timestamp,
+    /// The first baking successor seen failing this pass, and why.
+    failing: Option<(ServiceName, String)>,
+    reverting: VecDeque<RevertStep>,
+    reverted: Option<(String, Vec<ServiceName>)>,
 }
 
 impl<'p> InstancePass<'p> {
@@ -328,6 +360,11 @@ impl<'p> InstancePass<'p> {
             retired: Vec::new(),
             withdrawn_stale: Vec::new(),
             errors: Vec::new(),
+            service_type: input.service_type,
+            now: input.now,
+            failing: None,
+            reverting: VecDeque::new(),
+            reverted: None,
         }
     }
 
@@ -383,9 +420,23 @@ impl<'p> InstancePass<'p> {
                             self.current_key = Some(Arc::new(machine.key().clone()));
                             self.current = Some(machine);
                         }
-                        None => self.stage = Stage::Markers,
+                        None => self.stage = self.plan_revert(),
                     }
                 }
+                Stage::Revert => match self.reverting.front() {
+                    Some(step) => {
+                        return Some(InstanceCommand::Revert {
+                            service_type: self.service_type.clone(),
+                            step: step.clone(),
+                        })
+                    }
+                    None => {
+                        // ACTIVE and the markers changed under the pass:
+                        // the next pass retires what is to be retired.
+                        self.markers.clear();
+                        self.stage = Stage::Markers;
+                    }
+                },
                 Stage::Markers => {
                     if let Some(command) = self.marker_command() {
                         return Some(command);
@@ -451,7 +502,40 @@ impl<'p> InstancePass<'p> {
         ServiceRecovery::new(self.policy, input)
     }
 
+    /// After the services: revert if a baking successor failed (#40),
+    /// else go on to the markers.
+    fn plan_revert(&mut self) -> Stage {
+        let Some((service, why)) = &self.failing else {
+            return Stage::Markers;
+        };
+        let why = format!("{service}: {why}");
+        self.reverting = revert_steps(
+            self.instance.as_str(),
+            &self.inhibitions,
+            &self.active,
+            &why,
+            self.now,
+        )
+        .into();
+        let services = baking(&self.inhibitions, &self.active, self.now)
+            .map(|(marker, _, _)| marker.service.clone())
+            .collect();
+        self.reverted = Some((why, services));
+        Stage::Revert
+    }
+
     fn finish_service(&mut self, report: Report) {
+        if self.failing.is_none() {
+            let key = &report.key;
+            let failing = baking(&self.inhibitions, &self.active, self.now)
+                .find(|(marker, _, successor)| {
+                    marker.service == key.service && successor.container == key.container
+                })
+                .and_then(|(_, _, successor)| fails_while_baking(&report, successor));
+            if let Some(why) = failing {
+                self.failing = Some((key.service.clone(), why));
+            }
+        }
         note_verdict(&mut self.verified, &report.key.service, &report.verdict);
         for e in &report.errors {
             self.errors.push(PassError::Service {
@@ -536,6 +620,27 @@ impl<'p> InstancePass<'p> {
             (Outstanding::Other(command), answer) => (command, answer),
         };
         match command {
+            (InstanceCommand::Revert { step, .. }, InstanceAnswer::Reverted(result)) => {
+                self.reverting.pop_front();
+                match result {
+                    Ok(()) => {
+                        if let RevertStep::RestoreActive { service, record } = step {
+                            self.active.services.insert(service, record);
+                        }
+                    }
+                    Err(source) => {
+                        // The rest waits for the pass that next sees the
+                        // successor fail; the halt, if done, holds.
+                        self.reverting.clear();
+                        self.reverted = None;
+                        self.errors.push(PassError::Revert {
+                            instance: self.instance.clone(),
+                            step: Box::new(step),
+                            source,
+                        });
+                    }
+                }
+            }
             (InstanceCommand::WithdrawStale(key), InstanceAnswer::StaleWithdrawn(result)) => {
                 match result {
                     Ok(()) => self.withdrawn_stale.push(key),
@@ -577,6 +682,13 @@ impl<'p> InstancePass<'p> {
                     }
                     Err(e) => Some(Err(RetireError::RoutesUnread(e))),
                 }
+            }
+            // #40: while the successor bakes, its predecessor is stopped
+            // but kept, the way back.
+            (MarkerStep::Stop, InstanceAnswer::PredecessorStopped(Ok(())))
+                if marker.bakes_at(self.now).is_some() =>
+            {
+                None
             }
             (MarkerStep::Stop, InstanceAnswer::PredecessorStopped(result)) => match result {
                 Ok(()) | Err(RuntimeError::NotFound) => Some(Ok(MarkerStep::Remove)),
@@ -649,6 +761,10 @@ impl<'p> InstancePass<'p> {
         self.marker = None;
         self.markers.clear();
         self.stale.clear();
+        if !self.reverting.is_empty() {
+            self.reverted = None;
+            self.reverting.clear();
+        }
         self.memory.prune(&self.active);
         self.stage = Stage::Done;
     }
@@ -660,6 +776,7 @@ impl<'p> InstancePass<'p> {
             reports: self.reports,
             retired: self.retired,
             withdrawn_stale: self.withdrawn_stale,
+            reverted: self.reverted,
             errors: self.errors,
             memory: self.memory,
         }
@@ -785,6 +902,8 @@ mod tests {
                 inhibitions: Vec::new(),
                 held: None,
                 memory: InstanceMemory::default(),
+                service_type: "app".into(),
+                now: Timestamp::UNIX_EPOCH,
             },
         );
         assert!(pass.poll_command().is_some(), "the first service starts");

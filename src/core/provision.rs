@@ -215,6 +215,7 @@ pub fn retire_dropped_service(
         operation: "upgrade".into(),
         created_at: now,
         stop_grace: record.stop_grace,
+        revert_to: None,
     };
     vec![
         WorkCommand::Inhibit(hold.clone()),

@@ -283,6 +283,36 @@ pub struct Inhibition {
     pub created_at: Timestamp,
     /// The grace to retire a `retirement-pending` container with.
     pub stop_grace: Option<Duration>,
+    /// On an upgrade's `retirement-pending` marker: the way back while the
+    /// successor bakes (#40). `None` on every other record, and on a
+    /// marker that retires as soon as its successor serves.
+    pub revert_to: Option<RevertTo>,
+}
+
+/// What a baking upgrade goes back to (#40). Written with the
+/// predecessor's marker before ACTIVE switches, so a revert needs nothing
+/// the upgrade knew but did not save: until `until`, the predecessor is
+/// stopped but kept, and a failing successor is replaced by it.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct RevertTo {
+    /// The predecessor's ACTIVE revision and verified binds.
+    pub revision: String,
+    pub binds: Binds,
+    /// The instance's version and spec digest before the upgrade.
+    pub version: String,
+    pub spec_digest: Option<String>,
+    /// The end of the bake window.
+    pub until: Timestamp,
+}
+
+impl Inhibition {
+    /// Whether this is an upgrade's marker whose successor still bakes at
+    /// `now`: its predecessor is kept, stopped, to go back to.
+    pub fn bakes_at(&self, now: Timestamp) -> Option<&RevertTo> {
+        self.revert_to
+            .as_ref()
+            .filter(|r| self.reason == InhibitionReason::RetirementPending && now < r.until)
+    }
 }
 
 /// The durable record of the generation one service serves now.

@@ -42,7 +42,7 @@ use super::spec::{ReadinessProbe, ServiceSpec};
 use super::types::ProbeTarget;
 use super::types::{
     ActiveRecord, ActiveService, Binds, ContainerId, ContainerStatus, GenerationKey, Inhibition,
-    InhibitionReason, InstanceName, Observation, RuntimeError, ServiceName,
+    InhibitionReason, InstanceName, Observation, RevertTo, RuntimeError, ServiceName,
 };
 
 /// How long a successor may take to report running.
@@ -85,6 +85,12 @@ pub struct UpgradeInput {
     pub containers: Vec<(ServiceName, ContainerId)>,
     /// The catalog entry's spec digest, recorded with the version.
     pub spec_digest: String,
+    /// The spec digest the instance's row records (the way back's).
+    pub recorded_spec_digest: Option<String>,
+    /// The type's bake window (#40): each predecessor's marker carries the
+    /// way back until it ends. Zero: no way back, retired once its
+    /// successor serves.
+    pub bake: Duration,
 }
 
 impl UpgradeInput {
@@ -252,6 +258,8 @@ enum Phase {
     /// beside the new one, on the same volumes (#40).
     Sweep,
     Services,
+    /// A service failed after others were switched: put those back.
+    Revert,
     /// Every service of the new version serves: retire those it dropped.
     Drop,
     SetVersion,
@@ -282,7 +290,16 @@ pub struct Upgrade {
     /// The steps removing stray generations of kept services, in order.
     sweeping: VecDeque<WorkCommand>,
     outstanding: Option<UpgradeCommand>,
-    switched: Vec<ServiceName>,
+    /// The services switched, with the successor each now serves.
+    switched: Vec<(ServiceName, ActiveService)>,
+    /// All or nothing per instance (#40): once a later service fails, the
+    /// steps putting every switched one back, in reverse order.
+    reverting: VecDeque<UpgradeCommand>,
+    reverted: bool,
+    /// The instance's version and digest before, and the bake window.
+    recorded_version: String,
+    recorded_spec_digest: Option<String>,
+    bake: Duration,
     error: Option<TaskError>,
     now: Option<Timestamp>,
 }
@@ -327,6 +344,11 @@ impl Upgrade {
             sweeping,
             outstanding: None,
             switched: Vec::new(),
+            reverting: VecDeque::new(),
+            reverted: false,
+            recorded_version: input.recorded_version,
+            recorded_spec_digest: input.recorded_spec_digest,
+            bake: input.bake,
             error: None,
             now: None,
         }
@@ -390,10 +412,24 @@ impl Upgrade {
                     }
                     self.phase = if self.error.is_none() {
                         Phase::Drop
-                    } else {
+                    } else if self.switched.is_empty() {
                         Phase::Finish
+                    } else {
+                        self.reverting = revert_plan(
+                            &self.active,
+                            &self.switched,
+                            self.now.unwrap_or(Timestamp::UNIX_EPOCH),
+                        );
+                        Phase::Revert
                     };
                 }
+                Phase::Revert => match self.reverting.pop_front() {
+                    Some(command) => return Some(command),
+                    None => {
+                        self.reverted = true;
+                        self.phase = Phase::Finish;
+                    }
+                },
                 Phase::Drop => {
                     if self.error.is_some() {
                         self.phase = Phase::Finish;
@@ -471,13 +507,21 @@ impl Upgrade {
             }
             Step::SaveMarker { .. } => {
                 let current = &self.active.services[&spec.name];
+                let now = self.now.unwrap_or(Timestamp::UNIX_EPOCH);
                 UpgradeCommand::SaveMarker(Inhibition {
                     service: spec.name.clone(),
                     container: current.container.clone(),
                     reason: InhibitionReason::RetirementPending,
                     operation: "upgrade".into(),
-                    created_at: self.now.unwrap_or(Timestamp::UNIX_EPOCH),
+                    created_at: now,
                     stop_grace: current.stop_grace,
+                    revert_to: (!self.bake.is_zero()).then(|| RevertTo {
+                        revision: current.effective_revision.clone(),
+                        binds: current.binds.clone(),
+                        version: self.recorded_version.clone(),
+                        spec_digest: self.recorded_spec_digest.clone(),
+                        until: add(now, self.bake),
+                    }),
                 })
             }
             Step::SaveActive {
@@ -580,6 +624,13 @@ impl Upgrade {
                     };
                     self.error = Some(fail(step, cause));
                 }
+                return;
+            }
+            _ if self.phase == Phase::Revert => {
+                // A write that failed leaves that service switched, its
+                // successor baking under its marker's way back: the pass
+                // reverts it if it fails, so the revert goes on. The task
+                // fails either way, with the error that started it.
                 return;
             }
             (UpgradeCommand::SetVersion { .. }, UpgradeAnswer::VersionSet(result)) => {
@@ -717,7 +768,10 @@ impl Upgrade {
             },
             (Step::SaveActive { .. }, UpgradeAnswer::ActiveSaved(result)) => match result {
                 Ok(()) => {
-                    self.switched.push(name);
+                    let UpgradeCommand::SaveActive { record, .. } = command else {
+                        unreachable!("ActiveSaved answers SaveActive")
+                    };
+                    self.switched.push((name, record));
                     return;
                 }
                 Err(e) => Err(fail(format!("switch ACTIVE of {name}"), e.into())),
@@ -739,20 +793,77 @@ impl Upgrade {
         self.error.get_or_insert(why);
         // Mid-services (or mid-sweep, mid-retirement) the instance still
         // goes back to ready; elsewhere nothing more is issued.
-        self.phase = if matches!(self.phase, Phase::Sweep | Phase::Services | Phase::Drop) {
+        self.phase = if matches!(
+            self.phase,
+            Phase::Sweep | Phase::Services | Phase::Revert | Phase::Drop
+        ) {
             Phase::Finish
         } else {
             Phase::Done
         };
     }
 
+    /// Whether the services switched before a failure were put back.
+    pub fn reverted(&self) -> bool {
+        self.reverted
+    }
+
     /// The services switched to their successors, or the error that
-    /// stopped the upgrade (services switched before it stay switched).
+    /// stopped the upgrade with the services it had switched (put back:
+    /// [`Self::reverted`]).
     pub fn into_result(self) -> Result<Vec<ServiceName>, (Vec<ServiceName>, TaskError)> {
+        let switched = self.switched.into_iter().map(|(name, _)| name).collect();
         match self.error {
-            None => Ok(self.switched),
-            Some(e) => Err((self.switched, e)),
+            None => Ok(switched),
+            Some(e) => Err((switched, e)),
         }
+    }
+}
+
+/// The steps putting the switched services back, last switched first
+/// (#40: an upgrade is all or nothing per instance). Per service, the
+/// successor gets a `retirement-pending` marker with no way back before
+/// ACTIVE names the predecessor again (a crash between the two leaves a
+/// marker on ACTIVE's container, which the pass clears, and the successor
+/// baking); the recovery pass then verifies and publishes the predecessor
+/// and retires the successor, as after any upgrade. A service the new
+/// version added has no predecessor: it leaves ACTIVE.
+fn revert_plan(
+    before: &ActiveRecord,
+    switched: &[(ServiceName, ActiveService)],
+    now: Timestamp,
+) -> VecDeque<UpgradeCommand> {
+    let mut plan = VecDeque::new();
+    for (service, successor) in switched.iter().rev() {
+        plan.push_back(UpgradeCommand::SaveMarker(revert_marker(
+            service, successor, now,
+        )));
+        plan.push_back(match before.services.get(service) {
+            Some(predecessor) => UpgradeCommand::SaveActive {
+                service: service.clone(),
+                record: predecessor.clone(),
+            },
+            None => UpgradeCommand::Retire(WorkCommand::RemoveActive(service.clone())),
+        });
+    }
+    plan
+}
+
+/// The marker a revert leaves on the successor it replaces: retired as
+/// soon as the predecessor serves again, with no way back of its own.
+pub fn revert_marker(
+    service: &ServiceName,
+    successor: &ActiveService,
+    now: Timestamp,
+) -> Inhibition {
+    Inhibition {
+        service: service.clone(),
+        container: successor.container.clone(),
+        reason: InhibitionReason::RetirementPending,
+        operation: "revert".into(),
+        created_at: now,
+        stop_grace: successor.stop_grace,
+        revert_to: None,
     }
 }
 

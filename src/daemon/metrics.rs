@@ -163,6 +163,15 @@ pub const METRICS: &[Metric] = &[
         ),
         "decision",
     ),
+    labelled(
+        counter(
+            "stead_reverts_total",
+            "Instances put back on their predecessors (#40): `bake`, a successor failed while \
+             baking (the type's rollout halted); `upgrade`, an upgrade failed after switching \
+             some services.",
+        ),
+        "cause",
+    ),
     counter(
         "stead_retirements_total",
         "Superseded containers retired after their successor served (R15).",

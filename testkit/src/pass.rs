@@ -126,6 +126,7 @@ impl PassSeed {
                 operation: "upgrade".into(),
                 created_at: base(),
                 stop_grace: None,
+                revert_to: None,
             };
             if seed.marker % 4 == 1 || seed.marker % 4 == 3 {
                 inhibitions.push(marker(ContainerId::new(format!("{}-1", SERVICES[i]))));
@@ -156,6 +157,8 @@ impl PassSeed {
                 inhibitions,
                 held: self.routes_read.then_some(held),
                 memory,
+                service_type: "app".into(),
+                now: base(),
             },
             policy,
         }
@@ -288,6 +291,9 @@ fn answer_for(
         }
         InstanceCommand::WithdrawStale(_) => {
             InstanceAnswer::StaleWithdrawn(unit(fails, TrafficError::Rejected("proxy 500".into())))
+        }
+        InstanceCommand::Revert { .. } => {
+            InstanceAnswer::Reverted(unit(fails, StoreError::Unavailable("store down".into())))
         }
     }
 }

@@ -244,6 +244,7 @@ fn entry(service_type: &str, version: &str, security: bool, halted: bool) -> Cat
         } else {
             RolloutState::Active
         },
+        bake: std::time::Duration::ZERO,
         provisioning: stead::core::release::Provisioning::Docker,
         services: Vec::new(),
     }

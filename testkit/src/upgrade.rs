@@ -117,6 +117,7 @@ pub fn upgrade_input(services: &[UpgradeServiceSeed], stopped: bool, ready: bool
             operation: "upgrade".into(),
             created_at: Timestamp::UNIX_EPOCH,
             stop_grace: None,
+            revert_to: None,
         });
         containers.push((
             ServiceName::new(DROPPED),
@@ -137,6 +138,8 @@ pub fn upgrade_input(services: &[UpgradeServiceSeed], stopped: bool, ready: bool
         inhibitions,
         containers,
         spec_digest: "digest".into(),
+        recorded_spec_digest: Some("digest-1".into()),
+        bake: Duration::from_secs(300),
         stop_grace_default: Duration::from_secs(10),
         instance: InstanceName::new("app"),
         stopped,
@@ -278,6 +281,10 @@ pub fn run_upgrade_and_check(input: &UpgradeInput, answers: &[OutcomeSeed]) -> u
     let mut version_set = false;
     let mut finished = false;
     let mut first = true;
+    // #40: once a later service failed, the switched ones are put back.
+    let mut reverting = false;
+    let mut revert_marked: Vec<ServiceName> = Vec::new();
+    let mut restored: Vec<ServiceName> = Vec::new();
     loop {
         let Some(command) = upgrade.poll_command() else {
             if upgrade.poll_timeout().is_some() {
@@ -312,6 +319,57 @@ pub fn run_upgrade_and_check(input: &UpgradeInput, answers: &[OutcomeSeed]) -> u
             );
         }
         first = false;
+        if let UpgradeCommand::SaveMarker(marker) = &command {
+            if marker.operation == "revert" {
+                reverting = true;
+            }
+        }
+        if reverting && !matches!(command, UpgradeCommand::MoveState { .. }) {
+            match &command {
+                UpgradeCommand::SaveMarker(marker) => {
+                    assert_eq!(marker.operation, "revert", "{command:?} while reverting");
+                    assert!(
+                        switched.contains(&marker.service),
+                        "a revert marker on {}, which was not switched",
+                        marker.service
+                    );
+                    assert_eq!(
+                        Some(&marker.container),
+                        seen[&marker.service].candidate.as_ref(),
+                        "the revert marker must name the successor"
+                    );
+                    assert_eq!(
+                        marker.revert_to, None,
+                        "a reverted successor has no way back"
+                    );
+                    revert_marked.push(marker.service.clone());
+                }
+                UpgradeCommand::SaveActive { service, record } => {
+                    assert!(
+                        revert_marked.contains(service),
+                        "ACTIVE of {service} put back before its successor's marker"
+                    );
+                    assert_eq!(
+                        Some(record),
+                        input.active.services.get(service),
+                        "a revert puts back exactly the predecessor's record"
+                    );
+                    restored.push(service.clone());
+                }
+                UpgradeCommand::Retire(WorkCommand::RemoveActive(service)) => {
+                    assert!(revert_marked.contains(service));
+                    assert!(
+                        !input.active.services.contains_key(service),
+                        "{service} had a predecessor to put back"
+                    );
+                    restored.push(service.clone());
+                }
+                other => panic!("{other:?} while reverting"),
+            }
+            let answer = answer_for(&command, &default);
+            upgrade.handle(answer, base());
+            continue;
+        }
         match &command {
             UpgradeCommand::MoveState {
                 to: InstanceState::Ready,
@@ -448,6 +506,17 @@ pub fn run_upgrade_and_check(input: &UpgradeInput, answers: &[OutcomeSeed]) -> u
                 assert_eq!(
                     marker.container, current.container,
                     "the marker must name the predecessor"
+                );
+                let back = marker.revert_to.as_ref().filter(|_| !input.bake.is_zero());
+                assert_eq!(
+                    back.map(|b| (&b.revision, &b.binds, &b.version, &b.spec_digest)),
+                    (!input.bake.is_zero()).then_some((
+                        &current.effective_revision,
+                        &current.binds,
+                        &input.recorded_version,
+                        &input.recorded_spec_digest
+                    )),
+                    "a baking upgrade's marker carries the predecessor's way back"
                 );
                 assert_eq!(marker.reason, InhibitionReason::RetirementPending);
                 assert!(
@@ -627,6 +696,27 @@ pub fn run_upgrade_and_check(input: &UpgradeInput, answers: &[OutcomeSeed]) -> u
         }
         Err((done, _)) => {
             assert_eq!(done, switched);
+            let behind = input
+                .services
+                .iter()
+                .filter(|spec| input.is_behind(spec))
+                .count();
+            if !finished || done.len() == behind {
+                // Abandoned before the end (nothing more was issued), or
+                // failed after every service was switched (retiring a
+                // dropped one, recording the version): the new version
+                // serves whole and the task is retried.
+                assert!(restored.is_empty(), "put back a whole new version");
+                return done.len();
+            }
+            let mut put_back = restored.clone();
+            put_back.sort();
+            let mut all = switched.clone();
+            all.sort();
+            assert_eq!(
+                put_back, all,
+                "a failed upgrade puts back every service it switched (all or nothing)"
+            );
             done.len()
         }
     }

@@ -8,6 +8,7 @@ use std::time::Duration;
 
 use jiff::Timestamp;
 
+use stead::core::bake::RevertStep;
 use stead::core::errors::{PolicyError, ProbeError, StoreError, TrafficError};
 use stead::core::fleet::add;
 use stead::core::memory::RecoveryMemory;
@@ -127,6 +128,10 @@ pub struct World {
     pub released_claims: Vec<ContainerId>,
     /// Executions that passed a readiness probe: (container, started_at).
     pub probed_ready: Vec<(ContainerId, Option<Timestamp>)>,
+    /// The version the instance's row records (a revert puts it back).
+    pub version: String,
+    /// Why the type's rollout was halted, once a revert halted it.
+    pub halted: Option<String>,
     executions_started: i64,
 }
 
@@ -148,6 +153,8 @@ impl World {
             removed: Vec::new(),
             released_claims: Vec::new(),
             probed_ready: Vec::new(),
+            version: "1".into(),
+            halted: None,
             executions_started: 0,
         }
     }
@@ -209,6 +216,7 @@ impl World {
             operation: "test".into(),
             created_at: self.now,
             stop_grace: None,
+            revert_to: None,
         });
     }
 
@@ -246,6 +254,8 @@ impl World {
             inhibitions: self.inhibitions.clone(),
             held: None,
             memory: self.memory.of_instance(&self.instance),
+            service_type: "app".into(),
+            now: self.now,
         };
         let policy = self.policy.clone();
         let mut pass = InstancePass::new(&policy, input);
@@ -317,6 +327,22 @@ impl World {
             InstanceCommand::WithdrawStale(key) => {
                 self.routes.remove(&key.service);
                 InstanceAnswer::StaleWithdrawn(Ok(()))
+            }
+            InstanceCommand::Revert { step, .. } => {
+                match step {
+                    RevertStep::HaltRollout { reason } => self.halted = Some(reason.clone()),
+                    RevertStep::SaveMarker(marker) => {
+                        self.inhibitions.retain(|i| {
+                            (&i.service, &i.container) != (&marker.service, &marker.container)
+                        });
+                        self.inhibitions.push(marker.clone());
+                    }
+                    RevertStep::RestoreActive { service, record } => {
+                        self.active.services.insert(service.clone(), record.clone());
+                    }
+                    RevertStep::RestoreVersion { version, .. } => self.version = version.clone(),
+                }
+                InstanceAnswer::Reverted(Ok(()))
             }
         }
     }

@@ -297,6 +297,8 @@ impl Recoverer {
             inhibitions,
             held,
             memory,
+            service_type: instance.service_type.clone(),
+            now: self.ports.clock.now(),
         };
         let began_at = self.ports.clock.now();
         let mut pass = InstancePass::new(&self.policy, input);
@@ -358,6 +360,16 @@ impl Recoverer {
             log_hold(service, &log);
         }
         metrics::counter!("stead_retirements_total").increment(report.retired.len() as u64);
+        if let Some((why, services)) = &report.reverted {
+            metrics::counter!("stead_reverts_total", "cause" => "bake").increment(1);
+            tracing::warn!(
+                instance = %instance.name,
+                service_type = %instance.service_type,
+                services = ?services,
+                "a successor failed while baking: reverted to the predecessors and halted \
+                 the type's rollout ({why}); `stead rollout resume` once the version is fixed"
+            );
+        }
         let outcome = InstanceOutcome {
             reports: report.reports,
             retired: report.retired.iter().map(ToString::to_string).collect(),

@@ -1,6 +1,8 @@
 //! Performs the pass's commands through the ports. No decisions here.
 
-use crate::core::fleet::Instance;
+use crate::core::bake::RevertStep;
+use crate::core::errors::StoreError;
+use crate::core::fleet::{Instance, RolloutState};
 use crate::core::pass::{InstanceAnswer, InstanceCommand};
 use crate::core::recovery::{Command, Outcome};
 use crate::core::spec::ReadinessProbe;
@@ -52,6 +54,9 @@ impl Recoverer {
                     )
                     .await,
             ),
+            InstanceCommand::Revert { service_type, step } => {
+                InstanceAnswer::Reverted(self.revert(instance, service_type, step, fence).await)
+            }
             InstanceCommand::WithdrawStale(service) => {
                 let result = p.traffic.withdraw(service).await;
                 if result.is_ok() {
@@ -62,6 +67,47 @@ impl Recoverer {
                     );
                 }
                 InstanceAnswer::StaleWithdrawn(result)
+            }
+        }
+    }
+
+    /// Performs one step of a revert (#40) through the store.
+    async fn revert(
+        &self,
+        instance: &Instance,
+        service_type: &str,
+        step: &RevertStep,
+        fence: &LeaseGrant,
+    ) -> Result<(), StoreError> {
+        let store = &self.ports.store;
+        let now = self.ports.clock.now();
+        match step {
+            RevertStep::HaltRollout { reason } => {
+                store
+                    .set_rollout(service_type, RolloutState::Halted, reason, now, Some(fence))
+                    .await
+            }
+            RevertStep::SaveMarker(marker) => store.save_inhibition(&instance.name, marker).await,
+            RevertStep::RestoreActive { service, record } => {
+                store
+                    .save_active_service(&instance.name, service, record)
+                    .await
+            }
+            RevertStep::RestoreVersion {
+                version,
+                spec_digest,
+            } => {
+                store
+                    .set_instance_version(instance.id, version, now)
+                    .await?;
+                match spec_digest {
+                    Some(digest) => {
+                        store
+                            .set_instance_spec_digest(instance.id, digest, now)
+                            .await
+                    }
+                    None => Ok(()),
+                }
             }
         }
     }

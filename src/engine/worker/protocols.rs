@@ -142,6 +142,8 @@ impl Worker {
             inhibitions,
             containers,
             spec_digest: entry.spec_digest.clone(),
+            recorded_spec_digest: instance.spec_digest.clone(),
+            bake: entry.bake,
             stop_grace_default: self.config.stop_grace_default,
             instance: instance.name.clone(),
             stopped: instance.stopped,
@@ -184,6 +186,15 @@ impl Worker {
             } else {
                 break;
             }
+        }
+        if upgrade.reverted() {
+            metrics::counter!("stead_reverts_total", "cause" => "upgrade").increment(1);
+            tracing::warn!(
+                instance = %instance.name,
+                version = %instance.version,
+                "upgrade failed after switching some services: they were put back on their \
+                 predecessors (an upgrade is all or nothing per instance)"
+            );
         }
         upgrade.into_result().map(|_| ()).map_err(|(_, e)| e)
     }

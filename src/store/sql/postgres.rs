@@ -17,8 +17,9 @@ use sqlx::{Postgres, Transaction};
 use super::rows::{assemble_loaded, collect_rows, count_states, found_or, instance_found_or};
 use super::rows::{
     claim_order, decode_rollout, decode_rollout_record, encode_binds, encode_grace,
-    encode_parameters, encode_timestamp, inhibition_order, lease_grant, read_rows, ActiveRow,
-    BatchRows, InhibitionRow, InstanceRow, LeaseRow, ListedRow, ReadRow, TaskRow,
+    encode_parameters, encode_revert_to, encode_timestamp, inhibition_order, lease_grant,
+    read_rows, ActiveRow, BatchRows, InhibitionRow, InstanceRow, LeaseRow, ListedRow, ReadRow,
+    TaskRow,
 };
 use super::shared::impl_sql_store;
 use super::statements as sql;
@@ -290,7 +291,8 @@ mod batch {
          effective_revision, backend_binds, stop_grace_ms, verified_started_at_ns \
          FROM active_services WHERE instance_id = ANY($1)";
     pub const INHIBITIONS_OF_IDS: &str = "SELECT instance_id, service, container_id, reason, \
-         operation, created_at_us, stop_grace_ms FROM inhibitions WHERE instance_id = ANY($1)";
+         operation, created_at_us, stop_grace_ms, revert_to FROM inhibitions \
+         WHERE instance_id = ANY($1)";
 }
 
 impl_sql_store!(PostgresStore, claim: sql::POSTGRES_CLAIM, lock_lease: LOCK_LEASE);

@@ -15,7 +15,7 @@ use crate::core::fleet::{
 use crate::core::names::{self, NameError};
 use crate::core::types::{
     ActiveRecord, ActiveService, Binds, ContainerId, Inhibition, InhibitionReason, InstanceName,
-    ServiceName, Timestamp,
+    RevertTo, ServiceName, Timestamp,
 };
 use crate::ports::{LeaseGrant, LoadedInstance, LoadedInstances, RolloutRecord, Rows, StoreError};
 use crate::store::{
@@ -280,6 +280,7 @@ pub struct InhibitionRow {
     pub operation: String,
     pub created_at_us: i64,
     pub stop_grace_ms: Option<i64>,
+    pub revert_to: Option<String>,
 }
 
 impl InhibitionRow {
@@ -307,8 +308,19 @@ impl InhibitionRow {
             container: ContainerId::new(self.container_id),
             reason: InhibitionReason::parse(&self.reason),
             operation: self.operation,
+            revert_to: self
+                .revert_to
+                .map(|json| {
+                    serde_json::from_str(&json).map_err(|_| bad_row(T, &id, "revert_to", &json))
+                })
+                .transpose()?,
         })
     }
+}
+
+/// The way back of a baking upgrade's marker, as its JSON column.
+pub fn encode_revert_to(revert_to: Option<&RevertTo>) -> Option<String> {
+    revert_to.map(|r| serde_json::to_string(r).expect("a RevertTo always serializes"))
 }
 
 /// Inhibitions in key order (service, container), whatever the database's

@@ -338,7 +338,8 @@ macro_rules! impl_sql_store {
                             .bind(inhibition.reason.as_str())
                             .bind(&inhibition.operation)
                             .bind(timestamp_to_us(inhibition.created_at))
-                            .bind(encode_grace(inhibition.stop_grace)),
+                            .bind(encode_grace(inhibition.stop_grace))
+                            .bind(encode_revert_to(inhibition.revert_to.as_ref())),
                     )
                     .await?;
                 instance_found_or(saved, instance)

@@ -21,8 +21,9 @@ use sqlx::{Sqlite, Transaction};
 use super::rows::{assemble_loaded, collect_rows, count_states, found_or, instance_found_or};
 use super::rows::{
     bad_row, claim_order, decode_rollout, decode_rollout_record, encode_binds, encode_grace,
-    encode_parameters, encode_timestamp, inhibition_order, lease_grant, read_rows, ActiveRow,
-    BatchRows, InhibitionRow, InstanceRow, LeaseRow, ListedRow, ReadRow, TaskRow,
+    encode_parameters, encode_revert_to, encode_timestamp, inhibition_order, lease_grant,
+    read_rows, ActiveRow, BatchRows, InhibitionRow, InstanceRow, LeaseRow, ListedRow, ReadRow,
+    TaskRow,
 };
 use super::shared::impl_sql_store;
 use super::statements as sql;
@@ -299,7 +300,8 @@ mod batch {
         () => {
             "json_object('instance_id', instance_id, 'service', service, \
              'container_id', container_id, 'reason', reason, 'operation', operation, \
-             'created_at_us', created_at_us, 'stop_grace_ms', stop_grace_ms)"
+             'created_at_us', created_at_us, 'stop_grace_ms', stop_grace_ms, \
+             'revert_to', revert_to)"
         };
     }
     pub const ACTIVE_OF_IDS: &str = concat!(

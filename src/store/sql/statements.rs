@@ -96,17 +96,19 @@ pub const RELEASE_CLAIMS: &str = "UPDATE active_services SET backend_binds = '{}
 // --- inhibitions ----------------------------------------------------------
 
 pub const LOAD_INHIBITIONS: &str = "SELECT h.instance_id, h.service, h.container_id, h.reason, \
-     h.operation, h.created_at_us, h.stop_grace_ms \
+     h.operation, h.created_at_us, h.stop_grace_ms, h.revert_to \
      FROM inhibitions h JOIN instances i ON i.id = h.instance_id WHERE i.name = $1";
 
 pub const SAVE_INHIBITION: &str = "INSERT INTO inhibitions \
-     (instance_id, service, container_id, reason, operation, created_at_us, stop_grace_ms) \
-     SELECT id, $2, $3, $4, $5, $6, $7 FROM instances WHERE name = $1 \
+     (instance_id, service, container_id, reason, operation, created_at_us, stop_grace_ms, \
+      revert_to) \
+     SELECT id, $2, $3, $4, $5, $6, $7, $8 FROM instances WHERE name = $1 \
      ON CONFLICT (instance_id, service, container_id) DO UPDATE SET \
        reason = excluded.reason, \
        operation = excluded.operation, \
        created_at_us = excluded.created_at_us, \
-       stop_grace_ms = excluded.stop_grace_ms";
+       stop_grace_ms = excluded.stop_grace_ms, \
+       revert_to = excluded.revert_to";
 
 pub const CLEAR_INHIBITION: &str = "DELETE FROM inhibitions \
      WHERE instance_id = (SELECT id FROM instances WHERE name = $1) \

@@ -149,11 +149,15 @@ async fn main() {
     // daemon running: every `web` instance gets an upgrade.
     let writes_before = h.daemon().caddy.route_writes();
     std::fs::write(&h.daemon().config.catalog, two_types("2")).expect("write catalog");
-    let changes = h
+    let reloaded = h
         .daemon()
-        .reload_catalog()
+        .reload_catalog(stead::daemon::ReloadMode::Guarded)
+        .await
         .expect("the new catalog is valid");
-    assert!(!changes.is_empty(), "the reload changed the web version");
+    assert!(
+        !reloaded.changes.is_empty(),
+        "the reload changed the web version"
+    );
     // Meanwhile, containers of other instances crash and are recovered.
     let api = bollard::Docker::connect_with_local_defaults().expect("docker socket");
     let mut recoveries = 0;

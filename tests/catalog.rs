@@ -370,3 +370,186 @@ fn a_change_of_chart_or_provisioner_is_reported_on_reload() {
         changes[0]
     );
 }
+
+// --- reload hazards ----------------------------------------------------------
+
+/// A catalog of `notes` (Docker: `web` mounting the named volume `data`,
+/// `db` mounting `pg`) and `search` (Helm), both at version 1.
+const LIVE: &str = r#"
+[types.notes]
+version = "1"
+
+[[types.notes.services]]
+name = "web"
+image = "notes:1"
+volumes = [{ name = "data", path = "/data" }]
+
+[[types.notes.services]]
+name = "db"
+image = "postgres:16"
+volumes = [{ name = "pg", path = "/var/lib/postgresql/data" }]
+
+[types.search]
+version = "1"
+provisioner = "helm"
+
+[types.search.helm]
+chart = "oci://registry.example/charts/search"
+namespace = "search-{instance}"
+"#;
+
+/// `notes` as a Helm type.
+const NOTES_ON_HELM: &str = r#"
+[types.notes]
+version = "1"
+provisioner = "helm"
+
+[types.notes.helm]
+chart = "oci://registry.example/charts/notes"
+namespace = "notes-{instance}"
+"#;
+
+/// Reloading `LIVE` edited by `edit` (each pair replaced in turn) while
+/// `live` types have instances finds exactly the hazards `expect`.
+fn check_hazards(edit: &[(&str, &str)], live: &[&str], expect: &[&str]) {
+    use stead::core::catalog::reload_hazards;
+    let before = Catalog::from_toml(LIVE, "c.toml", &Grants::default()).unwrap();
+    let text = edit.iter().fold(LIVE.to_owned(), |text, (from, to)| {
+        assert!(text.contains(from), "the edit {from:?} changes nothing");
+        text.replace(from, to)
+    });
+    let after =
+        Catalog::from_toml(&text, "c.toml", &Grants::default()).unwrap_or_else(|e| panic!("{e}"));
+    let live = live.iter().map(|t| (*t).to_owned()).collect();
+    let hazards: Vec<String> = reload_hazards(&before, &after, &live)
+        .iter()
+        .map(ToString::to_string)
+        .collect();
+    assert_eq!(hazards, expect, "edit {edit:?}, live {live:?}");
+}
+
+#[test]
+fn renaming_a_service_of_a_type_with_live_instances_is_a_hazard() {
+    check_hazards(
+        &[("name = \"db\"", "name = \"database\"")],
+        &["notes"],
+        &[
+            "types.notes.services: db -> database while it has live instances (a rename: \
+           every instance would start database on empty volumes)",
+        ],
+    );
+}
+
+#[test]
+fn renaming_a_named_volume_of_a_type_with_live_instances_is_a_hazard() {
+    check_hazards(
+        &[("name = \"pg\"", "name = \"pgdata\"")],
+        &["notes"],
+        &[
+            "types.notes.services.db.volumes: named volume pg -> pgdata at \
+           /var/lib/postgresql/data while it has live instances (every instance would lose \
+           the data in pg)",
+        ],
+    );
+}
+
+#[test]
+fn a_named_volume_dropped_from_a_service_with_live_instances_is_a_hazard() {
+    check_hazards(
+        &[("volumes = [{ name = \"data\", path = \"/data\" }]\n", "")],
+        &["notes"],
+        &[
+            "types.notes.services.web.volumes: named volume data -> none at /data while it \
+           has live instances (every instance would lose the data in data)",
+        ],
+    );
+}
+
+#[test]
+fn dropping_a_type_with_live_instances_is_a_hazard() {
+    let search_at = LIVE.find("[types.search]").unwrap();
+    check_hazards(
+        &[(&LIVE[search_at..], "")],
+        &["notes", "search"],
+        &[
+            "types.search: removed while it has live instances (they would lose their grant; \
+           delete them first)",
+        ],
+    );
+}
+
+#[test]
+fn moving_a_type_with_live_instances_between_docker_and_helm_is_a_hazard() {
+    let search_at = LIVE.find("[types.search]").unwrap();
+    check_hazards(
+        &[(&LIVE[..search_at], NOTES_ON_HELM)],
+        &["notes"],
+        &[
+            "types.notes: provisioner docker -> helm while it has live instances (they keep \
+           their docker release, which nothing would recover)",
+        ],
+    );
+}
+
+#[test]
+fn every_hazard_of_one_reload_is_reported_in_type_order() {
+    let search_at = LIVE.find("[types.search]").unwrap();
+    check_hazards(
+        &[
+            (&LIVE[search_at..], ""),
+            ("name = \"web\"", "name = \"www\""),
+            ("name = \"pg\"", "name = \"pgdata\""),
+        ],
+        &["notes", "search"],
+        &[
+            "types.notes.services: web -> www while it has live instances (a rename: every \
+             instance would start www on empty volumes)",
+            "types.notes.services.db.volumes: named volume pg -> pgdata at \
+             /var/lib/postgresql/data while it has live instances (every instance would lose \
+             the data in pg)",
+            "types.search: removed while it has live instances (they would lose their grant; \
+             delete them first)",
+        ],
+    );
+}
+
+#[test]
+fn changes_that_keep_live_instances_whole_are_no_hazard() {
+    let search_at = LIVE.find("[types.search]").unwrap();
+    let db_at = LIVE
+        .find("[[types.notes.services]]\nname = \"db\"")
+        .unwrap();
+    let with_cache = "[[types.notes.services]]\nname = \"cache\"\nimage = \"redis:7\"\n\
+                      volumes = [{ name = \"redis\", path = \"/data\" }]\n\n";
+    let cases: &[(&str, &[(&str, &str)])] = &[
+        ("a new version and image", &[("version = \"1\"", "version = \"2\""), ("notes:1", "notes:2")]),
+        // The existing "dropped service" path: retired on upgrade.
+        ("a service removed alone", &[(&LIVE[db_at..search_at], "")]),
+        ("a service added alone", &[("[types.search]", &format!("{with_cache}[types.search]"))]),
+        ("a named volume added", &[(
+            "volumes = [{ name = \"data\", path = \"/data\" }]",
+            "volumes = [{ name = \"data\", path = \"/data\" }, { name = \"logs\", path = \"/logs\" }]",
+        )]),
+        ("a named volume moved to another path", &[("path = \"/data\"", "path = \"/srv\"")]),
+        ("a new type", &[("[types.search]", "[types.blog]\nversion = \"1\"\n[[types.blog.services]]\nname = \"w\"\nimage = \"w\"\n\n[types.search]")]),
+    ];
+    for (why, edit) in cases {
+        println!("{why}");
+        check_hazards(edit, &["notes", "search"], &[]);
+    }
+}
+
+#[test]
+fn a_type_without_live_instances_may_change_in_any_way() {
+    let search_at = LIVE.find("[types.search]").unwrap();
+    check_hazards(
+        &[
+            (&LIVE[search_at..], ""),
+            ("name = \"db\"", "name = \"database\""),
+            ("name = \"data\"", "name = \"files\""),
+        ],
+        &[],
+        &[],
+    );
+    check_hazards(&[(&LIVE[..search_at], NOTES_ON_HELM)], &["search"], &[]);
+}

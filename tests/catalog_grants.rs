@@ -7,7 +7,7 @@
 
 use stead::core::catalog::{Catalog, CatalogError};
 use stead::core::grants::{Grant, Grants};
-use stead::daemon::Daemon;
+use stead::daemon::{Daemon, ReloadMode};
 
 /// A one-service type at `version` with `extra` lines in its service
 /// (`extra` starts on line 6).
@@ -219,7 +219,8 @@ async fn a_reload_of_a_catalog_asking_for_more_than_granted_is_refused_and_the_o
 
     std::fs::write(&catalog, web("2", DOCKER_SOCKET)).unwrap();
     let error = daemon
-        .reload_catalog()
+        .reload_catalog(ReloadMode::Guarded)
+        .await
         .expect_err("a reload asking for the Docker socket must be refused");
     assert!(
         error.to_string().contains(
@@ -232,7 +233,10 @@ async fn a_reload_of_a_catalog_asking_for_more_than_granted_is_refused_and_the_o
 
     // A catalog within the grants is taken.
     std::fs::write(&catalog, web("2", granted_mount)).unwrap();
-    daemon.reload_catalog().unwrap_or_else(|e| panic!("{e}"));
+    daemon
+        .reload_catalog(ReloadMode::Guarded)
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
     assert_eq!(version(&daemon), "2");
 }
 
@@ -281,7 +285,8 @@ async fn a_reload_asking_for_more_memory_than_the_operators_maximum_is_refused_a
 
     std::fs::write(&catalog, web("2", "memory_mb = 513\n")).unwrap();
     let error = daemon
-        .reload_catalog()
+        .reload_catalog(ReloadMode::Guarded)
+        .await
         .expect_err("a reload above the maximum must be refused");
     assert!(
         error.to_string().contains(

@@ -1101,3 +1101,60 @@ fn reload_refuses_a_post_without_its_header_and_the_cli_sends_it() {
     assert_eq!(run.code, 0, "{}", run.text());
     assert!(run.stdout.starts_with("reloaded "), "{}", run.text());
 }
+
+#[test]
+fn reload_refuses_a_catalog_that_would_damage_live_instances_until_forced() {
+    let setup = Setup::new();
+    let catalog = setup.dir.path().join("catalog.toml");
+    let original = std::fs::read_to_string(example_catalog()).unwrap();
+    std::fs::write(&catalog, &original).unwrap();
+    let text = std::fs::read_to_string(&setup.config).unwrap().replace(
+        &example_catalog().display().to_string(),
+        catalog.to_str().unwrap(),
+    );
+    std::fs::write(&setup.config, text).unwrap();
+    setup.ok(&["instance", "create", "site", "--type", "web"]);
+    let daemon = RunningDaemon::start(&setup);
+    let reload = |args: &[&str]| {
+        let mut all = vec!["--config", setup.config.as_str(), "reload"];
+        all.extend_from_slice(args);
+        stead(&all, &[("STEAD_ADMIN_LISTEN", daemon.admin.as_str())])
+    };
+
+    // A renamed service: every instance would start it on empty volumes.
+    let renamed = original
+        .replace("version = \"1\"", "version = \"2\"")
+        .replace("name = \"http\"", "name = \"www\"");
+    std::fs::write(&catalog, renamed).unwrap();
+    let answer = http(
+        &daemon.admin,
+        "POST /reload HTTP/1.1\r\nX-Stead-Request: reload\r\nContent-Length: 0\r\n\r\n",
+    )
+    .expect("the daemon answers");
+    assert!(answer.starts_with("HTTP/1.1 409"), "{answer}");
+    let refused = reload(&[]);
+    assert_eq!(refused.code, 1, "{}", refused.text());
+    assert!(
+        refused
+            .stderr
+            .contains("reload refused; the daemon keeps catalog web 1")
+            && refused.stderr.contains(
+                "types.web.services: http -> www while it has live instances (a rename: every \
+                 instance would start www on empty volumes)"
+            )
+            && refused.stderr.contains("`stead reload --force`"),
+        "{}",
+        refused.text()
+    );
+
+    let forced = reload(&["--force"]);
+    assert_eq!(forced.code, 0, "{}", forced.text());
+    assert!(
+        forced
+            .stdout
+            .contains("forced: types.web.services: http -> www")
+            && forced.stdout.contains("web 1 -> 2"),
+        "{}",
+        forced.text()
+    );
+}

@@ -72,6 +72,7 @@ store_suite! {
         rollout_records_keep_their_reason_and_time,
         the_reconciler_lease_holder_is_readable_without_taking_it,
         gauges_count_the_queue_and_instances_by_state,
+        live_service_types_are_those_with_instances_not_deleted,
         rollouts_are_upserted_per_service_type,
         reconciler_lease_is_exclusive_until_it_expires,
         a_restarted_identity_takes_its_lease_back_at_once,
@@ -1064,6 +1065,54 @@ async fn the_reconciler_lease_holder_is_readable_without_taking_it(s: TestStore)
 }
 
 // --- gauges and rollouts ---------------------------------------------------
+
+async fn live_service_types_are_those_with_instances_not_deleted(s: TestStore) {
+    let store = &*s.store;
+    assert!(store.live_service_types().await.unwrap().is_empty());
+    let of_type = |name: &str, service_type: &str| NewInstance {
+        service_type: service_type.into(),
+        ..new_instance(name)
+    };
+    store
+        .create_instance(&of_type("a", "wiki"), t(0))
+        .await
+        .unwrap();
+    store
+        .create_instance(&of_type("b", "wiki"), t(0))
+        .await
+        .unwrap();
+    let gone = store
+        .create_instance(&of_type("c", "blog"), t(0))
+        .await
+        .unwrap();
+    let deleting = store
+        .create_instance(&of_type("d", "shop"), t(0))
+        .await
+        .unwrap();
+    delete_completely(store, gone.id, 1).await;
+    store
+        .expire_instance(
+            deleting.id,
+            InstanceState::Provisioning,
+            &task(TaskKind::Deprovision, deleting.id, t(2)),
+            t(2),
+            None,
+        )
+        .await
+        .unwrap()
+        .expect("deletion starts");
+    let live: Vec<String> = store
+        .live_service_types()
+        .await
+        .unwrap()
+        .into_iter()
+        .collect();
+    assert_eq!(
+        live,
+        ["shop", "wiki"],
+        "a deleted instance's type is not live; a deleting one's is"
+    );
+}
 
 async fn gauges_count_the_queue_and_instances_by_state(s: TestStore) {
     let store = &*s.store;

@@ -6,6 +6,9 @@
 //! `/catalog` (the loaded catalog's versions) and `POST /reload` (`stead
 //! reload`: re-read the catalog file, as SIGHUP does).
 //!
+//! `POST /reload?force=true` (`stead reload --force`) applies a catalog
+//! even when it would damage live instances ([`ReloadMode::Forced`]).
+//!
 //! `POST /reload` changes the daemon, so it demands [`RELOAD_HEADER`]: a
 //! web page the operator's browser has open can send a "simple" POST to a
 //! loopback port without asking first, but it cannot add a custom header
@@ -22,7 +25,8 @@ use axum::routing::get;
 use axum::Router;
 use tokio::sync::{watch, Semaphore};
 
-use super::{metrics_handle, Daemon, Role};
+use super::{metrics_handle, Daemon, ReloadError, ReloadMode, Role};
+use crate::core::catalog::ReloadHazard;
 
 /// The header (and its value) `POST /reload` requires; `stead reload`
 /// sends it. Any other caller gets 403.
@@ -276,14 +280,26 @@ pub struct ReloadAnswer {
     pub changes: Vec<String>,
     /// Why the file was refused (the running catalog is kept).
     pub error: Option<String>,
+    /// The changes that would damage live instances, one line each: why
+    /// the reload was refused, or, forced, what it applied anyway.
+    #[serde(default)]
+    pub hazards: Vec<String>,
     /// The catalog running after the call.
     pub catalog: CatalogView,
 }
 
-/// Re-reads the catalog file (as SIGHUP does). 200 with the changes, or
-/// 422 with the error when the file was refused.
+/// The query `POST /reload?force=true` forces a reload with hazards
+/// (`stead reload --force`).
+pub const RELOAD_FORCE_QUERY: &str = "force=true";
+
+/// Re-reads the catalog file (as SIGHUP does). 200 with the changes; or,
+/// the running catalog kept, 422 with the error of a refused file, 409
+/// with the hazards of one that would damage live instances (unless
+/// forced with [`RELOAD_FORCE_QUERY`]), 503 when the store cannot say
+/// which types have live instances.
 async fn reload(
     State(state): State<AdminState>,
+    uri: axum::http::Uri,
     headers: axum::http::HeaderMap,
 ) -> (StatusCode, [(&'static str, &'static str); 1], String) {
     let asked = headers.get(RELOAD_HEADER).is_some_and(|value| {
@@ -303,23 +319,38 @@ async fn reload(
             ),
         );
     }
+    let forced = uri
+        .query()
+        .is_some_and(|query| query.split('&').any(|pair| pair == RELOAD_FORCE_QUERY));
+    let mode = if forced {
+        ReloadMode::Forced
+    } else {
+        ReloadMode::Guarded
+    };
     let daemon = &state.daemon;
-    let result = daemon.reload_catalog();
+    let result = daemon.reload_catalog(mode).await;
     let catalog = CatalogView::of(&daemon.config.catalog, &daemon.catalog.current());
+    let lines = |hazards: &[ReloadHazard]| hazards.iter().map(ToString::to_string).collect();
     let (code, answer) = match result {
-        Ok(changes) => (
+        Ok(reloaded) => (
             StatusCode::OK,
             ReloadAnswer {
-                changes: changes.iter().map(ToString::to_string).collect(),
+                changes: reloaded.changes.iter().map(ToString::to_string).collect(),
                 error: None,
+                hazards: lines(&reloaded.forced),
                 catalog,
             },
         ),
         Err(e) => (
-            StatusCode::UNPROCESSABLE_ENTITY,
+            match e {
+                ReloadError::Catalog(_) => StatusCode::UNPROCESSABLE_ENTITY,
+                ReloadError::Hazards(_) => StatusCode::CONFLICT,
+                ReloadError::Store(_) => StatusCode::SERVICE_UNAVAILABLE,
+            },
             ReloadAnswer {
                 changes: Vec::new(),
                 error: Some(e.to_string()),
+                hazards: lines(e.hazards()),
                 catalog,
             },
         ),

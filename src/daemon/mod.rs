@@ -17,7 +17,7 @@ use crate::adapters::caddy::{CaddyConfig, CaddyTraffic, ServerCheck};
 use crate::adapters::docker::{DockerConfig, DockerProvisioner, DockerRuntime, NativeRestart};
 use crate::adapters::helm::{HelmConfig, HelmProvisioner};
 use crate::adapters::probe::{NetAndLogProbe, NetProbe};
-use crate::core::catalog::{Catalog, CatalogChange, CatalogError};
+use crate::core::catalog::{reload_hazards, Catalog, CatalogChange, CatalogError, ReloadHazard};
 use crate::core::policy::{reconciler_lease_ttl, LEASE_MARGIN};
 use crate::core::types::{InstanceName, ServiceName};
 use crate::engine::clock::AnchoredClock;
@@ -378,6 +378,64 @@ pub async fn docker_runtime(config: &DaemonConfig) -> Result<DockerRuntime, Daem
     }
 }
 
+/// Whether a catalog reload may damage live instances
+/// ([`ReloadHazard`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ReloadMode {
+    /// Refuse a reload with a hazard (SIGHUP, `stead reload`).
+    Guarded,
+    /// Apply it anyway, logging each hazard (`stead reload --force`,
+    /// `POST /reload?force=true`).
+    Forced,
+}
+
+/// What a reload applied.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Reloaded {
+    /// What changed, in service-type order.
+    pub changes: Vec<CatalogChange>,
+    /// The hazards a forced reload applied anyway (none when guarded).
+    pub forced: Vec<ReloadHazard>,
+}
+
+/// Why a reload was refused; the running catalog is kept.
+#[derive(Debug, thiserror::Error)]
+pub enum ReloadError {
+    /// The file is unreadable, invalid or asks for more than granted.
+    #[error(transparent)]
+    Catalog(#[from] CatalogError),
+    /// The file is valid but would damage live instances.
+    #[error("{}", hazards_text(.0))]
+    Hazards(Vec<ReloadHazard>),
+    /// The store did not say which types have live instances, so nothing
+    /// shows the reload is safe.
+    #[error(
+        "cannot read which service types have live instances ({0}); retry, or force the \
+         reload with `stead reload --force`"
+    )]
+    Store(#[source] crate::ports::StoreError),
+}
+
+impl ReloadError {
+    /// The hazards that refused the reload, if that is why.
+    pub fn hazards(&self) -> &[ReloadHazard] {
+        match self {
+            Self::Hazards(hazards) => hazards,
+            Self::Catalog(_) | Self::Store(_) => &[],
+        }
+    }
+}
+
+fn hazards_text(hazards: &[ReloadHazard]) -> String {
+    let each: Vec<String> = hazards.iter().map(ToString::to_string).collect();
+    format!(
+        "{} change(s) would damage live instances: {}; undo them, or apply them anyway with \
+         `stead reload --force`",
+        hazards.len(),
+        each.join("; ")
+    )
+}
+
 /// Everything a running daemon is made of.
 pub struct Daemon {
     pub config: DaemonConfig,
@@ -395,6 +453,8 @@ pub struct Daemon {
     pub identity: identity::Identity,
     /// Instances woken for recovery before the next tick (T7).
     pub wake: Arc<WakeQueue>,
+    /// Held by [`Daemon::reload_catalog`]: reloads run one at a time.
+    reload_lock: tokio::sync::Mutex<()>,
 }
 
 impl Daemon {
@@ -476,6 +536,7 @@ impl Daemon {
             holder,
             identity,
             wake,
+            reload_lock: tokio::sync::Mutex::new(()),
         })
     }
 
@@ -516,25 +577,31 @@ impl Daemon {
     }
 
     /// Reads and validates the catalog file again and, only if it is
-    /// valid, makes every loop use it: the next tick plans upgrades to its
-    /// versions (woken now rather than after its pause), workers create
-    /// from its specs, grants and readiness probes follow it. A bad file,
-    /// or one asking for a host path, secret or variable `stead.toml`'s
-    /// `[grants]` do not give (the grants this daemon started with), is
-    /// refused with its error and the running catalog kept. Returns what
-    /// changed.
-    pub fn reload_catalog(&self) -> Result<Vec<CatalogChange>, CatalogError> {
+    /// valid and safe for the instances running, makes every loop use it:
+    /// the next tick plans upgrades to its versions (woken now rather than
+    /// after its pause), workers create from its specs, grants and
+    /// readiness probes follow it. A bad file, or one asking for a host
+    /// path, secret or variable `stead.toml`'s `[grants]` do not give (the
+    /// grants this daemon started with), is refused with its error and the
+    /// running catalog kept. So is, unless `mode` is
+    /// [`ReloadMode::Forced`], one that would damage live instances
+    /// ([`reload_hazards`]), or one whose hazards cannot be known because
+    /// the store does not answer. Returns what changed.
+    ///
+    /// Reloads run one at a time, so each is compared with the catalog it
+    /// replaces.
+    pub async fn reload_catalog(&self, mode: ReloadMode) -> Result<Reloaded, ReloadError> {
+        let _one_at_a_time = self.reload_lock.lock().await;
         let path = &self.config.catalog;
-        let loaded = crate::config::load_catalog(path, &self.config.grants).and_then(|catalog| {
-            helm_timeouts_agree(&self.config, &catalog)
-                .map_err(|reason| CatalogError::Read {
-                    file: path.display().to_string(),
-                    reason: reason.to_string(),
-                })
-                .map(|()| catalog)
-        });
-        let new = match loaded {
-            Ok(catalog) => catalog,
+        let result = match self.load_for_reload() {
+            Ok(new) => self
+                .check_hazards(&new, mode)
+                .await
+                .map(|forced| (new, forced)),
+            Err(e) => Err(ReloadError::Catalog(e)),
+        };
+        let (new, forced) = match result {
+            Ok(checked) => checked,
             Err(e) => {
                 tracing::error!(
                     catalog = %path.display(),
@@ -561,7 +628,46 @@ impl Daemon {
         tracing::info!(catalog = %path.display(), "catalog reloaded: {summary}");
         ::metrics::counter!("stead_catalog_reloads_total", "result" => "ok").increment(1);
         self.reconciler.wake();
-        Ok(changes)
+        Ok(Reloaded { changes, forced })
+    }
+
+    /// The catalog file, valid against the grants and the Helm timeouts.
+    fn load_for_reload(&self) -> Result<Catalog, CatalogError> {
+        let path = &self.config.catalog;
+        let catalog = crate::config::load_catalog(path, &self.config.grants)?;
+        helm_timeouts_agree(&self.config, &catalog).map_err(|reason| CatalogError::Read {
+            file: path.display().to_string(),
+            reason: reason.to_string(),
+        })?;
+        Ok(catalog)
+    }
+
+    /// The hazards of replacing the running catalog with `new`: an error
+    /// when guarded, the ones forced (each logged) when forced.
+    async fn check_hazards(
+        &self,
+        new: &Catalog,
+        mode: ReloadMode,
+    ) -> Result<Vec<ReloadHazard>, ReloadError> {
+        let live_types = match (self.ports.store.live_service_types().await, mode) {
+            (Ok(types), _) => types,
+            (Err(e), ReloadMode::Guarded) => return Err(ReloadError::Store(e)),
+            (Err(e), ReloadMode::Forced) => {
+                tracing::warn!(error = %e, "forced catalog reload: the store did not say which types have live instances; reloading without checking");
+                return Ok(Vec::new());
+            }
+        };
+        let hazards = reload_hazards(&self.catalog.current(), new, &live_types);
+        match mode {
+            ReloadMode::Guarded if !hazards.is_empty() => Err(ReloadError::Hazards(hazards)),
+            ReloadMode::Guarded => Ok(Vec::new()),
+            ReloadMode::Forced => {
+                for hazard in &hazards {
+                    tracing::warn!("forced catalog reload: {hazard}");
+                }
+                Ok(hazards)
+            }
+        }
     }
 
     /// Creates stead's server in Caddy if it is missing. Failure is not

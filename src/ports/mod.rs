@@ -5,7 +5,7 @@
 //! real adapter behind the `io` feature.
 //! Adapters are thin: they translate, they add no policy.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -366,6 +366,11 @@ pub trait Store: Send + Sync {
     async fn instance(&self, name: &InstanceName) -> Result<Option<Instance>, StoreError>;
     async fn instance_by_id(&self, id: InstanceId) -> Result<Option<Instance>, StoreError>;
     async fn list_instances(&self) -> Result<Rows<Instance>, StoreError>;
+    /// The service types that have instances not `deleted`, in name
+    /// order: what a catalog reload must not break
+    /// (`core::catalog::reload_hazards`). Read from the type column alone,
+    /// so a row that does not otherwise decode still counts.
+    async fn live_service_types(&self) -> Result<BTreeSet<String>, StoreError>;
     /// Every instance as a whole recovery pass lists it, by id: only what
     /// the pass plans by, so the listing of a large fleet reads and copies
     /// a few words per instance; each instance's whole row is read under

@@ -590,6 +590,16 @@ impl Store for MemoryStore {
         Ok(state.listed(true, Instance::clone))
     }
 
+    async fn live_service_types(&self) -> Result<BTreeSet<String>, StoreError> {
+        let state = self.call()?;
+        Ok(state
+            .instances
+            .values()
+            .filter(|i| i.state != InstanceState::Deleted)
+            .map(|i| i.service_type.clone())
+            .collect())
+    }
+
     async fn list_for_recovery(&self) -> Result<Rows<ListedInstance>, StoreError> {
         let state = self.call()?;
         Ok(state.listed(false, |i| ListedInstance::from(i)))

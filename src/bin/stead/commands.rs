@@ -8,11 +8,13 @@ use std::time::Duration;
 
 use stead::core::catalog::Catalog;
 use stead::core::fleet::RolloutState;
-use stead::daemon::admin::{CatalogView, ReloadAnswer, RELOAD_HEADER, RELOAD_HEADER_VALUE};
+use stead::daemon::admin::{
+    CatalogView, ReloadAnswer, RELOAD_FORCE_QUERY, RELOAD_HEADER, RELOAD_HEADER_VALUE,
+};
 use stead::daemon::status::{
     render_instances, render_status, render_tasks, InstanceView, Status, StatusSources, TaskView,
 };
-use stead::daemon::{redact, Daemon, DaemonConfig, Role};
+use stead::daemon::{redact, Daemon, DaemonConfig, ReloadMode, Role};
 use stead::engine::SystemClock;
 use stead::ops::{CreateRequest, Deletion, Ops};
 use stead::ports::{Clock, Store};
@@ -31,7 +33,14 @@ pub async fn dispatch(command: Command, config: DaemonConfig) -> Result<u8, CliE
         Command::Tick => tick(config).await,
         Command::Migrate => migrate(&config).await,
         Command::Check => check(&config).await,
-        Command::Reload => reload(&config).await,
+        Command::Reload { force } => {
+            let mode = if force {
+                ReloadMode::Forced
+            } else {
+                ReloadMode::Guarded
+            };
+            reload(&config, mode).await
+        }
         Command::Status { json, live } => status(&config, json, live).await,
         Command::Instance(command) => instance(&config, command).await,
         Command::Task(TaskCommand::List { all, limit, json }) => {
@@ -103,8 +112,10 @@ async fn handle_signals(daemon: &Daemon) {
             _ = tokio::signal::ctrl_c() => return,
             _ = hangup.recv() => {
                 tracing::info!("SIGHUP: reloading the catalog");
-                // Refusals are logged by the reload itself.
-                let _ = daemon.reload_catalog();
+                // Refusals are logged by the reload itself. A signal never
+                // forces: a reload that would damage live instances takes
+                // `stead reload --force`.
+                let _ = daemon.reload_catalog(ReloadMode::Guarded).await;
             }
         }
     }
@@ -237,10 +248,14 @@ async fn running_catalog(config: &DaemonConfig) -> Option<CatalogView> {
     response.json::<CatalogView>().await.ok()
 }
 
-async fn reload(config: &DaemonConfig) -> Result<u8, CliError> {
+async fn reload(config: &DaemonConfig, mode: ReloadMode) -> Result<u8, CliError> {
     let url = admin_url(config)?;
+    let endpoint = match mode {
+        ReloadMode::Guarded => format!("{url}/reload"),
+        ReloadMode::Forced => format!("{url}/reload?{RELOAD_FORCE_QUERY}"),
+    };
     let response = admin_client(ADMIN_TIMEOUT)?
-        .post(format!("{url}/reload"))
+        .post(endpoint)
         .header(RELOAD_HEADER, RELOAD_HEADER_VALUE)
         .send()
         .await
@@ -254,11 +269,26 @@ async fn reload(config: &DaemonConfig) -> Result<u8, CliError> {
         .await
         .map_err(|e| format!("{url}/reload: unexpected answer: {e}"))?;
     if let Some(error) = answer.error {
-        complain(&format!(
-            "reload refused; the daemon keeps catalog {}: {error}",
-            versions_text(&answer.catalog.versions)
-        ));
+        if answer.hazards.is_empty() {
+            complain(&format!(
+                "reload refused; the daemon keeps catalog {}: {error}",
+                versions_text(&answer.catalog.versions)
+            ));
+        } else {
+            complain(&format!(
+                "reload refused; the daemon keeps catalog {}: these changes would damage live \
+                 instances:",
+                versions_text(&answer.catalog.versions)
+            ));
+            for hazard in &answer.hazards {
+                complain(&format!("  {hazard}"));
+            }
+            complain("undo them in the file, or apply them anyway with `stead reload --force`");
+        }
         return Ok(EXIT_FAILURE);
+    }
+    for hazard in &answer.hazards {
+        say(format!("forced: {hazard}"));
     }
     if answer.changes.is_empty() {
         say(format!(

@@ -98,8 +98,14 @@ pub enum Command {
     /// error. Also says whether the running daemon uses an older catalog.
     Check,
     /// Make the running daemon re-read its catalog (as SIGHUP does). A bad
-    /// catalog is refused and the running one kept.
-    Reload,
+    /// catalog is refused and the running one kept; so is one that would
+    /// damage live instances (a type dropped or moved between Docker and
+    /// Helm, a service or named volume renamed), unless forced.
+    Reload {
+        /// Apply a catalog that would damage live instances anyway.
+        #[arg(long)]
+        force: bool,
+    },
     /// Write instance intent (never touches containers directly).
     #[command(subcommand)]
     Instance(InstanceCommand),

@@ -98,6 +98,17 @@ macro_rules! impl_sql_store {
                 })))
             }
 
+            async fn live_service_types(
+                &self,
+            ) -> Result<std::collections::BTreeSet<String>, StoreError> {
+                let types: Vec<String> = sqlx::query_scalar(sql::LIVE_SERVICE_TYPES)
+                    .bind(InstanceState::Deleted.as_str())
+                    .fetch_all(&self.pool)
+                    .await
+                    .map_err(db_error)?;
+                Ok(types.into_iter().collect())
+            }
+
             async fn list_for_recovery(&self) -> Result<Rows<ListedInstance>, StoreError> {
                 let rows = self.listed_rows().await?;
                 Ok(collect_rows(rows.into_iter().map(|row| {

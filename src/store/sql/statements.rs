@@ -57,6 +57,10 @@ pub const SET_INSTANCE_SPEC_DIGEST: &str =
     "UPDATE instances SET spec_digest = $2, updated_at_us = $3 WHERE id = $1";
 
 pub const INSTANCE_COUNTS: &str = "SELECT state, COUNT(*) FROM instances GROUP BY state";
+/// The service types with instances in any state but the one bound
+/// (`deleted`).
+pub const LIVE_SERVICE_TYPES: &str =
+    "SELECT DISTINCT service_type FROM instances WHERE state <> $1 ORDER BY service_type";
 
 // --- ACTIVE ---------------------------------------------------------------
 

@@ -40,6 +40,10 @@ const TRACE_LEN_DEFAULT: usize = 40;
 /// answers at once, so a second is generous.
 pub const CLOCK_TOLERANCE: Duration = Duration::from_secs(1);
 
+/// How late after its bake window a revert may still come: the pass that
+/// decides it began before the window ended (one tick).
+const REVERT_SLACK: jiff::SignedDuration = jiff::SignedDuration::from_secs(60);
+
 fn trace_len_max() -> usize {
     std::env::var("STEAD_SIM_TRACE")
         .ok()
@@ -499,9 +503,16 @@ impl Checker {
                 .active_until
                 .get(&key.container)
                 .is_some_and(|until| *until >= since);
+            // A baking predecessor's history is kept (#40): a revert may
+            // make it ACTIVE again, its budget going on.
+            let baking = self
+                .store()
+                .inhibitions_now(&key.instance)
+                .iter()
+                .any(|m| m.container == key.container && m.bakes_at(since).is_some());
             s.check(
                 "R16 memory pruned to ACTIVE's generations",
-                named_now || named_lately,
+                named_now || named_lately || baking,
                 || {
                     format!(
                         "{}/{} remembers {} after a pass drove it, though ACTIVE named it at no moment of the tick",
@@ -1033,6 +1044,72 @@ impl Checker {
     }
 
     /// The workload model reports a container going down (crash).
+    /// Whether an instance of `service_type` has a baking marker (#40).
+    fn bakes_in_type(&self, service_type: &str, now: Timestamp) -> bool {
+        self.store()
+            .all_instances()
+            .into_iter()
+            .filter(|i| i.service_type == service_type)
+            .any(|i| {
+                self.store()
+                    .inhibitions_now(&i.name)
+                    .iter()
+                    .any(|m| m.bakes_at(now - REVERT_SLACK).is_some())
+            })
+    }
+
+    /// #40, at a write of ACTIVE by the recovery pass that names a
+    /// predecessor whose marker carries the way back (a revert): it
+    /// happens inside the bake window (B1: after it, the predecessor may
+    /// be retired), and the type was halted before anything is put back
+    /// (B2), so version drift cannot upgrade the instance straight back to
+    /// the failed version. (A worker putting back what its failed upgrade
+    /// switched holds the instance's lock all along, so the predecessor is
+    /// there whatever the window; it fails its task and halts after: C8.)
+    fn check_revert(
+        &self,
+        s: &mut State,
+        service: &ServiceKey,
+        container: &ContainerId,
+        now: Timestamp,
+    ) {
+        let markers = self.store().inhibitions_now(&service.instance);
+        let Some(back) = markers
+            .iter()
+            .find(|m| m.service == service.service && &m.container == container)
+            .and_then(|m| m.revert_to.as_ref())
+        else {
+            return;
+        };
+        let by_pass = self
+            .store()
+            .instance_lock_of(&service.instance)
+            .is_some_and(|(holder, _)| holder.ends_with("/recovery"));
+        if by_pass {
+            s.check(
+                "B1 a revert happens inside the bake window",
+                now <= back.until + REVERT_SLACK,
+                || {
+                    format!(
+                        "{service:?} put back on {container} at {now}, its bake ended {}",
+                        back.until
+                    )
+                },
+            );
+            let service_type = self
+                .store()
+                .instance_now(&service.instance)
+                .map(|i| i.service_type)
+                .unwrap_or_default();
+            let halted = s.truth.halted_since.contains_key(&service_type);
+            s.check("B2 a revert halts its type first", halted, || {
+                format!(
+                    "{service:?} put back on {container} at {now} while {service_type} is not halted"
+                )
+            });
+        }
+    }
+
     pub fn container_went_down(&self, id: &ContainerId) {
         let now = self.clock.now();
         let window = self.policy.stable_window;
@@ -1545,6 +1622,7 @@ impl Checker {
                     owner.as_ref().is_none_or(|o| o == service),
                     || format!("ACTIVE of {service:?} names {container}, created for {owner:?}"),
                 );
+                self.check_revert(s, service, container, self.clock.now());
             }
             Effect::Published { route } => {
                 if let Some(started_at) = route.verified_started_at {
@@ -1929,7 +2007,10 @@ impl Observer for Checker {
                     let lately = previous_effect_at
                         .map_or(now, |at| at.min(now))
                         .min(now - jiff::SignedDuration::from_secs(30));
-                    let failed_upgrade = self.store().all_tasks().into_iter().any(|t| {
+                    // #40: or a successor of the type failed while it
+                    // baked, and the pass reverting it halts first.
+                    let baking = self.bakes_in_type(service_type, now);
+                    let failed_upgrade = baking || self.store().all_tasks().into_iter().any(|t| {
                         t.kind == TaskKind::Upgrade
                             && t.state == TaskState::Failed
                             && t.last_error.as_deref()

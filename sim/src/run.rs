@@ -1409,7 +1409,10 @@ async fn check_liveness(
                 // An upgrade that ran in the last moments (a maintenance
                 // window opening at the end of the run) leaves markers the
                 // next pass retires: they are young, not stuck.
-                let age = now.duration_since(marker.created_at);
+                // A baking predecessor is kept until its window ends (#40):
+                // its age counts from then.
+                let since = marker.revert_to.as_ref().map_or(marker.created_at, |r| r.until);
+                let age = now.duration_since(since);
                 if age < jiff::SignedDuration::try_from(tick * 2).expect("a tick fits") {
                     continue;
                 }
@@ -1426,6 +1429,10 @@ async fn check_liveness(
         checker.record_violation(f);
     }
 }
+
+/// The Docker type's bake window (#40): three ticks, so a version that
+/// fails minutes after its upgrade is reverted within it.
+pub const SIM_BAKE: Duration = Duration::from_secs(180);
 
 /// The catalog of the simulated fleet: one service type at `version`
 /// (instances start at 1; operators bump it, and version drift upgrades
@@ -1454,6 +1461,7 @@ fn sim_catalog(actors: &Actors, number: u32, security: bool) -> Catalog {
             version: version.clone(),
             security,
             rollout: RolloutState::Active,
+            bake: SIM_BAKE,
             provisioning: stead::core::release::Provisioning::Docker,
             services: specs,
         },
@@ -1466,6 +1474,7 @@ fn sim_catalog(actors: &Actors, number: u32, security: bool) -> Catalog {
             version: version.clone(),
             security,
             rollout: RolloutState::Active,
+            bake: Duration::ZERO,
             provisioning: stead::core::release::Provisioning::Helm(helm_chart(&version, edition)),
             services: Vec::new(),
         },

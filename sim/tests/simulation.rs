@@ -302,6 +302,8 @@ fn seeds_hold_every_invariant() {
         "S9 an upgrade is enqueued only inside its window, due at once",
         "S9 a security upgrade is due at once",
         "H3 a release is never installed behind its instance's version",
+        "B1 a revert happens inside the bake window",
+        "B2 a revert halts its type first",
     ]
     .into_iter()
     .filter(|invariant| checks.get(invariant).copied().unwrap_or(0) == 0)

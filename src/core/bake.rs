@@ -20,8 +20,11 @@
 
 use jiff::Timestamp;
 
+use super::broken::Armed;
 use super::recovery::{RecoveryError, Report, Verdict};
-use super::types::{ActiveRecord, ActiveService, Inhibition, RevertTo, ServiceName};
+use super::types::{
+    ActiveRecord, ActiveService, Inhibition, InhibitionReason, RevertTo, ServiceName,
+};
 use super::upgrade::revert_marker;
 
 /// Why a baking successor counts as failed this pass, or `None` while it
@@ -103,6 +106,7 @@ pub fn revert_steps(
     active: &ActiveRecord,
     why: &str,
     now: Timestamp,
+    broken: Armed,
 ) -> Vec<RevertStep> {
     let baking: Vec<_> = baking(inhibitions, active, now).collect();
     let Some(&(_, back, _)) = baking.first() else {
@@ -114,6 +118,9 @@ pub fn revert_steps(
             back.version
         ),
     }];
+    if crate::broken!(broken, RevertWithoutHalt) {
+        steps.clear();
+    }
     for &(marker, to, successor) in &baking {
         steps.push(RevertStep::SaveMarker(revert_marker(
             &marker.service,
@@ -131,6 +138,17 @@ pub fn revert_steps(
                 verified_started_at: None,
             },
         });
+        if let Some(hold) = &to.hold {
+            // The operator's hold its marker replaced, back in its place:
+            // the predecessor stays down (R5).
+            steps.push(RevertStep::SaveMarker(Inhibition {
+                reason: InhibitionReason::Hold(hold.clone()),
+                operation: "operator".into(),
+                created_at: now,
+                revert_to: None,
+                ..marker.clone()
+            }));
+        }
     }
     steps.push(RevertStep::RestoreVersion {
         version: back.version.clone(),

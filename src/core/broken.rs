@@ -87,11 +87,14 @@ pub enum Mutant {
     /// R13 (#40): ask the proxy to route a service without ports, which it
     /// refuses, so the service never counts as verified and routed.
     PublishPortless,
+    /// #40: revert a successor that failed while baking without halting
+    /// its type first, so version drift upgrades it straight back.
+    RevertWithoutHalt,
 }
 
 #[cfg(feature = "mutation-exercise")]
 impl Mutant {
-    pub const ALL: [Mutant; 19] = [
+    pub const ALL: [Mutant; 20] = [
         Mutant::SkipWithdrawBeforeStart,
         Mutant::PublishBeforeReadiness,
         Mutant::ForgetCrashLoopCharge,
@@ -111,5 +114,6 @@ impl Mutant {
         Mutant::UnderuseInFlight,
         Mutant::ParkUpgradeBehindWindow,
         Mutant::PublishPortless,
+        Mutant::RevertWithoutHalt,
     ];
 }

@@ -2,7 +2,7 @@
 
 use super::hash::FastMap;
 use super::recovery::{GenerationMemory, Report, ServiceMemory};
-use super::types::{ActiveRecord, GenerationKey, InstanceName, ServiceName};
+use super::types::{ActiveRecord, ContainerId, GenerationKey, InstanceName, ServiceName};
 
 /// Budgets and verified executions per generation, and the services whose
 /// last withdrawal failed. Lost on a daemon restart by design (R17).
@@ -85,11 +85,20 @@ impl InstanceMemory {
     /// R16: drop history of generations ACTIVE no longer names, and pending
     /// withdrawals of services ACTIVE no longer has.
     pub fn prune(&mut self, active: &ActiveRecord) {
+        self.prune_keeping(active, &[]);
+    }
+
+    /// [`Self::prune`], keeping also the history of `baking` predecessors
+    /// (#40): a revert makes one ACTIVE again, and its crash-loop budget
+    /// must go on from where it was, not restart (R10: only stable minutes
+    /// reset it).
+    pub fn prune_keeping(&mut self, active: &ActiveRecord, baking: &[&ContainerId]) {
         self.generations.retain(|(key, _)| {
-            active
-                .services
-                .get(&key.service)
-                .is_some_and(|s| s.container == key.container)
+            baking.contains(&&key.container)
+                || active
+                    .services
+                    .get(&key.service)
+                    .is_some_and(|s| s.container == key.container)
         });
         self.pending_withdrawals
             .retain(|service| active.services.contains_key(service));

@@ -454,7 +454,7 @@ impl<'p> InstancePass<'p> {
                 Stage::Stale => match self.stale.pop_front() {
                     Some(key) => return Some(InstanceCommand::WithdrawStale(key)),
                     None => {
-                        self.memory.prune(&self.active);
+                        self.prune_memory();
                         self.stage = Stage::Done;
                     }
                 },
@@ -502,6 +502,17 @@ impl<'p> InstancePass<'p> {
         ServiceRecovery::new(self.policy, input)
     }
 
+    /// R16, keeping the baking predecessors' history (#40).
+    fn prune_memory(&mut self) {
+        let baking: Vec<&ContainerId> = self
+            .inhibitions
+            .iter()
+            .filter(|m| m.bakes_at(self.now).is_some())
+            .map(|m| &m.container)
+            .collect();
+        self.memory.prune_keeping(&self.active, &baking);
+    }
+
     /// After the services: revert if a baking successor failed (#40),
     /// else go on to the markers.
     fn plan_revert(&mut self) -> Stage {
@@ -515,6 +526,7 @@ impl<'p> InstancePass<'p> {
             &self.active,
             &why,
             self.now,
+            self.policy.broken,
         )
         .into();
         let services = baking(&self.inhibitions, &self.active, self.now)
@@ -622,12 +634,10 @@ impl<'p> InstancePass<'p> {
         match command {
             (InstanceCommand::Revert { step, .. }, InstanceAnswer::Reverted(result)) => {
                 self.reverting.pop_front();
+                // The pass's ACTIVE stays the one it loaded: its memory is
+                // pruned against it, and the next pass loads the new one.
                 match result {
-                    Ok(()) => {
-                        if let RevertStep::RestoreActive { service, record } = step {
-                            self.active.services.insert(service, record);
-                        }
-                    }
+                    Ok(()) => {}
                     Err(source) => {
                         // The rest waits for the pass that next sees the
                         // successor fail; the halt, if done, holds.
@@ -765,7 +775,7 @@ impl<'p> InstancePass<'p> {
             self.reverted = None;
             self.reverting.clear();
         }
-        self.memory.prune(&self.active);
+        self.prune_memory();
         self.stage = Stage::Done;
     }
 

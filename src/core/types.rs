@@ -303,6 +303,11 @@ pub struct RevertTo {
     pub spec_digest: Option<String>,
     /// The end of the bake window.
     pub until: Timestamp,
+    /// The hold the predecessor carried (an operator's), which its marker
+    /// replaced (one record per generation): a revert puts it back, so a
+    /// held generation made ACTIVE again is still never started (R5).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub hold: Option<String>,
 }
 
 impl Inhibition {

@@ -300,6 +300,8 @@ pub struct Upgrade {
     recorded_version: String,
     recorded_spec_digest: Option<String>,
     bake: Duration,
+    /// The holds on ACTIVE's generations, which their markers replace.
+    holds: Vec<Inhibition>,
     error: Option<TaskError>,
     now: Option<Timestamp>,
 }
@@ -310,6 +312,15 @@ impl Upgrade {
             .services
             .iter()
             .filter(|spec| input.is_behind(spec))
+            .cloned()
+            .collect();
+        let holds = input
+            .inhibitions
+            .iter()
+            .filter(|h| {
+                h.reason != InhibitionReason::RetirementPending
+                    && input.active.names_container(&h.container)
+            })
             .cloned()
             .collect();
         let skipped_stopped = input.stopped;
@@ -349,6 +360,7 @@ impl Upgrade {
             recorded_version: input.recorded_version,
             recorded_spec_digest: input.recorded_spec_digest,
             bake: input.bake,
+            holds,
             error: None,
             now: None,
         }
@@ -417,6 +429,7 @@ impl Upgrade {
                     } else {
                         self.reverting = revert_plan(
                             &self.active,
+                            &self.holds,
                             &self.switched,
                             self.now.unwrap_or(Timestamp::UNIX_EPOCH),
                         );
@@ -521,6 +534,7 @@ impl Upgrade {
                         version: self.recorded_version.clone(),
                         spec_digest: self.recorded_spec_digest.clone(),
                         until: add(now, self.bake),
+                        hold: hold_on(&self.holds, &current.container),
                     }),
                 })
             }
@@ -830,6 +844,7 @@ impl Upgrade {
 /// version added has no predecessor: it leaves ACTIVE.
 fn revert_plan(
     before: &ActiveRecord,
+    holds: &[Inhibition],
     switched: &[(ServiceName, ActiveService)],
     now: Timestamp,
 ) -> VecDeque<UpgradeCommand> {
@@ -838,15 +853,30 @@ fn revert_plan(
         plan.push_back(UpgradeCommand::SaveMarker(revert_marker(
             service, successor, now,
         )));
-        plan.push_back(match before.services.get(service) {
-            Some(predecessor) => UpgradeCommand::SaveActive {
-                service: service.clone(),
-                record: predecessor.clone(),
-            },
-            None => UpgradeCommand::Retire(WorkCommand::RemoveActive(service.clone())),
+        let Some(predecessor) = before.services.get(service) else {
+            plan.push_back(UpgradeCommand::Retire(WorkCommand::RemoveActive(
+                service.clone(),
+            )));
+            continue;
+        };
+        plan.push_back(UpgradeCommand::SaveActive {
+            service: service.clone(),
+            record: predecessor.clone(),
         });
+        if let Some(hold) = holds.iter().find(|h| h.container == predecessor.container) {
+            // Its marker replaced the operator's hold: put it back.
+            plan.push_back(UpgradeCommand::SaveMarker(hold.clone()));
+        }
     }
     plan
+}
+
+/// The reason of the hold on `container` among `holds`, if any.
+pub fn hold_on(holds: &[Inhibition], container: &ContainerId) -> Option<String> {
+    holds
+        .iter()
+        .find(|h| &h.container == container)
+        .map(|h| h.reason.as_str().to_owned())
 }
 
 /// The marker a revert leaves on the successor it replaces: retired as

@@ -249,6 +249,21 @@ impl MemoryStore {
         state.active.get(&(id, service.service.clone())).cloned()
     }
 
+    /// An instance's inhibitions and markers, without the fault hooks (for
+    /// checkers).
+    pub fn inhibitions_now(&self, name: &InstanceName) -> Vec<Inhibition> {
+        let state = self.lock();
+        let Some(id) = state.instance_id(name) else {
+            return Vec::new();
+        };
+        state
+            .inhibitions
+            .iter()
+            .filter(|((i, _, _), _)| *i == id)
+            .map(|(_, h)| h.clone())
+            .collect()
+    }
+
     /// An instance by name, without the fault hooks (for checkers).
     /// Every instance as it stands, for checkers.
     pub fn all_instances(&self) -> Vec<Instance> {

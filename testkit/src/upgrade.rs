@@ -326,8 +326,16 @@ pub fn run_upgrade_and_check(input: &UpgradeInput, answers: &[OutcomeSeed]) -> u
         }
         if reverting && !matches!(command, UpgradeCommand::MoveState { .. }) {
             match &command {
+                UpgradeCommand::SaveMarker(hold) if hold.operation != "revert" => {
+                    assert!(
+                        input.inhibitions.contains(hold)
+                            && restored.contains(&hold.service)
+                            && input.active.names_container(&hold.container),
+                        "while reverting, only a put-back predecessor's own hold is saved \
+                         again: {hold:?}"
+                    );
+                }
                 UpgradeCommand::SaveMarker(marker) => {
-                    assert_eq!(marker.operation, "revert", "{command:?} while reverting");
                     assert!(
                         switched.contains(&marker.service),
                         "a revert marker on {}, which was not switched",

@@ -333,6 +333,77 @@ async fn an_upgrade_replaces_with_overlap_and_fails_no_request() {
     assert_eq!(h.get(&name).await, 200);
 }
 
+/// #40's bar: a version whose container exits ten seconds after it
+/// starts passes readiness, is switched to, and fails while it bakes: the
+/// rollout halts, the instance serves the previous version again (the
+/// very container, kept stopped while it baked), the failed successor is
+/// retired, and a request loop started once the revert completed sees no
+/// failed request.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_version_that_crashes_while_baking_is_reverted_and_its_rollout_halted() {
+    const BAKE_MS: u64 = 120_000;
+    let name = unique("e2ebake");
+    let _cleanup = Cleanup::new(&name);
+    let mut h = Harness::start(Setup {
+        catalog: e2e::catalog_baking("1", e2e::HTTPD, BAKE_MS),
+        ..Setup::default()
+    })
+    .await;
+    let old = serving(&h, &name).await;
+    let crashes_after_ten_seconds =
+        "busybox rm -f /tmp/sick; busybox httpd -f -p 8080 -h /www & sleep 10; exit 3";
+    h.restart_with_catalog(&e2e::catalog_baking("2", crashes_after_ten_seconds, BAKE_MS))
+        .await;
+    let store = h.daemon().ports.store.clone();
+    wait_until("switched to the new version", CONVERGE, || async {
+        h.active_container(&name).await.is_some_and(|c| c != old)
+    })
+    .await;
+    let bad = h.active_container(&name).await.unwrap();
+    wait_until("the predecessor is kept, stopped, while it bakes", CONVERGE, || async {
+        inspect(&old, "{{.State.Status}}").is_ok_and(|s| s == "exited")
+    })
+    .await;
+    let reverted = wait_until("reverted to the predecessor", CONVERGE, || async {
+        h.active_container(&name).await.as_deref() == Some(old.as_str())
+            && h.get(&name).await == 200
+    })
+    .await;
+    assert!(
+        reverted < Duration::from_millis(BAKE_MS),
+        "reverted within the bake window"
+    );
+    let rollouts = store.rollout_records().await.unwrap();
+    let web = rollouts.iter().find(|r| r.service_type == e2e::TYPE).unwrap();
+    assert_eq!(web.state, stead::core::fleet::RolloutState::Halted);
+    assert!(web.reason.contains("while baking"), "{}", web.reason);
+    let row = store
+        .instance(&stead::core::types::InstanceName::new(&name))
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(row.version, "1", "the instance's version put back");
+
+    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    let requests = request_loop(h.listen.clone(), name.clone(), stop_rx);
+    wait_until("the failed successor retired", CONVERGE, || async {
+        inspect(&bad, "{{.Id}}").is_err()
+    })
+    .await;
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    stop_tx.send(true).unwrap();
+    let (failures, total) = requests.await.unwrap();
+    assert!(total > 10, "the loop ran ({total} requests)");
+    assert!(
+        failures.is_empty(),
+        "{} of {total} requests failed after the revert: {failures:#?}",
+        failures.len()
+    );
+    // Halted: nothing upgrades it back to the failed version.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert_eq!(h.active_container(&name).await.as_deref(), Some(old.as_str()));
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_daemon_killed_mid_upgrade_converges_after_restart() {
     let name = unique("e2ekill9");

@@ -161,6 +161,7 @@ fn a_verified_routed_successor_lets_the_predecessor_go() {
                 other => panic!("a steady verified service needs no {other:?}"),
             }),
             C::InspectSuccessor(_) => A::SuccessorInspected(Ok(running)),
+            C::InspectPredecessor(_) => panic!("nothing bakes: no predecessor inspected"),
             C::ReadRoutes => A::RoutesRead(Ok(case
                 .input
                 .active

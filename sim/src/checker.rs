@@ -207,6 +207,12 @@ struct State {
     /// When ACTIVE stopped naming a container (a switch, a removal), for
     /// R16: a pass may remember what ACTIVE named while it ran.
     active_until: BTreeMap<ContainerId, Timestamp>,
+    /// When each container's `retirement-pending` marker was cleared: R16
+    /// lets a pass remember a marked generation (#40) until then.
+    marker_cleared_at: BTreeMap<ContainerId, Timestamp>,
+    /// The simulated second of the last effect, and how many effects
+    /// happened within it (a livelock guard, L0).
+    effects_at: (i64, u64),
     /// When ACTIVE last came to name each service's container.
     active_since: BTreeMap<ServiceKey, Timestamp>,
     /// Containers made unhealthy on purpose in the calm after the run:
@@ -503,19 +509,27 @@ impl Checker {
                 .active_until
                 .get(&key.container)
                 .is_some_and(|until| *until >= since);
-            // A baking predecessor's history is kept (#40): a revert may
-            // make it ACTIVE again, its budget going on.
-            let baking = self
-                .store()
-                .inhibitions_now(&key.instance)
-                .iter()
-                .any(|m| m.container == key.container && m.bakes_at(since).is_some());
+            // A marked generation's history is kept (#40): a revert or a
+            // retried upgrade may make it ACTIVE again, its budget going on.
+            let marked = s
+                .marker_cleared_at
+                .get(&key.container)
+                .is_some_and(|at| *at >= since)
+                || self
+                    .store()
+                    .inhibitions_now(&key.instance)
+                    .iter()
+                    .any(|m| {
+                        m.container == key.container
+                            && m.reason == stead::core::types::InhibitionReason::RetirementPending
+                    });
             s.check(
                 "R16 memory pruned to ACTIVE's generations",
-                named_now || named_lately || baking,
+                named_now || named_lately || marked,
                 || {
                     format!(
-                        "{}/{} remembers {} after a pass drove it, though ACTIVE named it at no moment of the tick",
+                        "{}/{} remembers {} after a pass drove it, though ACTIVE named it at no moment \
+                         of the tick (began {since}) and no marker named it",
                         key.instance, key.service, key.container
                     )
                 },
@@ -1316,8 +1330,29 @@ impl State {
             self.trace.pop_front();
         }
         self.trace.push_back(line);
+        // A loop of effects that never lets simulated time move (each
+        // effect waking the next at once) would spin the seed forever
+        // rather than fail it (seed 336: a stop's event woke a pass that
+        // stopped again). Fail it, naming what loops.
+        let second = now.as_second();
+        if self.effects_at.0 == second {
+            self.effects_at.1 += 1;
+        } else {
+            self.effects_at = (second, 1);
+        }
+        assert!(
+            self.effects_at.1 <= EFFECTS_IN_ONE_SECOND_MAX,
+            "L0 simulated time advances: {} effects within the second of {now}; the last: {:?}",
+            self.effects_at.1,
+            self.trace.iter().rev().take(8).collect::<Vec<_>>()
+        );
     }
 }
+
+/// More effects than this within one simulated second is a livelock: the
+/// busiest real second (every instance of a seed passed at once, with an
+/// event storm) makes a few thousand.
+const EFFECTS_IN_ONE_SECOND_MAX: u64 = 100_000;
 
 /// The instance a container belongs to, from its name (`stead.<instance>.
 /// <service>.<revision>`, as the in-memory runtime names containers) when
@@ -1591,8 +1626,13 @@ impl Checker {
                 // H3: a worker installs its own catalog's version; one
                 // whose catalog is behind the instance's must refuse, not
                 // put an older chart under a newer version's name (or
-                // downgrade a live release).
-                let helm = crate::world::is_helm_instance(release);
+                // downgrade a live release). Only versions stead can order
+                // have a "behind" (`build-3` and `build-4` are only
+                // different, and the worker's catalog is the authority:
+                // seed 74 created an instance at `build-4` between a bump
+                // and the daemons' reload).
+                let helm =
+                    crate::world::is_helm_instance(release) && self.versions.ordered();
                 if let (true, Some(recorded), Some(installed)) = (
                     helm,
                     self.store().instance_now(&name).map(|i| i.version),
@@ -2216,6 +2256,7 @@ impl Observer for Checker {
             Effect::TaskRetried { .. } => {}
             Effect::InhibitionCleared { container, .. } => {
                 s.truth.markers.remove(container);
+                s.marker_cleared_at.insert(container.clone(), now);
                 s.truth.inhibited.remove(container);
                 s.truth.dropping.remove(container);
             }

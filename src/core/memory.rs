@@ -88,13 +88,13 @@ impl InstanceMemory {
         self.prune_keeping(active, &[]);
     }
 
-    /// [`Self::prune`], keeping also the history of `baking` predecessors
-    /// (#40): a revert makes one ACTIVE again, and its crash-loop budget
-    /// must go on from where it was, not restart (R10: only stable minutes
-    /// reset it).
-    pub fn prune_keeping(&mut self, active: &ActiveRecord, baking: &[&ContainerId]) {
+    /// [`Self::prune`], keeping also the history of the `kept` generations
+    /// (those under a `retirement-pending` marker, #40): one that becomes
+    /// ACTIVE again goes on with its crash-loop budget, not a fresh one
+    /// (R10: only stable minutes reset it).
+    pub fn prune_keeping(&mut self, active: &ActiveRecord, kept: &[&ContainerId]) {
         self.generations.retain(|(key, _)| {
-            baking.contains(&&key.container)
+            kept.contains(&&key.container)
                 || active
                     .services
                     .get(&key.service)

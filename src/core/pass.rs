@@ -80,6 +80,9 @@ pub enum InstanceCommand {
     },
     /// R15: the successor's final inspection before its predecessor goes.
     InspectSuccessor(ContainerId),
+    /// #40: whether a baking predecessor still runs (once stopped, it is
+    /// left alone until its window ends).
+    InspectPredecessor(ContainerId),
     /// R15, S5: the proxy's routes, read back at the moment of retiring
     /// (the pass's own view is as old as the pass).
     ReadRoutes,
@@ -114,6 +117,7 @@ impl InstanceCommand {
             // Unfenced writes: performed only while the mandate holds.
             Self::Revert { .. } => true,
             Self::InspectSuccessor(_)
+            | Self::InspectPredecessor(_)
             | Self::ReadRoutes
             | Self::ReleaseClaims(_)
             | Self::ClearMarker(_) => false,
@@ -126,6 +130,7 @@ impl InstanceCommand {
 pub enum InstanceAnswer {
     Service(Outcome),
     SuccessorInspected(Result<Observation, RuntimeError>),
+    PredecessorInspected(Result<Observation, RuntimeError>),
     RoutesRead(Result<HeldRoutes, TrafficError>),
     PredecessorStopped(Result<(), RuntimeError>),
     PredecessorRemoved(Result<(), RuntimeError>),
@@ -140,7 +145,7 @@ impl InstanceAnswer {
     pub fn port_failure(&self) -> Option<(PortName, ErrorKind)> {
         match self {
             Self::Service(outcome) => outcome.port_failure(),
-            Self::SuccessorInspected(r) => failure_of(r),
+            Self::SuccessorInspected(r) | Self::PredecessorInspected(r) => failure_of(r),
             Self::RoutesRead(r) => failure_of(r),
             Self::PredecessorStopped(r) | Self::PredecessorRemoved(r) => failure_of(r),
             Self::ClaimsReleased(r) | Self::MarkerCleared(r) => failure_of(r),
@@ -258,6 +263,11 @@ impl InstanceReport {
 #[derive(Debug)]
 enum MarkerStep {
     Clear,
+    /// #40: a baking predecessor already down is left as it is; a running
+    /// one goes on to `then` (confirm the successor, stop it).
+    InspectPredecessor {
+        then: Box<MarkerStep>,
+    },
     InspectSuccessor {
         successor: ContainerId,
         verified_started_at: Option<Timestamp>,
@@ -502,15 +512,20 @@ impl<'p> InstancePass<'p> {
         ServiceRecovery::new(self.policy, input)
     }
 
-    /// R16, keeping the baking predecessors' history (#40).
+    /// R16, keeping the history of the generations under a marker: a
+    /// revert makes a baking predecessor ACTIVE again, and an upgrade
+    /// retried before a reverted successor is retired creates (by name)
+    /// and switches to that very container again (#40, seed 324): either
+    /// way its crash-loop budget goes on (R10). A marker lasts until its
+    /// container is retired, so this holds nothing for long.
     fn prune_memory(&mut self) {
-        let baking: Vec<&ContainerId> = self
+        let marked: Vec<&ContainerId> = self
             .inhibitions
             .iter()
-            .filter(|m| m.bakes_at(self.now).is_some())
+            .filter(|m| m.reason == InhibitionReason::RetirementPending)
             .map(|m| &m.container)
             .collect();
-        self.memory.prune_keeping(&self.active, &baking);
+        self.memory.prune_keeping(&self.active, &marked);
     }
 
     /// After the services: revert if a baking successor failed (#40),
@@ -586,6 +601,13 @@ impl<'p> InstancePass<'p> {
                         binds,
                     },
                 };
+                let step = match step {
+                    MarkerStep::Clear => step,
+                    then if marker.bakes_at(self.now).is_some() => MarkerStep::InspectPredecessor {
+                        then: Box::new(then),
+                    },
+                    then => then,
+                };
                 self.marker = Some((marker, step));
             }
             let (marker, step) = self.marker.as_ref().expect("marker in hand");
@@ -600,6 +622,9 @@ impl<'p> InstancePass<'p> {
                 }
                 MarkerStep::InspectSuccessor { successor, .. } => {
                     InstanceCommand::InspectSuccessor(successor.clone())
+                }
+                MarkerStep::InspectPredecessor { .. } => {
+                    InstanceCommand::InspectPredecessor(marker.container.clone())
                 }
                 MarkerStep::ReadRoutes { .. } => InstanceCommand::ReadRoutes,
                 MarkerStep::Stop => InstanceCommand::StopPredecessor {
@@ -668,6 +693,14 @@ impl<'p> InstancePass<'p> {
         let next = match (step, answer) {
             (MarkerStep::Clear, InstanceAnswer::MarkerCleared(result)) => {
                 result.err().map(|e| Err(RetireError::ClearMarker(e)))
+            }
+            (MarkerStep::InspectPredecessor { then }, InstanceAnswer::PredecessorInspected(seen)) => {
+                match seen {
+                    Ok(obs) if !obs.status.is_down() => Some(Ok(*then)),
+                    // Stopped already, or gone (the end of the bake finds
+                    // it so), or unreadable: looked at again next pass.
+                    _ => None,
+                }
             }
             (
                 MarkerStep::InspectSuccessor {

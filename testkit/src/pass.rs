@@ -244,6 +244,20 @@ fn answer_for(
                     .or(base_execution()),
             }))
         }
+        InstanceCommand::InspectPredecessor(_) => {
+            InstanceAnswer::PredecessorInspected(match seed.choice % 8 {
+                0 => Err(RuntimeError::NotFound),
+                1 => Err(RuntimeError::Transient("timeout".into())),
+                _ => Ok(Observation {
+                    status: if seed.status < 128 {
+                        ContainerStatus::Running
+                    } else {
+                        ContainerStatus::Exited
+                    },
+                    started_at: execution(seed.execution),
+                }),
+            })
+        }
         InstanceCommand::InspectSuccessor(_) => {
             InstanceAnswer::SuccessorInspected(match seed.choice % 8 {
                 0 => Err(RuntimeError::NotFound),

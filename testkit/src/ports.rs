@@ -715,14 +715,19 @@ impl Runtime for MemoryRuntime {
             .admit(Op::Stop, id.as_str())
             .await
             .map_err(runtime_err)?;
-        self.mutate(id, |c| {
+        let was_down = self.mutate(id, |c| {
             check_owner("stop", key, c)?;
+            let was_down = c.status.is_down();
             c.status = ContainerStatus::Exited;
             c.stopped_on_request = true;
-            Ok(())
+            Ok(was_down)
         })??;
         self.hooks.tell(|| Effect::Stopped { id: id.clone() });
-        self.emit(id, RuntimeEventAction::Die);
+        // Docker answers a stop of a stopped container "not modified",
+        // and says nothing on its event stream.
+        if !was_down {
+            self.emit(id, RuntimeEventAction::Die);
+        }
         latency.answer().await;
         Ok(())
     }

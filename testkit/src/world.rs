@@ -284,6 +284,9 @@ impl World {
             InstanceCommand::InspectSuccessor(id) => {
                 InstanceAnswer::SuccessorInspected(self.inspect(id))
             }
+            InstanceCommand::InspectPredecessor(id) => {
+                InstanceAnswer::PredecessorInspected(self.inspect(id))
+            }
             InstanceCommand::ReadRoutes => InstanceAnswer::RoutesRead(Ok(self
                 .routes
                 .iter()

@@ -25,12 +25,19 @@ pub const TYPE: &str = "web";
 pub const SERVICE: &str = "http";
 
 /// A busybox httpd whose healthcheck fails while `/tmp/sick` exists; the
-/// file is removed at every start, so a restart cures it.
+/// file is removed at every start, so a restart cures it. Predecessors
+/// retire as soon as their successors serve (no bake window, #40).
 pub fn catalog(version: &str, command: &str) -> String {
+    catalog_baking(version, command, 0)
+}
+
+/// [`catalog`] with a bake window of `bake_ms` (#40).
+pub fn catalog_baking(version: &str, command: &str, bake_ms: u64) -> String {
     format!(
         r#"
 [types.web]
 version = "{version}"
+bake_ms = {bake_ms}
 
 [[types.web.services]]
 name = "http"

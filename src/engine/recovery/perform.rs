@@ -27,6 +27,9 @@ impl Recoverer {
             InstanceCommand::InspectSuccessor(id) => {
                 InstanceAnswer::SuccessorInspected(p.runtime.inspect(id).await)
             }
+            InstanceCommand::InspectPredecessor(id) => {
+                InstanceAnswer::PredecessorInspected(p.runtime.inspect(id).await)
+            }
             InstanceCommand::ReadRoutes => InstanceAnswer::RoutesRead(
                 p.traffic
                     .held_routes()

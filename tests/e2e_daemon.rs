@@ -352,20 +352,30 @@ async fn a_version_that_crashes_while_baking_is_reverted_and_its_rollout_halted(
     let old = serving(&h, &name).await;
     let crashes_after_ten_seconds =
         "busybox rm -f /tmp/sick; busybox httpd -f -p 8080 -h /www & sleep 10; exit 3";
-    h.restart_with_catalog(&e2e::catalog_baking("2", crashes_after_ten_seconds, BAKE_MS))
-        .await;
+    h.restart_with_catalog(&e2e::catalog_baking(
+        "2",
+        crashes_after_ten_seconds,
+        BAKE_MS,
+    ))
+    .await;
     let store = h.daemon().ports.store.clone();
     wait_until("switched to the new version", CONVERGE, || async {
         h.active_container(&name).await.is_some_and(|c| c != old)
     })
     .await;
     let bad = h.active_container(&name).await.unwrap();
-    wait_until("the predecessor is kept, stopped, while it bakes", CONVERGE, || async {
-        inspect(&old, "{{.State.Status}}").is_ok_and(|s| s == "exited")
-    })
+    wait_until(
+        "the predecessor is kept, stopped, while it bakes",
+        CONVERGE,
+        || async { inspect(&old, "{{.State.Status}}").is_ok_and(|s| s == "exited") },
+    )
     .await;
-    let reverted = wait_until("reverted to the predecessor", CONVERGE, || async {
+    // The revert completes when the predecessor runs and serves again: the
+    // pass that puts it back in ACTIVE withdraws the failed successor's
+    // route, the next starts, verifies and publishes the predecessor.
+    let reverted = wait_until("reverted to the predecessor, serving", CONVERGE, || async {
         h.active_container(&name).await.as_deref() == Some(old.as_str())
+            && inspect(&old, "{{.State.Status}}").is_ok_and(|s| s == "running")
             && h.get(&name).await == 200
     })
     .await;
@@ -374,7 +384,10 @@ async fn a_version_that_crashes_while_baking_is_reverted_and_its_rollout_halted(
         "reverted within the bake window"
     );
     let rollouts = store.rollout_records().await.unwrap();
-    let web = rollouts.iter().find(|r| r.service_type == e2e::TYPE).unwrap();
+    let web = rollouts
+        .iter()
+        .find(|r| r.service_type == e2e::TYPE)
+        .unwrap();
     assert_eq!(web.state, stead::core::fleet::RolloutState::Halted);
     assert!(web.reason.contains("while baking"), "{}", web.reason);
     let row = store
@@ -401,7 +414,10 @@ async fn a_version_that_crashes_while_baking_is_reverted_and_its_rollout_halted(
     );
     // Halted: nothing upgrades it back to the failed version.
     tokio::time::sleep(Duration::from_secs(3)).await;
-    assert_eq!(h.active_container(&name).await.as_deref(), Some(old.as_str()));
+    assert_eq!(
+        h.active_container(&name).await.as_deref(),
+        Some(old.as_str())
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

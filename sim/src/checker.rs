@@ -515,14 +515,10 @@ impl Checker {
                 .marker_cleared_at
                 .get(&key.container)
                 .is_some_and(|at| *at >= since)
-                || self
-                    .store()
-                    .inhibitions_now(&key.instance)
-                    .iter()
-                    .any(|m| {
-                        m.container == key.container
-                            && m.reason == stead::core::types::InhibitionReason::RetirementPending
-                    });
+                || self.store().inhibitions_now(&key.instance).iter().any(|m| {
+                    m.container == key.container
+                        && m.reason == stead::core::types::InhibitionReason::RetirementPending
+                });
             s.check(
                 "R16 memory pruned to ACTIVE's generations",
                 named_now || named_lately || marked,
@@ -1631,8 +1627,7 @@ impl Checker {
                 // different, and the worker's catalog is the authority:
                 // seed 74 created an instance at `build-4` between a bump
                 // and the daemons' reload).
-                let helm =
-                    crate::world::is_helm_instance(release) && self.versions.ordered();
+                let helm = crate::world::is_helm_instance(release) && self.versions.ordered();
                 if let (true, Some(recorded), Some(installed)) = (
                     helm,
                     self.store().instance_now(&name).map(|i| i.version),
@@ -2050,14 +2045,15 @@ impl Observer for Checker {
                     // #40: or a successor of the type failed while it
                     // baked, and the pass reverting it halts first.
                     let baking = self.bakes_in_type(service_type, now);
-                    let failed_upgrade = baking || self.store().all_tasks().into_iter().any(|t| {
-                        t.kind == TaskKind::Upgrade
-                            && t.state == TaskState::Failed
-                            && t.last_error.as_deref()
-                                != Some(stead::core::fleet::CANCELLED_BY_DELETION)
-                            && t.updated_at >= lately
-                            && types.get(&t.instance) == Some(service_type)
-                    });
+                    let failed_upgrade = baking
+                        || self.store().all_tasks().into_iter().any(|t| {
+                            t.kind == TaskKind::Upgrade
+                                && t.state == TaskState::Failed
+                                && t.last_error.as_deref()
+                                    != Some(stead::core::fleet::CANCELLED_BY_DELETION)
+                                && t.updated_at >= lately
+                                && types.get(&t.instance) == Some(service_type)
+                        });
                     s.check(
                         "C8 a rollout halts only after an upgrade failed for good",
                         failed_upgrade,

@@ -155,6 +155,11 @@ async fn simulate(cfg: SimConfig, tally: crate::coverage::Tally) -> SimOutcome {
         catalog_version: 1.into(),
         versions,
         spec_edition: 0.into(),
+        bake: if cfg.seed % 2 == 0 {
+            SIM_BAKE
+        } else {
+            Duration::ZERO
+        },
         dropped: Mutex::new(None),
         created: 0.into(),
         bad_versions: faults.bad_versions.clone(),
@@ -1411,7 +1416,10 @@ async fn check_liveness(
                 // next pass retires: they are young, not stuck.
                 // A baking predecessor is kept until its window ends (#40):
                 // its age counts from then.
-                let since = marker.revert_to.as_ref().map_or(marker.created_at, |r| r.until);
+                let since = marker
+                    .revert_to
+                    .as_ref()
+                    .map_or(marker.created_at, |r| r.until);
                 let age = now.duration_since(since);
                 if age < jiff::SignedDuration::try_from(tick * 2).expect("a tick fits") {
                     continue;
@@ -1430,8 +1438,9 @@ async fn check_liveness(
     }
 }
 
-/// The Docker type's bake window (#40): three ticks, so a version that
-/// fails minutes after its upgrade is reverted within it.
+/// The Docker type's bake window in the seeds that bake (#40): three
+/// ticks, so a version that fails minutes after its upgrade is reverted
+/// within it.
 pub const SIM_BAKE: Duration = Duration::from_secs(180);
 
 /// The catalog of the simulated fleet: one service type at `version`
@@ -1461,7 +1470,7 @@ fn sim_catalog(actors: &Actors, number: u32, security: bool) -> Catalog {
             version: version.clone(),
             security,
             rollout: RolloutState::Active,
-            bake: SIM_BAKE,
+            bake: actors.bake,
             provisioning: stead::core::release::Provisioning::Docker,
             services: specs,
         },

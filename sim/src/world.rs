@@ -432,6 +432,11 @@ pub struct Actors {
     /// The catalog's spec edition: operators change the services' spec
     /// without a new version (C8: an upgrade like any other).
     pub spec_edition: AtomicU32,
+    /// The Docker type's bake window (#40): `SIM_BAKE` in even seeds, none
+    /// in odd ones (in the chaos, a random crash of a baking successor
+    /// reverts and halts the type, so a world that always baked would
+    /// upgrade too seldom to judge the rollout's order).
+    pub bake: std::time::Duration,
     /// A service the catalog's current version no longer lists: an
     /// operator's bump dropped it (the upgrade retires it), a later bump
     /// may list it again (the upgrade creates it anew).

@@ -48,7 +48,10 @@ fn an_upgrade_parked_behind_its_window_is_caught() {
 
 #[test]
 fn a_revert_that_does_not_halt_its_type_first_is_caught() {
-    assert_caught(Mutant::RevertWithoutHalt, "B2 a revert halts its type first");
+    assert_caught(
+        Mutant::RevertWithoutHalt,
+        "B2 a revert halts its type first",
+    );
 }
 
 #[test]

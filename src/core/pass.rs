@@ -694,7 +694,10 @@ impl<'p> InstancePass<'p> {
             (MarkerStep::Clear, InstanceAnswer::MarkerCleared(result)) => {
                 result.err().map(|e| Err(RetireError::ClearMarker(e)))
             }
-            (MarkerStep::InspectPredecessor { then }, InstanceAnswer::PredecessorInspected(seen)) => {
+            (
+                MarkerStep::InspectPredecessor { then },
+                InstanceAnswer::PredecessorInspected(seen),
+            ) => {
                 match seen {
                     Ok(obs) if !obs.status.is_down() => Some(Ok(*then)),
                     // Stopped already, or gone (the end of the bake finds

@@ -122,6 +122,7 @@ fn planners(c: &mut Criterion) {
         } else {
             RolloutState::Active
         },
+        bake: std::time::Duration::ZERO,
         provisioning: stead::core::release::Provisioning::Docker,
         services: Vec::new(),
     }));

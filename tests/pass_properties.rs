@@ -93,17 +93,23 @@ proptest! {
 #[test]
 fn arbitrary_passes_do_retire_predecessors() {
     let mut runner = proptest::test_runner::TestRunner::deterministic();
-    let mut retired = 0;
+    let (mut retired, mut reverted) = (0, 0);
     for _ in 0..CASES_PASS {
         let seed = pass_seed().new_tree(&mut runner).unwrap().current();
         let answers = proptest::collection::vec(outcome_seed(), 1..64)
             .new_tree(&mut runner)
             .unwrap()
             .current();
-        retired += run_pass_and_check(&seed.build(), &answers, seed.abandon_after, seed.steady);
+        let (r, rev) = run_pass_and_check(&seed.build(), &answers, seed.abandon_after, seed.steady);
+        retired += r;
+        reverted += usize::from(rev);
     }
     assert!(retired > 0, "no arbitrary pass retired anything");
-    eprintln!("{retired} retirements in {CASES_PASS} arbitrary passes");
+    assert!(
+        reverted > 0,
+        "no arbitrary pass reverted a baking successor (#40)"
+    );
+    eprintln!("{retired} retirements and {reverted} reverts in {CASES_PASS} arbitrary passes");
 }
 
 /// A running instance of `services` services, each ACTIVE, bound,

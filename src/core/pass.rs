@@ -101,7 +101,7 @@ pub enum InstanceCommand {
     /// #40: one step of reverting a successor that failed while baking.
     Revert {
         service_type: String,
-        step: RevertStep,
+        step: Box<RevertStep>,
     },
 }
 
@@ -437,7 +437,7 @@ impl<'p> InstancePass<'p> {
                     Some(step) => {
                         return Some(InstanceCommand::Revert {
                             service_type: self.service_type.clone(),
-                            step: step.clone(),
+                            step: Box::new(step.clone()),
                         })
                     }
                     None => {
@@ -510,6 +510,19 @@ impl<'p> InstancePass<'p> {
             proxy,
         };
         ServiceRecovery::new(self.policy, input)
+    }
+
+    /// #40: whether the marker's predecessor is kept, stopped: its way
+    /// back holds, and a successor in ACTIVE bakes (a service ACTIVE no
+    /// longer has has nothing to go back from). One found gone is retired
+    /// all the same: there is nothing left to go back to.
+    fn keeps(&self, marker: &Inhibition) -> bool {
+        marker.bakes_at(self.now).is_some()
+            && self
+                .active
+                .services
+                .get(&marker.service)
+                .is_some_and(|s| s.container != marker.container)
     }
 
     /// R16, keeping the history of the generations under a marker: a
@@ -603,7 +616,7 @@ impl<'p> InstancePass<'p> {
                 };
                 let step = match step {
                     MarkerStep::Clear => step,
-                    then if marker.bakes_at(self.now).is_some() => MarkerStep::InspectPredecessor {
+                    then if self.keeps(&marker) => MarkerStep::InspectPredecessor {
                         then: Box::new(then),
                     },
                     then => then,
@@ -670,7 +683,7 @@ impl<'p> InstancePass<'p> {
                         self.reverted = None;
                         self.errors.push(PassError::Revert {
                             instance: self.instance.clone(),
-                            step: Box::new(step),
+                            step,
                             source,
                         });
                     }
@@ -732,7 +745,7 @@ impl<'p> InstancePass<'p> {
             // #40: while the successor bakes, its predecessor is stopped
             // but kept, the way back.
             (MarkerStep::Stop, InstanceAnswer::PredecessorStopped(Ok(())))
-                if marker.bakes_at(self.now).is_some() =>
+                if self.keeps(&marker) =>
             {
                 None
             }

@@ -17,7 +17,10 @@
 
 use std::collections::BTreeMap;
 
+use std::time::Duration;
+use stead::core::bake::RevertStep;
 use stead::core::errors::{StoreError, TrafficError};
+use stead::core::fleet::add;
 use stead::core::memory::InstanceMemory;
 use stead::core::pass::{Abandon, InstanceAnswer, InstanceCommand, InstancePass, PassInput};
 use stead::core::policy::RecoveryPolicy;
@@ -27,8 +30,8 @@ use stead::core::recovery::{
 use stead::core::traffic::HeldRoutes;
 use stead::core::types::{
     ActiveRecord, ActiveService, ContainerId, ContainerStatus, GenerationKey, Health, Inhibition,
-    InhibitionReason, InstanceName, Intent, Observation, RuntimeError, ServiceKey, ServiceName,
-    Timestamp,
+    InhibitionReason, InstanceName, Intent, Observation, RevertTo, RuntimeError, ServiceKey,
+    ServiceName, Timestamp,
 };
 
 use crate::machine::{base, binds, execution, outcome_for, unit, OutcomeSeed};
@@ -39,8 +42,9 @@ pub struct ServiceSeed {
     pub in_active: bool,
     pub active_binds: u8,
     pub active_verified: u8,
-    /// 0: no marker; 1: a marker on a predecessor; 2: a marker on ACTIVE's
-    /// own container; 3: both.
+    /// `% 4` — 0: no marker; 1: a marker on a predecessor; 2: a marker on
+    /// ACTIVE's own container; 3: both. Bit 2 (`& 4`): the markers carry
+    /// a way back that still holds at the pass's `now` (#40: they bake).
     pub marker: u8,
     /// 0: no route held; 1..: a port, see [`held_port`].
     pub route: u8,
@@ -119,6 +123,7 @@ impl PassSeed {
                     },
                 );
             }
+            let bakes = seed.marker & 4 != 0;
             let marker = |container: ContainerId| Inhibition {
                 service: service.clone(),
                 container,
@@ -126,7 +131,14 @@ impl PassSeed {
                 operation: "upgrade".into(),
                 created_at: base(),
                 stop_grace: None,
-                revert_to: None,
+                revert_to: bakes.then(|| RevertTo {
+                    revision: "r1".into(),
+                    binds: binds(seed.active_binds.wrapping_add(1)),
+                    version: "1".into(),
+                    spec_digest: None,
+                    until: add(base(), Duration::from_secs(300)),
+                    hold: None,
+                }),
             };
             if seed.marker % 4 == 1 || seed.marker % 4 == 3 {
                 inhibitions.push(marker(ContainerId::new(format!("{}-1", SERVICES[i]))));
@@ -321,19 +333,22 @@ fn base_execution() -> Option<Timestamp> {
 #[derive(Default)]
 struct Predecessor {
     stopped: bool,
+    /// Its stop answered "no such container": nothing is kept.
+    gone: bool,
     removed: bool,
     claims_released: bool,
 }
 
 /// Runs the pass over `answers` (cycled) and panics on any violated
 /// property.
-/// Returns how many predecessors the pass retired.
+/// Returns how many predecessors the pass retired, and whether it
+/// reverted (#40).
 pub fn run_pass_and_check(
     case: &PassCase,
     answers: &[OutcomeSeed],
     abandon_after: u8,
     steady: bool,
-) -> usize {
+) -> (usize, bool) {
     let input = &case.input;
     let mut pass = InstancePass::new(&case.policy, input.clone());
     let bound = input.active.services.len() * COMMANDS_PER_RECOVERY_MAX as usize
@@ -349,12 +364,71 @@ pub fn run_pass_and_check(
     let mut stops: Vec<(ServiceName, ContainerId)> = Vec::new();
     let mut issued = 0usize;
     let default = OutcomeSeed::default();
+    // #40: the predecessors kept while their successors bake, by container.
+    let bakes = |id: &ContainerId| {
+        input.inhibitions.iter().any(|m| {
+            &m.container == id
+                && m.bakes_at(input.now).is_some()
+                && input
+                    .active
+                    .services
+                    .get(&m.service)
+                    .is_some_and(|s| s.container != m.container)
+        })
+    };
+    let baking_successor = input.inhibitions.iter().any(|m| {
+        m.bakes_at(input.now).is_some()
+            && input
+                .active
+                .services
+                .get(&m.service)
+                .is_some_and(|s| s.container != m.container)
+    });
+    let mut reverts: Vec<RevertStep> = Vec::new();
     while let Some(command) = pass.poll_command() {
         issued += 1;
         assert!(
             issued <= bound,
             "the pass issued more than {bound} commands"
         );
+        if !reverts.is_empty() {
+            assert!(
+                matches!(
+                    command,
+                    InstanceCommand::Revert { .. } | InstanceCommand::WithdrawStale(_)
+                ),
+                "after a revert the pass leaves the markers to the next one, not {command:?}"
+            );
+        }
+        match &command {
+            InstanceCommand::RemovePredecessor(generation)
+            | InstanceCommand::ReleaseClaims(generation)
+                if bakes(&generation.container)
+                    && !predecessors
+                        .get(&generation.container)
+                        .is_some_and(|p| p.gone) =>
+            {
+                panic!("{command:?} of a predecessor that still bakes (#40: it is the way back)");
+            }
+            InstanceCommand::Revert { step, .. } => {
+                assert!(baking_successor, "a revert with nothing baking: {step:?}");
+                if reverts.is_empty() {
+                    assert!(
+                        matches!(**step, RevertStep::HaltRollout { .. }),
+                        "a revert halts the type first, not {step:?}"
+                    );
+                }
+                if let RevertStep::RestoreActive { record, .. } = &**step {
+                    assert!(
+                        bakes(&record.container),
+                        "ACTIVE put back on {}, which is no baking predecessor",
+                        record.container
+                    );
+                }
+                reverts.push((**step).clone());
+            }
+            _ => {}
+        }
         match &command {
             InstanceCommand::StopPredecessor { generation, .. } => {
                 assert!(
@@ -428,10 +502,11 @@ pub fn run_pass_and_check(
                 InstanceAnswer::PredecessorStopped(r),
             ) => {
                 if matches!(r, Ok(()) | Err(RuntimeError::NotFound)) {
-                    predecessors
+                    let p = predecessors
                         .entry(generation.container.clone())
-                        .or_default()
-                        .stopped = true;
+                        .or_default();
+                    p.stopped = true;
+                    p.gone = matches!(r, Err(RuntimeError::NotFound));
                 }
             }
             (InstanceCommand::RemovePredecessor(g), InstanceAnswer::PredecessorRemoved(Ok(()))) => {
@@ -466,6 +541,34 @@ pub fn run_pass_and_check(
         }
     }
     let report = pass.into_report();
+    // #40: a revert happens exactly when a baking successor failed this
+    // pass by the rule's own reading, and not otherwise.
+    let failed = report.reports.iter().any(|r| {
+        input.inhibitions.iter().any(|m| {
+            m.service == r.key.service
+                && m.bakes_at(input.now).is_some()
+                && m.container != r.key.container
+                && input
+                    .active
+                    .services
+                    .get(&r.key.service)
+                    .is_some_and(|s| s.container == r.key.container)
+                && stead::core::bake::fails_while_baking(r, &input.active.services[&r.key.service])
+                    .is_some()
+        })
+    });
+    if abandon_after == 0 {
+        assert_eq!(
+            !reverts.is_empty(),
+            failed,
+            "a revert must follow exactly a baking successor's failure: reverts {reverts:?}"
+        );
+    } else {
+        assert!(
+            reverts.is_empty() || failed,
+            "a revert without a failure: {reverts:?}"
+        );
+    }
     // R15 / S5: a predecessor of a running service ACTIVE has was stopped
     // only behind a verified, unchanged, routed successor.
     for (service, container) in stops {
@@ -502,5 +605,5 @@ pub fn run_pass_and_check(
             );
         }
     }
-    report.retired.len()
+    (report.retired.len(), !reverts.is_empty())
 }

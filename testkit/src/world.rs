@@ -332,7 +332,7 @@ impl World {
                 InstanceAnswer::StaleWithdrawn(Ok(()))
             }
             InstanceCommand::Revert { step, .. } => {
-                match step {
+                match step.as_ref() {
                     RevertStep::HaltRollout { reason } => self.halted = Some(reason.clone()),
                     RevertStep::SaveMarker(marker) => {
                         self.inhibitions.retain(|i| {

@@ -16,7 +16,9 @@ use crate::core::fleet::{Instance, InstanceState, RolloutState, Task, TaskKind, 
 use crate::core::memory::RecoveryMemory;
 use crate::core::plan::{is_behind, spec_changed};
 use crate::core::release::{Provisioning, ReleaseParams};
-use crate::core::types::{ContainerStatus, GenerationKey, InstanceName, ServiceName, Timestamp};
+use crate::core::types::{
+    ContainerStatus, GenerationKey, Inhibition, InstanceName, ServiceName, Timestamp,
+};
 use crate::core::window::{next_run_after, Window};
 use crate::ports::{Provisioner, Runtime, Store};
 
@@ -132,6 +134,22 @@ pub struct StatusSources<'a> {
 }
 
 /// Builds the status view.
+/// One inhibition as `status` shows it: `reason:container`, and for a
+/// predecessor kept while its successor bakes (#40), the way back and
+/// until when it holds.
+fn inhibition_label(i: &Inhibition) -> String {
+    let container: String = i.container.as_str().chars().take(12).collect();
+    match &i.revert_to {
+        Some(back) => format!(
+            "{}:{container} (way back to {} until {})",
+            i.reason.as_str(),
+            back.version,
+            back.until.round(jiff::Unit::Second).unwrap_or(back.until)
+        ),
+        None => format!("{}:{container}", i.reason.as_str()),
+    }
+}
+
 pub async fn status(from: StatusSources<'_>) -> Status {
     let mut status = Status {
         generated_at: from.now.to_string(),
@@ -446,13 +464,7 @@ async fn instance_rows(
         row.inhibitions = inhibitions
             .iter()
             .filter(|i| &i.service == service)
-            .map(|i| {
-                format!(
-                    "{}:{}",
-                    i.reason.as_str(),
-                    i.container.as_str().chars().take(12).collect::<String>()
-                )
-            })
+            .map(inhibition_label)
             .collect();
         status.rows.push(row);
     }
@@ -802,6 +814,37 @@ pub fn render_tasks(tasks: &[TaskView], now: Timestamp) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_baking_predecessor_shows_its_way_back_and_until_when() {
+        use crate::core::types::{ContainerId, InhibitionReason, RevertTo};
+        let until: Timestamp = "2026-12-05T10:05:00.123Z".parse().unwrap();
+        let marker = Inhibition {
+            service: ServiceName::new("web"),
+            container: ContainerId::new("0123456789abcdef"),
+            reason: InhibitionReason::RetirementPending,
+            operation: "upgrade".into(),
+            created_at: until,
+            stop_grace: None,
+            revert_to: Some(RevertTo {
+                revision: "1.abc".into(),
+                binds: Default::default(),
+                version: "1".into(),
+                spec_digest: None,
+                until,
+                hold: None,
+            }),
+        };
+        assert_eq!(
+            inhibition_label(&marker),
+            "retirement-pending:0123456789ab (way back to 1 until 2026-12-05T10:05:00Z)"
+        );
+        let plain = Inhibition {
+            revert_to: None,
+            ..marker
+        };
+        assert_eq!(inhibition_label(&plain), "retirement-pending:0123456789ab");
+    }
 
     fn instance(state: InstanceState, stopped: bool) -> Instance {
         let at: Timestamp = "2026-11-30T00:00:00Z".parse().unwrap();

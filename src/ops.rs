@@ -9,6 +9,8 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::core::bake::{baking, revert_steps, RevertStep};
+use crate::core::broken::Armed;
 use crate::core::catalog::Catalog;
 use crate::core::fleet::{
     Instance, InstanceState, NewTask, RolloutState, Task, TaskId, TaskKind, TaskState,
@@ -36,6 +38,17 @@ pub struct Ops<'a> {
     /// Trace ids and the lock holder's nonce: drawn from the OS by the
     /// CLI, from the seed by the simulation.
     rng: std::sync::Mutex<rand_chacha::ChaCha8Rng>,
+}
+
+/// What `stead rollout undo` did.
+#[derive(Debug, Default)]
+pub struct Undo {
+    /// The type's queued upgrades it cancelled (halting the rollout).
+    pub cancelled: Vec<TaskId>,
+    /// Each instance put back, with its services.
+    pub reverted: Vec<(InstanceName, Vec<ServiceName>)>,
+    /// Instances of the type with no upgrade baking: nothing to put back.
+    pub not_baking: Vec<InstanceName>,
 }
 
 /// `stead instance create`.
@@ -713,6 +726,80 @@ impl Ops<'_> {
             Vec::new()
         };
         Ok((before, cancelled))
+    }
+
+    /// `stead rollout undo TYPE` (#40): halts the type's rollout (its
+    /// queued upgrades cancelled), then puts every instance of it whose
+    /// upgrade still bakes back on its kept predecessors, each under its
+    /// lock, with the very steps a recovery pass reverts a failed successor
+    /// with (`core::bake::revert_steps`). The next pass starts, verifies and
+    /// publishes the predecessors and retires the successors. An instance
+    /// whose bake window ended has no way back: its predecessors are gone.
+    /// Safe to run twice: a reverted instance bakes no more.
+    pub async fn undo_rollout(&self, service_type: &str) -> Result<Undo, OpsError> {
+        let (_, cancelled) = self
+            .set_rollout(service_type, RolloutState::Halted, "operator: rollout undo")
+            .await?;
+        let instances = self.store.list_instances().await.map_err(OpsError::from)?;
+        let mut undo = Undo {
+            cancelled,
+            ..Undo::default()
+        };
+        for instance in instances.rows.iter().filter(|i| {
+            i.service_type == service_type
+                && !matches!(i.state, InstanceState::Deleting | InstanceState::Deleted)
+        }) {
+            let reverted = self
+                .under_lock(instance.name.as_str(), async |instance| {
+                    self.undo_locked(instance).await
+                })
+                .await?;
+            match reverted {
+                Some(services) => undo.reverted.push((instance.name.clone(), services)),
+                None => undo.not_baking.push(instance.name.clone()),
+            }
+        }
+        Ok(undo)
+    }
+
+    async fn undo_locked(&self, instance: &Instance) -> Result<Option<Vec<ServiceName>>, OpsError> {
+        let name = &instance.name;
+        let active = self.store.load_active(name).await.map_err(OpsError::from)?;
+        let inhibitions = self
+            .store
+            .load_inhibitions(name)
+            .await
+            .map_err(OpsError::from)?;
+        let services: Vec<ServiceName> = baking(&inhibitions, &active, self.now)
+            .map(|(marker, _, _)| marker.service.clone())
+            .collect();
+        if services.is_empty() {
+            return Ok(None);
+        }
+        let steps = revert_steps(
+            name.as_str(),
+            &inhibitions,
+            &active,
+            "undone by an operator",
+            self.now,
+            Armed::default(),
+        );
+        for step in steps
+            .iter()
+            .filter(|s| !matches!(s, RevertStep::HaltRollout { .. }))
+        {
+            crate::engine::recovery::perform_revert_step(
+                self.store,
+                instance,
+                &instance.service_type,
+                step,
+                self.now,
+                None,
+            )
+            .await
+            .map_err(OpsError::from)?;
+        }
+        Ok(Some(services))
     }
 
     /// `stead task cancel ID`: cancels a queued task (it becomes failed,

@@ -413,6 +413,16 @@ fn every_mutating_command_says_what_it_did() {
     assert!(s
         .ok(&["rollout", "resume", "web"])
         .contains("web: rollout resumed"));
+    // Nothing bakes (demo was never upgraded): undo halts and says so.
+    let undo = s.ok(&["rollout", "undo", "web"]);
+    assert!(
+        undo.contains("web: rollout halted (operator: rollout undo)")
+            && undo.contains("nothing to undo for demo"),
+        "{undo}"
+    );
+    assert!(s
+        .ok(&["rollout", "resume", "web"])
+        .contains("web: rollout resumed"));
     assert_eq!(
         s.ok(&["instance", "delete", "demo"]).trim(),
         "deleting demo: deprovision queued as task 2; cancelled queued task(s) 1 (T4, docs/rules.md#t4)"

@@ -2118,3 +2118,55 @@ async fn a_successor_that_crashes_while_baking_is_reverted_and_its_type_halted()
     // Halted: version drift plans no upgrade back to the bad version.
     assert!(f.store.active_tasks().await.unwrap().rows.is_empty());
 }
+
+/// #40: `stead rollout undo TYPE` puts every instance of the type whose
+/// upgrade still bakes back on its kept predecessor, with the pass's own
+/// revert steps, after halting the type; the next passes start and publish
+/// the predecessor and retire the successor. Run again, it finds nothing
+/// baking and changes nothing.
+#[tokio::test]
+async fn rollout_undo_puts_a_baking_instance_back_and_is_safe_to_run_twice() {
+    let mut f = fixture();
+    baking(&mut f);
+    let instance = f.served("wiki1", "1").await;
+    let before = f.web_container("wiki1").await;
+    f.enqueue(instance.id, TaskKind::Upgrade).await;
+    assert_eq!(f.worker().work_once().await.unwrap().1, TaskEnd::Done);
+    let after = f.web_container("wiki1").await;
+    let recoverer = f.recoverer();
+    recoverer.pass().await;
+    recoverer.pass().await;
+    assert!(f.runtime.container(&before).unwrap().status.is_down());
+
+    let ops = stead::ops::Ops::new(f.store.as_ref(), f.catalog.clone(), f.clock.now(), 7);
+    let undo = ops.undo_rollout("wiki").await.unwrap();
+    assert_eq!(
+        undo.reverted,
+        vec![(InstanceName::new("wiki1"), vec![ServiceName::new("web")])]
+    );
+    assert_eq!(f.web_container("wiki1").await, before);
+    let row = f.store.instance(&instance.name).await.unwrap().unwrap();
+    assert_eq!(row.version, "1");
+    let rollouts = f.store.rollouts().await.unwrap();
+    assert_eq!(rollouts.get("wiki"), Some(&RolloutState::Halted));
+
+    for _ in 0..2 {
+        let outcome = recoverer.pass().await;
+        assert_eq!(outcome.error_count(), 0, "{outcome:?}");
+    }
+    assert!(
+        f.routes_to("wiki1", "web", &before),
+        "the predecessor serves"
+    );
+    assert!(
+        f.runtime.container(&after).is_none(),
+        "the successor retired"
+    );
+
+    let again = ops.undo_rollout("wiki").await.unwrap();
+    assert!(again.reverted.is_empty(), "{again:?}");
+    assert_eq!(again.not_baking, vec![InstanceName::new("wiki1")]);
+    assert_eq!(f.web_container("wiki1").await, before);
+    let unknown = ops.undo_rollout("nope").await.unwrap_err();
+    assert!(unknown.to_string().contains("\"nope\""), "{unknown}");
+}

@@ -735,6 +735,36 @@ async fn rollout(config: &DaemonConfig, command: RolloutCommand) -> Result<u8, C
                 ));
             }
         }
+        RolloutCommand::Undo { service_type } => {
+            let undo = ops.undo_rollout(&service_type).await?;
+            say(format!(
+                "{service_type}: rollout halted (operator: rollout undo); \
+                 `stead rollout resume {service_type}` once the catalog has a fixed version"
+            ));
+            if !undo.cancelled.is_empty() {
+                let ids: Vec<String> = undo.cancelled.iter().map(i64::to_string).collect();
+                say(format!(
+                    "{service_type}: cancelled its queued upgrade(s): task {}",
+                    ids.join(", ")
+                ));
+            }
+            for (instance, services) in &undo.reverted {
+                let services: Vec<&str> = services.iter().map(|s| s.as_str()).collect();
+                say(format!(
+                    "{instance}: put back on its predecessors ({}); the next pass starts and \
+                     publishes them",
+                    services.join(", ")
+                ));
+            }
+            if !undo.not_baking.is_empty() {
+                let names: Vec<&str> = undo.not_baking.iter().map(|n| n.as_str()).collect();
+                say(format!(
+                    "{service_type}: nothing to undo for {} (no upgrade of it bakes: its \
+                     predecessors are retired once the bake window ends)",
+                    names.join(", ")
+                ));
+            }
+        }
         RolloutCommand::Resume { service_type } => {
             let (before, _) = ops
                 .set_rollout(&service_type, RolloutState::Active, "operator: resume")

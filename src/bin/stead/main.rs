@@ -227,6 +227,11 @@ pub enum RolloutCommand {
     },
     /// Plan upgrades of a service type again.
     Resume { service_type: String },
+    /// Undo a service type's rollout: halt it, and put every instance of
+    /// it whose upgrade still bakes back on its kept predecessors (the
+    /// next pass starts and publishes them). An instance whose bake window
+    /// ended has no way back.
+    Undo { service_type: String },
 }
 
 /// `--ttl-s`: whole seconds, at least [`stead::ops::TTL_CLI_MIN`].

@@ -82,37 +82,16 @@ impl Recoverer {
         step: &RevertStep,
         fence: &LeaseGrant,
     ) -> Result<(), StoreError> {
-        let store = &self.ports.store;
         let now = self.ports.clock.now();
-        match step {
-            RevertStep::HaltRollout { reason } => {
-                store
-                    .set_rollout(service_type, RolloutState::Halted, reason, now, Some(fence))
-                    .await
-            }
-            RevertStep::SaveMarker(marker) => store.save_inhibition(&instance.name, marker).await,
-            RevertStep::RestoreActive { service, record } => {
-                store
-                    .save_active_service(&instance.name, service, record)
-                    .await
-            }
-            RevertStep::RestoreVersion {
-                version,
-                spec_digest,
-            } => {
-                store
-                    .set_instance_version(instance.id, version, now)
-                    .await?;
-                match spec_digest {
-                    Some(digest) => {
-                        store
-                            .set_instance_spec_digest(instance.id, digest, now)
-                            .await
-                    }
-                    None => Ok(()),
-                }
-            }
-        }
+        perform_revert_step(
+            self.ports.store.as_ref(),
+            instance,
+            service_type,
+            step,
+            now,
+            Some(fence),
+        )
+        .await
     }
 
     /// Performs one step of a service's recovery through the ports.
@@ -204,6 +183,48 @@ impl Recoverer {
                     .record_verified_execution(&key.instance, &key.service, id, *started_at, fence)
                     .await,
             ),
+        }
+    }
+}
+
+/// Performs one step of a revert (#40) through the store: the recovery
+/// pass's (fenced by its lease) and `stead rollout undo`'s (under the
+/// operator's instance lock). No decisions here.
+pub async fn perform_revert_step(
+    store: &dyn crate::ports::Store,
+    instance: &Instance,
+    service_type: &str,
+    step: &RevertStep,
+    now: crate::core::types::Timestamp,
+    fence: Option<&LeaseGrant>,
+) -> Result<(), StoreError> {
+    match step {
+        RevertStep::HaltRollout { reason } => {
+            store
+                .set_rollout(service_type, RolloutState::Halted, reason, now, fence)
+                .await
+        }
+        RevertStep::SaveMarker(marker) => store.save_inhibition(&instance.name, marker).await,
+        RevertStep::RestoreActive { service, record } => {
+            store
+                .save_active_service(&instance.name, service, record)
+                .await
+        }
+        RevertStep::RestoreVersion {
+            version,
+            spec_digest,
+        } => {
+            store
+                .set_instance_version(instance.id, version, now)
+                .await?;
+            match spec_digest {
+                Some(digest) => {
+                    store
+                        .set_instance_spec_digest(instance.id, digest, now)
+                        .await
+                }
+                None => Ok(()),
+            }
         }
     }
 }

@@ -49,6 +49,9 @@ pub struct Undo {
     pub reverted: Vec<(InstanceName, Vec<ServiceName>)>,
     /// Instances of the type with no upgrade baking: nothing to put back.
     pub not_baking: Vec<InstanceName>,
+    /// Instances whose lock a pass or a task held too long: not looked at;
+    /// the command run again finds them.
+    pub busy: Vec<InstanceName>,
 }
 
 /// `stead instance create`.
@@ -753,10 +756,14 @@ impl Ops<'_> {
                 .under_lock(instance.name.as_str(), async |instance| {
                     self.undo_locked(instance).await
                 })
-                .await?;
+                .await;
             match reverted {
-                Some(services) => undo.reverted.push((instance.name.clone(), services)),
-                None => undo.not_baking.push(instance.name.clone()),
+                Ok(Some(services)) => undo.reverted.push((instance.name.clone(), services)),
+                Ok(None) => undo.not_baking.push(instance.name.clone()),
+                // One instance a long task holds does not keep the others
+                // on the failed version: named, to run the command again.
+                Err(OpsError::Busy(_)) => undo.busy.push(instance.name.clone()),
+                Err(e) => return Err(e),
             }
         }
         Ok(undo)

@@ -1446,7 +1446,7 @@ pub const SIM_BAKE: Duration = Duration::from_secs(180);
 /// The catalog of the simulated fleet: one service type at `version`
 /// (instances start at 1; operators bump it, and version drift upgrades
 /// them), sometimes a security release that ignores windows.
-fn sim_catalog(actors: &Actors, number: u32, security: bool) -> Catalog {
+pub(crate) fn sim_catalog(actors: &Actors, number: u32, security: bool) -> Catalog {
     let services = actors.services.lock().expect("poisoned");
     let dropped = actors.dropped.lock().expect("poisoned").clone();
     let edition = actors.spec_edition.load(Ordering::Relaxed);

@@ -792,6 +792,10 @@ impl Actors {
                     .rollouts()
                     .await
                     .is_ok_and(|r| r.get(SERVICE_TYPE) == Some(&RolloutState::Halted));
+                if !halted && self.rng.lock().expect("poisoned").random_ratio(1, 2) {
+                    self.undo_rollout().await;
+                    return;
+                }
                 let next = if halted {
                     RolloutState::Active
                 } else {
@@ -824,6 +828,30 @@ impl Actors {
                 }
             }
             _ => {}
+        }
+    }
+
+    /// `stead rollout undo` (#40), through the operator's own code: the
+    /// type halted, every instance whose upgrade still bakes put back on
+    /// its kept predecessors under its lock.
+    async fn undo_rollout(&self) {
+        let version = self.catalog_version.load(Ordering::Relaxed);
+        let catalog = Arc::new(crate::run::sim_catalog(self, version, false));
+        let nonce = self.rng.lock().expect("poisoned").random();
+        let ops = stead::ops::Ops::new(self.store.as_ref(), catalog, self.clock.now(), nonce);
+        match ops.undo_rollout(SERVICE_TYPE).await {
+            Ok(undo) => {
+                self.counts.bump("operator undid the rollout");
+                if !undo.reverted.is_empty() {
+                    self.counts.bump("operator undo put an instance back");
+                }
+                if !undo.busy.is_empty() {
+                    self.counts.bump("operator undo found an instance busy");
+                }
+            }
+            // A store fault: the halt, if it landed, holds, and a later
+            // undo finds the rest.
+            Err(_) => self.counts.bump("operator undo failed"),
         }
     }
 

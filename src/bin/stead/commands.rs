@@ -756,6 +756,14 @@ async fn rollout(config: &DaemonConfig, command: RolloutCommand) -> Result<u8, C
                     services.join(", ")
                 ));
             }
+            if !undo.busy.is_empty() {
+                let names: Vec<&str> = undo.busy.iter().map(|n| n.as_str()).collect();
+                say(format!(
+                    "{service_type}: busy, not looked at: {} (a pass or a task held the lock); \
+                     run the command again",
+                    names.join(", ")
+                ));
+            }
             if !undo.not_baking.is_empty() {
                 let names: Vec<&str> = undo.not_baking.iter().map(|n| n.as_str()).collect();
                 say(format!(

@@ -449,6 +449,67 @@ async fn a_daemon_killed_mid_upgrade_converges_after_restart() {
     .await;
 }
 
+/// #40's bar: killed with -9 between creating the successor and switching
+/// ACTIVE, restarted at once on a catalog bumped again: the restarted
+/// identity takes back the task its previous incarnation held (T1), the
+/// upgrade sweeps the half-made candidate, and the instance runs the newest
+/// version with one container, long before the task lease (600 s) would
+/// have let the work go.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn killed_mid_upgrade_and_bumped_again_it_runs_the_newest_version_alone() {
+    let name = unique("e2ekillbump");
+    let _cleanup = Cleanup::new(&name);
+    let mut h = Harness::start(Setup::default()).await;
+    let old = serving(&h, &name).await;
+    h.restart_with_catalog(&catalog("2", e2e::HTTPD)).await;
+    let filter = format!("label=stead.instance={name}");
+    wait_until("the version-2 successor created", CONVERGE, || async {
+        docker(&["ps", "-aq", "--filter", &filter])
+            .unwrap_or_default()
+            .lines()
+            .count()
+            >= 2
+    })
+    .await;
+    h.kill().await;
+    h.restart_with_catalog(&catalog("3", e2e::HTTPD)).await;
+    let store = h.daemon().ports.store.clone();
+    let took = wait_until(
+        "the newest version, alone and serving",
+        CONVERGE,
+        || async {
+            let active = store
+                .load_active(&stead::core::types::InstanceName::new(&name))
+                .await
+                .unwrap_or_default();
+            let at_3 = active
+                .services
+                .values()
+                .all(|s| s.effective_revision.starts_with("3."));
+            let containers = docker(&["ps", "-aq", "--filter", &filter]).unwrap_or_default();
+            at_3 && !active.services.is_empty()
+                && containers.lines().count() == 1
+                && h.get(&name).await == 200
+        },
+    )
+    .await;
+    assert!(
+        took < Duration::from_secs(30),
+        "converged in {took:?}: the restarted daemon took its task back at once, not after \
+         the task lease"
+    );
+    assert!(
+        inspect(&old, "{{.Id}}").is_err(),
+        "the version-1 container is gone"
+    );
+    let row = store
+        .instance(&stead::core::types::InstanceName::new(&name))
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(row.version, "3");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn on_postgres_an_instance_is_served_and_recovered() {
     let name = unique("e2epg");

@@ -439,3 +439,73 @@ async fn a_version_that_drops_a_service_stops_and_unroutes_it_and_keeps_its_volu
     );
     h.shutdown().await;
 }
+
+/// #40's bar: one container of a two-service instance removed by hand (a
+/// disk lost, a `docker rm -f`) comes back by itself: the pass sees it gone
+/// while the instance's other container runs, drift reprovisions that one
+/// service, and it is served again — within seconds, while `http` serves
+/// throughout.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_container_removed_by_hand_is_back_and_served_by_itself() {
+    let instance = unique("rmhand");
+    let _cleanup = Cleanup::new(&instance);
+    let h = Harness::start(Setup {
+        catalog: dropping_catalog("1", true),
+        ..Setup::default()
+    })
+    .await;
+    h.create(&instance, None).await;
+    let client = reqwest::Client::builder().no_proxy().build().unwrap();
+    let listen = h.listen.clone();
+    let served = |service: &'static str| {
+        let client = client.clone();
+        let url = format!("http://{listen}/");
+        let host = format!("{service}.{instance}.localhost");
+        async move {
+            client
+                .get(&url)
+                .header("host", host)
+                .timeout(Duration::from_secs(2))
+                .send()
+                .await
+                .is_ok_and(|r| r.status() == 200)
+        }
+    };
+    wait_until("both services served", CONVERGE, || async {
+        served("http").await && served("sidecar").await
+    })
+    .await;
+    let store = h.daemon().ports.store.clone();
+    let sidecar = ServiceName::new("sidecar");
+    let gone = store
+        .load_active(&InstanceName::new(&instance))
+        .await
+        .unwrap()
+        .services[&sidecar]
+        .container
+        .clone();
+    docker(&["rm", "-f", gone.as_str()]).unwrap();
+    let took = wait_until("the sidecar back and served", CONVERGE, || async {
+        let back = store
+            .load_active(&InstanceName::new(&instance))
+            .await
+            .ok()
+            .and_then(|a| a.services.get(&sidecar).map(|s| s.container.clone()));
+        back.is_some_and(|c| c != gone) && served("sidecar").await
+    })
+    .await;
+    assert!(
+        took < Duration::from_secs(20),
+        "the sidecar came back in {took:?}"
+    );
+    assert!(served("http").await, "http serves throughout");
+    let filter = format!("label=stead.instance={instance}");
+    assert_eq!(
+        docker(&["ps", "-aq", "--filter", &filter])
+            .unwrap()
+            .lines()
+            .count(),
+        2,
+        "one container per service"
+    );
+}

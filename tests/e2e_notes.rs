@@ -509,3 +509,97 @@ async fn a_container_removed_by_hand_is_back_and_served_by_itself() {
         "one container per service"
     );
 }
+
+/// #40's bar, found by a new user on this example: two upgrades in a row
+/// leave exactly one container per service (old `db` containers used to
+/// run on, three on one volume), each predecessor's retirement is logged,
+/// and no warning repeats tick after tick. (No bake window here: with one,
+/// each predecessor is kept, stopped, until it ends.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_upgrades_in_a_row_leave_one_container_per_service() {
+    let log = CapturedLog::install();
+    build_image();
+    let secrets = tempfile::tempdir().unwrap();
+    let secret = secrets.path().join("db-password");
+    std::fs::write(&secret, format!("pw{}\n", unique("s"))).unwrap();
+    let catalog = |version: &str| {
+        notes_catalog(version, &secret).replacen(
+            &format!("version = \"{version}\""),
+            &format!("version = \"{version}\"\nbake_ms = 0"),
+            1,
+        )
+    };
+    let instance = unique("notes2up");
+    let _cleanup = Cleanup::new(&instance);
+    let mut h = Harness::start(Setup {
+        catalog: catalog("1"),
+        extra_config: format!(
+            "[grants]\nsecret_dirs = [\"{}\"]\n",
+            secrets.path().display()
+        ),
+        ..Setup::default()
+    })
+    .await;
+    h.ops()
+        .create(&stead::ops::CreateRequest {
+            name: instance.clone(),
+            service_type: "notes".into(),
+            team: "e2e".into(),
+            version: None,
+            ttl: None,
+            maintenance_window: None,
+            exists_ok: false,
+            parameters: [("title".to_owned(), "Errands".to_owned())].into(),
+        })
+        .await
+        .expect("create the notes instance");
+    let web = Web::new(&h, &instance);
+    let filter = format!("label=stead.instance={instance}");
+    for version in ["1", "2", "3"] {
+        if version != "1" {
+            h.restart_with_catalog(&catalog(version)).await;
+        }
+        let page = format!("version {version}");
+        wait_until(
+            &format!("version {version} served, one container per service"),
+            CONVERGE,
+            || async {
+                web.get("/").await.is_some_and(|p| p.contains(&page))
+                    && docker(&["ps", "-aq", "--filter", &filter])
+                        .is_ok_and(|ids| ids.lines().count() == 2)
+            },
+        )
+        .await;
+    }
+    let active = h
+        .daemon()
+        .ports
+        .store
+        .load_active(&InstanceName::new(&instance))
+        .await
+        .unwrap();
+    assert!(
+        active
+            .services
+            .values()
+            .all(|s| s.effective_revision.starts_with("3.")),
+        "{active:?}"
+    );
+    let text = log.text();
+    let retired = text
+        .lines()
+        .filter(|l| l.contains("retired a superseded container") && l.contains(&instance))
+        .count();
+    assert_eq!(retired, 4, "web and db, retired after each of two upgrades");
+    let mut warnings: std::collections::BTreeMap<String, usize> = Default::default();
+    for line in text.lines().filter(|l| l.contains(" WARN ")) {
+        // The message, without the timestamp and the span's fields.
+        let message = line.split(": ").skip(1).collect::<Vec<_>>().join(": ");
+        *warnings.entry(message).or_default() += 1;
+    }
+    let repeated: Vec<_> = warnings.iter().filter(|(_, n)| **n > 2).collect();
+    assert!(
+        repeated.is_empty(),
+        "warnings repeated tick after tick: {repeated:#?}"
+    );
+}

@@ -360,6 +360,13 @@ impl Recoverer {
             log_hold(service, &log);
         }
         metrics::counter!("stead_retirements_total").increment(report.retired.len() as u64);
+        for container in &report.retired {
+            tracing::info!(
+                instance = %instance.name,
+                %container,
+                "retired a superseded container: its successor serves (R15)"
+            );
+        }
         if let Some((why, services)) = &report.reverted {
             metrics::counter!("stead_reverts_total", "cause" => "bake").increment(1);
             tracing::warn!(

@@ -425,28 +425,37 @@ async fn a_daemon_killed_mid_upgrade_converges_after_restart() {
     let name = unique("e2ekill9");
     let _cleanup = Cleanup::new(&name);
     let mut h = Harness::start(Setup::default()).await;
-    let old = serving(&h, &name).await;
+    let old = killed_mid_upgrade(&mut h, &name).await;
     h.restart_with_catalog(&catalog("2", e2e::HTTPD)).await;
-    // Kill as soon as the successor exists: mid-upgrade.
-    wait_until("successor created", CONVERGE, || async {
-        let filter = format!("label=stead.instance={name}");
-        docker(&["ps", "-aq", "--filter", &filter])
-            .unwrap_or_default()
-            .lines()
-            .count()
-            >= 2
+    wait_until("converged on the new version", 2 * CONVERGE, || async {
+        h.get(&name).await == 200
+            && h.active_container(&name).await.is_some_and(|n| n != old)
+            && containers_of(&name) == 1
+    })
+    .await;
+}
+
+/// Serves `name` at version 1, bumps the catalog to 2 and kills the
+/// daemon (-9) as soon as the successor exists: mid-upgrade. Returns the
+/// version-1 container.
+async fn killed_mid_upgrade(h: &mut Harness, name: &str) -> String {
+    let old = serving(h, name).await;
+    h.restart_with_catalog(&catalog("2", e2e::HTTPD)).await;
+    wait_until("the version-2 successor created", CONVERGE, || async {
+        containers_of(name) >= 2
     })
     .await;
     h.kill().await;
-    h.restart_with_catalog(&catalog("2", e2e::HTTPD)).await;
-    wait_until("converged on the new version", 2 * CONVERGE, || async {
-        let filter = format!("label=stead.instance={name}");
-        let containers = docker(&["ps", "-aq", "--filter", &filter]).unwrap_or_default();
-        h.get(&name).await == 200
-            && h.active_container(&name).await.is_some_and(|n| n != old)
-            && containers.lines().count() == 1
-    })
-    .await;
+    old
+}
+
+/// How many containers, running or not, the runtime has of `instance`.
+fn containers_of(instance: &str) -> usize {
+    let filter = format!("label=stead.instance={instance}");
+    docker(&["ps", "-aq", "--filter", &filter])
+        .unwrap_or_default()
+        .lines()
+        .count()
 }
 
 /// #40's bar: killed with -9 between creating the successor and switching
@@ -460,18 +469,7 @@ async fn killed_mid_upgrade_and_bumped_again_it_runs_the_newest_version_alone() 
     let name = unique("e2ekillbump");
     let _cleanup = Cleanup::new(&name);
     let mut h = Harness::start(Setup::default()).await;
-    let old = serving(&h, &name).await;
-    h.restart_with_catalog(&catalog("2", e2e::HTTPD)).await;
-    let filter = format!("label=stead.instance={name}");
-    wait_until("the version-2 successor created", CONVERGE, || async {
-        docker(&["ps", "-aq", "--filter", &filter])
-            .unwrap_or_default()
-            .lines()
-            .count()
-            >= 2
-    })
-    .await;
-    h.kill().await;
+    let old = killed_mid_upgrade(&mut h, &name).await;
     h.restart_with_catalog(&catalog("3", e2e::HTTPD)).await;
     let store = h.daemon().ports.store.clone();
     let took = wait_until(
@@ -486,9 +484,8 @@ async fn killed_mid_upgrade_and_bumped_again_it_runs_the_newest_version_alone() 
                 .services
                 .values()
                 .all(|s| s.effective_revision.starts_with("3."));
-            let containers = docker(&["ps", "-aq", "--filter", &filter]).unwrap_or_default();
             at_3 && !active.services.is_empty()
-                && containers.lines().count() == 1
+                && containers_of(&name) == 1
                 && h.get(&name).await == 200
         },
     )

@@ -320,6 +320,17 @@ async fn a_row_survives_an_upgrade_and_the_secret_is_nowhere_to_be_seen() {
     assert!(!labels.is_empty() && !labels.contains(&password));
 }
 
+/// Whether the proxy at `listen` answers 200 for `service` of `instance`.
+async fn is_served(client: &reqwest::Client, listen: &str, instance: &str, service: &str) -> bool {
+    client
+        .get(format!("http://{listen}/"))
+        .header("host", format!("{service}.{instance}.localhost"))
+        .timeout(Duration::from_secs(2))
+        .send()
+        .await
+        .is_ok_and(|r| r.status() == 200)
+}
+
 /// Version 1 runs http and a sidecar with a named volume; version 2 only
 /// http.
 fn dropping_catalog(version: &str, with_sidecar: bool) -> String {
@@ -363,20 +374,7 @@ async fn a_version_that_drops_a_service_stops_and_unroutes_it_and_keeps_its_volu
     h.create(&instance, None).await;
     let client = reqwest::Client::builder().no_proxy().build().unwrap();
     let listen = h.listen.clone();
-    let served = |service: &'static str| {
-        let client = client.clone();
-        let url = format!("http://{listen}/");
-        let host = format!("{service}.{instance}.localhost");
-        async move {
-            client
-                .get(&url)
-                .header("host", host)
-                .timeout(Duration::from_secs(2))
-                .send()
-                .await
-                .is_ok_and(|r| r.status() == 200)
-        }
-    };
+    let served = |service: &'static str| is_served(&client, &listen, &instance, service);
     wait_until("both services served", CONVERGE, || async {
         served("http").await && served("sidecar").await
     })
@@ -457,20 +455,7 @@ async fn a_container_removed_by_hand_is_back_and_served_by_itself() {
     h.create(&instance, None).await;
     let client = reqwest::Client::builder().no_proxy().build().unwrap();
     let listen = h.listen.clone();
-    let served = |service: &'static str| {
-        let client = client.clone();
-        let url = format!("http://{listen}/");
-        let host = format!("{service}.{instance}.localhost");
-        async move {
-            client
-                .get(&url)
-                .header("host", host)
-                .timeout(Duration::from_secs(2))
-                .send()
-                .await
-                .is_ok_and(|r| r.status() == 200)
-        }
-    };
+    let served = |service: &'static str| is_served(&client, &listen, &instance, service);
     wait_until("both services served", CONVERGE, || async {
         served("http").await && served("sidecar").await
     })

@@ -71,10 +71,22 @@ pub fn baking<'a>(
     now: Timestamp,
 ) -> impl Iterator<Item = (&'a Inhibition, &'a RevertTo, &'a ActiveService)> + 'a {
     inhibitions.iter().filter_map(move |marker| {
-        let back = marker.bakes_at(now)?;
-        let successor = active.services.get(&marker.service)?;
-        (successor.container != marker.container).then_some((marker, back, successor))
+        bakes(marker, active, now).map(|(back, successor)| (marker, back, successor))
     })
+}
+
+/// One marker's way back and the successor that bakes on it at `now`, or
+/// `None` when its predecessor is not kept: no way back holds, or ACTIVE
+/// has no other container of the service (a service ACTIVE no longer has
+/// has nothing to go back from).
+pub fn bakes<'a>(
+    marker: &'a Inhibition,
+    active: &'a ActiveRecord,
+    now: Timestamp,
+) -> Option<(&'a RevertTo, &'a ActiveService)> {
+    let back = marker.bakes_at(now)?;
+    let successor = active.services.get(&marker.service)?;
+    (successor.container != marker.container).then_some((back, successor))
 }
 
 /// One step of a revert, in order.

@@ -29,7 +29,7 @@ use std::time::Duration;
 
 use jiff::Timestamp;
 
-use super::bake::{baking, fails_while_baking, revert_steps, RevertStep};
+use super::bake::{bakes, baking, fails_while_baking, revert_steps, RevertStep};
 use super::errors::{failure_of, ErrorKind, PortName, StoreError, TrafficError};
 
 use super::fleet::{InstanceState, ListedInstance};
@@ -512,17 +512,11 @@ impl<'p> InstancePass<'p> {
         ServiceRecovery::new(self.policy, input)
     }
 
-    /// #40: whether the marker's predecessor is kept, stopped: its way
-    /// back holds, and a successor in ACTIVE bakes (a service ACTIVE no
-    /// longer has has nothing to go back from). One found gone is retired
-    /// all the same: there is nothing left to go back to.
+    /// #40: whether the marker's predecessor is kept, stopped
+    /// ([`bakes`]). One found gone is retired all the same: there is
+    /// nothing left to go back to.
     fn keeps(&self, marker: &Inhibition) -> bool {
-        marker.bakes_at(self.now).is_some()
-            && self
-                .active
-                .services
-                .get(&marker.service)
-                .is_some_and(|s| s.container != marker.container)
+        bakes(marker, &self.active, self.now).is_some()
     }
 
     /// R16, keeping the history of the generations under a marker: a

@@ -18,7 +18,7 @@
 use std::collections::BTreeMap;
 
 use std::time::Duration;
-use stead::core::bake::RevertStep;
+use stead::core::bake::{self, RevertStep};
 use stead::core::errors::{StoreError, TrafficError};
 use stead::core::fleet::add;
 use stead::core::memory::InstanceMemory;
@@ -365,25 +365,9 @@ pub fn run_pass_and_check(
     let mut issued = 0usize;
     let default = OutcomeSeed::default();
     // #40: the predecessors kept while their successors bake, by container.
-    let bakes = |id: &ContainerId| {
-        input.inhibitions.iter().any(|m| {
-            &m.container == id
-                && m.bakes_at(input.now).is_some()
-                && input
-                    .active
-                    .services
-                    .get(&m.service)
-                    .is_some_and(|s| s.container != m.container)
-        })
-    };
-    let baking_successor = input.inhibitions.iter().any(|m| {
-        m.bakes_at(input.now).is_some()
-            && input
-                .active
-                .services
-                .get(&m.service)
-                .is_some_and(|s| s.container != m.container)
-    });
+    let baking = || bake::baking(&input.inhibitions, &input.active, input.now);
+    let bakes = |id: &ContainerId| baking().any(|(m, _, _)| &m.container == id);
+    let baking_successor = baking().next().is_some();
     let mut reverts: Vec<RevertStep> = Vec::new();
     while let Some(command) = pass.poll_command() {
         issued += 1;
@@ -544,17 +528,10 @@ pub fn run_pass_and_check(
     // #40: a revert happens exactly when a baking successor failed this
     // pass by the rule's own reading, and not otherwise.
     let failed = report.reports.iter().any(|r| {
-        input.inhibitions.iter().any(|m| {
+        baking().any(|(m, _, successor)| {
             m.service == r.key.service
-                && m.bakes_at(input.now).is_some()
-                && m.container != r.key.container
-                && input
-                    .active
-                    .services
-                    .get(&r.key.service)
-                    .is_some_and(|s| s.container == r.key.container)
-                && stead::core::bake::fails_while_baking(r, &input.active.services[&r.key.service])
-                    .is_some()
+                && successor.container == r.key.container
+                && bake::fails_while_baking(r, successor).is_some()
         })
     });
     if abandon_after == 0 {

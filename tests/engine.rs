@@ -2131,11 +2131,11 @@ async fn a_successor_that_crashes_while_baking_is_reverted_and_its_type_halted()
     assert!(f.store.active_tasks().await.unwrap().rows.is_empty());
 }
 
-/// #40: `stead rollout undo TYPE` puts every instance of the type whose
-/// upgrade still bakes back on its kept predecessor, with the pass's own
-/// revert steps, after halting the type; the next passes start and publish
-/// the predecessor and retire the successor. Run again, it finds nothing
-/// baking and changes nothing.
+/// #40: `stead rollout undo TYPE` halts the type and asks, on the markers
+/// of every instance of it whose upgrade still bakes, for the way back; the
+/// next pass reverts with its own steps, then the passes start and publish
+/// the predecessor and retire the successor. Asked twice before that pass,
+/// nothing changes twice; run again after, it finds nothing baking.
 #[tokio::test]
 async fn rollout_undo_puts_a_baking_instance_back_and_is_safe_to_run_twice() {
     let (f, instance, before, after, recoverer) = upgraded_and_baking().await;
@@ -2146,16 +2146,26 @@ async fn rollout_undo_puts_a_baking_instance_back_and_is_safe_to_run_twice() {
         undo.reverted,
         vec![(InstanceName::new("wiki1"), vec![ServiceName::new("web")])]
     );
-    assert_eq!(f.web_container("wiki1").await, before);
-    let row = f.store.instance(&instance.name).await.unwrap().unwrap();
-    assert_eq!(row.version, "1");
     let rollouts = f.store.rollouts().await.unwrap();
     assert_eq!(rollouts.get("wiki"), Some(&RolloutState::Halted));
+    // Asked, not yet done: the pass reverts (it alone holds the runtime).
+    assert_eq!(f.web_container("wiki1").await, after);
+    let asked = f.store.load_inhibitions(&instance.name).await.unwrap();
+    let twice = ops.undo_rollout("wiki").await.unwrap();
+    assert_eq!(twice.reverted, undo.reverted);
+    assert_eq!(
+        f.store.load_inhibitions(&instance.name).await.unwrap(),
+        asked,
+        "asked twice, written once"
+    );
 
-    for _ in 0..2 {
+    for _ in 0..3 {
         let outcome = recoverer.pass().await;
         assert_eq!(outcome.error_count(), 0, "{outcome:?}");
     }
+    assert_eq!(f.web_container("wiki1").await, before);
+    let row = f.store.instance(&instance.name).await.unwrap().unwrap();
+    assert_eq!(row.version, "1");
     assert!(
         f.routes_to("wiki1", "web", &before),
         "the predecessor serves"

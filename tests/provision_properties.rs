@@ -26,6 +26,7 @@ fn spec(name: &str) -> ServiceSpec {
         healthcheck: None,
         readiness: ReadinessProbe::None,
         stop_grace: Duration::from_secs(5),
+        update: Default::default(),
         run: Default::default(),
     }
 }

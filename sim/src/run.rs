@@ -1030,6 +1030,7 @@ async fn setup(
                 }),
                 readiness: ReadinessProbe::None,
                 stop_grace: Duration::from_secs(5),
+                update: Default::default(),
                 // Data that must outlive every container of the service,
                 // a dropped one's too (only a purge removes it).
                 run: Box::new(stead::core::spec::RunSpec {

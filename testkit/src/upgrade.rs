@@ -72,6 +72,7 @@ pub fn upgrade_input(services: &[UpgradeServiceSeed], stopped: bool, ready: bool
             healthcheck: None,
             readiness: ReadinessProbe::None,
             stop_grace: Duration::from_secs(5),
+            update: Default::default(),
             run: Default::default(),
         };
         // Behind by version, behind by spec at the same version (another
@@ -140,6 +141,7 @@ pub fn upgrade_input(services: &[UpgradeServiceSeed], stopped: bool, ready: bool
         spec_digest: "digest".into(),
         recorded_spec_digest: Some("digest-1".into()),
         bake: Duration::from_secs(300),
+        halted: false,
         stop_grace_default: Duration::from_secs(10),
         instance: InstanceName::new("app"),
         stopped,

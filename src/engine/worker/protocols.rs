@@ -93,7 +93,7 @@ impl Worker {
     /// cannot see) and retires the predecessor once the successor serves;
     /// until then the predecessor keeps serving, so there is no gap. A
     /// failure removes the candidate and leaves ACTIVE alone.
-    pub(super) async fn upgrade(&self, instance: &Instance) -> Result<(), TaskError> {
+    pub(super) async fn upgrade(&self, instance: &Instance, halted: bool) -> Result<(), TaskError> {
         let p = &self.ports;
         let name = &instance.name;
         let entry = self.entry(instance)?;
@@ -144,6 +144,7 @@ impl Worker {
             spec_digest: entry.spec_digest.clone(),
             recorded_spec_digest: instance.spec_digest.clone(),
             bake: entry.bake,
+            halted,
             stop_grace_default: self.config.stop_grace_default,
             instance: instance.name.clone(),
             stopped: instance.stopped,

@@ -29,6 +29,7 @@ use std::time::Duration;
 
 use jiff::Timestamp;
 
+use super::broken::Armed;
 use super::errors::{
     failure_of, Cause, ErrorKind, PortName, ProbeError, ProvisionError, StoreError, TaskError,
 };
@@ -97,6 +98,8 @@ pub struct UpgradeInput {
     /// an instance it left `upgrading` goes back to ready, so a halt never
     /// strands one.
     pub halted: bool,
+    /// The rule the mutation exercise broke, if any.
+    pub broken: Armed,
 }
 
 impl UpgradeInput {
@@ -328,6 +331,7 @@ pub struct Upgrade {
     /// service in hand, which a failure clears.
     stop_first_hold: Option<Inhibition>,
     halted: bool,
+    broken: Armed,
     stop_grace_default: Duration,
     error: Option<TaskError>,
     now: Option<Timestamp>,
@@ -407,6 +411,7 @@ impl Upgrade {
             stop_first,
             stop_first_hold: None,
             halted,
+            broken: input.broken,
             stop_grace_default: input.stop_grace_default,
             error: None,
             now: None,
@@ -437,6 +442,7 @@ impl Upgrade {
             .services
             .get(&spec.name)
             .filter(|_| self.stop_first.contains(&spec.name))
+            .filter(|_| !crate::broken!(self.broken, OverlapStopFirst))
         else {
             return Step::Create;
         };
@@ -1076,6 +1082,8 @@ fn revert_plan(
         plan.push_back(UpgradeCommand::SaveMarker(revert_marker(
             service, successor, now,
         )));
+        // (A service the upgrade added has no predecessor to start.)
+        let stop_first = stop_first && before.services.contains_key(service);
         if stop_first {
             plan.push_back(UpgradeCommand::Retire(WorkCommand::Stop {
                 generation: GenerationKey {

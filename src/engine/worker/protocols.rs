@@ -145,6 +145,7 @@ impl Worker {
             recorded_spec_digest: instance.spec_digest.clone(),
             bake: entry.bake,
             halted,
+            broken: self.config.broken,
             stop_grace_default: self.config.stop_grace_default,
             instance: instance.name.clone(),
             stopped: instance.stopped,

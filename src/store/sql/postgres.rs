@@ -11,7 +11,7 @@ use std::collections::BTreeMap;
 use std::str::FromStr;
 use std::time::Duration;
 
-use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions};
+use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions, PgSslMode};
 use sqlx::{Postgres, Transaction};
 
 use super::rows::{assemble_loaded, collect_rows, count_states, found_or, instance_found_or};
@@ -162,9 +162,10 @@ impl PostgresStore {
         let cannot =
             |why: String| StoreError::Unavailable(format!("{server}: cannot connect: {why}"));
         let acquire_timeout = settings.acquire_timeout;
+        let ssl_mode = options.get_ssl_mode();
         match tokio::time::timeout(acquire_timeout, options.connect()).await {
             Err(_) => return Err(cannot(format!("no answer within {acquire_timeout:?}"))),
-            Ok(Err(e)) => return Err(cannot(connect_error(e))),
+            Ok(Err(e)) => return Err(cannot(connect_error(e, ssl_mode))),
             Ok(Ok(probe)) => {
                 let _ = probe.close().await;
             }
@@ -174,7 +175,7 @@ impl PostgresStore {
             .acquire_timeout(acquire_timeout)
             .connect_with(options)
             .await
-            .map_err(|e| cannot(connect_error(e)))?;
+            .map_err(|e| cannot(connect_error(e, ssl_mode)))?;
         Ok(Self {
             pool,
             call_timeout: settings.call_timeout,
@@ -273,13 +274,17 @@ fn session_timeouts(settings: &DatabaseSettings) -> [(&'static str, String); 3] 
     ]
 }
 
-/// What a failed connection attempt says: for a failed TLS handshake (an
-/// unknown issuer, a name mismatch, a server without TLS under
-/// `sslmode=require`) the TLS layer's own words, and what to check.
-fn connect_error(error: sqlx::Error) -> String {
+/// What a failed connection attempt says. A failed TLS handshake (an
+/// unknown issuer, a name mismatch, a server without TLS) is named as one,
+/// with what to check: rustls reports a certificate it refuses as an I/O
+/// error of kind `InvalidData`, which alone reads like a broken network.
+fn connect_error(error: sqlx::Error, ssl_mode: PgSslMode) -> String {
+    let tls_required = !matches!(ssl_mode, PgSslMode::Disable | PgSslMode::Allow);
     match error {
         sqlx::Error::Tls(e) => format!("TLS: {e} (check sslmode and sslrootcert)"),
-        sqlx::Error::Io(e) => e.to_string(),
+        sqlx::Error::Io(e) if tls_required && e.kind() == std::io::ErrorKind::InvalidData => {
+            format!("TLS: {e} (check sslmode and sslrootcert)")
+        }
         e => e.to_string(),
     }
 }

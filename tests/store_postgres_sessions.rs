@@ -129,8 +129,8 @@ async fn a_hung_database_fails_lease_and_listing_calls_within_the_call_timeout_n
         ..DatabaseSettings::default()
     };
     let store = PostgresStore::connect_with(&url, &settings).await.unwrap();
-    let mut lease_blocker = hang_table(&url, "reconciler_lease").await;
-    let mut list_blocker = hang_table(&url, "instances").await;
+    let lease_blocker = hang_table(&url, "reconciler_lease").await;
+    let list_blocker = hang_table(&url, "instances").await;
 
     let started = Instant::now();
     let lease = store

@@ -48,6 +48,9 @@ async fn every_pooled_connection_carries_the_configured_server_timeouts() {
         lock_timeout: Duration::from_millis(1500),
         idle_in_transaction_session_timeout: Duration::from_millis(2500),
     };
+    // The URL's own `options` come first; `[database]` wins.
+    let joint = if url.contains('?') { '&' } else { '?' };
+    let url = format!("{url}{joint}options=-c%20statement_timeout%3D1234");
     let store = PostgresStore::connect_with(&url, &settings).await.unwrap();
     assert_eq!(store.pool().options().get_max_connections(), 3);
     assert_eq!(

@@ -112,10 +112,7 @@ fn the_checker_catches_a_stop_first_service_replaced_by_overlap() {
     input.broken = Some(stead::core::broken::Mutant::OverlapStopFirst);
     let caught = std::panic::catch_unwind(|| run_upgrade_and_check(&input, &healthy))
         .expect_err("an overlap of a stop-first service passed the checker");
-    let message = caught
-        .downcast_ref::<String>()
-        .cloned()
-        .unwrap_or_default();
+    let message = caught.downcast_ref::<String>().cloned().unwrap_or_default();
     assert!(
         message.contains("stop-first web created before its predecessor was held"),
         "{message}"

@@ -1018,8 +1018,9 @@ impl Checker {
     /// may reprovision the release until it is created again (#40).
     pub fn container_removed_by_hand(&self, release: &str, id: &ContainerId) {
         let now = self.clock.now();
-        self.lock()
-            .container_missing
+        let mut s = self.lock();
+        s.up.remove(id);
+        s.container_missing
             .entry(release.to_owned())
             .or_default()
             .push((id.clone(), now, None));
@@ -1984,8 +1985,14 @@ impl Observer for Checker {
                 s.withdraw_failed.remove(&(service.clone(), holder.clone()));
                 s.routes.remove(service);
             }
+            // R6 is the recovery pass's: a pending withdrawal it keeps in
+            // memory. A worker's failed withdrawal (a `stop-first`
+            // replacement's, a dropped service's retirement) is its task's
+            // to handle, and no pass ever learns of it.
             Effect::WithdrawFailed { service } => {
-                s.withdraw_failed.insert((service.clone(), holder.clone()));
+                if actor != Actor::Worker {
+                    s.withdraw_failed.insert((service.clone(), holder.clone()));
+                }
             }
             Effect::ProbePassed {
                 id,

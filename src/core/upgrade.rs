@@ -36,7 +36,7 @@ use super::errors::{
 use super::fleet::{add, InstanceState};
 use super::plan::is_older;
 use super::provision::{
-    remove_generation, retire_dropped_service, teardown_failure, WorkAnswer, WorkCommand,
+    remove_generation, retire_dropped_service, strays, teardown_failure, WorkAnswer, WorkCommand,
 };
 use super::release::HelmRelease;
 use super::spec::{ReadinessProbe, ServiceSpec, UpdateStrategy};
@@ -1162,14 +1162,14 @@ pub fn revert_marker(
 fn sweeping_plan(input: &UpgradeInput) -> VecDeque<WorkCommand> {
     let mut plan = VecDeque::new();
     for spec in &input.services {
-        let active = input.active.services.get(&spec.name);
-        for (_, container) in input.containers.iter().filter(|(service, container)| {
-            service == &spec.name
-                && active.is_none_or(|a| &a.container != container)
-                && !input.inhibitions.iter().any(|h| {
-                    &h.service == service && &h.container == container && !h.reason.is_stop_first()
-                })
-        }) {
+        let stray = strays(
+            &spec.name,
+            &input.active,
+            &input.inhibitions,
+            &input.containers,
+            |h| !h.reason.is_stop_first(),
+        );
+        for container in stray {
             plan.extend(remove_generation(
                 &input.instance,
                 &spec.name,

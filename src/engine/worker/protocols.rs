@@ -10,7 +10,7 @@ use crate::core::provision::{
 };
 use crate::core::release::{Provisioning, ReleaseParams, ReleaseTarget};
 use crate::core::spec::ServiceSpec;
-use crate::core::types::{ContainerId, RuntimeError};
+use crate::core::types::{ContainerId, RuntimeError, ServiceName};
 use crate::core::upgrade::{Upgrade, UpgradeInput};
 use crate::ports::CreateContainer;
 
@@ -63,7 +63,21 @@ impl Worker {
             .provisioning
             .spec_of(&params, false)
             .map_err(|e| TaskError::new(name, "render the release", e))?;
+        let (containers, inhibitions) = if entry.provisioning == Provisioning::Docker {
+            (
+                self.containers_of(instance).await?,
+                self.ports
+                    .store
+                    .load_inhibitions(name)
+                    .await
+                    .map_err(|e| TaskError::new(name, "load the inhibitions", e))?,
+            )
+        } else {
+            (Vec::new(), Vec::new())
+        };
         let mut provision = Provision::new(ProvisionInput {
+            containers,
+            inhibitions,
             instance: instance.name.clone(),
             version: entry.version.clone(),
             spec_digest: entry.spec_digest.clone(),
@@ -126,14 +140,7 @@ impl Worker {
         // service's leftovers (a predecessor, a crashed upgrade's
         // candidate) go with it.
         let containers = if release.is_none() {
-            p.runtime
-                .list_managed()
-                .await
-                .map_err(|e| TaskError::new(name, "list its containers", e))?
-                .into_iter()
-                .filter(|c| c.instance == instance.name)
-                .map(|c| (c.service, c.id))
-                .collect()
+            self.containers_of(instance).await?
         } else {
             Vec::new()
         };
@@ -199,6 +206,23 @@ impl Worker {
             );
         }
         upgrade.into_result().map(|_| ()).map_err(|(_, e)| e)
+    }
+
+    /// The instance's containers the runtime lists, as (service, container).
+    async fn containers_of(
+        &self,
+        instance: &Instance,
+    ) -> Result<Vec<(ServiceName, ContainerId)>, TaskError> {
+        Ok(self
+            .ports
+            .runtime
+            .list_managed()
+            .await
+            .map_err(|e| TaskError::new(&instance.name, "list its containers", e))?
+            .into_iter()
+            .filter(|c| c.instance == instance.name)
+            .map(|c| (c.service, c.id))
+            .collect())
     }
 
     /// Withdraw, stop and remove every container of the instance, release

@@ -345,14 +345,15 @@ impl Upgrade {
             .filter(|spec| input.is_behind(spec))
             .cloned()
             .collect();
-        // An interrupted `stop-first` upgrade's hold is stead's, not an
+        // An interrupted upgrade's hold (`stop-first`, or a dropped
+        // service's that the catalog lists again) is stead's, not an
         // operator's: the sweep clears it, nothing carries it forward.
         let holds = input
             .inhibitions
             .iter()
             .filter(|h| {
                 h.reason != InhibitionReason::RetirementPending
-                    && !h.reason.is_stop_first()
+                    && !h.reason.is_upgrades()
                     && input.active.names_container(&h.container)
             })
             .cloned()
@@ -1156,9 +1157,10 @@ pub fn revert_marker(
 /// `retirement-pending` predecessor, which the recovery pass retires; an
 /// operator's hold, which is theirs): a candidate a crashed or abandoned
 /// upgrade left behind, at whatever revision. Stopped first, then removed.
-/// Then every `stop-first` hold an interrupted upgrade left is cleared:
-/// with no candidate left, its predecessor may start again (one on a
-/// generation ACTIVE no longer names goes with that generation).
+/// Then every hold an interrupted upgrade left on a listed service
+/// (`stop-first`; a dropped service's, listed again) is cleared: with no
+/// candidate left, its generation may start again (one on a generation
+/// ACTIVE no longer names goes with that generation).
 fn sweeping_plan(input: &UpgradeInput) -> VecDeque<WorkCommand> {
     let mut plan = VecDeque::new();
     for spec in &input.services {
@@ -1167,7 +1169,7 @@ fn sweeping_plan(input: &UpgradeInput) -> VecDeque<WorkCommand> {
             &input.active,
             &input.inhibitions,
             &input.containers,
-            |h| !h.reason.is_stop_first(),
+            |h| !h.reason.is_upgrades(),
         );
         for container in stray {
             plan.extend(remove_generation(
@@ -1181,7 +1183,7 @@ fn sweeping_plan(input: &UpgradeInput) -> VecDeque<WorkCommand> {
             input
                 .inhibitions
                 .iter()
-                .filter(|h| h.service == spec.name && h.reason.is_stop_first())
+                .filter(|h| h.service == spec.name && h.reason.is_upgrades())
                 .map(|hold| WorkCommand::ClearInhibition(hold.clone())),
         );
     }

@@ -21,7 +21,7 @@
 //!         wait UPGRADE_RETRY_INTERVAL; upgrade.handle_timeout(now);
 //!     } else { break }
 //! }
-//! upgrade.into_result()
+//! upgrade.into_report()
 //! ```
 
 use std::collections::{BTreeSet, VecDeque};
@@ -34,6 +34,7 @@ use super::errors::{
     failure_of, Cause, ErrorKind, PortName, ProbeError, ProvisionError, StoreError, TaskError,
 };
 use super::fleet::{add, InstanceState};
+use super::machine::{Abandon, Machine, MachineCommand};
 use super::plan::is_older;
 use super::provision::{
     remove_generation, retire_dropped_service, strays, teardown_failure, WorkAnswer, WorkCommand,
@@ -1023,9 +1024,10 @@ impl Upgrade {
 
     /// Abandons the upgrade (the task lease or lock is no longer trusted):
     /// nothing more is issued; ACTIVE is as the last saved command left it.
-    pub fn abandon(&mut self, why: TaskError) {
+    pub fn abandon(&mut self, why: Abandon) {
         self.outstanding = None;
-        self.error.get_or_insert(why);
+        self.error
+            .get_or_insert_with(|| TaskError::abandoned(&self.instance, why));
         // Mid-services (or mid-sweep, mid-retirement) the instance still
         // goes back to ready; elsewhere nothing more is issued.
         self.phase = if matches!(
@@ -1046,12 +1048,48 @@ impl Upgrade {
     /// The services switched to their successors, or the error that
     /// stopped the upgrade with the services it had switched (put back:
     /// [`Self::reverted`]).
-    pub fn into_result(self) -> Result<Vec<ServiceName>, (Vec<ServiceName>, TaskError)> {
+    pub fn into_report(self) -> Result<Vec<ServiceName>, (Vec<ServiceName>, TaskError)> {
         let switched = self.switched.into_iter().map(|(name, _)| name).collect();
         match self.error {
             None => Ok(switched),
             Some(e) => Err((switched, e)),
         }
+    }
+}
+
+impl MachineCommand for UpgradeCommand {
+    fn is_effect(&self) -> bool {
+        UpgradeCommand::is_effect(self)
+    }
+}
+
+impl Machine for Upgrade {
+    type Command = UpgradeCommand;
+    type Answer = UpgradeAnswer;
+    type Report = Result<Vec<ServiceName>, (Vec<ServiceName>, TaskError)>;
+
+    fn poll_command(&mut self) -> Option<UpgradeCommand> {
+        Upgrade::poll_command(self)
+    }
+
+    fn handle(&mut self, answer: UpgradeAnswer, now: Timestamp) {
+        Upgrade::handle(self, answer, now)
+    }
+
+    fn poll_timeout(&self) -> Option<Timestamp> {
+        Upgrade::poll_timeout(self)
+    }
+
+    fn handle_timeout(&mut self, now: Timestamp) {
+        Upgrade::handle_timeout(self, now)
+    }
+
+    fn abandon(&mut self, why: Abandon) {
+        Upgrade::abandon(self, why)
+    }
+
+    fn into_report(self) -> Self::Report {
+        Upgrade::into_report(self)
     }
 }
 

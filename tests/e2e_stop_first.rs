@@ -7,6 +7,10 @@
 //! replaced the same way; one that asks for `overlap` is seen running two
 //! containers at once by the very same replay, so the replay can see an
 //! overlap when there is one.
+//!
+//! Also checked: both versions mount the instance's named volume, the
+//! daemons log no warning or error about the instance, and they retire
+//! the predecessor once.
 
 mod e2e;
 mod support_services;
@@ -14,7 +18,7 @@ mod support_services;
 use std::collections::BTreeSet;
 use std::time::Duration;
 
-use e2e::{inspect, wait_until, Harness, Setup};
+use e2e::{inspect, wait_until, CapturedLog, Harness, Setup};
 use stead::core::fleet::InstanceState;
 use stead::core::types::{InstanceName, ServiceName};
 use support_services::docker::{docker, Cleanup, ContainerEvent, EventLog};
@@ -75,11 +79,15 @@ struct Upgraded {
     log_after: String,
     old: String,
     new: String,
+    instance: String,
+    /// The daemons' log, at debug level.
+    log: String,
 }
 
 /// Creates the instance at version 1, lets it write, upgrades it to
 /// version 2 and lets that write; the events are recorded throughout.
 async fn upgrade_while_writing(update: Option<&str>) -> Upgraded {
+    let log = CapturedLog::install();
     let instance = unique("stopfirst");
     let _cleanup = Cleanup::new(&instance);
     let mut h = Harness::start(Setup {
@@ -112,6 +120,12 @@ async fn upgrade_while_writing(update: Option<&str>) -> Upgraded {
     .await;
     let old = writer_at("1").await.expect("version 1 is ACTIVE");
     let log_before = read_log(&old).expect("version 1's log");
+    let volume = format!("stead.{instance}.{SERVICE}.data");
+    assert_eq!(
+        mounted(&old),
+        volume,
+        "version 1 writes to the named volume"
+    );
 
     h.restart_with_catalog(&writer_catalog("2", update)).await;
     let filter = format!("label=stead.instance={instance}");
@@ -139,13 +153,7 @@ async fn upgrade_while_writing(update: Option<&str>) -> Upgraded {
     .await;
     let new = writer_at("2").await.expect("version 2 is ACTIVE");
     let log_after = read_log(&new).expect("version 2's log");
-    let volume = format!("stead.{instance}.{SERVICE}.data");
-    let mounts = inspect(&new, "{{range .Mounts}}{{.Name}} {{end}}").expect("inspect version 2");
-    assert_eq!(
-        mounts.trim(),
-        volume,
-        "version 2 writes to the named volume"
-    );
+    assert_eq!(mounted(&new), volume, "version 2 writes to the same volume");
     h.shutdown().await;
     Upgraded {
         events: events.events(),
@@ -153,7 +161,17 @@ async fn upgrade_while_writing(update: Option<&str>) -> Upgraded {
         log_after,
         old,
         new,
+        log: log.text(),
+        instance,
     }
+}
+
+/// The names of the volumes `container` mounts.
+fn mounted(container: &str) -> String {
+    inspect(container, "{{range .Mounts}}{{.Name}} {{end}}")
+        .expect("inspect the writer")
+        .trim()
+        .to_owned()
 }
 
 /// `/data/log` as `container` sees it, or `None` if it cannot be read (the
@@ -251,6 +269,29 @@ fn assert_never_two_running(upgraded: &Upgraded) {
     );
 }
 
+/// The daemons said nothing was wrong with the instance, and that they
+/// retired its predecessor, once.
+fn assert_logged_quietly(upgraded: &Upgraded) {
+    let about: Vec<&str> = upgraded
+        .log
+        .lines()
+        .filter(|l| l.contains(&upgraded.instance))
+        .collect();
+    let complaints: Vec<&&str> = about
+        .iter()
+        .filter(|l| l.contains(" WARN ") || l.contains(" ERROR "))
+        .collect();
+    assert!(
+        complaints.is_empty(),
+        "no warning or error about the instance: {complaints:#?}"
+    );
+    let retired = about
+        .iter()
+        .filter(|l| l.contains("retired a superseded container"))
+        .count();
+    assert_eq!(retired, 1, "version 1 is retired once: {about:#?}");
+}
+
 /// `<version> <count>` per line.
 fn parse_log(log: &str) -> Vec<(String, u64)> {
     log.lines()
@@ -301,6 +342,7 @@ async fn a_stop_first_upgrade_never_runs_two_writers_and_keeps_the_data() {
     let upgraded = upgrade_while_writing(Some("stop-first")).await;
     assert_never_two_running(&upgraded);
     assert_log_intact(&upgraded);
+    assert_logged_quietly(&upgraded);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -308,6 +350,7 @@ async fn a_service_with_a_named_volume_is_replaced_stop_first_by_default() {
     let upgraded = upgrade_while_writing(None).await;
     assert_never_two_running(&upgraded);
     assert_log_intact(&upgraded);
+    assert_logged_quietly(&upgraded);
 }
 
 /// The replay's own check: an `overlap` upgrade (asked for, despite the

@@ -43,6 +43,11 @@ const WRITER: &str = "trap 'exit 0' TERM; echo writer: ready; i=0; \
 /// One service writing to its named volume `data`; `update` as given (or
 /// absent). No bake window: the predecessor is retired at once.
 fn writer_catalog(version: &str, update: Option<&str>) -> String {
+    catalog_running(version, update, WRITER)
+}
+
+/// [`writer_catalog`] with another shell `command`.
+fn catalog_running(version: &str, update: Option<&str>, command: &str) -> String {
     let update = update
         .map(|u| format!("update = \"{u}\"\n"))
         .unwrap_or_default();
@@ -55,7 +60,7 @@ bake_ms = 0
 [[types.{TYPE}.services]]
 name = "{SERVICE}"
 image = "stead-test/busybox:1"
-command = ["sh", "-c", "{WRITER}"]
+command = ["sh", "-c", "{command}"]
 env = {{ VERSION = "{{version}}" }}
 volumes = [{{ name = "data", path = "/data" }}]
 stop_grace_ms = 5000
@@ -66,6 +71,97 @@ pattern = "writer: ready"
 timeout_ms = 30000
 "#
     )
+}
+
+/// A daemon whose instance runs version 1 of the writer, which has
+/// written for a while; the instance's `start` and `die` events recorded
+/// from before it was created.
+struct Writing {
+    h: Harness,
+    events: EventLog,
+    log: CapturedLog,
+    instance: String,
+    /// Version 1's container.
+    old: String,
+    /// `/data/log` as version 1 had written it.
+    log_before: String,
+    /// The Docker name of the writer's named volume.
+    volume: String,
+    _cleanup: Cleanup,
+}
+
+impl Writing {
+    async fn start(update: Option<&str>) -> Writing {
+        let log = CapturedLog::install();
+        let instance = unique("stopfirst");
+        let cleanup = Cleanup::new(&instance);
+        let h = Harness::start(Setup {
+            catalog: writer_catalog("1", update),
+            ..Setup::default()
+        })
+        .await;
+        let events = EventLog::follow(&instance, &["start", "die"]);
+        h.create_typed(&instance, TYPE, None).await;
+        let mut writing = Writing {
+            h,
+            events,
+            log,
+            instance,
+            old: String::new(),
+            log_before: String::new(),
+            volume: String::new(),
+            _cleanup: cleanup,
+        };
+        wait_until("version 1 writes to its volume", CONVERGE, || async {
+            let Some(old) = writing.writer_at("1").await else {
+                return false;
+            };
+            read_log(&old).is_some_and(|log| log.lines().count() >= LINES_BEFORE_UPGRADE_MIN)
+        })
+        .await;
+        writing.old = writing.writer_at("1").await.expect("version 1 is ACTIVE");
+        writing.log_before = read_log(&writing.old).expect("version 1's log");
+        writing.volume = format!("stead.{}.{SERVICE}.data", writing.instance);
+        assert_eq!(
+            mounted(&writing.old),
+            writing.volume,
+            "version 1 writes to the named volume"
+        );
+        writing
+    }
+
+    /// The writer's container ACTIVE names, if at `version`.
+    async fn writer_at(&self, version: &str) -> Option<String> {
+        let store = &self.h.daemon().ports.store;
+        let active = store
+            .load_active(&InstanceName::new(&self.instance))
+            .await
+            .ok()?;
+        let writer = active.services.get(&ServiceName::new(SERVICE))?;
+        writer
+            .effective_revision
+            .starts_with(&format!("{version}."))
+            .then(|| writer.container.as_str().to_owned())
+    }
+
+    /// The instance's row says `version` and `ready`.
+    async fn is_ready_at(&self, version: &str) -> bool {
+        let store = &self.h.daemon().ports.store;
+        store
+            .instance(&InstanceName::new(&self.instance))
+            .await
+            .ok()
+            .flatten()
+            .is_some_and(|row| row.version == version && row.state == InstanceState::Ready)
+    }
+
+    /// How many containers of the instance exist, running or not.
+    fn containers(&self) -> usize {
+        let filter = format!("label=stead.instance={}", self.instance);
+        docker(&["ps", "-aq", "--filter", &filter])
+            .map(|ids| ids.lines().count())
+            .unwrap_or(usize::MAX)
+    }
 }
 
 /// What one upgrade from version 1 to 2 left to judge.
@@ -87,82 +183,38 @@ struct Upgraded {
 /// Creates the instance at version 1, lets it write, upgrades it to
 /// version 2 and lets that write; the events are recorded throughout.
 async fn upgrade_while_writing(update: Option<&str>) -> Upgraded {
-    let log = CapturedLog::install();
-    let instance = unique("stopfirst");
-    let _cleanup = Cleanup::new(&instance);
-    let mut h = Harness::start(Setup {
-        catalog: writer_catalog("1", update),
-        ..Setup::default()
-    })
-    .await;
-    let events = EventLog::follow(&instance, &["start", "die"]);
-    h.create_typed(&instance, TYPE, None).await;
-    let name = InstanceName::new(&instance);
-    let store = h.daemon().ports.store.clone();
-    let writer_at = |version: &'static str| {
-        let store = store.clone();
-        let name = name.clone();
-        async move {
-            let active = store.load_active(&name).await.ok()?;
-            let writer = active.services.get(&ServiceName::new(SERVICE))?;
-            writer
-                .effective_revision
-                .starts_with(&format!("{version}."))
-                .then(|| writer.container.as_str().to_owned())
-        }
-    };
-    wait_until("version 1 writes to its volume", CONVERGE, || async {
-        let Some(old) = writer_at("1").await else {
-            return false;
-        };
-        read_log(&old).is_some_and(|log| log.lines().count() >= LINES_BEFORE_UPGRADE_MIN)
-    })
-    .await;
-    let old = writer_at("1").await.expect("version 1 is ACTIVE");
-    let log_before = read_log(&old).expect("version 1's log");
-    let volume = format!("stead.{instance}.{SERVICE}.data");
-    assert_eq!(
-        mounted(&old),
-        volume,
-        "version 1 writes to the named volume"
-    );
-
-    h.restart_with_catalog(&writer_catalog("2", update)).await;
-    let filter = format!("label=stead.instance={instance}");
+    let mut w = Writing::start(update).await;
+    w.h.restart_with_catalog(&writer_catalog("2", update)).await;
     wait_until(
         "version 2 ACTIVE, ready, alone and writing",
         CONVERGE,
         || async {
-            let Some(new) = writer_at("2").await else {
+            let Some(new) = w.writer_at("2").await else {
                 return false;
             };
-            let ready = store
-                .instance(&name)
-                .await
-                .ok()
-                .flatten()
-                .is_some_and(|row| row.version == "2" && row.state == InstanceState::Ready);
-            let alone = docker(&["ps", "-aq", "--filter", &filter])
-                .is_ok_and(|ids| ids.lines().count() == 1);
             let written = read_log(&new).is_some_and(|log| {
                 log.lines().filter(|l| l.starts_with("2 ")).count() >= LINES_AFTER_UPGRADE_MIN
             });
-            ready && alone && written
+            w.is_ready_at("2").await && w.containers() == 1 && written
         },
     )
     .await;
-    let new = writer_at("2").await.expect("version 2 is ACTIVE");
+    let new = w.writer_at("2").await.expect("version 2 is ACTIVE");
     let log_after = read_log(&new).expect("version 2's log");
-    assert_eq!(mounted(&new), volume, "version 2 writes to the same volume");
-    h.shutdown().await;
+    assert_eq!(
+        mounted(&new),
+        w.volume,
+        "version 2 writes to the same volume"
+    );
+    w.h.shutdown().await;
     Upgraded {
-        events: events.events(),
-        log_before,
+        events: w.events.events(),
+        log_before: w.log_before.clone(),
         log_after,
-        old,
+        old: w.old.clone(),
         new,
-        log: log.text(),
-        instance,
+        log: w.log.text(),
+        instance: w.instance.clone(),
     }
 }
 
@@ -307,34 +359,55 @@ fn parse_log(log: &str) -> Vec<(String, u64)> {
         .collect()
 }
 
-/// The data is intact: what version 1 wrote is still there, unchanged, and
-/// each version's lines count 1, 2, 3, … without a gap or a repeat (one
-/// writer, started once), version 1's all before version 2's.
-fn assert_log_intact(upgraded: &Upgraded) {
-    let (before, after) = (&upgraded.log_before, &upgraded.log_after);
+/// The log as runs of one writer each: a version and how many lines it
+/// wrote, counting 1, 2, 3, … (a new run starts where a count starts at 1
+/// again). Panics on a line that neither continues the last run nor
+/// starts one: a lost, repeated or interleaved write.
+fn writer_runs(log: &str) -> Vec<(String, u64)> {
+    let mut runs: Vec<(String, u64)> = Vec::new();
+    for (version, count) in parse_log(log) {
+        match runs.last_mut() {
+            Some((v, n)) if *v == version && count == *n + 1 => *n = count,
+            _ if count == 1 => runs.push((version, 1)),
+            _ => panic!(
+                "`{version} {count}` neither continues the last writer's lines nor starts \
+                 a writer's (a lost, repeated or interleaved write):\n{log}"
+            ),
+        }
+    }
+    runs
+}
+
+/// What version 1 wrote before the upgrade is still there, unchanged, and
+/// the whole log is runs of one writer at a time ([`writer_runs`]).
+fn kept_runs(before: &str, after: &str) -> Vec<(String, u64)> {
     assert!(
-        after.starts_with(before.as_str()),
+        after.starts_with(before),
         "what version 1 wrote before the upgrade is kept as it was:\nbefore:\n{before}\nafter:\n{after}"
     );
-    let lines = parse_log(after);
-    let old_n = lines.iter().take_while(|(v, _)| v == "1").count();
-    let (old, new) = lines.split_at(old_n);
-    assert!(
-        old.len() >= LINES_BEFORE_UPGRADE_MIN,
-        "version 1's lines come first: {after}"
+    writer_runs(after)
+}
+
+/// The data is intact: version 1's lines, unbroken, then version 2's,
+/// each writer started once and never beside the other.
+fn assert_log_intact(upgraded: &Upgraded) {
+    let runs = kept_runs(&upgraded.log_before, &upgraded.log_after);
+    let shape: Vec<(&str, bool)> = runs
+        .iter()
+        .map(|(version, n)| {
+            let enough = match version.as_str() {
+                "1" => *n >= LINES_BEFORE_UPGRADE_MIN as u64,
+                _ => *n >= LINES_AFTER_UPGRADE_MIN as u64,
+            };
+            (version.as_str(), enough)
+        })
+        .collect();
+    assert_eq!(
+        shape,
+        [("1", true), ("2", true)],
+        "one run of version 1, then one of version 2 (runs {runs:?}):\n{}",
+        upgraded.log_after
     );
-    assert!(
-        new.len() >= LINES_AFTER_UPGRADE_MIN && new.iter().all(|(v, _)| v == "2"),
-        "then version 2's only, never version 1's again: {after}"
-    );
-    for part in [old, new] {
-        let counts: Vec<u64> = part.iter().map(|(_, n)| *n).collect();
-        let expected: Vec<u64> = (1..=part.len() as u64).collect();
-        assert_eq!(
-            counts, expected,
-            "one writer per version, started once: {after}"
-        );
-    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -367,4 +440,86 @@ async fn an_overlap_upgrade_is_seen_running_two_writers_at_once() {
         timeline(events)
     );
     assert_eq!(running, BTreeSet::from([upgraded.new.clone()]));
+}
+
+/// Writes one line and exits: never ready.
+const BROKEN: &str = "echo $VERSION 1 >> /data/log; exit 3";
+
+/// A `stop-first` successor that never becomes ready: the upgrade stopped
+/// version 1 first, so on the failure it removes the candidate and clears
+/// its hold, and the recovery pass starts version 1 again, only once the
+/// candidate is gone. Each retry of the task (not ready is not permanent)
+/// does the same: whatever the attempts, the data is version 1's runs with
+/// one candidate line between each two, and never two writers run.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failed_stop_first_upgrade_starts_the_predecessor_again_once_the_candidate_is_gone() {
+    let mut w = Writing::start(Some("stop-first")).await;
+    w.h.restart_with_catalog(&catalog_running("2", Some("stop-first"), BROKEN))
+        .await;
+    wait_until(
+        "version 1 writing again after a failed attempt, alone",
+        CONVERGE,
+        || async {
+            let again = read_log(&w.old).is_some_and(|log| {
+                let runs = writer_runs(&log);
+                runs.len() >= 3
+                    && runs
+                        .last()
+                        .is_some_and(|(v, n)| v == "1" && *n >= LINES_AFTER_UPGRADE_MIN as u64)
+            });
+            again
+                && w.writer_at("1").await.as_deref() == Some(w.old.as_str())
+                && w.is_ready_at("1").await
+                && w.containers() == 1
+        },
+    )
+    .await;
+    let log_after = read_log(&w.old).expect("version 1's log");
+    w.h.shutdown().await;
+
+    let events = w.events.events();
+    let starts = containers_with(&events, "start");
+    let alternates = starts.len() >= 3
+        && starts.len() % 2 == 1
+        && starts
+            .iter()
+            .enumerate()
+            .all(|(i, c)| (i % 2 == 0) == (*c == w.old));
+    assert!(
+        alternates,
+        "version 1, then a candidate and version 1 again per attempt:\n{}",
+        timeline(&events)
+    );
+    let (most, running) = replay(&events);
+    assert_eq!(
+        most,
+        1,
+        "at most one writer runs at any instant:\n{}",
+        timeline(&events)
+    );
+    assert_eq!(
+        running,
+        BTreeSet::from([w.old.clone()]),
+        "version 1 alone runs at the end:\n{}",
+        timeline(&events)
+    );
+    let runs = kept_runs(&w.log_before, &log_after);
+    let alternates = runs.len() == starts.len()
+        && runs.iter().enumerate().all(|(i, (version, n))| {
+            if i % 2 == 0 {
+                version == "1"
+            } else {
+                version == "2" && *n == 1
+            }
+        });
+    assert!(
+        alternates,
+        "version 1's runs, one candidate line between each two (runs {runs:?}):\n{log_after}"
+    );
+    let text = w.log.text();
+    assert!(
+        text.lines()
+            .any(|l| l.contains(&w.instance) && l.contains("successor of writer not ready")),
+        "the failure is logged, naming the service"
+    );
 }

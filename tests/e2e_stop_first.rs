@@ -6,7 +6,9 @@
 //! one's, never interleaved. A service with a volume and no `update` is
 //! replaced the same way; one that asks for `overlap` is seen running two
 //! containers at once by the very same replay, so the replay can see an
-//! overlap when there is one.
+//! overlap when there is one. A successor that never becomes ready gives
+//! the volume back to its predecessor, and a daemon killed mid-upgrade
+//! leaves no second writer behind.
 //!
 //! Also checked: both versions mount the instance's named volume, the
 //! daemons log no warning or error about the instance, and they retire
@@ -521,5 +523,89 @@ async fn a_failed_stop_first_upgrade_starts_the_predecessor_again_once_the_candi
         text.lines()
             .any(|l| l.contains(&w.instance) && l.contains("successor of writer not ready")),
         "the failure is logged, naming the service"
+    );
+}
+
+/// [`WRITER`], ready only after three seconds: its candidate runs a while
+/// before the upgrade switches to it.
+fn slow_writer() -> String {
+    WRITER.replace("echo writer: ready;", "(sleep 3; echo writer: ready) &")
+}
+
+/// Killed (-9) while a `stop-first` candidate runs and its predecessor is
+/// stopped, the daemon restarts: nothing starts version 1 beside the
+/// candidate, the retried upgrade removes the candidate first and creates
+/// another. Never two writers; version 1 never writes again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn killed_mid_stop_first_upgrade_it_never_runs_two_writers() {
+    let mut w = Writing::start(Some("stop-first")).await;
+    let slow = slow_writer();
+    w.h.restart_with_catalog(&catalog_running("2", Some("stop-first"), &slow))
+        .await;
+    let filter = format!("label=stead.instance={}", w.instance);
+    let running = || {
+        docker(&["ps", "-q", "--no-trunc", "--filter", &filter])
+            .map(|ids| ids.lines().map(str::to_owned).collect::<Vec<_>>())
+            .unwrap_or_default()
+    };
+    wait_until(
+        "the candidate runs, version 1 stopped",
+        CONVERGE,
+        || async { running().iter().any(|id| *id != w.old) && !running().contains(&w.old) },
+    )
+    .await;
+    w.h.kill().await;
+    let candidate = running();
+    // The candidate writes on alone, with no daemon, for a while.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    w.h.restart_with_catalog(&catalog_running("2", Some("stop-first"), &slow))
+        .await;
+    wait_until(
+        "version 2 ACTIVE, ready, alone and writing",
+        CONVERGE,
+        || async {
+            let Some(new) = w.writer_at("2").await else {
+                return false;
+            };
+            let written = read_log(&new).is_some_and(|log| {
+                writer_runs(&log)
+                    .last()
+                    .is_some_and(|(v, n)| v == "2" && *n >= LINES_AFTER_UPGRADE_MIN as u64)
+            });
+            w.is_ready_at("2").await && w.containers() == 1 && written
+        },
+    )
+    .await;
+    let new = w.writer_at("2").await.expect("version 2 is ACTIVE");
+    let log_after = read_log(&new).expect("version 2's log");
+    w.h.shutdown().await;
+
+    let events = w.events.events();
+    let (most, running) = replay(&events);
+    assert_eq!(
+        most,
+        1,
+        "at most one writer runs at any instant (the candidate at the kill: {candidate:?}):\n{}",
+        timeline(&events)
+    );
+    assert_eq!(
+        running,
+        BTreeSet::from([new.clone()]),
+        "version 2 alone runs at the end:\n{}",
+        timeline(&events)
+    );
+    let starts = containers_with(&events, "start");
+    assert!(
+        candidate.len() == 1 && starts == [w.old.clone(), candidate[0].clone(), new.clone()],
+        "version 1, the candidate running at the kill ({candidate:?}), then its replacement \
+         (version 1 never again):\n{}",
+        timeline(&events)
+    );
+    let runs = kept_runs(&w.log_before, &log_after);
+    let versions: Vec<&str> = runs.iter().map(|(v, _)| v.as_str()).collect();
+    assert_eq!(
+        versions,
+        ["1", "2", "2"],
+        "version 1's lines, the candidate's, its replacement's (runs {runs:?}):\n{log_after}"
     );
 }

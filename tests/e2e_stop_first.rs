@@ -7,22 +7,26 @@
 //! replaced the same way; one that asks for `overlap` is seen running two
 //! containers at once by the very same replay, so the replay can see an
 //! overlap when there is one. A successor that never becomes ready gives
-//! the volume back to its predecessor, and a daemon killed mid-upgrade
-//! leaves no second writer behind.
+//! the volume back to its predecessor, and a daemon or a worker process
+//! killed mid-upgrade leaves no second writer behind: the recovery pass
+//! that finds the stopped predecessor while the candidate runs leaves it
+//! down.
 //!
 //! Also checked: both versions mount the instance's named volume, the
 //! daemons log no warning or error about the instance, and they retire
 //! the predecessor once.
 
 mod e2e;
+mod support;
 mod support_services;
 
 use std::collections::BTreeSet;
 use std::time::Duration;
 
-use e2e::{inspect, wait_until, CapturedLog, Harness, Setup};
+use e2e::{inspect, wait_until, CapturedLog, Harness, Peer, Setup};
 use stead::core::fleet::InstanceState;
 use stead::core::types::{InstanceName, ServiceName};
+use stead::daemon::Role;
 use support_services::docker::{docker, Cleanup, ContainerEvent, EventLog};
 use support_services::unique;
 
@@ -80,6 +84,8 @@ timeout_ms = 30000
 /// from before it was created.
 struct Writing {
     h: Harness,
+    /// The worker process beside a reconciler-only harness.
+    worker: Option<Peer>,
     events: EventLog,
     log: CapturedLog,
     instance: String,
@@ -93,19 +99,33 @@ struct Writing {
 }
 
 impl Writing {
+    /// On a daemon of its own, with the catalog at version 1.
     async fn start(update: Option<&str>) -> Writing {
-        let log = CapturedLog::install();
-        let instance = unique("stopfirst");
-        let cleanup = Cleanup::new(&instance);
-        let h = Harness::start(Setup {
+        Self::start_on(Setup {
             catalog: writer_catalog("1", update),
             ..Setup::default()
         })
-        .await;
+        .await
+    }
+
+    /// As [`Writing::start`] on `setup`; a reconciler-only one gets a
+    /// worker process beside it.
+    async fn start_on(setup: Setup) -> Writing {
+        let log = CapturedLog::install();
+        let instance = unique("stopfirst");
+        let cleanup = Cleanup::new(&instance);
+        let works = setup.role.works();
+        let h = Harness::start(setup).await;
+        let worker = if works {
+            None
+        } else {
+            Some(h.peer(Role::Worker).await)
+        };
         let events = EventLog::follow(&instance, &["start", "die"]);
         h.create_typed(&instance, TYPE, None).await;
         let mut writing = Writing {
             h,
+            worker,
             events,
             log,
             instance,
@@ -535,7 +555,9 @@ fn slow_writer() -> String {
 /// Killed (-9) while a `stop-first` candidate runs and its predecessor is
 /// stopped, the daemon restarts: nothing starts version 1 beside the
 /// candidate, the retried upgrade removes the candidate first and creates
-/// another. Never two writers; version 1 never writes again.
+/// another. Never two writers; version 1 never writes again. (The same
+/// identity restarted takes its task back before any recovery pass (T1);
+/// the next test leaves the instance to the pass for a while.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn killed_mid_stop_first_upgrade_it_never_runs_two_writers() {
     let mut w = Writing::start(Some("stop-first")).await;
@@ -578,6 +600,105 @@ async fn killed_mid_stop_first_upgrade_it_never_runs_two_writers() {
     .await;
     let new = w.writer_at("2").await.expect("version 2 is ACTIVE");
     let log_after = read_log(&new).expect("version 2's log");
+    w.h.shutdown().await;
+
+    let events = w.events.events();
+    let (most, running) = replay(&events);
+    assert_eq!(
+        most,
+        1,
+        "at most one writer runs at any instant (the candidate at the kill: {candidate:?}):\n{}",
+        timeline(&events)
+    );
+    assert_eq!(
+        running,
+        BTreeSet::from([new.clone()]),
+        "version 2 alone runs at the end:\n{}",
+        timeline(&events)
+    );
+    let starts = containers_with(&events, "start");
+    assert!(
+        candidate.len() == 1 && starts == [w.old.clone(), candidate[0].clone(), new.clone()],
+        "version 1, the candidate running at the kill ({candidate:?}), then its replacement \
+         (version 1 never again):\n{}",
+        timeline(&events)
+    );
+    let runs = kept_runs(&w.log_before, &log_after);
+    let versions: Vec<&str> = runs.iter().map(|(v, _)| v.as_str()).collect();
+    assert_eq!(
+        versions,
+        ["1", "2", "2"],
+        "version 1's lines, the candidate's, its replacement's (runs {runs:?}):\n{log_after}"
+    );
+}
+
+/// Killed (-9), a worker process leaves a `stop-first` candidate running
+/// and its predecessor stopped, and no worker takes the task back for a
+/// while: the reconciler's recovery pass, once the dead worker's instance
+/// lock has expired, must not start the predecessor beside the candidate
+/// (its `stop-first` hold keeps it down). A new worker then retries the
+/// upgrade: the candidate removed first, another created. Never two
+/// writers; version 1 never writes again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_killed_worker_leaves_the_stop_first_predecessor_down_for_the_reconciler() {
+    let url = support::fresh_postgres_database().await;
+    stead::store::sql::migrate(&url).await.expect("migrate");
+    let mut w = Writing::start_on(Setup {
+        catalog: writer_catalog("1", Some("stop-first")),
+        database_url: Some(url),
+        role: Role::Reconciler,
+        ..Setup::default()
+    })
+    .await;
+    let slow = catalog_running("2", Some("stop-first"), &slow_writer());
+    w.h.restart_with_catalog(&slow).await;
+    // A worker built on the old catalog would skip the upgrade.
+    w.worker.take().expect("a worker").shutdown().await;
+    let mut worker = w.h.peer(Role::Worker).await;
+    let filter = format!("label=stead.instance={}", w.instance);
+    let running = || {
+        docker(&["ps", "-q", "--no-trunc", "--filter", &filter])
+            .map(|ids| ids.lines().map(str::to_owned).collect::<Vec<_>>())
+            .unwrap_or_default()
+    };
+    wait_until(
+        "the candidate runs, version 1 stopped",
+        CONVERGE,
+        || async { running().iter().any(|id| *id != w.old) && !running().contains(&w.old) },
+    )
+    .await;
+    worker.kill().await;
+    let candidate = running();
+    // The dead worker's instance lock expires after its task lease and
+    // a slack; then a few ticks of the recovery pass on the unlocked
+    // instance.
+    let lock = w.h.daemon().config.control.lease + stead::core::policy::WORKER_LOCK_SLACK;
+    tokio::time::sleep(lock + Duration::from_secs(4)).await;
+    assert_eq!(
+        running(),
+        candidate,
+        "the recovery pass started nothing beside the candidate"
+    );
+    w.worker = Some(w.h.peer(Role::Worker).await);
+    wait_until(
+        "version 2 ACTIVE, ready, alone and writing",
+        CONVERGE,
+        || async {
+            let Some(new) = w.writer_at("2").await else {
+                return false;
+            };
+            let written = read_log(&new).is_some_and(|log| {
+                writer_runs(&log)
+                    .last()
+                    .is_some_and(|(v, n)| v == "2" && *n >= LINES_AFTER_UPGRADE_MIN as u64)
+            });
+            w.is_ready_at("2").await && w.containers() == 1 && written
+        },
+    )
+    .await;
+    let new = w.writer_at("2").await.expect("version 2 is ACTIVE");
+    let log_after = read_log(&new).expect("version 2's log");
+    w.worker.take().expect("a worker").shutdown().await;
     w.h.shutdown().await;
 
     let events = w.events.events();

@@ -344,6 +344,16 @@ pub struct Peer {
 }
 
 impl Peer {
+    /// Abandons its loops without any shutdown, as SIGKILL would (see
+    /// [`Harness::kill`]).
+    pub async fn kill(&mut self) {
+        self.stop.take();
+        if let Some(run) = self.run.take() {
+            run.abort();
+            let _ = run.await;
+        }
+    }
+
     /// Stops it as SIGTERM would, and waits for it.
     pub async fn shutdown(&mut self) {
         if let Some(tx) = self.stop.take() {

@@ -2394,3 +2394,36 @@ async fn a_halted_rollout_still_tidies_an_interrupted_stop_first_upgrade() {
     assert_eq!(outcome.error_count(), 0, "{outcome:?}");
     assert!(f.routes_to("wiki1", "web", &before), "served again");
 }
+
+/// #40: a `stop-first` successor that is not ready fails its task at once
+/// (the rollout halts): a retry would stop the predecessor again, an
+/// outage per attempt, for a version that just failed. An overlap upgrade
+/// retries the same failure (`a_failed_upgrade_removes_the_candidate_…`).
+#[tokio::test]
+async fn a_stop_first_successor_that_is_not_ready_is_not_retried() {
+    let mut f = fixture();
+    stop_first(&mut f);
+    let instance = f.served("wiki1", "1").await;
+    let before = f.web_container("wiki1").await;
+    // The candidate is created, then vanishes before it is verified.
+    f.script
+        .fail(Op::Inspect, "stead.wiki1.web.2", Fault::NotFound);
+    f.enqueue(instance.id, TaskKind::Upgrade).await;
+    let (_, end) = f.worker().work_once().await.unwrap();
+    let TaskEnd::Failed(error) = end else {
+        panic!("retried: {end:?}")
+    };
+    assert!(error.to_string().contains("not retried"), "{error}");
+    let rollouts = f.store.rollouts().await.unwrap();
+    assert_eq!(rollouts.get("wiki"), Some(&RolloutState::Halted));
+    assert_eq!(f.web_container("wiki1").await, before);
+    assert!(f
+        .store
+        .load_inhibitions(&instance.name)
+        .await
+        .unwrap()
+        .is_empty());
+    let outcome = f.recoverer().pass().await;
+    assert_eq!(outcome.error_count(), 0, "{outcome:?}");
+    assert!(f.routes_to("wiki1", "web", &before), "served again");
+}

@@ -331,6 +331,8 @@ pub struct Upgrade {
     /// The `stop-first` hold this upgrade put on the predecessor of the
     /// service in hand, which a failure clears.
     stop_first_hold: Option<Inhibition>,
+    /// The predecessor of the `stop-first` service in hand was stopped.
+    predecessor_stopped: bool,
     halted: bool,
     broken: Armed,
     stop_grace_default: Duration,
@@ -412,6 +414,7 @@ impl Upgrade {
             holds,
             stop_first,
             stop_first_hold: None,
+            predecessor_stopped: false,
             halted,
             broken: input.broken,
             stop_grace_default: input.stop_grace_default,
@@ -439,6 +442,7 @@ impl Upgrade {
     /// new to ACTIVE has no predecessor to stop.
     fn first_step(&mut self, spec: &ServiceSpec) -> Step {
         self.stop_first_hold = None;
+        self.predecessor_stopped = false;
         let Some(current) = self
             .active
             .services
@@ -478,7 +482,25 @@ impl Upgrade {
     /// A `stop-first` service failed with nothing of it left running but
     /// its stopped predecessor: clear the hold this upgrade put on it (the
     /// recovery pass then starts, verifies and publishes it), then fail.
+    ///
+    /// Once the predecessor was stopped, the failure is final: a retry
+    /// would stop it again, an outage per attempt, for a version that just
+    /// failed (the rollout halts at once instead).
     fn release_or_fail(&self, error: TaskError) -> Result<Step, TaskError> {
+        let error = if self.predecessor_stopped && !error.is_permanent() {
+            let message = format!(
+                "{} (not retried: each attempt of a stop-first upgrade stops the service; \
+                 the rollout halts instead)",
+                error.cause
+            );
+            TaskError::new(
+                &self.instance,
+                error.step,
+                Cause::verdict(ErrorKind::Failed, message),
+            )
+        } else {
+            error
+        };
         if self.stop_first_hold.is_some() {
             Ok(Step::Release(error))
         } else {
@@ -810,7 +832,10 @@ impl Upgrade {
                         format!("replace {name} stop-first: {}", done.step()),
                         cause,
                     )),
-                    None if steps.is_empty() => Ok(Step::Create),
+                    None if steps.is_empty() => {
+                        self.predecessor_stopped = true;
+                        Ok(Step::Create)
+                    }
                     None => Ok(Step::Prepare(steps)),
                 }
             }

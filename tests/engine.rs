@@ -2427,3 +2427,53 @@ async fn a_stop_first_successor_that_is_not_ready_is_not_retried() {
     assert_eq!(outcome.error_count(), 0, "{outcome:?}");
     assert!(f.routes_to("wiki1", "web", &before), "served again");
 }
+
+/// #43: two tasks that run at once on one thread each log under their
+/// own trace id. A task's span was held entered across its awaits, so the
+/// other task's lines carried it too.
+#[tokio::test]
+async fn tasks_that_run_at_once_log_under_their_own_trace_ids() {
+    let f = fixture();
+    let one = f.instance("wiki1", "2").await;
+    let two = f.instance("wiki2", "2").await;
+    let trace = |n: u8| format!("00-{:032x}-{:016x}-01", n, n);
+    for (instance, n) in [(&one, 1), (&two, 2)] {
+        f.store
+            .enqueue(
+                &NewTask {
+                    kind: TaskKind::Provision,
+                    instance: instance.id,
+                    run_after: f.clock.now(),
+                    reason: "test".into(),
+                    traceparent: Some(trace(n)),
+                },
+                f.clock.now(),
+                None,
+            )
+            .await
+            .unwrap();
+    }
+    // Each creation takes a while, so the two tasks interleave.
+    f.script
+        .fail(Op::Create, "", Fault::Slow(Duration::from_millis(50)));
+    let lines = Lines::default();
+    let _recording = lines.record();
+    let (a, b) = (f.worker(), f.worker());
+    let (ran_a, ran_b) = tokio::join!(a.work_once(), b.work_once());
+    assert_eq!(ran_a.unwrap().1, TaskEnd::Done);
+    assert_eq!(ran_b.unwrap().1, TaskEnd::Done);
+    let text = lines.text();
+    let mut seen = 0;
+    for line in text.lines() {
+        for (name, own, other) in [("wiki1", trace(1), trace(2)), ("wiki2", trace(2), trace(1))] {
+            if line.contains(&format!("of {name}")) {
+                seen += 1;
+                assert!(
+                    line.contains(&own) && !line.contains(&other),
+                    "{name}'s line under the wrong trace: {line}"
+                );
+            }
+        }
+    }
+    assert!(seen >= 4, "each task's start and end lines: {text}");
+}

@@ -31,4 +31,5 @@ pub mod toml_error;
 pub mod traffic;
 pub mod types;
 pub mod upgrade;
+pub mod verify;
 pub mod window;

@@ -43,14 +43,15 @@ use super::release::HelmRelease;
 use super::spec::{ReadinessProbe, ServiceSpec, UpdateStrategy};
 use super::types::ProbeTarget;
 use super::types::{
-    ActiveRecord, ActiveService, Binds, ContainerId, ContainerStatus, GenerationKey, Inhibition,
-    InhibitionReason, InstanceName, Observation, RevertTo, RuntimeError, ServiceKey, ServiceName,
+    ActiveRecord, ActiveService, Binds, ContainerId, GenerationKey, Inhibition, InhibitionReason,
+    InstanceName, Observation, RevertTo, RuntimeError, ServiceKey, ServiceName,
 };
+use super::verify::{Check, Progress, Verification};
 
 /// How long a successor may take to report running.
-pub const CANDIDATE_RUNNING_WAIT_MAX: Duration = Duration::from_secs(60);
+pub const CANDIDATE_RUNNING_WAIT_MAX: Duration = super::verify::RUNNING_WAIT_MAX;
 /// The pause between inspections of a successor that is not running yet.
-pub const UPGRADE_RETRY_INTERVAL: Duration = Duration::from_millis(250);
+pub const UPGRADE_RETRY_INTERVAL: Duration = super::verify::RETRY_INTERVAL;
 
 /// What one upgrade starts from.
 #[derive(Clone, Debug)]
@@ -221,29 +222,8 @@ enum Step {
     /// stop the predecessor; then create.
     Prepare(VecDeque<WorkCommand>),
     Create,
-    WaitRunning {
-        candidate: ContainerId,
-        tries: u32,
-    },
-    /// Asleep until the driver's timer fires.
-    Retry {
-        candidate: ContainerId,
-        tries: u32,
-    },
-    ReadBinds {
-        candidate: ContainerId,
-        started_at: Timestamp,
-    },
-    Probe {
-        candidate: ContainerId,
-        started_at: Timestamp,
-        binds: Binds,
-    },
-    Confirm {
-        candidate: ContainerId,
-        started_at: Timestamp,
-        binds: Binds,
-    },
+    /// The successor created, verified before ACTIVE may name it.
+    Verify(Verification),
     /// Remove a successor that failed verification, for `error`.
     Remove {
         candidate: ContainerId,
@@ -421,10 +401,6 @@ impl Upgrade {
             error: None,
             now: None,
         }
-    }
-
-    fn tries_max() -> u32 {
-        (CANDIDATE_RUNNING_WAIT_MAX.as_millis() / UPGRADE_RETRY_INTERVAL.as_millis()) as u32
     }
 
     fn generation(&self, service: &ServiceName, container: &ContainerId) -> GenerationKey {
@@ -645,22 +621,11 @@ impl Upgrade {
                 version: self.version.clone(),
                 revision: spec.revision(&self.version),
             },
-            Step::WaitRunning { candidate, .. } | Step::Confirm { candidate, .. } => {
-                UpgradeCommand::Inspect(candidate.clone())
-            }
-            Step::Retry { .. } => return None,
-            Step::ReadBinds { candidate, .. } => UpgradeCommand::ReadBinds(candidate.clone()),
-            Step::Probe {
-                candidate,
-                started_at,
-                binds,
-            } => UpgradeCommand::Probe {
-                readiness: spec.readiness.clone(),
-                target: ProbeTarget {
-                    container: candidate.clone(),
-                    started_at: Some(*started_at),
-                    binds: binds.clone(),
-                },
+            Step::Verify(verification) => match verification.check() {
+                Check::Inspect(container) => UpgradeCommand::Inspect(container),
+                Check::ReadBinds(container) => UpgradeCommand::ReadBinds(container),
+                Check::Probe { readiness, target } => UpgradeCommand::Probe { readiness, target },
+                Check::Wait => return None,
             },
             Step::Remove { candidate, .. } | Step::Unswitch { candidate, .. } => {
                 UpgradeCommand::RemoveCandidate(self.generation(&spec.name, candidate))
@@ -709,8 +674,10 @@ impl Upgrade {
     /// While the successor is not running yet: when to look again.
     pub fn poll_timeout(&self) -> Option<Timestamp> {
         match &self.current {
-            Some((_, Step::Retry { .. }))
-                if self.phase == Phase::Services && self.error.is_none() =>
+            Some((_, Step::Verify(verification)))
+                if verification.check() == Check::Wait
+                    && self.phase == Phase::Services
+                    && self.error.is_none() =>
             {
                 Some(add(
                     self.now.unwrap_or(Timestamp::UNIX_EPOCH),
@@ -725,13 +692,8 @@ impl Upgrade {
     /// timer): inspect the successor again.
     pub fn handle_timeout(&mut self, now: Timestamp) {
         self.now = Some(now);
-        if let Some((_, step)) = &mut self.current {
-            if let Step::Retry { candidate, tries } = step {
-                *step = Step::WaitRunning {
-                    candidate: candidate.clone(),
-                    tries: *tries,
-                };
-            }
+        if let Some((_, Step::Verify(verification))) = &mut self.current {
+            verification.waited();
         }
     }
 
@@ -846,10 +808,11 @@ impl Upgrade {
                 Err(error)
             }
             (Step::Create, UpgradeAnswer::Created(result)) => match result {
-                Ok(candidate) => Ok(Step::WaitRunning {
+                Ok(candidate) => Ok(Step::Verify(Verification::new(
                     candidate,
-                    tries: 0,
-                }),
+                    spec.readiness.clone(),
+                    "candidate",
+                ))),
                 Err(e) => {
                     // A refused or impossible creation made nothing; any
                     // other failure might have (a timeout), so a
@@ -865,95 +828,36 @@ impl Upgrade {
                     }
                 }
             },
-            (Step::WaitRunning { candidate, tries }, UpgradeAnswer::Inspected(inspected)) => {
-                match inspected {
-                    Ok(obs) if obs.status == ContainerStatus::Running => match obs.started_at {
-                        Some(started_at) => Ok(Step::ReadBinds {
-                            candidate,
-                            started_at,
-                        }),
-                        None => Ok(retry_or_fail(candidate, tries)),
-                    },
-                    Ok(obs) if obs.status.is_down() => Ok(Step::Remove {
-                        candidate,
-                        error: not_ready(format!("candidate is {}", obs.status)),
-                    }),
-                    // Removed anyway: what was created must not be left
-                    // behind on a spurious answer.
-                    Err(RuntimeError::NotFound) => Ok(Step::Remove {
-                        candidate,
-                        error: not_ready("candidate vanished"),
-                    }),
-                    Ok(_) | Err(_) => Ok(retry_or_fail(candidate, tries)),
-                }
-            }
-            (
-                Step::ReadBinds {
-                    candidate,
-                    started_at,
-                },
-                UpgradeAnswer::Binds(read),
-            ) => match read {
-                Ok(binds) => Ok(Step::Probe {
-                    candidate,
-                    started_at,
-                    binds,
-                }),
-                Err(e) => Ok(Step::Remove {
-                    candidate,
-                    error: e.into(),
-                }),
-            },
-            (
-                Step::Probe {
-                    candidate,
-                    started_at,
-                    binds,
-                },
-                UpgradeAnswer::Probed(result),
-            ) => match result {
-                Ok(()) => Ok(Step::Confirm {
-                    candidate,
-                    started_at,
-                    binds,
-                }),
-                Err(error) => Ok(Step::Remove {
-                    candidate,
-                    error: error.into(),
-                }),
-            },
-            (
-                Step::Confirm {
-                    candidate,
-                    started_at,
-                    binds,
-                },
-                UpgradeAnswer::Inspected(inspected),
-            ) => match inspected {
-                Ok(obs)
-                    if obs.status == ContainerStatus::Running
-                        && obs.started_at == Some(started_at) =>
-                {
-                    if self.active.services.contains_key(&name) && !self.stop_first.contains(&name)
+            (Step::Verify(mut verification), answer) => {
+                let progress = match answer {
+                    UpgradeAnswer::Inspected(inspected) => verification.inspected(inspected),
+                    UpgradeAnswer::Binds(read) => verification.binds(read),
+                    UpgradeAnswer::Probed(result) => verification.probed(result),
+                    answer => panic!("{answer:?} does not answer {command:?}"),
+                };
+                let candidate = verification.container().clone();
+                match progress {
+                    Progress::Going => Ok(Step::Verify(verification)),
+                    // Removed whatever went wrong: what was created must
+                    // not be left behind, not even on a spurious answer.
+                    Progress::Failed(error) => Ok(Step::Remove { candidate, error }),
+                    Progress::Verified { started_at, binds }
+                        if self.active.services.contains_key(&name)
+                            && !self.stop_first.contains(&name) =>
                     {
                         Ok(Step::SaveMarker {
                             candidate,
                             started_at,
                             binds,
                         })
-                    } else {
-                        Ok(Step::SaveActive {
-                            candidate,
-                            started_at,
-                            binds,
-                        })
                     }
+                    Progress::Verified { started_at, binds } => Ok(Step::SaveActive {
+                        candidate,
+                        started_at,
+                        binds,
+                    }),
                 }
-                _ => Ok(Step::Remove {
-                    candidate,
-                    error: not_ready("candidate restarted during verification"),
-                }),
-            },
+            }
             (Step::Remove { error, .. }, UpgradeAnswer::Removed(removed)) => {
                 // Removed or not (the next upgrade's sweep tidies up), the
                 // upgrade stops here with ACTIVE untouched.
@@ -1313,26 +1217,4 @@ fn retiring_plan(input: &UpgradeInput) -> VecDeque<WorkCommand> {
         }
     }
     plan
-}
-
-/// Looks again at a successor not yet running, or gives up on it once
-/// it has had [`CANDIDATE_RUNNING_WAIT_MAX`].
-fn retry_or_fail(candidate: ContainerId, tries: u32) -> Step {
-    if tries + 1 >= Upgrade::tries_max() {
-        Step::Remove {
-            candidate,
-            error: not_ready("candidate never reported running"),
-        }
-    } else {
-        Step::Retry {
-            candidate,
-            tries: tries + 1,
-        }
-    }
-}
-
-/// A successor that did not come up: it may on another attempt (a slow
-/// start, a dependency not up yet), so the kind is not a permanent one.
-fn not_ready(message: impl Into<String>) -> Cause {
-    Cause::verdict(ErrorKind::NotReady, message)
 }

@@ -738,12 +738,12 @@ impl Ops<'_> {
     /// `stead rollout undo TYPE` (#40): halts the type's rollout (its
     /// queued upgrades cancelled), then asks, on the markers of every
     /// instance of it whose upgrade still bakes (each under its lock), for
-    /// the way back. The next recovery pass reverts each such instance
-    /// with the steps it reverts a failed successor with
-    /// (`core::bake::revert_steps`), then starts, verifies and publishes
-    /// the predecessors and retires the successors. An instance whose bake
-    /// window ended has no way back: its predecessors are gone. Safe to
-    /// run twice: the second asks again for what is not yet reverted.
+    /// the way back, and queues the instance an upgrade task: the halted
+    /// type's task carries the undo out (`core::undo`), starting and
+    /// verifying each predecessor while its successor still serves, then
+    /// switching ACTIVE back, so the route moves without a gap. An
+    /// instance whose bake window ended has no way back: its predecessors
+    /// are gone. Safe to run twice: nothing is asked twice.
     pub async fn undo_rollout(&self, service_type: &str) -> Result<Undo, OpsError> {
         let (_, cancelled) = self
             .set_rollout(service_type, RolloutState::Halted, "operator: rollout undo")
@@ -788,13 +788,18 @@ impl Ops<'_> {
         if services.is_empty() {
             return Ok(None);
         }
-        // The revert is the recovery pass's, with its own steps and under
-        // its lease (a `stop-first` successor must be stopped first, which
-        // needs the runtime): the marker asks for it. Its window is kept
-        // open until that pass, which would otherwise retire the
-        // predecessor and lose the way back.
+        // The undo is a worker's (it starts and verifies the predecessors
+        // while their successors serve, `core::undo`), by an upgrade task
+        // of the halted type: the markers ask for it. Their window is kept
+        // open until then, or the pass would retire the predecessors and
+        // lose the way back; should no worker come, the pass reverts them
+        // itself after a while (`core::bake::UNDO_TASK_GRACE`).
         for (marker, back, _) in baking(&inhibitions, &active, self.now) {
+            if back.undone {
+                continue;
+            }
             let asked = Inhibition {
+                created_at: self.now,
                 revert_to: Some(RevertTo {
                     undone: true,
                     until: back.until.max(add(self.now, UNDO_WINDOW_MIN)),
@@ -802,13 +807,24 @@ impl Ops<'_> {
                 }),
                 ..marker.clone()
             };
-            if asked != *marker {
-                self.store
-                    .save_inhibition(name, &asked)
-                    .await
-                    .map_err(OpsError::from)?;
-            }
+            self.store
+                .save_inhibition(name, &asked)
+                .await
+                .map_err(OpsError::from)?;
         }
+        let task = NewTask {
+            kind: TaskKind::Upgrade,
+            instance: instance.id,
+            run_after: self.now,
+            reason: "operator: rollout undo".into(),
+            traceparent: Some(self.traceparent()),
+        };
+        // One active upgrade task per instance: one queued already (an
+        // interrupted upgrade's) carries the undo out as well.
+        self.store
+            .enqueue(&task, self.now, None)
+            .await
+            .map_err(OpsError::from)?;
         Ok(Some(services))
     }
 

@@ -2134,14 +2134,17 @@ async fn a_successor_that_crashes_while_baking_is_reverted_and_its_type_halted()
     assert!(f.store.active_tasks().await.unwrap().rows.is_empty());
 }
 
-/// #40: `stead rollout undo TYPE` halts the type and asks, on the markers
-/// of every instance of it whose upgrade still bakes, for the way back; the
-/// next pass reverts with its own steps, then the passes start and publish
-/// the predecessor and retire the successor. Asked twice before that pass,
-/// nothing changes twice; run again after, it finds nothing baking.
+/// #40: `stead rollout undo TYPE` halts the type, asks for the way back on
+/// the markers of every instance whose upgrade still bakes, and queues it
+/// an upgrade task; the halted type's task starts and verifies the
+/// predecessor while the successor still serves, then switches ACTIVE
+/// back, so the next pass moves the route without withdrawing it, and
+/// retires the successor. Asked twice, nothing changes twice; run again
+/// after, it finds nothing baking.
 #[tokio::test]
-async fn rollout_undo_puts_a_baking_instance_back_and_is_safe_to_run_twice() {
+async fn rollout_undo_puts_a_baking_instance_back_without_a_gap_and_is_safe_to_run_twice() {
     let (f, instance, before, after, recoverer) = upgraded_and_baking().await;
+    let withdrawals = f.script.count(Op::Withdraw);
 
     let ops = stead::ops::Ops::new(f.store.as_ref(), f.catalog.clone(), f.clock.now(), 7);
     let undo = ops.undo_rollout("wiki").await.unwrap();
@@ -2151,7 +2154,7 @@ async fn rollout_undo_puts_a_baking_instance_back_and_is_safe_to_run_twice() {
     );
     let rollouts = f.store.rollouts().await.unwrap();
     assert_eq!(rollouts.get("wiki"), Some(&RolloutState::Halted));
-    // Asked, not yet done: the pass reverts (it alone holds the runtime).
+    // Asked, not yet done.
     assert_eq!(f.web_container("wiki1").await, after);
     let asked = f.store.load_inhibitions(&instance.name).await.unwrap();
     let twice = ops.undo_rollout("wiki").await.unwrap();
@@ -2161,17 +2164,38 @@ async fn rollout_undo_puts_a_baking_instance_back_and_is_safe_to_run_twice() {
         asked,
         "asked twice, written once"
     );
+    let tasks = f.store.active_tasks().await.unwrap().rows;
+    assert_eq!(
+        tasks.len(),
+        1,
+        "one upgrade task carries the undo: {tasks:?}"
+    );
 
-    for _ in 0..3 {
+    assert_eq!(f.worker().work_once().await.unwrap().1, TaskEnd::Done);
+    assert_eq!(f.web_container("wiki1").await, before);
+    assert!(
+        f.runtime.container(&before).unwrap().status == ContainerStatus::Running,
+        "started again by the undo"
+    );
+    assert!(
+        f.routes_to("wiki1", "web", &after),
+        "the successor still serves"
+    );
+    let row = f.store.instance(&instance.name).await.unwrap().unwrap();
+    assert_eq!(row.version, "1");
+
+    for _ in 0..2 {
         let outcome = recoverer.pass().await;
         assert_eq!(outcome.error_count(), 0, "{outcome:?}");
     }
-    assert_eq!(f.web_container("wiki1").await, before);
-    let row = f.store.instance(&instance.name).await.unwrap().unwrap();
-    assert_eq!(row.version, "1");
     assert!(
         f.routes_to("wiki1", "web", &before),
         "the predecessor serves"
+    );
+    assert_eq!(
+        f.script.count(Op::Withdraw),
+        withdrawals,
+        "the route moved to the predecessor without being withdrawn"
     );
     assert!(
         f.runtime.container(&after).is_none(),

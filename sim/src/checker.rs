@@ -1790,7 +1790,12 @@ impl Observer for Checker {
             Effect::Started { id } | Effect::Restarted { id } => {
                 came_up(&mut s, id);
                 let service = instance_of(&s.truth, id);
-                s.check("S1 start only ACTIVE", service.is_some(), || {
+                // An operator's undo (#40) has a worker start a kept
+                // predecessor, still under its marker, and verify it
+                // before ACTIVE names it again: as an upgrade creates its
+                // candidate. Nothing else starts what ACTIVE does not name.
+                let undoing = actor == Actor::Worker && s.truth.markers.contains_key(id);
+                s.check("S1 start only ACTIVE", service.is_some() || undoing, || {
                     format!("{id} is not named by ACTIVE")
                 });
                 if let Some(service) = service {

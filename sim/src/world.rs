@@ -584,6 +584,14 @@ impl Actors {
             self.uninstall_helm_by_hand(pick).await;
             return;
         }
+        if which == 7 && pick % 2 == 1 && !self.bake.is_zero() {
+            // Not under an instance lock of the operator's own: the undo
+            // takes each instance's lock in turn, as the CLI does. (Taken
+            // under one, it waited out its own lock and found that
+            // instance busy every time.)
+            self.undo_rollout().await;
+            return;
+        }
         let services = self.services.lock().expect("poisoned").clone();
         if services.is_empty() {
             return;
@@ -792,10 +800,6 @@ impl Actors {
                     .rollouts()
                     .await
                     .is_ok_and(|r| r.get(SERVICE_TYPE) == Some(&RolloutState::Halted));
-                if !halted && self.rng.lock().expect("poisoned").random_ratio(1, 2) {
-                    self.undo_rollout().await;
-                    return;
-                }
                 let next = if halted {
                     RolloutState::Active
                 } else {

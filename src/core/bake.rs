@@ -27,6 +27,12 @@ use super::types::{
     RevertTo, ServiceName,
 };
 
+/// How long the recovery pass leaves an operator's undo to the upgrade
+/// task that carries it out without a gap (`core::undo`) before it reverts
+/// the instance itself: a worker that is down or busy does not keep the
+/// instance on the version the operator undid.
+pub const UNDO_TASK_GRACE: std::time::Duration = std::time::Duration::from_secs(60);
+
 /// The grace a `stop-first` successor recorded without one is stopped
 /// with (an upgrade always records its own).
 const STOP_FIRST_GRACE_DEFAULT: std::time::Duration = std::time::Duration::from_secs(10);

@@ -30,6 +30,7 @@ pub mod spec;
 pub mod toml_error;
 pub mod traffic;
 pub mod types;
+pub mod undo;
 pub mod upgrade;
 pub mod verify;
 pub mod window;

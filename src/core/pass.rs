@@ -29,11 +29,11 @@ use std::time::Duration;
 
 use jiff::Timestamp;
 
-use super::bake::{bakes, baking, fails_while_baking, revert_steps, RevertStep};
+use super::bake::{bakes, baking, fails_while_baking, revert_steps, RevertStep, UNDO_TASK_GRACE};
 use super::errors::{failure_of, Cause, ErrorKind, PortName, StoreError, TrafficError};
 use super::machine::{Machine, MachineCommand};
 
-use super::fleet::{InstanceState, ListedInstance};
+use super::fleet::{add, InstanceState, ListedInstance};
 use super::memory::InstanceMemory;
 use super::policy::RecoveryPolicy;
 use super::recovery::{
@@ -529,10 +529,14 @@ impl<'p> InstancePass<'p> {
     /// After the services: revert if a baking successor failed (#40),
     /// else go on to the markers.
     fn plan_revert(&mut self) -> Stage {
-        // `stead rollout undo` asks for the way back on the markers.
+        // `stead rollout undo` asks for the way back on the markers, for
+        // an upgrade task to take without a gap (`core::undo`); if none
+        // has after a while, the pass takes it.
         let undone = || {
             baking(&self.inhibitions, &self.active, self.now)
-                .find(|(_, back, _)| back.undone)
+                .find(|(marker, back, _)| {
+                    back.undone && add(marker.created_at, UNDO_TASK_GRACE) <= self.now
+                })
                 .map(|(marker, _, _)| (marker.service.clone(), "undone by an operator".to_owned()))
         };
         let Some((service, why)) = self.failing.clone().or_else(undone) else {

@@ -559,7 +559,8 @@ pub fn run_pass_and_check(
     // #40: a revert happens exactly when a baking successor failed this
     // pass by the rule's own reading, or an operator undid it, and not
     // otherwise.
-    let failed = baking().any(|(_, back, _)| back.undone)
+    let failed = baking()
+        .any(|(m, back, _)| back.undone && add(m.created_at, bake::UNDO_TASK_GRACE) <= input.now)
         || report.reports.iter().any(|r| {
             baking().any(|(m, _, successor)| {
                 m.service == r.key.service

@@ -751,8 +751,9 @@ async fn rollout(config: &DaemonConfig, command: RolloutCommand) -> Result<u8, C
             for (instance, services) in &undo.reverted {
                 let services: Vec<&str> = services.iter().map(|s| s.as_str()).collect();
                 say(format!(
-                    "{instance}: put back on its predecessors ({}); the next pass starts and \
-                     publishes them",
+                    "{instance}: going back to its predecessors ({}): its upgrade task starts \
+                     and verifies them while the new version serves, then moves the route \
+                     (`stead task list`)",
                     services.join(", ")
                 ));
             }

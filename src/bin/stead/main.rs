@@ -228,9 +228,10 @@ pub enum RolloutCommand {
     /// Plan upgrades of a service type again.
     Resume { service_type: String },
     /// Undo a service type's rollout: halt it, and put every instance of
-    /// it whose upgrade still bakes back on its kept predecessors (the
-    /// next pass starts and publishes them). An instance whose bake window
-    /// ended has no way back.
+    /// it whose upgrade still bakes back on its kept predecessors (an
+    /// upgrade task starts and verifies them while the new version serves,
+    /// then the route moves). An instance whose bake window ended has no
+    /// way back.
     Undo { service_type: String },
 }
 

@@ -120,6 +120,12 @@ impl Worker {
         }
         match task.kind {
             TaskKind::Provision | TaskKind::Reprovision => self.provision(&instance).await,
+            // A halted type's upgrade task also carries out an operator's
+            // undo of the instance, if one was asked for.
+            TaskKind::Upgrade if halted => {
+                self.upgrade(&instance, halted).await?;
+                self.undo(&instance).await
+            }
             TaskKind::Upgrade => self.upgrade(&instance, halted).await,
             TaskKind::Deprovision => self.deprovision(&instance).await,
         }

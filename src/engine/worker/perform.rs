@@ -3,6 +3,7 @@
 
 use crate::core::fleet::Instance;
 use crate::core::provision::{WorkAnswer, WorkCommand, WorkError};
+use crate::core::undo::{UndoAnswer, UndoCommand};
 use crate::core::upgrade::{UpgradeAnswer, UpgradeCommand};
 use crate::ports::{ReleaseSpec, StoreError};
 
@@ -167,6 +168,56 @@ impl Worker {
                 p.store
                     .save_active_service(&instance.name, &service, &record)
                     .await,
+            ),
+        }
+    }
+}
+
+impl Worker {
+    /// Performs one step of an undo through the ports. No decisions.
+    pub(super) async fn perform_undo(
+        &self,
+        instance: &Instance,
+        command: &UndoCommand,
+    ) -> UndoAnswer {
+        let p = &self.ports;
+        match command {
+            UndoCommand::Start(generation) => {
+                UndoAnswer::Started(p.runtime.start(&generation.container).await)
+            }
+            UndoCommand::Inspect(id) => UndoAnswer::Inspected(p.runtime.inspect(id).await),
+            UndoCommand::ReadBinds(id) => UndoAnswer::Binds(p.runtime.binds(id).await),
+            UndoCommand::Probe { readiness, target } => {
+                UndoAnswer::Probed(p.probe.ready(readiness, target).await)
+            }
+            UndoCommand::Stop { generation, grace } => {
+                UndoAnswer::Stopped(p.runtime.stop(generation, *grace).await)
+            }
+            UndoCommand::SaveMarker(marker) => {
+                UndoAnswer::Saved(p.store.save_inhibition(&instance.name, marker).await)
+            }
+            UndoCommand::SaveActive { service, record } => UndoAnswer::Saved(
+                p.store
+                    .save_active_service(&instance.name, service, record)
+                    .await,
+            ),
+            UndoCommand::RestoreVersion {
+                version,
+                spec_digest,
+            } => UndoAnswer::Saved(
+                async {
+                    let now = p.clock.now();
+                    p.store
+                        .set_instance_version(instance.id, version, now)
+                        .await?;
+                    if let Some(digest) = spec_digest {
+                        p.store
+                            .set_instance_spec_digest(instance.id, digest, now)
+                            .await?;
+                    }
+                    Ok(())
+                }
+                .await,
             ),
         }
     }

@@ -2,6 +2,7 @@
 //! (`core::provision`, `core::upgrade`) through the ports and moves the
 //! instance along its lifecycle.
 
+use crate::core::bake::baking;
 use crate::core::catalog::CatalogEntry;
 use crate::core::errors::{Cause, ErrorKind, TaskError};
 use crate::core::fleet::{settle_state, Instance, InstanceState};
@@ -10,8 +11,9 @@ use crate::core::provision::{
     Deprovision, DeprovisionInput, Provision, ProvisionInput, WorkAnswer, WorkCommand,
 };
 use crate::core::release::{Provisioning, ReleaseParams, ReleaseTarget};
-use crate::core::spec::ServiceSpec;
+use crate::core::spec::{ReadinessProbe, ServiceSpec};
 use crate::core::types::{ContainerId, RuntimeError, ServiceName};
+use crate::core::undo::{Undo, UndoAnswer, UndoCommand, UndoInput, Undone};
 use crate::core::upgrade::{Upgrade, UpgradeAnswer, UpgradeCommand, UpgradeInput};
 use crate::ports::CreateContainer;
 
@@ -352,7 +354,69 @@ impl Performer<Upgrade> for TaskSteps<'_> {
     }
 }
 
+impl Performer<Undo> for TaskSteps<'_> {
+    async fn perform(&mut self, _: &Undo, command: &UndoCommand) -> UndoAnswer {
+        self.worker.perform_undo(self.instance, command).await
+    }
+
+    fn performed(&mut self, _: UndoCommand, answer: &UndoAnswer) {
+        if let Some((port, kind)) = answer.port_failure() {
+            count_port_failure(port, kind);
+        }
+    }
+}
+
 impl Worker {
+    /// `stead rollout undo` of the instance (`core::undo`), when an
+    /// operator asked for it on the markers of its baking upgrade: run by
+    /// the type's upgrade task once the rollout is halted.
+    pub(super) async fn undo(&self, instance: &Instance) -> Result<(), TaskError> {
+        let p = &self.ports;
+        let name = &instance.name;
+        let entry = self.entry(instance)?;
+        let active = p
+            .store
+            .load_active(name)
+            .await
+            .map_err(|e| TaskError::new(name, "load ACTIVE", e))?;
+        let inhibitions = p
+            .store
+            .load_inhibitions(name)
+            .await
+            .map_err(|e| TaskError::new(name, "load the inhibitions", e))?;
+        let services: Vec<Undone> = baking(&inhibitions, &active, p.clock.now())
+            .filter(|(_, back, _)| back.undone)
+            .map(|(marker, back, successor)| Undone {
+                readiness: entry
+                    .services
+                    .iter()
+                    .find(|spec| spec.name == marker.service)
+                    .map_or(ReadinessProbe::None, |spec| spec.readiness.clone()),
+                marker: marker.clone(),
+                back: back.clone(),
+                successor: successor.clone(),
+            })
+            .collect();
+        if services.is_empty() {
+            return Ok(());
+        }
+        let mut undo = Undo::new(UndoInput {
+            instance: name.clone(),
+            stopped: instance.stopped,
+            services,
+            stop_grace_default: self.config.stop_grace_default,
+        });
+        self.drive_task(instance, &mut undo).await;
+        let put_back = undo.into_report()?;
+        metrics::counter!("stead_reverts_total", "cause" => "undo").increment(1);
+        tracing::warn!(
+            instance = %name,
+            services = ?put_back,
+            "rollout undone by an operator: the instance is back on its predecessors"
+        );
+        Ok(())
+    }
+
     /// Drives a task's machine through the ports, every effect under the
     /// task lease and the instance lock (`engine::drive`).
     async fn drive_task<M>(&self, instance: &Instance, machine: &mut M)

@@ -10,6 +10,7 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use jiff::Timestamp;
+use stead::core::event_log::{Event, EventFilter, EventKind, LoggedEvent};
 use stead::core::fleet::{
     add, InstanceState, ListedInstance, NewTask, RolloutState, TaskKind, TaskState,
 };
@@ -83,6 +84,10 @@ store_suite! {
         instance_locks_exclude_other_holders_until_released_or_expired,
         timestamps_round_trip_at_microsecond_precision,
         a_store_outage_fails_calls_and_loses_nothing,
+        events_are_appended_in_order_and_read_back_with_every_field,
+        events_are_filtered_by_instance_kind_and_since_and_the_newest_kept,
+        following_the_event_log_reads_on_after_the_last_id_seen,
+        old_events_are_pruned_in_bounded_batches_and_newer_ones_kept,
     ],
     sql: [
         unknown_instance_state_is_a_bad_row_and_others_are_listed,
@@ -92,6 +97,7 @@ store_suite! {
         instance_names_that_are_not_dns_labels_are_bad_rows_and_others_are_listed,
         bad_names_in_active_and_inhibition_rows_are_bad_rows_and_other_instances_load,
         the_schema_itself_rejects_bad_states_and_duplicate_active_tasks,
+        an_event_of_an_unknown_kind_is_a_bad_row_and_the_others_are_read,
     ]
 }
 
@@ -2102,5 +2108,252 @@ async fn sqlite_a_value_of_the_wrong_type_fails_only_its_row() {
     assert!(
         matches!(&rows[&odd], Err(e) if wrong_type(e, "active_services")),
         "{rows:?}"
+    );
+}
+
+// --- the event log (#42) -------------------------------------------------
+
+fn event(kind: EventKind, at: Timestamp, instance: Option<&str>) -> Event {
+    let mut event = Event::new(kind, at, "R9", format!("{kind} at {at}"));
+    event.instance = instance.map(InstanceName::new);
+    event.writer = "host-1#a".into();
+    event
+}
+
+fn kinds_and_instances(rows: &[LoggedEvent]) -> Vec<(EventKind, Option<String>)> {
+    rows.iter()
+        .map(|e| {
+            (
+                e.event.kind,
+                e.event.instance.as_ref().map(|i| i.to_string()),
+            )
+        })
+        .collect()
+}
+
+async fn events_are_appended_in_order_and_read_back_with_every_field(s: TestStore) {
+    let store = &*s.store;
+    let full = Event::new(
+        EventKind::CrashLoopDelay,
+        t(10) + jiff::SignedDuration::from_nanos(1_234_567),
+        "R10",
+        "crash loop: alpha/web stays down",
+    )
+    .instance(&InstanceName::new("alpha"))
+    .service(&ServiceName::new("web"))
+    .container(&ContainerId::new("c0ffee"))
+    .until(t(70))
+    .traced(Some(
+        "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",
+    ));
+    let mut full = full;
+    full.writer = "host-1#a".into();
+    let bare = event(EventKind::LeaseTaken, t(11), None);
+    store
+        .append_events(&[full.clone(), bare.clone()])
+        .await
+        .unwrap();
+    store.append_events(&[]).await.unwrap();
+    let read = store.events(&EventFilter::default()).await.unwrap();
+    assert!(read.bad.is_empty(), "{}: {:?}", s.name(), read.bad);
+    assert_eq!(read.rows.len(), 2, "{}", s.name());
+    assert!(
+        read.rows[0].id < read.rows[1].id,
+        "ids ascend in write order"
+    );
+    // Stored to the microsecond, as every timestamp.
+    let mut expected = full;
+    expected.at = t(10) + jiff::SignedDuration::from_micros(1_234);
+    assert_eq!(read.rows[0].event, expected, "{}", s.name());
+    assert_eq!(
+        read.rows[0].event.trace_id.as_deref(),
+        Some("4bf92f3577b34da6a3ce929d0e0e4736")
+    );
+    assert_eq!(read.rows[1].event, bare, "{}", s.name());
+}
+
+async fn events_are_filtered_by_instance_kind_and_since_and_the_newest_kept(s: TestStore) {
+    let store = &*s.store;
+    store
+        .append_events(&[
+            event(EventKind::Start, t(1), Some("alpha")),
+            event(EventKind::Publish, t(2), Some("alpha")),
+            event(EventKind::Start, t(3), Some("beta")),
+            event(EventKind::Start, t(4), Some("alpha")),
+            event(EventKind::CatalogReload, t(5), None),
+        ])
+        .await
+        .unwrap();
+    let read = |filter: EventFilter| async move { store.events(&filter).await.unwrap().rows };
+    let alpha = Some(InstanceName::new("alpha"));
+    let a = || Some("alpha".to_owned());
+    assert_eq!(
+        kinds_and_instances(
+            &read(EventFilter {
+                instance: alpha.clone(),
+                ..Default::default()
+            })
+            .await
+        ),
+        [
+            (EventKind::Start, a()),
+            (EventKind::Publish, a()),
+            (EventKind::Start, a())
+        ],
+        "{}",
+        s.name()
+    );
+    let starts = read(EventFilter {
+        kind: Some(EventKind::Start),
+        ..Default::default()
+    })
+    .await;
+    assert_eq!(starts.len(), 3, "{}", s.name());
+    let recent = read(EventFilter {
+        since: Some(t(3)),
+        ..Default::default()
+    })
+    .await;
+    assert_eq!(
+        recent.iter().map(|e| e.event.at).collect::<Vec<_>>(),
+        [t(3), t(4), t(5)],
+        "since is inclusive: {}",
+        s.name()
+    );
+    let newest_two = read(EventFilter {
+        limit: 2,
+        ..Default::default()
+    })
+    .await;
+    assert_eq!(
+        newest_two.iter().map(|e| e.event.at).collect::<Vec<_>>(),
+        [t(4), t(5)],
+        "the newest, in order: {}",
+        s.name()
+    );
+    let none = read(EventFilter {
+        instance: alpha,
+        kind: Some(EventKind::CatalogReload),
+        ..Default::default()
+    })
+    .await;
+    assert!(none.is_empty(), "{}", s.name());
+}
+
+async fn following_the_event_log_reads_on_after_the_last_id_seen(s: TestStore) {
+    let store = &*s.store;
+    let batch: Vec<Event> = (0..5)
+        .map(|i| event(EventKind::Enqueue, t(i), Some("alpha")))
+        .collect();
+    store.append_events(&batch).await.unwrap();
+    let all = store.events(&EventFilter::default()).await.unwrap().rows;
+    let first = store
+        .events(&EventFilter {
+            after_id: Some(all[0].id),
+            limit: 2,
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .rows;
+    assert_eq!(
+        first.iter().map(|e| e.id).collect::<Vec<_>>(),
+        [all[1].id, all[2].id],
+        "the oldest after the id: {}",
+        s.name()
+    );
+    store
+        .append_events(&[event(EventKind::Cancel, t(9), Some("alpha"))])
+        .await
+        .unwrap();
+    let rest = store
+        .events(&EventFilter {
+            after_id: Some(first[1].id),
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .rows;
+    assert_eq!(
+        rest.iter().map(|e| e.event.kind).collect::<Vec<_>>(),
+        [EventKind::Enqueue, EventKind::Enqueue, EventKind::Cancel],
+        "{}",
+        s.name()
+    );
+}
+
+async fn old_events_are_pruned_in_bounded_batches_and_newer_ones_kept(s: TestStore) {
+    let store = &*s.store;
+    let batch: Vec<Event> = (0..7)
+        .map(|i| event(EventKind::Publish, t(i), Some("alpha")))
+        .collect();
+    store.append_events(&batch).await.unwrap();
+    assert_eq!(
+        store.prune_events(t(5), 3).await.unwrap(),
+        3,
+        "{}",
+        s.name()
+    );
+    let left = store.events(&EventFilter::default()).await.unwrap().rows;
+    assert_eq!(
+        left.iter().map(|e| e.event.at).collect::<Vec<_>>(),
+        [t(3), t(4), t(5), t(6)],
+        "the oldest go first: {}",
+        s.name()
+    );
+    assert_eq!(
+        store.prune_events(t(5), 3).await.unwrap(),
+        2,
+        "{}",
+        s.name()
+    );
+    assert_eq!(
+        store.prune_events(t(5), 3).await.unwrap(),
+        0,
+        "{}",
+        s.name()
+    );
+    let left = store.events(&EventFilter::default()).await.unwrap().rows;
+    assert_eq!(
+        left.iter().map(|e| e.event.at).collect::<Vec<_>>(),
+        [t(5), t(6)],
+        "{}",
+        s.name()
+    );
+}
+
+async fn an_event_of_an_unknown_kind_is_a_bad_row_and_the_others_are_read(s: TestStore) {
+    let store = &*s.store;
+    store
+        .append_events(&[event(EventKind::Start, t(1), Some("alpha"))])
+        .await
+        .unwrap();
+    s.raw(
+        "INSERT INTO events (at_us, kind, instance, reason, message, writer) \
+         VALUES (0, 'reboot', 'alpha', 'R0', 'x', 'w'); \
+         INSERT INTO events (at_us, kind, instance, reason, message, writer) \
+         VALUES (0, 'start', 'Not A Label', 'R0', 'x', 'w')",
+    )
+    .await
+    .unwrap()
+    .unwrap();
+    let read = store.events(&EventFilter::default()).await.unwrap();
+    assert_eq!(read.rows.len(), 1, "{}", s.name());
+    let bad: Vec<String> = read.bad.iter().map(ToString::to_string).collect();
+    assert_eq!(bad.len(), 2, "{}: {bad:?}", s.name());
+    assert!(
+        read.bad.iter().any(|e| matches!(e, StoreError::BadRow { table: "events", field: "kind", value, .. } if value == "reboot")),
+        "{bad:?}"
+    );
+    assert!(
+        read.bad.iter().any(|e| matches!(
+            e,
+            StoreError::BadRow {
+                table: "events",
+                field: "instance",
+                ..
+            }
+        )),
+        "{bad:?}"
     );
 }

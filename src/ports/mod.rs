@@ -14,6 +14,7 @@ pub use crate::core::errors::{
     ErrorKind, NotifyError, PolicyError, PortFailure, PortName, ProbeError, ProvisionError,
     StoreError, TrafficError,
 };
+pub use crate::core::event_log::{Event, EventFilter, LoggedEvent};
 use crate::core::fleet::{
     Instance, InstanceId, InstanceState, ListedInstance, NewTask, RolloutState, Task, TaskId,
 };
@@ -656,4 +657,17 @@ pub trait Store: Send + Sync {
     /// passed); `None` when nobody took it or it was released. For logs and
     /// status only: it grants nothing.
     async fn reconciler_lease(&self) -> Result<Option<LeaseGrant>, StoreError>;
+
+    // --- the event log (#42) ---------------------------------------------
+    /// Appends `events` in order, in one transaction: all or none. Their
+    /// ids ascend in the order given.
+    async fn append_events(&self, events: &[Event]) -> Result<(), StoreError>;
+    /// The events `filter` admits, at most its limit, in id order: the
+    /// newest ones, or with `after_id` the oldest after it. A row that
+    /// does not decode is reported in [`Rows::bad`].
+    async fn events(&self, filter: &EventFilter) -> Result<Rows<LoggedEvent>, StoreError>;
+    /// Deletes at most `batch_max` of the oldest events written before
+    /// `before`, and says how many: retention prunes in bounded batches so
+    /// no statement holds the table long.
+    async fn prune_events(&self, before: Timestamp, batch_max: u32) -> Result<u64, StoreError>;
 }

@@ -18,6 +18,7 @@ use async_trait::async_trait;
 
 use crate::mutants::{self, Mutant};
 use crate::ports::{Effect, Observer};
+use stead::core::event_log::{Event, EventFilter, LoggedEvent};
 use stead::core::fleet::{
     Instance, InstanceId, InstanceState, ListedInstance, NewTask, RolloutState, Task, TaskId,
     TaskKind, TaskState, CANCELLED_BY_DELETION,
@@ -100,6 +101,9 @@ struct State {
     instance_locks: BTreeMap<InstanceId, (Arc<str>, i64)>,
     next_instance_id: InstanceId,
     next_task_id: TaskId,
+    /// The event log, in id order.
+    events: Vec<LoggedEvent>,
+    next_event_id: i64,
 }
 
 impl MemoryStore {
@@ -1364,6 +1368,51 @@ impl Store for MemoryStore {
 
     async fn reconciler_lease(&self) -> Result<Option<LeaseGrant>, StoreError> {
         Ok(self.call()?.lease_row().grant())
+    }
+
+    async fn append_events(&self, events: &[Event]) -> Result<(), StoreError> {
+        let mut state = self.call()?;
+        for event in events {
+            state.next_event_id += 1;
+            let id = state.next_event_id;
+            let mut event = event.clone();
+            event.at = normalize_timestamp(event.at);
+            event.until = event.until.map(normalize_timestamp);
+            state.events.push(LoggedEvent { id, event });
+        }
+        Ok(())
+    }
+
+    async fn events(&self, filter: &EventFilter) -> Result<Rows<LoggedEvent>, StoreError> {
+        let state = self.call()?;
+        let admitted = state.events.iter().filter(|e| filter.admits(e));
+        let limit = filter.limit as usize;
+        let rows: Vec<LoggedEvent> = if filter.after_id.is_some() {
+            admitted.take(limit).cloned().collect()
+        } else {
+            let mut newest: Vec<LoggedEvent> = admitted.rev().take(limit).cloned().collect();
+            newest.reverse();
+            newest
+        };
+        Ok(Rows {
+            rows,
+            bad: Vec::new(),
+        })
+    }
+
+    async fn prune_events(&self, before: Timestamp, batch_max: u32) -> Result<u64, StoreError> {
+        let mut state = self.call()?;
+        let mut old: Vec<(Timestamp, i64)> = state
+            .events
+            .iter()
+            .filter(|e| e.event.at < before)
+            .map(|e| (e.event.at, e.id))
+            .collect();
+        old.sort_unstable();
+        old.truncate(batch_max as usize);
+        let pruned: BTreeSet<i64> = old.into_iter().map(|(_, id)| id).collect();
+        state.events.retain(|e| !pruned.contains(&e.id));
+        Ok(pruned.len() as u64)
     }
 }
 

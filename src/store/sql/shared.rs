@@ -783,6 +783,75 @@ macro_rules! impl_sql_store {
                     .decode();
                 Ok(row.grant())
             }
+
+            async fn append_events(
+                &self,
+                events: &[crate::core::event_log::Event],
+            ) -> Result<(), StoreError> {
+                use crate::store::sql::{db_error as event_db_error, statements as event_sql};
+                if events.is_empty() {
+                    return Ok(());
+                }
+                let mut tx = self.write_transaction().await?;
+                for event in events {
+                    sqlx::query(event_sql::INSERT_EVENT)
+                        .bind(crate::store::timestamp_to_us(event.at))
+                        .bind(event.kind.as_str())
+                        .bind(event.instance.as_ref().map(|i| i.as_str()))
+                        .bind(event.service.as_ref().map(|s| s.as_str()))
+                        .bind(event.container.as_ref().map(|c| c.as_str()))
+                        .bind(&event.reason)
+                        .bind(&event.message)
+                        .bind(event.until.map(crate::store::timestamp_to_us))
+                        .bind(event.trace_id.as_deref())
+                        .bind(&event.writer)
+                        .execute(&mut *tx)
+                        .await
+                        .map_err(event_db_error)?;
+                }
+                tx.commit().await.map_err(event_db_error)
+            }
+
+            async fn events(
+                &self,
+                filter: &crate::core::event_log::EventFilter,
+            ) -> Result<Rows<crate::core::event_log::LoggedEvent>, StoreError> {
+                use crate::store::sql::rows::EventRow;
+                use crate::store::sql::{db_error as event_db_error, statements as event_sql};
+                let statement = if filter.after_id.is_some() {
+                    event_sql::OLDEST_EVENTS
+                } else {
+                    event_sql::NEWEST_EVENTS
+                };
+                let mut rows = sqlx::query_as::<_, EventRow>(statement)
+                    .bind(filter.instance.as_ref().map(|i| i.as_str()))
+                    .bind(filter.kind.map(|k| k.as_str()))
+                    .bind(filter.since.map_or(i64::MIN, crate::store::timestamp_to_us))
+                    .bind(filter.after_id.unwrap_or(i64::MIN))
+                    .bind(i64::from(filter.limit))
+                    .fetch_all(&self.pool)
+                    .await
+                    .map_err(event_db_error)?;
+                rows.sort_unstable_by_key(|row| row.id);
+                Ok(crate::store::sql::rows::collect_rows(
+                    rows.into_iter().map(EventRow::decode),
+                ))
+            }
+
+            async fn prune_events(
+                &self,
+                before: Timestamp,
+                batch_max: u32,
+            ) -> Result<u64, StoreError> {
+                use crate::store::sql::{db_error as event_db_error, statements as event_sql};
+                sqlx::query(event_sql::PRUNE_EVENTS)
+                    .bind(crate::store::timestamp_to_us(before))
+                    .bind(i64::from(batch_max))
+                    .execute(&self.pool)
+                    .await
+                    .map(|done| done.rows_affected())
+                    .map_err(event_db_error)
+            }
         }
     };
 }

@@ -14,6 +14,7 @@ use tokio::sync::watch;
 use tracing::Instrument;
 
 use crate::core::catalog::Catalog;
+use crate::core::event_log::{Event, EventKind};
 use crate::core::plan::{
     task_lease, ControlConfig, Decision, Level, Plan, Planner, Report, Snapshot,
 };
@@ -134,6 +135,9 @@ pub struct Reconciler {
     failing: Mutex<BTreeSet<(Check, String)>>,
     /// The bad rows the last snapshot skipped, logged the same way.
     bad_rows: Mutex<BTreeSet<String>>,
+    /// How long the event log keeps an event (#42); unset: the leader's
+    /// tick prunes nothing.
+    event_retention: std::sync::OnceLock<Duration>,
 }
 
 /// What full passes confirmed gone (R7), per instance, with when that
@@ -169,6 +173,24 @@ impl Reconciler {
             failing: Mutex::new(BTreeSet::new()),
             bad_rows: Mutex::new(BTreeSet::new()),
             lost_services: Mutex::new(LostServices::new()),
+            event_retention: std::sync::OnceLock::new(),
+        }
+    }
+
+    /// From now on, each tick this replica leads deletes the events older
+    /// than `retention`, in bounded batches (#42). Set once.
+    pub fn keep_events_for(&self, retention: Duration) {
+        let _ = self.event_retention.set(retention);
+    }
+
+    /// Retention of the event log: never fails the tick (C3).
+    async fn prune_events(&self) {
+        let Some(retention) = self.event_retention.get() else {
+            return;
+        };
+        let now = self.ports.clock.now();
+        if let Err(e) = super::event_log::prune(self.ports.store.as_ref(), now, *retention).await {
+            tracing::warn!(error = %e, "pruning the event log failed; tried again next tick");
         }
     }
 
@@ -209,6 +231,21 @@ impl Reconciler {
             .filter(|(_, (seen_at, _))| *seen_at >= oldest)
             .map(|(name, (_, services))| (name.clone(), services.clone()))
             .collect()
+    }
+
+    /// Writes `event` to the event log (#42), never waiting for it.
+    fn emit(&self, event: Event) {
+        self.recoverer.events().emit(event);
+    }
+
+    /// [`Reconciler::emit`] of an event about the instance named `name`
+    /// (as the tick names it: a name the snapshot knows, else its id).
+    fn emit_about(&self, name: &str, event: Event) {
+        let event = match crate::core::names::check_instance_name("instance", name) {
+            Ok(()) => event.instance(&InstanceName::new(name)),
+            Err(_) => event,
+        };
+        self.emit(event);
     }
 
     /// Starts the next tick now instead of after the pause (or right after
@@ -280,8 +317,8 @@ impl Reconciler {
         // its deadline), never TTL, lease expiry or drift (issue #14).
         let mut control = TickOutcome::default();
         let (pass, ()) = tokio::join!(
-            self.recoverer.pass(),
-            self.control_checks(traceparent, &mut control)
+            self.recoverer.pass_traced(Some(&traceparent)),
+            self.control_checks(traceparent.clone(), &mut control)
         );
         if !pass.errors.is_empty() {
             let errors: Vec<String> = pass.errors.iter().map(ToString::to_string).collect();
@@ -310,6 +347,7 @@ impl Reconciler {
             tracing::warn!("{w}");
         }
         self.gauges().await;
+        self.prune_events().await;
         out
     }
 
@@ -365,6 +403,18 @@ impl Reconciler {
                     grant.epoch,
                     grant.expires_at
                 );
+                self.emit(
+                    Event::new(
+                        EventKind::LeaseTaken,
+                        self.ports.clock.now(),
+                        "C2",
+                        format!(
+                            "reconciler lease taken by {} (epoch {})",
+                            grant.holder, grant.epoch
+                        ),
+                    )
+                    .until(grant.expires_at),
+                );
             }
             (LeaseAnswer::HeldElsewhere, lost) => self.log_waiting(lost).await,
             (LeaseAnswer::Unavailable(e), _) => {
@@ -389,6 +439,12 @@ impl Reconciler {
                 "reconciler lease lost: now held by {holder}{until}; this replica stops acting \
                  and waits"
             );
+            self.emit(Event::new(
+                EventKind::LeaseLost,
+                self.ports.clock.now(),
+                "C2",
+                format!("reconciler lease lost: now held by {holder}{until}"),
+            ));
         } else if waiting.as_deref() != Some(holder.as_str()) {
             tracing::info!("waiting for the reconciler lease, held by {holder}{until}");
         }
@@ -619,6 +675,24 @@ impl Reconciler {
                             task.kind,
                             task.reason
                         );
+                        let (kind, rule) = match check {
+                            Check::Drift => (EventKind::Drift, "C5"),
+                            Check::VersionDrift => (EventKind::Enqueue, "C8"),
+                            _ => (EventKind::Enqueue, check.as_str()),
+                        };
+                        self.emit_about(
+                            &instance,
+                            Event::new(
+                                kind,
+                                now,
+                                rule,
+                                format!(
+                                    "queued task {id} {} of {instance}{when}: {}",
+                                    task.kind, task.reason
+                                ),
+                            )
+                            .traced(task.traceparent.as_deref()),
+                        );
                     }
                 }),
                 Decision::Expire {
@@ -640,6 +714,22 @@ impl Reconciler {
                                 expired.task,
                                 expired.cancelled.len(),
                                 task.reason
+                            );
+                            self.emit_about(
+                                &instance,
+                                Event::new(
+                                    EventKind::TtlExpiry,
+                                    now,
+                                    "C7",
+                                    format!(
+                                        "deleting {instance}: deprovision queued as task {}, {} \
+                                         queued task(s) cancelled: {}",
+                                        expired.task,
+                                        expired.cancelled.len(),
+                                        task.reason
+                                    ),
+                                )
+                                .traced(task.traceparent.as_deref()),
                             );
                         }
                     }),
@@ -680,7 +770,16 @@ impl Reconciler {
                         tracing::warn!(
                             service_type = %service_type,
                             "rollout of {service_type} halted (C8): {reason}"
-                        )
+                        );
+                        self.emit(
+                            Event::new(
+                                EventKind::Halt,
+                                now,
+                                "C8",
+                                format!("rollout of {service_type} halted: {reason}"),
+                            )
+                            .traced(snapshot.traceparent.as_deref()),
+                        );
                     }),
             };
             if result.is_ok() {

@@ -79,6 +79,7 @@ async fn run(config: DaemonConfig, role: RoleArg, once: bool) -> Result<u8, CliE
                 }
             }
         }
+        daemon.flush_events().await;
         return Ok(if ok { EXIT_OK } else { EXIT_FAILURE });
     }
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
@@ -126,6 +127,7 @@ async fn tick(config: DaemonConfig) -> Result<u8, CliError> {
     daemon.ensure_caddy_server().await;
     let outcome = daemon.reconciler.tick().await;
     daemon.reconciler.release_lease().await;
+    daemon.flush_events().await;
     for (check, why) in &outcome.failed {
         complain(&format!("check {} failed: {why}", check.as_str()));
     }

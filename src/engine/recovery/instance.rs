@@ -10,6 +10,7 @@ use futures_util::future::join_all;
 use tokio::time::Instant;
 
 use crate::core::errors::PortFailure;
+use crate::core::event_log::{Event, EventKind};
 use crate::core::fleet::{Instance, InstanceId, ListedInstance};
 use crate::core::memory::InstanceMemory;
 use crate::core::pass::{is_recovered, Abandon, InstancePass, PassInput};
@@ -45,7 +46,7 @@ impl Recoverer {
         let batch = [ListedInstance::from(instance)];
         let taken = self.take_batch(&batch).await;
         let outcome = self
-            .finish_batch(&batch, taken, None)
+            .finish_batch(&batch, taken, None, None)
             .await
             .pop()
             .map_or_else(InstanceOutcome::default, |(_, outcome)| outcome);
@@ -145,6 +146,7 @@ impl Recoverer {
         batch: &[ListedInstance],
         taken: Taken,
         mut held: Option<&mut FleetRoutes>,
+        trace: Option<&str>,
     ) -> Vec<(InstanceName, InstanceOutcome)> {
         let TakenBatch {
             fence,
@@ -196,7 +198,7 @@ impl Recoverer {
                         remembered,
                         routes: held.as_deref_mut().map(|held| held.take(&instance.name)),
                     };
-                    self.pass_of(slot, fence.clone(), deadline)
+                    self.pass_of(slot, fence.clone(), deadline, trace)
                 })
                 .collect()
         };
@@ -225,6 +227,7 @@ impl Recoverer {
         slot: Slot,
         fence: LeaseGrant,
         deadline: Instant,
+        trace: Option<&str>,
     ) -> (InstanceName, InstanceOutcome, Option<InstanceMemory>) {
         let Slot {
             name,
@@ -261,7 +264,7 @@ impl Recoverer {
                 // into the batch's join; boxed, only the driven
                 // ones pay for it, once.
                 let (outcome, left) =
-                    Box::pin(self.drive(row, remembered, &mandate, routes, deadline)).await;
+                    Box::pin(self.drive(row, remembered, &mandate, routes, deadline, trace)).await;
                 return (name, outcome, Some(left));
             }
         };
@@ -276,6 +279,7 @@ impl Recoverer {
         mandate: &Mandate,
         held: Option<HeldRoutes>,
         deadline: Instant,
+        trace: Option<&str>,
     ) -> (InstanceOutcome, InstanceMemory) {
         let LoadedInstance {
             instance,
@@ -302,7 +306,7 @@ impl Recoverer {
         };
         let began_at = self.ports.clock.now();
         let mut pass = InstancePass::new(&self.policy, input);
-        let mut log = StepLog::new(&self.memory);
+        let mut log = StepLog::new(&self.memory, self.events(), trace);
         // One timer for the whole instance, not one per command: the
         // deadline is measured on the monotonic clock, and when it passes
         // the command in flight is dropped and the machine told.
@@ -319,8 +323,8 @@ impl Recoverer {
                 }
                 let why = pass.why();
                 let answer = self.perform(&instance, &command, &mandate.fence).await;
-                log.step(&command, why, &answer);
                 let now = self.ports.clock.now();
+                log.step(&command, why, &answer, now);
                 if watcher.is_some() {
                     steps.push(WatchedStep {
                         command,
@@ -356,15 +360,28 @@ impl Recoverer {
             let wait = time_until(at, self.ports.clock.now());
             queue.wake(&instance.name, Instant::now() + wait + WAKE_SLACK);
         }
+        let now = self.ports.clock.now();
         for service in &report.reports {
-            log_hold(service, &log);
+            log_hold(service, &log, now);
         }
         metrics::counter!("stead_retirements_total").increment(report.retired.len() as u64);
+        let events = self.events();
         for container in &report.retired {
             tracing::info!(
                 instance = %instance.name,
                 %container,
                 "retired a superseded container: its successor serves (R15)"
+            );
+            events.emit(
+                Event::new(
+                    EventKind::Retire,
+                    now,
+                    "R15",
+                    format!("retired superseded container {container}: its successor serves"),
+                )
+                .instance(&instance.name)
+                .container(container)
+                .traced(trace),
             );
         }
         if let Some((why, services)) = &report.reverted {
@@ -375,6 +392,35 @@ impl Recoverer {
                 services = ?services,
                 "a successor failed while baking: reverted to the predecessors and halted \
                  the type's rollout ({why}); `stead rollout resume` once the version is fixed"
+            );
+            let names: Vec<&str> = services.iter().map(|s| s.as_str()).collect();
+            events.emit(
+                Event::new(
+                    EventKind::Revert,
+                    now,
+                    "bake",
+                    format!(
+                        "a successor failed while baking ({why}): reverted {} to the \
+                         predecessors",
+                        names.join(", ")
+                    ),
+                )
+                .instance(&instance.name)
+                .traced(trace),
+            );
+            events.emit(
+                Event::new(
+                    EventKind::Halt,
+                    now,
+                    "bake",
+                    format!(
+                        "halted the rollout of {} after a failed bake; `stead rollout resume` \
+                         once the version is fixed",
+                        instance.service_type
+                    ),
+                )
+                .instance(&instance.name)
+                .traced(trace),
             );
         }
         let outcome = InstanceOutcome {

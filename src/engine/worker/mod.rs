@@ -21,9 +21,10 @@ mod handle;
 mod perform;
 mod protocols;
 
-use end::log_end;
 pub use end::TaskEnd;
+use end::{end_event, log_end};
 
+use super::event_log::EventSink;
 use super::locks::InstanceLocks;
 use super::{Ports, SharedCatalog};
 
@@ -58,6 +59,8 @@ pub struct Worker {
     trusted_until: std::sync::Mutex<Option<Instant>>,
     /// Until when the instance lock of the task in hand is trusted (T3).
     lock_trusted_until: std::sync::Mutex<Option<Instant>>,
+    /// Where each task's end is logged durably too (#42).
+    events: EventSink,
 }
 
 impl Worker {
@@ -74,6 +77,16 @@ impl Worker {
             locks,
             trusted_until: std::sync::Mutex::new(None),
             lock_trusted_until: std::sync::Mutex::new(None),
+            events: EventSink::off(),
+        }
+    }
+
+    /// The same worker, writing each task's end to the event log through
+    /// `sink` (#42).
+    pub fn with_events(self, sink: EventSink) -> Self {
+        Self {
+            events: sink,
+            ..self
         }
     }
 
@@ -169,6 +182,9 @@ impl Worker {
         let end = self.run_task(&task).await;
         *self.trusted_until.lock().unwrap_or_else(|e| e.into_inner()) = None;
         log_end(&task, &instance, &end);
+        if let Some(event) = end_event(&task, &instance, &end, self.ports.clock.now()) {
+            self.events.emit(event);
+        }
         metrics::counter!("stead_tasks_total", "kind" => task.kind.as_str(), "outcome" => end.label())
             .increment(1);
         Some((task, end))

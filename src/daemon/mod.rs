@@ -33,6 +33,7 @@ use crate::ports::{Notifier, NotifyError, Policy, PolicyError, Provisioner, Stor
 
 pub mod admin;
 pub mod allocator;
+pub mod event_log;
 pub mod events;
 pub mod human;
 pub mod identity;

@@ -48,6 +48,25 @@ pub async fn dispatch(command: Command, config: DaemonConfig) -> Result<u8, CliE
         }
         Command::Task(TaskCommand::Cancel { id }) => task_cancel(&config, id).await,
         Command::Rollout(command) => rollout(&config, command).await,
+        Command::Events {
+            instance,
+            kind,
+            since,
+            limit,
+            follow,
+            json,
+        } => {
+            let query = crate::history::EventQuery {
+                instance,
+                kind,
+                since,
+                limit,
+            };
+            crate::history::events(&config, query, follow, json).await
+        }
+        Command::Timeline { name, since, limit } => {
+            crate::history::timeline(&config, &name, since, limit).await
+        }
     }
 }
 

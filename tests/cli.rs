@@ -636,8 +636,9 @@ fn every_command_naming_a_missing_instance_exits_3_naming_it() {
     let s = Setup::new();
     // Another instance exists, so the store is not simply empty.
     s.ok(&["instance", "create", "a", "--type", "web"]);
-    let commands: [&[&str]; 9] = [
+    let commands: [&[&str]; 10] = [
         &["instance", "show", "nope"],
+        &["instance", "why", "nope"],
         &["instance", "show", "nope", "--json"],
         &["instance", "stop", "nope"],
         &["instance", "start", "nope"],
@@ -1348,4 +1349,36 @@ async fn events_follow_prints_what_is_written_after_it_started() {
     let _ = child.wait();
     let next = next.expect("the event written after it started");
     assert!(next.contains("\"kind\":\"publish\""), "{next}");
+}
+
+#[tokio::test]
+async fn instance_why_says_what_an_instance_waits_for_from_what_status_reads() {
+    use stead::core::types::InstanceName;
+    let s = Setup::new();
+    s.ok(&["instance", "create", "demo", "--type", "web"]);
+    let said = s.ok(&["instance", "why", "demo"]);
+    assert!(
+        said.contains("demo has no container yet: it is provisioning"),
+        "{said}"
+    );
+    // Behind the catalog's version, with the type's rollout halted: the
+    // upgrade it waits for is not planned, and why.
+    let store = stead::store::sql::connect(&s.url()).await.unwrap();
+    let demo = store
+        .instance(&InstanceName::new("demo"))
+        .await
+        .unwrap()
+        .unwrap();
+    store
+        .set_instance_version(demo.id, "0", demo.created_at)
+        .await
+        .unwrap();
+    s.ok(&["rollout", "halt", "web", "--reason", "bad build"]);
+    let said = s.ok(&["instance", "why", "demo"]);
+    assert!(
+        said.contains("its upgrade from 0 to 1 (web): not planned: rollout halted: bad build"),
+        "{said}"
+    );
+    let live = s.run(&["instance", "why", "demo", "--live"]);
+    assert_eq!(live.code, 1, "no daemon to ask: {}", live.text());
 }

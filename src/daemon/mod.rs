@@ -40,6 +40,7 @@ pub mod identity;
 pub mod metrics;
 pub mod provisioners;
 pub mod status;
+pub mod why;
 
 // The config parser needs no adapter and lives in `crate::config` so that it
 // builds (and is fuzzed) without `io`; `daemon::config` stays its name here.

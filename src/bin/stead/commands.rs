@@ -341,6 +341,26 @@ async fn status(config: &DaemonConfig, json: bool, live: bool) -> Result<u8, Cli
     Ok(EXIT_OK)
 }
 
+/// `stead instance why`: the status view, explained for one instance.
+async fn instance_why(config: &DaemonConfig, name: &str, live: bool) -> Result<u8, CliError> {
+    let status = if live {
+        live_status(config).await?
+    } else {
+        local_status(config).await?
+    };
+    let Some(said) = stead::daemon::why::explain(&status, name) else {
+        return Err(CliError {
+            message: format!("no instance named {name:?} (deleted ones have nothing to wait for)"),
+            code: crate::output::EXIT_NOT_FOUND,
+        });
+    };
+    for error in &status.errors {
+        complain(&format!("could not read everything: {error}"));
+    }
+    say(said.join("\n"));
+    Ok(EXIT_OK)
+}
+
 /// The status as the configured database, the runtime and Caddy say.
 async fn local_status(config: &DaemonConfig) -> Result<Status, CliError> {
     let store = stead::daemon::open_store(config).await?;
@@ -406,6 +426,7 @@ async fn instance(config: &DaemonConfig, command: InstanceCommand) -> Result<u8,
     match command {
         InstanceCommand::List { all, json } => return instance_list(config, all, json).await,
         InstanceCommand::Show { name, json } => return instance_show(config, &name, json).await,
+        InstanceCommand::Why { name, live } => return instance_why(config, &name, live).await,
         _ => {}
     }
     let (store, catalog) = store_and_catalog(config).await?;
@@ -540,7 +561,9 @@ async fn instance(config: &DaemonConfig, command: InstanceCommand) -> Result<u8,
             let n = ops.release(&name, &service).await?;
             say(format!("released {n} hold(s) on {name}/{service}"));
         }
-        InstanceCommand::List { .. } | InstanceCommand::Show { .. } => {
+        InstanceCommand::List { .. }
+        | InstanceCommand::Show { .. }
+        | InstanceCommand::Why { .. } => {
             unreachable!("handled above")
         }
     }

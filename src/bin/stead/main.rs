@@ -188,6 +188,18 @@ pub enum InstanceCommand {
         #[arg(long = "set", value_name = "NAME=VALUE", value_parser = parse_parameter)]
         parameters: Vec<(String, String)>,
     },
+    /// Say in plain sentences what each service of an instance waits
+    /// for: a crash-loop delay and its end, a hold, a maintenance window,
+    /// a halted rollout, a readiness probe, its TTL. Read from what
+    /// `stead status` reads.
+    Why {
+        #[arg(value_parser = parse_instance_name)]
+        name: String,
+        /// Ask the running daemon (its admin endpoint), which adds the
+        /// crash-loop budgets it keeps in memory.
+        #[arg(long)]
+        live: bool,
+    },
     /// Show one instance: its row, services and tasks.
     Show {
         name: String,

@@ -1382,3 +1382,34 @@ async fn instance_why_says_what_an_instance_waits_for_from_what_status_reads() {
     let live = s.run(&["instance", "why", "demo", "--live"]);
     assert_eq!(live.code, 1, "no daemon to ask: {}", live.text());
 }
+
+#[test]
+fn an_operators_enqueues_cancels_and_halts_are_events_naming_the_operator() {
+    let s = Setup::new();
+    s.ok(&["instance", "create", "demo", "--type", "web"]);
+    s.ok(&["instance", "delete", "demo"]);
+    s.ok(&["rollout", "halt", "web", "--reason", "bad build"]);
+    let json = s.ok(&["events", "--json"]);
+    let events: Vec<serde_json::Value> = json
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    let kinds: Vec<&str> = events.iter().map(|e| e["kind"].as_str().unwrap()).collect();
+    assert_eq!(kinds, ["enqueue", "enqueue", "cancel", "halt"], "{json}");
+    assert!(
+        events[0]["message"]
+            .as_str()
+            .unwrap()
+            .contains("provision queued as task 1"),
+        "{json}"
+    );
+    assert_eq!(events[2]["instance"], "demo");
+    assert!(events[3]["instance"].is_null(), "a halt is about a type");
+    for event in &events {
+        assert_eq!(event["reason"], "operator");
+        assert!(
+            event["writer"].as_str().unwrap().starts_with("operator:"),
+            "{event}"
+        );
+    }
+}

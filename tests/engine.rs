@@ -2361,3 +2361,43 @@ async fn a_full_event_buffer_drops_and_counts_and_never_blocks_the_pass() {
     assert_eq!(flusher.flush(f.store.as_ref()).await, 0);
     assert_eq!(sink.dropped(), before + 1);
 }
+
+#[tokio::test]
+async fn the_leaders_tick_prunes_events_past_their_retention() {
+    use stead::core::event_log::{Event, EventKind};
+    let f = fixture();
+    let day = jiff::SignedDuration::from_hours(24);
+    let now = f.clock.now();
+    let old: Vec<Event> = (0..3)
+        .map(|i| Event::new(EventKind::Start, now - day * (20 + i), "R9", "old"))
+        .collect();
+    f.store.append_events(&old).await.unwrap();
+    f.store
+        .append_events(&[Event::new(EventKind::Start, now - day, "R9", "recent")])
+        .await
+        .unwrap();
+    let r = f.reconciler("a");
+    r.keep_events_for(Duration::from_secs(14 * 24 * 3600));
+    let out = r.tick().await;
+    assert!(out.leader, "{:?}", out.failed);
+    let left = f.store.events(&Default::default()).await.unwrap().rows;
+    let messages: Vec<&str> = left.iter().map(|e| e.event.message.as_str()).collect();
+    assert_eq!(messages, ["recent"], "what is older than 14 days goes");
+    // A standby prunes nothing: only the leader's tick does.
+    f.store
+        .append_events(&[Event::new(EventKind::Start, now - day * 30, "R9", "old")])
+        .await
+        .unwrap();
+    let standby = f.reconciler("b");
+    standby.keep_events_for(Duration::from_secs(24 * 3600));
+    assert!(!standby.tick().await.leader);
+    assert_eq!(
+        f.store
+            .events(&Default::default())
+            .await
+            .unwrap()
+            .rows
+            .len(),
+        2
+    );
+}

@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use stead::core::event_log::{EventFilter, EventKind, LoggedEvent};
+use stead::core::event_log::{Event, EventFilter, EventKind, LoggedEvent};
 use stead::core::types::{InstanceName, Timestamp};
 use stead::daemon::event_log::{render_event, render_timeline, EventView};
 use stead::daemon::DaemonConfig;
@@ -117,4 +117,34 @@ pub async fn timeline(
     }
     say(render_timeline(name, &read.rows));
     Ok(EXIT_OK)
+}
+
+/// Records an operator's intervention in the event log (#42), by the
+/// database's clock, written by `operator:<user>`. Best-effort: the
+/// intervention is done whatever becomes of its record, and a failure to
+/// write it is said on standard error.
+pub async fn record(store: &dyn Store, events: impl IntoIterator<Item = Event>) {
+    use stead::ports::Clock;
+    let at = match store.database_now().await {
+        Ok(now) => now,
+        Err(_) => stead::engine::SystemClock.now(),
+    };
+    let user = std::env::var("USER").unwrap_or_else(|_| "unknown".to_owned());
+    let writer: String = format!("operator:{user}").chars().take(128).collect();
+    let events: Vec<Event> = events
+        .into_iter()
+        .map(|mut e| {
+            e.at = at;
+            e.writer.clone_from(&writer);
+            e
+        })
+        .collect();
+    if let Err(e) = store.append_events(&events).await {
+        complain(&format!("the event log was not written: {e}"));
+    }
+}
+
+/// An operator's event: at no time yet ([`record`] stamps it).
+pub fn by_operator(kind: EventKind, message: impl Into<String>) -> Event {
+    Event::new(kind, Timestamp::UNIX_EPOCH, "operator", message)
 }

@@ -2401,3 +2401,38 @@ async fn the_leaders_tick_prunes_events_past_their_retention() {
         2
     );
 }
+
+#[tokio::test]
+async fn a_ticks_enqueue_is_recorded_with_its_task_in_the_same_write() {
+    use stead::core::event_log::EventKind;
+    use stead::engine::event_log::{EventSink, EVENT_BUFFER_MAX};
+    let f = fixture();
+    f.served("wiki1", "1").await;
+    let (sink, _flusher) = EventSink::new("host-1#a", EVENT_BUFFER_MAX);
+    let r = f.reconciler("a");
+    r.recoverer().log_events_to(sink);
+    let out = r.tick().await;
+    assert!(out.ok() && out.tasks_enqueued >= 1, "{:?}", out.failed);
+    let upgrade = f
+        .store
+        .active_tasks()
+        .await
+        .unwrap()
+        .rows
+        .into_iter()
+        .find(|t| t.kind == TaskKind::Upgrade)
+        .expect("the version drift's upgrade");
+    // Nothing was flushed: the event went with the task's insert.
+    let events = logged_events(&f, "wiki1").await;
+    let queued = events
+        .iter()
+        .find(|e| e.kind == EventKind::Enqueue)
+        .unwrap_or_else(|| panic!("an enqueue event: {events:?}"));
+    assert_eq!(queued.task, Some(upgrade.id));
+    assert_eq!(queued.reason, "C8");
+    assert_eq!(queued.writer, "host-1#a");
+    assert_eq!(
+        queued.trace_id.as_deref(),
+        Some(stead::core::event_log::trace_id_of(&out.traceparent))
+    );
+}

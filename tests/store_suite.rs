@@ -88,6 +88,8 @@ store_suite! {
         events_are_filtered_by_instance_kind_and_since_and_the_newest_kept,
         following_the_event_log_reads_on_after_the_last_id_seen,
         old_events_are_pruned_in_bounded_batches_and_newer_ones_kept,
+        an_enqueue_and_its_event_are_recorded_together_or_not_at_all,
+        a_ttl_expiry_and_its_event_are_recorded_together_or_not_at_all,
     ],
     sql: [
         unknown_instance_state_is_a_bad_row_and_others_are_listed,
@@ -98,6 +100,7 @@ store_suite! {
         bad_names_in_active_and_inhibition_rows_are_bad_rows_and_other_instances_load,
         the_schema_itself_rejects_bad_states_and_duplicate_active_tasks,
         an_event_of_an_unknown_kind_is_a_bad_row_and_the_others_are_read,
+        an_event_the_database_refuses_takes_its_enqueue_and_expiry_with_it,
     ]
 }
 
@@ -2143,6 +2146,7 @@ async fn events_are_appended_in_order_and_read_back_with_every_field(s: TestStor
     .service(&ServiceName::new("web"))
     .container(&ContainerId::new("c0ffee"))
     .until(t(70))
+    .task(7)
     .traced(Some(
         "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",
     ));
@@ -2356,4 +2360,171 @@ async fn an_event_of_an_unknown_kind_is_a_bad_row_and_the_others_are_read(s: Tes
         )),
         "{bad:?}"
     );
+}
+
+async fn an_enqueue_and_its_event_are_recorded_together_or_not_at_all(s: TestStore) {
+    let store = &*s.store;
+    let id = instance(store, "alpha").await;
+    let grant = store
+        .acquire_reconciler_lease("a#1", SHORT)
+        .await
+        .unwrap()
+        .unwrap();
+    let queued = event(EventKind::Enqueue, t(1), Some("alpha"));
+    let first = store
+        .enqueue_recorded(
+            &task(TaskKind::Upgrade, id, t(1)),
+            t(1),
+            Some(&grant),
+            &queued,
+        )
+        .await
+        .unwrap()
+        .expect("inserted");
+    let read = store.events(&EventFilter::default()).await.unwrap().rows;
+    assert_eq!(read.len(), 1, "{}", s.name());
+    assert_eq!(read[0].event.task, Some(first), "the event names its task");
+    // Nothing queued (one upgrade at a time), nothing recorded.
+    let again = store
+        .enqueue_recorded(
+            &task(TaskKind::Upgrade, id, t(2)),
+            t(2),
+            Some(&grant),
+            &queued,
+        )
+        .await
+        .unwrap();
+    assert_eq!(again, None);
+    assert_eq!(
+        store
+            .events(&EventFilter::default())
+            .await
+            .unwrap()
+            .rows
+            .len(),
+        1
+    );
+    // A fenced write refused: neither the task nor its event.
+    tokio::time::sleep(PAST_SHORT).await;
+    let refused = store
+        .enqueue_recorded(
+            &task(TaskKind::Reprovision, id, t(3)),
+            t(3),
+            Some(&grant),
+            &queued,
+        )
+        .await;
+    assert!(
+        matches!(refused, Err(StoreError::Fenced { .. })),
+        "{}: {refused:?}",
+        s.name()
+    );
+    assert_eq!(
+        store
+            .events(&EventFilter::default())
+            .await
+            .unwrap()
+            .rows
+            .len(),
+        1
+    );
+    assert!(
+        !store
+            .active_tasks()
+            .await
+            .unwrap()
+            .rows
+            .iter()
+            .any(|t| t.kind == TaskKind::Reprovision),
+        "{}",
+        s.name()
+    );
+}
+
+async fn a_ttl_expiry_and_its_event_are_recorded_together_or_not_at_all(s: TestStore) {
+    let store = &*s.store;
+    let id = instance(store, "alpha").await;
+    store
+        .set_instance_state(id, InstanceState::Provisioning, InstanceState::Ready, t(1))
+        .await
+        .unwrap();
+    let expiry = event(EventKind::TtlExpiry, t(2), Some("alpha"));
+    let expired = store
+        .expire_instance_recorded(
+            id,
+            InstanceState::Ready,
+            &task(TaskKind::Deprovision, id, t(2)),
+            t(2),
+            None,
+            &expiry,
+        )
+        .await
+        .unwrap()
+        .expect("expired");
+    let read = store.events(&EventFilter::default()).await.unwrap().rows;
+    assert_eq!(read.len(), 1, "{}", s.name());
+    assert_eq!(read[0].event.kind, EventKind::TtlExpiry);
+    assert_eq!(read[0].event.task, Some(expired.task));
+    // The compare-and-set fails the second time: nothing is recorded.
+    let again = store
+        .expire_instance_recorded(
+            id,
+            InstanceState::Ready,
+            &task(TaskKind::Deprovision, id, t(3)),
+            t(3),
+            None,
+            &expiry,
+        )
+        .await
+        .unwrap();
+    assert_eq!(again, None);
+    assert_eq!(
+        store
+            .events(&EventFilter::default())
+            .await
+            .unwrap()
+            .rows
+            .len(),
+        1
+    );
+}
+
+async fn an_event_the_database_refuses_takes_its_enqueue_and_expiry_with_it(s: TestStore) {
+    let store = &*s.store;
+    let id = instance(store, "alpha").await;
+    store
+        .set_instance_state(id, InstanceState::Provisioning, InstanceState::Ready, t(1))
+        .await
+        .unwrap();
+    // The schema refuses an event nobody wrote.
+    let mut unsigned = event(EventKind::Enqueue, t(1), Some("alpha"));
+    unsigned.writer.clear();
+    let queued = store
+        .enqueue_recorded(&task(TaskKind::Upgrade, id, t(1)), t(1), None, &unsigned)
+        .await;
+    assert!(queued.is_err(), "{}: {queued:?}", s.name());
+    let expired = store
+        .expire_instance_recorded(
+            id,
+            InstanceState::Ready,
+            &task(TaskKind::Deprovision, id, t(2)),
+            t(2),
+            None,
+            &unsigned,
+        )
+        .await;
+    assert!(expired.is_err(), "{}: {expired:?}", s.name());
+    assert!(
+        store.active_tasks().await.unwrap().rows.is_empty(),
+        "neither task was queued: {}",
+        s.name()
+    );
+    let alpha = store.instance_by_id(id).await.unwrap().unwrap();
+    assert_eq!(alpha.state, InstanceState::Ready, "{}", s.name());
+    assert!(store
+        .events(&EventFilter::default())
+        .await
+        .unwrap()
+        .rows
+        .is_empty());
 }

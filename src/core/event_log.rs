@@ -8,7 +8,7 @@
 //! in batches. Nothing here reads a clock: `at` is the engine's `now`,
 //! which follows the database's clock (T2).
 
-use crate::core::fleet::UnknownWord;
+use crate::core::fleet::{TaskId, UnknownWord};
 use crate::core::recovery::Why;
 use crate::core::types::{ContainerId, InstanceName, ServiceName, Timestamp};
 
@@ -144,6 +144,9 @@ pub struct Event {
     pub message: String,
     /// The moment a delay ends (a crash-loop delay's next attempt).
     pub until: Option<Timestamp>,
+    /// The task it is about (an enqueue's): set by the store, which
+    /// writes the event in the transaction that inserts the task.
+    pub task: Option<TaskId>,
     /// The W3C trace id of the tick or task that did it, if any: the
     /// events of one pass share it.
     pub trace_id: Option<String>,
@@ -164,6 +167,7 @@ impl Event {
             reason: truncate(reason, EVENT_REASON_LEN_MAX),
             message: truncate(&message.into(), EVENT_MESSAGE_LEN_MAX),
             until: None,
+            task: None,
             trace_id: None,
             writer: String::new(),
         }
@@ -181,6 +185,11 @@ impl Event {
 
     pub fn container(mut self, container: &ContainerId) -> Self {
         self.container = Some(container.clone());
+        self
+    }
+
+    pub fn task(mut self, task: TaskId) -> Self {
+        self.task = Some(task);
         self
     }
 

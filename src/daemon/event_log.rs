@@ -69,6 +69,7 @@ pub struct EventView {
     pub reason: String,
     pub message: String,
     pub until: Option<String>,
+    pub task: Option<i64>,
     pub trace_id: Option<String>,
     pub writer: String,
 }
@@ -86,6 +87,7 @@ impl From<&LoggedEvent> for EventView {
             reason: e.reason.clone(),
             message: e.message.clone(),
             until: e.until.map(|t| t.to_string()),
+            task: e.task,
             trace_id: e.trace_id.clone(),
             writer: e.writer.clone(),
         }
@@ -107,13 +109,23 @@ fn subject(logged: &LoggedEvent) -> String {
 pub fn render_event(logged: &LoggedEvent) -> String {
     let e = &logged.event;
     format!(
-        "{}  {:<16}  {}  {}  {}",
+        "{}  {:<16}  {}  {}  {}{}",
         e.at.strftime("%Y-%m-%dT%H:%M:%S%.3fZ"),
         e.kind.as_str(),
         subject(logged),
         e.reason,
-        e.message
+        e.message,
+        task_note(logged)
     )
+}
+
+/// ` (task N)` for an event about a task, else nothing.
+fn task_note(logged: &LoggedEvent) -> String {
+    logged
+        .event
+        .task
+        .map(|t| format!(" (task {t})"))
+        .unwrap_or_default()
 }
 
 /// Whether `next` belongs to the same pass as `last`: the same trace id,
@@ -178,10 +190,11 @@ pub fn render_timeline(instance: &str, events: &[LoggedEvent]) -> String {
         let service = e.service.as_ref().map_or("-", |s| s.as_str());
         let until = e.until.map(|u| format!(" (until {u})")).unwrap_or_default();
         out.push_str(&format!(
-            "  +{offset:<8} {:<16} {service:<12} {:<5} {}{until}\n",
+            "  +{offset:<8} {:<16} {service:<12} {:<5} {}{}{until}\n",
             e.kind.as_str(),
             e.reason,
-            e.message
+            e.message,
+            task_note(logged)
         ));
         previous = Some(logged);
     }

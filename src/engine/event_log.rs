@@ -79,6 +79,15 @@ impl EventSink {
         self.inner.is_some()
     }
 
+    /// `event` stamped with this process as its writer, for a store call
+    /// that writes it in the transaction of the change it records; `None`
+    /// when this sink is off (record nothing).
+    pub fn stamp(&self, mut event: Event) -> Option<Event> {
+        let inner = self.inner.as_ref()?;
+        event.writer.clone_from(&inner.writer);
+        Some(event)
+    }
+
     /// Queues `event` for writing, stamped with this process as its
     /// writer. Never waits: a full buffer drops it and counts the drop.
     /// Returns whether it was queued.

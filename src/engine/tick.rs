@@ -238,14 +238,15 @@ impl Reconciler {
         self.recoverer.events().emit(event);
     }
 
-    /// [`Reconciler::emit`] of an event about the instance named `name`
-    /// (as the tick names it: a name the snapshot knows, else its id).
-    fn emit_about(&self, name: &str, event: Event) {
+    /// An event about the instance named `name` (as the tick names it: a
+    /// name the snapshot knows, else its id), stamped for a store call
+    /// that records it with its change; `None` when events are off.
+    fn stamped_about(&self, name: &str, event: Event) -> Option<Event> {
         let event = match crate::core::names::check_instance_name("instance", name) {
             Ok(()) => event.instance(&InstanceName::new(name)),
             Err(_) => event,
         };
-        self.emit(event);
+        self.recoverer.events().stamp(event)
     }
 
     /// Starts the next tick now instead of after the pause (or right after
@@ -659,53 +660,83 @@ impl Reconciler {
         };
         for decision in decisions {
             let result = match decision {
-                Decision::Enqueue(task) => store.enqueue(task, now, Some(fence)).await.map(|id| {
-                    if let Some(id) = id {
-                        out.tasks_enqueued += 1;
-                        let instance = name(task.instance);
-                        let when = if task.run_after > now {
-                            format!(", due {}", task.run_after)
-                        } else {
-                            String::new()
-                        };
-                        tracing::info!(
-                            instance = %instance,
-                            task = id,
-                            "queued task {id} {} of {instance}{when}: {}",
-                            task.kind,
-                            task.reason
-                        );
-                        let (kind, rule) = match check {
-                            Check::Drift => (EventKind::Drift, "C5"),
-                            Check::VersionDrift => (EventKind::Enqueue, "C8"),
-                            _ => (EventKind::Enqueue, check.as_str()),
-                        };
-                        self.emit_about(
-                            &instance,
-                            Event::new(
-                                kind,
-                                now,
-                                rule,
-                                format!(
-                                    "queued task {id} {} of {instance}{when}: {}",
-                                    task.kind, task.reason
-                                ),
-                            )
-                            .traced(task.traceparent.as_deref()),
-                        );
-                    }
-                }),
+                Decision::Enqueue(task) => {
+                    let instance = name(task.instance);
+                    let when = if task.run_after > now {
+                        format!(", due {}", task.run_after)
+                    } else {
+                        String::new()
+                    };
+                    let (kind, rule) = match check {
+                        Check::Drift => (EventKind::Drift, "C5"),
+                        Check::VersionDrift => (EventKind::Enqueue, "C8"),
+                        _ => (EventKind::Enqueue, check.as_str()),
+                    };
+                    // Recorded in the enqueue's own transaction (#42).
+                    let event = self.stamped_about(
+                        &instance,
+                        Event::new(
+                            kind,
+                            now,
+                            rule,
+                            format!("queued {} of {instance}{when}: {}", task.kind, task.reason),
+                        )
+                        .traced(task.traceparent.as_deref()),
+                    );
+                    let queued = match &event {
+                        Some(event) => store.enqueue_recorded(task, now, Some(fence), event).await,
+                        None => store.enqueue(task, now, Some(fence)).await,
+                    };
+                    queued.map(|id| {
+                        if let Some(id) = id {
+                            out.tasks_enqueued += 1;
+                            tracing::info!(
+                                instance = %instance,
+                                task = id,
+                                "queued task {id} {} of {instance}{when}: {}",
+                                task.kind,
+                                task.reason
+                            );
+                        }
+                    })
+                }
                 Decision::Expire {
                     instance,
                     from,
                     task,
-                } => store
-                    .expire_instance(*instance, *from, task, now, Some(fence))
-                    .await
-                    .map(|expired| {
+                } => {
+                    let id = *instance;
+                    let instance = name(id);
+                    // Recorded in the expiry's own transaction (#42).
+                    let event = self.stamped_about(
+                        &instance,
+                        Event::new(
+                            EventKind::TtlExpiry,
+                            now,
+                            "C7",
+                            format!(
+                                "deleting {instance}: deprovision queued, its other queued \
+                                 tasks cancelled: {}",
+                                task.reason
+                            ),
+                        )
+                        .traced(task.traceparent.as_deref()),
+                    );
+                    let expired = match &event {
+                        Some(event) => {
+                            store
+                                .expire_instance_recorded(id, *from, task, now, Some(fence), event)
+                                .await
+                        }
+                        None => {
+                            store
+                                .expire_instance(id, *from, task, now, Some(fence))
+                                .await
+                        }
+                    };
+                    expired.map(|expired| {
                         if let Some(expired) = expired {
                             out.tasks_enqueued += 1;
-                            let instance = name(*instance);
                             tracing::info!(
                                 instance = %instance,
                                 task = expired.task,
@@ -715,24 +746,9 @@ impl Reconciler {
                                 expired.cancelled.len(),
                                 task.reason
                             );
-                            self.emit_about(
-                                &instance,
-                                Event::new(
-                                    EventKind::TtlExpiry,
-                                    now,
-                                    "C7",
-                                    format!(
-                                        "deleting {instance}: deprovision queued as task {}, {} \
-                                         queued task(s) cancelled: {}",
-                                        expired.task,
-                                        expired.cancelled.len(),
-                                        task.reason
-                                    ),
-                                )
-                                .traced(task.traceparent.as_deref()),
-                            );
                         }
-                    }),
+                    })
+                }
                 Decision::RequeueExpiredLease { .. } if lease_reset => Ok(()),
                 Decision::RequeueExpiredLease { .. } => {
                     lease_reset = true;

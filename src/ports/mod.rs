@@ -670,4 +670,39 @@ pub trait Store: Send + Sync {
     /// `before`, and says how many: retention prunes in bounded batches so
     /// no statement holds the table long.
     async fn prune_events(&self, before: Timestamp, batch_max: u32) -> Result<u64, StoreError>;
+    /// [`Store::enqueue`], recording `event` (its `task` set to the new
+    /// task's id) in the same transaction when a task was inserted: both
+    /// or neither. The default is not atomic; the SQL stores are.
+    async fn enqueue_recorded(
+        &self,
+        task: &NewTask,
+        now: Timestamp,
+        fence: Option<&LeaseGrant>,
+        event: &Event,
+    ) -> Result<Option<TaskId>, StoreError> {
+        let id = self.enqueue(task, now, fence).await?;
+        if let Some(id) = id {
+            self.append_events(&[event.clone().task(id)]).await?;
+        }
+        Ok(id)
+    }
+    /// [`Store::expire_instance`], recording `event` (its `task` set to
+    /// the deprovision's id) in the same transaction when the instance
+    /// was expired. The default is not atomic; the SQL stores are.
+    async fn expire_instance_recorded(
+        &self,
+        id: InstanceId,
+        from: InstanceState,
+        task: &NewTask,
+        now: Timestamp,
+        fence: Option<&LeaseGrant>,
+        event: &Event,
+    ) -> Result<Option<Expired>, StoreError> {
+        let expired = self.expire_instance(id, from, task, now, fence).await?;
+        if let Some(expired) = &expired {
+            self.append_events(&[event.clone().task(expired.task)])
+                .await?;
+        }
+        Ok(expired)
+    }
 }

@@ -345,6 +345,19 @@ fn garbled_row((id, garbled): (InstanceId, Garbled)) -> StoreError {
 }
 
 impl State {
+    /// Appends one event under the next id, at the store's precision.
+    fn push_event(&mut self, mut event: Event) {
+        self.next_event_id += 1;
+        event.at = normalize_timestamp(event.at);
+        event.until = event.until.map(normalize_timestamp);
+        self.events.push(LoggedEvent {
+            id: self.next_event_id,
+            event,
+        });
+    }
+}
+
+impl State {
     fn instance_id(&self, name: &InstanceName) -> Option<InstanceId> {
         self.names.get(name).copied()
     }
@@ -1373,14 +1386,41 @@ impl Store for MemoryStore {
     async fn append_events(&self, events: &[Event]) -> Result<(), StoreError> {
         let mut state = self.call()?;
         for event in events {
-            state.next_event_id += 1;
-            let id = state.next_event_id;
-            let mut event = event.clone();
-            event.at = normalize_timestamp(event.at);
-            event.until = event.until.map(normalize_timestamp);
-            state.events.push(LoggedEvent { id, event });
+            state.push_event(event.clone());
         }
         Ok(())
+    }
+
+    /// The enqueue is one call; its event is kept with it, past the fault
+    /// hooks, as a SQL transaction keeps both or neither.
+    async fn enqueue_recorded(
+        &self,
+        task: &NewTask,
+        now: Timestamp,
+        fence: Option<&LeaseGrant>,
+        event: &Event,
+    ) -> Result<Option<TaskId>, StoreError> {
+        let id = self.enqueue(task, now, fence).await?;
+        if let Some(id) = id {
+            self.lock().push_event(event.clone().task(id));
+        }
+        Ok(id)
+    }
+
+    async fn expire_instance_recorded(
+        &self,
+        id: InstanceId,
+        from: InstanceState,
+        task: &NewTask,
+        now: Timestamp,
+        fence: Option<&LeaseGrant>,
+        event: &Event,
+    ) -> Result<Option<Expired>, StoreError> {
+        let expired = self.expire_instance(id, from, task, now, fence).await?;
+        if let Some(expired) = &expired {
+            self.lock().push_event(event.clone().task(expired.task));
+        }
+        Ok(expired)
     }
 
     async fn events(&self, filter: &EventFilter) -> Result<Rows<LoggedEvent>, StoreError> {

@@ -187,6 +187,7 @@ pub struct EventRow {
     pub message: String,
     pub until_us: Option<i64>,
     pub trace_id: Option<String>,
+    pub task_id: Option<i64>,
     pub writer: String,
 }
 
@@ -219,6 +220,7 @@ impl EventRow {
                     .until_us
                     .map(|us| timestamp(T, &id, "until_us", us))
                     .transpose()?,
+                task: self.task_id,
                 trace_id: self.trace_id,
                 writer: self.writer,
             },

@@ -11,6 +11,30 @@
 //! The expansion resolves names at the call site, so each backend file
 //! imports what the body uses.
 
+/// Appends one event through `$executor` (the pool, or a transaction of
+/// the change the event records): the statement, its bindings and the
+/// error mapping, once for every call site.
+macro_rules! insert_event {
+    ($executor:expr, $event:expr) => {{
+        let event: &crate::core::event_log::Event = $event;
+        sqlx::query(crate::store::sql::statements::INSERT_EVENT)
+            .bind(crate::store::timestamp_to_us(event.at))
+            .bind(event.kind.as_str())
+            .bind(event.instance.as_ref().map(|i| i.as_str()))
+            .bind(event.service.as_ref().map(|s| s.as_str()))
+            .bind(event.container.as_ref().map(|c| c.as_str()))
+            .bind(&event.reason)
+            .bind(&event.message)
+            .bind(event.until.map(crate::store::timestamp_to_us))
+            .bind(event.trace_id.as_deref())
+            .bind(event.task)
+            .bind(&event.writer)
+            .execute($executor)
+            .await
+            .map_err(crate::store::sql::db_error)
+    }};
+}
+
 /// `impl Store for $store`, with the backend's claim statement and its
 /// lease-row lock.
 macro_rules! impl_sql_store {
@@ -525,38 +549,8 @@ macro_rules! impl_sql_store {
                 now: Timestamp,
                 fence: Option<&LeaseGrant>,
             ) -> Result<Option<Expired>, StoreError> {
-                let mut tx = self.fenced_transaction(fence).await?;
-                let changed = sqlx::query(sql::EXPIRE_INSTANCE)
-                    .bind(id)
-                    .bind(from.as_str())
-                    .bind(timestamp_to_us(now))
-                    .execute(&mut *tx)
+                self.expire_in_transaction(id, from, task, now, fence, None)
                     .await
-                    .map_err(db_error)?
-                    .rows_affected();
-                if changed == 0 {
-                    return Ok(None); // Dropping the transaction rolls it back.
-                }
-                let Some(task_id) = insert_task(&mut *tx, task, now).await? else {
-                    // A deprovision is already active: undo the state change too, so
-                    // the call is all or nothing.
-                    return Ok(None);
-                };
-                let mut cancelled: Vec<TaskId> =
-                    sqlx::query_scalar(sql::CANCEL_QUEUED_FOR_DELETION)
-                        .bind(id)
-                        .bind(timestamp_to_us(now))
-                        .bind(CANCELLED_BY_DELETION)
-                        .fetch_all(&mut *tx)
-                        .await
-                        .map_err(db_error)?;
-                tx.commit().await.map_err(db_error)?;
-                // `RETURNING` promises no order.
-                cancelled.sort_unstable();
-                Ok(Some(Expired {
-                    task: task_id,
-                    cancelled,
-                }))
             }
 
             async fn tasks(
@@ -788,28 +782,44 @@ macro_rules! impl_sql_store {
                 &self,
                 events: &[crate::core::event_log::Event],
             ) -> Result<(), StoreError> {
-                use crate::store::sql::{db_error as event_db_error, statements as event_sql};
+                use crate::store::sql::db_error as event_db_error;
                 if events.is_empty() {
                     return Ok(());
                 }
                 let mut tx = self.write_transaction().await?;
                 for event in events {
-                    sqlx::query(event_sql::INSERT_EVENT)
-                        .bind(crate::store::timestamp_to_us(event.at))
-                        .bind(event.kind.as_str())
-                        .bind(event.instance.as_ref().map(|i| i.as_str()))
-                        .bind(event.service.as_ref().map(|s| s.as_str()))
-                        .bind(event.container.as_ref().map(|c| c.as_str()))
-                        .bind(&event.reason)
-                        .bind(&event.message)
-                        .bind(event.until.map(crate::store::timestamp_to_us))
-                        .bind(event.trace_id.as_deref())
-                        .bind(&event.writer)
-                        .execute(&mut *tx)
-                        .await
-                        .map_err(event_db_error)?;
+                    super::shared::insert_event!(&mut *tx, event)?;
                 }
                 tx.commit().await.map_err(event_db_error)
+            }
+
+            async fn enqueue_recorded(
+                &self,
+                task: &NewTask,
+                now: Timestamp,
+                fence: Option<&LeaseGrant>,
+                event: &crate::core::event_log::Event,
+            ) -> Result<Option<TaskId>, StoreError> {
+                let mut tx = self.fenced_transaction(fence).await?;
+                let Some(id) = insert_task(&mut *tx, task, now).await? else {
+                    return Ok(None); // Nothing queued, nothing to record.
+                };
+                super::shared::insert_event!(&mut *tx, &event.clone().task(id))?;
+                tx.commit().await.map_err(db_error)?;
+                Ok(Some(id))
+            }
+
+            async fn expire_instance_recorded(
+                &self,
+                id: InstanceId,
+                from: InstanceState,
+                task: &NewTask,
+                now: Timestamp,
+                fence: Option<&LeaseGrant>,
+                event: &crate::core::event_log::Event,
+            ) -> Result<Option<Expired>, StoreError> {
+                self.expire_in_transaction(id, from, task, now, fence, Some(event))
+                    .await
             }
 
             async fn events(
@@ -853,7 +863,58 @@ macro_rules! impl_sql_store {
                     .map_err(event_db_error)
             }
         }
+
+        impl $store {
+            /// TTL expiry or deletion (`Store::expire_instance`), with its
+            /// event, if any, written in the same transaction (#42).
+            async fn expire_in_transaction(
+                &self,
+                id: InstanceId,
+                from: InstanceState,
+                task: &NewTask,
+                now: Timestamp,
+                fence: Option<&LeaseGrant>,
+                event: Option<&crate::core::event_log::Event>,
+            ) -> Result<Option<Expired>, StoreError> {
+                let mut tx = self.fenced_transaction(fence).await?;
+                let changed = sqlx::query(sql::EXPIRE_INSTANCE)
+                    .bind(id)
+                    .bind(from.as_str())
+                    .bind(timestamp_to_us(now))
+                    .execute(&mut *tx)
+                    .await
+                    .map_err(db_error)?
+                    .rows_affected();
+                if changed == 0 {
+                    return Ok(None); // Dropping the transaction rolls it back.
+                }
+                let Some(task_id) = insert_task(&mut *tx, task, now).await? else {
+                    // A deprovision is already active: undo the state change too, so
+                    // the call is all or nothing.
+                    return Ok(None);
+                };
+                let mut cancelled: Vec<TaskId> =
+                    sqlx::query_scalar(sql::CANCEL_QUEUED_FOR_DELETION)
+                        .bind(id)
+                        .bind(timestamp_to_us(now))
+                        .bind(CANCELLED_BY_DELETION)
+                        .fetch_all(&mut *tx)
+                        .await
+                        .map_err(db_error)?;
+                if let Some(event) = event {
+                    super::shared::insert_event!(&mut *tx, &event.clone().task(task_id))?;
+                }
+                tx.commit().await.map_err(db_error)?;
+                // `RETURNING` promises no order.
+                cancelled.sort_unstable();
+                Ok(Some(Expired {
+                    task: task_id,
+                    cancelled,
+                }))
+            }
+        }
     };
 }
 
 pub(super) use impl_sql_store;
+pub(super) use insert_event;

@@ -229,8 +229,9 @@ pub const REQUEUE_TASKS_OF: &str = "UPDATE tasks \
 // --- the event log (#42) ------------------------------------------------
 
 pub const INSERT_EVENT: &str = "INSERT INTO events \
-     (at_us, kind, instance, service, container, reason, message, until_us, trace_id, writer) \
-     VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)";
+     (at_us, kind, instance, service, container, reason, message, until_us, trace_id, task_id, \
+      writer) \
+     VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)";
 
 /// A read of the event log in one order: the filters, each off when its
 /// parameter is NULL (instance, kind) or at its neutral bound (since,
@@ -239,7 +240,7 @@ macro_rules! events_in_order {
     ($order:literal) => {
         concat!(
             "SELECT id, at_us, kind, instance, service, container, reason, message, \
-             until_us, trace_id, writer FROM events \
+             until_us, trace_id, task_id, writer FROM events \
              WHERE ($1 IS NULL OR instance = $1) AND ($2 IS NULL OR kind = $2) \
              AND at_us >= $3 AND id > $4 ORDER BY id ",
             $order,

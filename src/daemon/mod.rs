@@ -440,6 +440,9 @@ fn hazards_text(hazards: &[ReloadHazard]) -> String {
     )
 }
 
+/// How long a stopping daemon waits to write its last events.
+const EVENT_FLUSH_AT_EXIT_MAX: std::time::Duration = std::time::Duration::from_secs(5);
+
 /// Everything a running daemon is made of.
 pub struct Daemon {
     pub config: DaemonConfig,
@@ -552,10 +555,18 @@ impl Daemon {
     }
 
     /// Writes what the event log's buffer holds now (`stead tick`, `run
-    /// --once`, and after the loops stopped); the number written.
+    /// --once`, and after the loops stopped); the number written. Bounded,
+    /// so a database that no longer answers cannot hold the exit.
     pub async fn flush_events(&self) -> usize {
-        let mut flusher = self.event_flusher.lock().await;
-        flusher.flush(self.ports.store.as_ref()).await
+        let flushed = tokio::time::timeout(EVENT_FLUSH_AT_EXIT_MAX, async {
+            let mut flusher = self.event_flusher.lock().await;
+            flusher.flush(self.ports.store.as_ref()).await
+        })
+        .await;
+        flushed.unwrap_or_else(|_| {
+            tracing::warn!("the last events were not written: the database did not answer");
+            0
+        })
     }
 
     /// T1: this identity's earlier incarnation is gone (the identity lock

@@ -105,6 +105,7 @@ async fn bench(n_containers: usize) {
             healthcheck: None,
             readiness: ReadinessProbe::None,
             stop_grace: Duration::ZERO,
+            update: Default::default(),
             run: Default::default(),
         };
         let request = CreateContainer {

@@ -9,17 +9,21 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::core::bake::{baking, revert_steps, RevertStep};
-use crate::core::broken::Armed;
+use crate::core::bake::baking;
 use crate::core::catalog::Catalog;
+use crate::core::fleet::add;
 use crate::core::fleet::{
-    Instance, InstanceState, NewTask, RolloutState, Task, TaskId, TaskKind, TaskState,
+    Instance, InstanceId, InstanceState, NewTask, RolloutState, Task, TaskId, TaskKind, TaskState,
     CANCELLED_BY_HALT, CANCELLED_BY_OPERATOR,
 };
 use crate::core::types::{
-    ContainerId, Inhibition, InhibitionReason, InstanceName, ServiceName, Timestamp,
+    ContainerId, Inhibition, InhibitionReason, InstanceName, RevertTo, ServiceName, Timestamp,
 };
 use crate::ports::{ErrorKind, NewInstance, PortFailure, Store, StoreError};
+
+/// How long an undone upgrade's way back is kept at least, for the
+/// recovery pass that takes it (it runs every tick).
+pub const UNDO_WINDOW_MIN: Duration = Duration::from_secs(300);
 
 /// The reason `inhibit` records when none is given.
 pub const OPERATOR_HOLD: &str = "operator-hold";
@@ -732,13 +736,14 @@ impl Ops<'_> {
     }
 
     /// `stead rollout undo TYPE` (#40): halts the type's rollout (its
-    /// queued upgrades cancelled), then puts every instance of it whose
-    /// upgrade still bakes back on its kept predecessors, each under its
-    /// lock, with the very steps a recovery pass reverts a failed successor
-    /// with (`core::bake::revert_steps`). The next pass starts, verifies and
-    /// publishes the predecessors and retires the successors. An instance
-    /// whose bake window ended has no way back: its predecessors are gone.
-    /// Safe to run twice: a reverted instance bakes no more.
+    /// queued upgrades cancelled), then asks, on the markers of every
+    /// instance of it whose upgrade still bakes (each under its lock), for
+    /// the way back. The next recovery pass reverts each such instance
+    /// with the steps it reverts a failed successor with
+    /// (`core::bake::revert_steps`), then starts, verifies and publishes
+    /// the predecessors and retires the successors. An instance whose bake
+    /// window ended has no way back: its predecessors are gone. Safe to
+    /// run twice: the second asks again for what is not yet reverted.
     pub async fn undo_rollout(&self, service_type: &str) -> Result<Undo, OpsError> {
         let (_, cancelled) = self
             .set_rollout(service_type, RolloutState::Halted, "operator: rollout undo")
@@ -783,30 +788,38 @@ impl Ops<'_> {
         if services.is_empty() {
             return Ok(None);
         }
-        let steps = revert_steps(
-            name.as_str(),
-            &inhibitions,
-            &active,
-            "undone by an operator",
-            self.now,
-            Armed::default(),
-        );
-        for step in steps
-            .iter()
-            .filter(|s| !matches!(s, RevertStep::HaltRollout { .. }))
-        {
-            crate::engine::recovery::perform_revert_step(
-                self.store,
-                instance,
-                &instance.service_type,
-                step,
-                self.now,
-                None,
-            )
-            .await
-            .map_err(OpsError::from)?;
+        // The revert is the recovery pass's, with its own steps and under
+        // its lease (a `stop-first` successor must be stopped first, which
+        // needs the runtime): the marker asks for it. Its window is kept
+        // open until that pass, which would otherwise retire the
+        // predecessor and lose the way back.
+        for (marker, back, _) in baking(&inhibitions, &active, self.now) {
+            let asked = Inhibition {
+                revert_to: Some(RevertTo {
+                    undone: true,
+                    until: back.until.max(add(self.now, UNDO_WINDOW_MIN)),
+                    ..back.clone()
+                }),
+                ..marker.clone()
+            };
+            if asked != *marker {
+                self.store
+                    .save_inhibition(name, &asked)
+                    .await
+                    .map_err(OpsError::from)?;
+            }
         }
         Ok(Some(services))
+    }
+
+    /// Whether an interrupted upgrade left the instance `upgrading`.
+    async fn left_upgrading(&self, id: InstanceId) -> Result<bool, OpsError> {
+        Ok(self
+            .store
+            .instance_by_id(id)
+            .await
+            .map_err(OpsError::from)?
+            .is_some_and(|i| i.state == InstanceState::Upgrading))
     }
 
     /// `stead task cancel ID`: cancels a queued task (it becomes failed,
@@ -826,6 +839,16 @@ impl Ops<'_> {
                 task.instance,
                 task.locked_by.as_deref().unwrap_or("nobody")
             ))),
+            TaskState::Queued
+                if task.kind == TaskKind::Upgrade && self.left_upgrading(task.instance).await? =>
+            {
+                Err(OpsError::Conflict(format!(
+                    "task {id} finishes off an upgrade of instance {} that was interrupted \
+                     (it is still upgrading): it is never cancelled. To stop the upgrade, \
+                     `stead rollout halt TYPE`: the task then only tidies up",
+                    task.instance
+                )))
+            }
             TaskState::Queued => {
                 if self
                     .store

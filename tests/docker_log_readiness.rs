@@ -33,6 +33,7 @@ fn script_spec(service: &str, script: &str, pattern: &str) -> ServiceSpec {
         healthcheck: None,
         readiness: log(pattern, Duration::from_secs(60)),
         stop_grace: Duration::from_secs(1),
+        update: Default::default(),
         run: Default::default(),
     }
 }

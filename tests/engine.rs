@@ -19,8 +19,8 @@ use stead::core::plan::ControlConfig;
 use stead::core::policy::{reconciler_lease_ttl, RecoveryPolicy, LEASE_MARGIN};
 use stead::core::recovery::RecoveryError;
 use stead::core::types::{
-    ContainerId, ContainerStatus, InhibitionReason, InstanceName, RuntimeError, ServiceKey,
-    ServiceName, Timestamp,
+    ContainerId, ContainerStatus, Inhibition, InhibitionReason, InstanceName, RuntimeError,
+    ServiceKey, ServiceName, Timestamp,
 };
 use stead::engine::lease::LeaseGuard;
 use stead::engine::recovery::{InstanceLocks, RecoverError, Recoverer};
@@ -48,6 +48,9 @@ name = "web"
 image = "wiki"
 ports = [8080]
 volumes = [{ name = "data", path = "/data" }]
+# Asked for: a service with a named volume is replaced stop-first unless
+# overlap is asked for (#40); these tests are of the overlap.
+update = "overlap"
 
 [types.wiki.services.readiness]
 kind = "none"
@@ -2131,11 +2134,11 @@ async fn a_successor_that_crashes_while_baking_is_reverted_and_its_type_halted()
     assert!(f.store.active_tasks().await.unwrap().rows.is_empty());
 }
 
-/// #40: `stead rollout undo TYPE` puts every instance of the type whose
-/// upgrade still bakes back on its kept predecessor, with the pass's own
-/// revert steps, after halting the type; the next passes start and publish
-/// the predecessor and retire the successor. Run again, it finds nothing
-/// baking and changes nothing.
+/// #40: `stead rollout undo TYPE` halts the type and asks, on the markers
+/// of every instance of it whose upgrade still bakes, for the way back; the
+/// next pass reverts with its own steps, then the passes start and publish
+/// the predecessor and retire the successor. Asked twice before that pass,
+/// nothing changes twice; run again after, it finds nothing baking.
 #[tokio::test]
 async fn rollout_undo_puts_a_baking_instance_back_and_is_safe_to_run_twice() {
     let (f, instance, before, after, recoverer) = upgraded_and_baking().await;
@@ -2146,16 +2149,26 @@ async fn rollout_undo_puts_a_baking_instance_back_and_is_safe_to_run_twice() {
         undo.reverted,
         vec![(InstanceName::new("wiki1"), vec![ServiceName::new("web")])]
     );
-    assert_eq!(f.web_container("wiki1").await, before);
-    let row = f.store.instance(&instance.name).await.unwrap().unwrap();
-    assert_eq!(row.version, "1");
     let rollouts = f.store.rollouts().await.unwrap();
     assert_eq!(rollouts.get("wiki"), Some(&RolloutState::Halted));
+    // Asked, not yet done: the pass reverts (it alone holds the runtime).
+    assert_eq!(f.web_container("wiki1").await, after);
+    let asked = f.store.load_inhibitions(&instance.name).await.unwrap();
+    let twice = ops.undo_rollout("wiki").await.unwrap();
+    assert_eq!(twice.reverted, undo.reverted);
+    assert_eq!(
+        f.store.load_inhibitions(&instance.name).await.unwrap(),
+        asked,
+        "asked twice, written once"
+    );
 
-    for _ in 0..2 {
+    for _ in 0..3 {
         let outcome = recoverer.pass().await;
         assert_eq!(outcome.error_count(), 0, "{outcome:?}");
     }
+    assert_eq!(f.web_container("wiki1").await, before);
+    let row = f.store.instance(&instance.name).await.unwrap().unwrap();
+    assert_eq!(row.version, "1");
     assert!(
         f.routes_to("wiki1", "web", &before),
         "the predecessor serves"
@@ -2171,6 +2184,215 @@ async fn rollout_undo_puts_a_baking_instance_back_and_is_safe_to_run_twice() {
     assert_eq!(f.web_container("wiki1").await, before);
     let unknown = ops.undo_rollout("nope").await.unwrap_err();
     assert!(unknown.to_string().contains("\"nope\""), "{unknown}");
+}
+
+/// `web` replaced `stop-first`, the default for a service with a named
+/// volume (#40).
+fn stop_first(f: &mut Fixture) {
+    f.catalog = Arc::new(
+        Catalog::from_toml(
+            &CATALOG.replace("update = \"overlap\"", ""),
+            "catalog.toml",
+            &Grants::default(),
+        )
+        .unwrap(),
+    );
+    let web = &f.catalog.get("wiki").unwrap().services[0];
+    assert_eq!(web.update, stead::core::spec::UpdateStrategy::StopFirst);
+}
+
+/// #40: a `stop-first` upgrade holds, withdraws and stops the predecessor
+/// before it creates the successor, so the two never run at once on the
+/// service's volume; the successor is verified and switched, the
+/// predecessor marked (the hold replaced) and retired once the successor
+/// serves.
+#[tokio::test]
+async fn a_stop_first_upgrade_stops_the_predecessor_before_creating_its_successor() {
+    let mut f = fixture();
+    stop_first(&mut f);
+    let instance = f.served("wiki1", "1").await;
+    let before = f.web_container("wiki1").await;
+    let at_create = Arc::new(std::sync::Mutex::new(None));
+    let (runtime, traffic, seen, old) = (
+        f.runtime.clone(),
+        f.traffic.clone(),
+        at_create.clone(),
+        before.clone(),
+    );
+    f.script.on_next(Op::Create, move || {
+        let down = runtime.container(&old).map(|c| c.status.is_down());
+        let routed = traffic.routes().keys().any(|k| k.service.as_str() == "web");
+        *seen.lock().unwrap() = Some((down, routed));
+    });
+    f.enqueue(instance.id, TaskKind::Upgrade).await;
+    assert_eq!(f.worker().work_once().await.unwrap().1, TaskEnd::Done);
+    assert_eq!(
+        *at_create.lock().unwrap(),
+        Some((Some(true), false)),
+        "when the successor was created, the predecessor was (down, routed)"
+    );
+    let after = f.web_container("wiki1").await;
+    assert_ne!(after, before);
+    let records = f.store.load_inhibitions(&instance.name).await.unwrap();
+    assert_eq!(records.len(), 1, "{records:?}");
+    assert_eq!(records[0].container, before);
+    assert_eq!(records[0].reason, InhibitionReason::RetirementPending);
+
+    let recoverer = f.recoverer();
+    for _ in 0..2 {
+        let outcome = recoverer.pass().await;
+        assert_eq!(outcome.error_count(), 0, "{outcome:?}");
+    }
+    assert!(f.routes_to("wiki1", "web", &after), "the successor serves");
+    assert!(
+        f.runtime.container(&before).is_none(),
+        "the predecessor retired"
+    );
+    assert!(f
+        .store
+        .load_inhibitions(&instance.name)
+        .await
+        .unwrap()
+        .is_empty());
+}
+
+/// #40: a `stop-first` successor that cannot be created (an image that
+/// cannot be pulled) gives the predecessor back: its hold is cleared and
+/// the next pass starts, verifies and publishes it; the rollout halts.
+#[tokio::test]
+async fn a_stop_first_successor_that_fails_gives_its_predecessor_back() {
+    let mut f = fixture();
+    stop_first(&mut f);
+    let instance = f.served("wiki1", "1").await;
+    let before = f.web_container("wiki1").await;
+    f.script
+        .fail(Op::Create, "", Fault::Refused("no such image".into()));
+    f.enqueue(instance.id, TaskKind::Upgrade).await;
+    let (_, end) = f.worker().work_once().await.unwrap();
+    assert!(matches!(end, TaskEnd::Failed(_)), "{end:?}");
+    assert_eq!(f.web_container("wiki1").await, before);
+    assert!(
+        f.runtime.container(&before).unwrap().status.is_down(),
+        "stopped first"
+    );
+    assert!(
+        f.store
+            .load_inhibitions(&instance.name)
+            .await
+            .unwrap()
+            .is_empty(),
+        "the hold cleared"
+    );
+    let rollouts = f.store.rollouts().await.unwrap();
+    assert_eq!(rollouts.get("wiki"), Some(&RolloutState::Halted));
+    let outcome = f.recoverer().pass().await;
+    assert_eq!(outcome.error_count(), 0, "{outcome:?}");
+    assert!(
+        f.routes_to("wiki1", "web", &before),
+        "the predecessor started and served again"
+    );
+    assert_eq!(
+        f.store
+            .instance(&instance.name)
+            .await
+            .unwrap()
+            .unwrap()
+            .state,
+        InstanceState::Ready
+    );
+}
+
+/// #40: a `stop-first` upgrade interrupted after it created its candidate
+/// (the process died) leaves the predecessor stopped under its hold, the
+/// candidate running and the instance `upgrading`. A halt cancels no such
+/// upgrade; its worker, finding the rollout halted, upgrades nothing but
+/// removes the candidate first, then clears the hold and returns the
+/// instance to ready, and the next pass starts the predecessor: never two.
+#[tokio::test]
+async fn a_halted_rollout_still_tidies_an_interrupted_stop_first_upgrade() {
+    let mut f = fixture();
+    stop_first(&mut f);
+    let instance = f.served("wiki1", "1").await;
+    let before = f.web_container("wiki1").await;
+    // What the dead upgrade left.
+    assert!(f
+        .store
+        .set_instance_state(
+            instance.id,
+            InstanceState::Ready,
+            InstanceState::Upgrading,
+            f.clock.now()
+        )
+        .await
+        .unwrap());
+    let key = stead::core::types::GenerationKey {
+        instance: instance.name.clone(),
+        service: ServiceName::new("web"),
+        container: before.clone(),
+    };
+    f.runtime.stop(&key, Duration::ZERO).await.unwrap();
+    let hold = Inhibition {
+        service: ServiceName::new("web"),
+        container: before.clone(),
+        reason: InhibitionReason::Hold(InhibitionReason::STOP_FIRST.into()),
+        operation: "upgrade".into(),
+        created_at: f.clock.now(),
+        stop_grace: None,
+        revert_to: None,
+    };
+    f.store
+        .save_inhibition(&instance.name, &hold)
+        .await
+        .unwrap();
+    let candidate = f
+        .runtime
+        .create(&create_request("wiki1", "web"))
+        .await
+        .unwrap();
+    f.enqueue(instance.id, TaskKind::Upgrade).await;
+    // The pass keeps the held predecessor down meanwhile (R5).
+    f.recoverer().pass().await;
+    assert!(f.runtime.container(&before).unwrap().status.is_down());
+
+    let ops = stead::ops::Ops::new(f.store.as_ref(), f.catalog.clone(), f.clock.now(), 7);
+    let halted = ops.undo_rollout("wiki").await.unwrap();
+    assert!(halted.cancelled.is_empty(), "{halted:?}");
+    let tasks = f.store.active_tasks().await.unwrap().rows;
+    let task = tasks
+        .first()
+        .expect("the interrupted upgrade is not cancelled");
+    let refused = ops.cancel_task(task.id).await.unwrap_err();
+    assert!(refused.to_string().contains("interrupted"), "{refused}");
+
+    let ran = Arc::new(std::sync::Mutex::new(None));
+    let (runtime, seen, old) = (f.runtime.clone(), ran.clone(), before.clone());
+    f.script.on_next(Op::Remove, move || {
+        *seen.lock().unwrap() = Some(runtime.container(&old).map(|c| c.status.is_down()));
+    });
+    assert_eq!(f.worker().work_once().await.unwrap().1, TaskEnd::Done);
+    assert_eq!(
+        *ran.lock().unwrap(),
+        Some(Some(true)),
+        "the predecessor stayed down while the candidate went"
+    );
+    assert!(
+        f.runtime.container(&candidate).is_none(),
+        "the candidate removed"
+    );
+    assert!(f
+        .store
+        .load_inhibitions(&instance.name)
+        .await
+        .unwrap()
+        .is_empty());
+    let row = f.store.instance(&instance.name).await.unwrap().unwrap();
+    assert_eq!(
+        (row.state, row.version.as_str()),
+        (InstanceState::Ready, "1")
+    );
+    let outcome = f.recoverer().pass().await;
+    assert_eq!(outcome.error_count(), 0, "{outcome:?}");
+    assert!(f.routes_to("wiki1", "web", &before), "served again");
 }
 
 // --- the event log (#42) ---------------------------------------------------

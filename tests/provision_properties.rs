@@ -26,6 +26,7 @@ fn spec(name: &str) -> ServiceSpec {
         healthcheck: None,
         readiness: ReadinessProbe::None,
         stop_grace: Duration::from_secs(5),
+        update: Default::default(),
         run: Default::default(),
     }
 }
@@ -110,6 +111,8 @@ fn docker_input(active: ActiveRecord) -> ProvisionInput {
         release: ReleaseSpec::Docker { name: "app".into() },
         services: SERVICES.iter().map(|n| spec(n)).collect(),
         active,
+        containers: Vec::new(),
+        inhibitions: Vec::new(),
     }
 }
 
@@ -402,4 +405,59 @@ proptest! {
             prop_assert_eq!(purged, purge_volumes, "a completed deprovision purged exactly when asked");
         }
     }
+}
+
+/// #40: a container an earlier attempt created but never recorded in
+/// ACTIVE (the process died, or its lease lapsed, between the two) is
+/// stopped and removed before its service's container is created again: at
+/// another revision (the catalog changed meanwhile) it would run beside the
+/// new one, on the same volumes. A predecessor under a marker is the
+/// recovery pass's and stays.
+#[test]
+fn a_provision_removes_what_an_earlier_attempt_left_before_creating_again() {
+    let service = ServiceName::new(SERVICES[0]);
+    let stray = ContainerId::new("stead.app.web.1.deadbeef");
+    let kept = ContainerId::new("stead.app.web.0.cafe");
+    let marker = stead::core::types::Inhibition {
+        service: service.clone(),
+        container: kept.clone(),
+        reason: stead::core::types::InhibitionReason::RetirementPending,
+        operation: "upgrade".into(),
+        created_at: stead::core::types::Timestamp::UNIX_EPOCH,
+        stop_grace: None,
+        revert_to: None,
+    };
+    let (issued, result) = provision_all_ok(ProvisionInput {
+        containers: vec![
+            (service.clone(), stray.clone()),
+            (service.clone(), kept.clone()),
+        ],
+        inhibitions: vec![marker],
+        ..docker_input(ActiveRecord::default())
+    });
+    result.expect("provisioned");
+    let touched = |id: &ContainerId| {
+        issued
+            .iter()
+            .filter_map(|c| match c {
+                WorkCommand::Stop { generation, .. } if &generation.container == id => Some("stop"),
+                WorkCommand::Remove(generation) if &generation.container == id => Some("remove"),
+                _ => None,
+            })
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(touched(&stray), ["stop", "remove"]);
+    assert!(touched(&kept).is_empty(), "the marked predecessor stays");
+    let removed = issued
+        .iter()
+        .position(|c| matches!(c, WorkCommand::Remove(g) if g.container == stray))
+        .unwrap();
+    let created = issued
+        .iter()
+        .position(|c| matches!(c, WorkCommand::Create { spec, .. } if spec.name == service))
+        .unwrap();
+    assert!(
+        removed < created,
+        "removed before the service is created again"
+    );
 }

@@ -95,3 +95,26 @@ fn a_worker_with_an_older_catalog_downgrades_nothing() {
         );
     }
 }
+
+/// The `stop-first` checks are not vacuous: with the rule broken (the
+/// mutation exercise's `OverlapStopFirst`: the successor created while the
+/// predecessor runs), the checker fails the same upgrade it passes whole.
+#[test]
+fn the_checker_catches_a_stop_first_service_replaced_by_overlap() {
+    // In ACTIVE, behind by version, replaced stop-first.
+    let services = [UpgradeServiceSeed { active: 7 }];
+    let healthy = [OutcomeSeed {
+        choice: 4,
+        ..OutcomeSeed::default()
+    }];
+    let mut input = upgrade_input(&services, false, true);
+    assert_eq!(run_upgrade_and_check(&input, &healthy), 1, "switched whole");
+    input.broken = Some(stead::core::broken::Mutant::OverlapStopFirst);
+    let caught = std::panic::catch_unwind(|| run_upgrade_and_check(&input, &healthy))
+        .expect_err("an overlap of a stop-first service passed the checker");
+    let message = caught.downcast_ref::<String>().cloned().unwrap_or_default();
+    assert!(
+        message.contains("stop-first web created before its predecessor was held"),
+        "{message}"
+    );
+}

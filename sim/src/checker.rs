@@ -82,6 +82,9 @@ pub struct Truth {
     /// Services whose spec publishes no port (a worker, a database reached
     /// on the instance network): verified, never routed.
     pub portless: BTreeSet<ServiceName>,
+    /// Services replaced `stop-first` (#40): never two of their
+    /// containers up at once (V1).
+    pub stop_first: BTreeSet<ServiceName>,
 }
 
 impl Truth {
@@ -155,6 +158,9 @@ struct State {
     /// verified publication is not blocked by it.
     withdraw_failed: BTreeSet<(ServiceKey, String)>,
     routes: BTreeMap<ServiceKey, Route>,
+    /// Containers up now, as the runtime's effects and the world's crashes
+    /// and native restarts tell (V1).
+    up: BTreeSet<ContainerId>,
     /// Crash-loop budget model per generation and per acting process: each
     /// process (incarnation) has its own budget in memory (R10, R17).
     streaks: BTreeMap<(ContainerId, String), Streak>,
@@ -1012,8 +1018,9 @@ impl Checker {
     /// may reprovision the release until it is created again (#40).
     pub fn container_removed_by_hand(&self, release: &str, id: &ContainerId) {
         let now = self.clock.now();
-        self.lock()
-            .container_missing
+        let mut s = self.lock();
+        s.up.remove(id);
+        s.container_missing
             .entry(release.to_owned())
             .or_default()
             .push((id.clone(), now, None));
@@ -1124,6 +1131,7 @@ impl Checker {
         let now = self.clock.now();
         let window = self.policy.stable_window;
         let mut s = self.lock();
+        s.up.remove(id);
         for ((c, _), streak) in s.streaks.iter_mut() {
             if c != id {
                 continue;
@@ -1139,6 +1147,7 @@ impl Checker {
     pub fn container_came_up(&self, id: &ContainerId) {
         let now = self.clock.now();
         let mut s = self.lock();
+        came_up(&mut s, id);
         for ((c, _), streak) in s.streaks.iter_mut() {
             if c == id {
                 streak.up_since.get_or_insert(now);
@@ -1361,6 +1370,30 @@ fn instance_of_container(s: &State, id: &ContainerId) -> Option<InstanceName> {
         .strip_prefix("stead.")
         .and_then(|rest| rest.split('.').next())
         .map(InstanceName::new)
+}
+
+/// #40 V1: a `stop-first` service never has two containers up at once
+/// (two processes on one data directory), whoever brought the second up:
+/// an upgrade's candidate, a revert's predecessor, a native restart.
+fn came_up(s: &mut State, id: &ContainerId) {
+    s.up.insert(id.clone());
+    let Some(key) = s.truth.service_of.get(id).cloned() else {
+        return;
+    };
+    if !s.truth.stop_first.contains(&key.service) {
+        return;
+    }
+    let others: Vec<&ContainerId> =
+        s.up.iter()
+            .filter(|c| *c != id && s.truth.service_of.get(*c) == Some(&key))
+            .collect();
+    let detail = format!("{id} of {key:?} came up while {others:?} were up");
+    let alone = others.is_empty();
+    s.check(
+        "V1 a stop-first service never runs two containers at once",
+        alone,
+        || detail,
+    );
 }
 
 /// The instance an effect changes, if it changes one's workload or traffic.
@@ -1753,6 +1786,7 @@ impl Observer for Checker {
         };
         match effect {
             Effect::Started { id } | Effect::Restarted { id } => {
+                came_up(&mut s, id);
                 let service = instance_of(&s.truth, id);
                 s.check("S1 start only ACTIVE", service.is_some(), || {
                     format!("{id} is not named by ACTIVE")
@@ -1820,8 +1854,11 @@ impl Observer for Checker {
                 s.check("S1 never creates", by_operator || by_worker, || {
                     format!("{id} created outside a deploy or a task")
                 });
+                // The in-memory runtime starts what it creates.
+                came_up(&mut s, id);
             }
             Effect::Removed { id } => {
+                s.up.remove(id);
                 let marker = s.truth.markers.contains_key(id);
                 let owner = instance_of(&s.truth, id);
                 let deprovisioned = owner
@@ -1861,6 +1898,7 @@ impl Observer for Checker {
                 });
             }
             Effect::Stopped { id } => {
+                s.up.remove(id);
                 // The first destructive step of a retirement: by now the
                 // successor must serve (verified and routed), unless the
                 // instance is stopped or the service left ACTIVE (R15).
@@ -1947,8 +1985,14 @@ impl Observer for Checker {
                 s.withdraw_failed.remove(&(service.clone(), holder.clone()));
                 s.routes.remove(service);
             }
+            // R6 is the recovery pass's: a pending withdrawal it keeps in
+            // memory. A worker's failed withdrawal (a `stop-first`
+            // replacement's, a dropped service's retirement) is its task's
+            // to handle, and no pass ever learns of it.
             Effect::WithdrawFailed { service } => {
-                s.withdraw_failed.insert((service.clone(), holder.clone()));
+                if actor != Actor::Worker {
+                    s.withdraw_failed.insert((service.clone(), holder.clone()));
+                }
             }
             Effect::ProbePassed {
                 id,

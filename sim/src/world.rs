@@ -983,6 +983,11 @@ impl Actors {
     /// Deploys a new generation: create it, switch ACTIVE, mark the
     /// predecessor retirement-pending — what an upgrade worker does.
     async fn deploy(&self, svc: &SimService, current: &ContainerId) {
+        if svc.spec.update == stead::core::spec::UpdateStrategy::StopFirst {
+            // This hand-made deploy overlaps; an operator leaves a
+            // stop-first service to stead's upgrades (V1).
+            return;
+        }
         let n = self.deploys.fetch_add(1, Ordering::Relaxed);
         let Ok(Some(owner)) = self.store.instance(&svc.key.instance).await else {
             return;

@@ -55,6 +55,14 @@ fn a_revert_that_does_not_halt_its_type_first_is_caught() {
 }
 
 #[test]
+fn a_stop_first_service_replaced_by_overlap_is_caught() {
+    assert_caught(
+        Mutant::OverlapStopFirst,
+        "V1 a stop-first service never runs two containers at once",
+    );
+}
+
+#[test]
 fn a_publication_of_a_service_without_ports_is_caught() {
     assert_caught(Mutant::PublishPortless, "L3");
 }

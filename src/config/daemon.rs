@@ -25,7 +25,7 @@ use crate::core::grants::Grants;
 use crate::core::limits::{ContainerLimits, RawLimits};
 use crate::core::plan::{ConfigError, ControlConfig, RawControlConfig};
 use crate::core::policy::{
-    RecoveryPolicy, HELM_KILL_MARGIN, INSTANCES_AT_ONCE_MAX, TASK_LEASE_SAFETY_MARGIN,
+    RecoveryPolicy, HELM_KILL_MARGIN, INSTANCES_AT_ONCE_MAX, LEASE_MARGIN, TASK_LEASE_SAFETY_MARGIN,
 };
 use crate::core::toml_error;
 
@@ -109,6 +109,12 @@ pub const KEYS: &[&str] = &[
     "limits.log_max_size_mb",
     "limits.log_max_files",
     "events.retention_days",
+    "database.max_connections",
+    "database.acquire_timeout_ms",
+    "database.call_timeout_ms",
+    "database.statement_timeout_ms",
+    "database.lock_timeout_ms",
+    "database.idle_in_transaction_session_timeout_ms",
 ];
 
 /// The environment variable that overrides a key.
@@ -163,6 +169,61 @@ pub struct HelmSettings {
     pub env: BTreeMap<String, String>,
 }
 
+/// `[database]`: the connection pool and the per-connection timeouts of a
+/// Postgres store (SQLite, one file on one host, takes only
+/// [`Self::call_timeout`]). Every bound is checked at load
+/// ([`Validator::database`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct DatabaseSettings {
+    /// Most connections in this process's pool.
+    pub max_connections: u32,
+    /// How long a call waits for a pooled connection.
+    pub acquire_timeout: Duration,
+    /// Client-side bound on one lease, listing or snapshot call, however
+    /// the database behaves (a hung server answers no server-side timeout).
+    pub call_timeout: Duration,
+    /// Server side, per connection: the longest one statement may run.
+    pub statement_timeout: Duration,
+    /// Server side, per connection: the longest one statement waits for a
+    /// lock (a standby waiting on the lease row, say).
+    pub lock_timeout: Duration,
+    /// Server side, per connection: a session idle inside a transaction
+    /// this long is ended, releasing its locks (a process paused inside a
+    /// fenced transaction holds the lease row until then).
+    pub idle_in_transaction_session_timeout: Duration,
+}
+
+/// Most connections `database.max_connections` allows.
+pub const DATABASE_CONNECTIONS_MAX: u32 = 1000;
+/// The shortest of the database timeouts, in milliseconds.
+pub const DATABASE_TIMEOUT_MS_MIN: u64 = 100;
+/// The longest statement, acquire or call timeout, in milliseconds.
+pub const DATABASE_TIMEOUT_MS_MAX: u64 = 3_600_000;
+/// A paused process's session must end before its lease does: a fenced
+/// write starts only while its grant is trusted for [`LEASE_MARGIN`] more,
+/// so a session ended within that margin frees the lease row by the time
+/// the lease expires, and a standby is never held past it.
+pub const IDLE_IN_TRANSACTION_MS_MAX: u64 = LEASE_MARGIN.as_millis() as u64;
+const _: () = assert!(DATABASE_TIMEOUT_MS_MIN <= IDLE_IN_TRANSACTION_MS_MAX);
+/// The longest call timeout: above the longest statement or acquire wait.
+pub const CALL_TIMEOUT_MS_MAX: u64 = 2 * DATABASE_TIMEOUT_MS_MAX;
+/// Unset, the call timeout is at least this much longer than the longest
+/// server-side or pool wait it covers.
+const CALL_TIMEOUT_SLACK_MS: i64 = 30_000;
+
+impl Default for DatabaseSettings {
+    fn default() -> Self {
+        Self {
+            max_connections: 16,
+            acquire_timeout: Duration::from_secs(10),
+            call_timeout: Duration::from_secs(60),
+            statement_timeout: Duration::from_secs(30),
+            lock_timeout: Duration::from_secs(5),
+            idle_in_transaction_session_timeout: LEASE_MARGIN,
+        }
+    }
+}
+
 /// The validated daemon configuration.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct DaemonConfig {
@@ -170,6 +231,8 @@ pub struct DaemonConfig {
     pub source: Option<PathBuf>,
     pub state_dir: PathBuf,
     pub database_url: String,
+    /// `[database]`: pool sizes and timeouts.
+    pub database: DatabaseSettings,
     pub catalog: PathBuf,
     /// `None` turns the admin endpoints off (`admin_listen = ""`).
     pub admin_listen: Option<SocketAddr>,
@@ -465,12 +528,25 @@ struct RawConfig {
     limits: RawLimitsTable,
     #[serde(default)]
     events: RawEvents,
+    #[serde(default)]
+    database: RawDatabase,
 }
 
 #[derive(Deserialize, Default)]
 #[serde(deny_unknown_fields)]
 struct RawEvents {
     retention_days: Option<i64>,
+}
+
+#[derive(Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+struct RawDatabase {
+    max_connections: Option<i64>,
+    acquire_timeout_ms: Option<i64>,
+    call_timeout_ms: Option<i64>,
+    statement_timeout_ms: Option<i64>,
+    lock_timeout_ms: Option<i64>,
+    idle_in_transaction_session_timeout_ms: Option<i64>,
 }
 
 #[derive(Deserialize, Default)]
@@ -714,6 +790,7 @@ impl Validator<'_> {
             source: None,
             state_dir,
             database_url,
+            database: self.database(raw.database)?,
             catalog,
             admin_listen,
             log_format,
@@ -770,6 +847,109 @@ impl Validator<'_> {
             &raw.env_passthrough,
         )
         .map_err(|e| self.invalid_quoted(&format!("grants.{}", e.field), e.value, e.reason))
+    }
+
+    /// `[database]`: each value in its range, and the relations that keep
+    /// the timeouts meaningful (a lock wait within a statement, a call
+    /// longer than what it waits for on the server).
+    fn database(&self, raw: RawDatabase) -> Result<DatabaseSettings, DaemonConfigError> {
+        let d = DatabaseSettings::default();
+        let ms = |d: Duration| d.as_millis() as i64;
+        let (min, max) = (
+            DATABASE_TIMEOUT_MS_MIN as i64,
+            DATABASE_TIMEOUT_MS_MAX as i64,
+        );
+        let max_connections = self.int(
+            "database.max_connections",
+            raw.max_connections,
+            d.max_connections.into(),
+            1,
+            DATABASE_CONNECTIONS_MAX.into(),
+        )? as u32;
+        let acquire_timeout_ms = self.int(
+            "database.acquire_timeout_ms",
+            raw.acquire_timeout_ms,
+            ms(d.acquire_timeout),
+            min,
+            max,
+        )?;
+        let statement_timeout_ms = self.int(
+            "database.statement_timeout_ms",
+            raw.statement_timeout_ms,
+            ms(d.statement_timeout),
+            min,
+            max,
+        )?;
+        // Unset, the lock wait and the call follow a changed statement
+        // timeout instead of contradicting it.
+        let lock_timeout_ms = self.bounded_by(
+            "database.lock_timeout_ms",
+            raw.lock_timeout_ms,
+            ms(d.lock_timeout).min(statement_timeout_ms as i64),
+            ("database.statement_timeout_ms", statement_timeout_ms),
+        )?;
+        let idle_field = "database.idle_in_transaction_session_timeout_ms";
+        let idle_in_transaction_ms = raw
+            .idle_in_transaction_session_timeout_ms
+            .unwrap_or(ms(d.idle_in_transaction_session_timeout));
+        if !(min..=IDLE_IN_TRANSACTION_MS_MAX as i64).contains(&idle_in_transaction_ms) {
+            return Err(self.invalid(
+                idle_field,
+                idle_in_transaction_ms,
+                format!(
+                    "must be between {min} and {IDLE_IN_TRANSACTION_MS_MAX} (the reconciler \
+                     lease's margin): a process paused inside a transaction keeps the lease row \
+                     locked until the server ends its session, which must come before its lease \
+                     runs out"
+                ),
+            ));
+        }
+        let waited_ms = statement_timeout_ms.max(acquire_timeout_ms);
+        let call_timeout_ms = raw
+            .call_timeout_ms
+            .unwrap_or(ms(d.call_timeout).max(waited_ms as i64 + CALL_TIMEOUT_SLACK_MS));
+        if call_timeout_ms <= waited_ms as i64 || call_timeout_ms > CALL_TIMEOUT_MS_MAX as i64 {
+            return Err(self.invalid(
+                "database.call_timeout_ms",
+                call_timeout_ms,
+                format!(
+                    "must exceed database.statement_timeout_ms ({statement_timeout_ms}) and \
+                     database.acquire_timeout_ms ({acquire_timeout_ms}), so a live server's own \
+                     timeout answers first, and be at most {CALL_TIMEOUT_MS_MAX}"
+                ),
+            ));
+        }
+        let call_timeout_ms = call_timeout_ms as u64;
+        let idle_in_transaction_ms = idle_in_transaction_ms as u64;
+        Ok(DatabaseSettings {
+            max_connections,
+            acquire_timeout: Duration::from_millis(acquire_timeout_ms),
+            call_timeout: Duration::from_millis(call_timeout_ms),
+            statement_timeout: Duration::from_millis(statement_timeout_ms),
+            lock_timeout: Duration::from_millis(lock_timeout_ms),
+            idle_in_transaction_session_timeout: Duration::from_millis(idle_in_transaction_ms),
+        })
+    }
+
+    /// A millisecond value from [`DATABASE_TIMEOUT_MS_MIN`] up to another
+    /// setting's value, the error naming both.
+    fn bounded_by(
+        &self,
+        field: &str,
+        value: Option<i64>,
+        default: i64,
+        (bound_field, bound_ms): (&str, u64),
+    ) -> Result<u64, DaemonConfigError> {
+        let v = value.unwrap_or(default);
+        let min = DATABASE_TIMEOUT_MS_MIN as i64;
+        if v < min || v as u64 > bound_ms {
+            return Err(self.invalid(
+                field,
+                v,
+                format!("must be between {min} and {bound_field} ({bound_ms})"),
+            ));
+        }
+        Ok(v as u64)
     }
 
     fn recovery(&self, raw: RawRecovery) -> Result<RecoveryPolicy, DaemonConfigError> {
@@ -1390,5 +1570,78 @@ mod tests {
         assert!(e.to_string().contains("helm.pass_env[0] = \"A B\""), "{e}");
         let e = parse("[helm]\nenv = { \"1X\" = \"v\" }\n", "stead.toml", &[]).unwrap_err();
         assert!(e.to_string().contains("helm.env.1X"), "{e}");
+    }
+
+    #[test]
+    fn database_settings_default_to_a_lease_safe_pool_and_are_read_from_the_file() {
+        let defaults = parse("", "stead.toml", &[]).unwrap().database;
+        assert_eq!(defaults, DatabaseSettings::default());
+        assert!(defaults.idle_in_transaction_session_timeout <= LEASE_MARGIN);
+        assert!(defaults.call_timeout > defaults.statement_timeout);
+        let config = parse(
+            "[database]\nmax_connections = 4\nacquire_timeout_ms = 2000\n\
+             statement_timeout_ms = 90000\nlock_timeout_ms = 1500\n\
+             idle_in_transaction_session_timeout_ms = 3000\n",
+            "stead.toml",
+            &[(
+                "STEAD_DATABASE__CALL_TIMEOUT_MS".to_owned(),
+                "95000".to_owned(),
+            )],
+        )
+        .unwrap();
+        assert_eq!(
+            config.database,
+            DatabaseSettings {
+                max_connections: 4,
+                acquire_timeout: Duration::from_secs(2),
+                call_timeout: Duration::from_secs(95),
+                statement_timeout: Duration::from_secs(90),
+                lock_timeout: Duration::from_millis(1500),
+                idle_in_transaction_session_timeout: Duration::from_secs(3),
+            }
+        );
+        // Unset, the lock wait and the call follow a changed statement
+        // timeout rather than contradict it.
+        let short = parse("[database]\nstatement_timeout_ms = 1000\n", "f", &[]).unwrap();
+        assert_eq!(short.database.lock_timeout, Duration::from_secs(1));
+        let long = parse("[database]\nstatement_timeout_ms = 600000\n", "f", &[]).unwrap();
+        assert!(long.database.call_timeout > long.database.statement_timeout);
+    }
+
+    #[test]
+    fn a_bad_database_setting_is_refused_naming_its_line_key_and_value() {
+        check_err(
+            "[database]\nmax_connections = 0\n",
+            &[],
+            "stead.toml: line 2: database.max_connections = 0: must be between 1 and 1000",
+        );
+        check_err(
+            "[database]\nstatement_timeout_ms = -5\n",
+            &[],
+            "database.statement_timeout_ms = -5: must be between 100 and 3600000",
+        );
+        check_err(
+            "[database]\nstatement_timeout_ms = 2000\nlock_timeout_ms = 3000\n",
+            &[],
+            "stead.toml: line 3: database.lock_timeout_ms = 3000: must be between 100 and \
+             database.statement_timeout_ms (2000)",
+        );
+        check_err(
+            "[database]\nidle_in_transaction_session_timeout_ms = 60000\n",
+            &[],
+            "database.idle_in_transaction_session_timeout_ms = 60000: must be between 100 and \
+             10000 (the reconciler lease's margin)",
+        );
+        check_err(
+            "[database]\ncall_timeout_ms = 30000\n",
+            &[],
+            "database.call_timeout_ms = 30000: must exceed database.statement_timeout_ms (30000)",
+        );
+        check_err(
+            "",
+            &[("STEAD_DATABASE__ACQUIRE_TIMEOUT_MS", "0")],
+            "environment variable STEAD_DATABASE__ACQUIRE_TIMEOUT_MS: \
+             database.acquire_timeout_ms = 0",
+        );
     }
 }

@@ -23,8 +23,13 @@ use jiff::Timestamp;
 use super::broken::Armed;
 use super::recovery::{RecoveryError, Report, Verdict};
 use super::types::{
-    ActiveRecord, ActiveService, Inhibition, InhibitionReason, RevertTo, ServiceName,
+    ActiveRecord, ActiveService, GenerationKey, Inhibition, InhibitionReason, InstanceName,
+    RevertTo, ServiceName,
 };
+
+/// The grace a `stop-first` successor recorded without one is stopped
+/// with (an upgrade always records its own).
+const STOP_FIRST_GRACE_DEFAULT: std::time::Duration = std::time::Duration::from_secs(10);
 use super::upgrade::revert_marker;
 
 /// Why a baking successor counts as failed this pass, or `None` while it
@@ -97,6 +102,11 @@ pub enum RevertStep {
     /// The successor's marker (no way back of its own), before ACTIVE
     /// moves off it.
     SaveMarker(Inhibition),
+    /// A `stop-first` successor stopped before its predecessor may start.
+    StopSuccessor {
+        generation: GenerationKey,
+        grace: std::time::Duration,
+    },
     /// ACTIVE names the predecessor again; the next pass starts, verifies
     /// and publishes it.
     RestoreActive {
@@ -139,6 +149,19 @@ pub fn revert_steps(
             successor,
             now,
         )));
+        if to.stop_first {
+            // Down before ACTIVE names its predecessor, which the next
+            // pass starts: never two on the service's volumes. A stop that
+            // fails ends the revert here, the successor still ACTIVE.
+            steps.push(RevertStep::StopSuccessor {
+                generation: GenerationKey {
+                    instance: InstanceName::new(instance),
+                    service: marker.service.clone(),
+                    container: successor.container.clone(),
+                },
+                grace: successor.stop_grace.unwrap_or(STOP_FIRST_GRACE_DEFAULT),
+            });
+        }
         steps.push(RevertStep::RestoreActive {
             service: marker.service.clone(),
             record: ActiveService {

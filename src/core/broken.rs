@@ -90,11 +90,14 @@ pub enum Mutant {
     /// #40: revert a successor that failed while baking without halting
     /// its type first, so version drift upgrades it straight back.
     RevertWithoutHalt,
+    /// #40: replace a `stop-first` service by overlap, its successor
+    /// created while the predecessor still runs on the same volume.
+    OverlapStopFirst,
 }
 
 #[cfg(feature = "mutation-exercise")]
 impl Mutant {
-    pub const ALL: [Mutant; 20] = [
+    pub const ALL: [Mutant; 21] = [
         Mutant::SkipWithdrawBeforeStart,
         Mutant::PublishBeforeReadiness,
         Mutant::ForgetCrashLoopCharge,
@@ -115,5 +118,6 @@ impl Mutant {
         Mutant::ParkUpgradeBehindWindow,
         Mutant::PublishPortless,
         Mutant::RevertWithoutHalt,
+        Mutant::OverlapStopFirst,
     ];
 }

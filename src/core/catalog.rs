@@ -24,6 +24,7 @@ use super::names;
 use super::release::{render, HelmChart, Provisioning, ReleaseParams, HELM_NAMESPACE_DEFAULT};
 use super::spec::{
     Healthcheck, Mount, MountSource, ReadinessProbe, RunSpec, SecretEnv, SecretSource, ServiceSpec,
+    UpdateStrategy,
 };
 use super::toml_error;
 use super::types::ServiceName;
@@ -711,6 +712,7 @@ struct RawService {
     healthcheck: Option<RawHealthcheck>,
     readiness: Option<RawReadiness>,
     stop_grace_ms: Option<i64>,
+    update: Option<String>,
     #[serde(default)]
     entrypoint: Vec<String>,
     user: Option<String>,
@@ -1182,6 +1184,7 @@ impl Checker<'_> {
             STOP_GRACE_MS_DEFAULT,
             0,
         )?;
+        let update = self.update(at, raw.update.as_deref(), &run)?;
         Ok(ServiceSpec {
             name: ServiceName::new(raw.name),
             image: raw.image,
@@ -1190,8 +1193,32 @@ impl Checker<'_> {
             healthcheck,
             readiness,
             stop_grace,
+            update,
             run: Box::new(run),
         })
+    }
+
+    /// `update`: `"overlap"` or `"stop-first"`. A service with a named
+    /// volume is stopped first unless overlap is asked for: most databases
+    /// must never have two processes on one data directory, and many
+    /// cannot tell (#40).
+    fn update(
+        &self,
+        at: &str,
+        raw: Option<&str>,
+        run: &RunSpec,
+    ) -> Result<UpdateStrategy, CatalogError> {
+        match raw {
+            None if run.volumes().next().is_some() => Ok(UpdateStrategy::StopFirst),
+            None => Ok(UpdateStrategy::Overlap),
+            Some("overlap") => Ok(UpdateStrategy::Overlap),
+            Some("stop-first") => Ok(UpdateStrategy::StopFirst),
+            Some(other) => Err(self.invalid(
+                format!("{at}.update"),
+                other,
+                "must be \"overlap\" or \"stop-first\"",
+            )),
+        }
     }
 
     fn healthcheck(&self, at: &str, raw: RawHealthcheck) -> Result<Healthcheck, CatalogError> {

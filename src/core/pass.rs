@@ -30,7 +30,7 @@ use std::time::Duration;
 use jiff::Timestamp;
 
 use super::bake::{bakes, baking, fails_while_baking, revert_steps, RevertStep};
-use super::errors::{failure_of, ErrorKind, PortName, StoreError, TrafficError};
+use super::errors::{failure_of, Cause, ErrorKind, PortName, StoreError, TrafficError};
 
 use super::fleet::{InstanceState, ListedInstance};
 use super::memory::InstanceMemory;
@@ -137,7 +137,7 @@ pub enum InstanceAnswer {
     ClaimsReleased(Result<(), StoreError>),
     MarkerCleared(Result<(), StoreError>),
     StaleWithdrawn(Result<(), TrafficError>),
-    Reverted(Result<(), StoreError>),
+    Reverted(Result<(), Cause>),
 }
 
 impl InstanceAnswer {
@@ -150,7 +150,7 @@ impl InstanceAnswer {
             Self::PredecessorStopped(r) | Self::PredecessorRemoved(r) => failure_of(r),
             Self::ClaimsReleased(r) | Self::MarkerCleared(r) => failure_of(r),
             Self::StaleWithdrawn(r) => failure_of(r),
-            Self::Reverted(r) => failure_of(r),
+            Self::Reverted(r) => r.as_ref().err().and_then(|c| Some((c.port()?, c.kind()))),
         }
     }
 }
@@ -184,7 +184,7 @@ pub enum PassError {
         instance: InstanceName,
         step: Box<RevertStep>,
         #[source]
-        source: StoreError,
+        source: Cause,
     },
     #[error("{instance}: {pending} retirement(s) left for the next pass: {}", .why.describe())]
     RetirementsLeft {
@@ -538,7 +538,13 @@ impl<'p> InstancePass<'p> {
     /// After the services: revert if a baking successor failed (#40),
     /// else go on to the markers.
     fn plan_revert(&mut self) -> Stage {
-        let Some((service, why)) = &self.failing else {
+        // `stead rollout undo` asks for the way back on the markers.
+        let undone = || {
+            baking(&self.inhibitions, &self.active, self.now)
+                .find(|(_, back, _)| back.undone)
+                .map(|(marker, _, _)| (marker.service.clone(), "undone by an operator".to_owned()))
+        };
+        let Some((service, why)) = self.failing.clone().or_else(undone) else {
             return Stage::Markers;
         };
         let why = format!("{service}: {why}");

@@ -256,6 +256,32 @@ pub fn remove_generation(
     ]
 }
 
+/// The containers of `service` the runtime lists that are neither
+/// ACTIVE's nor under a durable record that `counts` (a
+/// `retirement-pending` predecessor, which the recovery pass retires; an
+/// operator's hold, which is theirs): a candidate a crashed or abandoned
+/// task left behind, at whatever revision. Provisioning and upgrades
+/// remove them before they create the service's next container.
+pub fn strays<'a>(
+    service: &'a ServiceName,
+    active: &'a ActiveRecord,
+    inhibitions: &'a [Inhibition],
+    containers: &'a [(ServiceName, ContainerId)],
+    counts: impl Fn(&Inhibition) -> bool + 'a,
+) -> impl Iterator<Item = &'a ContainerId> + 'a {
+    let active = active.services.get(service).map(|a| &a.container);
+    containers
+        .iter()
+        .filter(move |(s, container)| {
+            s == service
+                && active != Some(container)
+                && !inhibitions
+                    .iter()
+                    .any(|h| &h.service == service && &h.container == container && counts(h))
+        })
+        .map(|(_, container)| container)
+}
+
 /// What provisioning starts from.
 #[derive(Clone, Debug)]
 pub struct ProvisionInput {
@@ -275,12 +301,21 @@ pub struct ProvisionInput {
     pub services: Vec<ServiceSpec>,
     /// ACTIVE as loaded under the instance lock.
     pub active: ActiveRecord,
+    /// The instance's containers the runtime lists, as (service,
+    /// container), and its durable records: a container an earlier attempt
+    /// created but never recorded in ACTIVE is removed before its service's
+    /// is created again (at another revision, after a catalog change, it
+    /// would run beside it, on the same volumes).
+    pub containers: Vec<(ServiceName, ContainerId)>,
+    pub inhibitions: Vec<Inhibition>,
 }
 
 #[derive(Debug)]
 enum ProvisionStep {
     Install,
     Next,
+    /// Strays of a service removed, then its container created.
+    Sweep(ServiceSpec, VecDeque<WorkCommand>),
     Inspect(ServiceSpec, ContainerId),
     Create(ServiceSpec),
     Save,
@@ -302,6 +337,8 @@ pub struct Provision {
     release: ReleaseSpec,
     active: ActiveRecord,
     pending: VecDeque<ServiceSpec>,
+    containers: Vec<(ServiceName, ContainerId)>,
+    inhibitions: Vec<Inhibition>,
     step: ProvisionStep,
     to_save: Option<(ServiceName, ActiveService)>,
     outstanding: Option<WorkCommand>,
@@ -357,6 +394,8 @@ impl Provision {
             release: input.release,
             active: input.active,
             pending,
+            containers: input.containers,
+            inhibitions: input.inhibitions,
             step: ProvisionStep::Install,
             to_save: None,
             outstanding: None,
@@ -387,10 +426,11 @@ impl Provision {
                             let container = current.container.clone();
                             ProvisionStep::Inspect(spec, container)
                         }
-                        None => ProvisionStep::Create(spec),
+                        None => self.create_step(spec),
                     };
                     continue;
                 }
+                ProvisionStep::Sweep(_, plan) => plan.front().expect("a step to sweep").clone(),
                 ProvisionStep::Inspect(_, container) => WorkCommand::Inspect(container.clone()),
                 ProvisionStep::Create(spec) => WorkCommand::Create {
                     spec: spec.clone(),
@@ -419,6 +459,16 @@ impl Provision {
             .expect("an answer without a command");
         let step = std::mem::replace(&mut self.step, ProvisionStep::Next);
         match (step, answer) {
+            (ProvisionStep::Sweep(spec, mut plan), answer) => {
+                let done = plan.pop_front().expect("a step was issued");
+                if let Some(cause) = teardown_failure(&done, answer) {
+                    self.fail(&command, cause);
+                } else if plan.is_empty() {
+                    self.step = ProvisionStep::Create(spec);
+                } else {
+                    self.step = ProvisionStep::Sweep(spec, plan);
+                }
+            }
             (ProvisionStep::Install, WorkAnswer::Done(result)) => {
                 if let Err(e) = result {
                     self.fail(&command, e);
@@ -426,7 +476,7 @@ impl Provision {
             }
             (ProvisionStep::Inspect(spec, _), WorkAnswer::Inspected(result)) => match result {
                 Ok(_) => self.kept = true,
-                Err(RuntimeError::NotFound) => self.step = ProvisionStep::Create(spec),
+                Err(RuntimeError::NotFound) => self.step = self.create_step(spec),
                 Err(e) => self.fail(&command, e),
             },
             (ProvisionStep::Create(spec), WorkAnswer::Created(result)) => match result {
@@ -467,6 +517,26 @@ impl Provision {
             (step, answer) => {
                 panic!("answer {answer:?} does not answer {command:?} (step {step:?})")
             }
+        }
+    }
+
+    /// The service's container is to be created: first, its strays go.
+    fn create_step(&self, spec: ServiceSpec) -> ProvisionStep {
+        let plan: VecDeque<WorkCommand> = strays(
+            &spec.name,
+            &self.active,
+            &self.inhibitions,
+            &self.containers,
+            |_| true,
+        )
+        .flat_map(|container| {
+            remove_generation(&self.instance, &spec.name, container, spec.stop_grace)
+        })
+        .collect();
+        if plan.is_empty() {
+            ProvisionStep::Create(spec)
+        } else {
+            ProvisionStep::Sweep(spec, plan)
         }
     }
 

@@ -56,9 +56,37 @@ pub struct ServiceSpec {
     pub healthcheck: Option<Healthcheck>,
     pub readiness: ReadinessProbe,
     pub stop_grace: Duration,
+    /// How an upgrade replaces the container. Not part of the digest: it
+    /// says how to move between revisions, not what a revision runs, so
+    /// changing it alone upgrades nothing.
+    #[serde(skip)]
+    pub update: UpdateStrategy,
     /// Environment, secrets, storage, limits and networks (boxed: most
     /// specs are copied far more often than this is read).
     pub run: Box<RunSpec>,
+}
+
+/// How an upgrade replaces a service's container (#40).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum UpdateStrategy {
+    /// The successor starts, is verified and serves before the
+    /// predecessor stops: no gap, but for a moment two containers run on
+    /// the service's volumes.
+    #[default]
+    Overlap,
+    /// The predecessor is withdrawn and stopped before the successor is
+    /// created: a gap, but never two containers on one data directory
+    /// (the catalog's default for a service with a named volume).
+    StopFirst,
+}
+
+impl UpdateStrategy {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Overlap => "overlap",
+            Self::StopFirst => "stop-first",
+        }
+    }
 }
 
 /// How a service runs beyond its image and command: what a real

@@ -255,6 +255,18 @@ impl InhibitionReason {
     /// The hold an upgrade puts on a service its new version dropped,
     /// while it retires it.
     pub const SERVICE_DROPPED: &'static str = "service-dropped";
+    /// The hold a `stop-first` upgrade puts on the predecessor it stops
+    /// (#40): across a crash, nothing starts it beside a candidate the
+    /// upgrade may have left running. The next upgrade of the instance
+    /// (or its tidy-up when the rollout is halted) removes such candidates
+    /// first, then clears the hold.
+    pub const STOP_FIRST: &'static str = "stop-first";
+
+    /// Whether this is a `stop-first` upgrade's hold (stead's own, never
+    /// an operator's).
+    pub fn is_stop_first(&self) -> bool {
+        matches!(self, Self::Hold(reason) if reason == Self::STOP_FIRST)
+    }
 
     pub fn parse(word: &str) -> Self {
         if word == Self::RETIREMENT_PENDING {
@@ -308,6 +320,15 @@ pub struct RevertTo {
     /// held generation made ACTIVE again is still never started (R5).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub hold: Option<String>,
+    /// The service is replaced `stop-first`: a revert stops the successor
+    /// before ACTIVE names the predecessor again, so the two never run at
+    /// once on the service's volumes.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub stop_first: bool,
+    /// An operator asked for the way back (`stead rollout undo`): the
+    /// next recovery pass reverts as if the successor had failed.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub undone: bool,
 }
 
 impl Inhibition {

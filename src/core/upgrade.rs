@@ -24,25 +24,26 @@
 //! upgrade.into_result()
 //! ```
 
-use std::collections::VecDeque;
+use std::collections::{BTreeSet, VecDeque};
 use std::time::Duration;
 
 use jiff::Timestamp;
 
+use super::broken::Armed;
 use super::errors::{
     failure_of, Cause, ErrorKind, PortName, ProbeError, ProvisionError, StoreError, TaskError,
 };
 use super::fleet::{add, InstanceState};
 use super::plan::is_older;
 use super::provision::{
-    remove_generation, retire_dropped_service, teardown_failure, WorkAnswer, WorkCommand,
+    remove_generation, retire_dropped_service, strays, teardown_failure, WorkAnswer, WorkCommand,
 };
 use super::release::HelmRelease;
-use super::spec::{ReadinessProbe, ServiceSpec};
+use super::spec::{ReadinessProbe, ServiceSpec, UpdateStrategy};
 use super::types::ProbeTarget;
 use super::types::{
     ActiveRecord, ActiveService, Binds, ContainerId, ContainerStatus, GenerationKey, Inhibition,
-    InhibitionReason, InstanceName, Observation, RevertTo, RuntimeError, ServiceName,
+    InhibitionReason, InstanceName, Observation, RevertTo, RuntimeError, ServiceKey, ServiceName,
 };
 
 /// How long a successor may take to report running.
@@ -91,6 +92,14 @@ pub struct UpgradeInput {
     /// way back until it ends. Zero: no way back, retired once its
     /// successor serves.
     pub bake: Duration,
+    /// The type's rollout is halted (read by the worker just now): nothing
+    /// is upgraded. What an interrupted upgrade left behind is tidied all
+    /// the same (stray candidates removed, `stop-first` holds cleared) and
+    /// an instance it left `upgrading` goes back to ready, so a halt never
+    /// strands one.
+    pub halted: bool,
+    /// The rule the mutation exercise broke, if any.
+    pub broken: Armed,
 }
 
 impl UpgradeInput {
@@ -207,6 +216,9 @@ impl UpgradeAnswer {
 /// Where the successor in hand stands.
 #[derive(Clone, Debug)]
 enum Step {
+    /// `stop-first` (#40): hold the predecessor, withdraw the service,
+    /// stop the predecessor; then create.
+    Prepare(VecDeque<WorkCommand>),
     Create,
     WaitRunning {
         candidate: ContainerId,
@@ -236,6 +248,17 @@ enum Step {
         candidate: ContainerId,
         error: Cause,
     },
+    /// `stop-first`: ACTIVE could not be switched to the verified
+    /// successor, whose predecessor is stopped: the successor goes (then
+    /// [`Step::Release`]), failing with `error`.
+    Unswitch {
+        candidate: ContainerId,
+        error: TaskError,
+    },
+    /// `stop-first`: the failed service's predecessor may start again
+    /// (the recovery pass starts, verifies and publishes it): clear the
+    /// hold this upgrade put on it, then fail with `error`.
+    Release(TaskError),
     SaveMarker {
         candidate: ContainerId,
         started_at: Timestamp,
@@ -302,6 +325,14 @@ pub struct Upgrade {
     bake: Duration,
     /// The holds on ACTIVE's generations, which their markers replace.
     holds: Vec<Inhibition>,
+    /// The services replaced `stop-first`.
+    stop_first: BTreeSet<ServiceName>,
+    /// The `stop-first` hold this upgrade put on the predecessor of the
+    /// service in hand, which a failure clears.
+    stop_first_hold: Option<Inhibition>,
+    halted: bool,
+    broken: Armed,
+    stop_grace_default: Duration,
     error: Option<TaskError>,
     now: Option<Timestamp>,
 }
@@ -314,26 +345,42 @@ impl Upgrade {
             .filter(|spec| input.is_behind(spec))
             .cloned()
             .collect();
+        // An interrupted `stop-first` upgrade's hold is stead's, not an
+        // operator's: the sweep clears it, nothing carries it forward.
         let holds = input
             .inhibitions
             .iter()
             .filter(|h| {
                 h.reason != InhibitionReason::RetirementPending
+                    && !h.reason.is_stop_first()
                     && input.active.names_container(&h.container)
             })
             .cloned()
+            .collect();
+        let stop_first = input
+            .services
+            .iter()
+            .filter(|spec| spec.update == UpdateStrategy::StopFirst)
+            .map(|spec| spec.name.clone())
             .collect();
         let skipped_stopped = input.stopped;
         let skipped_older_catalog = is_older(&input.version, &input.recorded_version);
         let (retiring, sweeping) = if input.release.is_some() {
             (VecDeque::new(), VecDeque::new())
+        } else if input.halted {
+            (VecDeque::new(), sweeping_plan(&input))
         } else {
             (retiring_plan(&input), sweeping_plan(&input))
         };
+        let halted = input.halted && !skipped_stopped && !skipped_older_catalog;
         Self {
             instance: input.instance,
             phase: if skipped_stopped || skipped_older_catalog {
                 Phase::Done
+            } else if halted {
+                // Nothing upgraded: the state is left as it is until the
+                // tidy-up ends (an instance left upgrading goes to ready).
+                Phase::Sweep
             } else {
                 Phase::Begin
             },
@@ -344,12 +391,12 @@ impl Upgrade {
             spec_digest: input.spec_digest,
             active: input.active,
             // A Helm type has no services of stead's to replace.
-            pending: if input.release.is_some() {
+            pending: if input.release.is_some() || halted {
                 VecDeque::new()
             } else {
                 pending
             },
-            release: input.release,
+            release: input.release.filter(|_| !halted),
             current: None,
             retiring,
             sweeping,
@@ -361,6 +408,11 @@ impl Upgrade {
             recorded_spec_digest: input.recorded_spec_digest,
             bake: input.bake,
             holds,
+            stop_first,
+            stop_first_hold: None,
+            halted,
+            broken: input.broken,
+            stop_grace_default: input.stop_grace_default,
             error: None,
             now: None,
         }
@@ -375,6 +427,60 @@ impl Upgrade {
             instance: self.instance.clone(),
             service: service.clone(),
             container: container.clone(),
+        }
+    }
+
+    /// How a service's replacement begins: an overlap creates the
+    /// successor at once; `stop-first` (#40) first holds its predecessor
+    /// (so that nothing starts it again beside a candidate, also across a
+    /// crash), withdraws the service and stops the predecessor. A service
+    /// new to ACTIVE has no predecessor to stop.
+    fn first_step(&mut self, spec: &ServiceSpec) -> Step {
+        self.stop_first_hold = None;
+        let Some(current) = self
+            .active
+            .services
+            .get(&spec.name)
+            .filter(|_| self.stop_first.contains(&spec.name))
+            .filter(|_| !crate::broken!(self.broken, OverlapStopFirst))
+        else {
+            return Step::Create;
+        };
+        let mut steps = VecDeque::new();
+        // An operator's hold keeps it down already (R5), and is theirs to
+        // clear: the upgrade writes none of its own.
+        if !self.holds.iter().any(|h| h.container == current.container) {
+            let hold = Inhibition {
+                service: spec.name.clone(),
+                container: current.container.clone(),
+                reason: InhibitionReason::Hold(InhibitionReason::STOP_FIRST.to_owned()),
+                operation: "upgrade".into(),
+                created_at: self.now.unwrap_or(Timestamp::UNIX_EPOCH),
+                stop_grace: current.stop_grace,
+                revert_to: None,
+            };
+            steps.push_back(WorkCommand::Inhibit(hold.clone()));
+            self.stop_first_hold = Some(hold);
+        }
+        steps.push_back(WorkCommand::Withdraw(ServiceKey {
+            instance: self.instance.clone(),
+            service: spec.name.clone(),
+        }));
+        steps.push_back(WorkCommand::Stop {
+            generation: self.generation(&spec.name, &current.container),
+            grace: current.stop_grace.unwrap_or(self.stop_grace_default),
+        });
+        Step::Prepare(steps)
+    }
+
+    /// A `stop-first` service failed with nothing of it left running but
+    /// its stopped predecessor: clear the hold this upgrade put on it (the
+    /// recovery pass then starts, verifies and publishes it), then fail.
+    fn release_or_fail(&self, error: TaskError) -> Result<Step, TaskError> {
+        if self.stop_first_hold.is_some() {
+            Ok(Step::Release(error))
+        } else {
+            Err(error)
         }
     }
 
@@ -422,15 +528,20 @@ impl Upgrade {
                     {
                         return None;
                     }
-                    self.phase = if self.error.is_none() {
+                    self.phase = if self.error.is_none() && self.halted {
+                        Phase::Finish
+                    } else if self.error.is_none() {
                         Phase::Drop
                     } else if self.switched.is_empty() {
                         Phase::Finish
                     } else {
                         self.reverting = revert_plan(
+                            &self.instance,
                             &self.active,
                             &self.holds,
                             &self.switched,
+                            &self.stop_first,
+                            self.stop_grace_default,
                             self.now.unwrap_or(Timestamp::UNIX_EPOCH),
                         );
                         Phase::Revert
@@ -466,10 +577,15 @@ impl Upgrade {
                     })
                 }
                 Phase::Finish => {
+                    if self.state != InstanceState::Upgrading {
+                        // A halted tidy-up of an instance that was ready.
+                        self.phase = Phase::Done;
+                        continue;
+                    }
                     return Some(UpgradeCommand::MoveState {
                         from: InstanceState::Upgrading,
                         to: InstanceState::Ready,
-                    })
+                    });
                 }
                 Phase::Done => return None,
             }
@@ -489,10 +605,17 @@ impl Upgrade {
         }
         if self.current.is_none() {
             let spec = self.pending.pop_front()?;
-            self.current = Some((spec, Step::Create));
+            let step = self.first_step(&spec);
+            self.current = Some((spec, step));
         }
         let (spec, step) = self.current.as_ref().expect("a service in hand");
         let command = match step {
+            Step::Prepare(steps) => {
+                UpgradeCommand::Retire(steps.front().expect("a step to prepare").clone())
+            }
+            Step::Release(_) => UpgradeCommand::Retire(WorkCommand::ClearInhibition(
+                self.stop_first_hold.clone().expect("a hold to release"),
+            )),
             Step::Create => UpgradeCommand::Create {
                 spec: spec.clone(),
                 version: self.version.clone(),
@@ -515,7 +638,7 @@ impl Upgrade {
                     binds: binds.clone(),
                 },
             },
-            Step::Remove { candidate, .. } => {
+            Step::Remove { candidate, .. } | Step::Unswitch { candidate, .. } => {
                 UpgradeCommand::RemoveCandidate(self.generation(&spec.name, candidate))
             }
             Step::SaveMarker { .. } => {
@@ -535,6 +658,8 @@ impl Upgrade {
                         spec_digest: self.recorded_spec_digest.clone(),
                         until: add(now, self.bake),
                         hold: hold_on(&self.holds, &current.container),
+                        stop_first: self.stop_first.contains(&spec.name),
+                        undone: false,
                     }),
                 })
             }
@@ -629,7 +754,27 @@ impl Upgrade {
                 }
                 return;
             }
-            (UpgradeCommand::Retire(step), UpgradeAnswer::Retired(answer)) => {
+            _ if self.phase == Phase::Revert => {
+                // A write that failed leaves that service switched, its
+                // successor baking under its marker's way back: the pass
+                // reverts it if it fails, so the revert goes on. The task
+                // fails either way, with the error that started it. But a
+                // `stop-first` successor that may still run keeps ACTIVE:
+                // its predecessor must not start beside it.
+                if let (
+                    UpgradeCommand::Retire(stop @ WorkCommand::Stop { .. }),
+                    UpgradeAnswer::Retired(answer),
+                ) = (&command, &answer)
+                {
+                    if teardown_failure(stop, answer.clone()).is_some() {
+                        self.reverting.clear();
+                    }
+                }
+                return;
+            }
+            (UpgradeCommand::Retire(step), UpgradeAnswer::Retired(answer))
+                if self.phase != Phase::Services =>
+            {
                 if let Some(cause) = teardown_failure(step, answer.clone()) {
                     let step = if self.phase == Phase::Sweep {
                         format!("remove a stray generation: {}", step.step())
@@ -638,13 +783,6 @@ impl Upgrade {
                     };
                     self.error = Some(fail(step, cause));
                 }
-                return;
-            }
-            _ if self.phase == Phase::Revert => {
-                // A write that failed leaves that service switched, its
-                // successor baking under its marker's way back: the pass
-                // reverts it if it fails, so the revert goes on. The task
-                // fails either way, with the error that started it.
                 return;
             }
             (UpgradeCommand::SetVersion { .. }, UpgradeAnswer::VersionSet(result)) => {
@@ -662,12 +800,43 @@ impl Upgrade {
         };
         let name = spec.name.clone();
         let next = match (step, answer) {
+            (Step::Prepare(mut steps), UpgradeAnswer::Retired(answer)) => {
+                let done = steps.pop_front().expect("a step was issued");
+                match teardown_failure(&done, answer) {
+                    // Stopped or not, the predecessor was never replaced.
+                    Some(cause) => self.release_or_fail(fail(
+                        format!("replace {name} stop-first: {}", done.step()),
+                        cause,
+                    )),
+                    None if steps.is_empty() => Ok(Step::Create),
+                    None => Ok(Step::Prepare(steps)),
+                }
+            }
+            (Step::Release(error), UpgradeAnswer::Retired(_)) => {
+                // Cleared or not: a hold left behind is the next upgrade's
+                // sweep's to clear (the rollout halts on this failure).
+                self.stop_first_hold = None;
+                Err(error)
+            }
             (Step::Create, UpgradeAnswer::Created(result)) => match result {
                 Ok(candidate) => Ok(Step::WaitRunning {
                     candidate,
                     tries: 0,
                 }),
-                Err(e) => Err(fail(format!("create successor of {name}"), e.into())),
+                Err(e) => {
+                    // A refused or impossible creation made nothing; any
+                    // other failure might have (a timeout), so a
+                    // `stop-first` predecessor stays held until the
+                    // retry's sweep has removed what it finds.
+                    let made_nothing =
+                        matches!(e, RuntimeError::Refused(_) | RuntimeError::NotFound);
+                    let error = fail(format!("create successor of {name}"), e.into());
+                    if made_nothing {
+                        self.release_or_fail(error)
+                    } else {
+                        Err(error)
+                    }
+                }
             },
             (Step::WaitRunning { candidate, tries }, UpgradeAnswer::Inspected(inspected)) => {
                 match inspected {
@@ -738,7 +907,8 @@ impl Upgrade {
                     if obs.status == ContainerStatus::Running
                         && obs.started_at == Some(started_at) =>
                 {
-                    if self.active.services.contains_key(&name) {
+                    if self.active.services.contains_key(&name) && !self.stop_first.contains(&name)
+                    {
                         Ok(Step::SaveMarker {
                             candidate,
                             started_at,
@@ -757,10 +927,14 @@ impl Upgrade {
                     error: not_ready("candidate restarted during verification"),
                 }),
             },
-            (Step::Remove { error, .. }, UpgradeAnswer::Removed(_)) => {
-                // Removed or not (a later provision or the operator tidies
-                // up), the upgrade stops here with ACTIVE untouched.
-                Err(fail(format!("successor of {name} not ready"), error))
+            (Step::Remove { error, .. }, UpgradeAnswer::Removed(removed)) => {
+                // Removed or not (the next upgrade's sweep tidies up), the
+                // upgrade stops here with ACTIVE untouched.
+                let error = fail(format!("successor of {name} not ready"), error);
+                self.after_removal(removed, error)
+            }
+            (Step::Unswitch { error, .. }, UpgradeAnswer::Removed(removed)) => {
+                self.after_removal(removed, error)
             }
             (
                 Step::SaveMarker {
@@ -770,6 +944,8 @@ impl Upgrade {
                 },
                 UpgradeAnswer::MarkerSaved(result),
             ) => match result {
+                // `stop-first` switched first: the service is done.
+                Ok(()) if self.stop_first.contains(&name) => return,
                 Ok(()) => Ok(Step::SaveActive {
                     candidate,
                     started_at,
@@ -780,16 +956,46 @@ impl Upgrade {
                     e.into(),
                 )),
             },
-            (Step::SaveActive { .. }, UpgradeAnswer::ActiveSaved(result)) => match result {
-                Ok(()) => {
-                    let UpgradeCommand::SaveActive { record, .. } = command else {
-                        unreachable!("ActiveSaved answers SaveActive")
-                    };
-                    self.switched.push((name, record));
-                    return;
+            (
+                Step::SaveActive {
+                    candidate,
+                    started_at,
+                    binds,
+                },
+                UpgradeAnswer::ActiveSaved(result),
+            ) => {
+                let stop_first =
+                    self.stop_first.contains(&name) && self.active.services.contains_key(&name);
+                match result {
+                    Ok(()) => {
+                        let UpgradeCommand::SaveActive { record, .. } = command else {
+                            unreachable!("ActiveSaved answers SaveActive")
+                        };
+                        self.switched.push((name, record));
+                        if !stop_first {
+                            return;
+                        }
+                        // `stop-first` marks its predecessor only now: a
+                        // marker on ACTIVE's stopped container, left by a
+                        // crash, is cleared by the pass (R15), which would
+                        // start it beside the running candidate. Held
+                        // until then, it stays down.
+                        Ok(Step::SaveMarker {
+                            candidate,
+                            started_at,
+                            binds,
+                        })
+                    }
+                    Err(e) => {
+                        let error = fail(format!("switch ACTIVE of {name}"), e.into());
+                        if stop_first {
+                            Ok(Step::Unswitch { candidate, error })
+                        } else {
+                            Err(error)
+                        }
+                    }
                 }
-                Err(e) => Err(fail(format!("switch ACTIVE of {name}"), e.into())),
-            },
+            }
             (step, answer) => {
                 panic!("answer {answer:?} does not answer {command:?} (step {step:?})")
             }
@@ -797,6 +1003,20 @@ impl Upgrade {
         match next {
             Ok(step) => self.current = Some((spec, step)),
             Err(e) => self.error = Some(e),
+        }
+    }
+
+    /// After removing a `stop-first` candidate: gone, its predecessor may
+    /// start again; perhaps still running, the hold stays (the next
+    /// upgrade's sweep removes it first, then clears the hold).
+    fn after_removal(
+        &self,
+        removed: Result<(), RuntimeError>,
+        error: TaskError,
+    ) -> Result<Step, TaskError> {
+        match removed {
+            Ok(()) | Err(RuntimeError::NotFound) => self.release_or_fail(error),
+            Err(_) => Err(error),
         }
     }
 
@@ -842,17 +1062,38 @@ impl Upgrade {
 /// baking); the recovery pass then verifies and publishes the predecessor
 /// and retires the successor, as after any upgrade. A service the new
 /// version added has no predecessor: it leaves ACTIVE.
+///
+/// A `stop-first` successor is stopped before ACTIVE names its predecessor
+/// again (never two on its volumes; a stop that fails ends the revert
+/// there), and the predecessor's record (this upgrade's hold or marker) is
+/// cleared after, so the pass starts it.
 fn revert_plan(
+    instance: &InstanceName,
     before: &ActiveRecord,
     holds: &[Inhibition],
     switched: &[(ServiceName, ActiveService)],
+    stop_first: &BTreeSet<ServiceName>,
+    stop_grace_default: Duration,
     now: Timestamp,
 ) -> VecDeque<UpgradeCommand> {
     let mut plan = VecDeque::new();
     for (service, successor) in switched.iter().rev() {
+        let stop_first = stop_first.contains(service);
         plan.push_back(UpgradeCommand::SaveMarker(revert_marker(
             service, successor, now,
         )));
+        // (A service the upgrade added has no predecessor to start.)
+        let stop_first = stop_first && before.services.contains_key(service);
+        if stop_first {
+            plan.push_back(UpgradeCommand::Retire(WorkCommand::Stop {
+                generation: GenerationKey {
+                    instance: instance.clone(),
+                    service: service.clone(),
+                    container: successor.container.clone(),
+                },
+                grace: successor.stop_grace.unwrap_or(stop_grace_default),
+            }));
+        }
         let Some(predecessor) = before.services.get(service) else {
             plan.push_back(UpgradeCommand::Retire(WorkCommand::RemoveActive(
                 service.clone(),
@@ -863,6 +1104,19 @@ fn revert_plan(
             service: service.clone(),
             record: predecessor.clone(),
         });
+        if stop_first {
+            plan.push_back(UpgradeCommand::Retire(WorkCommand::ClearInhibition(
+                Inhibition {
+                    service: service.clone(),
+                    container: predecessor.container.clone(),
+                    reason: InhibitionReason::Hold(InhibitionReason::STOP_FIRST.to_owned()),
+                    operation: "upgrade".into(),
+                    created_at: now,
+                    stop_grace: predecessor.stop_grace,
+                    revert_to: None,
+                },
+            )));
+        }
         if let Some(hold) = holds.iter().find(|h| h.container == predecessor.container) {
             // Its marker replaced the operator's hold: put it back.
             plan.push_back(UpgradeCommand::SaveMarker(hold.clone()));
@@ -902,18 +1156,20 @@ pub fn revert_marker(
 /// `retirement-pending` predecessor, which the recovery pass retires; an
 /// operator's hold, which is theirs): a candidate a crashed or abandoned
 /// upgrade left behind, at whatever revision. Stopped first, then removed.
+/// Then every `stop-first` hold an interrupted upgrade left is cleared:
+/// with no candidate left, its predecessor may start again (one on a
+/// generation ACTIVE no longer names goes with that generation).
 fn sweeping_plan(input: &UpgradeInput) -> VecDeque<WorkCommand> {
     let mut plan = VecDeque::new();
     for spec in &input.services {
-        let active = input.active.services.get(&spec.name);
-        for (_, container) in input.containers.iter().filter(|(service, container)| {
-            service == &spec.name
-                && active.is_none_or(|a| &a.container != container)
-                && !input
-                    .inhibitions
-                    .iter()
-                    .any(|h| &h.service == service && &h.container == container)
-        }) {
+        let stray = strays(
+            &spec.name,
+            &input.active,
+            &input.inhibitions,
+            &input.containers,
+            |h| !h.reason.is_stop_first(),
+        );
+        for container in stray {
             plan.extend(remove_generation(
                 &input.instance,
                 &spec.name,
@@ -921,6 +1177,13 @@ fn sweeping_plan(input: &UpgradeInput) -> VecDeque<WorkCommand> {
                 spec.stop_grace,
             ));
         }
+        plan.extend(
+            input
+                .inhibitions
+                .iter()
+                .filter(|h| h.service == spec.name && h.reason.is_stop_first())
+                .map(|hold| WorkCommand::ClearInhibition(hold.clone())),
+        );
     }
     plan
 }

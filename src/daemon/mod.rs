@@ -344,10 +344,13 @@ pub async fn open_store(config: &DaemonConfig) -> Result<Arc<dyn Store>, DaemonE
                     ))
                 })?;
             }
-            Ok(sql::connect_and_migrate(&config.database_url).await?)
+            let store = sql::SqliteStore::connect(&config.database_url).await?;
+            store.migrate().await?;
+            Ok(Arc::new(store.with_settings(&config.database)))
         }
         Backend::Postgres => {
-            let store = sql::PostgresStore::connect(&config.database_url).await?;
+            let store =
+                sql::PostgresStore::connect_with(&config.database_url, &config.database).await?;
             if sql::pending_migrations(&store).await? > 0 {
                 return Err(DaemonError::NoSchema {
                     database: redact(&config.database_url),

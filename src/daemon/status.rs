@@ -833,6 +833,8 @@ mod tests {
                 spec_digest: None,
                 until,
                 hold: None,
+                stop_first: false,
+                undone: false,
             }),
         };
         assert_eq!(

@@ -39,6 +39,7 @@ fn spec(service: usize) -> ServiceSpec {
         healthcheck: None,
         readiness: ReadinessProbe::None,
         stop_grace: Duration::ZERO,
+        update: Default::default(),
         run: Default::default(),
     }
 }

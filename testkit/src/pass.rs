@@ -44,7 +44,9 @@ pub struct ServiceSeed {
     pub active_verified: u8,
     /// `% 4` — 0: no marker; 1: a marker on a predecessor; 2: a marker on
     /// ACTIVE's own container; 3: both. Bit 2 (`& 4`): the markers carry
-    /// a way back that still holds at the pass's `now` (#40: they bake).
+    /// a way back that still holds at the pass's `now` (#40: they bake);
+    /// bit 3 (`& 8`): of a `stop-first` service; bit 4 (`& 16`): undone
+    /// by an operator.
     pub marker: u8,
     /// 0: no route held; 1..: a port, see [`held_port`].
     pub route: u8,
@@ -138,6 +140,8 @@ impl PassSeed {
                     spec_digest: None,
                     until: add(base(), Duration::from_secs(300)),
                     hold: None,
+                    stop_first: seed.marker & 8 != 0,
+                    undone: seed.marker & 16 != 0,
                 }),
             };
             if seed.marker % 4 == 1 || seed.marker % 4 == 3 {
@@ -318,9 +322,10 @@ fn answer_for(
         InstanceCommand::WithdrawStale(_) => {
             InstanceAnswer::StaleWithdrawn(unit(fails, TrafficError::Rejected("proxy 500".into())))
         }
-        InstanceCommand::Revert { .. } => {
-            InstanceAnswer::Reverted(unit(fails, StoreError::Unavailable("store down".into())))
-        }
+        InstanceCommand::Revert { .. } => InstanceAnswer::Reverted(unit(
+            fails,
+            StoreError::Unavailable("store down".into()).into(),
+        )),
     }
 }
 
@@ -402,11 +407,37 @@ pub fn run_pass_and_check(
                         "a revert halts the type first, not {step:?}"
                     );
                 }
-                if let RevertStep::RestoreActive { record, .. } = &**step {
+                if let RevertStep::RestoreActive { service, record } = &**step {
                     assert!(
                         bakes(&record.container),
                         "ACTIVE put back on {}, which is no baking predecessor",
                         record.container
+                    );
+                    // A `stop-first` successor is stopped first: never two
+                    // on the service's volumes.
+                    let (_, back, successor) = baking()
+                        .find(|(m, _, _)| &m.service == service)
+                        .expect("a baking marker of the service");
+                    if back.stop_first {
+                        assert!(
+                            reverts.iter().any(|r| matches!(
+                                r,
+                                RevertStep::StopSuccessor { generation, .. }
+                                    if generation.container == successor.container
+                            )),
+                            "ACTIVE of stop-first {service} put back before its successor \
+                             {} was stopped",
+                            successor.container
+                        );
+                    }
+                }
+                if let RevertStep::StopSuccessor { generation, .. } = &**step {
+                    assert!(
+                        baking().any(|(m, back, successor)| back.stop_first
+                            && m.service == generation.service
+                            && successor.container == generation.container),
+                        "stopped {}, which is no stop-first baking successor",
+                        generation.container
                     );
                 }
                 reverts.push((**step).clone());
@@ -526,14 +557,16 @@ pub fn run_pass_and_check(
     }
     let report = pass.into_report();
     // #40: a revert happens exactly when a baking successor failed this
-    // pass by the rule's own reading, and not otherwise.
-    let failed = report.reports.iter().any(|r| {
-        baking().any(|(m, _, successor)| {
-            m.service == r.key.service
-                && successor.container == r.key.container
-                && bake::fails_while_baking(r, successor).is_some()
-        })
-    });
+    // pass by the rule's own reading, or an operator undid it, and not
+    // otherwise.
+    let failed = baking().any(|(_, back, _)| back.undone)
+        || report.reports.iter().any(|r| {
+            baking().any(|(m, _, successor)| {
+                m.service == r.key.service
+                    && successor.container == r.key.container
+                    && bake::fails_while_baking(r, successor).is_some()
+            })
+        });
     if abandon_after == 0 {
         assert_eq!(
             !reverts.is_empty(),

@@ -1307,8 +1307,17 @@ impl Store for MemoryStore {
     ) -> Result<bool, StoreError> {
         let mut state = self.call()?;
         let now = normalize_timestamp(now);
+        let upgrading: BTreeSet<InstanceId> = state
+            .instances
+            .values()
+            .filter(|i| i.state == InstanceState::Upgrading)
+            .map(|i| i.id)
+            .collect();
         match state.tasks.get_mut(&id) {
-            Some(task) if task.state == TaskState::Queued => {
+            Some(task)
+                if task.state == TaskState::Queued
+                    && !(task.kind == TaskKind::Upgrade && upgrading.contains(&task.instance)) =>
+            {
                 task.state = TaskState::Failed;
                 task.last_error = Some(reason.to_owned());
                 task.updated_at = now;
@@ -1329,7 +1338,7 @@ impl Store for MemoryStore {
         let of_type: BTreeSet<InstanceId> = state
             .instances
             .values()
-            .filter(|i| i.service_type == service_type)
+            .filter(|i| i.service_type == service_type && i.state != InstanceState::Upgrading)
             .map(|i| i.id)
             .collect();
         let mut cancelled = Vec::new();

@@ -12,6 +12,12 @@
 //!   always what ACTIVE names and what the pass may route;
 //! - a removal only ever targets this upgrade's own candidate, never a
 //!   container ACTIVE names;
+//! - a `stop-first` service (#40) with a predecessor gets, before its
+//!   successor is created, a `stop-first` hold on the predecessor, its
+//!   route withdrawn and the predecessor stopped; ACTIVE switches before
+//!   the predecessor's marker replaces the hold; the hold is cleared only
+//!   when no candidate of it may run; a revert stops the successor before
+//!   ACTIVE names the predecessor again, and clears its record after;
 //! - the upgrade ends within its bound, and a completed one switched every
 //!   service that was behind;
 //! - a service ACTIVE names that the new version dropped is retired only
@@ -29,7 +35,7 @@ use std::time::Duration;
 use stead::core::errors::{ProbeError, ProvisionError, StoreError};
 use stead::core::fleet::InstanceState;
 use stead::core::provision::{WorkAnswer, WorkCommand};
-use stead::core::spec::{ReadinessProbe, ServiceSpec};
+use stead::core::spec::{ReadinessProbe, ServiceSpec, UpdateStrategy};
 use stead::core::types::{
     ActiveRecord, ActiveService, Binds, ContainerId, ContainerStatus, InhibitionReason,
     InstanceName, Observation, RuntimeError, ServiceName, Timestamp,
@@ -44,8 +50,9 @@ use crate::machine::{base, binds, execution, OutcomeSeed};
 /// One service of the catalog entry, as numbers.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct UpgradeServiceSeed {
-    /// 0: not in ACTIVE; 1: in ACTIVE at an old version; 2: already at the
-    /// target version.
+    /// `% 3` — 0: not in ACTIVE; 1: in ACTIVE at an old version; 2:
+    /// already at the target version. `/ 3 % 2`: behind by spec, not by
+    /// version. `/ 6 % 2`: replaced `stop-first` (#40).
     pub active: u8,
 }
 
@@ -72,6 +79,11 @@ pub fn upgrade_input(services: &[UpgradeServiceSeed], stopped: bool, ready: bool
             healthcheck: None,
             readiness: ReadinessProbe::None,
             stop_grace: Duration::from_secs(5),
+            update: if (seed.active / 6) % 2 == 1 {
+                UpdateStrategy::StopFirst
+            } else {
+                UpdateStrategy::Overlap
+            },
             run: Default::default(),
         };
         // Behind by version, behind by spec at the same version (another
@@ -140,6 +152,8 @@ pub fn upgrade_input(services: &[UpgradeServiceSeed], stopped: bool, ready: bool
         spec_digest: "digest".into(),
         recorded_spec_digest: Some("digest-1".into()),
         bake: Duration::from_secs(300),
+        halted: false,
+        broken: Default::default(),
         stop_grace_default: Duration::from_secs(10),
         instance: InstanceName::new("app"),
         stopped,
@@ -285,6 +299,8 @@ pub fn run_upgrade_and_check(input: &UpgradeInput, answers: &[OutcomeSeed]) -> u
     let mut reverting = false;
     let mut revert_marked: Vec<ServiceName> = Vec::new();
     let mut restored: Vec<ServiceName> = Vec::new();
+    // #40 stop-first: what was done to each such service, in order.
+    let mut stop_first = StopFirstSeen::default();
     loop {
         let Some(command) = upgrade.poll_command() else {
             if upgrade.poll_timeout().is_some() {
@@ -319,6 +335,22 @@ pub fn run_upgrade_and_check(input: &UpgradeInput, answers: &[OutcomeSeed]) -> u
             );
         }
         first = false;
+        if let UpgradeCommand::Retire(step) = &command {
+            if let Some(service) = listed_service(input, step) {
+                stop_first.check(input, &service, step, &seen, &switched, &restored);
+                let seed = if answers.is_empty() {
+                    &default
+                } else {
+                    &answers[(issued - 1) % answers.len()]
+                };
+                let answer = answer_for(&command, seed);
+                if let UpgradeAnswer::Retired(answered) = &answer {
+                    stop_first.done(&service, step, answered, &seen);
+                }
+                upgrade.handle(answer, base());
+                continue;
+            }
+        }
         if let UpgradeCommand::SaveMarker(marker) = &command {
             if marker.operation == "revert" {
                 reverting = true;
@@ -356,6 +388,11 @@ pub fn run_upgrade_and_check(input: &UpgradeInput, answers: &[OutcomeSeed]) -> u
                     assert!(
                         revert_marked.contains(service),
                         "ACTIVE of {service} put back before its successor's marker"
+                    );
+                    assert!(
+                        !is_stop_first(input, service)
+                            || stop_first.successor_stopped.contains(service),
+                        "ACTIVE of stop-first {service} put back while its successor may run"
                     );
                     assert_eq!(
                         Some(record),
@@ -418,6 +455,18 @@ pub fn run_upgrade_and_check(input: &UpgradeInput, answers: &[OutcomeSeed]) -> u
             } => {
                 assert_eq!(version, &input.version);
                 assert_eq!(revision, &spec.revision(&input.version));
+                if is_stop_first(input, &spec.name)
+                    && input.active.services.contains_key(&spec.name)
+                {
+                    assert!(
+                        stop_first.held.contains(&spec.name)
+                            && stop_first.withdrawn.contains(&spec.name)
+                            && stop_first.stopped.contains(&spec.name),
+                        "the successor of stop-first {} created before its predecessor was \
+                         held, withdrawn and stopped",
+                        spec.name
+                    );
+                }
                 assert!(
                     input.is_behind(spec),
                     "replaced {} which is already at the target version",
@@ -531,6 +580,18 @@ pub fn run_upgrade_and_check(input: &UpgradeInput, answers: &[OutcomeSeed]) -> u
                     seen[&marker.service].confirmed,
                     "marker saved before the successor was verified"
                 );
+                if is_stop_first(input, &marker.service) {
+                    assert!(
+                        switched.contains(&marker.service),
+                        "the marker of stop-first {} replaced its hold before ACTIVE switched",
+                        marker.service
+                    );
+                    assert!(
+                        back.is_none_or(|b| b.stop_first),
+                        "the way back of stop-first {} does not say so",
+                        marker.service
+                    );
+                }
             }
             UpgradeCommand::SaveActive { service, record } => {
                 let s = &seen[service];
@@ -550,7 +611,12 @@ pub fn run_upgrade_and_check(input: &UpgradeInput, answers: &[OutcomeSeed]) -> u
                         .expect("a listed service")
                         .revision(&input.version)
                 );
-                if input.active.services.contains_key(service) {
+                if input.active.services.contains_key(service) && is_stop_first(input, service) {
+                    assert!(
+                        stop_first.stopped.contains(service),
+                        "ACTIVE of stop-first {service} switched before its predecessor stopped"
+                    );
+                } else if input.active.services.contains_key(service) {
                     assert!(
                         s.marker_saved,
                         "ACTIVE of {service} switched before its predecessor's marker was saved"
@@ -609,6 +675,12 @@ pub fn run_upgrade_and_check(input: &UpgradeInput, answers: &[OutcomeSeed]) -> u
             continue;
         }
         let service = in_hand.clone().expect("a service in hand");
+        if let (UpgradeCommand::RemoveCandidate(_), UpgradeAnswer::Removed(r)) = (&command, &answer)
+        {
+            if matches!(r, Ok(()) | Err(RuntimeError::NotFound)) {
+                stop_first.candidate_gone.insert(service.clone());
+            }
+        }
         let s = seen.get_mut(&service).expect("seen");
         match (&command, &answer) {
             (UpgradeCommand::Create { .. }, UpgradeAnswer::Created(Ok(id))) => {
@@ -640,6 +712,13 @@ pub fn run_upgrade_and_check(input: &UpgradeInput, answers: &[OutcomeSeed]) -> u
             }
             (UpgradeCommand::SaveMarker(_), UpgradeAnswer::MarkerSaved(Ok(()))) => {
                 s.marker_saved = true
+            }
+            (UpgradeCommand::SaveMarker(marker), UpgradeAnswer::MarkerSaved(Err(_)))
+                if is_stop_first(input, &marker.service) =>
+            {
+                // After the switch: the upgrade fails there, and puts
+                // back what it switched, this service too.
+                stop_first.marker_failed = true;
             }
             (UpgradeCommand::SaveActive { service, .. }, UpgradeAnswer::ActiveSaved(Ok(()))) => {
                 switched.push(service.clone())
@@ -709,7 +788,7 @@ pub fn run_upgrade_and_check(input: &UpgradeInput, answers: &[OutcomeSeed]) -> u
                 .iter()
                 .filter(|spec| input.is_behind(spec))
                 .count();
-            if !finished || done.len() == behind {
+            if !finished || (done.len() == behind && !stop_first.marker_failed) {
                 // Abandoned before the end (nothing more was issued), or
                 // failed after every service was switched (retiring a
                 // dropped one, recording the version): the new version
@@ -721,12 +800,154 @@ pub fn run_upgrade_and_check(input: &UpgradeInput, answers: &[OutcomeSeed]) -> u
             put_back.sort();
             let mut all = switched.clone();
             all.sort();
-            assert_eq!(
-                put_back, all,
-                "a failed upgrade puts back every service it switched (all or nothing)"
-            );
+            if stop_first.revert_cut {
+                // A stop-first successor that may still run keeps ACTIVE.
+                assert!(put_back.iter().all(|s| all.contains(s)));
+            } else {
+                assert_eq!(
+                    put_back, all,
+                    "a failed upgrade puts back every service it switched (all or nothing)"
+                );
+            }
             done.len()
         }
+    }
+}
+
+/// Whether the catalog replaces `service` `stop-first`.
+fn is_stop_first(input: &UpgradeInput, service: &ServiceName) -> bool {
+    input
+        .services
+        .iter()
+        .any(|spec| &spec.name == service && spec.update == UpdateStrategy::StopFirst)
+}
+
+/// The listed service a teardown step touches, if it touches one: only a
+/// `stop-first` replacement (or its revert) does; the input has no stray
+/// generations of listed services and no holds on them to sweep.
+fn listed_service(input: &UpgradeInput, step: &WorkCommand) -> Option<ServiceName> {
+    let service = match step {
+        WorkCommand::Inhibit(hold) | WorkCommand::ClearInhibition(hold) => hold.service.clone(),
+        WorkCommand::Withdraw(key) => key.service.clone(),
+        WorkCommand::Stop { generation, .. } | WorkCommand::Remove(generation) => {
+            generation.service.clone()
+        }
+        _ => return None,
+    };
+    input
+        .services
+        .iter()
+        .any(|spec| spec.name == service)
+        .then_some(service)
+}
+
+/// What a `stop-first` replacement did, per service (#40).
+#[derive(Default)]
+struct StopFirstSeen {
+    held: std::collections::BTreeSet<ServiceName>,
+    withdrawn: std::collections::BTreeSet<ServiceName>,
+    /// The predecessor stopped (or found gone).
+    stopped: std::collections::BTreeSet<ServiceName>,
+    /// The candidate removed (or found gone).
+    candidate_gone: std::collections::BTreeSet<ServiceName>,
+    /// A revert stopped the successor.
+    successor_stopped: std::collections::BTreeSet<ServiceName>,
+    /// A revert could not stop a successor: it ends there, that service
+    /// and those after it left switched (baking under their markers).
+    revert_cut: bool,
+    /// A `stop-first` predecessor's marker, saved after the switch, failed.
+    marker_failed: bool,
+}
+
+impl StopFirstSeen {
+    fn check(
+        &self,
+        input: &UpgradeInput,
+        service: &ServiceName,
+        step: &WorkCommand,
+        seen: &BTreeMap<ServiceName, Seen>,
+        switched: &[ServiceName],
+        restored: &[ServiceName],
+    ) {
+        assert!(
+            is_stop_first(input, service),
+            "{step:?} touches {service}, which is replaced by overlap"
+        );
+        let predecessor = input.active.services.get(service).map(|a| &a.container);
+        let candidate = seen.get(service).and_then(|s| s.candidate.as_ref());
+        match step {
+            WorkCommand::Inhibit(hold) => {
+                assert!(hold.reason.is_stop_first(), "{hold:?}");
+                assert_eq!(Some(&hold.container), predecessor, "held another container");
+                assert!(candidate.is_none(), "held after the candidate was created");
+            }
+            WorkCommand::Withdraw(_) => {
+                assert!(
+                    self.held.contains(service),
+                    "{service} withdrawn before it was held"
+                );
+            }
+            WorkCommand::Stop { generation, .. } if Some(&generation.container) == predecessor => {
+                assert!(
+                    self.withdrawn.contains(service),
+                    "the predecessor of {service} stopped while routed"
+                );
+            }
+            WorkCommand::Stop { generation, .. } => {
+                assert_eq!(Some(&generation.container), candidate, "stopped a stranger");
+                assert!(
+                    switched.contains(service),
+                    "a revert stopped {service}, which was not switched"
+                );
+            }
+            WorkCommand::ClearInhibition(record) if restored.contains(service) => {
+                assert_eq!(Some(&record.container), predecessor);
+            }
+            WorkCommand::ClearInhibition(hold) => {
+                assert!(hold.reason.is_stop_first(), "cleared {hold:?}");
+                assert!(
+                    candidate.is_none() || self.candidate_gone.contains(service),
+                    "the hold on {service}'s predecessor cleared while its candidate may run"
+                );
+                assert!(
+                    !switched.contains(service),
+                    "cleared the hold of a switched service"
+                );
+            }
+            other => panic!("{other:?} of listed service {service}"),
+        }
+    }
+
+    fn done(
+        &mut self,
+        service: &ServiceName,
+        step: &WorkCommand,
+        answered: &WorkAnswer,
+        seen: &BTreeMap<ServiceName, Seen>,
+    ) {
+        let ok = match answered {
+            WorkAnswer::Stopped(r) => matches!(r, Ok(()) | Err(RuntimeError::NotFound)),
+            WorkAnswer::Done(r) => r.is_ok(),
+            _ => false,
+        };
+        let candidate = seen.get(service).and_then(|s| s.candidate.as_ref());
+        if !ok {
+            if matches!(step, WorkCommand::Stop { generation, .. } if Some(&generation.container) == candidate)
+            {
+                self.revert_cut = true;
+            }
+            return;
+        }
+        let into = match step {
+            WorkCommand::Inhibit(_) => &mut self.held,
+            WorkCommand::Withdraw(_) => &mut self.withdrawn,
+            WorkCommand::Stop { generation, .. } if Some(&generation.container) == candidate => {
+                &mut self.successor_stopped
+            }
+            WorkCommand::Stop { .. } => &mut self.stopped,
+            _ => return,
+        };
+        into.insert(service.clone());
     }
 }
 

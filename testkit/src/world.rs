@@ -340,6 +340,11 @@ impl World {
                         });
                         self.inhibitions.push(marker.clone());
                     }
+                    RevertStep::StopSuccessor { generation, .. } => {
+                        if let Some(c) = self.containers.get_mut(&generation.container) {
+                            c.status = ContainerStatus::Exited;
+                        }
+                    }
                     RevertStep::RestoreActive { service, record } => {
                         self.active.services.insert(service.clone(), record.clone());
                     }

@@ -219,6 +219,217 @@ pub fn postgres_server() -> &'static PostgresServer {
     }
 }
 
+/// A second throwaway server that speaks TLS on a loopback TCP port (Postgres
+/// never speaks TLS on a Unix socket), with a certificate for `localhost`
+/// issued by a CA made for it, and a second CA that issued nothing here.
+pub struct TlsPostgresServer {
+    /// `postgres://postgres@localhost:PORT`, without database or query.
+    pub base_url: String,
+    /// The CA that issued the server's certificate (`sslrootcert`).
+    pub ca_cert: PathBuf,
+    /// A CA unrelated to the server's certificate.
+    pub wrong_ca_cert: PathBuf,
+}
+
+impl TlsPostgresServer {
+    /// A new, empty database in this server; its URL (plus `query`).
+    pub async fn fresh_database(&self, query: &str) -> String {
+        static N_DATABASES: AtomicU32 = AtomicU32::new(0);
+        let n = N_DATABASES.fetch_add(1, Ordering::Relaxed);
+        // Built from two integers only (identifiers cannot be bound).
+        let name = format!("stead_tls_{}_{n}", std::process::id());
+        let admin_url = format!("{}/postgres?sslmode=disable", self.base_url);
+        let mut admin = sqlx::PgConnection::connect(&admin_url)
+            .await
+            .unwrap_or_else(|e| panic!("connect to the TLS test Postgres at {admin_url}: {e}"));
+        sqlx::raw_sql(&format!("CREATE DATABASE {name}"))
+            .execute(&mut admin)
+            .await
+            .unwrap_or_else(|e| panic!("create test database {name}: {e}"));
+        admin.close().await.ok();
+        format!("{}/{name}?{query}", self.base_url)
+    }
+}
+
+/// The process-wide TLS test server, started on first use. It is always a
+/// private one (`STEAD_TEST_DATABASE_URL` names a server whose certificate
+/// the tests cannot know); it needs the `openssl` command, which
+/// `scripts/services up` installs.
+pub fn tls_postgres_server() -> &'static TlsPostgresServer {
+    static SERVER: OnceLock<Result<TlsPostgresServer, String>> = OnceLock::new();
+    match SERVER.get_or_init(start_tls_postgres) {
+        Ok(server) => server,
+        Err(why) => panic!(
+            "the TLS tests need a Postgres server with TLS and none could be had: {why}\n\
+             Install PostgreSQL and openssl (scripts/services up)."
+        ),
+    }
+}
+
+/// How often a TLS server start is retried on another port: a port found
+/// free may be taken by another process before the server binds it.
+const TLS_START_TRIES_MAX: u32 = 5;
+
+fn start_tls_postgres() -> Result<TlsPostgresServer, String> {
+    let bin = postgres_bin_dir()?;
+    let run_as_postgres = is_root()?;
+    let dir = tempfile::Builder::new()
+        .prefix("stead-pg-tls-")
+        .tempdir()
+        .map_err(|e| format!("temp dir: {e}"))?
+        .keep();
+    let certs = dir.join("certs");
+    std::fs::create_dir(&certs).map_err(|e| format!("mkdir {}: {e}", certs.display()))?;
+    make_certificates(&certs)?;
+    if run_as_postgres {
+        let (uid, gid) = (id_of("-u")?, id_of("-g")?);
+        for path in [dir.clone(), certs.clone(), certs.join("server.key")] {
+            std::os::unix::fs::chown(&path, Some(uid), Some(gid))
+                .map_err(|e| format!("chown {} to postgres: {e}", path.display()))?;
+        }
+    }
+    let data = dir.join("data");
+    let as_pg = |program: PathBuf| {
+        let mut command = if run_as_postgres {
+            let mut c = Command::new("runuser");
+            c.args(["-u", "postgres", "--"]).arg(program);
+            c
+        } else {
+            Command::new(program)
+        };
+        command.stdin(Stdio::null());
+        command
+    };
+    // initdb's `--auth=trust` lets loopback TCP in (`host ... 127.0.0.1/32`).
+    run(as_pg(bin.join("initdb")).arg("-D").arg(&data).args([
+        "-U",
+        "postgres",
+        "--auth=trust",
+        "--no-sync",
+        "-E",
+        "UTF8",
+        "--locale=C",
+    ]))?;
+    let mut last_error = String::new();
+    for _ in 0..TLS_START_TRIES_MAX {
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| l.local_addr())
+            .map_err(|e| format!("find a free loopback port: {e}"))?
+            .port();
+        let options = format!(
+            "-k {dir} -p {port} -c listen_addresses=127.0.0.1 -c ssl=on \
+             -c ssl_cert_file={certs}/server.crt -c ssl_key_file={certs}/server.key \
+             -c fsync=off -c synchronous_commit=off -c full_page_writes=off \
+             -c max_connections=100",
+            dir = dir.display(),
+            certs = certs.display(),
+        );
+        let started = run(as_pg(bin.join("pg_ctl"))
+            .arg("-D")
+            .arg(&data)
+            .arg("-l")
+            .arg(dir.join("log"))
+            .args(["-o", &options, "-w", "-t", "60", "start"]));
+        match started {
+            Ok(()) => {
+                spawn_watchdog(&bin, &dir, &data, run_as_postgres)?;
+                return Ok(TlsPostgresServer {
+                    base_url: format!("postgres://postgres@localhost:{port}"),
+                    ca_cert: certs.join("ca.crt"),
+                    wrong_ca_cert: certs.join("wrong-ca.crt"),
+                });
+            }
+            Err(e) => last_error = e,
+        }
+    }
+    let log = std::fs::read_to_string(dir.join("log")).unwrap_or_default();
+    Err(format!(
+        "{TLS_START_TRIES_MAX} starts failed; the last: {last_error}\n{log}"
+    ))
+}
+
+/// A CA, a server certificate it issued for `localhost` and 127.0.0.1, and
+/// a second, unrelated CA, with the `openssl` command (P-256 keys: quick to
+/// make, and both rustls and Postgres take them).
+fn make_certificates(dir: &Path) -> Result<(), String> {
+    let openssl = |args: &[&str]| {
+        let mut command = Command::new("openssl");
+        command.current_dir(dir).args(args).stdin(Stdio::null());
+        run(&mut command)
+    };
+    let ca = |name: &str, subject: &str| {
+        openssl(&[
+            "req",
+            "-x509",
+            "-newkey",
+            "ec",
+            "-pkeyopt",
+            "ec_paramgen_curve:prime256v1",
+            "-nodes",
+            "-days",
+            "2",
+            "-subj",
+            subject,
+            "-addext",
+            "basicConstraints=critical,CA:TRUE",
+            "-addext",
+            "keyUsage=critical,keyCertSign,cRLSign",
+            "-keyout",
+            &format!("{name}.key"),
+            "-out",
+            &format!("{name}.crt"),
+        ])
+    };
+    ca("ca", "/CN=stead test CA")?;
+    ca("wrong-ca", "/CN=stead test CA that issued nothing")?;
+    std::fs::write(
+        dir.join("server.ext"),
+        "basicConstraints=critical,CA:FALSE\n\
+         keyUsage=critical,digitalSignature\n\
+         extendedKeyUsage=serverAuth\n\
+         subjectAltName=DNS:localhost,IP:127.0.0.1\n",
+    )
+    .map_err(|e| format!("write server.ext: {e}"))?;
+    openssl(&[
+        "req",
+        "-newkey",
+        "ec",
+        "-pkeyopt",
+        "ec_paramgen_curve:prime256v1",
+        "-nodes",
+        "-subj",
+        "/CN=localhost",
+        "-keyout",
+        "server.key",
+        "-out",
+        "server.csr",
+    ])?;
+    openssl(&[
+        "x509",
+        "-req",
+        "-in",
+        "server.csr",
+        "-CA",
+        "ca.crt",
+        "-CAkey",
+        "ca.key",
+        "-CAcreateserial",
+        "-days",
+        "2",
+        "-extfile",
+        "server.ext",
+        "-out",
+        "server.crt",
+    ])?;
+    // Postgres refuses a key others can read.
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(
+        dir.join("server.key"),
+        std::fs::Permissions::from_mode(0o600),
+    )
+    .map_err(|e| format!("chmod server.key: {e}"))
+}
+
 fn start_postgres() -> Result<PostgresServer, String> {
     if let Ok(url) = std::env::var("STEAD_TEST_DATABASE_URL") {
         return Ok(PostgresServer { admin_url: url });

@@ -97,6 +97,7 @@ pub fn httpd_spec(service: &str) -> ServiceSpec {
         }),
         readiness: ReadinessProbe::None,
         stop_grace: Duration::from_secs(1),
+        update: Default::default(),
         run: Default::default(),
     }
 }

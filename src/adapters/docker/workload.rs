@@ -442,6 +442,7 @@ mod tests {
             healthcheck: None,
             readiness: ReadinessProbe::None,
             stop_grace: Duration::from_secs(1),
+            update: Default::default(),
             run: Default::default(),
         };
         spec.run.secrets = vec![SecretEnv {

@@ -22,7 +22,6 @@ mod plane;
 mod watch;
 
 pub use outcome::{InstanceOutcome, PassOutcome, RecoverError};
-pub use perform::perform_revert_step;
 pub use watch::{PassWatcher, WatchedPass, WatchedStep};
 
 use super::event_log::{EventSink, EVENTS_OFF};

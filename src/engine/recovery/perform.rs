@@ -1,12 +1,12 @@
 //! Performs the pass's commands through the ports. No decisions here.
 
 use crate::core::bake::RevertStep;
-use crate::core::errors::StoreError;
+use crate::core::errors::Cause;
 use crate::core::fleet::{Instance, RolloutState};
 use crate::core::pass::{InstanceAnswer, InstanceCommand};
 use crate::core::recovery::{Command, Outcome};
 use crate::core::spec::ReadinessProbe;
-use crate::core::types::{GenerationKey, ServiceKey};
+use crate::core::types::{GenerationKey, RuntimeError, ServiceKey};
 use crate::ports::{LeaseGrant, ProbeTarget, Route};
 
 use super::Recoverer;
@@ -74,24 +74,52 @@ impl Recoverer {
         }
     }
 
-    /// Performs one step of a revert (#40) through the store.
+    /// Performs one step of a revert (#40) through the ports.
     async fn revert(
         &self,
         instance: &Instance,
         service_type: &str,
         step: &RevertStep,
         fence: &LeaseGrant,
-    ) -> Result<(), StoreError> {
-        let now = self.ports.clock.now();
-        perform_revert_step(
-            self.ports.store.as_ref(),
-            instance,
-            service_type,
-            step,
-            now,
-            Some(fence),
-        )
-        .await
+    ) -> Result<(), Cause> {
+        let p = &self.ports;
+        let now = p.clock.now();
+        let store = p.store.as_ref();
+        match step {
+            RevertStep::HaltRollout { reason } => store
+                .set_rollout(service_type, RolloutState::Halted, reason, now, Some(fence))
+                .await
+                .map_err(Cause::from),
+            RevertStep::SaveMarker(marker) => store
+                .save_inhibition(&instance.name, marker)
+                .await
+                .map_err(Cause::from),
+            RevertStep::StopSuccessor { generation, grace } => {
+                match p.runtime.stop(generation, *grace).await {
+                    // Already gone is what the stop wants.
+                    Ok(()) | Err(RuntimeError::NotFound) => Ok(()),
+                    Err(e) => Err(e.into()),
+                }
+            }
+            RevertStep::RestoreActive { service, record } => store
+                .save_active_service(&instance.name, service, record)
+                .await
+                .map_err(Cause::from),
+            RevertStep::RestoreVersion {
+                version,
+                spec_digest,
+            } => {
+                store
+                    .set_instance_version(instance.id, version, now)
+                    .await?;
+                if let Some(digest) = spec_digest {
+                    store
+                        .set_instance_spec_digest(instance.id, digest, now)
+                        .await?;
+                }
+                Ok(())
+            }
+        }
     }
 
     /// Performs one step of a service's recovery through the ports.
@@ -183,48 +211,6 @@ impl Recoverer {
                     .record_verified_execution(&key.instance, &key.service, id, *started_at, fence)
                     .await,
             ),
-        }
-    }
-}
-
-/// Performs one step of a revert (#40) through the store: the recovery
-/// pass's (fenced by its lease) and `stead rollout undo`'s (under the
-/// operator's instance lock). No decisions here.
-pub async fn perform_revert_step(
-    store: &dyn crate::ports::Store,
-    instance: &Instance,
-    service_type: &str,
-    step: &RevertStep,
-    now: crate::core::types::Timestamp,
-    fence: Option<&LeaseGrant>,
-) -> Result<(), StoreError> {
-    match step {
-        RevertStep::HaltRollout { reason } => {
-            store
-                .set_rollout(service_type, RolloutState::Halted, reason, now, fence)
-                .await
-        }
-        RevertStep::SaveMarker(marker) => store.save_inhibition(&instance.name, marker).await,
-        RevertStep::RestoreActive { service, record } => {
-            store
-                .save_active_service(&instance.name, service, record)
-                .await
-        }
-        RevertStep::RestoreVersion {
-            version,
-            spec_digest,
-        } => {
-            store
-                .set_instance_version(instance.id, version, now)
-                .await?;
-            match spec_digest {
-                Some(digest) => {
-                    store
-                        .set_instance_spec_digest(instance.id, digest, now)
-                        .await
-                }
-                None => Ok(()),
-            }
         }
     }
 }

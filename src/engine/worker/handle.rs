@@ -105,21 +105,22 @@ impl Worker {
             );
             return Ok(());
         }
-        if task.kind == TaskKind::Upgrade && self.rollout_halted(&instance).await? {
+        let halted = task.kind == TaskKind::Upgrade && self.rollout_halted(&instance).await?;
+        if halted {
             // C8: a halt stops what is waiting too. The upgrade was queued
             // (or claimed) before the halt; once the rollout resumes, the
-            // planner plans it again.
+            // planner plans it again. What an interrupted upgrade left
+            // behind is tidied all the same (`UpgradeInput::halted`).
             tracing::info!(
                 instance = %instance.name,
                 service_type = %instance.service_type,
                 "upgrade not run: the rollout of {} is halted (C8)",
                 instance.service_type
             );
-            return Ok(());
         }
         match task.kind {
             TaskKind::Provision | TaskKind::Reprovision => self.provision(&instance).await,
-            TaskKind::Upgrade => self.upgrade(&instance).await,
+            TaskKind::Upgrade => self.upgrade(&instance, halted).await,
             TaskKind::Deprovision => self.deprovision(&instance).await,
         }
     }

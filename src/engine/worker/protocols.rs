@@ -10,7 +10,7 @@ use crate::core::provision::{
 };
 use crate::core::release::{Provisioning, ReleaseParams, ReleaseTarget};
 use crate::core::spec::ServiceSpec;
-use crate::core::types::{ContainerId, RuntimeError};
+use crate::core::types::{ContainerId, RuntimeError, ServiceName};
 use crate::core::upgrade::{Upgrade, UpgradeInput};
 use crate::ports::CreateContainer;
 
@@ -63,7 +63,21 @@ impl Worker {
             .provisioning
             .spec_of(&params, false)
             .map_err(|e| TaskError::new(name, "render the release", e))?;
+        let (containers, inhibitions) = if entry.provisioning == Provisioning::Docker {
+            (
+                self.containers_of(instance).await?,
+                self.ports
+                    .store
+                    .load_inhibitions(name)
+                    .await
+                    .map_err(|e| TaskError::new(name, "load the inhibitions", e))?,
+            )
+        } else {
+            (Vec::new(), Vec::new())
+        };
         let mut provision = Provision::new(ProvisionInput {
+            containers,
+            inhibitions,
             instance: instance.name.clone(),
             version: entry.version.clone(),
             spec_digest: entry.spec_digest.clone(),
@@ -93,7 +107,7 @@ impl Worker {
     /// cannot see) and retires the predecessor once the successor serves;
     /// until then the predecessor keeps serving, so there is no gap. A
     /// failure removes the candidate and leaves ACTIVE alone.
-    pub(super) async fn upgrade(&self, instance: &Instance) -> Result<(), TaskError> {
+    pub(super) async fn upgrade(&self, instance: &Instance, halted: bool) -> Result<(), TaskError> {
         let p = &self.ports;
         let name = &instance.name;
         let entry = self.entry(instance)?;
@@ -126,14 +140,7 @@ impl Worker {
         // service's leftovers (a predecessor, a crashed upgrade's
         // candidate) go with it.
         let containers = if release.is_none() {
-            p.runtime
-                .list_managed()
-                .await
-                .map_err(|e| TaskError::new(name, "list its containers", e))?
-                .into_iter()
-                .filter(|c| c.instance == instance.name)
-                .map(|c| (c.service, c.id))
-                .collect()
+            self.containers_of(instance).await?
         } else {
             Vec::new()
         };
@@ -144,6 +151,8 @@ impl Worker {
             spec_digest: entry.spec_digest.clone(),
             recorded_spec_digest: instance.spec_digest.clone(),
             bake: entry.bake,
+            halted,
+            broken: self.config.broken,
             stop_grace_default: self.config.stop_grace_default,
             instance: instance.name.clone(),
             stopped: instance.stopped,
@@ -197,6 +206,23 @@ impl Worker {
             );
         }
         upgrade.into_result().map(|_| ()).map_err(|(_, e)| e)
+    }
+
+    /// The instance's containers the runtime lists, as (service, container).
+    async fn containers_of(
+        &self,
+        instance: &Instance,
+    ) -> Result<Vec<(ServiceName, ContainerId)>, TaskError> {
+        Ok(self
+            .ports
+            .runtime
+            .list_managed()
+            .await
+            .map_err(|e| TaskError::new(&instance.name, "list its containers", e))?
+            .into_iter()
+            .filter(|c| c.instance == instance.name)
+            .map(|c| (c.service, c.id))
+            .collect())
     }
 
     /// Withdraw, stop and remove every container of the instance, release

@@ -10,8 +10,11 @@
 //! with a value stead does not know becomes a [`StoreError::BadRow`] naming
 //! table, id, field and value.
 
+use std::future::Future;
 use std::sync::Arc;
+use std::time::Duration;
 
+use crate::config::daemon::DatabaseSettings;
 use crate::ports::{Store, StoreError};
 
 mod postgres;
@@ -24,13 +27,43 @@ pub use super::Backend;
 pub use postgres::PostgresStore;
 pub use sqlite::SqliteStore;
 
-/// Opens the store a URL names. It does not migrate: run [`migrate`] first
-/// (the CLI's `migrate` command) or [`connect_and_migrate`].
+/// Opens the store a URL names, with the default [`DatabaseSettings`]. It
+/// does not migrate: run [`migrate`] first (the CLI's `migrate` command) or
+/// [`connect_and_migrate`].
 pub async fn connect(url: &str) -> Result<Arc<dyn Store>, StoreError> {
+    connect_with(url, &DatabaseSettings::default()).await
+}
+
+/// [`connect`] with the pool sizes and timeouts of `stead.toml`'s
+/// `[database]`.
+pub async fn connect_with(
+    url: &str,
+    settings: &DatabaseSettings,
+) -> Result<Arc<dyn Store>, StoreError> {
     Ok(match Backend::of_url(url)? {
-        Backend::Sqlite => Arc::new(SqliteStore::connect(url).await?),
-        Backend::Postgres => Arc::new(PostgresStore::connect(url).await?),
+        Backend::Sqlite => Arc::new(SqliteStore::connect(url).await?.with_settings(settings)),
+        Backend::Postgres => Arc::new(PostgresStore::connect_with(url, settings).await?),
     })
+}
+
+/// Runs one store call with a client-side bound: a server that stops
+/// answering (a hung host, a dropped network path) answers no server-side
+/// timeout, and a tick waiting on it would never end. The error names the
+/// call and the bound. Dropping the call's future drops its connection's
+/// work: an open transaction is rolled back, by the server when the
+/// connection goes.
+async fn timed<T>(
+    call: &'static str,
+    limit: Duration,
+    work: impl Future<Output = Result<T, StoreError>>,
+) -> Result<T, StoreError> {
+    match tokio::time::timeout(limit, work).await {
+        Ok(answer) => answer,
+        Err(_) => Err(StoreError::Unavailable(format!(
+            "{call}: no answer from the database within {} ms (database.call_timeout_ms)",
+            limit.as_millis()
+        ))),
+    }
 }
 
 /// What [`migrate`] did.
@@ -58,7 +91,7 @@ pub async fn migrate(url: &str) -> Result<Migrated, StoreError> {
             Ok(migrated(SqliteStore::migrator(), &before))
         }
         Backend::Postgres => {
-            let store = PostgresStore::connect(url).await?;
+            let store = PostgresStore::connect_with(url, &migration_settings()).await?;
             let before: Vec<i64> = sqlx::query_scalar(APPLIED_MIGRATIONS)
                 .fetch_all(store.pool())
                 .await
@@ -66,6 +99,20 @@ pub async fn migrate(url: &str) -> Result<Migrated, StoreError> {
             store.migrate().await?;
             Ok(migrated(PostgresStore::migrator(), &before))
         }
+    }
+}
+
+/// A migration may rewrite a large table, and a second host migrating at
+/// once waits for the first's advisory lock: migrations run without the
+/// daemon's statement and lock timeouts (zero turns them off). The idle
+/// bound stays.
+fn migration_settings() -> DatabaseSettings {
+    let defaults = DatabaseSettings::default();
+    DatabaseSettings {
+        statement_timeout: Duration::ZERO,
+        lock_timeout: Duration::ZERO,
+        call_timeout: Duration::MAX,
+        ..defaults
     }
 }
 

@@ -11,7 +11,7 @@ use std::collections::BTreeMap;
 use std::str::FromStr;
 use std::time::Duration;
 
-use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions};
+use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions, PgSslMode};
 use sqlx::{Postgres, Transaction};
 
 use super::rows::{assemble_loaded, collect_rows, count_states, found_or, instance_found_or};
@@ -24,6 +24,7 @@ use super::rows::{
 use super::shared::impl_sql_store;
 use super::statements as sql;
 use super::{db_error, migrate_error};
+use crate::config::daemon::DatabaseSettings;
 use crate::core::fleet::{
     Instance, InstanceId, InstanceState, ListedInstance, NewTask, RolloutState, Task, TaskId,
     CANCELLED_BY_DELETION,
@@ -39,14 +40,6 @@ use crate::store::{
     execution_start_to_ns, fenced, lease_cutoff_us, lease_to_us, name_held_by_task, name_taken,
     timestamp_from_us, timestamp_to_us,
 };
-
-/// Enough connections for a daemon's workers and its reconciler; a bigger
-/// deployment passes its own pool to [`PostgresStore::from_pool`].
-const CONNECTIONS_MAX: u32 = 16;
-
-/// How long a call waits for a pooled connection before failing as
-/// unavailable (and the tick retries).
-const ACQUIRE_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// The database's clock in microseconds: `clock_timestamp()`, not `now()`,
 /// which stands still for a whole transaction.
@@ -144,40 +137,58 @@ impl PostgresStore {
 #[derive(Clone, Debug)]
 pub struct PostgresStore {
     pool: PgPool,
+    /// Client-side bound on each lease, listing and snapshot call.
+    call_timeout: Duration,
 }
 
 impl PostgresStore {
-    /// Connects to the database a `postgres://` URL names. One direct
-    /// connection first, bounded by [`ACQUIRE_TIMEOUT`]: a pool retries a
-    /// refused connection until its timeout and then says only "pool timed
-    /// out", while one attempt says what the server (or the OS) answered.
+    /// [`Self::connect_with`] the default [`DatabaseSettings`].
     pub async fn connect(url: &str) -> Result<Self, StoreError> {
+        Self::connect_with(url, &DatabaseSettings::default()).await
+    }
+
+    /// Connects to the database a `postgres://` URL names (TLS as its
+    /// `sslmode` and `sslrootcert` say), every pooled connection with the
+    /// server-side timeouts of `settings`. One direct connection first,
+    /// bounded by the acquire timeout: a pool retries a refused connection
+    /// until its timeout and then says only "pool timed out", while one
+    /// attempt says what the server, the OS or the TLS handshake answered.
+    pub async fn connect_with(url: &str, settings: &DatabaseSettings) -> Result<Self, StoreError> {
         use sqlx::{ConnectOptions, Connection};
         let options = PgConnectOptions::from_str(url)
-            .map_err(|e| StoreError::Unavailable(format!("bad Postgres URL: {e}")))?;
+            .map_err(|e| StoreError::Unavailable(format!("bad Postgres URL: {e}")))?
+            .options(session_timeouts(settings));
         let server = describe_server(&options);
         let cannot =
             |why: String| StoreError::Unavailable(format!("{server}: cannot connect: {why}"));
-        match tokio::time::timeout(ACQUIRE_TIMEOUT, options.connect()).await {
-            Err(_) => return Err(cannot(format!("no answer within {ACQUIRE_TIMEOUT:?}"))),
-            Ok(Err(sqlx::Error::Io(e))) => return Err(cannot(e.to_string())),
-            Ok(Err(e)) => return Err(cannot(e.to_string())),
+        let acquire_timeout = settings.acquire_timeout;
+        let ssl_mode = options.get_ssl_mode();
+        match tokio::time::timeout(acquire_timeout, options.connect()).await {
+            Err(_) => return Err(cannot(format!("no answer within {acquire_timeout:?}"))),
+            Ok(Err(e)) => return Err(cannot(connect_error(e, ssl_mode))),
             Ok(Ok(probe)) => {
                 let _ = probe.close().await;
             }
         }
         let pool = PgPoolOptions::new()
-            .max_connections(CONNECTIONS_MAX)
-            .acquire_timeout(ACQUIRE_TIMEOUT)
+            .max_connections(settings.max_connections)
+            .acquire_timeout(acquire_timeout)
             .connect_with(options)
             .await
-            .map_err(|e| cannot(e.to_string()))?;
-        Ok(Self { pool })
+            .map_err(|e| cannot(connect_error(e, ssl_mode)))?;
+        Ok(Self {
+            pool,
+            call_timeout: settings.call_timeout,
+        })
     }
 
-    /// Wraps a pool the caller configured.
+    /// Wraps a pool the caller configured (its connections' timeouts are
+    /// the caller's; calls get the default client-side bound).
     pub fn from_pool(pool: PgPool) -> Self {
-        Self { pool }
+        Self {
+            pool,
+            call_timeout: DatabaseSettings::default().call_timeout,
+        }
     }
 
     pub fn pool(&self) -> &PgPool {
@@ -245,6 +256,36 @@ impl PostgresStore {
     ) -> Result<bool, StoreError> {
         let done = query.execute(&self.pool).await.map_err(db_error)?;
         Ok(done.rows_affected() > 0)
+    }
+}
+
+/// The server-side timeouts every connection sets at startup (`options=-c
+/// name=value`, as libpq's `PGOPTIONS`), in milliseconds; zero turns one
+/// off. They follow any `options` the URL carries, so `stead.toml` wins.
+fn session_timeouts(settings: &DatabaseSettings) -> [(&'static str, String); 3] {
+    let ms = |d: Duration| format!("{}ms", d.as_millis());
+    [
+        ("statement_timeout", ms(settings.statement_timeout)),
+        ("lock_timeout", ms(settings.lock_timeout)),
+        (
+            "idle_in_transaction_session_timeout",
+            ms(settings.idle_in_transaction_session_timeout),
+        ),
+    ]
+}
+
+/// What a failed connection attempt says. A failed TLS handshake (an
+/// unknown issuer, a name mismatch, a server without TLS) is named as one,
+/// with what to check: rustls reports a certificate it refuses as an I/O
+/// error of kind `InvalidData`, which alone reads like a broken network.
+fn connect_error(error: sqlx::Error, ssl_mode: PgSslMode) -> String {
+    let tls_required = !matches!(ssl_mode, PgSslMode::Disable | PgSslMode::Allow);
+    match error {
+        sqlx::Error::Tls(e) => format!("TLS: {e} (check sslmode and sslrootcert)"),
+        sqlx::Error::Io(e) if tls_required && e.kind() == std::io::ErrorKind::InvalidData => {
+            format!("TLS: {e} (check sslmode and sslrootcert)")
+        }
+        e => e.to_string(),
     }
 }
 

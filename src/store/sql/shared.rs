@@ -116,28 +116,37 @@ macro_rules! impl_sql_store {
             }
 
             async fn list_instances(&self) -> Result<Rows<Instance>, StoreError> {
-                let rows = self.instance_rows().await?;
-                Ok(collect_rows(rows.into_iter().map(|row| {
-                    row.map_err(|(_, e)| e).and_then(InstanceRow::decode)
-                })))
+                crate::store::sql::timed("list_instances", self.call_timeout, async {
+                    let rows = self.instance_rows().await?;
+                    Ok(collect_rows(rows.into_iter().map(|row| {
+                        row.map_err(|(_, e)| e).and_then(InstanceRow::decode)
+                    })))
+                })
+                .await
             }
 
             async fn live_service_types(
                 &self,
             ) -> Result<std::collections::BTreeSet<String>, StoreError> {
-                let types: Vec<String> = sqlx::query_scalar(sql::LIVE_SERVICE_TYPES)
-                    .bind(InstanceState::Deleted.as_str())
-                    .fetch_all(&self.pool)
-                    .await
-                    .map_err(db_error)?;
-                Ok(types.into_iter().collect())
+                crate::store::sql::timed("live_service_types", self.call_timeout, async {
+                    let types: Vec<String> = sqlx::query_scalar(sql::LIVE_SERVICE_TYPES)
+                        .bind(InstanceState::Deleted.as_str())
+                        .fetch_all(&self.pool)
+                        .await
+                        .map_err(db_error)?;
+                    Ok(types.into_iter().collect())
+                })
+                .await
             }
 
             async fn list_for_recovery(&self) -> Result<Rows<ListedInstance>, StoreError> {
-                let rows = self.listed_rows().await?;
-                Ok(collect_rows(rows.into_iter().map(|row| {
-                    row.map_err(|(_, e)| e).and_then(ListedRow::decode)
-                })))
+                crate::store::sql::timed("list_for_recovery", self.call_timeout, async {
+                    let rows = self.listed_rows().await?;
+                    Ok(collect_rows(rows.into_iter().map(|row| {
+                        row.map_err(|(_, e)| e).and_then(ListedRow::decode)
+                    })))
+                })
+                .await
             }
 
             async fn set_instance_state(
@@ -335,11 +344,14 @@ macro_rules! impl_sql_store {
                 &self,
                 ids: &[InstanceId],
             ) -> Result<LoadedInstances, StoreError> {
-                if ids.is_empty() {
-                    return Ok(LoadedInstances::default());
-                }
-                let (instances, active, inhibitions) = self.load_batch(ids).await?;
-                Ok(assemble_loaded(instances, active, inhibitions))
+                crate::store::sql::timed("load_instances", self.call_timeout, async {
+                    if ids.is_empty() {
+                        return Ok(LoadedInstances::default());
+                    }
+                    let (instances, active, inhibitions) = self.load_batch(ids).await?;
+                    Ok(assemble_loaded(instances, active, inhibitions))
+                })
+                .await
             }
 
             async fn load_inhibitions(
@@ -524,11 +536,14 @@ macro_rules! impl_sql_store {
             }
 
             async fn active_tasks(&self) -> Result<Rows<Task>, StoreError> {
-                let rows = sqlx::query_as::<_, TaskRow>(sql::ACTIVE_TASKS)
-                    .fetch_all(&self.pool)
-                    .await
-                    .map_err(db_error)?;
-                Ok(collect_rows(rows.into_iter().map(TaskRow::decode)))
+                crate::store::sql::timed("active_tasks", self.call_timeout, async {
+                    let rows = sqlx::query_as::<_, TaskRow>(sql::ACTIVE_TASKS)
+                        .fetch_all(&self.pool)
+                        .await
+                        .map_err(db_error)?;
+                    Ok(collect_rows(rows.into_iter().map(TaskRow::decode)))
+                })
+                .await
             }
 
             async fn task(&self, id: TaskId) -> Result<Option<Task>, StoreError> {
@@ -558,47 +573,63 @@ macro_rules! impl_sql_store {
                 include_finished: bool,
                 limit: u32,
             ) -> Result<Rows<Task>, StoreError> {
-                let rows = sqlx::query_as::<_, TaskRow>(sql::LIST_TASKS)
-                    .bind(include_finished)
-                    .bind(i64::from(limit))
-                    .fetch_all(&self.pool)
-                    .await
-                    .map_err(db_error)?;
-                Ok(collect_rows(rows.into_iter().map(TaskRow::decode)))
+                crate::store::sql::timed("tasks", self.call_timeout, async {
+                    let rows = sqlx::query_as::<_, TaskRow>(sql::LIST_TASKS)
+                        .bind(include_finished)
+                        .bind(i64::from(limit))
+                        .fetch_all(&self.pool)
+                        .await
+                        .map_err(db_error)?;
+                    Ok(collect_rows(rows.into_iter().map(TaskRow::decode)))
+                })
+                .await
             }
 
             async fn queue_depth(&self) -> Result<u64, StoreError> {
-                let n: i64 = sqlx::query_scalar(sql::QUEUE_DEPTH)
-                    .fetch_one(&self.pool)
-                    .await
-                    .map_err(db_error)?;
-                Ok(u64::try_from(n).unwrap_or(0))
+                crate::store::sql::timed("queue_depth", self.call_timeout, async {
+                    let n: i64 = sqlx::query_scalar(sql::QUEUE_DEPTH)
+                        .fetch_one(&self.pool)
+                        .await
+                        .map_err(db_error)?;
+                    Ok(u64::try_from(n).unwrap_or(0))
+                })
+                .await
             }
 
             async fn instance_counts(&self) -> Result<BTreeMap<InstanceState, u64>, StoreError> {
-                let rows: Vec<(String, i64)> = sqlx::query_as(sql::INSTANCE_COUNTS)
-                    .fetch_all(&self.pool)
-                    .await
-                    .map_err(db_error)?;
-                Ok(count_states(rows))
+                crate::store::sql::timed("instance_counts", self.call_timeout, async {
+                    let rows: Vec<(String, i64)> = sqlx::query_as(sql::INSTANCE_COUNTS)
+                        .fetch_all(&self.pool)
+                        .await
+                        .map_err(db_error)?;
+                    Ok(count_states(rows))
+                })
+                .await
             }
 
             async fn rollouts(&self) -> Result<BTreeMap<String, RolloutState>, StoreError> {
-                let rows: Vec<(String, String)> = sqlx::query_as(sql::ROLLOUTS)
-                    .fetch_all(&self.pool)
-                    .await
-                    .map_err(db_error)?;
-                rows.into_iter()
-                    .map(|(service_type, state)| decode_rollout(service_type, state))
-                    .collect()
+                crate::store::sql::timed("rollouts", self.call_timeout, async {
+                    let rows: Vec<(String, String)> = sqlx::query_as(sql::ROLLOUTS)
+                        .fetch_all(&self.pool)
+                        .await
+                        .map_err(db_error)?;
+                    rows.into_iter()
+                        .map(|(service_type, state)| decode_rollout(service_type, state))
+                        .collect()
+                })
+                .await
             }
 
             async fn rollout_records(&self) -> Result<Vec<RolloutRecord>, StoreError> {
-                let rows: Vec<(String, String, String, i64)> = sqlx::query_as(sql::ROLLOUT_RECORDS)
-                    .fetch_all(&self.pool)
-                    .await
-                    .map_err(db_error)?;
-                rows.into_iter().map(decode_rollout_record).collect()
+                crate::store::sql::timed("rollout_records", self.call_timeout, async {
+                    let rows: Vec<(String, String, String, i64)> =
+                        sqlx::query_as(sql::ROLLOUT_RECORDS)
+                            .fetch_all(&self.pool)
+                            .await
+                            .map_err(db_error)?;
+                    rows.into_iter().map(decode_rollout_record).collect()
+                })
+                .await
             }
 
             async fn set_rollout(
@@ -622,13 +653,16 @@ macro_rules! impl_sql_store {
             }
 
             async fn database_now(&self) -> Result<Timestamp, StoreError> {
-                let us = sqlx::query_scalar::<_, i64>(SELECT_DB_NOW)
-                    .fetch_one(&self.pool)
-                    .await
-                    .map_err(db_error)?;
-                timestamp_from_us(us).ok_or_else(|| {
-                    StoreError::Unavailable(format!("the database's clock reads {us} µs"))
+                crate::store::sql::timed("database_now", self.call_timeout, async {
+                    let us = sqlx::query_scalar::<_, i64>(SELECT_DB_NOW)
+                        .fetch_one(&self.pool)
+                        .await
+                        .map_err(db_error)?;
+                    timestamp_from_us(us).ok_or_else(|| {
+                        StoreError::Unavailable(format!("the database's clock reads {us} µs"))
+                    })
                 })
+                .await
             }
 
             async fn acquire_reconciler_lease(
@@ -636,29 +670,35 @@ macro_rules! impl_sql_store {
                 holder: &str,
                 ttl: Duration,
             ) -> Result<Option<LeaseGrant>, StoreError> {
-                let mut tx = self.write_transaction().await?;
-                let (current, now_us) = sqlx::query_as::<_, LeaseRow>($lock_lease)
-                    .fetch_one(&mut *tx)
-                    .await
-                    .map_err(db_error)?
-                    .decode();
-                let Some(next) = current.acquire(holder, now_us, lease_to_us(ttl)) else {
-                    return Ok(None);
-                };
-                write_lease(&mut tx, &next).await?;
-                tx.commit().await.map_err(db_error)?;
-                lease_grant(&next).map(Some)
+                crate::store::sql::timed("acquire_reconciler_lease", self.call_timeout, async {
+                    let mut tx = self.write_transaction().await?;
+                    let (current, now_us) = sqlx::query_as::<_, LeaseRow>($lock_lease)
+                        .fetch_one(&mut *tx)
+                        .await
+                        .map_err(db_error)?
+                        .decode();
+                    let Some(next) = current.acquire(holder, now_us, lease_to_us(ttl)) else {
+                        return Ok(None);
+                    };
+                    write_lease(&mut tx, &next).await?;
+                    tx.commit().await.map_err(db_error)?;
+                    lease_grant(&next).map(Some)
+                })
+                .await
             }
 
             async fn release_reconciler_lease(&self, grant: &LeaseGrant) -> Result<(), StoreError> {
-                let mut tx = self.write_transaction().await?;
-                let (current, _) = sqlx::query_as::<_, LeaseRow>($lock_lease)
-                    .fetch_one(&mut *tx)
-                    .await
-                    .map_err(db_error)?
-                    .decode();
-                write_lease(&mut tx, &current.release(grant)).await?;
-                tx.commit().await.map_err(db_error)
+                crate::store::sql::timed("release_reconciler_lease", self.call_timeout, async {
+                    let mut tx = self.write_transaction().await?;
+                    let (current, _) = sqlx::query_as::<_, LeaseRow>($lock_lease)
+                        .fetch_one(&mut *tx)
+                        .await
+                        .map_err(db_error)?
+                        .decode();
+                    write_lease(&mut tx, &current.release(grant)).await?;
+                    tx.commit().await.map_err(db_error)
+                })
+                .await
             }
 
             async fn try_lock_instances(
@@ -685,14 +725,17 @@ macro_rules! impl_sql_store {
                 holder: &str,
                 ttl: Duration,
             ) -> Result<(Vec<InstanceId>, Result<LoadedInstances, StoreError>), StoreError> {
-                if instances.is_empty() {
-                    return Ok((Vec::new(), Ok(LoadedInstances::default())));
-                }
-                let (locked, rows) = self.lock_and_load_batch(instances, holder, ttl).await?;
-                let loaded = rows.map(|(instances, active, inhibitions)| {
-                    assemble_loaded(instances, active, inhibitions)
-                });
-                Ok((locked, loaded))
+                crate::store::sql::timed("try_lock_and_load", self.call_timeout, async {
+                    if instances.is_empty() {
+                        return Ok((Vec::new(), Ok(LoadedInstances::default())));
+                    }
+                    let (locked, rows) = self.lock_and_load_batch(instances, holder, ttl).await?;
+                    let loaded = rows.map(|(instances, active, inhibitions)| {
+                        assemble_loaded(instances, active, inhibitions)
+                    });
+                    Ok((locked, loaded))
+                })
+                .await
             }
 
             async fn unlock_instances(
@@ -770,12 +813,15 @@ macro_rules! impl_sql_store {
             }
 
             async fn reconciler_lease(&self) -> Result<Option<LeaseGrant>, StoreError> {
-                let (row, _) = sqlx::query_as::<_, LeaseRow>($lock_lease)
-                    .fetch_one(&self.pool)
-                    .await
-                    .map_err(db_error)?
-                    .decode();
-                Ok(row.grant())
+                crate::store::sql::timed("reconciler_lease", self.call_timeout, async {
+                    let (row, _) = sqlx::query_as::<_, LeaseRow>($lock_lease)
+                        .fetch_one(&self.pool)
+                        .await
+                        .map_err(db_error)?
+                        .decode();
+                    Ok(row.grant())
+                })
+                .await
             }
 
             async fn append_events(
@@ -786,11 +832,14 @@ macro_rules! impl_sql_store {
                 if events.is_empty() {
                     return Ok(());
                 }
-                let mut tx = self.write_transaction().await?;
-                for event in events {
-                    super::shared::insert_event!(&mut *tx, event)?;
-                }
-                tx.commit().await.map_err(event_db_error)
+                crate::store::sql::timed("append_events", self.call_timeout, async {
+                    let mut tx = self.write_transaction().await?;
+                    for event in events {
+                        super::shared::insert_event!(&mut *tx, event)?;
+                    }
+                    tx.commit().await.map_err(event_db_error)
+                })
+                .await
             }
 
             async fn enqueue_recorded(
@@ -833,19 +882,22 @@ macro_rules! impl_sql_store {
                 } else {
                     event_sql::NEWEST_EVENTS
                 };
-                let mut rows = sqlx::query_as::<_, EventRow>(statement)
-                    .bind(filter.instance.as_ref().map(|i| i.as_str()))
-                    .bind(filter.kind.map(|k| k.as_str()))
-                    .bind(filter.since.map_or(i64::MIN, crate::store::timestamp_to_us))
-                    .bind(filter.after_id.unwrap_or(i64::MIN))
-                    .bind(i64::from(filter.limit))
-                    .fetch_all(&self.pool)
-                    .await
-                    .map_err(event_db_error)?;
-                rows.sort_unstable_by_key(|row| row.id);
-                Ok(crate::store::sql::rows::collect_rows(
-                    rows.into_iter().map(EventRow::decode),
-                ))
+                crate::store::sql::timed("events", self.call_timeout, async {
+                    let mut rows = sqlx::query_as::<_, EventRow>(statement)
+                        .bind(filter.instance.as_ref().map(|i| i.as_str()))
+                        .bind(filter.kind.map(|k| k.as_str()))
+                        .bind(filter.since.map_or(i64::MIN, crate::store::timestamp_to_us))
+                        .bind(filter.after_id.unwrap_or(i64::MIN))
+                        .bind(i64::from(filter.limit))
+                        .fetch_all(&self.pool)
+                        .await
+                        .map_err(event_db_error)?;
+                    rows.sort_unstable_by_key(|row| row.id);
+                    Ok(crate::store::sql::rows::collect_rows(
+                        rows.into_iter().map(EventRow::decode),
+                    ))
+                })
+                .await
             }
 
             async fn prune_events(
@@ -854,13 +906,16 @@ macro_rules! impl_sql_store {
                 batch_max: u32,
             ) -> Result<u64, StoreError> {
                 use crate::store::sql::{db_error as event_db_error, statements as event_sql};
-                sqlx::query(event_sql::PRUNE_EVENTS)
-                    .bind(crate::store::timestamp_to_us(before))
-                    .bind(i64::from(batch_max))
-                    .execute(&self.pool)
-                    .await
-                    .map(|done| done.rows_affected())
-                    .map_err(event_db_error)
+                crate::store::sql::timed("prune_events", self.call_timeout, async {
+                    sqlx::query(event_sql::PRUNE_EVENTS)
+                        .bind(crate::store::timestamp_to_us(before))
+                        .bind(i64::from(batch_max))
+                        .execute(&self.pool)
+                        .await
+                        .map(|done| done.rows_affected())
+                        .map_err(event_db_error)
+                })
+                .await
             }
         }
 

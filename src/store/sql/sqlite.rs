@@ -28,6 +28,7 @@ use super::rows::{
 use super::shared::impl_sql_store;
 use super::statements as sql;
 use super::{db_error, migrate_error};
+use crate::config::daemon::DatabaseSettings;
 use crate::core::fleet::{
     Instance, InstanceId, InstanceState, ListedInstance, NewTask, RolloutState, Task, TaskId,
     CANCELLED_BY_DELETION,
@@ -90,6 +91,8 @@ const CONNECTIONS_MAX: u32 = 4;
 #[derive(Clone, Debug)]
 pub struct SqliteStore {
     pool: SqlitePool,
+    /// Client-side bound on each lease, listing and snapshot call.
+    call_timeout: Duration,
 }
 
 impl SqliteStore {
@@ -109,12 +112,25 @@ impl SqliteStore {
             .connect_with(options)
             .await
             .map_err(|e| open_error(&filename, create, e))?;
-        Ok(Self { pool })
+        Ok(Self::from_pool(pool))
+    }
+
+    /// Takes what of `stead.toml`'s `[database]` applies to one local file:
+    /// the client-side bound on lease, listing and snapshot calls. (Its
+    /// pool size is fixed and its lock waits are SQLite's busy timeout.)
+    pub fn with_settings(self, settings: &DatabaseSettings) -> Self {
+        Self {
+            call_timeout: settings.call_timeout,
+            ..self
+        }
     }
 
     /// Wraps a pool the caller configured (it must have foreign keys on).
     pub fn from_pool(pool: SqlitePool) -> Self {
-        Self { pool }
+        Self {
+            pool,
+            call_timeout: DatabaseSettings::default().call_timeout,
+        }
     }
 
     pub fn pool(&self) -> &SqlitePool {

@@ -173,16 +173,22 @@ pub const CANCEL_QUEUED_FOR_DELETION: &str = "UPDATE tasks \
      RETURNING id";
 
 /// `stead task cancel`: a queued task only; a running one is never
-/// interrupted.
+/// interrupted. Nor is the upgrade of an instance an interrupted upgrade
+/// left `upgrading`: it finishes that one off (#40).
 pub const CANCEL_QUEUED_TASK: &str = "UPDATE tasks \
      SET state = 'failed', last_error = $2, updated_at_us = $3 \
-     WHERE id = $1 AND state = 'queued'";
+     WHERE id = $1 AND state = 'queued' \
+       AND NOT (kind = 'upgrade' \
+         AND instance_id IN (SELECT id FROM instances WHERE state = 'upgrading'))";
 
-/// C8: a halted rollout cancels its type's queued upgrades.
+/// C8: a halted rollout cancels its type's queued upgrades, but for those
+/// of instances an interrupted upgrade left `upgrading`: their worker tidies
+/// up without upgrading (#40).
 pub const CANCEL_QUEUED_UPGRADES: &str = "UPDATE tasks \
      SET state = 'failed', last_error = $2, updated_at_us = $3 \
      WHERE state = 'queued' AND kind = 'upgrade' \
-       AND instance_id IN (SELECT id FROM instances WHERE service_type = $1) \
+       AND instance_id IN \
+         (SELECT id FROM instances WHERE service_type = $1 AND state <> 'upgrading') \
      RETURNING id";
 
 /// `stead task list`: newest first; finished tasks only when `$1`.

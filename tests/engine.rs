@@ -2658,3 +2658,34 @@ async fn a_ticks_enqueue_is_recorded_with_its_task_in_the_same_write() {
         Some(stead::core::event_log::trace_id_of(&out.traceparent))
     );
 }
+
+#[tokio::test]
+async fn a_workers_task_end_is_recorded_with_its_task_when_it_finishes() {
+    use stead::core::event_log::EventKind;
+    use stead::engine::event_log::{EventSink, EVENT_BUFFER_MAX};
+    let f = fixture();
+    let instance = f.instance("wiki1", "2").await;
+    f.enqueue(instance.id, TaskKind::Provision).await;
+    let (sink, _flusher) = EventSink::new("host-1#a", EVENT_BUFFER_MAX);
+    let (task, end) = f
+        .worker()
+        .with_events(sink)
+        .work_once()
+        .await
+        .expect("a task");
+    assert_eq!(end, TaskEnd::Done);
+    // Nothing was flushed: the event went with the task's completion.
+    let events = logged_events(&f, "wiki1").await;
+    let done = events
+        .iter()
+        .find(|e| e.kind == EventKind::TaskDone)
+        .unwrap_or_else(|| panic!("a task_done event: {events:?}"));
+    assert_eq!(done.task, Some(task.id));
+    assert_eq!(done.reason, "C11");
+    assert_eq!(done.writer, "host-1#a");
+    assert!(
+        done.message.contains("provision of wiki1 done"),
+        "{}",
+        done.message
+    );
+}

@@ -90,6 +90,7 @@ store_suite! {
         old_events_are_pruned_in_bounded_batches_and_newer_ones_kept,
         an_enqueue_and_its_event_are_recorded_together_or_not_at_all,
         a_ttl_expiry_and_its_event_are_recorded_together_or_not_at_all,
+        a_tasks_end_and_its_event_are_recorded_together_or_not_at_all,
     ],
     sql: [
         unknown_instance_state_is_a_bad_row_and_others_are_listed,
@@ -2527,4 +2528,66 @@ async fn an_event_the_database_refuses_takes_its_enqueue_and_expiry_with_it(s: T
         .unwrap()
         .rows
         .is_empty());
+}
+
+async fn a_tasks_end_and_its_event_are_recorded_together_or_not_at_all(s: TestStore) {
+    use stead::ports::TaskFinish;
+    let store = &*s.store;
+    let id = instance(store, "alpha").await;
+    for kind in [
+        TaskKind::Provision,
+        TaskKind::Upgrade,
+        TaskKind::Reprovision,
+    ] {
+        store
+            .enqueue(&task(kind, id, t(0)), t(0), None)
+            .await
+            .unwrap();
+    }
+    let claimed = store.claim("w1", t(1), 3).await.unwrap();
+    assert_eq!(claimed.len(), 3, "{}", s.name());
+    let ended = event(EventKind::TaskDone, t(2), Some("alpha"));
+    let finishes = [
+        TaskFinish::Done,
+        TaskFinish::Retry {
+            run_after: t(60),
+            error: "transient",
+        },
+        TaskFinish::Fail { error: "refused" },
+    ];
+    for (task, finish) in claimed.iter().zip(finishes) {
+        // Another worker's finish changes nothing and records nothing.
+        let foreign = store
+            .finish_task_recorded(task.id, "w2", finish, t(2), &ended)
+            .await
+            .unwrap();
+        assert!(!foreign, "{}: {finish:?}", s.name());
+        let held = store
+            .finish_task_recorded(task.id, "w1", finish, t(2), &ended)
+            .await
+            .unwrap();
+        assert!(held, "{}: {finish:?}", s.name());
+    }
+    let events = store.events(&EventFilter::default()).await.unwrap().rows;
+    let tasks: Vec<Option<i64>> = events.iter().map(|e| e.event.task).collect();
+    let ids: Vec<Option<i64>> = claimed.iter().map(|t| Some(t.id)).collect();
+    assert_eq!(
+        tasks,
+        ids,
+        "one event per end, naming its task: {}",
+        s.name()
+    );
+    let states: Vec<TaskState> = {
+        let mut states = Vec::new();
+        for t in &claimed {
+            states.push(store.task(t.id).await.unwrap().unwrap().state);
+        }
+        states
+    };
+    assert_eq!(
+        states,
+        [TaskState::Done, TaskState::Queued, TaskState::Failed],
+        "{}",
+        s.name()
+    );
 }

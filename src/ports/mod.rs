@@ -331,6 +331,21 @@ pub struct Rows<T> {
     pub bad: Vec<StoreError>,
 }
 
+/// How a worker finishes a task ([`Store::finish_task_recorded`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum TaskFinish<'a> {
+    Done,
+    /// Queued again, due at `run_after`, with its error.
+    Retry {
+        run_after: Timestamp,
+        error: &'a str,
+    },
+    /// Failed for good, with its error.
+    Fail {
+        error: &'a str,
+    },
+}
+
 /// One instance as a recovery pass reads it under its lock: intent, ACTIVE
 /// and inhibitions.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -685,6 +700,30 @@ pub trait Store: Send + Sync {
             self.append_events(&[event.clone().task(id)]).await?;
         }
         Ok(id)
+    }
+    /// [`Store::complete`], [`Store::retry`] or [`Store::fail`] as
+    /// `finish` says, recording `event` (its `task` set to `id`) in the same
+    /// transaction when the worker still held the task: both or neither.
+    /// The default is not atomic; the SQL stores are.
+    async fn finish_task_recorded(
+        &self,
+        id: TaskId,
+        worker: &str,
+        finish: TaskFinish<'_>,
+        now: Timestamp,
+        event: &Event,
+    ) -> Result<bool, StoreError> {
+        let held = match finish {
+            TaskFinish::Done => self.complete(id, worker, now).await?,
+            TaskFinish::Retry { run_after, error } => {
+                self.retry(id, worker, run_after, error, now).await?
+            }
+            TaskFinish::Fail { error } => self.fail(id, worker, error, now).await?,
+        };
+        if held {
+            self.append_events(&[event.clone().task(id)]).await?;
+        }
+        Ok(held)
     }
     /// [`Store::expire_instance`], recording `event` (its `task` set to
     /// the deprovision's id) in the same transaction when the instance

@@ -1416,6 +1416,28 @@ impl Store for MemoryStore {
         Ok(id)
     }
 
+    async fn finish_task_recorded(
+        &self,
+        id: TaskId,
+        worker: &str,
+        finish: stead::ports::TaskFinish<'_>,
+        now: Timestamp,
+        event: &Event,
+    ) -> Result<bool, StoreError> {
+        use stead::ports::TaskFinish;
+        let held = match finish {
+            TaskFinish::Done => self.complete(id, worker, now).await?,
+            TaskFinish::Retry { run_after, error } => {
+                self.retry(id, worker, run_after, error, now).await?
+            }
+            TaskFinish::Fail { error } => self.fail(id, worker, error, now).await?,
+        };
+        if held {
+            self.lock().push_event(event.clone().task(id));
+        }
+        Ok(held)
+    }
+
     async fn expire_instance_recorded(
         &self,
         id: InstanceId,

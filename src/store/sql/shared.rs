@@ -858,6 +858,47 @@ macro_rules! impl_sql_store {
                 Ok(Some(id))
             }
 
+            async fn finish_task_recorded(
+                &self,
+                id: TaskId,
+                worker: &str,
+                finish: crate::ports::TaskFinish<'_>,
+                now: Timestamp,
+                event: &crate::core::event_log::Event,
+            ) -> Result<bool, StoreError> {
+                use crate::ports::TaskFinish;
+                let mut tx = self.write_transaction().await?;
+                let query = match finish {
+                    TaskFinish::Done => sqlx::query(sql::COMPLETE)
+                        .bind(id)
+                        .bind(worker)
+                        .bind(timestamp_to_us(now)),
+                    TaskFinish::Retry { run_after, error } => sqlx::query(sql::RETRY)
+                        .bind(id)
+                        .bind(worker)
+                        .bind(timestamp_to_us(run_after))
+                        .bind(error)
+                        .bind(timestamp_to_us(now)),
+                    TaskFinish::Fail { error } => sqlx::query(sql::FAIL)
+                        .bind(id)
+                        .bind(worker)
+                        .bind(error)
+                        .bind(timestamp_to_us(now)),
+                };
+                let held = query
+                    .execute(&mut *tx)
+                    .await
+                    .map_err(db_error)?
+                    .rows_affected()
+                    > 0;
+                if !held {
+                    return Ok(false); // Not this worker's any more: nothing to record.
+                }
+                super::shared::insert_event!(&mut *tx, &event.clone().task(id))?;
+                tx.commit().await.map_err(db_error)?;
+                Ok(true)
+            }
+
             async fn expire_instance_recorded(
                 &self,
                 id: InstanceId,

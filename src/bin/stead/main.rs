@@ -13,7 +13,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand, ValueEnum};
-use stead::core::event_log::EventKind;
+use stead::core::event_log::{EventKind, EVENTS_READ_MAX};
 use stead::daemon::{config, DaemonConfig, LogFormat};
 
 use output::{complain, exit, say, EXIT_FAILURE, EXIT_OK, EXIT_USAGE};
@@ -135,7 +135,7 @@ pub enum Command {
         #[arg(long, value_name = "DURATION", value_parser = parse_since)]
         since: Option<std::time::Duration>,
         /// At most this many events (the newest).
-        #[arg(long, default_value_t = 100, value_parser = clap::value_parser!(u32).range(1..=10_000))]
+        #[arg(long, default_value_t = 100, value_parser = clap::value_parser!(u32).range(1..=i64::from(EVENTS_READ_MAX)))]
         limit: u32,
         /// Keep printing events as they are written (the log is read
         /// every second) until interrupted.
@@ -154,7 +154,7 @@ pub enum Command {
         #[arg(long, value_name = "DURATION", value_parser = parse_since)]
         since: Option<std::time::Duration>,
         /// At most this many events (the newest).
-        #[arg(long, default_value_t = 200, value_parser = clap::value_parser!(u32).range(1..=10_000))]
+        #[arg(long, default_value_t = 200, value_parser = clap::value_parser!(u32).range(1..=i64::from(EVENTS_READ_MAX)))]
         limit: u32,
     },
 }

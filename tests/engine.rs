@@ -2689,3 +2689,38 @@ async fn a_workers_task_end_is_recorded_with_its_task_when_it_finishes() {
         done.message
     );
 }
+
+#[tokio::test]
+async fn an_upgrades_retirements_are_events_of_the_worker_and_of_the_pass() {
+    use stead::core::event_log::EventKind;
+    use stead::engine::event_log::{EventSink, EVENT_BUFFER_MAX};
+    let f = fixture();
+    let (instance, _api) = f.served_with_api().await;
+    let before = f.web_container("wiki1").await;
+    let (sink, mut flusher) = EventSink::new("host-1#a", EVENT_BUFFER_MAX);
+    let recoverer = f.recoverer();
+    recoverer.log_events_to(sink.clone());
+    recoverer.pass().await;
+    f.enqueue(instance.id, TaskKind::Upgrade).await;
+    let worker = f.worker().with_events(sink);
+    assert_eq!(worker.work_once().await.unwrap().1, TaskEnd::Done);
+    for _ in 0..2 {
+        recoverer.pass().await;
+    }
+    flusher.flush(f.store.as_ref()).await;
+    let events = logged_events(&f, "wiki1").await;
+    let api_retired = events
+        .iter()
+        .find(|e| e.kind == EventKind::Retire && e.reason == "C11")
+        .unwrap_or_else(|| panic!("the dropped service's retirement: {events:?}"));
+    assert_eq!(api_retired.service, Some(ServiceName::new("api")));
+    let predecessor = events
+        .iter()
+        .find(|e| e.kind == EventKind::Retire && e.reason == "R15")
+        .unwrap_or_else(|| panic!("the predecessor's retirement: {events:?}"));
+    assert_eq!(predecessor.container.as_ref(), Some(&before));
+    assert!(
+        events.iter().any(|e| e.kind == EventKind::TaskDone),
+        "{events:?}"
+    );
+}

@@ -1360,3 +1360,39 @@ fn applied_expiries_compare_and_set_and_take_fresh_ids() {
     let states: Vec<InstanceState> = snap.instances.iter().map(|i| i.state).collect();
     assert_eq!(states, [InstanceState::Deleting, InstanceState::Ready]);
 }
+
+/// #40, seed 215: a queued upgrade (a retry parked until its window opens
+/// again, a day off) does not hold back the repair of a lost container;
+/// a queued provisioning task does.
+#[test]
+fn drift_repairs_a_lost_container_beside_a_queued_upgrade() {
+    let catalog = Catalog::from_entries([entry("wiki", "1", false)]);
+    let config = ControlConfig::default();
+    for (kind, repaired) in [
+        (TaskKind::Upgrade, true),
+        (TaskKind::Provision, false),
+        (TaskKind::Reprovision, false),
+    ] {
+        let mut snap = snapshot(
+            vec![instance(2, "b", "wiki", "1")],
+            vec![task(1, kind, 2, TaskState::Queued)],
+            &catalog,
+            &config,
+        );
+        snap.lost_services.insert(
+            InstanceName::new("i2"),
+            [ServiceName::new("db")].into_iter().collect(),
+        );
+        let plan = plan_drift(&snap);
+        let reprovisions = plan
+            .decisions
+            .iter()
+            .filter(|d| matches!(d, Decision::Enqueue(t) if t.kind == TaskKind::Reprovision))
+            .count();
+        assert_eq!(
+            reprovisions,
+            usize::from(repaired),
+            "beside a queued {kind:?}"
+        );
+    }
+}

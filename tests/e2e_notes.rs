@@ -10,50 +10,15 @@ mod e2e;
 mod support;
 mod support_services;
 
-use std::io::Write;
-use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use e2e::{wait_until, Harness, Setup};
+use e2e::{wait_until, CapturedLog, Harness, Setup};
 use stead::core::types::{InstanceName, ServiceName};
 use support_services::docker::{docker, Cleanup};
 use support_services::unique;
 
 const CONVERGE: Duration = Duration::from_secs(90);
 const EXAMPLE_SECRET_PATH: &str = "/tmp/stead-example/notes/db-password";
-
-/// Every line the daemon logs, at debug level, to grep for the secret.
-#[derive(Clone, Default)]
-struct CapturedLog(Arc<Mutex<Vec<u8>>>);
-
-impl Write for CapturedLog {
-    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-        self.0.lock().unwrap().extend_from_slice(buf);
-        Ok(buf.len())
-    }
-    fn flush(&mut self) -> std::io::Result<()> {
-        Ok(())
-    }
-}
-
-impl CapturedLog {
-    /// Installed before the harness's own subscriber (which then stays
-    /// out): this test binary's whole log goes here.
-    fn install() -> CapturedLog {
-        let log = CapturedLog::default();
-        let writer = log.clone();
-        tracing_subscriber::fmt()
-            .with_env_filter(tracing_subscriber::EnvFilter::new("stead=debug,info"))
-            .with_writer(move || writer.clone())
-            .with_ansi(false)
-            .init();
-        log
-    }
-
-    fn text(&self) -> String {
-        String::from_utf8_lossy(&self.0.lock().unwrap()).into_owned()
-    }
-}
 
 /// Builds the example's image (idempotent).
 fn build_image() {

@@ -2395,6 +2395,89 @@ async fn a_halted_rollout_still_tidies_an_interrupted_stop_first_upgrade() {
     assert!(f.routes_to("wiki1", "web", &before), "served again");
 }
 
+/// #40: a `stop-first` successor that is not ready fails its task at once
+/// (the rollout halts): a retry would stop the predecessor again, an
+/// outage per attempt, for a version that just failed. An overlap upgrade
+/// retries the same failure (`a_failed_upgrade_removes_the_candidate_…`).
+#[tokio::test]
+async fn a_stop_first_successor_that_is_not_ready_is_not_retried() {
+    let mut f = fixture();
+    stop_first(&mut f);
+    let instance = f.served("wiki1", "1").await;
+    let before = f.web_container("wiki1").await;
+    // The candidate is created, then vanishes before it is verified.
+    f.script
+        .fail(Op::Inspect, "stead.wiki1.web.2", Fault::NotFound);
+    f.enqueue(instance.id, TaskKind::Upgrade).await;
+    let (_, end) = f.worker().work_once().await.unwrap();
+    let TaskEnd::Failed(error) = end else {
+        panic!("retried: {end:?}")
+    };
+    assert!(error.to_string().contains("not retried"), "{error}");
+    let rollouts = f.store.rollouts().await.unwrap();
+    assert_eq!(rollouts.get("wiki"), Some(&RolloutState::Halted));
+    assert_eq!(f.web_container("wiki1").await, before);
+    assert!(f
+        .store
+        .load_inhibitions(&instance.name)
+        .await
+        .unwrap()
+        .is_empty());
+    let outcome = f.recoverer().pass().await;
+    assert_eq!(outcome.error_count(), 0, "{outcome:?}");
+    assert!(f.routes_to("wiki1", "web", &before), "served again");
+}
+
+/// #43: two tasks that run at once on one thread each log under their
+/// own trace id. A task's span was held entered across its awaits, so the
+/// other task's lines carried it too.
+#[tokio::test]
+async fn tasks_that_run_at_once_log_under_their_own_trace_ids() {
+    let f = fixture();
+    let one = f.instance("wiki1", "2").await;
+    let two = f.instance("wiki2", "2").await;
+    let trace = |n: u8| format!("00-{:032x}-{:016x}-01", n, n);
+    for (instance, n) in [(&one, 1), (&two, 2)] {
+        f.store
+            .enqueue(
+                &NewTask {
+                    kind: TaskKind::Provision,
+                    instance: instance.id,
+                    run_after: f.clock.now(),
+                    reason: "test".into(),
+                    traceparent: Some(trace(n)),
+                },
+                f.clock.now(),
+                None,
+            )
+            .await
+            .unwrap();
+    }
+    // Each creation takes a while, so the two tasks interleave.
+    f.script
+        .fail(Op::Create, "", Fault::Slow(Duration::from_millis(50)));
+    let lines = Lines::default();
+    let _recording = lines.record();
+    let (a, b) = (f.worker(), f.worker());
+    let (ran_a, ran_b) = tokio::join!(a.work_once(), b.work_once());
+    assert_eq!(ran_a.unwrap().1, TaskEnd::Done);
+    assert_eq!(ran_b.unwrap().1, TaskEnd::Done);
+    let text = lines.text();
+    let mut seen = 0;
+    for line in text.lines() {
+        for (name, own, other) in [("wiki1", trace(1), trace(2)), ("wiki2", trace(2), trace(1))] {
+            if line.contains(&format!("of {name}")) {
+                seen += 1;
+                assert!(
+                    line.contains(&own) && !line.contains(&other),
+                    "{name}'s line under the wrong trace: {line}"
+                );
+            }
+        }
+    }
+    assert!(seen >= 4, "each task's start and end lines: {text}");
+}
+
 // --- the event log (#42) ---------------------------------------------------
 
 /// The events of `instance` the store holds, oldest first.

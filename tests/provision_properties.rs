@@ -122,10 +122,10 @@ fn provision_all_ok(input: ProvisionInput) -> (Vec<WorkCommand>, Result<(), Task
     let mut issued = Vec::new();
     while let Some(command) = machine.poll_command() {
         // 4: found (Inspect) and created under a fresh name (Create).
-        machine.handle(answer(&command, 4));
+        machine.handle(answer(&command, 4), Timestamp::UNIX_EPOCH);
         issued.push(command);
     }
-    (issued, machine.into_result())
+    (issued, machine.into_report())
 }
 
 fn recorded_version(issued: &[WorkCommand]) -> Option<(&str, &str)> {
@@ -306,11 +306,11 @@ proptest! {
                 (WorkCommand::Inspect(_), WorkAnswer::Inspected(Err(RuntimeError::Transient(_)))) => failed = true,
                 _ => {}
             }
-            machine.handle(reply);
+            machine.handle(reply, Timestamp::UNIX_EPOCH);
             issued.push(command);
         }
         let refused = recorded > 2;
-        prop_assert_eq!(machine.into_result().is_err(), failed || refused);
+        prop_assert_eq!(machine.into_report().is_err(), failed || refused);
         let differs = recorded != 2 || !same_digest;
         if !failed && !refused {
             prop_assert_eq!(
@@ -397,9 +397,9 @@ proptest! {
                 (_, WorkAnswer::Done(Err(_))) => ok_so_far = false,
                 _ => {}
             }
-            machine.handle(reply);
+            machine.handle(reply, Timestamp::UNIX_EPOCH);
         }
-        let completed = machine.into_result().is_ok();
+        let completed = machine.into_report().is_ok();
         prop_assert_eq!(completed, ok_so_far);
         if completed {
             prop_assert_eq!(purged, purge_volumes, "a completed deprovision purged exactly when asked");

@@ -546,3 +546,23 @@ fn an_outcome_that_answers_another_command_is_refused() {
         .unwrap_or_default();
     assert!(why.contains("does not answer"), "refused, but for: {why}");
 }
+
+/// One command outstanding at a time (`core::machine`): polling again
+/// before the answer is a driver's bug, and the machine says so.
+#[test]
+fn polling_again_before_the_answer_is_refused() {
+    let case = CaseSeed::default().build();
+    let mut machine = stead::core::recovery::ServiceRecovery::new(&case.policy, case.input);
+    machine.poll_command().expect("a first command");
+    let refused = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| machine.poll_command()))
+        .expect_err("a second command while the first is outstanding");
+    let why = refused
+        .downcast_ref::<String>()
+        .map(String::as_str)
+        .or_else(|| refused.downcast_ref::<&str>().copied())
+        .unwrap_or_default();
+    assert!(
+        why.contains("before the last command was answered"),
+        "{why}"
+    );
+}

@@ -82,7 +82,7 @@ fn a_worker_with_an_older_catalog_downgrades_nothing() {
     assert!(upgrade.skipped_older_catalog());
     assert_eq!(upgrade.poll_command(), None, "nothing issued");
     assert!(
-        upgrade.into_result().is_ok(),
+        upgrade.into_report().is_ok(),
         "done, for version drift to plan again"
     );
     for recorded in ["1", "2", "blue"] {

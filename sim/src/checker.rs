@@ -1405,7 +1405,9 @@ fn instance_of_effect(s: &State, effect: &Effect) -> Option<InstanceName> {
         | Effect::Removed { id } => instance_of_container(s, id),
         Effect::Created { instance, .. } => Some(instance.clone()),
         Effect::Published { route } => Some(route.service.instance.clone()),
-        Effect::Withdrawn { service } => Some(service.instance.clone()),
+        Effect::Withdrawn { service } | Effect::WithdrawFailed { service } => {
+            Some(service.instance.clone())
+        }
         _ => None,
     }
 }
@@ -2051,9 +2053,14 @@ impl Observer for Checker {
                     );
                     s.truth.dropping.insert(container.clone());
                 }
+                // One record per generation: a marker replaces a hold (a
+                // `stop-first` upgrade's, once it switched; an operator's),
+                // and a hold replaces a marker.
                 if *retirement {
+                    s.truth.inhibited.remove(container);
                     s.truth.markers.insert(container.clone(), service.clone());
                 } else {
+                    s.truth.markers.remove(container);
                     s.truth.inhibited.insert(container.clone());
                 }
             }

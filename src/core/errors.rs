@@ -421,6 +421,25 @@ impl TaskError {
         }
     }
 
+    /// A task's machine told to stop ([`super::machine::Abandon`]).
+    pub fn abandoned(instance: impl fmt::Display, why: super::machine::Abandon) -> Self {
+        match why {
+            super::machine::Abandon::MandateLost => Self::new(
+                instance,
+                "act under the task lease",
+                Cause::verdict(
+                    ErrorKind::Fenced,
+                    "the task lease is no longer trusted; stopping before acting",
+                ),
+            ),
+            super::machine::Abandon::Deadline => Self::new(
+                instance,
+                "finish within its deadline",
+                Cause::verdict(ErrorKind::Transient, why.describe()),
+            ),
+        }
+    }
+
     pub fn kind(&self) -> ErrorKind {
         self.cause.kind()
     }

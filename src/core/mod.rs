@@ -17,6 +17,7 @@ pub mod fleet;
 pub mod grants;
 pub mod hash;
 pub mod limits;
+pub mod machine;
 pub mod memory;
 pub mod names;
 pub mod pass;

@@ -31,6 +31,7 @@ use jiff::Timestamp;
 
 use super::bake::{bakes, baking, fails_while_baking, revert_steps, RevertStep};
 use super::errors::{failure_of, Cause, ErrorKind, PortName, StoreError, TrafficError};
+use super::machine::{Machine, MachineCommand};
 
 use super::fleet::{InstanceState, ListedInstance};
 use super::memory::InstanceMemory;
@@ -103,6 +104,12 @@ pub enum InstanceCommand {
         service_type: String,
         step: Box<RevertStep>,
     },
+}
+
+impl MachineCommand for InstanceCommand {
+    fn is_effect(&self) -> bool {
+        self.is_outside_effect()
+    }
 }
 
 impl InstanceCommand {
@@ -209,23 +216,7 @@ pub enum RetireError {
     ClearMarker(#[source] StoreError),
 }
 
-/// Why the rest of a pass was given up.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Abandon {
-    /// The instance deadline passed.
-    Deadline,
-    /// The lease or the instance lock is no longer trusted (T2, T3).
-    MandateLost,
-}
-
-impl Abandon {
-    fn describe(self) -> &'static str {
-        match self {
-            Self::Deadline => "deadline exceeded",
-            Self::MandateLost => "lease or instance lock no longer trusted; left for later",
-        }
-    }
-}
+pub use super::machine::Abandon;
 
 /// What one instance's pass did.
 #[derive(Debug)]
@@ -797,17 +788,15 @@ impl<'p> InstancePass<'p> {
             return;
         }
         self.outstanding = None;
-        let reason = || match why {
-            Abandon::Deadline => RecoveryError::DeadlineExceeded,
-            Abandon::MandateLost => RecoveryError::MandateLost,
-        };
         self.current_key = None;
-        if let Some(machine) = self.current.take() {
-            self.finish_service(machine.abandon_because(reason()));
+        if let Some(mut machine) = self.current.take() {
+            machine.abandon(why);
+            self.finish_service(machine.into_report());
         }
         while let Some((name, record)) = self.services.pop_front() {
-            let machine = self.service_machine(name, record);
-            self.finish_service(machine.abandon_because(reason()));
+            let mut machine = self.service_machine(name, record);
+            machine.abandon(why);
+            self.finish_service(machine.into_report());
         }
         let pending = self.markers.len() + usize::from(self.marker.is_some());
         if pending > 0 {
@@ -883,6 +872,28 @@ pub fn plan_fleet_pass(
         withdraw,
         forget,
         recover,
+    }
+}
+
+impl Machine for InstancePass<'_> {
+    type Command = InstanceCommand;
+    type Answer = InstanceAnswer;
+    type Report = InstanceReport;
+
+    fn poll_command(&mut self) -> Option<InstanceCommand> {
+        InstancePass::poll_command(self)
+    }
+
+    fn handle(&mut self, answer: InstanceAnswer, now: Timestamp) {
+        InstancePass::handle(self, answer, now)
+    }
+
+    fn abandon(&mut self, why: Abandon) {
+        InstancePass::abandon(self, why)
+    }
+
+    fn into_report(self) -> InstanceReport {
+        InstancePass::into_report(self)
     }
 }
 

@@ -34,9 +34,11 @@ use super::errors::{
     TrafficError,
 };
 use super::fleet::InstanceState;
+use super::machine::{Abandon, Machine, MachineCommand};
 use super::plan::is_older;
 use super::release::{ReleaseKind, ReleaseSpec, ReleaseTarget};
 use super::spec::ServiceSpec;
+use super::types::Timestamp;
 use super::types::{
     ActiveRecord, ActiveService, ContainerId, GenerationKey, Inhibition, InhibitionReason,
     InstanceName, Observation, RuntimeError, ServiceKey, ServiceName,
@@ -452,7 +454,7 @@ impl Provision {
         }
     }
 
-    pub fn handle(&mut self, answer: WorkAnswer) {
+    pub fn handle(&mut self, answer: WorkAnswer, _now: Timestamp) {
         let command = self
             .outstanding
             .take()
@@ -556,12 +558,13 @@ impl Provision {
     }
 
     /// Stops issuing commands (the task lease or lock is not trusted).
-    pub fn abandon(&mut self, why: TaskError) {
+    pub fn abandon(&mut self, why: Abandon) {
         self.outstanding = None;
-        self.error.get_or_insert(why);
+        self.error
+            .get_or_insert_with(|| TaskError::abandoned(&self.instance, why));
     }
 
-    pub fn into_result(self) -> Result<(), TaskError> {
+    pub fn into_report(self) -> Result<(), TaskError> {
         match self.error {
             Some(e) => Err(e),
             None => Ok(()),
@@ -658,7 +661,7 @@ impl Deprovision {
         Some(command)
     }
 
-    pub fn handle(&mut self, answer: WorkAnswer) {
+    pub fn handle(&mut self, answer: WorkAnswer, _now: Timestamp) {
         let command = self
             .outstanding
             .take()
@@ -669,15 +672,66 @@ impl Deprovision {
     }
 
     /// Stops issuing commands (the task lease or lock is not trusted).
-    pub fn abandon(&mut self, why: TaskError) {
+    pub fn abandon(&mut self, why: Abandon) {
         self.outstanding = None;
-        self.error.get_or_insert(why);
+        self.error
+            .get_or_insert_with(|| TaskError::abandoned(&self.instance, why));
     }
 
-    pub fn into_result(self) -> Result<(), TaskError> {
+    pub fn into_report(self) -> Result<(), TaskError> {
         match self.error {
             Some(e) => Err(e),
             None => Ok(()),
         }
+    }
+}
+
+impl MachineCommand for WorkCommand {
+    fn is_effect(&self) -> bool {
+        WorkCommand::is_effect(self)
+    }
+}
+
+impl Machine for Provision {
+    type Command = WorkCommand;
+    type Answer = WorkAnswer;
+    type Report = Result<(), TaskError>;
+
+    fn poll_command(&mut self) -> Option<WorkCommand> {
+        Provision::poll_command(self)
+    }
+
+    fn handle(&mut self, answer: WorkAnswer, now: Timestamp) {
+        Provision::handle(self, answer, now)
+    }
+
+    fn abandon(&mut self, why: Abandon) {
+        Provision::abandon(self, why)
+    }
+
+    fn into_report(self) -> Result<(), TaskError> {
+        Provision::into_report(self)
+    }
+}
+
+impl Machine for Deprovision {
+    type Command = WorkCommand;
+    type Answer = WorkAnswer;
+    type Report = Result<(), TaskError>;
+
+    fn poll_command(&mut self) -> Option<WorkCommand> {
+        Deprovision::poll_command(self)
+    }
+
+    fn handle(&mut self, answer: WorkAnswer, now: Timestamp) {
+        Deprovision::handle(self, answer, now)
+    }
+
+    fn abandon(&mut self, why: Abandon) {
+        Deprovision::abandon(self, why)
+    }
+
+    fn into_report(self) -> Result<(), TaskError> {
+        Deprovision::into_report(self)
     }
 }

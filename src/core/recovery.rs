@@ -23,6 +23,7 @@ use super::budget::{Budget, BudgetEntry};
 use super::errors::{
     failure_of, ErrorKind, PolicyError, PortName, ProbeError, StoreError, TrafficError,
 };
+use super::machine::{Abandon, Machine, MachineCommand};
 use super::policy::RecoveryPolicy;
 use super::types::{
     ActiveService, Binds, ContainerStatus, GenerationKey, Health, Intent, Observation, RuntimeError,
@@ -599,9 +600,10 @@ impl<'p> ServiceRecovery<'p> {
     /// again without answering returns the same command.
     #[must_use]
     pub fn poll_command(&mut self) -> Option<Command> {
-        if let Some(cmd) = &self.outstanding {
-            return Some(cmd.clone());
-        }
+        assert!(
+            self.outstanding.is_none(),
+            "poll_command before the last command was answered"
+        );
         let cmd = self.command_for_phase()?;
         self.commands_issued += 1;
         assert!(
@@ -1202,15 +1204,13 @@ impl<'p> ServiceRecovery<'p> {
         self.phase = Phase::Done;
     }
 
-    /// Gives up at the deadline. Fails closed: an unanswered withdrawal is
-    /// assumed to have failed.
-    pub fn abandon(self) -> Report {
-        self.abandon_because(RecoveryError::DeadlineExceeded)
-    }
-
-    /// Gives up for `why` ([`RecoveryError::DeadlineExceeded`] or
-    /// [`RecoveryError::MandateLost`]), failing closed as [`Self::abandon`].
-    pub fn abandon_because(mut self, why: RecoveryError) -> Report {
+    /// Gives up for `why`, failing closed: an unanswered withdrawal is
+    /// assumed to have failed. The report is then ready.
+    pub fn abandon(&mut self, why: Abandon) {
+        let why = match why {
+            Abandon::Deadline => RecoveryError::DeadlineExceeded,
+            Abandon::MandateLost => RecoveryError::MandateLost,
+        };
         if matches!(self.outstanding.take(), Some(Command::Withdraw)) {
             self.withdrawal_pending = true;
         }
@@ -1221,7 +1221,6 @@ impl<'p> ServiceRecovery<'p> {
         self.errors.push(why);
         self.verdict = Verdict::Failed;
         self.phase = Phase::Done;
-        self.into_report_unchecked()
     }
 
     /// The report of a finished machine.
@@ -1277,4 +1276,32 @@ fn outcome_answers(outcome: &Outcome, cmd: &Command) -> bool {
                 Command::RecordExecution { .. }
             )
     )
+}
+
+impl MachineCommand for Command {
+    fn is_effect(&self) -> bool {
+        self.is_outside_effect()
+    }
+}
+
+impl Machine for ServiceRecovery<'_> {
+    type Command = Command;
+    type Answer = Outcome;
+    type Report = Report;
+
+    fn poll_command(&mut self) -> Option<Command> {
+        ServiceRecovery::poll_command(self)
+    }
+
+    fn handle(&mut self, answer: Outcome, now: Timestamp) {
+        ServiceRecovery::handle(self, answer, now)
+    }
+
+    fn abandon(&mut self, why: Abandon) {
+        ServiceRecovery::abandon(self, why)
+    }
+
+    fn into_report(self) -> Report {
+        ServiceRecovery::into_report(self)
+    }
 }

@@ -268,6 +268,17 @@ impl InhibitionReason {
         matches!(self, Self::Hold(reason) if reason == Self::STOP_FIRST)
     }
 
+    /// Whether this is a hold an upgrade of stead's puts on a generation
+    /// while it replaces it (`stop-first`) or retires it (a dropped
+    /// service), never an operator's. Found on a service the catalog lists,
+    /// it is a leftover of an upgrade that did not finish (or of a catalog
+    /// that dropped the service and listed it again): the next upgrade
+    /// clears it, and never carries it forward as an operator's.
+    pub fn is_upgrades(&self) -> bool {
+        matches!(self, Self::Hold(reason)
+            if reason == Self::STOP_FIRST || reason == Self::SERVICE_DROPPED)
+    }
+
     pub fn parse(word: &str) -> Self {
         if word == Self::RETIREMENT_PENDING {
             Self::RetirementPending

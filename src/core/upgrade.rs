@@ -21,7 +21,7 @@
 //!         wait UPGRADE_RETRY_INTERVAL; upgrade.handle_timeout(now);
 //!     } else { break }
 //! }
-//! upgrade.into_result()
+//! upgrade.into_report()
 //! ```
 
 use std::collections::{BTreeSet, VecDeque};
@@ -34,6 +34,7 @@ use super::errors::{
     failure_of, Cause, ErrorKind, PortName, ProbeError, ProvisionError, StoreError, TaskError,
 };
 use super::fleet::{add, InstanceState};
+use super::machine::{Abandon, Machine, MachineCommand};
 use super::plan::is_older;
 use super::provision::{
     remove_generation, retire_dropped_service, strays, teardown_failure, WorkAnswer, WorkCommand,
@@ -330,6 +331,8 @@ pub struct Upgrade {
     /// The `stop-first` hold this upgrade put on the predecessor of the
     /// service in hand, which a failure clears.
     stop_first_hold: Option<Inhibition>,
+    /// The predecessor of the `stop-first` service in hand was stopped.
+    predecessor_stopped: bool,
     halted: bool,
     broken: Armed,
     stop_grace_default: Duration,
@@ -345,14 +348,15 @@ impl Upgrade {
             .filter(|spec| input.is_behind(spec))
             .cloned()
             .collect();
-        // An interrupted `stop-first` upgrade's hold is stead's, not an
+        // An interrupted upgrade's hold (`stop-first`, or a dropped
+        // service's that the catalog lists again) is stead's, not an
         // operator's: the sweep clears it, nothing carries it forward.
         let holds = input
             .inhibitions
             .iter()
             .filter(|h| {
                 h.reason != InhibitionReason::RetirementPending
-                    && !h.reason.is_stop_first()
+                    && !h.reason.is_upgrades()
                     && input.active.names_container(&h.container)
             })
             .cloned()
@@ -410,6 +414,7 @@ impl Upgrade {
             holds,
             stop_first,
             stop_first_hold: None,
+            predecessor_stopped: false,
             halted,
             broken: input.broken,
             stop_grace_default: input.stop_grace_default,
@@ -437,6 +442,7 @@ impl Upgrade {
     /// new to ACTIVE has no predecessor to stop.
     fn first_step(&mut self, spec: &ServiceSpec) -> Step {
         self.stop_first_hold = None;
+        self.predecessor_stopped = false;
         let Some(current) = self
             .active
             .services
@@ -476,7 +482,25 @@ impl Upgrade {
     /// A `stop-first` service failed with nothing of it left running but
     /// its stopped predecessor: clear the hold this upgrade put on it (the
     /// recovery pass then starts, verifies and publishes it), then fail.
+    ///
+    /// Once the predecessor was stopped, the failure is final: a retry
+    /// would stop it again, an outage per attempt, for a version that just
+    /// failed (the rollout halts at once instead).
     fn release_or_fail(&self, error: TaskError) -> Result<Step, TaskError> {
+        let error = if self.predecessor_stopped && !error.is_permanent() {
+            let message = format!(
+                "{} (not retried: each attempt of a stop-first upgrade stops the service; \
+                 the rollout halts instead)",
+                error.cause
+            );
+            TaskError::new(
+                &self.instance,
+                error.step,
+                Cause::verdict(ErrorKind::Failed, message),
+            )
+        } else {
+            error
+        };
         if self.stop_first_hold.is_some() {
             Ok(Step::Release(error))
         } else {
@@ -808,7 +832,10 @@ impl Upgrade {
                         format!("replace {name} stop-first: {}", done.step()),
                         cause,
                     )),
-                    None if steps.is_empty() => Ok(Step::Create),
+                    None if steps.is_empty() => {
+                        self.predecessor_stopped = true;
+                        Ok(Step::Create)
+                    }
                     None => Ok(Step::Prepare(steps)),
                 }
             }
@@ -1022,9 +1049,10 @@ impl Upgrade {
 
     /// Abandons the upgrade (the task lease or lock is no longer trusted):
     /// nothing more is issued; ACTIVE is as the last saved command left it.
-    pub fn abandon(&mut self, why: TaskError) {
+    pub fn abandon(&mut self, why: Abandon) {
         self.outstanding = None;
-        self.error.get_or_insert(why);
+        self.error
+            .get_or_insert_with(|| TaskError::abandoned(&self.instance, why));
         // Mid-services (or mid-sweep, mid-retirement) the instance still
         // goes back to ready; elsewhere nothing more is issued.
         self.phase = if matches!(
@@ -1045,12 +1073,48 @@ impl Upgrade {
     /// The services switched to their successors, or the error that
     /// stopped the upgrade with the services it had switched (put back:
     /// [`Self::reverted`]).
-    pub fn into_result(self) -> Result<Vec<ServiceName>, (Vec<ServiceName>, TaskError)> {
+    pub fn into_report(self) -> Result<Vec<ServiceName>, (Vec<ServiceName>, TaskError)> {
         let switched = self.switched.into_iter().map(|(name, _)| name).collect();
         match self.error {
             None => Ok(switched),
             Some(e) => Err((switched, e)),
         }
+    }
+}
+
+impl MachineCommand for UpgradeCommand {
+    fn is_effect(&self) -> bool {
+        UpgradeCommand::is_effect(self)
+    }
+}
+
+impl Machine for Upgrade {
+    type Command = UpgradeCommand;
+    type Answer = UpgradeAnswer;
+    type Report = Result<Vec<ServiceName>, (Vec<ServiceName>, TaskError)>;
+
+    fn poll_command(&mut self) -> Option<UpgradeCommand> {
+        Upgrade::poll_command(self)
+    }
+
+    fn handle(&mut self, answer: UpgradeAnswer, now: Timestamp) {
+        Upgrade::handle(self, answer, now)
+    }
+
+    fn poll_timeout(&self) -> Option<Timestamp> {
+        Upgrade::poll_timeout(self)
+    }
+
+    fn handle_timeout(&mut self, now: Timestamp) {
+        Upgrade::handle_timeout(self, now)
+    }
+
+    fn abandon(&mut self, why: Abandon) {
+        Upgrade::abandon(self, why)
+    }
+
+    fn into_report(self) -> Self::Report {
+        Upgrade::into_report(self)
     }
 }
 
@@ -1156,9 +1220,10 @@ pub fn revert_marker(
 /// `retirement-pending` predecessor, which the recovery pass retires; an
 /// operator's hold, which is theirs): a candidate a crashed or abandoned
 /// upgrade left behind, at whatever revision. Stopped first, then removed.
-/// Then every `stop-first` hold an interrupted upgrade left is cleared:
-/// with no candidate left, its predecessor may start again (one on a
-/// generation ACTIVE no longer names goes with that generation).
+/// Then every hold an interrupted upgrade left on a listed service
+/// (`stop-first`; a dropped service's, listed again) is cleared: with no
+/// candidate left, its generation may start again (one on a generation
+/// ACTIVE no longer names goes with that generation).
 fn sweeping_plan(input: &UpgradeInput) -> VecDeque<WorkCommand> {
     let mut plan = VecDeque::new();
     for spec in &input.services {
@@ -1167,7 +1232,7 @@ fn sweeping_plan(input: &UpgradeInput) -> VecDeque<WorkCommand> {
             &input.active,
             &input.inhibitions,
             &input.containers,
-            |h| !h.reason.is_stop_first(),
+            |h| !h.reason.is_upgrades(),
         );
         for container in stray {
             plan.extend(remove_generation(
@@ -1181,7 +1246,7 @@ fn sweeping_plan(input: &UpgradeInput) -> VecDeque<WorkCommand> {
             input
                 .inhibitions
                 .iter()
-                .filter(|h| h.service == spec.name && h.reason.is_stop_first())
+                .filter(|h| h.service == spec.name && h.reason.is_upgrades())
                 .map(|hold| WorkCommand::ClearInhibition(hold.clone())),
         );
     }

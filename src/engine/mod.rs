@@ -9,6 +9,7 @@ use crate::core::types::Timestamp;
 use crate::ports::{Clock, Notifier, Policy, Probe, Provisioner, Runtime, Store, Traffic};
 
 pub mod clock;
+pub(crate) mod drive;
 pub mod event_log;
 pub mod events;
 pub mod lease;

@@ -727,7 +727,7 @@ pub fn run_upgrade_and_check(input: &UpgradeInput, answers: &[OutcomeSeed]) -> u
         }
         upgrade.handle(answer, base());
     }
-    match upgrade.into_result() {
+    match upgrade.into_report() {
         Ok(done) if input.stopped => {
             assert!(done.is_empty());
             0

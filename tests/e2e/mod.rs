@@ -6,7 +6,7 @@
 // Latency and deadlines in tests are wall-clock by nature.
 #![allow(clippy::disallowed_methods)]
 
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use stead::core::types::InstanceName;
@@ -344,6 +344,16 @@ pub struct Peer {
 }
 
 impl Peer {
+    /// Abandons its loops without any shutdown, as SIGKILL would (see
+    /// [`Harness::kill`]).
+    pub async fn kill(&mut self) {
+        self.stop.take();
+        if let Some(run) = self.run.take() {
+            run.abort();
+            let _ = run.await;
+        }
+    }
+
     /// Stops it as SIGTERM would, and waits for it.
     pub async fn shutdown(&mut self) {
         if let Some(tx) = self.stop.take() {
@@ -371,6 +381,40 @@ impl Drop for Harness {
         if let Some(tx) = self.stop.take() {
             let _ = tx.send(true);
         }
+    }
+}
+
+/// Every line the daemon logs, at debug level, to grep (for a secret, a
+/// warning, a retirement).
+#[derive(Clone, Default)]
+pub struct CapturedLog(Arc<Mutex<Vec<u8>>>);
+
+impl std::io::Write for CapturedLog {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().unwrap().extend_from_slice(buf);
+        Ok(buf.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+impl CapturedLog {
+    /// Installed before the harness's own subscriber (which then stays
+    /// out): this test binary's whole log goes here.
+    pub fn install() -> CapturedLog {
+        let log = CapturedLog::default();
+        let writer = log.clone();
+        tracing_subscriber::fmt()
+            .with_env_filter(tracing_subscriber::EnvFilter::new("stead=debug,info"))
+            .with_writer(move || writer.clone())
+            .with_ansi(false)
+            .init();
+        log
+    }
+
+    pub fn text(&self) -> String {
+        String::from_utf8_lossy(&self.0.lock().unwrap()).into_owned()
     }
 }
 

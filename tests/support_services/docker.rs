@@ -5,7 +5,9 @@ use std::path::PathBuf;
 use std::process::Command;
 use std::time::Duration;
 
-use stead::adapters::docker::{DockerConfig, DockerRuntime, LABEL_INSTANCE};
+use stead::adapters::docker::{
+    DockerConfig, DockerRuntime, LABEL_INSTANCE, LABEL_REVISION, LABEL_SERVICE,
+};
 use stead::core::spec::{Healthcheck, ReadinessProbe, ServiceSpec};
 use stead::core::types::{InstanceName, ServiceName};
 use stead::ports::CreateContainer;
@@ -130,6 +132,44 @@ pub fn docker(args: &[&str]) -> Result<String, String> {
     }
 }
 
+/// The engine's stream of the instance's container events whose action is
+/// one of `actions`, from this instant on: the subscription replays from
+/// it, so an event in the moment before the stream opens is seen too.
+fn container_events(
+    instance: &str,
+    actions: &[&str],
+) -> impl futures_util::Stream<Item = Result<bollard::models::EventMessage, bollard::errors::Error>>
+{
+    let api = match socket_override() {
+        Some(socket) => bollard::Docker::connect_with_unix(
+            &socket.to_string_lossy(),
+            120,
+            bollard::API_DEFAULT_VERSION,
+        ),
+        None => bollard::Docker::connect_with_local_defaults(),
+    }
+    .expect("docker socket");
+    let since = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .expect("after 1970");
+    let filters = std::collections::HashMap::from([
+        ("type".to_owned(), vec!["container".to_owned()]),
+        (
+            "event".to_owned(),
+            actions.iter().map(|a| (*a).to_owned()).collect(),
+        ),
+        (
+            "label".to_owned(),
+            vec![format!("{LABEL_INSTANCE}={instance}")],
+        ),
+    ]);
+    api.events(Some(bollard::query_parameters::EventsOptions {
+        since: Some(format!("{}.{:09}", since.as_secs(), since.subsec_nanos())),
+        filters: Some(filters),
+        ..Default::default()
+    }))
+}
+
 /// Counts `start` events of the instance's containers from now on, as
 /// Docker streams them. A live stream, not `docker events --since`: dockerd
 /// keeps only its last 256 events for replay, and on a busy machine
@@ -157,31 +197,7 @@ impl EventCounter {
     /// `health_status`, …) from now, as [`EventCounter::follow`] does.
     pub fn follow_action(instance: &str, action: &str) -> EventCounter {
         use futures_util::StreamExt;
-        let api = match socket_override() {
-            Some(socket) => bollard::Docker::connect_with_unix(
-                &socket.to_string_lossy(),
-                120,
-                bollard::API_DEFAULT_VERSION,
-            ),
-            None => bollard::Docker::connect_with_local_defaults(),
-        }
-        .expect("docker socket");
-        let since = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .expect("after 1970");
-        let filters = std::collections::HashMap::from([
-            ("type".to_owned(), vec!["container".to_owned()]),
-            ("event".to_owned(), vec![action.to_owned()]),
-            (
-                "label".to_owned(),
-                vec![format!("{LABEL_INSTANCE}={instance}")],
-            ),
-        ]);
-        let mut events = api.events(Some(bollard::query_parameters::EventsOptions {
-            since: Some(format!("{}.{:09}", since.as_secs(), since.subsec_nanos())),
-            filters: Some(filters),
-            ..Default::default()
-        }));
+        let mut events = container_events(instance, &[action]);
         let count = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
         let counted = count.clone();
         let broken = std::sync::Arc::new(std::sync::Mutex::new(None));
@@ -221,6 +237,91 @@ impl EventCounter {
 }
 
 impl Drop for EventCounter {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+/// One container event, as the engine stamped it.
+#[derive(Clone, Debug)]
+pub struct ContainerEvent {
+    /// The engine's clock (`timeNano`), in nanoseconds since 1970.
+    pub time_ns: i64,
+    pub container: String,
+    /// `start`, `die`, …
+    pub action: String,
+    /// The container's service (its `stead.service` label).
+    pub service: String,
+    /// The container's revision (its `stead.revision` label).
+    pub revision: String,
+}
+
+/// Records the instance's container events of some actions from now on,
+/// as the engine streams them: a live stream, as [`EventCounter`]'s.
+pub struct EventLog {
+    events: std::sync::Arc<std::sync::Mutex<Vec<ContainerEvent>>>,
+    /// Why the stream ended early, if it did: a record with a hole would
+    /// be a lie, so `events` refuses to give one.
+    broken: std::sync::Arc<std::sync::Mutex<Option<String>>>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl EventLog {
+    pub fn follow(instance: &str, actions: &[&str]) -> EventLog {
+        use futures_util::StreamExt;
+        let mut stream = container_events(instance, actions);
+        let events = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+        let recorded = events.clone();
+        let broken = std::sync::Arc::new(std::sync::Mutex::new(None));
+        let reason = broken.clone();
+        let task = tokio::spawn(async move {
+            let why = loop {
+                match stream.next().await {
+                    Some(Ok(message)) => {
+                        let event = ContainerEvent::from_message(message);
+                        recorded.lock().expect("event log lock").push(event);
+                    }
+                    Some(Err(e)) => break format!("docker events failed: {e}"),
+                    None => break "docker events ended".to_owned(),
+                }
+            };
+            *reason.lock().expect("event log lock") = Some(why);
+        });
+        EventLog {
+            events,
+            broken,
+            task,
+        }
+    }
+
+    /// The events seen so far, in the engine's time order (stream order
+    /// between equal stamps). Panics if the stream broke.
+    pub fn events(&self) -> Vec<ContainerEvent> {
+        if let Some(why) = self.broken.lock().expect("event log lock").as_ref() {
+            panic!("cannot replay container events: {why}");
+        }
+        let mut events = self.events.lock().expect("event log lock").clone();
+        events.sort_by_key(|e| e.time_ns);
+        events
+    }
+}
+
+impl ContainerEvent {
+    fn from_message(message: bollard::models::EventMessage) -> ContainerEvent {
+        let actor = message.actor.unwrap_or_default();
+        let attributes = actor.attributes.unwrap_or_default();
+        let label = |key: &str| attributes.get(key).cloned().unwrap_or_default();
+        ContainerEvent {
+            time_ns: message.time_nano.expect("an event carries timeNano"),
+            container: actor.id.expect("a container event names its container"),
+            action: message.action.unwrap_or_default(),
+            service: label(LABEL_SERVICE),
+            revision: label(LABEL_REVISION),
+        }
+    }
+}
+
+impl Drop for EventLog {
     fn drop(&mut self) {
         self.task.abort();
     }

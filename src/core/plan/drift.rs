@@ -79,10 +79,21 @@ impl Planner<'_, '_> {
             if position.is_some() && lost.is_some_and(|services| !services.is_empty()) {
                 // A stopped instance runs nothing: its lost container is
                 // recreated once it is started again (S3).
+                // A queued upgrade does not hold the repair back: it may be
+                // a retry parked until its window opens again, a day off
+                // (seed 215). The two take turns under the instance lock.
+                let kinds = self.active_kinds(instance.id);
+                let provisioning = [
+                    TaskKind::Provision,
+                    TaskKind::Reprovision,
+                    TaskKind::Deprovision,
+                ]
+                .into_iter()
+                .any(|kind| kinds.has(kind));
                 if instance.state == InstanceState::Ready
                     && !instance.stopped
                     && !is_expired(instance, snapshot.now)
-                    && !self.active_kinds(instance.id).any()
+                    && !provisioning
                 {
                     let services: Vec<&str> =
                         lost.into_iter().flatten().map(|s| s.as_str()).collect();

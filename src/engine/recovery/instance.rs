@@ -13,10 +13,14 @@ use crate::core::errors::PortFailure;
 use crate::core::event_log::{Event, EventKind};
 use crate::core::fleet::{Instance, InstanceId, ListedInstance};
 use crate::core::memory::InstanceMemory;
-use crate::core::pass::{is_recovered, Abandon, InstancePass, PassInput};
+use crate::core::pass::{
+    is_recovered, Abandon, InstanceAnswer, InstanceCommand, InstancePass, PassInput,
+};
 use crate::core::policy::INSTANCE_LEASE_SLACK;
+use crate::core::recovery::Why;
 use crate::core::traffic::{FleetRoutes, HeldRoutes};
 use crate::core::types::InstanceName;
+use crate::engine::drive::{drive, Performer};
 use crate::engine::locks::{InstanceGuard, InstanceLocks};
 use crate::engine::{count_port_failure, time_until};
 use crate::ports::{LeaseGrant, LoadedInstance, LoadedInstances};
@@ -292,8 +296,6 @@ impl Recoverer {
             let held = held.clone();
             (active.clone(), inhibitions.clone(), held, memory.clone())
         });
-        let mut steps = Vec::new();
-        let mut abandoned = None;
         let input = PassInput {
             instance: instance.name.clone(),
             intent: instance.intent(),
@@ -306,40 +308,38 @@ impl Recoverer {
         };
         let began_at = self.ports.clock.now();
         let mut pass = InstancePass::new(&self.policy, input);
-        let mut log = StepLog::new(&self.memory, self.events(), trace);
+        let mut steps = PassSteps {
+            recoverer: self,
+            instance: &instance,
+            fence: &mandate.fence,
+            log: StepLog::new(&self.memory, self.events(), trace),
+            why: None,
+            watched: watcher.map(|_| Vec::new()),
+        };
+        let careless = crate::broken!(self.policy.broken, ActOnExpiredLease);
         // One timer for the whole instance, not one per command: the
         // deadline is measured on the monotonic clock, and when it passes
         // the command in flight is dropped and the machine told.
-        let driven = within(deadline, async {
-            while let Some(command) = pass.poll_command() {
-                // Checked with no await before the effect is issued: a
-                // process paused past its lease stops here instead of
-                // acting (T2).
-                let careless = crate::broken!(self.policy.broken, ActOnExpiredLease);
-                if command.is_outside_effect() && !self.may_act(mandate) && !careless {
-                    pass.abandon(Abandon::MandateLost);
-                    abandoned = Some(Abandon::MandateLost);
-                    break;
-                }
-                let why = pass.why();
-                let answer = self.perform(&instance, &command, &mandate.fence).await;
-                let now = self.ports.clock.now();
-                log.step(&command, why, &answer, now);
-                if watcher.is_some() {
-                    steps.push(WatchedStep {
-                        command,
-                        answer: answer.clone(),
-                        now,
-                    });
-                }
-                pass.handle(answer, now);
-            }
-        })
+        let driven = within(
+            deadline,
+            drive(&mut pass, &mut steps, self.ports.clock.as_ref(), || {
+                careless || self.may_act(mandate)
+            }),
+        )
         .await;
-        if driven.is_err() {
-            pass.abandon(Abandon::Deadline);
-            abandoned = Some(Abandon::Deadline);
-        }
+        let abandoned = match driven {
+            Ok(abandoned) => abandoned,
+            Err(_) => {
+                pass.abandon(Abandon::Deadline);
+                Some(Abandon::Deadline)
+            }
+        };
+        let PassSteps {
+            log,
+            watched: performed,
+            ..
+        } = steps;
+        let steps = performed.unwrap_or_default();
         let report = pass.into_report();
         if let (Some(watcher), Some((active, inhibitions, held, before))) = (watcher, &watched) {
             watcher.passed(&WatchedPass {
@@ -432,6 +432,43 @@ impl Recoverer {
             ..Default::default()
         };
         (outcome, report.memory)
+    }
+}
+
+/// Performs an instance pass's commands, logging each step, and keeps them
+/// for a watcher (the simulation's) when there is one.
+struct PassSteps<'a> {
+    recoverer: &'a Recoverer,
+    instance: &'a Instance,
+    fence: &'a LeaseGrant,
+    log: StepLog<'a>,
+    /// Why the command in flight was asked for.
+    why: Option<Why>,
+    watched: Option<Vec<WatchedStep>>,
+}
+
+impl Performer<InstancePass<'_>> for PassSteps<'_> {
+    async fn perform(
+        &mut self,
+        pass: &InstancePass<'_>,
+        command: &InstanceCommand,
+    ) -> InstanceAnswer {
+        self.why = pass.why();
+        self.recoverer
+            .perform(self.instance, command, self.fence)
+            .await
+    }
+
+    fn performed(&mut self, command: InstanceCommand, answer: &InstanceAnswer) {
+        let now = self.recoverer.ports.clock.now();
+        self.log.step(&command, self.why.take(), answer, now);
+        if let Some(steps) = &mut self.watched {
+            steps.push(WatchedStep {
+                command,
+                answer: answer.clone(),
+                now,
+            });
+        }
     }
 }
 

@@ -9,6 +9,8 @@ use std::time::Duration;
 use tokio::sync::watch;
 use tokio::time::Instant;
 
+use tracing::Instrument;
+
 use crate::core::broken::Armed;
 use crate::core::errors::{Cause, ErrorKind, TaskError};
 use crate::core::fleet::{RetryDecision, Task, TaskKind, TaskRetryPolicy};
@@ -167,22 +169,29 @@ impl Worker {
             kind = task.kind.as_str(),
             traceparent = task.traceparent.as_deref().unwrap_or("")
         );
-        let _entered = span.enter();
-        // The instance's name, for the line below; the handler reads the
-        // instance again under its lock.
-        let instance = match self.ports.store.instance_by_id(task.instance).await {
-            Ok(Some(i)) => i.name.to_string(),
-            _ => format!("instance {}", task.instance),
-        };
-        tracing::info!(
-            instance = %instance,
-            attempt = task.attempts,
-            "task {} {} of {instance} started (attempt {}): {}",
-            task.id, task.kind, task.attempts, task.reason
-        );
-        let end = self.run_task(&task, &instance).await;
-        *self.trusted_until.lock().unwrap_or_else(|e| e.into_inner()) = None;
-        log_end(&task, &instance, &end);
+        // The span goes with the task's future, never held entered across
+        // an await: tasks that run at once on one thread would otherwise
+        // log under each other's trace ids (#43).
+        let end = async {
+            // The instance's name, for the line below; the handler reads
+            // the instance again under its lock.
+            let instance = match self.ports.store.instance_by_id(task.instance).await {
+                Ok(Some(i)) => i.name.to_string(),
+                _ => format!("instance {}", task.instance),
+            };
+            tracing::info!(
+                instance = %instance,
+                attempt = task.attempts,
+                "task {} {} of {instance} started (attempt {}): {}",
+                task.id, task.kind, task.attempts, task.reason
+            );
+            let end = self.run_task(&task, &instance).await;
+            *self.trusted_until.lock().unwrap_or_else(|e| e.into_inner()) = None;
+            log_end(&task, &instance, &end);
+            end
+        }
+        .instrument(span)
+        .await;
         metrics::counter!("stead_tasks_total", "kind" => task.kind.as_str(), "outcome" => end.label())
             .increment(1);
         Some((task, end))

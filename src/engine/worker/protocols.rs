@@ -5,17 +5,19 @@
 use crate::core::catalog::CatalogEntry;
 use crate::core::errors::{Cause, ErrorKind, TaskError};
 use crate::core::fleet::{settle_state, Instance, InstanceState};
+use crate::core::machine::Machine;
 use crate::core::provision::{
-    Deprovision, DeprovisionInput, Provision, ProvisionInput, WorkAnswer,
+    Deprovision, DeprovisionInput, Provision, ProvisionInput, WorkAnswer, WorkCommand,
 };
 use crate::core::release::{Provisioning, ReleaseParams, ReleaseTarget};
 use crate::core::spec::ServiceSpec;
 use crate::core::types::{ContainerId, RuntimeError, ServiceName};
-use crate::core::upgrade::{Upgrade, UpgradeInput};
+use crate::core::upgrade::{Upgrade, UpgradeAnswer, UpgradeCommand, UpgradeInput};
 use crate::ports::CreateContainer;
 
 use super::Worker;
-use crate::engine::{count_port_failure, time_until};
+use crate::engine::count_port_failure;
+use crate::engine::drive::{drive, Performer};
 
 impl Worker {
     /// The instance's catalog entry as the catalog is now (it may be
@@ -87,16 +89,8 @@ impl Worker {
             services: entry.services,
             active,
         });
-        while let Some(command) = provision.poll_command() {
-            if command.is_effect() {
-                if let Err(e) = self.allowed(name) {
-                    provision.abandon(e);
-                    continue;
-                }
-            }
-            provision.handle(counted(self.perform_work(instance, command).await));
-        }
-        provision.into_result()?;
+        self.drive_task(instance, &mut provision).await;
+        provision.into_report()?;
         self.move_to(instance, Provision::SETTLES_AT).await
     }
 
@@ -174,28 +168,7 @@ impl Worker {
                  (reload it); nothing downgraded, version drift plans it again"
             );
         }
-        loop {
-            if let Some(command) = upgrade.poll_command() {
-                if command.is_effect() {
-                    if let Err(e) = self.allowed(name) {
-                        upgrade.abandon(e);
-                        continue;
-                    }
-                }
-                let answer = self.perform_upgrade(instance, command).await;
-                if let Some((port, kind)) = answer.port_failure() {
-                    count_port_failure(port, kind);
-                }
-                upgrade.handle(answer, p.clock.now());
-            } else if let Some(at) = upgrade.poll_timeout() {
-                // The machine waits (for the successor to run) until the
-                // instant it names, on the one clock it is given.
-                tokio::time::sleep(time_until(at, p.clock.now())).await;
-                upgrade.handle_timeout(p.clock.now());
-            } else {
-                break;
-            }
-        }
+        self.drive_task(instance, &mut upgrade).await;
         if upgrade.reverted() {
             metrics::counter!("stead_reverts_total", "cause" => "upgrade").increment(1);
             tracing::warn!(
@@ -214,7 +187,7 @@ impl Worker {
             );
             self.events.emit(reverted.instance(&instance.name));
         }
-        upgrade.into_result().map(|_| ()).map_err(|(_, e)| e)
+        upgrade.into_report().map(|_| ()).map_err(|(_, e)| e)
     }
 
     /// The instance's containers the runtime lists, as (service, container).
@@ -259,16 +232,8 @@ impl Worker {
             stop_grace_default: self.config.stop_grace_default,
             purge_volumes: instance.purge_volumes,
         });
-        while let Some(command) = deprovision.poll_command() {
-            if command.is_effect() {
-                if let Err(e) = self.allowed(name) {
-                    deprovision.abandon(e);
-                    continue;
-                }
-            }
-            deprovision.handle(counted(self.perform_work(instance, command).await));
-        }
-        deprovision.into_result()?;
+        self.drive_task(instance, &mut deprovision).await;
+        deprovision.into_report()?;
         self.move_to(instance, Deprovision::SETTLES_AT).await
     }
 
@@ -358,10 +323,59 @@ impl Worker {
     }
 }
 
-/// Counts the port failure a provisioning answer reports, if any.
-fn counted(answer: WorkAnswer) -> WorkAnswer {
-    if let Some((port, kind)) = answer.port_failure() {
-        count_port_failure(port, kind);
+/// Performs a task's commands through the worker's ports, counting each
+/// port's failures.
+struct TaskSteps<'a> {
+    worker: &'a Worker,
+    instance: &'a Instance,
+}
+
+impl<M> Performer<M> for TaskSteps<'_>
+where
+    M: Machine<Command = WorkCommand, Answer = WorkAnswer>,
+{
+    async fn perform(&mut self, _: &M, command: &WorkCommand) -> WorkAnswer {
+        self.worker
+            .perform_work(self.instance, command.clone())
+            .await
     }
-    answer
+
+    fn performed(&mut self, _: WorkCommand, answer: &WorkAnswer) {
+        if let Some((port, kind)) = answer.port_failure() {
+            count_port_failure(port, kind);
+        }
+    }
+}
+
+impl Performer<Upgrade> for TaskSteps<'_> {
+    async fn perform(&mut self, _: &Upgrade, command: &UpgradeCommand) -> UpgradeAnswer {
+        self.worker
+            .perform_upgrade(self.instance, command.clone())
+            .await
+    }
+
+    fn performed(&mut self, _: UpgradeCommand, answer: &UpgradeAnswer) {
+        if let Some((port, kind)) = answer.port_failure() {
+            count_port_failure(port, kind);
+        }
+    }
+}
+
+impl Worker {
+    /// Drives a task's machine through the ports, every effect under the
+    /// task lease and the instance lock (`engine::drive`).
+    async fn drive_task<M>(&self, instance: &Instance, machine: &mut M)
+    where
+        M: Machine,
+        for<'a> TaskSteps<'a>: Performer<M>,
+    {
+        let mut steps = TaskSteps {
+            worker: self,
+            instance,
+        };
+        drive(machine, &mut steps, self.ports.clock.as_ref(), || {
+            self.allowed(&instance.name).is_ok()
+        })
+        .await;
+    }
 }

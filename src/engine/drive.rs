@@ -1,0 +1,63 @@
+//! The one driver of the core's machines (`core::machine`): a recovery
+//! pass, an upgrade, a provision and a deprovision all run through
+//! [`drive`]. It sequences their commands through a [`Performer`], checks
+//! the mandate (the lease and the instance lock) right before every effect
+//! (T2, T3), and sleeps out a machine's waits; it decides nothing.
+
+use crate::core::machine::{Abandon, Machine, MachineCommand};
+use crate::ports::Clock;
+
+use super::time_until;
+
+/// Performs a machine's commands through the ports.
+pub(crate) trait Performer<M: Machine> {
+    /// Performs `command`; `machine` is there to be read (what a log line
+    /// says the command was for), never changed.
+    async fn perform(&mut self, machine: &M, command: &M::Command) -> M::Answer;
+
+    /// After `command` was answered, before the machine hears it: a log
+    /// line, a metric, a record for a watcher.
+    fn performed(&mut self, command: M::Command, answer: &M::Answer) {
+        let _ = (command, answer);
+    }
+}
+
+/// Drives `machine` until it is done. An effect is issued only while
+/// `trusted()` says the mandate holds; otherwise the machine is told
+/// [`Abandon::MandateLost`] and goes on with what it still asks for (no
+/// effect: an instance's state put back), if anything. Returns why the
+/// machine was abandoned, if it was. A deadline is the caller's: it drops
+/// this future and abandons the machine itself.
+pub(crate) async fn drive<M, P>(
+    machine: &mut M,
+    performer: &mut P,
+    clock: &dyn Clock,
+    mut trusted: impl FnMut() -> bool,
+) -> Option<Abandon>
+where
+    M: Machine,
+    P: Performer<M>,
+{
+    let mut abandoned = None;
+    loop {
+        if let Some(command) = machine.poll_command() {
+            // Checked with no await before the effect is issued: a process
+            // paused past its mandate stops here instead of acting.
+            if command.is_effect() && !trusted() {
+                machine.abandon(Abandon::MandateLost);
+                abandoned.get_or_insert(Abandon::MandateLost);
+                continue;
+            }
+            let answer = performer.perform(machine, &command).await;
+            performer.performed(command, &answer);
+            machine.handle(answer, clock.now());
+        } else if let Some(at) = machine.poll_timeout() {
+            // The machine waits until the instant it names, on the one
+            // clock it is given.
+            tokio::time::sleep(time_until(at, clock.now())).await;
+            machine.handle_timeout(clock.now());
+        } else {
+            return abandoned;
+        }
+    }
+}

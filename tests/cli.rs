@@ -294,6 +294,7 @@ fn help_lists_every_command_and_a_closed_pipe_is_not_an_error() {
     assert_eq!(run.code, 0);
     for command in [
         "run", "tick", "migrate", "status", "check", "reload", "instance", "task", "rollout",
+        "events", "timeline",
     ] {
         assert!(
             run.stdout.contains(command),
@@ -635,8 +636,9 @@ fn every_command_naming_a_missing_instance_exits_3_naming_it() {
     let s = Setup::new();
     // Another instance exists, so the store is not simply empty.
     s.ok(&["instance", "create", "a", "--type", "web"]);
-    let commands: [&[&str]; 9] = [
+    let commands: [&[&str]; 10] = [
         &["instance", "show", "nope"],
+        &["instance", "why", "nope"],
         &["instance", "show", "nope", "--json"],
         &["instance", "stop", "nope"],
         &["instance", "start", "nope"],
@@ -1167,4 +1169,247 @@ fn reload_refuses_a_catalog_that_would_damage_live_instances_until_forced() {
         "{}",
         forced.text()
     );
+}
+
+// --- the event log (#42) ---------------------------------------------------
+
+/// Writes `events` into the setup's database as a daemon's flusher would,
+/// the database migrated first.
+async fn log_events(s: &Setup, events: &[stead::core::event_log::Event]) {
+    s.ok(&["migrate"]);
+    let store = stead::store::sql::connect(&s.url()).await.unwrap();
+    store.append_events(events).await.unwrap();
+}
+
+fn an_event(
+    kind: stead::core::event_log::EventKind,
+    ago_s: i64,
+    instance: &str,
+    trace: Option<&str>,
+) -> stead::core::event_log::Event {
+    use stead::core::types::{InstanceName, ServiceName};
+    use stead::ports::Clock;
+    let at = stead::engine::SystemClock.now() - jiff::SignedDuration::from_secs(ago_s);
+    let mut event =
+        stead::core::event_log::Event::new(kind, at, "R9", format!("{kind} of {instance}/web"))
+            .instance(&InstanceName::new(instance))
+            .service(&ServiceName::new("web"));
+    event.trace_id = trace.map(str::to_owned);
+    event.writer = "host-1#a".into();
+    event
+}
+
+#[tokio::test]
+async fn events_are_listed_filtered_by_instance_kind_and_since_and_as_json_lines() {
+    use stead::core::event_log::EventKind;
+    let s = Setup::new();
+    log_events(
+        &s,
+        &[
+            an_event(EventKind::Start, 3600, "wiki1", None),
+            an_event(EventKind::Publish, 120, "wiki1", Some("aaaa")),
+            an_event(EventKind::Restart, 60, "wiki2", Some("bbbb")),
+            an_event(EventKind::Start, 30, "wiki1", Some("cccc")),
+        ],
+    )
+    .await;
+    let all = s.ok(&["events"]);
+    assert_eq!(all.lines().count(), 4, "{all}");
+    assert!(
+        all.lines().next().unwrap().contains("start")
+            && all
+                .lines()
+                .next()
+                .unwrap()
+                .contains("wiki1/web  R9  start of wiki1/web"),
+        "oldest first, with subject, rule and sentence:\n{all}"
+    );
+    let wiki1 = s.ok(&["events", "--instance", "wiki1"]);
+    assert_eq!(wiki1.lines().count(), 3, "{wiki1}");
+    assert!(!wiki1.contains("wiki2"), "{wiki1}");
+    let starts = s.ok(&["events", "--kind", "start", "--since", "10m"]);
+    assert_eq!(
+        starts.lines().count(),
+        1,
+        "the hour-old start is left out:\n{starts}"
+    );
+    let newest = s.ok(&["events", "--limit", "2"]);
+    assert!(
+        newest.contains("restart") && newest.lines().count() == 2,
+        "the newest two:\n{newest}"
+    );
+    let json = s.ok(&["events", "--json", "--instance", "wiki2"]);
+    let objects: Vec<serde_json::Value> = json
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{e}: {l}")))
+        .collect();
+    assert_eq!(objects.len(), 1, "{json}");
+    assert_eq!(objects[0]["kind"], "restart");
+    assert_eq!(objects[0]["instance"], "wiki2");
+    assert_eq!(objects[0]["service"], "web");
+    assert_eq!(objects[0]["reason"], "R9");
+    assert_eq!(objects[0]["trace_id"], "bbbb");
+    assert_eq!(objects[0]["writer"], "host-1#a");
+    let none = s.ok(&["events", "--instance", "nobody"]);
+    assert_eq!(none.trim(), "no events");
+}
+
+#[test]
+fn bad_event_filters_are_refused_naming_flag_and_value_and_exit_2() {
+    let s = Setup::new();
+    for (args, expect) in [
+        (&["events", "--since", "10x"][..], "\"10x\": unknown unit"),
+        (
+            &["events", "--since", "0s"][..],
+            "\"0s\": must be more than zero",
+        ),
+        (&["events", "--since", "ten"][..], "\"ten\""),
+        (
+            &["events", "--kind", "reboot"][..],
+            "\"reboot\": not an event kind",
+        ),
+        (
+            &["events", "--instance", "Not_A_Name"][..],
+            "\"Not_A_Name\": not an instance name",
+        ),
+        (
+            &["timeline", "Not_A_Name"][..],
+            "\"Not_A_Name\": not an instance name",
+        ),
+        (&["events", "--limit", "0"][..], "--limit"),
+    ] {
+        let run = s.run(args);
+        assert_eq!(run.code, 2, "{args:?}\n{}", run.text());
+        assert!(
+            run.stderr.contains(expect),
+            "{args:?}: {expect}\n{}",
+            run.text()
+        );
+    }
+}
+
+#[tokio::test]
+async fn a_timeline_groups_one_instances_events_by_pass_with_the_time_between() {
+    use stead::core::event_log::EventKind;
+    let s = Setup::new();
+    log_events(
+        &s,
+        &[
+            an_event(EventKind::Withdraw, 600, "wiki1", Some("aaaaaaaaaaaa")),
+            an_event(EventKind::Restart, 600, "wiki1", Some("aaaaaaaaaaaa")),
+            an_event(EventKind::Start, 300, "wiki2", Some("bbbbbbbbbbbb")),
+            an_event(EventKind::Publish, 60, "wiki1", Some("cccccccccccc")),
+        ],
+    )
+    .await;
+    let timeline = s.ok(&["timeline", "wiki1"]);
+    assert!(timeline.starts_with("wiki1: 3 event(s) from"), "{timeline}");
+    assert_eq!(timeline.matches("pass at ").count(), 2, "{timeline}");
+    assert!(timeline.contains("(trace aaaaaaaa)"), "{timeline}");
+    assert!(timeline.contains("... 9 min later"), "{timeline}");
+    assert!(!timeline.contains("wiki2"), "{timeline}");
+    let empty = s.ok(&["timeline", "nobody"]);
+    assert_eq!(empty.trim(), "no events of nobody");
+}
+
+#[tokio::test]
+async fn events_follow_prints_what_is_written_after_it_started() {
+    use std::io::BufRead;
+    use stead::core::event_log::EventKind;
+    let s = Setup::new();
+    log_events(&s, &[an_event(EventKind::Start, 10, "wiki1", None)]).await;
+    let mut child = command(
+        &["--config", &s.config, "events", "--follow", "--json"],
+        &[],
+    )
+    .stdout(Stdio::piped())
+    .stderr(Stdio::piped())
+    .spawn()
+    .unwrap();
+    let stdout = child.stdout.take().unwrap();
+    let (lines_tx, lines_rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for line in std::io::BufReader::new(stdout).lines() {
+            if lines_tx.send(line.unwrap_or_default()).is_err() {
+                break;
+            }
+        }
+    });
+    let first = lines_rx
+        .recv_timeout(Duration::from_secs(20))
+        .expect("the logged event");
+    assert!(first.contains("\"kind\":\"start\""), "{first}");
+    let store = stead::store::sql::connect(&s.url()).await.unwrap();
+    store
+        .append_events(&[an_event(EventKind::Publish, 0, "wiki1", None)])
+        .await
+        .unwrap();
+    let next = lines_rx.recv_timeout(Duration::from_secs(20));
+    let _ = child.kill();
+    let _ = child.wait();
+    let next = next.expect("the event written after it started");
+    assert!(next.contains("\"kind\":\"publish\""), "{next}");
+}
+
+#[tokio::test]
+async fn instance_why_says_what_an_instance_waits_for_from_what_status_reads() {
+    use stead::core::types::InstanceName;
+    let s = Setup::new();
+    s.ok(&["instance", "create", "demo", "--type", "web"]);
+    let said = s.ok(&["instance", "why", "demo"]);
+    assert!(
+        said.contains("demo has no container yet: it is provisioning"),
+        "{said}"
+    );
+    // Behind the catalog's version, with the type's rollout halted: the
+    // upgrade it waits for is not planned, and why.
+    let store = stead::store::sql::connect(&s.url()).await.unwrap();
+    let demo = store
+        .instance(&InstanceName::new("demo"))
+        .await
+        .unwrap()
+        .unwrap();
+    store
+        .set_instance_version(demo.id, "0", demo.created_at)
+        .await
+        .unwrap();
+    s.ok(&["rollout", "halt", "web", "--reason", "bad build"]);
+    let said = s.ok(&["instance", "why", "demo"]);
+    assert!(
+        said.contains("its upgrade from 0 to 1 (web): not planned: rollout halted: bad build"),
+        "{said}"
+    );
+    let live = s.run(&["instance", "why", "demo", "--live"]);
+    assert_eq!(live.code, 1, "no daemon to ask: {}", live.text());
+}
+
+#[test]
+fn an_operators_enqueues_cancels_and_halts_are_events_naming_the_operator() {
+    let s = Setup::new();
+    s.ok(&["instance", "create", "demo", "--type", "web"]);
+    s.ok(&["instance", "delete", "demo"]);
+    s.ok(&["rollout", "halt", "web", "--reason", "bad build"]);
+    let json = s.ok(&["events", "--json"]);
+    let events: Vec<serde_json::Value> = json
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    let kinds: Vec<&str> = events.iter().map(|e| e["kind"].as_str().unwrap()).collect();
+    assert_eq!(kinds, ["enqueue", "enqueue", "cancel", "halt"], "{json}");
+    assert!(
+        events[0]["message"]
+            .as_str()
+            .unwrap()
+            .contains("provision queued as task 1"),
+        "{json}"
+    );
+    assert_eq!(events[2]["instance"], "demo");
+    assert!(events[3]["instance"].is_null(), "a halt is about a type");
+    for event in &events {
+        assert_eq!(event["reason"], "operator");
+        assert!(
+            event["writer"].as_str().unwrap().starts_with("operator:"),
+            "{event}"
+        );
+    }
 }

@@ -2501,3 +2501,333 @@ async fn tasks_that_run_at_once_log_under_their_own_trace_ids() {
     }
     assert!(seen >= 4, "each task's start and end lines: {text}");
 }
+
+// --- the event log (#42) ---------------------------------------------------
+
+/// The events of `instance` the store holds, oldest first.
+async fn logged_events(f: &Fixture, instance: &str) -> Vec<stead::core::event_log::Event> {
+    f.store
+        .events(&stead::core::event_log::EventFilter {
+            instance: Some(InstanceName::new(instance)),
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .rows
+        .into_iter()
+        .map(|logged| logged.event)
+        .collect()
+}
+
+#[tokio::test]
+async fn a_ticks_start_and_restart_are_logged_as_events_with_rule_trace_and_writer() {
+    use stead::core::event_log::EventKind;
+    use stead::engine::event_log::{EventSink, EVENT_BUFFER_MAX};
+    let f = fixture();
+    f.served("wiki1", "2").await;
+    let web = f.web_container("wiki1").await;
+    let (sink, mut flusher) = EventSink::new("host-1#a", EVENT_BUFFER_MAX);
+    let r = f.reconciler("a");
+    r.recoverer().log_events_to(sink);
+    // A container found down is started (R9), then published (R13).
+    f.runtime.with_containers(|cs| {
+        cs.get_mut(&web).unwrap().status = stead::core::types::ContainerStatus::Exited
+    });
+    let out = r.tick().await;
+    assert!(out.leader && out.ok(), "{:?}", out.failed);
+    assert!(flusher.flush(f.store.as_ref()).await > 0);
+    let events = logged_events(&f, "wiki1").await;
+    let start = events
+        .iter()
+        .find(|e| e.kind == EventKind::Start)
+        .unwrap_or_else(|| panic!("a start event: {events:?}"));
+    assert_eq!(start.reason, "R9");
+    assert_eq!(start.service.as_ref().map(|s| s.as_str()), Some("web"));
+    assert_eq!(start.container.as_ref(), Some(&web));
+    assert_eq!(start.writer, "host-1#a");
+    assert_eq!(start.at, f.clock.now(), "the engine's clock");
+    let trace = stead::core::event_log::trace_id_of(&out.traceparent);
+    assert_eq!(start.trace_id.as_deref(), Some(trace), "the tick's trace");
+    assert!(
+        events
+            .iter()
+            .any(|e| e.kind == EventKind::Publish && e.trace_id.as_deref() == Some(trace)),
+        "{events:?}"
+    );
+    // The lease this tick took is an event too, about no instance.
+    let all = f.store.events(&Default::default()).await.unwrap().rows;
+    assert!(
+        all.iter().any(|e| e.event.kind == EventKind::LeaseTaken
+            && e.event.instance.is_none()
+            && e.event.reason == "C2"),
+        "{all:?}"
+    );
+    // Unhealthy past the threshold: withdrawn and restarted (R12).
+    f.runtime.with_containers(|cs| {
+        cs.get_mut(&web).unwrap().health = stead::core::types::Health::Unhealthy
+    });
+    for _ in 0..4 {
+        r.recoverer().pass().await;
+    }
+    flusher.flush(f.store.as_ref()).await;
+    let events = logged_events(&f, "wiki1").await;
+    let restart = events
+        .iter()
+        .find(|e| e.kind == EventKind::Restart)
+        .unwrap_or_else(|| panic!("a restart event: {events:?}"));
+    assert_eq!(restart.reason, "R12");
+    assert_eq!(restart.container.as_ref(), Some(&web));
+    assert!(restart.trace_id.is_none(), "a pass outside a tick has none");
+    let withdrawn_first = events
+        .iter()
+        .position(|e| e.kind == EventKind::Withdraw && e.reason == "R12");
+    let restarted = events.iter().position(|e| e.kind == EventKind::Restart);
+    assert!(
+        withdrawn_first < restarted && withdrawn_first.is_some(),
+        "withdrawn before the restart: {events:?}"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_crash_loop_delay_is_logged_once_with_its_next_attempt() {
+    use stead::core::event_log::EventKind;
+    use stead::engine::event_log::{EventSink, EVENT_BUFFER_MAX};
+    let f = fixture();
+    f.served("crashy", "2").await;
+    let web = f.web_container("crashy").await;
+    f.runtime.with_containers(|cs| {
+        let c = cs.get_mut(&web).unwrap();
+        c.status = stead::core::types::ContainerStatus::Exited;
+        c.status_after_start = stead::core::types::ContainerStatus::Exited;
+    });
+    let (sink, mut flusher) = EventSink::new("host-1#a", EVENT_BUFFER_MAX);
+    let recoverer = f.recoverer();
+    recoverer.log_events_to(sink);
+    let mut next_attempt = None;
+    for _ in 0..8 {
+        let outcome = recoverer.pass().await;
+        next_attempt = next_attempt.or_else(|| {
+            outcome
+                .instance(&InstanceName::new("crashy"))
+                .unwrap()
+                .reports
+                .iter()
+                .find_map(|r| match r.verdict {
+                    stead::core::recovery::Verdict::Delayed { next_attempt } => next_attempt,
+                    _ => None,
+                })
+        });
+    }
+    let next_attempt = next_attempt.expect("the budget delayed the service");
+    flusher.flush(f.store.as_ref()).await;
+    let delays: Vec<_> = logged_events(&f, "crashy")
+        .await
+        .into_iter()
+        .filter(|e| e.kind == EventKind::CrashLoopDelay)
+        .collect();
+    assert_eq!(delays.len(), 1, "once per new delay: {delays:?}");
+    assert_eq!(delays[0].until, Some(next_attempt));
+    assert_eq!(delays[0].reason, "R10");
+    let starts = logged_events(&f, "crashy")
+        .await
+        .into_iter()
+        .filter(|e| e.kind == EventKind::Start)
+        .count();
+    assert_eq!(starts, 3, "the three real attempts before the delay");
+}
+
+#[tokio::test]
+async fn a_full_event_buffer_drops_and_counts_and_never_blocks_the_pass() {
+    use stead::core::event_log::EventKind;
+    use stead::engine::event_log::EventSink;
+    let f = fixture();
+    // Every task of a current-thread test runtime runs on this thread.
+    let tally = Tally::default();
+    let _recording = metrics::set_default_local_recorder(&tally);
+    f.served("wiki1", "2").await;
+    let web = f.web_container("wiki1").await;
+    // Room for one event, and nobody writing them out: the store might as
+    // well be hung.
+    let (sink, mut flusher) = EventSink::new("host-1#a", 1);
+    let recoverer = f.recoverer();
+    recoverer.log_events_to(sink.clone());
+    f.runtime.with_containers(|cs| {
+        cs.get_mut(&web).unwrap().status = stead::core::types::ContainerStatus::Exited
+    });
+    let outcome = tokio::time::timeout(Duration::from_secs(5), recoverer.pass())
+        .await
+        .expect("the pass never waits for the event log");
+    assert!(outcome.errors.is_empty(), "{:?}", outcome.errors);
+    assert_eq!(
+        f.runtime.container(&web).unwrap().status,
+        stead::core::types::ContainerStatus::Running,
+        "the pass did its work"
+    );
+    assert!(
+        sink.dropped() >= 1,
+        "start and publish: one kept, the rest dropped"
+    );
+    assert_eq!(
+        tally.branches().get("stead_events_dropped_total").copied(),
+        Some(sink.dropped()),
+        "each drop is counted"
+    );
+    // What the buffer kept is written; what was dropped is gone.
+    assert_eq!(flusher.flush(f.store.as_ref()).await, 1);
+    let events = logged_events(&f, "wiki1").await;
+    assert_eq!(events.len(), 1);
+    assert_eq!(events[0].kind, EventKind::Start);
+    // A store that refuses every write loses its batch, counted the same
+    // way, and the flusher goes on.
+    let before = sink.dropped();
+    assert!(sink.emit(stead::core::event_log::Event::new(
+        EventKind::Stop,
+        f.clock.now(),
+        "R4",
+        "stopped"
+    )));
+    f.store.set_unavailable(true);
+    assert_eq!(flusher.flush(f.store.as_ref()).await, 0);
+    assert_eq!(sink.dropped(), before + 1);
+}
+
+#[tokio::test]
+async fn the_leaders_tick_prunes_events_past_their_retention() {
+    use stead::core::event_log::{Event, EventKind};
+    let f = fixture();
+    let day = jiff::SignedDuration::from_hours(24);
+    let now = f.clock.now();
+    let old: Vec<Event> = (0..3)
+        .map(|i| Event::new(EventKind::Start, now - day * (20 + i), "R9", "old"))
+        .collect();
+    f.store.append_events(&old).await.unwrap();
+    f.store
+        .append_events(&[Event::new(EventKind::Start, now - day, "R9", "recent")])
+        .await
+        .unwrap();
+    let r = f.reconciler("a");
+    r.keep_events_for(Duration::from_secs(14 * 24 * 3600));
+    let out = r.tick().await;
+    assert!(out.leader, "{:?}", out.failed);
+    let left = f.store.events(&Default::default()).await.unwrap().rows;
+    let messages: Vec<&str> = left.iter().map(|e| e.event.message.as_str()).collect();
+    assert_eq!(messages, ["recent"], "what is older than 14 days goes");
+    // A standby prunes nothing: only the leader's tick does.
+    f.store
+        .append_events(&[Event::new(EventKind::Start, now - day * 30, "R9", "old")])
+        .await
+        .unwrap();
+    let standby = f.reconciler("b");
+    standby.keep_events_for(Duration::from_secs(24 * 3600));
+    assert!(!standby.tick().await.leader);
+    assert_eq!(
+        f.store
+            .events(&Default::default())
+            .await
+            .unwrap()
+            .rows
+            .len(),
+        2
+    );
+}
+
+#[tokio::test]
+async fn a_ticks_enqueue_is_recorded_with_its_task_in_the_same_write() {
+    use stead::core::event_log::EventKind;
+    use stead::engine::event_log::{EventSink, EVENT_BUFFER_MAX};
+    let f = fixture();
+    f.served("wiki1", "1").await;
+    let (sink, _flusher) = EventSink::new("host-1#a", EVENT_BUFFER_MAX);
+    let r = f.reconciler("a");
+    r.recoverer().log_events_to(sink);
+    let out = r.tick().await;
+    assert!(out.ok() && out.tasks_enqueued >= 1, "{:?}", out.failed);
+    let upgrade = f
+        .store
+        .active_tasks()
+        .await
+        .unwrap()
+        .rows
+        .into_iter()
+        .find(|t| t.kind == TaskKind::Upgrade)
+        .expect("the version drift's upgrade");
+    // Nothing was flushed: the event went with the task's insert.
+    let events = logged_events(&f, "wiki1").await;
+    let queued = events
+        .iter()
+        .find(|e| e.kind == EventKind::Enqueue)
+        .unwrap_or_else(|| panic!("an enqueue event: {events:?}"));
+    assert_eq!(queued.task, Some(upgrade.id));
+    assert_eq!(queued.reason, "C8");
+    assert_eq!(queued.writer, "host-1#a");
+    assert_eq!(
+        queued.trace_id.as_deref(),
+        Some(stead::core::event_log::trace_id_of(&out.traceparent))
+    );
+}
+
+#[tokio::test]
+async fn a_workers_task_end_is_recorded_with_its_task_when_it_finishes() {
+    use stead::core::event_log::EventKind;
+    use stead::engine::event_log::{EventSink, EVENT_BUFFER_MAX};
+    let f = fixture();
+    let instance = f.instance("wiki1", "2").await;
+    f.enqueue(instance.id, TaskKind::Provision).await;
+    let (sink, _flusher) = EventSink::new("host-1#a", EVENT_BUFFER_MAX);
+    let (task, end) = f
+        .worker()
+        .with_events(sink)
+        .work_once()
+        .await
+        .expect("a task");
+    assert_eq!(end, TaskEnd::Done);
+    // Nothing was flushed: the event went with the task's completion.
+    let events = logged_events(&f, "wiki1").await;
+    let done = events
+        .iter()
+        .find(|e| e.kind == EventKind::TaskDone)
+        .unwrap_or_else(|| panic!("a task_done event: {events:?}"));
+    assert_eq!(done.task, Some(task.id));
+    assert_eq!(done.reason, "C11");
+    assert_eq!(done.writer, "host-1#a");
+    assert!(
+        done.message.contains("provision of wiki1 done"),
+        "{}",
+        done.message
+    );
+}
+
+#[tokio::test]
+async fn an_upgrades_retirements_are_events_of_the_worker_and_of_the_pass() {
+    use stead::core::event_log::EventKind;
+    use stead::engine::event_log::{EventSink, EVENT_BUFFER_MAX};
+    let f = fixture();
+    let (instance, _api) = f.served_with_api().await;
+    let before = f.web_container("wiki1").await;
+    let (sink, mut flusher) = EventSink::new("host-1#a", EVENT_BUFFER_MAX);
+    let recoverer = f.recoverer();
+    recoverer.log_events_to(sink.clone());
+    recoverer.pass().await;
+    f.enqueue(instance.id, TaskKind::Upgrade).await;
+    let worker = f.worker().with_events(sink);
+    assert_eq!(worker.work_once().await.unwrap().1, TaskEnd::Done);
+    for _ in 0..2 {
+        recoverer.pass().await;
+    }
+    flusher.flush(f.store.as_ref()).await;
+    let events = logged_events(&f, "wiki1").await;
+    let api_retired = events
+        .iter()
+        .find(|e| e.kind == EventKind::Retire && e.reason == "C11")
+        .unwrap_or_else(|| panic!("the dropped service's retirement: {events:?}"));
+    assert_eq!(api_retired.service, Some(ServiceName::new("api")));
+    let predecessor = events
+        .iter()
+        .find(|e| e.kind == EventKind::Retire && e.reason == "R15")
+        .unwrap_or_else(|| panic!("the predecessor's retirement: {events:?}"));
+    assert_eq!(predecessor.container.as_ref(), Some(&before));
+    assert!(
+        events.iter().any(|e| e.kind == EventKind::TaskDone),
+        "{events:?}"
+    );
+}

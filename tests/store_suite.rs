@@ -10,6 +10,7 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use jiff::Timestamp;
+use stead::core::event_log::{Event, EventFilter, EventKind, LoggedEvent};
 use stead::core::fleet::{
     add, InstanceState, ListedInstance, NewTask, RolloutState, TaskKind, TaskState,
 };
@@ -83,6 +84,13 @@ store_suite! {
         instance_locks_exclude_other_holders_until_released_or_expired,
         timestamps_round_trip_at_microsecond_precision,
         a_store_outage_fails_calls_and_loses_nothing,
+        events_are_appended_in_order_and_read_back_with_every_field,
+        events_are_filtered_by_instance_kind_and_since_and_the_newest_kept,
+        following_the_event_log_reads_on_after_the_last_id_seen,
+        old_events_are_pruned_in_bounded_batches_and_newer_ones_kept,
+        an_enqueue_and_its_event_are_recorded_together_or_not_at_all,
+        a_ttl_expiry_and_its_event_are_recorded_together_or_not_at_all,
+        a_tasks_end_and_its_event_are_recorded_together_or_not_at_all,
     ],
     sql: [
         unknown_instance_state_is_a_bad_row_and_others_are_listed,
@@ -92,6 +100,8 @@ store_suite! {
         instance_names_that_are_not_dns_labels_are_bad_rows_and_others_are_listed,
         bad_names_in_active_and_inhibition_rows_are_bad_rows_and_other_instances_load,
         the_schema_itself_rejects_bad_states_and_duplicate_active_tasks,
+        an_event_of_an_unknown_kind_is_a_bad_row_and_the_others_are_read,
+        an_event_the_database_refuses_takes_its_enqueue_and_expiry_with_it,
     ]
 }
 
@@ -2102,5 +2112,482 @@ async fn sqlite_a_value_of_the_wrong_type_fails_only_its_row() {
     assert!(
         matches!(&rows[&odd], Err(e) if wrong_type(e, "active_services")),
         "{rows:?}"
+    );
+}
+
+// --- the event log (#42) -------------------------------------------------
+
+fn event(kind: EventKind, at: Timestamp, instance: Option<&str>) -> Event {
+    let mut event = Event::new(kind, at, "R9", format!("{kind} at {at}"));
+    event.instance = instance.map(InstanceName::new);
+    event.writer = "host-1#a".into();
+    event
+}
+
+fn kinds_and_instances(rows: &[LoggedEvent]) -> Vec<(EventKind, Option<String>)> {
+    rows.iter()
+        .map(|e| {
+            (
+                e.event.kind,
+                e.event.instance.as_ref().map(|i| i.to_string()),
+            )
+        })
+        .collect()
+}
+
+async fn events_are_appended_in_order_and_read_back_with_every_field(s: TestStore) {
+    let store = &*s.store;
+    let full = Event::new(
+        EventKind::CrashLoopDelay,
+        t(10) + jiff::SignedDuration::from_nanos(1_234_567),
+        "R10",
+        "crash loop: alpha/web stays down",
+    )
+    .instance(&InstanceName::new("alpha"))
+    .service(&ServiceName::new("web"))
+    .container(&ContainerId::new("c0ffee"))
+    .until(t(70))
+    .task(7)
+    .traced(Some(
+        "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",
+    ));
+    let mut full = full;
+    full.writer = "host-1#a".into();
+    let bare = event(EventKind::LeaseTaken, t(11), None);
+    store
+        .append_events(&[full.clone(), bare.clone()])
+        .await
+        .unwrap();
+    store.append_events(&[]).await.unwrap();
+    let read = store.events(&EventFilter::default()).await.unwrap();
+    assert!(read.bad.is_empty(), "{}: {:?}", s.name(), read.bad);
+    assert_eq!(read.rows.len(), 2, "{}", s.name());
+    assert!(
+        read.rows[0].id < read.rows[1].id,
+        "ids ascend in write order"
+    );
+    // Stored to the microsecond, as every timestamp.
+    let mut expected = full;
+    expected.at = t(10) + jiff::SignedDuration::from_micros(1_234);
+    assert_eq!(read.rows[0].event, expected, "{}", s.name());
+    assert_eq!(
+        read.rows[0].event.trace_id.as_deref(),
+        Some("4bf92f3577b34da6a3ce929d0e0e4736")
+    );
+    assert_eq!(read.rows[1].event, bare, "{}", s.name());
+}
+
+async fn events_are_filtered_by_instance_kind_and_since_and_the_newest_kept(s: TestStore) {
+    let store = &*s.store;
+    store
+        .append_events(&[
+            event(EventKind::Start, t(1), Some("alpha")),
+            event(EventKind::Publish, t(2), Some("alpha")),
+            event(EventKind::Start, t(3), Some("beta")),
+            event(EventKind::Start, t(4), Some("alpha")),
+            event(EventKind::CatalogReload, t(5), None),
+        ])
+        .await
+        .unwrap();
+    let read = |filter: EventFilter| async move { store.events(&filter).await.unwrap().rows };
+    let alpha = Some(InstanceName::new("alpha"));
+    let a = || Some("alpha".to_owned());
+    assert_eq!(
+        kinds_and_instances(
+            &read(EventFilter {
+                instance: alpha.clone(),
+                ..Default::default()
+            })
+            .await
+        ),
+        [
+            (EventKind::Start, a()),
+            (EventKind::Publish, a()),
+            (EventKind::Start, a())
+        ],
+        "{}",
+        s.name()
+    );
+    let starts = read(EventFilter {
+        kind: Some(EventKind::Start),
+        ..Default::default()
+    })
+    .await;
+    assert_eq!(starts.len(), 3, "{}", s.name());
+    let recent = read(EventFilter {
+        since: Some(t(3)),
+        ..Default::default()
+    })
+    .await;
+    assert_eq!(
+        recent.iter().map(|e| e.event.at).collect::<Vec<_>>(),
+        [t(3), t(4), t(5)],
+        "since is inclusive: {}",
+        s.name()
+    );
+    let newest_two = read(EventFilter {
+        limit: 2,
+        ..Default::default()
+    })
+    .await;
+    assert_eq!(
+        newest_two.iter().map(|e| e.event.at).collect::<Vec<_>>(),
+        [t(4), t(5)],
+        "the newest, in order: {}",
+        s.name()
+    );
+    let none = read(EventFilter {
+        instance: alpha,
+        kind: Some(EventKind::CatalogReload),
+        ..Default::default()
+    })
+    .await;
+    assert!(none.is_empty(), "{}", s.name());
+}
+
+async fn following_the_event_log_reads_on_after_the_last_id_seen(s: TestStore) {
+    let store = &*s.store;
+    let batch: Vec<Event> = (0..5)
+        .map(|i| event(EventKind::Enqueue, t(i), Some("alpha")))
+        .collect();
+    store.append_events(&batch).await.unwrap();
+    let all = store.events(&EventFilter::default()).await.unwrap().rows;
+    let first = store
+        .events(&EventFilter {
+            after_id: Some(all[0].id),
+            limit: 2,
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .rows;
+    assert_eq!(
+        first.iter().map(|e| e.id).collect::<Vec<_>>(),
+        [all[1].id, all[2].id],
+        "the oldest after the id: {}",
+        s.name()
+    );
+    store
+        .append_events(&[event(EventKind::Cancel, t(9), Some("alpha"))])
+        .await
+        .unwrap();
+    let rest = store
+        .events(&EventFilter {
+            after_id: Some(first[1].id),
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .rows;
+    assert_eq!(
+        rest.iter().map(|e| e.event.kind).collect::<Vec<_>>(),
+        [EventKind::Enqueue, EventKind::Enqueue, EventKind::Cancel],
+        "{}",
+        s.name()
+    );
+}
+
+async fn old_events_are_pruned_in_bounded_batches_and_newer_ones_kept(s: TestStore) {
+    let store = &*s.store;
+    let batch: Vec<Event> = (0..7)
+        .map(|i| event(EventKind::Publish, t(i), Some("alpha")))
+        .collect();
+    store.append_events(&batch).await.unwrap();
+    assert_eq!(
+        store.prune_events(t(5), 3).await.unwrap(),
+        3,
+        "{}",
+        s.name()
+    );
+    let left = store.events(&EventFilter::default()).await.unwrap().rows;
+    assert_eq!(
+        left.iter().map(|e| e.event.at).collect::<Vec<_>>(),
+        [t(3), t(4), t(5), t(6)],
+        "the oldest go first: {}",
+        s.name()
+    );
+    assert_eq!(
+        store.prune_events(t(5), 3).await.unwrap(),
+        2,
+        "{}",
+        s.name()
+    );
+    assert_eq!(
+        store.prune_events(t(5), 3).await.unwrap(),
+        0,
+        "{}",
+        s.name()
+    );
+    let left = store.events(&EventFilter::default()).await.unwrap().rows;
+    assert_eq!(
+        left.iter().map(|e| e.event.at).collect::<Vec<_>>(),
+        [t(5), t(6)],
+        "{}",
+        s.name()
+    );
+}
+
+async fn an_event_of_an_unknown_kind_is_a_bad_row_and_the_others_are_read(s: TestStore) {
+    let store = &*s.store;
+    store
+        .append_events(&[event(EventKind::Start, t(1), Some("alpha"))])
+        .await
+        .unwrap();
+    s.raw(
+        "INSERT INTO events (at_us, kind, instance, reason, message, writer) \
+         VALUES (0, 'reboot', 'alpha', 'R0', 'x', 'w'); \
+         INSERT INTO events (at_us, kind, instance, reason, message, writer) \
+         VALUES (0, 'start', 'Not A Label', 'R0', 'x', 'w')",
+    )
+    .await
+    .unwrap()
+    .unwrap();
+    let read = store.events(&EventFilter::default()).await.unwrap();
+    assert_eq!(read.rows.len(), 1, "{}", s.name());
+    let bad: Vec<String> = read.bad.iter().map(ToString::to_string).collect();
+    assert_eq!(bad.len(), 2, "{}: {bad:?}", s.name());
+    assert!(
+        read.bad.iter().any(|e| matches!(e, StoreError::BadRow { table: "events", field: "kind", value, .. } if value == "reboot")),
+        "{bad:?}"
+    );
+    assert!(
+        read.bad.iter().any(|e| matches!(
+            e,
+            StoreError::BadRow {
+                table: "events",
+                field: "instance",
+                ..
+            }
+        )),
+        "{bad:?}"
+    );
+}
+
+async fn an_enqueue_and_its_event_are_recorded_together_or_not_at_all(s: TestStore) {
+    let store = &*s.store;
+    let id = instance(store, "alpha").await;
+    let grant = store
+        .acquire_reconciler_lease("a#1", SHORT)
+        .await
+        .unwrap()
+        .unwrap();
+    let queued = event(EventKind::Enqueue, t(1), Some("alpha"));
+    let first = store
+        .enqueue_recorded(
+            &task(TaskKind::Upgrade, id, t(1)),
+            t(1),
+            Some(&grant),
+            &queued,
+        )
+        .await
+        .unwrap()
+        .expect("inserted");
+    let read = store.events(&EventFilter::default()).await.unwrap().rows;
+    assert_eq!(read.len(), 1, "{}", s.name());
+    assert_eq!(read[0].event.task, Some(first), "the event names its task");
+    // Nothing queued (one upgrade at a time), nothing recorded.
+    let again = store
+        .enqueue_recorded(
+            &task(TaskKind::Upgrade, id, t(2)),
+            t(2),
+            Some(&grant),
+            &queued,
+        )
+        .await
+        .unwrap();
+    assert_eq!(again, None);
+    assert_eq!(
+        store
+            .events(&EventFilter::default())
+            .await
+            .unwrap()
+            .rows
+            .len(),
+        1
+    );
+    // A fenced write refused: neither the task nor its event.
+    tokio::time::sleep(PAST_SHORT).await;
+    let refused = store
+        .enqueue_recorded(
+            &task(TaskKind::Reprovision, id, t(3)),
+            t(3),
+            Some(&grant),
+            &queued,
+        )
+        .await;
+    assert!(
+        matches!(refused, Err(StoreError::Fenced { .. })),
+        "{}: {refused:?}",
+        s.name()
+    );
+    assert_eq!(
+        store
+            .events(&EventFilter::default())
+            .await
+            .unwrap()
+            .rows
+            .len(),
+        1
+    );
+    assert!(
+        !store
+            .active_tasks()
+            .await
+            .unwrap()
+            .rows
+            .iter()
+            .any(|t| t.kind == TaskKind::Reprovision),
+        "{}",
+        s.name()
+    );
+}
+
+async fn a_ttl_expiry_and_its_event_are_recorded_together_or_not_at_all(s: TestStore) {
+    let store = &*s.store;
+    let id = instance(store, "alpha").await;
+    store
+        .set_instance_state(id, InstanceState::Provisioning, InstanceState::Ready, t(1))
+        .await
+        .unwrap();
+    let expiry = event(EventKind::TtlExpiry, t(2), Some("alpha"));
+    let expired = store
+        .expire_instance_recorded(
+            id,
+            InstanceState::Ready,
+            &task(TaskKind::Deprovision, id, t(2)),
+            t(2),
+            None,
+            &expiry,
+        )
+        .await
+        .unwrap()
+        .expect("expired");
+    let read = store.events(&EventFilter::default()).await.unwrap().rows;
+    assert_eq!(read.len(), 1, "{}", s.name());
+    assert_eq!(read[0].event.kind, EventKind::TtlExpiry);
+    assert_eq!(read[0].event.task, Some(expired.task));
+    // The compare-and-set fails the second time: nothing is recorded.
+    let again = store
+        .expire_instance_recorded(
+            id,
+            InstanceState::Ready,
+            &task(TaskKind::Deprovision, id, t(3)),
+            t(3),
+            None,
+            &expiry,
+        )
+        .await
+        .unwrap();
+    assert_eq!(again, None);
+    assert_eq!(
+        store
+            .events(&EventFilter::default())
+            .await
+            .unwrap()
+            .rows
+            .len(),
+        1
+    );
+}
+
+async fn an_event_the_database_refuses_takes_its_enqueue_and_expiry_with_it(s: TestStore) {
+    let store = &*s.store;
+    let id = instance(store, "alpha").await;
+    store
+        .set_instance_state(id, InstanceState::Provisioning, InstanceState::Ready, t(1))
+        .await
+        .unwrap();
+    // The schema refuses an event nobody wrote.
+    let mut unsigned = event(EventKind::Enqueue, t(1), Some("alpha"));
+    unsigned.writer.clear();
+    let queued = store
+        .enqueue_recorded(&task(TaskKind::Upgrade, id, t(1)), t(1), None, &unsigned)
+        .await;
+    assert!(queued.is_err(), "{}: {queued:?}", s.name());
+    let expired = store
+        .expire_instance_recorded(
+            id,
+            InstanceState::Ready,
+            &task(TaskKind::Deprovision, id, t(2)),
+            t(2),
+            None,
+            &unsigned,
+        )
+        .await;
+    assert!(expired.is_err(), "{}: {expired:?}", s.name());
+    assert!(
+        store.active_tasks().await.unwrap().rows.is_empty(),
+        "neither task was queued: {}",
+        s.name()
+    );
+    let alpha = store.instance_by_id(id).await.unwrap().unwrap();
+    assert_eq!(alpha.state, InstanceState::Ready, "{}", s.name());
+    assert!(store
+        .events(&EventFilter::default())
+        .await
+        .unwrap()
+        .rows
+        .is_empty());
+}
+
+async fn a_tasks_end_and_its_event_are_recorded_together_or_not_at_all(s: TestStore) {
+    use stead::ports::TaskFinish;
+    let store = &*s.store;
+    let id = instance(store, "alpha").await;
+    for kind in [
+        TaskKind::Provision,
+        TaskKind::Upgrade,
+        TaskKind::Reprovision,
+    ] {
+        store
+            .enqueue(&task(kind, id, t(0)), t(0), None)
+            .await
+            .unwrap();
+    }
+    let claimed = store.claim("w1", t(1), 3).await.unwrap();
+    assert_eq!(claimed.len(), 3, "{}", s.name());
+    let ended = event(EventKind::TaskDone, t(2), Some("alpha"));
+    let finishes = [
+        TaskFinish::Done,
+        TaskFinish::Retry {
+            run_after: t(60),
+            error: "transient",
+        },
+        TaskFinish::Fail { error: "refused" },
+    ];
+    for (task, finish) in claimed.iter().zip(finishes) {
+        // Another worker's finish changes nothing and records nothing.
+        let foreign = store
+            .finish_task_recorded(task.id, "w2", finish, t(2), &ended)
+            .await
+            .unwrap();
+        assert!(!foreign, "{}: {finish:?}", s.name());
+        let held = store
+            .finish_task_recorded(task.id, "w1", finish, t(2), &ended)
+            .await
+            .unwrap();
+        assert!(held, "{}: {finish:?}", s.name());
+    }
+    let events = store.events(&EventFilter::default()).await.unwrap().rows;
+    let tasks: Vec<Option<i64>> = events.iter().map(|e| e.event.task).collect();
+    let ids: Vec<Option<i64>> = claimed.iter().map(|t| Some(t.id)).collect();
+    assert_eq!(
+        tasks,
+        ids,
+        "one event per end, naming its task: {}",
+        s.name()
+    );
+    let states: Vec<TaskState> = {
+        let mut states = Vec::new();
+        for t in &claimed {
+            states.push(store.task(t.id).await.unwrap().unwrap().state);
+        }
+        states
+    };
+    assert_eq!(
+        states,
+        [TaskState::Done, TaskState::Queued, TaskState::Failed],
+        "{}",
+        s.name()
     );
 }

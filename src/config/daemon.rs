@@ -50,6 +50,15 @@ pub const CONFIG_LEN_MAX: u64 = 256 * 1024;
 pub const WORKERS_MAX: u32 = 64;
 /// Longest shutdown bound.
 pub const SHUTDOWN_GRACE_MAX: Duration = Duration::from_secs(3600);
+/// How long the event log keeps an event unless `events.retention_days`
+/// says otherwise, and the bounds of that setting.
+pub const EVENT_RETENTION_DAYS_DEFAULT: i64 = 14;
+pub const EVENT_RETENTION_DAYS_MIN: i64 = 1;
+pub const EVENT_RETENTION_DAYS_MAX: i64 = 3650;
+const _: () = assert!(
+    EVENT_RETENTION_DAYS_MIN <= EVENT_RETENTION_DAYS_DEFAULT
+        && EVENT_RETENTION_DAYS_DEFAULT <= EVENT_RETENTION_DAYS_MAX
+);
 /// Longest value quoted back in an error.
 const ERROR_VALUE_LEN_MAX: usize = 120;
 
@@ -99,6 +108,7 @@ pub const KEYS: &[&str] = &[
     "limits.pids_limit",
     "limits.log_max_size_mb",
     "limits.log_max_files",
+    "events.retention_days",
     "database.max_connections",
     "database.acquire_timeout_ms",
     "database.call_timeout_ms",
@@ -243,6 +253,15 @@ pub struct DaemonConfig {
     /// What every container gets unless the catalog says otherwise, and
     /// the most memory the catalog may give one.
     pub limits: ContainerLimits,
+    /// The event log (#42).
+    pub events: EventSettings,
+}
+
+/// The `[events]` table: how long the event log keeps what it records.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct EventSettings {
+    /// Events older than this are pruned by the leader's ticks.
+    pub retention: Duration,
 }
 
 /// Why the daemon configuration was rejected. Every error says where the
@@ -508,7 +527,15 @@ struct RawConfig {
     #[serde(default)]
     limits: RawLimitsTable,
     #[serde(default)]
+    events: RawEvents,
+    #[serde(default)]
     database: RawDatabase,
+}
+
+#[derive(Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+struct RawEvents {
+    retention_days: Option<i64>,
 }
 
 #[derive(Deserialize, Default)]
@@ -778,6 +805,22 @@ impl Validator<'_> {
             helm: self.helm(raw.helm)?,
             grants: self.grants(&raw.grants)?.with_limits(limits.clone()),
             limits,
+            events: self.events(raw.events)?,
+        })
+    }
+
+    /// `[events]`: the retention, in whole days within its bounds.
+    fn events(&self, raw: RawEvents) -> Result<EventSettings, DaemonConfigError> {
+        const DAY_S: u64 = 24 * 3600;
+        let days = self.int(
+            "events.retention_days",
+            raw.retention_days,
+            EVENT_RETENTION_DAYS_DEFAULT,
+            EVENT_RETENTION_DAYS_MIN,
+            EVENT_RETENTION_DAYS_MAX,
+        )?;
+        Ok(EventSettings {
+            retention: Duration::from_secs(days * DAY_S),
         })
     }
 
@@ -1306,6 +1349,29 @@ mod tests {
                 "docs/operations.md lacks {key}"
             );
         }
+    }
+
+    #[test]
+    fn the_event_retention_is_read_in_days_and_refused_out_of_bounds_naming_field_and_value() {
+        let defaults = parse("", "f", &[]).unwrap();
+        assert_eq!(
+            defaults.events.retention,
+            Duration::from_secs(14 * 24 * 3600)
+        );
+        let set = parse("[events]\nretention_days = 2\n", "f", &[]).unwrap();
+        assert_eq!(set.events.retention, Duration::from_secs(2 * 24 * 3600));
+        let e = parse("[events]\nretention_days = 0\n", "stead.toml", &[]).unwrap_err();
+        let text = e.to_string();
+        assert!(
+            text.contains("events.retention_days = 0") && text.contains("between 1 and 3650"),
+            "{text}"
+        );
+        let env = vec![(env_name("events.retention_days"), "99999".to_owned())];
+        let text = parse("", "f", &env).unwrap_err().to_string();
+        assert!(
+            text.contains("STEAD_EVENTS__RETENTION_DAYS") && text.contains("99999"),
+            "{text}"
+        );
     }
 
     #[test]

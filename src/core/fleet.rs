@@ -250,7 +250,7 @@ pub struct UnknownWord {
 }
 
 impl UnknownWord {
-    fn new(field: &'static str, value: &str) -> Self {
+    pub(crate) fn new(field: &'static str, value: &str) -> Self {
         Self {
             field,
             value: value.chars().take(64).collect(),

@@ -12,6 +12,7 @@ pub mod broken;
 pub mod budget;
 pub mod catalog;
 pub mod errors;
+pub mod event_log;
 pub mod fleet;
 pub mod grants;
 pub mod hash;

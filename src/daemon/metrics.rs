@@ -218,6 +218,18 @@ pub const METRICS: &[Metric] = &[
         ),
         "result",
     ),
+    counter(
+        "stead_events_written_total",
+        "Events written to the event log (#42).",
+    ),
+    counter(
+        "stead_events_dropped_total",
+        "Events the event log dropped rather than make a pass wait: its buffer was full, or the store refused a batch every time.",
+    ),
+    counter(
+        "stead_events_pruned_total",
+        "Events deleted from the event log past events.retention_days.",
+    ),
 ];
 
 /// Why a withdrawal can be asked for: the `reason` values of

@@ -18,9 +18,11 @@ use crate::adapters::docker::{DockerConfig, DockerProvisioner, DockerRuntime, Na
 use crate::adapters::helm::{HelmConfig, HelmProvisioner};
 use crate::adapters::probe::{NetAndLogProbe, NetProbe};
 use crate::core::catalog::{reload_hazards, Catalog, CatalogChange, CatalogError, ReloadHazard};
+use crate::core::event_log::{Event, EventKind};
 use crate::core::policy::{reconciler_lease_ttl, LEASE_MARGIN};
 use crate::core::types::{InstanceName, ServiceName};
 use crate::engine::clock::AnchoredClock;
+use crate::engine::event_log::{EventFlusher, EventSink, EVENT_BUFFER_MAX};
 use crate::engine::lease::LeaseGuard;
 use crate::engine::recovery::{InstanceLocks, ReadinessTable, Recoverer};
 use crate::engine::tick::Reconciler;
@@ -31,12 +33,14 @@ use crate::ports::{Notifier, NotifyError, Policy, PolicyError, Provisioner, Stor
 
 pub mod admin;
 pub mod allocator;
+pub mod event_log;
 pub mod events;
 pub mod human;
 pub mod identity;
 pub mod metrics;
 pub mod provisioners;
 pub mod status;
+pub mod why;
 
 // The config parser needs no adapter and lives in `crate::config` so that it
 // builds (and is fuzzed) without `io`; `daemon::config` stays its name here.
@@ -439,6 +443,9 @@ fn hazards_text(hazards: &[ReloadHazard]) -> String {
     )
 }
 
+/// How long a stopping daemon waits to write its last events.
+const EVENT_FLUSH_AT_EXIT_MAX: std::time::Duration = std::time::Duration::from_secs(5);
+
 /// Everything a running daemon is made of.
 pub struct Daemon {
     pub config: DaemonConfig,
@@ -458,6 +465,9 @@ pub struct Daemon {
     pub wake: Arc<WakeQueue>,
     /// Held by [`Daemon::reload_catalog`]: reloads run one at a time.
     reload_lock: tokio::sync::Mutex<()>,
+    /// Writes what the loops log to the event log (#42): run by
+    /// [`Daemon::run`], or once by [`Daemon::flush_events`].
+    event_flusher: tokio::sync::Mutex<EventFlusher>,
 }
 
 impl Daemon {
@@ -527,6 +537,9 @@ impl Daemon {
         ));
         let wake = Arc::new(WakeQueue::new(WAKE_QUEUE_CAPACITY_DEFAULT));
         recoverer.wake_at_requested_times(wake.clone());
+        let (events, event_flusher) = EventSink::new(holder.clone(), EVENT_BUFFER_MAX);
+        recoverer.log_events_to(events);
+        reconciler.keep_events_for(config.events.retention);
         Ok(Daemon {
             config,
             catalog,
@@ -540,6 +553,22 @@ impl Daemon {
             identity,
             wake,
             reload_lock: tokio::sync::Mutex::new(()),
+            event_flusher: tokio::sync::Mutex::new(event_flusher),
+        })
+    }
+
+    /// Writes what the event log's buffer holds now (`stead tick`, `run
+    /// --once`, and after the loops stopped); the number written. Bounded,
+    /// so a database that no longer answers cannot hold the exit.
+    pub async fn flush_events(&self) -> usize {
+        let flushed = tokio::time::timeout(EVENT_FLUSH_AT_EXIT_MAX, async {
+            let mut flusher = self.event_flusher.lock().await;
+            flusher.flush(self.ports.store.as_ref()).await
+        })
+        .await;
+        flushed.unwrap_or_else(|_| {
+            tracing::warn!("the last events were not written: the database did not answer");
+            0
         })
     }
 
@@ -629,6 +658,16 @@ impl Daemon {
                 .join("; ")
         };
         tracing::info!(catalog = %path.display(), "catalog reloaded: {summary}");
+        self.recoverer.events().emit(Event::new(
+            EventKind::CatalogReload,
+            self.ports.clock.now(),
+            if forced.is_empty() {
+                "reload"
+            } else {
+                "reload --force"
+            },
+            format!("catalog reloaded: {summary}"),
+        ));
         ::metrics::counter!("stead_catalog_reloads_total", "result" => "ok").increment(1);
         self.reconciler.wake();
         Ok(Reloaded { changes, forced })
@@ -711,6 +750,7 @@ impl Daemon {
             },
             self.locks.clone(),
         )
+        .with_events(self.recoverer.events().clone())
     }
 
     /// One worker claim-and-run, for `--once` and tests; `false` when no
@@ -738,6 +778,14 @@ impl Daemon {
         };
         self.reclaim_predecessor_work().await;
         let mut tasks = Tasks::default();
+        {
+            let daemon = self.clone();
+            let stop = stop.clone();
+            tasks.spawn("event log", async move {
+                let mut flusher = daemon.event_flusher.lock().await;
+                flusher.run(daemon.ports.store.as_ref(), stop).await;
+            });
+        }
         if let Some(listener) = admin_listener {
             let daemon = self.clone();
             let stop = stop.clone();
@@ -790,6 +838,8 @@ impl Daemon {
                 tasks.abort_all();
             }
         }
+        // What the handlers logged while they finished.
+        self.flush_events().await;
         tracing::info!("stopped");
         Ok(())
     }

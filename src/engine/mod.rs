@@ -10,6 +10,7 @@ use crate::ports::{Clock, Notifier, Policy, Probe, Provisioner, Runtime, Store, 
 
 pub mod clock;
 pub(crate) mod drive;
+pub mod event_log;
 pub mod events;
 pub mod lease;
 pub mod locks;

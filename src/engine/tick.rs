@@ -14,6 +14,7 @@ use tokio::sync::watch;
 use tracing::Instrument;
 
 use crate::core::catalog::Catalog;
+use crate::core::event_log::{Event, EventKind};
 use crate::core::plan::{
     task_lease, ControlConfig, Decision, Level, Plan, Planner, Report, Snapshot,
 };
@@ -134,6 +135,9 @@ pub struct Reconciler {
     failing: Mutex<BTreeSet<(Check, String)>>,
     /// The bad rows the last snapshot skipped, logged the same way.
     bad_rows: Mutex<BTreeSet<String>>,
+    /// How long the event log keeps an event (#42); unset: the leader's
+    /// tick prunes nothing.
+    event_retention: std::sync::OnceLock<Duration>,
 }
 
 /// What full passes confirmed gone (R7), per instance, with when that
@@ -169,6 +173,24 @@ impl Reconciler {
             failing: Mutex::new(BTreeSet::new()),
             bad_rows: Mutex::new(BTreeSet::new()),
             lost_services: Mutex::new(LostServices::new()),
+            event_retention: std::sync::OnceLock::new(),
+        }
+    }
+
+    /// From now on, each tick this replica leads deletes the events older
+    /// than `retention`, in bounded batches (#42). Set once.
+    pub fn keep_events_for(&self, retention: Duration) {
+        let _ = self.event_retention.set(retention);
+    }
+
+    /// Retention of the event log: never fails the tick (C3).
+    async fn prune_events(&self) {
+        let Some(retention) = self.event_retention.get() else {
+            return;
+        };
+        let now = self.ports.clock.now();
+        if let Err(e) = super::event_log::prune(self.ports.store.as_ref(), now, *retention).await {
+            tracing::warn!(error = %e, "pruning the event log failed; tried again next tick");
         }
     }
 
@@ -209,6 +231,22 @@ impl Reconciler {
             .filter(|(_, (seen_at, _))| *seen_at >= oldest)
             .map(|(name, (_, services))| (name.clone(), services.clone()))
             .collect()
+    }
+
+    /// Writes `event` to the event log (#42), never waiting for it.
+    fn emit(&self, event: Event) {
+        self.recoverer.events().emit(event);
+    }
+
+    /// An event about the instance named `name` (as the tick names it: a
+    /// name the snapshot knows, else its id), stamped for a store call
+    /// that records it with its change; `None` when events are off.
+    fn stamped_about(&self, name: &str, event: Event) -> Option<Event> {
+        let event = match crate::core::names::check_instance_name("instance", name) {
+            Ok(()) => event.instance(&InstanceName::new(name)),
+            Err(_) => event,
+        };
+        self.recoverer.events().stamp(event)
     }
 
     /// Starts the next tick now instead of after the pause (or right after
@@ -280,8 +318,8 @@ impl Reconciler {
         // its deadline), never TTL, lease expiry or drift (issue #14).
         let mut control = TickOutcome::default();
         let (pass, ()) = tokio::join!(
-            self.recoverer.pass(),
-            self.control_checks(traceparent, &mut control)
+            self.recoverer.pass_traced(Some(&traceparent)),
+            self.control_checks(traceparent.clone(), &mut control)
         );
         if !pass.errors.is_empty() {
             let errors: Vec<String> = pass.errors.iter().map(ToString::to_string).collect();
@@ -310,6 +348,7 @@ impl Reconciler {
             tracing::warn!("{w}");
         }
         self.gauges().await;
+        self.prune_events().await;
         out
     }
 
@@ -365,6 +404,18 @@ impl Reconciler {
                     grant.epoch,
                     grant.expires_at
                 );
+                self.emit(
+                    Event::new(
+                        EventKind::LeaseTaken,
+                        self.ports.clock.now(),
+                        "C2",
+                        format!(
+                            "reconciler lease taken by {} (epoch {})",
+                            grant.holder, grant.epoch
+                        ),
+                    )
+                    .until(grant.expires_at),
+                );
             }
             (LeaseAnswer::HeldElsewhere, lost) => self.log_waiting(lost).await,
             (LeaseAnswer::Unavailable(e), _) => {
@@ -389,6 +440,12 @@ impl Reconciler {
                 "reconciler lease lost: now held by {holder}{until}; this replica stops acting \
                  and waits"
             );
+            self.emit(Event::new(
+                EventKind::LeaseLost,
+                self.ports.clock.now(),
+                "C2",
+                format!("reconciler lease lost: now held by {holder}{until}"),
+            ));
         } else if waiting.as_deref() != Some(holder.as_str()) {
             tracing::info!("waiting for the reconciler lease, held by {holder}{until}");
         }
@@ -603,35 +660,83 @@ impl Reconciler {
         };
         for decision in decisions {
             let result = match decision {
-                Decision::Enqueue(task) => store.enqueue(task, now, Some(fence)).await.map(|id| {
-                    if let Some(id) = id {
-                        out.tasks_enqueued += 1;
-                        let instance = name(task.instance);
-                        let when = if task.run_after > now {
-                            format!(", due {}", task.run_after)
-                        } else {
-                            String::new()
-                        };
-                        tracing::info!(
-                            instance = %instance,
-                            task = id,
-                            "queued task {id} {} of {instance}{when}: {}",
-                            task.kind,
-                            task.reason
-                        );
-                    }
-                }),
+                Decision::Enqueue(task) => {
+                    let instance = name(task.instance);
+                    let when = if task.run_after > now {
+                        format!(", due {}", task.run_after)
+                    } else {
+                        String::new()
+                    };
+                    let (kind, rule) = match check {
+                        Check::Drift => (EventKind::Drift, "C5"),
+                        Check::VersionDrift => (EventKind::Enqueue, "C8"),
+                        _ => (EventKind::Enqueue, check.as_str()),
+                    };
+                    // Recorded in the enqueue's own transaction (#42).
+                    let event = self.stamped_about(
+                        &instance,
+                        Event::new(
+                            kind,
+                            now,
+                            rule,
+                            format!("queued {} of {instance}{when}: {}", task.kind, task.reason),
+                        )
+                        .traced(task.traceparent.as_deref()),
+                    );
+                    let queued = match &event {
+                        Some(event) => store.enqueue_recorded(task, now, Some(fence), event).await,
+                        None => store.enqueue(task, now, Some(fence)).await,
+                    };
+                    queued.map(|id| {
+                        if let Some(id) = id {
+                            out.tasks_enqueued += 1;
+                            tracing::info!(
+                                instance = %instance,
+                                task = id,
+                                "queued task {id} {} of {instance}{when}: {}",
+                                task.kind,
+                                task.reason
+                            );
+                        }
+                    })
+                }
                 Decision::Expire {
                     instance,
                     from,
                     task,
-                } => store
-                    .expire_instance(*instance, *from, task, now, Some(fence))
-                    .await
-                    .map(|expired| {
+                } => {
+                    let id = *instance;
+                    let instance = name(id);
+                    // Recorded in the expiry's own transaction (#42).
+                    let event = self.stamped_about(
+                        &instance,
+                        Event::new(
+                            EventKind::TtlExpiry,
+                            now,
+                            "C7",
+                            format!(
+                                "deleting {instance}: deprovision queued, its other queued \
+                                 tasks cancelled: {}",
+                                task.reason
+                            ),
+                        )
+                        .traced(task.traceparent.as_deref()),
+                    );
+                    let expired = match &event {
+                        Some(event) => {
+                            store
+                                .expire_instance_recorded(id, *from, task, now, Some(fence), event)
+                                .await
+                        }
+                        None => {
+                            store
+                                .expire_instance(id, *from, task, now, Some(fence))
+                                .await
+                        }
+                    };
+                    expired.map(|expired| {
                         if let Some(expired) = expired {
                             out.tasks_enqueued += 1;
-                            let instance = name(*instance);
                             tracing::info!(
                                 instance = %instance,
                                 task = expired.task,
@@ -642,7 +747,8 @@ impl Reconciler {
                                 task.reason
                             );
                         }
-                    }),
+                    })
+                }
                 Decision::RequeueExpiredLease { .. } if lease_reset => Ok(()),
                 Decision::RequeueExpiredLease { .. } => {
                     lease_reset = true;
@@ -680,7 +786,16 @@ impl Reconciler {
                         tracing::warn!(
                             service_type = %service_type,
                             "rollout of {service_type} halted (C8): {reason}"
-                        )
+                        );
+                        self.emit(
+                            Event::new(
+                                EventKind::Halt,
+                                now,
+                                "C8",
+                                format!("rollout of {service_type} halted: {reason}"),
+                            )
+                            .traced(snapshot.traceparent.as_deref()),
+                        );
                     }),
             };
             if result.is_ok() {

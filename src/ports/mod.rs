@@ -14,6 +14,7 @@ pub use crate::core::errors::{
     ErrorKind, NotifyError, PolicyError, PortFailure, PortName, ProbeError, ProvisionError,
     StoreError, TrafficError,
 };
+pub use crate::core::event_log::{Event, EventFilter, LoggedEvent};
 use crate::core::fleet::{
     Instance, InstanceId, InstanceState, ListedInstance, NewTask, RolloutState, Task, TaskId,
 };
@@ -328,6 +329,21 @@ pub struct RolloutRecord {
 pub struct Rows<T> {
     pub rows: Vec<T>,
     pub bad: Vec<StoreError>,
+}
+
+/// How a worker finishes a task ([`Store::finish_task_recorded`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum TaskFinish<'a> {
+    Done,
+    /// Queued again, due at `run_after`, with its error.
+    Retry {
+        run_after: Timestamp,
+        error: &'a str,
+    },
+    /// Failed for good, with its error.
+    Fail {
+        error: &'a str,
+    },
 }
 
 /// One instance as a recovery pass reads it under its lock: intent, ACTIVE
@@ -656,4 +672,76 @@ pub trait Store: Send + Sync {
     /// passed); `None` when nobody took it or it was released. For logs and
     /// status only: it grants nothing.
     async fn reconciler_lease(&self) -> Result<Option<LeaseGrant>, StoreError>;
+
+    // --- the event log (#42) ---------------------------------------------
+    /// Appends `events` in order, in one transaction: all or none. Their
+    /// ids ascend in the order given.
+    async fn append_events(&self, events: &[Event]) -> Result<(), StoreError>;
+    /// The events `filter` admits, at most its limit, in id order: the
+    /// newest ones, or with `after_id` the oldest after it. A row that
+    /// does not decode is reported in [`Rows::bad`].
+    async fn events(&self, filter: &EventFilter) -> Result<Rows<LoggedEvent>, StoreError>;
+    /// Deletes at most `batch_max` of the oldest events written before
+    /// `before`, and says how many: retention prunes in bounded batches so
+    /// no statement holds the table long.
+    async fn prune_events(&self, before: Timestamp, batch_max: u32) -> Result<u64, StoreError>;
+    /// [`Store::enqueue`], recording `event` (its `task` set to the new
+    /// task's id) in the same transaction when a task was inserted: both
+    /// or neither. The default is not atomic; the SQL stores are.
+    async fn enqueue_recorded(
+        &self,
+        task: &NewTask,
+        now: Timestamp,
+        fence: Option<&LeaseGrant>,
+        event: &Event,
+    ) -> Result<Option<TaskId>, StoreError> {
+        let id = self.enqueue(task, now, fence).await?;
+        if let Some(id) = id {
+            self.append_events(&[event.clone().task(id)]).await?;
+        }
+        Ok(id)
+    }
+    /// [`Store::complete`], [`Store::retry`] or [`Store::fail`] as
+    /// `finish` says, recording `event` (its `task` set to `id`) in the same
+    /// transaction when the worker still held the task: both or neither.
+    /// The default is not atomic; the SQL stores are.
+    async fn finish_task_recorded(
+        &self,
+        id: TaskId,
+        worker: &str,
+        finish: TaskFinish<'_>,
+        now: Timestamp,
+        event: &Event,
+    ) -> Result<bool, StoreError> {
+        let held = match finish {
+            TaskFinish::Done => self.complete(id, worker, now).await?,
+            TaskFinish::Retry { run_after, error } => {
+                self.retry(id, worker, run_after, error, now).await?
+            }
+            TaskFinish::Fail { error } => self.fail(id, worker, error, now).await?,
+        };
+        if held {
+            self.append_events(&[event.clone().task(id)]).await?;
+        }
+        Ok(held)
+    }
+    /// [`Store::expire_instance`], recording `event` (its `task` set to
+    /// the deprovision's id) in the same transaction when the instance
+    /// was expired. The default is not atomic; the SQL stores are.
+    async fn expire_instance_recorded(
+        &self,
+        id: InstanceId,
+        from: InstanceState,
+        task: &NewTask,
+        now: Timestamp,
+        fence: Option<&LeaseGrant>,
+        event: &Event,
+    ) -> Result<Option<Expired>, StoreError> {
+        let expired = self.expire_instance(id, from, task, now, fence).await?;
+        if let Some(expired) = &expired {
+            self.append_events(&[event.clone().task(expired.task)])
+                .await?;
+        }
+        Ok(expired)
+    }
 }

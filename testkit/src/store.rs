@@ -18,6 +18,7 @@ use async_trait::async_trait;
 
 use crate::mutants::{self, Mutant};
 use crate::ports::{Effect, Observer};
+use stead::core::event_log::{Event, EventFilter, LoggedEvent};
 use stead::core::fleet::{
     Instance, InstanceId, InstanceState, ListedInstance, NewTask, RolloutState, Task, TaskId,
     TaskKind, TaskState, CANCELLED_BY_DELETION,
@@ -100,6 +101,9 @@ struct State {
     instance_locks: BTreeMap<InstanceId, (Arc<str>, i64)>,
     next_instance_id: InstanceId,
     next_task_id: TaskId,
+    /// The event log, in id order.
+    events: Vec<LoggedEvent>,
+    next_event_id: i64,
 }
 
 impl MemoryStore {
@@ -337,6 +341,19 @@ fn garbled_row((id, garbled): (InstanceId, Garbled)) -> StoreError {
         id: id.to_string(),
         field,
         value: value.to_owned(),
+    }
+}
+
+impl State {
+    /// Appends one event under the next id, at the store's precision.
+    fn push_event(&mut self, mut event: Event) {
+        self.next_event_id += 1;
+        event.at = normalize_timestamp(event.at);
+        event.until = event.until.map(normalize_timestamp);
+        self.events.push(LoggedEvent {
+            id: self.next_event_id,
+            event,
+        });
     }
 }
 
@@ -1373,6 +1390,100 @@ impl Store for MemoryStore {
 
     async fn reconciler_lease(&self) -> Result<Option<LeaseGrant>, StoreError> {
         Ok(self.call()?.lease_row().grant())
+    }
+
+    async fn append_events(&self, events: &[Event]) -> Result<(), StoreError> {
+        let mut state = self.call()?;
+        for event in events {
+            state.push_event(event.clone());
+        }
+        Ok(())
+    }
+
+    /// The enqueue is one call; its event is kept with it, past the fault
+    /// hooks, as a SQL transaction keeps both or neither.
+    async fn enqueue_recorded(
+        &self,
+        task: &NewTask,
+        now: Timestamp,
+        fence: Option<&LeaseGrant>,
+        event: &Event,
+    ) -> Result<Option<TaskId>, StoreError> {
+        let id = self.enqueue(task, now, fence).await?;
+        if let Some(id) = id {
+            self.lock().push_event(event.clone().task(id));
+        }
+        Ok(id)
+    }
+
+    async fn finish_task_recorded(
+        &self,
+        id: TaskId,
+        worker: &str,
+        finish: stead::ports::TaskFinish<'_>,
+        now: Timestamp,
+        event: &Event,
+    ) -> Result<bool, StoreError> {
+        use stead::ports::TaskFinish;
+        let held = match finish {
+            TaskFinish::Done => self.complete(id, worker, now).await?,
+            TaskFinish::Retry { run_after, error } => {
+                self.retry(id, worker, run_after, error, now).await?
+            }
+            TaskFinish::Fail { error } => self.fail(id, worker, error, now).await?,
+        };
+        if held {
+            self.lock().push_event(event.clone().task(id));
+        }
+        Ok(held)
+    }
+
+    async fn expire_instance_recorded(
+        &self,
+        id: InstanceId,
+        from: InstanceState,
+        task: &NewTask,
+        now: Timestamp,
+        fence: Option<&LeaseGrant>,
+        event: &Event,
+    ) -> Result<Option<Expired>, StoreError> {
+        let expired = self.expire_instance(id, from, task, now, fence).await?;
+        if let Some(expired) = &expired {
+            self.lock().push_event(event.clone().task(expired.task));
+        }
+        Ok(expired)
+    }
+
+    async fn events(&self, filter: &EventFilter) -> Result<Rows<LoggedEvent>, StoreError> {
+        let state = self.call()?;
+        let admitted = state.events.iter().filter(|e| filter.admits(e));
+        let limit = filter.limit as usize;
+        let rows: Vec<LoggedEvent> = if filter.after_id.is_some() {
+            admitted.take(limit).cloned().collect()
+        } else {
+            let mut newest: Vec<LoggedEvent> = admitted.rev().take(limit).cloned().collect();
+            newest.reverse();
+            newest
+        };
+        Ok(Rows {
+            rows,
+            bad: Vec::new(),
+        })
+    }
+
+    async fn prune_events(&self, before: Timestamp, batch_max: u32) -> Result<u64, StoreError> {
+        let mut state = self.call()?;
+        let mut old: Vec<(Timestamp, i64)> = state
+            .events
+            .iter()
+            .filter(|e| e.event.at < before)
+            .map(|e| (e.event.at, e.id))
+            .collect();
+        old.sort_unstable();
+        old.truncate(batch_max as usize);
+        let pruned: BTreeSet<i64> = old.into_iter().map(|(_, id)| id).collect();
+        state.events.retain(|e| !pruned.contains(&e.id));
+        Ok(pruned.len() as u64)
     }
 }
 

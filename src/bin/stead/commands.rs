@@ -19,8 +19,11 @@ use stead::engine::SystemClock;
 use stead::ops::{CreateRequest, Deletion, Ops};
 use stead::ports::{Clock, Store};
 
+use crate::history::{by_operator, record};
 use crate::output::{complain, say, say_json, CliError, EXIT_FAILURE, EXIT_OK};
 use crate::{config_source, Command, InstanceCommand, RoleArg, RolloutCommand, TaskCommand};
+use stead::core::event_log::EventKind;
+use stead::core::types::InstanceName;
 
 /// Bound on a call to the running daemon's admin endpoint.
 const ADMIN_TIMEOUT: Duration = Duration::from_secs(10);
@@ -48,6 +51,25 @@ pub async fn dispatch(command: Command, config: DaemonConfig) -> Result<u8, CliE
         }
         Command::Task(TaskCommand::Cancel { id }) => task_cancel(&config, id).await,
         Command::Rollout(command) => rollout(&config, command).await,
+        Command::Events {
+            instance,
+            kind,
+            since,
+            limit,
+            follow,
+            json,
+        } => {
+            let query = crate::history::EventQuery {
+                instance,
+                kind,
+                since,
+                limit,
+            };
+            crate::history::events(&config, query, follow, json).await
+        }
+        Command::Timeline { name, since, limit } => {
+            crate::history::timeline(&config, &name, since, limit).await
+        }
     }
 }
 
@@ -79,6 +101,7 @@ async fn run(config: DaemonConfig, role: RoleArg, once: bool) -> Result<u8, CliE
                 }
             }
         }
+        daemon.flush_events().await;
         return Ok(if ok { EXIT_OK } else { EXIT_FAILURE });
     }
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
@@ -126,6 +149,7 @@ async fn tick(config: DaemonConfig) -> Result<u8, CliError> {
     daemon.ensure_caddy_server().await;
     let outcome = daemon.reconciler.tick().await;
     daemon.reconciler.release_lease().await;
+    daemon.flush_events().await;
     for (check, why) in &outcome.failed {
         complain(&format!("check {} failed: {why}", check.as_str()));
     }
@@ -320,6 +344,26 @@ async fn status(config: &DaemonConfig, json: bool, live: bool) -> Result<u8, Cli
     Ok(EXIT_OK)
 }
 
+/// `stead instance why`: the status view, explained for one instance.
+async fn instance_why(config: &DaemonConfig, name: &str, live: bool) -> Result<u8, CliError> {
+    let status = if live {
+        live_status(config).await?
+    } else {
+        local_status(config).await?
+    };
+    let Some(said) = stead::daemon::why::explain(&status, name) else {
+        return Err(CliError {
+            message: format!("no instance named {name:?} (deleted ones have nothing to wait for)"),
+            code: crate::output::EXIT_NOT_FOUND,
+        });
+    };
+    for error in &status.errors {
+        complain(&format!("could not read everything: {error}"));
+    }
+    say(said.join("\n"));
+    Ok(EXIT_OK)
+}
+
 /// The status as the configured database, the runtime and Caddy say.
 async fn local_status(config: &DaemonConfig) -> Result<Status, CliError> {
     let store = stead::daemon::open_store(config).await?;
@@ -385,6 +429,7 @@ async fn instance(config: &DaemonConfig, command: InstanceCommand) -> Result<u8,
     match command {
         InstanceCommand::List { all, json } => return instance_list(config, all, json).await,
         InstanceCommand::Show { name, json } => return instance_show(config, &name, json).await,
+        InstanceCommand::Why { name, live } => return instance_why(config, &name, live).await,
         _ => {}
     }
     let (store, catalog) = store_and_catalog(config).await?;
@@ -422,10 +467,24 @@ async fn instance(config: &DaemonConfig, command: InstanceCommand) -> Result<u8,
             let created = ops.create(&request).await?;
             let i = &created.instance;
             match created.task {
-                Some(task) => say(format!(
-                    "created {} ({} {}, team {}); provision queued as task {task}",
-                    i.name, i.service_type, i.version, i.team
-                )),
+                Some(task) => {
+                    say(format!(
+                        "created {} ({} {}, team {}); provision queued as task {task}",
+                        i.name, i.service_type, i.version, i.team
+                    ));
+                    record(
+                        store.as_ref(),
+                        [by_operator(
+                            EventKind::Enqueue,
+                            format!(
+                                "created {} ({} {}); provision queued as task {task}",
+                                i.name, i.service_type, i.version
+                            ),
+                        )
+                        .instance(&i.name)],
+                    )
+                    .await;
+                }
                 None => say(format!(
                     "{} already exists ({} {}, {}); nothing to do",
                     i.name, i.service_type, i.version, i.state
@@ -442,18 +501,35 @@ async fn instance(config: &DaemonConfig, command: InstanceCommand) -> Result<u8,
                 say(format!("{name} is already stopped; nothing to do"));
             }
         }
-        InstanceCommand::Retry { name } => match ops.retry(&name).await? {
-            stead::ops::Retry::Provisioning { task } => say(format!(
-                "{name}: provisioning again (task {task}); `stead instance show {name}` follows it"
-            )),
-            stead::ops::Retry::Reprovisioning { task } => say(format!(
-                "{name}: reprovisioning (task {task}): its release is installed or upgraded in \
-                 place and whatever of it vanished is created again"
-            )),
-            stead::ops::Retry::AlreadyQueued { kind } => say(format!(
-                "{name}: a {kind} is already queued or running; nothing to do (`stead task list`)"
-            )),
-        },
+        InstanceCommand::Retry { name } => {
+            let queued = match ops.retry(&name).await? {
+                stead::ops::Retry::Provisioning { task } => {
+                    say(format!(
+                        "{name}: provisioning again (task {task}); `stead instance show {name}` \
+                         follows it"
+                    ));
+                    Some(format!("retry: provision queued as task {task}"))
+                }
+                stead::ops::Retry::Reprovisioning { task } => {
+                    say(format!(
+                        "{name}: reprovisioning (task {task}): its release is installed or \
+                         upgraded in place and whatever of it vanished is created again"
+                    ));
+                    Some(format!("retry: reprovision queued as task {task}"))
+                }
+                stead::ops::Retry::AlreadyQueued { kind } => {
+                    say(format!(
+                        "{name}: a {kind} is already queued or running; nothing to do (`stead \
+                         task list`)"
+                    ));
+                    None
+                }
+            };
+            if let Some(message) = queued {
+                let event = by_operator(EventKind::Enqueue, message);
+                record(store.as_ref(), [event.instance(&InstanceName::new(&name))]).await;
+            }
+        }
         InstanceCommand::Start { name } => {
             if ops.set_stopped(&name, false).await? {
                 say(format!(
@@ -469,7 +545,26 @@ async fn instance(config: &DaemonConfig, command: InstanceCommand) -> Result<u8,
             purge_volumes,
         } => {
             let volumes = ops.declared_volumes(&ops.find(&name).await?);
-            match ops.delete(&name, purge_volumes).await? {
+            let deletion = ops.delete(&name, purge_volumes).await?;
+            if let Deletion::Started { task, cancelled } = &deletion {
+                let about = InstanceName::new(&name);
+                let mut events = vec![by_operator(
+                    EventKind::Enqueue,
+                    format!("delete: deprovision queued as task {task}"),
+                )
+                .instance(&about)];
+                if !cancelled.is_empty() {
+                    events.push(
+                        by_operator(
+                            EventKind::Cancel,
+                            format!("delete: cancelled queued task(s) {cancelled:?} (T4)"),
+                        )
+                        .instance(&about),
+                    );
+                }
+                record(store.as_ref(), events).await;
+            }
+            match deletion {
                 Deletion::Started { task, cancelled } => say(format!(
                     "deleting {name}: deprovision queued as task {task}{}",
                     if cancelled.is_empty() {
@@ -519,7 +614,9 @@ async fn instance(config: &DaemonConfig, command: InstanceCommand) -> Result<u8,
             let n = ops.release(&name, &service).await?;
             say(format!("released {n} hold(s) on {name}/{service}"));
         }
-        InstanceCommand::List { .. } | InstanceCommand::Show { .. } => {
+        InstanceCommand::List { .. }
+        | InstanceCommand::Show { .. }
+        | InstanceCommand::Why { .. } => {
             unreachable!("handled above")
         }
     }
@@ -650,10 +747,20 @@ async fn task_cancel(config: &DaemonConfig, id: i64) -> Result<u8, CliError> {
     let (store, catalog) = store_and_catalog(config).await?;
     let ops = operator(store.as_ref(), catalog);
     match ops.cancel_task(id).await? {
-        stead::ops::TaskCancel::Cancelled(task) => say(format!(
-            "task {id} ({} of instance {}) cancelled",
-            task.kind, task.instance
-        )),
+        stead::ops::TaskCancel::Cancelled(task) => {
+            say(format!(
+                "task {id} ({} of instance {}) cancelled",
+                task.kind, task.instance
+            ));
+            let mut event = by_operator(
+                EventKind::Cancel,
+                format!("cancelled queued task {id} ({})", task.kind),
+            );
+            if let Ok(Some(instance)) = store.instance_by_id(task.instance).await {
+                event = event.instance(&instance.name);
+            }
+            record(store.as_ref(), [event]).await;
+        }
         stead::ops::TaskCancel::AlreadyOver(task) => say(format!(
             "task {id} ({} of instance {}) was already {}{}; nothing changed",
             task.kind,
@@ -718,6 +825,20 @@ async fn rollout(config: &DaemonConfig, command: RolloutCommand) -> Result<u8, C
             let (before, cancelled) = ops
                 .set_rollout(&service_type, RolloutState::Halted, &reason)
                 .await?;
+            let mut events = Vec::new();
+            if before == RolloutState::Active {
+                events.push(by_operator(
+                    EventKind::Halt,
+                    format!("rollout of {service_type} halted: {reason}"),
+                ));
+            }
+            if !cancelled.is_empty() {
+                events.push(by_operator(
+                    EventKind::Cancel,
+                    format!("cancelled the queued upgrade(s) {cancelled:?} of {service_type}"),
+                ));
+            }
+            record(store.as_ref(), events).await;
             say(match before {
                 RolloutState::Halted => {
                     format!("{service_type}: rollout was already halted; reason now {reason:?}")
@@ -737,6 +858,24 @@ async fn rollout(config: &DaemonConfig, command: RolloutCommand) -> Result<u8, C
         }
         RolloutCommand::Undo { service_type } => {
             let undo = ops.undo_rollout(&service_type).await?;
+            let mut events = vec![by_operator(
+                EventKind::Halt,
+                format!("rollout of {service_type} halted: rollout undo"),
+            )];
+            for (instance, services) in &undo.reverted {
+                let services: Vec<&str> = services.iter().map(|s| s.as_str()).collect();
+                events.push(
+                    by_operator(
+                        EventKind::Revert,
+                        format!(
+                            "rollout undo: put back on the predecessors of {}",
+                            services.join(", ")
+                        ),
+                    )
+                    .instance(instance),
+                );
+            }
+            record(store.as_ref(), events).await;
             say(format!(
                 "{service_type}: rollout halted (operator: rollout undo); \
                  `stead rollout resume {service_type}` once the catalog has a fixed version"

@@ -5,6 +5,7 @@
 //! table is in `output.rs` and `docs/operations.md`, "Exit codes").
 
 mod commands;
+mod history;
 mod output;
 
 use std::io::IsTerminal;
@@ -12,6 +13,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand, ValueEnum};
+use stead::core::event_log::{EventKind, EVENTS_READ_MAX};
 use stead::daemon::{config, DaemonConfig, LogFormat};
 
 use output::{complain, exit, say, EXIT_FAILURE, EXIT_OK, EXIT_USAGE};
@@ -115,6 +117,46 @@ pub enum Command {
     /// Halt or resume a service type's rollout of new versions.
     #[command(subcommand)]
     Rollout(RolloutCommand),
+    /// The event log: what stead did and why (starts, restarts,
+    /// publications, enqueues, TTL expiries, halts, leases, reloads), one
+    /// line per event, oldest first, each naming the rule it applied.
+    Events {
+        /// Only the events of this instance.
+        #[arg(long, value_parser = parse_instance_name)]
+        instance: Option<String>,
+        /// Only events of this kind: start, restart, stop, withdraw,
+        /// publish, retire, revert, enqueue, cancel, halt, ttl_expiry,
+        /// drift, crash_loop_delay, lease_taken, lease_lost,
+        /// catalog_reload, task_done, task_failed, task_retry.
+        #[arg(long, value_parser = parse_event_kind)]
+        kind: Option<EventKind>,
+        /// Only the events of the last DURATION, by the database's clock:
+        /// 30s, 10m, 2h, 7d.
+        #[arg(long, value_name = "DURATION", value_parser = parse_since)]
+        since: Option<std::time::Duration>,
+        /// At most this many events (the newest).
+        #[arg(long, default_value_t = 100, value_parser = clap::value_parser!(u32).range(1..=i64::from(EVENTS_READ_MAX)))]
+        limit: u32,
+        /// Keep printing events as they are written (the log is read
+        /// every second) until interrupted.
+        #[arg(long)]
+        follow: bool,
+        /// One JSON object per line.
+        #[arg(long)]
+        json: bool,
+    },
+    /// One instance's recent history as a timeline: one line per event,
+    /// grouped by pass, with the time between passes.
+    Timeline {
+        #[arg(value_parser = parse_instance_name)]
+        name: String,
+        /// Only the last DURATION: 30s, 10m, 2h, 7d.
+        #[arg(long, value_name = "DURATION", value_parser = parse_since)]
+        since: Option<std::time::Duration>,
+        /// At most this many events (the newest).
+        #[arg(long, default_value_t = 200, value_parser = clap::value_parser!(u32).range(1..=i64::from(EVENTS_READ_MAX)))]
+        limit: u32,
+    },
 }
 
 #[derive(Subcommand)]
@@ -145,6 +187,18 @@ pub enum InstanceCommand {
         /// (`{param.NAME}`); repeat for several.
         #[arg(long = "set", value_name = "NAME=VALUE", value_parser = parse_parameter)]
         parameters: Vec<(String, String)>,
+    },
+    /// Say in plain sentences what each service of an instance waits
+    /// for: a crash-loop delay and its end, a hold, a maintenance window,
+    /// a halted rollout, a readiness probe, its TTL. Read from what
+    /// `stead status` reads.
+    Why {
+        #[arg(value_parser = parse_instance_name)]
+        name: String,
+        /// Ask the running daemon (its admin endpoint), which adds the
+        /// crash-loop budgets it keeps in memory.
+        #[arg(long)]
+        live: bool,
     },
     /// Show one instance: its row, services and tasks.
     Show {
@@ -244,11 +298,36 @@ fn parse_parameter(text: &str) -> Result<(String, String), ArgError> {
     }
 }
 
+/// An instance name as every command takes it (T6).
+fn parse_instance_name(text: &str) -> Result<String, ArgError> {
+    stead::core::names::check_instance_name("instance", text)
+        .map(|()| text.to_owned())
+        .map_err(|e| ArgError::NotAName(text.chars().take(64).collect(), e.to_string()))
+}
+
+/// `--kind`: one of the event log's stable kind names.
+fn parse_event_kind(text: &str) -> Result<EventKind, ArgError> {
+    EventKind::parse(text).map_err(|_| ArgError::NotAnEventKind(text.chars().take(64).collect()))
+}
+
+/// `--since`: a whole number and a unit.
+fn parse_since(text: &str) -> Result<std::time::Duration, stead::daemon::event_log::SinceError> {
+    stead::daemon::event_log::parse_since(text)
+}
+
 /// Why clap refused a value; clap prints it after the flag's name.
 #[derive(Debug, thiserror::Error)]
 enum ArgError {
     #[error("{0:?}: expected NAME=VALUE")]
     NotAParameter(String),
+    #[error("{0:?}: not an instance name: {1}")]
+    NotAName(String, String),
+    #[error(
+        "{0:?}: not an event kind (start, restart, stop, withdraw, publish, retire, revert, \
+         enqueue, cancel, halt, ttl_expiry, drift, crash_loop_delay, lease_taken, lease_lost, \
+         catalog_reload, task_done, task_failed, task_retry)"
+    )]
+    NotAnEventKind(String),
     #[error("{0:?} is not a whole number of seconds")]
     NotSeconds(String),
     #[error(

@@ -10,6 +10,7 @@ use futures_util::future::join_all;
 use tokio::time::Instant;
 
 use crate::core::errors::PortFailure;
+use crate::core::event_log::{Event, EventKind};
 use crate::core::fleet::{Instance, InstanceId, ListedInstance};
 use crate::core::memory::InstanceMemory;
 use crate::core::pass::{
@@ -49,7 +50,7 @@ impl Recoverer {
         let batch = [ListedInstance::from(instance)];
         let taken = self.take_batch(&batch).await;
         let outcome = self
-            .finish_batch(&batch, taken, None)
+            .finish_batch(&batch, taken, None, None)
             .await
             .pop()
             .map_or_else(InstanceOutcome::default, |(_, outcome)| outcome);
@@ -149,6 +150,7 @@ impl Recoverer {
         batch: &[ListedInstance],
         taken: Taken,
         mut held: Option<&mut FleetRoutes>,
+        trace: Option<&str>,
     ) -> Vec<(InstanceName, InstanceOutcome)> {
         let TakenBatch {
             fence,
@@ -200,7 +202,7 @@ impl Recoverer {
                         remembered,
                         routes: held.as_deref_mut().map(|held| held.take(&instance.name)),
                     };
-                    self.pass_of(slot, fence.clone(), deadline)
+                    self.pass_of(slot, fence.clone(), deadline, trace)
                 })
                 .collect()
         };
@@ -229,6 +231,7 @@ impl Recoverer {
         slot: Slot,
         fence: LeaseGrant,
         deadline: Instant,
+        trace: Option<&str>,
     ) -> (InstanceName, InstanceOutcome, Option<InstanceMemory>) {
         let Slot {
             name,
@@ -265,7 +268,7 @@ impl Recoverer {
                 // into the batch's join; boxed, only the driven
                 // ones pay for it, once.
                 let (outcome, left) =
-                    Box::pin(self.drive(row, remembered, &mandate, routes, deadline)).await;
+                    Box::pin(self.drive(row, remembered, &mandate, routes, deadline, trace)).await;
                 return (name, outcome, Some(left));
             }
         };
@@ -280,6 +283,7 @@ impl Recoverer {
         mandate: &Mandate,
         held: Option<HeldRoutes>,
         deadline: Instant,
+        trace: Option<&str>,
     ) -> (InstanceOutcome, InstanceMemory) {
         let LoadedInstance {
             instance,
@@ -308,7 +312,7 @@ impl Recoverer {
             recoverer: self,
             instance: &instance,
             fence: &mandate.fence,
-            log: StepLog::new(&self.memory),
+            log: StepLog::new(&self.memory, self.events(), trace),
             why: None,
             watched: watcher.map(|_| Vec::new()),
         };
@@ -356,15 +360,28 @@ impl Recoverer {
             let wait = time_until(at, self.ports.clock.now());
             queue.wake(&instance.name, Instant::now() + wait + WAKE_SLACK);
         }
+        let now = self.ports.clock.now();
         for service in &report.reports {
-            log_hold(service, &log);
+            log_hold(service, &log, now);
         }
         metrics::counter!("stead_retirements_total").increment(report.retired.len() as u64);
+        let events = self.events();
         for container in &report.retired {
             tracing::info!(
                 instance = %instance.name,
                 %container,
                 "retired a superseded container: its successor serves (R15)"
+            );
+            events.emit(
+                Event::new(
+                    EventKind::Retire,
+                    now,
+                    "R15",
+                    format!("retired superseded container {container}: its successor serves"),
+                )
+                .instance(&instance.name)
+                .container(container)
+                .traced(trace),
             );
         }
         if let Some((why, services)) = &report.reverted {
@@ -375,6 +392,35 @@ impl Recoverer {
                 services = ?services,
                 "a successor failed while baking: reverted to the predecessors and halted \
                  the type's rollout ({why}); `stead rollout resume` once the version is fixed"
+            );
+            let names: Vec<&str> = services.iter().map(|s| s.as_str()).collect();
+            events.emit(
+                Event::new(
+                    EventKind::Revert,
+                    now,
+                    "bake",
+                    format!(
+                        "a successor failed while baking ({why}): reverted {} to the \
+                         predecessors",
+                        names.join(", ")
+                    ),
+                )
+                .instance(&instance.name)
+                .traced(trace),
+            );
+            events.emit(
+                Event::new(
+                    EventKind::Halt,
+                    now,
+                    "bake",
+                    format!(
+                        "halted the rollout of {} after a failed bake; `stead rollout resume` \
+                         once the version is fixed",
+                        instance.service_type
+                    ),
+                )
+                .instance(&instance.name)
+                .traced(trace),
             );
         }
         let outcome = InstanceOutcome {
@@ -414,12 +460,13 @@ impl Performer<InstancePass<'_>> for PassSteps<'_> {
     }
 
     fn performed(&mut self, command: InstanceCommand, answer: &InstanceAnswer) {
-        self.log.step(&command, self.why.take(), answer);
+        let now = self.recoverer.ports.clock.now();
+        self.log.step(&command, self.why.take(), answer, now);
         if let Some(steps) = &mut self.watched {
             steps.push(WatchedStep {
                 command,
                 answer: answer.clone(),
-                now: self.recoverer.ports.clock.now(),
+                now,
             });
         }
     }

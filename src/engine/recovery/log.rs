@@ -3,11 +3,13 @@
 
 use std::sync::{Arc, Mutex};
 
+use crate::core::event_log::{rule_of, Event, EventKind};
 use crate::core::memory::RecoveryMemory;
 use crate::core::pass::{InstanceAnswer, InstanceCommand};
 use crate::core::recovery::{Command, Outcome, Report, Verdict, Why};
-use crate::core::types::{ContainerStatus, GenerationKey};
+use crate::core::types::{ContainerStatus, GenerationKey, Timestamp};
 use crate::engine::count_port_failure;
+use crate::engine::event_log::EventSink;
 
 /// Counts a batch's reports: tallied here and added once per label, not
 /// once per service (with a recorder installed, each increment looks its
@@ -51,14 +53,29 @@ pub(super) struct StepLog<'a> {
     /// inspection of its own generation (a map here cost a steady pass a
     /// key copy and an insert per service, issue #14).
     last_status: Option<(Arc<GenerationKey>, ContainerStatus)>,
+    /// Where each intervention is logged durably too (#42).
+    events: &'a EventSink,
+    /// The traceparent of the tick this pass is part of, if any.
+    trace: Option<&'a str>,
 }
 
 impl<'a> StepLog<'a> {
-    pub(super) fn new(before: &'a Mutex<RecoveryMemory>) -> Self {
+    pub(super) fn new(
+        before: &'a Mutex<RecoveryMemory>,
+        events: &'a EventSink,
+        trace: Option<&'a str>,
+    ) -> Self {
         Self {
             before,
             last_status: None,
+            events,
+            trace,
         }
+    }
+
+    /// Logs `event` durably, as part of this pass's trace.
+    fn emit(&self, event: Event) {
+        self.events.emit(event.traced(self.trace));
     }
 
     pub(super) fn before(&self, key: &GenerationKey) -> Before {
@@ -79,6 +96,7 @@ impl<'a> StepLog<'a> {
         command: &InstanceCommand,
         why: Option<Why>,
         answer: &InstanceAnswer,
+        now: Timestamp,
     ) {
         if let Some((port, kind)) = answer.port_failure() {
             count_port_failure(port, kind);
@@ -105,7 +123,15 @@ impl<'a> StepLog<'a> {
             .as_ref()
             .filter(|(last, _)| last == key)
             .map(|(_, status)| *status);
-        log_step(key, command, why, outcome, || self.before(key), last_status);
+        let logged = log_step(key, command, why, outcome, || self.before(key), last_status);
+        if let Some((kind, message)) = logged {
+            self.emit(
+                Event::new(kind, now, rule_of(why), message)
+                    .instance(&key.instance)
+                    .service(&key.service)
+                    .container(&key.container),
+            );
+        }
     }
 }
 
@@ -120,7 +146,8 @@ pub(super) struct Before {
 /// counters by reason. A withdrawal of a route nobody was using (one that
 /// only re-asserts stopped or inhibited intent, or a new container's first
 /// fail-closed step) is not an intervention: it is logged at debug, so a
-/// held service does not log every tick.
+/// held service does not log every tick. Returns what an intervention
+/// writes to the event log: its kind and its sentence.
 fn log_step(
     key: &GenerationKey,
     command: &Command,
@@ -129,9 +156,10 @@ fn log_step(
     // Computed only for the steps that log it: a steady pass logs nothing.
     before: impl FnOnce() -> Before,
     last_status: Option<crate::core::types::ContainerStatus>,
-) {
+) -> Option<(EventKind, String)> {
     let (instance, service) = (key.instance.as_str(), key.service.as_str());
     let container = short_id(key.container.as_str());
+    let reason = why.label();
     match (command, outcome) {
         (Command::Withdraw, Outcome::Withdrawn(Ok(()))) => {
             // A route this daemon published, or one a failure is being
@@ -143,94 +171,75 @@ fn log_step(
                     Why::Unhealthy | Why::VerificationFailed | Why::RetryWithdrawal
                 );
             if notable {
-                tracing::info!(
-                    instance,
-                    service,
-                    container,
-                    reason = why.label(),
-                    "withdrew {instance}/{service}: {why}"
-                );
+                let message = format!("withdrew {instance}/{service}: {why}");
+                tracing::info!(instance, service, container, reason, "{message}");
+                Some((EventKind::Withdraw, message))
             } else {
-                tracing::debug!(
-                    instance,
-                    service,
-                    reason = why.label(),
-                    "withdrawal re-asserted: {why}"
-                );
+                tracing::debug!(instance, service, reason, "withdrawal re-asserted: {why}");
+                None
             }
         }
         (Command::Withdraw, Outcome::Withdrawn(Err(_))) => {
-            metrics::counter!("stead_withdrawal_failures_total", "reason" => why.label())
-                .increment(1);
+            metrics::counter!("stead_withdrawal_failures_total", "reason" => reason).increment(1);
+            None
         }
         (Command::Start, Outcome::Started(Ok(()))) => {
             let was = last_status.map_or_else(|| "down".to_owned(), |s| s.to_string());
-            tracing::info!(
-                instance,
-                service,
-                container,
-                reason = why.label(),
-                "started {instance}/{service}: the container was {was} (R9)"
-            );
+            let message = format!("started {instance}/{service}: the container was {was} (R9)");
+            tracing::info!(instance, service, container, reason, "{message}");
+            Some((EventKind::Start, message))
         }
         (Command::Restart { .. }, Outcome::Restarted(Ok(()))) => {
-            tracing::info!(
-                instance,
-                service,
-                container,
-                reason = why.label(),
-                "restarted {instance}/{service}: {why}"
-            );
+            let message = format!("restarted {instance}/{service}: {why}");
+            tracing::info!(instance, service, container, reason, "{message}");
+            Some((EventKind::Restart, message))
         }
         (Command::Stop { .. }, Outcome::Stopped(Ok(()))) => {
-            tracing::info!(
-                instance,
-                service,
-                container,
-                reason = why.label(),
-                "stopped {instance}/{service}: {why}"
-            );
+            let message = format!("stopped {instance}/{service}: {why}");
+            tracing::info!(instance, service, container, reason, "{message}");
+            Some((EventKind::Stop, message))
         }
         (Command::Publish { binds, .. }, Outcome::Published(Ok(()))) => {
             let binds: Vec<String> = binds
                 .iter()
                 .map(|(c, h)| format!("{c}->127.0.0.1:{h}"))
                 .collect();
-            tracing::info!(
-                instance,
-                service,
-                container,
-                reason = why.label(),
+            let message = format!(
                 "published {instance}/{service} ({}): {why}",
                 binds.join(", ")
             );
+            tracing::info!(instance, service, container, reason, "{message}");
+            Some((EventKind::Publish, message))
         }
         (Command::Publish { .. }, Outcome::Published(Err(_))) => {
-            metrics::counter!("stead_publication_failures_total", "reason" => why.label())
-                .increment(1);
+            metrics::counter!("stead_publication_failures_total", "reason" => reason).increment(1);
+            None
         }
-        _ => {}
+        _ => None,
     }
 }
 
-/// A crash-loop hold, once per new delay rather than every pass.
-pub(super) fn log_hold(report: &Report, log: &StepLog<'_>) {
-    let Verdict::Delayed {
-        next_attempt: Some(next),
-    } = report.verdict
-    else {
-        return;
+/// A crash-loop hold, once per new delay rather than every pass: in the
+/// pass that set it (whose verdict is the failure that earned it, not yet
+/// `Delayed`), or in a pass that reports a delay this daemon had not
+/// logged.
+pub(super) fn log_hold(report: &Report, log: &StepLog<'_>, now: Timestamp) {
+    let budget = report.memory.generation.budget.as_ref();
+    let next = match (&report.verdict, budget.and_then(|b| b.next_attempt)) {
+        (
+            Verdict::Delayed {
+                next_attempt: Some(next),
+            },
+            _,
+        ) => *next,
+        (Verdict::Failed, Some(next)) => next,
+        _ => return,
     };
     if log.before(&report.key).next_attempt == Some(next) {
         return;
     }
     let key = &report.key;
-    let failures = report
-        .memory
-        .generation
-        .budget
-        .as_ref()
-        .map_or(0, |b| b.failures);
+    let failures = budget.map_or(0, |b| b.failures);
     tracing::info!(
         instance = key.instance.as_str(),
         service = key.service.as_str(),
@@ -239,6 +248,21 @@ pub(super) fn log_hold(report: &Report, log: &StepLog<'_>) {
         "crash loop: {}/{} stays down until {next} after {failures} failures (budget, R10)",
         key.instance,
         key.service,
+    );
+    log.emit(
+        Event::new(
+            EventKind::CrashLoopDelay,
+            now,
+            "R10",
+            format!(
+                "crash loop: {}/{} stays down until {next} after {failures} failures",
+                key.instance, key.service
+            ),
+        )
+        .instance(&key.instance)
+        .service(&key.service)
+        .container(&key.container)
+        .until(next),
     );
 }
 

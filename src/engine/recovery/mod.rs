@@ -24,6 +24,7 @@ mod watch;
 pub use outcome::{InstanceOutcome, PassOutcome, RecoverError};
 pub use watch::{PassWatcher, WatchedPass, WatchedStep};
 
+use super::event_log::{EventSink, EVENTS_OFF};
 use super::lease::LeaseGuard;
 pub use super::locks::InstanceLocks;
 use super::wake::WakeQueue;
@@ -57,6 +58,8 @@ pub struct Recoverer {
     wake: OnceLock<Arc<WakeQueue>>,
     /// Told of every instance pass; none: nothing is gathered for it.
     watcher: OnceLock<Arc<dyn PassWatcher>>,
+    /// Where interventions are logged (#42); none: nowhere.
+    events: OnceLock<EventSink>,
 }
 
 impl Recoverer {
@@ -79,7 +82,20 @@ impl Recoverer {
             lease,
             wake: OnceLock::new(),
             watcher: OnceLock::new(),
+            events: OnceLock::new(),
         }
+    }
+
+    /// From now on, every intervention of a pass is also written to the
+    /// event log through `sink` (#42). Set once.
+    pub fn log_events_to(&self, sink: EventSink) {
+        let _ = self.events.set(sink);
+    }
+
+    /// The event log's sink (off until [`Recoverer::log_events_to`]); the
+    /// reconciler writes its own decisions through it too.
+    pub fn events(&self) -> &EventSink {
+        self.events.get().unwrap_or(&EVENTS_OFF)
     }
 
     /// From now on, an instance whose service is delayed by its budget is
@@ -141,6 +157,12 @@ impl Recoverer {
     /// One pass over every instance. Never fails as a whole: errors are
     /// aggregated per instance so one never hides another.
     pub async fn pass(&self) -> PassOutcome {
+        self.pass_traced(None).await
+    }
+
+    /// [`Recoverer::pass`] as part of the tick traced by `traceparent`:
+    /// the events it logs carry its trace id, so one pass's events group.
+    pub async fn pass_traced(&self, traceparent: Option<&str>) -> PassOutcome {
         let mut outcome = PassOutcome::default();
         let began = tokio::time::timeout(self.policy.instance_deadline, async {
             self.ports.runtime.begin_pass().await
@@ -205,13 +227,15 @@ impl Recoverer {
                 taken = self.take_batch(batch).await;
             }
             let next = batches.next();
-            let (results, next_taken) =
-                tokio::join!(self.finish_batch(batch, taken, held.as_mut()), async {
+            let (results, next_taken) = tokio::join!(
+                self.finish_batch(batch, taken, held.as_mut(), traceparent),
+                async {
                     match next {
                         Some(next) => Some((next, self.take_batch(next).await)),
                         None => None,
                     }
-                });
+                }
+            );
             current = next_taken;
             if results.iter().any(|(_, r)| r.skipped_no_lease) {
                 // The lease is lost: nothing more may be done this pass.

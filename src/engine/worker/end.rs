@@ -2,6 +2,7 @@
 //! upgrade halts its type's rollout, C11); one log line per end.
 
 use crate::core::errors::TaskError;
+use crate::core::event_log::{Event, EventKind};
 use crate::core::fleet::{InstanceState, RetryDecision, Task, TaskKind};
 use crate::core::plan::halt_after_failed_upgrade;
 
@@ -60,6 +61,39 @@ pub(super) fn log_end(task: &Task, instance: &str, end: &TaskEnd) {
             "{what}: lease lost mid-task; another worker owns it now"
         ),
     }
+}
+
+/// What a task's end writes to the event log (#42); nothing for a lost
+/// lease (the worker that owns it now tells its end).
+pub(super) fn end_event(
+    task: &Task,
+    instance: &str,
+    end: &TaskEnd,
+    now: crate::core::types::Timestamp,
+) -> Option<Event> {
+    let what = format!("task {} {} of {instance}", task.id, task.kind);
+    let (kind, message) = match end {
+        TaskEnd::Done => (EventKind::TaskDone, format!("{what} done")),
+        TaskEnd::Retried(e) => (
+            EventKind::TaskRetry,
+            format!("{what} failed, will retry: {e}"),
+        ),
+        TaskEnd::Failed(e) => (
+            EventKind::TaskFailed,
+            format!(
+                "{what} failed after {} attempts, giving up: {e}",
+                task.attempts
+            ),
+        ),
+        TaskEnd::LeaseLost => return None,
+    };
+    let event = Event::new(kind, now, "C11", message).traced(task.traceparent.as_deref());
+    Some(
+        match crate::core::names::check_instance_name("instance", instance) {
+            Ok(()) => event.instance(&crate::core::types::InstanceName::new(instance)),
+            Err(_) => event,
+        },
+    )
 }
 
 impl Worker {
@@ -135,11 +169,22 @@ impl Worker {
                         )
                         .await
                     {
-                        Ok(cancelled) if !cancelled.is_empty() => tracing::warn!(
-                            service_type = %service_type,
-                            cancelled = ?cancelled,
-                            "cancelled the queued upgrades of {service_type}'s halted rollout"
-                        ),
+                        Ok(cancelled) if !cancelled.is_empty() => {
+                            tracing::warn!(
+                                service_type = %service_type,
+                                cancelled = ?cancelled,
+                                "cancelled the queued upgrades of {service_type}'s halted rollout"
+                            );
+                            self.events.emit(Event::new(
+                                EventKind::Cancel,
+                                now,
+                                "C8",
+                                format!(
+                                    "cancelled the queued upgrades {cancelled:?} of \
+                                     {service_type}'s halted rollout"
+                                ),
+                            ));
+                        }
                         Ok(_) => {}
                         Err(e) => tracing::warn!(
                             service_type = %service_type,
@@ -149,6 +194,16 @@ impl Worker {
                     }
                     metrics::counter!("stead_decisions_total", "decision" => decision.label())
                         .increment(1);
+                    self.events.emit(
+                        Event::new(
+                            EventKind::Halt,
+                            now,
+                            "C8",
+                            format!("rollout of {service_type} halted: {reason}"),
+                        )
+                        .instance(&instance.name)
+                        .traced(task.traceparent.as_deref()),
+                    );
                     tracing::warn!(
                     service_type = %service_type,
                     "rollout of {service_type} halted (C8): {reason}; resume with `stead rollout resume {service_type}`"

@@ -23,11 +23,13 @@ mod handle;
 mod perform;
 mod protocols;
 
-use end::log_end;
 pub use end::TaskEnd;
+use end::{end_event, log_end};
 
+use super::event_log::EventSink;
 use super::locks::InstanceLocks;
 use super::{Ports, SharedCatalog};
+use crate::ports::TaskFinish;
 
 /// How a worker behaves.
 #[derive(Clone, Debug)]
@@ -60,6 +62,8 @@ pub struct Worker {
     trusted_until: std::sync::Mutex<Option<Instant>>,
     /// Until when the instance lock of the task in hand is trusted (T3).
     lock_trusted_until: std::sync::Mutex<Option<Instant>>,
+    /// Where each task's end is logged durably too (#42).
+    events: EventSink,
 }
 
 impl Worker {
@@ -76,6 +80,16 @@ impl Worker {
             locks,
             trusted_until: std::sync::Mutex::new(None),
             lock_trusted_until: std::sync::Mutex::new(None),
+            events: EventSink::off(),
+        }
+    }
+
+    /// The same worker, writing each task's end to the event log through
+    /// `sink` (#42).
+    pub fn with_events(self, sink: EventSink) -> Self {
+        Self {
+            events: sink,
+            ..self
         }
     }
 
@@ -171,7 +185,7 @@ impl Worker {
                 "task {} {} of {instance} started (attempt {}): {}",
                 task.id, task.kind, task.attempts, task.reason
             );
-            let end = self.run_task(&task).await;
+            let end = self.run_task(&task, &instance).await;
             *self.trusted_until.lock().unwrap_or_else(|e| e.into_inner()) = None;
             log_end(&task, &instance, &end);
             end
@@ -183,7 +197,9 @@ impl Worker {
         Some((task, end))
     }
 
-    async fn run_task(&self, task: &Task) -> TaskEnd {
+    /// Runs `task` (of the instance named `instance`) and records how it
+    /// ended, with its event (#42) in the same transaction.
+    async fn run_task(&self, task: &Task, instance: &str) -> TaskEnd {
         let work = self.handle(task);
         let keep_lease = self.keep_lease(task);
         let result = tokio::select! {
@@ -193,10 +209,10 @@ impl Worker {
             _ = keep_lease => return TaskEnd::LeaseLost,
         };
         let now = self.ports.clock.now();
-        let store = &self.ports.store;
         match result {
             Ok(()) => {
-                let _ = store.complete(task.id, &self.config.id, now).await;
+                let done = TaskFinish::Done;
+                let _ = self.finish(task, instance, done, &TaskEnd::Done, now).await;
                 TaskEnd::Done
             }
             // A permanent failure (an image that cannot be pulled, a
@@ -210,10 +226,13 @@ impl Worker {
                 RetryDecision::RetryAt(at) => {
                     let at = self.retry_at(task, at).await;
                     let message = error.to_string();
-                    let _ = store
-                        .retry(task.id, &self.config.id, at, &message, now)
-                        .await;
-                    TaskEnd::Retried(error)
+                    let end = TaskEnd::Retried(error);
+                    let retry = TaskFinish::Retry {
+                        run_after: at,
+                        error: &message,
+                    };
+                    let _ = self.finish(task, instance, retry, &end, now).await;
+                    end
                 }
                 // Only a failure the store recorded as this worker's halts
                 // the rollout (C8). A worker frozen past its task lease
@@ -221,10 +240,10 @@ impl Worker {
                 // its verdict is stale, and a halt on it would stop a
                 // rollout no upgrade failed (found by the simulation).
                 RetryDecision::Fail => {
-                    match store
-                        .fail(task.id, &self.config.id, &error.to_string(), now)
-                        .await
-                    {
+                    let message = error.to_string();
+                    let end = TaskEnd::Failed(error.clone());
+                    let fail = TaskFinish::Fail { error: &message };
+                    match self.finish(task, instance, fail, &end, now).await {
                         Ok(true) => {
                             self.after_final_failure(task, &error).await;
                             TaskEnd::Failed(error)
@@ -242,6 +261,35 @@ impl Worker {
                     }
                 }
             },
+        }
+    }
+
+    /// Finishes `task` in the store as `finish` says. With the event log
+    /// on, the end's event goes in the same transaction (both or neither);
+    /// a lost lease records nothing, as the worker that holds the task now
+    /// tells its end.
+    async fn finish(
+        &self,
+        task: &Task,
+        instance: &str,
+        finish: TaskFinish<'_>,
+        end: &TaskEnd,
+        now: Timestamp,
+    ) -> Result<bool, crate::ports::StoreError> {
+        let store = &self.ports.store;
+        let worker = self.config.id.as_str();
+        let event = end_event(task, instance, end, now).and_then(|e| self.events.stamp(e));
+        if let Some(event) = event {
+            return store
+                .finish_task_recorded(task.id, worker, finish, now, &event)
+                .await;
+        }
+        match finish {
+            TaskFinish::Done => store.complete(task.id, worker, now).await,
+            TaskFinish::Retry { run_after, error } => {
+                store.retry(task.id, worker, run_after, error, now).await
+            }
+            TaskFinish::Fail { error } => store.fail(task.id, worker, error, now).await,
         }
     }
 

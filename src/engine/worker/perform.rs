@@ -150,6 +150,16 @@ impl Worker {
                         "retired a service the instance's new catalog version no longer lists \
                          (its named volumes are kept)"
                     );
+                    // The event log (#42).
+                    let retired = crate::core::event_log::Event::new(
+                        crate::core::event_log::EventKind::Retire,
+                        p.clock.now(),
+                        "C11",
+                        "retired a service the instance's new catalog version no longer \
+                         lists (its named volumes are kept)",
+                    );
+                    self.events
+                        .emit(retired.instance(&instance.name).service(&service));
                 }
                 UpgradeAnswer::Retired(answer)
             }

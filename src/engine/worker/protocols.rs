@@ -179,6 +179,15 @@ impl Worker {
                 "upgrade failed after switching some services: they were put back on their \
                  predecessors (an upgrade is all or nothing per instance)"
             );
+            // The event log (#42).
+            let reverted = crate::core::event_log::Event::new(
+                crate::core::event_log::EventKind::Revert,
+                p.clock.now(),
+                "C11",
+                "upgrade failed after switching some services: they were put back on their \
+                 predecessors",
+            );
+            self.events.emit(reverted.instance(&instance.name));
         }
         upgrade.into_report().map(|_| ()).map_err(|(_, e)| e)
     }

@@ -174,6 +174,60 @@ impl InstanceRow {
     }
 }
 
+/// A row of the event log.
+#[derive(Debug, sqlx::FromRow)]
+pub struct EventRow {
+    pub id: i64,
+    pub at_us: i64,
+    pub kind: String,
+    pub instance: Option<String>,
+    pub service: Option<String>,
+    pub container: Option<String>,
+    pub reason: String,
+    pub message: String,
+    pub until_us: Option<i64>,
+    pub trace_id: Option<String>,
+    pub task_id: Option<i64>,
+    pub writer: String,
+}
+
+impl EventRow {
+    pub fn decode(self) -> Result<crate::core::event_log::LoggedEvent, StoreError> {
+        use crate::core::event_log::{Event, EventKind, LoggedEvent};
+        const T: &str = "events";
+        let id = self.id.to_string();
+        let kind = EventKind::parse(&self.kind).map_err(|_| bad_row(T, &id, "kind", &self.kind))?;
+        if let Some(name) = &self.instance {
+            check_name(T, &id, "instance", name, names::check_instance_name)?;
+        }
+        if let Some(name) = &self.service {
+            check_name(T, &id, "service", name, names::check_dns_label)?;
+        }
+        if let Some(container) = &self.container {
+            check_name(T, &id, "container", container, names::check_container_ref)?;
+        }
+        Ok(LoggedEvent {
+            id: self.id,
+            event: Event {
+                at: timestamp(T, &id, "at_us", self.at_us)?,
+                kind,
+                instance: self.instance.map(InstanceName::new),
+                service: self.service.map(ServiceName::new),
+                container: self.container.map(ContainerId::new),
+                reason: self.reason,
+                message: self.message,
+                until: self
+                    .until_us
+                    .map(|us| timestamp(T, &id, "until_us", us))
+                    .transpose()?,
+                task: self.task_id,
+                trace_id: self.trace_id,
+                writer: self.writer,
+            },
+        })
+    }
+}
+
 #[derive(Debug, sqlx::FromRow)]
 pub struct TaskRow {
     pub id: i64,

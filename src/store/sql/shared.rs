@@ -11,6 +11,30 @@
 //! The expansion resolves names at the call site, so each backend file
 //! imports what the body uses.
 
+/// Appends one event through `$executor` (the pool, or a transaction of
+/// the change the event records): the statement, its bindings and the
+/// error mapping, once for every call site.
+macro_rules! insert_event {
+    ($executor:expr, $event:expr) => {{
+        let event: &crate::core::event_log::Event = $event;
+        sqlx::query(crate::store::sql::statements::INSERT_EVENT)
+            .bind(crate::store::timestamp_to_us(event.at))
+            .bind(event.kind.as_str())
+            .bind(event.instance.as_ref().map(|i| i.as_str()))
+            .bind(event.service.as_ref().map(|s| s.as_str()))
+            .bind(event.container.as_ref().map(|c| c.as_str()))
+            .bind(&event.reason)
+            .bind(&event.message)
+            .bind(event.until.map(crate::store::timestamp_to_us))
+            .bind(event.trace_id.as_deref())
+            .bind(event.task)
+            .bind(&event.writer)
+            .execute($executor)
+            .await
+            .map_err(crate::store::sql::db_error)
+    }};
+}
+
 /// `impl Store for $store`, with the backend's claim statement and its
 /// lease-row lock.
 macro_rules! impl_sql_store {
@@ -540,38 +564,8 @@ macro_rules! impl_sql_store {
                 now: Timestamp,
                 fence: Option<&LeaseGrant>,
             ) -> Result<Option<Expired>, StoreError> {
-                let mut tx = self.fenced_transaction(fence).await?;
-                let changed = sqlx::query(sql::EXPIRE_INSTANCE)
-                    .bind(id)
-                    .bind(from.as_str())
-                    .bind(timestamp_to_us(now))
-                    .execute(&mut *tx)
+                self.expire_in_transaction(id, from, task, now, fence, None)
                     .await
-                    .map_err(db_error)?
-                    .rows_affected();
-                if changed == 0 {
-                    return Ok(None); // Dropping the transaction rolls it back.
-                }
-                let Some(task_id) = insert_task(&mut *tx, task, now).await? else {
-                    // A deprovision is already active: undo the state change too, so
-                    // the call is all or nothing.
-                    return Ok(None);
-                };
-                let mut cancelled: Vec<TaskId> =
-                    sqlx::query_scalar(sql::CANCEL_QUEUED_FOR_DELETION)
-                        .bind(id)
-                        .bind(timestamp_to_us(now))
-                        .bind(CANCELLED_BY_DELETION)
-                        .fetch_all(&mut *tx)
-                        .await
-                        .map_err(db_error)?;
-                tx.commit().await.map_err(db_error)?;
-                // `RETURNING` promises no order.
-                cancelled.sort_unstable();
-                Ok(Some(Expired {
-                    task: task_id,
-                    cancelled,
-                }))
             }
 
             async fn tasks(
@@ -829,8 +823,194 @@ macro_rules! impl_sql_store {
                 })
                 .await
             }
+
+            async fn append_events(
+                &self,
+                events: &[crate::core::event_log::Event],
+            ) -> Result<(), StoreError> {
+                use crate::store::sql::db_error as event_db_error;
+                if events.is_empty() {
+                    return Ok(());
+                }
+                crate::store::sql::timed("append_events", self.call_timeout, async {
+                    let mut tx = self.write_transaction().await?;
+                    for event in events {
+                        super::shared::insert_event!(&mut *tx, event)?;
+                    }
+                    tx.commit().await.map_err(event_db_error)
+                })
+                .await
+            }
+
+            async fn enqueue_recorded(
+                &self,
+                task: &NewTask,
+                now: Timestamp,
+                fence: Option<&LeaseGrant>,
+                event: &crate::core::event_log::Event,
+            ) -> Result<Option<TaskId>, StoreError> {
+                let mut tx = self.fenced_transaction(fence).await?;
+                let Some(id) = insert_task(&mut *tx, task, now).await? else {
+                    return Ok(None); // Nothing queued, nothing to record.
+                };
+                super::shared::insert_event!(&mut *tx, &event.clone().task(id))?;
+                tx.commit().await.map_err(db_error)?;
+                Ok(Some(id))
+            }
+
+            async fn finish_task_recorded(
+                &self,
+                id: TaskId,
+                worker: &str,
+                finish: crate::ports::TaskFinish<'_>,
+                now: Timestamp,
+                event: &crate::core::event_log::Event,
+            ) -> Result<bool, StoreError> {
+                use crate::ports::TaskFinish;
+                let mut tx = self.write_transaction().await?;
+                let query = match finish {
+                    TaskFinish::Done => sqlx::query(sql::COMPLETE)
+                        .bind(id)
+                        .bind(worker)
+                        .bind(timestamp_to_us(now)),
+                    TaskFinish::Retry { run_after, error } => sqlx::query(sql::RETRY)
+                        .bind(id)
+                        .bind(worker)
+                        .bind(timestamp_to_us(run_after))
+                        .bind(error)
+                        .bind(timestamp_to_us(now)),
+                    TaskFinish::Fail { error } => sqlx::query(sql::FAIL)
+                        .bind(id)
+                        .bind(worker)
+                        .bind(error)
+                        .bind(timestamp_to_us(now)),
+                };
+                let held = query
+                    .execute(&mut *tx)
+                    .await
+                    .map_err(db_error)?
+                    .rows_affected()
+                    > 0;
+                if !held {
+                    return Ok(false); // Not this worker's any more: nothing to record.
+                }
+                super::shared::insert_event!(&mut *tx, &event.clone().task(id))?;
+                tx.commit().await.map_err(db_error)?;
+                Ok(true)
+            }
+
+            async fn expire_instance_recorded(
+                &self,
+                id: InstanceId,
+                from: InstanceState,
+                task: &NewTask,
+                now: Timestamp,
+                fence: Option<&LeaseGrant>,
+                event: &crate::core::event_log::Event,
+            ) -> Result<Option<Expired>, StoreError> {
+                self.expire_in_transaction(id, from, task, now, fence, Some(event))
+                    .await
+            }
+
+            async fn events(
+                &self,
+                filter: &crate::core::event_log::EventFilter,
+            ) -> Result<Rows<crate::core::event_log::LoggedEvent>, StoreError> {
+                use crate::store::sql::rows::EventRow;
+                use crate::store::sql::{db_error as event_db_error, statements as event_sql};
+                let statement = if filter.after_id.is_some() {
+                    event_sql::OLDEST_EVENTS
+                } else {
+                    event_sql::NEWEST_EVENTS
+                };
+                crate::store::sql::timed("events", self.call_timeout, async {
+                    let mut rows = sqlx::query_as::<_, EventRow>(statement)
+                        .bind(filter.instance.as_ref().map(|i| i.as_str()))
+                        .bind(filter.kind.map(|k| k.as_str()))
+                        .bind(filter.since.map_or(i64::MIN, crate::store::timestamp_to_us))
+                        .bind(filter.after_id.unwrap_or(i64::MIN))
+                        .bind(i64::from(filter.limit))
+                        .fetch_all(&self.pool)
+                        .await
+                        .map_err(event_db_error)?;
+                    rows.sort_unstable_by_key(|row| row.id);
+                    Ok(crate::store::sql::rows::collect_rows(
+                        rows.into_iter().map(EventRow::decode),
+                    ))
+                })
+                .await
+            }
+
+            async fn prune_events(
+                &self,
+                before: Timestamp,
+                batch_max: u32,
+            ) -> Result<u64, StoreError> {
+                use crate::store::sql::{db_error as event_db_error, statements as event_sql};
+                crate::store::sql::timed("prune_events", self.call_timeout, async {
+                    sqlx::query(event_sql::PRUNE_EVENTS)
+                        .bind(crate::store::timestamp_to_us(before))
+                        .bind(i64::from(batch_max))
+                        .execute(&self.pool)
+                        .await
+                        .map(|done| done.rows_affected())
+                        .map_err(event_db_error)
+                })
+                .await
+            }
+        }
+
+        impl $store {
+            /// TTL expiry or deletion (`Store::expire_instance`), with its
+            /// event, if any, written in the same transaction (#42).
+            async fn expire_in_transaction(
+                &self,
+                id: InstanceId,
+                from: InstanceState,
+                task: &NewTask,
+                now: Timestamp,
+                fence: Option<&LeaseGrant>,
+                event: Option<&crate::core::event_log::Event>,
+            ) -> Result<Option<Expired>, StoreError> {
+                let mut tx = self.fenced_transaction(fence).await?;
+                let changed = sqlx::query(sql::EXPIRE_INSTANCE)
+                    .bind(id)
+                    .bind(from.as_str())
+                    .bind(timestamp_to_us(now))
+                    .execute(&mut *tx)
+                    .await
+                    .map_err(db_error)?
+                    .rows_affected();
+                if changed == 0 {
+                    return Ok(None); // Dropping the transaction rolls it back.
+                }
+                let Some(task_id) = insert_task(&mut *tx, task, now).await? else {
+                    // A deprovision is already active: undo the state change too, so
+                    // the call is all or nothing.
+                    return Ok(None);
+                };
+                let mut cancelled: Vec<TaskId> =
+                    sqlx::query_scalar(sql::CANCEL_QUEUED_FOR_DELETION)
+                        .bind(id)
+                        .bind(timestamp_to_us(now))
+                        .bind(CANCELLED_BY_DELETION)
+                        .fetch_all(&mut *tx)
+                        .await
+                        .map_err(db_error)?;
+                if let Some(event) = event {
+                    super::shared::insert_event!(&mut *tx, &event.clone().task(task_id))?;
+                }
+                tx.commit().await.map_err(db_error)?;
+                // `RETURNING` promises no order.
+                cancelled.sort_unstable();
+                Ok(Some(Expired {
+                    task: task_id,
+                    cancelled,
+                }))
+            }
         }
     };
 }
 
 pub(super) use impl_sql_store;
+pub(super) use insert_event;

@@ -232,6 +232,38 @@ pub const REQUEUE_TASKS_OF: &str = "UPDATE tasks \
      WHERE state = 'running' AND substr(locked_by, 1, length($1)) = $1 \
      RETURNING id";
 
+// --- the event log (#42) ------------------------------------------------
+
+pub const INSERT_EVENT: &str = "INSERT INTO events \
+     (at_us, kind, instance, service, container, reason, message, until_us, trace_id, task_id, \
+      writer) \
+     VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)";
+
+/// A read of the event log in one order: the filters, each off when its
+/// parameter is NULL (instance, kind) or at its neutral bound (since,
+/// after id), then the order and the limit.
+macro_rules! events_in_order {
+    ($order:literal) => {
+        concat!(
+            "SELECT id, at_us, kind, instance, service, container, reason, message, \
+             until_us, trace_id, task_id, writer FROM events \
+             WHERE ($1 IS NULL OR instance = $1) AND ($2 IS NULL OR kind = $2) \
+             AND at_us >= $3 AND id > $4 ORDER BY id ",
+            $order,
+            " LIMIT $5"
+        )
+    };
+}
+
+/// The newest events the filters admit (the caller puts them in id order).
+pub const NEWEST_EVENTS: &str = events_in_order!("DESC");
+/// The oldest events after an id (following the log).
+pub const OLDEST_EVENTS: &str = events_in_order!("ASC");
+
+/// Retention: a bounded batch of the oldest events written before `$1`.
+pub const PRUNE_EVENTS: &str = "DELETE FROM events WHERE id IN \
+     (SELECT id FROM events WHERE at_us < $1 ORDER BY at_us, id LIMIT $2)";
+
 // --- claims: where the dialects differ in locking ---------------------------
 
 /// SQLite claims with one `UPDATE … RETURNING`: the statement is atomic and

@@ -168,7 +168,7 @@ pub const METRICS: &[Metric] = &[
             "stead_reverts_total",
             "Instances put back on their predecessors (#40): `bake`, a successor failed while \
              baking (the type's rollout halted); `upgrade`, an upgrade failed after switching \
-             some services.",
+             some services; `undo`, an operator's `stead rollout undo`.",
         ),
         "cause",
     ),

@@ -423,6 +423,20 @@ impl Worker {
             services = ?put_back,
             "rollout undone by an operator: the instance is back on its predecessors"
         );
+        let undone = crate::core::event_log::Event::new(
+            crate::core::event_log::EventKind::Revert,
+            p.clock.now(),
+            "#40 undo",
+            format!(
+                "rollout undone by an operator: back on the predecessors of {}",
+                put_back
+                    .iter()
+                    .map(|s| s.as_str())
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ),
+        );
+        self.events.emit(undone.instance(name));
         Ok(())
     }
 

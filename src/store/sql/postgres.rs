@@ -285,6 +285,9 @@ fn connect_error(error: sqlx::Error, ssl_mode: PgSslMode) -> String {
         sqlx::Error::Io(e) if tls_required && e.kind() == std::io::ErrorKind::InvalidData => {
             format!("TLS: {e} (check sslmode and sslrootcert)")
         }
+        // The operating system's own words ("Connection refused"), not
+        // sqlx's wrapping of them.
+        sqlx::Error::Io(e) => e.to_string(),
         e => e.to_string(),
     }
 }

@@ -25,6 +25,10 @@ use crate::ports::{ErrorKind, NewInstance, PortFailure, Store, StoreError};
 /// recovery pass that takes it (it runs every tick).
 pub const UNDO_WINDOW_MIN: Duration = Duration::from_secs(300);
 
+/// The reason of the upgrade task `stead rollout undo` queues: the halted
+/// type's task carries the undo out, and upgrades nothing.
+pub const UNDO_REASON: &str = "operator: rollout undo";
+
 /// The reason `inhibit` records when none is given.
 pub const OPERATOR_HOLD: &str = "operator-hold";
 /// Shortest TTL `stead instance create --ttl-s` accepts: an instance that
@@ -816,7 +820,7 @@ impl Ops<'_> {
             kind: TaskKind::Upgrade,
             instance: instance.id,
             run_after: self.now,
-            reason: "operator: rollout undo".into(),
+            reason: UNDO_REASON.into(),
             traceparent: Some(self.traceparent()),
         };
         // One active upgrade task per instance: one queued already (an

@@ -1589,10 +1589,12 @@ async fn check_queue(
         .collect();
     // A retried upgrade waits for its window as its first run did (the
     // 50-instance world's seed 38 found one retried past its window's end).
-    for t in tasks
-        .iter()
-        .filter(|t| t.kind == TaskKind::Upgrade && moved.contains(&t.id))
-    {
+    // An operator's undo queues the halted type's upgrade task, which
+    // upgrades nothing: it carries the undo out (`core::undo`).
+    let upgrade = |t: &&stead::core::fleet::Task| {
+        t.kind == TaskKind::Upgrade && t.reason != stead::ops::UNDO_REASON
+    };
+    for t in tasks.iter().filter(|t| upgrade(t) && moved.contains(&t.id)) {
         let service_type = types.get(&t.instance).map_or(SERVICE_TYPE, String::as_str);
         let security = catalog.get(service_type).is_some_and(|e| e.security);
         if let Some(Some(spec)) = windows.get(&t.instance) {
@@ -1618,10 +1620,7 @@ async fn check_queue(
         }
     }
     let halted = checker.truth(|t| t.halted_since.clone());
-    for t in tasks
-        .iter()
-        .filter(|t| t.kind == TaskKind::Upgrade && new.contains(&t.id))
-    {
+    for t in tasks.iter().filter(|t| upgrade(t) && new.contains(&t.id)) {
         let service_type = types.get(&t.instance).map_or(SERVICE_TYPE, String::as_str);
         let security = catalog.get(service_type).is_some_and(|e| e.security);
         let halted_since = halted.get(service_type).copied();

@@ -584,7 +584,7 @@ impl Actors {
             self.uninstall_helm_by_hand(pick).await;
             return;
         }
-        if which == 7 && pick % 2 == 1 && !self.bake.is_zero() {
+        if pick % 6 == 0 && !self.bake.is_zero() && self.something_bakes().await {
             // Not under an instance lock of the operator's own: the undo
             // takes each instance's lock in turn, as the CLI does. (Taken
             // under one, it waited out its own lock and found that
@@ -833,6 +833,27 @@ impl Actors {
             }
             _ => {}
         }
+    }
+
+    /// Whether an upgrade of the Docker type bakes now: an undo then has
+    /// something to put back (at a random moment it rarely has).
+    async fn something_bakes(&self) -> bool {
+        let now = self.clock.now();
+        let Ok(instances) = self.store.list_instances().await else {
+            return false;
+        };
+        for instance in instances
+            .rows
+            .iter()
+            .filter(|i| i.service_type == SERVICE_TYPE)
+        {
+            if let Ok(markers) = self.store.load_inhibitions(&instance.name).await {
+                if markers.iter().any(|m| m.bakes_at(now).is_some()) {
+                    return true;
+                }
+            }
+        }
+        false
     }
 
     /// `stead rollout undo` (#40), through the operator's own code: the

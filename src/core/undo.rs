@@ -6,7 +6,8 @@
 //! the halted type runs this machine under the instance lock:
 //!
 //! 1. every predecessor that may run beside its successor (replaced by
-//!    overlap, not held by an operator, the instance not stopped) is
+//!    overlap, not held by an operator, the instance not stopped, and no
+//!    route dialing it: its service's route dials the successor) is
 //!    started again and verified (`core::verify`) while its successor
 //!    still serves; if one fails, every one started is stopped again (still
 //!    kept) and nothing is switched;
@@ -27,12 +28,15 @@ use std::time::Duration;
 
 use jiff::Timestamp;
 
-use super::errors::{failure_of, Cause, ErrorKind, PortName, ProbeError, StoreError, TaskError};
+use super::errors::{
+    failure_of, Cause, ErrorKind, PortName, ProbeError, StoreError, TaskError, TrafficError,
+};
 use super::machine::{Abandon, Machine, MachineCommand};
 use super::spec::ReadinessProbe;
+use super::traffic::HeldRoutes;
 use super::types::{
     ActiveService, Binds, ContainerId, GenerationKey, Inhibition, InhibitionReason, InstanceName,
-    Observation, ProbeTarget, RevertTo, RuntimeError, ServiceName,
+    Observation, ProbeTarget, RevertTo, RuntimeError, ServiceKey, ServiceName,
 };
 use super::upgrade::revert_marker;
 use super::verify::{Check, Progress, Verification, RETRY_INTERVAL};
@@ -71,6 +75,9 @@ pub struct UndoInput {
 /// One effect the driver must perform.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum UndoCommand {
+    /// The proxy's routes: a predecessor still routed (its successor not
+    /// published yet) is not started again beside that route (R8).
+    ReadRoutes,
     /// Start a kept predecessor again (it is stopped, never removed).
     Start(GenerationKey),
     Inspect(ContainerId),
@@ -98,7 +105,7 @@ impl MachineCommand for UndoCommand {
     fn is_effect(&self) -> bool {
         !matches!(
             self,
-            Self::Inspect(_) | Self::ReadBinds(_) | Self::Probe { .. }
+            Self::ReadRoutes | Self::Inspect(_) | Self::ReadBinds(_) | Self::Probe { .. }
         )
     }
 }
@@ -106,6 +113,7 @@ impl MachineCommand for UndoCommand {
 /// The result of performing an [`UndoCommand`], variant for variant.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum UndoAnswer {
+    Routes(Result<HeldRoutes, TrafficError>),
     Started(Result<(), RuntimeError>),
     Inspected(Result<Observation, RuntimeError>),
     Binds(Result<Binds, RuntimeError>),
@@ -118,6 +126,7 @@ impl UndoAnswer {
     /// The port and kind of the failure this answer reports, if any.
     pub fn port_failure(&self) -> Option<(PortName, ErrorKind)> {
         match self {
+            Self::Routes(r) => failure_of(r),
             Self::Started(r) | Self::Stopped(r) => failure_of(r),
             Self::Inspected(r) => failure_of(r),
             Self::Binds(r) => failure_of(r),
@@ -138,7 +147,9 @@ enum Warm {
 #[derive(Debug)]
 pub struct Undo {
     instance: InstanceName,
-    /// Step 1: predecessors still to start and verify, and the one in hand.
+    /// Step 1: predecessors still to start and verify (once the routes
+    /// were read), and the one in hand.
+    routes_read: bool,
     warming: VecDeque<usize>,
     in_hand: Option<(usize, Warm)>,
     /// The executions verified, by service index.
@@ -166,6 +177,7 @@ impl Undo {
             .collect();
         Self {
             instance: input.instance,
+            routes_read: false,
             warming,
             in_hand: None,
             verified: vec![None; input.services.len()],
@@ -260,6 +272,9 @@ impl Undo {
                 self.plan();
                 continue;
             }
+            if !self.routes_read && !self.warming.is_empty() {
+                return Some(UndoCommand::ReadRoutes);
+            }
             let Some((i, warm)) = &self.in_hand else {
                 match self.warming.pop_front() {
                     Some(i) => self.in_hand = Some((i, Warm::Start)),
@@ -282,6 +297,34 @@ impl Undo {
                 },
             };
         }
+    }
+
+    /// Starts again only a predecessor nothing routes to: its service's
+    /// route dials the successor (or it has no ports). One still routed
+    /// (the pass has not published its successor yet), or routes that
+    /// could not be read, leave the start to the pass, which withdraws
+    /// first (R8).
+    fn keep_warming_only_unrouted(&mut self, read: Result<HeldRoutes, TrafficError>) {
+        let Ok(routes) = read else {
+            self.warming.clear();
+            return;
+        };
+        let instance = self.instance.clone();
+        let services = &self.services;
+        self.warming.retain(|&i| {
+            let s = &services[i];
+            if s.successor.binds.is_empty() {
+                return true;
+            }
+            let key = ServiceKey {
+                instance: instance.clone(),
+                service: s.service().clone(),
+            };
+            routes.get(&key).is_some_and(|port| {
+                s.successor.binds.values().any(|p| p == port)
+                    && !s.back.binds.values().any(|p| p == port)
+            })
+        });
     }
 
     fn fail(&mut self, step: String, cause: Cause) {
@@ -329,6 +372,11 @@ impl Machine for Undo {
                 self.fail(format!("undo: {command:?}"), cause);
                 self.writes.clear();
             }
+            return;
+        }
+        if let UndoAnswer::Routes(read) = answer {
+            self.routes_read = true;
+            self.keep_warming_only_unrouted(read);
             return;
         }
         let Some((i, warm)) = self.in_hand.take() else {

@@ -192,6 +192,12 @@ impl Worker {
     ) -> UndoAnswer {
         let p = &self.ports;
         match command {
+            UndoCommand::ReadRoutes => UndoAnswer::Routes(
+                p.traffic
+                    .held_routes()
+                    .await
+                    .map(|routes| routes.into_iter().map(|r| (r.service, r.port)).collect()),
+            ),
             UndoCommand::Start(generation) => {
                 UndoAnswer::Started(p.runtime.start(&generation.container).await)
             }

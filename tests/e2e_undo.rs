@@ -12,6 +12,8 @@ mod support;
 mod support_services;
 
 use std::process::Command;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::Arc;
 use std::time::Duration;
 
 use e2e::{inspect, wait_until, CapturedLog, Harness, Setup};
@@ -93,10 +95,12 @@ struct Seen {
 
 /// GET through Caddy in a loop until `stop`, every 20 ms, each on a fresh
 /// connection; any answer but a 200 naming a version is a failure.
+/// `made` counts the requests as they are made.
 fn request_loop(
     listen: String,
     name: String,
     stop: tokio::sync::watch::Receiver<bool>,
+    made: Arc<AtomicU32>,
 ) -> tokio::task::JoinHandle<Seen> {
     tokio::spawn(async move {
         let client = fresh_connections();
@@ -107,6 +111,7 @@ fn request_loop(
         };
         while !*stop.borrow() {
             seen.total += 1;
+            made.store(seen.total, Ordering::Relaxed);
             match served_version(&client, &listen, &name).await {
                 Ok(version) => {
                     let n_runs = seen.runs.len();
@@ -222,10 +227,11 @@ async fn rollout_undo_of_a_good_upgrade_returns_the_previous_version_with_no_fai
     assert_eq!(containers_of(&name), 2, "version 2 runs, version 1 is kept");
 
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
-    let requests = request_loop(h.listen.clone(), name.clone(), stop_rx);
-    tokio::time::sleep(Duration::from_millis(
-        u64::from(REQUESTS_BEFORE_UNDO_MIN) * 50,
-    ))
+    let made = Arc::new(AtomicU32::new(0));
+    let requests = request_loop(h.listen.clone(), name.clone(), stop_rx, made.clone());
+    wait_until("the loop asked version 2 a while", CONVERGE, || async {
+        made.load(Ordering::Relaxed) >= REQUESTS_BEFORE_UNDO_MIN
+    })
     .await;
     let config = cli_config(&h);
     let said = stead(&config, &["rollout", "undo", e2e::TYPE]);

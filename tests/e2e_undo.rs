@@ -194,7 +194,6 @@ async fn rollout_undo_of_a_good_upgrade_returns_the_previous_version_with_no_fai
         ..Setup::default()
     })
     .await;
-    let store = h.daemon().ports.store.clone();
     let instance = InstanceName::new(&name);
     let client = fresh_connections();
     h.create(&name, None).await;
@@ -207,6 +206,7 @@ async fn rollout_undo_of_a_good_upgrade_returns_the_previous_version_with_no_fai
     // A good version 2: switched to, its predecessor kept stopped while it
     // bakes.
     h.restart_with_catalog(&catalog("2")).await;
+    let store = h.daemon().ports.store.clone();
     wait_until(
         "version 2 serves, version 1 kept stopped",
         CONVERGE,

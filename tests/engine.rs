@@ -2210,6 +2210,58 @@ async fn rollout_undo_puts_a_baking_instance_back_without_a_gap_and_is_safe_to_r
     assert!(unknown.to_string().contains("\"nope\""), "{unknown}");
 }
 
+/// #40: the undo moves the route without a gap also on a daemon that
+/// served the predecessor itself before the upgrade, as a long-running
+/// one did: the execution it remembers verifying then is not the one the
+/// undo started and verified, and must not make that one look new, or
+/// the pass withdraws the successor's route before it publishes the
+/// predecessor (R8). Found by the e2e on dockerd; the test above runs its
+/// passes on a recovery that never saw the predecessor serve.
+#[tokio::test]
+async fn rollout_undo_moves_the_route_without_a_gap_on_the_daemon_that_served_the_predecessor() {
+    let mut f = fixture();
+    baking(&mut f);
+    let instance = f.served("wiki1", "1").await;
+    let before = f.web_container("wiki1").await;
+    let recoverer = f.recoverer();
+    let outcome = recoverer.pass().await;
+    assert_eq!(outcome.error_count(), 0, "{outcome:?}");
+    f.enqueue(instance.id, TaskKind::Upgrade).await;
+    assert_eq!(f.worker().work_once().await.unwrap().1, TaskEnd::Done);
+    let after = f.web_container("wiki1").await;
+    for _ in 0..2 {
+        let outcome = recoverer.pass().await;
+        assert_eq!(outcome.error_count(), 0, "{outcome:?}");
+    }
+    assert!(f.routes_to("wiki1", "web", &after));
+    assert!(f.runtime.container(&before).unwrap().status.is_down());
+    // The undo's start of the predecessor is a later execution.
+    f.clock.advance(Duration::from_secs(10));
+    let withdrawals = f.script.count(Op::Withdraw);
+
+    let ops = stead::ops::Ops::new(f.store.as_ref(), f.catalog.clone(), f.clock.now(), 7);
+    ops.undo_rollout("wiki").await.unwrap();
+    assert_eq!(f.worker().work_once().await.unwrap().1, TaskEnd::Done);
+    assert_eq!(f.web_container("wiki1").await, before);
+    for _ in 0..2 {
+        let outcome = recoverer.pass().await;
+        assert_eq!(outcome.error_count(), 0, "{outcome:?}");
+    }
+    assert!(
+        f.routes_to("wiki1", "web", &before),
+        "the predecessor serves"
+    );
+    assert_eq!(
+        f.script.count(Op::Withdraw),
+        withdrawals,
+        "the route moved to the predecessor without being withdrawn"
+    );
+    assert!(
+        f.runtime.container(&after).is_none(),
+        "the successor retired"
+    );
+}
+
 /// `web` replaced `stop-first`, the default for a service with a named
 /// volume (#40).
 fn stop_first(f: &mut Fixture) {

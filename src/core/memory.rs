@@ -92,13 +92,27 @@ impl InstanceMemory {
     /// (those under a `retirement-pending` marker, #40): one that becomes
     /// ACTIVE again goes on with its crash-loop budget, not a fresh one
     /// (R10: only stable minutes reset it).
+    ///
+    /// A kept generation keeps its budget only, never the execution it
+    /// was verified and routed at: out of ACTIVE it has no route (its
+    /// service's dials the successor), and whatever runs it again is
+    /// checked by whoever puts it back in ACTIVE. An operator's undo
+    /// starts and verifies it while the successor serves and records that
+    /// execution in ACTIVE (`core::undo`); an execution remembered from
+    /// before the upgrade would make that verified one look new and
+    /// withdraw the successor's route before publishing it (R8): the gap
+    /// the undo exists to avoid.
     pub fn prune_keeping(&mut self, active: &ActiveRecord, kept: &[&ContainerId]) {
-        self.generations.retain(|(key, _)| {
-            kept.contains(&&key.container)
-                || active
-                    .services
-                    .get(&key.service)
-                    .is_some_and(|s| s.container == key.container)
+        self.generations.retain_mut(|(key, memory)| {
+            let in_active = active
+                .services
+                .get(&key.service)
+                .is_some_and(|s| s.container == key.container);
+            if in_active {
+                return true;
+            }
+            memory.verified_started_at = None;
+            kept.contains(&&key.container) && !memory.is_empty()
         });
         self.pending_withdrawals
             .retain(|service| active.services.contains_key(service));
@@ -218,6 +232,56 @@ mod tests {
         put(&mut memory, &key, &remembered);
         memory.forget_instance(&key.instance);
         assert_eq!(memory, RecoveryMemory::default(), "forgotten (R4, R16)");
+    }
+
+    /// #40: a generation under a marker keeps its budget out of ACTIVE,
+    /// not the execution it was routed at; one with nothing else to keep
+    /// goes. ACTIVE's keeps both.
+    #[test]
+    fn a_kept_generation_keeps_its_budget_not_its_routed_execution() {
+        let key = |container: &str| GenerationKey {
+            instance: InstanceName::new("a"),
+            service: ServiceName::new("web"),
+            container: ContainerId::new(container),
+        };
+        let (successor, charged, routed_only) = (key("c2"), key("c1"), key("c0"));
+        let at = Some(jiff::Timestamp::from_second(1_000).unwrap());
+        let budget = Some(BudgetEntry {
+            failures: 1,
+            ..BudgetEntry::default()
+        });
+        let with = |budget: Option<BudgetEntry>| ServiceMemory {
+            generation: GenerationMemory {
+                budget,
+                verified_started_at: at,
+            },
+            withdrawal_pending: false,
+        };
+        let mut remembered = InstanceMemory::default();
+        remembered.put(&successor, &with(None));
+        remembered.put(&charged, &with(budget.clone()));
+        remembered.put(&routed_only, &with(None));
+        let mut active = ActiveRecord::default();
+        active.services.insert(
+            ServiceName::new("web"),
+            crate::core::types::ActiveService {
+                container: successor.container.clone(),
+                effective_revision: "2".into(),
+                binds: Default::default(),
+                stop_grace: None,
+                verified_started_at: at,
+            },
+        );
+        remembered.prune_keeping(&active, &[&charged.container, &routed_only.container]);
+        assert_eq!(remembered.service(&successor), with(None));
+        assert_eq!(
+            remembered.service(&charged).generation,
+            GenerationMemory {
+                budget,
+                verified_started_at: None,
+            }
+        );
+        assert_eq!(remembered.generation(&routed_only), None);
     }
 
     /// What the engine's gauge (`stead_budget_delays_in_force`) and the

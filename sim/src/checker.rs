@@ -1795,6 +1795,7 @@ impl Observer for Checker {
                 // before ACTIVE names it again: as an upgrade creates its
                 // candidate. Nothing else starts what ACTIVE does not name.
                 let undoing = actor == Actor::Worker && s.truth.markers.contains_key(id);
+                let undo_start = undoing && service.is_none();
                 s.check("S1 start only ACTIVE", service.is_some() || undoing, || {
                     format!("{id} is not named by ACTIVE")
                 });
@@ -1821,7 +1822,19 @@ impl Observer for Checker {
                         )
                     },
                 );
-                self.check_budget(&mut s, id, &holder, now);
+                if undo_start {
+                    // An operator's undo starts a kept predecessor once, on
+                    // the operator's word: not a recovery, so no charge to
+                    // the pass's budget (R10), which goes on judging the
+                    // pass's own starts of it. It is up, for every streak.
+                    for ((c, _), streak) in s.streaks.iter_mut() {
+                        if c == id {
+                            streak.up_since.get_or_insert(now);
+                        }
+                    }
+                } else {
+                    self.check_budget(&mut s, id, &holder, now);
+                }
                 let reads = s
                     .unhealthy_reads
                     .remove(&(id.clone(), holder.clone()))

@@ -2184,12 +2184,33 @@ async fn rollout_undo_puts_a_baking_instance_back_without_a_gap_and_is_safe_to_r
     let row = f.store.instance(&instance.name).await.unwrap().unwrap();
     assert_eq!(row.version, "1");
 
+    two_passes_move_the_route_back_without_a_gap(&f, &recoverer, &before, &after, withdrawals)
+        .await;
+
+    let again = ops.undo_rollout("wiki").await.unwrap();
+    assert!(again.reverted.is_empty(), "{again:?}");
+    assert_eq!(again.not_baking, vec![InstanceName::new("wiki1")]);
+    assert_eq!(f.web_container("wiki1").await, before);
+    let unknown = ops.undo_rollout("nope").await.unwrap_err();
+    assert!(unknown.to_string().contains("\"nope\""), "{unknown}");
+}
+
+/// After an undo's task: two passes later the predecessor serves, the
+/// route moved to it with no withdrawal since `withdrawals` were counted,
+/// and the successor is retired.
+async fn two_passes_move_the_route_back_without_a_gap(
+    f: &Fixture,
+    recoverer: &Recoverer,
+    before: &ContainerId,
+    after: &ContainerId,
+    withdrawals: usize,
+) {
     for _ in 0..2 {
         let outcome = recoverer.pass().await;
         assert_eq!(outcome.error_count(), 0, "{outcome:?}");
     }
     assert!(
-        f.routes_to("wiki1", "web", &before),
+        f.routes_to("wiki1", "web", before),
         "the predecessor serves"
     );
     assert_eq!(
@@ -2198,16 +2219,9 @@ async fn rollout_undo_puts_a_baking_instance_back_without_a_gap_and_is_safe_to_r
         "the route moved to the predecessor without being withdrawn"
     );
     assert!(
-        f.runtime.container(&after).is_none(),
+        f.runtime.container(after).is_none(),
         "the successor retired"
     );
-
-    let again = ops.undo_rollout("wiki").await.unwrap();
-    assert!(again.reverted.is_empty(), "{again:?}");
-    assert_eq!(again.not_baking, vec![InstanceName::new("wiki1")]);
-    assert_eq!(f.web_container("wiki1").await, before);
-    let unknown = ops.undo_rollout("nope").await.unwrap_err();
-    assert!(unknown.to_string().contains("\"nope\""), "{unknown}");
 }
 
 /// #40: the undo moves the route without a gap also on a daemon that
@@ -2243,23 +2257,8 @@ async fn rollout_undo_moves_the_route_without_a_gap_on_the_daemon_that_served_th
     ops.undo_rollout("wiki").await.unwrap();
     assert_eq!(f.worker().work_once().await.unwrap().1, TaskEnd::Done);
     assert_eq!(f.web_container("wiki1").await, before);
-    for _ in 0..2 {
-        let outcome = recoverer.pass().await;
-        assert_eq!(outcome.error_count(), 0, "{outcome:?}");
-    }
-    assert!(
-        f.routes_to("wiki1", "web", &before),
-        "the predecessor serves"
-    );
-    assert_eq!(
-        f.script.count(Op::Withdraw),
-        withdrawals,
-        "the route moved to the predecessor without being withdrawn"
-    );
-    assert!(
-        f.runtime.container(&after).is_none(),
-        "the successor retired"
-    );
+    two_passes_move_the_route_back_without_a_gap(&f, &recoverer, &before, &after, withdrawals)
+        .await;
 }
 
 /// `web` replaced `stop-first`, the default for a service with a named

@@ -14,6 +14,7 @@
 //! property harness or a fuzzer drives them the same way with answers of
 //! its own choosing.
 
+use super::errors::{ErrorKind, PortName};
 use super::types::Timestamp;
 
 /// Why a machine is told to stop before it is done. It fails closed: what
@@ -43,10 +44,17 @@ pub trait MachineCommand {
     fn is_effect(&self) -> bool;
 }
 
+/// The answer to a machine's command.
+pub trait MachineAnswer {
+    /// The port and kind of the failure it reports, if any: the driver
+    /// counts every one (`stead_port_errors_total`).
+    fn port_failure(&self) -> Option<(PortName, ErrorKind)>;
+}
+
 /// A sans-IO state machine. See the module docs.
 pub trait Machine {
     type Command: MachineCommand;
-    type Answer;
+    type Answer: MachineAnswer;
     type Report;
 
     /// The next command, or `None` while the machine waits

@@ -31,7 +31,7 @@ use jiff::Timestamp;
 
 use super::bake::{bakes, baking, fails_while_baking, revert_steps, RevertStep, UNDO_TASK_GRACE};
 use super::errors::{failure_of, Cause, ErrorKind, PortName, StoreError, TrafficError};
-use super::machine::{Machine, MachineCommand};
+use super::machine::{Machine, MachineAnswer, MachineCommand};
 
 use super::fleet::{add, InstanceState, ListedInstance};
 use super::memory::InstanceMemory;
@@ -898,6 +898,12 @@ impl Machine for InstancePass<'_> {
 
     fn into_report(self) -> InstanceReport {
         InstancePass::into_report(self)
+    }
+}
+
+impl MachineAnswer for InstanceAnswer {
+    fn port_failure(&self) -> Option<(PortName, ErrorKind)> {
+        InstanceAnswer::port_failure(self)
     }
 }
 

@@ -34,7 +34,7 @@ use super::errors::{
     TrafficError,
 };
 use super::fleet::InstanceState;
-use super::machine::{Abandon, Machine, MachineCommand};
+use super::machine::{Abandon, Machine, MachineAnswer, MachineCommand};
 use super::plan::is_older;
 use super::release::{ReleaseKind, ReleaseSpec, ReleaseTarget};
 use super::spec::ServiceSpec;
@@ -733,5 +733,11 @@ impl Machine for Deprovision {
 
     fn into_report(self) -> Result<(), TaskError> {
         Deprovision::into_report(self)
+    }
+}
+
+impl MachineAnswer for WorkAnswer {
+    fn port_failure(&self) -> Option<(PortName, ErrorKind)> {
+        WorkAnswer::port_failure(self)
     }
 }

@@ -23,7 +23,7 @@ use super::budget::{Budget, BudgetEntry};
 use super::errors::{
     failure_of, ErrorKind, PolicyError, PortName, ProbeError, StoreError, TrafficError,
 };
-use super::machine::{Abandon, Machine, MachineCommand};
+use super::machine::{Abandon, Machine, MachineAnswer, MachineCommand};
 use super::policy::RecoveryPolicy;
 use super::types::{
     ActiveService, Binds, ContainerStatus, GenerationKey, Health, Intent, Observation, RuntimeError,
@@ -1303,5 +1303,11 @@ impl Machine for ServiceRecovery<'_> {
 
     fn into_report(self) -> Report {
         ServiceRecovery::into_report(self)
+    }
+}
+
+impl MachineAnswer for Outcome {
+    fn port_failure(&self) -> Option<(PortName, ErrorKind)> {
+        Outcome::port_failure(self)
     }
 }

@@ -31,7 +31,7 @@ use jiff::Timestamp;
 use super::errors::{
     failure_of, Cause, ErrorKind, PortName, ProbeError, StoreError, TaskError, TrafficError,
 };
-use super::machine::{Abandon, Machine, MachineCommand};
+use super::machine::{Abandon, Machine, MachineAnswer, MachineCommand};
 use super::spec::ReadinessProbe;
 use super::traffic::HeldRoutes;
 use super::types::{
@@ -450,5 +450,11 @@ impl Machine for Undo {
             Some(e) => Err(e),
             None => Ok(self.services.iter().map(|s| s.service().clone()).collect()),
         }
+    }
+}
+
+impl MachineAnswer for UndoAnswer {
+    fn port_failure(&self) -> Option<(PortName, ErrorKind)> {
+        UndoAnswer::port_failure(self)
     }
 }

@@ -34,7 +34,7 @@ use super::errors::{
     failure_of, Cause, ErrorKind, PortName, ProbeError, ProvisionError, StoreError, TaskError,
 };
 use super::fleet::{add, InstanceState};
-use super::machine::{Abandon, Machine, MachineCommand};
+use super::machine::{Abandon, Machine, MachineAnswer, MachineCommand};
 use super::plan::is_older;
 use super::provision::{
     remove_generation, retire_dropped_service, strays, teardown_failure, WorkAnswer, WorkCommand,
@@ -1217,4 +1217,10 @@ fn retiring_plan(input: &UpgradeInput) -> VecDeque<WorkCommand> {
         }
     }
     plan
+}
+
+impl MachineAnswer for UpgradeAnswer {
+    fn port_failure(&self) -> Option<(PortName, ErrorKind)> {
+        UpgradeAnswer::port_failure(self)
+    }
 }

@@ -2,12 +2,13 @@
 //! pass, an upgrade, a provision and a deprovision all run through
 //! [`drive`]. It sequences their commands through a [`Performer`], checks
 //! the mandate (the lease and the instance lock) right before every effect
-//! (T2, T3), and sleeps out a machine's waits; it decides nothing.
+//! (T2, T3), counts every port's failure, and sleeps out a machine's
+//! waits; it decides nothing.
 
-use crate::core::machine::{Abandon, Machine, MachineCommand};
+use crate::core::machine::{Abandon, Machine, MachineAnswer, MachineCommand};
 use crate::ports::Clock;
 
-use super::time_until;
+use super::{count_port_failure, time_until};
 
 /// Performs a machine's commands through the ports.
 pub(crate) trait Performer<M: Machine> {
@@ -15,8 +16,8 @@ pub(crate) trait Performer<M: Machine> {
     /// says the command was for), never changed.
     async fn perform(&mut self, machine: &M, command: &M::Command) -> M::Answer;
 
-    /// After `command` was answered, before the machine hears it: a log
-    /// line, a metric, a record for a watcher.
+    /// After `command` was answered (its port's failure counted), before
+    /// the machine hears it: a log line, a record for a watcher.
     fn performed(&mut self, command: M::Command, answer: &M::Answer) {
         let _ = (command, answer);
     }
@@ -49,6 +50,9 @@ where
                 continue;
             }
             let answer = performer.perform(machine, &command).await;
+            if let Some((port, kind)) = answer.port_failure() {
+                count_port_failure(port, kind);
+            }
             performer.performed(command, &answer);
             machine.handle(answer, clock.now());
         } else if let Some(at) = machine.poll_timeout() {

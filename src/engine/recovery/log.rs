@@ -8,7 +8,6 @@ use crate::core::memory::RecoveryMemory;
 use crate::core::pass::{InstanceAnswer, InstanceCommand};
 use crate::core::recovery::{Command, Outcome, Report, Verdict, Why};
 use crate::core::types::{ContainerStatus, GenerationKey, Timestamp};
-use crate::engine::count_port_failure;
 use crate::engine::event_log::EventSink;
 
 /// Counts a batch's reports: tallied here and added once per label, not
@@ -98,9 +97,6 @@ impl<'a> StepLog<'a> {
         answer: &InstanceAnswer,
         now: Timestamp,
     ) {
-        if let Some((port, kind)) = answer.port_failure() {
-            count_port_failure(port, kind);
-        }
         let (
             InstanceCommand::Service { key, command },
             InstanceAnswer::Service(outcome),

@@ -18,7 +18,6 @@ use crate::core::upgrade::{Upgrade, UpgradeAnswer, UpgradeCommand, UpgradeInput}
 use crate::ports::CreateContainer;
 
 use super::Worker;
-use crate::engine::count_port_failure;
 use crate::engine::drive::{drive, Performer};
 
 impl Worker {
@@ -325,8 +324,7 @@ impl Worker {
     }
 }
 
-/// Performs a task's commands through the worker's ports, counting each
-/// port's failures.
+/// Performs a task's commands through the worker's ports.
 struct TaskSteps<'a> {
     worker: &'a Worker,
     instance: &'a Instance,
@@ -341,12 +339,6 @@ where
             .perform_work(self.instance, command.clone())
             .await
     }
-
-    fn performed(&mut self, _: WorkCommand, answer: &WorkAnswer) {
-        if let Some((port, kind)) = answer.port_failure() {
-            count_port_failure(port, kind);
-        }
-    }
 }
 
 impl Performer<Upgrade> for TaskSteps<'_> {
@@ -355,23 +347,11 @@ impl Performer<Upgrade> for TaskSteps<'_> {
             .perform_upgrade(self.instance, command.clone())
             .await
     }
-
-    fn performed(&mut self, _: UpgradeCommand, answer: &UpgradeAnswer) {
-        if let Some((port, kind)) = answer.port_failure() {
-            count_port_failure(port, kind);
-        }
-    }
 }
 
 impl Performer<Undo> for TaskSteps<'_> {
     async fn perform(&mut self, _: &Undo, command: &UndoCommand) -> UndoAnswer {
         self.worker.perform_undo(self.instance, command).await
-    }
-
-    fn performed(&mut self, _: UndoCommand, answer: &UndoAnswer) {
-        if let Some((port, kind)) = answer.port_failure() {
-            count_port_failure(port, kind);
-        }
     }
 }
 

@@ -10,7 +10,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::core::bake::baking;
-use crate::core::catalog::Catalog;
+use crate::core::catalog::{Catalog, CatalogEntry};
 use crate::core::fleet::add;
 use crate::core::fleet::{
     Instance, InstanceId, InstanceState, NewTask, RolloutState, Task, TaskId, TaskKind, TaskState,
@@ -19,7 +19,7 @@ use crate::core::fleet::{
 use crate::core::types::{
     ContainerId, Inhibition, InhibitionReason, InstanceName, RevertTo, ServiceName, Timestamp,
 };
-use crate::ports::{ErrorKind, NewInstance, PortFailure, Store, StoreError};
+use crate::ports::{ErrorKind, NewInstance, PortFailure, Store, StoreError, TypeVersion};
 
 /// How long an undone upgrade's way back is kept at least, for the
 /// recovery pass that takes it (it runs every tick).
@@ -55,11 +55,24 @@ pub struct Undo {
     pub cancelled: Vec<TaskId>,
     /// Each instance put back, with its services.
     pub reverted: Vec<(InstanceName, Vec<ServiceName>)>,
-    /// Instances of the type with no upgrade baking: nothing to put back.
+    /// Instances of the type with no upgrade baking (with `--to`: already
+    /// at the version): nothing to put back.
     pub not_baking: Vec<InstanceName>,
+    /// With `--to`: instances queued an upgrade task to the version.
+    pub moving: Vec<InstanceName>,
     /// Instances whose lock a pass or a task held too long: not looked at;
     /// the command run again finds them.
     pub busy: Vec<InstanceName>,
+}
+
+/// What an undo did to one instance.
+enum PutBack {
+    /// Its baking services, asked for their way back.
+    Reverted(Vec<ServiceName>),
+    /// Queued an upgrade task to the pinned version.
+    Moving,
+    /// Nothing to do.
+    Already,
 }
 
 /// `stead instance create`.
@@ -299,23 +312,26 @@ impl Ops<'_> {
         // the same DNS-label rule as every name (T6).
         crate::core::names::check_dns_label("--team", &request.team)
             .map_err(|e| OpsError::Invalid(e.to_string()))?;
-        let entry = self.catalog.get(&request.service_type).ok_or_else(|| {
+        if self.catalog.get(&request.service_type).is_none() {
             let known: Vec<&str> = self
                 .catalog
                 .entries()
                 .map(|e| e.service_type.as_str())
                 .collect();
-            OpsError::Invalid(format!(
+            return Err(OpsError::Invalid(format!(
                 "service type {:?} is not in the catalog (known: {})",
                 request.service_type,
                 known.join(", ")
-            ))
-        })?;
+            )));
+        }
+        // While an undo pins the type, new instances are made at the
+        // pinned version too: the one its instances are moved back to.
+        let entry = &self.current_entry(&request.service_type).await?;
         if let Some(version) = request.version.as_deref() {
             if version != entry.version {
                 return Err(OpsError::Invalid(format!(
-                    "--version {version:?}: the catalog has {} at version {:?} only; an instance \
-                     is created at its type's catalog version (leave --version out)",
+                    "--version {version:?}: {} is at version {:?} only; an instance is \
+                     created at its type's current version (leave --version out)",
                     entry.service_type, entry.version
                 )));
             }
@@ -752,6 +768,113 @@ impl Ops<'_> {
         let (_, cancelled) = self
             .set_rollout(service_type, RolloutState::Halted, "operator: rollout undo")
             .await?;
+        self.put_back(service_type, cancelled, None).await
+    }
+
+    /// `stead rollout undo TYPE --to VERSION` (#40): halts the type and
+    /// pins it to `version`, a version its daemon recorded when it loaded
+    /// it (`stead rollout versions TYPE`), read back through today's
+    /// grants. An instance whose baking upgrade goes back to `version` is
+    /// put back without a gap as by `undo`; every other instance not at
+    /// it gets an upgrade task that moves it there through the usual
+    /// replacement (overlap or stop-first, and a bake of its own). New
+    /// instances are made at it too. `rollout resume` lifts the pin, and
+    /// the rollout then moves the type to the catalog's version again: fix
+    /// the catalog first. Safe to run twice.
+    pub async fn undo_rollout_to(&self, service_type: &str, version: &str) -> Result<Undo, OpsError> {
+        if self.catalog.get(service_type).is_none() {
+            return Err(OpsError::Invalid(format!(
+                "service type {service_type:?} is not in the catalog"
+            )));
+        }
+        let entry = self.recorded_entry(service_type, version).await?;
+        self.store
+            .pin_rollout(
+                service_type,
+                version,
+                &format!("operator: rollout undo --to {version}"),
+                self.now,
+            )
+            .await
+            .map_err(OpsError::from)?;
+        let cancelled = self
+            .store
+            .cancel_queued_upgrades(service_type, CANCELLED_BY_HALT, self.now)
+            .await
+            .map_err(OpsError::from)?;
+        self.put_back(service_type, cancelled, Some(&entry)).await
+    }
+
+    /// `stead rollout versions TYPE`: the versions of a type its daemon
+    /// recorded, oldest first.
+    pub async fn type_versions(&self, service_type: &str) -> Result<Vec<TypeVersion>, OpsError> {
+        if self.catalog.get(service_type).is_none() {
+            return Err(OpsError::Invalid(format!(
+                "service type {service_type:?} is not in the catalog"
+            )));
+        }
+        self.store
+            .type_versions(service_type)
+            .await
+            .map_err(OpsError::from)
+    }
+
+    /// The recorded `version` of `service_type`, as its catalog entry.
+    async fn recorded_entry(
+        &self,
+        service_type: &str,
+        version: &str,
+    ) -> Result<CatalogEntry, OpsError> {
+        let recorded = self
+            .store
+            .type_versions(service_type)
+            .await
+            .map_err(OpsError::from)?;
+        let Some(found) = recorded.iter().find(|r| r.version == version) else {
+            let known: Vec<&str> = recorded.iter().map(|r| r.version.as_str()).collect();
+            return Err(OpsError::NotFound(format!(
+                "version {version:?} of type {service_type} is not recorded (recorded: {}); \
+                 stead records each version of a type its daemon loads",
+                if known.is_empty() {
+                    "none".to_owned()
+                } else {
+                    known.join(", ")
+                }
+            )));
+        };
+        self.catalog
+            .recorded_entry(service_type, version, &found.source)
+            .map_err(|e| OpsError::Invalid(format!("--to {version}: {e}")))
+    }
+
+    /// The entry `service_type`'s instances work toward: the catalog's, or
+    /// the pinned version's while an undo pins the type.
+    async fn current_entry(&self, service_type: &str) -> Result<CatalogEntry, OpsError> {
+        let pinned = self
+            .store
+            .rollout_records()
+            .await
+            .map_err(OpsError::from)?
+            .into_iter()
+            .find(|r| r.service_type == service_type && r.state == RolloutState::Halted)
+            .and_then(|r| r.pinned);
+        match pinned {
+            Some(version) => self.recorded_entry(service_type, &version).await,
+            None => self.catalog.get(service_type).cloned().ok_or_else(|| {
+                OpsError::Invalid(format!("service type {service_type:?} is not in the catalog"))
+            }),
+        }
+    }
+
+    /// Puts every live instance of `service_type` back: each baking
+    /// upgrade by its way back, and with `to`, every other instance not at
+    /// it by an upgrade task toward it.
+    async fn put_back(
+        &self,
+        service_type: &str,
+        cancelled: Vec<TaskId>,
+        to: Option<&CatalogEntry>,
+    ) -> Result<Undo, OpsError> {
         let instances = self.store.list_instances().await.map_err(OpsError::from)?;
         let mut undo = Undo {
             cancelled,
@@ -763,12 +886,15 @@ impl Ops<'_> {
         }) {
             let reverted = self
                 .under_lock(instance.name.as_str(), async |instance| {
-                    self.undo_locked(instance).await
+                    self.undo_locked(instance, to).await
                 })
                 .await;
             match reverted {
-                Ok(Some(services)) => undo.reverted.push((instance.name.clone(), services)),
-                Ok(None) => undo.not_baking.push(instance.name.clone()),
+                Ok(PutBack::Reverted(services)) => {
+                    undo.reverted.push((instance.name.clone(), services))
+                }
+                Ok(PutBack::Moving) => undo.moving.push(instance.name.clone()),
+                Ok(PutBack::Already) => undo.not_baking.push(instance.name.clone()),
                 // One instance a long task holds does not keep the others
                 // on the failed version: named, to run the command again.
                 Err(OpsError::Busy(_)) => undo.busy.push(instance.name.clone()),
@@ -778,7 +904,11 @@ impl Ops<'_> {
         Ok(undo)
     }
 
-    async fn undo_locked(&self, instance: &Instance) -> Result<Option<Vec<ServiceName>>, OpsError> {
+    async fn undo_locked(
+        &self,
+        instance: &Instance,
+        to: Option<&CatalogEntry>,
+    ) -> Result<PutBack, OpsError> {
         let name = &instance.name;
         let active = self.store.load_active(name).await.map_err(OpsError::from)?;
         let inhibitions = self
@@ -786,11 +916,23 @@ impl Ops<'_> {
             .load_inhibitions(name)
             .await
             .map_err(OpsError::from)?;
+        // With `--to`, a baking upgrade's way back serves only when it
+        // leads there.
         let services: Vec<ServiceName> = baking(&inhibitions, &active, self.now)
+            .filter(|(_, back, _)| to.is_none_or(|entry| back.version == entry.version))
             .map(|(marker, _, _)| marker.service.clone())
             .collect();
         if services.is_empty() {
-            return Ok(None);
+            let Some(entry) = to else {
+                return Ok(PutBack::Already);
+            };
+            if instance.version == entry.version
+                && instance.spec_digest.as_deref() == Some(entry.spec_digest.as_str())
+            {
+                return Ok(PutBack::Already);
+            }
+            self.enqueue_undo_task(instance).await?;
+            return Ok(PutBack::Moving);
         }
         // The undo is a worker's (it starts and verifies the predecessors
         // while their successors serve, `core::undo`), by an upgrade task
@@ -816,6 +958,12 @@ impl Ops<'_> {
                 .await
                 .map_err(OpsError::from)?;
         }
+        self.enqueue_undo_task(instance).await?;
+        Ok(PutBack::Reverted(services))
+    }
+
+    /// The upgrade task of a halted type that carries an undo out.
+    async fn enqueue_undo_task(&self, instance: &Instance) -> Result<(), OpsError> {
         let task = NewTask {
             kind: TaskKind::Upgrade,
             instance: instance.id,
@@ -829,7 +977,7 @@ impl Ops<'_> {
             .enqueue(&task, self.now, None)
             .await
             .map_err(OpsError::from)?;
-        Ok(Some(services))
+        Ok(())
     }
 
     /// Whether an interrupted upgrade left the instance `upgrading`.

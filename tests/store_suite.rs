@@ -17,7 +17,7 @@ use stead::core::fleet::{
 use stead::core::types::{
     ActiveService, ContainerId, Inhibition, InhibitionReason, InstanceName, ServiceName,
 };
-use stead::ports::{NewInstance, Store, StoreError};
+use stead::ports::{NewInstance, Store, StoreError, TypeVersion};
 use support::TestStore;
 
 macro_rules! store_suite {
@@ -71,6 +71,8 @@ store_suite! {
         a_deleted_instance_with_an_active_task_keeps_its_name,
         tasks_are_listed_newest_first_and_finished_ones_on_request,
         rollout_records_keep_their_reason_and_time,
+        a_pin_survives_a_halt_and_is_lifted_by_a_resume,
+        type_versions_keep_their_first_recording_and_the_latest_definition,
         the_reconciler_lease_holder_is_readable_without_taking_it,
         gauges_count_the_queue_and_instances_by_state,
         live_service_types_are_those_with_instances_not_deleted,
@@ -1014,6 +1016,74 @@ async fn tasks_are_listed_newest_first_and_finished_ones_on_request(s: TestStore
     assert_eq!(ids(all.rows), vec![reprovision, upgrade, done]);
     let limited = store.tasks(true, 2).await.unwrap();
     assert_eq!(ids(limited.rows), vec![reprovision, upgrade]);
+}
+
+async fn a_pin_survives_a_halt_and_is_lifted_by_a_resume(s: TestStore) {
+    let store = &*s.store;
+    let pinned = |records: Vec<stead::ports::RolloutRecord>| {
+        records
+            .into_iter()
+            .map(|r| (r.service_type, r.state, r.pinned))
+            .collect::<Vec<_>>()
+    };
+    store
+        .pin_rollout("wiki", "1.0", "operator: rollout undo --to 1.0", t(1))
+        .await
+        .unwrap();
+    let halted = (RolloutState::Halted, Some("1.0".to_owned()));
+    assert_eq!(
+        pinned(store.rollout_records().await.unwrap()),
+        vec![("wiki".to_owned(), halted.0, halted.1.clone())]
+    );
+    // A failed upgrade's halt keeps the operator's pin.
+    store
+        .set_rollout("wiki", RolloutState::Halted, "bake failed", t(2), None)
+        .await
+        .unwrap();
+    let records = store.rollout_records().await.unwrap();
+    assert_eq!(records[0].reason, "bake failed");
+    assert_eq!(records[0].pinned.as_deref(), Some("1.0"));
+    store
+        .set_rollout("wiki", RolloutState::Active, "operator: resume", t(3), None)
+        .await
+        .unwrap();
+    assert_eq!(
+        pinned(store.rollout_records().await.unwrap()),
+        vec![("wiki".to_owned(), RolloutState::Active, None)]
+    );
+}
+
+async fn type_versions_keep_their_first_recording_and_the_latest_definition(s: TestStore) {
+    let store = &*s.store;
+    let version = |v: &str, digest: &str, at: i64| TypeVersion {
+        service_type: "wiki".into(),
+        version: v.into(),
+        spec_digest: digest.into(),
+        source: format!("[types.wiki]\nversion = \"{v}\"\n"),
+        recorded_at: t(at),
+    };
+    store.record_type_version(&version("1.0", "a", 1)).await.unwrap();
+    store.record_type_version(&version("2.0", "b", 2)).await.unwrap();
+    // Loaded again later with another definition: keeps its place.
+    store.record_type_version(&version("1.0", "c", 3)).await.unwrap();
+    let mut other = version("9.0", "z", 0);
+    other.service_type = "chat".into();
+    store.record_type_version(&other).await.unwrap();
+    let seen: Vec<_> = store
+        .type_versions("wiki")
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|r| (r.version, r.spec_digest, r.recorded_at))
+        .collect();
+    assert_eq!(
+        seen,
+        vec![
+            ("1.0".to_owned(), "c".to_owned(), t(1)),
+            ("2.0".to_owned(), "b".to_owned(), t(2)),
+        ]
+    );
+    assert!(store.type_versions("nope").await.unwrap().is_empty());
 }
 
 async fn rollout_records_keep_their_reason_and_time(s: TestStore) {

@@ -206,6 +206,13 @@ impl CatalogEntry {
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Catalog {
     entries: BTreeMap<String, CatalogEntry>,
+    /// Each type's own table as a catalog of that one type, as the file
+    /// gave it (#40: the daemon records each version it loads, for
+    /// `rollout undo --to`). Empty for a catalog built from entries.
+    sources: BTreeMap<String, String>,
+    /// The grants it was validated against: a recorded version is read
+    /// back against the same ones ([`Catalog::recorded_entry`]).
+    grants: Grants,
 }
 
 impl Catalog {
@@ -220,7 +227,38 @@ impl Catalog {
                     (e.service_type.clone(), e)
                 })
                 .collect(),
+            sources: BTreeMap::new(),
+            grants: Grants::default(),
         }
+    }
+
+    /// A version of `service_type` as the daemon recorded it when it
+    /// loaded it (`source`, [`Catalog::source_of`]), read back through
+    /// the catalog's parser and this catalog's grants: a grant withdrawn
+    /// since is not regained by going back.
+    pub fn recorded_entry(
+        &self,
+        service_type: &str,
+        version: &str,
+        source: &str,
+    ) -> Result<CatalogEntry, CatalogError> {
+        let file = format!("the recorded version {version} of type {service_type}");
+        let catalog = Catalog::from_toml(source, &file, &self.grants)?;
+        catalog
+            .get(service_type)
+            .filter(|entry| entry.version == version)
+            .cloned()
+            .ok_or_else(|| CatalogError::Read {
+                file,
+                reason: format!("it does not define version {version} of type {service_type}"),
+            })
+    }
+
+    /// `service_type`'s definition as a catalog of that one type, which
+    /// [`Catalog::from_toml`] reads back to the same entry (`None` for a
+    /// catalog built from entries).
+    pub fn source_of(&self, service_type: &str) -> Option<&str> {
+        self.sources.get(service_type).map(String::as_str)
     }
 
     pub fn get(&self, service_type: &str) -> Option<&CatalogEntry> {
@@ -289,8 +327,35 @@ impl Catalog {
             entry.spec_digest = entry.digest();
             entries.insert(name, entry);
         }
-        Ok(Catalog { entries })
+        let sources = type_sources(contents);
+        Ok(Catalog {
+            entries,
+            sources,
+            grants: grants.clone(),
+        })
     }
+}
+
+/// Each type's table of a catalog that parsed, written back as a catalog
+/// of that one type. TOML's own data model round-trips every value the
+/// catalog reads, so the one-type catalog parses to the same entry.
+fn type_sources(contents: &str) -> BTreeMap<String, String> {
+    let Ok(mut table) = toml::from_str::<toml::Table>(contents) else {
+        return BTreeMap::new();
+    };
+    let Some(toml::Value::Table(types)) = table.remove("types") else {
+        return BTreeMap::new();
+    };
+    types
+        .into_iter()
+        .filter_map(|(name, definition)| {
+            let one = toml::Table::from_iter([(
+                "types".to_owned(),
+                toml::Value::Table(toml::Table::from_iter([(name.clone(), definition)])),
+            )]);
+            toml::to_string(&one).ok().map(|source| (name, source))
+        })
+        .collect()
 }
 
 /// How a service type differs between two catalogs (a reload).

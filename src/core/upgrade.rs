@@ -100,6 +100,10 @@ pub struct UpgradeInput {
     /// an instance it left `upgrading` goes back to ready, so a halt never
     /// strands one.
     pub halted: bool,
+    /// The target is the version an operator's `rollout undo --to` pinned
+    /// the type to: going back is the point, so a version older than the
+    /// instance's is not skipped.
+    pub pinned: bool,
     /// The rule the mutation exercise broke, if any.
     pub broken: Armed,
 }
@@ -348,7 +352,8 @@ impl Upgrade {
             .map(|spec| spec.name.clone())
             .collect();
         let skipped_stopped = input.stopped;
-        let skipped_older_catalog = is_older(&input.version, &input.recorded_version);
+        let skipped_older_catalog =
+            !input.pinned && is_older(&input.version, &input.recorded_version);
         let (retiring, sweeping) = if input.release.is_some() {
             (VecDeque::new(), VecDeque::new())
         } else if input.halted {

@@ -470,6 +470,40 @@ pub struct Daemon {
     event_flusher: tokio::sync::Mutex<EventFlusher>,
 }
 
+/// Records each type's version as `catalog` defines it (#40): the history
+/// `rollout undo --to` moves a type back along. Best effort: a store that
+/// does not answer costs only the record of this load (logged), and the
+/// next load records it again.
+async fn record_type_versions(store: &dyn Store, catalog: &Catalog) {
+    let now = match store.database_now().await {
+        Ok(now) => now,
+        Err(e) => {
+            tracing::warn!(error = %e, "the catalog's versions were not recorded for `rollout undo --to`");
+            return;
+        }
+    };
+    for entry in catalog.entries() {
+        let Some(source) = catalog.source_of(&entry.service_type) else {
+            continue;
+        };
+        let recorded = crate::ports::TypeVersion {
+            service_type: entry.service_type.clone(),
+            version: entry.version.clone(),
+            spec_digest: entry.spec_digest.clone(),
+            source: source.to_owned(),
+            recorded_at: now,
+        };
+        if let Err(e) = store.record_type_version(&recorded).await {
+            tracing::warn!(
+                service_type = %entry.service_type,
+                version = %entry.version,
+                error = %e,
+                "this version was not recorded for `rollout undo --to`"
+            );
+        }
+    }
+}
+
 impl Daemon {
     /// Loads the catalog, opens the store and builds every port.
     pub async fn build(config: DaemonConfig) -> Result<Daemon, DaemonError> {
@@ -482,6 +516,7 @@ impl Daemon {
             .await
             .map_err(|e| DaemonError::Setup(e.to_string()))?;
         let store = open_store(&config).await?;
+        record_type_versions(store.as_ref(), &catalog.current()).await;
         let docker = docker_runtime(&config).await?;
         let caddy = CaddyTraffic::new(CaddyConfig {
             admin_addr: config.caddy.admin.clone(),
@@ -647,6 +682,7 @@ impl Daemon {
         let changes = new.changes_from(&self.catalog.current());
         self.recoverer.set_readiness(readiness_table(&new));
         self.recoverer.set_helm_types(new.helm_types());
+        record_type_versions(self.ports.store.as_ref(), &new).await;
         self.catalog.replace(Arc::new(new));
         let summary = if changes.is_empty() {
             "no change".to_owned()

@@ -247,10 +247,16 @@ async fn fleet_by_type(from: &StatusSources<'_>, live: &[&Instance], status: &mu
             Vec::new()
         }
     };
-    let halted: BTreeMap<&str, &str> = records
+    let halted: BTreeMap<&str, String> = records
         .iter()
         .filter(|r| r.state == RolloutState::Halted)
-        .map(|r| (r.service_type.as_str(), r.reason.as_str()))
+        .map(|r| {
+            let why = match &r.pinned {
+                Some(version) => format!("{}; pinned to version {version}", r.reason),
+                None => r.reason.clone(),
+            };
+            (r.service_type.as_str(), why)
+        })
         .collect();
     status.halted_rollouts = halted
         .iter()

@@ -321,6 +321,25 @@ pub struct RolloutRecord {
     /// upgrade that halted it).
     pub reason: String,
     pub updated_at: Timestamp,
+    /// The version an operator's `rollout undo --to` pinned the halted
+    /// type to: its instances are moved to it, and new ones made at it,
+    /// until the rollout resumes.
+    pub pinned: Option<String>,
+}
+
+/// One version of a service type as the catalog defined it when the daemon
+/// loaded it (#40), kept so that `rollout undo --to` can move a type back
+/// to a version the catalog no longer holds.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TypeVersion {
+    pub service_type: String,
+    pub version: String,
+    pub spec_digest: String,
+    /// The type's own catalog table, as a catalog of that one type
+    /// (`core::catalog::Catalog::source_of`).
+    pub source: String,
+    /// When the version was first recorded: the history's order.
+    pub recorded_at: Timestamp,
 }
 
 /// Rows that failed to parse are reported beside the rows that did, so one
@@ -599,6 +618,24 @@ pub trait Store: Send + Sync {
         now: Timestamp,
         fence: Option<&LeaseGrant>,
     ) -> Result<(), StoreError>;
+
+    /// Halts `service_type` and pins it to `version` (`rollout undo --to`);
+    /// `set_rollout` to active clears the pin, a halt keeps it.
+    async fn pin_rollout(
+        &self,
+        service_type: &str,
+        version: &str,
+        reason: &str,
+        now: Timestamp,
+    ) -> Result<(), StoreError>;
+
+    // --- type versions (#40) ---------------------------------------------
+    /// Records a version of a type as the loaded catalog defines it. A
+    /// version recorded before keeps its place in the history and takes
+    /// the new definition.
+    async fn record_type_version(&self, recorded: &TypeVersion) -> Result<(), StoreError>;
+    /// The recorded versions of `service_type`, oldest first.
+    async fn type_versions(&self, service_type: &str) -> Result<Vec<TypeVersion>, StoreError>;
 
     // --- time ------------------------------------------------------------
     /// The database's clock (T2). Leases and instance locks are timed by it

@@ -31,6 +31,7 @@ use stead::engine::SystemClock;
 use stead::ports::Clock;
 use stead::ports::{
     Expired, LeaseGrant, LoadedInstance, LoadedInstances, NewInstance, RolloutRecord, Rows, Store,
+    TypeVersion,
     StoreError,
 };
 use stead::store::{
@@ -94,6 +95,9 @@ struct State {
     inhibitions: BTreeMap<(InstanceId, ServiceName, ContainerId), Inhibition>,
     tasks: BTreeMap<TaskId, Task>,
     rollouts: BTreeMap<String, RolloutRecord>,
+    /// (type, version) → its recording; the history's order is each
+    /// recording's time, then its version, as the SQL stores order it.
+    type_versions: BTreeMap<(String, String), TypeVersion>,
     lease: Option<ReconcilerLeaseRow>,
     /// T3: instance → (holder, expiry by the store's clock).
     /// The holder is shared by every row it holds, as a pass takes
@@ -1175,11 +1179,18 @@ impl Store for MemoryStore {
     ) -> Result<(), StoreError> {
         let mut state = self.call()?;
         state.check_fence(fence, self.now_us())?;
+        // A halt keeps an operator's pin; a resume clears it.
+        let pinned = state
+            .rollouts
+            .get(service_type)
+            .and_then(|r| r.pinned.clone())
+            .filter(|_| rollout == RolloutState::Halted);
         let record = RolloutRecord {
             service_type: service_type.to_owned(),
             state: rollout,
             reason: reason.to_owned(),
             updated_at: normalize_timestamp(now),
+            pinned,
         };
         state.rollouts.insert(service_type.to_owned(), record);
         drop(state);
@@ -1188,6 +1199,59 @@ impl Store for MemoryStore {
             halted: rollout == RolloutState::Halted,
         });
         Ok(())
+    }
+
+    async fn pin_rollout(
+        &self,
+        service_type: &str,
+        version: &str,
+        reason: &str,
+        now: Timestamp,
+    ) -> Result<(), StoreError> {
+        let mut state = self.call()?;
+        let record = RolloutRecord {
+            service_type: service_type.to_owned(),
+            state: RolloutState::Halted,
+            reason: reason.to_owned(),
+            updated_at: normalize_timestamp(now),
+            pinned: Some(version.to_owned()),
+        };
+        state.rollouts.insert(service_type.to_owned(), record);
+        drop(state);
+        self.tell(|| Effect::RolloutSet {
+            service_type: service_type.to_owned(),
+            halted: true,
+        });
+        Ok(())
+    }
+
+    async fn record_type_version(&self, recorded: &TypeVersion) -> Result<(), StoreError> {
+        let mut state = self.call()?;
+        let key = (recorded.service_type.clone(), recorded.version.clone());
+        let recorded_at = state
+            .type_versions
+            .get(&key)
+            .map_or(normalize_timestamp(recorded.recorded_at), |r| r.recorded_at);
+        state.type_versions.insert(
+            key,
+            TypeVersion {
+                recorded_at,
+                ..recorded.clone()
+            },
+        );
+        Ok(())
+    }
+
+    async fn type_versions(&self, service_type: &str) -> Result<Vec<TypeVersion>, StoreError> {
+        let state = self.call()?;
+        let mut versions: Vec<TypeVersion> = state
+            .type_versions
+            .values()
+            .filter(|r| r.service_type == service_type)
+            .cloned()
+            .collect();
+        versions.sort_by(|a, b| (a.recorded_at, &a.version).cmp(&(b.recorded_at, &b.version)));
+        Ok(versions)
     }
 
     async fn database_now(&self) -> Result<Timestamp, StoreError> {

@@ -153,6 +153,7 @@ pub fn upgrade_input(services: &[UpgradeServiceSeed], stopped: bool, ready: bool
         recorded_spec_digest: Some("digest-1".into()),
         bake: Duration::from_secs(300),
         halted: false,
+        pinned: false,
         broken: Default::default(),
         stop_grace_default: Duration::from_secs(10),
         instance: InstanceName::new("app"),

@@ -856,12 +856,28 @@ async fn rollout(config: &DaemonConfig, command: RolloutCommand) -> Result<u8, C
                 ));
             }
         }
-        RolloutCommand::Undo { service_type } => {
-            let undo = ops.undo_rollout(&service_type).await?;
+        RolloutCommand::Undo { service_type, to } => {
+            let undo = match to.as_deref() {
+                None => ops.undo_rollout(&service_type).await?,
+                Some(version) => ops.undo_rollout_to(&service_type, version).await?,
+            };
+            let halted_why = match to.as_deref() {
+                None => "rollout undo".to_owned(),
+                Some(version) => format!("rollout undo --to {version}"),
+            };
             let mut events = vec![by_operator(
                 EventKind::Halt,
-                format!("rollout of {service_type} halted: rollout undo"),
+                format!("rollout of {service_type} halted: {halted_why}"),
             )];
+            for instance in &undo.moving {
+                events.push(
+                    by_operator(
+                        EventKind::Enqueue,
+                        format!("rollout undo: an upgrade task moves it to {halted_why}"),
+                    )
+                    .instance(instance),
+                );
+            }
             for (instance, services) in &undo.reverted {
                 let services: Vec<&str> = services.iter().map(|s| s.as_str()).collect();
                 events.push(
@@ -876,10 +892,27 @@ async fn rollout(config: &DaemonConfig, command: RolloutCommand) -> Result<u8, C
                 );
             }
             record(store.as_ref(), events).await;
-            say(format!(
-                "{service_type}: rollout halted (operator: rollout undo); \
-                 `stead rollout resume {service_type}` once the catalog has a fixed version"
-            ));
+            say(match to.as_deref() {
+                None => format!(
+                    "{service_type}: rollout halted (operator: rollout undo); \
+                     `stead rollout resume {service_type}` once the catalog has a fixed version"
+                ),
+                Some(version) => format!(
+                    "{service_type}: rollout halted and pinned to version {version}: its \
+                     instances are moved to it and new ones made at it; \
+                     `stead rollout resume {service_type}` lifts the pin once the catalog has a \
+                     fixed version"
+                ),
+            });
+            if !undo.moving.is_empty() {
+                let names: Vec<&str> = undo.moving.iter().map(|n| n.as_str()).collect();
+                say(format!(
+                    "{service_type}: moving to version {}: {} (an upgrade task each, \
+                     `stead task list`)",
+                    to.as_deref().unwrap_or_default(),
+                    names.join(", ")
+                ));
+            }
             if !undo.cancelled.is_empty() {
                 let ids: Vec<String> = undo.cancelled.iter().map(i64::to_string).collect();
                 say(format!(
@@ -906,10 +939,35 @@ async fn rollout(config: &DaemonConfig, command: RolloutCommand) -> Result<u8, C
             }
             if !undo.not_baking.is_empty() {
                 let names: Vec<&str> = undo.not_baking.iter().map(|n| n.as_str()).collect();
+                say(match to.as_deref() {
+                    None => format!(
+                        "{service_type}: nothing to undo for {} (no upgrade of it bakes: its \
+                         predecessors are retired once the bake window ends; \
+                         `stead rollout undo {service_type} --to VERSION` moves it back to a \
+                         recorded version)",
+                        names.join(", ")
+                    ),
+                    Some(version) => format!(
+                        "{service_type}: already at version {version}: {}",
+                        names.join(", ")
+                    ),
+                });
+            }
+        }
+        RolloutCommand::Versions { service_type } => {
+            let versions = ops.type_versions(&service_type).await?;
+            if versions.is_empty() {
                 say(format!(
-                    "{service_type}: nothing to undo for {} (no upgrade of it bakes: its \
-                     predecessors are retired once the bake window ends)",
-                    names.join(", ")
+                    "{service_type}: no version recorded yet (the daemon records each version \
+                     it loads)"
+                ));
+            }
+            for v in &versions {
+                say(format!(
+                    "{}  recorded {}  digest {}",
+                    v.version,
+                    v.recorded_at,
+                    &v.spec_digest[..v.spec_digest.len().min(12)]
                 ));
             }
         }

@@ -284,9 +284,20 @@ pub enum RolloutCommand {
     /// Undo a service type's rollout: halt it, and put every instance of
     /// it whose upgrade still bakes back on its kept predecessors (an
     /// upgrade task starts and verifies them while the new version serves,
-    /// then the route moves). An instance whose bake window ended has no
-    /// way back.
-    Undo { service_type: String },
+    /// then the route moves). With `--to VERSION`, also pin the type to a
+    /// version its daemon recorded (`stead rollout versions`): every other
+    /// instance is moved to it by an upgrade task, and new instances are
+    /// made at it, until `stead rollout resume`.
+    Undo {
+        service_type: String,
+        /// A recorded version to move the whole type to, older ones
+        /// included.
+        #[arg(long, value_name = "VERSION")]
+        to: Option<String>,
+    },
+    /// The versions of a service type its daemon recorded as it loaded
+    /// them, oldest first: what `stead rollout undo --to` can go back to.
+    Versions { service_type: String },
 }
 
 /// `--ttl-s`: whole seconds, at least [`stead::ops::TTL_CLI_MIN`].

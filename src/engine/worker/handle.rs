@@ -2,10 +2,12 @@
 //! the task lease), the instance re-read under it, and a task for a
 //! deleting or deleted instance refused (T4).
 
+use crate::core::catalog::CatalogEntry;
 use crate::core::errors::{Cause, ErrorKind, TaskError};
 use crate::core::fleet::{Instance, RolloutState, Task, TaskKind};
 use crate::core::policy::WORKER_LOCK_SLACK;
 
+use super::protocols::UpgradeMode;
 use super::Worker;
 use crate::engine::locks::LockError;
 
@@ -63,25 +65,70 @@ impl Worker {
         result
     }
 
-    /// Whether `instance`'s type's rollout is halted, in the catalog file
-    /// or by the switch in the store, read now: a halt after the task was
-    /// queued must stop it before it changes anything.
-    async fn rollout_halted(&self, instance: &Instance) -> Result<bool, TaskError> {
+    /// `instance`'s type's rollout as it stands now: halted in the catalog
+    /// file or by the switch in the store (a halt after the task was
+    /// queued must stop it before it changes anything), and the version an
+    /// operator's undo pinned it to, if any.
+    async fn rollout_of(&self, instance: &Instance) -> Result<Rollout, TaskError> {
         let in_catalog = self
             .catalog
             .current()
             .get(&instance.service_type)
             .is_some_and(|entry| entry.rollout == RolloutState::Halted);
-        if in_catalog {
-            return Ok(true);
-        }
-        let switches = self
+        let record = self
             .ports
             .store
-            .rollouts()
+            .rollout_records()
             .await
-            .map_err(|e| TaskError::new(&instance.name, "read the rollout switches", e))?;
-        Ok(switches.get(&instance.service_type) == Some(&RolloutState::Halted))
+            .map_err(|e| TaskError::new(&instance.name, "read the rollout switches", e))?
+            .into_iter()
+            .find(|r| r.service_type == instance.service_type);
+        let halted_here = record
+            .as_ref()
+            .is_some_and(|r| r.state == RolloutState::Halted);
+        Ok(Rollout {
+            halted: in_catalog || halted_here,
+            pinned: record.and_then(|r| r.pinned).filter(|_| halted_here),
+        })
+    }
+
+    /// The entry `instance`'s tasks work toward: the catalog's, or while
+    /// an operator's undo pins the type (`rollout undo --to`), the pinned
+    /// version as the daemon recorded it, read through today's grants.
+    async fn target_entry(
+        &self,
+        instance: &Instance,
+        pinned: Option<&str>,
+    ) -> Result<CatalogEntry, TaskError> {
+        let Some(version) = pinned else {
+            return self.entry(instance);
+        };
+        let step = format!("read version {version} of its type, which an undo pinned");
+        let recorded = self
+            .ports
+            .store
+            .type_versions(&instance.service_type)
+            .await
+            .map_err(|e| TaskError::new(&instance.name, step.as_str(), e))?
+            .into_iter()
+            .find(|r| r.version == version)
+            .ok_or_else(|| {
+                TaskError::new(
+                    &instance.name,
+                    step.as_str(),
+                    Cause::verdict(ErrorKind::NotFound, "no such version is recorded"),
+                )
+            })?;
+        self.catalog
+            .current()
+            .recorded_entry(&instance.service_type, version, &recorded.source)
+            .map_err(|e| {
+                TaskError::new(
+                    &instance.name,
+                    step.as_str(),
+                    Cause::verdict(ErrorKind::Refused, e.to_string()),
+                )
+            })
     }
 
     async fn handle_locked(&self, task: &Task) -> Result<(), TaskError> {
@@ -105,8 +152,9 @@ impl Worker {
             );
             return Ok(());
         }
-        let halted = task.kind == TaskKind::Upgrade && self.rollout_halted(&instance).await?;
-        if halted {
+        let rollout = self.rollout_of(&instance).await?;
+        let halted = task.kind == TaskKind::Upgrade && rollout.halted;
+        if halted && rollout.pinned.is_none() {
             // C8: a halt stops what is waiting too. The upgrade was queued
             // (or claimed) before the halt; once the rollout resumes, the
             // planner plans it again. What an interrupted upgrade left
@@ -119,15 +167,46 @@ impl Worker {
             );
         }
         match task.kind {
-            TaskKind::Provision | TaskKind::Reprovision => self.provision(&instance).await,
-            // A halted type's upgrade task also carries out an operator's
-            // undo of the instance, if one was asked for.
-            TaskKind::Upgrade if halted => {
-                self.upgrade(&instance, halted).await?;
-                self.undo(&instance).await
+            // While pinned, what is provisioned is the pinned version too.
+            TaskKind::Provision | TaskKind::Reprovision => {
+                let entry = self
+                    .target_entry(&instance, rollout.pinned.as_deref())
+                    .await?;
+                self.provision(&instance, entry).await
             }
-            TaskKind::Upgrade => self.upgrade(&instance, halted).await,
+            // A halted type's upgrade task also carries out an operator's
+            // undo of the instance, if one was asked for: the way back of
+            // a baking upgrade first, then the move to a pinned version.
+            TaskKind::Upgrade if halted => {
+                self.upgrade(&instance, self.entry(&instance)?, UpgradeMode::Tidy)
+                    .await?;
+                self.undo(&instance).await?;
+                let Some(version) = rollout.pinned.as_deref() else {
+                    return Ok(());
+                };
+                let entry = self.target_entry(&instance, Some(version)).await?;
+                // Re-read: the undo may have moved its version.
+                let instance = self
+                    .ports
+                    .store
+                    .instance_by_id(instance.id)
+                    .await
+                    .map_err(|e| read(e.into()))?
+                    .ok_or_else(|| read(Cause::verdict(ErrorKind::NotFound, "it does not exist")))?;
+                self.upgrade(&instance, entry, UpgradeMode::Pinned).await
+            }
+            TaskKind::Upgrade => {
+                self.upgrade(&instance, self.entry(&instance)?, UpgradeMode::Rollout)
+                    .await
+            }
             TaskKind::Deprovision => self.deprovision(&instance).await,
         }
     }
+}
+
+/// A type's rollout as a task reads it.
+struct Rollout {
+    halted: bool,
+    /// Set only while the store's switch halts the type.
+    pinned: Option<String>,
 }

@@ -1,6 +1,8 @@
 //! Performs the protocol machines' commands through the ports. No
 //! decisions here.
 
+use std::collections::BTreeMap;
+
 use crate::core::fleet::Instance;
 use crate::core::provision::{WorkAnswer, WorkCommand, WorkError};
 use crate::core::undo::{UndoAnswer, UndoCommand};
@@ -14,6 +16,7 @@ impl Worker {
     pub(super) async fn perform_work(
         &self,
         instance: &Instance,
+        parameters: &BTreeMap<String, String>,
         command: WorkCommand,
     ) -> WorkAnswer {
         let p = &self.ports;
@@ -26,7 +29,7 @@ impl Worker {
                 spec,
                 version,
                 revision,
-            } => WorkAnswer::Created(self.create(instance, &spec, &version, &revision).await),
+            } => WorkAnswer::Created(self.create(instance, parameters, &spec, &version, &revision).await),
             WorkCommand::SaveActive { service, record } => {
                 done(p.store.save_active_service(name, &service, &record).await)
             }
@@ -102,6 +105,7 @@ impl Worker {
     pub(super) async fn perform_upgrade(
         &self,
         instance: &Instance,
+        parameters: &BTreeMap<String, String>,
         command: UpgradeCommand,
     ) -> UpgradeAnswer {
         let p = &self.ports;
@@ -130,7 +134,7 @@ impl Worker {
                 spec,
                 version,
                 revision,
-            } => UpgradeAnswer::Created(self.create(instance, &spec, &version, &revision).await),
+            } => UpgradeAnswer::Created(self.create(instance, parameters, &spec, &version, &revision).await),
             UpgradeCommand::Inspect(id) => UpgradeAnswer::Inspected(p.runtime.inspect(&id).await),
             UpgradeCommand::ReadBinds(id) => UpgradeAnswer::Binds(p.runtime.binds(&id).await),
             UpgradeCommand::Probe { readiness, target } => {
@@ -141,7 +145,7 @@ impl Worker {
                     WorkCommand::RemoveActive(service) => Some(service.clone()),
                     _ => None,
                 };
-                let answer = Box::pin(self.perform_work(instance, step)).await;
+                let answer = Box::pin(self.perform_work(instance, parameters, step)).await;
                 if let (Some(service), WorkAnswer::Done(Ok(()))) = (dropped, &answer) {
                     metrics::counter!("stead_dropped_services_retired_total").increment(1);
                     tracing::info!(

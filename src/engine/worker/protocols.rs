@@ -2,6 +2,8 @@
 //! (`core::provision`, `core::upgrade`) through the ports and moves the
 //! instance along its lifecycle.
 
+use std::collections::BTreeMap;
+
 use crate::core::bake::baking;
 use crate::core::catalog::CatalogEntry;
 use crate::core::errors::{Cause, ErrorKind, TaskError};
@@ -19,6 +21,19 @@ use crate::ports::CreateContainer;
 
 use super::Worker;
 use crate::engine::drive::{drive, Performer};
+
+/// What an upgrade task does with the entry it is given.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum UpgradeMode {
+    /// The rollout: to the catalog's version, never back.
+    Rollout,
+    /// The type is halted: nothing is upgraded; what an interrupted
+    /// upgrade left behind is tidied (`UpgradeInput::halted`).
+    Tidy,
+    /// To the version an operator's undo pinned the type to, older ones
+    /// included (`UpgradeInput::pinned`).
+    Pinned,
+}
 
 impl Worker {
     /// The instance's catalog entry as the catalog is now (it may be
@@ -46,9 +61,12 @@ impl Worker {
 
     /// Install-or-upgrade on the deterministic release name, then one
     /// container per service and ACTIVE naming it (`core::provision`).
-    pub(super) async fn provision(&self, instance: &Instance) -> Result<(), TaskError> {
+    pub(super) async fn provision(
+        &self,
+        instance: &Instance,
+        entry: CatalogEntry,
+    ) -> Result<(), TaskError> {
         let name = &instance.name;
-        let entry = self.entry(instance)?;
         let active = self
             .ports
             .store
@@ -90,7 +108,7 @@ impl Worker {
             services: entry.services,
             active,
         });
-        self.drive_task(instance, &mut provision).await;
+        self.drive_task(instance, &parameters, &mut provision).await;
         provision.into_report()?;
         self.move_to(instance, Provision::SETTLES_AT).await
     }
@@ -102,10 +120,15 @@ impl Worker {
     /// cannot see) and retires the predecessor once the successor serves;
     /// until then the predecessor keeps serving, so there is no gap. A
     /// failure removes the candidate and leaves ACTIVE alone.
-    pub(super) async fn upgrade(&self, instance: &Instance, halted: bool) -> Result<(), TaskError> {
+    pub(super) async fn upgrade(
+        &self,
+        instance: &Instance,
+        entry: CatalogEntry,
+        mode: UpgradeMode,
+    ) -> Result<(), TaskError> {
         let p = &self.ports;
         let name = &instance.name;
-        let entry = self.entry(instance)?;
+        let halted = mode == UpgradeMode::Tidy;
         let active = p
             .store
             .load_active(name)
@@ -147,6 +170,7 @@ impl Worker {
             recorded_spec_digest: instance.spec_digest.clone(),
             bake: entry.bake,
             halted,
+            pinned: mode == UpgradeMode::Pinned,
             broken: self.config.broken,
             stop_grace_default: self.config.stop_grace_default,
             instance: instance.name.clone(),
@@ -169,7 +193,7 @@ impl Worker {
                  (reload it); nothing downgraded, version drift plans it again"
             );
         }
-        self.drive_task(instance, &mut upgrade).await;
+        self.drive_task(instance, &parameters, &mut upgrade).await;
         if upgrade.reverted() {
             metrics::counter!("stead_reverts_total", "cause" => "upgrade").increment(1);
             tracing::warn!(
@@ -233,7 +257,7 @@ impl Worker {
             stop_grace_default: self.config.stop_grace_default,
             purge_volumes: instance.purge_volumes,
         });
-        self.drive_task(instance, &mut deprovision).await;
+        self.drive_task(instance, &BTreeMap::new(), &mut deprovision).await;
         deprovision.into_report()?;
         self.move_to(instance, Deprovision::SETTLES_AT).await
     }
@@ -295,16 +319,13 @@ impl Worker {
     pub(super) async fn create(
         &self,
         instance: &Instance,
+        parameters: &BTreeMap<String, String>,
         spec: &ServiceSpec,
         version: &str,
         revision: &str,
     ) -> Result<ContainerId, RuntimeError> {
-        let parameters = self
-            .entry(instance)
-            .map(|entry| entry.parameters_of(&instance.parameters))
-            .map_err(|e| RuntimeError::Refused(e.to_string()))?;
         let params = ReleaseParams {
-            parameters: &parameters,
+            parameters,
             ..ReleaseParams::of(instance, version)
         };
         let env = spec
@@ -328,6 +349,9 @@ impl Worker {
 struct TaskSteps<'a> {
     worker: &'a Worker,
     instance: &'a Instance,
+    /// The instance's parameters under the entry the task works toward,
+    /// which its containers' templates read.
+    parameters: &'a BTreeMap<String, String>,
 }
 
 impl<M> Performer<M> for TaskSteps<'_>
@@ -336,7 +360,7 @@ where
 {
     async fn perform(&mut self, _: &M, command: &WorkCommand) -> WorkAnswer {
         self.worker
-            .perform_work(self.instance, command.clone())
+            .perform_work(self.instance, self.parameters, command.clone())
             .await
     }
 }
@@ -344,7 +368,7 @@ where
 impl Performer<Upgrade> for TaskSteps<'_> {
     async fn perform(&mut self, _: &Upgrade, command: &UpgradeCommand) -> UpgradeAnswer {
         self.worker
-            .perform_upgrade(self.instance, command.clone())
+            .perform_upgrade(self.instance, self.parameters, command.clone())
             .await
     }
 }
@@ -395,7 +419,7 @@ impl Worker {
             services,
             stop_grace_default: self.config.stop_grace_default,
         });
-        self.drive_task(instance, &mut undo).await;
+        self.drive_task(instance, &BTreeMap::new(), &mut undo).await;
         let put_back = undo.into_report()?;
         metrics::counter!("stead_reverts_total", "cause" => "undo").increment(1);
         tracing::warn!(
@@ -422,14 +446,19 @@ impl Worker {
 
     /// Drives a task's machine through the ports, every effect under the
     /// task lease and the instance lock (`engine::drive`).
-    async fn drive_task<M>(&self, instance: &Instance, machine: &mut M)
-    where
+    async fn drive_task<M>(
+        &self,
+        instance: &Instance,
+        parameters: &BTreeMap<String, String>,
+        machine: &mut M,
+    ) where
         M: Machine,
         for<'a> TaskSteps<'a>: Performer<M>,
     {
         let mut steps = TaskSteps {
             worker: self,
             instance,
+            parameters,
         };
         drive(machine, &mut steps, self.ports.clock.as_ref(), || {
             self.allowed(&instance.name).is_ok()

@@ -17,7 +17,9 @@ use crate::core::types::{
     ActiveRecord, ActiveService, Binds, ContainerId, Inhibition, InhibitionReason, InstanceName,
     RevertTo, ServiceName, Timestamp,
 };
-use crate::ports::{LeaseGrant, LoadedInstance, LoadedInstances, RolloutRecord, Rows, StoreError};
+use crate::ports::{
+    LeaseGrant, LoadedInstance, LoadedInstances, RolloutRecord, Rows, StoreError, TypeVersion,
+};
 use crate::store::{
     duration_to_ms, execution_start_from_ns, timestamp_from_us, timestamp_to_us, ReconcilerLeaseRow,
 };
@@ -393,7 +395,13 @@ pub fn decode_rollout(
 }
 
 pub fn decode_rollout_record(
-    (service_type, state, reason, updated_at_us): (String, String, String, i64),
+    (service_type, state, reason, updated_at_us, pinned): (
+        String,
+        String,
+        String,
+        i64,
+        Option<String>,
+    ),
 ) -> Result<RolloutRecord, StoreError> {
     let (service_type, state) = decode_rollout(service_type, state)?;
     let updated_at = timestamp("rollouts", &service_type, "updated_at_us", updated_at_us)?;
@@ -402,6 +410,27 @@ pub fn decode_rollout_record(
         state,
         reason,
         updated_at,
+        pinned,
+    })
+}
+
+pub fn decode_type_version(
+    (service_type, version, spec_digest, source, recorded_at_us): (
+        String,
+        String,
+        String,
+        String,
+        i64,
+    ),
+) -> Result<TypeVersion, StoreError> {
+    let key = format!("{service_type} {version}");
+    let recorded_at = timestamp("type_versions", &key, "recorded_at_us", recorded_at_us)?;
+    Ok(TypeVersion {
+        service_type,
+        version,
+        spec_digest,
+        source,
+        recorded_at,
     })
 }
 

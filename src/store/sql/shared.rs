@@ -622,7 +622,7 @@ macro_rules! impl_sql_store {
 
             async fn rollout_records(&self) -> Result<Vec<RolloutRecord>, StoreError> {
                 crate::store::sql::timed("rollout_records", self.call_timeout, async {
-                    let rows: Vec<(String, String, String, i64)> =
+                    let rows: Vec<(String, String, String, i64, Option<String>)> =
                         sqlx::query_as(sql::ROLLOUT_RECORDS)
                             .fetch_all(&self.pool)
                             .await
@@ -650,6 +650,56 @@ macro_rules! impl_sql_store {
                 )
                 .await
                 .map(drop)
+            }
+
+            async fn pin_rollout(
+                &self,
+                service_type: &str,
+                version: &str,
+                reason: &str,
+                now: Timestamp,
+            ) -> Result<(), StoreError> {
+                crate::store::sql::timed("pin_rollout", self.call_timeout, async {
+                    self.write(
+                        sqlx::query(sql::PIN_ROLLOUT)
+                            .bind(service_type)
+                            .bind(version)
+                            .bind(reason)
+                            .bind(timestamp_to_us(now)),
+                    )
+                    .await
+                    .map(drop)
+                })
+                .await
+            }
+
+            async fn record_type_version(&self, recorded: &TypeVersion) -> Result<(), StoreError> {
+                crate::store::sql::timed("record_type_version", self.call_timeout, async {
+                    self.write(
+                        sqlx::query(sql::RECORD_TYPE_VERSION)
+                            .bind(&recorded.service_type)
+                            .bind(&recorded.version)
+                            .bind(&recorded.spec_digest)
+                            .bind(&recorded.source)
+                            .bind(timestamp_to_us(recorded.recorded_at)),
+                    )
+                    .await
+                    .map(drop)
+                })
+                .await
+            }
+
+            async fn type_versions(&self, service_type: &str) -> Result<Vec<TypeVersion>, StoreError> {
+                crate::store::sql::timed("type_versions", self.call_timeout, async {
+                    let rows: Vec<(String, String, String, String, i64)> =
+                        sqlx::query_as(sql::TYPE_VERSIONS)
+                            .bind(service_type)
+                            .fetch_all(&self.pool)
+                            .await
+                            .map_err(db_error)?;
+                    rows.into_iter().map(decode_type_version).collect()
+                })
+                .await
             }
 
             async fn database_now(&self) -> Result<Timestamp, StoreError> {

@@ -205,13 +205,36 @@ pub const EXPIRE_INSTANCE: &str = "UPDATE instances SET state = 'deleting', upda
 
 pub const ROLLOUTS: &str = "SELECT service_type, state FROM rollouts ORDER BY service_type";
 
-pub const ROLLOUT_RECORDS: &str =
-    "SELECT service_type, state, reason, updated_at_us FROM rollouts ORDER BY service_type";
+pub const ROLLOUT_RECORDS: &str = "SELECT service_type, state, reason, updated_at_us, \
+     pinned_version FROM rollouts ORDER BY service_type";
 
+/// A halt keeps an operator's pin; a resume clears it.
 pub const SET_ROLLOUT: &str = "INSERT INTO rollouts (service_type, state, reason, updated_at_us) \
      VALUES ($1, $2, $3, $4) \
      ON CONFLICT (service_type) DO UPDATE SET \
-       state = excluded.state, reason = excluded.reason, updated_at_us = excluded.updated_at_us";
+       state = excluded.state, reason = excluded.reason, updated_at_us = excluded.updated_at_us, \
+       pinned_version = CASE WHEN excluded.state = 'active' THEN NULL \
+         ELSE rollouts.pinned_version END";
+
+/// `rollout undo TYPE --to VERSION`: halted, and pinned to the version.
+pub const PIN_ROLLOUT: &str = "INSERT INTO rollouts \
+     (service_type, state, reason, updated_at_us, pinned_version) \
+     VALUES ($1, 'halted', $3, $4, $2) \
+     ON CONFLICT (service_type) DO UPDATE SET \
+       state = 'halted', reason = excluded.reason, updated_at_us = excluded.updated_at_us, \
+       pinned_version = excluded.pinned_version";
+
+// --- type versions (#40) -----------------------------------------------------
+
+/// A version seen again keeps its first recording time (the history's
+/// order) and takes the latest definition.
+pub const RECORD_TYPE_VERSION: &str = "INSERT INTO type_versions \
+     (service_type, version, spec_digest, source, recorded_at_us) VALUES ($1, $2, $3, $4, $5) \
+     ON CONFLICT (service_type, version) DO UPDATE SET \
+       spec_digest = excluded.spec_digest, source = excluded.source";
+
+pub const TYPE_VERSIONS: &str = "SELECT service_type, version, spec_digest, source, recorded_at_us \
+     FROM type_versions WHERE service_type = $1 ORDER BY recorded_at_us, version";
 
 // --- reconciler lease -----------------------------------------------------
 

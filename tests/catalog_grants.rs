@@ -297,3 +297,54 @@ async fn a_reload_asking_for_more_memory_than_the_operators_maximum_is_refused_a
     );
     assert_eq!(version(&daemon), "1", "the running catalog is kept");
 }
+
+/// #40: each type's recorded source (what `rollout undo --to` reads back)
+/// parses to the very entry the catalog holds, the Helm type's values and
+/// every kind of field included; and read back against grants withdrawn
+/// since, a recorded bind mount is refused as any catalog's would be.
+#[test]
+fn a_recorded_type_reads_back_to_the_same_entry_and_under_todays_grants() {
+    let helm = r#"
+[types.search]
+version = "3.1"
+provisioner = "helm"
+
+[types.search.helm]
+chart = "charts/search"
+values = { replicas = 2, host = "{instance}.example", nested = { a = [1, 2] } }
+"#;
+    let text = format!(
+        "{}{helm}",
+        web(
+            "1.4",
+            "volumes = [{ host_path = \"/srv/stead/data\", path = \"/data\" }]\n\
+             env = { MODE = \"a b\", QUOTE = \"it's \\\"x\\\"\" }\n\
+             secrets = [{ env = \"TOKEN\", file = \"/etc/stead/secrets/t\" }]"
+        )
+    );
+    let granted = grants(&["/srv/stead"], &["/etc/stead/secrets"], &[]);
+    let catalog = Catalog::from_toml(&text, "catalog.toml", &granted).unwrap();
+    for entry in catalog.entries() {
+        let source = catalog.source_of(&entry.service_type).unwrap();
+        let back = catalog
+            .recorded_entry(&entry.service_type, &entry.version, source)
+            .unwrap();
+        assert_eq!(&back, entry, "{source}");
+    }
+    let web_source = catalog.source_of("web").unwrap();
+    let wrong = catalog.recorded_entry("web", "9", web_source).unwrap_err();
+    assert!(
+        wrong.to_string().contains("does not define version 9 of type web"),
+        "{wrong}"
+    );
+    let withdrawn = Catalog::from_toml("", "catalog.toml", &Grants::default()).unwrap();
+    let refused = withdrawn
+        .recorded_entry("web", "1.4", web_source)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        refused.contains("the recorded version 1.4 of type web")
+            && refused.contains("not granted: grants."),
+        "{refused}"
+    );
+}

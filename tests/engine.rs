@@ -28,7 +28,7 @@ use stead::engine::tick::{Check, Reconciler};
 use stead::engine::wake::WakeQueue;
 use stead::engine::worker::{TaskEnd, Worker, WorkerConfig};
 use stead::engine::Ports;
-use stead::ports::{NewInstance, Runtime, Store, Traffic};
+use stead::ports::{NewInstance, Runtime, Store, Traffic, TypeVersion};
 use stead_testkit::metrics::Tally;
 use stead_testkit::ports::{
     Fault, FaultInjector, Hooks, ManualClock, MemoryNotifier, MemoryPolicy, MemoryProbe,
@@ -2193,6 +2193,87 @@ async fn rollout_undo_puts_a_baking_instance_back_without_a_gap_and_is_safe_to_r
     assert_eq!(f.web_container("wiki1").await, before);
     let unknown = ops.undo_rollout("nope").await.unwrap_err();
     assert!(unknown.to_string().contains("\"nope\""), "{unknown}");
+}
+
+/// #40: `stead rollout undo TYPE --to VERSION` after the bake window:
+/// nothing bakes, so the type is pinned to the recorded version and the
+/// instance is moved back to it by an upgrade task (a downgrade, allowed
+/// only under the pin) through the usual overlap: the old version's
+/// container is created, verified and switched to, and the next passes
+/// move the route and retire the bad one. Run twice, it finds the
+/// instance there; an unrecorded version is refused, naming the ones
+/// recorded; a resume lifts the pin.
+#[tokio::test]
+async fn rollout_undo_to_a_recorded_version_moves_an_instance_back_after_its_bake() {
+    let f = fixture();
+    let at_1 = Catalog::from_toml(
+        &CATALOG.replace("version = \"2\"", "version = \"1\""),
+        "catalog.toml",
+        &Grants::default(),
+    )
+    .unwrap();
+    for (catalog, at) in [(&at_1, 0), (&*f.catalog, 10)] {
+        let entry = catalog.get("wiki").unwrap();
+        f.store
+            .record_type_version(&TypeVersion {
+                service_type: "wiki".into(),
+                version: entry.version.clone(),
+                spec_digest: entry.spec_digest.clone(),
+                source: catalog.source_of("wiki").unwrap().to_owned(),
+                recorded_at: f.clock.now() + Duration::from_secs(at),
+            })
+            .await
+            .unwrap();
+    }
+    let instance = f.served("wiki1", "1").await;
+    f.enqueue(instance.id, TaskKind::Upgrade).await;
+    assert_eq!(f.worker().work_once().await.unwrap().1, TaskEnd::Done);
+    let recoverer = f.recoverer();
+    for _ in 0..3 {
+        recoverer.pass().await;
+    }
+    let bad = f.web_container("wiki1").await;
+    assert!(f.routes_to("wiki1", "web", &bad));
+    assert_eq!(
+        f.runtime.with_containers(|cs| cs.len()),
+        1,
+        "no bake: retired at once"
+    );
+
+    let ops = stead::ops::Ops::new(f.store.as_ref(), f.catalog.clone(), f.clock.now(), 7);
+    let unknown = ops.undo_rollout_to("wiki", "7").await.unwrap_err();
+    assert!(
+        unknown.to_string().contains("recorded: 1, 2"),
+        "{unknown}"
+    );
+    let undo = ops.undo_rollout_to("wiki", "1").await.unwrap();
+    assert_eq!(undo.moving, vec![InstanceName::new("wiki1")]);
+    let wiki = f.store.rollout_records().await.unwrap();
+    assert_eq!(wiki[0].state, RolloutState::Halted);
+    assert_eq!(wiki[0].pinned.as_deref(), Some("1"));
+
+    assert_eq!(f.worker().work_once().await.unwrap().1, TaskEnd::Done);
+    let good = f.web_container("wiki1").await;
+    assert_ne!(good, bad, "a container of version 1 replaced it");
+    let row = f.store.instance(&instance.name).await.unwrap().unwrap();
+    assert_eq!(row.version, "1");
+    assert!(f.routes_to("wiki1", "web", &bad), "no gap: still served");
+    for _ in 0..3 {
+        recoverer.pass().await;
+    }
+    assert!(f.routes_to("wiki1", "web", &good));
+    assert!(f.runtime.container(&bad).is_none(), "the bad one retired");
+
+    let twice = ops.undo_rollout_to("wiki", "1").await.unwrap();
+    assert!(twice.moving.is_empty(), "{twice:?}");
+    assert_eq!(twice.not_baking, vec![InstanceName::new("wiki1")]);
+    assert!(f.store.active_tasks().await.unwrap().rows.is_empty());
+
+    ops.set_rollout("wiki", RolloutState::Active, "operator: resume")
+        .await
+        .unwrap();
+    let wiki = f.store.rollout_records().await.unwrap();
+    assert_eq!(wiki[0].pinned, None, "a resume lifts the pin");
 }
 
 /// After an undo's task: two passes later the predecessor serves, the

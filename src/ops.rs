@@ -781,7 +781,11 @@ impl Ops<'_> {
     /// instances are made at it too. `rollout resume` lifts the pin, and
     /// the rollout then moves the type to the catalog's version again: fix
     /// the catalog first. Safe to run twice.
-    pub async fn undo_rollout_to(&self, service_type: &str, version: &str) -> Result<Undo, OpsError> {
+    pub async fn undo_rollout_to(
+        &self,
+        service_type: &str,
+        version: &str,
+    ) -> Result<Undo, OpsError> {
         if self.catalog.get(service_type).is_none() {
             return Err(OpsError::Invalid(format!(
                 "service type {service_type:?} is not in the catalog"
@@ -861,7 +865,9 @@ impl Ops<'_> {
         match pinned {
             Some(version) => self.recorded_entry(service_type, &version).await,
             None => self.catalog.get(service_type).cloned().ok_or_else(|| {
-                OpsError::Invalid(format!("service type {service_type:?} is not in the catalog"))
+                OpsError::Invalid(format!(
+                    "service type {service_type:?} is not in the catalog"
+                ))
             }),
         }
     }

@@ -334,7 +334,9 @@ values = { replicas = 2, host = "{instance}.example", nested = { a = [1, 2] } }
     let web_source = catalog.source_of("web").unwrap();
     let wrong = catalog.recorded_entry("web", "9", web_source).unwrap_err();
     assert!(
-        wrong.to_string().contains("does not define version 9 of type web"),
+        wrong
+            .to_string()
+            .contains("does not define version 9 of type web"),
         "{wrong}"
     );
     let withdrawn = Catalog::from_toml("", "catalog.toml", &Grants::default()).unwrap();

@@ -2242,10 +2242,7 @@ async fn rollout_undo_to_a_recorded_version_moves_an_instance_back_after_its_bak
 
     let ops = stead::ops::Ops::new(f.store.as_ref(), f.catalog.clone(), f.clock.now(), 7);
     let unknown = ops.undo_rollout_to("wiki", "7").await.unwrap_err();
-    assert!(
-        unknown.to_string().contains("recorded: 1, 2"),
-        "{unknown}"
-    );
+    assert!(unknown.to_string().contains("recorded: 1, 2"), "{unknown}");
     let undo = ops.undo_rollout_to("wiki", "1").await.unwrap();
     assert_eq!(undo.moving, vec![InstanceName::new("wiki1")]);
     let wiki = f.store.rollout_records().await.unwrap();

@@ -210,6 +210,68 @@ async fn a_version_drift_upgrade_is_atomic_and_a_failed_one_is_rolled_back_by_he
     assert!(status.chart.ends_with("-1.0.0"), "{status:?}");
 }
 
+/// #40, `rollout undo --to` of a Helm type: `helm rollback` to the newest
+/// revision at the pinned chart version, which brings that revision's
+/// values back too (not today's); a release already there is left alone;
+/// a version its history no longer has is reached by an upgrade.
+#[tokio::test]
+async fn a_roll_back_goes_to_the_newest_revision_at_the_version_with_its_values() {
+    let fake = FakeHelm::new();
+    let helm = fake.provisioner(&[]);
+    helm.install_or_upgrade(&spec("shop-1", "1.0.0"))
+        .await
+        .expect("install");
+    let mut bad = helm_release("shop-1", "shop-1", "2.0.0", true);
+    bad.values = json!({"host": "shop-1.example.org", "replicas": 9});
+    helm.install_or_upgrade(&ReleaseSpec::Helm(bad))
+        .await
+        .expect("upgrade");
+
+    let mut back = helm_release("shop-1", "shop-1", "1.0.0", true);
+    back.values = json!({"rendered": "today"});
+    helm.roll_back(&back).await.expect("roll back");
+    assert_eq!(
+        fake.argvs().pop().unwrap(),
+        strings(&[
+            "rollback",
+            "shop-1",
+            "1",
+            "--namespace",
+            "shop-1",
+            "--wait",
+            "--timeout",
+            "5s"
+        ])
+    );
+    let (ok, stdout, stderr) = fake.run(&["status", "shop-1", "-n", "shop-1", "-o", "json"]);
+    assert!(ok, "{stderr}");
+    let status: Value = serde_json::from_str(&stdout).unwrap();
+    assert_eq!(status["version"], 3, "a new revision: {status}");
+    assert_eq!(status["info"]["status"], "deployed");
+    assert_eq!(
+        status["config"]["replicas"], 2,
+        "revision 1's values: {status}"
+    );
+
+    let calls = fake.argvs().len();
+    helm.roll_back(&back).await.expect("again");
+    assert_eq!(
+        fake.argvs().len(),
+        calls + 1,
+        "only the history was read: {:?}",
+        fake.argvs()
+    );
+
+    let never = helm_release("shop-1", "shop-1", "0.9.0", true);
+    helm.roll_back(&never).await.expect("upgraded to it");
+    let argv = fake.argvs().pop().unwrap();
+    assert_eq!(argv[0], "upgrade", "{argv:?}");
+    assert!(
+        argv.windows(2).any(|w| w == ["--version", "0.9.0"]),
+        "{argv:?}"
+    );
+}
+
 #[tokio::test]
 async fn listing_sees_every_release_in_every_state_past_helms_default_cap() {
     let fake = FakeHelm::new();

@@ -1062,10 +1062,19 @@ async fn type_versions_keep_their_first_recording_and_the_latest_definition(s: T
         source: format!("[types.wiki]\nversion = \"{v}\"\n"),
         recorded_at: t(at),
     };
-    store.record_type_version(&version("1.0", "a", 1)).await.unwrap();
-    store.record_type_version(&version("2.0", "b", 2)).await.unwrap();
+    store
+        .record_type_version(&version("1.0", "a", 1))
+        .await
+        .unwrap();
+    store
+        .record_type_version(&version("2.0", "b", 2))
+        .await
+        .unwrap();
     // Loaded again later with another definition: keeps its place.
-    store.record_type_version(&version("1.0", "c", 3)).await.unwrap();
+    store
+        .record_type_version(&version("1.0", "c", 3))
+        .await
+        .unwrap();
     let mut other = version("9.0", "z", 0);
     other.service_type = "chat".into();
     store.record_type_version(&other).await.unwrap();

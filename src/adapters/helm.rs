@@ -126,6 +126,56 @@ struct StatusOutput {
     chart: Option<StatusChart>,
 }
 
+/// One revision of `helm history -o json`.
+#[derive(Clone, Debug, Deserialize, PartialEq, Eq)]
+pub struct Revision {
+    pub revision: u64,
+    pub status: String,
+    /// The chart and its version, as `search-1.2.3`.
+    pub chart: String,
+}
+
+/// Parses `helm history -o json`.
+pub fn parse_history(stdout: &str) -> Result<Vec<Revision>, ProvisionError> {
+    serde_json::from_str(stdout.trim()).map_err(|e| {
+        ProvisionError::Failed(format!(
+            "helm history -o json: output is not a list of revisions with revision, status \
+             and chart ({e}): {:?}",
+            excerpt(stdout)
+        ))
+    })
+}
+
+/// Where a roll back to a chart version goes, by the release's history.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RollBack {
+    /// The newest revision is that version, deployed: nothing to do.
+    Already,
+    /// The newest revision that ran that version (deployed or superseded,
+    /// never a failed or pending one).
+    To(u64),
+    /// The history has no such revision (pruned, or never installed).
+    NotInHistory,
+}
+
+impl RollBack {
+    pub fn of(history: &[Revision], chart_version: &str) -> RollBack {
+        let suffix = format!("-{chart_version}");
+        let at_version = |r: &&Revision| r.chart.ends_with(&suffix);
+        let newest = history.iter().max_by_key(|r| r.revision);
+        if newest.is_some_and(|r| at_version(&r) && r.status == "deployed") {
+            return RollBack::Already;
+        }
+        history
+            .iter()
+            .filter(at_version)
+            .filter(|r| matches!(r.status.as_str(), "deployed" | "superseded"))
+            .map(|r| r.revision)
+            .max()
+            .map_or(RollBack::NotInHistory, RollBack::To)
+    }
+}
+
 /// What stead reads of `helm get metadata -o json`.
 #[derive(Deserialize)]
 struct MetadataOutput {
@@ -406,6 +456,62 @@ impl Provisioner for HelmProvisioner {
         }
     }
 
+    /// `helm rollback` to the newest revision at `release`'s chart
+    /// version, waited for; an upgrade to it (`--atomic`) when the
+    /// release's history has none (pruned by `--history-max`). A release
+    /// already there is left alone.
+    async fn roll_back(&self, release: &HelmRelease) -> Result<(), ProvisionError> {
+        check_release(&release.name)?;
+        check_dns_label("namespace", &release.namespace)?;
+        check_arg("chart_version", &release.chart_version)?;
+        let subject = format!("release {} in {}", release.name, release.namespace);
+        let history = [
+            "history",
+            &release.name,
+            "--namespace",
+            &release.namespace,
+            "-o",
+            "json",
+        ];
+        let history = match self.run(&history, None).await {
+            Ok(stdout) => parse_history(&stdout)?,
+            // Never installed: an upgrade installs it at the version.
+            Err(HelmFailure::Exit { stderr, .. }) if stderr.contains(RELEASE_NOT_FOUND) => {
+                Vec::new()
+            }
+            Err(failure) => return Err(failure.into_error(&format!("history of {subject}"))),
+        };
+        let revision = match RollBack::of(&history, &release.chart_version) {
+            RollBack::Already => return Ok(()),
+            RollBack::To(revision) => revision,
+            RollBack::NotInHistory => {
+                tracing::info!(
+                    release = %release.name,
+                    namespace = %release.namespace,
+                    chart_version = %release.chart_version,
+                    "no revision of this chart version in the release's history: upgrading to it"
+                );
+                return self.upgrade(release).await;
+            }
+        };
+        let revision = revision.to_string();
+        let timeout = self.wait_timeout_arg();
+        let args = [
+            "rollback",
+            &release.name,
+            &revision,
+            "--namespace",
+            &release.namespace,
+            "--wait",
+            "--timeout",
+            &timeout,
+        ];
+        self.run(&args, None)
+            .await
+            .map(drop)
+            .map_err(|f| f.into_error(&format!("rollback of {subject} to revision {revision}")))
+    }
+
     async fn uninstall(&self, target: &ReleaseTarget) -> Result<(), ProvisionError> {
         let release = helm_release(target)?;
         let timeout = self.wait_timeout_arg();
@@ -577,6 +683,36 @@ fn excerpt(text: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_roll_back_goes_to_the_newest_good_revision_at_the_version() {
+        let revision = |revision, status: &str, chart: &str| Revision {
+            revision,
+            status: status.into(),
+            chart: chart.into(),
+        };
+        let history = [
+            revision(1, "superseded", "shop-1.0"),
+            revision(2, "superseded", "shop-1.0"),
+            revision(3, "failed", "shop-1.1"),
+            revision(4, "superseded", "shop-1.1"),
+            revision(5, "deployed", "shop-2.0"),
+        ];
+        assert_eq!(RollBack::of(&history, "1.0"), RollBack::To(2));
+        assert_eq!(RollBack::of(&history, "1.1"), RollBack::To(4));
+        assert_eq!(RollBack::of(&history, "2.0"), RollBack::Already);
+        // A version matches whole: "0" is no revision's.
+        assert_eq!(RollBack::of(&history, "0"), RollBack::NotInHistory);
+        assert_eq!(RollBack::of(&history[..3], "1.1"), RollBack::NotInHistory);
+        assert_eq!(RollBack::of(&[], "1.0"), RollBack::NotInHistory);
+        let parsed = parse_history(
+            r#"[{"revision":1,"updated":"x","status":"deployed","chart":"shop-1.0","app_version":"","description":"Install complete"}]"#,
+        )
+        .unwrap();
+        assert_eq!(parsed, [revision(1, "deployed", "shop-1.0")]);
+        let error = parse_history("Error: nope").unwrap_err().to_string();
+        assert!(error.contains("helm history -o json"), "{error}");
+    }
 
     #[test]
     fn list_output_parses_and_ignores_other_fields() {

@@ -160,6 +160,12 @@ pub enum UpgradeCommand {
     /// Upgrade a Helm type's release in place; Helm rolls a failure back
     /// (`--atomic`) and Kubernetes replaces the pods.
     UpgradeRelease(HelmRelease),
+    /// Move a Helm type's release back to an operator's pinned version
+    /// (`rollout undo --to`): `helm rollback` to the newest revision at
+    /// its chart version, which restores that revision's values as well
+    /// (an upgrade to it when Helm's history has none). Answered by
+    /// [`UpgradeAnswer::ReleaseUpgraded`].
+    RollBackRelease(HelmRelease),
     /// One step of retiring a service the new version no longer lists
     /// (`provision::retire_dropped_service`).
     Retire(WorkCommand),
@@ -318,6 +324,8 @@ pub struct Upgrade {
     /// The predecessor of the `stop-first` service in hand was stopped.
     predecessor_stopped: bool,
     halted: bool,
+    /// Moving to an operator's pinned version (`UpgradeInput::pinned`).
+    pinned: bool,
     broken: Armed,
     stop_grace_default: Duration,
     error: Option<TaskError>,
@@ -401,6 +409,7 @@ impl Upgrade {
             stop_first_hold: None,
             predecessor_stopped: false,
             halted,
+            pinned: input.pinned,
             broken: input.broken,
             stop_grace_default: input.stop_grace_default,
             error: None,
@@ -526,7 +535,11 @@ impl Upgrade {
                 Phase::Services => {
                     if self.error.is_none() {
                         if let Some(release) = self.release.take() {
-                            return Some(UpgradeCommand::UpgradeRelease(release));
+                            return Some(if self.pinned {
+                                UpgradeCommand::RollBackRelease(release)
+                            } else {
+                                UpgradeCommand::UpgradeRelease(release)
+                            });
                         }
                     }
                     if self.error.is_none() && (self.current.is_some() || !self.pending.is_empty())
@@ -732,13 +745,17 @@ impl Upgrade {
                 }
                 return;
             }
-            (UpgradeCommand::UpgradeRelease(release), UpgradeAnswer::ReleaseUpgraded(result)) => {
+            (
+                UpgradeCommand::UpgradeRelease(release) | UpgradeCommand::RollBackRelease(release),
+                UpgradeAnswer::ReleaseUpgraded(result),
+            ) => {
                 // Helm rolled a failed upgrade back (`--atomic`): the
                 // instance keeps serving its old version, as a Docker
                 // upgrade whose successor failed does.
                 if let Err(e) = result {
+                    let how = if self.pinned { "rollback" } else { "upgrade" };
                     let step = format!(
-                        "helm upgrade of release {} in {} to chart {} {}",
+                        "helm {how} of release {} in {} to chart {} {}",
                         release.name, release.namespace, release.chart, release.chart_version
                     );
                     self.error = Some(fail(step, e.clone().into()));

@@ -7,6 +7,7 @@ use std::sync::Arc;
 use async_trait::async_trait;
 
 use crate::engine::SharedCatalog;
+use crate::ports::HelmRelease;
 use crate::ports::{
     ProvisionError, Provisioner, Release, ReleaseKind, ReleaseSpec, ReleaseStatus, ReleaseTarget,
 };
@@ -51,6 +52,10 @@ impl Provisioner for RoutedProvisioner {
 
     async fn uninstall(&self, release: &ReleaseTarget) -> Result<(), ProvisionError> {
         self.of(release.kind).uninstall(release).await
+    }
+
+    async fn roll_back(&self, release: &HelmRelease) -> Result<(), ProvisionError> {
+        self.helm.roll_back(release).await
     }
 
     /// Docker's releases, then Helm's when the catalog has a Helm type.

@@ -229,6 +229,15 @@ pub trait Provisioner: Send + Sync {
     /// Every live release in every state (pending ones included: they
     /// exist), keyed by (name, namespace), with no cap on their number.
     async fn list_releases(&self) -> Result<Vec<Release>, ProvisionError>;
+    /// Moves a release back to `release`'s chart version (`rollout undo
+    /// --to` of a Helm type): to the newest revision of its history at
+    /// that version (`helm rollback`, which restores that revision's
+    /// values too), or, with none there, by an upgrade to it. A provisioner
+    /// that keeps no history upgrades.
+    async fn roll_back(&self, release: &HelmRelease) -> Result<(), ProvisionError> {
+        self.install_or_upgrade(&ReleaseSpec::Helm(release.clone()))
+            .await
+    }
     /// The provisioner's own account of one release (`helm status`), for
     /// `stead status`; `None` when it keeps none (Docker) or does not know
     /// the release.

@@ -31,8 +31,7 @@ use stead::engine::SystemClock;
 use stead::ports::Clock;
 use stead::ports::{
     Expired, LeaseGrant, LoadedInstance, LoadedInstances, NewInstance, RolloutRecord, Rows, Store,
-    TypeVersion,
-    StoreError,
+    StoreError, TypeVersion,
 };
 use stead::store::{
     fenced, identity_of, lease_cutoff_us, lease_to_us, name_held_by_task, name_taken,

@@ -202,11 +202,13 @@ fn answer_for(command: &UpgradeCommand, seed: &OutcomeSeed) -> UpgradeAnswer {
                 },
             }),
         }),
-        UpgradeCommand::UpgradeRelease(_) => UpgradeAnswer::ReleaseUpgraded(if fails {
-            Err(ProvisionError::Failed("rolled back".into()))
-        } else {
-            Ok(())
-        }),
+        UpgradeCommand::UpgradeRelease(_) | UpgradeCommand::RollBackRelease(_) => {
+            UpgradeAnswer::ReleaseUpgraded(if fails {
+                Err(ProvisionError::Failed("rolled back".into()))
+            } else {
+                Ok(())
+            })
+        }
         UpgradeCommand::ReadBinds(_) => UpgradeAnswer::Binds(if fails {
             Err(RuntimeError::Transient("timeout".into()))
         } else {

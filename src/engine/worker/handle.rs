@@ -192,7 +192,9 @@ impl Worker {
                     .instance_by_id(instance.id)
                     .await
                     .map_err(|e| read(e.into()))?
-                    .ok_or_else(|| read(Cause::verdict(ErrorKind::NotFound, "it does not exist")))?;
+                    .ok_or_else(|| {
+                        read(Cause::verdict(ErrorKind::NotFound, "it does not exist"))
+                    })?;
                 self.upgrade(&instance, entry, UpgradeMode::Pinned).await
             }
             TaskKind::Upgrade => {

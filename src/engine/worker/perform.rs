@@ -29,7 +29,10 @@ impl Worker {
                 spec,
                 version,
                 revision,
-            } => WorkAnswer::Created(self.create(instance, parameters, &spec, &version, &revision).await),
+            } => WorkAnswer::Created(
+                self.create(instance, parameters, &spec, &version, &revision)
+                    .await,
+            ),
             WorkCommand::SaveActive { service, record } => {
                 done(p.store.save_active_service(name, &service, &record).await)
             }
@@ -134,7 +137,10 @@ impl Worker {
                 spec,
                 version,
                 revision,
-            } => UpgradeAnswer::Created(self.create(instance, parameters, &spec, &version, &revision).await),
+            } => UpgradeAnswer::Created(
+                self.create(instance, parameters, &spec, &version, &revision)
+                    .await,
+            ),
             UpgradeCommand::Inspect(id) => UpgradeAnswer::Inspected(p.runtime.inspect(&id).await),
             UpgradeCommand::ReadBinds(id) => UpgradeAnswer::Binds(p.runtime.binds(&id).await),
             UpgradeCommand::Probe { readiness, target } => {
@@ -178,6 +184,9 @@ impl Worker {
                     .install_or_upgrade(&ReleaseSpec::Helm(release))
                     .await,
             ),
+            UpgradeCommand::RollBackRelease(release) => {
+                UpgradeAnswer::ReleaseUpgraded(p.provisioner.roll_back(&release).await)
+            }
             UpgradeCommand::SaveActive { service, record } => UpgradeAnswer::ActiveSaved(
                 p.store
                     .save_active_service(&instance.name, &service, &record)

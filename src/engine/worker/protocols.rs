@@ -257,7 +257,8 @@ impl Worker {
             stop_grace_default: self.config.stop_grace_default,
             purge_volumes: instance.purge_volumes,
         });
-        self.drive_task(instance, &BTreeMap::new(), &mut deprovision).await;
+        self.drive_task(instance, &BTreeMap::new(), &mut deprovision)
+            .await;
         deprovision.into_report()?;
         self.move_to(instance, Deprovision::SETTLES_AT).await
     }

@@ -16,10 +16,10 @@ use sqlx::{Postgres, Transaction};
 
 use super::rows::{assemble_loaded, collect_rows, count_states, found_or, instance_found_or};
 use super::rows::{
-    claim_order, decode_rollout, decode_rollout_record, decode_type_version, encode_binds, encode_grace,
-    encode_parameters, encode_revert_to, encode_timestamp, inhibition_order, lease_grant,
-    read_rows, ActiveRow, BatchRows, InhibitionRow, InstanceRow, LeaseRow, ListedRow, ReadRow,
-    TaskRow,
+    claim_order, decode_rollout, decode_rollout_record, decode_type_version, encode_binds,
+    encode_grace, encode_parameters, encode_revert_to, encode_timestamp, inhibition_order,
+    lease_grant, read_rows, ActiveRow, BatchRows, InhibitionRow, InstanceRow, LeaseRow, ListedRow,
+    ReadRow, TaskRow,
 };
 use super::shared::impl_sql_store;
 use super::statements as sql;
@@ -34,7 +34,8 @@ use crate::core::types::{
     Timestamp,
 };
 use crate::ports::{
-    Expired, LeaseGrant, LoadedInstances, NewInstance, RolloutRecord, Rows, Store, StoreError, TypeVersion,
+    Expired, LeaseGrant, LoadedInstances, NewInstance, RolloutRecord, Rows, Store, StoreError,
+    TypeVersion,
 };
 use crate::store::{
     execution_start_to_ns, fenced, lease_cutoff_us, lease_to_us, name_held_by_task, name_taken,

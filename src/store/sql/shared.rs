@@ -689,7 +689,10 @@ macro_rules! impl_sql_store {
                 .await
             }
 
-            async fn type_versions(&self, service_type: &str) -> Result<Vec<TypeVersion>, StoreError> {
+            async fn type_versions(
+                &self,
+                service_type: &str,
+            ) -> Result<Vec<TypeVersion>, StoreError> {
                 crate::store::sql::timed("type_versions", self.call_timeout, async {
                     let rows: Vec<(String, String, String, String, i64)> =
                         sqlx::query_as(sql::TYPE_VERSIONS)

@@ -233,7 +233,8 @@ pub const RECORD_TYPE_VERSION: &str = "INSERT INTO type_versions \
      ON CONFLICT (service_type, version) DO UPDATE SET \
        spec_digest = excluded.spec_digest, source = excluded.source";
 
-pub const TYPE_VERSIONS: &str = "SELECT service_type, version, spec_digest, source, recorded_at_us \
+pub const TYPE_VERSIONS: &str =
+    "SELECT service_type, version, spec_digest, source, recorded_at_us \
      FROM type_versions WHERE service_type = $1 ORDER BY recorded_at_us, version";
 
 // --- reconciler lease -----------------------------------------------------

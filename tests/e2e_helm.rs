@@ -323,6 +323,50 @@ async fn a_docker_type_and_a_helm_type_provision_upgrade_and_deprovision_side_by
     })
     .await;
 
+    // #40: `rollout undo --to 1` of both types, past their bake: the
+    // daemon recorded version 1 when it first loaded it. The Helm release
+    // is rolled back by helm to its revision at chart 1; the Docker
+    // instance is moved back by an upgrade, with no gap.
+    for (service_type, name) in [(HELM_TYPE, &search), (e2e::TYPE, &web)] {
+        let undo = h.ops().undo_rollout_to(service_type, "1").await.unwrap();
+        assert_eq!(
+            undo.moving,
+            vec![InstanceName::new(name.as_str())],
+            "{undo:?}"
+        );
+    }
+    let moved = h.active_container(&web).await;
+    wait_until("both back at 1", 2 * CONVERGE, || async {
+        let at_1 = |i: Option<Instance>| {
+            i.is_some_and(|i| i.version == "1" && i.state == InstanceState::Ready)
+        };
+        at_1(instance(&h, &search).await)
+            && at_1(instance(&h, &web).await)
+            && h.active_container(&web).await != moved
+    })
+    .await;
+    let calls = helm_calls(&log);
+    let rollback = calls
+        .iter()
+        .find(|c| c.first().is_some_and(|a| a == "rollback"))
+        .unwrap_or_else(|| panic!("helm rollback was run: {calls:?}"));
+    assert_eq!(rollback[1], search, "{rollback:?}");
+    let release = (
+        search.clone(),
+        search.clone(),
+        "deployed".to_owned(),
+        "1".to_owned(),
+    );
+    assert!(
+        releases(&state).contains(&release),
+        "{:?}",
+        releases(&state)
+    );
+    wait_until("version 1 serves again", CONVERGE, || async {
+        h.get(&web).await == 200
+    })
+    .await;
+
     // Deprovisioned: the release uninstalled, the containers removed; the
     // foreign releases are still there.
     h.ops().delete(&web, false).await.unwrap();

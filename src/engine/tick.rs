@@ -619,9 +619,19 @@ impl Reconciler {
                 now.entry(text.clone()).or_insert((Level::Error, true));
             }
         }
-        for (text, (level, _)) in &now {
+        for (text, (level, orphan)) in &now {
             if before.contains_key(text) {
                 continue;
+            }
+            if *orphan {
+                // Recorded as it is first logged, so a webhook can page
+                // for it (#42); it stands until drift stops reporting it.
+                self.recoverer.events().emit(Event::new(
+                    EventKind::OrphanRelease,
+                    self.ports.clock.now(),
+                    "C5",
+                    text.as_str(),
+                ));
             }
             match level {
                 Level::Error => tracing::error!(check = check.as_str(), "{text}"),

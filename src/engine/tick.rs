@@ -249,6 +249,12 @@ impl Reconciler {
         self.recoverer.events().stamp(event)
     }
 
+    /// Whether this replica held the reconciler lease at its last tick:
+    /// what only one replica should do (deliver webhooks) asks here.
+    pub fn leads(&self) -> bool {
+        self.leader.load(Ordering::Relaxed)
+    }
+
     /// Starts the next tick now instead of after the pause (or right after
     /// the running one). Level-triggered: the tick does not know why.
     pub fn wake(&self) {

@@ -424,6 +424,34 @@ async fn tick_reprovisions_a_vanished_release_and_never_deletes_an_orphan() {
     assert_eq!(n, 1);
 }
 
+#[tokio::test]
+async fn an_orphan_release_is_logged_as_an_event_once_while_it_stands() {
+    use stead::core::event_log::{EventFilter, EventKind};
+    use stead::engine::event_log::{EventSink, EVENT_BUFFER_MAX};
+    let f = fixture();
+    f.served("wiki1", "2").await;
+    f.provisioner.add_foreign("somebody-elses");
+    let r = f.reconciler("a");
+    let (sink, mut flusher) = EventSink::new("host-1#a", EVENT_BUFFER_MAX);
+    r.recoverer().log_events_to(sink);
+    for _ in 0..3 {
+        assert!(r.tick().await.ok());
+    }
+    flusher.flush(f.store.as_ref()).await;
+    let filter = EventFilter {
+        kind: Some(EventKind::OrphanRelease),
+        ..EventFilter::default()
+    };
+    let orphans = f.store.events(&filter).await.unwrap().rows;
+    assert_eq!(orphans.len(), 1, "once while it stands: {orphans:?}");
+    assert_eq!(orphans[0].event.reason, "C5");
+    assert!(
+        orphans[0].event.message.contains("somebody-elses"),
+        "{:?}",
+        orphans[0].event.message
+    );
+}
+
 /// A row another tool garbled (its state does not decode) hides its
 /// instance from the listing, not from the world: its release is no orphan
 /// (the gauge and the log keep what they said before), and its routes are

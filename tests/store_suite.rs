@@ -93,6 +93,7 @@ store_suite! {
         an_enqueue_and_its_event_are_recorded_together_or_not_at_all,
         a_ttl_expiry_and_its_event_are_recorded_together_or_not_at_all,
         a_tasks_end_and_its_event_are_recorded_together_or_not_at_all,
+        a_webhook_cursor_is_created_once_and_moves_only_from_where_it_was_read,
     ],
     sql: [
         unknown_instance_state_is_a_bad_row_and_others_are_listed,
@@ -2669,4 +2670,58 @@ async fn a_tasks_end_and_its_event_are_recorded_together_or_not_at_all(s: TestSt
         "{}",
         s.name()
     );
+}
+
+// --- webhook cursors (#42) -----------------------------------------------
+
+async fn a_webhook_cursor_is_created_once_and_moves_only_from_where_it_was_read(s: TestStore) {
+    let store = s.store.as_ref();
+    let name = s.name();
+    assert_eq!(store.webhook_cursor("ops").await.unwrap(), None, "{name}");
+    assert!(store
+        .advance_webhook_cursor("ops", None, 5, t(1))
+        .await
+        .unwrap());
+    assert!(
+        !store
+            .advance_webhook_cursor("ops", None, 9, t(2))
+            .await
+            .unwrap(),
+        "{name}: a cursor is created once"
+    );
+    assert!(
+        !store
+            .advance_webhook_cursor("ops", Some(4), 9, t(2))
+            .await
+            .unwrap(),
+        "{name}: a reader that read it late moves nothing"
+    );
+    assert_eq!(
+        store.webhook_cursor("ops").await.unwrap(),
+        Some(5),
+        "{name}"
+    );
+    assert!(store
+        .advance_webhook_cursor("ops", Some(5), 9, t(3))
+        .await
+        .unwrap());
+    assert_eq!(
+        store.webhook_cursor("ops").await.unwrap(),
+        Some(9),
+        "{name}"
+    );
+    assert_eq!(
+        store.webhook_cursor("pager").await.unwrap(),
+        None,
+        "{name}: each webhook has its own"
+    );
+    // Two processes that read the same cursor: one moves it.
+    let other = s.reopen().await;
+    let (a, b) = tokio::join!(
+        store.advance_webhook_cursor("ops", Some(9), 11, t(4)),
+        other.advance_webhook_cursor("ops", Some(9), 12, t(4)),
+    );
+    assert!(a.unwrap() ^ b.unwrap(), "{name}: exactly one moves it");
+    let moved = other.webhook_cursor("ops").await.unwrap();
+    assert!(matches!(moved, Some(11 | 12)), "{name}: {moved:?}");
 }

@@ -10,6 +10,7 @@
 //! | `Provisioner` | [`helm::HelmProvisioner`] | the `helm` binary, as a subprocess with argument vectors |
 //! | `Traffic` | [`caddy::CaddyTraffic`] | Caddy's admin API on loopback |
 //! | `Probe` | [`probe::NetAndLogProbe`] | HTTP and TCP on loopback binds ([`probe::NetProbe`]); log lines of one execution through the Docker socket |
+//! | (the event log) | [`webhook::WebhookClient`] | a webhook receiver over HTTP(S): one signed POST per event (#42) |
 //!
 //! Built only with the `io` feature and never under madsim: the simulation
 //! uses the in-memory ports.
@@ -19,3 +20,4 @@ pub mod docker;
 pub mod helm;
 pub mod probe;
 pub mod read_cache;
+pub mod webhook;

@@ -21,6 +21,7 @@ use std::time::Duration;
 
 use serde::Deserialize;
 
+use crate::core::event_log::EventKind;
 use crate::core::grants::Grants;
 use crate::core::limits::{ContainerLimits, RawLimits};
 use crate::core::plan::{ConfigError, ControlConfig, RawControlConfig};
@@ -28,6 +29,10 @@ use crate::core::policy::{
     RecoveryPolicy, HELM_KILL_MARGIN, INSTANCES_AT_ONCE_MAX, LEASE_MARGIN, TASK_LEASE_SAFETY_MARGIN,
 };
 use crate::core::toml_error;
+use crate::core::webhook::{
+    WebhookFormat, DEFAULT_KINDS, EVENT_GAP_MARGIN, WEBHOOKS_MAX, WEBHOOK_TIMEOUT_MS_DEFAULT,
+    WEBHOOK_TIMEOUT_MS_MAX, WEBHOOK_TIMEOUT_MS_MIN,
+};
 
 /// Where the config file is looked for when neither `--config` nor
 /// `$STEAD_CONFIG` names one.
@@ -116,6 +121,20 @@ pub const KEYS: &[&str] = &[
     "database.lock_timeout_ms",
     "database.idle_in_transaction_session_timeout_ms",
 ];
+
+/// The keys of each `[[webhooks]]` entry. A list of tables has no
+/// environment override; `docs/operations.md` documents each as
+/// `webhooks[].<key>`, and a test checks it does.
+pub const WEBHOOK_KEYS: &[&str] = &[
+    "name",
+    "url",
+    "secret_file",
+    "kinds",
+    "format",
+    "timeout_ms",
+];
+/// Longest webhook URL accepted, in bytes.
+pub const WEBHOOK_URL_LEN_MAX: usize = 2048;
 
 /// The environment variable that overrides a key.
 pub fn env_name(key: &str) -> String {
@@ -255,6 +274,38 @@ pub struct DaemonConfig {
     pub limits: ContainerLimits,
     /// The event log (#42).
     pub events: EventSettings,
+    /// Where events are delivered as they are logged (#42); none unless
+    /// configured.
+    pub webhooks: Vec<WebhookSettings>,
+}
+
+/// One `[[webhooks]]` entry: where events of which kinds are posted, and
+/// how.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct WebhookSettings {
+    /// A DNS label, unique among the webhooks: it keys the delivery
+    /// cursor in the database and labels the metrics and logs.
+    pub name: String,
+    /// An `http://` or `https://` URL, posted to.
+    pub url: String,
+    /// The file holding the HMAC-SHA256 key that signs every body; read
+    /// when the daemon starts, never written in `stead.toml`. Unsigned
+    /// without.
+    pub secret_file: Option<PathBuf>,
+    /// The kinds delivered, in [`EventKind::ALL`] order, none twice.
+    pub kinds: Vec<EventKind>,
+    pub format: WebhookFormat,
+    /// The bound on one request, connecting included.
+    pub timeout: Duration,
+}
+
+impl DaemonConfig {
+    /// How long webhook delivery waits for a missing event id before it
+    /// passes it: the longest a store call may hold the transaction that
+    /// drew it, and a margin (`core::webhook`).
+    pub fn event_gap_grace(&self) -> Duration {
+        self.database.call_timeout + EVENT_GAP_MARGIN
+    }
 }
 
 /// The `[events]` table: how long the event log keeps what it records.
@@ -530,6 +581,59 @@ struct RawConfig {
     events: RawEvents,
     #[serde(default)]
     database: RawDatabase,
+    #[serde(default)]
+    webhooks: Vec<RawWebhook>,
+}
+
+#[derive(Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+struct RawWebhook {
+    name: Option<String>,
+    url: Option<String>,
+    secret_file: Option<String>,
+    kinds: Option<Vec<String>>,
+    format: Option<String>,
+    timeout_ms: Option<i64>,
+}
+
+/// Why a webhook URL is refused, if it is: it must be `http://` or
+/// `https://`, a host, no space or control character, bounded.
+fn check_webhook_url(url: &str) -> Result<(), String> {
+    if url.len() > WEBHOOK_URL_LEN_MAX {
+        return Err(format!("is too long (at most {WEBHOOK_URL_LEN_MAX} bytes)"));
+    }
+    if url.chars().any(|c| c.is_whitespace() || c.is_control()) {
+        return Err("must not contain spaces or control characters".into());
+    }
+    let rest = url
+        .strip_prefix("http://")
+        .or_else(|| url.strip_prefix("https://"))
+        .ok_or("must be an http:// or https:// URL")?;
+    let authority = rest.split(['/', '?', '#']).next().unwrap_or("");
+    let host = authority.rsplit('@').next().unwrap_or("");
+    if host.is_empty() || host.starts_with(':') {
+        return Err("must name a host, as in https://alerts.example/stead".into());
+    }
+    Ok(())
+}
+
+/// A webhook URL as an error may quote it: its scheme and host, never
+/// its user information, path or query (a token often travels there).
+fn url_shown(url: &str) -> String {
+    let Some((scheme, rest)) = url.split_once("://") else {
+        let scheme: String = url
+            .split(':')
+            .next()
+            .unwrap_or("")
+            .chars()
+            .take(16)
+            .collect();
+        return format!("{scheme}:…");
+    };
+    let authority = rest.split(['/', '?', '#']).next().unwrap_or("");
+    let host = authority.rsplit('@').next().unwrap_or("");
+    let tail = if rest.len() > host.len() { "/…" } else { "" };
+    format!("{scheme}://{host}{tail}")
 }
 
 #[derive(Deserialize, Default)]
@@ -806,7 +910,116 @@ impl Validator<'_> {
             grants: self.grants(&raw.grants)?.with_limits(limits.clone()),
             limits,
             events: self.events(raw.events)?,
+            webhooks: self.webhooks(raw.webhooks)?,
         })
+    }
+
+    /// `[[webhooks]]`: at most [`WEBHOOKS_MAX`], each named uniquely, with
+    /// an http(s) URL and known kinds.
+    fn webhooks(&self, raw: Vec<RawWebhook>) -> Result<Vec<WebhookSettings>, DaemonConfigError> {
+        if raw.len() > WEBHOOKS_MAX {
+            return Err(self.invalid_quoted(
+                "webhooks",
+                format!("{} entries", raw.len()),
+                format!("at most {WEBHOOKS_MAX} webhooks"),
+            ));
+        }
+        let mut webhooks: Vec<WebhookSettings> = Vec::with_capacity(raw.len());
+        for (n, raw) in raw.into_iter().enumerate() {
+            let webhook = self.webhook(n, raw)?;
+            if webhooks.iter().any(|w| w.name == webhook.name) {
+                return Err(self.invalid(
+                    &format!("webhooks[{n}].name"),
+                    &webhook.name,
+                    "names another webhook too; each webhook's name is its own",
+                ));
+            }
+            webhooks.push(webhook);
+        }
+        Ok(webhooks)
+    }
+
+    fn webhook(&self, n: usize, raw: RawWebhook) -> Result<WebhookSettings, DaemonConfigError> {
+        let field = |key: &str| format!("webhooks[{n}].{key}");
+        let name = raw.name.ok_or_else(|| {
+            self.invalid_quoted(&field("name"), "nothing".into(), "is required".into())
+        })?;
+        crate::core::names::check_dns_label(&field("name"), &name)
+            .map_err(|e| self.invalid_quoted(&e.field, quote(&e.value), e.rule.to_string()))?;
+        let url = raw.url.ok_or_else(|| {
+            self.invalid_quoted(&field("url"), "nothing".into(), "is required".into())
+        })?;
+        check_webhook_url(&url)
+            .map_err(|reason| self.invalid_quoted(&field("url"), quote(url_shown(&url)), reason))?;
+        let secret_file = match raw.secret_file {
+            None => None,
+            Some(path) => {
+                let path = PathBuf::from(self.text(&field("secret_file"), Some(path), "")?);
+                if !path.is_absolute() {
+                    return Err(self.invalid(
+                        &field("secret_file"),
+                        &path,
+                        "must be an absolute path",
+                    ));
+                }
+                Some(path)
+            }
+        };
+        let kinds = match raw.kinds {
+            None => DEFAULT_KINDS.to_vec(),
+            Some(words) => self.webhook_kinds(&field("kinds"), &words)?,
+        };
+        let format = match raw.format.as_deref() {
+            None => WebhookFormat::Stead,
+            Some(word) => WebhookFormat::parse(word).ok_or_else(|| {
+                self.invalid(
+                    &field("format"),
+                    word,
+                    "must be \"stead\" or \"alertmanager\"",
+                )
+            })?,
+        };
+        let timeout = Duration::from_millis(self.int(
+            &field("timeout_ms"),
+            raw.timeout_ms,
+            WEBHOOK_TIMEOUT_MS_DEFAULT as i64,
+            WEBHOOK_TIMEOUT_MS_MIN as i64,
+            WEBHOOK_TIMEOUT_MS_MAX as i64,
+        )?);
+        Ok(WebhookSettings {
+            name,
+            url,
+            secret_file,
+            kinds,
+            format,
+            timeout,
+        })
+    }
+
+    /// A webhook's `kinds`: at least one, each a stable event kind name.
+    fn webhook_kinds(
+        &self,
+        field: &str,
+        words: &[String],
+    ) -> Result<Vec<EventKind>, DaemonConfigError> {
+        if words.is_empty() {
+            return Err(self.invalid(field, words, "must name at least one event kind"));
+        }
+        let mut kinds = Vec::with_capacity(words.len());
+        for (i, word) in words.iter().enumerate() {
+            let kind = EventKind::parse(word).map_err(|_| {
+                let known: Vec<&str> = EventKind::ALL.iter().map(|k| k.as_str()).collect();
+                self.invalid(
+                    &format!("{field}[{i}]"),
+                    word,
+                    format!("is not an event kind ({})", known.join(", ")),
+                )
+            })?;
+            kinds.push(kind);
+        }
+        kinds.sort_unstable();
+        kinds.dedup();
+        Ok(kinds)
     }
 
     /// `[events]`: the retention, in whole days within its bounds.
@@ -1643,5 +1856,129 @@ mod tests {
             "environment variable STEAD_DATABASE__ACQUIRE_TIMEOUT_MS: \
              database.acquire_timeout_ms = 0",
         );
+    }
+
+    #[test]
+    fn there_are_no_webhooks_by_default_and_an_entry_takes_its_defaults() {
+        assert!(parse("", "f", &[]).unwrap().webhooks.is_empty());
+        let config = parse(
+            "[[webhooks]]\nname = \"ops\"\nurl = \"https://alerts.example/stead\"\n",
+            "f",
+            &[],
+        )
+        .unwrap();
+        assert_eq!(
+            config.webhooks,
+            [WebhookSettings {
+                name: "ops".into(),
+                url: "https://alerts.example/stead".into(),
+                secret_file: None,
+                kinds: DEFAULT_KINDS.to_vec(),
+                format: WebhookFormat::Stead,
+                timeout: Duration::from_millis(WEBHOOK_TIMEOUT_MS_DEFAULT),
+            }]
+        );
+    }
+
+    #[test]
+    fn a_webhook_is_read_with_its_kinds_format_secret_file_and_timeout() {
+        let config = parse(
+            "[[webhooks]]\nname = \"pager\"\nurl = \"http://127.0.0.1:9000/hook\"\n\
+             secret_file = \"/etc/stead/webhook.key\"\nkinds = [\"halt\", \"crash_loop_delay\", \"halt\"]\n\
+             format = \"alertmanager\"\ntimeout_ms = 2500\n",
+            "f",
+            &[],
+        )
+        .unwrap();
+        let hook = &config.webhooks[0];
+        assert_eq!(hook.kinds, [EventKind::Halt, EventKind::CrashLoopDelay]);
+        assert_eq!(hook.format, WebhookFormat::Alertmanager);
+        assert_eq!(
+            hook.secret_file.as_deref(),
+            Some(Path::new("/etc/stead/webhook.key"))
+        );
+        assert_eq!(hook.timeout, Duration::from_millis(2500));
+    }
+
+    #[test]
+    fn a_bad_webhook_value_is_refused_naming_its_field_and_value() {
+        let hook = |body: &str| format!("[[webhooks]]\nname = \"ops\"\n{body}\n");
+        for (doc, expect) in [
+            (
+                hook("url = \"ftp://files.example/x\""),
+                "stead.toml: line 3: webhooks[0].url = \"ftp://files.example/…\": must be an http:// or https:// URL",
+            ),
+            (hook("url = \"https:///path\""), "webhooks[0].url = \"https:///…\": must name a host"),
+            (
+                hook("url = \"http://a.example\"\nkinds = [\"halt\", \"reboot\"]"),
+                "webhooks[0].kinds[1] = \"reboot\": is not an event kind (start,",
+            ),
+            (
+                hook("url = \"http://a.example\"\nkinds = []"),
+                "webhooks[0].kinds = []: must name at least one event kind",
+            ),
+            (
+                hook("url = \"http://a.example\"\nformat = \"slack\""),
+                "webhooks[0].format = \"slack\": must be \"stead\" or \"alertmanager\"",
+            ),
+            (
+                hook("url = \"http://a.example\"\ntimeout_ms = 0"),
+                "webhooks[0].timeout_ms = 0: must be between 100 and 60000",
+            ),
+            (
+                hook("url = \"http://a.example\"\nsecret_file = \"key\""),
+                "webhooks[0].secret_file = \"key\": must be an absolute path",
+            ),
+            (hook(""), "webhooks[0].url = nothing: is required"),
+            (
+                "[[webhooks]]\nname = \"Ops!\"\nurl = \"http://a.example\"\n".to_owned(),
+                "webhooks[0].name = \"Ops!\": must be a DNS label",
+            ),
+            (
+                format!("{}{}", hook("url = \"http://a.example\""), hook("url = \"http://b.example\"")),
+                "webhooks[1].name = \"ops\": names another webhook too",
+            ),
+            (hook("url = \"http://a.example\"\nsecret = \"hunter2\""), "unknown field `secret`"),
+        ] {
+            check_err(&doc, &[], expect);
+        }
+    }
+
+    #[test]
+    fn a_refused_webhook_url_never_quotes_its_path_or_credentials() {
+        let doc = "[[webhooks]]\nname = \"ops\"\nurl = \"gopher://u:pw@h.example/T0K3N\"\n";
+        let text = parse(doc, "f", &[]).unwrap_err().to_string();
+        assert!(!text.contains("T0K3N") && !text.contains("pw"), "{text}");
+        let doc = "[[webhooks]]\nname = \"ops\"\nurl = \"http://u:pw@h.example/T0K3N x\"\n";
+        let text = parse(doc, "f", &[]).unwrap_err().to_string();
+        assert!(!text.contains("T0K3N") && !text.contains("pw"), "{text}");
+    }
+
+    #[test]
+    fn the_webhook_example_in_the_operations_guide_loads_as_shown() {
+        let guide = include_str!("../../docs/operations.md");
+        let start = guide
+            .find("```toml\n# stead.toml\n[[webhooks]]")
+            .expect("the guide shows a webhook");
+        let block = &guide[start + "```toml\n".len()..];
+        let block = &block[..block.find("```").unwrap()];
+        let config = parse(block, "docs/operations.md", &[]).unwrap_or_else(|e| panic!("{e}"));
+        let hook = &config.webhooks[0];
+        assert_eq!(hook.kinds, DEFAULT_KINDS.to_vec(), "it lists the defaults");
+        assert_eq!(
+            hook.timeout,
+            Duration::from_millis(WEBHOOK_TIMEOUT_MS_DEFAULT)
+        );
+    }
+
+    #[test]
+    fn every_webhook_key_is_documented_in_the_operations_guide() {
+        let guide = include_str!("../../docs/operations.md");
+        for key in WEBHOOK_KEYS {
+            assert!(
+                guide.contains(&format!("| `webhooks[].{key}` |")),
+                "docs/operations.md lacks webhooks[].{key}"
+            );
+        }
     }
 }

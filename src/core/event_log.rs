@@ -63,10 +63,13 @@ pub enum EventKind {
     TaskFailed,
     /// A worker's task failed and will be tried again.
     TaskRetry,
+    /// Drift found a release no instance owns (C5); written when a tick
+    /// first reports it, as it is first logged.
+    OrphanRelease,
 }
 
 impl EventKind {
-    pub const ALL: [EventKind; 19] = [
+    pub const ALL: [EventKind; 20] = [
         EventKind::Start,
         EventKind::Restart,
         EventKind::Stop,
@@ -86,6 +89,7 @@ impl EventKind {
         EventKind::TaskDone,
         EventKind::TaskFailed,
         EventKind::TaskRetry,
+        EventKind::OrphanRelease,
     ];
 
     /// The stable snake_case name.
@@ -110,6 +114,7 @@ impl EventKind {
             EventKind::TaskDone => "task_done",
             EventKind::TaskFailed => "task_failed",
             EventKind::TaskRetry => "task_retry",
+            EventKind::OrphanRelease => "orphan_release",
         }
     }
 

@@ -34,4 +34,5 @@ pub mod types;
 pub mod undo;
 pub mod upgrade;
 pub mod verify;
+pub mod webhook;
 pub mod window;

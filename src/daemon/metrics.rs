@@ -230,6 +230,13 @@ pub const METRICS: &[Metric] = &[
         "stead_events_pruned_total",
         "Events deleted from the event log past events.retention_days.",
     ),
+    labelled(
+        counter(
+            "stead_webhook_deliveries_total",
+            "Posts of an event to a webhook, by webhook and outcome (delivered: a 2xx answer; failed: any other status, a timeout or a broken connection, posted again after a backoff).",
+        ),
+        "webhook",
+    ),
 ];
 
 /// Why a withdrawal can be asked for: the `reason` values of

@@ -40,6 +40,7 @@ pub mod identity;
 pub mod metrics;
 pub mod provisioners;
 pub mod status;
+pub mod webhooks;
 pub mod why;
 
 // The config parser needs no adapter and lives in `crate::config` so that it
@@ -279,6 +280,69 @@ impl Notifier for LogNotifier {
     }
 }
 
+/// Largest webhook secret file read: a key, not a blob.
+pub const WEBHOOK_SECRET_LEN_MAX: u64 = 4096;
+
+/// A delivery task per `[[webhooks]]` entry, each secret read from its
+/// file now (a missing or unreadable one stops the start, naming the
+/// field), delivering only while this replica leads.
+fn webhook_notifiers(
+    config: &DaemonConfig,
+    ports: &Ports,
+    reconciler: &Arc<Reconciler>,
+) -> Result<Vec<Arc<webhooks::WebhookNotifier>>, DaemonError> {
+    use crate::adapters::webhook::WebhookTarget;
+    let pacing = webhooks::DeliveryPacing {
+        gap_grace: config.event_gap_grace(),
+        ..webhooks::DeliveryPacing::default()
+    };
+    let mut notifiers = Vec::with_capacity(config.webhooks.len());
+    for (n, hook) in config.webhooks.iter().enumerate() {
+        let secret = hook
+            .secret_file
+            .as_deref()
+            .map(|path| read_webhook_secret(n, path))
+            .transpose()?;
+        let target = WebhookTarget {
+            name: hook.name.clone(),
+            url: hook.url.clone(),
+            secret,
+            format: hook.format,
+            timeout: hook.timeout,
+        };
+        let leader = reconciler.clone();
+        let notifier = webhooks::WebhookNotifier::new(
+            ports.store.clone(),
+            ports.clock.clone(),
+            target,
+            hook.kinds.clone(),
+            pacing,
+        )
+        .map_err(|e| DaemonError::Setup(format!("webhooks[{n}] ({}): {e}", hook.name)))?
+        .gated(Arc::new(move || leader.leads()));
+        notifiers.push(Arc::new(notifier));
+    }
+    Ok(notifiers)
+}
+
+/// A webhook's key, read as every config file is read (a regular file,
+/// bounded), without its trailing newline; an empty one is refused.
+fn read_webhook_secret(n: usize, path: &std::path::Path) -> Result<Vec<u8>, DaemonError> {
+    let refused = |reason: String| {
+        DaemonError::Setup(format!(
+            "webhooks[{n}].secret_file = {:?}: {reason}",
+            path.display()
+        ))
+    };
+    let text = crate::config::read_bounded(path, WEBHOOK_SECRET_LEN_MAX)
+        .map_err(|e| refused(e.to_string()))?;
+    let secret = text.trim_end_matches(['\n', '\r']);
+    if secret.is_empty() {
+        return Err(refused("is empty; a webhook's key must not be".into()));
+    }
+    Ok(secret.as_bytes().to_vec())
+}
+
 /// The readiness probe of every (service type, service) in the catalog.
 pub fn readiness_table(catalog: &Catalog) -> ReadinessTable {
     let mut table = BTreeMap::new();
@@ -468,6 +532,9 @@ pub struct Daemon {
     /// Writes what the loops log to the event log (#42): run by
     /// [`Daemon::run`], or once by [`Daemon::flush_events`].
     event_flusher: tokio::sync::Mutex<EventFlusher>,
+    /// One delivery task per configured webhook (#42), run beside the
+    /// reconciler and delivering while it leads.
+    pub webhooks: Vec<Arc<webhooks::WebhookNotifier>>,
 }
 
 /// Records each type's version as `catalog` defines it (#40): the history
@@ -575,6 +642,7 @@ impl Daemon {
         let (events, event_flusher) = EventSink::new(holder.clone(), EVENT_BUFFER_MAX);
         recoverer.log_events_to(events);
         reconciler.keep_events_for(config.events.retention);
+        let webhooks = webhook_notifiers(&config, &ports, &reconciler)?;
         Ok(Daemon {
             config,
             catalog,
@@ -589,6 +657,7 @@ impl Daemon {
             wake,
             reload_lock: tokio::sync::Mutex::new(()),
             event_flusher: tokio::sync::Mutex::new(event_flusher),
+            webhooks,
         })
     }
 
@@ -605,6 +674,22 @@ impl Daemon {
             tracing::warn!("the last events were not written: the database did not answer");
             0
         })
+    }
+
+    /// Sets each webhook's cursor before any loop logs an event (so a new
+    /// webhook is sent everything from this start on), then runs one
+    /// delivery task per webhook.
+    async fn spawn_webhooks(&self, tasks: &mut Tasks, stop: &watch::Receiver<bool>) {
+        for webhook in &self.webhooks {
+            if let Err(e) = webhook.start_cursor().await {
+                tracing::warn!(webhook = webhook.name(), error = %e, "webhook cursor not set yet; its task tries again");
+            }
+            let webhook = webhook.clone();
+            let stop = stop.clone();
+            tasks.spawn(format!("webhook {}", webhook.name()), async move {
+                webhook.run(stop).await
+            });
+        }
     }
 
     /// T1: this identity's earlier incarnation is gone (the identity lock
@@ -814,6 +899,9 @@ impl Daemon {
         };
         self.reclaim_predecessor_work().await;
         let mut tasks = Tasks::default();
+        if role.reconciles() {
+            self.spawn_webhooks(&mut tasks, &stop).await;
+        }
         {
             let daemon = self.clone();
             let stop = stop.clone();

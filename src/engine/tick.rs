@@ -249,6 +249,12 @@ impl Reconciler {
         self.recoverer.events().stamp(event)
     }
 
+    /// Whether this replica held the reconciler lease at its last tick:
+    /// what only one replica should do (deliver webhooks) asks here.
+    pub fn leads(&self) -> bool {
+        self.leader.load(Ordering::Relaxed)
+    }
+
     /// Starts the next tick now instead of after the pause (or right after
     /// the running one). Level-triggered: the tick does not know why.
     pub fn wake(&self) {
@@ -619,9 +625,19 @@ impl Reconciler {
                 now.entry(text.clone()).or_insert((Level::Error, true));
             }
         }
-        for (text, (level, _)) in &now {
+        for (text, (level, orphan)) in &now {
             if before.contains_key(text) {
                 continue;
+            }
+            if *orphan {
+                // Recorded as it is first logged, so a webhook can page
+                // for it (#42); it stands until drift stops reporting it.
+                self.recoverer.events().emit(Event::new(
+                    EventKind::OrphanRelease,
+                    self.ports.clock.now(),
+                    "C5",
+                    text.as_str(),
+                ));
             }
             match level {
                 Level::Error => tracing::error!(check = check.as_str(), "{text}"),

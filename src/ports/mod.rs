@@ -731,6 +731,20 @@ pub trait Store: Send + Sync {
     /// `before`, and says how many: retention prunes in bounded batches so
     /// no statement holds the table long.
     async fn prune_events(&self, before: Timestamp, batch_max: u32) -> Result<u64, StoreError>;
+    /// The id of the last event webhook `webhook` was sent or passed
+    /// over (#42); `None` before its cursor was first set.
+    async fn webhook_cursor(&self, webhook: &str) -> Result<Option<i64>, StoreError>;
+    /// Compare-and-set of a webhook's cursor: moves it from `from` (`None`:
+    /// creates it) to `to`, recording `now`. `Ok(false)` when it was not
+    /// `from` (another process moved it), and then nothing changed: a
+    /// cursor never moves backwards under a process that read it late.
+    async fn advance_webhook_cursor(
+        &self,
+        webhook: &str,
+        from: Option<i64>,
+        to: i64,
+        now: Timestamp,
+    ) -> Result<bool, StoreError>;
     /// [`Store::enqueue`], recording `event` (its `task` set to the new
     /// task's id) in the same transaction when a task was inserted: both
     /// or neither. The default is not atomic; the SQL stores are.

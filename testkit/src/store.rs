@@ -107,6 +107,8 @@ struct State {
     /// The event log, in id order.
     events: Vec<LoggedEvent>,
     next_event_id: i64,
+    /// Each webhook's cursor: the last event id it was sent or passed over.
+    webhook_cursors: BTreeMap<String, i64>,
 }
 
 impl MemoryStore {
@@ -1532,6 +1534,25 @@ impl Store for MemoryStore {
             rows,
             bad: Vec::new(),
         })
+    }
+
+    async fn webhook_cursor(&self, webhook: &str) -> Result<Option<i64>, StoreError> {
+        Ok(self.call()?.webhook_cursors.get(webhook).copied())
+    }
+
+    async fn advance_webhook_cursor(
+        &self,
+        webhook: &str,
+        from: Option<i64>,
+        to: i64,
+        _now: Timestamp,
+    ) -> Result<bool, StoreError> {
+        let mut state = self.call()?;
+        if state.webhook_cursors.get(webhook).copied() != from {
+            return Ok(false);
+        }
+        state.webhook_cursors.insert(webhook.to_owned(), to);
+        Ok(true)
     }
 
     async fn prune_events(&self, before: Timestamp, batch_max: u32) -> Result<u64, StoreError> {

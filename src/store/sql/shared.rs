@@ -994,6 +994,47 @@ macro_rules! impl_sql_store {
                 .await
             }
 
+            async fn webhook_cursor(&self, webhook: &str) -> Result<Option<i64>, StoreError> {
+                use crate::store::sql::{db_error as cursor_db_error, statements as cursor_sql};
+                crate::store::sql::timed("webhook_cursor", self.call_timeout, async {
+                    sqlx::query_scalar::<_, i64>(cursor_sql::WEBHOOK_CURSOR)
+                        .bind(webhook)
+                        .fetch_optional(&self.pool)
+                        .await
+                        .map_err(cursor_db_error)
+                })
+                .await
+            }
+
+            async fn advance_webhook_cursor(
+                &self,
+                webhook: &str,
+                from: Option<i64>,
+                to: i64,
+                now: Timestamp,
+            ) -> Result<bool, StoreError> {
+                use crate::store::sql::{db_error as cursor_db_error, statements as cursor_sql};
+                let query = match from {
+                    None => sqlx::query(cursor_sql::INSERT_WEBHOOK_CURSOR)
+                        .bind(webhook)
+                        .bind(to)
+                        .bind(timestamp_to_us(now)),
+                    Some(from) => sqlx::query(cursor_sql::ADVANCE_WEBHOOK_CURSOR)
+                        .bind(webhook)
+                        .bind(from)
+                        .bind(to)
+                        .bind(timestamp_to_us(now)),
+                };
+                crate::store::sql::timed("advance_webhook_cursor", self.call_timeout, async {
+                    query
+                        .execute(&self.pool)
+                        .await
+                        .map(|done| done.rows_affected() > 0)
+                        .map_err(cursor_db_error)
+                })
+                .await
+            }
+
             async fn prune_events(
                 &self,
                 before: Timestamp,

@@ -288,6 +288,18 @@ pub const OLDEST_EVENTS: &str = events_in_order!("ASC");
 pub const PRUNE_EVENTS: &str = "DELETE FROM events WHERE id IN \
      (SELECT id FROM events WHERE at_us < $1 ORDER BY at_us, id LIMIT $2)";
 
+// --- webhook cursors (#42) ------------------------------------------------
+
+pub const WEBHOOK_CURSOR: &str = "SELECT last_event_id FROM webhook_cursors WHERE webhook = $1";
+/// A webhook's first cursor; nothing when another process set one first.
+pub const INSERT_WEBHOOK_CURSOR: &str = "INSERT INTO webhook_cursors \
+     (webhook, last_event_id, updated_at_us) VALUES ($1, $2, $3) \
+     ON CONFLICT (webhook) DO NOTHING";
+/// Compare-and-set: moves the cursor only from where the caller read it.
+pub const ADVANCE_WEBHOOK_CURSOR: &str = "UPDATE webhook_cursors \
+     SET last_event_id = $3, updated_at_us = $4 \
+     WHERE webhook = $1 AND last_event_id = $2";
+
 // --- claims: where the dialects differ in locking ---------------------------
 
 /// SQLite claims with one `UPDATE … RETURNING`: the statement is atomic and

@@ -1115,6 +1115,49 @@ fn reload_refuses_a_post_without_its_header_and_the_cli_sends_it() {
 }
 
 #[test]
+fn with_a_token_file_the_fleet_endpoints_demand_it_and_the_cli_presents_it() {
+    const TOKEN: &str = "0123456789abcdef0123456789abcdef";
+    let setup = Setup::new();
+    let plain = std::fs::read_to_string(&setup.config).unwrap();
+    let token_file = setup.dir.path().join("admin.token");
+    std::fs::write(&token_file, format!("{TOKEN}\n")).unwrap();
+    let guarded = format!("admin_token_file = \"{}\"\n{plain}", token_file.display());
+    std::fs::write(&setup.config, guarded).unwrap();
+    let daemon = RunningDaemon::start(&setup);
+    let bare = http(&daemon.admin, "GET /status HTTP/1.1\r\n\r\n").expect("the daemon answers");
+    assert!(bare.starts_with("HTTP/1.1 401"), "{bare}");
+    let page = http(
+        &daemon.admin,
+        &format!("GET / HTTP/1.1\r\nAuthorization: Bearer {TOKEN}\r\n\r\n"),
+    )
+    .expect("the daemon answers");
+    assert!(
+        page.starts_with("HTTP/1.1 200") && page.contains("<h1>Fleet</h1>"),
+        "{page}"
+    );
+    let env = [("STEAD_ADMIN_LISTEN", daemon.admin.as_str())];
+    for args in [&["status", "--live"][..], &["reload"][..]] {
+        let mut all = vec!["--config", setup.config.as_str()];
+        all.extend_from_slice(args);
+        let run = stead(&all, &env);
+        assert_eq!(run.code, 0, "{args:?}: {}", run.text());
+    }
+    // A stead.toml without the token file is told what it lacks.
+    let without = setup.dir.path().join("without-token.toml");
+    std::fs::write(&without, plain).unwrap();
+    let run = stead(
+        &["--config", without.to_str().unwrap(), "status", "--live"],
+        &env,
+    );
+    assert_eq!(run.code, 1, "{}", run.text());
+    assert!(
+        run.stderr.contains("refused (401)") && run.stderr.contains("set admin_token_file"),
+        "{}",
+        run.text()
+    );
+}
+
+#[test]
 fn reload_refuses_a_catalog_that_would_damage_live_instances_until_forced() {
     let setup = Setup::new();
     let catalog = setup.dir.path().join("catalog.toml");

@@ -76,6 +76,7 @@ pub const KEYS: &[&str] = &[
     "database_url",
     "catalog",
     "admin_listen",
+    "admin_token_file",
     "log_format",
     "workers",
     "worker_idle_poll_ms",
@@ -255,6 +256,13 @@ pub struct DaemonConfig {
     pub catalog: PathBuf,
     /// `None` turns the admin endpoints off (`admin_listen = ""`).
     pub admin_listen: Option<SocketAddr>,
+    /// The file holding the bearer token the admin endpoints that show or
+    /// change the fleet require (the status page, `/status`, `/catalog`,
+    /// `POST /reload`); required when `admin_listen` is beyond loopback.
+    /// Read when the daemon starts and by the CLI when it asks the daemon
+    /// ([`crate::config::admin_token::AdminToken::read`]), never at load,
+    /// so a CLI user who cannot read it can still run every other command.
+    pub admin_token_file: Option<PathBuf>,
     pub log_format: LogFormat,
     pub workers: u32,
     pub worker_idle_poll: Duration,
@@ -559,6 +567,7 @@ struct RawConfig {
     /// Removed (read only to say where it went).
     provisioner: Option<String>,
     admin_listen: Option<String>,
+    admin_token_file: Option<String>,
     log_format: Option<String>,
     workers: Option<i64>,
     worker_idle_poll_ms: Option<i64>,
@@ -869,6 +878,7 @@ impl Validator<'_> {
             "" => None,
             addr => Some(self.addr("admin_listen", addr)?),
         };
+        let admin_token_file = self.admin_token_file(admin_listen, raw.admin_token_file)?;
         let log_format = match raw.log_format.as_deref() {
             None => LogFormat::Text,
             Some(word) => LogFormat::parse(word)
@@ -897,6 +907,7 @@ impl Validator<'_> {
             database: self.database(raw.database)?,
             catalog,
             admin_listen,
+            admin_token_file,
             log_format,
             workers,
             worker_idle_poll,
@@ -1020,6 +1031,41 @@ impl Validator<'_> {
         kinds.sort_unstable();
         kinds.dedup();
         Ok(kinds)
+    }
+
+    /// `admin_token_file`: an absolute path, and required when the admin
+    /// endpoints listen beyond loopback, where anyone who reaches the port
+    /// would otherwise read the fleet and reload the catalog.
+    fn admin_token_file(
+        &self,
+        admin_listen: Option<SocketAddr>,
+        raw: Option<String>,
+    ) -> Result<Option<PathBuf>, DaemonConfigError> {
+        let file = match raw {
+            None => None,
+            Some(path) => {
+                let path = PathBuf::from(self.text("admin_token_file", Some(path), "")?);
+                if !path.is_absolute() {
+                    return Err(self.invalid(
+                        "admin_token_file",
+                        &path,
+                        "must be an absolute path",
+                    ));
+                }
+                Some(path)
+            }
+        };
+        match admin_listen {
+            Some(addr) if !addr.ip().is_loopback() && file.is_none() => Err(self.invalid(
+                "admin_listen",
+                addr.to_string(),
+                "is beyond loopback, and admin_token_file is not set: set admin_token_file to a \
+                 file holding the bearer token the status page, /status, /catalog and POST \
+                 /reload then require (/metrics, /healthz and /readyz stay open), or listen on \
+                 127.0.0.1",
+            )),
+            _ => Ok(file),
+        }
     }
 
     /// `[events]`: the retention, in whole days within its bounds.
@@ -1551,6 +1597,44 @@ mod tests {
     fn a_database_password_is_never_echoed() {
         let e = parse("database_url = \"mysql://u:secret@h/db\"", "f", &[]).unwrap_err();
         assert!(!e.to_string().contains("secret"));
+    }
+
+    #[test]
+    fn an_admin_listener_beyond_loopback_needs_a_token_file() {
+        let e = parse("admin_listen = \"0.0.0.0:9464\"\n", "stead.toml", &[]).unwrap_err();
+        let text = e.to_string();
+        assert!(
+            text.starts_with(
+                "stead.toml: line 1: admin_listen = \"0.0.0.0:9464\": is beyond loopback"
+            ),
+            "{text}"
+        );
+        assert!(text.contains("set admin_token_file"), "{text}");
+        let env = vec![(env_name("admin_listen"), "[::]:9464".to_owned())];
+        let text = parse("", "f", &env).unwrap_err().to_string();
+        assert!(text.contains("STEAD_ADMIN_LISTEN"), "{text}");
+        let guarded = parse(
+            "admin_listen = \"0.0.0.0:9464\"\nadmin_token_file = \"/etc/stead/admin.token\"\n",
+            "f",
+            &[],
+        )
+        .unwrap();
+        assert_eq!(
+            guarded.admin_token_file.as_deref(),
+            Some(Path::new("/etc/stead/admin.token"))
+        );
+        for loopback in ["127.0.0.1:9464", "[::1]:9464", ""] {
+            let doc = format!("admin_listen = \"{loopback}\"\n");
+            let config = parse(&doc, "f", &[]).unwrap_or_else(|e| panic!("{loopback}: {e}"));
+            assert_eq!(config.admin_token_file, None);
+        }
+        let e = parse("admin_token_file = \"token\"\n", "stead.toml", &[]).unwrap_err();
+        assert!(
+            e.to_string().starts_with(
+                "stead.toml: line 1: admin_token_file = \"token\": must be an absolute path"
+            ),
+            "{e}"
+        );
     }
 
     #[test]

@@ -15,6 +15,7 @@ use std::path::Path;
 use crate::core::catalog::{Catalog, CatalogError, CATALOG_LEN_MAX};
 use crate::core::grants::Grants;
 
+pub mod admin_token;
 pub mod daemon;
 
 /// Why a file could not be read. The display is a sentence fragment that

@@ -3,8 +3,14 @@
 //! recent), `/readyz` (the store answers and, for a reconciler, this
 //! replica holds the singleton lease), `/status` (`stead status --live`:
 //! the status view with this daemon's budgets and loaded catalog),
-//! `/catalog` (the loaded catalog's versions) and `POST /reload` (`stead
-//! reload`: re-read the catalog file, as SIGHUP does).
+//! `/catalog` (the loaded catalog's versions), `POST /reload` (`stead
+//! reload`: re-read the catalog file, as SIGHUP does), and the status page
+//! (`GET /`, `GET /instances/{name}`: [`super::page`]).
+//!
+//! With `admin_token_file` set (required beyond loopback), every endpoint
+//! that shows or changes the fleet demands `Authorization: Bearer <token>`
+//! and answers 401 without it; `/metrics`, `/healthz` and `/readyz` stay
+//! open for scrapers and probes.
 //!
 //! `POST /reload?force=true` (`stead reload --force`) applies a catalog
 //! even when it would damage live instances ([`ReloadMode::Forced`]).
@@ -18,15 +24,20 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use axum::extract::State;
-use axum::http::StatusCode;
+use axum::extract::{Path, Request, State};
+use axum::http::{header, StatusCode};
+use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use axum::Router;
 use tokio::sync::{watch, Semaphore};
 
-use super::{metrics_handle, Daemon, ReloadError, ReloadMode, Role};
+use super::status::Status;
+use super::{metrics_handle, page, Daemon, ReloadError, ReloadMode, Role};
+use crate::config::admin_token::AdminToken;
 use crate::core::catalog::ReloadHazard;
+use crate::core::event_log::EventFilter;
+use crate::core::types::InstanceName;
 
 /// The header (and its value) `POST /reload` requires; `stead reload`
 /// sends it. Any other caller gets 403.
@@ -37,10 +48,11 @@ pub const RELOAD_HEADER_VALUE: &str = "reload";
 /// bounds one pass) means the loop is stuck.
 const STALE_TICK_INTERVALS: u32 = 3;
 
-/// At most this many `/status` answers are rendered at once. A render
-/// reads every instance, task and inhibition from the store; one at a time
-/// serves an operator, and a loop of requests then holds at most one of
-/// the store's connections, never the pool the tick needs.
+/// At most this many `/status` answers (or status pages, which read the
+/// same view) are rendered at once. A render reads every instance, task
+/// and inhibition from the store; one at a time serves an operator, and a
+/// loop of requests then holds at most one of the store's connections,
+/// never the pool the tick needs.
 pub const STATUS_CONCURRENT_MAX: usize = 1;
 /// A `/status` render that takes longer is abandoned with 503 (a hung
 /// runtime or Caddy must not hold the permit).
@@ -95,7 +107,10 @@ struct AdminState {
     daemon: Arc<Daemon>,
     role: Role,
     metrics: metrics_exporter_prometheus::PrometheusHandle,
+    /// Bounds `/status` and the status page together: they read the same.
     status_gate: Gate,
+    /// Demanded by the endpoints that show or change the fleet, when set.
+    token: Option<Arc<AdminToken>>,
 }
 
 /// The admin port could not be taken. Fatal at start: if another local
@@ -119,32 +134,46 @@ pub async fn bind(addr: SocketAddr) -> Result<tokio::net::TcpListener, AdminBind
         .map_err(|source| AdminBindError { addr, source })
 }
 
-/// Serves on `listener` (from [`bind`]) until `stop`.
+/// Serves on `listener` (from [`bind`]) until `stop`; with `token`, the
+/// endpoints that show or change the fleet demand it.
 pub async fn serve(
     daemon: Arc<Daemon>,
     listener: tokio::net::TcpListener,
     role: Role,
+    token: Option<AdminToken>,
     mut stop: watch::Receiver<bool>,
 ) {
+    let guarded = token.is_some();
     let state = AdminState {
         daemon,
         role,
         metrics: metrics_handle(),
         status_gate: Gate::new(STATUS_CONCURRENT_MAX, STATUS_TIMEOUT),
+        token: token.map(Arc::new),
     };
+    let fleet = Router::new()
+        .route("/", get(fleet_page))
+        .route("/instances/{name}", get(instance_page))
+        .route("/status", get(status))
+        .route("/catalog", get(catalog))
+        .route("/reload", axum::routing::post(reload))
+        .route_layer(middleware::from_fn_with_state(state.clone(), require_token));
     let app = Router::new()
         .route("/metrics", get(metrics))
         .route("/healthz", get(healthz))
         .route("/readyz", get(readyz))
-        .route("/status", get(status))
-        .route("/catalog", get(catalog))
-        .route("/reload", axum::routing::post(reload))
+        .merge(fleet)
         .with_state(state);
     let addr = listener
         .local_addr()
         .map(|a| a.to_string())
         .unwrap_or_default();
-    tracing::info!(%addr, "admin endpoints: /metrics /healthz /readyz /status /catalog, POST /reload");
+    tracing::info!(
+        %addr,
+        token = if guarded { "required" } else { "none" },
+        "admin endpoints: /metrics /healthz /readyz, and / /instances/NAME /status /catalog \
+         POST /reload"
+    );
     let shutdown = async move {
         while !*stop.borrow() {
             if stop.changed().await.is_err() {
@@ -211,28 +240,131 @@ async fn readyz(State(state): State<AdminState>) -> (StatusCode, String) {
     (StatusCode::OK, "ready\n".into())
 }
 
+/// With a token configured, lets through only a request that presents it;
+/// any other gets 401 and a body that says nothing of the fleet.
+async fn require_token(State(state): State<AdminState>, request: Request, next: Next) -> Response {
+    let Some(token) = &state.token else {
+        return next.run(request).await;
+    };
+    let presented = request
+        .headers()
+        .get(header::AUTHORIZATION)
+        .map(|value| value.as_bytes());
+    if token.admits(presented) {
+        return next.run(request).await;
+    }
+    (
+        StatusCode::UNAUTHORIZED,
+        [
+            (header::WWW_AUTHENTICATE, "Bearer"),
+            (header::CONTENT_TYPE, "text/plain"),
+        ],
+        "401: this endpoint requires Authorization: Bearer <the token of admin_token_file>\n",
+    )
+        .into_response()
+}
+
+/// 503 with `Retry-After` for a request the status gate refused.
+fn refused(what: &str, refusal: GateRefusal) -> Response {
+    (
+        StatusCode::SERVICE_UNAVAILABLE,
+        [
+            ("retry-after", STATUS_RETRY_AFTER_S.to_string()),
+            ("content-type", "text/plain".to_owned()),
+        ],
+        format!("{what}: {refusal}\n"),
+    )
+        .into_response()
+}
+
 /// The status view with live budgets and the loaded catalog, for `stead
 /// status --live` (JSON); through the status gate, else 503 with
 /// `Retry-After`.
 async fn status(State(state): State<AdminState>) -> Response {
-    match state.status_gate.run(render_status(&state.daemon)).await {
-        Ok(answer) => answer.into_response(),
-        Err(refusal) => (
-            StatusCode::SERVICE_UNAVAILABLE,
-            [
-                ("retry-after", STATUS_RETRY_AFTER_S.to_string()),
-                ("content-type", "text/plain".to_owned()),
-            ],
-            format!("/status: {refusal}\n"),
-        )
-            .into_response(),
+    match state.status_gate.run(live_status(&state.daemon)).await {
+        Ok(status) => json(StatusCode::OK, &status).into_response(),
+        Err(refusal) => refused("/status", refusal),
     }
 }
 
-async fn render_status(daemon: &Daemon) -> (StatusCode, [(&'static str, &'static str); 1], String) {
+/// A page: HTML that may neither run a script nor load anything (its
+/// values are escaped; this says so again to the browser), nor be framed
+/// or cached.
+fn html(code: StatusCode, body: String) -> Response {
+    (
+        code,
+        [
+            (header::CONTENT_TYPE, "text/html; charset=utf-8"),
+            (
+                header::CONTENT_SECURITY_POLICY,
+                "default-src 'none'; style-src 'unsafe-inline'; frame-ancestors 'none'; \
+                 base-uri 'none'; form-action 'none'",
+            ),
+            (header::X_CONTENT_TYPE_OPTIONS, "nosniff"),
+            (header::CACHE_CONTROL, "no-store"),
+            (header::REFERRER_POLICY, "no-referrer"),
+        ],
+        body,
+    )
+        .into_response()
+}
+
+/// `GET /`: the fleet and the rollouts per type, from the view `/status`
+/// serves, through the same gate.
+async fn fleet_page(State(state): State<AdminState>) -> Response {
+    match state.status_gate.run(live_status(&state.daemon)).await {
+        Ok(status) => html(StatusCode::OK, page::fleet(&status)),
+        Err(refusal) => refused("the status page", refusal),
+    }
+}
+
+/// `GET /instances/{name}`: one instance's services, why and timeline,
+/// from the view `/status` serves and the event log, through the status
+/// gate. A name that is no instance name gets 404 without a read.
+async fn instance_page(State(state): State<AdminState>, Path(name): Path<String>) -> Response {
+    if crate::core::names::check_instance_name("instance", &name).is_err() {
+        return html(StatusCode::NOT_FOUND, page::not_found(&name));
+    }
+    let daemon = &state.daemon;
+    let read = async {
+        let status = live_status(daemon).await;
+        let filter = EventFilter {
+            instance: Some(InstanceName::new(name.as_str())),
+            limit: page::PAGE_TIMELINE_EVENTS_MAX,
+            ..Default::default()
+        };
+        let events = daemon.ports.store.events(&filter).await;
+        (status, events)
+    };
+    let (status, events) = match state.status_gate.run(read).await {
+        Ok(read) => read,
+        Err(refusal) => return refused("the status page", refusal),
+    };
+    let Some(why) = super::why::explain(&status, &name) else {
+        return html(StatusCode::NOT_FOUND, page::not_found(&name));
+    };
+    let timeline = match events {
+        Ok(read) => {
+            let mut text = super::event_log::render_timeline(&name, &read.rows);
+            for bad in &read.bad {
+                text.push_str(&format!("\nskipped a bad row: {bad}"));
+            }
+            text
+        }
+        Err(e) => format!("the event log could not be read: {e}"),
+    };
+    html(
+        StatusCode::OK,
+        page::instance(&status, &name, &why, &timeline),
+    )
+}
+
+/// The status view `/status` and the status page show: the store, the
+/// runtime and the proxy read once, with this daemon's budgets.
+async fn live_status(daemon: &Daemon) -> Status {
     let memory = daemon.recoverer.memory();
     let catalog = daemon.catalog.current();
-    let status = super::status::status(super::status::StatusSources {
+    super::status::status(super::status::StatusSources {
         store: daemon.ports.store.as_ref(),
         runtime: daemon.ports.runtime.as_ref(),
         catalog: &catalog,
@@ -242,8 +374,7 @@ async fn render_status(daemon: &Daemon) -> (StatusCode, [(&'static str, &'static
         database: super::redact(&daemon.config.database_url),
         now: daemon.ports.clock.now(),
     })
-    .await;
-    json(StatusCode::OK, &status)
+    .await
 }
 
 /// The loaded catalog: each service type's version, and the file.

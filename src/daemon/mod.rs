@@ -38,6 +38,7 @@ pub mod events;
 pub mod human;
 pub mod identity;
 pub mod metrics;
+pub mod page;
 pub mod provisioners;
 pub mod status;
 pub mod webhooks;
@@ -106,6 +107,9 @@ pub enum DaemonError {
     },
     #[error(transparent)]
     AdminBind(#[from] admin::AdminBindError),
+    /// `admin_token_file` cannot be read, or holds no usable token.
+    #[error(transparent)]
+    AdminToken(#[from] crate::config::admin_token::AdminTokenError),
     #[error(transparent)]
     TaskPanicked(#[from] TaskPanicked),
 }
@@ -885,7 +889,8 @@ impl Daemon {
     /// finish; what is still running after the bound is abandoned, and its
     /// task lease expires and requeues it (C6).
     ///
-    /// Fails at once when the admin port cannot be taken, and as soon as
+    /// Fails at once when the admin token file cannot be read or the admin
+    /// port cannot be taken, and as soon as
     /// any loop panics (the others are abandoned as at the shutdown bound):
     /// either way the process must exit non-zero.
     pub async fn run(
@@ -893,6 +898,10 @@ impl Daemon {
         role: Role,
         stop: watch::Receiver<bool>,
     ) -> Result<(), DaemonError> {
+        let admin_token = match &self.config.admin_token_file {
+            Some(path) => Some(crate::config::admin_token::AdminToken::read(path)?),
+            None => None,
+        };
         let admin_listener = match self.config.admin_listen {
             Some(addr) => Some(admin::bind(addr).await?),
             None => None,
@@ -914,7 +923,7 @@ impl Daemon {
             let daemon = self.clone();
             let stop = stop.clone();
             tasks.spawn("admin", async move {
-                admin::serve(daemon, listener, role, stop).await
+                admin::serve(daemon, listener, role, admin_token, stop).await
             });
         }
         if role.reconciles() {

@@ -243,12 +243,36 @@ fn versions_text(versions: &BTreeMap<String, String>) -> String {
         .join(", ")
 }
 
-fn admin_client(timeout: Duration) -> Result<reqwest::Client, CliError> {
+/// A client for the daemon's admin endpoints; with `admin_token_file`
+/// set, every request presents its token (the daemon then demands it).
+fn admin_client(config: &DaemonConfig, timeout: Duration) -> Result<reqwest::Client, CliError> {
+    let mut headers = reqwest::header::HeaderMap::new();
+    if let Some(path) = &config.admin_token_file {
+        let token = stead::config::admin_token::AdminToken::read(path)
+            .map_err(|e| CliError::from(e.to_string()))?;
+        let mut value = reqwest::header::HeaderValue::from_bytes(&token.header_value())
+            .map_err(|e| CliError::from(format!("admin_token_file: {e}")))?;
+        value.set_sensitive(true);
+        headers.insert(reqwest::header::AUTHORIZATION, value);
+    }
     reqwest::Client::builder()
         .timeout(timeout)
         .no_proxy()
+        .default_headers(headers)
         .build()
         .map_err(|e| CliError::from(format!("http client: {e}")))
+}
+
+/// A 401 from the daemon: it demands a token this config does not give.
+fn refuse_unauthorized(response: &reqwest::Response, endpoint: &str) -> Result<(), CliError> {
+    if response.status() != reqwest::StatusCode::UNAUTHORIZED {
+        return Ok(());
+    }
+    Err(format!(
+        "{endpoint}: refused (401): the daemon demands its admin token; set admin_token_file in \
+         this stead.toml to the daemon's token file"
+    )
+    .into())
 }
 
 /// The admin endpoint's base URL, or why there is none.
@@ -267,7 +291,7 @@ fn admin_url(config: &DaemonConfig) -> Result<String, CliError> {
 
 async fn running_catalog(config: &DaemonConfig) -> Option<CatalogView> {
     let url = admin_url(config).ok()?;
-    let client = admin_client(CHECK_ADMIN_TIMEOUT).ok()?;
+    let client = admin_client(config, CHECK_ADMIN_TIMEOUT).ok()?;
     let response = client.get(format!("{url}/catalog")).send().await.ok()?;
     response.json::<CatalogView>().await.ok()
 }
@@ -278,12 +302,13 @@ async fn reload(config: &DaemonConfig, mode: ReloadMode) -> Result<u8, CliError>
         ReloadMode::Guarded => format!("{url}/reload"),
         ReloadMode::Forced => format!("{url}/reload?{RELOAD_FORCE_QUERY}"),
     };
-    let response = admin_client(ADMIN_TIMEOUT)?
+    let response = admin_client(config, ADMIN_TIMEOUT)?
         .post(endpoint)
         .header(RELOAD_HEADER, RELOAD_HEADER_VALUE)
         .send()
         .await
         .map_err(|e| format!("no daemon answered on {url} ({e}); is `stead run` running?"))?;
+    refuse_unauthorized(&response, &format!("{url}/reload"))?;
     if response.status() == reqwest::StatusCode::FORBIDDEN {
         let why = response.text().await.unwrap_or_default();
         return Err(format!("{url}/reload: refused (403): {}", why.trim_end()).into());
@@ -398,11 +423,13 @@ async fn local_status(config: &DaemonConfig) -> Result<Status, CliError> {
 /// configured database.
 async fn live_status(config: &DaemonConfig) -> Result<Status, CliError> {
     let url = admin_url(config)?;
-    let status: Status = admin_client(ADMIN_TIMEOUT)?
+    let response = admin_client(config, ADMIN_TIMEOUT)?
         .get(format!("{url}/status"))
         .send()
         .await
-        .map_err(|e| format!("no daemon answered on {url} ({e}); `stead status` without --live reads the database"))?
+        .map_err(|e| format!("no daemon answered on {url} ({e}); `stead status` without --live reads the database"))?;
+    refuse_unauthorized(&response, &format!("{url}/status"))?;
+    let status: Status = response
         .json()
         .await
         .map_err(|e| format!("{url}/status: unexpected answer: {e}"))?;

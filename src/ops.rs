@@ -326,11 +326,16 @@ impl Ops<'_> {
         }
         // While an undo pins the type, new instances are made at the
         // pinned version too: the one its instances are moved back to.
-        let entry = &self.current_entry(&request.service_type).await?;
+        let (entry, pinned) = &self.current_entry(&request.service_type).await?;
         if let Some(version) = request.version.as_deref() {
             if version != entry.version {
+                let has = if *pinned {
+                    "the pin (rollout undo --to) holds"
+                } else {
+                    "the catalog has"
+                };
                 return Err(OpsError::Invalid(format!(
-                    "--version {version:?}: {} is at version {:?} only; an instance is \
+                    "--version {version:?}: {has} {} at version {:?} only; an instance is \
                      created at its type's current version (leave --version out)",
                     entry.service_type, entry.version
                 )));
@@ -852,8 +857,8 @@ impl Ops<'_> {
     }
 
     /// The entry `service_type`'s instances work toward: the catalog's, or
-    /// the pinned version's while an undo pins the type.
-    async fn current_entry(&self, service_type: &str) -> Result<CatalogEntry, OpsError> {
+    /// the pinned version's while an undo pins the type (and `true`).
+    async fn current_entry(&self, service_type: &str) -> Result<(CatalogEntry, bool), OpsError> {
         let pinned = self
             .store
             .rollout_records()
@@ -863,12 +868,17 @@ impl Ops<'_> {
             .find(|r| r.service_type == service_type && r.state == RolloutState::Halted)
             .and_then(|r| r.pinned);
         match pinned {
-            Some(version) => self.recorded_entry(service_type, &version).await,
-            None => self.catalog.get(service_type).cloned().ok_or_else(|| {
-                OpsError::Invalid(format!(
-                    "service type {service_type:?} is not in the catalog"
-                ))
-            }),
+            Some(version) => Ok((self.recorded_entry(service_type, &version).await?, true)),
+            None => self
+                .catalog
+                .get(service_type)
+                .cloned()
+                .map(|entry| (entry, false))
+                .ok_or_else(|| {
+                    OpsError::Invalid(format!(
+                        "service type {service_type:?} is not in the catalog"
+                    ))
+                }),
         }
     }
 

@@ -108,6 +108,7 @@ fn docker_input(active: ActiveRecord) -> ProvisionInput {
         spec_digest: "d2".into(),
         recorded_version: "2".into(),
         recorded_digest: Some("d2".into()),
+        pinned: false,
         release: ReleaseSpec::Docker { name: "app".into() },
         services: SERVICES.iter().map(|n| spec(n)).collect(),
         active,

@@ -85,9 +85,32 @@ pub struct Truth {
     /// Services replaced `stop-first` (#40): never two of their
     /// containers up at once (V1).
     pub stop_first: BTreeSet<ServiceName>,
+    /// An operator's `rollout undo --to` (#40): the version the Docker
+    /// type is pinned to, and the instances a task already held when it
+    /// was pinned (their task read the rollout before the pin: it may
+    /// finish what it began). Lifted by a resume.
+    pub pin: Option<Pin>,
+}
+
+/// An undo's pin as the checker knows it.
+#[derive(Clone, Debug)]
+pub struct Pin {
+    pub version: String,
+    /// Instances a task held across the pin.
+    pub began: BTreeSet<InstanceName>,
+    /// The services the pinned version lists: moving back to it retires
+    /// the others, as a catalog that dropped them does.
+    pub services: BTreeSet<ServiceName>,
 }
 
 impl Truth {
+    /// Whether the version the type runs now (the pin's, else the
+    /// catalog's) leaves `service` out.
+    fn pin_leaves_out(&self, service: &ServiceName) -> bool {
+        self.pin
+            .as_ref()
+            .is_some_and(|p| !p.services.contains(service))
+    }
     /// Whether `id`, ACTIVE for `key`, is meant to run: its instance is
     /// neither stopped nor being deleted, and no durable hold is on it.
     pub fn meant_to_run(&self, key: &ServiceKey, id: &ContainerId) -> bool {
@@ -376,6 +399,34 @@ impl Checker {
 
     pub fn watch_store(&self, store: Arc<MemoryStore>) {
         let _ = self.store.set(store);
+    }
+
+    /// An operator's `rollout undo --to` pinned the Docker type to
+    /// `version`; it was asked at `asked`. Tasks that held an instance
+    /// across the pin read the rollout before it: U1 leaves what they make
+    /// to them.
+    pub fn type_pinned(&self, version: String, services: BTreeSet<ServiceName>, asked: Timestamp) {
+        let store = self.store();
+        let names: BTreeMap<i64, InstanceName> = store
+            .all_instances()
+            .into_iter()
+            .map(|i| (i.id, i.name))
+            .collect();
+        let began: BTreeSet<InstanceName> = store
+            .all_tasks()
+            .into_iter()
+            .filter(|t| {
+                t.locked_at.is_some() && (t.state == TaskState::Running || t.updated_at >= asked)
+            })
+            .filter_map(|t| names.get(&t.instance).cloned())
+            .collect();
+        self.truth(|t| {
+            t.pin = Some(Pin {
+                version,
+                began,
+                services,
+            })
+        });
     }
 
     fn store(&self) -> &MemoryStore {
@@ -1871,6 +1922,27 @@ impl Observer for Checker {
                 if by_worker {
                     s.truth.worker_created.insert(id.clone());
                 }
+                // U1 (#40): under an undo's pin, what a worker makes for
+                // the type (a move back, a provision, a reprovision) is of
+                // the pinned version.
+                if let Some(Pin {
+                    version: pinned,
+                    began,
+                    ..
+                }) = s.truth.pin.clone()
+                {
+                    if by_worker
+                        && !crate::world::is_helm_instance(instance.as_str())
+                        && !began.contains(instance)
+                    {
+                        let made = crate::world::version_of_container(id.as_str()).to_owned();
+                        s.check(
+                            "U1 under a pin a worker makes only the pinned version",
+                            made == pinned,
+                            || format!("{id} created for {instance} at {made} while pinned to {pinned}"),
+                        );
+                    }
+                }
                 s.check("S1 never creates", by_operator || by_worker, || {
                     format!("{id} created outside a deploy or a task")
                 });
@@ -1890,7 +1962,8 @@ impl Observer for Checker {
                 // Or any other generation of such a service (a leftover
                 // candidate, a predecessor), once it left ACTIVE.
                 let of_dropped = s.truth.service_of.get(id).is_some_and(|k| {
-                    s.catalog_dropped.as_ref() == Some(&k.service)
+                    (s.catalog_dropped.as_ref() == Some(&k.service)
+                        || s.truth.pin_leaves_out(&k.service))
                         && !s.truth.active.contains_key(k)
                 });
                 let dropping =
@@ -2063,7 +2136,8 @@ impl Observer for Checker {
                 dropped,
             } => {
                 if *dropped {
-                    let listed = s.catalog_dropped.as_ref() != Some(&service.service);
+                    let listed = s.catalog_dropped.as_ref() != Some(&service.service)
+                        && !s.truth.pin_leaves_out(&service.service);
                     s.check(
                         "S1 a service is retired only when the catalog dropped it",
                         !listed,
@@ -2094,6 +2168,10 @@ impl Observer for Checker {
                         .or_insert(now);
                 } else {
                     s.truth.halted_since.remove(service_type);
+                    // A resume lifts an undo's pin.
+                    if service_type == crate::world::SERVICE_TYPE {
+                        s.truth.pin = None;
+                    }
                 }
                 if *halted && by_process {
                     // C8: a process halts a rollout only when an upgrade of

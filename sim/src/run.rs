@@ -204,6 +204,7 @@ async fn simulate(cfg: SimConfig, tally: crate::coverage::Tally) -> SimOutcome {
         catalog: Mutex::new(Arc::new({
             let catalog = sim_catalog(&actors, 1, false);
             checker.catalog_published(&catalog);
+            record_docker_type(store.as_ref(), &catalog, clock.now()).await;
             catalog
         })),
         policy: policy.clone(),
@@ -279,6 +280,7 @@ async fn simulate(cfg: SimConfig, tally: crate::coverage::Tally) -> SimOutcome {
             let security = rng.random_bool(0.2);
             let catalog = sim_catalog(&actors, version, security);
             checker.catalog_bumped(version, dropped, &catalog);
+            record_docker_type(store.as_ref(), &catalog, clock.now()).await;
             *shared.catalog.lock().expect("poisoned") = Arc::new(catalog);
             processes.adopt_pauses(&faults, &mut rng);
             processes.restart_all(&counts);
@@ -1478,6 +1480,12 @@ pub(crate) fn sim_catalog(actors: &Actors, number: u32, security: bool) -> Catal
             specs.push(spec);
         }
     }
+    // As the catalog's parser sets it: the services of a type with more
+    // than one share the instance's network.
+    let shared_network = specs.len() > 1;
+    for spec in &mut specs {
+        spec.run.instance_network = shared_network;
+    }
     let entries = [
         CatalogEntry {
             spec_digest: String::new(),
@@ -1511,6 +1519,111 @@ pub(crate) fn sim_catalog(actors: &Actors, number: u32, security: bool) -> Catal
         entry.spec_digest = entry.digest();
         entry
     }))
+}
+
+/// What the daemons record as they load a catalog (#40): the Docker type's
+/// version as a catalog file defines it, for `rollout undo --to`. Best
+/// effort, as the daemon's: a store fault costs this recording.
+async fn record_docker_type(store: &MemoryStore, catalog: &Catalog, now: jiff::Timestamp) {
+    let Some(entry) = catalog.get(SERVICE_TYPE) else {
+        return;
+    };
+    let _ = store
+        .record_type_version(&stead::ports::TypeVersion {
+            service_type: SERVICE_TYPE.into(),
+            version: entry.version.clone(),
+            spec_digest: entry.spec_digest.clone(),
+            source: docker_type_source(entry),
+            recorded_at: now,
+        })
+        .await;
+}
+
+/// The simulated Docker type as a catalog file says it. Read back through
+/// the catalog's own parser it must be the very entry: anything else is a
+/// fault of this rendering, and the run stops on it.
+pub(crate) fn docker_type_source(entry: &CatalogEntry) -> String {
+    use toml::{Table, Value};
+    let ms = |d: Duration| Value::Integer(d.as_millis() as i64);
+    let strings =
+        |items: &[String]| Value::Array(items.iter().cloned().map(Value::String).collect());
+    let services: Vec<Value> = entry
+        .services
+        .iter()
+        .map(|spec| {
+            let mut service = Table::new();
+            service.insert("name".into(), Value::String(spec.name.to_string()));
+            service.insert("image".into(), Value::String(spec.image.clone()));
+            service.insert("command".into(), strings(&spec.command));
+            service.insert(
+                "ports".into(),
+                Value::Array(
+                    spec.ports
+                        .iter()
+                        .map(|p| Value::Integer((*p).into()))
+                        .collect(),
+                ),
+            );
+            service.insert("stop_grace_ms".into(), ms(spec.stop_grace));
+            let update = match spec.update {
+                UpdateStrategy::Overlap => "overlap",
+                UpdateStrategy::StopFirst => "stop-first",
+            };
+            service.insert("update".into(), Value::String(update.into()));
+            let volumes = spec
+                .run
+                .mounts
+                .iter()
+                .map(|mount| match &mount.source {
+                    stead::core::spec::MountSource::Volume(name) => {
+                        let mut volume = Table::new();
+                        volume.insert("name".into(), Value::String(name.clone()));
+                        volume.insert("path".into(), Value::String(mount.target.clone()));
+                        Value::Table(volume)
+                    }
+                    other => panic!("the sim's catalog mounts {other:?}, which it does not render"),
+                })
+                .collect();
+            service.insert("volumes".into(), Value::Array(volumes));
+            if let Some(check) = &spec.healthcheck {
+                let mut healthcheck = Table::new();
+                healthcheck.insert("command".into(), strings(&check.command));
+                healthcheck.insert("interval_ms".into(), ms(check.interval));
+                healthcheck.insert("timeout_ms".into(), ms(check.timeout));
+                healthcheck.insert("retries".into(), Value::Integer(check.retries.into()));
+                service.insert("healthcheck".into(), Value::Table(healthcheck));
+            }
+            assert_eq!(
+                spec.readiness,
+                ReadinessProbe::None,
+                "the sim renders no probe"
+            );
+            let mut readiness = Table::new();
+            readiness.insert("kind".into(), Value::String("none".into()));
+            service.insert("readiness".into(), Value::Table(readiness));
+            Value::Table(service)
+        })
+        .collect();
+    let mut definition = Table::new();
+    definition.insert("version".into(), Value::String(entry.version.clone()));
+    definition.insert("security".into(), Value::Boolean(entry.security));
+    definition.insert("bake_ms".into(), ms(entry.bake));
+    definition.insert("services".into(), Value::Array(services));
+    let mut types = Table::new();
+    types.insert(entry.service_type.clone(), Value::Table(definition));
+    let mut file = Table::new();
+    file.insert("types".into(), Value::Table(types));
+    let source = toml::to_string(&file).expect("a TOML table renders");
+    let parsed = Catalog::from_toml(&source, "the simulated catalog", &Default::default())
+        .unwrap_or_else(|e| {
+            panic!("the sim's catalog renders to a file that does not parse: {e}\n{source}")
+        });
+    assert_eq!(
+        parsed.get(&entry.service_type),
+        Some(entry),
+        "the sim's catalog renders to another entry:\n{source}"
+    );
+    source
 }
 
 /// The Helm type's chart at a catalog version and spec edition.

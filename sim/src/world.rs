@@ -224,11 +224,7 @@ impl SwarmFaults {
     /// Whether a container name (`stead.<instance>.<service>.<version>.
     /// <digest>`) is of a broken catalog version.
     fn of_bad_version(&self, container: &str) -> bool {
-        // The first three dots end the prefix, the instance and the
-        // service; the last one begins the spec digest.
-        let revision = container.splitn(4, '.').nth(3).unwrap_or_default();
-        let version = revision.rsplit_once('.').map_or(revision, |(v, _)| v);
-        let version = self.versions.number(version);
+        let version = self.versions.number(version_of_container(container));
         version.is_some_and(|v| self.bad_versions.lock().expect("poisoned").contains(&v))
     }
 
@@ -584,6 +580,10 @@ impl Actors {
             self.uninstall_helm_by_hand(pick).await;
             return;
         }
+        if pick % 6 == 1 && self.catalog_is_broken() {
+            self.undo_rollout_to().await;
+            return;
+        }
         if pick % 6 == 0 && !self.bake.is_zero() && self.something_bakes().await {
             // Not under an instance lock of the operator's own: the undo
             // takes each instance's lock in turn, as the CLI does. (Taken
@@ -835,6 +835,15 @@ impl Actors {
         }
     }
 
+    /// Whether the catalog's version is one published broken.
+    fn catalog_is_broken(&self) -> bool {
+        let current = self.catalog_version.load(Ordering::Relaxed);
+        self.bad_versions
+            .lock()
+            .expect("poisoned")
+            .contains(&current)
+    }
+
     /// Whether an upgrade of the Docker type bakes now: an undo then has
     /// something to put back (at a random moment it rarely has).
     async fn something_bakes(&self) -> bool {
@@ -854,6 +863,59 @@ impl Actors {
             }
         }
         false
+    }
+
+    /// `stead rollout undo --to VERSION` (#40) once the catalog's version
+    /// is a broken one, through the operator's own code: the newest other
+    /// version the daemons recorded that is not broken. The type is pinned
+    /// to it; the checker learns which instances a task held meanwhile.
+    async fn undo_rollout_to(&self) {
+        let current = self.catalog_version.load(Ordering::Relaxed);
+        let Ok(recorded) = self.store.type_versions(SERVICE_TYPE).await else {
+            return;
+        };
+        let good = |v: &stead::ports::TypeVersion| {
+            self.versions.number(&v.version).is_some_and(|n| {
+                n != current && !self.bad_versions.lock().expect("poisoned").contains(&n)
+            })
+        };
+        let Some(to) = recorded.iter().rev().find(|v| good(v)) else {
+            return;
+        };
+        let catalog = Arc::new(crate::run::sim_catalog(self, current, false));
+        let services: BTreeSet<ServiceName> = catalog
+            .recorded_entry(SERVICE_TYPE, &to.version, &to.source)
+            .map(|entry| entry.services.into_iter().map(|s| s.name).collect())
+            .unwrap_or_default();
+        let to = to.version.clone();
+        let nonce = self.rng.lock().expect("poisoned").random();
+        let before = self.clock.now();
+        let ops = stead::ops::Ops::new(self.store.as_ref(), catalog, before, nonce);
+        let result = ops.undo_rollout_to(SERVICE_TYPE, &to).await;
+        match result {
+            Ok(undo) => {
+                self.checker.type_pinned(to, services, before);
+                self.counts
+                    .bump("operator undid the rollout to a recorded version");
+                if !undo.moving.is_empty() {
+                    self.counts
+                        .bump("operator undo --to moved an instance back");
+                }
+                // A new instance while pinned, by hand at the catalog's
+                // version: it is provisioned at the pinned one.
+                let pick = self
+                    .rng
+                    .lock()
+                    .expect("poisoned")
+                    .random_range(0..usize::MAX);
+                if pick % 2 == 0 {
+                    self.create_instance(pick & !1).await;
+                }
+            }
+            // A store fault: the pin, if it landed, holds; the checker
+            // does not know it, and judges nothing by it.
+            Err(_) => self.counts.bump("operator undo --to failed"),
+        }
     }
 
     /// `stead rollout undo` (#40), through the operator's own code: the
@@ -1230,6 +1292,14 @@ pub const LEGACY_TYPE: &str = "legacy";
 /// Instances of the Helm type are named so the checker knows them at once.
 pub fn helm_instance_name(k: usize) -> InstanceName {
     InstanceName::new(format!("chart{k}"))
+}
+
+/// The version in a container's name (`stead.<instance>.<service>.
+/// <version>.<digest>`): the first three dots end the prefix, the instance
+/// and the service; the last one begins the spec digest.
+pub fn version_of_container(container: &str) -> &str {
+    let revision = container.splitn(4, '.').nth(3).unwrap_or_default();
+    revision.rsplit_once('.').map_or(revision, |(v, _)| v)
 }
 
 pub fn is_helm_instance(name: &str) -> bool {

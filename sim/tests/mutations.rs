@@ -206,3 +206,11 @@ fn an_upgrade_slot_left_unused_is_caught() {
         "C8 max_in_flight not left unused while instances wait",
     );
 }
+
+#[test]
+fn a_worker_that_ignores_an_undo_pin_is_caught() {
+    assert_caught(
+        Mutant::IgnoreUndoPin,
+        "U1 under a pin a worker makes only the pinned version",
+    );
+}

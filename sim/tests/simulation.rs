@@ -305,6 +305,7 @@ fn seeds_hold_every_invariant() {
         "B1 a revert happens inside the bake window",
         "B2 a revert halts its type first",
         "V1 a stop-first service never runs two containers at once",
+        "U1 under a pin a worker makes only the pinned version",
     ]
     .into_iter()
     .filter(|invariant| checks.get(invariant).copied().unwrap_or(0) == 0)

@@ -605,23 +605,36 @@ struct RawWebhook {
     timeout_ms: Option<i64>,
 }
 
-/// Why a webhook URL is refused, if it is: it must be `http://` or
-/// `https://`, a host, no space or control character, bounded.
-fn check_webhook_url(url: &str) -> Result<(), String> {
+/// Why a webhook URL is refused.
+#[derive(Debug, thiserror::Error)]
+enum WebhookUrlError {
+    #[error("is too long (at most {WEBHOOK_URL_LEN_MAX} bytes)")]
+    TooLong,
+    #[error("must not contain spaces or control characters")]
+    Spaces,
+    #[error("must be an http:// or https:// URL")]
+    Scheme,
+    #[error("must name a host, as in https://alerts.example/stead")]
+    NoHost,
+}
+
+/// A webhook URL must be `http://` or `https://`, name a host, hold no
+/// space or control character, and be bounded.
+fn check_webhook_url(url: &str) -> Result<(), WebhookUrlError> {
     if url.len() > WEBHOOK_URL_LEN_MAX {
-        return Err(format!("is too long (at most {WEBHOOK_URL_LEN_MAX} bytes)"));
+        return Err(WebhookUrlError::TooLong);
     }
     if url.chars().any(|c| c.is_whitespace() || c.is_control()) {
-        return Err("must not contain spaces or control characters".into());
+        return Err(WebhookUrlError::Spaces);
     }
     let rest = url
         .strip_prefix("http://")
         .or_else(|| url.strip_prefix("https://"))
-        .ok_or("must be an http:// or https:// URL")?;
+        .ok_or(WebhookUrlError::Scheme)?;
     let authority = rest.split(['/', '?', '#']).next().unwrap_or("");
     let host = authority.rsplit('@').next().unwrap_or("");
     if host.is_empty() || host.starts_with(':') {
-        return Err("must name a host, as in https://alerts.example/stead".into());
+        return Err(WebhookUrlError::NoHost);
     }
     Ok(())
 }
@@ -960,8 +973,9 @@ impl Validator<'_> {
         let url = raw.url.ok_or_else(|| {
             self.invalid_quoted(&field("url"), "nothing".into(), "is required".into())
         })?;
-        check_webhook_url(&url)
-            .map_err(|reason| self.invalid_quoted(&field("url"), quote(url_shown(&url)), reason))?;
+        check_webhook_url(&url).map_err(|reason| {
+            self.invalid_quoted(&field("url"), quote(url_shown(&url)), reason.to_string())
+        })?;
         let secret_file = match raw.secret_file {
             None => None,
             Some(path) => {

@@ -93,11 +93,14 @@ pub enum Mutant {
     /// #40: replace a `stop-first` service by overlap, its successor
     /// created while the predecessor still runs on the same volume.
     OverlapStopFirst,
+    /// #40: a worker ignores an undo's pin: it provisions and moves
+    /// nothing to the pinned version.
+    IgnoreUndoPin,
 }
 
 #[cfg(feature = "mutation-exercise")]
 impl Mutant {
-    pub const ALL: [Mutant; 21] = [
+    pub const ALL: [Mutant; 22] = [
         Mutant::SkipWithdrawBeforeStart,
         Mutant::PublishBeforeReadiness,
         Mutant::ForgetCrashLoopCharge,
@@ -119,5 +122,6 @@ impl Mutant {
         Mutant::PublishPortless,
         Mutant::RevertWithoutHalt,
         Mutant::OverlapStopFirst,
+        Mutant::IgnoreUndoPin,
     ];
 }

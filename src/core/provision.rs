@@ -310,6 +310,10 @@ pub struct ProvisionInput {
     /// would run beside it, on the same volumes).
     pub containers: Vec<(ServiceName, ContainerId)>,
     pub inhibitions: Vec<Inhibition>,
+    /// The entry is the version an operator's `rollout undo --to` pinned
+    /// the type to: it is what the type runs now, so a row recording a
+    /// newer one is not a newer catalog's and is not refused.
+    pub pinned: bool,
 }
 
 #[derive(Debug)]
@@ -364,20 +368,21 @@ impl Provision {
         // rollout, upgrading only instances behind, would never correct. It
         // refuses; the task is retried, by then under the new catalog.
         // Another process's catalog got there first: a conflict, retried.
-        let error = is_older(&input.version, &input.recorded_version).then(|| {
-            TaskError::new(
-                &input.instance,
-                "provision",
-                Cause::verdict(
-                    ErrorKind::Conflict,
-                    format!(
-                        "this worker's catalog has version {} of its type, behind the \
+        let error =
+            (!input.pinned && is_older(&input.version, &input.recorded_version)).then(|| {
+                TaskError::new(
+                    &input.instance,
+                    "provision",
+                    Cause::verdict(
+                        ErrorKind::Conflict,
+                        format!(
+                            "this worker's catalog has version {} of its type, behind the \
                          instance's {}: not provisioned until the catalog is reloaded",
-                        input.version, input.recorded_version
+                            input.version, input.recorded_version
+                        ),
                     ),
-                ),
-            )
-        });
+                )
+            });
         let record_differs = input.recorded_version != input.version
             || input.recorded_digest.as_deref() != Some(input.spec_digest.as_str());
         // A service ACTIVE names that this version does not list stays of

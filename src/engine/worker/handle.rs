@@ -86,9 +86,10 @@ impl Worker {
         let halted_here = record
             .as_ref()
             .is_some_and(|r| r.state == RolloutState::Halted);
+        let pinned = record.and_then(|r| r.pinned).filter(|_| halted_here);
         Ok(Rollout {
             halted: in_catalog || halted_here,
-            pinned: record.and_then(|r| r.pinned).filter(|_| halted_here),
+            pinned: pinned.filter(|_| !crate::broken!(self.config.broken, IgnoreUndoPin)),
         })
     }
 
@@ -172,7 +173,8 @@ impl Worker {
                 let entry = self
                     .target_entry(&instance, rollout.pinned.as_deref())
                     .await?;
-                self.provision(&instance, entry).await
+                self.provision(&instance, entry, rollout.pinned.is_some())
+                    .await
             }
             // A halted type's upgrade task also carries out an operator's
             // undo of the instance, if one was asked for: the way back of

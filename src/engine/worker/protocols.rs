@@ -65,6 +65,7 @@ impl Worker {
         &self,
         instance: &Instance,
         entry: CatalogEntry,
+        pinned: bool,
     ) -> Result<(), TaskError> {
         let name = &instance.name;
         let active = self
@@ -107,6 +108,7 @@ impl Worker {
             release,
             services: entry.services,
             active,
+            pinned,
         });
         self.drive_task(instance, &parameters, &mut provision).await;
         provision.into_report()?;

@@ -58,7 +58,8 @@ pub struct Undo {
     /// Instances of the type with no upgrade baking (with `--to`: already
     /// at the version): nothing to put back.
     pub not_baking: Vec<InstanceName>,
-    /// With `--to`: instances queued an upgrade task to the version.
+    /// With `--to`: instances not at the version, which the reconciler
+    /// moves there (version drift toward the pin, within `max_in_flight`).
     pub moving: Vec<InstanceName>,
     /// Instances whose lock a pass or a task held too long: not looked at;
     /// the command run again finds them.
@@ -69,7 +70,7 @@ pub struct Undo {
 enum PutBack {
     /// Its baking services, asked for their way back.
     Reverted(Vec<ServiceName>),
-    /// Queued an upgrade task to the pinned version.
+    /// Not at the pinned version: the reconciler moves it there.
     Moving,
     /// Nothing to do.
     Already,
@@ -781,7 +782,8 @@ impl Ops<'_> {
     /// it (`stead rollout versions TYPE`), read back through today's
     /// grants. An instance whose baking upgrade goes back to `version` is
     /// put back without a gap as by `undo`; every other instance not at
-    /// it gets an upgrade task that moves it there through the usual
+    /// it is moved there by the reconciler, as a rollout toward the pin
+    /// (within `max_in_flight`, waiting for no window), through the usual
     /// replacement (overlap or stop-first, and a bake of its own). New
     /// instances are made at it too. `rollout resume` lifts the pin, and
     /// the rollout then moves the type to the catalog's version again: fix
@@ -947,7 +949,8 @@ impl Ops<'_> {
             {
                 return Ok(PutBack::Already);
             }
-            self.enqueue_undo_task(instance).await?;
+            // Moved by the reconciler's version drift toward the pin,
+            // within the fleet's `max_in_flight`, as any rollout.
             return Ok(PutBack::Moving);
         }
         // The undo is a worker's (it starts and verifies the predecessors

@@ -424,6 +424,22 @@ fn every_mutating_command_says_what_it_did() {
     assert!(s
         .ok(&["rollout", "resume", "web"])
         .contains("web: rollout resumed"));
+    // No daemon ran here: nothing is recorded to go back to, and an undo
+    // to an unknown version is refused, naming what is recorded, with
+    // nothing changed.
+    assert!(s
+        .ok(&["rollout", "versions", "web"])
+        .contains("web: no version recorded yet"));
+    let unknown = s.run(&["rollout", "undo", "web", "--to", "0.9"]);
+    assert_eq!(unknown.code, 3, "{}", unknown.text());
+    assert!(
+        unknown
+            .stderr
+            .contains("version \"0.9\" of type web is not recorded (recorded: none)"),
+        "{}",
+        unknown.text()
+    );
+    assert!(!s.ok(&["status"]).contains("halted"));
     assert_eq!(
         s.ok(&["instance", "delete", "demo"]).trim(),
         "deleting demo: deprovision queued as task 2; cancelled queued task(s) 1 (T4, docs/rules.md#t4)"

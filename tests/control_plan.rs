@@ -123,6 +123,7 @@ fn snapshot<'a>(
         config,
         traceparent: Some(TRACEPARENT.to_owned()),
         lost_services: BTreeMap::new(),
+        pins: Default::default(),
     }
 }
 
@@ -676,6 +677,31 @@ fn in_flight_limit_counts_queued_and_running_upgrades_fleet_wide() {
         plan.clone(),
         &snap,
         "enqueue upgrade i4 at now: version drift: 1.0.0 -> 2.0.0",
+    );
+    assert_idempotent(&mut snap, &plan, plan_version_drift);
+}
+
+/// #40, `rollout undo --to`: a halted type pinned to a version moves
+/// every instance of it that runs another one there, older or newer,
+/// within `max_in_flight`, in the usual order and waiting for no window;
+/// an instance already at the pin is left alone; an unpinned halted type
+/// beside it still moves nothing.
+#[test]
+fn a_pinned_type_moves_its_instances_to_the_pin_whatever_their_version() {
+    let (catalog, mut instances) = rollout_world();
+    instances[4].maintenance_window = Some("sun 02:00-03:00".into());
+    let config = config(3);
+    let mut snap = snapshot(instances, vec![], &catalog, &config);
+    snap.rollouts.insert("wiki".into(), RolloutState::Halted);
+    snap.rollouts.insert("db".into(), RolloutState::Halted);
+    snap.pins
+        .insert("wiki".into(), entry("wiki", "1.3.0", false));
+    let plan = plan_version_drift(&snap);
+    check(
+        plan.clone(),
+        &snap,
+        "enqueue upgrade i5 at now: rollout undo --to 1.3.0: 1.4.0 -> 1.3.0
+         enqueue upgrade i6 at now: rollout undo --to 1.3.0: 1.10.0 -> 1.3.0",
     );
     assert_idempotent(&mut snap, &plan, plan_version_drift);
 }

@@ -2224,9 +2224,9 @@ async fn rollout_undo_puts_a_baking_instance_back_without_a_gap_and_is_safe_to_r
 }
 
 /// #40: `stead rollout undo TYPE --to VERSION` after the bake window:
-/// nothing bakes, so the type is pinned to the recorded version and the
-/// instance is moved back to it by an upgrade task (a downgrade, allowed
-/// only under the pin) through the usual overlap: the old version's
+/// nothing bakes, so the type is pinned to the recorded version, and the
+/// reconciler's version drift moves the instance back to it by an upgrade
+/// (a downgrade, allowed only under the pin) through the usual overlap: the old version's
 /// container is created, verified and switched to, and the next passes
 /// move the route and retire the bad one. Run twice, it finds the
 /// instance there; an unrecorded version is refused, naming the ones
@@ -2276,7 +2276,14 @@ async fn rollout_undo_to_a_recorded_version_moves_an_instance_back_after_its_bak
     let wiki = f.store.rollout_records().await.unwrap();
     assert_eq!(wiki[0].state, RolloutState::Halted);
     assert_eq!(wiki[0].pinned.as_deref(), Some("1"));
+    assert!(f.store.active_tasks().await.unwrap().rows.is_empty());
 
+    // The reconciler's version drift moves it toward the pin, though
+    // halted, as a rollout does: within max_in_flight, at once.
+    assert!(f.reconciler("a").tick().await.ok());
+    let tasks = f.store.active_tasks().await.unwrap().rows;
+    assert_eq!(tasks.len(), 1, "{tasks:?}");
+    assert_eq!(tasks[0].reason, "rollout undo --to 1: 2 -> 1");
     assert_eq!(f.worker().work_once().await.unwrap().1, TaskEnd::Done);
     let good = f.web_container("wiki1").await;
     assert_ne!(good, bad, "a container of version 1 replaced it");
@@ -2292,7 +2299,11 @@ async fn rollout_undo_to_a_recorded_version_moves_an_instance_back_after_its_bak
     let twice = ops.undo_rollout_to("wiki", "1").await.unwrap();
     assert!(twice.moving.is_empty(), "{twice:?}");
     assert_eq!(twice.not_baking, vec![InstanceName::new("wiki1")]);
-    assert!(f.store.active_tasks().await.unwrap().rows.is_empty());
+    assert!(f.reconciler("a").tick().await.ok());
+    assert!(
+        f.store.active_tasks().await.unwrap().rows.is_empty(),
+        "nothing more to move"
+    );
 
     ops.set_rollout("wiki", RolloutState::Active, "operator: resume")
         .await

@@ -1703,9 +1703,13 @@ async fn check_queue(
     // A retried upgrade waits for its window as its first run did (the
     // 50-instance world's seed 38 found one retried past its window's end).
     // An operator's undo queues the halted type's upgrade task, which
-    // upgrades nothing: it carries the undo out (`core::undo`).
+    // upgrades nothing: it carries the undo out (`core::undo`). And an
+    // undo's pin has version drift move a halted type's instances back,
+    // waiting for no window (#40; U1 judges where to).
     let upgrade = |t: &&stead::core::fleet::Task| {
-        t.kind == TaskKind::Upgrade && t.reason != stead::ops::UNDO_REASON
+        t.kind == TaskKind::Upgrade
+            && t.reason != stead::ops::UNDO_REASON
+            && !t.reason.starts_with(stead::core::plan::PINNED_REASON)
     };
     for t in tasks.iter().filter(|t| upgrade(t) && moved.contains(&t.id)) {
         let service_type = types.get(&t.instance).map_or(SERVICE_TYPE, String::as_str);

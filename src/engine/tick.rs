@@ -13,8 +13,9 @@ use rand_chacha::ChaCha8Rng;
 use tokio::sync::watch;
 use tracing::Instrument;
 
-use crate::core::catalog::Catalog;
+use crate::core::catalog::{Catalog, CatalogEntry};
 use crate::core::event_log::{Event, EventKind};
+use crate::core::fleet::RolloutState;
 use crate::core::plan::{
     task_lease, ControlConfig, Decision, Level, Plan, Planner, Report, Snapshot,
 };
@@ -468,7 +469,12 @@ impl Reconciler {
         let store = &self.ports.store;
         let instances = store.list_instances().await?;
         let tasks = store.active_tasks().await?;
-        let rollouts = store.rollouts().await?;
+        let records = store.rollout_records().await?;
+        let rollouts = records
+            .iter()
+            .map(|r| (r.service_type.clone(), r.state))
+            .collect();
+        let pins = self.pins(catalog, &records).await;
         // When the rows were read, at the store's precision: the planners
         // judge them at this instant. Taken after the release listing
         // (which may take the provisioner's whole timeout) a task's row
@@ -503,9 +509,58 @@ impl Reconciler {
                 config: &self.config,
                 traceparent: Some(traceparent),
                 lost_services: self.recently_lost(now),
+                pins,
             },
             releases_error,
         ))
+    }
+
+    /// The entries undos pinned halted types to (`rollout undo --to`), as
+    /// the daemon recorded them, read through this catalog's grants. A pin
+    /// that cannot be read moves nothing, and says why.
+    async fn pins(
+        &self,
+        catalog: &Catalog,
+        records: &[crate::ports::RolloutRecord],
+    ) -> BTreeMap<String, CatalogEntry> {
+        let mut pins = BTreeMap::new();
+        for record in records.iter().filter(|r| r.state == RolloutState::Halted) {
+            let Some(version) = &record.pinned else {
+                continue;
+            };
+            if catalog.get(&record.service_type).is_none() {
+                continue;
+            }
+            let recorded = match self.ports.store.type_versions(&record.service_type).await {
+                Ok(recorded) => recorded,
+                Err(e) => {
+                    tracing::warn!(service_type = %record.service_type, error = %e,
+                        "the pinned version was not read this tick; nothing moves to it");
+                    continue;
+                }
+            };
+            let entry = recorded
+                .iter()
+                .find(|r| &r.version == version)
+                .ok_or_else(|| format!("version {version} is not recorded"))
+                .and_then(|r| {
+                    catalog
+                        .recorded_entry(&record.service_type, version, &r.source)
+                        .map_err(|e| e.to_string())
+                });
+            match entry {
+                Ok(entry) => {
+                    pins.insert(record.service_type.clone(), entry);
+                }
+                Err(why) => tracing::error!(
+                    service_type = %record.service_type,
+                    version = %version,
+                    "the type is pinned to a version that cannot be read ({why}); nothing \
+                     moves to it: `stead rollout resume` lifts the pin"
+                ),
+            }
+        }
+        pins
     }
 
     async fn run_planners(
@@ -790,13 +845,7 @@ impl Reconciler {
                     service_type,
                     reason,
                 } => store
-                    .set_rollout(
-                        service_type,
-                        crate::core::fleet::RolloutState::Halted,
-                        reason,
-                        now,
-                        Some(fence),
-                    )
+                    .set_rollout(service_type, RolloutState::Halted, reason, now, Some(fence))
                     .await
                     .map(|()| {
                         tracing::warn!(

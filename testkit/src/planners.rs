@@ -364,6 +364,7 @@ impl World {
             config: &self.config,
             traceparent: Some(TRACEPARENT.to_owned()),
             lost_services: Default::default(),
+            pins: Default::default(),
         }
     }
 }

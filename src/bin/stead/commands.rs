@@ -896,15 +896,6 @@ async fn rollout(config: &DaemonConfig, command: RolloutCommand) -> Result<u8, C
                 EventKind::Halt,
                 format!("rollout of {service_type} halted: {halted_why}"),
             )];
-            for instance in &undo.moving {
-                events.push(
-                    by_operator(
-                        EventKind::Enqueue,
-                        format!("rollout undo: an upgrade task moves it to {halted_why}"),
-                    )
-                    .instance(instance),
-                );
-            }
             for (instance, services) in &undo.reverted {
                 let services: Vec<&str> = services.iter().map(|s| s.as_str()).collect();
                 events.push(
@@ -934,8 +925,8 @@ async fn rollout(config: &DaemonConfig, command: RolloutCommand) -> Result<u8, C
             if !undo.moving.is_empty() {
                 let names: Vec<&str> = undo.moving.iter().map(|n| n.as_str()).collect();
                 say(format!(
-                    "{service_type}: moving to version {}: {} (an upgrade task each, \
-                     `stead task list`)",
+                    "{service_type}: to move to version {}: {} (the reconciler queues their \
+                     upgrades from the next tick, within max_in_flight; `stead task list`)",
                     to.as_deref().unwrap_or_default(),
                     names.join(", ")
                 ));

@@ -34,9 +34,11 @@ use std::collections::{BTreeMap, BTreeSet};
 
 pub use config::{ConfigError, ControlConfig, RawControlConfig, MAX_IN_FLIGHT_MAX};
 pub use lease::task_lease;
-pub use rollout::{halt_after_failed_upgrade, is_behind, is_older, spec_changed, upgrade_retry_at};
+pub use rollout::{
+    halt_after_failed_upgrade, is_behind, is_older, spec_changed, upgrade_retry_at, PINNED_REASON,
+};
 
-use super::catalog::Catalog;
+use super::catalog::{Catalog, CatalogEntry};
 use super::fleet::{
     Instance, InstanceId, InstanceState, NewTask, Release, RolloutState, Task, TaskId, TaskKind,
     TaskState,
@@ -73,6 +75,10 @@ pub struct Snapshot<'a> {
     /// reprovisions a ready instance that has any, though its release is
     /// live: the rest of its containers make it look whole.
     pub lost_services: BTreeMap<InstanceName, BTreeSet<ServiceName>>,
+    /// The entries operators' undos pinned halted types to (`rollout undo
+    /// --to`, #40), as recorded: version drift moves their instances there
+    /// instead of to the catalog's version.
+    pub pins: BTreeMap<String, CatalogEntry>,
 }
 
 /// What a planner decided: effects for the engine, reports for the log.

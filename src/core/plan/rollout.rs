@@ -108,13 +108,20 @@ impl Planner<'_, '_> {
 
     /// Whether `instance` may be upgraded now, apart from the fleet limit
     /// and the rollout switch. Cheap checks first: this runs per instance.
-    fn upgradable(&self, instance: &Instance, entry: &CatalogEntry) -> bool {
+    /// Toward a pin, any other version is to move, older ones included.
+    fn upgradable(&self, instance: &Instance, target: &Target) -> bool {
+        let entry = target.entry;
+        let away = if target.pinned {
+            instance.version != entry.version
+        } else {
+            is_behind(&instance.version, &entry.version)
+        };
         instance.state == InstanceState::Ready
             // A stopped instance runs nothing to overlap with and must not be
             // started or published (S3): it is upgraded once started again.
             && !instance.stopped
             && !is_expired(instance, self.snapshot.now)
-            && (is_behind(&instance.version, &entry.version) || spec_changed(instance, entry))
+            && (away || spec_changed(instance, entry))
             // One task per instance at a time: an upgrade racing a
             // reprovision or deprovision helps nobody.
             && !self.active_kinds(instance.id).any()
@@ -152,21 +159,31 @@ impl Planner<'_, '_> {
         } else {
             snapshot.config.own_team.as_str()
         };
-        // The catalog entry of each type, `None` while its rollout is
-        // halted; looked up once per type rather than once per instance.
-        let mut types: FastMap<&str, Option<&CatalogEntry>> = FastMap::default();
+        // What each type rolls toward: the catalog's entry, or while an
+        // undo pins the halted type, the pinned one; `None` while halted
+        // otherwise. Looked up once per type rather than once per instance.
+        let mut types: FastMap<&str, Option<Target>> = FastMap::default();
         for entry in snapshot.catalog.entries() {
-            let rolling = (!self.halted(entry)).then_some(entry);
-            types.insert(entry.service_type.as_str(), rolling);
+            let target = match snapshot.pins.get(&entry.service_type) {
+                Some(pin) => Some(Target {
+                    entry: pin,
+                    pinned: true,
+                }),
+                None => (!self.halted(entry)).then_some(Target {
+                    entry,
+                    pinned: false,
+                }),
+            };
+            types.insert(entry.service_type.as_str(), target);
         }
         // Instances of unknown types are reported every tick, a full fleet
         // limit or not: a report that came and went with the free slots
         // would log its warning again each time it came back.
-        let mut candidates: Vec<(&Instance, &CatalogEntry)> = Vec::new();
+        let mut candidates: Vec<(&Instance, Target)> = Vec::new();
         for instance in &snapshot.instances {
             match types.get(instance.service_type.as_str()) {
-                Some(Some(entry)) if slots > 0 && self.upgradable(instance, entry) => {
-                    candidates.push((instance, entry))
+                Some(Some(target)) if slots > 0 && self.upgradable(instance, target) => {
+                    candidates.push((instance, *target))
                 }
                 Some(_) => {}
                 None if instance.state == InstanceState::Ready => {
@@ -189,11 +206,15 @@ impl Planner<'_, '_> {
         // Many instances share a window spec, and the next opening depends
         // only on the spec and `now`: compute each spec's answer once.
         let mut run_afters: HashMap<&str, Result<Timestamp, WindowError>> = HashMap::new();
-        for (instance, entry) in candidates {
+        for (instance, target) in candidates {
             if slots == 0 {
                 break;
             }
-            let run_after = match (&instance.maintenance_window, entry.security) {
+            let entry = target.entry;
+            // A move back to a pin is an operator's way out of a bad
+            // version: like a security release, it waits for no window.
+            let urgent = entry.security || target.pinned;
+            let run_after = match (&instance.maintenance_window, urgent) {
                 (Some(spec), false) => {
                     let scheduled = run_afters.entry(spec.as_str()).or_insert_with(|| {
                         Window::parse(spec).map(|window| next_run_after(&window, snapshot.now))
@@ -228,7 +249,12 @@ impl Planner<'_, '_> {
                 _ => snapshot.now,
             };
             let security = if entry.security { " (security)" } else { "" };
-            let reason = if instance.version == entry.version {
+            let reason = if target.pinned {
+                format!(
+                    "{PINNED_REASON} {}: {} -> {}",
+                    entry.version, instance.version, entry.version
+                )
+            } else if instance.version == entry.version {
                 format!(
                     "spec drift: the catalog changed {}'s spec at version {}{security}",
                     entry.service_type, entry.version
@@ -249,4 +275,15 @@ impl Planner<'_, '_> {
         }
         plan
     }
+}
+
+/// The words every upgrade toward an undo's pin begins its reason with.
+pub const PINNED_REASON: &str = "rollout undo --to";
+
+/// What version drift moves a type's instances to.
+#[derive(Clone, Copy)]
+struct Target<'e> {
+    entry: &'e CatalogEntry,
+    /// An operator's undo pinned the halted type to `entry`.
+    pinned: bool,
 }

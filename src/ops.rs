@@ -58,6 +58,9 @@ pub struct Undo {
     /// Instances of the type with no upgrade baking (with `--to`: already
     /// at the version): nothing to put back.
     pub not_baking: Vec<InstanceName>,
+    /// The version the type was pinned to (`--to`, or a Helm type's
+    /// previous version).
+    pub pinned: Option<String>,
     /// With `--to`: instances not at the version, which the reconciler
     /// moves there (version drift toward the pin, within `max_in_flight`).
     pub moving: Vec<InstanceName>,
@@ -770,7 +773,36 @@ impl Ops<'_> {
     /// switching ACTIVE back, so the route moves without a gap. An
     /// instance whose bake window ended has no way back: its predecessors
     /// are gone. Safe to run twice: nothing is asked twice.
+    ///
+    /// A Helm type does not bake (Helm's `--atomic --wait` is its check):
+    /// its undo is `--to` the version recorded before the catalog's, which
+    /// rolls each release back with `helm rollback`.
     pub async fn undo_rollout(&self, service_type: &str) -> Result<Undo, OpsError> {
+        if let Some(entry) = self.catalog.get(service_type).filter(|e| !e.is_docker()) {
+            let recorded = self
+                .store
+                .type_versions(service_type)
+                .await
+                .map_err(OpsError::from)?;
+            let current_at = recorded
+                .iter()
+                .find(|r| r.version == entry.version)
+                .map(|r| r.recorded_at);
+            let previous = recorded.iter().rev().find(|r| {
+                r.version != entry.version && current_at.is_none_or(|at| r.recorded_at < at)
+            });
+            let Some(previous) = previous else {
+                return Err(OpsError::NotFound(format!(
+                    "{service_type} is a Helm type, whose undo goes back to the version recorded \
+                     before the catalog's {}: none is recorded (`stead rollout versions \
+                     {service_type}`)",
+                    entry.version
+                )));
+            };
+            return self
+                .undo_rollout_to(service_type, &previous.version.clone())
+                .await;
+        }
         let (_, cancelled) = self
             .set_rollout(service_type, RolloutState::Halted, "operator: rollout undo")
             .await?;
@@ -799,6 +831,7 @@ impl Ops<'_> {
             )));
         }
         let entry = self.recorded_entry(service_type, version).await?;
+        let pinned = Some(version.to_owned());
         self.store
             .pin_rollout(
                 service_type,
@@ -813,7 +846,8 @@ impl Ops<'_> {
             .cancel_queued_upgrades(service_type, CANCELLED_BY_HALT, self.now)
             .await
             .map_err(OpsError::from)?;
-        self.put_back(service_type, cancelled, Some(&entry)).await
+        let undo = self.put_back(service_type, cancelled, Some(&entry)).await?;
+        Ok(Undo { pinned, ..undo })
     }
 
     /// `stead rollout versions TYPE`: the versions of a type its daemon

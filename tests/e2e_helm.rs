@@ -323,12 +323,15 @@ async fn a_docker_type_and_a_helm_type_provision_upgrade_and_deprovision_side_by
     })
     .await;
 
-    // #40: `rollout undo --to 1` of both types, past their bake: the
-    // daemon recorded version 1 when it first loaded it. The Helm release
-    // is rolled back by helm to its revision at chart 1; the Docker
-    // instance is moved back by an upgrade, with no gap.
-    for (service_type, name) in [(HELM_TYPE, &search), (e2e::TYPE, &web)] {
-        let undo = h.ops().undo_rollout_to(service_type, "1").await.unwrap();
+    // #40: `rollout undo` of the Helm type goes back to the version the
+    // daemon recorded before the catalog's (1, recorded when it first
+    // loaded it): helm rolls the release back to its revision at chart 1.
+    // `rollout undo --to 1` of the Docker type, past its bake, moves the
+    // instance back by an upgrade, with no gap.
+    let helm_undo = h.ops().undo_rollout(HELM_TYPE).await.unwrap();
+    let docker_undo = h.ops().undo_rollout_to(e2e::TYPE, "1").await.unwrap();
+    for (undo, name) in [(helm_undo, &search), (docker_undo, &web)] {
+        assert_eq!(undo.pinned.as_deref(), Some("1"), "{undo:?}");
         assert_eq!(
             undo.moving,
             vec![InstanceName::new(name.as_str())],

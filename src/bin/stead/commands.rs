@@ -888,6 +888,8 @@ async fn rollout(config: &DaemonConfig, command: RolloutCommand) -> Result<u8, C
                 None => ops.undo_rollout(&service_type).await?,
                 Some(version) => ops.undo_rollout_to(&service_type, version).await?,
             };
+            // A Helm type's plain undo pins it to its previous version.
+            let to = undo.pinned.clone();
             let halted_why = match to.as_deref() {
                 None => "rollout undo".to_owned(),
                 Some(version) => format!("rollout undo --to {version}"),

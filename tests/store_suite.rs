@@ -71,7 +71,7 @@ store_suite! {
         a_deleted_instance_with_an_active_task_keeps_its_name,
         tasks_are_listed_newest_first_and_finished_ones_on_request,
         rollout_records_keep_their_reason_and_time,
-        a_pin_survives_a_halt_and_is_lifted_by_a_resume,
+        a_pin_is_lifted_by_any_change_of_the_switch,
         type_versions_keep_their_first_recording_and_the_latest_definition,
         the_reconciler_lease_holder_is_readable_without_taking_it,
         gauges_count_the_queue_and_instances_by_state,
@@ -1019,7 +1019,7 @@ async fn tasks_are_listed_newest_first_and_finished_ones_on_request(s: TestStore
     assert_eq!(ids(limited.rows), vec![reprovision, upgrade]);
 }
 
-async fn a_pin_survives_a_halt_and_is_lifted_by_a_resume(s: TestStore) {
+async fn a_pin_is_lifted_by_any_change_of_the_switch(s: TestStore) {
     let store = &*s.store;
     let pinned = |records: Vec<stead::ports::RolloutRecord>| {
         records
@@ -1036,16 +1036,21 @@ async fn a_pin_survives_a_halt_and_is_lifted_by_a_resume(s: TestStore) {
         pinned(store.rollout_records().await.unwrap()),
         vec![("wiki".to_owned(), halted.0, halted.1.clone())]
     );
-    // A failed upgrade's halt keeps the operator's pin.
+    // A halt (a reverted move toward the pin's) lifts the pin: the type
+    // stays halted, and nothing moves on to that version again.
     store
         .set_rollout("wiki", RolloutState::Halted, "bake failed", t(2), None)
         .await
         .unwrap();
     let records = store.rollout_records().await.unwrap();
     assert_eq!(records[0].reason, "bake failed");
-    assert_eq!(records[0].pinned.as_deref(), Some("1.0"));
+    assert_eq!(records[0].pinned, None);
     store
-        .set_rollout("wiki", RolloutState::Active, "operator: resume", t(3), None)
+        .pin_rollout("wiki", "1.0", "operator: rollout undo --to 1.0", t(3))
+        .await
+        .unwrap();
+    store
+        .set_rollout("wiki", RolloutState::Active, "operator: resume", t(4), None)
         .await
         .unwrap();
     assert_eq!(

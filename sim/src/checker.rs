@@ -401,34 +401,6 @@ impl Checker {
         let _ = self.store.set(store);
     }
 
-    /// An operator's `rollout undo --to` pinned the Docker type to
-    /// `version`; it was asked at `asked`. Tasks that held an instance
-    /// across the pin read the rollout before it: U1 leaves what they make
-    /// to them.
-    pub fn type_pinned(&self, version: String, services: BTreeSet<ServiceName>, asked: Timestamp) {
-        let store = self.store();
-        let names: BTreeMap<i64, InstanceName> = store
-            .all_instances()
-            .into_iter()
-            .map(|i| (i.id, i.name))
-            .collect();
-        let began: BTreeSet<InstanceName> = store
-            .all_tasks()
-            .into_iter()
-            .filter(|t| {
-                t.locked_at.is_some() && (t.state == TaskState::Running || t.updated_at >= asked)
-            })
-            .filter_map(|t| names.get(&t.instance).cloned())
-            .collect();
-        self.truth(|t| {
-            t.pin = Some(Pin {
-                version,
-                began,
-                services,
-            })
-        });
-    }
-
     fn store(&self) -> &MemoryStore {
         self.store.get().expect("the checker watches the store")
     }
@@ -2168,10 +2140,11 @@ impl Observer for Checker {
                         .or_insert(now);
                 } else {
                     s.truth.halted_since.remove(service_type);
-                    // A resume lifts an undo's pin.
-                    if service_type == crate::world::SERVICE_TYPE {
-                        s.truth.pin = None;
-                    }
+                }
+                // Any change of the switch lifts an undo's pin (a pin
+                // comes right after, as `RolloutPinned`).
+                if service_type == crate::world::SERVICE_TYPE {
+                    s.truth.pin = None;
                 }
                 if *halted && by_process {
                     // C8: a process halts a rollout only when an upgrade of
@@ -2340,6 +2313,77 @@ impl Observer for Checker {
                     || format!("task {task} of {worker} requeued by {holder} (own identity: {own}, its holder live: {live})"),
                 );
             }
+            // U2 (#40): a move toward an undo's pin that a worker finished
+            // leaves its instance at the pinned version, while the pin
+            // holds (a resume may come first: the task then rolls out) and
+            // the instance is meant to run (a stopped one is skipped).
+            Effect::TaskDone {
+                instance, reason, ..
+            } => {
+                let to = reason
+                    .strip_prefix(stead::core::plan::PINNED_REASON)
+                    .and_then(|rest| rest.trim_start().split(':').next())
+                    .unwrap_or_default();
+                let held = !to.is_empty() && s.truth.pin.as_ref().is_some_and(|p| p.version == to);
+                let row = self
+                    .store()
+                    .all_instances()
+                    .into_iter()
+                    .find(|i| i.id == *instance);
+                if let Some(row) = row.filter(|r| {
+                    held && !r.stopped
+                        && !matches!(r.state, InstanceState::Deleting | InstanceState::Deleted)
+                }) {
+                    s.check(
+                        "U2 a move toward a pin ends at the pinned version",
+                        row.version == to,
+                        || {
+                            format!(
+                                "{} moved toward {to} ends at {} ({reason})",
+                                row.name, row.version
+                            )
+                        },
+                    );
+                }
+            }
+            // An undo's pin (#40), learnt from the store as it lands: an
+            // operator's command may fail or be cut short after it. Tasks
+            // running now read the rollout before it: U1 leaves what they
+            // make to them.
+            Effect::RolloutPinned {
+                service_type,
+                version,
+            } if service_type == crate::world::SERVICE_TYPE => {
+                let store = self.store();
+                let services = store
+                    .rollout_now(service_type)
+                    .and_then(|(_, recorded)| recorded)
+                    .and_then(|recorded| {
+                        stead::core::catalog::Catalog::default()
+                            .recorded_entry(service_type, version, &recorded.source)
+                            .ok()
+                    })
+                    .map(|entry| entry.services.into_iter().map(|s| s.name).collect())
+                    .unwrap_or_default();
+                let names: BTreeMap<i64, InstanceName> = store
+                    .all_instances()
+                    .into_iter()
+                    .map(|i| (i.id, i.name))
+                    .collect();
+                let began = store
+                    .all_tasks()
+                    .into_iter()
+                    .filter(|t| t.state == TaskState::Running)
+                    .filter_map(|t| names.get(&t.instance).cloned())
+                    .collect();
+                s.truth.pin = Some(Pin {
+                    version: version.clone(),
+                    began,
+                    services,
+                });
+            }
+            // The world pins only the Docker type.
+            Effect::RolloutPinned { .. } => {}
             Effect::LeaseBroken { task, locked_at } => {
                 let expiry = add(*locked_at, self.task_lease);
                 let due = expiry <= add(now, CLOCK_TOLERANCE);

@@ -77,16 +77,27 @@ impl PassWatcher for PassJudge {
         });
         // R16: what the pass pruned (generations ACTIVE no longer names)
         // is forgotten; a container re-created under the same ID later is
-        // a new generation with no history.
-        self.left.lock().expect("judge poisoned").retain(|key, _| {
-            key.instance != *pass.instance
-                || pass
-                    .active
-                    .services
-                    .get(&key.service)
-                    .is_some_and(|r| r.container == key.container)
-                || !pass.after.service(key).generation.is_empty()
-        });
+        // a new generation with no history. A kept one (#40) keeps its
+        // budget but not its unhealthy streak, which was the execution's
+        // that ran before it left ACTIVE (R12).
+        self.left
+            .lock()
+            .expect("judge poisoned")
+            .retain(|key, left| {
+                if key.instance != *pass.instance
+                    || pass
+                        .active
+                        .services
+                        .get(&key.service)
+                        .is_some_and(|r| r.container == key.container)
+                {
+                    return true;
+                }
+                if let Some(budget) = left {
+                    budget.unhealthy_streak = 0;
+                }
+                !pass.after.service(key).generation.is_empty()
+            });
         for (at, (name, record)) in services.iter().enumerate() {
             let key = GenerationKey {
                 instance: pass.instance.clone(),

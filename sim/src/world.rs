@@ -580,7 +580,7 @@ impl Actors {
             self.uninstall_helm_by_hand(pick).await;
             return;
         }
-        if pick % 6 == 1 && self.catalog_is_broken() {
+        if pick % 3 == 1 && self.catalog_is_broken() {
             self.undo_rollout_to().await;
             return;
         }
@@ -883,18 +883,11 @@ impl Actors {
             return;
         };
         let catalog = Arc::new(crate::run::sim_catalog(self, current, false));
-        let services: BTreeSet<ServiceName> = catalog
-            .recorded_entry(SERVICE_TYPE, &to.version, &to.source)
-            .map(|entry| entry.services.into_iter().map(|s| s.name).collect())
-            .unwrap_or_default();
         let to = to.version.clone();
         let nonce = self.rng.lock().expect("poisoned").random();
-        let before = self.clock.now();
-        let ops = stead::ops::Ops::new(self.store.as_ref(), catalog, before, nonce);
-        let result = ops.undo_rollout_to(SERVICE_TYPE, &to).await;
-        match result {
+        let ops = stead::ops::Ops::new(self.store.as_ref(), catalog, self.clock.now(), nonce);
+        match ops.undo_rollout_to(SERVICE_TYPE, &to).await {
             Ok(undo) => {
-                self.checker.type_pinned(to, services, before);
                 self.counts
                     .bump("operator undid the rollout to a recorded version");
                 if !undo.moving.is_empty() {
@@ -908,12 +901,12 @@ impl Actors {
                     .lock()
                     .expect("poisoned")
                     .random_range(0..usize::MAX);
-                if pick % 2 == 0 {
-                    self.create_instance(pick & !1).await;
-                }
+                // Of the Docker type (even), and not deleted at once (no
+                // multiple of three): `create_instance` reads both off it.
+                self.create_instance(pick / 6 * 6 + 2).await;
             }
-            // A store fault: the pin, if it landed, holds; the checker
-            // does not know it, and judges nothing by it.
+            // A store fault: the pin, if it landed, holds (the checker
+            // learnt it as it landed), and a later undo finds the rest.
             Err(_) => self.counts.bump("operator undo --to failed"),
         }
     }

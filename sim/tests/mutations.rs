@@ -211,6 +211,6 @@ fn an_upgrade_slot_left_unused_is_caught() {
 fn a_worker_that_ignores_an_undo_pin_is_caught() {
     assert_caught(
         Mutant::IgnoreUndoPin,
-        "U1 under a pin a worker makes only the pinned version",
+        "U2 a move toward a pin ends at the pinned version",
     );
 }

@@ -101,7 +101,11 @@ impl InstanceMemory {
     /// execution in ACTIVE (`core::undo`); an execution remembered from
     /// before the upgrade would make that verified one look new and
     /// withdraw the successor's route before publishing it (R8): the gap
-    /// the undo exists to avoid.
+    /// the undo exists to avoid. Nor its unhealthy streak, which was that
+    /// execution's (R12): counted on, the execution an undo starts was
+    /// restarted at its first unhealthy read (found by the simulation's
+    /// S12, the fifty-instance world's seed 2, once operators undid to
+    /// recorded versions).
     pub fn prune_keeping(&mut self, active: &ActiveRecord, kept: &[&ContainerId]) {
         self.generations.retain_mut(|(key, memory)| {
             let in_active = active
@@ -112,6 +116,9 @@ impl InstanceMemory {
                 return true;
             }
             memory.verified_started_at = None;
+            if let Some(budget) = &mut memory.budget {
+                budget.unhealthy_streak = 0;
+            }
             kept.contains(&&key.container) && !memory.is_empty()
         });
         self.pending_withdrawals
@@ -235,8 +242,8 @@ mod tests {
     }
 
     /// #40: a generation under a marker keeps its budget out of ACTIVE,
-    /// not the execution it was routed at; one with nothing else to keep
-    /// goes. ACTIVE's keeps both.
+    /// not the execution it was routed at nor that execution's unhealthy
+    /// streak; one with nothing else to keep goes. ACTIVE's keeps both.
     #[test]
     fn a_kept_generation_keeps_its_budget_not_its_routed_execution() {
         let key = |container: &str| GenerationKey {
@@ -250,6 +257,10 @@ mod tests {
             failures: 1,
             ..BudgetEntry::default()
         });
+        let unhealthy = Some(BudgetEntry {
+            unhealthy_streak: 1,
+            ..budget.clone().unwrap()
+        });
         let with = |budget: Option<BudgetEntry>| ServiceMemory {
             generation: GenerationMemory {
                 budget,
@@ -259,7 +270,7 @@ mod tests {
         };
         let mut remembered = InstanceMemory::default();
         remembered.put(&successor, &with(None));
-        remembered.put(&charged, &with(budget.clone()));
+        remembered.put(&charged, &with(unhealthy));
         remembered.put(&routed_only, &with(None));
         let mut active = ActiveRecord::default();
         active.services.insert(

@@ -332,7 +332,7 @@ pub struct RolloutRecord {
     pub updated_at: Timestamp,
     /// The version an operator's `rollout undo --to` pinned the halted
     /// type to: its instances are moved to it, and new ones made at it,
-    /// until the rollout resumes.
+    /// until the switch changes again (a resume, or any halt).
     pub pinned: Option<String>,
 }
 
@@ -629,7 +629,7 @@ pub trait Store: Send + Sync {
     ) -> Result<(), StoreError>;
 
     /// Halts `service_type` and pins it to `version` (`rollout undo --to`);
-    /// `set_rollout` to active clears the pin, a halt keeps it.
+    /// any `set_rollout` lifts the pin.
     async fn pin_rollout(
         &self,
         service_type: &str,

@@ -201,6 +201,17 @@ pub enum Effect {
         fenced: bool,
         refused_for: Option<(i64, Timestamp)>,
     },
+    /// An operator's undo pinned a halted type to a recorded version.
+    RolloutPinned {
+        service_type: String,
+        version: String,
+    },
+    /// A worker finished its task: done.
+    TaskDone {
+        task: i64,
+        instance: i64,
+        reason: String,
+    },
     /// A running task's lease was broken: the task went back to the queue
     /// (C6). `locked_at` is when its worker last took or renewed it.
     LeaseBroken {

@@ -290,6 +290,20 @@ impl MemoryStore {
         self.clock.now()
     }
 
+    /// A type's rollout switch and the version a type's recording holds,
+    /// without the fault hooks (for checkers).
+    pub fn rollout_now(&self, service_type: &str) -> Option<(RolloutRecord, Option<TypeVersion>)> {
+        let state = self.lock();
+        let record = state.rollouts.get(service_type)?.clone();
+        let recorded = record.pinned.as_ref().and_then(|version| {
+            state
+                .type_versions
+                .get(&(service_type.to_owned(), version.clone()))
+                .cloned()
+        });
+        Some((record, recorded))
+    }
+
     /// Every task, in id order, whatever its state (for checkers: "no task is
     /// lost" needs done and failed tasks too).
     pub fn all_tasks(&self) -> Vec<Task> {
@@ -980,7 +994,17 @@ impl Store for MemoryStore {
 
     async fn complete(&self, id: TaskId, worker: &str, now: Timestamp) -> Result<bool, StoreError> {
         let mut state = self.call()?;
-        Ok(state.finish(id, worker, TaskState::Done, None, now))
+        let done = state.finish(id, worker, TaskState::Done, None, now);
+        let task = state.tasks.get(&id).cloned();
+        drop(state);
+        if let Some(task) = task.filter(|_| done) {
+            self.tell(|| Effect::TaskDone {
+                task: id,
+                instance: task.instance,
+                reason: task.reason.clone(),
+            });
+        }
+        Ok(done)
     }
 
     async fn retry(
@@ -1180,18 +1204,13 @@ impl Store for MemoryStore {
     ) -> Result<(), StoreError> {
         let mut state = self.call()?;
         state.check_fence(fence, self.now_us())?;
-        // A halt keeps an operator's pin; a resume clears it.
-        let pinned = state
-            .rollouts
-            .get(service_type)
-            .and_then(|r| r.pinned.clone())
-            .filter(|_| rollout == RolloutState::Halted);
+        // Any change of the switch lifts an undo's pin.
         let record = RolloutRecord {
             service_type: service_type.to_owned(),
             state: rollout,
             reason: reason.to_owned(),
             updated_at: normalize_timestamp(now),
-            pinned,
+            pinned: None,
         };
         state.rollouts.insert(service_type.to_owned(), record);
         drop(state);
@@ -1222,6 +1241,10 @@ impl Store for MemoryStore {
         self.tell(|| Effect::RolloutSet {
             service_type: service_type.to_owned(),
             halted: true,
+        });
+        self.tell(|| Effect::RolloutPinned {
+            service_type: service_type.to_owned(),
+            version: version.to_owned(),
         });
         Ok(())
     }

@@ -208,13 +208,15 @@ pub const ROLLOUTS: &str = "SELECT service_type, state FROM rollouts ORDER BY se
 pub const ROLLOUT_RECORDS: &str = "SELECT service_type, state, reason, updated_at_us, \
      pinned_version FROM rollouts ORDER BY service_type";
 
-/// A halt keeps an operator's pin; a resume clears it.
+/// Any change of the switch lifts an undo's pin: a resume, and a halt (an
+/// operator's, or one after a failed or reverted upgrade: a version that
+/// fails on the way back is no way out, and moving on to it again would
+/// never end).
 pub const SET_ROLLOUT: &str = "INSERT INTO rollouts (service_type, state, reason, updated_at_us) \
      VALUES ($1, $2, $3, $4) \
      ON CONFLICT (service_type) DO UPDATE SET \
        state = excluded.state, reason = excluded.reason, updated_at_us = excluded.updated_at_us, \
-       pinned_version = CASE WHEN excluded.state = 'active' THEN NULL \
-         ELSE rollouts.pinned_version END";
+       pinned_version = NULL";
 
 /// `rollout undo TYPE --to VERSION`: halted, and pinned to the version.
 pub const PIN_ROLLOUT: &str = "INSERT INTO rollouts \

@@ -153,6 +153,7 @@ fn a_verified_routed_successor_lets_the_predecessor_go() {
         let running = Observation {
             status: ContainerStatus::Running,
             started_at: machine::execution(1),
+            exit: None,
         };
         let answer = match &command {
             C::Service { command, .. } => A::Service(match command {

@@ -75,6 +75,7 @@ fn answer(command: &WorkCommand, choice: u8) -> WorkAnswer {
             _ => Ok(Observation {
                 status: ContainerStatus::Running,
                 started_at: Some(Timestamp::UNIX_EPOCH),
+                exit: None,
             }),
         }),
         WorkCommand::Create { spec, revision, .. } => WorkAnswer::Created(match choice % 8 {

@@ -168,6 +168,7 @@ mod tests {
                 status: ContainerStatus::Running,
                 started_at: Some("2026-11-30T00:00:00Z".parse().unwrap()),
             },
+                exit: None,
             health: Health::Healthy,
             binds: Binds::from([(8080, 32768)]),
         }

@@ -208,6 +208,7 @@ pub fn outcome_for(command: &Command, seed: &OutcomeSeed, active: &ActiveService
                     STATUSES[usize::from(seed.status) % STATUSES.len()]
                 },
                 started_at: execution(seed.execution),
+                exit: None,
             }),
         }),
         Command::ReleaseClaims => {

@@ -201,6 +201,7 @@ fn steady_outcome(
     let observation = Observation {
         status: ContainerStatus::Running,
         started_at: running,
+        exit: None,
     };
     match command {
         Command::Withdraw => Outcome::Withdrawn(Ok(())),
@@ -258,6 +259,7 @@ fn answer_for(
                 started_at: service
                     .and_then(|s| remembered(input, &s))
                     .or(base_execution()),
+                exit: None,
             }))
         }
         InstanceCommand::InspectPredecessor(_) => {
@@ -271,6 +273,7 @@ fn answer_for(
                         ContainerStatus::Exited
                     },
                     started_at: execution(seed.execution),
+                    exit: None,
                 }),
             })
         }
@@ -285,6 +288,7 @@ fn answer_for(
                         ContainerStatus::Exited
                     },
                     started_at: execution(seed.execution),
+                    exit: None,
                 }),
             })
         }

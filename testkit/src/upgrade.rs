@@ -187,10 +187,12 @@ fn answer_for(command: &UpgradeCommand, seed: &OutcomeSeed) -> UpgradeAnswer {
             2 => Ok(Observation {
                 status: ContainerStatus::Exited,
                 started_at: execution(seed.execution),
+                exit: None,
             }),
             3 => Ok(Observation {
                 status: ContainerStatus::Starting,
                 started_at: None,
+                exit: None,
             }),
             _ => Ok(Observation {
                 status: ContainerStatus::Running,
@@ -200,6 +202,7 @@ fn answer_for(command: &UpgradeCommand, seed: &OutcomeSeed) -> UpgradeAnswer {
                 } else {
                     execution(seed.execution)
                 },
+                exit: None,
             }),
         }),
         UpgradeCommand::UpgradeRelease(_) | UpgradeCommand::RollBackRelease(_) => {

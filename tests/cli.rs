@@ -629,6 +629,30 @@ fn the_quickstart_examples_have_their_own_instances_and_compose() {
         listed.contains(names[0]) && listed.contains(names[1]),
         "{listed}"
     );
+    // A name another example's instance took is refused with the way out.
+    let taken = stead(
+        &[
+            "--config",
+            notes_config,
+            "instance",
+            "create",
+            names[0],
+            "--type",
+            "notes",
+            "--exists-ok",
+        ],
+        &[],
+    );
+    assert_eq!(taken.code, 4, "{}", taken.text());
+    assert!(
+        taken.stderr.contains("already exists with service type")
+            && taken.stderr.contains("choose another name")
+            && taken
+                .stderr
+                .contains(&format!("`stead instance delete {}`", names[0])),
+        "{}",
+        taken.text()
+    );
 }
 
 #[test]

@@ -1,4 +1,4 @@
-//! Benchmarks of the pure core (DESIGN.md §8: a steady-state decision for
+//! Benchmarks of the pure core (docs/benchmarks.md: a steady-state decision for
 //! one healthy service costs well under a microsecond).
 //!
 //! Run: `cargo bench --bench core`. Each benchmark runs one service's whole

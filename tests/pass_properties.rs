@@ -1,4 +1,4 @@
-//! Property tests of the instance pass machine (DESIGN.md R2, R15, T5;
+//! Property tests of the instance pass machine (docs/rules.md R2, R15, T5;
 //! S1, S5): arbitrary instances (services in and out of ACTIVE, markers on
 //! predecessors and on ACTIVE's own containers, routes held or not read,
 //! running or stopped intent) driven with arbitrary answers, abandoned at

@@ -1,5 +1,5 @@
 //! Property tests of the provisioning and deprovisioning machines
-//! (`core/provision.rs`; DESIGN.md C11, T4, S8) under arbitrary answers.
+//! (`core/provision.rs`; docs/rules.md C11, T4, S8) under arbitrary answers.
 
 use std::time::Duration;
 

@@ -1,5 +1,5 @@
 //! Drives one `InstancePass` with arbitrary answers and checks the pass's
-//! own safety properties (DESIGN.md R2, R15, T5; S1, S5):
+//! own safety properties (docs/rules.md R2, R15, T5; S1, S5):
 //!
 //! - no command stops or removes a container ACTIVE names;
 //! - a predecessor is removed only after this pass stopped it (or found it

@@ -1,5 +1,5 @@
 //! Drives one `Upgrade` (the overlap replacement, `core/upgrade.rs`) with
-//! arbitrary answers and checks its safety properties (DESIGN.md C11, R15,
+//! arbitrary answers and checks its safety properties (docs/rules.md C11, R15,
 //! S1, S5):
 //!
 //! - ACTIVE is switched only to a successor this upgrade created, saw

@@ -1,4 +1,4 @@
-//! Benchmarks of the pure core (DESIGN.md §8: a steady-state decision for
+//! Benchmarks of the pure core (docs/benchmarks.md: a steady-state decision for
 //! one healthy service costs well under a microsecond).
 //!
 //! Run: `cargo bench --bench core`. Each benchmark runs one service's whole
@@ -108,6 +108,7 @@ fn steady_world(active: &ActiveService) -> impl FnMut(&Command, u32) -> Outcome 
         Command::Inspect => Outcome::Inspected(Ok(Observation {
             status: ContainerStatus::Running,
             started_at: Some(at(EXECUTION_S)),
+            exit: None,
         })),
         Command::ReadHealth => Outcome::Health(Ok(Health::Healthy)),
         Command::ReadBinds => Outcome::Binds(Ok(active.binds.clone())),
@@ -123,10 +124,12 @@ fn crash_world(active: &ActiveService) -> impl FnMut(&Command, u32) -> Outcome +
         Command::Inspect if inspections == 1 => Outcome::Inspected(Ok(Observation {
             status: ContainerStatus::Exited,
             started_at: Some(at(EXECUTION_S)),
+            exit: None,
         })),
         Command::Inspect => Outcome::Inspected(Ok(Observation {
             status: ContainerStatus::Running,
             started_at: Some(at(RESTARTED_S)),
+            exit: None,
         })),
         Command::Withdraw => Outcome::Withdrawn(Ok(())),
         Command::CheckPolicy => Outcome::PolicyChecked(Ok(())),

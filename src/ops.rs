@@ -424,7 +424,9 @@ impl Ops<'_> {
         }
         if existing.service_type != request.service_type {
             return Err(OpsError::Conflict(format!(
-                "an instance named {name} already exists with service type {:?}, not {:?}",
+                "an instance named {name} already exists with service type {:?}, not {:?}; \
+                 choose another name for the new one, or delete this one first \
+                 (`stead instance delete {name}`)",
                 existing.service_type, request.service_type
             )));
         }

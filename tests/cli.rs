@@ -500,7 +500,7 @@ fn bad_arguments_are_refused_naming_field_and_value_and_exit_2() {
     assert!(
         version
             .stderr
-            .contains("--version \"99\": the catalog has web at version \"1\" only"),
+            .contains("--version \"99\": web is at version \"1\" only"),
         "{}",
         version.text()
     );
@@ -645,6 +645,30 @@ fn the_quickstart_examples_have_their_own_instances_and_compose() {
         listed.contains(names[0]) && listed.contains(names[1]),
         "{listed}"
     );
+    // A name another example's instance took is refused with the way out.
+    let taken = stead(
+        &[
+            "--config",
+            notes_config,
+            "instance",
+            "create",
+            names[0],
+            "--type",
+            "notes",
+            "--exists-ok",
+        ],
+        &[],
+    );
+    assert_eq!(taken.code, 4, "{}", taken.text());
+    assert!(
+        taken.stderr.contains("already exists with service type")
+            && taken.stderr.contains("choose another name")
+            && taken
+                .stderr
+                .contains(&format!("`stead instance delete {}`", names[0])),
+        "{}",
+        taken.text()
+    );
 }
 
 #[test]
@@ -652,7 +676,9 @@ fn every_command_naming_a_missing_instance_exits_3_naming_it() {
     let s = Setup::new();
     // Another instance exists, so the store is not simply empty.
     s.ok(&["instance", "create", "a", "--type", "web"]);
-    let commands: [&[&str]; 10] = [
+    let commands: [&[&str]; 12] = [
+        &["timeline", "nope"],
+        &["events", "--instance", "nope"],
         &["instance", "show", "nope"],
         &["instance", "why", "nope"],
         &["instance", "show", "nope", "--json"],
@@ -1309,8 +1335,11 @@ async fn events_are_listed_filtered_by_instance_kind_and_since_and_as_json_lines
     assert_eq!(objects[0]["reason"], "R9");
     assert_eq!(objects[0]["trace_id"], "bbbb");
     assert_eq!(objects[0]["writer"], "host-1#a");
-    let none = s.ok(&["events", "--instance", "nobody"]);
+    let none = s.ok(&["events", "--kind", "drift"]);
     assert_eq!(none.trim(), "no events");
+    // A name no instance ever had is not found, as everywhere.
+    let nobody = s.run(&["events", "--instance", "nobody"]);
+    assert_eq!(nobody.code, 3, "{}", nobody.text());
 }
 
 #[test]
@@ -1367,8 +1396,13 @@ async fn a_timeline_groups_one_instances_events_by_pass_with_the_time_between() 
     assert!(timeline.contains("(trace aaaaaaaa)"), "{timeline}");
     assert!(timeline.contains("... 9 min later"), "{timeline}");
     assert!(!timeline.contains("wiki2"), "{timeline}");
-    let empty = s.ok(&["timeline", "nobody"]);
-    assert_eq!(empty.trim(), "no events of nobody");
+    let nobody = s.run(&["timeline", "nobody"]);
+    assert_eq!(nobody.code, 3, "{}", nobody.text());
+    assert!(
+        nobody.stderr.contains("no instance named \"nobody\""),
+        "{}",
+        nobody.text()
+    );
 }
 
 #[tokio::test]

@@ -1,4 +1,4 @@
-//! The four control-loop checks (DESIGN.md C5–C8) as pure planners: one
+//! The four control-loop checks (docs/rules.md C5–C8) as pure planners: one
 //! scenario per behaviour, then properties over random snapshots (shared
 //! with the `planners` fuzz target through `stead-testkit`).
 

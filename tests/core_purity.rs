@@ -1,4 +1,4 @@
-//! Architecture invariant 1 of DESIGN.md §2: `src/core` is pure.
+//! Architecture invariant 1 (docs/ARCHITECTURE.md, "Testing layers"): `src/core` is pure.
 //!
 //! The core must not know about async, tokio, SQL, Docker, HTTP, the file
 //! system, the network, processes, threads, clocks, global randomness or
@@ -211,7 +211,7 @@ fn the_core_mentions_no_async_io_clock_randomness_or_logging() {
     }
     assert!(
         report.is_empty(),
-        "src/core must stay pure (DESIGN.md §2, invariant 1):\n{report}"
+        "src/core must stay pure (docs/ARCHITECTURE.md, invariant 1):\n{report}"
     );
 }
 

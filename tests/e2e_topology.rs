@@ -1,4 +1,4 @@
-//! End-to-end in the topologies stead documents (DESIGN.md §10,
+//! End-to-end in the topologies stead documents (docs/operations.md, "Topologies",
 //! docs/operations.md "Topologies"): a daemon killed with SIGKILL and
 //! started again, a Caddy restarted without its saved config, two full
 //! daemons on one Postgres, separate reconciler and worker processes, and

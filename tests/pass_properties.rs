@@ -1,4 +1,4 @@
-//! Property tests of the instance pass machine (DESIGN.md R2, R15, T5;
+//! Property tests of the instance pass machine (docs/rules.md R2, R15, T5;
 //! S1, S5): arbitrary instances (services in and out of ACTIVE, markers on
 //! predecessors and on ACTIVE's own containers, routes held or not read,
 //! running or stopped intent) driven with arbitrary answers, abandoned at
@@ -153,6 +153,7 @@ fn a_verified_routed_successor_lets_the_predecessor_go() {
         let running = Observation {
             status: ContainerStatus::Running,
             started_at: machine::execution(1),
+            exit: None,
         };
         let answer = match &command {
             C::Service { command, .. } => A::Service(match command {

@@ -1,5 +1,5 @@
 //! Property tests of the provisioning and deprovisioning machines
-//! (`core/provision.rs`; DESIGN.md C11, T4, S8) under arbitrary answers.
+//! (`core/provision.rs`; docs/rules.md C11, T4, S8) under arbitrary answers.
 
 use std::time::Duration;
 
@@ -75,6 +75,7 @@ fn answer(command: &WorkCommand, choice: u8) -> WorkAnswer {
             _ => Ok(Observation {
                 status: ContainerStatus::Running,
                 started_at: Some(Timestamp::UNIX_EPOCH),
+                exit: None,
             }),
         }),
         WorkCommand::Create { spec, revision, .. } => WorkAnswer::Created(match choice % 8 {

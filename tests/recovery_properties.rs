@@ -1,4 +1,4 @@
-//! Property tests of the pure core (DESIGN.md R10, R13, R14 and S1–S7).
+//! Property tests of the pure core (docs/rules.md R10, R13, R14 and S1–S7).
 //!
 //! The reference budget model and the recovery-machine checker live in
 //! `stead-testkit` (`testkit/src/`) and are shared with the cargo-fuzz

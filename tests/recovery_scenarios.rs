@@ -1,5 +1,5 @@
 //! Scenario tests of the recovery machine, one or more per rule R1–R17 of
-//! DESIGN.md §3. Each drives the pure machine through `stead_testkit::world::World`,
+//! docs/rules.md (R1–R17). Each drives the pure machine through `stead_testkit::world::World`,
 //! a synchronous fake world, so every test reads like a story.
 
 use std::time::Duration;

@@ -1,5 +1,5 @@
 //! Property tests of the overlap-replacement machine (`core/upgrade.rs`;
-//! DESIGN.md C11, R15, S1, S5): arbitrary catalog entries (services new,
+//! docs/rules.md C11, R15, S1, S5): arbitrary catalog entries (services new,
 //! behind, or already at the target version) driven with arbitrary answers.
 //! The checker lives in `testkit/src/upgrade.rs` and is shared with the
 //! cargo-fuzz target `upgrade`.

@@ -1,7 +1,7 @@
 //! `budget`: arbitrary operations (time advances, failures, unconfirmed
 //! charges, the crash-loop rule, attempts, stable and unstable
 //! observations, unhealthy streaks, forgets) under an arbitrary valid
-//! policy, run against `Budget` and the reference model of DESIGN.md
+//! policy, run against `Budget` and the reference model of docs/rules.md
 //! R10/R14; any disagreement in `allow`, `next_attempt`, `failures` or the
 //! pending flag is a crash.
 #![no_main]

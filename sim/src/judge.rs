@@ -4,7 +4,7 @@
 //! The engine tells a [`PassJudge`] of every instance pass it drives: the
 //! memory it started from, each command with its answer and the instant
 //! the machine was handed, and the memory it left. The judge follows each
-//! service's steps with its own reading of DESIGN.md (the testkit's
+//! service's steps with its own reading of docs/rules.md (the testkit's
 //! [`BudgetModel`], written from the rules' text, does the arithmetic) and
 //! holds the engine to it at three points:
 //!

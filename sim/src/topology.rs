@@ -1,4 +1,4 @@
-//! The production topologies of DESIGN.md §10, as simulated processes.
+//! The production topologies of docs/operations.md, "Topologies", as simulated processes.
 //!
 //! Each stead process is a madsim node running exactly what the daemon
 //! runs for its role: the reconciler's tick loop, the event follower and

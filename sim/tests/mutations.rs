@@ -118,7 +118,7 @@ fn binds_saved_before_readiness_are_caught() {
     );
 }
 
-// --- the production topology (DESIGN.md §10) --------------------------------
+// --- the production topology (docs/operations.md, "Topologies") --------------------------------
 
 #[test]
 fn a_process_acting_without_the_instance_lock_row_is_caught() {

@@ -61,7 +61,7 @@ use crate::core::errors::PortFailure;
 use crate::core::limits::ContainerLimits;
 use crate::core::names;
 use crate::core::types::{
-    Binds, ContainerId, ContainerStatus, GenerationKey, Health, InstanceName, Observation,
+    Binds, ContainerId, ContainerStatus, Exit, GenerationKey, Health, InstanceName, Observation,
     RuntimeError, ServiceName, Timestamp,
 };
 use crate::ports::{
@@ -1164,7 +1164,20 @@ fn observation(
         ContainerStatus::parse(s.as_ref())
     });
     let started_at = parse_started_at(id, state.started_at.as_deref())?;
-    Ok(Observation { status, started_at })
+    // Docker keeps the last execution's exit code and end while the
+    // container runs again; only a down container's is its present.
+    let exit = match (status.is_down(), state.exit_code) {
+        (true, Some(code)) if started_at.is_some() => Some(Exit {
+            code,
+            finished_at: parse_started_at(id, state.finished_at.as_deref()).unwrap_or(None),
+        }),
+        _ => None,
+    };
+    Ok(Observation {
+        status,
+        started_at,
+        exit,
+    })
 }
 
 fn health_of(response: &ContainerInspectResponse) -> Health {

@@ -141,8 +141,16 @@ impl Probe for NetAndLogProbe {
     }
 }
 
-/// The loopback host port a container port is published on.
+/// The loopback host port a container port is published on. A container
+/// with no bind at all is not running (the runtime reports binds only
+/// while it runs): said so, rather than blaming the catalog's port.
 fn host_port(port: u16, binds: &Binds) -> Result<u16, ProbeError> {
+    if binds.is_empty() {
+        return Err(ProbeError::Misconfigured(format!(
+            "readiness port {port} cannot be probed: the container publishes no port, so it is \
+             not running (it exited, or never started)"
+        )));
+    }
     binds.get(&port).copied().ok_or_else(|| {
         ProbeError::Misconfigured(format!(
             "readiness port {port} has no bind on this container (binds: {binds:?})"

@@ -1,5 +1,6 @@
 //! The Docker adapter's read cache: what makes a steady pass cost one list
-//! call instead of an inspect per container (DESIGN.md §8).
+//! call instead of an inspect per container (docs/operations.md, "What a
+//! steady pass costs against Docker").
 //!
 //! One inspect answers all three reads a pass makes of a container (its
 //! execution, its health, its binds). Those answers stay true until Docker
@@ -167,6 +168,7 @@ mod tests {
             observation: Observation {
                 status: ContainerStatus::Running,
                 started_at: Some("2026-11-30T00:00:00Z".parse().unwrap()),
+                exit: None,
             },
             health: Health::Healthy,
             binds: Binds::from([(8080, 32768)]),

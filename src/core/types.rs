@@ -208,6 +208,36 @@ pub struct Observation {
     /// Start of the current execution. A native runtime restart changes it.
     /// `None` when the runtime never started it.
     pub started_at: Option<Timestamp>,
+    /// How the last execution ended, while the container is down; `None`
+    /// while it runs or when it never ran. Reported to operators only:
+    /// no decision reads it.
+    pub exit: Option<Exit>,
+}
+
+/// `at` without its fraction of a second, as people read a time.
+pub fn whole_seconds(at: Timestamp) -> Timestamp {
+    Timestamp::from_second(at.as_second()).unwrap_or(at)
+}
+
+/// How a container's last execution ended, as the runtime says.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Exit {
+    /// The process's exit code (Docker's `State.ExitCode`: 137 when killed,
+    /// 143 when terminated).
+    pub code: i64,
+    /// When it ended (`State.FinishedAt`); `None` when the runtime does
+    /// not say.
+    pub finished_at: Option<Timestamp>,
+}
+
+impl fmt::Display for Exit {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "exited with code {}", self.code)?;
+        match self.finished_at {
+            Some(at) => write!(f, " at {}", whole_seconds(at)),
+            None => Ok(()),
+        }
+    }
 }
 
 /// Why an inspection (or a mutation) of a container did not answer. Its

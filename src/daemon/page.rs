@@ -181,7 +181,7 @@ fn served(rows: &[&StatusRow]) -> (&'static str, String) {
 fn budget_state(row: &StatusRow) -> String {
     match (&row.next_attempt, row.failures) {
         (Some(next), failures) => format!(
-            "delayed: {} failure(s) in a row, no start before {next}",
+            "delayed: {} failure(s) in a row, backoff until {next}",
             failures.unwrap_or(0)
         ),
         (None, Some(0)) => "clear".to_owned(),
@@ -415,6 +415,10 @@ mod tests {
             condition: condition.into(),
             failures: Some(0),
             next_attempt: None,
+            exit_code: None,
+            exited_at: None,
+            last_decision: None,
+            last_decision_at: None,
             publication: "published".into(),
             binds: "8080->32768".into(),
             inhibitions: Vec::new(),
@@ -554,7 +558,7 @@ mod tests {
             "wiki1: 2 event(s) from a to b\n  +0 ms start",
         );
         for expect in [
-            "<td class=\"bad\">delayed: 4 failure(s) in a row, no start before \
+            "<td class=\"bad\">delayed: 4 failure(s) in a row, backoff until \
              2027-01-15T08:04:00Z</td>",
             "<td>db</td><td>c0ffee</td><td>running</td><td class=\"ok\">serving</td>\
              <td class=\"ok\">clear</td>",

@@ -12,12 +12,14 @@ use std::collections::BTreeMap;
 use serde::{Deserialize, Serialize};
 
 use crate::core::catalog::Catalog;
+use crate::core::event_log::{Event, EventFilter, EventKind};
 use crate::core::fleet::{Instance, InstanceState, RolloutState, Task, TaskKind, TaskState};
 use crate::core::memory::RecoveryMemory;
 use crate::core::plan::{is_behind, spec_changed};
 use crate::core::release::{Provisioning, ReleaseParams};
 use crate::core::types::{
-    ContainerStatus, GenerationKey, Inhibition, InstanceName, ServiceName, Timestamp,
+    ContainerStatus, GenerationKey, Inhibition, InstanceName, Observation, RuntimeError,
+    ServiceName, Timestamp,
 };
 use crate::core::window::{next_run_after, Window};
 use crate::ports::{Provisioner, Runtime, Store};
@@ -40,8 +42,24 @@ pub struct StatusRow {
     pub condition: String,
     /// Consecutive failures in the budget; `None` without the daemon's memory.
     pub failures: Option<u32>,
-    /// RFC 3339; `None` when nothing is delayed (or no memory).
+    /// RFC 3339: the crash-loop budget's backoff ends then (R10); `None`
+    /// when nothing is delayed. From the daemon's memory, or without it
+    /// from the last delay the event log recorded, while it lasts.
     pub next_attempt: Option<String>,
+    /// The exit code of the container's last execution, while it is down.
+    #[serde(default)]
+    pub exit_code: Option<i64>,
+    /// RFC 3339: when that execution ended, if the runtime says.
+    #[serde(default)]
+    pub exited_at: Option<String>,
+    /// The last budget decision the event log recorded of this generation
+    /// (a delay: the failed attempt, its exit code or readiness error, the
+    /// backoff), as its sentence.
+    #[serde(default)]
+    pub last_decision: Option<String>,
+    /// RFC 3339: when that decision was made.
+    #[serde(default)]
+    pub last_decision_at: Option<String>,
     /// `published` or `withdrawn` as the proxy says, or why it could not.
     pub publication: String,
     pub binds: String,
@@ -195,6 +213,31 @@ pub async fn status(from: StatusSources<'_>) -> Status {
             }
             _ => instance_rows(&from, instance, caddy.as_ref(), &mut status).await,
         }
+    }
+    status
+}
+
+/// The status of one instance alone (`stead instance show`): its rows as
+/// [`status`] builds them, without reading the rest of the fleet.
+pub async fn instance_status(from: StatusSources<'_>, instance: &Instance) -> Status {
+    let mut status = Status {
+        generated_at: from.now.to_string(),
+        source: if from.memory.is_some() {
+            "daemon"
+        } else {
+            "database"
+        }
+        .to_owned(),
+        database: from.database.clone(),
+        budgets_live: from.memory.is_some(),
+        ..Default::default()
+    };
+    let caddy = caddy_client(from.caddy_admin);
+    match from.catalog.get(&instance.service_type) {
+        Some(entry) if !entry.is_docker() => {
+            release_row(&from, &entry.provisioning, instance, &mut status).await
+        }
+        _ => instance_rows(&from, instance, caddy.as_ref(), &mut status).await,
     }
     status
 }
@@ -403,6 +446,10 @@ async fn instance_rows(
         condition: "no container yet".into(),
         failures: None,
         next_attempt: None,
+        exit_code: None,
+        exited_at: None,
+        last_decision: None,
+        last_decision_at: None,
         publication: "-".into(),
         binds: "-".into(),
         inhibitions: Vec::new(),
@@ -433,6 +480,7 @@ async fn instance_rows(
         status.rows.push(base);
         return;
     }
+    let decisions = budget_decisions(from, &instance.name, status).await;
     for (service, record) in &active.services {
         let observed = from.runtime.inspect(&record.container).await;
         let key = GenerationKey {
@@ -450,17 +498,33 @@ async fn instance_rows(
         row.failures = from
             .memory
             .map(|_| budget.as_ref().map_or(0, |b| b.failures));
-        row.next_attempt = budget.and_then(|b| b.next_attempt).map(|t| t.to_string());
+        let decision = decisions
+            .iter()
+            .rev()
+            .find(|e| e.container.as_ref() == Some(&record.container));
+        row.next_attempt = match (from.memory, decision) {
+            (Some(_), _) => budget.and_then(|b| b.next_attempt),
+            // The daemon's memory is not at hand: the last delay recorded,
+            // while it lasts.
+            (None, Some(e)) => e.until.filter(|until| *until > from.now),
+            (None, None) => None,
+        }
+        .map(|t| t.to_string());
+        row.last_decision = decision.map(|e| e.message.clone());
+        row.last_decision_at = decision.map(|e| e.at.to_string());
         row.publication = publication(caddy, &instance.name, service).await;
         row.runtime = match &observed {
             Ok(obs) => obs.status.to_string(),
             Err(e) => format!("({e})"),
         };
-        row.condition = condition(
-            instance,
-            observed.as_ref().ok().map(|o| o.status),
-            &row.publication,
-        );
+        if let Ok(Observation {
+            exit: Some(exit), ..
+        }) = &observed
+        {
+            row.exit_code = Some(exit.code);
+            row.exited_at = exit.finished_at.map(|t| t.to_string());
+        }
+        row.condition = condition(instance, &observed, &row.publication);
         row.binds = record
             .binds
             .iter()
@@ -476,21 +540,62 @@ async fn instance_rows(
     }
 }
 
-/// Whether a service serves, in one word or two. A `ready` instance whose
-/// container is down says `down (exited)`: the state is the lifecycle, this
-/// is the present.
-fn condition(instance: &Instance, runtime: Option<ContainerStatus>, publication: &str) -> String {
-    match runtime {
-        None => "unknown (runtime did not answer)".to_owned(),
-        Some(ContainerStatus::Running) if instance.stopped => "stopping".to_owned(),
-        Some(_) if instance.stopped => "stopped".to_owned(),
-        Some(ContainerStatus::Running) if publication == "published" => "serving".to_owned(),
-        Some(ContainerStatus::Running) if publication == "withdrawn" => {
-            "running, not routed".to_owned()
+/// The newest budget decisions (crash-loop delays, R10) the event log
+/// holds of `instance`, oldest first; none if it cannot be read (said in
+/// the status's errors).
+async fn budget_decisions(
+    from: &StatusSources<'_>,
+    instance: &InstanceName,
+    status: &mut Status,
+) -> Vec<Event> {
+    let filter = EventFilter {
+        instance: Some(instance.clone()),
+        kind: Some(EventKind::CrashLoopDelay),
+        limit: BUDGET_DECISIONS_READ_MAX,
+        ..EventFilter::default()
+    };
+    match from.store.events(&filter).await {
+        Ok(rows) => rows.rows.into_iter().map(|logged| logged.event).collect(),
+        Err(e) => {
+            status
+                .errors
+                .push(format!("{instance}: the event log's budget decisions: {e}"));
+            Vec::new()
         }
-        Some(ContainerStatus::Running) => "running".to_owned(),
-        Some(s) if s.is_transitional() => format!("recovering ({s})"),
-        Some(s) => format!("down ({s})"),
+    }
+}
+
+/// How many of an instance's newest budget decisions a status reads: the
+/// last one of each service is among them unless one service made that
+/// many since another's last.
+const BUDGET_DECISIONS_READ_MAX: u32 = 64;
+
+/// Whether a service serves, in one word or two. A `ready` instance whose
+/// container is down says `down (exited, code 3)`: the state is the
+/// lifecycle, this is the present. What the runtime answered is said
+/// exactly: a container it says does not exist was removed, which is not
+/// a runtime that did not answer.
+fn condition(
+    instance: &Instance,
+    observed: &Result<Observation, RuntimeError>,
+    publication: &str,
+) -> String {
+    let obs = match observed {
+        Err(RuntimeError::NotFound) => return "gone (container removed)".to_owned(),
+        Err(e) => return format!("unknown (runtime did not answer: {e})"),
+        Ok(obs) => obs,
+    };
+    match obs.status {
+        ContainerStatus::Running if instance.stopped => "stopping".to_owned(),
+        _ if instance.stopped => "stopped".to_owned(),
+        ContainerStatus::Running if publication == "published" => "serving".to_owned(),
+        ContainerStatus::Running if publication == "withdrawn" => "running, not routed".to_owned(),
+        ContainerStatus::Running => "running".to_owned(),
+        s if s.is_transitional() => format!("recovering ({s})"),
+        s => match obs.exit {
+            Some(exit) => format!("down ({s}, code {})", exit.code),
+            None => format!("down ({s})"),
+        },
     }
 }
 
@@ -528,6 +633,57 @@ fn when(t: &Option<String>, now: Option<Timestamp>) -> String {
     }
 }
 
+/// A row's last exit: `code 3, 12 s ago`; `-` while it runs.
+pub fn last_exit(row: &StatusRow, now: Option<Timestamp>) -> String {
+    match (row.exit_code, &row.exited_at) {
+        (Some(code), Some(_)) => format!("code {code}, {}", when(&row.exited_at, now)),
+        (Some(code), None) => format!("code {code}"),
+        (None, _) => "-".into(),
+    }
+}
+
+/// A crash-loop backoff's end: `backoff until in 58 s` (R10); `-` when
+/// nothing is delayed.
+pub fn backoff(next_attempt: &Option<String>, now: Option<Timestamp>) -> String {
+    match next_attempt {
+        Some(_) => format!("backoff until {}", when(next_attempt, now)),
+        None => "-".into(),
+    }
+}
+
+/// One service's detail lines under `stead instance show`: whether it is
+/// up, how its last execution ended, its crash-loop budget and the last
+/// budget decision, each exact and with its time.
+pub fn render_service(row: &StatusRow, now: Timestamp) -> String {
+    let now_opt = Some(now);
+    let at = |t: &Option<String>| match t {
+        Some(text) => format!(" at {text} ({})", when(t, now_opt)),
+        None => String::new(),
+    };
+    let mut out = format!("  condition: {}\n", row.condition);
+    if let Some(code) = row.exit_code {
+        out.push_str(&format!("  last exit: code {code}{}\n", at(&row.exited_at)));
+    }
+    let failures = match row.failures {
+        Some(n) => format!("{n} failure(s) in a row"),
+        None => "failures: in the running daemon's memory only (R17)".to_owned(),
+    };
+    out.push_str(&match &row.next_attempt {
+        Some(next) => format!(
+            "  budget: {failures}; backoff until {next} ({}), the next attempt then (R10)\n",
+            when(&row.next_attempt, now_opt)
+        ),
+        None => format!("  budget: {failures}; no backoff, the next attempt is not delayed\n"),
+    });
+    if let Some(decision) = &row.last_decision {
+        out.push_str(&format!(
+            "  last budget decision{}: {decision}\n",
+            at(&row.last_decision_at)
+        ));
+    }
+    out
+}
+
 /// The tables `stead status` prints.
 pub fn render_status(status: &Status) -> String {
     let now = status.generated_at.parse::<Timestamp>().ok();
@@ -540,6 +696,7 @@ pub fn render_status(status: &Status) -> String {
         "GENERATION",
         "RUNTIME",
         "CONDITION",
+        "LAST EXIT",
         "PUBLICATION",
         "FAILURES",
         "NEXT ATTEMPT",
@@ -558,9 +715,10 @@ pub fn render_status(status: &Status) -> String {
             r.container.clone(),
             r.runtime.clone(),
             r.condition.clone(),
+            last_exit(r, now),
             r.publication.clone(),
             r.failures.map_or("-".into(), |f| f.to_string()),
-            when(&r.next_attempt, now),
+            backoff(&r.next_attempt, now),
             if r.inhibitions.is_empty() {
                 "-".into()
             } else {
@@ -874,29 +1032,57 @@ mod tests {
         }
     }
 
+    fn seen(status: ContainerStatus, exit_code: Option<i64>) -> Result<Observation, RuntimeError> {
+        Ok(Observation {
+            status,
+            started_at: None,
+            exit: exit_code.map(|code| crate::core::types::Exit {
+                code,
+                finished_at: None,
+            }),
+        })
+    }
+
     #[test]
     fn a_ready_instance_whose_container_is_down_says_so() {
         let ready = instance(InstanceState::Ready, false);
         assert_eq!(
-            condition(&ready, Some(ContainerStatus::Exited), "withdrawn"),
+            condition(&ready, &seen(ContainerStatus::Exited, None), "withdrawn"),
             "down (exited)"
         );
         assert_eq!(
-            condition(&ready, Some(ContainerStatus::Running), "published"),
+            condition(&ready, &seen(ContainerStatus::Exited, Some(3)), "withdrawn"),
+            "down (exited, code 3)"
+        );
+        assert_eq!(
+            condition(&ready, &seen(ContainerStatus::Running, None), "published"),
             "serving"
         );
         assert_eq!(
-            condition(&ready, Some(ContainerStatus::Running), "withdrawn"),
+            condition(&ready, &seen(ContainerStatus::Running, None), "withdrawn"),
             "running, not routed"
         );
         let stopped = instance(InstanceState::Ready, true);
         assert_eq!(
-            condition(&stopped, Some(ContainerStatus::Exited), "withdrawn"),
+            condition(&stopped, &seen(ContainerStatus::Exited, None), "withdrawn"),
             "stopped"
         );
+    }
+
+    #[test]
+    fn a_removed_container_is_not_a_runtime_that_did_not_answer() {
+        let ready = instance(InstanceState::Ready, false);
         assert_eq!(
-            condition(&ready, None, "-"),
-            "unknown (runtime did not answer)"
+            condition(&ready, &Err(RuntimeError::NotFound), "-"),
+            "gone (container removed)"
+        );
+        assert_eq!(
+            condition(
+                &ready,
+                &Err(RuntimeError::Transient("timed out".into())),
+                "-"
+            ),
+            "unknown (runtime did not answer: runtime error: timed out)"
         );
     }
 
@@ -915,6 +1101,10 @@ mod tests {
                 condition: "down (exited)".into(),
                 failures: Some(3),
                 next_attempt: Some("2026-11-30T00:00:58Z".into()),
+                exit_code: Some(3),
+                exited_at: Some("2026-11-29T23:59:58Z".into()),
+                last_decision: None,
+                last_decision_at: None,
                 publication: "withdrawn".into(),
                 binds: "8080->32768".into(),
                 inhibitions: vec![],
@@ -925,7 +1115,8 @@ mod tests {
             ..Default::default()
         };
         let text = render_status(&status);
-        assert!(text.contains("in 58 s"), "{text}");
+        assert!(text.contains("backoff until in 58 s"), "{text}");
+        assert!(text.contains("code 3, 2 s ago"), "{text}");
         assert!(text.contains("down (exited)"), "{text}");
         assert!(
             text.contains("halted rollout web: upgrade of demo failed"),

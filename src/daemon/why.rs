@@ -103,10 +103,12 @@ fn explain_row(row: &StatusRow, budgets_live: bool, now: Option<Timestamp>) -> V
             (Ok(t), Some(now)) => format!("{next} ({})", relative(t, now)),
             _ => next.clone(),
         };
+        let failures = match row.failures {
+            Some(n) => format!("{n} failure(s) in a row, "),
+            None => String::new(),
+        };
         said.push(format!(
-            "{service} waits for its crash-loop budget: {} failure(s) in a row, no start \
-             before {when} (R10)",
-            row.failures.unwrap_or(0)
+            "{service} waits for its crash-loop budget: {failures}backoff until {when} (R10)"
         ));
     }
     let condition = row.condition.as_str();
@@ -160,6 +162,10 @@ mod tests {
             condition: condition.into(),
             failures: None,
             next_attempt: None,
+            exit_code: None,
+            exited_at: None,
+            last_decision: None,
+            last_decision_at: None,
             publication: "withdrawn".into(),
             binds: String::new(),
             inhibitions: Vec::new(),
@@ -203,7 +209,7 @@ mod tests {
         });
         let said = explain(&s, "wiki1").unwrap().join("\n");
         for expect in [
-            "wiki1/web waits for its crash-loop budget: 3 failure(s) in a row, no start before \
+            "wiki1/web waits for its crash-loop budget: 3 failure(s) in a row, backoff until \
              2027-01-15T08:01:00Z (in 1 min) (R10)",
             "wiki1/db is held (operator-hold:c0ffee)",
             "wiki1/api runs but is not routed",

@@ -136,6 +136,9 @@ pub struct Reconciler {
     failing: Mutex<BTreeSet<(Check, String)>>,
     /// The bad rows the last snapshot skipped, logged the same way.
     bad_rows: Mutex<BTreeSet<String>>,
+    /// The warnings of the last tick this replica led (a container gone,
+    /// a runtime that does not answer), logged the same way.
+    warned: Mutex<BTreeSet<String>>,
     /// How long the event log keeps an event (#42); unset: the leader's
     /// tick prunes nothing.
     event_retention: std::sync::OnceLock<Duration>,
@@ -173,6 +176,7 @@ impl Reconciler {
             reported: Mutex::new(BTreeMap::new()),
             failing: Mutex::new(BTreeSet::new()),
             bad_rows: Mutex::new(BTreeSet::new()),
+            warned: Mutex::new(BTreeSet::new()),
             lost_services: Mutex::new(LostServices::new()),
             event_retention: std::sync::OnceLock::new(),
         }
@@ -351,9 +355,7 @@ impl Reconciler {
             metrics::counter!("stead_check_failures_total", "check" => check.as_str()).increment(1);
         }
         self.log_failures(&out.failed);
-        for w in &out.warnings {
-            tracing::warn!("{w}");
-        }
+        self.log_warnings(&out.warnings);
         self.gauges().await;
         self.prune_events().await;
         out
@@ -632,6 +634,22 @@ impl Reconciler {
                 "check {} passes again",
                 check.as_str()
             );
+        }
+        *before = now;
+    }
+
+    /// Logs each warning once when a tick first has it and once at info
+    /// when a tick no longer does, not every tick: a container that stays
+    /// gone or a runtime that stays silent is one condition, not one per
+    /// second.
+    fn log_warnings(&self, warnings: &[String]) {
+        let now: BTreeSet<String> = warnings.iter().cloned().collect();
+        let mut before = self.warned.lock().expect("warned poisoned");
+        for warning in now.difference(&before) {
+            tracing::warn!("{warning}");
+        }
+        for warning in before.difference(&now) {
+            tracing::info!("no longer the case: {warning}");
         }
         *before = now;
     }

@@ -1,5 +1,5 @@
 //! Drives one `ServiceRecovery` with arbitrary outcomes and checks its
-//! safety properties (DESIGN.md R1, R4–R14 and S1–S7) after every step.
+//! safety properties (docs/rules.md R1, R4–R14 and S1–S7) after every step.
 //!
 //! Shared, without duplication, by the cargo-fuzz target `recovery_machine`
 //! (re-exported by `fuzz/src/lib.rs`) and by `tests/recovery_properties.rs`
@@ -208,6 +208,7 @@ pub fn outcome_for(command: &Command, seed: &OutcomeSeed, active: &ActiveService
                     STATUSES[usize::from(seed.status) % STATUSES.len()]
                 },
                 started_at: execution(seed.execution),
+                exit: None,
             }),
         }),
         Command::ReleaseClaims => {

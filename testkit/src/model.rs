@@ -1,5 +1,5 @@
 //! A reference model of the crash-loop budget, written from the text of
-//! DESIGN.md R10, R12 and R14 alone (it never calls `Budget`), and a checker that
+//! docs/rules.md R10, R12 and R14 alone (it never calls `Budget`), and a checker that
 //! runs a sequence of operations against both and demands they agree.
 //!
 //! Shared, without duplication, by the cargo-fuzz target `budget`
@@ -27,7 +27,7 @@ struct History {
     unhealthy_streak: u32,
 }
 
-/// The budget of one generation as DESIGN.md describes it.
+/// The budget of one generation as docs/rules.md describes it.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct BudgetModel {
     history: Option<History>,

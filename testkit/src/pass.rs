@@ -1,5 +1,5 @@
 //! Drives one `InstancePass` with arbitrary answers and checks the pass's
-//! own safety properties (DESIGN.md R2, R15, T5; S1, S5):
+//! own safety properties (docs/rules.md R2, R15, T5; S1, S5):
 //!
 //! - no command stops or removes a container ACTIVE names;
 //! - a predecessor is removed only after this pass stopped it (or found it
@@ -201,6 +201,7 @@ fn steady_outcome(
     let observation = Observation {
         status: ContainerStatus::Running,
         started_at: running,
+        exit: None,
     };
     match command {
         Command::Withdraw => Outcome::Withdrawn(Ok(())),
@@ -258,6 +259,7 @@ fn answer_for(
                 started_at: service
                     .and_then(|s| remembered(input, &s))
                     .or(base_execution()),
+                exit: None,
             }))
         }
         InstanceCommand::InspectPredecessor(_) => {
@@ -271,6 +273,7 @@ fn answer_for(
                         ContainerStatus::Exited
                     },
                     started_at: execution(seed.execution),
+                    exit: None,
                 }),
             })
         }
@@ -285,6 +288,7 @@ fn answer_for(
                         ContainerStatus::Exited
                     },
                     started_at: execution(seed.execution),
+                    exit: None,
                 }),
             })
         }

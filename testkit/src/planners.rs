@@ -1,5 +1,5 @@
 //! Random control-loop worlds and the properties of the four planners
-//! (DESIGN.md C5–C8) over them.
+//! (docs/rules.md C5–C8) over them.
 //!
 //! Shared, without duplication, by the cargo-fuzz target `planners`
 //! (re-exported by `fuzz/src/lib.rs`) and by the property tests of

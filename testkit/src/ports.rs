@@ -20,7 +20,7 @@ use stead::core::hash::FastMap;
 use stead::core::names;
 use stead::core::spec::ReadinessProbe;
 use stead::core::types::{
-    Binds, ContainerId, ContainerStatus, GenerationKey, Health, InstanceName, Observation,
+    Binds, ContainerId, ContainerStatus, Exit, GenerationKey, Health, InstanceName, Observation,
     RuntimeError, ServiceName, Timestamp,
 };
 
@@ -433,6 +433,29 @@ pub struct MemContainer {
     pub log: VecDeque<(Option<Timestamp>, String)>,
 }
 
+/// The exit code the in-memory runtime reports of a container stopped on
+/// request (Docker's for a process ended by SIGTERM).
+pub const MEM_EXIT_CODE_STOPPED: i64 = 143;
+/// The exit code it reports of a container that went down by itself.
+pub const MEM_EXIT_CODE_CRASHED: i64 = 1;
+
+impl MemContainer {
+    /// How its last execution ended, as Docker reports it of a down
+    /// container: a code only once it ran, and no end time (none of the
+    /// fakes keeps one).
+    pub fn exit(&self) -> Option<Exit> {
+        let code = if self.stopped_on_request {
+            MEM_EXIT_CODE_STOPPED
+        } else {
+            MEM_EXIT_CODE_CRASHED
+        };
+        (self.status.is_down() && self.started_at.is_some()).then_some(Exit {
+            code,
+            finished_at: None,
+        })
+    }
+}
+
 /// Most log lines the in-memory runtime keeps per container.
 pub const MEM_LOG_LINES_MAX: usize = 64;
 
@@ -698,6 +721,7 @@ impl Runtime for MemoryRuntime {
         let observation = self.read(id, |c| Observation {
             status: c.status,
             started_at: c.started_at,
+            exit: c.exit(),
         });
         self.hooks.tell(|| Effect::Inspected {
             id: id.clone(),

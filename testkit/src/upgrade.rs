@@ -1,5 +1,5 @@
 //! Drives one `Upgrade` (the overlap replacement, `core/upgrade.rs`) with
-//! arbitrary answers and checks its safety properties (DESIGN.md C11, R15,
+//! arbitrary answers and checks its safety properties (docs/rules.md C11, R15,
 //! S1, S5):
 //!
 //! - ACTIVE is switched only to a successor this upgrade created, saw
@@ -187,10 +187,12 @@ fn answer_for(command: &UpgradeCommand, seed: &OutcomeSeed) -> UpgradeAnswer {
             2 => Ok(Observation {
                 status: ContainerStatus::Exited,
                 started_at: execution(seed.execution),
+                exit: None,
             }),
             3 => Ok(Observation {
                 status: ContainerStatus::Starting,
                 started_at: None,
+                exit: None,
             }),
             _ => Ok(Observation {
                 status: ContainerStatus::Running,
@@ -200,6 +202,7 @@ fn answer_for(command: &UpgradeCommand, seed: &OutcomeSeed) -> UpgradeAnswer {
                 } else {
                     execution(seed.execution)
                 },
+                exit: None,
             }),
         }),
         UpgradeCommand::UpgradeRelease(_) | UpgradeCommand::RollBackRelease(_) => {

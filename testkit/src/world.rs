@@ -463,6 +463,13 @@ impl World {
             .map(|c| Observation {
                 status: c.status,
                 started_at: c.started_at,
+                // As the in-memory runtime reports a down container.
+                exit: (c.status.is_down() && c.started_at.is_some()).then_some(
+                    stead::core::types::Exit {
+                        code: crate::ports::MEM_EXIT_CODE_CRASHED,
+                        finished_at: None,
+                    },
+                ),
             })
             .ok_or(RuntimeError::NotFound)
     }

@@ -389,33 +389,59 @@ async fn instance_why(config: &DaemonConfig, name: &str, live: bool) -> Result<u
     Ok(EXIT_OK)
 }
 
+/// What a status is read from without the daemon: the configured
+/// database, the runtime, Caddy and Helm.
+struct LocalSources {
+    store: Arc<dyn Store>,
+    docker: stead::adapters::docker::DockerRuntime,
+    catalog: Catalog,
+    catalog_error: Option<String>,
+    helm: stead::adapters::helm::HelmProvisioner,
+}
+
+impl LocalSources {
+    async fn open(config: &DaemonConfig) -> Result<Self, CliError> {
+        let store = stead::daemon::open_store(config).await?;
+        let docker = stead::daemon::docker_runtime(config)
+            .await
+            .map_err(|e| e.to_string())?;
+        let (catalog, catalog_error) =
+            match stead::config::load_catalog(&config.catalog, &config.grants) {
+                Ok(c) => (c, None),
+                Err(e) => (Catalog::default(), Some(e.to_string())),
+            };
+        // Only Helm types' releases are asked about, so Docker's half is not
+        // needed here.
+        let helm = stead::adapters::helm::HelmProvisioner::new(stead::daemon::helm_config(config))
+            .map_err(|e| e.to_string())?;
+        Ok(Self {
+            store,
+            docker,
+            catalog,
+            catalog_error,
+            helm,
+        })
+    }
+
+    fn sources<'a>(&'a self, config: &'a DaemonConfig) -> StatusSources<'a> {
+        StatusSources {
+            store: self.store.as_ref(),
+            runtime: &self.docker,
+            catalog: &self.catalog,
+            memory: None,
+            caddy_admin: Some(&config.caddy.admin),
+            provisioner: Some(&self.helm),
+            database: redact(&config.database_url),
+            now: SystemClock.now(),
+        }
+    }
+}
+
 /// The status as the configured database, the runtime and Caddy say.
 async fn local_status(config: &DaemonConfig) -> Result<Status, CliError> {
-    let store = stead::daemon::open_store(config).await?;
-    let docker = stead::daemon::docker_runtime(config)
-        .await
-        .map_err(|e| e.to_string())?;
-    let (catalog, catalog_error) =
-        match stead::config::load_catalog(&config.catalog, &config.grants) {
-            Ok(c) => (c, None),
-            Err(e) => (Catalog::default(), Some(e.to_string())),
-        };
-    // Only Helm types' releases are asked about, so Docker's half is not
-    // needed here.
-    let helm = stead::adapters::helm::HelmProvisioner::new(stead::daemon::helm_config(config))
-        .map_err(|e| e.to_string())?;
-    let mut status = stead::daemon::status::status(StatusSources {
-        store: store.as_ref(),
-        runtime: &docker,
-        catalog: &catalog,
-        memory: None,
-        caddy_admin: Some(&config.caddy.admin),
-        provisioner: Some(&helm),
-        database: redact(&config.database_url),
-        now: SystemClock.now(),
-    })
-    .await;
-    status.errors.extend(catalog_error);
+    let local = LocalSources::open(config).await?;
+    let mut status = stead::daemon::status::status(local.sources(config)).await;
+    status.errors.extend(local.catalog_error);
     Ok(status)
 }
 
@@ -671,18 +697,18 @@ async fn instance_list(config: &DaemonConfig, all: bool, json: bool) -> Result<u
 }
 
 async fn instance_show(config: &DaemonConfig, name: &str, json: bool) -> Result<u8, CliError> {
-    let store = stead::daemon::open_store(config).await?;
+    let local = LocalSources::open(config).await?;
+    let store = local.store.as_ref();
     let found = store
         .instance(&stead::core::types::InstanceName::new(name))
-        .await
-        .map_err(|e| e.to_string())?;
+        .await?;
     let Some(instance) = found else {
         return Err(stead::ops::no_such_instance(name).into());
     };
-    let active = store
-        .load_active(&instance.name)
-        .await
-        .map_err(|e| e.to_string())?;
+    let active = store.load_active(&instance.name).await?;
+    // Each service as `stead status` sees it: up or down, its last exit,
+    // its budget as the event log last recorded it.
+    let status = stead::daemon::status::instance_status(local.sources(config), &instance).await;
     let names = BTreeMap::from([(instance.id, instance.name.to_string())]);
     let tasks: Vec<TaskView> = store
         .tasks(true, 1000)
@@ -700,7 +726,12 @@ async fn instance_show(config: &DaemonConfig, name: &str, json: bool) -> Result<
             .iter()
             .map(|(s, a)| (s.to_string(), a.container.to_string()))
             .collect();
-        say_json(&serde_json::json!({ "instance": view, "services": services, "tasks": tasks }))?;
+        say_json(&serde_json::json!({
+            "instance": view,
+            "services": services,
+            "status": status.rows,
+            "tasks": tasks,
+        }))?;
         return Ok(EXIT_OK);
     }
     let now = SystemClock.now();
@@ -750,6 +781,12 @@ async fn instance_show(config: &DaemonConfig, name: &str, json: bool) -> Result<
                 .take(12)
                 .collect::<String>()
         ));
+        if let Some(row) = status.rows.iter().find(|r| r.service == service.as_str()) {
+            text.push_str(&stead::daemon::status::render_service(row, now));
+        }
+    }
+    for error in &status.errors {
+        complain(&format!("could not read everything: {error}"));
     }
     if !tasks.is_empty() {
         text.push('\n');

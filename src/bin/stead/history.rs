@@ -73,6 +73,11 @@ pub async fn events(
         limit: query.limit,
     };
     let read = store.events(&filter).await?;
+    if read.rows.is_empty() && !follow {
+        if let Some(name) = &query.instance {
+            refuse_unknown(store.as_ref(), name).await?;
+        }
+    }
     let mut last = print(&read.rows, &read.bad, json);
     if read.rows.is_empty() && !json && !follow {
         say("no events");
@@ -112,11 +117,25 @@ pub async fn timeline(
         ..Default::default()
     };
     let read = store.events(&filter).await?;
+    if read.rows.is_empty() {
+        refuse_unknown(store.as_ref(), name).await?;
+    }
     for error in &read.bad {
         complain(&format!("skipped a bad row: {error}"));
     }
     say(render_timeline(name, &read.rows));
     Ok(EXIT_OK)
+}
+
+/// A name no instance ever had (none of any state, deleted included) is
+/// not found (exit 3), as for every command that names an instance; a
+/// known one with no events is just quiet.
+async fn refuse_unknown(store: &dyn Store, name: &str) -> Result<(), CliError> {
+    let instances = store.list_instances().await?;
+    if instances.rows.iter().any(|i| i.name.as_str() == name) {
+        return Ok(());
+    }
+    Err(stead::ops::no_such_instance(name).into())
 }
 
 /// Records an operator's intervention in the event log (#42), by the

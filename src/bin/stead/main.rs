@@ -23,7 +23,7 @@ use output::{complain, exit, say, EXIT_FAILURE, EXIT_OK, EXIT_USAGE};
 /// 100,000 instances glibc's free lists (consolidation, unlinking) were a
 /// fifth of the pass; with mimalloc the same pass takes 0.55-0.8 of the
 /// time (`cargo bench --bench scale`, which runs under this allocator too;
-/// docs/operations.md, "Sizing").
+/// docs/benchmarks.md, "Scale").
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 

@@ -1,4 +1,4 @@
-//! The four checks of the control loop (DESIGN.md C5–C8) as pure planners.
+//! The four checks of the control loop (docs/rules.md C5–C8) as pure planners.
 //!
 //! A planner reads a [`Snapshot`] — instances, active tasks, live releases,
 //! catalog, rollout switches, `now` and the [`ControlConfig`] — and returns a

@@ -25,7 +25,7 @@ use crate::engine::locks::{InstanceGuard, InstanceLocks};
 use crate::engine::{count_port_failure, time_until};
 use crate::ports::{LeaseGrant, LoadedInstance, LoadedInstances};
 
-use super::log::{log_hold, record_metrics, StepLog};
+use super::log::{log_budget, record_metrics, StepLog};
 use super::{InstanceOutcome, RecoverError, Recoverer, WatchedPass, WatchedStep};
 
 /// What entitles one instance's recovery to act: the reconciler lease
@@ -362,7 +362,7 @@ impl Recoverer {
         }
         let now = self.ports.clock.now();
         for service in &report.reports {
-            log_hold(service, &log, now);
+            log_budget(service, &log, now);
         }
         metrics::counter!("stead_retirements_total").increment(report.retired.len() as u64);
         let events = self.events();

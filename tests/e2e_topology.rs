@@ -38,6 +38,17 @@ fn spawn_daemon(dir: &std::path::Path) -> Child {
         .expect("start the stead binary")
 }
 
+/// A daemon process killed (SIGKILL) and reaped when dropped, so a failed
+/// assertion leaves no process behind.
+struct Running(Child);
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
 fn cli(dir: &std::path::Path, args: &[&str]) {
     let output = Command::new(env!("CARGO_BIN_EXE_stead"))
         .arg("--config")
@@ -215,6 +226,116 @@ async fn two_daemons_on_one_postgres_start_a_crash_loop_exactly_as_budgeted() {
         "exactly three recovery starts across both daemons, then the budget waits"
     );
     standby.shutdown().await;
+}
+
+/// T1, issue #41: two `stead run` processes started from one copied
+/// `state_dir` share an identity on one Postgres. The copy holds another
+/// identity lock (another site), so it never takes the lease from the live
+/// holder: a crash-looping container gets exactly the budget's starts, not
+/// one budget per process (before, each took the lease back from the other
+/// at every tick, and both recovered it), and the waiting one logs the
+/// error that names the identity and both incarnations.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_daemons_from_one_copied_state_dir_start_a_crash_loop_exactly_as_budgeted() {
+    const TICK_S: u64 = 2;
+    const TWIN: &str = "two live processes share identity";
+    let name = unique("e2etw");
+    let _cleanup = Cleanup::new(&name);
+    let caddy = CaddyProcess::start().await;
+    let url = support::fresh_postgres_database().await;
+    let first = tempfile::tempdir().unwrap();
+    let copy = tempfile::tempdir().unwrap();
+    let catalog_path = first.path().join("catalog.toml");
+    std::fs::write(
+        &catalog_path,
+        catalog("1", "httpd -p 8080 -h /www; sleep 2; exit 3")
+            .replace("attempts_max = 100", "attempts_max = 10"),
+    )
+    .unwrap();
+    let listen = format!("127.0.0.1:{}", free_port());
+    for dir in [first.path(), copy.path()] {
+        let config = format!(
+            r#"
+state_dir = "{state}"
+catalog = "{catalog}"
+database_url = "{url}"
+admin_listen = ""
+worker_idle_poll_ms = 100
+[control]
+tick_interval_s = {TICK_S}
+lease_s = 10
+provisioner_timeout_s = 5
+[caddy]
+admin = "{admin}"
+listen = "{listen}"
+"#,
+            state = dir.display(),
+            catalog = catalog_path.display(),
+            admin = caddy.admin_addr,
+        );
+        std::fs::write(dir.join("stead.toml"), config).unwrap();
+    }
+    cli(first.path(), &["migrate"]);
+    let holder = Running(spawn_daemon(first.path()));
+    wait_until("the identity is made", CONVERGE, || async {
+        first.path().join("identity").exists()
+    })
+    .await;
+    // The copy: the identity file (and the lock file's contents) as a
+    // backup restored elsewhere, or a cloned VM image, would carry them.
+    for file in ["identity", "identity.lock"] {
+        std::fs::copy(first.path().join(file), copy.path().join(file)).unwrap();
+    }
+    let twin = Running(spawn_daemon(copy.path()));
+    let counter = StartCounter::follow(&name);
+    cli(
+        first.path(),
+        &["instance", "create", &name, "--type", e2e::TYPE],
+    );
+    let logs = || {
+        [first.path(), copy.path()]
+            .map(|dir| std::fs::read_to_string(dir.join("daemon.log")).unwrap_or_default())
+            .join("\n--- the copy's log ---\n")
+    };
+    // One start from the worker's create, then three by recovery.
+    wait_until("four starts", 2 * CONVERGE, || async {
+        counter.starts() >= 4
+    })
+    .await;
+    // Three more ticks of each process: a twin that acted would start the
+    // container again (its own budget has three free attempts); the
+    // holder's budget waits a minute. Then the twin's report, which came
+    // with its second tick.
+    let window = tokio::time::Instant::now();
+    while window.elapsed() < Duration::from_secs(3 * TICK_S) {
+        assert_eq!(
+            counter.starts(),
+            4,
+            "exactly three recovery starts across both processes, then the budget waits; logs:\n{}",
+            logs()
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    wait_until("the twin is reported", CONVERGE, || async {
+        logs().contains(TWIN)
+    })
+    .await;
+    drop((holder, twin));
+    let logs = logs();
+    let line = logs
+        .lines()
+        .find(|l| l.contains(TWIN))
+        .expect("the error line");
+    assert!(line.contains("ERROR"), "{line}");
+    let identity = std::fs::read_to_string(first.path().join("identity")).unwrap();
+    assert!(
+        line.contains(&format!("identity {}", identity.trim())),
+        "names the identity: {line}"
+    );
+    assert!(
+        line.matches(&format!("{}#", identity.trim())).count() >= 2,
+        "names both incarnations: {line}"
+    );
 }
 
 /// T3: separate reconciler and worker processes during an upgrade. The

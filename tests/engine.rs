@@ -713,6 +713,35 @@ async fn a_second_reconciler_does_not_tick_while_the_lease_is_held() {
     );
 }
 
+/// T1, issue #41: two reconcilers of one identity at two sites (a copied
+/// `state_dir`) never alternate: the holder leads every tick, the twin
+/// waits and, once it sees the holder renew, reports a live twin naming
+/// the identity and both incarnations.
+#[tokio::test]
+async fn a_twin_from_a_copied_state_dir_never_leads_while_the_holder_renews_and_is_reported() {
+    let f = fixture();
+    let (first, copy) = ("host-1#5173e1.aa", "host-1#9c02d4.bb");
+    let a = f.reconciler(first);
+    let b = f.reconciler(copy);
+    let lines = Lines::default();
+    let _recording = lines.record();
+    for tick in 0..3 {
+        assert!(a.tick().await.leader, "tick {tick}: the holder leads");
+        assert!(!b.tick().await.leader, "tick {tick}: the twin waits");
+        f.clock.advance(Duration::from_secs(60));
+    }
+    assert_eq!(b.live_twin().as_deref(), Some(first));
+    assert_eq!(a.live_twin(), None, "the holder sees no twin");
+    let reported = "two live processes share identity host-1";
+    assert_eq!(lines.count(reported), 1, "once: {}", lines.text());
+    let text = lines.text();
+    let line = text.lines().find(|l| l.contains(reported)).unwrap();
+    assert!(
+        line.contains("ERROR") && line.contains(first) && line.contains(copy),
+        "{line}"
+    );
+}
+
 #[tokio::test]
 async fn upgrade_replaces_with_overlap_and_the_pass_retires_the_predecessor() {
     let f = fixture();

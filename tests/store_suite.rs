@@ -80,6 +80,8 @@ store_suite! {
         reconciler_lease_is_exclusive_until_it_expires,
         a_restarted_identity_takes_its_lease_back_at_once,
         a_restarted_identity_queues_its_predecessors_running_tasks_again,
+        two_live_incarnations_of_one_identity_do_not_alternate_the_lease,
+        a_restart_reclaims_only_its_own_sites_locks_and_tasks_not_a_twins,
         queued_tasks_are_cancelled_one_by_id_or_a_types_upgrades_at_once,
         stale_lease_holder_writes_are_fenced_and_write_nothing,
         recovery_writes_are_fenced_too,
@@ -1426,6 +1428,110 @@ async fn a_restarted_identity_queues_its_predecessors_running_tasks_again(s: Tes
     );
     let again = store.claim("host-1#cc/w0", t(5), 5).await.unwrap();
     assert_eq!(again.len(), 2, "the new incarnation takes them up at once");
+}
+
+/// T1, issue #41: two live daemons started from one copied `state_dir`
+/// share an identity but hold two different identity locks (two sites).
+/// Neither takes the lease from the other: the holder renews under its
+/// epoch, the twin waits as any standby would, tick after tick. (Before
+/// sites, each took it back from the other at every tick, and both acted.)
+async fn two_live_incarnations_of_one_identity_do_not_alternate_the_lease(s: TestStore) {
+    let store = &*s.store;
+    let ttl = Duration::from_secs(600);
+    let (holder, twin) = ("host-1#5173e1.aa", "host-1#9c02d4.bb");
+    let first = store
+        .acquire_reconciler_lease(holder, ttl)
+        .await
+        .unwrap()
+        .expect("vacant");
+    for tick in 0..3 {
+        assert_eq!(
+            store.acquire_reconciler_lease(twin, ttl).await.unwrap(),
+            None,
+            "tick {tick}: the twin waits"
+        );
+        let renewed = store
+            .acquire_reconciler_lease(holder, ttl)
+            .await
+            .unwrap()
+            .expect("the holder keeps its lease");
+        assert_eq!(
+            (renewed.holder.as_str(), renewed.epoch),
+            (holder, first.epoch),
+            "tick {tick}: the lease never changed hands"
+        );
+    }
+    let read = store.reconciler_lease().await.unwrap().unwrap();
+    assert_eq!((read.holder.as_str(), read.epoch), (holder, first.epoch));
+    // The holder's own restart (the same site) still takes it at once.
+    let restarted = store
+        .acquire_reconciler_lease("host-1#5173e1.cc", ttl)
+        .await
+        .unwrap()
+        .expect("a predecessor at the same site is gone");
+    assert_eq!(restarted.epoch, first.epoch + 1);
+    assert_eq!(
+        store.acquire_reconciler_lease(twin, ttl).await.unwrap(),
+        None,
+        "and the twin still waits"
+    );
+}
+
+/// T1: a restarted daemon releases the instance locks and requeues the
+/// running tasks of its earlier incarnations at its own site, and leaves a
+/// live twin's (the same identity at another site) to their holder.
+async fn a_restart_reclaims_only_its_own_sites_locks_and_tasks_not_a_twins(s: TestStore) {
+    let store = &*s.store;
+    let long = Duration::from_secs(600);
+    let mine = instance(store, "alpha").await;
+    let twins = instance(store, "beta").await;
+    for id in [mine, twins] {
+        store
+            .enqueue(&task(TaskKind::Upgrade, id, t(0)), t(1), None)
+            .await
+            .unwrap()
+            .expect("enqueued");
+    }
+    let my_task = store.claim("host-1#5173e1.aa/w0", t(2), 1).await.unwrap();
+    let twin_task = store.claim("host-1#9c02d4.bb/w0", t(2), 1).await.unwrap();
+    assert_eq!((my_task.len(), twin_task.len()), (1, 1));
+    assert_eq!(
+        store
+            .try_lock_instances(&[mine], "host-1#5173e1.aa/recovery", long)
+            .await
+            .unwrap(),
+        [mine]
+    );
+    assert_eq!(
+        store
+            .try_lock_instances(&[twins], "host-1#9c02d4.bb/recovery", long)
+            .await
+            .unwrap(),
+        [twins]
+    );
+
+    let prefix = stead::core::succession::predecessors_prefix("host-1#5173e1.cc");
+    assert_eq!(
+        store.requeue_tasks_of(&prefix, t(3)).await.unwrap(),
+        [my_task[0].id],
+        "the predecessor's task only"
+    );
+    assert_eq!(store.clear_instance_locks_of(&prefix).await.unwrap(), 1);
+    let me = "host-1#5173e1.cc/recovery";
+    assert_eq!(
+        store
+            .try_lock_instances(&[mine, twins], me, long)
+            .await
+            .unwrap(),
+        [mine],
+        "the twin's lock is still its own"
+    );
+    let tasks = store.active_tasks().await.unwrap().rows;
+    let twin_row = tasks.iter().find(|t| t.id == twin_task[0].id).unwrap();
+    assert_eq!(
+        (twin_row.state, twin_row.locked_by.as_deref()),
+        (TaskState::Running, Some("host-1#9c02d4.bb/w0"))
+    );
 }
 
 async fn queued_tasks_are_cancelled_one_by_id_or_a_types_upgrades_at_once(s: TestStore) {

@@ -28,6 +28,7 @@ pub mod recovery;
 pub mod release;
 pub mod retire;
 pub mod spec;
+pub mod succession;
 pub mod toml_error;
 pub mod traffic;
 pub mod types;

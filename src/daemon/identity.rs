@@ -7,15 +7,23 @@
 //! drops the instant the process dies, however it dies. Each run adds a
 //! fresh incarnation, so lease and lock holders read
 //! `<identity>#<incarnation>`: a restarted daemon is recognised as the same
-//! identity (it takes its own reconciler lease back at once and clears its
-//! predecessor's instance locks) yet never confused with its predecessor
-//! (whose fenced writes are rejected).
+//! identity yet never confused with its predecessor (whose fenced writes
+//! are rejected).
+//!
+//! The lock proves a predecessor gone only where it is the same lock: a
+//! copied `state_dir` or a cloned VM image has the identity file without
+//! the lock. So the incarnation reads `<site>.<nonce>`, the site naming
+//! this very lock (the kernel's boot id and the lock file's device and
+//! inode): only a predecessor at the same site is taken over at once (its
+//! reconciler lease, its instance locks, its running tasks); an incarnation
+//! at another site is a twin, waited for (`core::succession`).
 
 use std::fs::{File, OpenOptions};
 use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+use crate::core::succession::SITE_SEPARATOR;
 use crate::engine::lease::ProcessIdentity;
 
 /// Longest identity name accepted from the file.
@@ -93,14 +101,50 @@ impl Identity {
             .write_all(std::process::id().to_string().as_bytes())
             .map_err(io("write identity.lock"))?;
         let identity = read_or_make(state_dir, seed)?;
+        let nonce = (seed >> 32) as u32 ^ std::process::id();
         Ok(Identity {
             process: ProcessIdentity {
                 identity,
-                incarnation: format!("{:08x}", (seed >> 32) as u32 ^ std::process::id()),
+                incarnation: format!("{}{SITE_SEPARATOR}{nonce:08x}", lock_site(&lock, seed)),
             },
             _lock: lock,
         })
     }
+}
+
+/// Where the kernel's boot id is read (Linux; containers share the host's).
+const BOOT_ID_PATH: &str = "/proc/sys/kernel/random/boot_id";
+/// A boot id is a UUID (36 characters and a newline).
+const BOOT_ID_LEN_MAX: u64 = 64;
+/// Hex digits of a site: 48 bits, so two sites of one identity never meet
+/// by chance.
+const SITE_HEX_LEN: usize = 12;
+
+/// The site of the identity lock this process holds (T1): a digest of the
+/// kernel's boot id and the lock file's device and inode. Two processes
+/// with one site held the very same lock, one after the other, on one
+/// running kernel; a copy of the directory (another inode) or a clone of
+/// the machine (another boot) has another site. Without a boot id or the
+/// file's metadata nothing can be proven, so the site is this run's own
+/// (drawn from `seed`) and no later incarnation will match it: its restart
+/// waits for the lease to expire.
+fn lock_site(lock: &File, seed: u64) -> String {
+    use sha2::Digest;
+    use std::os::unix::fs::MetadataExt;
+    let boot_id = crate::config::read_bounded(Path::new(BOOT_ID_PATH), BOOT_ID_LEN_MAX);
+    let (boot_id, meta) = match (boot_id, lock.metadata()) {
+        (Ok(boot_id), Ok(meta)) if !boot_id.trim().is_empty() => (boot_id, meta),
+        _ => {
+            tracing::warn!(
+                "cannot tell this identity lock from a copy (no {BOOT_ID_PATH}): a restart \
+                 of this daemon will wait for its own reconciler lease to expire"
+            );
+            return format!("{:0width$x}", seed & 0xffff_ffff_ffff, width = SITE_HEX_LEN);
+        }
+    };
+    let digest = sha2::Sha256::digest(format!("{}:{}:{}", boot_id.trim(), meta.dev(), meta.ino()));
+    let hex: String = digest.iter().map(|b| format!("{b:02x}")).collect();
+    hex[..SITE_HEX_LEN].to_owned()
 }
 
 fn holder_pid(lock: &File) -> String {
@@ -202,6 +246,33 @@ mod tests {
         assert_ne!(
             second.process.holder(),
             format!("{name}#{:08x}", std::process::id())
+        );
+    }
+
+    #[tokio::test]
+    async fn a_restart_keeps_its_site_and_a_copied_state_dir_gets_another() {
+        use crate::core::succession::{succession, Succession};
+        let dir = tempfile::tempdir().unwrap();
+        let first = Identity::take(dir.path(), 1).await.unwrap();
+        let first_holder = first.process.holder();
+        drop(first);
+        let restarted = Identity::take(dir.path(), 2 << 32).await.unwrap();
+        assert_eq!(
+            succession(&first_holder, &restarted.process.holder()),
+            Succession::Predecessor,
+            "{first_holder} -> {}",
+            restarted.process.holder()
+        );
+        let copy = tempfile::tempdir().unwrap();
+        for file in ["identity", "identity.lock"] {
+            std::fs::copy(dir.path().join(file), copy.path().join(file)).unwrap();
+        }
+        let twin = Identity::take(copy.path(), 3 << 32).await.unwrap();
+        assert_eq!(twin.process.identity, restarted.process.identity);
+        assert_eq!(
+            succession(&restarted.process.holder(), &twin.process.holder()),
+            Succession::Twin,
+            "a copy holds another lock"
         );
     }
 

@@ -83,6 +83,14 @@ pub const METRICS: &[Metric] = &[
         "1 while this process holds the reconciler lease (C2), else 0.",
     ),
     gauge(
+        "stead_identity_twin",
+        "1 while a live twin (the same identity at another site: a copied state_dir) holds the reconciler lease this standby waits for (T1), else 0.",
+    ),
+    counter(
+        "stead_identity_twins_total",
+        "Live twins found holding the reconciler lease: the same identity at another site renewed it after this process started (T1).",
+    ),
+    gauge(
         "stead_orphan_releases",
         "Live releases no instance owns, at the last drift check (C5); never deleted.",
     ),

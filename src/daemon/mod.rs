@@ -696,13 +696,15 @@ impl Daemon {
         }
     }
 
-    /// T1: this identity's earlier incarnation is gone (the identity lock
-    /// says so), so the instance locks it held are released and the tasks
-    /// its workers held running are queued again at once, rather than left
-    /// to expire: a daemon killed mid-upgrade and restarted resumes the
-    /// upgrade within a tick, not after the task lease (#40).
+    /// T1: this identity's earlier incarnations at this site are gone (the
+    /// identity lock this process holds says so), so the instance locks
+    /// they held are released and the tasks their workers held running are
+    /// queued again at once, rather than left to expire: a daemon killed
+    /// mid-upgrade and restarted resumes the upgrade within a tick, not
+    /// after the task lease (#40). A twin's (the same identity at another
+    /// site: a copied `state_dir`) may be alive, and are left to expire.
     pub async fn reclaim_predecessor_work(&self) {
-        let prefix = self.identity.process.identity_prefix();
+        let prefix = self.identity.process.predecessors_prefix();
         match self
             .ports
             .store

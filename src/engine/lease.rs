@@ -29,7 +29,8 @@ pub struct ProcessIdentity {
 
 impl ProcessIdentity {
     /// The lease holder: `<identity>#<incarnation>`. A new incarnation of
-    /// the same identity takes the reconciler lease back at once.
+    /// the same identity at the same site takes the reconciler lease back
+    /// at once (`core::succession`).
     pub fn holder(&self) -> String {
         format!("{}#{}", self.identity, self.incarnation)
     }
@@ -41,9 +42,18 @@ impl ProcessIdentity {
     }
 
     /// The prefix every holder of any incarnation of this identity starts
-    /// with; a restarted process clears its predecessors' locks by it.
+    /// with, twins at other sites included.
     pub fn identity_prefix(&self) -> String {
         format!("{}#", self.identity)
+    }
+
+    /// The prefix of the holders this process provably succeeds (T1): the
+    /// earlier incarnations at its own site, which held the identity lock
+    /// it holds now (`core::succession::predecessors_prefix`). A restarted
+    /// process releases their locks and requeues their tasks, and leaves a
+    /// twin's alone.
+    pub fn predecessors_prefix(&self) -> String {
+        crate::core::succession::predecessors_prefix(&self.holder())
     }
 }
 

@@ -21,6 +21,7 @@ use crate::core::plan::{
 };
 use crate::core::policy::PLANNERS_LEASE_NEED;
 use crate::core::recovery::RecoveryError;
+use crate::core::succession::{SeenLease, TwinVerdict, TwinWatch};
 use crate::core::types::{InstanceName, ServiceName, Timestamp};
 use crate::ports::{LeaseGrant, NotifyError, StoreError};
 
@@ -124,6 +125,9 @@ pub struct Reconciler {
     wake: tokio::sync::Notify,
     /// The holder last logged as keeping this standby waiting.
     waiting_for: Mutex<Option<String>>,
+    /// T1: what this standby saw of a twin holding the lease (the same
+    /// identity at another site), and the twin it last reported alive.
+    twin_watch: Mutex<(TwinWatch, Option<String>)>,
     /// Each check's reports at its last run, so each is logged once; with
     /// whether it names an orphan release (those stand while withheld).
     reported: Mutex<BTreeMap<Check, BTreeMap<String, bool>>>,
@@ -173,6 +177,7 @@ impl Reconciler {
             last_tick_s: AtomicI64::new(0),
             wake: tokio::sync::Notify::new(),
             waiting_for: Mutex::new(None),
+            twin_watch: Mutex::new((TwinWatch::default(), None)),
             reported: Mutex::new(BTreeMap::new()),
             failing: Mutex::new(BTreeSet::new()),
             bad_rows: Mutex::new(BTreeSet::new()),
@@ -406,6 +411,7 @@ impl Reconciler {
         match (&answer, was) {
             (LeaseAnswer::Held(grant), false) => {
                 *self.waiting_for.lock().expect("waiting_for poisoned") = None;
+                self.watch_for_twin(None);
                 tracing::info!(
                     "reconciler lease taken by {} (epoch {}; renewed every tick, it expires at {} \
                      unless renewed)",
@@ -439,8 +445,14 @@ impl Reconciler {
     /// loses it, and when it first waits for a holder.
     async fn log_waiting(&self, lost: bool) {
         let (holder, until) = match self.ports.store.reconciler_lease().await {
-            Ok(Some(other)) => (other.holder, format!(" until {}", other.expires_at)),
-            Ok(None) => ("nobody (just released)".to_owned(), String::new()),
+            Ok(Some(other)) => {
+                self.watch_for_twin(Some(&other));
+                (other.holder, format!(" until {}", other.expires_at))
+            }
+            Ok(None) => {
+                self.watch_for_twin(None);
+                ("nobody (just released)".to_owned(), String::new())
+            }
             Err(e) => (format!("unknown ({e})"), String::new()),
         };
         let mut waiting = self.waiting_for.lock().expect("waiting_for poisoned");
@@ -459,6 +471,57 @@ impl Reconciler {
             tracing::info!("waiting for the reconciler lease, held by {holder}{until}");
         }
         *waiting = Some(holder);
+    }
+
+    /// T1: feeds what this replica read of the lease (`None`: it holds it,
+    /// or nobody does) to its twin watch, and reports a live twin once: an
+    /// error naming the identity and both incarnations, and the metrics
+    /// `stead_identity_twins_total` (each twin found) and
+    /// `stead_identity_twin` (1 while one holds the lease). This replica
+    /// keeps waiting: the twin's lease is never taken over at once.
+    fn watch_for_twin(&self, seen: Option<&LeaseGrant>) {
+        let me = self.recoverer.lease().holder();
+        let seen = seen.map(|grant| SeenLease {
+            holder: grant.holder.clone(),
+            epoch: grant.epoch,
+            expires_at: grant.expires_at,
+        });
+        let mut guard = self.twin_watch.lock().unwrap_or_else(|e| e.into_inner());
+        let (watch, reported) = &mut *guard;
+        match watch.observe(me, seen.as_ref()) {
+            TwinVerdict::Alive { identity, holder } => {
+                if reported.as_deref() != Some(holder.as_str()) {
+                    tracing::error!(
+                        identity = %identity,
+                        holder = %holder,
+                        this = %me,
+                        "two live processes share identity {identity}: {holder} holds the \
+                         reconciler lease and renewed it after {me} started (copied state_dir?); \
+                         this process stays a standby and leaves {holder}'s locks and tasks \
+                         alone (T1). Give each daemon its own state_dir: stop this one, delete \
+                         the identity file in its state_dir, and start it again"
+                    );
+                    metrics::counter!("stead_identity_twins_total").increment(1);
+                    metrics::gauge!("stead_identity_twin").set(1.0);
+                    *reported = Some(holder);
+                }
+            }
+            TwinVerdict::NoTwin | TwinVerdict::Unproven => {
+                if reported.take().is_some() {
+                    metrics::gauge!("stead_identity_twin").set(0.0);
+                }
+            }
+        }
+    }
+
+    /// Whether this replica found a live twin holding the lease (T1): the
+    /// twin's holder name, while it lasts.
+    pub fn live_twin(&self) -> Option<String> {
+        self.twin_watch
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .1
+            .clone()
     }
 
     /// Reads what the planners need. Listing releases may fail on its own:

@@ -656,8 +656,10 @@ pub trait Store: Send + Sync {
     // --- the reconciler singleton (C2, T1) -------------------------------
     /// Takes or renews the lease, timed by the database's clock. `Ok(None)`
     /// while another holder's lease is unexpired. Each change of holder
-    /// increments the epoch; a new incarnation of the same identity
-    /// (`<identity>#<incarnation>`) takes it back at once.
+    /// increments the epoch; a new incarnation of the same identity at the
+    /// same site (`<identity>#<site>.<nonce>`, T1) takes it back at once,
+    /// one at another site (a twin: a copied `state_dir`) waits for expiry
+    /// (`core::succession::succession`).
     async fn acquire_reconciler_lease(
         &self,
         holder: &str,
@@ -702,12 +704,13 @@ pub trait Store: Send + Sync {
         holder: &str,
     ) -> Result<(), StoreError>;
     /// Releases every instance lock whose holder starts with `prefix` (a
-    /// restarted daemon's `<identity>#`: its earlier incarnation is gone).
-    /// Returns how many.
+    /// restarted daemon's `ProcessIdentity::predecessors_prefix`: its
+    /// earlier incarnations at its site are gone). Returns how many.
     async fn clear_instance_locks_of(&self, prefix: &str) -> Result<u64, StoreError>;
     /// T1: running tasks whose worker starts with `prefix` (a restarted
-    /// daemon's `<identity>#`: its earlier incarnation is gone, and with it
-    /// the workers that held them) go back to queued at once, attempts
+    /// daemon's `ProcessIdentity::predecessors_prefix`: its earlier
+    /// incarnations at its site are gone, and with them the workers that
+    /// held them) go back to queued at once, attempts
     /// kept, instead of waiting out their lease (C6). Returns their ids.
     async fn requeue_tasks_of(
         &self,

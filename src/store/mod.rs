@@ -15,6 +15,8 @@
 use std::time::Duration;
 
 use crate::core::fleet::{InstanceId, InstanceState};
+pub use crate::core::succession::identity_of;
+use crate::core::succession::{succession, Succession};
 use crate::core::types::{InstanceName, Timestamp};
 use crate::ports::{LeaseGrant, StoreError};
 
@@ -166,11 +168,16 @@ impl ReconcilerLeaseRow {
     /// - Anyone takes a vacant or expired lease (`expires_at <= now`: the
     ///   lease covers `[taken, expires_at)`), and the epoch increments so the
     ///   previous holder's fenced writes are rejected from then on.
-    /// - A new incarnation of the current holder's identity (the same
-    ///   daemon restarted, T1: `<identity>#<incarnation>`) takes it back at
-    ///   once, unexpired or not, and the epoch increments: the identity's
-    ///   file lock proves the old incarnation is gone, and should it not be
-    ///   (a copied data directory), its fenced writes are rejected anyway.
+    /// - A new incarnation of the current holder's identity at the same
+    ///   site (the same daemon restarted on the same identity lock, T1:
+    ///   [`Succession::Predecessor`]) takes it back at once, unexpired or
+    ///   not, and the epoch increments: the identity's file lock proves the
+    ///   old incarnation is gone.
+    /// - An incarnation of the same identity at another site (a copied
+    ///   `state_dir`, a cloned image, or a reboot: [`Succession::Twin`])
+    ///   waits for expiry like a stranger: nothing proves the holder gone,
+    ///   and a live one would otherwise lose and retake the lease every
+    ///   tick while both act.
     ///
     /// `now_us` is the database's clock, never the caller's (T2).
     pub fn acquire(&self, holder: &str, now_us: i64, ttl_us: i64) -> Option<ReconcilerLeaseRow> {
@@ -180,17 +187,18 @@ impl ReconcilerLeaseRow {
                 .saturating_add(ttl_us)
                 .min(timestamp_to_us(Timestamp::MAX)),
         );
-        if self.holder.as_deref() == Some(holder) {
+        let succession = self
+            .holder
+            .as_deref()
+            .map(|current| succession(current, holder));
+        if succession == Some(Succession::Renewal) {
             return Some(ReconcilerLeaseRow {
                 holder: self.holder.clone(),
                 epoch: self.epoch,
                 expires_at_us,
             });
         }
-        let restarted = self
-            .holder
-            .as_deref()
-            .is_some_and(|current| identity_of(current) == identity_of(holder));
+        let restarted = succession == Some(Succession::Predecessor);
         let vacant = self.holder.is_none() || self.expires_at_us.is_none_or(|e| e <= now_us);
         (vacant || restarted).then(|| ReconcilerLeaseRow {
             holder: Some(holder.to_owned()),
@@ -236,15 +244,6 @@ impl ReconcilerLeaseRow {
     }
 }
 
-/// The identity part of a lease or lock holder (`<identity>#<incarnation>`,
-/// optionally followed by `/<actor>`): what stays the same when a daemon
-/// restarts on the same data directory (T1).
-pub fn identity_of(holder: &str) -> &str {
-    holder
-        .split_once('#')
-        .map_or(holder, |(identity, _)| identity)
-}
-
 /// The error a fenced write returns when its grant is stale.
 pub fn fenced(grant: &LeaseGrant) -> StoreError {
     StoreError::Fenced { epoch: grant.epoch }
@@ -285,6 +284,34 @@ mod tests {
             "the old incarnation is fenced"
         );
         assert!(new.admits(&new.grant().unwrap(), 10));
+    }
+
+    #[test]
+    fn a_twin_at_another_site_waits_for_expiry_and_never_takes_the_lease_back() {
+        let live = ReconcilerLeaseRow::VACANT
+            .acquire("host-1#s1.a", 0, 100)
+            .unwrap();
+        assert_eq!(
+            live.acquire("host-1#s2.b", 10, 100),
+            None,
+            "a copied state_dir's daemon waits while the holder's lease lasts"
+        );
+        let renewed = live.acquire("host-1#s1.a", 50, 100).unwrap();
+        assert_eq!(renewed.epoch, 1, "the live holder keeps its epoch");
+        assert_eq!(renewed.acquire("host-1#s2.b", 149, 100), None);
+        let twin = renewed
+            .acquire("host-1#s2.b", 150, 100)
+            .expect("taken once expired, like any standby");
+        assert_eq!(twin.epoch, 2);
+        assert_eq!(
+            twin.acquire("host-1#s1.a", 160, 100),
+            None,
+            "nor does the first take it back from the twin"
+        );
+        let restarted = twin
+            .acquire("host-1#s2.c", 160, 100)
+            .expect("the twin's own restart takes it back at once");
+        assert_eq!(restarted.epoch, 3);
     }
 
     #[test]

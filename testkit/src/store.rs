@@ -23,6 +23,7 @@ use stead::core::fleet::{
     Instance, InstanceId, InstanceState, ListedInstance, NewTask, RolloutState, Task, TaskId,
     TaskKind, TaskState, CANCELLED_BY_DELETION,
 };
+use stead::core::succession::{succession, Succession};
 use stead::core::types::{
     ActiveRecord, ActiveService, Binds, ContainerId, Inhibition, InhibitionReason, InstanceName,
     ServiceKey, ServiceName, Timestamp,
@@ -34,18 +35,17 @@ use stead::ports::{
     StoreError, TypeVersion,
 };
 use stead::store::{
-    fenced, identity_of, lease_cutoff_us, lease_to_us, name_held_by_task, name_taken,
-    normalize_duration, normalize_execution_start, normalize_timestamp, timestamp_to_us,
-    ReconcilerLeaseRow,
+    fenced, lease_cutoff_us, lease_to_us, name_held_by_task, name_taken, normalize_duration,
+    normalize_execution_start, normalize_timestamp, timestamp_to_us, ReconcilerLeaseRow,
 };
 
 /// Whether `holder` is a new incarnation of the identity that holds the
 /// unexpired lease `row` (the case T1 lets take it back at once).
 fn held_by_own_past(row: &ReconcilerLeaseRow, holder: &str, now_us: i64) -> bool {
     let unexpired = row.expires_at_us.is_some_and(|e| now_us < e);
-    row.holder.as_deref().is_some_and(|current| {
-        current != holder && identity_of(current) == identity_of(holder) && unexpired
-    })
+    row.holder
+        .as_deref()
+        .is_some_and(|current| succession(current, holder) == Succession::Predecessor && unexpired)
 }
 
 /// An in-memory [`Store`]. Cheap to create; share it behind an `Arc`.

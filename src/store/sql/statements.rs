@@ -246,13 +246,14 @@ pub const WRITE_LEASE: &str =
 
 // --- instance locks (T3) ------------------------------------------------------
 
-/// A restarted daemon's earlier incarnation is gone (its identity's file
-/// lock says so): its locks go with it. `$1` is `<identity>#`.
+/// A restarted daemon's earlier incarnations at its site are gone (its
+/// identity's file lock says so): their locks go with them. `$1` is the
+/// predecessors' prefix, `<identity>#<site>.`.
 pub const CLEAR_INSTANCE_LOCKS_OF: &str =
     "DELETE FROM instance_locks WHERE substr(holder, 1, length($1)) = $1";
 
-/// T1: a restarted daemon's earlier incarnation's running tasks, queued
-/// again at once (attempts kept).
+/// T1: the running tasks of a restarted daemon's earlier incarnations at
+/// its site, queued again at once (attempts kept).
 pub const REQUEUE_TASKS_OF: &str = "UPDATE tasks \
      SET state = 'queued', locked_by = NULL, locked_at_us = NULL, updated_at_us = $2 \
      WHERE state = 'running' AND substr(locked_by, 1, length($1)) = $1 \

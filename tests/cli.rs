@@ -500,7 +500,7 @@ fn bad_arguments_are_refused_naming_field_and_value_and_exit_2() {
     assert!(
         version
             .stderr
-            .contains("--version \"99\": web is at version \"1\" only"),
+            .contains("--version \"99\": the catalog has web at version \"1\" only"),
         "{}",
         version.text()
     );

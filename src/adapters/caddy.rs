@@ -215,6 +215,8 @@ struct Writer {
     route_writes: AtomicU64,
     /// Times `ensure` found stead's server gone and created it again.
     servers_created: AtomicU64,
+    /// Times [`CaddyTraffic::servers_present`] found them gone.
+    servers_missed: AtomicU64,
     /// Services last published with public hosts by this process: their
     /// HTTPS route is expected beside their HTTP one when routes are read
     /// back (T5).
@@ -429,6 +431,7 @@ impl CaddyTraffic {
         for name in names {
             let listen = config_path(&["apps", "http", "servers", &name, "listen"]);
             if !self.exists(&listen).await? {
+                self.writer.servers_missed.fetch_add(1, Ordering::Relaxed);
                 return Ok(false);
             }
         }
@@ -876,6 +879,12 @@ impl CaddyTraffic {
     /// its config) and created it again.
     pub fn servers_created(&self) -> u64 {
         self.writer.servers_created.load(Ordering::Relaxed)
+    }
+
+    /// How many times [`Self::servers_present`] (the watcher between
+    /// ticks) found stead's servers gone.
+    pub fn servers_missed(&self) -> u64 {
+        self.writer.servers_missed.load(Ordering::Relaxed)
     }
 
     /// Every route stead owns, as Caddy holds it now: route id → the

@@ -395,6 +395,21 @@ pub fn domain_table(catalog: &Catalog) -> DomainTable {
     table
 }
 
+/// Says once per load when the catalog names public host names that
+/// nothing serves: `[caddy.tls]` is off.
+fn warn_unserved_domains(config: &DaemonConfig, domains: &DomainTable) {
+    if config.caddy.tls.mode == config::TlsMode::Off && !domains.is_empty() {
+        let services: Vec<String> = domains
+            .keys()
+            .map(|(service_type, service)| format!("{service_type}/{service}"))
+            .collect();
+        tracing::warn!(
+            services = %services.join(", "),
+            "the catalog gives services public domains, but [caddy.tls] mode is off: they are not served (docs/operations.md, \"HTTPS and domains\")"
+        );
+    }
+}
+
 /// A catalog's Helm type whose helm calls would outlive the task lease.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 #[error("type {service_type} is provisioned by helm, but {reason}")]
@@ -669,7 +684,9 @@ impl Daemon {
             lease,
         ));
         recoverer.set_helm_types(catalog.current().helm_types());
-        recoverer.set_domains(domain_table(&catalog.current()));
+        let domains = domain_table(&catalog.current());
+        warn_unserved_domains(&config, &domains);
+        recoverer.set_domains(domains);
         let reconciler = Arc::new(Reconciler::new(
             ports.clone(),
             catalog.clone(),
@@ -806,7 +823,9 @@ impl Daemon {
         };
         let changes = new.changes_from(&self.catalog.current());
         self.recoverer.set_readiness(readiness_table(&new));
-        self.recoverer.set_domains(domain_table(&new));
+        let domains = domain_table(&new);
+        warn_unserved_domains(&self.config, &domains);
+        self.recoverer.set_domains(domains);
         self.recoverer.set_helm_types(new.helm_types());
         record_type_versions(self.ports.store.as_ref(), &new).await;
         self.catalog.replace(Arc::new(new));

@@ -328,3 +328,36 @@ async fn a_caddy_loaded_with_another_config_is_seen_without_stead_servers() {
     );
     assert!(fixture.traffic.servers_present().await.unwrap());
 }
+
+/// A restarted daemon (a new adapter, the same Caddy) or a reloaded
+/// catalog cannot know which public hosts Caddy's HTTPS routes were
+/// published with: each route reads back as wrong once, so the pass
+/// republishes it with today's hosts; a republication that changes
+/// nothing writes nothing.
+#[tokio::test]
+async fn routes_read_back_as_wrong_once_after_a_restart_or_reload_then_as_held() {
+    let fixture = fixture(TlsIssuer::Internal).await;
+    let shop = key("shop", "web");
+    let port = backend("a").await;
+    let old = route(&shop, port, &["old.example.test"]);
+    fixture.traffic.publish(&old).await.unwrap();
+    let restarted = CaddyTraffic::new(fixture.traffic.config().clone()).unwrap();
+    assert_eq!(restarted.held_routes().await.unwrap()[0].port, 0);
+    // The catalog now says another host: republished, the old one gone.
+    let new = route(&shop, port, &["new.example.test"]);
+    restarted.publish(&new).await.unwrap();
+    assert_eq!(restarted.held_routes().await.unwrap()[0].port, port);
+    let response = get_https(&fixture, "new.example.test").await.unwrap();
+    assert_eq!(response.text().await.unwrap(), "a");
+    // A reload forgets; the same hosts again cost no write.
+    restarted.forget_published_hosts();
+    assert_eq!(restarted.held_routes().await.unwrap()[0].port, 0);
+    let writes = restarted.route_writes();
+    restarted.publish(&new).await.unwrap();
+    assert_eq!(
+        restarted.route_writes(),
+        writes,
+        "nothing changed, nothing written"
+    );
+    assert_eq!(restarted.held_routes().await.unwrap()[0].port, port);
+}

@@ -217,10 +217,11 @@ struct Writer {
     servers_created: AtomicU64,
     /// Times [`CaddyTraffic::servers_present`] found them gone.
     servers_missed: AtomicU64,
-    /// Services last published with public hosts by this process: their
-    /// HTTPS route is expected beside their HTTP one when routes are read
-    /// back (T5).
-    public: Mutex<std::collections::BTreeSet<ServiceKey>>,
+    /// With HTTPS on: the public hosts each service was last published
+    /// with by this process (none: no HTTPS route), since it started or
+    /// the catalog was reloaded. What Caddy holds is read back against
+    /// this (T5, see `held_routes`).
+    published_hosts: Mutex<std::collections::BTreeMap<ServiceKey, Vec<String>>>,
 }
 
 /// The `Traffic` port over Caddy's admin API.
@@ -859,14 +860,31 @@ impl CaddyTraffic {
         at["policies"] = json!([policy]);
     }
 
-    /// Notes whether `service`'s HTTPS route is expected from now on.
-    fn expect_https(&self, service: &ServiceKey, expected: bool) {
-        let mut public = self.writer.public.lock().expect("public poisoned");
-        if expected {
-            public.insert(service.clone());
-        } else {
-            public.remove(service);
-        }
+    /// Notes the public hosts `service` is published with from now on;
+    /// `None`: withdrawn.
+    fn note_published_hosts(&self, service: &ServiceKey, hosts: Option<Vec<String>>) {
+        let mut published = self
+            .writer
+            .published_hosts
+            .lock()
+            .expect("published hosts poisoned");
+        match hosts {
+            Some(hosts) => published.insert(service.clone(), hosts),
+            None => published.remove(service),
+        };
+    }
+
+    /// Forgets which public hosts each service was published with: the
+    /// next pass reads every route back as wrong and republishes it, so a
+    /// reloaded catalog's `domains` take effect without waiting for each
+    /// service's next change. A republication that changes nothing writes
+    /// nothing (one read per service, no reload).
+    pub fn forget_published_hosts(&self) {
+        self.writer
+            .published_hosts
+            .lock()
+            .expect("published hosts poisoned")
+            .clear();
     }
 
     /// How many route writes (each one a reload of Caddy's config) this
@@ -897,18 +915,36 @@ impl CaddyTraffic {
         Ok(Some(owned_dials(&current.value, names::ROUTE_ID_PREFIX)))
     }
 
-    /// [`Self::routes`] of the HTTPS server (#43), ids `tls.stead.…`;
-    /// `None` when HTTPS is off or the server does not exist.
-    pub async fn tls_routes(&self) -> Result<Option<Vec<(String, String)>>, TrafficError> {
+    /// The HTTPS server's routes of stead's (#43): route id → the upstream
+    /// it dials and the hosts it matches. `None` when HTTPS is off; empty
+    /// when the server does not exist.
+    async fn https_routes_held(
+        &self,
+    ) -> Result<Option<std::collections::BTreeMap<String, (String, Vec<String>)>>, TrafficError>
+    {
         if self.config.tls.is_none() {
             return Ok(None);
         }
         let path = config_path(&["apps", "http", "servers", &self.tls_server_name(), "routes"]);
         let Some(current) = self.read(&path).await? else {
-            return Ok(None);
+            return Ok(Some(Default::default()));
         };
         let prefix = format!("{TLS_ROUTE_ID_PREFIX}{}", names::ROUTE_ID_PREFIX);
-        Ok(Some(owned_dials(&current.value, &prefix)))
+        Ok(Some(
+            current
+                .value
+                .as_array()
+                .into_iter()
+                .flatten()
+                .filter_map(|r| {
+                    let id = r.get("@id")?.as_str()?;
+                    let dial = proxy_dial(r)?;
+                    let hosts = route_hosts(r).map(str::to_owned).collect();
+                    id.starts_with(&prefix)
+                        .then(|| (id.to_owned(), (dial.to_owned(), hosts)))
+                })
+                .collect(),
+        ))
     }
 
     /// Whether Caddy holds a route for `service` now.
@@ -1135,15 +1171,20 @@ fn owned_dials(routes: &Value, prefix: &str) -> Vec<(String, String)> {
         .flatten()
         .filter_map(|r| {
             let id = r.get("@id")?.as_str()?;
-            let dial = r["handle"]
-                .as_array()?
-                .iter()
-                .find(|h| h["handler"] == "reverse_proxy")?["upstreams"][0]["dial"]
-                .as_str()?;
+            let dial = proxy_dial(r)?;
             id.starts_with(prefix)
                 .then(|| (id.to_owned(), dial.to_owned()))
         })
         .collect()
+}
+
+/// The upstream a route's `reverse_proxy` handler dials.
+fn proxy_dial(route: &Value) -> Option<&str> {
+    route["handle"]
+        .as_array()?
+        .iter()
+        .find(|h| h["handler"] == "reverse_proxy")?["upstreams"][0]["dial"]
+        .as_str()
 }
 
 /// Every host a route's matchers name.
@@ -1188,7 +1229,8 @@ fn fnv1a_32(bytes: &[u8]) -> u32 {
 impl Traffic for CaddyTraffic {
     async fn publish(&self, route: &Route) -> Result<(), TrafficError> {
         let routes = self.service_routes(route)?;
-        self.expect_https(&route.service, routes.https.is_some());
+        let hosts = routes.https.as_ref().map(|h| h.hosts.clone());
+        self.note_published_hosts(&route.service, Some(hosts.unwrap_or_default()));
         self.submit(Change::Publish {
             service: route.service.clone(),
             routes,
@@ -1197,7 +1239,7 @@ impl Traffic for CaddyTraffic {
     }
 
     async fn withdraw(&self, service: &ServiceKey) -> Result<(), TrafficError> {
-        self.expect_https(service, false);
+        self.note_published_hosts(service, None);
         self.submit(Change::Withdraw {
             service: service.clone(),
         })
@@ -1218,34 +1260,38 @@ impl Traffic for CaddyTraffic {
     }
 
     /// With HTTPS on, a service counts as held only when its HTTPS route
-    /// agrees: one that dials elsewhere, or is missing while expected (the
-    /// default scheme gives every service one; a catalog's domains, those
-    /// this process published with), reads back as dialling port 0, which
-    /// no verified bind has, so the pass republishes it (T5).
+    /// is what this process last published for it: present with the same
+    /// hosts and dialling the same port as its HTTP route, or absent when
+    /// it has no public hosts. Otherwise it reads back as dialling port 0,
+    /// which no verified bind has, so the pass republishes it (T5): a
+    /// route lost or changed by hand, and every route once after a start
+    /// or a reload (`forget_published_hosts`), whose hosts may be stale.
     async fn held_routes(&self) -> Result<Vec<HeldRoute>, TrafficError> {
         let http = self.routes().await?.unwrap_or_default();
-        let tls: std::collections::BTreeMap<String, String> = self
-            .tls_routes()
-            .await?
-            .unwrap_or_default()
-            .into_iter()
-            .collect();
-        let all_public = self.config.tls.as_ref().is_some_and(|t| t.domain.is_some());
-        let public = self.writer.public.lock().expect("public poisoned").clone();
+        let https = self.https_routes_held().await?;
+        let published = self
+            .writer
+            .published_hosts
+            .lock()
+            .expect("published hosts poisoned")
+            .clone();
         Ok(http
             .iter()
             .filter_map(|(id, dial)| {
                 let service = Self::service_of(id)?;
-                let mut port = dial.strip_prefix("127.0.0.1:")?.parse().ok()?;
-                if self.config.tls.is_some() {
-                    match tls.get(&Self::tls_route_id(&service)) {
-                        Some(tls_dial) if tls_dial == dial => {}
-                        Some(_) => port = 0,
-                        None if all_public || public.contains(&service) => port = 0,
-                        None => {}
-                    }
-                }
-                Some(HeldRoute { service, port })
+                let port = dial.strip_prefix("127.0.0.1:")?.parse().ok()?;
+                let agrees = match (&https, published.get(&service)) {
+                    (None, _) => true,
+                    (Some(_), None) => false,
+                    (Some(held), Some(hosts)) => match held.get(&Self::tls_route_id(&service)) {
+                        None => hosts.is_empty(),
+                        Some((tls_dial, tls_hosts)) => tls_dial == dial && tls_hosts == hosts,
+                    },
+                };
+                Some(HeldRoute {
+                    service,
+                    port: if agrees { port } else { 0 },
+                })
             })
             .collect())
     }

@@ -826,6 +826,9 @@ impl Daemon {
         let domains = domain_table(&new);
         warn_unserved_domains(&self.config, &domains);
         self.recoverer.set_domains(domains);
+        // The next pass republishes every route with the new catalog's
+        // public hosts (a route whose hosts did not change writes nothing).
+        self.caddy.forget_published_hosts();
         self.recoverer.set_helm_types(new.helm_types());
         record_type_versions(self.ports.store.as_ref(), &new).await;
         self.catalog.replace(Arc::new(new));

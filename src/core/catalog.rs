@@ -1282,8 +1282,8 @@ impl Checker<'_> {
         let mut domains: Vec<DomainTemplate> = Vec::with_capacity(raw.len());
         for (j, text) in raw.iter().enumerate() {
             let field = format!("{at}.domains[{j}]");
-            let template =
-                DomainTemplate::parse(text).map_err(|reason| self.invalid(&field, text, reason))?;
+            let template = DomainTemplate::parse(text)
+                .map_err(|e| self.invalid(&field, text, e.to_string()))?;
             if domains.contains(&template) {
                 return Err(self.invalid(&field, text, "duplicate domain"));
             }

@@ -13,7 +13,7 @@
 //! the second claim at publish, naming the host and its holder
 //! (`adapters::caddy`), and the first keeps serving.
 
-use super::names::{self, check_dns_name, INSTANCE_NAME_LEN_MAX, LABEL_LEN_MAX};
+use super::names::{self, check_dns_name, NameRule, INSTANCE_NAME_LEN_MAX, LABEL_LEN_MAX};
 use super::types::{InstanceName, ServiceName};
 
 /// Most host names one service may be given.
@@ -22,21 +22,34 @@ pub const DOMAINS_PER_SERVICE_MAX: usize = 16;
 const INSTANCE: &str = "{instance}";
 const SERVICE: &str = "{service}";
 
+/// Why a domain template was refused (the catalog names the field).
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum DomainError {
+    #[error(
+        "label {label:?}: a placeholder ({{instance}} or {{service}}) must be a whole label, \
+         and no other is known"
+    )]
+    Placeholder { label: String },
+    #[error("{0}")]
+    NotDnsName(NameRule),
+    #[error("rendered with the longest instance and service names: {0}")]
+    RenderedNotDnsName(NameRule),
+}
+
 /// A checked domain template.
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
 pub struct DomainTemplate(String);
 
 impl DomainTemplate {
     /// Checks `text`: DNS labels and whole-label placeholders, a DNS name
-    /// once rendered with the longest names. The error says why, for the
-    /// caller to put after the field's name.
-    pub fn parse(text: &str) -> Result<Self, String> {
+    /// once rendered with the longest names.
+    pub fn parse(text: &str) -> Result<Self, DomainError> {
         for label in text.split('.') {
             let placeholder = label == INSTANCE || label == SERVICE;
             if !placeholder && (label.contains('{') || label.contains('}')) {
-                return Err(format!(
-                    "label {label:?}: a placeholder ({INSTANCE} or {SERVICE}) must be a whole label, and no other is known"
-                ));
+                return Err(DomainError::Placeholder {
+                    label: label.to_owned(),
+                });
             }
         }
         let template = Self(text.to_owned());
@@ -46,12 +59,9 @@ impl DomainTemplate {
         );
         check_dns_name("domain", &longest).map_err(|e| {
             if longest == text {
-                e.rule.to_string()
+                DomainError::NotDnsName(e.rule)
             } else {
-                format!(
-                    "rendered with the longest instance and service names: {}",
-                    e.rule
-                )
+                DomainError::RenderedNotDnsName(e.rule)
             }
         })?;
         Ok(template)

@@ -106,6 +106,7 @@ async fn bench(n_containers: usize) {
             readiness: ReadinessProbe::None,
             stop_grace: Duration::ZERO,
             update: Default::default(),
+            domains: Vec::new(),
             run: Default::default(),
         };
         let request = CreateContainer {

@@ -80,6 +80,7 @@ fn route(service: ServiceKey, host_port: u16) -> Route {
         container: ContainerId::new("c1"),
         binds: Binds::from([(8080, host_port)]),
         verified_started_at: None,
+        public_hosts: Vec::new(),
     }
 }
 
@@ -525,6 +526,7 @@ async fn a_verified_busybox_container_is_served_through_caddy() {
         container: container.clone(),
         binds,
         verified_started_at: runtime.inspect(&container).await.unwrap().started_at,
+        public_hosts: Vec::new(),
     };
     fixture.traffic.publish(&route).await.expect("publish");
     let (status, body) = get(&fixture, &web).await;

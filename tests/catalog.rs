@@ -553,3 +553,68 @@ fn a_type_without_live_instances_may_change_in_any_way() {
     );
     check_hazards(&[(&LIVE[..search_at], NOTES_ON_HELM)], &["search"], &[]);
 }
+
+/// `domains` (#43): templates read into each service, in the order
+/// written, and not part of the spec's digest (where a service is
+/// published replaces no container).
+#[test]
+fn a_services_domains_are_read_and_change_no_digest() {
+    let with = GOOD.replace(
+        "ports = [8080, 9090]\n",
+        "ports = [8080, 9090]\ndomains = [\"wiki.example.com\", \"{instance}.wiki.example.com\"]\n",
+    );
+    let catalog = Catalog::from_toml(&with, "catalog.toml", &Grants::default()).unwrap();
+    let web = &catalog.get("wiki").unwrap().services[0];
+    let domains: Vec<&str> = web.domains.iter().map(|d| d.as_str()).collect();
+    assert_eq!(domains, ["wiki.example.com", "{instance}.wiki.example.com"]);
+    assert_eq!(
+        web.domains[1].render(&"team-a".into(), &web.name),
+        "team-a.wiki.example.com"
+    );
+    let without = Catalog::from_toml(GOOD, "catalog.toml", &Grants::default()).unwrap();
+    assert_eq!(
+        catalog.get("wiki").unwrap().spec_digest,
+        without.get("wiki").unwrap().spec_digest
+    );
+}
+
+#[test]
+fn a_malformed_or_shared_domain_is_refused_naming_its_field() {
+    let at = "ports = [8080, 9090]\n";
+    for (domains, expect) in [
+        (
+            r#"["Wiki.example.com"]"#,
+            r#"catalog.toml: line 9: types.wiki.services[0].domains[0] = "Wiki.example.com": must be a DNS name"#,
+        ),
+        (
+            r#"["{instance}-wiki.example.com"]"#,
+            r#"catalog.toml: line 9: types.wiki.services[0].domains[0] = "{instance}-wiki.example.com": label "{instance}-wiki": a placeholder"#,
+        ),
+        (
+            r#"["{team}.example.com"]"#,
+            r#"catalog.toml: line 9: types.wiki.services[0].domains[0] = "{team}.example.com": label "{team}""#,
+        ),
+        (
+            r#"["a.example.com", "a.example.com"]"#,
+            r#"catalog.toml: line 9: types.wiki.services[0].domains[1] = "a.example.com": duplicate domain"#,
+        ),
+    ] {
+        check(at, &format!("{at}domains = {domains}\n"), expect);
+    }
+    // One literal host on two types: every instance of both would claim it.
+    let shared = GOOD
+        .replace(at, &format!("{at}domains = [\"shop.example.com\"]\n"))
+        .replace(
+            "ports = [5432]\n",
+            "ports = [5432]\ndomains = [\"shop.example.com\"]\n",
+        );
+    let error = Catalog::from_toml(&shared, "catalog.toml", &Grants::default())
+        .unwrap_err()
+        .to_string();
+    assert!(
+        error.contains(
+            r#"types.wiki.services[0].domains[0] = "shop.example.com": types.db.services[0].domains[0] claims the same host name"#
+        ),
+        "{error}"
+    );
+}

@@ -34,6 +34,7 @@ fn script_spec(service: &str, script: &str, pattern: &str) -> ServiceSpec {
         readiness: log(pattern, Duration::from_secs(60)),
         stop_grace: Duration::from_secs(1),
         update: Default::default(),
+        domains: Vec::new(),
         run: Default::default(),
     }
 }

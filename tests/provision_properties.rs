@@ -27,6 +27,7 @@ fn spec(name: &str) -> ServiceSpec {
         readiness: ReadinessProbe::None,
         stop_grace: Duration::from_secs(5),
         update: Default::default(),
+        domains: Vec::new(),
         run: Default::default(),
     }
 }

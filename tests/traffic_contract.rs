@@ -66,6 +66,7 @@ async fn run(traffic: &dyn Traffic) -> Vec<String> {
                     container: ContainerId::new(format!("stead.contract.{service}.r1")),
                     binds,
                     verified_started_at: None,
+                    public_hosts: Vec::new(),
                 };
                 match traffic.publish(&route).await {
                     Ok(()) => "ok".to_owned(),

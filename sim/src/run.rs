@@ -1037,6 +1037,7 @@ async fn setup(
                 } else {
                     UpdateStrategy::Overlap
                 },
+                domains: Vec::new(),
                 // Data that must outlive every container of the service,
                 // a dropped one's too (only a purge removes it).
                 run: Box::new(stead::core::spec::RunSpec {

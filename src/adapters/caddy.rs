@@ -81,6 +81,57 @@ pub struct CaddyConfig {
     pub host_suffix: String,
     /// Bound on one admin API call.
     pub request_timeout: Duration,
+    /// HTTPS for public host names (#43); `None` serves loopback HTTP only.
+    pub tls: Option<CaddyTls>,
+}
+
+/// HTTPS for the public host names of services (#43): a second server of
+/// stead's, with Caddy's automatic HTTPS for the names its routes match,
+/// certificates from `issuer`, and HTTP redirected to it by routes in the
+/// HTTP server.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct CaddyTls {
+    pub issuer: TlsIssuer,
+    /// Where the HTTPS server listens (`host:port`).
+    pub listen_addr: String,
+    /// The default scheme: with a domain, every service is also served as
+    /// `<service>.<instance>.<domain>`.
+    pub domain: Option<String>,
+    /// `Strict-Transport-Security: max-age=…` on every HTTPS answer; `None`
+    /// sends no such header.
+    pub hsts_max_age: Option<Duration>,
+}
+
+/// Who signs the certificates of the public host names.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum TlsIssuer {
+    /// Caddy's own local CA (`/pki/ca/local`): tests and private networks,
+    /// whose clients trust that CA's root.
+    Internal,
+    /// An ACME CA: Let's Encrypt unless `ca` names another directory.
+    Acme {
+        email: Option<String>,
+        ca: Option<String>,
+    },
+}
+
+impl TlsIssuer {
+    /// The issuer as Caddy's automation policy takes it.
+    fn json(&self) -> Value {
+        match self {
+            Self::Internal => json!({ "module": "internal" }),
+            Self::Acme { email, ca } => {
+                let mut issuer = json!({ "module": "acme" });
+                if let Some(email) = email {
+                    issuer["email"] = json!(email);
+                }
+                if let Some(ca) = ca {
+                    issuer["ca"] = json!(ca);
+                }
+                issuer
+            }
+        }
+    }
 }
 
 impl Default for CaddyConfig {
@@ -91,6 +142,7 @@ impl Default for CaddyConfig {
             listen_addr: DEFAULT_LISTEN_ADDR.to_owned(),
             host_suffix: "localhost".to_owned(),
             request_timeout: Duration::from_secs(10),
+            tls: None,
         }
     }
 }
@@ -110,14 +162,43 @@ pub enum ServerCheck {
 /// One queued route change.
 #[derive(Debug)]
 enum Change {
-    Publish { service: ServiceKey, route: Value },
-    Withdraw { service: ServiceKey },
+    Publish {
+        service: ServiceKey,
+        routes: ServiceRoutes,
+    },
+    Withdraw {
+        service: ServiceKey,
+    },
+}
+
+/// The route objects of one published service.
+#[derive(Clone, Debug)]
+struct ServiceRoutes {
+    /// In the HTTP server: the loopback host `<service>.<instance>.<suffix>`.
+    http: Value,
+    /// With HTTPS and public hosts: the HTTP server's redirect of those
+    /// hosts to HTTPS, and the HTTPS server's route.
+    https: Option<HttpsRoutes>,
+}
+
+#[derive(Clone, Debug)]
+struct HttpsRoutes {
+    hosts: Vec<String>,
+    redirect: Value,
+    tls: Value,
 }
 
 impl Change {
     fn service(&self) -> &ServiceKey {
         match self {
             Change::Publish { service, .. } | Change::Withdraw { service } => service,
+        }
+    }
+
+    fn routes(&self) -> Option<&ServiceRoutes> {
+        match self {
+            Change::Publish { routes, .. } => Some(routes),
+            Change::Withdraw { .. } => None,
         }
     }
 }
@@ -134,6 +215,13 @@ struct Writer {
     route_writes: AtomicU64,
     /// Times `ensure` found stead's server gone and created it again.
     servers_created: AtomicU64,
+    /// Times [`CaddyTraffic::servers_present`] found them gone.
+    servers_missed: AtomicU64,
+    /// With HTTPS on: the public hosts each service was last published
+    /// with by this process (none: no HTTPS route), since it started or
+    /// the catalog was reloaded. What Caddy holds is read back against
+    /// this (T5, see `held_routes`).
+    published_hosts: Mutex<std::collections::BTreeMap<ServiceKey, Vec<String>>>,
 }
 
 /// The `Traffic` port over Caddy's admin API.
@@ -224,18 +312,97 @@ impl CaddyTraffic {
         )
     }
 
+    /// The key of stead's HTTPS server (#43), beside its HTTP one.
+    pub fn tls_server_name(&self) -> String {
+        format!("{}-tls", self.config.server_name)
+    }
+
+    /// The `@id` of a service's route in the HTTPS server.
+    fn tls_route_id(service: &ServiceKey) -> String {
+        format!("{TLS_ROUTE_ID_PREFIX}{}", Self::route_id(service))
+    }
+
+    /// The `@id` of a service's redirect to HTTPS in the HTTP server.
+    fn redirect_route_id(service: &ServiceKey) -> String {
+        format!("{REDIRECT_ROUTE_ID_PREFIX}{}", Self::route_id(service))
+    }
+
+    /// The `@id` of stead's TLS automation policy.
+    fn policy_id(&self) -> String {
+        format!("tls-policy.{}", self.config.server_name)
+    }
+
     /// Creates stead's HTTP server (automatic HTTPS off, a `404 no route`
     /// catch-all) if it is missing, and corrects its listen address if it
-    /// differs from the config. Only the missing levels of
-    /// `apps.http.servers` are created, so the rest of Caddy's config (its
-    /// admin endpoint above all) is never replaced. Cheap when nothing is
-    /// wrong (one read), so it runs every tick: a Caddy restarted without
-    /// its saved config comes back empty.
+    /// differs from the config; with HTTPS on, its HTTPS server too (and,
+    /// for the internal issuer, Caddy's local CA kept out of the host's
+    /// trust store). Only the missing levels of Caddy's config are
+    /// created, so the rest of it (its admin endpoint above all) is never
+    /// replaced. Cheap when nothing is wrong (a read per server), so it
+    /// runs every tick: a Caddy restarted without its saved config comes
+    /// back empty.
     pub async fn ensure_server(&self) -> Result<ServerCheck, TrafficError> {
-        let name = &self.config.server_name;
-        let listen = json!([self.config.listen_addr]);
-        let servers = "/config/apps/http/servers";
-        let server_path = format!("{servers}/{name}");
+        let http = self
+            .ensure_one(
+                &self.config.server_name,
+                &self.config.listen_addr,
+                json!({
+                    "automatic_https": { "disable": true },
+                    "routes": [catch_all()],
+                }),
+            )
+            .await?;
+        let Some(tls) = &self.config.tls else {
+            return Ok(http);
+        };
+        if tls.issuer == TlsIssuer::Internal {
+            let local = ["apps", "pki", "certificate_authorities", "local"];
+            if !self.exists(&config_path(&local)).await? {
+                // Caddy installs its root in the host's trust store unless
+                // told not to: not stead's to change.
+                self.create_at(&local, json!({ "install_trust": false }))
+                    .await?;
+            }
+        }
+        let https = self
+            .ensure_one(
+                &self.tls_server_name(),
+                &tls.listen_addr,
+                json!({
+                    // Certificates for the hosts its routes match; the
+                    // redirects are stead's own routes in the HTTP server
+                    // (Caddy's would need its HTTP port, not stead's).
+                    "automatic_https": { "disable_redirects": true },
+                    // TLS even before any route has a certificate.
+                    "tls_connection_policies": [{}],
+                    "routes": [catch_all()],
+                }),
+            )
+            .await?;
+        Ok(match (http, https) {
+            (ServerCheck::Created, _) | (_, ServerCheck::Created) => ServerCheck::Created,
+            (ServerCheck::ListenCorrected { mut was }, other)
+            | (other, ServerCheck::ListenCorrected { mut was }) => {
+                if let ServerCheck::ListenCorrected { was: more } = other {
+                    was.extend(more);
+                }
+                ServerCheck::ListenCorrected { was }
+            }
+            (ServerCheck::Present, ServerCheck::Present) => ServerCheck::Present,
+        })
+    }
+
+    /// [`Self::ensure_server`] for one server: `server` is its body without
+    /// `listen`.
+    async fn ensure_one(
+        &self,
+        name: &str,
+        listen_addr: &str,
+        mut server: Value,
+    ) -> Result<ServerCheck, TrafficError> {
+        let listen = json!([listen_addr]);
+        let levels = ["apps", "http", "servers", name];
+        let server_path = config_path(&levels);
         if let Some(current) = self.read(&format!("{server_path}/listen")).await? {
             if current.value == listen {
                 return Ok(ServerCheck::Present);
@@ -249,34 +416,48 @@ impl CaddyTraffic {
                 .await?;
             return Ok(ServerCheck::ListenCorrected { was });
         }
-        let server = json!({
-            "listen": listen,
-            "automatic_https": { "disable": true },
-            "routes": [catch_all()],
-        });
-        // Create only the missing levels: the deepest existing one gets the
-        // rest nested under it.
-        let (path, value) = if self.exists(servers).await? {
-            (server_path, server)
-        } else if self.exists("/config/apps/http").await? {
-            (servers.to_owned(), json!({ name.as_str(): server }))
-        } else if self.exists("/config/apps").await? {
-            (
-                "/config/apps/http".to_owned(),
-                json!({ "servers": { name.as_str(): server } }),
-            )
-        } else {
-            (
-                "/config/apps".to_owned(),
-                json!({ "http": { "servers": { name.as_str(): server } } }),
-            )
-        };
-        self.write(Method::PUT, &path, &value).await?;
+        server["listen"] = listen;
+        self.create_at(&levels, server).await?;
         Ok(ServerCheck::Created)
     }
 
-    /// The route object for one service.
-    fn route_value(&self, route: &Route) -> Result<Value, TrafficError> {
+    /// Whether stead's servers are in Caddy's config now: one read each,
+    /// for the watcher between ticks (a Caddy that lost its config, e.g.
+    /// reloaded with another Caddyfile, has none).
+    pub async fn servers_present(&self) -> Result<bool, TrafficError> {
+        let mut names = vec![self.config.server_name.clone()];
+        if self.config.tls.is_some() {
+            names.push(self.tls_server_name());
+        }
+        for name in names {
+            let listen = config_path(&["apps", "http", "servers", &name, "listen"]);
+            if !self.exists(&listen).await? {
+                self.writer.servers_missed.fetch_add(1, Ordering::Relaxed);
+                return Ok(false);
+            }
+        }
+        Ok(true)
+    }
+
+    /// Puts `value` at `levels` under `/config/`, creating only the missing
+    /// levels above it: the deepest existing one gets the rest nested
+    /// under it.
+    async fn create_at(&self, levels: &[&str], value: Value) -> Result<(), TrafficError> {
+        assert!(!levels.is_empty(), "a value is put under some key");
+        let mut parent = levels.len() - 1;
+        while parent > 0 && !self.exists(&config_path(&levels[..parent])).await? {
+            parent -= 1;
+        }
+        let nested = levels[parent + 1..]
+            .iter()
+            .rev()
+            .fold(value, |value, key| json!({ *key: value }));
+        self.write(Method::PUT, &config_path(&levels[..=parent]), &nested)
+            .await
+    }
+
+    /// The route objects for one service.
+    fn service_routes(&self, route: &Route) -> Result<ServiceRoutes, TrafficError> {
         // Names are checked where they are read (rows, labels); checked
         // again here because they become a host matcher and an id, whose
         // injectivity rests on their being DNS labels.
@@ -296,18 +477,94 @@ impl CaddyTraffic {
                 "route {id}: bind of container port {container_port} = host port 0, not a port"
             )));
         }
-        Ok(json!({
+        let proxy = json!({
+            "handler": "reverse_proxy",
+            "upstreams": [{ "dial": format!("127.0.0.1:{host_port}") }],
+        });
+        let http = json!({
             "@id": id,
             "match": [{ "host": [self.host(&route.service)] }],
+            "handle": [proxy],
+            "terminal": true,
+        });
+        let https = match &self.config.tls {
+            None => None,
+            Some(tls) => self.https_routes(tls, route, proxy)?,
+        };
+        Ok(ServiceRoutes { http, https })
+    }
+
+    /// The HTTPS route and the redirect of a service with public hosts
+    /// (the default scheme's and the catalog's); `None` without any.
+    fn https_routes(
+        &self,
+        tls: &CaddyTls,
+        route: &Route,
+        proxy: Value,
+    ) -> Result<Option<HttpsRoutes>, TrafficError> {
+        let mut hosts = std::collections::BTreeSet::new();
+        if let Some(domain) = &tls.domain {
+            let ServiceKey { instance, service } = &route.service;
+            hosts.insert(format!("{service}.{instance}.{domain}"));
+        }
+        for host in &route.public_hosts {
+            // Rendered from checked templates; checked again because a
+            // host becomes a matcher and a certificate's subject.
+            names::check_dns_name("public host", host).map_err(|e| {
+                TrafficError::Rejected(format!(
+                    "route {} not published: {e}",
+                    Self::route_id(&route.service)
+                ))
+            })?;
+            hosts.insert(host.clone());
+        }
+        if hosts.is_empty() {
+            return Ok(None);
+        }
+        let hosts: Vec<String> = hosts.into_iter().collect();
+        let port = match tls.listen_addr.rsplit_once(':') {
+            Some((_, "443")) | None => String::new(),
+            Some((_, port)) => format!(":{port}"),
+        };
+        let redirect = json!({
+            "@id": Self::redirect_route_id(&route.service),
+            "match": [{ "host": hosts }],
             "handle": [{
-                "handler": "reverse_proxy",
-                "upstreams": [{ "dial": format!("127.0.0.1:{host_port}") }],
+                "handler": "static_response",
+                "status_code": 308,
+                "headers": {
+                    "Location": [format!("https://{{http.request.host}}{port}{{http.request.uri}}")],
+                },
             }],
             "terminal": true,
+        });
+        let mut handle = Vec::new();
+        if let Some(max_age) = tls.hsts_max_age {
+            handle.push(json!({
+                "handler": "headers",
+                "response": {
+                    "set": {
+                        "Strict-Transport-Security": [format!("max-age={}", max_age.as_secs())],
+                    },
+                },
+            }));
+        }
+        handle.push(proxy);
+        let tls_route = json!({
+            "@id": Self::tls_route_id(&route.service),
+            "match": [{ "host": hosts }],
+            "handle": handle,
+            "terminal": true,
+        });
+        Ok(Some(HttpsRoutes {
+            hosts,
+            redirect,
+            tls: tls_route,
         }))
     }
 
-    /// Whether `route` (an element of the routes array) is `service`'s.
+    /// Whether `route` (an element of the HTTP server's routes array) is
+    /// `service`'s loopback route.
     fn owns(&self, route: &Value, service: &ServiceKey) -> bool {
         let id = route.get("@id").and_then(Value::as_str);
         if id == Some(Self::route_id(service).as_str()) {
@@ -315,6 +572,14 @@ impl CaddyTraffic {
         }
         id == Some(Self::legacy_route_id(service).as_str())
             && route["match"][0]["host"][0].as_str() == Some(self.host(service).as_str())
+    }
+
+    /// Whether `route` (in either server) is any of `service`'s.
+    fn owns_any(&self, route: &Value, service: &ServiceKey) -> bool {
+        let id = route.get("@id").and_then(Value::as_str);
+        self.owns(route, service)
+            || id == Some(Self::redirect_route_id(service).as_str())
+            || id == Some(Self::tls_route_id(service).as_str())
     }
 
     /// Queues a change and waits until a write that includes it finished.
@@ -341,17 +606,32 @@ impl CaddyTraffic {
         );
         let (changes, replies): (Vec<Change>, Vec<Reply>) = batch.into_iter().unzip();
         let result = self.apply(&changes).await;
-        for reply in replies {
+        for (n, reply) in replies.into_iter().enumerate() {
+            let answer = match &result {
+                Ok(refusals) => refusals[n].clone().map_or(Ok(()), Err),
+                Err(e) => Err(e.clone()),
+            };
             // A caller that gave up (its deadline passed) dropped its end.
-            let _ = reply.send(result.clone());
+            let _ = reply.send(answer);
         }
         // Our change was queued before we took the lock, so it was in the
         // batch just written.
         answer.try_recv().unwrap_or_else(|_| Err(abandoned()))
     }
 
-    /// Applies a batch of changes with one read and at most one write.
-    async fn apply(&self, changes: &[Change]) -> Result<(), TrafficError> {
+    /// Applies a batch of changes with one read and at most one write;
+    /// with each change's refusal (a host another service holds), by
+    /// position.
+    async fn apply(&self, changes: &[Change]) -> Result<Vec<Option<TrafficError>>, TrafficError> {
+        if self.config.tls.is_some() {
+            return self.apply_to_apps(changes).await;
+        }
+        self.apply_to_routes(changes).await?;
+        Ok(vec![None; changes.len()])
+    }
+
+    /// [`Self::apply`] without HTTPS: on the HTTP server's routes array.
+    async fn apply_to_routes(&self, changes: &[Change]) -> Result<(), TrafficError> {
         let path = self.routes_path();
         let mut last_error = None;
         for _ in 0..WRITE_ATTEMPTS_MAX {
@@ -379,42 +659,232 @@ impl CaddyTraffic {
                 return Ok(());
             }
             match self
-                .send_checked(
-                    Method::PATCH,
-                    &path,
-                    Some(&Value::Array(updated)),
-                    Some(&current.etag),
-                )
+                .write_guarded(&path, Value::Array(updated), &current.etag)
                 .await?
             {
-                Written::Done => {
-                    self.writer.route_writes.fetch_add(1, Ordering::Relaxed);
-                    metrics::counter!("stead_caddy_route_writes_total").increment(1);
-                    return Ok(());
-                }
+                Written::Done => return Ok(()),
                 Written::Stale(e) => last_error = Some(e),
             }
         }
-        Err(last_error.unwrap_or_else(|| {
-            TrafficError::Rejected(format!(
-                "caddy {path}: server {:?} still missing after creating it",
-                self.config.server_name
-            ))
-        }))
+        Err(last_error.unwrap_or_else(|| self.still_missing(&path)))
     }
 
-    /// The routes array after applying `changes` in order.
+    /// [`Self::apply`] with HTTPS: both servers' routes and the TLS
+    /// automation policy live in different apps of Caddy's config, so the
+    /// change is one read and one write of `/config/apps`, guarded by its
+    /// ETag, and both servers and the policy change in one reload.
+    async fn apply_to_apps(
+        &self,
+        changes: &[Change],
+    ) -> Result<Vec<Option<TrafficError>>, TrafficError> {
+        let path = "/config/apps";
+        let mut last_error = None;
+        for _ in 0..WRITE_ATTEMPTS_MAX {
+            let current = self.read(path).await?;
+            let edited = current.as_ref().and_then(|current| {
+                let mut apps = current.value.clone();
+                let refusals = self.changed_apps(&mut apps, changes)?;
+                Some((apps, refusals))
+            });
+            let (Some(current), Some((apps, refusals))) = (current, edited) else {
+                if changes.iter().all(|c| matches!(c, Change::Withdraw { .. })) {
+                    // No server, so no route: withdrawn already.
+                    return Ok(vec![None; changes.len()]);
+                }
+                self.ensure_server().await?;
+                continue;
+            };
+            if apps == current.value {
+                return Ok(refusals);
+            }
+            match self.write_guarded(path, apps, &current.etag).await? {
+                Written::Done => return Ok(refusals),
+                Written::Stale(e) => last_error = Some(e),
+            }
+        }
+        Err(last_error.unwrap_or_else(|| self.still_missing(path)))
+    }
+
+    /// A write of a value read with `etag`; counted when Caddy took it.
+    async fn write_guarded(
+        &self,
+        path: &str,
+        value: Value,
+        etag: &str,
+    ) -> Result<Written, TrafficError> {
+        let written = self
+            .send_checked(Method::PATCH, path, Some(&value), Some(etag))
+            .await?;
+        if matches!(written, Written::Done) {
+            self.writer.route_writes.fetch_add(1, Ordering::Relaxed);
+            metrics::counter!("stead_caddy_route_writes_total").increment(1);
+        }
+        Ok(written)
+    }
+
+    fn still_missing(&self, path: &str) -> TrafficError {
+        TrafficError::Rejected(format!(
+            "caddy {path}: server {:?} still missing after creating it",
+            self.config.server_name
+        ))
+    }
+
+    /// The HTTP server's routes array after applying `changes` in order.
     fn changed_routes(&self, routes: &[Value], changes: &[Change]) -> Vec<Value> {
         let mut routes = routes.to_vec();
         for change in changes {
             let service = change.service();
-            let position = routes.iter().position(|r| self.owns(r, service));
-            routes.retain(|r| !self.owns(r, service));
-            if let Change::Publish { route, .. } = change {
-                routes.insert(position.unwrap_or(0), route.clone());
-            }
+            let new = change.routes().map(|r| r.http.clone());
+            place(&mut routes, |r| self.owns(r, service), new);
         }
         routes
+    }
+
+    /// Caddy's `apps` after applying `changes` in order (HTTPS on): the
+    /// HTTP server's loopback routes and redirects, the HTTPS server's
+    /// routes, and the automation policy naming exactly the hosts those
+    /// routes match (none: no policy, since a policy without subjects
+    /// would take every other site's certificates). A publish whose host
+    /// another route in stead's servers already matches is refused, and
+    /// the holder keeps it. `None` when a server is missing.
+    fn changed_apps(
+        &self,
+        apps: &mut Value,
+        changes: &[Change],
+    ) -> Option<Vec<Option<TrafficError>>> {
+        let http_path = format!("/http/servers/{}/routes", self.config.server_name);
+        let tls_path = format!("/http/servers/{}/routes", self.tls_server_name());
+        let mut http = apps.pointer(&http_path)?.as_array()?.clone();
+        let mut tls = apps.pointer(&tls_path)?.as_array()?.clone();
+        let mut refusals = Vec::with_capacity(changes.len());
+        for change in changes {
+            let service = change.service();
+            let routes = change.routes();
+            let hosts = routes
+                .and_then(|r| r.https.as_ref())
+                .map(|h| h.hosts.as_slice())
+                .unwrap_or_default();
+            if let Some(refusal) = self.claimed(service, hosts, tls.iter().chain(&http)) {
+                refusals.push(Some(refusal));
+                continue;
+            }
+            refusals.push(None);
+            let https = routes.and_then(|r| r.https.as_ref());
+            place(
+                &mut http,
+                |r| self.owns(r, service),
+                routes.map(|r| r.http.clone()),
+            );
+            let redirect_id = Self::redirect_route_id(service);
+            place(
+                &mut http,
+                |r| r.get("@id").and_then(Value::as_str) == Some(redirect_id.as_str()),
+                https.map(|h| h.redirect.clone()),
+            );
+            let tls_id = Self::tls_route_id(service);
+            place(
+                &mut tls,
+                |r| r.get("@id").and_then(Value::as_str) == Some(tls_id.as_str()),
+                https.map(|h| h.tls.clone()),
+            );
+        }
+        let subjects: std::collections::BTreeSet<&str> = tls
+            .iter()
+            .filter(|r| {
+                r.get("@id")
+                    .and_then(Value::as_str)
+                    .is_some_and(|id| id.starts_with(TLS_ROUTE_ID_PREFIX))
+            })
+            .flat_map(route_hosts)
+            .collect();
+        let policy = (!subjects.is_empty()).then(|| {
+            json!({
+                "@id": self.policy_id(),
+                "subjects": subjects,
+                "issuers": [self.config.tls.as_ref().map(|t| t.issuer.json())],
+            })
+        });
+        self.place_policy(apps, policy);
+        *apps.pointer_mut(&http_path)? = Value::Array(http);
+        *apps.pointer_mut(&tls_path)? = Value::Array(tls);
+        Some(refusals)
+    }
+
+    /// The refusal of a publish of `hosts` for `service` when another
+    /// route already matches one of them (T6 for public names: two
+    /// instances never share a host).
+    fn claimed<'a>(
+        &self,
+        service: &ServiceKey,
+        hosts: &[String],
+        routes: impl Iterator<Item = &'a Value>,
+    ) -> Option<TrafficError> {
+        for route in routes.filter(|r| !self.owns_any(r, service)) {
+            if let Some(host) = route_hosts(route).find(|h| hosts.iter().any(|mine| mine == h)) {
+                let holder = route
+                    .get("@id")
+                    .and_then(Value::as_str)
+                    .unwrap_or("a route stead does not own");
+                return Some(TrafficError::Rejected(format!(
+                    "route {} not published: host {host} is already served by {holder}; \
+                     two services cannot share a host name (see the catalog's domains)",
+                    Self::route_id(service)
+                )));
+            }
+        }
+        None
+    }
+
+    /// Puts stead's automation policy first in `apps.tls.automation.policies`
+    /// (where it was, if it was there), or removes it when `None`.
+    fn place_policy(&self, apps: &mut Value, policy: Option<Value>) {
+        let id = self.policy_id();
+        let owns = |p: &Value| p.get("@id").and_then(Value::as_str) == Some(id.as_str());
+        if let Some(policies) = apps
+            .pointer_mut("/tls/automation/policies")
+            .and_then(Value::as_array_mut)
+        {
+            place(policies, owns, policy);
+            return;
+        }
+        let Some(policy) = policy else {
+            return;
+        };
+        let mut at = apps;
+        for key in ["tls", "automation"] {
+            if !at.get(key).is_some_and(Value::is_object) {
+                at[key] = json!({});
+            }
+            at = &mut at[key];
+        }
+        at["policies"] = json!([policy]);
+    }
+
+    /// Notes the public hosts `service` is published with from now on;
+    /// `None`: withdrawn.
+    fn note_published_hosts(&self, service: &ServiceKey, hosts: Option<Vec<String>>) {
+        let mut published = self
+            .writer
+            .published_hosts
+            .lock()
+            .expect("published hosts poisoned");
+        match hosts {
+            Some(hosts) => published.insert(service.clone(), hosts),
+            None => published.remove(service),
+        };
+    }
+
+    /// Forgets which public hosts each service was published with: the
+    /// next pass reads every route back as wrong and republishes it, so a
+    /// reloaded catalog's `domains` take effect without waiting for each
+    /// service's next change. A republication that changes nothing writes
+    /// nothing (one read per service, no reload).
+    pub fn forget_published_hosts(&self) {
+        self.writer
+            .published_hosts
+            .lock()
+            .expect("published hosts poisoned")
+            .clear();
     }
 
     /// How many route writes (each one a reload of Caddy's config) this
@@ -429,6 +899,12 @@ impl CaddyTraffic {
         self.writer.servers_created.load(Ordering::Relaxed)
     }
 
+    /// How many times [`Self::servers_present`] (the watcher between
+    /// ticks) found stead's servers gone.
+    pub fn servers_missed(&self) -> u64 {
+        self.writer.servers_missed.load(Ordering::Relaxed)
+    }
+
     /// Every route stead owns, as Caddy holds it now: route id → the
     /// upstream it dials. `None` when stead's server does not exist.
     pub async fn routes(&self) -> Result<Option<Vec<(String, String)>>, TrafficError> {
@@ -436,15 +912,36 @@ impl CaddyTraffic {
         let Some(current) = self.read(&path).await? else {
             return Ok(None);
         };
-        let routes = current.value.as_array().cloned().unwrap_or_default();
+        Ok(Some(owned_dials(&current.value, names::ROUTE_ID_PREFIX)))
+    }
+
+    /// The HTTPS server's routes of stead's (#43): route id → the upstream
+    /// it dials and the hosts it matches. `None` when HTTPS is off; empty
+    /// when the server does not exist.
+    async fn https_routes_held(
+        &self,
+    ) -> Result<Option<std::collections::BTreeMap<String, (String, Vec<String>)>>, TrafficError>
+    {
+        if self.config.tls.is_none() {
+            return Ok(None);
+        }
+        let path = config_path(&["apps", "http", "servers", &self.tls_server_name(), "routes"]);
+        let Some(current) = self.read(&path).await? else {
+            return Ok(Some(Default::default()));
+        };
+        let prefix = format!("{TLS_ROUTE_ID_PREFIX}{}", names::ROUTE_ID_PREFIX);
         Ok(Some(
-            routes
-                .iter()
+            current
+                .value
+                .as_array()
+                .into_iter()
+                .flatten()
                 .filter_map(|r| {
                     let id = r.get("@id")?.as_str()?;
-                    let dial = r["handle"][0]["upstreams"][0]["dial"].as_str()?;
-                    id.starts_with(names::ROUTE_ID_PREFIX)
-                        .then(|| (id.to_owned(), dial.to_owned()))
+                    let dial = proxy_dial(r)?;
+                    let hosts = route_hosts(r).map(str::to_owned).collect();
+                    id.starts_with(&prefix)
+                        .then(|| (id.to_owned(), (dial.to_owned(), hosts)))
                 })
                 .collect(),
         ))
@@ -644,6 +1141,63 @@ fn abandoned() -> TrafficError {
     )
 }
 
+/// Prefix of a service's route id in the HTTPS server (`tls.stead.…`).
+const TLS_ROUTE_ID_PREFIX: &str = "tls.";
+/// Prefix of a service's redirect id in the HTTP server.
+const REDIRECT_ROUTE_ID_PREFIX: &str = "redirect.";
+
+/// `/config/` and `levels` joined by `/`. Caddy's keys stead writes are
+/// its own names (no `/`).
+fn config_path(levels: &[&str]) -> String {
+    format!("/config/{}", levels.join("/"))
+}
+
+/// Replaces the elements `owns` picks by `new` (where the first was, else
+/// at the front), or removes them when `new` is `None`.
+fn place(routes: &mut Vec<Value>, owns: impl Fn(&Value) -> bool, new: Option<Value>) {
+    let position = routes.iter().position(&owns);
+    routes.retain(|r| !owns(r));
+    if let Some(new) = new {
+        routes.insert(position.unwrap_or(0), new);
+    }
+}
+
+/// Each route of `routes` whose id starts with `prefix`: its id and the
+/// upstream it dials.
+fn owned_dials(routes: &Value, prefix: &str) -> Vec<(String, String)> {
+    routes
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|r| {
+            let id = r.get("@id")?.as_str()?;
+            let dial = proxy_dial(r)?;
+            id.starts_with(prefix)
+                .then(|| (id.to_owned(), dial.to_owned()))
+        })
+        .collect()
+}
+
+/// The upstream a route's `reverse_proxy` handler dials.
+fn proxy_dial(route: &Value) -> Option<&str> {
+    route["handle"]
+        .as_array()?
+        .iter()
+        .find(|h| h["handler"] == "reverse_proxy")?["upstreams"][0]["dial"]
+        .as_str()
+}
+
+/// Every host a route's matchers name.
+fn route_hosts(route: &Value) -> impl Iterator<Item = &str> {
+    route["match"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|m| m["host"].as_array())
+        .flatten()
+        .filter_map(Value::as_str)
+}
+
 /// The catch-all at the end of stead's server: hosts with no route get 404.
 fn catch_all() -> Value {
     json!({
@@ -674,15 +1228,18 @@ fn fnv1a_32(bytes: &[u8]) -> u32 {
 #[async_trait]
 impl Traffic for CaddyTraffic {
     async fn publish(&self, route: &Route) -> Result<(), TrafficError> {
-        let value = self.route_value(route)?;
+        let routes = self.service_routes(route)?;
+        let hosts = routes.https.as_ref().map(|h| h.hosts.clone());
+        self.note_published_hosts(&route.service, Some(hosts.unwrap_or_default()));
         self.submit(Change::Publish {
             service: route.service.clone(),
-            route: value,
+            routes,
         })
         .await
     }
 
     async fn withdraw(&self, service: &ServiceKey) -> Result<(), TrafficError> {
+        self.note_published_hosts(service, None);
         self.submit(Change::Withdraw {
             service: service.clone(),
         })
@@ -702,16 +1259,38 @@ impl Traffic for CaddyTraffic {
         })
     }
 
+    /// With HTTPS on, a service counts as held only when its HTTPS route
+    /// is what this process last published for it: present with the same
+    /// hosts and dialling the same port as its HTTP route, or absent when
+    /// it has no public hosts. Otherwise it reads back as dialling port 0,
+    /// which no verified bind has, so the pass republishes it (T5): a
+    /// route lost or changed by hand, and every route once after a start
+    /// or a reload (`forget_published_hosts`), whose hosts may be stale.
     async fn held_routes(&self) -> Result<Vec<HeldRoute>, TrafficError> {
-        Ok(self
-            .routes()
-            .await?
-            .unwrap_or_default()
+        let http = self.routes().await?.unwrap_or_default();
+        let https = self.https_routes_held().await?;
+        let published = self
+            .writer
+            .published_hosts
+            .lock()
+            .expect("published hosts poisoned")
+            .clone();
+        Ok(http
             .iter()
             .filter_map(|(id, dial)| {
+                let service = Self::service_of(id)?;
+                let port = dial.strip_prefix("127.0.0.1:")?.parse().ok()?;
+                let agrees = match (&https, published.get(&service)) {
+                    (None, _) => true,
+                    (Some(_), None) => false,
+                    (Some(held), Some(hosts)) => match held.get(&Self::tls_route_id(&service)) {
+                        None => hosts.is_empty(),
+                        Some((tls_dial, tls_hosts)) => tls_dial == dial && tls_hosts == hosts,
+                    },
+                };
                 Some(HeldRoute {
-                    service: Self::service_of(id)?,
-                    port: dial.strip_prefix("127.0.0.1:")?.parse().ok()?,
+                    service,
+                    port: if agrees { port } else { 0 },
                 })
             })
             .collect())
@@ -753,6 +1332,13 @@ mod tests {
         ServiceKey {
             instance: instance.into(),
             service: service.into(),
+        }
+    }
+
+    fn publish(service: &ServiceKey, http: Value) -> Change {
+        Change::Publish {
+            service: service.clone(),
+            routes: ServiceRoutes { http, https: None },
         }
     }
 
@@ -807,8 +1393,9 @@ mod tests {
                 container: "c1".into(),
                 binds: [(8080, 32768)].into(),
                 verified_started_at: None,
+                public_hosts: Vec::new(),
             };
-            let Err(TrafficError::Rejected(message)) = caddy.route_value(&route) else {
+            let Err(TrafficError::Rejected(message)) = caddy.service_routes(&route) else {
                 panic!("{instance}/{service} must be refused");
             };
             assert!(message.contains("must be a DNS label"), "{message}");
@@ -828,13 +1415,7 @@ mod tests {
         };
         let routes = vec![legacy(&theirs), legacy(&mine), catch_all()];
         let new = json!({ "@id": CaddyTraffic::route_id(&mine) });
-        let changed = caddy.changed_routes(
-            &routes,
-            &[Change::Publish {
-                service: mine.clone(),
-                route: new.clone(),
-            }],
-        );
+        let changed = caddy.changed_routes(&routes, &[publish(&mine, new.clone())]);
         assert_eq!(changed, vec![legacy(&theirs), new, catch_all()]);
         let withdrawn = caddy.changed_routes(&changed, &[Change::Withdraw { service: mine }]);
         assert_eq!(withdrawn, vec![legacy(&theirs), catch_all()]);
@@ -847,21 +1428,160 @@ mod tests {
         let route =
             |k: &ServiceKey, port: u16| json!({ "@id": CaddyTraffic::route_id(k), "port": port });
         let changes = [
-            Change::Publish {
-                service: a.clone(),
-                route: route(&a, 1),
-            },
-            Change::Publish {
-                service: b.clone(),
-                route: route(&b, 2),
-            },
+            publish(&a, route(&a, 1)),
+            publish(&b, route(&b, 2)),
             Change::Withdraw { service: a.clone() },
-            Change::Publish {
-                service: b.clone(),
-                route: route(&b, 3),
-            },
+            publish(&b, route(&b, 3)),
         ];
         let changed = caddy.changed_routes(&[catch_all()], &changes);
         assert_eq!(changed, vec![route(&b, 3), catch_all()]);
+    }
+
+    fn https_caddy() -> CaddyTraffic {
+        CaddyTraffic::new(CaddyConfig {
+            tls: Some(CaddyTls {
+                issuer: TlsIssuer::Internal,
+                listen_addr: "127.0.0.1:8443".to_owned(),
+                domain: Some("apps.example.test".to_owned()),
+                hsts_max_age: Some(Duration::from_secs(300)),
+            }),
+            ..CaddyConfig::default()
+        })
+        .unwrap()
+    }
+
+    fn route_to(service: &ServiceKey, port: u16, public_hosts: &[&str]) -> Route {
+        Route {
+            service: service.clone(),
+            container: "c1".into(),
+            binds: [(8080, port)].into(),
+            verified_started_at: None,
+            public_hosts: public_hosts.iter().map(|h| (*h).to_owned()).collect(),
+        }
+    }
+
+    #[test]
+    fn an_https_route_serves_the_default_scheme_and_the_catalogs_hosts_with_hsts() {
+        let caddy = https_caddy();
+        let shop = key("shop", "web");
+        let routes = caddy
+            .service_routes(&route_to(&shop, 32768, &["shop.example.com"]))
+            .unwrap();
+        let https = routes.https.expect("public hosts are served over HTTPS");
+        assert_eq!(
+            https.hosts,
+            ["shop.example.com", "web.shop.apps.example.test"]
+        );
+        assert_eq!(https.tls["@id"], "tls.stead.shop.web");
+        assert_eq!(
+            https.tls["handle"][0]["response"]["set"]["Strict-Transport-Security"][0],
+            "max-age=300"
+        );
+        assert_eq!(
+            https.tls["handle"][1]["upstreams"][0]["dial"],
+            "127.0.0.1:32768"
+        );
+        assert_eq!(
+            https.redirect["handle"][0]["headers"]["Location"][0],
+            "https://{http.request.host}:8443{http.request.uri}"
+        );
+        // The loopback route stays as it was.
+        assert_eq!(routes.http["match"][0]["host"][0], "web.shop.localhost");
+        // A host that is not a DNS name is refused, never matched.
+        let bad = caddy.service_routes(&route_to(&shop, 32768, &["Shop.example.com"]));
+        assert!(matches!(bad, Err(TrafficError::Rejected(m)) if m.contains("DNS name")));
+        // Without HTTPS, public hosts are not served.
+        let plain = CaddyTraffic::new(CaddyConfig::default()).unwrap();
+        let routes = plain
+            .service_routes(&route_to(&shop, 32768, &["shop.example.com"]))
+            .unwrap();
+        assert!(routes.https.is_none());
+    }
+
+    fn apps_with_servers(caddy: &CaddyTraffic) -> Value {
+        json!({
+            "http": { "servers": {
+                "stead": { "routes": [catch_all()] },
+                caddy.tls_server_name(): { "routes": [catch_all()] },
+            }},
+            "tls": { "automation": { "policies": [{ "subjects": ["other.example.org"] }] } },
+        })
+    }
+
+    fn publish_route(caddy: &CaddyTraffic, route: &Route) -> Change {
+        Change::Publish {
+            service: route.service.clone(),
+            routes: caddy.service_routes(route).unwrap(),
+        }
+    }
+
+    #[test]
+    fn a_host_another_service_holds_is_refused_and_the_holder_keeps_it() {
+        let caddy = https_caddy();
+        let (a, b) = (key("a", "web"), key("b", "web"));
+        let mut apps = apps_with_servers(&caddy);
+        let refusals = caddy
+            .changed_apps(
+                &mut apps,
+                &[
+                    publish_route(&caddy, &route_to(&a, 1001, &["shop.example.com"])),
+                    publish_route(&caddy, &route_to(&b, 1002, &["shop.example.com"])),
+                ],
+            )
+            .expect("both servers exist");
+        assert!(refusals[0].is_none());
+        let Some(TrafficError::Rejected(why)) = &refusals[1] else {
+            panic!("the second claim of a host is refused: {refusals:?}");
+        };
+        assert!(
+            why.contains("host shop.example.com is already served by tls.stead.a.web"),
+            "{why}"
+        );
+        let tls_routes = apps["http"]["servers"]["stead-tls"]["routes"]
+            .as_array()
+            .unwrap();
+        assert_eq!(tls_routes.len(), 2, "a's route and the catch-all");
+        assert_eq!(
+            tls_routes[0]["handle"][1]["upstreams"][0]["dial"],
+            "127.0.0.1:1001"
+        );
+        // The policy names exactly the hosts served, first, beside the
+        // operator's own.
+        let policies = apps["tls"]["automation"]["policies"].as_array().unwrap();
+        assert_eq!(
+            policies[0]["subjects"],
+            json!(["shop.example.com", "web.a.apps.example.test"])
+        );
+        assert_eq!(policies[0]["issuers"][0]["module"], "internal");
+        assert_eq!(policies[1]["subjects"][0], "other.example.org");
+        // b may have the host once a lets it go; with no host served, no
+        // policy of stead's remains (one without subjects would take
+        // every other site's certificates).
+        let refusals = caddy
+            .changed_apps(
+                &mut apps,
+                &[
+                    Change::Withdraw { service: a.clone() },
+                    publish_route(&caddy, &route_to(&b, 1002, &["shop.example.com"])),
+                    Change::Withdraw { service: b.clone() },
+                ],
+            )
+            .unwrap();
+        assert!(refusals.iter().all(Option::is_none), "{refusals:?}");
+        let policies = apps["tls"]["automation"]["policies"].as_array().unwrap();
+        assert_eq!(policies.len(), 1);
+        assert_eq!(policies[0]["subjects"][0], "other.example.org");
+        assert_eq!(
+            apps["http"]["servers"]["stead"]["routes"],
+            json!([catch_all()])
+        );
+    }
+
+    #[test]
+    fn changes_to_a_caddy_without_stead_servers_are_not_applied() {
+        let caddy = https_caddy();
+        let mut apps = json!({ "http": { "servers": {} } });
+        let publish = publish_route(&caddy, &route_to(&key("a", "web"), 1001, &[]));
+        assert!(caddy.changed_apps(&mut apps, &[publish]).is_none());
     }
 }

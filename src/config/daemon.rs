@@ -102,6 +102,13 @@ pub const KEYS: &[&str] = &[
     "caddy.server_name",
     "caddy.host_suffix",
     "caddy.request_timeout_s",
+    "caddy.watch_interval_ms",
+    "caddy.tls.mode",
+    "caddy.tls.listen",
+    "caddy.tls.domain",
+    "caddy.tls.email",
+    "caddy.tls.acme_ca",
+    "caddy.tls.hsts_max_age_s",
     "helm.path",
     "helm.wait_timeout_s",
     "helm.kill_margin_s",
@@ -174,6 +181,48 @@ pub struct CaddySettings {
     pub server_name: String,
     pub host_suffix: String,
     pub request_timeout: Duration,
+    /// How often a cheap read checks that Caddy still holds stead's
+    /// servers, between ticks (a Caddy reloaded with another config).
+    pub watch_interval: Duration,
+    /// `[caddy.tls]`: HTTPS for public host names (#43).
+    pub tls: TlsSettings,
+}
+
+/// Where the HTTPS server listens unless `caddy.tls.listen` says otherwise.
+pub const DEFAULT_CADDY_TLS_LISTEN: &str = "0.0.0.0:443";
+/// Longest HSTS max-age accepted: two years, the preload lists' figure.
+pub const HSTS_MAX_AGE_S_MAX: i64 = 2 * 365 * 24 * 3600;
+/// Bounds of `caddy.watch_interval_ms`.
+pub const CADDY_WATCH_INTERVAL_MS_MIN: i64 = 100;
+pub const CADDY_WATCH_INTERVAL_MS_MAX: i64 = 60_000;
+
+/// `[caddy.tls]` (#43).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TlsSettings {
+    pub mode: TlsMode,
+    /// The HTTPS server's address (`IP:port`).
+    pub listen: String,
+    /// The default scheme `<service>.<instance>.<domain>`; `None`: only the
+    /// catalog's `domains` are public.
+    pub domain: Option<String>,
+    /// ACME account email (mode `acme` only).
+    pub email: Option<String>,
+    /// ACME directory URL instead of Let's Encrypt's (mode `acme` only).
+    pub acme_ca: Option<String>,
+    /// `Strict-Transport-Security` max-age; `None` (0 in the file) sends
+    /// no such header.
+    pub hsts_max_age: Option<Duration>,
+}
+
+/// Who serves HTTPS for public host names.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum TlsMode {
+    /// Loopback HTTP only (the default): no public host names.
+    Off,
+    /// Certificates from an ACME CA (Let's Encrypt unless `acme_ca`).
+    Acme,
+    /// Certificates from Caddy's local CA: tests and private networks.
+    Internal,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -537,6 +586,15 @@ fn apply_env(
     Ok(overridden)
 }
 
+/// Whether `url` reads as an `https://` URL with a host (the config module
+/// builds without an HTTP client, so this is checked by hand).
+fn is_https_url(url: &str) -> bool {
+    url.strip_prefix("https://").is_some_and(|rest| {
+        let host = rest.split(['/', '?', '#']).next().unwrap_or_default();
+        !host.is_empty() && !url.chars().any(|c| c.is_whitespace() || c.is_control())
+    })
+}
+
 /// Sets dotted `key` in `doc`, making (or replacing) tables on the way.
 fn set_key(doc: &mut toml::Table, key: &str, value: toml::Value) {
     let mut table = doc;
@@ -724,6 +782,20 @@ struct RawCaddy {
     server_name: Option<String>,
     host_suffix: Option<String>,
     request_timeout_s: Option<i64>,
+    watch_interval_ms: Option<i64>,
+    #[serde(default)]
+    tls: RawTls,
+}
+
+#[derive(Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+struct RawTls {
+    mode: Option<String>,
+    listen: Option<String>,
+    domain: Option<String>,
+    email: Option<String>,
+    acme_ca: Option<String>,
+    hsts_max_age_s: Option<i64>,
 }
 
 #[derive(Deserialize, Default)]
@@ -1346,6 +1418,7 @@ impl Validator<'_> {
         if !dns(&host_suffix) {
             return Err(self.invalid("caddy.host_suffix", &host_suffix, "must be a DNS name"));
         }
+        let tls = self.tls(raw.tls, &listen)?;
         Ok(CaddySettings {
             admin,
             listen,
@@ -1358,6 +1431,101 @@ impl Validator<'_> {
                 1,
                 600,
             )?,
+            watch_interval: Duration::from_millis(self.int(
+                "caddy.watch_interval_ms",
+                raw.watch_interval_ms,
+                2_000,
+                CADDY_WATCH_INTERVAL_MS_MIN,
+                CADDY_WATCH_INTERVAL_MS_MAX,
+            )?),
+            tls,
+        })
+    }
+
+    /// `[caddy.tls]`: every value checked, whatever the mode; ACME's keys
+    /// refused in another mode, where they would silently mean nothing.
+    fn tls(&self, raw: RawTls, http_listen: &str) -> Result<TlsSettings, DaemonConfigError> {
+        let mode = match raw.mode.as_deref().unwrap_or("off") {
+            "off" => TlsMode::Off,
+            "acme" => TlsMode::Acme,
+            "internal" => TlsMode::Internal,
+            other => {
+                return Err(self.invalid(
+                    "caddy.tls.mode",
+                    other,
+                    "must be \"off\", \"acme\" or \"internal\"",
+                ))
+            }
+        };
+        let listen = self.text("caddy.tls.listen", raw.listen, DEFAULT_CADDY_TLS_LISTEN)?;
+        let https = self.addr("caddy.tls.listen", &listen)?;
+        let same_port =
+            http_listen.parse::<SocketAddr>().ok().map(|a| a.port()) == Some(https.port());
+        if mode != TlsMode::Off && same_port {
+            return Err(self.invalid(
+                "caddy.tls.listen",
+                &listen,
+                format!("must be another port than caddy.listen ({http_listen}): one server is HTTP, the other HTTPS"),
+            ));
+        }
+        let domain = match raw.domain {
+            None => None,
+            Some(domain) => {
+                crate::core::names::check_dns_name("caddy.tls.domain", &domain)
+                    .map_err(|e| self.invalid("caddy.tls.domain", &domain, e.rule.to_string()))?;
+                Some(domain)
+            }
+        };
+        for (field, value) in [
+            ("caddy.tls.email", &raw.email),
+            ("caddy.tls.acme_ca", &raw.acme_ca),
+        ] {
+            if let Some(value) = value.as_ref().filter(|_| mode != TlsMode::Acme) {
+                return Err(self.invalid(
+                    field,
+                    value,
+                    "is read only with caddy.tls.mode = \"acme\"",
+                ));
+            }
+        }
+        if let Some(email) = &raw.email {
+            let valid = email.len() <= 254
+                && email.split_once('@').is_some_and(|(user, host)| {
+                    !user.is_empty() && crate::core::names::check_dns_name("", host).is_ok()
+                })
+                && !email.chars().any(|c| c.is_whitespace() || c.is_control());
+            if !valid {
+                return Err(self.invalid(
+                    "caddy.tls.email",
+                    email,
+                    "must be an email address such as ops@example.com",
+                ));
+            }
+        }
+        if let Some(ca) = &raw.acme_ca {
+            let valid = is_https_url(ca);
+            if !valid {
+                return Err(self.invalid(
+                    "caddy.tls.acme_ca",
+                    ca,
+                    "must be an https:// URL of an ACME directory",
+                ));
+            }
+        }
+        let hsts_s = self.int(
+            "caddy.tls.hsts_max_age_s",
+            raw.hsts_max_age_s,
+            0,
+            0,
+            HSTS_MAX_AGE_S_MAX,
+        )?;
+        Ok(TlsSettings {
+            mode,
+            listen,
+            domain,
+            email: raw.email,
+            acme_ca: raw.acme_ca,
+            hsts_max_age: (hsts_s > 0).then(|| Duration::from_secs(hsts_s)),
         })
     }
 
@@ -1649,6 +1817,55 @@ mod tests {
             ),
             "{e}"
         );
+    }
+
+    #[test]
+    fn https_is_off_by_default_and_read_from_caddy_tls() {
+        let defaults = parse("", "f", &[]).unwrap();
+        assert_eq!(defaults.caddy.tls.mode, TlsMode::Off);
+        assert_eq!(defaults.caddy.watch_interval, Duration::from_secs(2));
+        let config = parse(
+            "[caddy.tls]\nmode = \"acme\"\nlisten = \"0.0.0.0:8443\"\ndomain = \"apps.example.com\"\n\
+             email = \"ops@example.com\"\nacme_ca = \"https://ca.internal/acme/directory\"\nhsts_max_age_s = 300\n",
+            "f",
+            &[],
+        )
+        .unwrap();
+        let tls = config.caddy.tls;
+        assert_eq!(tls.mode, TlsMode::Acme);
+        assert_eq!(tls.listen, "0.0.0.0:8443");
+        assert_eq!(tls.domain.as_deref(), Some("apps.example.com"));
+        assert_eq!(tls.email.as_deref(), Some("ops@example.com"));
+        assert_eq!(tls.hsts_max_age, Some(Duration::from_secs(300)));
+        let internal = parse(
+            "",
+            "f",
+            &[("STEAD_CADDY__TLS__MODE".into(), "internal".into())],
+        )
+        .unwrap();
+        assert_eq!(internal.caddy.tls.mode, TlsMode::Internal);
+    }
+
+    #[test]
+    fn a_bad_https_setting_is_refused_naming_its_key_and_value() {
+        for (doc, expect) in [
+            ("[caddy.tls]\nmode = \"on\"", "caddy.tls.mode = \"on\""),
+            ("[caddy.tls]\nmode = \"internal\"\nlisten = \"443\"", "caddy.tls.listen = \"443\""),
+            (
+                "[caddy]\nlisten = \"127.0.0.1:8443\"\n[caddy.tls]\nmode = \"internal\"\nlisten = \"127.0.0.1:8443\"",
+                "caddy.tls.listen = \"127.0.0.1:8443\": must be another port than caddy.listen",
+            ),
+            ("[caddy.tls]\ndomain = \"Apps.example.com\"", "caddy.tls.domain = \"Apps.example.com\""),
+            ("[caddy.tls]\ndomain = \"*.example.com\"", "caddy.tls.domain = \"*.example.com\""),
+            ("[caddy.tls]\nmode = \"internal\"\nemail = \"a@b.c\"", "caddy.tls.email = \"a@b.c\": is read only with"),
+            ("[caddy.tls]\nmode = \"acme\"\nemail = \"nobody\"", "caddy.tls.email = \"nobody\""),
+            ("[caddy.tls]\nmode = \"acme\"\nacme_ca = \"http://ca\"", "caddy.tls.acme_ca = \"http://ca\""),
+            ("[caddy.tls]\nhsts_max_age_s = -1", "caddy.tls.hsts_max_age_s = -1"),
+            ("[caddy]\nwatch_interval_ms = 10", "caddy.watch_interval_ms = 10"),
+            ("[caddy.tls]\nmod = \"acme\"", "unknown field `mod`"),
+        ] {
+            check_err(doc, &[], expect);
+        }
     }
 
     #[test]

@@ -17,6 +17,7 @@ use std::time::Duration;
 
 use serde::Deserialize;
 
+use super::domains::{DomainTemplate, DOMAINS_PER_SERVICE_MAX};
 use super::fleet::RolloutState;
 use super::grants::{is_reserved_env, reserved_env_reason, Grant, Grants};
 use super::limits::MIB;
@@ -327,6 +328,7 @@ impl Catalog {
             entry.spec_digest = entry.digest();
             entries.insert(name, entry);
         }
+        check.shared_domains(&entries)?;
         let sources = type_sources(contents);
         Ok(Catalog {
             entries,
@@ -793,6 +795,8 @@ struct RawService {
     labels: BTreeMap<String, String>,
     #[serde(default)]
     networks: Vec<String>,
+    #[serde(default)]
+    domains: Vec<String>,
 }
 
 #[derive(Deserialize)]
@@ -1250,6 +1254,7 @@ impl Checker<'_> {
             0,
         )?;
         let update = self.update(at, raw.update.as_deref(), &run)?;
+        let domains = self.domains(at, &raw.domains)?;
         Ok(ServiceSpec {
             name: ServiceName::new(raw.name),
             image: raw.image,
@@ -1259,8 +1264,61 @@ impl Checker<'_> {
             readiness,
             stop_grace,
             update,
+            domains,
             run: Box::new(run),
         })
+    }
+
+    /// `domains` (#43): at most [`DOMAINS_PER_SERVICE_MAX`] templates, each
+    /// a DNS name with whole-label placeholders, none twice.
+    fn domains(&self, at: &str, raw: &[String]) -> Result<Vec<DomainTemplate>, CatalogError> {
+        if raw.len() > DOMAINS_PER_SERVICE_MAX {
+            return Err(self.invalid(
+                format!("{at}.domains"),
+                raw.len(),
+                format!("at most {DOMAINS_PER_SERVICE_MAX} domains"),
+            ));
+        }
+        let mut domains: Vec<DomainTemplate> = Vec::with_capacity(raw.len());
+        for (j, text) in raw.iter().enumerate() {
+            let field = format!("{at}.domains[{j}]");
+            let template = DomainTemplate::parse(text)
+                .map_err(|e| self.invalid(&field, text, e.to_string()))?;
+            if domains.contains(&template) {
+                return Err(self.invalid(&field, text, "duplicate domain"));
+            }
+            domains.push(template);
+        }
+        Ok(domains)
+    }
+
+    /// Host names two services would always both claim (#43): a template
+    /// without `{service}` on two services of one type (one instance
+    /// renders both alike), or one without any placeholder on two
+    /// services anywhere. Claims only some instances make (a literal name
+    /// in a type with two instances) are refused at publish.
+    fn shared_domains(&self, entries: &BTreeMap<String, CatalogEntry>) -> Result<(), CatalogError> {
+        let mut seen: BTreeMap<(Option<&str>, &DomainTemplate), String> = BTreeMap::new();
+        for (name, entry) in entries {
+            for (i, service) in entry.services.iter().enumerate() {
+                for (j, template) in service.domains.iter().enumerate() {
+                    if !template.names_no_service() {
+                        continue;
+                    }
+                    let field = format!("types.{name}.services[{i}].domains[{j}]");
+                    let scope = (!template.is_literal()).then_some(name.as_str());
+                    if let Some(first) = seen.get(&(scope, template)) {
+                        return Err(self.invalid(
+                            field,
+                            template.as_str(),
+                            format!("{first} claims the same host name"),
+                        ));
+                    }
+                    seen.insert((scope, template), field);
+                }
+            }
+        }
+        Ok(())
     }
 
     /// `update`: `"overlap"` or `"stop-first"`. A service with a named

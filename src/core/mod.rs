@@ -11,6 +11,7 @@ pub mod bake;
 pub mod broken;
 pub mod budget;
 pub mod catalog;
+pub mod domains;
 pub mod errors;
 pub mod event_log;
 pub mod fleet;

@@ -71,6 +71,14 @@ pub enum NameRule {
     ContainerRef { len_max: usize },
     #[error("must be 1 to {len_max} bytes")]
     Length { len_max: usize },
+    #[error(
+        "must be a DNS name: labels of 1 to {label_len_max} of a-z, 0-9 and '-' \
+         (beginning and ending with a letter or digit) joined by '.', at most {len_max} bytes"
+    )]
+    DnsName {
+        label_len_max: usize,
+        len_max: usize,
+    },
 }
 
 impl NameError {
@@ -104,6 +112,25 @@ fn check_label(field: &str, value: &str, len_max: usize) -> Result<(), NameError
 /// The rule for service names, service types and namespaces: a DNS label.
 pub fn check_dns_label(field: &str, value: &str) -> Result<(), NameError> {
     check_label(field, value, LABEL_LEN_MAX)
+}
+
+/// Longest DNS name (RFC 1035, without the root's final dot).
+pub const DNS_NAME_LEN_MAX: usize = 253;
+
+/// The rule for host names stead serves (#43): dot-separated DNS labels,
+/// lowercase, at most [`DNS_NAME_LEN_MAX`] bytes. No wildcard, no final dot.
+pub fn check_dns_name(field: &str, value: &str) -> Result<(), NameError> {
+    let valid = (1..=DNS_NAME_LEN_MAX).contains(&value.len())
+        && value.split('.').all(|label| is_label(label, LABEL_LEN_MAX));
+    if valid {
+        Ok(())
+    } else {
+        let rule = NameRule::DnsName {
+            label_len_max: LABEL_LEN_MAX,
+            len_max: DNS_NAME_LEN_MAX,
+        };
+        Err(NameError::new(field, value, rule))
+    }
 }
 
 /// The rule for instance names (and so release names): a DNS label of at

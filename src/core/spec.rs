@@ -5,6 +5,7 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
+use super::domains::DomainTemplate;
 use super::release::{render, ReleaseParams, TemplateError};
 use super::types::ServiceName;
 
@@ -61,6 +62,11 @@ pub struct ServiceSpec {
     /// changing it alone upgrades nothing.
     #[serde(skip)]
     pub update: UpdateStrategy,
+    /// Public host names served over HTTPS when the daemon's `[caddy.tls]`
+    /// is on (#43). Not part of the digest either: where a service is
+    /// published changes no container.
+    #[serde(skip)]
+    pub domains: Vec<DomainTemplate>,
     /// Environment, secrets, storage, limits and networks (boxed: most
     /// specs are copied far more often than this is read).
     pub run: Box<RunSpec>,

@@ -212,6 +212,10 @@ pub const METRICS: &[Metric] = &[
         "Writes of the routes array Caddy accepted; each is one reload of Caddy's config.",
     ),
     counter(
+        "stead_caddy_config_lost_total",
+        "Times the watcher between ticks found Caddy without stead's servers (reloaded with another config, restarted without --resume) and woke the reconciler to republish (#43).",
+    ),
+    counter(
         "stead_traffic_plane_recreated_total",
         "Times the proxy had lost stead's server and routes (restarted without its config) and stead recreated them (T5).",
     ),

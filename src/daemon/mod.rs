@@ -13,7 +13,7 @@ use std::sync::Arc;
 use async_trait::async_trait;
 use tokio::sync::watch;
 
-use crate::adapters::caddy::{CaddyConfig, CaddyTraffic, ServerCheck};
+use crate::adapters::caddy::{CaddyConfig, CaddyTls, CaddyTraffic, ServerCheck, TlsIssuer};
 use crate::adapters::docker::{DockerConfig, DockerProvisioner, DockerRuntime, NativeRestart};
 use crate::adapters::helm::{HelmConfig, HelmProvisioner};
 use crate::adapters::probe::{NetAndLogProbe, NetProbe};
@@ -24,7 +24,7 @@ use crate::core::types::{InstanceName, ServiceName};
 use crate::engine::clock::AnchoredClock;
 use crate::engine::event_log::{EventFlusher, EventSink, EVENT_BUFFER_MAX};
 use crate::engine::lease::LeaseGuard;
-use crate::engine::recovery::{InstanceLocks, ReadinessTable, Recoverer};
+use crate::engine::recovery::{DomainTable, InstanceLocks, ReadinessTable, Recoverer};
 use crate::engine::tick::Reconciler;
 use crate::engine::wake::{WakeQueue, WAKE_QUEUE_CAPACITY_DEFAULT};
 use crate::engine::worker::{Worker, WorkerConfig};
@@ -33,6 +33,7 @@ use crate::ports::{Notifier, NotifyError, Policy, PolicyError, Provisioner, Stor
 
 pub mod admin;
 pub mod allocator;
+pub mod caddy_watch;
 pub mod event_log;
 pub mod events;
 pub mod human;
@@ -361,6 +362,54 @@ pub fn readiness_table(catalog: &Catalog) -> ReadinessTable {
     table
 }
 
+/// The Caddy adapter's HTTPS from `[caddy.tls]`; `None` when off.
+pub fn caddy_tls(settings: &config::TlsSettings) -> Option<CaddyTls> {
+    let issuer = match settings.mode {
+        config::TlsMode::Off => return None,
+        config::TlsMode::Internal => TlsIssuer::Internal,
+        config::TlsMode::Acme => TlsIssuer::Acme {
+            email: settings.email.clone(),
+            ca: settings.acme_ca.clone(),
+        },
+    };
+    Some(CaddyTls {
+        issuer,
+        listen_addr: settings.listen.clone(),
+        domain: settings.domain.clone(),
+        hsts_max_age: settings.hsts_max_age,
+    })
+}
+
+/// The public host name templates of every (service type, service) of the
+/// catalog that has any (#43).
+pub fn domain_table(catalog: &Catalog) -> DomainTable {
+    let mut table = BTreeMap::new();
+    for entry in catalog.entries() {
+        for spec in entry.services.iter().filter(|s| !s.domains.is_empty()) {
+            table.insert(
+                (entry.service_type.clone(), spec.name.clone()),
+                spec.domains.clone(),
+            );
+        }
+    }
+    table
+}
+
+/// Says once per load when the catalog names public host names that
+/// nothing serves: `[caddy.tls]` is off.
+fn warn_unserved_domains(config: &DaemonConfig, domains: &DomainTable) {
+    if config.caddy.tls.mode == config::TlsMode::Off && !domains.is_empty() {
+        let services: Vec<String> = domains
+            .keys()
+            .map(|(service_type, service)| format!("{service_type}/{service}"))
+            .collect();
+        tracing::warn!(
+            services = %services.join(", "),
+            "the catalog gives services public domains, but [caddy.tls] mode is off: they are not served (docs/operations.md, \"HTTPS and domains\")"
+        );
+    }
+}
+
 /// A catalog's Helm type whose helm calls would outlive the task lease.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 #[error("type {service_type} is provisioned by helm, but {reason}")]
@@ -595,6 +644,7 @@ impl Daemon {
             listen_addr: config.caddy.listen.clone(),
             host_suffix: config.caddy.host_suffix.clone(),
             request_timeout: config.caddy.request_timeout,
+            tls: caddy_tls(&config.caddy.tls),
         })
         .map_err(|e| DaemonError::Setup(e.to_string()))?;
         let control = config.control.clone();
@@ -634,6 +684,9 @@ impl Daemon {
             lease,
         ));
         recoverer.set_helm_types(catalog.current().helm_types());
+        let domains = domain_table(&catalog.current());
+        warn_unserved_domains(&config, &domains);
+        recoverer.set_domains(domains);
         let reconciler = Arc::new(Reconciler::new(
             ports.clone(),
             catalog.clone(),
@@ -772,6 +825,12 @@ impl Daemon {
         };
         let changes = new.changes_from(&self.catalog.current());
         self.recoverer.set_readiness(readiness_table(&new));
+        let domains = domain_table(&new);
+        warn_unserved_domains(&self.config, &domains);
+        self.recoverer.set_domains(domains);
+        // The next pass republishes every route with the new catalog's
+        // public hosts (a route whose hosts did not change writes nothing).
+        self.caddy.forget_published_hosts();
         self.recoverer.set_helm_types(new.helm_types());
         record_type_versions(self.ports.store.as_ref(), &new).await;
         self.catalog.replace(Arc::new(new));
@@ -939,6 +998,11 @@ impl Daemon {
                 "reconciler",
                 async move { daemon.reconciler.run(stop_r).await },
             );
+            {
+                let daemon = self.clone();
+                let stop = stop.clone();
+                tasks.spawn("caddy watch", caddy_watch::run(daemon, stop));
+            }
             events::spawn_drainers(self, &mut tasks, &stop);
             if self.config.docker_events {
                 events::spawn_follower(self, &mut tasks, &stop);

@@ -172,6 +172,9 @@ pub struct Route {
     pub binds: Binds,
     /// The execution whose readiness vouches for these binds.
     pub verified_started_at: Option<Timestamp>,
+    /// Public host names from the catalog's `domains`, rendered for this
+    /// instance (#43); a traffic plane without HTTPS ignores them.
+    pub public_hosts: Vec<String>,
 }
 
 pub use crate::core::types::ServiceKey;

@@ -40,6 +40,7 @@ fn spec(service: usize) -> ServiceSpec {
         readiness: ReadinessProbe::None,
         stop_grace: Duration::ZERO,
         update: Default::default(),
+        domains: Vec::new(),
         run: Default::default(),
     }
 }
@@ -116,6 +117,7 @@ pub async fn build_steady_fleet(
                 container: id,
                 binds,
                 verified_started_at: observed.started_at,
+                public_hosts: Vec::new(),
             };
             traffic
                 .publish(&route)

@@ -84,6 +84,7 @@ pub fn upgrade_input(services: &[UpgradeServiceSeed], stopped: bool, ready: bool
             } else {
                 UpdateStrategy::Overlap
             },
+            domains: Vec::new(),
             run: Default::default(),
         };
         // Behind by version, behind by spec at the same version (another

@@ -100,6 +100,7 @@ pub fn httpd_spec(service: &str) -> ServiceSpec {
         readiness: ReadinessProbe::None,
         stop_grace: Duration::from_secs(1),
         update: Default::default(),
+        domains: Vec::new(),
         run: Default::default(),
     }
 }

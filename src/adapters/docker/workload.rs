@@ -443,6 +443,7 @@ mod tests {
             readiness: ReadinessProbe::None,
             stop_grace: Duration::from_secs(1),
             update: Default::default(),
+            domains: Vec::new(),
             run: Default::default(),
         };
         spec.run.secrets = vec![SecretEnv {

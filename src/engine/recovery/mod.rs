@@ -7,6 +7,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Mutex, OnceLock};
 
+use crate::core::domains::DomainTemplate;
 use crate::core::memory::RecoveryMemory;
 use crate::core::pass::plan_fleet_pass;
 use crate::core::policy::{RecoveryPolicy, INSTANCE_LEASE_SLACK};
@@ -38,12 +39,18 @@ const PREFETCH_FRESH: std::time::Duration = std::time::Duration::from_secs(1);
 /// Readiness probe per (service type, service), from the catalog.
 pub type ReadinessTable = BTreeMap<(String, ServiceName), ReadinessProbe>;
 
+/// Public host name templates per (service type, service), from the
+/// catalog's `domains` (#43); a service absent has none.
+pub type DomainTable = BTreeMap<(String, ServiceName), Vec<DomainTemplate>>;
+
 /// The recovery pass and the memory it keeps between passes.
 pub struct Recoverer {
     ports: Ports,
     policy: RecoveryPolicy,
     /// Replaced when the catalog is reloaded.
     readiness: Mutex<ReadinessTable>,
+    /// Replaced when the catalog is reloaded.
+    domains: Mutex<DomainTable>,
     /// Service types whose instances Kubernetes recovers (Helm types):
     /// the pass leaves them alone. Replaced when the catalog is reloaded.
     helm_types: Mutex<BTreeSet<String>>,
@@ -75,6 +82,7 @@ impl Recoverer {
             ports,
             policy,
             readiness: Mutex::new(readiness),
+            domains: Mutex::new(DomainTable::new()),
             helm_types: Mutex::new(BTreeSet::new()),
             memory: Mutex::new(RecoveryMemory::default()),
             locks,
@@ -131,6 +139,12 @@ impl Recoverer {
     /// probe uses them.
     pub fn set_readiness(&self, readiness: ReadinessTable) {
         *self.readiness.lock().expect("readiness poisoned") = readiness;
+    }
+
+    /// Installs the public host names of a (reloaded) catalog; the next
+    /// publication uses them.
+    pub fn set_domains(&self, domains: DomainTable) {
+        *self.domains.lock().expect("domains poisoned") = domains;
     }
 
     /// Installs the Helm types of a reloaded catalog: their instances run

@@ -203,6 +203,18 @@ impl Recoverer {
                     container: id.clone(),
                     binds: binds.clone(),
                     verified_started_at: *started_at,
+                    public_hosts: self
+                        .domains
+                        .lock()
+                        .expect("domains poisoned")
+                        .get(&(instance.service_type.clone(), key.service.clone()))
+                        .map(|templates| {
+                            templates
+                                .iter()
+                                .map(|t| t.render(&key.instance, &key.service))
+                                .collect()
+                        })
+                        .unwrap_or_default(),
                 };
                 Outcome::Published(p.traffic.publish(&route).await)
             }

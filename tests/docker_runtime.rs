@@ -547,29 +547,53 @@ async fn steady_reads(runtime: &DockerRuntime, id: &ContainerId) -> ContainerSta
 /// the stream passed on, so a test can wait until it has seen something.
 struct Recorder {
     seen: std::sync::Arc<std::sync::Mutex<Vec<RuntimeEvent>>>,
+    /// What ended the stream each time it ended (it is followed again).
+    errors: std::sync::Arc<std::sync::Mutex<Vec<String>>>,
     task: tokio::task::JoinHandle<()>,
 }
 
 impl Recorder {
     /// From now; with `cache`, the runtime's read cache follows the stream.
+    /// A stream that ends is followed again from the start, replayed, as
+    /// the daemon's follower does (its cache untrusted in between); what
+    /// ended it is kept for the failure message.
     fn follow(runtime: &DockerRuntime, cache: bool) -> Recorder {
-        let mut events = runtime.events(Timestamp::now());
+        let from = Timestamp::now();
+        let runtime = runtime.clone();
+        let seen: std::sync::Arc<std::sync::Mutex<Vec<RuntimeEvent>>> = std::sync::Arc::default();
+        let errors: std::sync::Arc<std::sync::Mutex<Vec<String>>> = std::sync::Arc::default();
+        let (record, failed) = (std::sync::Arc::clone(&seen), std::sync::Arc::clone(&errors));
+        let mut events = runtime.events(from);
         if cache {
             runtime.events_followed(true);
         }
-        let runtime = runtime.clone();
-        let seen: std::sync::Arc<std::sync::Mutex<Vec<RuntimeEvent>>> = std::sync::Arc::default();
-        let record = std::sync::Arc::clone(&seen);
         let task = tokio::spawn(async move {
-            while let Some(Ok(event)) = events.next().await {
-                runtime.event_seen(&event);
-                record.lock().expect("recorder lock").push(event);
-            }
-            if cache {
-                runtime.events_followed(false);
+            loop {
+                let ended = loop {
+                    match events.next().await {
+                        Some(Ok(event)) => {
+                            runtime.event_seen(&event);
+                            let mut seen = record.lock().expect("recorder lock");
+                            if !seen.contains(&event) {
+                                seen.push(event);
+                            }
+                        }
+                        Some(Err(e)) => break e.to_string(),
+                        None => break "the stream ended".to_owned(),
+                    }
+                };
+                failed.lock().expect("recorder lock").push(ended);
+                if cache {
+                    runtime.events_followed(false);
+                }
+                tokio::time::sleep(Duration::from_millis(200)).await;
+                events = runtime.events(from);
+                if cache {
+                    runtime.events_followed(true);
+                }
             }
         });
-        Recorder { seen, task }
+        Recorder { seen, errors, task }
     }
 
     /// The actions passed on so far for one container.
@@ -587,8 +611,9 @@ impl Recorder {
         while !self.actions(id).contains(&action) {
             assert!(
                 Instant::now() < deadline,
-                "the stream passed on no {action:?} for {id} within 30 s: {:?}",
-                self.actions(id)
+                "the stream passed on no {action:?} for {id} within 30 s: {:?} (it ended: {:?})",
+                self.actions(id),
+                self.errors.lock().expect("recorder lock")
             );
             tokio::time::sleep(Duration::from_millis(50)).await;
         }

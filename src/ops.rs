@@ -872,26 +872,14 @@ impl Ops<'_> {
         service_type: &str,
         version: &str,
     ) -> Result<CatalogEntry, OpsError> {
-        let recorded = self
-            .store
-            .type_versions(service_type)
+        use crate::store::RecordedVersionError as Recorded;
+        crate::store::recorded_entry(self.store, &self.catalog, service_type, version)
             .await
-            .map_err(OpsError::from)?;
-        let Some(found) = recorded.iter().find(|r| r.version == version) else {
-            let known: Vec<&str> = recorded.iter().map(|r| r.version.as_str()).collect();
-            return Err(OpsError::NotFound(format!(
-                "version {version:?} of type {service_type} is not recorded (recorded: {}); \
-                 stead records each version of a type its daemon loads",
-                if known.is_empty() {
-                    "none".to_owned()
-                } else {
-                    known.join(", ")
-                }
-            )));
-        };
-        self.catalog
-            .recorded_entry(service_type, version, &found.source)
-            .map_err(|e| OpsError::Invalid(format!("--to {version}: {e}")))
+            .map_err(|e| match e {
+                Recorded::Store(e) => OpsError::from(e),
+                e @ Recorded::NotRecorded { .. } => OpsError::NotFound(e.to_string()),
+                Recorded::Invalid(e) => OpsError::Invalid(format!("--to {version}: {e}")),
+            })
     }
 
     /// The entry `service_type`'s instances work toward: the catalog's, or

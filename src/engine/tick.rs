@@ -596,23 +596,13 @@ impl Reconciler {
             if catalog.get(&record.service_type).is_none() {
                 continue;
             }
-            let recorded = match self.ports.store.type_versions(&record.service_type).await {
-                Ok(recorded) => recorded,
-                Err(e) => {
-                    tracing::warn!(service_type = %record.service_type, error = %e,
-                        "the pinned version was not read this tick; nothing moves to it");
-                    continue;
-                }
-            };
-            let entry = recorded
-                .iter()
-                .find(|r| &r.version == version)
-                .ok_or_else(|| format!("version {version} is not recorded"))
-                .and_then(|r| {
-                    catalog
-                        .recorded_entry(&record.service_type, version, &r.source)
-                        .map_err(|e| e.to_string())
-                });
+            let entry = crate::store::recorded_entry(
+                self.ports.store.as_ref(),
+                catalog,
+                &record.service_type,
+                version,
+            )
+            .await;
             match entry {
                 Ok(entry) => {
                     pins.insert(record.service_type.clone(), entry);
@@ -620,8 +610,8 @@ impl Reconciler {
                 Err(why) => tracing::error!(
                     service_type = %record.service_type,
                     version = %version,
-                    "the type is pinned to a version that cannot be read ({why}); nothing \
-                     moves to it: `stead rollout resume` lifts the pin"
+                    "the type is pinned to a version that cannot be read this tick ({why}); \
+                     nothing moves to it: `stead rollout resume` lifts the pin"
                 ),
             }
         }

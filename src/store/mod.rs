@@ -23,6 +23,51 @@ use crate::ports::{LeaseGrant, StoreError};
 #[cfg(all(feature = "io", not(madsim)))]
 pub mod sql;
 
+/// Why a recorded version of a type could not be read back (#40).
+#[derive(Debug, thiserror::Error)]
+pub enum RecordedVersionError {
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    #[error(
+        "version {version:?} of type {service_type} is not recorded (recorded: {known}); \
+         stead records each version of a type its daemon loads"
+    )]
+    NotRecorded {
+        service_type: String,
+        version: String,
+        /// The versions that are, oldest first, or "none".
+        known: String,
+    },
+    #[error(transparent)]
+    Invalid(#[from] crate::core::catalog::CatalogError),
+}
+
+/// `version` of `service_type` as a daemon recorded it when it loaded it
+/// (`rollout undo --to`), read back through `catalog`'s parser and grants
+/// (`Catalog::recorded_entry`): what the operator's command, the tick's
+/// version drift and the worker all take a pin to mean.
+pub async fn recorded_entry(
+    store: &dyn crate::ports::Store,
+    catalog: &crate::core::catalog::Catalog,
+    service_type: &str,
+    version: &str,
+) -> Result<crate::core::catalog::CatalogEntry, RecordedVersionError> {
+    let recorded = store.type_versions(service_type).await?;
+    let Some(found) = recorded.iter().find(|r| r.version == version) else {
+        let known: Vec<&str> = recorded.iter().map(|r| r.version.as_str()).collect();
+        return Err(RecordedVersionError::NotRecorded {
+            service_type: service_type.to_owned(),
+            version: version.to_owned(),
+            known: if known.is_empty() {
+                "none".to_owned()
+            } else {
+                known.join(", ")
+            },
+        });
+    };
+    Ok(catalog.recorded_entry(service_type, version, &found.source)?)
+}
+
 /// Which backend a connection URL names. Lives here rather than in `sql`
 /// so that validating a configured URL needs no database driver (the
 /// daemon config is parsed, and fuzzed, without the `io` feature).

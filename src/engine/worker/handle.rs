@@ -105,31 +105,25 @@ impl Worker {
             return self.entry(instance);
         };
         let step = format!("read version {version} of its type, which an undo pinned");
-        let recorded = self
-            .ports
-            .store
-            .type_versions(&instance.service_type)
-            .await
-            .map_err(|e| TaskError::new(&instance.name, step.as_str(), e))?
-            .into_iter()
-            .find(|r| r.version == version)
-            .ok_or_else(|| {
-                TaskError::new(
-                    &instance.name,
-                    step.as_str(),
-                    Cause::verdict(ErrorKind::NotFound, "no such version is recorded"),
-                )
-            })?;
-        self.catalog
-            .current()
-            .recorded_entry(&instance.service_type, version, &recorded.source)
-            .map_err(|e| {
-                TaskError::new(
-                    &instance.name,
-                    step.as_str(),
-                    Cause::verdict(ErrorKind::Refused, e.to_string()),
-                )
-            })
+        let catalog = self.catalog.current();
+        crate::store::recorded_entry(
+            self.ports.store.as_ref(),
+            &catalog,
+            &instance.service_type,
+            version,
+        )
+        .await
+        .map_err(|e| {
+            use crate::store::RecordedVersionError as Recorded;
+            let cause = match e {
+                Recorded::Store(e) => Cause::from(e),
+                e @ Recorded::NotRecorded { .. } => {
+                    Cause::verdict(ErrorKind::NotFound, e.to_string())
+                }
+                Recorded::Invalid(e) => Cause::verdict(ErrorKind::Refused, e.to_string()),
+            };
+            TaskError::new(&instance.name, step.as_str(), cause)
+        })
     }
 
     async fn handle_locked(&self, task: &Task) -> Result<(), TaskError> {

@@ -9,7 +9,7 @@ mod e2e;
 mod support;
 mod support_services;
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::Command;
 use std::time::Duration;
 
@@ -27,28 +27,6 @@ const EXIT_CODE: i64 = 3;
 /// How many budget decisions the test reads: the free attempt's and at
 /// least two backoffs.
 const DECISIONS_MIN: usize = 3;
-
-/// A config file for the CLI beside the harness's daemon: its state
-/// directory (so its SQLite database), catalog and Caddy.
-fn cli_config(h: &Harness) -> PathBuf {
-    let path = h.dir.path().join("cli.toml");
-    let doc = format!(
-        r#"
-state_dir = "{state}"
-catalog = "{catalog}"
-admin_listen = ""
-[caddy]
-admin = "{admin}"
-listen = "{listen}"
-"#,
-        state = h.dir.path().display(),
-        catalog = h.daemon().config.catalog.display(),
-        admin = h.caddy.admin_addr,
-        listen = h.listen,
-    );
-    std::fs::write(&path, doc).expect("write the CLI's config");
-    path
-}
 
 /// Runs the `stead` binary on `config`: its exit status and standard
 /// output.
@@ -130,7 +108,7 @@ async fn every_budget_decision_of_a_crash_loop_is_one_info_line_with_its_exit_co
     );
     // The operator's view: the binary, from the database and the runtime
     // alone, names the exit code and when the backoff ends.
-    let config = cli_config(&h);
+    let config = h.cli_config();
     let mut shown = String::new();
     wait_until(
         "instance show names the next attempt",

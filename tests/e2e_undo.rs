@@ -140,28 +140,6 @@ fn containers_of(instance: &str) -> usize {
         .count()
 }
 
-/// A config file for the CLI beside the harness's daemon: its state
-/// directory (so its SQLite database), catalog and Caddy.
-fn cli_config(h: &Harness) -> std::path::PathBuf {
-    let path = h.dir.path().join("cli.toml");
-    let doc = format!(
-        r#"
-state_dir = "{state}"
-catalog = "{catalog}"
-admin_listen = ""
-[caddy]
-admin = "{admin}"
-listen = "{listen}"
-"#,
-        state = h.dir.path().display(),
-        catalog = h.daemon().config.catalog.display(),
-        admin = h.caddy.admin_addr,
-        listen = h.listen,
-    );
-    std::fs::write(&path, doc).expect("write the CLI's config");
-    path
-}
-
 /// Runs the `stead` binary on `config`; its standard output, once it
 /// succeeded.
 fn stead(config: &std::path::Path, args: &[&str]) -> String {
@@ -233,7 +211,7 @@ async fn rollout_undo_of_a_good_upgrade_returns_the_previous_version_with_no_fai
         made.load(Ordering::Relaxed) >= REQUESTS_BEFORE_UNDO_MIN
     })
     .await;
-    let config = cli_config(&h);
+    let config = h.cli_config();
     let said = stead(&config, &["rollout", "undo", e2e::TYPE]);
     assert!(
         said.contains(&format!("{name}: going back to its predecessors")),

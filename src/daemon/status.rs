@@ -168,19 +168,26 @@ fn inhibition_label(i: &Inhibition) -> String {
     }
 }
 
-pub async fn status(from: StatusSources<'_>) -> Status {
-    let mut status = Status {
-        generated_at: from.now.to_string(),
-        source: if from.memory.is_some() {
-            "daemon"
-        } else {
-            "database"
+impl Status {
+    /// A report with nothing in it yet, saying where it comes from.
+    fn empty(from: &StatusSources<'_>) -> Status {
+        Status {
+            generated_at: from.now.to_string(),
+            source: if from.memory.is_some() {
+                "daemon"
+            } else {
+                "database"
+            }
+            .to_owned(),
+            database: from.database.clone(),
+            budgets_live: from.memory.is_some(),
+            ..Default::default()
         }
-        .to_owned(),
-        database: from.database.clone(),
-        budgets_live: from.memory.is_some(),
-        ..Default::default()
-    };
+    }
+}
+
+pub async fn status(from: StatusSources<'_>) -> Status {
+    let mut status = Status::empty(&from);
     match from.store.reconciler_lease().await {
         Ok(lease) => {
             status.reconciler = lease.map(|g| LeaseStatus {
@@ -220,18 +227,7 @@ pub async fn status(from: StatusSources<'_>) -> Status {
 /// The status of one instance alone (`stead instance show`): its rows as
 /// [`status`] builds them, without reading the rest of the fleet.
 pub async fn instance_status(from: StatusSources<'_>, instance: &Instance) -> Status {
-    let mut status = Status {
-        generated_at: from.now.to_string(),
-        source: if from.memory.is_some() {
-            "daemon"
-        } else {
-            "database"
-        }
-        .to_owned(),
-        database: from.database.clone(),
-        budgets_live: from.memory.is_some(),
-        ..Default::default()
-    };
+    let mut status = Status::empty(&from);
     let caddy = caddy_client(from.caddy_admin);
     match from.catalog.get(&instance.service_type) {
         Some(entry) if !entry.is_docker() => {

@@ -115,6 +115,28 @@ impl Default for Setup {
 }
 
 impl Harness {
+    /// A config file for the CLI beside the harness's daemon: its state
+    /// directory (so its SQLite database), catalog and Caddy.
+    pub fn cli_config(&self) -> std::path::PathBuf {
+        let path = self.dir.path().join("cli.toml");
+        let doc = format!(
+            r#"
+state_dir = "{state}"
+catalog = "{catalog}"
+admin_listen = ""
+[caddy]
+admin = "{admin}"
+listen = "{listen}"
+"#,
+            state = self.dir.path().display(),
+            catalog = self.daemon().config.catalog.display(),
+            admin = self.caddy.admin_addr,
+            listen = self.listen,
+        );
+        std::fs::write(&path, doc).expect("write the CLI's config");
+        path
+    }
+
     pub async fn start(setup: Setup) -> Harness {
         // Logs show with `--nocapture`; `STEAD_LOG` picks the level.
         let filter = tracing_subscriber::EnvFilter::try_from_env("STEAD_LOG")

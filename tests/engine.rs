@@ -3028,3 +3028,121 @@ async fn an_upgrades_retirements_are_events_of_the_worker_and_of_the_pass() {
         "{events:?}"
     );
 }
+
+// --- clocks that stop or step (#41) -------------------------------------------
+
+impl Fixture {
+    /// A reconciler of process `holder` whose engine clock is anchored to
+    /// the database's (the fixture's manual clock, which the store reads)
+    /// over a host clock of its own, as the daemon's is.
+    fn anchored_reconciler(&self, holder: &str, host: Arc<ManualClock>) -> Reconciler {
+        let clock: Arc<dyn Clock> = Arc::new(stead::engine::clock::AnchoredClock::new(host));
+        let ports = Ports {
+            clock: clock.clone(),
+            ..self.ports.clone()
+        };
+        let policy = RecoveryPolicy::default();
+        let ttl = reconciler_lease_ttl(
+            ControlConfig::default().tick_interval,
+            policy.instance_deadline,
+        );
+        let lease = LeaseGuard::new(holder.into(), ttl, LEASE_MARGIN).timed_by(clock.clone());
+        let locks = InstanceLocks::new(self.store.clone()).timed_by(clock);
+        let recoverer = Recoverer::new(
+            ports.clone(),
+            policy,
+            Default::default(),
+            Arc::new(locks),
+            format!("{holder}/recovery"),
+            Arc::new(lease),
+        );
+        Reconciler::new(
+            ports,
+            self.catalog.clone(),
+            ControlConfig::default(),
+            Arc::new(recoverer),
+            7,
+        )
+    }
+}
+
+/// A step of the database's clock decides nothing by time: the tick that
+/// reads a two-hour step ahead expires no TTL, and a standby takes over no
+/// lease that looks expired only by the step; once the clock is stepped
+/// back, nothing has moved, and the leader goes on leading.
+#[tokio::test(start_paused = true)]
+async fn a_stepped_database_clock_expires_nothing_and_takes_over_no_lease() {
+    let f = fixture();
+    let host = Arc::new(ManualClock::new(f.clock.now()));
+    let expiring = f
+        .store
+        .create_instance(
+            &NewInstance {
+                spec_digest: None,
+                parameters: Default::default(),
+                name: InstanceName::new("b-expires"),
+                team: "t".into(),
+                service_type: "wiki".into(),
+                version: "2".into(),
+                expires_at: Some(f.clock.now() + jiff::SignedDuration::from_hours(1)),
+                maintenance_window: None,
+            },
+            f.clock.now(),
+        )
+        .await
+        .unwrap();
+    let leader = f.anchored_reconciler("a", host.clone());
+    let standby = f.anchored_reconciler("b", host.clone());
+    let first = leader.tick().await;
+    assert!(
+        first.leader && first.clock_unverified,
+        "a first reading vouches for nothing"
+    );
+    assert!(!standby.tick().await.leader);
+    // Time passes for the database, the host and the monotonic clock.
+    async fn pass(f: &Fixture, host: &ManualClock, d: Duration) {
+        f.clock.advance(d);
+        host.advance(d);
+        tokio::time::advance(d).await;
+    }
+    pass(&f, &host, Duration::from_secs(60)).await;
+    let steady = leader.tick().await;
+    assert!(steady.leader && !steady.clock_unverified, "{steady:?}");
+    assert!(!standby.tick().await.clock_unverified);
+
+    // Four minutes more and the database's clock steps two hours ahead:
+    // by it the TTL is past and the leader's lease ran out.
+    pass(&f, &host, Duration::from_secs(240)).await;
+    let before_step = f.clock.now();
+    f.clock.advance(Duration::from_secs(7200));
+    let waiting = standby.tick().await;
+    assert!(
+        !waiting.leader,
+        "took over a lease that ran out only by the step"
+    );
+    assert!(waiting.clock_unverified);
+    let stepped = leader.tick().await;
+    assert!(stepped.leader && stepped.clock_unverified, "{stepped:?}");
+    let row = f.store.instance_by_id(expiring.id).await.unwrap().unwrap();
+    assert_eq!(row.state, expiring.state, "expired by a stepped clock");
+    assert!(
+        !f.store
+            .active_tasks()
+            .await
+            .unwrap()
+            .rows
+            .iter()
+            .any(|t| t.kind == TaskKind::Deprovision),
+        "a deprovision queued on a stepped clock"
+    );
+
+    // Stepped back ten seconds later: the next readings agree with each
+    // process's own reckoning, and the leader still leads.
+    f.clock.set(before_step);
+    pass(&f, &host, Duration::from_secs(10)).await;
+    let back = leader.tick().await;
+    assert!(back.leader && !back.clock_unverified, "{back:?}");
+    assert!(!standby.tick().await.leader);
+    let row = f.store.instance_by_id(expiring.id).await.unwrap().unwrap();
+    assert_eq!(row.state, expiring.state);
+}

@@ -132,6 +132,9 @@ struct Streak {
 /// What a process's tick did, as the checker judges it.
 pub struct Ticked<'a> {
     pub leader: bool,
+    /// Its reading of the database's clock was one nothing vouched for: it
+    /// expired and requeued nothing (#41).
+    pub clock_unverified: bool,
     /// When the tick began (true time).
     pub began: Timestamp,
     pub failed: &'a [Check],
@@ -200,6 +203,14 @@ struct State {
     released_by_others: BTreeMap<InstanceName, Timestamp>,
     /// The store is down on purpose: a failed lease take-over is no news.
     store_outage: bool,
+    /// How far the database's clock is stepped now, in milliseconds (#41).
+    database_offset_ms: i64,
+    /// When the database's clock last stepped back to true time.
+    database_settled_at: Option<Timestamp>,
+    /// When the step in force now began.
+    database_stepped_at: Option<Timestamp>,
+    /// When each process's tick in progress (or last) began.
+    tick_began: BTreeMap<NodeId, Timestamp>,
     /// An instance row does not decode now (the world garbled it).
     rows_garbled: bool,
     /// When the last garbled row was mended.
@@ -308,6 +319,9 @@ pub struct Checker {
     policy: RecoveryPolicy,
     /// The task lease workers hold (C6).
     task_lease: Duration,
+    /// How long after a step of the database's clock grants may be off
+    /// by it: the longest lease (task or reconciler) and a tick.
+    database_settles: Duration,
     /// C8: upgrades queued or running across the fleet, at most.
     max_in_flight: usize,
     /// C8: the team whose instances upgrade first.
@@ -329,11 +343,17 @@ impl Checker {
         control: &ControlConfig,
         versions: VersionScheme,
     ) -> Self {
+        let reconciler_lease = stead::core::policy::reconciler_lease_ttl(
+            control.tick_interval,
+            policy.instance_deadline,
+        );
+        let database_settles = control.lease.max(reconciler_lease) + control.tick_interval;
         Self {
             versions,
             clock,
             policy,
             task_lease: control.lease,
+            database_settles,
             max_in_flight: control.max_in_flight as usize,
             own_team: control.own_team.clone(),
             state: Mutex::new(State {
@@ -453,6 +473,7 @@ impl Checker {
     pub fn ticked(&self, node: NodeId, holder: &str, tick: Ticked<'_>) {
         let Ticked {
             leader,
+            clock_unverified,
             began,
             failed,
             ..
@@ -472,7 +493,7 @@ impl Checker {
         if leader && !failed.contains(&Check::Drift) {
             self.check_orphans_reported(began, garbled);
         }
-        if leader && !garbled {
+        if leader && !garbled && !clock_unverified {
             self.check_due_work_done(began, failed);
             if !failed.contains(&Check::VersionDrift) {
                 self.check_rollout(began);
@@ -975,6 +996,55 @@ impl Checker {
         self.lock().store_outage = outage;
     }
 
+    /// The database's clock stepped to `offset_ms` from true time (0:
+    /// back to it).
+    pub fn database_clock_stepped(&self, offset_ms: i64) {
+        let now = self.clock.now();
+        let mut s = self.lock();
+        s.database_offset_ms = offset_ms;
+        if offset_ms == 0 {
+            s.database_settled_at = Some(now);
+            s.database_stepped_at = None;
+        } else {
+            s.database_stepped_at = Some(now);
+        }
+    }
+
+    /// A process's reconciler began a tick at `began` (true time).
+    pub fn tick_began(&self, node: NodeId, began: Timestamp) {
+        self.lock().tick_began.insert(node, began);
+    }
+
+    /// J1 (#41): a tick whose reading of the database's clock found it
+    /// stepped (the step began before the tick and lasts still) breaks no
+    /// one's claim by time: it expires no TTL and requeues no task.
+    fn check_not_decided_on_a_step(s: &mut State, node: NodeId, what: &str) {
+        let began = s.tick_began.get(&node).copied();
+        let stepped = s
+            .database_stepped_at
+            .zip(began)
+            .is_some_and(|(stepped, began)| stepped <= began);
+        let offset = s.database_offset_ms;
+        s.check(
+            "J1 nothing expired or requeued on a stepped database clock",
+            !stepped,
+            || format!("{what} in a tick that began at {began:?}, the database's clock stepped by {offset} ms since before it"),
+        );
+    }
+
+    /// Whether a lease or lock written by the database's clock may be off
+    /// by a step now: while one lasts, and for the longest lease after
+    /// (a grant renewed while the clock stood back is short by the step).
+    /// Meanwhile T2 and T3 are judged on the holder alone: whether the
+    /// process acting is the one the database names, not when the grant
+    /// ends by a clock that stepped. (The rules that break another's
+    /// claim by time, C6, C7 and takeovers, are judged by true time.)
+    fn database_clock_unsettled(&self, s: &State, now: Timestamp) -> bool {
+        s.database_offset_ms != 0
+            || s.database_settled_at
+                .is_some_and(|at| now < add(at, self.database_settles))
+    }
+
     /// Operators change the truth through this, under the instance lock.
     pub fn truth<R>(&self, f: impl FnOnce(&mut Truth) -> R) -> R {
         f(&mut self.lock().truth)
@@ -1452,9 +1522,10 @@ impl Checker {
             return;
         }
         let now = store.now();
+        let unsettled = self.database_clock_unsettled(s, self.clock.now());
         let lock = store.instance_lock_of(&instance);
         let mine = lock.as_ref().is_some_and(|(holder, expires)| {
-            holder.starts_with(&format!("{}/", process.holder)) && *expires > now
+            holder.starts_with(&format!("{}/", process.holder)) && (unsettled || *expires > now)
         });
         s.check("T3 one process changes an instance at a time", mine, || {
             format!(
@@ -1565,6 +1636,7 @@ impl Checker {
         };
         let store = self.store();
         let now = store.now();
+        let unsettled = self.database_clock_unsettled(&s, self.clock.now());
         let lock = instance.as_ref().and_then(|i| store.instance_lock_of(i));
         let actor = lock.as_ref().and_then(|(holder, _)| {
             holder
@@ -1577,16 +1649,21 @@ impl Checker {
                 let held = store.all_tasks().iter().any(|t| {
                     t.state == TaskState::Running
                         && t.locked_by.as_deref() == Some(worker_id.as_str())
-                        && t.locked_at.is_some_and(|at| add(at, self.task_lease) > now)
+                        && (unsettled
+                            || t.locked_at.is_some_and(|at| add(at, self.task_lease) > now))
                 });
                 ("its task lease", held)
             }
-            Some(_) => ("the reconciler lease", self.holds_lease(&process, now)),
+            Some(_) => (
+                "the reconciler lease",
+                self.holds_lease(&process, now, unsettled),
+            ),
             // Not under this process's lock: T3 judges the effect itself;
             // a reconciler's stale-route withdrawal still needs the lease.
-            None if process.role.reconciles() && matches!(op, Op::Withdraw) => {
-                ("the reconciler lease", self.holds_lease(&process, now))
-            }
+            None if process.role.reconciles() && matches!(op, Op::Withdraw) => (
+                "the reconciler lease",
+                self.holds_lease(&process, now, unsettled),
+            ),
             None => return,
         };
         s.check("T2 no effect after the lease", ok, || {
@@ -1597,10 +1674,13 @@ impl Checker {
         });
     }
 
-    fn holds_lease(&self, process: &Process, now: Timestamp) -> bool {
+    /// Whether `process` holds the reconciler lease at `now` by the
+    /// database's clock; on an `unsettled` clock, whether it is the holder
+    /// the database names.
+    fn holds_lease(&self, process: &Process, now: Timestamp, unsettled: bool) -> bool {
         self.store()
             .lease_now()
-            .is_some_and(|g| g.holder == process.holder && g.expires_at > now)
+            .is_some_and(|g| g.holder == process.holder && (unsettled || g.expires_at > now))
     }
 
     /// T4: a task handler that found its instance deleting (under the
@@ -2205,6 +2285,7 @@ impl Observer for Checker {
                         .store()
                         .instance_now(instance)
                         .and_then(|i| i.expires_at);
+                    Self::check_not_decided_on_a_step(&mut s, node, &format!("{instance} expired"));
                     let soon = add(now, CLOCK_TOLERANCE);
                     let due = expires_at.is_some_and(|at| at <= soon);
                     s.check("C7 never expired before its TTL", due, || {
@@ -2385,6 +2466,7 @@ impl Observer for Checker {
             // The world pins only the Docker type.
             Effect::RolloutPinned { .. } => {}
             Effect::LeaseBroken { task, locked_at } => {
+                Self::check_not_decided_on_a_step(&mut s, node, &format!("task {task} requeued"));
                 let expiry = add(*locked_at, self.task_lease);
                 let due = expiry <= add(now, CLOCK_TOLERANCE);
                 s.check("C6 never broken before the lease expires", due, || {

@@ -129,7 +129,9 @@ async fn simulate(cfg: SimConfig, tally: crate::coverage::Tally) -> SimOutcome {
         observer: checker.clone(),
     };
     let runtime = Arc::new(MemoryRuntime::new(clock.clone(), hooks.clone()));
-    let store = Arc::new(MemoryStore::observed(checker.clone()).with_clock(clock.clone()));
+    // The database's clock: true time, stepped now and then (#41).
+    let database_clock = Arc::new(DatabaseClock::default());
+    let store = Arc::new(MemoryStore::observed(checker.clone()).with_clock(database_clock.clone()));
     checker.watch_store(store.clone());
     let _ = faults.checker.set(checker.clone());
     let _ = faults.runtime.set(Arc::downgrade(&runtime));
@@ -287,6 +289,9 @@ async fn simulate(cfg: SimConfig, tally: crate::coverage::Tally) -> SimOutcome {
         }
         processes.adopt_pauses(&faults, &mut rng);
         processes.inject(&mut rng, &mix, &counts);
+        if rng.random_bool(mix.database_step) {
+            step_database_clock(&database_clock, &checker, cfg.tick, &mut rng, &counts);
+        }
         let outage = rng
             .random_bool(mix.store_outage)
             .then(|| Duration::from_secs(rng.random_range(5..cfg.tick.as_secs().max(6))));
@@ -353,7 +358,7 @@ async fn simulate(cfg: SimConfig, tally: crate::coverage::Tally) -> SimOutcome {
     store.set_unavailable(false);
     checker.set_store_outage(false);
     processes.adopt_pauses(&faults, &mut rng);
-    processes.recover_all();
+    processes.recover_all(&counts);
     let liveness = ladder_cap(&policy) + control.lease + cfg.tick * 4;
     let faults_stopped = clock.now();
     if checker.violations().is_empty() {
@@ -815,6 +820,59 @@ fn check_routes_restored(
     }
 }
 
+/// The database's clock: the simulation's true time, off by a step while
+/// one lasts (an NTP step on the database's host, then stepped back).
+#[derive(Debug, Default)]
+pub struct DatabaseClock {
+    offset_ms: std::sync::atomic::AtomicI64,
+}
+
+impl Clock for DatabaseClock {
+    fn now(&self) -> Timestamp {
+        let offset = jiff::SignedDuration::from_millis(self.offset_ms.load(Ordering::Relaxed));
+        let true_now = SystemClock.now();
+        true_now.checked_add(offset).unwrap_or(true_now)
+    }
+}
+
+/// Steps the database's clock at a random moment of this tick, either way
+/// (up to two hours ahead, half an hour back), and back again before a
+/// tick has passed: no process reads it stepped at two ticks in a row, so
+/// a process that checks each reading against the last decides nothing
+/// on it (#41).
+fn step_database_clock(
+    database_clock: &Arc<DatabaseClock>,
+    checker: &Arc<Checker>,
+    tick: Duration,
+    rng: &mut ChaCha8Rng,
+    counts: &FaultCounts,
+) {
+    let ahead = rng.random_bool(0.6);
+    let by_s = if ahead {
+        rng.random_range(10..7200i64)
+    } else {
+        -rng.random_range(10..1800i64)
+    };
+    counts.bump(if ahead {
+        "database clock stepped ahead"
+    } else {
+        "database clock stepped back"
+    });
+    let at = Duration::from_millis(rng.random_range(0..tick.as_millis() as u64 / 2));
+    let lasts = Duration::from_millis(rng.random_range(1000..tick.as_millis() as u64 / 2));
+    let (database_clock, checker) = (database_clock.clone(), checker.clone());
+    tokio::spawn(async move {
+        tokio::time::sleep(at).await;
+        database_clock
+            .offset_ms
+            .store(by_s * 1000, Ordering::Relaxed);
+        checker.database_clock_stepped(by_s * 1000);
+        tokio::time::sleep(lasts).await;
+        database_clock.offset_ms.store(0, Ordering::Relaxed);
+        checker.database_clock_stepped(0);
+    });
+}
+
 /// The processes of a run and the faults pending on them.
 struct Processes {
     slots: Vec<Arc<Slot>>,
@@ -823,6 +881,13 @@ struct Processes {
     down_until: BTreeMap<usize, Timestamp>,
     /// Slots paused, and when each resumes.
     paused_until: BTreeMap<usize, Timestamp>,
+    /// The paused slots whose host is suspended, since when: their
+    /// monotonic clock stands still (#41).
+    suspended_since: BTreeMap<usize, Timestamp>,
+    /// When each slot last woke from a suspend.
+    woke_from_suspend: BTreeMap<usize, Timestamp>,
+    /// Per pause: the chance it is a suspend.
+    suspend: f64,
     tick: Duration,
     skew_ms_max: i64,
 }
@@ -855,6 +920,9 @@ impl Processes {
             nodes,
             down_until: BTreeMap::new(),
             paused_until: BTreeMap::new(),
+            suspended_since: BTreeMap::new(),
+            woke_from_suspend: BTreeMap::new(),
+            suspend: mix.suspend,
             tick: shared.tick,
             skew_ms_max: mix.skew_ms_max,
         }
@@ -872,7 +940,7 @@ impl Processes {
             if !self.down_until.contains_key(&i) {
                 counts.bump("daemon killed");
                 if self.paused_until.remove(&i).is_some() {
-                    handle.resume(self.nodes[i].id());
+                    self.resume(i, now, counts);
                 }
                 handle.kill(self.nodes[i].id());
                 if rng.random_bool(mix.new_identity) {
@@ -885,9 +953,22 @@ impl Processes {
             }
         }
         if self.skew_ms_max > 0 && rng.random_bool(0.05) {
-            counts.bump("host clock jumped");
             let i = rng.random_range(0..n);
-            self.slots[i].set_skew_ms(draw_skew(rng, self.skew_ms_max));
+            // Not while its host is suspended, nor for a lease's length
+            // after it woke: a trust window ends when either of the host's
+            // clocks says so, and a host whose wall clock steps back by as
+            // long as its monotonic clock stood still gives no local sign
+            // of the time lost (#41, the limit docs/operations.md states).
+            let lease =
+                reconciler_lease_ttl(self.tick, RecoveryPolicy::default().instance_deadline);
+            let woke_lately = self
+                .woke_from_suspend
+                .get(&i)
+                .is_some_and(|at| now < add(*at, lease));
+            if !self.suspended_since.contains_key(&i) && !woke_lately {
+                counts.bump("host clock jumped");
+                self.slots[i].set_skew_ms(draw_skew(rng, self.skew_ms_max));
+            }
         }
     }
 
@@ -902,8 +983,30 @@ impl Processes {
             };
             let ttl = reconciler_lease_ttl(self.tick, RecoveryPolicy::default().instance_deadline);
             let after = ttl + Duration::from_secs(rng.random_range(1..120));
-            self.paused_until.entry(i).or_insert(add(now, after));
+            if !self.paused_until.contains_key(&i) {
+                self.paused_until.insert(i, add(now, after));
+                self.maybe_suspended(i, now, rng);
+            }
         }
+    }
+
+    /// Whether the pause of slot `i` that begins `now` suspends its host.
+    fn maybe_suspended(&mut self, i: usize, now: Timestamp, rng: &mut ChaCha8Rng) {
+        if rng.random_bool(self.suspend) {
+            self.suspended_since.insert(i, now);
+        }
+    }
+
+    /// Resumes slot `i`'s node; a suspended host's monotonic clock missed
+    /// the time it stood still.
+    fn resume(&mut self, i: usize, now: Timestamp, counts: &FaultCounts) {
+        if let Some(since) = self.suspended_since.remove(&i) {
+            counts.bump("host suspended past its leases");
+            let stood = now.duration_since(since);
+            self.woke_from_suspend.insert(i, now);
+            self.slots[i].stood_still(Duration::try_from(stood).unwrap_or_default());
+        }
+        madsim::runtime::Handle::current().resume(self.nodes[i].id());
     }
 
     /// Freezes one running process for longer than its leases.
@@ -918,6 +1021,7 @@ impl Processes {
             let ttl = reconciler_lease_ttl(self.tick, RecoveryPolicy::default().instance_deadline);
             let after = ttl + Duration::from_secs(rng.random_range(1..120));
             self.paused_until.insert(i, add(now, after));
+            self.maybe_suspended(i, now, rng);
         }
     }
 
@@ -943,28 +1047,30 @@ impl Processes {
             .collect();
         for i in due {
             self.paused_until.remove(&i);
-            handle.resume(self.nodes[i].id());
+            self.resume(i, now, counts);
         }
     }
 
     /// Every process restarts at once (a new catalog rolled out).
     fn restart_all(&mut self, counts: &FaultCounts) {
         let handle = madsim::runtime::Handle::current();
-        for (i, node) in self.nodes.iter().enumerate() {
+        let now = SystemClock.now();
+        for i in 0..self.nodes.len() {
             if self.paused_until.remove(&i).is_some() {
-                handle.resume(node.id());
+                self.resume(i, now, counts);
             }
             self.down_until.remove(&i);
             counts.bump("daemon restarted");
-            handle.restart(node.id());
+            handle.restart(self.nodes[i].id());
         }
     }
 
     /// The faults stop: everything paused resumes, everything down starts.
-    fn recover_all(&mut self) {
+    fn recover_all(&mut self, counts: &FaultCounts) {
         let handle = madsim::runtime::Handle::current();
+        let now = SystemClock.now();
         for i in std::mem::take(&mut self.paused_until).into_keys() {
-            handle.resume(self.nodes[i].id());
+            self.resume(i, now, counts);
         }
         for i in std::mem::take(&mut self.down_until).into_keys() {
             handle.restart(self.nodes[i].id());

@@ -113,6 +113,9 @@ pub struct Slot {
     skew_ms: AtomicI64,
     /// While set, the process runs but its node is paused by the runner.
     pub paused: AtomicBool,
+    /// How long, in all, the host stood still suspended: its monotonic
+    /// clock did not move meanwhile (#41).
+    stood_still_ms: AtomicU64,
 }
 
 impl Slot {
@@ -124,7 +127,15 @@ impl Slot {
             incarnations: AtomicU64::new(0),
             skew_ms: AtomicI64::new(skew_ms),
             paused: AtomicBool::new(false),
+            stood_still_ms: AtomicU64::new(0),
         }
+    }
+
+    /// The host was suspended for `d` (called while its node is paused):
+    /// its monotonic clock resumes where it stopped.
+    pub fn stood_still(&self, d: Duration) {
+        self.stood_still_ms
+            .fetch_add(d.as_millis() as u64, Ordering::Relaxed);
     }
 
     /// The host lost its data directory: the next run is a stranger.
@@ -143,9 +154,24 @@ impl Slot {
     }
 }
 
-/// A host's wall clock: the database's, off by the slot's skew.
+/// A host's clocks: its wall clock the true time off by the slot's skew;
+/// its monotonic clock the simulation's, less the time the host stood
+/// still since this process started.
 struct SkewedClock {
     skew_ms: Arc<Slot>,
+    /// The monotonic clock's origin, and how long the host had stood
+    /// still by then.
+    origin: (tokio::time::Instant, u64),
+}
+
+impl SkewedClock {
+    fn new(slot: Arc<Slot>) -> Self {
+        let stood_still = slot.stood_still_ms.load(Ordering::Relaxed);
+        Self {
+            skew_ms: slot,
+            origin: (tokio::time::Instant::now(), stood_still),
+        }
+    }
 }
 
 impl Clock for SkewedClock {
@@ -154,6 +180,15 @@ impl Clock for SkewedClock {
         let true_now = SystemClock.now();
         let skew = jiff::SignedDuration::from_millis(skew);
         true_now.checked_add(skew).unwrap_or(true_now)
+    }
+
+    fn monotonic(&self) -> tokio::time::Instant {
+        let (origin, stood_still_then) = self.origin;
+        let stood_still = self.skew_ms.stood_still_ms.load(Ordering::Relaxed) - stood_still_then;
+        origin
+            + origin
+                .elapsed()
+                .saturating_sub(Duration::from_millis(stood_still))
     }
 }
 
@@ -174,9 +209,10 @@ pub async fn process_main(slot: Arc<Slot>, shared: Arc<Shared>) {
     shared
         .checker
         .process_started(madsim::plugin::node(), &identity, slot.role);
-    let clock: Arc<dyn Clock> = Arc::new(AnchoredClock::new(Arc::new(SkewedClock {
-        skew_ms: slot.clone(),
-    })));
+    let clock: Arc<dyn Clock> = Arc::new(
+        AnchoredClock::new(Arc::new(SkewedClock::new(slot.clone())))
+            .with_broken(shared.policy.broken),
+    );
     let catalog = shared.catalog.lock().expect("poisoned").clone();
     let ports = Ports {
         clock: clock.clone(),
@@ -188,7 +224,7 @@ pub async fn process_main(slot: Arc<Slot>, shared: Arc<Shared>) {
         provisioner: shared.provisioner.clone(),
         notifier: shared.notifier.clone(),
     };
-    let locks = Arc::new(InstanceLocks::new(shared.store.clone()));
+    let locks = Arc::new(InstanceLocks::new(shared.store.clone()).timed_by(clock.clone()));
     // T1: as the daemon does at start.
     let _ = shared
         .store
@@ -201,14 +237,17 @@ pub async fn process_main(slot: Arc<Slot>, shared: Arc<Shared>) {
     let (_stop_tx, stop) = watch::channel(false);
     let mut tasks = Vec::new();
     if slot.role.reconciles() {
-        let lease = Arc::new(LeaseGuard::new(
-            identity.holder(),
-            reconciler_lease_ttl(
-                shared.control.tick_interval,
-                shared.policy.instance_deadline,
-            ),
-            LEASE_MARGIN,
-        ));
+        let lease = Arc::new(
+            LeaseGuard::new(
+                identity.holder(),
+                reconciler_lease_ttl(
+                    shared.control.tick_interval,
+                    shared.policy.instance_deadline,
+                ),
+                LEASE_MARGIN,
+            )
+            .timed_by(clock.clone()),
+        );
         let recoverer = Arc::new(Recoverer::new(
             ports.clone(),
             shared.policy.clone(),
@@ -259,6 +298,7 @@ pub async fn process_main(slot: Arc<Slot>, shared: Arc<Shared>) {
         tasks.push(tokio::spawn(async move {
             loop {
                 let began = stead::ports::Clock::now(&stead::engine::SystemClock);
+                checker.tick_began(node, began);
                 let outcome = reconciler.tick().await;
                 let failed: Vec<_> = outcome.failed.iter().map(|(check, _)| *check).collect();
                 let memory = reconciler.recoverer().memory();
@@ -267,6 +307,7 @@ pub async fn process_main(slot: Arc<Slot>, shared: Arc<Shared>) {
                     &holder,
                     Ticked {
                         leader: outcome.leader,
+                        clock_unverified: outcome.clock_unverified,
                         began,
                         failed: &failed,
                         recovered: &outcome.recovered.iter().cloned().collect(),

@@ -100,6 +100,12 @@ pub struct FaultMix {
     /// Per start of a down container: the runtime's own restart policy
     /// brings it up at that very moment, and the start fails (R11's race).
     pub start_race: f64,
+    /// Per pause: the host is suspended (its VM paused), so the process's
+    /// monotonic clock stands still with it (#41).
+    pub suspend: f64,
+    /// Per tick: the database's clock steps (an NTP step on its host),
+    /// either way, and steps back within the tick (#41).
+    pub database_step: f64,
 }
 
 impl FaultMix {
@@ -138,6 +144,8 @@ impl FaultMix {
             operator_holds_lock: p(0.6),
             long_task: p(0.5),
             start_race: p(0.3),
+            suspend: p(1.0),
+            database_step: p(0.03),
         }
     }
 }

@@ -214,3 +214,16 @@ fn a_worker_that_ignores_an_undo_pin_is_caught() {
         "U2 a move toward a pin ends at the pinned version",
     );
 }
+
+#[test]
+fn trust_timed_by_the_monotonic_clock_alone_is_caught() {
+    assert_caught(Mutant::TrustMonotonicOnly, "T2 no effect after the lease");
+}
+
+#[test]
+fn a_stepped_database_clock_taken_at_its_word_is_caught() {
+    assert_caught(
+        Mutant::IgnoreClockJump,
+        "J1 nothing expired or requeued on a stepped database clock",
+    );
+}

@@ -96,11 +96,17 @@ pub enum Mutant {
     /// #40: a worker ignores an undo's pin: it provisions and moves
     /// nothing to the pinned version.
     IgnoreUndoPin,
+    /// #41: time local trust in a lease or lock by the monotonic clock
+    /// alone, so a process whose host was suspended acts on resuming.
+    TrustMonotonicOnly,
+    /// #41: take a reading of the database's clock that jumped (or a
+    /// first one) at its word: expire, requeue and take over by it.
+    IgnoreClockJump,
 }
 
 #[cfg(feature = "mutation-exercise")]
 impl Mutant {
-    pub const ALL: [Mutant; 22] = [
+    pub const ALL: [Mutant; 24] = [
         Mutant::SkipWithdrawBeforeStart,
         Mutant::PublishBeforeReadiness,
         Mutant::ForgetCrashLoopCharge,
@@ -123,5 +129,7 @@ impl Mutant {
         Mutant::RevertWithoutHalt,
         Mutant::OverlapStopFirst,
         Mutant::IgnoreUndoPin,
+        Mutant::TrustMonotonicOnly,
+        Mutant::IgnoreClockJump,
     ];
 }

@@ -211,6 +211,13 @@ pub const METRICS: &[Metric] = &[
         "stead_caddy_route_writes_total",
         "Writes of the routes array Caddy accepted; each is one reload of Caddy's config.",
     ),
+    labelled(
+        counter(
+            "stead_clock_jumps_total",
+            "Ticks whose reading of the database's clock was more than 5 s from where this process's clocks put it, by cause: stood_still (this host was suspended) or database (its clock stepped) (#41).",
+        ),
+        "cause",
+    ),
     counter(
         "stead_caddy_config_lost_total",
         "Times the watcher between ticks found Caddy without stead's servers (reloaded with another config, restarted without --resume) and woke the reconciler to republish (#43).",
@@ -334,6 +341,7 @@ fn label_sets(name: &str) -> Vec<Vec<(&'static str, String)>> {
         "stead_decisions_total" => one("decision", Decision::LABELS.to_vec()),
         "stead_recovery_busy_skips_total" => one("by", vec!["pass", "wakeup"]),
         "stead_catalog_reloads_total" => one("result", vec!["ok", "refused"]),
+        "stead_clock_jumps_total" => one("cause", vec!["stood_still", "database"]),
         "stead_port_errors_total" => PortName::ALL
             .iter()
             .flat_map(|port| {

@@ -668,13 +668,18 @@ impl Daemon {
             provisioner,
             notifier: Arc::new(LogNotifier),
         };
-        let locks = Arc::new(InstanceLocks::new(ports.store.clone()));
+        // Their trust is timed by the engine's clock: its monotonic clock
+        // and the host's wall clock (#41).
+        let locks = Arc::new(InstanceLocks::new(ports.store.clone()).timed_by(ports.clock.clone()));
         let holder = identity.process.holder();
-        let lease = Arc::new(LeaseGuard::new(
-            holder.clone(),
-            reconciler_lease_ttl(control.tick_interval, config.recovery.instance_deadline),
-            LEASE_MARGIN,
-        ));
+        let lease = Arc::new(
+            LeaseGuard::new(
+                holder.clone(),
+                reconciler_lease_ttl(control.tick_interval, config.recovery.instance_deadline),
+                LEASE_MARGIN,
+            )
+            .timed_by(ports.clock.clone()),
+        );
         let recoverer = Arc::new(Recoverer::new(
             ports.clone(),
             config.recovery.clone(),

@@ -2,8 +2,10 @@
 //!
 //! The store times the lease by the database's clock; this process cannot
 //! read that clock whenever it likes, so it keeps its own conservative view
-//! on the monotonic clock: a grant obtained by a request sent at local
-//! instant `sent` is trusted until `sent + ttl - margin`. The database
+//! on its host's clocks: a grant obtained by a request sent at local
+//! instant `sent` is trusted until `sent + ttl - margin`, by the monotonic
+//! clock and by the wall clock both (`clock::Trust`: the monotonic clock
+//! stands still while the host is suspended). The database
 //! processed the request after `sent`, so its expiry lies later than that
 //! in any frame; the margin covers clock-rate drift and the time between
 //! checking the lease and the effect it guards. Every effect the reconciler
@@ -12,12 +14,11 @@
 //! would not last the work ahead, and answers `None` once the lease is
 //! lost; store writes carry the grant as a fence, checked by the database.
 
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use tokio::time::Instant;
-
-use crate::ports::{LeaseGrant, Store, StoreError};
+use super::clock::{Sent, Trust};
+use crate::ports::{Clock, LeaseGrant, Store, StoreError};
 
 /// Who a process is, for leases and locks (T1): a stable identity (kept in
 /// the data directory by the daemon) and this run's incarnation.
@@ -61,8 +62,8 @@ impl ProcessIdentity {
 #[derive(Clone, Debug)]
 struct Held {
     grant: LeaseGrant,
-    /// Local instant until which the grant is trusted.
-    trusted_until: Instant,
+    /// Until when the grant is trusted.
+    trusted: Trust,
 }
 
 /// One process's view of the singleton lease.
@@ -70,6 +71,10 @@ pub struct LeaseGuard {
     holder: String,
     ttl: Duration,
     margin: Duration,
+    clock: Arc<dyn Clock>,
+    /// Whether `clock` is the engine's, following the database's: then a
+    /// grant is trusted no longer than its expiry as that clock places it.
+    follows_database: bool,
     held: Mutex<Option<Held>>,
 }
 
@@ -87,13 +92,50 @@ pub enum LeaseAnswer {
 impl LeaseGuard {
     /// `ttl` must exceed `margin` (asserted: a lease trusted for no time at
     /// all would let nothing run).
+    /// Timed by the host's own clocks (`SystemClock`) until
+    /// [`Self::timed_by`] says otherwise.
     pub fn new(holder: String, ttl: Duration, margin: Duration) -> Self {
         assert!(margin < ttl, "lease margin {margin:?} >= ttl {ttl:?}");
         Self {
             holder,
             ttl,
             margin,
+            clock: Arc::new(super::SystemClock),
+            follows_database: false,
             held: Mutex::new(None),
+        }
+    }
+
+    /// The same guard, timing its trust by `clock`'s monotonic and host
+    /// clocks (the process's engine clock).
+    pub fn timed_by(self, clock: Arc<dyn Clock>) -> Self {
+        Self {
+            clock,
+            follows_database: true,
+            ..self
+        }
+    }
+
+    /// How long a grant obtained by a request sent at `sent` is trusted:
+    /// its length less the margin, and, when the database's clock stood
+    /// behind this process's reckoning as it granted (a step back it may
+    /// take back later, #41), no longer than its expiry as this process
+    /// places it.
+    fn trust_for(&self, grant: &LeaseGrant, sent_at: crate::core::types::Timestamp) -> Duration {
+        let mut length = self.ttl;
+        if self.follows_database {
+            let left = grant.expires_at.duration_since(sent_at);
+            length = length.min(Duration::try_from(left).unwrap_or(Duration::ZERO));
+        }
+        length.saturating_sub(self.margin)
+    }
+
+    /// Trusts the grant in hand no longer: the next [`Self::ensure`] asks
+    /// the store again (after a reading of the database's clock that
+    /// jumped, #41).
+    pub fn distrust(&self) {
+        if let Some(held) = self.lock().as_mut() {
+            held.trusted = Trust::from(Sent::now(self.clock.as_ref()), Duration::ZERO);
         }
     }
 
@@ -107,12 +149,13 @@ impl LeaseGuard {
 
     /// Takes or renews the lease now.
     pub async fn acquire(&self, store: &dyn Store) -> LeaseAnswer {
-        let sent = Instant::now();
+        let sent = Sent::now(self.clock.as_ref());
+        let sent_at = self.clock.now();
         match store.acquire_reconciler_lease(&self.holder, self.ttl).await {
             Ok(Some(grant)) => {
                 *self.lock() = Some(Held {
+                    trusted: Trust::from(sent, self.trust_for(&grant, sent_at)),
                     grant: grant.clone(),
-                    trusted_until: sent + (self.ttl - self.margin),
                 });
                 LeaseAnswer::Held(grant)
             }
@@ -131,8 +174,9 @@ impl LeaseGuard {
     /// when it would not last that long. `None` when the lease is lost or
     /// the store cannot say: the caller must not act.
     pub async fn ensure(&self, store: &dyn Store, need: Duration) -> Option<LeaseGrant> {
+        let clock = self.clock.as_ref();
         if let Some(held) = self.lock().clone() {
-            if Instant::now() + need <= held.trusted_until {
+            if held.trusted.lasts(clock, need) {
                 return Some(held.grant);
             }
         }
@@ -141,7 +185,7 @@ impl LeaseGuard {
                 let trusted = self
                     .lock()
                     .as_ref()
-                    .is_some_and(|h| Instant::now() + need <= h.trusted_until);
+                    .is_some_and(|h| h.trusted.lasts(clock, need));
                 // A lease shorter than the work ahead is no lease for it.
                 trusted.then_some(grant)
             }
@@ -153,7 +197,7 @@ impl LeaseGuard {
     pub fn current(&self) -> Option<LeaseGrant> {
         self.lock()
             .as_ref()
-            .filter(|held| Instant::now() < held.trusted_until)
+            .filter(|held| held.trusted.holds(self.clock.as_ref()))
             .map(|held| held.grant.clone())
     }
 

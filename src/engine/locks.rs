@@ -18,10 +18,12 @@ use std::time::Duration;
 use tokio::sync::OwnedMutexGuard;
 use tokio::time::Instant;
 
+use super::clock::{Sent, Trust};
+
 use crate::core::fleet::InstanceId;
 use crate::core::hash::FastMap;
 use crate::core::policy::trust_margin;
-use crate::ports::{LoadedInstances, Store, StoreError};
+use crate::ports::{Clock, LoadedInstances, Store, StoreError};
 
 /// Pause between tries of a waiting [`InstanceLocks::lock`].
 const LOCK_RETRY_INTERVAL: Duration = Duration::from_millis(100);
@@ -34,6 +36,8 @@ type LocalLocks = Mutex<FastMap<InstanceId, Arc<tokio::sync::Mutex<()>>>>;
 pub struct InstanceLocks {
     local: Arc<LocalLocks>,
     store: Arc<dyn Store>,
+    /// What the locks' trust is timed by.
+    clock: Arc<dyn Clock>,
 }
 
 /// Why a lock was not taken.
@@ -63,15 +67,30 @@ pub struct InstanceGuard {
     /// Until when the store's row is trusted to be this guard's: like a
     /// lease, it expires by the database's clock, so a holder paused past
     /// it must not act on the instance (another process may hold it now).
-    trusted_until: Instant,
+    trusted_until: Trust,
+    clock: Arc<dyn Clock>,
 }
 
 impl InstanceLocks {
+    /// Trust timed by the host's own clocks (`SystemClock`) until
+    /// [`Self::timed_by`] says otherwise.
     pub fn new(store: Arc<dyn Store>) -> Self {
         Self {
             local: Arc::default(),
             store,
+            clock: Arc::new(super::SystemClock),
         }
+    }
+
+    /// The same locks, their trust timed by `clock`'s monotonic and host
+    /// clocks (the process's engine clock).
+    pub fn timed_by(self, clock: Arc<dyn Clock>) -> Self {
+        Self { clock, ..self }
+    }
+
+    /// What the locks' trust is timed by.
+    pub fn clock(&self) -> &dyn Clock {
+        self.clock.as_ref()
     }
 
     fn local(&self, instance: InstanceId) -> Arc<tokio::sync::Mutex<()>> {
@@ -91,7 +110,7 @@ impl InstanceLocks {
         if local.is_empty() {
             return Ok(None);
         }
-        let sent = Instant::now();
+        let sent = Sent::now(self.clock.as_ref());
         let locked = self
             .store
             .try_lock_instances(&[instance], holder, ttl)
@@ -117,7 +136,7 @@ impl InstanceLocks {
             return Ok((Vec::new(), Ok(LoadedInstances::default())));
         }
         let ids: Vec<InstanceId> = local.iter().map(|(id, _)| *id).collect();
-        let sent = Instant::now();
+        let sent = Sent::now(self.clock.as_ref());
         let (locked, loaded) = self.store.try_lock_and_load(&ids, holder, ttl).await?;
         Ok((self.guards(local, &locked, holder, sent, ttl), loaded))
     }
@@ -148,13 +167,13 @@ impl InstanceLocks {
         local: Vec<(InstanceId, OwnedMutexGuard<()>)>,
         locked: &[InstanceId],
         holder: &str,
-        sent: Instant,
+        sent: Sent,
         ttl: Duration,
     ) -> Vec<InstanceGuard> {
         let mut locked = locked.to_vec();
         locked.sort_unstable();
         let holder: Arc<str> = Arc::from(holder);
-        let trusted_until = sent + (ttl - trust_margin(ttl));
+        let trusted_until = Trust::from(sent, ttl - trust_margin(ttl));
         let (taken, busy): (Vec<_>, Vec<_>) = local
             .into_iter()
             .partition(|(id, _)| locked.binary_search(id).is_ok());
@@ -169,6 +188,7 @@ impl InstanceLocks {
                 instance,
                 holder: holder.clone(),
                 trusted_until,
+                clock: self.clock.clone(),
             })
             .collect()
     }
@@ -206,7 +226,7 @@ impl InstanceLocks {
             .await
             .map_err(|_| busy())?;
         loop {
-            let sent = Instant::now();
+            let sent = Sent::now(self.clock.as_ref());
             let locked = self
                 .store
                 .try_lock_instances(&[instance], holder, ttl)
@@ -218,7 +238,8 @@ impl InstanceLocks {
                     store: self.store.clone(),
                     instance,
                     holder: Arc::from(holder),
-                    trusted_until: sent + (ttl - trust_margin(ttl)),
+                    trusted_until: Trust::from(sent, ttl - trust_margin(ttl)),
+                    clock: self.clock.clone(),
                 });
             }
             if began.elapsed() + LOCK_RETRY_INTERVAL > wait_max {
@@ -236,11 +257,11 @@ impl InstanceGuard {
 
     /// Whether the lock is still trusted to be this guard's right now.
     pub fn trusted(&self) -> bool {
-        Instant::now() < self.trusted_until
+        self.trusted_until.holds(self.clock.as_ref())
     }
 
     /// Until when the lock is trusted.
-    pub fn trusted_until(&self) -> Instant {
+    pub fn trusted_until(&self) -> Trust {
         self.trusted_until
     }
 

@@ -23,8 +23,9 @@ use crate::core::policy::PLANNERS_LEASE_NEED;
 use crate::core::recovery::RecoveryError;
 use crate::core::succession::{SeenLease, TwinVerdict, TwinWatch};
 use crate::core::types::{InstanceName, ServiceName, Timestamp};
-use crate::ports::{LeaseGrant, NotifyError, StoreError};
+use crate::ports::{Anchored, LeaseGrant, NotifyError, StoreError};
 
+use super::clock::ClockCheck;
 use super::lease::LeaseAnswer;
 use super::recovery::Recoverer;
 use super::{Ports, SharedCatalog};
@@ -79,6 +80,10 @@ pub struct TickOutcome {
     /// listing order: what the pass's memory now says of them was pruned
     /// this tick (R16).
     pub recovered: Vec<InstanceName>,
+    /// The tick's reading of the database's clock was one nothing vouched
+    /// for (a first reading, or a jump): it expired no TTL, requeued no
+    /// task and took over no lease (#41).
+    pub clock_unverified: bool,
 }
 
 impl TickOutcome {
@@ -312,16 +317,24 @@ impl Reconciler {
             traceparent: traceparent.clone(),
             ..Default::default()
         };
-        if !super::clock::anchor(self.ports.clock.as_ref(), self.ports.store.as_ref()).await {
-            // Never anchored: this host's clock may be minutes off the
-            // database's, and a TTL, a window or a budget timed by it would
-            // be wrong for every other process. Nothing is decided until
-            // the database answers (it is down, so no lease could be taken
-            // either).
-            tracing::warn!("the database's clock was never read; this tick decides nothing");
-            return out;
-        }
-        if !self.take_lease().await {
+        // Read every tick, so that every reading is compared with the last.
+        let reading =
+            super::clock::anchor(self.ports.clock.as_ref(), self.ports.store.as_ref(), true).await;
+        let verified = match reading {
+            ClockCheck::Unanchored => {
+                // Never anchored: this host's clock may be minutes off the
+                // database's, and a TTL, a window or a budget timed by it
+                // would be wrong for every other process. Nothing is
+                // decided until the database answers (it is down, so no
+                // lease could be taken either).
+                tracing::warn!("the database's clock was never read; this tick decides nothing");
+                return out;
+            }
+            ClockCheck::Steady => true,
+            ClockCheck::Unverified(reading) => self.clock_unverified(reading),
+        };
+        out.clock_unverified = !verified;
+        if !self.take_lease(verified).await {
             // What a pass of an earlier leadership found gone is not this
             // moment's truth: another leader may have repaired it since.
             *self.lost_services.lock().unwrap_or_else(|e| e.into_inner()) = LostServices::default();
@@ -335,7 +348,7 @@ impl Reconciler {
         let mut control = TickOutcome::default();
         let (pass, ()) = tokio::join!(
             self.recoverer.pass_traced(Some(&traceparent)),
-            self.control_checks(traceparent.clone(), &mut control)
+            self.control_checks(traceparent.clone(), verified, &mut control)
         );
         if !pass.errors.is_empty() {
             let errors: Vec<String> = pass.errors.iter().map(ToString::to_string).collect();
@@ -366,8 +379,47 @@ impl Reconciler {
         out
     }
 
-    /// The four control checks (C5-C8) over one snapshot, under the lease.
-    async fn control_checks(&self, traceparent: String, out: &mut TickOutcome) {
+    /// A reading of the database's clock that nothing vouches for: says
+    /// why, and stops trusting the lease in hand until the store confirms
+    /// it. Returns whether the tick may go on as if verified (only when
+    /// the mutation exercise breaks the rule).
+    fn clock_unverified(&self, reading: Anchored) -> bool {
+        match reading {
+            Anchored::Jumped(by) => {
+                metrics::counter!("stead_clock_jumps_total", "cause" => "database").increment(1);
+                tracing::warn!(
+                    jump_ms = by.as_millis() as i64,
+                    "the database's clock is {by:#} off where this process's clocks put it (it \
+                     stepped); this process keeps its own reckoning until a reading a minute \
+                     later agrees, checks its lease with the store, and this tick expires no \
+                     TTL, requeues no task and takes over no lease"
+                );
+                self.recoverer.lease().distrust();
+            }
+            Anchored::StoodStill(by) => {
+                metrics::counter!("stead_clock_jumps_total", "cause" => "stood_still").increment(1);
+                tracing::warn!(
+                    stood_still_ms = by.as_millis() as i64,
+                    "this process stood still for {by:#} while the world went on (a suspended \
+                     host or a paused VM: its monotonic clock stopped); it checks its lease with \
+                     the store, and this tick expires no TTL, requeues no task and takes over no \
+                     lease"
+                );
+                self.recoverer.lease().distrust();
+            }
+            // Every start: said once, quietly.
+            Anchored::First | Anchored::Steady => tracing::info!(
+                "first reading of the database's clock: TTL expiries, task requeues and lease \
+                 takeovers wait for the next tick's reading to agree with it"
+            ),
+        }
+        crate::broken!(self.config.broken, IgnoreClockJump)
+    }
+
+    /// The four control checks (C5-C8) over one snapshot, under the lease;
+    /// on a clock nothing vouches for, neither TTL expiry (C7) nor task
+    /// requeue (C6).
+    async fn control_checks(&self, traceparent: String, verified: bool, out: &mut TickOutcome) {
         // One catalog for the whole tick, even if it is reloaded meanwhile.
         let catalog = self.catalog.current();
         match self.snapshot(&catalog, traceparent).await {
@@ -385,7 +437,7 @@ impl Reconciler {
                     .await
                 {
                     Some(fence) => {
-                        self.run_planners(&snapshot, releases_error, &fence, out)
+                        self.run_planners(&snapshot, releases_error, &fence, verified, out)
                             .await
                     }
                     None => {
@@ -402,8 +454,24 @@ impl Reconciler {
     /// C2: take or renew the singleton lease; says so once when this
     /// replica takes it, loses it, or waits for another's, naming the
     /// holder and its expiry.
-    async fn take_lease(&self) -> bool {
+    ///
+    /// On a clock nothing vouches for (`verified` false) it renews its own
+    /// lease, or takes one nobody holds or its own identity held, but
+    /// takes over no other holder's: that lease may look expired only
+    /// because the database's clock jumped.
+    async fn take_lease(&self, verified: bool) -> bool {
         let lease = self.recoverer.lease();
+        if !verified && !self.leader.load(Ordering::Relaxed) {
+            if let Some(other) = self.held_by_another().await {
+                tracing::info!(
+                    "not taking the reconciler lease from {other} on a clock reading nothing \
+                     vouches for; the next tick looks again"
+                );
+                self.leader.store(false, Ordering::Relaxed);
+                metrics::gauge!("stead_reconciler_lease_held").set(0.0);
+                return false;
+            }
+        }
         let answer = lease.acquire(self.ports.store.as_ref()).await;
         let leader = matches!(answer, LeaseAnswer::Held(_));
         let was = self.leader.swap(leader, Ordering::Relaxed);
@@ -439,6 +507,17 @@ impl Reconciler {
             (LeaseAnswer::Held(_), true) => {}
         }
         leader
+    }
+
+    /// The holder of the reconciler lease row when it is another
+    /// identity's (expired or not); `None` when the row is free, this
+    /// identity's, or cannot be read (the acquire then says why).
+    async fn held_by_another(&self) -> Option<String> {
+        let row = self.ports.store.reconciler_lease().await.ok()??;
+        let own = self.recoverer.lease().holder();
+        let identity = own.split('#').next().unwrap_or(own);
+        let same_identity = row.holder.split('#').next() == Some(identity);
+        (!same_identity).then_some(row.holder)
     }
 
     /// Who holds the lease this replica waits for: logged when this replica
@@ -623,6 +702,7 @@ impl Reconciler {
         snapshot: &Snapshot<'_>,
         releases_error: Option<String>,
         fence: &LeaseGrant,
+        verified: bool,
         out: &mut TickOutcome,
     ) {
         // The snapshot's indexes are built once for the four planners;
@@ -638,11 +718,15 @@ impl Reconciler {
                     .await;
             }
         }
-        let plan = planner.lease_expiry();
-        self.carry_out(Check::LeaseExpiry, plan, snapshot, fence, out)
-            .await;
-        let plan = planner.ttl();
-        self.carry_out(Check::Ttl, plan, snapshot, fence, out).await;
+        // Both break another's claim by the clock: a reading that jumped
+        // would requeue live tasks and expire every instance at once.
+        if verified {
+            let plan = planner.lease_expiry();
+            self.carry_out(Check::LeaseExpiry, plan, snapshot, fence, out)
+                .await;
+            let plan = planner.ttl();
+            self.carry_out(Check::Ttl, plan, snapshot, fence, out).await;
+        }
         let plan = planner.version_drift();
         self.carry_out(Check::VersionDrift, plan, snapshot, fence, out)
             .await;

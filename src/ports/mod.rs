@@ -25,12 +25,62 @@ use crate::core::types::{
     Inhibition, InstanceName, Observation, RuntimeError, ServiceName, Timestamp,
 };
 
+/// How one reading of the database's clock agreed with the clock's last
+/// anchor (T2, #41).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Anchored {
+    /// The first reading: nothing to compare it with yet.
+    First,
+    /// Where the last anchor and the monotonic time since put it.
+    Steady,
+    /// Ahead of where the last anchor put it by as much as the host's wall
+    /// clock says the monotonic clock missed: this process stood still (a
+    /// suspend, a paused VM) while the world went on. Taken at once: the
+    /// database's clock is right, this process's view was behind.
+    StoodStill(jiff::SignedDuration),
+    /// Off by more than [`CLOCK_JUMP_MAX`] from where the last anchor put
+    /// it, and not because this process stood still: the database's clock
+    /// stepped (`+` ahead). Not taken until a reading a minute or more
+    /// later agrees with it; until then the last anchor stays, so a step
+    /// that is stepped back within the minute moves nothing.
+    Jumped(jiff::SignedDuration),
+}
+
+/// How far a reading of the database's clock may stray from where the last
+/// anchor and the monotonic clock put it before it counts as a jump. Each
+/// anchor is off by at most half its round trip (at most half a second),
+/// and the monotonic clock's rate error is a few parts per million: five
+/// seconds is no noise.
+pub const CLOCK_JUMP_MAX: Duration = Duration::from_secs(5);
+
 /// The source of `now` for the engine. The core never reads it itself.
 pub trait Clock: Send + Sync {
     fn now(&self) -> Timestamp;
+    /// The monotonic clock local trust windows are measured on (T2). It
+    /// never steps, but it stands still while the host is suspended or its
+    /// VM paused: [`Clock::host_now`] is the second opinion.
+    fn monotonic(&self) -> tokio::time::Instant {
+        tokio::time::Instant::now()
+    }
+    /// The host's own wall clock, never anchored to anything: it may step
+    /// (both ways), but it keeps running while the monotonic clock stands
+    /// still, so a trust window ends when either clock says so.
+    fn host_now(&self) -> Timestamp {
+        self.now()
+    }
+    /// Whether nothing is in doubt: false while a reading of the
+    /// database's clock that stepped away from this clock's reckoning is
+    /// neither stepped back nor believed (#41). No local trust holds
+    /// meanwhile, so the process acts on nothing until the next reading.
+    fn settled(&self) -> bool {
+        true
+    }
     /// Anchors a clock that follows the database's (T2) to `database_now`,
-    /// read over a round trip of `round_trip`. Other clocks ignore it.
-    fn anchor(&self, _database_now: Timestamp, _round_trip: Duration) {}
+    /// read over a round trip of `round_trip`, and says how the reading
+    /// agreed with the last. Other clocks ignore it.
+    fn anchor(&self, _database_now: Timestamp, _round_trip: Duration) -> Anchored {
+        Anchored::Steady
+    }
     /// Whether this clock wants anchoring (again).
     fn wants_anchor(&self) -> bool {
         false

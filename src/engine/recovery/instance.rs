@@ -20,6 +20,7 @@ use crate::core::policy::INSTANCE_LEASE_SLACK;
 use crate::core::recovery::Why;
 use crate::core::traffic::{FleetRoutes, HeldRoutes};
 use crate::core::types::InstanceName;
+use crate::engine::clock::Trust;
 use crate::engine::drive::{drive, Performer};
 use crate::engine::locks::{InstanceGuard, InstanceLocks};
 use crate::engine::{count_port_failure, time_until};
@@ -33,7 +34,7 @@ use super::{InstanceOutcome, RecoverError, Recoverer, WatchedPass, WatchedStep};
 /// only until it could have passed to another process.
 pub(super) struct Mandate {
     fence: LeaseGrant,
-    lock_until: Instant,
+    lock_until: Trust,
 }
 
 impl Recoverer {
@@ -41,7 +42,7 @@ impl Recoverer {
     /// instance lock are still trusted (a process paused past either must
     /// not act on resuming, T2, T3).
     pub(super) fn may_act(&self, mandate: &Mandate) -> bool {
-        self.lease.current().is_some() && Instant::now() < mandate.lock_until
+        self.lease.current().is_some() && mandate.lock_until.holds(self.locks.clock())
     }
 
     /// Recovers one instance under its lock, its deadline and the lease
@@ -111,7 +112,7 @@ impl Recoverer {
                 })
             }
         };
-        let locked: BTreeMap<InstanceId, Instant> = guards
+        let locked: BTreeMap<InstanceId, Trust> = guards
             .iter()
             .map(|g| (g.instance(), g.trusted_until()))
             .collect();
@@ -480,7 +481,7 @@ const WAKE_SLACK: Duration = Duration::from_millis(10);
 struct Slot {
     name: InstanceName,
     /// Until when its lock is trusted; `None`: busy (R3).
-    lock_until: Option<Instant>,
+    lock_until: Option<Trust>,
     /// What was loaded under the lock; `None`: gone since it was listed.
     row: Option<Result<LoadedInstance, crate::ports::StoreError>>,
     /// Its memory from earlier passes.
@@ -501,7 +502,7 @@ pub(super) struct TakenBatch {
     fence: LeaseGrant,
     guards: Vec<InstanceGuard>,
     /// The locked instances, each with when its lock stops being trusted.
-    locked: BTreeMap<InstanceId, Instant>,
+    locked: BTreeMap<InstanceId, Trust>,
     loaded: LoadedInstances,
     /// When the locks were taken: the batch's deadline runs from then.
     taken_at: Instant,

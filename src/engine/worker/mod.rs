@@ -7,7 +7,6 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::sync::watch;
-use tokio::time::Instant;
 
 use tracing::Instrument;
 
@@ -26,6 +25,7 @@ mod protocols;
 pub use end::TaskEnd;
 use end::{end_event, log_end};
 
+use super::clock::{Sent, Trust};
 use super::event_log::EventSink;
 use super::locks::InstanceLocks;
 use super::{Ports, SharedCatalog};
@@ -59,9 +59,9 @@ pub struct Worker {
     /// paused past it (a stopped VM, a long GC) must not act on resuming,
     /// since the task may be another worker's by then. Set at claim,
     /// moved on by each renewal, checked before every effect.
-    trusted_until: std::sync::Mutex<Option<Instant>>,
+    trusted_until: std::sync::Mutex<Option<Trust>>,
     /// Until when the instance lock of the task in hand is trusted (T3).
-    lock_trusted_until: std::sync::Mutex<Option<Instant>>,
+    lock_trusted_until: std::sync::Mutex<Option<Trust>>,
     /// Where each task's end is logged durably too (#42).
     events: EventSink,
 }
@@ -96,12 +96,13 @@ impl Worker {
     /// `Ok` while the lease of the task in hand and its instance's lock
     /// are both trusted; otherwise `instance`'s task stops, fenced.
     fn allowed(&self, instance: &InstanceName) -> Result<(), TaskError> {
-        let now = Instant::now();
-        let trusted = |until: &std::sync::Mutex<Option<Instant>>| {
+        // Both timed by the clock the instance locks are (the engine's).
+        let clock = self.locks.clock();
+        let trusted = |until: &std::sync::Mutex<Option<Trust>>| {
             until
                 .lock()
                 .unwrap_or_else(|e| e.into_inner())
-                .is_some_and(|until| now < until)
+                .is_some_and(|until| until.holds(clock))
         };
         let trusted = trusted(&self.trusted_until) && trusted(&self.lock_trusted_until);
         if trusted || crate::broken!(self.config.broken, ActOnExpiredLease) {
@@ -120,8 +121,8 @@ impl Worker {
 
     /// The lease, asked for at `sent`, is trusted for its length less the
     /// margin from then.
-    fn trust_lease_from(&self, sent: Instant) {
-        let until = sent + (self.config.lease - trust_margin(self.config.lease));
+    fn trust_lease_from(&self, sent: Sent) {
+        let until = Trust::from(sent, self.config.lease - trust_margin(self.config.lease));
         *self.trusted_until.lock().unwrap_or_else(|e| e.into_inner()) = Some(until);
     }
 
@@ -146,14 +147,16 @@ impl Worker {
     /// Claims one due task and runs it. `None` when nothing was due (or the
     /// store is down).
     pub async fn work_once(&self) -> Option<(Task, TaskEnd)> {
-        if !super::clock::anchor(self.ports.clock.as_ref(), self.ports.store.as_ref()).await {
+        let clock =
+            super::clock::anchor(self.ports.clock.as_ref(), self.ports.store.as_ref(), false);
+        if !clock.await.follows_database() {
             // A host clock minutes ahead would claim tasks before they are
             // due (an upgrade before its window): none until the database
             // has answered once.
             return None;
         }
         let now = self.ports.clock.now();
-        let sent = Instant::now();
+        let sent = Sent::now(self.locks.clock());
         let claimed = match self.ports.store.claim(&self.config.id, now, 1).await {
             Ok(tasks) => tasks,
             Err(e) => {
@@ -320,7 +323,7 @@ impl Worker {
         loop {
             tokio::time::sleep(self.config.lease / 3).await;
             let now = self.ports.clock.now();
-            let sent = Instant::now();
+            let sent = Sent::now(self.locks.clock());
             match self
                 .ports
                 .store

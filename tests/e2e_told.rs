@@ -27,10 +27,13 @@ mod support_services;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use e2e::{catalog, cli, daemon_log, wait_until, DaemonProcess, HTTPD};
-use stead::core::event_log::{EventFilter, EventKind, LoggedEvent};
+use e2e::{catalog, cli, daemon_log, wait_until, DaemonProcess, Harness, Setup, HTTPD};
+use stead::core::event_log::{Event, EventFilter, EventKind, LoggedEvent};
 use stead::core::types::{InstanceName, Timestamp};
-use stead::ports::Store;
+use stead::core::webhook::DEFAULT_KINDS;
+use stead::daemon::Role;
+use stead::engine::SystemClock;
+use stead::ports::{Clock, Store};
 use support_services::caddy::CaddyProcess;
 use support_services::chromium::dump_dom;
 use support_services::docker::{docker, Cleanup};
@@ -468,4 +471,158 @@ fn json_until(json: &[serde_json::Value], id: i64) -> serde_json::Value {
         .find(|v| v["id"] == id)
         .map(|v| v["until"].clone())
         .expect("the event is in the JSON")
+}
+
+/// How long a standby is watched for a post it must not make: three of
+/// its notifier's idle polls (1 s each), so a standby that delivered would
+/// have posted the batch logged before the window.
+const STANDBY_WINDOW: Duration = Duration::from_secs(3);
+
+/// Appends `n` halt events, as a worker elsewhere would write them; their
+/// ids.
+async fn log_halts(store: &dyn Store, n: usize, tag: &str) -> Vec<i64> {
+    let before = store
+        .events(&EventFilter::default())
+        .await
+        .unwrap()
+        .rows
+        .last()
+        .map_or(0, |e| e.id);
+    let events: Vec<Event> = (0..n)
+        .map(|i| {
+            let mut e = Event::new(
+                EventKind::Halt,
+                SystemClock.now(),
+                "C8",
+                format!("rollout of web halted ({tag} {i})"),
+            );
+            e.writer = "test#1".into();
+            e
+        })
+        .collect();
+    store.append_events(&events).await.unwrap();
+    let after = store.events(&EventFilter::default()).await.unwrap().rows;
+    after
+        .iter()
+        .filter(|e| e.id > before && e.event.kind == EventKind::Halt)
+        .map(|e| e.id)
+        .collect()
+}
+
+/// Two full daemons on one Postgres, each with its own receiver for the
+/// same webhook: only the lease holder posts; the standby's receiver gets
+/// nothing. Once the holder stops, the standby takes the lease and
+/// resumes from the shared, durable cursor: it posts what the holder had
+/// not, and nothing the holder had delivered.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn only_the_lease_holder_posts_webhooks_and_a_standby_that_takes_over_resumes_from_the_cursor(
+) {
+    let url = support::fresh_postgres_database().await;
+    stead::store::sql::migrate(&url).await.expect("migrate");
+    let (holder_receiver, holder_url) = Receiver::start(&[]).await;
+    let (standby_receiver, standby_url) = Receiver::start(&[]).await;
+    let mut h = Harness::start(Setup {
+        database_url: Some(url),
+        extra_config: format!("[[webhooks]]\nname = \"{WEBHOOK}\"\nurl = \"{holder_url}\"\n"),
+        ..Setup::default()
+    })
+    .await;
+    let store = h.daemon().ports.store.clone();
+    let kinds = |r: &Receiver| -> Vec<String> {
+        r.acknowledged()
+            .into_iter()
+            .filter_map(|r| r.kind)
+            .collect()
+    };
+    wait_until("the holder posts its lease_taken", CONVERGE, || {
+        let taken = kinds(&holder_receiver).contains(&"lease_taken".to_owned());
+        async move { taken }
+    })
+    .await;
+    let mut standby = h
+        .peer_with(Role::All, |config| {
+            config.webhooks[0].url = standby_url.clone()
+        })
+        .await;
+    let first = log_halts(store.as_ref(), 3, "first").await;
+    wait_until("the holder delivers the first batch", CONVERGE, || async {
+        store
+            .webhook_cursor(WEBHOOK)
+            .await
+            .ok()
+            .flatten()
+            .is_some_and(|c| c >= first[2])
+    })
+    .await;
+    // A standby that posted would have posted this batch by now.
+    let second = log_halts(store.as_ref(), 2, "second").await;
+    let window = Instant::now();
+    while window.elapsed() < STANDBY_WINDOW {
+        assert!(
+            standby_receiver.answered().is_empty(),
+            "the standby posted events {:?}",
+            standby_receiver.attempted_ids()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    wait_until("the holder delivers the second batch", CONVERGE, || {
+        let acked = holder_receiver.acknowledged_ids();
+        let done = second.iter().all(|id| acked.contains(id));
+        async move { done }
+    })
+    .await;
+    let delivered_by_holder = holder_receiver.acknowledged_ids();
+
+    // The holder stops (SIGTERM: it releases the lease); the standby
+    // takes it and delivers from the cursor on.
+    h.shutdown().await;
+    let third = log_halts(store.as_ref(), 2, "third").await;
+    wait_until(
+        "the standby takes the lease and delivers the third batch",
+        CONVERGE,
+        || {
+            let acked = standby_receiver.acknowledged_ids();
+            let done = third.iter().all(|id| acked.contains(id));
+            async move { done }
+        },
+    )
+    .await;
+    assert!(
+        kinds(&standby_receiver).contains(&"lease_taken".to_owned()),
+        "the takeover is posted: {:?}",
+        kinds(&standby_receiver)
+    );
+    let resumed = standby_receiver.acknowledged_ids();
+    assert_eq!(
+        holder_receiver.acknowledged_ids(),
+        delivered_by_holder,
+        "the stopped holder posted nothing more"
+    );
+    let last_of_holder = *delivered_by_holder.last().unwrap();
+    assert!(
+        resumed.iter().all(|id| *id > last_of_holder),
+        "the standby re-delivered what the holder had: holder {delivered_by_holder:?}, \
+         standby {resumed:?}"
+    );
+    // Between them, every wanted event up to the last one posted, once,
+    // in order.
+    let wanted: Vec<i64> = store
+        .events(&EventFilter {
+            limit: 1000,
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .rows
+        .iter()
+        .filter(|e| DEFAULT_KINDS.contains(&e.event.kind) && e.id <= *resumed.last().unwrap())
+        .map(|e| e.id)
+        .collect();
+    let posted: Vec<i64> = delivered_by_holder
+        .iter()
+        .chain(&resumed)
+        .copied()
+        .collect();
+    assert_eq!(posted, wanted, "each wanted event once, in order");
+    standby.shutdown().await;
 }

@@ -258,6 +258,37 @@ async fn a_restarted_notifier_resumes_from_its_cursor_and_repeats_nothing_acknow
 }
 
 #[tokio::test]
+async fn a_notifier_told_to_stop_mid_post_finishes_it_and_its_successor_repeats_nothing() {
+    let s = support::sqlite().await;
+    let (receiver, url) = Receiver::start(&[Answer::Held]).await;
+    let first = Running::start(notifier(&s.store, target("graceful", &url, DEADLINE))).await;
+    let ids = log(&s.store, &[EventKind::Halt]).await;
+    wait_until("the post is in flight", || {
+        receiver.answered().iter().any(|(_, a)| *a == Answer::Held)
+    })
+    .await;
+    // A graceful stop (SIGTERM) while the receiver still holds the post;
+    // it answers 200 after.
+    first.stop.send(true).unwrap();
+    receiver.release();
+    tokio::time::timeout(DEADLINE, first.task)
+        .await
+        .expect("a notifier stops when its post ends")
+        .unwrap();
+    assert_eq!(
+        s.store.webhook_cursor("graceful").await.unwrap(),
+        Some(ids[0]),
+        "the acknowledged post's cursor is stored before it stops"
+    );
+    // The next start (a restart) sends it no more.
+    let later = log(&s.store, &[EventKind::CrashLoopDelay]).await;
+    let second = Running::start(notifier(&s.store, target("graceful", &url, DEADLINE))).await;
+    wait_for_cursor(&s.store, "graceful", later[0]).await;
+    second.stop().await;
+    assert_eq!(receiver.acknowledged_ids(), [ids[0], later[0]], "each once");
+}
+
+#[tokio::test]
 async fn an_event_acknowledged_but_not_yet_recorded_is_posted_again_after_a_restart() {
     let s = support::sqlite().await;
     let (receiver, url) = Receiver::start(&[]).await;

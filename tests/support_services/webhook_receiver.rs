@@ -10,6 +10,7 @@ use std::sync::{Arc, Mutex};
 use stead::adapters::webhook::{EVENT_ID_HEADER, SIGNATURE_HEADER};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::watch;
 
 /// Largest request the receiver reads.
 const REQUEST_LEN_MAX: usize = 64 * 1024;
@@ -23,6 +24,9 @@ pub enum Answer {
     Hang,
     /// Reads the request and closes the connection without answering.
     Close,
+    /// Reads the request, and answers 200 once [`Receiver::release`] is
+    /// called (recorded as `Held` until then, as `Ok` after).
+    Held,
 }
 
 /// One request as the receiver read it.
@@ -50,6 +54,8 @@ pub struct Receiver {
     rules: Arc<Mutex<Rules>>,
     /// Every request read, with what it was answered.
     answered: Arc<Mutex<Vec<(Request, Answer)>>>,
+    /// Turns true when held requests may be answered.
+    released: Arc<watch::Sender<bool>>,
 }
 
 impl Receiver {
@@ -65,6 +71,7 @@ impl Receiver {
                 then: Answer::Ok,
             })),
             answered: Arc::default(),
+            released: Arc::new(watch::channel(false).0),
         };
         let serving = receiver.clone();
         tokio::spawn(async move {
@@ -105,8 +112,18 @@ impl Receiver {
             }
         };
         // Recorded before the answer: once the sender has it, so does the test.
-        self.answered.lock().unwrap().push((request, answer));
+        let at = {
+            let mut answered = self.answered.lock().unwrap();
+            answered.push((request, answer));
+            answered.len() - 1
+        };
         match answer {
+            Answer::Held => {
+                let mut released = self.released.subscribe();
+                let _ = released.wait_for(|r| *r).await;
+                self.answered.lock().unwrap()[at].1 = Answer::Ok;
+                respond(&mut stream, "200 OK").await;
+            }
             Answer::Ok => respond(&mut stream, "200 OK").await,
             Answer::Status500 => respond(&mut stream, "500 Internal Server Error").await,
             Answer::Hang => {
@@ -115,6 +132,11 @@ impl Receiver {
             }
             Answer::Close => drop(stream),
         }
+    }
+
+    /// Lets every held request (and any later one) be answered 200.
+    pub fn release(&self) {
+        self.released.send_replace(true);
     }
 
     /// Every request read, with its answer, in the order they came.

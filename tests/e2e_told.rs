@@ -19,6 +19,8 @@
 //!   daemon delivers it: acknowledged exactly once, signed.
 //!
 //! Every wait is on an observable condition with a deadline.
+// Deadlines and timings in tests are wall-clock by nature.
+#![allow(clippy::disallowed_methods)]
 
 mod e2e;
 mod support;

@@ -9,59 +9,15 @@ mod e2e;
 mod support;
 mod support_services;
 
-use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
-use e2e::{catalog, inspect, wait_until, Harness, Setup, HTTPD};
+use e2e::{catalog, cli, daemon_log, inspect, wait_until, DaemonProcess, Harness, Setup, HTTPD};
 use stead::daemon::Role;
 use support_services::caddy::CaddyProcess;
 use support_services::docker::{docker, Cleanup, StartCounter};
 use support_services::{free_port, unique};
 
 const CONVERGE: Duration = Duration::from_secs(60);
-
-/// `stead run` as its own process, on a config file in `dir`.
-fn spawn_daemon(dir: &std::path::Path) -> Child {
-    let log = std::fs::OpenOptions::new()
-        .create(true)
-        .append(true)
-        .open(dir.join("daemon.log"))
-        .expect("daemon log");
-    Command::new(env!("CARGO_BIN_EXE_stead"))
-        .arg("--config")
-        .arg(dir.join("stead.toml"))
-        .arg("run")
-        .env("STEAD_LOG", "info")
-        .stdout(Stdio::from(log.try_clone().expect("log")))
-        .stderr(Stdio::from(log))
-        .spawn()
-        .expect("start the stead binary")
-}
-
-/// A daemon process killed (SIGKILL) and reaped when dropped, so a failed
-/// assertion leaves no process behind.
-struct Running(Child);
-
-impl Drop for Running {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-fn cli(dir: &std::path::Path, args: &[&str]) {
-    let output = Command::new(env!("CARGO_BIN_EXE_stead"))
-        .arg("--config")
-        .arg(dir.join("stead.toml"))
-        .args(args)
-        .output()
-        .expect("run the stead binary");
-    assert!(
-        output.status.success(),
-        "stead {args:?}: {}",
-        String::from_utf8_lossy(&output.stderr)
-    );
-}
 
 async fn get(listen: &str, instance: &str) -> u16 {
     let client = reqwest::Client::builder()
@@ -112,7 +68,7 @@ listen = "{listen}"
     );
     std::fs::write(dir.path().join("stead.toml"), config).unwrap();
     cli(dir.path(), &["migrate"]);
-    let mut daemon = spawn_daemon(dir.path());
+    let mut daemon = DaemonProcess::spawn(dir.path());
     cli(
         dir.path(),
         &["instance", "create", &name, "--type", e2e::TYPE],
@@ -130,20 +86,18 @@ listen = "{listen}"
     .expect("the container");
 
     // SIGKILL: no shutdown, the lease and any lock are left behind.
-    daemon.kill().expect("kill -9");
-    daemon.wait().expect("reaped");
+    daemon.kill_9();
     let before = inspect(&id, "{{.State.StartedAt}}").unwrap();
     docker(&["kill", &id]).expect("docker kill");
 
-    let mut daemon = spawn_daemon(dir.path());
+    let daemon = DaemonProcess::spawn(dir.path());
     let took = wait_until("recovered by the new process", CONVERGE, || async {
         inspect(&id, "{{.State.StartedAt}}").is_ok_and(|s| s != before)
             && get(&listen, &name).await == 200
     })
     .await;
-    let _ = daemon.kill();
-    let _ = daemon.wait();
-    let log = std::fs::read_to_string(dir.path().join("daemon.log")).unwrap_or_default();
+    drop(daemon);
+    let log = daemon_log(dir.path());
     assert!(
         took <= Duration::from_secs(TICK_S + 10),
         "recovered {took:?} after the restart, not within one {TICK_S} s tick; daemon log:\n{log}"
@@ -276,7 +230,7 @@ listen = "{listen}"
         std::fs::write(dir.join("stead.toml"), config).unwrap();
     }
     cli(first.path(), &["migrate"]);
-    let holder = Running(spawn_daemon(first.path()));
+    let holder = DaemonProcess::spawn(first.path());
     wait_until("the identity is made", CONVERGE, || async {
         first.path().join("identity").exists()
     })
@@ -286,7 +240,7 @@ listen = "{listen}"
     for file in ["identity", "identity.lock"] {
         std::fs::copy(first.path().join(file), copy.path().join(file)).unwrap();
     }
-    let twin = Running(spawn_daemon(copy.path()));
+    let twin = DaemonProcess::spawn(copy.path());
     let counter = StartCounter::follow(&name);
     cli(
         first.path(),
@@ -294,7 +248,7 @@ listen = "{listen}"
     );
     let logs = || {
         [first.path(), copy.path()]
-            .map(|dir| std::fs::read_to_string(dir.join("daemon.log")).unwrap_or_default())
+            .map(daemon_log)
             .join("\n--- the copy's log ---\n")
     };
     // One start from the worker's create, then three by recovery.

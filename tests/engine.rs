@@ -2785,6 +2785,47 @@ async fn a_ticks_start_and_restart_are_logged_as_events_with_rule_trace_and_writ
     );
 }
 
+#[tokio::test]
+async fn a_targeted_pass_logs_its_events_under_a_trace_of_its_own() {
+    use stead::core::event_log::EventKind;
+    use stead::engine::event_log::{EventSink, EVENT_BUFFER_MAX};
+    let f = fixture();
+    let instance = f.served("wiki1", "2").await;
+    let web = f.web_container("wiki1").await;
+    let (sink, mut flusher) = EventSink::new("host-1#a", EVENT_BUFFER_MAX);
+    let r = f.reconciler("a");
+    r.recoverer().log_events_to(sink);
+    r.recoverer().trace_targeted_passes(7);
+    assert!(r.tick().await.leader);
+    let down = || {
+        f.runtime.with_containers(|cs| {
+            cs.get_mut(&web).unwrap().status = stead::core::types::ContainerStatus::Exited
+        })
+    };
+    let mut traces = Vec::new();
+    for _ in 0..2 {
+        let before = logged_events(&f, "wiki1").await.len();
+        down();
+        // As a Docker event's wake-up runs it.
+        r.recoverer().recover_instance(&instance).await;
+        flusher.flush(f.store.as_ref()).await;
+        let events = logged_events(&f, "wiki1").await[before..].to_vec();
+        let kinds: Vec<EventKind> = events.iter().map(|e| e.kind).collect();
+        assert!(
+            kinds.contains(&EventKind::Start) && kinds.contains(&EventKind::Publish),
+            "{events:?}"
+        );
+        let trace = events[0].trace_id.clone().expect("a trace id");
+        assert_eq!(trace.len(), 32, "{trace}");
+        assert!(
+            events.iter().all(|e| e.trace_id.as_ref() == Some(&trace)),
+            "one pass, one trace: {events:?}"
+        );
+        traces.push(trace);
+    }
+    assert_ne!(traces[0], traces[1], "each targeted pass has its own");
+}
+
 #[tokio::test(start_paused = true)]
 async fn a_crash_loop_delay_is_logged_once_with_its_next_attempt() {
     use stead::core::event_log::EventKind;

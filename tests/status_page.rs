@@ -7,9 +7,11 @@
 //! for CI to keep, and the rendered DOM shows a name with HTML in it as
 //! text. No Docker or Caddy answers: the page says so, as `/status` does.
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
+
+mod support_services;
 
 use sqlx::Connection;
 use stead::core::event_log::{Event, EventKind};
@@ -17,6 +19,7 @@ use stead::core::fleet::{InstanceState, RolloutState};
 use stead::core::types::{ActiveService, ContainerId, InstanceName, ServiceName};
 use stead::daemon::{admin, Daemon, Role};
 use stead::ports::NewInstance;
+use support_services::chromium::{artifacts_dir, chromium};
 use tokio::sync::watch;
 
 /// An instance name that is markup: the store refuses to read it back as
@@ -24,8 +27,6 @@ use tokio::sync::watch;
 const HOSTILE_NAME: &str = "<b id=\"injected\">evil</b>";
 /// The token of the tests that set one.
 const TOKEN: &str = "s3cret-token-0123456789abcdef";
-/// How long one Chromium run may take.
-const CHROMIUM_DEADLINE: Duration = Duration::from_secs(90);
 
 /// A daemon's admin listener on a free loopback port, until dropped.
 struct Served {
@@ -286,53 +287,6 @@ async fn with_a_token_every_fleet_endpoint_demands_it_and_metrics_and_health_sta
 }
 
 // --- headless Chromium ----------------------------------------------------
-
-/// Where screenshots go: `$STEAD_ARTIFACTS_DIR`, else `target/artifacts/`.
-fn artifacts_dir() -> PathBuf {
-    let dir = std::env::var_os("STEAD_ARTIFACTS_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("target/artifacts"));
-    std::fs::create_dir_all(&dir).unwrap_or_else(|e| panic!("{}: {e}", dir.display()));
-    dir
-}
-
-/// Runs headless Chromium with `args` then `url` (its own profile in a
-/// temporary directory, so runs in parallel never share one); its
-/// standard output. Fails, saying how to get it, when there is none.
-async fn chromium(args: &[&str], url: &str) -> String {
-    let profile = tempfile::tempdir().unwrap();
-    let run = tokio::process::Command::new("chromium")
-        .args([
-            "--headless",
-            "--no-sandbox",
-            "--disable-gpu",
-            "--no-first-run",
-            "--disable-dev-shm-usage",
-            "--hide-scrollbars",
-        ])
-        .arg(format!("--user-data-dir={}", profile.path().display()))
-        .args(args)
-        .arg(url)
-        .stdin(std::process::Stdio::null())
-        .kill_on_drop(true)
-        .output();
-    let output = match tokio::time::timeout(CHROMIUM_DEADLINE, run).await {
-        Ok(Ok(output)) => output,
-        Ok(Err(e)) if e.kind() == std::io::ErrorKind::NotFound => panic!(
-            "chromium is not installed: the status page is tested in headless Chromium; \
-             install Debian's package (`apt-get install -y chromium`, which scripts/services does)"
-        ),
-        Ok(Err(e)) => panic!("chromium could not run: {e}"),
-        Err(_) => panic!("chromium {args:?} {url} took longer than {CHROMIUM_DEADLINE:?}"),
-    };
-    assert!(
-        output.status.success(),
-        "chromium {args:?} {url}: {}\n{}",
-        output.status,
-        String::from_utf8_lossy(&output.stderr)
-    );
-    String::from_utf8(output.stdout).unwrap()
-}
 
 /// Screenshots `url` into the artifacts as `name`, and checks the PNG is
 /// a real picture (a PNG, and more than a blank page's few bytes).

@@ -3,167 +3,33 @@
 //! closed connection, each event acknowledged once and in order, and a
 //! restarted notifier resuming from its durable cursor.
 //!
-//! The receiver is a small HTTP/1.1 server on a tokio `TcpListener`
-//! (127.0.0.1:0) rather than axum, so that it can also hang after reading
-//! a request or close the connection without answering. Waits are
-//! generous deadlines over polling, never a fixed sleep.
+//! The receiver is `support_services::webhook_receiver`, which can also
+//! hang after reading a request or close the connection without
+//! answering. Waits are generous deadlines over polling, never a fixed
+//! sleep.
 #![cfg(all(feature = "io", not(madsim)))]
 
 mod support;
+mod support_services;
 
-use std::collections::VecDeque;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
-use stead::adapters::webhook::{signature, WebhookTarget, EVENT_ID_HEADER, SIGNATURE_HEADER};
+use stead::adapters::webhook::{signature, WebhookTarget};
 use stead::core::event_log::{Event, EventKind};
 use stead::core::types::{InstanceName, Timestamp};
 use stead::core::webhook::WebhookFormat;
 use stead::daemon::webhooks::{DeliveryPacing, WebhookNotifier};
 use stead::engine::SystemClock;
 use stead::ports::Store;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::{TcpListener, TcpStream};
+use support_services::webhook_receiver::{Answer, Receiver};
 use tokio::sync::watch;
 
 /// Bound on any wait of a test; every wait ends long before on a
 /// working build.
 const DEADLINE: Duration = Duration::from_secs(30);
 const POLL: Duration = Duration::from_millis(10);
-/// Largest request the receiver reads.
-const REQUEST_LEN_MAX: usize = 64 * 1024;
 const SECRET: &[u8] = b"correct horse battery staple";
-
-/// What the receiver does with one request.
-#[derive(Clone, Copy, Debug)]
-enum Answer {
-    Ok,
-    Status500,
-    /// Reads the request and never answers.
-    Hang,
-    /// Reads the request and closes the connection without answering.
-    Close,
-}
-
-/// One request as the receiver read it.
-#[derive(Clone, Debug)]
-struct Request {
-    event_id: i64,
-    signature: Option<String>,
-    body: Vec<u8>,
-}
-
-/// A webhook receiver on loopback answering as its script says, then 200.
-#[derive(Clone, Default)]
-struct Receiver {
-    script: Arc<Mutex<VecDeque<Answer>>>,
-    /// Every request read, whatever the answer.
-    attempts: Arc<Mutex<Vec<Request>>>,
-    /// The requests answered 200.
-    acknowledged: Arc<Mutex<Vec<Request>>>,
-}
-
-impl Receiver {
-    /// Serves on 127.0.0.1:0; returns the receiver and its URL.
-    async fn start(script: &[Answer]) -> (Self, String) {
-        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let url = format!("http://{}/hook", listener.local_addr().unwrap());
-        let receiver = Receiver {
-            script: Arc::new(Mutex::new(script.iter().copied().collect())),
-            ..Receiver::default()
-        };
-        let serving = receiver.clone();
-        tokio::spawn(async move {
-            loop {
-                let (stream, _) = listener.accept().await.unwrap();
-                let receiver = serving.clone();
-                tokio::spawn(async move { receiver.serve(stream).await });
-            }
-        });
-        (receiver, url)
-    }
-
-    async fn serve(&self, mut stream: TcpStream) {
-        let Some(request) = read_request(&mut stream).await else {
-            return;
-        };
-        let answer = self
-            .script
-            .lock()
-            .unwrap()
-            .pop_front()
-            .unwrap_or(Answer::Ok);
-        self.attempts.lock().unwrap().push(request.clone());
-        match answer {
-            Answer::Ok => {
-                // Recorded before the answer: once the sender has it, so does the test.
-                self.acknowledged.lock().unwrap().push(request);
-                respond(&mut stream, "200 OK").await;
-            }
-            Answer::Status500 => respond(&mut stream, "500 Internal Server Error").await,
-            Answer::Hang => {
-                // Holds the connection open, answering nothing.
-                std::future::pending::<()>().await;
-            }
-            Answer::Close => drop(stream),
-        }
-    }
-
-    fn acknowledged_ids(&self) -> Vec<i64> {
-        ids(&self.acknowledged.lock().unwrap())
-    }
-
-    fn attempted_ids(&self) -> Vec<i64> {
-        ids(&self.attempts.lock().unwrap())
-    }
-}
-
-fn ids(requests: &[Request]) -> Vec<i64> {
-    requests.iter().map(|r| r.event_id).collect()
-}
-
-async fn respond(stream: &mut TcpStream, status: &str) {
-    let answer = format!("HTTP/1.1 {status}\r\ncontent-length: 0\r\nconnection: close\r\n\r\n");
-    let _ = stream.write_all(answer.as_bytes()).await;
-    let _ = stream.shutdown().await;
-}
-
-/// Reads one request: its head, then as many body bytes as it declares.
-async fn read_request(stream: &mut TcpStream) -> Option<Request> {
-    let mut buffer = Vec::new();
-    let mut chunk = [0u8; 4096];
-    let head_end = loop {
-        if let Some(end) = buffer.windows(4).position(|w| w == b"\r\n\r\n") {
-            break end + 4;
-        }
-        let n = stream.read(&mut chunk).await.ok()?;
-        if n == 0 || buffer.len() > REQUEST_LEN_MAX {
-            return None;
-        }
-        buffer.extend_from_slice(&chunk[..n]);
-    };
-    let head = String::from_utf8_lossy(&buffer[..head_end]).to_string();
-    let header = |name: &str| {
-        head.lines().find_map(|line| {
-            let (key, value) = line.split_once(':')?;
-            key.eq_ignore_ascii_case(name)
-                .then(|| value.trim().to_owned())
-        })
-    };
-    let length: usize = header("content-length")?.parse().ok()?;
-    while buffer.len() < head_end + length {
-        let n = stream.read(&mut chunk).await.ok()?;
-        if n == 0 {
-            return None;
-        }
-        buffer.extend_from_slice(&chunk[..n]);
-    }
-    Some(Request {
-        event_id: header(EVENT_ID_HEADER)?.parse().ok()?,
-        signature: header(SIGNATURE_HEADER),
-        body: buffer[head_end..head_end + length].to_vec(),
-    })
-}
 
 /// Pacing fast enough for a test: backoffs of tens of milliseconds.
 fn fast() -> DeliveryPacing {
@@ -293,7 +159,7 @@ async fn wanted_events_are_posted_in_order_signed_over_their_exact_bodies() {
     wait_for_cursor(&s.store, "signed", ids[4]).await;
     running.stop().await;
     assert_eq!(receiver.acknowledged_ids(), [ids[1], ids[3]]);
-    for request in receiver.acknowledged.lock().unwrap().iter() {
+    for request in &receiver.acknowledged() {
         assert_eq!(
             request.signature.as_deref(),
             Some(signature(SECRET, &request.body).as_str()),
@@ -305,9 +171,7 @@ async fn wanted_events_are_posted_in_order_signed_over_their_exact_bodies() {
         assert_eq!(body["event"]["instance"], "wiki1");
     }
     let kinds: Vec<String> = receiver
-        .acknowledged
-        .lock()
-        .unwrap()
+        .acknowledged()
         .iter()
         .map(|r| {
             serde_json::from_slice::<serde_json::Value>(&r.body).unwrap()["event"]["kind"]
@@ -391,6 +255,37 @@ async fn a_restarted_notifier_resumes_from_its_cursor_and_repeats_nothing_acknow
         all,
         "nothing twice, nothing lost"
     );
+}
+
+#[tokio::test]
+async fn a_notifier_told_to_stop_mid_post_finishes_it_and_its_successor_repeats_nothing() {
+    let s = support::sqlite().await;
+    let (receiver, url) = Receiver::start(&[Answer::Held]).await;
+    let first = Running::start(notifier(&s.store, target("graceful", &url, DEADLINE))).await;
+    let ids = log(&s.store, &[EventKind::Halt]).await;
+    wait_until("the post is in flight", || {
+        receiver.answered().iter().any(|(_, a)| *a == Answer::Held)
+    })
+    .await;
+    // A graceful stop (SIGTERM) while the receiver still holds the post;
+    // it answers 200 after.
+    first.stop.send(true).unwrap();
+    receiver.release();
+    tokio::time::timeout(DEADLINE, first.task)
+        .await
+        .expect("a notifier stops when its post ends")
+        .unwrap();
+    assert_eq!(
+        s.store.webhook_cursor("graceful").await.unwrap(),
+        Some(ids[0]),
+        "the acknowledged post's cursor is stored before it stops"
+    );
+    // The next start (a restart) sends it no more.
+    let later = log(&s.store, &[EventKind::CrashLoopDelay]).await;
+    let second = Running::start(notifier(&s.store, target("graceful", &url, DEADLINE))).await;
+    wait_for_cursor(&s.store, "graceful", later[0]).await;
+    second.stop().await;
+    assert_eq!(receiver.acknowledged_ids(), [ids[0], later[0]], "each once");
 }
 
 #[tokio::test]

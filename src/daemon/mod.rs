@@ -703,6 +703,7 @@ impl Daemon {
         recoverer.wake_at_requested_times(wake.clone());
         let (events, event_flusher) = EventSink::new(holder.clone(), EVENT_BUFFER_MAX);
         recoverer.log_events_to(events);
+        recoverer.trace_targeted_passes(os_seed());
         reconciler.keep_events_for(config.events.retention);
         let webhooks = webhook_notifiers(&config, &ports, &reconciler)?;
         Ok(Daemon {

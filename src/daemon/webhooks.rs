@@ -148,8 +148,13 @@ impl WebhookNotifier {
             })
     }
 
-    /// Delivers until `stop` turns true. A post in flight when it does is
-    /// abandoned; its event is posted again at the next start.
+    /// Delivers until `stop` turns true. A step under way when it does
+    /// runs to its end: a post the receiver acknowledges gets its cursor
+    /// stored, so a graceful stop (SIGTERM) sends nothing twice. Each step
+    /// is bounded (the post by the webhook's `timeout`, each store call by
+    /// the database's), and the daemon's shutdown bound abandons whatever
+    /// outlasts it; only then (or at a kill) is an acknowledged event
+    /// posted again at the next start.
     pub async fn run(&self, mut stop: watch::Receiver<bool>) {
         let mut progress = Progress {
             sequencer: None,
@@ -159,16 +164,12 @@ impl WebhookNotifier {
             if *stop.borrow() {
                 return;
             }
+            let pause = self.step(&mut progress).await;
+            if pause.is_zero() {
+                continue;
+            }
             tokio::select! {
-                pause = self.step(&mut progress) => {
-                    if pause.is_zero() {
-                        continue;
-                    }
-                    tokio::select! {
-                        () = tokio::time::sleep(pause) => {}
-                        changed = stop.changed() => if changed.is_err() { return },
-                    }
-                }
+                () = tokio::time::sleep(pause) => {}
                 changed = stop.changed() => if changed.is_err() { return },
             }
         }

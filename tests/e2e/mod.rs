@@ -235,9 +235,20 @@ kill_margin_s = 1
     /// state directory (so its own identity, memory and in-process locks),
     /// running `role` (a standby, or the other half of split roles).
     pub async fn peer(&self, role: Role) -> Peer {
+        self.peer_with(role, |_| {}).await
+    }
+
+    /// [`Harness::peer`] with its config changed by `edit` first (e.g.
+    /// its own webhook receiver).
+    pub async fn peer_with(
+        &self,
+        role: Role,
+        edit: impl FnOnce(&mut config::DaemonConfig),
+    ) -> Peer {
         let dir = tempfile::tempdir().expect("peer state dir");
         let mut config = self.daemon().config.clone();
         config.state_dir = dir.path().to_owned();
+        edit(&mut config);
         let daemon = Arc::new(Daemon::build(config).await.expect("peer builds"));
         let (tx, rx) = watch::channel(false);
         let run = {
@@ -460,4 +471,71 @@ where
 /// `docker inspect --format <format> <id>`.
 pub fn inspect(id: &str, format: &str) -> Result<String, String> {
     docker(&["inspect", "--format", format, id])
+}
+
+/// `stead run` as its own process, on the config file `dir/stead.toml`,
+/// logging (at info) to `dir/daemon.log`. Killed with SIGKILL and reaped
+/// when dropped, so a failed assertion leaves no process behind.
+pub struct DaemonProcess(std::process::Child);
+
+impl DaemonProcess {
+    pub fn spawn(dir: &std::path::Path) -> DaemonProcess {
+        use std::process::{Command, Stdio};
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(dir.join("daemon.log"))
+            .expect("daemon log");
+        let child = Command::new(env!("CARGO_BIN_EXE_stead"))
+            .arg("--config")
+            .arg(dir.join("stead.toml"))
+            .arg("run")
+            .env("STEAD_LOG", "info")
+            .env_remove("STEAD_CONFIG")
+            .stdin(Stdio::null())
+            .stdout(Stdio::from(log.try_clone().expect("log")))
+            .stderr(Stdio::from(log))
+            .spawn()
+            .expect("start the stead binary");
+        DaemonProcess(child)
+    }
+
+    /// SIGKILL (`kill -9`): no shutdown, the lease, locks and anything in
+    /// flight are left behind. Waits until the process is reaped.
+    pub fn kill_9(&mut self) {
+        self.0.kill().expect("kill -9 the daemon");
+        self.0.wait().expect("reap the daemon");
+    }
+}
+
+impl Drop for DaemonProcess {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// What the daemons run on `dir` logged (`DaemonProcess`).
+pub fn daemon_log(dir: &std::path::Path) -> String {
+    std::fs::read_to_string(dir.join("daemon.log")).unwrap_or_default()
+}
+
+/// The `stead` binary on `dir/stead.toml` with `args`: its standard
+/// output; fails the test, with its standard error, unless it succeeds.
+pub fn cli(dir: &std::path::Path, args: &[&str]) -> String {
+    let output = std::process::Command::new(env!("CARGO_BIN_EXE_stead"))
+        .arg("--config")
+        .arg(dir.join("stead.toml"))
+        .args(args)
+        .env_remove("STEAD_CONFIG")
+        .env_remove("STEAD_LOG")
+        .output()
+        .expect("run the stead binary");
+    assert!(
+        output.status.success(),
+        "stead {args:?}: {}\n{}",
+        output.status,
+        String::from_utf8_lossy(&output.stderr)
+    );
+    String::from_utf8(output.stdout).expect("stead prints UTF-8")
 }

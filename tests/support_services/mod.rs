@@ -6,7 +6,9 @@
 #![allow(clippy::disallowed_methods)]
 
 pub mod caddy;
+pub mod chromium;
 pub mod docker;
+pub mod webhook_receiver;
 
 use std::net::TcpListener;
 use std::sync::atomic::{AtomicU32, Ordering};

@@ -46,12 +46,14 @@ impl Recoverer {
     }
 
     /// Recovers one instance under its lock, its deadline and the lease
-    /// (a targeted pass: a runtime event, T7).
+    /// (a targeted pass: a runtime event, T7), under a trace of its own
+    /// when targeted passes are traced.
     pub async fn recover_instance(&self, instance: &Instance) -> InstanceOutcome {
         let batch = [ListedInstance::from(instance)];
         let taken = self.take_batch(&batch).await;
+        let traceparent = self.targeted_traceparent();
         let outcome = self
-            .finish_batch(&batch, taken, None, None)
+            .finish_batch(&batch, taken, None, traceparent.as_deref())
             .await
             .pop()
             .map_or_else(InstanceOutcome::default, |(_, outcome)| outcome);

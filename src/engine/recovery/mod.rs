@@ -67,6 +67,10 @@ pub struct Recoverer {
     watcher: OnceLock<Arc<dyn PassWatcher>>,
     /// Where interventions are logged (#42); none: nowhere.
     events: OnceLock<EventSink>,
+    /// Draws the trace id of each targeted pass (a runtime event's, a
+    /// budget's wake-up), so its events group as a tick's do; none: they
+    /// are untraced (the simulation, which counts effects, not traces).
+    targeted_traces: OnceLock<Mutex<rand_chacha::ChaCha8Rng>>,
 }
 
 impl Recoverer {
@@ -91,7 +95,25 @@ impl Recoverer {
             wake: OnceLock::new(),
             watcher: OnceLock::new(),
             events: OnceLock::new(),
+            targeted_traces: OnceLock::new(),
         }
+    }
+
+    /// From now on, each targeted pass ([`Recoverer::recover_instance`])
+    /// has a trace id of its own, drawn from `seed`: the events it logs
+    /// name it, as a tick's pass's name the tick's (#42). Set once.
+    pub fn trace_targeted_passes(&self, seed: u64) {
+        use rand::SeedableRng;
+        let _ = self
+            .targeted_traces
+            .set(Mutex::new(rand_chacha::ChaCha8Rng::seed_from_u64(seed)));
+    }
+
+    /// A new traceparent for one targeted pass, if they are traced.
+    fn targeted_traceparent(&self) -> Option<String> {
+        let rng = self.targeted_traces.get()?;
+        let mut rng = rng.lock().expect("trace rng poisoned");
+        Some(crate::engine::tick::new_traceparent(&mut *rng))
     }
 
     /// From now on, every intervention of a pass is also written to the

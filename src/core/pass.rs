@@ -571,7 +571,18 @@ impl<'p> InstancePass<'p> {
                 self.failing = Some((key.service.clone(), why));
             }
         }
-        note_verdict(&mut self.verified, &report.key.service, &report.verdict);
+        // A successor whose verified execution could not be recorded does
+        // not let its predecessor go: a port-less one is verified without a
+        // route, and retiring on it would leave ACTIVE naming an execution
+        // nobody recorded as serving (S5; found with the clock faults of
+        // #41, a write fenced while the outside effects were still trusted).
+        let recorded = !report
+            .errors
+            .iter()
+            .any(|e| matches!(e, RecoveryError::RecordFailed(_)));
+        if recorded {
+            note_verdict(&mut self.verified, &report.key.service, &report.verdict);
+        }
         for e in &report.errors {
             self.errors.push(PassError::Service {
                 instance: self.instance.clone(),

@@ -605,6 +605,16 @@ pub fn run_pass_and_check(
         else {
             panic!("retired {container} without its successor verified this pass: {verdict:?}");
         };
+        let unrecorded = report
+            .reports
+            .iter()
+            .filter(|r| r.key.service == service)
+            .flat_map(|r| &r.errors)
+            .any(|e| matches!(e, stead::core::recovery::RecoveryError::RecordFailed(_)));
+        assert!(
+            !unrecorded,
+            "retired {container} though its successor's verified execution was never recorded (S5)"
+        );
         let obs = inspected
             .get(&service)
             .unwrap_or_else(|| panic!("retired {container} without inspecting the successor"));

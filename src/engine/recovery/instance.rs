@@ -42,7 +42,16 @@ impl Recoverer {
     /// instance lock are still trusted (a process paused past either must
     /// not act on resuming, T2, T3).
     pub(super) fn may_act(&self, mandate: &Mandate) -> bool {
-        self.lease.current().is_some() && mandate.lock_until.holds(self.locks.clock())
+        // The grant trusted now must be the one this pass's writes are
+        // fenced with: a lease taken again since (it ran out, by a clock
+        // that stepped, and this process took it anew) has a new epoch,
+        // and a pass still holding the old fence would act outside while
+        // every write it makes is refused (#41).
+        let same_grant = self
+            .lease
+            .current()
+            .is_some_and(|grant| grant.epoch == mandate.fence.epoch);
+        same_grant && mandate.lock_until.holds(self.locks.clock())
     }
 
     /// Recovers one instance under its lock, its deadline and the lease

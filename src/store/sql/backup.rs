@@ -99,6 +99,9 @@ pub async fn backup(url: &str, file: &Path, overwrite: bool) -> Result<Copied, B
         .await
         .map_err(|e| StoreError::Unavailable(format!("{}: VACUUM INTO: {e}", source.display())))?;
     pool.close().await;
+    // The database holds instance parameters and the operator's data:
+    // the copy is for its owner only.
+    set_mode(temporary.path(), 0o600)?;
     let copy = open(temporary.path(), true).await?;
     let (schema, instances) = (schema_of(&copy, temporary.path()).await?, instances(&copy).await?);
     copy.close().await;
@@ -152,6 +155,17 @@ pub async fn restore(url: &str, file: &Path, overwrite: bool) -> Result<Copied, 
     let restored = SqliteStore::connect(&sqlite_url(temporary.path())).await?;
     let before = applied(restored.pool()).await?;
     restored.migrate().await?;
+    // Nothing runs on the restored database yet: the lease and the instance
+    // locks recorded at backup time belong to processes that are gone, and
+    // would make the next daemon wait out their expiry. The lease's epoch
+    // is kept, so fencing still only moves forward from it.
+    sqlx::raw_sql(
+        "UPDATE reconciler_lease SET holder = NULL, expires_at_us = NULL WHERE id = 1; \
+         DELETE FROM instance_locks;",
+    )
+    .execute(restored.pool())
+    .await
+    .map_err(super::db_error)?;
     // One file again: the migrations' WAL folded in, before the move.
     sqlx::query("PRAGMA wal_checkpoint(TRUNCATE)")
         .execute(restored.pool())
@@ -166,6 +180,13 @@ pub async fn restore(url: &str, file: &Path, overwrite: bool) -> Result<Copied, 
         .collect();
     restored.pool().close().await;
     remove_sidecars(temporary.path())?;
+    // The restored file takes the replaced one's permissions (or only
+    // its owner's, when there was none).
+    let mode = std::fs::metadata(&target).map_or(0o600, |m| {
+        use std::os::unix::fs::PermissionsExt;
+        m.permissions().mode() & 0o7777
+    });
+    set_mode(temporary.path(), mode)?;
     temporary.persist(&target, true)?;
     // The replaced database's WAL and shared memory were checkpointed and
     // emptied above; left beside the new file they would be read as its.
@@ -340,6 +361,16 @@ fn size(file: &Path) -> Result<u64, BackupError> {
             file: file.to_owned(),
             error,
         })
+}
+
+fn set_mode(file: &Path, mode: u32) -> Result<(), BackupError> {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(file, std::fs::Permissions::from_mode(mode)).map_err(|error| {
+        BackupError::Io {
+            file: file.to_owned(),
+            error,
+        }
+    })
 }
 
 /// Removes a SQLite file's `-wal` and `-shm`, when there are any.

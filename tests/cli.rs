@@ -1516,7 +1516,9 @@ fn an_operators_enqueues_cancels_and_halts_are_events_naming_the_operator() {
 async fn backup_and_restore_refuse_what_would_lose_data_each_with_its_exit_status() {
     use sqlx::Connection;
     let s = Setup::new();
-    s.ok(&["instance", "create", "kept", "--type", "web", "--team", "blue"]);
+    s.ok(&[
+        "instance", "create", "kept", "--type", "web", "--team", "blue",
+    ]);
     let listed = s.ok(&["instance", "list", "--all", "--json"]);
     let file = s.dir.path().join("backup.db");
     let file_arg = file.to_str().unwrap();
@@ -1545,12 +1547,10 @@ async fn backup_and_restore_refuse_what_would_lose_data_each_with_its_exit_statu
     let junk = s.dir.path().join("junk.db");
     std::fs::write(&junk, "not a database at all, just some text\n".repeat(200)).unwrap();
     let other = s.dir.path().join("other.db");
-    let mut connection = sqlx::SqliteConnection::connect(&format!(
-        "sqlite://{}?mode=rwc",
-        other.display()
-    ))
-    .await
-    .unwrap();
+    let mut connection =
+        sqlx::SqliteConnection::connect(&format!("sqlite://{}?mode=rwc", other.display()))
+            .await
+            .unwrap();
     sqlx::raw_sql("CREATE TABLE notes (body TEXT)")
         .execute(&mut connection)
         .await
@@ -1558,10 +1558,9 @@ async fn backup_and_restore_refuse_what_would_lose_data_each_with_its_exit_statu
     connection.close().await.unwrap();
     let newer = s.dir.path().join("newer.db");
     std::fs::copy(&file, &newer).unwrap();
-    let mut connection =
-        sqlx::SqliteConnection::connect(&format!("sqlite://{}", newer.display()))
-            .await
-            .unwrap();
+    let mut connection = sqlx::SqliteConnection::connect(&format!("sqlite://{}", newer.display()))
+        .await
+        .unwrap();
     sqlx::raw_sql(
         "INSERT INTO _sqlx_migrations (version, description, success, checksum, execution_time) \
          VALUES (29991231000001, 'from the future', TRUE, x'00', 0)",
@@ -1592,7 +1591,10 @@ async fn backup_and_restore_refuse_what_would_lose_data_each_with_its_exit_statu
         "the refused restores left the database alone"
     );
 
-    let postgres = [("STEAD_DATABASE_URL", "postgres://stead:secret@db.invalid/stead")];
+    let postgres = [(
+        "STEAD_DATABASE_URL",
+        "postgres://stead:secret@db.invalid/stead",
+    )];
     for (command, tool) in [("backup", "pg_dump"), ("restore", "pg_restore")] {
         let mut args = vec!["--config", s.config.as_str(), command, file_arg];
         if command == "backup" {

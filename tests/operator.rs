@@ -667,12 +667,20 @@ async fn a_fleet_backed_up_while_its_daemon_runs_is_served_again_from_the_restor
     let _cleanup = (Cleanup::new(&a), Cleanup::new(&b));
     let mut d = DaemonProcess::start().await;
     d.ok(&["instance", "create", &a, "--type", "web"]);
-    d.ok(&["instance", "create", &b, "--type", "web", "--ttl-s", "86400"]);
+    d.ok(&[
+        "instance", "create", &b, "--type", "web", "--ttl-s", "86400",
+    ]);
     wait_until("both served", CONVERGE, || d.served(&a) && d.served(&b));
     wait_until("provisions done", CONVERGE, || {
         !d.ok(&["task", "list"]).contains("provision")
     });
-    d.ok(&["rollout", "halt", "web", "--reason", "frozen for the backup"]);
+    d.ok(&[
+        "rollout",
+        "halt",
+        "web",
+        "--reason",
+        "frozen for the backup",
+    ]);
     let containers = (d.container(&a), d.container(&b));
     let before = fleet(&d, &[&a, &b]);
 

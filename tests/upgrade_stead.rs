@@ -227,7 +227,9 @@ fn upgrade_and_check(cli: &Cli, prefix: &str) {
     );
     for name in [&alpha, &beta] {
         assert!(
-            text.contains(&format!("reprovision of {name}: drift: release {name} missing")),
+            text.contains(&format!(
+                "reprovision of {name}: drift: release {name} missing"
+            )),
             "{text}"
         );
     }

@@ -103,7 +103,10 @@ pub async fn backup(url: &str, file: &Path, overwrite: bool) -> Result<Copied, B
     // the copy is for its owner only.
     set_mode(temporary.path(), 0o600)?;
     let copy = open(temporary.path(), true).await?;
-    let (schema, instances) = (schema_of(&copy, temporary.path()).await?, instances(&copy).await?);
+    let (schema, instances) = (
+        schema_of(&copy, temporary.path()).await?,
+        instances(&copy).await?,
+    );
     copy.close().await;
     temporary.persist(file, overwrite)?;
     Ok(Copied {
@@ -127,7 +130,10 @@ pub async fn restore(url: &str, file: &Path, overwrite: bool) -> Result<Copied, 
         .await
         .map_err(|e| not_stead(file, format!("not a readable SQLite database ({e})")))?;
     if quick != "ok" {
-        return Err(not_stead(file, format!("damaged: quick_check says {quick}")));
+        return Err(not_stead(
+            file,
+            format!("damaged: quick_check says {quick}"),
+        ));
     }
     schema_of(&backup, file).await?;
     if target.exists() {
@@ -277,9 +283,12 @@ async fn schema_of(pool: &SqlitePool, file: &Path) -> Result<i64, BackupError> {
             Some(_) => {}
         }
     }
-    rows.last()
-        .map(|(version, _)| *version)
-        .ok_or_else(|| not_stead(file, "not a stead database (no migration applied)".to_owned()))
+    rows.last().map(|(version, _)| *version).ok_or_else(|| {
+        not_stead(
+            file,
+            "not a stead database (no migration applied)".to_owned(),
+        )
+    })
 }
 
 async fn applied(pool: &SqlitePool) -> Result<Vec<i64>, BackupError> {

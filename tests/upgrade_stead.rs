@@ -295,3 +295,45 @@ async fn a_postgres_database_of_the_previous_release_is_refused_until_migrated_a
     assert!(text.contains("run `stead migrate`"), "{text}");
     upgrade_and_check(&cli, "uppg");
 }
+
+/// A backup taken by the previous release restores with this one: the
+/// restore brings the copy up to this binary's schema before it takes the
+/// database's place, and says which migrations it applied.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sqlite_backup_of_the_previous_release_is_restored_at_this_schema() {
+    let caddy = CaddyProcess::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    let old = dir.path().join("previous-release.db");
+    let store = SqliteStore::connect(&support::sqlite_url(&old))
+        .await
+        .unwrap();
+    previous_release(SqliteStore::migrator())
+        .run(store.pool())
+        .await
+        .unwrap();
+    sqlx::raw_sql(&previous_release_rows("uprs"))
+        .execute(store.pool())
+        .await
+        .unwrap();
+    store.pool().close().await;
+
+    let url = support::sqlite_url(&dir.path().join("restored/stead.db"));
+    let cli = Cli::new(url, &caddy);
+    let said = cli.ok(&["restore", old.to_str().unwrap()]);
+    let newest = SqliteStore::migrator()
+        .iter()
+        .map(|m| m.version)
+        .max()
+        .unwrap();
+    assert!(
+        said.contains(&format!("applied migration {newest} to the restored copy"))
+            && said.contains("2 instance(s)"),
+        "{said}"
+    );
+    assert!(
+        cli.ok(&["migrate"]).contains("none applied now"),
+        "already current"
+    );
+    let listed = cli.json(&["instance", "list", "--all", "--json"]);
+    assert_eq!(listed.as_array().unwrap().len(), 2, "{listed}");
+}

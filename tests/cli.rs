@@ -1506,3 +1506,106 @@ fn an_operators_enqueues_cancels_and_halts_are_events_naming_the_operator() {
         );
     }
 }
+
+/// `stead backup` and `stead restore` refuse, each with its exit status,
+/// what would lose data or make a database stead cannot read: an existing
+/// file, a database that exists (without `--force`), a file that is not a
+/// stead database or is one of a newer stead, and Postgres, whose own tools
+/// they name. What they accept round-trips the rows.
+#[tokio::test]
+async fn backup_and_restore_refuse_what_would_lose_data_each_with_its_exit_status() {
+    use sqlx::Connection;
+    let s = Setup::new();
+    s.ok(&[
+        "instance", "create", "kept", "--type", "web", "--team", "blue",
+    ]);
+    let listed = s.ok(&["instance", "list", "--all", "--json"]);
+    let file = s.dir.path().join("backup.db");
+    let file_arg = file.to_str().unwrap();
+    let said = s.ok(&["backup", file_arg]);
+    assert!(said.contains("1 instance(s), schema "), "{said}");
+
+    let again = s.run(&["backup", file_arg]);
+    assert_eq!(again.code, 4, "{}", again.text());
+    assert!(again.stderr.contains("already exists"), "{}", again.text());
+    s.ok(&["backup", file_arg, "--force"]);
+
+    let over = s.run(&["restore", file_arg]);
+    assert_eq!(over.code, 4, "{}", over.text());
+    assert!(
+        over.stderr
+            .contains("a database exists there; pass --force to replace it"),
+        "{}",
+        over.text()
+    );
+
+    s.ok(&["instance", "create", "later", "--type", "web"]);
+    let restored = s.ok(&["restore", file_arg, "--force"]);
+    assert!(restored.contains("1 instance(s)"), "{restored}");
+    assert_eq!(s.ok(&["instance", "list", "--all", "--json"]), listed);
+
+    let junk = s.dir.path().join("junk.db");
+    std::fs::write(&junk, "not a database at all, just some text\n".repeat(200)).unwrap();
+    let other = s.dir.path().join("other.db");
+    let mut connection =
+        sqlx::SqliteConnection::connect(&format!("sqlite://{}?mode=rwc", other.display()))
+            .await
+            .unwrap();
+    sqlx::raw_sql("CREATE TABLE notes (body TEXT)")
+        .execute(&mut connection)
+        .await
+        .unwrap();
+    connection.close().await.unwrap();
+    let newer = s.dir.path().join("newer.db");
+    std::fs::copy(&file, &newer).unwrap();
+    let mut connection = sqlx::SqliteConnection::connect(&format!("sqlite://{}", newer.display()))
+        .await
+        .unwrap();
+    sqlx::raw_sql(
+        "INSERT INTO _sqlx_migrations (version, description, success, checksum, execution_time) \
+         VALUES (29991231000001, 'from the future', TRUE, x'00', 0)",
+    )
+    .execute(&mut connection)
+    .await
+    .unwrap();
+    connection.close().await.unwrap();
+    for (path, says) in [
+        (&junk, "not a readable SQLite database"),
+        (&other, "not a stead database"),
+        (
+            &newer,
+            "has migration 29991231000001, which this stead does not know",
+        ),
+    ] {
+        let run = s.run(&["restore", path.to_str().unwrap(), "--force"]);
+        assert_eq!(run.code, 1, "{}", run.text());
+        assert!(
+            run.stderr.contains(path.to_str().unwrap()) && run.stderr.contains(says),
+            "{}",
+            run.text()
+        );
+    }
+    assert_eq!(
+        s.ok(&["instance", "list", "--all", "--json"]),
+        listed,
+        "the refused restores left the database alone"
+    );
+
+    let postgres = [(
+        "STEAD_DATABASE_URL",
+        "postgres://stead:secret@db.invalid/stead",
+    )];
+    for (command, tool) in [("backup", "pg_dump"), ("restore", "pg_restore")] {
+        let mut args = vec!["--config", s.config.as_str(), command, file_arg];
+        if command == "backup" {
+            args.push("--force");
+        }
+        let run = stead(&args, &postgres);
+        assert_eq!(run.code, 8, "{}", run.text());
+        assert!(
+            run.stderr.contains(tool) && !run.stderr.contains("secret"),
+            "{}",
+            run.text()
+        );
+    }
+}

@@ -326,3 +326,57 @@ fn every_alert_has_a_severity_a_summary_and_a_runbook_in_the_operations_guide() 
         );
     }
 }
+
+// --- the package's files -----------------------------------------------
+
+const UNIT: &str = include_str!("../deploy/systemd/stead.service");
+const CARGO_TOML: &str = include_str!("../Cargo.toml");
+
+/// The body of the fenced block of `lang` that follows `heading` in
+/// `markdown`.
+fn block_after(markdown: &str, heading: &str, lang: &str) -> Option<String> {
+    let from = markdown.find(heading)?;
+    let open = format!("```{lang}\n");
+    let start = from + markdown[from..].find(&open)? + open.len();
+    let end = start + markdown[start..].find("```\n")?;
+    Some(markdown[start..end].to_owned())
+}
+
+/// `docs/operations.md` shows the unit the `.deb` installs, as it is: an
+/// edit to one without the other fails here.
+#[test]
+fn the_operations_guide_shows_the_shipped_systemd_unit_verbatim() {
+    let shown = block_after(OPERATIONS, "### A systemd unit\n", "ini")
+        .expect("an ini block under \"A systemd unit\" in docs/operations.md");
+    assert_eq!(
+        shown, UNIT,
+        "docs/operations.md's unit differs from deploy/systemd/stead.service"
+    );
+    assert!(block_after(OPERATIONS, "## No such heading\n", "ini").is_none());
+}
+
+/// The unit runs the binary where the package puts it, and the package
+/// installs the unit where the docs and `scripts/package --check` look.
+#[test]
+fn the_unit_runs_the_packaged_binary_and_the_package_installs_the_unit() {
+    let execs: Vec<&str> = UNIT
+        .lines()
+        .filter(|l| l.starts_with("ExecStart"))
+        .collect();
+    assert_eq!(execs.len(), 2, "{UNIT}");
+    assert!(
+        execs.iter().all(|l| l.contains("=/usr/bin/stead ")),
+        "{execs:?}"
+    );
+    for asset in [
+        r#"["target/release/stead", "usr/bin/", "755"]"#,
+        r#"["deploy/systemd/stead.service", "lib/systemd/system/stead.service", "644"]"#,
+        r#"["deploy/debian/stead.toml", "etc/stead/stead.toml", "644"]"#,
+    ] {
+        assert!(
+            CARGO_TOML.contains(asset),
+            "Cargo.toml's [package.metadata.deb] assets lack {asset}"
+        );
+    }
+    assert!(OPERATIONS.contains("| `/lib/systemd/system/stead.service` |"));
+}

@@ -321,6 +321,12 @@ struct DaemonProcess {
 
 impl DaemonProcess {
     async fn start() -> Self {
+        Self::start_after(|_| {}).await
+    }
+
+    /// [`DaemonProcess::start`], with `prepare` run on the config file
+    /// after it is written and before the daemon starts.
+    async fn start_after(prepare: impl FnOnce(&Path)) -> Self {
         let caddy = CaddyProcess::start().await;
         let dir = tempfile::tempdir().unwrap();
         let catalog = dir.path().join("catalog.toml");
@@ -348,6 +354,7 @@ listen = "{listen}"
             ),
         )
         .unwrap();
+        prepare(&config);
         let (child, log) = spawn_daemon(&config, None);
         let mut daemon = Self {
             dir,
@@ -631,4 +638,113 @@ async fn a_catalog_edit_is_refused_when_bad_and_with_sighup_plans_the_upgrade_wi
     let tasks = d.ok(&["task", "list", "--all"]);
     assert!(tasks.contains("upgrade"), "{tasks}");
     assert_eq!(d.stop(), 0);
+}
+
+/// What a database says of its fleet through the CLI, read from the
+/// database alone: the instances, the tasks, each instance's ACTIVE
+/// services, and each type's rollout.
+fn fleet(d: &DaemonProcess, names: &[&str]) -> Vec<serde_json::Value> {
+    let json = |args: &[&str]| -> serde_json::Value { serde_json::from_str(&d.ok(args)).unwrap() };
+    let mut fleet = vec![
+        json(&["instance", "list", "--all", "--json"]),
+        json(&["task", "list", "--all", "--json"]),
+        json(&["status", "--json"])["catalog"].clone(),
+    ];
+    for name in names {
+        fleet.push(json(&["instance", "show", name, "--json"])["services"].clone());
+    }
+    fleet
+}
+
+/// `stead backup` of a SQLite fleet while its daemon runs, and `stead
+/// restore` of it into a new database: a daemon on the restored database
+/// serves the same instances from the same containers, with the same
+/// versions, tasks and rollout. A restore over a database its daemon
+/// still leads is refused, and so is a backup over an existing file.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fleet_backed_up_while_its_daemon_runs_is_served_again_from_the_restored_database() {
+    let (a, b) = (unique("bka"), unique("bkb"));
+    let _cleanup = (Cleanup::new(&a), Cleanup::new(&b));
+    let mut d = DaemonProcess::start().await;
+    d.ok(&["instance", "create", &a, "--type", "web"]);
+    d.ok(&[
+        "instance", "create", &b, "--type", "web", "--ttl-s", "86400",
+    ]);
+    wait_until("both served", CONVERGE, || d.served(&a) && d.served(&b));
+    wait_until("provisions done", CONVERGE, || {
+        !d.ok(&["task", "list"]).contains("provision")
+    });
+    d.ok(&[
+        "rollout",
+        "halt",
+        "web",
+        "--reason",
+        "frozen for the backup",
+    ]);
+    let containers = (d.container(&a), d.container(&b));
+    let before = fleet(&d, &[&a, &b]);
+
+    let backup = d.dir.path().join("backups/stead-backup.db");
+    std::fs::create_dir(backup.parent().unwrap()).unwrap();
+    let backup_arg = backup.to_str().unwrap();
+    let said = d.ok(&["backup", backup_arg]);
+    assert!(
+        said.contains(&format!("to {backup_arg}: 2 instance(s), schema ")),
+        "{said}"
+    );
+    assert_eq!(
+        std::fs::read_dir(backup.parent().unwrap()).unwrap().count(),
+        1,
+        "the backup alone, no partial file or WAL beside it"
+    );
+    {
+        use std::os::unix::fs::PermissionsExt;
+        let mode = std::fs::metadata(&backup).unwrap().permissions().mode();
+        assert_eq!(mode & 0o777, 0o600, "a backup is its owner's only");
+    }
+    let (code, out, err) = d.stead(&["backup", backup_arg]);
+    assert_eq!(code, 4, "{out}{err}");
+    assert!(
+        err.contains("already exists; choose another file, or pass --force"),
+        "{err}"
+    );
+    let (code, out, err) = d.stead(&["restore", backup_arg, "--force"]);
+    assert_eq!(code, 4, "a restore under a running daemon: {out}{err}");
+    assert!(
+        err.contains("holds the reconciler lease") && err.contains("stop every stead process"),
+        "{err}"
+    );
+    assert!(d.served(&a), "the refused restore changed nothing");
+    assert_eq!(fleet(&d, &[&a, &b]), before, "the fleet held still");
+    assert_eq!(d.stop(), 0);
+
+    let restored = DaemonProcess::start_after(|config| {
+        let out = Command::new(STEAD)
+            .arg("--config")
+            .arg(config)
+            .args(["restore", backup_arg])
+            .env_remove("STEAD_CONFIG")
+            .output()
+            .expect("run stead restore");
+        let text = String::from_utf8_lossy(&out.stdout).into_owned()
+            + &String::from_utf8_lossy(&out.stderr);
+        assert!(out.status.success(), "{text}");
+        assert!(text.contains("2 instance(s), schema "), "{text}");
+    })
+    .await;
+    wait_until("served from the restored database", CONVERGE, || {
+        restored.served(&a) && restored.served(&b)
+    });
+    assert_eq!(fleet(&restored, &[&a, &b]), before);
+    assert_eq!(
+        (restored.container(&a), restored.container(&b)),
+        containers,
+        "the same containers, adopted, not made again"
+    );
+    let status: serde_json::Value =
+        serde_json::from_str(&restored.ok(&["status", "--json"])).unwrap();
+    assert!(
+        status.to_string().contains("frozen for the backup"),
+        "the halted rollout came back with its reason: {status}"
+    );
 }

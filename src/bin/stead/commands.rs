@@ -3,6 +3,7 @@
 //! the status its kind maps to (`output.rs`).
 
 use std::collections::BTreeMap;
+use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -35,6 +36,8 @@ pub async fn dispatch(command: Command, config: DaemonConfig) -> Result<u8, CliE
         Command::Run { role, once } => run(config, role, once).await,
         Command::Tick => tick(config).await,
         Command::Migrate => migrate(&config).await,
+        Command::Backup { file, force } => backup(&config, &file, force).await,
+        Command::Restore { file, force } => restore(&config, &file, force).await,
         Command::Check => check(&config).await,
         Command::Reload { force } => {
             let mode = if force {
@@ -184,6 +187,34 @@ async fn migrate(config: &DaemonConfig) -> Result<u8, CliError> {
             migrated.applied.len()
         ));
     }
+    Ok(EXIT_OK)
+}
+
+async fn backup(config: &DaemonConfig, file: &Path, force: bool) -> Result<u8, CliError> {
+    let copied = stead::store::sql::backup::backup(&config.database_url, file, force).await?;
+    say(format!(
+        "backed up {} to {}: {} instance(s), schema {}, {} bytes",
+        redact(&config.database_url),
+        copied.file.display(),
+        copied.instances,
+        copied.schema,
+        copied.bytes
+    ));
+    Ok(EXIT_OK)
+}
+
+async fn restore(config: &DaemonConfig, file: &Path, force: bool) -> Result<u8, CliError> {
+    let copied = stead::store::sql::backup::restore(&config.database_url, file, force).await?;
+    for version in &copied.migrated {
+        say(format!("applied migration {version} to the restored copy"));
+    }
+    say(format!(
+        "restored {} from {}: {} instance(s), schema {}; start the daemon again",
+        redact(&config.database_url),
+        file.display(),
+        copied.instances,
+        copied.schema
+    ));
     Ok(EXIT_OK)
 }
 

@@ -40,7 +40,8 @@ static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 /// (R*, C*, T*) messages quote. Exit status: 0 success, 1 failure, 2 a
 /// wrong command line or request, 3 no such instance, 4 a conflict, 5 the
 /// instance stayed busy, 6 the database did not answer, 7 the database
-/// needs `stead migrate`.
+/// needs `stead migrate`, 8 a backup or restore of Postgres (use pg_dump
+/// and pg_restore).
 #[derive(Parser)]
 #[command(name = "stead", version, about, long_about, max_term_width = 100)]
 struct Cli {
@@ -84,6 +85,26 @@ pub enum Command {
     Tick,
     /// Apply the embedded database migrations (idempotent) and say which.
     Migrate,
+    /// Copy the SQLite database to FILE, consistently, while the daemon
+    /// runs (Postgres: use pg_dump; exit status 8).
+    Backup {
+        /// Where to write the copy; refused if it exists, unless --force.
+        #[arg(value_name = "FILE")]
+        file: PathBuf,
+        /// Replace FILE if it exists.
+        #[arg(long)]
+        force: bool,
+    },
+    /// Replace the SQLite database with the backup FILE, after checking it
+    /// is a stead database this binary knows; refused while a daemon uses
+    /// the database (stop it first). Postgres: use pg_restore (exit 8).
+    Restore {
+        #[arg(value_name = "FILE")]
+        file: PathBuf,
+        /// Replace the database when one exists.
+        #[arg(long)]
+        force: bool,
+    },
     /// Show instances, services, generations, runtime state, conditions,
     /// publication, inhibitions, catalog versions and pending upgrades, as
     /// the configured database, the runtime and Caddy say.

@@ -31,6 +31,9 @@ pub const EXIT_BUSY: u8 = 5;
 pub const EXIT_UNAVAILABLE: u8 = 6;
 /// The database has no stead schema, or an older one: run `stead migrate`.
 pub const EXIT_NO_SCHEMA: u8 = 7;
+/// `stead backup` or `stead restore` on a Postgres database: its own tools
+/// (`pg_dump`, `pg_restore`) do that.
+pub const EXIT_USE_POSTGRES_TOOLS: u8 = 8;
 
 /// A failed command: what to say on standard error and the exit status.
 #[derive(Debug)]
@@ -82,6 +85,24 @@ impl From<StoreError> for CliError {
         Self {
             code: exit_code_of(error.kind()),
             message: error.to_string(),
+        }
+    }
+}
+
+impl From<stead::store::sql::backup::BackupError> for CliError {
+    fn from(error: stead::store::sql::backup::BackupError) -> Self {
+        use stead::store::sql::backup::BackupError;
+        let code = match &error {
+            BackupError::UsePostgresTools { .. } => EXIT_USE_POSTGRES_TOOLS,
+            BackupError::Exists(_) | BackupError::TargetExists(_) | BackupError::InUse { .. } => {
+                EXIT_CONFLICT
+            }
+            BackupError::Store(e) => exit_code_of(e.kind()),
+            BackupError::NotStead { .. } | BackupError::Io { .. } => EXIT_FAILURE,
+        };
+        Self {
+            message: error.to_string(),
+            code,
         }
     }
 }

@@ -17,6 +17,7 @@ use std::time::Duration;
 use crate::config::daemon::DatabaseSettings;
 use crate::ports::{Store, StoreError};
 
+pub mod backup;
 mod postgres;
 mod rows;
 mod shared;

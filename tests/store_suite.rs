@@ -64,6 +64,7 @@ store_suite! {
         extending_a_lease_postpones_its_expiry,
         ttl_expiry_changes_state_and_enqueues_one_deprovision,
         ttl_expiry_is_all_or_nothing,
+        a_purging_deletion_sets_its_flag_only_when_the_deletion_happens,
         deletion_cancels_queued_tasks_in_the_same_transaction,
         a_refused_deletion_cancels_nothing,
         a_deleted_instances_name_can_be_reused,
@@ -781,6 +782,55 @@ async fn ttl_expiry_changes_state_and_enqueues_one_deprovision(s: TestStore) {
         .await;
     assert_eq!(again, Ok(None));
     assert_eq!(store.active_tasks().await.unwrap().rows.len(), 1);
+}
+
+/// #41: `delete --purge-volumes` records its purge in the deletion's own
+/// transaction. A deletion refused (a deprovision already queued, or the
+/// state moved) leaves no purge that a later plain delete or TTL expiry
+/// would carry out; one that happens carries it.
+async fn a_purging_deletion_sets_its_flag_only_when_the_deletion_happens(s: TestStore) {
+    let store = &*s.store;
+    let flagged = |id| async move {
+        let row = store.instance_by_id(id).await.unwrap().unwrap();
+        (row.state, row.purge_volumes)
+    };
+    // The state moved since it was read: the compare-and-set fails.
+    let alpha = instance(store, "alpha").await;
+    let deprovision = task(TaskKind::Deprovision, alpha, t(0));
+    let refused = store
+        .expire_instance_purging(alpha, InstanceState::Ready, &deprovision, t(5))
+        .await;
+    assert_eq!(refused, Ok(None));
+    assert_eq!(
+        flagged(alpha).await,
+        (InstanceState::Provisioning, false),
+        "a refused deletion leaves neither its state nor its purge"
+    );
+    // A deprovision is already queued: the insert is refused.
+    store
+        .enqueue(&deprovision, t(0), None)
+        .await
+        .unwrap()
+        .unwrap();
+    let refused = store
+        .expire_instance_purging(alpha, InstanceState::Provisioning, &deprovision, t(6))
+        .await;
+    assert_eq!(refused, Ok(None));
+    assert_eq!(flagged(alpha).await, (InstanceState::Provisioning, false));
+    // A deletion that happens carries its purge.
+    let beta = instance(store, "beta").await;
+    let deprovision = task(TaskKind::Deprovision, beta, t(7));
+    let expired = store
+        .expire_instance_purging(beta, InstanceState::Provisioning, &deprovision, t(7))
+        .await
+        .unwrap()
+        .expect("expired");
+    assert_eq!(flagged(beta).await, (InstanceState::Deleting, true));
+    let queued = store.task(expired.task).await.unwrap().unwrap();
+    assert_eq!(
+        (queued.kind, queued.state),
+        (TaskKind::Deprovision, TaskState::Queued)
+    );
 }
 
 async fn ttl_expiry_is_all_or_nothing(s: TestStore) {

@@ -608,6 +608,18 @@ pub trait Store: Send + Sync {
         now: Timestamp,
         fence: Option<&LeaseGrant>,
     ) -> Result<Option<Expired>, StoreError>;
+    /// An operator's `instance delete --purge-volumes`: what
+    /// [`Store::expire_instance`] does (unfenced), and in the same
+    /// transaction what [`Store::set_purge_volumes`] does. A deletion that
+    /// does not happen (`Ok(None)`) leaves no purge behind that a later
+    /// plain delete or TTL expiry would carry out.
+    async fn expire_instance_purging(
+        &self,
+        id: InstanceId,
+        from: InstanceState,
+        task: &NewTask,
+        now: Timestamp,
+    ) -> Result<Option<Expired>, StoreError>;
     /// Tasks newest first, at most `limit`: the queued and running ones, and
     /// with `include_finished` the done and failed ones too (`stead task
     /// list`).

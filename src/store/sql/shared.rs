@@ -564,7 +564,18 @@ macro_rules! impl_sql_store {
                 now: Timestamp,
                 fence: Option<&LeaseGrant>,
             ) -> Result<Option<Expired>, StoreError> {
-                self.expire_in_transaction(id, from, task, now, fence, None)
+                self.expire_in_transaction(id, from, task, now, fence, None, false)
+                    .await
+            }
+
+            async fn expire_instance_purging(
+                &self,
+                id: InstanceId,
+                from: InstanceState,
+                task: &NewTask,
+                now: Timestamp,
+            ) -> Result<Option<Expired>, StoreError> {
+                self.expire_in_transaction(id, from, task, now, None, None, true)
                     .await
             }
 
@@ -961,7 +972,7 @@ macro_rules! impl_sql_store {
                 fence: Option<&LeaseGrant>,
                 event: &crate::core::event_log::Event,
             ) -> Result<Option<Expired>, StoreError> {
-                self.expire_in_transaction(id, from, task, now, fence, Some(event))
+                self.expire_in_transaction(id, from, task, now, fence, Some(event), false)
                     .await
             }
 
@@ -1065,6 +1076,7 @@ macro_rules! impl_sql_store {
                 now: Timestamp,
                 fence: Option<&LeaseGrant>,
                 event: Option<&crate::core::event_log::Event>,
+                purge_volumes: bool,
             ) -> Result<Option<Expired>, StoreError> {
                 let mut tx = self.fenced_transaction(fence).await?;
                 let changed = sqlx::query(sql::EXPIRE_INSTANCE)
@@ -1083,6 +1095,14 @@ macro_rules! impl_sql_store {
                     // the call is all or nothing.
                     return Ok(None);
                 };
+                if purge_volumes {
+                    sqlx::query(sql::SET_INSTANCE_PURGE_VOLUMES)
+                        .bind(id)
+                        .bind(timestamp_to_us(now))
+                        .execute(&mut *tx)
+                        .await
+                        .map_err(db_error)?;
+                }
                 let mut cancelled: Vec<TaskId> =
                     sqlx::query_scalar(sql::CANCEL_QUEUED_FOR_DELETION)
                         .bind(id)

@@ -974,9 +974,13 @@ impl Runtime for DockerRuntime {
             Err(RuntimeError::NotFound) => return Ok(()),
             Err(e) => return Err(e),
         };
+        // `v` removes the anonymous volumes an image's `VOLUME` gave the
+        // container, which nothing else would ever remove; named volumes
+        // (the instance's data) are never removed by it, on Docker or
+        // Podman (#41).
         let options = RemoveContainerOptions {
             force: true,
-            v: false,
+            v: true,
             ..Default::default()
         };
         let result = match self.api().remove_container(&exact, Some(options)).await {

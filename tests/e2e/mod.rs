@@ -235,9 +235,19 @@ kill_margin_s = 1
     /// state directory (so its own identity, memory and in-process locks),
     /// running `role` (a standby, or the other half of split roles).
     pub async fn peer(&self, role: Role) -> Peer {
+        self.peer_with(role, |_| {}).await
+    }
+
+    /// [`Self::peer`] with its configuration changed by `edit` first.
+    pub async fn peer_with(
+        &self,
+        role: Role,
+        edit: impl FnOnce(&mut stead::daemon::DaemonConfig),
+    ) -> Peer {
         let dir = tempfile::tempdir().expect("peer state dir");
         let mut config = self.daemon().config.clone();
         config.state_dir = dir.path().to_owned();
+        edit(&mut config);
         let daemon = Arc::new(Daemon::build(config).await.expect("peer builds"));
         let (tx, rx) = watch::channel(false);
         let run = {

@@ -67,6 +67,11 @@ pub struct Recoverer {
     watcher: OnceLock<Arc<dyn PassWatcher>>,
     /// Where interventions are logged (#42); none: nowhere.
     events: OnceLock<EventSink>,
+    /// Whether a pass of this process made sure of the traffic plane yet:
+    /// the first one creates stead's server in a fresh proxy, which is a
+    /// start, not a loss. A standby never writes the proxy before it holds
+    /// the lease (#41), so this is the only place the server is created.
+    plane_ensured: std::sync::atomic::AtomicBool,
 }
 
 impl Recoverer {
@@ -91,6 +96,7 @@ impl Recoverer {
             wake: OnceLock::new(),
             watcher: OnceLock::new(),
             events: OnceLock::new(),
+            plane_ensured: std::sync::atomic::AtomicBool::new(false),
         }
     }
 

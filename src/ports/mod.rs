@@ -749,6 +749,14 @@ pub trait Store: Send + Sync {
     /// `before`, and says how many: retention prunes in bounded batches so
     /// no statement holds the table long.
     async fn prune_events(&self, before: Timestamp, batch_max: u32) -> Result<u64, StoreError>;
+    /// Deletes at most `batch_max` of the oldest finished (done or
+    /// failed) tasks last changed before `before`, and says how many; a
+    /// queued or running task is never deleted.
+    async fn prune_finished_tasks(
+        &self,
+        before: Timestamp,
+        batch_max: u32,
+    ) -> Result<u64, StoreError>;
     /// The id of the last event webhook `webhook` was sent or passed
     /// over (#42); `None` before its cursor was first set.
     async fn webhook_cursor(&self, webhook: &str) -> Result<Option<i64>, StoreError>;

@@ -1618,6 +1618,27 @@ impl Store for MemoryStore {
         state.events.retain(|e| !pruned.contains(&e.id));
         Ok(pruned.len() as u64)
     }
+
+    async fn prune_finished_tasks(
+        &self,
+        before: Timestamp,
+        batch_max: u32,
+    ) -> Result<u64, StoreError> {
+        let mut state = self.call()?;
+        let before = normalize_timestamp(before);
+        let mut old: Vec<(Timestamp, TaskId)> = state
+            .tasks
+            .values()
+            .filter(|t| !t.state.is_active() && t.updated_at < before)
+            .map(|t| (t.updated_at, t.id))
+            .collect();
+        old.sort_unstable();
+        old.truncate(batch_max as usize);
+        for (_, id) in &old {
+            state.tasks.remove(id);
+        }
+        Ok(old.len() as u64)
+    }
 }
 
 fn service_key(instance: &InstanceName, service: &ServiceName) -> ServiceKey {

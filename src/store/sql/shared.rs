@@ -1063,6 +1063,23 @@ macro_rules! impl_sql_store {
                 })
                 .await
             }
+
+            async fn prune_finished_tasks(
+                &self,
+                before: Timestamp,
+                batch_max: u32,
+            ) -> Result<u64, StoreError> {
+                crate::store::sql::timed("prune_finished_tasks", self.call_timeout, async {
+                    sqlx::query(sql::PRUNE_FINISHED_TASKS)
+                        .bind(timestamp_to_us(before))
+                        .bind(i64::from(batch_max))
+                        .execute(&self.pool)
+                        .await
+                        .map(|done| done.rows_affected())
+                        .map_err(db_error)
+                })
+                .await
+            }
         }
 
         impl $store {

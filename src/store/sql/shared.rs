@@ -564,7 +564,7 @@ macro_rules! impl_sql_store {
                 now: Timestamp,
                 fence: Option<&LeaseGrant>,
             ) -> Result<Option<Expired>, StoreError> {
-                self.expire_in_transaction(id, from, task, now, fence, None, false)
+                self.expire_in_transaction(id, from, task, now, fence, super::shared::Expiry::Plain)
                     .await
             }
 
@@ -575,8 +575,15 @@ macro_rules! impl_sql_store {
                 task: &NewTask,
                 now: Timestamp,
             ) -> Result<Option<Expired>, StoreError> {
-                self.expire_in_transaction(id, from, task, now, None, None, true)
-                    .await
+                self.expire_in_transaction(
+                    id,
+                    from,
+                    task,
+                    now,
+                    None,
+                    super::shared::Expiry::Purging,
+                )
+                .await
             }
 
             async fn tasks(
@@ -972,8 +979,15 @@ macro_rules! impl_sql_store {
                 fence: Option<&LeaseGrant>,
                 event: &crate::core::event_log::Event,
             ) -> Result<Option<Expired>, StoreError> {
-                self.expire_in_transaction(id, from, task, now, fence, Some(event), false)
-                    .await
+                self.expire_in_transaction(
+                    id,
+                    from,
+                    task,
+                    now,
+                    fence,
+                    super::shared::Expiry::Recorded(event),
+                )
+                .await
             }
 
             async fn events(
@@ -1092,8 +1106,7 @@ macro_rules! impl_sql_store {
                 task: &NewTask,
                 now: Timestamp,
                 fence: Option<&LeaseGrant>,
-                event: Option<&crate::core::event_log::Event>,
-                purge_volumes: bool,
+                expiry: super::shared::Expiry<'_>,
             ) -> Result<Option<Expired>, StoreError> {
                 let mut tx = self.fenced_transaction(fence).await?;
                 let changed = sqlx::query(sql::EXPIRE_INSTANCE)
@@ -1112,7 +1125,7 @@ macro_rules! impl_sql_store {
                     // the call is all or nothing.
                     return Ok(None);
                 };
-                if purge_volumes {
+                if let super::shared::Expiry::Purging = expiry {
                     sqlx::query(sql::SET_INSTANCE_PURGE_VOLUMES)
                         .bind(id)
                         .bind(timestamp_to_us(now))
@@ -1128,7 +1141,7 @@ macro_rules! impl_sql_store {
                         .fetch_all(&mut *tx)
                         .await
                         .map_err(db_error)?;
-                if let Some(event) = event {
+                if let super::shared::Expiry::Recorded(event) = expiry {
                     super::shared::insert_event!(&mut *tx, &event.clone().task(task_id))?;
                 }
                 tx.commit().await.map_err(db_error)?;
@@ -1144,4 +1157,13 @@ macro_rules! impl_sql_store {
 }
 
 pub(super) use impl_sql_store;
+
+/// What an expiry writes besides the state, the task and the cancels.
+pub(super) enum Expiry<'a> {
+    Plain,
+    /// Its event, naming the task (#42).
+    Recorded(&'a crate::core::event_log::Event),
+    /// The purge flag (`instance delete --purge-volumes`, #41).
+    Purging,
+}
 pub(super) use insert_event;

@@ -409,7 +409,7 @@ async fn chromium_shows_a_name_with_html_in_it_as_text() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_burst_of_status_requests_while_docker_hangs_runs_one_render_and_refuses_the_rest() {
     let served = Arc::new(serve_with(None, true).await);
-    let began = std::time::Instant::now();
+    let began = tokio::time::Instant::now();
     let requests: Vec<_> = (0..32)
         .map(|n| {
             let served = served.clone();

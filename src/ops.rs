@@ -597,14 +597,18 @@ impl Ops<'_> {
         purge_volumes: bool,
     ) -> Result<Deletion, OpsError> {
         let name = &instance.name;
-        if purge_volumes && instance.state != InstanceState::Deleted {
-            self.store
-                .set_purge_volumes(instance.id, self.now)
-                .await
-                .map_err(OpsError::from)?;
-        }
         match instance.state {
-            InstanceState::Deleting => return Ok(Deletion::AlreadyDeleting),
+            InstanceState::Deleting => {
+                // Its deprovision is queued or running and reads the flag
+                // when it removes the volumes: asked now, it still purges.
+                if purge_volumes {
+                    self.store
+                        .set_purge_volumes(instance.id, self.now)
+                        .await
+                        .map_err(OpsError::from)?;
+                }
+                return Ok(Deletion::AlreadyDeleting);
+            }
             InstanceState::Deleted => return Ok(Deletion::AlreadyDeleted),
             _ => {}
         }
@@ -615,16 +619,23 @@ impl Ops<'_> {
             reason: "operator: instance delete".into(),
             traceparent: Some(self.traceparent()),
         };
-        let expired = self
-            .store
-            .expire_instance(instance.id, instance.state, &task, self.now, None)
-            .await
-            .map_err(OpsError::from)?
-            .ok_or_else(|| {
-                OpsError::Conflict(format!(
-                    "{name} changed state meanwhile, or a deprovision is already queued; retry"
-                ))
-            })?;
+        // The purge is recorded in the deletion's own transaction: a
+        // deletion refused here must not leave a purge behind for a later
+        // plain delete or TTL expiry to carry out (#41).
+        let expiring = if purge_volumes {
+            self.store
+                .expire_instance_purging(instance.id, instance.state, &task, self.now)
+                .await
+        } else {
+            self.store
+                .expire_instance(instance.id, instance.state, &task, self.now, None)
+                .await
+        };
+        let expired = expiring.map_err(OpsError::from)?.ok_or_else(|| {
+            OpsError::Conflict(format!(
+                "{name} changed state meanwhile, or a deprovision is already queued; retry"
+            ))
+        })?;
         Ok(Deletion::Started {
             task: expired.task,
             cancelled: expired.cancelled,

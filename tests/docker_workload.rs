@@ -477,3 +477,81 @@ fn podman_log_size(id: &ContainerId) -> String {
     assert!(output.status.success(), "podman inspect: {output:?}");
     String::from_utf8_lossy(&output.stdout).trim().to_owned()
 }
+
+/// The test image with a `VOLUME /scratch` declared, as many published
+/// images declare one: each container of it gets an anonymous volume.
+/// Made from the test image's filesystem by `docker import`, once.
+fn image_with_anonymous_volume() -> String {
+    const IMAGE: &str = "stead-test/busybox-anon:1";
+    if docker(&["image", "inspect", "--format", "{{.Id}}", IMAGE]).is_ok() {
+        return IMAGE.to_owned();
+    }
+    let base = httpd_spec("x").image;
+    let donor = unique("wkanon-donor");
+    docker(&["create", "--name", &donor, &base, "true"]).expect("create the donor");
+    let dir = tempfile::tempdir().expect("temp dir");
+    let tar = dir.path().join("rootfs.tar");
+    let tar = tar.to_str().expect("a UTF-8 temp path");
+    let exported = docker(&["export", "-o", tar, &donor]);
+    let _ = docker(&["rm", "-f", &donor]);
+    exported.expect("export the test image's filesystem");
+    // `import` with a change, not `commit`: Podman's compatible API
+    // refuses the docker CLI's commit.
+    docker(&["import", "--change", "VOLUME [\"/scratch\"]", tar, IMAGE])
+        .expect("import the image with a VOLUME");
+    IMAGE.to_owned()
+}
+
+/// #41 item 8: removing a container removes the anonymous volumes its
+/// image declared (`v: true`), so an image with a `VOLUME` cannot fill
+/// the host's disk one upgrade or recreate at a time; the instance's named
+/// volume, mounted beside it, is kept.
+#[tokio::test]
+async fn removing_a_container_removes_its_anonymous_volumes_and_keeps_named_ones() {
+    let runtime = runtime().await;
+    let instance = unique("wkanon");
+    let _cleanup = Cleanup::new(&instance);
+    let mut spec = script_spec("app", "echo kept > /data/f; echo scratch > /scratch/f");
+    spec.image = image_with_anonymous_volume();
+    spec.run.mounts = vec![Mount {
+        source: MountSource::Volume("data".into()),
+        target: "/data".into(),
+        read_only: false,
+    }];
+    let id = runtime
+        .create(&request(&instance, 9, spec, "r1"))
+        .await
+        .expect("create");
+    assert_eq!(read_inside(&id, "/scratch/f").await, "scratch");
+    let named = volume_name(
+        &InstanceName::new(&instance),
+        &ServiceName::new("app"),
+        "data",
+    );
+    let mounted = docker(&[
+        "inspect",
+        "--format",
+        "{{range .Mounts}}{{.Destination}}={{.Name}} {{end}}",
+        id.as_str(),
+    ])
+    .expect("inspect the mounts");
+    let anonymous = mounted
+        .split_whitespace()
+        .find_map(|m| m.strip_prefix("/scratch="))
+        .unwrap_or_else(|| panic!("no volume at /scratch: {mounted}"))
+        .to_owned();
+    assert_ne!(anonymous, named);
+    assert!(docker(&["volume", "inspect", &anonymous]).is_ok());
+    runtime
+        .remove(&generation(&instance, "app", &id))
+        .await
+        .expect("remove");
+    assert!(
+        docker(&["volume", "inspect", &anonymous]).is_err(),
+        "the anonymous volume {anonymous} outlived its container"
+    );
+    assert!(
+        docker(&["volume", "inspect", &named]).is_ok(),
+        "the named volume {named} must be kept"
+    );
+}

@@ -389,3 +389,52 @@ async fn instances_whose_dashed_names_collide_are_both_served() {
     assert_ne!(ids[0], ids[1], "one container each");
     assert_eq!(h.get(&first).await, 200, "still served");
 }
+
+/// Issue #41 item 8: a standby writes nothing to Caddy before it holds the
+/// lease. Its Caddy here is its own, fresh one, so anything it wrote would
+/// show; before, `stead run` created its server there at start, whoever
+/// held the lease.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_standby_writes_nothing_to_caddy_before_it_holds_the_lease() {
+    let url = support::fresh_postgres_database().await;
+    stead::store::sql::migrate(&url).await.expect("migrate");
+    let h = Harness::start(Setup {
+        database_url: Some(url),
+        ..Setup::default()
+    })
+    .await;
+    wait_until("the harness's daemon leads", CONVERGE, || async {
+        h.daemon().reconciler.holds_lease()
+    })
+    .await;
+    let fresh = CaddyProcess::start().await;
+    let fresh_admin = fresh.admin_addr.clone();
+    let mut standby = h
+        .peer_with(Role::All, |config| {
+            config.caddy.admin = fresh_admin;
+            config.caddy.listen = format!("127.0.0.1:{}", free_port());
+        })
+        .await;
+    let server = h.daemon().config.caddy.server_name.clone();
+    let servers_url = format!("http://{}/config/apps/http/servers", fresh.admin_addr);
+    let client = reqwest::Client::builder().no_proxy().build().unwrap();
+    // Several of the standby's ticks (one a second), each finding the
+    // lease held.
+    for _ in 0..4 {
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        assert!(!standby.daemon.reconciler.holds_lease());
+        let servers = client
+            .get(&servers_url)
+            .send()
+            .await
+            .expect("the fresh caddy answers")
+            .text()
+            .await
+            .unwrap();
+        assert!(
+            !servers.contains(&server),
+            "the standby wrote its server into caddy: {servers}"
+        );
+    }
+    standby.shutdown().await;
+}

@@ -3187,3 +3187,59 @@ async fn a_stepped_database_clock_expires_nothing_and_takes_over_no_lease() {
     let row = f.store.instance_by_id(expiring.id).await.unwrap().unwrap();
     assert_eq!(row.state, expiring.state);
 }
+
+/// #41 item 8: finished tasks do not pile up for ever: the leader's tick
+/// deletes those finished longer ago than the retention (the event log's,
+/// which names them); a queued or running task stays however old, and so
+/// does a recent finished one.
+#[tokio::test]
+async fn the_leaders_tick_prunes_finished_tasks_past_their_retention_and_keeps_active_ones() {
+    let f = fixture();
+    let day = jiff::SignedDuration::from_hours(24);
+    let now = f.clock.now();
+    let wiki = f.served("wiki1", "1").await;
+    let provisioned = f.store.all_tasks();
+    assert_eq!(provisioned.len(), 1, "the provision, finished just now");
+    let new = |kind| NewTask {
+        kind,
+        instance: wiki.id,
+        run_after: now - day * 30,
+        reason: "test".into(),
+        traceparent: None,
+    };
+    let long_done = f
+        .store
+        .enqueue(&new(TaskKind::Reprovision), now - day * 30, None)
+        .await
+        .unwrap()
+        .unwrap();
+    f.store.claim("w-old", now - day * 30, 1).await.unwrap();
+    assert!(f
+        .store
+        .complete(long_done, "w-old", now - day * 20)
+        .await
+        .unwrap());
+    let long_queued = f
+        .store
+        .enqueue(&new(TaskKind::Upgrade), now - day * 30, None)
+        .await
+        .unwrap()
+        .unwrap();
+    let r = f.reconciler("a");
+    r.keep_events_for(Duration::from_secs(14 * 24 * 3600));
+    let out = r.tick().await;
+    assert!(out.leader, "{:?}", out.failed);
+    let left: Vec<_> = f.store.all_tasks().iter().map(|t| t.id).collect();
+    assert!(
+        !left.contains(&long_done),
+        "a task finished 20 days ago outlived a 14-day retention: {left:?}"
+    );
+    assert!(
+        left.contains(&long_queued),
+        "an active task is never pruned"
+    );
+    assert!(
+        left.contains(&provisioned[0].id),
+        "a task finished just now is kept"
+    );
+}

@@ -375,3 +375,41 @@ async fn a_team_that_is_not_a_dns_label_is_refused_naming_the_flag() {
     assert!(error.to_string().contains("--team"), "{error}");
     assert!(store.all_tasks().is_empty(), "nothing written");
 }
+
+/// #41: `delete --purge-volumes` that cannot delete (a deprovision is
+/// already queued for the live instance) leaves no purge behind: before,
+/// the flag was written first, on its own, and a later plain delete or
+/// TTL expiry would have removed the volumes the operator was told were
+/// kept.
+#[tokio::test]
+async fn a_refused_purging_delete_leaves_no_purge_for_a_later_deletion() {
+    use stead::core::fleet::{NewTask, TaskKind};
+    use stead::core::types::InstanceName;
+    let store = MemoryStore::new();
+    let ops = Ops::new(&store, Arc::new(catalog()), at(), 7);
+    ops.create(&request("blog")).await.unwrap();
+    let row = store
+        .instance(&InstanceName::new("blog"))
+        .await
+        .unwrap()
+        .unwrap();
+    let queued = NewTask {
+        kind: TaskKind::Deprovision,
+        instance: row.id,
+        run_after: at(),
+        reason: "test: a deprovision already queued".into(),
+        traceparent: None,
+    };
+    store.enqueue(&queued, at(), None).await.unwrap().unwrap();
+    let refused = ops.delete("blog", true).await.unwrap_err();
+    assert!(matches!(refused, OpsError::Conflict(_)), "{refused:?}");
+    let row = store
+        .instance(&InstanceName::new("blog"))
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(
+        !row.purge_volumes,
+        "a delete that did not happen recorded its purge"
+    );
+}

@@ -32,8 +32,11 @@ const TOKEN: &str = "s3cret-token-0123456789abcdef";
 struct Served {
     url: String,
     _stop: watch::Sender<bool>,
-    _daemon: Arc<Daemon>,
+    daemon: Arc<Daemon>,
     _dir: tempfile::TempDir,
+    /// A Docker socket that takes connections and never answers, when the
+    /// test asked for a hung engine.
+    _hung_docker: Option<std::os::unix::net::UnixListener>,
 }
 
 const CATALOG: &str = "[types.wiki]\nversion = \"2\"\n[[types.wiki.services]]\nname = \"web\"\n\
@@ -51,13 +54,22 @@ fn closed_port() -> u16 {
 /// rollout halted), an instance whose name is markup, and a few events of
 /// `wiki1`. Its admin listener requires `token` when one is given.
 async fn serve(token: Option<&str>) -> Served {
+    serve_with(token, false).await
+}
+
+/// [`serve`]; with `hung_docker`, the Docker socket takes every connection
+/// and never answers (a hung engine), within a 12 s request timeout:
+/// longer than a status render may take.
+async fn serve_with(token: Option<&str>, hung_docker: bool) -> Served {
     let dir = tempfile::tempdir().unwrap();
     let root = dir.path();
     std::fs::write(root.join("catalog.toml"), CATALOG).unwrap();
-    drop(std::os::unix::net::UnixListener::bind(root.join("no-docker.sock")).unwrap());
+    let docker = std::os::unix::net::UnixListener::bind(root.join("no-docker.sock")).unwrap();
+    let hung_docker = hung_docker.then_some(docker);
     let mut doc = format!(
         "state_dir = \"{dir}\"\ncatalog = \"{dir}/catalog.toml\"\nadmin_listen = \"\"\n\
-         [docker]\nsocket = \"{dir}/no-docker.sock\"\n[caddy]\nadmin = \"127.0.0.1:{caddy}\"\n",
+         [docker]\nsocket = \"{dir}/no-docker.sock\"\nrequest_timeout_s = 12\n\
+         [caddy]\nadmin = \"127.0.0.1:{caddy}\"\n",
         dir = root.display(),
         caddy = closed_port(),
     );
@@ -92,8 +104,9 @@ async fn serve(token: Option<&str>) -> Served {
     Served {
         url,
         _stop: stop,
-        _daemon: daemon,
+        daemon,
         _dir: dir,
+        _hung_docker: hung_docker,
     }
 }
 
@@ -340,4 +353,61 @@ async fn chromium_shows_a_name_with_html_in_it_as_text() {
         "{missing}"
     );
     assert!(!missing.contains("<b id="), "{missing}");
+}
+
+/// #41 item 6: a loop of status requests cannot pile renders onto the
+/// store. While Docker hangs (every render waits on it), a burst of 32
+/// requests to `/status` and the status pages runs one render; the 31
+/// others are answered 503 with `Retry-After` at once, not queued, and the
+/// store keeps answering the daemon meanwhile.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_burst_of_status_requests_while_docker_hangs_runs_one_render_and_refuses_the_rest() {
+    let served = Arc::new(serve_with(None, true).await);
+    let began = tokio::time::Instant::now();
+    let requests: Vec<_> = (0..32)
+        .map(|n| {
+            let served = served.clone();
+            let path = ["/status", "/", "/instances/wiki1"][n % 3];
+            tokio::spawn(async move {
+                let response = client()
+                    .get(format!("{}{path}", served.url))
+                    .send()
+                    .await
+                    .unwrap();
+                let code = response.status().as_u16();
+                let retry_after = response
+                    .headers()
+                    .get("retry-after")
+                    .map(|v| v.to_str().unwrap().to_owned());
+                let body = response.text().await.unwrap();
+                (code, retry_after, body, began.elapsed())
+            })
+        })
+        .collect();
+    // The store answers while the burst runs: the renders hold none of
+    // its connections waiting on Docker.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let store = served.daemon.ports.store.as_ref();
+    let depth = tokio::time::timeout(Duration::from_secs(2), store.queue_depth())
+        .await
+        .expect("the store answers during the burst");
+    assert_eq!(depth.unwrap(), 0);
+    let mut busy = 0;
+    let mut timed_out = 0;
+    for request in requests {
+        let (code, retry_after, body, took) = request.await.unwrap();
+        assert_eq!(code, 503, "{body}");
+        assert_eq!(retry_after.as_deref(), Some("1"), "{body}");
+        if body.contains("busy: 1 request(s) of this kind already running") {
+            assert!(
+                took < Duration::from_secs(5),
+                "a refusal waits for nothing, took {took:?}"
+            );
+            busy += 1;
+        } else {
+            assert!(body.contains("took longer than 10000 ms"), "{body}");
+            timed_out += 1;
+        }
+    }
+    assert_eq!((busy, timed_out), (31, 1));
 }

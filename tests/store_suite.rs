@@ -64,6 +64,7 @@ store_suite! {
         extending_a_lease_postpones_its_expiry,
         ttl_expiry_changes_state_and_enqueues_one_deprovision,
         ttl_expiry_is_all_or_nothing,
+        a_purging_deletion_sets_its_flag_only_when_the_deletion_happens,
         deletion_cancels_queued_tasks_in_the_same_transaction,
         a_refused_deletion_cancels_nothing,
         a_deleted_instances_name_can_be_reused,
@@ -92,6 +93,7 @@ store_suite! {
         events_are_filtered_by_instance_kind_and_since_and_the_newest_kept,
         following_the_event_log_reads_on_after_the_last_id_seen,
         old_events_are_pruned_in_bounded_batches_and_newer_ones_kept,
+        finished_tasks_are_pruned_oldest_first_and_active_ones_never,
         an_enqueue_and_its_event_are_recorded_together_or_not_at_all,
         a_ttl_expiry_and_its_event_are_recorded_together_or_not_at_all,
         a_tasks_end_and_its_event_are_recorded_together_or_not_at_all,
@@ -781,6 +783,55 @@ async fn ttl_expiry_changes_state_and_enqueues_one_deprovision(s: TestStore) {
         .await;
     assert_eq!(again, Ok(None));
     assert_eq!(store.active_tasks().await.unwrap().rows.len(), 1);
+}
+
+/// #41: `delete --purge-volumes` records its purge in the deletion's own
+/// transaction. A deletion refused (a deprovision already queued, or the
+/// state moved) leaves no purge that a later plain delete or TTL expiry
+/// would carry out; one that happens carries it.
+async fn a_purging_deletion_sets_its_flag_only_when_the_deletion_happens(s: TestStore) {
+    let store = &*s.store;
+    let flagged = |id| async move {
+        let row = store.instance_by_id(id).await.unwrap().unwrap();
+        (row.state, row.purge_volumes)
+    };
+    // The state moved since it was read: the compare-and-set fails.
+    let alpha = instance(store, "alpha").await;
+    let deprovision = task(TaskKind::Deprovision, alpha, t(0));
+    let refused = store
+        .expire_instance_purging(alpha, InstanceState::Ready, &deprovision, t(5))
+        .await;
+    assert_eq!(refused, Ok(None));
+    assert_eq!(
+        flagged(alpha).await,
+        (InstanceState::Provisioning, false),
+        "a refused deletion leaves neither its state nor its purge"
+    );
+    // A deprovision is already queued: the insert is refused.
+    store
+        .enqueue(&deprovision, t(0), None)
+        .await
+        .unwrap()
+        .unwrap();
+    let refused = store
+        .expire_instance_purging(alpha, InstanceState::Provisioning, &deprovision, t(6))
+        .await;
+    assert_eq!(refused, Ok(None));
+    assert_eq!(flagged(alpha).await, (InstanceState::Provisioning, false));
+    // A deletion that happens carries its purge.
+    let beta = instance(store, "beta").await;
+    let deprovision = task(TaskKind::Deprovision, beta, t(7));
+    let expired = store
+        .expire_instance_purging(beta, InstanceState::Provisioning, &deprovision, t(7))
+        .await
+        .unwrap()
+        .expect("expired");
+    assert_eq!(flagged(beta).await, (InstanceState::Deleting, true));
+    let queued = store.task(expired.task).await.unwrap().unwrap();
+    assert_eq!(
+        (queued.kind, queued.state),
+        (TaskKind::Deprovision, TaskState::Queued)
+    );
 }
 
 async fn ttl_expiry_is_all_or_nothing(s: TestStore) {
@@ -2476,6 +2527,73 @@ async fn following_the_event_log_reads_on_after_the_last_id_seen(s: TestStore) {
         "{}",
         s.name()
     );
+}
+
+/// #41 item 8: finished tasks are pruned past the retention, oldest first
+/// in bounded batches; queued and running tasks are never pruned, however
+/// old.
+async fn finished_tasks_are_pruned_oldest_first_and_active_ones_never(s: TestStore) {
+    let store = &*s.store;
+    let mut ids = Vec::new();
+    for name in ["alpha", "beta", "gamma", "delta", "eps"] {
+        let id = instance(store, name).await;
+        let queued = store
+            .enqueue(&task(TaskKind::Provision, id, t(0)), t(0), None)
+            .await
+            .unwrap()
+            .unwrap();
+        ids.push(queued);
+    }
+    // Four claimed, the fifth stays queued from t(0) on.
+    let claimed = store.claim("w1", t(1), 4).await.unwrap();
+    assert_eq!(claimed.len(), 4, "{}", s.name());
+    assert!(store.complete(ids[0], "w1", t(2)).await.unwrap());
+    assert!(store.fail(ids[1], "w1", "broken", t(3)).await.unwrap());
+    assert!(store.complete(ids[2], "w1", t(4)).await.unwrap());
+    // ids[3] keeps running from t(1) on.
+    let left = || async {
+        let mut ids: Vec<_> = store
+            .tasks(true, 100)
+            .await
+            .unwrap()
+            .rows
+            .into_iter()
+            .map(|t| t.id)
+            .collect();
+        ids.sort_unstable();
+        ids
+    };
+    assert_eq!(
+        store.prune_finished_tasks(t(4), 1).await.unwrap(),
+        1,
+        "{}",
+        s.name()
+    );
+    assert_eq!(
+        left().await,
+        [ids[1], ids[2], ids[3], ids[4]],
+        "the oldest finished one goes first: {}",
+        s.name()
+    );
+    assert_eq!(
+        store.prune_finished_tasks(t(4), 10).await.unwrap(),
+        1,
+        "the failed one; the one done at t(4) is not older than t(4): {}",
+        s.name()
+    );
+    assert_eq!(
+        store.prune_finished_tasks(t(100), 10).await.unwrap(),
+        1,
+        "{}",
+        s.name()
+    );
+    assert_eq!(
+        left().await,
+        [ids[3], ids[4]],
+        "running and queued tasks stay: {}",
+        s.name()
+    );
+    assert_eq!(store.active_tasks().await.unwrap().rows.len(), 2);
 }
 
 async fn old_events_are_pruned_in_bounded_batches_and_newer_ones_kept(s: TestStore) {

@@ -563,7 +563,7 @@ impl DockerRuntime {
         &self,
         path: &str,
     ) -> Result<T, DockerError> {
-        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        use tokio::io::AsyncWriteExt;
         self.count_call();
         self.compat_calls.fetch_add(1, Ordering::Relaxed);
         let version = self.docker.client_version();
@@ -574,9 +574,7 @@ impl DockerRuntime {
         let exchange = async {
             let mut stream = tokio::net::UnixStream::connect(&self.config.socket_path).await?;
             stream.write_all(request.as_bytes()).await?;
-            let mut response = Vec::new();
-            stream.read_to_end(&mut response).await?;
-            Ok::<_, std::io::Error>(response)
+            read_answer_bounded(stream, DOCKER_ANSWER_LEN_MAX, path).await
         };
         let response = tokio::time::timeout(self.config.request_timeout, exchange)
             .await
@@ -974,9 +972,13 @@ impl Runtime for DockerRuntime {
             Err(RuntimeError::NotFound) => return Ok(()),
             Err(e) => return Err(e),
         };
+        // `v` removes the anonymous volumes an image's `VOLUME` gave the
+        // container, which nothing else would ever remove; named volumes
+        // (the instance's data) are never removed by it, on Docker or
+        // Podman (#41).
         let options = RemoveContainerOptions {
             force: true,
-            v: false,
+            v: true,
             ..Default::default()
         };
         let result = match self.api().remove_container(&exact, Some(options)).await {
@@ -1389,6 +1391,31 @@ fn with_docker_states(value: &mut serde_json::Value) {
     }
 }
 
+/// The most of one answer stead reads itself from the Engine API socket
+/// ([`DockerRuntime::get_with_docker_states`]: one container's inspect or
+/// the labelled list of stead's containers, a few KiB per container).
+pub const DOCKER_ANSWER_LEN_MAX: usize = 64 * 1024 * 1024;
+
+/// Reads `reader` to its end, at most `max` bytes: a longer answer is
+/// refused naming `path` and the bound, after reading one byte more than
+/// the bound, never all of it.
+async fn read_answer_bounded(
+    reader: impl tokio::io::AsyncRead + Unpin,
+    max: usize,
+    path: &str,
+) -> std::io::Result<Vec<u8>> {
+    use tokio::io::AsyncReadExt;
+    let mut answer = Vec::new();
+    reader.take(max as u64 + 1).read_to_end(&mut answer).await?;
+    if answer.len() > max {
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::InvalidData,
+            format!("GET {path}: the answer is larger than {max} bytes, the most stead reads from the Engine API"),
+        ));
+    }
+    Ok(answer)
+}
+
 /// The status code and body of an HTTP/1.x answer.
 fn split_response(response: &[u8]) -> Option<(u16, &[u8])> {
     let end = response.windows(4).position(|w| w == b"\r\n\r\n")?;
@@ -1493,6 +1520,27 @@ fn truncate(text: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// #41 item 8: an endless answer on the Engine API socket (a wrong or
+    /// hostile listener) is refused at the bound, not read into memory;
+    /// one within it is read whole.
+    #[tokio::test]
+    async fn an_engine_answer_is_read_up_to_its_bound_and_refused_beyond() {
+        let endless = tokio::io::repeat(b'x');
+        let refused = read_answer_bounded(endless, 1024, "/containers/json")
+            .await
+            .unwrap_err();
+        assert_eq!(refused.kind(), std::io::ErrorKind::InvalidData);
+        assert_eq!(
+            refused.to_string(),
+            "GET /containers/json: the answer is larger than 1024 bytes, the most stead reads \
+             from the Engine API"
+        );
+        let answer = read_answer_bounded(&[b'y'; 1024][..], 1024, "/x")
+            .await
+            .expect("an answer of exactly the bound is read");
+        assert_eq!(answer.len(), 1024);
+    }
 
     #[test]
     fn an_image_the_registry_refuses_is_a_refused_pull_and_an_unreachable_one_transient() {

@@ -23,6 +23,12 @@
 //! A read that raced an invalidation must not refill the cache with what it
 //! saw before the change: each fill carries the ticket taken before its
 //! inspect and is dropped when an invalidation came in between.
+//!
+//! The invalidation marks are pruned at each list call to the containers
+//! it lists (#41): every container ever seen, stead's or removed, would
+//! otherwise keep one for the life of the process. A pruned mark reads as
+//! the mark of the last invalidation before the prune, so a ticket taken
+//! before an invalidation still never matches after it.
 
 use std::collections::HashMap;
 use std::sync::Mutex;
@@ -55,9 +61,29 @@ struct State {
     following: bool,
     /// Bumped whenever everything is forgotten.
     global: u64,
-    /// Bumped per container on each invalidation.
+    /// Counts invalidations; each sets its container's mark to the count.
+    invalidations: u64,
+    /// The mark of each container invalidated since the last prune.
     epochs: HashMap<ContainerId, u64>,
+    /// The mark of a container not in `epochs`: the count at the last
+    /// prune, at least that of any mark pruned.
+    pruned_at: u64,
     entries: HashMap<ContainerId, (Inspected, Instant)>,
+}
+
+impl State {
+    fn ticket(&self, id: &ContainerId) -> Ticket {
+        Ticket {
+            global: self.global,
+            container: self.epochs.get(id).copied().unwrap_or(self.pruned_at),
+        }
+    }
+
+    fn invalidate(&mut self, id: &ContainerId) {
+        self.entries.remove(id);
+        self.invalidations += 1;
+        self.epochs.insert(id.clone(), self.invalidations);
+    }
 }
 
 /// Shared by a runtime and its clones.
@@ -85,22 +111,14 @@ impl ReadCache {
 
     /// Taken before an inspect; hand it back to [`ReadCache::fill`].
     pub fn ticket(&self, id: &ContainerId) -> Ticket {
-        let state = self.lock();
-        Ticket {
-            global: state.global,
-            container: state.epochs.get(id).copied().unwrap_or(0),
-        }
+        self.lock().ticket(id)
     }
 
     /// Stores what an inspect saw, unless something changed since the
     /// ticket was taken or the stream is not followed.
     pub fn fill(&self, id: &ContainerId, ticket: Ticket, inspected: Inspected) {
         let mut state = self.lock();
-        let current = Ticket {
-            global: state.global,
-            container: state.epochs.get(id).copied().unwrap_or(0),
-        };
-        if state.following && current == ticket {
+        if state.following && state.ticket(id) == ticket {
             state
                 .entries
                 .insert(id.clone(), (inspected, Instant::now()));
@@ -109,9 +127,7 @@ impl ReadCache {
 
     /// Something happened to `id`: the next read inspects.
     pub fn invalidate(&self, id: &ContainerId) {
-        let mut state = self.lock();
-        state.entries.remove(id);
-        *state.epochs.entry(id.clone()).or_default() += 1;
+        self.lock().invalidate(id);
     }
 
     /// Whether the event stream is followed. Turning it off (the stream
@@ -139,10 +155,22 @@ impl ReadCache {
             .filter(|(id, (inspected, _))| listed.get(*id) != Some(&inspected.observation.status))
             .map(|(id, _)| id.clone())
             .collect();
-        for id in stale {
-            state.entries.remove(&id);
-            *state.epochs.entry(id).or_default() += 1;
+        for id in &stale {
+            state.invalidate(id);
         }
+        // A mark matters only while an inspect of its container may be
+        // running: keep those of the listed containers, prune the rest.
+        let before = state.epochs.len();
+        state.epochs.retain(|id, _| listed.contains_key(id));
+        if state.epochs.len() < before {
+            state.pruned_at = state.invalidations;
+        }
+    }
+
+    /// Invalidation marks held (for tests): at most one per container
+    /// listed by the last list call, plus those invalidated since.
+    pub fn marks(&self) -> usize {
+        self.lock().epochs.len()
     }
 
     /// Entries currently served (for tests and metrics).
@@ -230,6 +258,39 @@ mod tests {
         assert_eq!(cache.get(&id("same")), Some(running()));
         assert_eq!(cache.get(&id("exited")), None);
         assert_eq!(cache.get(&id("gone")), None);
+    }
+
+    #[test]
+    fn the_list_call_prunes_the_marks_of_containers_it_does_not_list() {
+        let cache = ReadCache::default();
+        cache.set_following(true);
+        // Events of a thousand containers come and go (another tenant's
+        // churn, stead's own recreates): each leaves a mark.
+        for n in 0..1000 {
+            cache.invalidate(&id(&format!("gone{n}")));
+        }
+        cache.invalidate(&id("kept"));
+        assert_eq!(cache.marks(), 1001);
+        cache.reconcile(&HashMap::from([(id("kept"), ContainerStatus::Running)]));
+        assert_eq!(cache.marks(), 1, "only the listed container keeps its mark");
+    }
+
+    #[test]
+    fn a_fill_raced_by_an_invalidation_stays_dropped_after_its_mark_is_pruned() {
+        let cache = ReadCache::default();
+        cache.set_following(true);
+        // Never invalidated yet: the ticket holds the default mark.
+        let before = cache.ticket(&id("a"));
+        cache.invalidate(&id("a")); // a `die` arrives mid-inspect
+                                    // The list call does not show it (removed meanwhile): pruned.
+        cache.reconcile(&HashMap::new());
+        assert_eq!(cache.marks(), 0);
+        cache.fill(&id("a"), before, running());
+        assert_eq!(cache.get(&id("a")), None, "a ticket from before the event");
+        // A ticket taken after the prune fills.
+        let after = cache.ticket(&id("a"));
+        cache.fill(&id("a"), after, running());
+        assert_eq!(cache.get(&id("a")), Some(running()));
     }
 
     #[tokio::test(start_paused = true)]

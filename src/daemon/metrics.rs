@@ -249,6 +249,10 @@ pub const METRICS: &[Metric] = &[
         "stead_events_pruned_total",
         "Events deleted from the event log past events.retention_days.",
     ),
+    counter(
+        "stead_tasks_pruned_total",
+        "Finished tasks deleted from the queue past events.retention_days.",
+    ),
     labelled(
         counter(
             "stead_webhook_deliveries_total",

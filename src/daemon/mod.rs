@@ -13,7 +13,7 @@ use std::sync::Arc;
 use async_trait::async_trait;
 use tokio::sync::watch;
 
-use crate::adapters::caddy::{CaddyConfig, CaddyTls, CaddyTraffic, ServerCheck, TlsIssuer};
+use crate::adapters::caddy::{CaddyConfig, CaddyTls, CaddyTraffic, TlsIssuer};
 use crate::adapters::docker::{DockerConfig, DockerProvisioner, DockerRuntime, NativeRestart};
 use crate::adapters::helm::{HelmConfig, HelmProvisioner};
 use crate::adapters::probe::{NetAndLogProbe, NetProbe};
@@ -904,30 +904,6 @@ impl Daemon {
         }
     }
 
-    /// Creates stead's server in Caddy if it is missing. Failure is not
-    /// fatal: publication fails (and is retried) until Caddy answers.
-    pub async fn ensure_caddy_server(&self) {
-        match self.caddy.ensure_server().await {
-            Ok(ServerCheck::Present) => {}
-            Ok(ServerCheck::Created) => tracing::info!(
-                admin = %self.config.caddy.admin,
-                listen = %self.config.caddy.listen,
-                "created stead's server in caddy"
-            ),
-            Ok(ServerCheck::ListenCorrected { was }) => tracing::warn!(
-                admin = %self.config.caddy.admin,
-                listen = %self.config.caddy.listen,
-                was = ?was,
-                "stead's caddy server listened elsewhere; corrected to the configured address"
-            ),
-            Err(e) => tracing::warn!(
-                error = %e,
-                admin = %self.config.caddy.admin,
-                "caddy server not ensured yet"
-            ),
-        }
-    }
-
     fn worker(&self, n: u32) -> Worker {
         Worker::new(
             self.ports.clone(),
@@ -997,7 +973,8 @@ impl Daemon {
             if let Some(warning) = crate::adapters::caddy::host_reload_warning() {
                 tracing::warn!("{warning}");
             }
-            self.ensure_caddy_server().await;
+            // stead's server in Caddy is created by the first pass, under
+            // the lease: a standby writes nothing to Caddy (#41).
             let daemon = self.clone();
             let stop_r = stop.clone();
             tasks.spawn(

@@ -229,5 +229,36 @@ pub async fn prune(
     Ok(pruned)
 }
 
+/// Retention of the task queue (#41): deletes the finished tasks last
+/// changed longer than `retention` before `now` (the event log's, which
+/// names them), in batches as [`prune`]; queued and running tasks stay.
+/// Returns how many went.
+pub async fn prune_finished_tasks(
+    store: &dyn Store,
+    now: Timestamp,
+    retention: Duration,
+) -> Result<u64, crate::ports::StoreError> {
+    let Ok(retention) = jiff::SignedDuration::try_from(retention) else {
+        return Ok(0);
+    };
+    let Some(before) = now.checked_sub(retention).ok() else {
+        return Ok(0);
+    };
+    let mut pruned = 0;
+    for _ in 0..EVENT_PRUNE_BATCHES_PER_TICK_MAX {
+        let n = store
+            .prune_finished_tasks(before, EVENT_PRUNE_BATCH_MAX)
+            .await?;
+        pruned += n;
+        if n < u64::from(EVENT_PRUNE_BATCH_MAX) {
+            break;
+        }
+    }
+    if pruned > 0 {
+        metrics::counter!("stead_tasks_pruned_total").increment(pruned);
+    }
+    Ok(pruned)
+}
+
 /// A sink that keeps nothing, for whoever was given none.
 pub static EVENTS_OFF: EventSink = EventSink { inner: None };

@@ -198,14 +198,19 @@ impl Reconciler {
         let _ = self.event_retention.set(retention);
     }
 
-    /// Retention of the event log: never fails the tick (C3).
+    /// Retention of the event log and of the finished tasks it names:
+    /// never fails the tick (C3).
     async fn prune_events(&self) {
         let Some(retention) = self.event_retention.get() else {
             return;
         };
         let now = self.ports.clock.now();
-        if let Err(e) = super::event_log::prune(self.ports.store.as_ref(), now, *retention).await {
+        let store = self.ports.store.as_ref();
+        if let Err(e) = super::event_log::prune(store, now, *retention).await {
             tracing::warn!(error = %e, "pruning the event log failed; tried again next tick");
+        }
+        if let Err(e) = super::event_log::prune_finished_tasks(store, now, *retention).await {
+            tracing::warn!(error = %e, "pruning finished tasks failed; tried again next tick");
         }
     }
 

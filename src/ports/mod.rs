@@ -658,6 +658,18 @@ pub trait Store: Send + Sync {
         now: Timestamp,
         fence: Option<&LeaseGrant>,
     ) -> Result<Option<Expired>, StoreError>;
+    /// An operator's `instance delete --purge-volumes`: what
+    /// [`Store::expire_instance`] does (unfenced), and in the same
+    /// transaction what [`Store::set_purge_volumes`] does. A deletion that
+    /// does not happen (`Ok(None)`) leaves no purge behind that a later
+    /// plain delete or TTL expiry would carry out.
+    async fn expire_instance_purging(
+        &self,
+        id: InstanceId,
+        from: InstanceState,
+        task: &NewTask,
+        now: Timestamp,
+    ) -> Result<Option<Expired>, StoreError>;
     /// Tasks newest first, at most `limit`: the queued and running ones, and
     /// with `include_finished` the done and failed ones too (`stead task
     /// list`).
@@ -787,6 +799,14 @@ pub trait Store: Send + Sync {
     /// `before`, and says how many: retention prunes in bounded batches so
     /// no statement holds the table long.
     async fn prune_events(&self, before: Timestamp, batch_max: u32) -> Result<u64, StoreError>;
+    /// Deletes at most `batch_max` of the oldest finished (done or
+    /// failed) tasks last changed before `before`, and says how many; a
+    /// queued or running task is never deleted.
+    async fn prune_finished_tasks(
+        &self,
+        before: Timestamp,
+        batch_max: u32,
+    ) -> Result<u64, StoreError>;
     /// The id of the last event webhook `webhook` was sent or passed
     /// over (#42); `None` before its cursor was first set.
     async fn webhook_cursor(&self, webhook: &str) -> Result<Option<i64>, StoreError>;

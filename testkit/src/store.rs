@@ -318,6 +318,59 @@ impl MemoryStore {
     }
 
     /// Takes the lock for one call, applying the fault hooks first.
+    /// `Store::expire_instance`, and with `purge_volumes` the purge flag
+    /// too, under one hold of the state: all or nothing, as the SQL
+    /// transaction.
+    fn expire(
+        &self,
+        id: InstanceId,
+        from: InstanceState,
+        task: &NewTask,
+        now: Timestamp,
+        fence: Option<&LeaseGrant>,
+        purge_volumes: bool,
+    ) -> Result<Option<Expired>, StoreError> {
+        let mut state = self.call()?;
+        state.check_fence(fence, self.now_us())?;
+        // All or nothing, like the SQL transaction: check both preconditions
+        // before changing anything.
+        let cas_holds = state.instances.get(&id).is_some_and(|i| i.state == from);
+        if !cas_holds || state.has_active_task(task) {
+            return Ok(None);
+        }
+        let Some(task_id) = state.insert_task(task, now)? else {
+            return Ok(None);
+        };
+        let now = normalize_timestamp(now);
+        let mut cancelled = Vec::new();
+        // The mutant breaks both halves of T4 (see `mutants.rs`): with its
+        // queued tasks cancelled here, a handler that forgot to refuse a
+        // deleted instance would almost never meet one.
+        let cancel = !mutants::active(Mutant::ReviveDeletedInstance);
+        for t in state.tasks.values_mut() {
+            if cancel && t.instance == id && t.cancelled_by_deletion() {
+                t.state = TaskState::Failed;
+                t.last_error = Some(CANCELLED_BY_DELETION.to_owned());
+                t.updated_at = now;
+                cancelled.push(t.id);
+            }
+        }
+        let instance = state.instance_mut(id)?;
+        instance.state = InstanceState::Deleting;
+        instance.purge_volumes |= purge_volumes;
+        instance.updated_at = now;
+        let name = instance.name.clone();
+        drop(state);
+        self.tell(|| Effect::InstanceState {
+            instance: name,
+            state: InstanceState::Deleting,
+        });
+        Ok(Some(Expired {
+            task: task_id,
+            cancelled,
+        }))
+    }
+
     fn call(&self) -> Result<std::sync::MutexGuard<'_, State>, StoreError> {
         let mut state = self.lock();
         state.n_calls += 1;
@@ -1107,44 +1160,17 @@ impl Store for MemoryStore {
         now: Timestamp,
         fence: Option<&LeaseGrant>,
     ) -> Result<Option<Expired>, StoreError> {
-        let mut state = self.call()?;
-        state.check_fence(fence, self.now_us())?;
-        // All or nothing, like the SQL transaction: check both preconditions
-        // before changing anything.
-        let cas_holds = state.instances.get(&id).is_some_and(|i| i.state == from);
-        if !cas_holds || state.has_active_task(task) {
-            return Ok(None);
-        }
-        let Some(task_id) = state.insert_task(task, now)? else {
-            return Ok(None);
-        };
-        let now = normalize_timestamp(now);
-        let mut cancelled = Vec::new();
-        // The mutant breaks both halves of T4 (see `mutants.rs`): with its
-        // queued tasks cancelled here, a handler that forgot to refuse a
-        // deleted instance would almost never meet one.
-        let cancel = !mutants::active(Mutant::ReviveDeletedInstance);
-        for t in state.tasks.values_mut() {
-            if cancel && t.instance == id && t.cancelled_by_deletion() {
-                t.state = TaskState::Failed;
-                t.last_error = Some(CANCELLED_BY_DELETION.to_owned());
-                t.updated_at = now;
-                cancelled.push(t.id);
-            }
-        }
-        let instance = state.instance_mut(id)?;
-        instance.state = InstanceState::Deleting;
-        instance.updated_at = now;
-        let name = instance.name.clone();
-        drop(state);
-        self.tell(|| Effect::InstanceState {
-            instance: name,
-            state: InstanceState::Deleting,
-        });
-        Ok(Some(Expired {
-            task: task_id,
-            cancelled,
-        }))
+        self.expire(id, from, task, now, fence, false)
+    }
+
+    async fn expire_instance_purging(
+        &self,
+        id: InstanceId,
+        from: InstanceState,
+        task: &NewTask,
+        now: Timestamp,
+    ) -> Result<Option<Expired>, StoreError> {
+        self.expire(id, from, task, now, None, true)
     }
 
     async fn tasks(&self, include_finished: bool, limit: u32) -> Result<Rows<Task>, StoreError> {
@@ -1591,6 +1617,27 @@ impl Store for MemoryStore {
         let pruned: BTreeSet<i64> = old.into_iter().map(|(_, id)| id).collect();
         state.events.retain(|e| !pruned.contains(&e.id));
         Ok(pruned.len() as u64)
+    }
+
+    async fn prune_finished_tasks(
+        &self,
+        before: Timestamp,
+        batch_max: u32,
+    ) -> Result<u64, StoreError> {
+        let mut state = self.call()?;
+        let before = normalize_timestamp(before);
+        let mut old: Vec<(Timestamp, TaskId)> = state
+            .tasks
+            .values()
+            .filter(|t| !t.state.is_active() && t.updated_at < before)
+            .map(|t| (t.updated_at, t.id))
+            .collect();
+        old.sort_unstable();
+        old.truncate(batch_max as usize);
+        for (_, id) in &old {
+            state.tasks.remove(id);
+        }
+        Ok(old.len() as u64)
     }
 }
 

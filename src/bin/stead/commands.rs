@@ -92,7 +92,6 @@ async fn run(config: DaemonConfig, role: RoleArg, once: bool) -> Result<u8, CliE
     if once {
         let mut ok = true;
         if role.reconciles() {
-            daemon.ensure_caddy_server().await;
             ok = daemon.reconciler.tick().await.ok();
             daemon.reconciler.release_lease().await;
         }
@@ -149,7 +148,6 @@ async fn handle_signals(daemon: &Daemon) {
 
 async fn tick(config: DaemonConfig) -> Result<u8, CliError> {
     let daemon = Daemon::build(config).await?;
-    daemon.ensure_caddy_server().await;
     let outcome = daemon.reconciler.tick().await;
     daemon.reconciler.release_lease().await;
     daemon.flush_events().await;

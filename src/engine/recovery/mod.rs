@@ -71,6 +71,11 @@ pub struct Recoverer {
     /// budget's wake-up), so its events group as a tick's do; none: they
     /// are untraced (the simulation, which counts effects, not traces).
     targeted_traces: OnceLock<Mutex<rand_chacha::ChaCha8Rng>>,
+    /// Whether a pass of this process made sure of the traffic plane yet:
+    /// the first one creates stead's server in a fresh proxy, which is a
+    /// start, not a loss. A standby never writes the proxy before it holds
+    /// the lease (#41), so this is the only place the server is created.
+    plane_ensured: std::sync::atomic::AtomicBool,
 }
 
 impl Recoverer {
@@ -96,6 +101,7 @@ impl Recoverer {
             watcher: OnceLock::new(),
             events: OnceLock::new(),
             targeted_traces: OnceLock::new(),
+            plane_ensured: std::sync::atomic::AtomicBool::new(false),
         }
     }
 

@@ -17,8 +17,16 @@ impl Recoverer {
     ) -> Option<FleetRoutes> {
         let traffic = &self.ports.traffic;
         let deadline = self.policy.instance_deadline;
-        match tokio::time::timeout(deadline, traffic.ensure()).await {
+        let ensured = tokio::time::timeout(deadline, traffic.ensure()).await;
+        let first = matches!(ensured, Ok(Ok(_)))
+            && !self
+                .plane_ensured
+                .swap(true, std::sync::atomic::Ordering::Relaxed);
+        match ensured {
             Ok(Ok(PlaneCheck::Present)) => {}
+            Ok(Ok(PlaneCheck::Recreated)) if first => {
+                tracing::info!("created stead's server in the traffic plane");
+            }
             Ok(Ok(PlaneCheck::Recreated)) => {
                 metrics::counter!("stead_traffic_plane_recreated_total").increment(1);
                 tracing::warn!(

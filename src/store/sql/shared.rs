@@ -564,8 +564,26 @@ macro_rules! impl_sql_store {
                 now: Timestamp,
                 fence: Option<&LeaseGrant>,
             ) -> Result<Option<Expired>, StoreError> {
-                self.expire_in_transaction(id, from, task, now, fence, None)
+                self.expire_in_transaction(id, from, task, now, fence, super::shared::Expiry::Plain)
                     .await
+            }
+
+            async fn expire_instance_purging(
+                &self,
+                id: InstanceId,
+                from: InstanceState,
+                task: &NewTask,
+                now: Timestamp,
+            ) -> Result<Option<Expired>, StoreError> {
+                self.expire_in_transaction(
+                    id,
+                    from,
+                    task,
+                    now,
+                    None,
+                    super::shared::Expiry::Purging,
+                )
+                .await
             }
 
             async fn tasks(
@@ -961,8 +979,15 @@ macro_rules! impl_sql_store {
                 fence: Option<&LeaseGrant>,
                 event: &crate::core::event_log::Event,
             ) -> Result<Option<Expired>, StoreError> {
-                self.expire_in_transaction(id, from, task, now, fence, Some(event))
-                    .await
+                self.expire_in_transaction(
+                    id,
+                    from,
+                    task,
+                    now,
+                    fence,
+                    super::shared::Expiry::Recorded(event),
+                )
+                .await
             }
 
             async fn events(
@@ -1052,6 +1077,23 @@ macro_rules! impl_sql_store {
                 })
                 .await
             }
+
+            async fn prune_finished_tasks(
+                &self,
+                before: Timestamp,
+                batch_max: u32,
+            ) -> Result<u64, StoreError> {
+                crate::store::sql::timed("prune_finished_tasks", self.call_timeout, async {
+                    sqlx::query(sql::PRUNE_FINISHED_TASKS)
+                        .bind(timestamp_to_us(before))
+                        .bind(i64::from(batch_max))
+                        .execute(&self.pool)
+                        .await
+                        .map(|done| done.rows_affected())
+                        .map_err(db_error)
+                })
+                .await
+            }
         }
 
         impl $store {
@@ -1064,7 +1106,7 @@ macro_rules! impl_sql_store {
                 task: &NewTask,
                 now: Timestamp,
                 fence: Option<&LeaseGrant>,
-                event: Option<&crate::core::event_log::Event>,
+                expiry: super::shared::Expiry<'_>,
             ) -> Result<Option<Expired>, StoreError> {
                 let mut tx = self.fenced_transaction(fence).await?;
                 let changed = sqlx::query(sql::EXPIRE_INSTANCE)
@@ -1083,6 +1125,14 @@ macro_rules! impl_sql_store {
                     // the call is all or nothing.
                     return Ok(None);
                 };
+                if let super::shared::Expiry::Purging = expiry {
+                    sqlx::query(sql::SET_INSTANCE_PURGE_VOLUMES)
+                        .bind(id)
+                        .bind(timestamp_to_us(now))
+                        .execute(&mut *tx)
+                        .await
+                        .map_err(db_error)?;
+                }
                 let mut cancelled: Vec<TaskId> =
                     sqlx::query_scalar(sql::CANCEL_QUEUED_FOR_DELETION)
                         .bind(id)
@@ -1091,7 +1141,7 @@ macro_rules! impl_sql_store {
                         .fetch_all(&mut *tx)
                         .await
                         .map_err(db_error)?;
-                if let Some(event) = event {
+                if let super::shared::Expiry::Recorded(event) = expiry {
                     super::shared::insert_event!(&mut *tx, &event.clone().task(task_id))?;
                 }
                 tx.commit().await.map_err(db_error)?;
@@ -1107,4 +1157,13 @@ macro_rules! impl_sql_store {
 }
 
 pub(super) use impl_sql_store;
+
+/// What an expiry writes besides the state, the task and the cancels.
+pub(super) enum Expiry<'a> {
+    Plain,
+    /// Its event, naming the task (#42).
+    Recorded(&'a crate::core::event_log::Event),
+    /// The purge flag (`instance delete --purge-volumes`, #41).
+    Purging,
+}
 pub(super) use insert_event;

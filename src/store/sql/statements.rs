@@ -290,6 +290,11 @@ pub const OLDEST_EVENTS: &str = events_in_order!("ASC");
 /// Retention: a bounded batch of the oldest events written before `$1`.
 pub const PRUNE_EVENTS: &str = "DELETE FROM events WHERE id IN \
      (SELECT id FROM events WHERE at_us < $1 ORDER BY at_us, id LIMIT $2)";
+/// Finished tasks last changed before `$1`, oldest first, at most `$2`
+/// (#41: retention, with the event log's).
+pub const PRUNE_FINISHED_TASKS: &str = "DELETE FROM tasks WHERE id IN \
+     (SELECT id FROM tasks WHERE state IN ('done', 'failed') AND updated_at_us < $1 \
+     ORDER BY updated_at_us, id LIMIT $2)";
 
 // --- webhook cursors (#42) ------------------------------------------------
 

@@ -33,8 +33,8 @@ use stead_testkit::store::{Garbled, MemoryStore};
 use crate::checker::{ladder_cap, Checker, CLOCK_TOLERANCE};
 use crate::topology::{process_main, Shared, Slot, Topology};
 use crate::world::{
-    has_ports, helm_instance_name, instance_name, service_name, Actors, FaultCounts, FaultMix,
-    SimService, SwarmFaults, VersionScheme, HELM_TYPE, LEGACY_TYPE, SERVICE_TYPE,
+    has_ports, helm_instance_name, instance_name, service_name, Actors, ClockFaults, FaultCounts,
+    FaultMix, SimService, SwarmFaults, VersionScheme, HELM_TYPE, LEGACY_TYPE, SERVICE_TYPE,
 };
 
 /// The shape of one run.
@@ -93,6 +93,9 @@ pub fn run_seed(cfg: &SimConfig) -> SimOutcome {
 async fn simulate(cfg: SimConfig, tally: crate::coverage::Tally) -> SimOutcome {
     let mut rng = ChaCha8Rng::seed_from_u64(cfg.seed);
     let mix = FaultMix::draw(&mut rng);
+    // The clock faults' own stream: the seed's other draws stay as they were.
+    let mut clock_rng = ChaCha8Rng::seed_from_u64(cfg.seed ^ 0x0c10_c4a0_5eed_0041);
+    let clock_faults = ClockFaults::draw(&mut clock_rng);
     let topology = Topology::draw(rng.random());
     let clock: Arc<dyn Clock> = Arc::new(SystemClock);
     // The mutation exercise arms a rule on this thread; the core gets it
@@ -215,7 +218,7 @@ async fn simulate(cfg: SimConfig, tally: crate::coverage::Tally) -> SimOutcome {
         events: rng.random_bool(0.7),
         seed: rng.random(),
     });
-    let mut processes = Processes::start(&topology, &shared, &mix, &mut rng);
+    let mut processes = Processes::start(&topology, &shared, &mix, &clock_faults, &mut rng);
     let _ = faults
         .process_nodes
         .set(processes.nodes.iter().map(|n| n.id()).collect());
@@ -289,8 +292,8 @@ async fn simulate(cfg: SimConfig, tally: crate::coverage::Tally) -> SimOutcome {
         }
         processes.adopt_pauses(&faults, &mut rng);
         processes.inject(&mut rng, &mix, &counts);
-        if rng.random_bool(mix.database_step) {
-            step_database_clock(&database_clock, &checker, cfg.tick, &mut rng, &counts);
+        if clock_rng.random_bool(clock_faults.database_step) {
+            step_database_clock(&database_clock, &checker, cfg.tick, &mut clock_rng, &counts);
         }
         let outage = rng
             .random_bool(mix.store_outage)
@@ -887,6 +890,9 @@ struct Processes {
     woke_from_suspend: BTreeMap<usize, Timestamp>,
     /// Per pause: the chance it is a suspend.
     suspend: f64,
+    /// The suspends' own draws (#41), apart from the other faults' so
+    /// that those stay as they were.
+    suspend_rng: ChaCha8Rng,
     tick: Duration,
     skew_ms_max: i64,
 }
@@ -896,6 +902,7 @@ impl Processes {
         topology: &Topology,
         shared: &Arc<Shared>,
         mix: &FaultMix,
+        clock_faults: &ClockFaults,
         rng: &mut ChaCha8Rng,
     ) -> Self {
         let handle = madsim::runtime::Handle::current();
@@ -921,7 +928,8 @@ impl Processes {
             paused_until: BTreeMap::new(),
             suspended_since: BTreeMap::new(),
             woke_from_suspend: BTreeMap::new(),
-            suspend: mix.suspend,
+            suspend: clock_faults.suspend,
+            suspend_rng: ChaCha8Rng::seed_from_u64(clock_faults.seed),
             tick: shared.tick,
             skew_ms_max: mix.skew_ms_max,
         }
@@ -964,9 +972,12 @@ impl Processes {
                 .woke_from_suspend
                 .get(&i)
                 .is_some_and(|at| now < add(*at, lease));
+            // Drawn either way, so that the other faults' draws stay as
+            // they were before suspends existed.
+            let skew = draw_skew(rng, self.skew_ms_max);
             if !self.suspended_since.contains_key(&i) && !woke_lately {
                 counts.bump("host clock jumped");
-                self.slots[i].set_skew_ms(draw_skew(rng, self.skew_ms_max));
+                self.slots[i].set_skew_ms(skew);
             }
         }
     }
@@ -984,14 +995,14 @@ impl Processes {
             let after = ttl + Duration::from_secs(rng.random_range(1..120));
             if !self.paused_until.contains_key(&i) {
                 self.paused_until.insert(i, add(now, after));
-                self.maybe_suspended(i, now, rng);
+                self.maybe_suspended(i, now);
             }
         }
     }
 
     /// Whether the pause of slot `i` that begins `now` suspends its host.
-    fn maybe_suspended(&mut self, i: usize, now: Timestamp, rng: &mut ChaCha8Rng) {
-        if rng.random_bool(self.suspend) {
+    fn maybe_suspended(&mut self, i: usize, now: Timestamp) {
+        if self.suspend_rng.random_bool(self.suspend) {
             self.suspended_since.insert(i, now);
         }
     }
@@ -1020,7 +1031,7 @@ impl Processes {
             let ttl = reconciler_lease_ttl(self.tick, RecoveryPolicy::default().instance_deadline);
             let after = ttl + Duration::from_secs(rng.random_range(1..120));
             self.paused_until.insert(i, add(now, after));
-            self.maybe_suspended(i, now, rng);
+            self.maybe_suspended(i, now);
         }
     }
 
@@ -1074,8 +1085,19 @@ impl Processes {
         for i in std::mem::take(&mut self.down_until).into_keys() {
             handle.restart(self.nodes[i].id());
         }
-        for slot in &self.slots {
-            slot.set_skew_ms(0);
+        // A host woken from a suspend keeps its wall clock as it was: one
+        // stepped back as it resumes gives no local sign of the time lost
+        // (see `inject`). Its skew is harmless here: the engine's clock
+        // follows the database's.
+        let lease = reconciler_lease_ttl(self.tick, RecoveryPolicy::default().instance_deadline);
+        for (i, slot) in self.slots.iter().enumerate() {
+            let woke_lately = self
+                .woke_from_suspend
+                .get(&i)
+                .is_some_and(|at| now < add(*at, lease));
+            if !woke_lately {
+                slot.set_skew_ms(0);
+            }
         }
     }
 }

@@ -100,12 +100,39 @@ pub struct FaultMix {
     /// Per start of a down container: the runtime's own restart policy
     /// brings it up at that very moment, and the start fails (R11's race).
     pub start_race: f64,
+}
+
+/// The clock faults of #41, drawn from a stream of their own (seeded from
+/// the seed) so that every other fault of a seed stays as it was drawn
+/// before they existed.
+#[derive(Clone, Debug)]
+pub struct ClockFaults {
     /// Per pause: the host is suspended (its VM paused), so the process's
-    /// monotonic clock stands still with it (#41).
+    /// monotonic clock stands still with it.
     pub suspend: f64,
     /// Per tick: the database's clock steps (an NTP step on its host),
-    /// either way, and steps back within the tick (#41).
+    /// either way, and steps back within the tick.
     pub database_step: f64,
+    /// Seeds the suspends' own draws.
+    pub seed: u64,
+}
+
+impl ClockFaults {
+    pub fn draw(rng: &mut ChaCha8Rng) -> Self {
+        let mut p = |max: f64| {
+            if rng.random_bool(0.3) {
+                0.0
+            } else {
+                rng.random_range(0.0..max)
+            }
+        };
+        let (suspend, database_step) = (p(1.0), p(0.03));
+        Self {
+            suspend,
+            database_step,
+            seed: rng.random(),
+        }
+    }
 }
 
 impl FaultMix {
@@ -144,8 +171,6 @@ impl FaultMix {
             operator_holds_lock: p(0.6),
             long_task: p(0.5),
             start_race: p(0.3),
-            suspend: p(1.0),
-            database_step: p(0.03),
         }
     }
 }

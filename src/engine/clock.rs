@@ -195,8 +195,23 @@ impl Clock for AnchoredClock {
         self.lock().current.is_some()
     }
 
+    /// Not while a step is in doubt, nor once the host's wall clock says
+    /// more time passed since the anchor than the monotonic clock does:
+    /// this process stood still (a suspend), so `now` lags the world until
+    /// the next reading, and nothing may be decided or done by it.
     fn settled(&self) -> bool {
-        self.lock().step.is_none()
+        let anchors = *self.lock();
+        if anchors.step.is_some() {
+            return false;
+        }
+        anchors.current.is_none_or(|a| {
+            let host = self.host.now().duration_since(a.host);
+            let monotonic = jiff::SignedDuration::try_from(
+                self.host.monotonic().saturating_duration_since(a.local),
+            )
+            .unwrap_or_default();
+            host - monotonic <= jiff::SignedDuration::try_from(CLOCK_JUMP_MAX).unwrap_or_default()
+        })
     }
 }
 
@@ -494,11 +509,15 @@ mod tests {
         let clock = AnchoredClock::new(host.clone());
         take_anchor(&clock, Ok(database_now()), QUICK);
         host.pass(Duration::from_secs(10));
-        assert!(!clock.wants_anchor());
+        assert!(!clock.wants_anchor() && clock.settled());
         host.suspend(Duration::from_secs(600));
         assert!(
             clock.wants_anchor(),
             "old by the wall clock, young by the monotonic one"
+        );
+        assert!(
+            !clock.settled(),
+            "its `now` lags the world until it reads the database's"
         );
         let resumed = add(database_now(), Duration::from_secs(610));
         assert_eq!(
@@ -511,6 +530,7 @@ mod tests {
             add(resumed, QUICK / 2),
             "taken at once: the database's clock was right"
         );
+        assert!(clock.settled(), "settled again by the reading");
     }
 
     #[test]

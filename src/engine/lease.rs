@@ -175,6 +175,12 @@ impl LeaseGuard {
     /// the store cannot say: the caller must not act.
     pub async fn ensure(&self, store: &dyn Store, need: Duration) -> Option<LeaseGrant> {
         let clock = self.clock.as_ref();
+        if !clock.settled() {
+            // This process stood still or the database's clock stepped:
+            // what it is about to do was decided on a view that may be
+            // stale, and the next reading of the clock says more (#41).
+            return None;
+        }
         if let Some(held) = self.lock().clone() {
             if held.trusted.lasts(clock, need) {
                 return Some(held.grant);

@@ -90,6 +90,10 @@ pub struct Truth {
     /// was pinned (their task read the rollout before the pin: it may
     /// finish what it began). Lifted by a resume.
     pub pin: Option<Pin>,
+    /// The last pin lifted, and when: a worker's move toward it that read
+    /// the rollout before the lift may finish what it began, for as long
+    /// as its task lease lasts.
+    pub lifted_pin: Option<(Pin, Timestamp)>,
 }
 
 /// An undo's pin as the checker knows it.
@@ -2188,8 +2192,14 @@ impl Observer for Checker {
                 dropped,
             } => {
                 if *dropped {
+                    // A move toward a pin lifted since it began (its task
+                    // read the rollout first) may finish, within its lease.
+                    let lifted_leaves_out = s.truth.lifted_pin.as_ref().is_some_and(|(pin, at)| {
+                        !pin.services.contains(&service.service) && now <= add(*at, self.task_lease)
+                    });
                     let listed = s.catalog_dropped.as_ref() != Some(&service.service)
-                        && !s.truth.pin_leaves_out(&service.service);
+                        && !s.truth.pin_leaves_out(&service.service)
+                        && !lifted_leaves_out;
                     s.check(
                         "S1 a service is retired only when the catalog dropped it",
                         !listed,
@@ -2224,7 +2234,9 @@ impl Observer for Checker {
                 // Any change of the switch lifts an undo's pin (a pin
                 // comes right after, as `RolloutPinned`).
                 if service_type == crate::world::SERVICE_TYPE {
-                    s.truth.pin = None;
+                    if let Some(pin) = s.truth.pin.take() {
+                        s.truth.lifted_pin = Some((pin, now));
+                    }
                 }
                 if *halted && by_process {
                     // C8: a process halts a rollout only when an upgrade of

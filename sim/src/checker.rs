@@ -497,6 +497,9 @@ impl Checker {
         if leader && !failed.contains(&Check::Drift) {
             self.check_orphans_reported(began, garbled);
         }
+        if leader {
+            self.check_stepped_tick_noticed(node, began, clock_unverified);
+        }
         if leader && !garbled && !clock_unverified {
             self.check_due_work_done(began, failed);
             if !failed.contains(&Check::VersionDrift) {
@@ -1012,6 +1015,29 @@ impl Checker {
         } else {
             s.database_stepped_at = Some(now);
         }
+    }
+
+    /// J1 (#41), its premise: a leader's tick that began while the
+    /// database's clock was stepped, the step lasting still as it ends,
+    /// read the stepped clock, and must say its reading was unverified
+    /// (the rest of J1 holds its decisions to that).
+    fn check_stepped_tick_noticed(&self, node: NodeId, began: Timestamp, unverified: bool) {
+        let mut s = self.lock();
+        if s.store_outage {
+            return;
+        }
+        let Some(stepped) = s.database_stepped_at else {
+            return;
+        };
+        if stepped > began {
+            return;
+        }
+        let offset = s.database_offset_ms;
+        s.check(
+            "J1 nothing expired or requeued on a stepped database clock",
+            unverified,
+            || format!("{node:?}'s tick from {began} read the database's clock stepped by {offset} ms and took it as verified"),
+        );
     }
 
     /// A process's reconciler began a tick at `began` (true time).

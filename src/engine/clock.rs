@@ -175,7 +175,7 @@ impl Clock for AnchoredClock {
         let reading = Anchor {
             database: database_now,
             local: self.host.monotonic() - round_trip / 2,
-            host: self.host.now(),
+            host: self.host_now(),
         };
         let mut anchors = self.lock();
         self.judge(&mut anchors, reading)
@@ -184,9 +184,11 @@ impl Clock for AnchoredClock {
     /// Old by either clock: after a suspend the monotonic age is short,
     /// the host's is not.
     fn wants_anchor(&self) -> bool {
-        self.lock().current.is_none_or(|a| {
+        // Copied out first: `host_now` may read this clock's own `now`.
+        let current = self.lock().current;
+        current.is_none_or(|a| {
             let monotonic = self.host.monotonic().saturating_duration_since(a.local);
-            let host = self.host.now().duration_since(a.host);
+            let host = self.host_now().duration_since(a.host);
             monotonic >= ANCHOR_AGE_MAX || host.unsigned_abs() >= ANCHOR_AGE_MAX
         })
     }
@@ -205,7 +207,7 @@ impl Clock for AnchoredClock {
             return false;
         }
         anchors.current.is_none_or(|a| {
-            let host = self.host.now().duration_since(a.host);
+            let host = self.host_now().duration_since(a.host);
             let monotonic = jiff::SignedDuration::try_from(
                 self.host.monotonic().saturating_duration_since(a.local),
             )

@@ -263,6 +263,30 @@ impl Fixture {
         )
     }
 
+    /// A wiki instance at version 2 whose TTL ends `after` from now.
+    async fn expiring(
+        &self,
+        name: &str,
+        after: jiff::SignedDuration,
+    ) -> stead::core::fleet::Instance {
+        self.store
+            .create_instance(
+                &NewInstance {
+                    spec_digest: None,
+                    parameters: Default::default(),
+                    name: InstanceName::new(name),
+                    team: "t".into(),
+                    service_type: "wiki".into(),
+                    version: "2".into(),
+                    expires_at: Some(self.clock.now() + after),
+                    maintenance_window: None,
+                },
+                self.clock.now(),
+            )
+            .await
+            .unwrap()
+    }
+
     async fn instance(&self, name: &str, version: &str) -> stead::core::fleet::Instance {
         self.store
             .create_instance(
@@ -1575,22 +1599,8 @@ async fn a_hung_runtime_does_not_hold_back_the_control_checks() {
     let f = fixture();
     f.served("a-hangs", "2").await;
     let expiring = f
-        .store
-        .create_instance(
-            &NewInstance {
-                spec_digest: None,
-                parameters: Default::default(),
-                name: InstanceName::new("b-expires"),
-                team: "t".into(),
-                service_type: "wiki".into(),
-                version: "2".into(),
-                expires_at: Some(f.clock.now() + jiff::SignedDuration::from_secs(1)),
-                maintenance_window: None,
-            },
-            f.clock.now(),
-        )
-        .await
-        .unwrap();
+        .expiring("b-expires", jiff::SignedDuration::from_secs(1))
+        .await;
     f.clock.advance(Duration::from_secs(2));
     f.script.fail(Op::Inspect, "stead.a-hangs.", Fault::Hang);
     let reconciler = f.reconciler("a");
@@ -3116,22 +3126,8 @@ async fn a_stepped_database_clock_expires_nothing_and_takes_over_no_lease() {
     let f = fixture();
     let host = Arc::new(ManualClock::new(f.clock.now()));
     let expiring = f
-        .store
-        .create_instance(
-            &NewInstance {
-                spec_digest: None,
-                parameters: Default::default(),
-                name: InstanceName::new("b-expires"),
-                team: "t".into(),
-                service_type: "wiki".into(),
-                version: "2".into(),
-                expires_at: Some(f.clock.now() + jiff::SignedDuration::from_hours(1)),
-                maintenance_window: None,
-            },
-            f.clock.now(),
-        )
-        .await
-        .unwrap();
+        .expiring("b-expires", jiff::SignedDuration::from_hours(1))
+        .await;
     let leader = f.anchored_reconciler("a", host.clone());
     let standby = f.anchored_reconciler("b", host.clone());
     let first = leader.tick().await;

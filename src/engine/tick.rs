@@ -346,6 +346,12 @@ impl Reconciler {
             return out;
         }
         out.leader = true;
+        if !self.ports.clock.settled() {
+            // A step of the database's clock is in doubt: the lease is
+            // renewed, and nothing is decided or done until a reading
+            // settles it (said once above, not as failing checks).
+            return out;
+        }
 
         // The control checks run beside the recovery pass, not behind it:
         // a hung runtime holds up one batch of recovery (each instance to

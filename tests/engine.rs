@@ -269,25 +269,21 @@ impl Fixture {
         name: &str,
         after: jiff::SignedDuration,
     ) -> stead::core::fleet::Instance {
-        self.store
-            .create_instance(
-                &NewInstance {
-                    spec_digest: None,
-                    parameters: Default::default(),
-                    name: InstanceName::new(name),
-                    team: "t".into(),
-                    service_type: "wiki".into(),
-                    version: "2".into(),
-                    expires_at: Some(self.clock.now() + after),
-                    maintenance_window: None,
-                },
-                self.clock.now(),
-            )
+        self.instance_until(name, "2", Some(self.clock.now() + after))
             .await
-            .unwrap()
     }
 
     async fn instance(&self, name: &str, version: &str) -> stead::core::fleet::Instance {
+        self.instance_until(name, version, None).await
+    }
+
+    /// A wiki instance whose TTL ends at `expires_at`, if set.
+    async fn instance_until(
+        &self,
+        name: &str,
+        version: &str,
+        expires_at: Option<stead::core::types::Timestamp>,
+    ) -> stead::core::fleet::Instance {
         self.store
             .create_instance(
                 &NewInstance {
@@ -297,7 +293,7 @@ impl Fixture {
                     team: "t".into(),
                     service_type: "wiki".into(),
                     version: version.into(),
-                    expires_at: None,
+                    expires_at,
                     maintenance_window: None,
                 },
                 self.clock.now(),

@@ -117,15 +117,19 @@ pub struct ClockFaults {
     pub seed: u64,
 }
 
+/// One fault's rate in a seed's mix (swarm testing): off in three seeds in
+/// ten, else anywhere below `max`.
+fn drawn_rate(rng: &mut ChaCha8Rng, max: f64) -> f64 {
+    if rng.random_bool(0.3) {
+        0.0
+    } else {
+        rng.random_range(0.0..max)
+    }
+}
+
 impl ClockFaults {
     pub fn draw(rng: &mut ChaCha8Rng) -> Self {
-        let mut p = |max: f64| {
-            if rng.random_bool(0.3) {
-                0.0
-            } else {
-                rng.random_range(0.0..max)
-            }
-        };
+        let mut p = |max: f64| drawn_rate(rng, max);
         let (suspend, database_step) = (p(1.0), p(0.03));
         Self {
             suspend,
@@ -137,13 +141,7 @@ impl ClockFaults {
 
 impl FaultMix {
     pub fn draw(rng: &mut ChaCha8Rng) -> Self {
-        let mut p = |max: f64| {
-            if rng.random_bool(0.3) {
-                0.0
-            } else {
-                rng.random_range(0.0..max)
-            }
-        };
+        let mut p = |max: f64| drawn_rate(rng, max);
         Self {
             transient: p(0.08),
             hang: p(0.004),

@@ -2,9 +2,10 @@
 //!
 //! The crate is layered (see `docs/ARCHITECTURE.md`):
 //!
-//! - [`core`] is pure and deterministic: every decision is a function of its
-//!   inputs and an explicit `now`. It knows nothing of async, clocks, Docker,
-//!   SQL or logging.
+//! - [`core`] is the `stead-core` crate (`core/`), pure and deterministic:
+//!   every decision is a function of its inputs and an explicit `now`. It
+//!   knows nothing of async, clocks, Docker, SQL or logging, and being its own
+//!   crate it cannot: it depends on nothing that could.
 //! - [`ports`] are the traits through which the engine touches the world;
 //!   their in-memory implementations, the fake world and the simulation's
 //!   broken-rule switch live in the `stead-testkit` crate (`testkit/`), so
@@ -16,7 +17,10 @@
 #[cfg(all(feature = "io", not(madsim)))]
 pub mod adapters;
 pub mod config;
-pub mod core;
+/// The pure core, re-exported so `stead::core::…` names it.
+pub use stead_core as core;
+/// The mutation exercise's check (`core::broken`), for the engine's rules.
+pub use stead_core::broken;
 #[cfg(all(feature = "io", not(madsim)))]
 pub mod daemon;
 pub mod engine;

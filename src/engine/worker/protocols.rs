@@ -357,11 +357,19 @@ struct TaskSteps<'a> {
     parameters: &'a BTreeMap<String, String>,
 }
 
-impl<M> Performer<M> for TaskSteps<'_>
-where
-    M: Machine<Command = WorkCommand, Answer = WorkAnswer>,
-{
-    async fn perform(&mut self, _: &M, command: &WorkCommand) -> WorkAnswer {
+// Provision and Deprovision share one vocabulary of work; one impl each,
+// since coherence cannot tell a blanket impl over that vocabulary apart
+// from the other machines' impls once the machines live in another crate.
+impl Performer<Provision> for TaskSteps<'_> {
+    async fn perform(&mut self, _: &Provision, command: &WorkCommand) -> WorkAnswer {
+        self.worker
+            .perform_work(self.instance, self.parameters, command.clone())
+            .await
+    }
+}
+
+impl Performer<Deprovision> for TaskSteps<'_> {
+    async fn perform(&mut self, _: &Deprovision, command: &WorkCommand) -> WorkAnswer {
         self.worker
             .perform_work(self.instance, self.parameters, command.clone())
             .await

@@ -1,0 +1,135 @@
+//! The names of the rules the mutation exercise breaks on purpose
+//! (`testkit/src/mutants.rs`, `docs/simulation.md`). Plain data: the core receives
+//! the one armed, if any, as `RecoveryPolicy::broken`, and reads no switch.
+//!
+//! The exercise compiles only with the cargo feature `mutation-exercise`,
+//! which the test kit and the simulation turn on and the daemon never does:
+//! without it [`Armed`] is an empty type, every [`broken!`](crate::broken)
+//! check is the constant `false`, and `Mutant` does not exist, so a release
+//! build carries no code whose purpose is to break a rule
+//! (`scripts/no-sabotage` checks the daemon's binary).
+
+/// The rule the mutation exercise armed, if any: `Option<Mutant>` with the
+/// feature, an empty type without it.
+#[cfg(feature = "mutation-exercise")]
+pub type Armed = Option<Mutant>;
+
+/// Without the mutation exercise nothing can be armed.
+#[cfg(not(feature = "mutation-exercise"))]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Armed;
+
+/// Whether `$armed` (an [`Armed`]) breaks rule `$rule` (a `Mutant`
+/// variant's name). The constant `false` without the feature, where
+/// `$armed` (a field, the empty [`Armed`]) is only borrowed.
+#[cfg(feature = "mutation-exercise")]
+#[macro_export]
+macro_rules! broken {
+    ($armed:expr, $rule:ident) => {
+        $armed == Some($crate::broken::Mutant::$rule)
+    };
+}
+
+/// Whether `$armed` breaks rule `$rule`: never, without the feature.
+#[cfg(not(feature = "mutation-exercise"))]
+#[macro_export]
+macro_rules! broken {
+    ($armed:expr, $rule:ident) => {{
+        let _ = &$armed;
+        false
+    }};
+}
+
+/// One deliberately broken rule.
+#[cfg(feature = "mutation-exercise")]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Mutant {
+    /// R8/R12: touch the workload without withdrawing its traffic first.
+    SkipWithdrawBeforeStart,
+    /// R13: publish a fresh execution without probing its readiness.
+    PublishBeforeReadiness,
+    /// R10: find a container down again after an unconfirmed attempt and
+    /// do not charge the crash loop.
+    ForgetCrashLoopCharge,
+    /// R15: retire a predecessor whose successor was not verified.
+    RetireBeforeSuccessorVerified,
+    /// R1: recover a retirement-pending predecessor in place of the
+    /// container ACTIVE names.
+    StartNonActive,
+    /// T3: take only the in-process instance lock, not the store's row.
+    SkipInstanceLockRow,
+    /// T2: act without checking the lease right before an outside effect.
+    ActOnExpiredLease,
+    /// T4: run a task's handler on a deleting or deleted instance, and (in
+    /// the in-memory store) leave a deleted instance's queued tasks queued.
+    ReviveDeletedInstance,
+    /// T5: never read the routes back from the traffic plane.
+    ForgetProxyRoutes,
+    /// T1: a restarted daemon waits out its own lease like a stranger.
+    StrangerAfterRestart,
+    /// T6: name containers `stead-<instance>-<service>-<revision>` again.
+    DashedContainerNames,
+    /// S11: publish a verified execution before recording it in ACTIVE.
+    PublishBeforeRecord,
+    /// C6: break a task's lease at half its length.
+    BreakTaskLeaseEarly,
+    /// C7: expire an instance only three minutes past its TTL.
+    ExpireLate,
+    /// R12: restart for health one unhealthy observation early.
+    RestartBeforeThreshold,
+    /// C8: order upgrade candidates without putting the own team first.
+    IgnoreOwnTeam,
+    /// C8: leave one upgrade slot of `max_in_flight` unused.
+    UnderuseInFlight,
+    /// C8 (#40): park an upgrade in the queue until its window opens,
+    /// holding a slot, instead of waiting without one.
+    ParkUpgradeBehindWindow,
+    /// R13 (#40): ask the proxy to route a service without ports, which it
+    /// refuses, so the service never counts as verified and routed.
+    PublishPortless,
+    /// #40: revert a successor that failed while baking without halting
+    /// its type first, so version drift upgrades it straight back.
+    RevertWithoutHalt,
+    /// #40: replace a `stop-first` service by overlap, its successor
+    /// created while the predecessor still runs on the same volume.
+    OverlapStopFirst,
+    /// #40: a worker ignores an undo's pin: it provisions and moves
+    /// nothing to the pinned version.
+    IgnoreUndoPin,
+    /// #41: time local trust in a lease or lock by the monotonic clock
+    /// alone, so a process whose host was suspended acts on resuming.
+    TrustMonotonicOnly,
+    /// #41: take a reading of the database's clock that jumped (or a
+    /// first one) at its word: expire, requeue and take over by it.
+    IgnoreClockJump,
+}
+
+#[cfg(feature = "mutation-exercise")]
+impl Mutant {
+    pub const ALL: [Mutant; 24] = [
+        Mutant::SkipWithdrawBeforeStart,
+        Mutant::PublishBeforeReadiness,
+        Mutant::ForgetCrashLoopCharge,
+        Mutant::RetireBeforeSuccessorVerified,
+        Mutant::StartNonActive,
+        Mutant::SkipInstanceLockRow,
+        Mutant::ActOnExpiredLease,
+        Mutant::ReviveDeletedInstance,
+        Mutant::ForgetProxyRoutes,
+        Mutant::StrangerAfterRestart,
+        Mutant::DashedContainerNames,
+        Mutant::PublishBeforeRecord,
+        Mutant::BreakTaskLeaseEarly,
+        Mutant::ExpireLate,
+        Mutant::RestartBeforeThreshold,
+        Mutant::IgnoreOwnTeam,
+        Mutant::UnderuseInFlight,
+        Mutant::ParkUpgradeBehindWindow,
+        Mutant::PublishPortless,
+        Mutant::RevertWithoutHalt,
+        Mutant::OverlapStopFirst,
+        Mutant::IgnoreUndoPin,
+        Mutant::TrustMonotonicOnly,
+        Mutant::IgnoreClockJump,
+    ];
+}

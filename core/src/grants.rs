@@ -1,0 +1,254 @@
+//! What the operator lets a catalog give a container: host directories a
+//! service may bind-mount, directories its secret files may be read from,
+//! and daemon environment variables a secret may take; and, from
+//! `[limits]`, the most memory it may give one ([`ContainerLimits`]).
+//!
+//! Whoever edits the catalog decides what runs; whoever writes `stead.toml`
+//! decides what of the host those containers may reach. A catalog asking
+//! for more than these grants is refused when it is loaded
+//! ([`Catalog::from_toml`](super::catalog::Catalog::from_toml)), naming the
+//! catalog's field and the grant it lacks. The daemon's config validates
+//! each entry once, through [`Grants::new`], and passes the value in; this
+//! module reads nothing itself.
+
+use std::collections::BTreeSet;
+
+use super::catalog::{is_clean_absolute, is_env_name, quote};
+use super::limits::ContainerLimits;
+
+/// Most entries in each grant list.
+pub const GRANT_ENTRIES_MAX: usize = 64;
+
+/// The prefix of every variable stead itself reads (`STEAD_DATABASE_URL`,
+/// `STEAD_CONFIG`, every config override).
+pub(crate) const RESERVED_ENV_PREFIX: &str = "STEAD_";
+/// Variables stead uses besides its own prefix: the kubeconfig helm is
+/// given. Never passable to a container, whatever `stead.toml` says.
+pub(crate) const RESERVED_ENV_NAMES: &[&str] = &["KUBECONFIG"];
+
+/// Whether `name` is a variable stead itself uses, which no container may
+/// take.
+pub fn is_reserved_env(name: &str) -> bool {
+    name.starts_with(RESERVED_ENV_PREFIX) || RESERVED_ENV_NAMES.contains(&name)
+}
+
+/// Why a reserved variable is refused, wherever it is asked for.
+pub(crate) fn reserved_env_reason() -> String {
+    format!(
+        "is a variable stead itself uses ({RESERVED_ENV_PREFIX}* and {} are never passed to a \
+         container)",
+        RESERVED_ENV_NAMES.join(", ")
+    )
+}
+
+/// Which of the three grants a catalog field needs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Grant {
+    /// `volumes.host_path` lies under one of `host_path_prefixes`.
+    HostPath,
+    /// A secret's `file` lies inside one of `secret_dirs`.
+    SecretFile,
+    /// A secret's `from_env` is one of `env_passthrough`.
+    DaemonEnv,
+}
+
+impl Grant {
+    /// The key under `[grants]` in `stead.toml`.
+    pub fn key(self) -> &'static str {
+        match self {
+            Grant::HostPath => "host_path_prefixes",
+            Grant::SecretFile => "secret_dirs",
+            Grant::DaemonEnv => "env_passthrough",
+        }
+    }
+}
+
+/// A bad entry of a grant list: `field` is relative to `[grants]`
+/// (`host_path_prefixes[0]`), `value` as errors quote it (a name or path
+/// in quotes, a count bare); the daemon's config names the file or the
+/// variable it came from.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("{field} = {value}: {reason}")]
+pub struct GrantError {
+    pub field: String,
+    pub value: String,
+    pub reason: String,
+}
+
+/// The operator's grants, validated. Nothing is granted by default.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Grants {
+    /// Clean absolute directories other than `/`, each ending in '/'.
+    host_path_prefixes: Vec<String>,
+    /// Clean absolute directories other than `/`, each ending in '/'.
+    secret_dirs: Vec<String>,
+    /// Variable names, none of them stead's own.
+    env_passthrough: BTreeSet<String>,
+    /// The operator's container limits: the catalog's `memory_mb` may not
+    /// exceed their maximum.
+    limits: ContainerLimits,
+}
+
+impl Grants {
+    /// Validates each list: at most [`GRANT_ENTRIES_MAX`] entries;
+    /// directories clean, absolute and not `/` (a prefix check on them
+    /// then means what it says); variable names well formed and never
+    /// stead's own ([`is_reserved_env`]).
+    pub fn new(
+        host_path_prefixes: &[String],
+        secret_dirs: &[String],
+        env_passthrough: &[String],
+    ) -> Result<Grants, GrantError> {
+        let host_path_prefixes = directories(Grant::HostPath, host_path_prefixes)?;
+        let secret_dirs = directories(Grant::SecretFile, secret_dirs)?;
+        bounded(Grant::DaemonEnv, env_passthrough.len())?;
+        for (i, name) in env_passthrough.iter().enumerate() {
+            let reason = if !is_env_name(name) {
+                "must be an environment variable's name (a letter or '_', then letters, digits \
+                 or '_')"
+                    .to_owned()
+            } else if is_reserved_env(name) {
+                reserved_env_reason()
+            } else {
+                continue;
+            };
+            return Err(GrantError {
+                field: format!("{}[{i}]", Grant::DaemonEnv.key()),
+                value: quote(name),
+                reason,
+            });
+        }
+        Ok(Grants {
+            host_path_prefixes,
+            secret_dirs,
+            env_passthrough: env_passthrough.iter().cloned().collect(),
+            limits: ContainerLimits::default(),
+        })
+    }
+
+    /// These grants with the operator's container limits in place of the
+    /// defaults.
+    pub fn with_limits(self, limits: ContainerLimits) -> Grants {
+        Grants { limits, ..self }
+    }
+
+    /// The container limits a catalog is checked against.
+    pub fn limits(&self) -> &ContainerLimits {
+        &self.limits
+    }
+
+    /// Whether `path` (clean and absolute) is a granted directory or lies
+    /// under one.
+    pub fn allows_host_path(&self, path: &str) -> bool {
+        is_clean_absolute(path)
+            && self
+                .host_path_prefixes
+                .iter()
+                .any(|prefix| format!("{path}/").starts_with(prefix.as_str()))
+    }
+
+    /// Whether `path` (clean and absolute) lies inside a granted secret
+    /// directory.
+    pub fn allows_secret_file(&self, path: &str) -> bool {
+        is_clean_absolute(path)
+            && self
+                .secret_dirs
+                .iter()
+                .any(|dir| path.starts_with(dir.as_str()))
+    }
+
+    /// Whether a secret may take the daemon's variable `name`.
+    pub fn passes_env(&self, name: &str) -> bool {
+        !is_reserved_env(name) && self.env_passthrough.contains(name)
+    }
+
+    /// What `grant` lists, for an error message: directories with their
+    /// trailing '/', variables by name.
+    pub fn granted(&self, grant: Grant) -> Vec<String> {
+        match grant {
+            Grant::HostPath => self.host_path_prefixes.clone(),
+            Grant::SecretFile => self.secret_dirs.clone(),
+            Grant::DaemonEnv => self.env_passthrough.iter().cloned().collect(),
+        }
+    }
+}
+
+fn bounded(grant: Grant, len: usize) -> Result<(), GrantError> {
+    if len > GRANT_ENTRIES_MAX {
+        return Err(GrantError {
+            field: grant.key().to_owned(),
+            value: quote(len),
+            reason: format!("at most {GRANT_ENTRIES_MAX} entries"),
+        });
+    }
+    Ok(())
+}
+
+fn directories(grant: Grant, raw: &[String]) -> Result<Vec<String>, GrantError> {
+    bounded(grant, raw.len())?;
+    raw.iter()
+        .enumerate()
+        .map(|(i, dir)| {
+            if !is_clean_absolute(dir) || dir == "/" {
+                return Err(GrantError {
+                    field: format!("{}[{i}]", grant.key()),
+                    value: quote(dir),
+                    reason: "must be an absolute directory other than / with no '.', '..' or \
+                             empty component"
+                        .to_owned(),
+                });
+            }
+            Ok(format!("{dir}/"))
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn list(items: &[&str]) -> Vec<String> {
+        items.iter().map(|s| (*s).to_owned()).collect()
+    }
+
+    #[test]
+    fn nothing_is_granted_by_default() {
+        let none = Grants::default();
+        assert!(!none.allows_host_path("/srv/stead/x"));
+        assert!(!none.allows_secret_file("/etc/stead/secrets/x"));
+        assert!(!none.passes_env("NOTES_DB_PASSWORD"));
+    }
+
+    #[test]
+    fn a_prefix_grants_itself_and_what_lies_under_it_not_its_neighbours() {
+        let grants = Grants::new(&list(&["/srv/stead"]), &list(&["/etc/s"]), &[]).unwrap();
+        assert!(grants.allows_host_path("/srv/stead"));
+        assert!(grants.allows_host_path("/srv/stead/notes"));
+        assert!(!grants.allows_host_path("/srv/steady"));
+        assert!(!grants.allows_host_path("/srv/stead/../../etc"));
+        assert!(grants.allows_secret_file("/etc/s/db"));
+        assert!(!grants.allows_secret_file("/etc/s"));
+        assert!(!grants.allows_secret_file("/etc/s/../shadow"));
+        assert!(!grants.allows_secret_file("/etc/secrets"));
+    }
+
+    #[test]
+    fn stead_own_variables_are_never_granted() {
+        for name in ["STEAD_DATABASE_URL", "KUBECONFIG"] {
+            let error = Grants::new(&[], &[], &list(&["OK", name])).unwrap_err();
+            assert_eq!(error.field, "env_passthrough[1]");
+            assert_eq!(error.value, format!("{name:?}"));
+        }
+    }
+
+    #[test]
+    fn root_and_unclean_directories_are_refused() {
+        for dir in ["/", "relative", "/a/../b", "/a/", "/a//b"] {
+            let error = Grants::new(&[], &list(&["/ok", dir]), &[]).unwrap_err();
+            assert_eq!(error.field, "secret_dirs[1]", "{dir}");
+        }
+        let many: Vec<String> = (0..=GRANT_ENTRIES_MAX).map(|i| format!("/d{i}")).collect();
+        let error = Grants::new(&many, &[], &[]).unwrap_err();
+        assert_eq!(error.field, "host_path_prefixes");
+    }
+}

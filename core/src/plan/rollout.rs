@@ -1,0 +1,289 @@
+//! C8: version drift, one rollout per catalog service type.
+
+use std::cmp::Ordering;
+use std::collections::HashMap;
+
+use super::{is_expired, Decision, FastMap, Plan, Planner, Report};
+use crate::catalog::CatalogEntry;
+use crate::fleet::{Instance, InstanceState, RetryDecision, RolloutState, Task, TaskKind};
+use crate::types::Timestamp;
+use crate::window::{next_run_after, Window, WindowError, WINDOW_SPEC_LEN_MAX};
+
+/// Most dot-separated components compared in a version; longer versions
+/// compare as opaque strings.
+const VERSION_COMPONENTS_MAX: usize = 8;
+
+/// Compares two versions made of dot-separated unsigned numbers (an
+/// optional leading `v`, missing components count as zero). `None` when
+/// either is not of that shape.
+fn compare_numeric(a: &str, b: &str) -> Option<Ordering> {
+    let parts = |v: &str| {
+        let v = v.strip_prefix('v').unwrap_or(v);
+        let mut out = [0u64; VERSION_COMPONENTS_MAX];
+        for (n, part) in v.split('.').enumerate() {
+            if n == VERSION_COMPONENTS_MAX || part.is_empty() {
+                return None;
+            }
+            out[n] = part.parse().ok()?;
+        }
+        Some(out)
+    };
+    Some(parts(a)?.cmp(&parts(b)?))
+}
+
+/// Whether an instance at `current` should be upgraded to `target`. Numeric
+/// versions (`1.10.2`) compare numerically, so an instance ahead of the
+/// catalog is never downgraded; any other version is behind whenever it
+/// differs from the catalog's, which stays the authority.
+pub fn is_behind(current: &str, target: &str) -> bool {
+    match compare_numeric(current, target) {
+        Some(order) => order == Ordering::Less,
+        None => current != target,
+    }
+}
+
+/// Whether `a` is an older version than `b` for certain: both numeric and
+/// `a` below. A worker whose catalog is older than what an instance runs
+/// must not install its version over it (that would be a downgrade, or an
+/// older release under a newer version's name). Versions that are not
+/// numeric are never older: the catalog is the authority for them.
+pub fn is_older(a: &str, b: &str) -> bool {
+    compare_numeric(a, b) == Some(Ordering::Less)
+}
+
+/// Whether an instance at the catalog's version runs another spec than the
+/// catalog's (its recorded digest differs): a change of spec is an upgrade
+/// like any other. An instance with no recorded digest (a row from before
+/// stead recorded them) counts as current until the next version.
+pub fn spec_changed(instance: &Instance, entry: &CatalogEntry) -> bool {
+    instance.version == entry.version
+        && instance
+            .spec_digest
+            .as_deref()
+            .is_some_and(|digest| digest != entry.spec_digest)
+}
+
+/// When a failed upgrade runs again, given when its backoff ends: like its
+/// first run, only inside the instance's maintenance window unless the
+/// catalog entry is a security release (C8), so a retry the backoff would
+/// put after the window closed waits for the next opening. Without a
+/// window, for a security release, or with a window that no longer parses
+/// (the planner reports that one), at the backoff's end.
+pub fn upgrade_retry_at(backoff_ends: Timestamp, instance: &Instance, security: bool) -> Timestamp {
+    match (&instance.maintenance_window, security) {
+        (Some(spec), false) => {
+            Window::parse(spec).map_or(backoff_ends, |window| next_run_after(&window, backoff_ends))
+        }
+        _ => backoff_ends,
+    }
+}
+
+/// The worker's rule for a failed upgrade: once the task is out of
+/// attempts, halt its service type's rollout so a bad version stops after
+/// one tenant. `None` for other tasks or while retries remain.
+pub fn halt_after_failed_upgrade(
+    task: &Task,
+    instance: &Instance,
+    retry: RetryDecision,
+) -> Option<Decision> {
+    if task.kind != TaskKind::Upgrade || retry != RetryDecision::Fail {
+        return None;
+    }
+    Some(Decision::HaltRollout {
+        service_type: instance.service_type.clone(),
+        reason: format!(
+            "upgrade of {} to the catalog version failed after {} attempts: {}",
+            instance.name,
+            task.attempts,
+            task.last_error.as_deref().unwrap_or("no error recorded")
+        ),
+    })
+}
+
+impl Planner<'_, '_> {
+    fn halted(&self, entry: &CatalogEntry) -> bool {
+        entry.rollout == RolloutState::Halted
+            || self.snapshot.rollouts.get(&entry.service_type) == Some(&RolloutState::Halted)
+    }
+
+    /// Whether `instance` may be upgraded now, apart from the fleet limit
+    /// and the rollout switch. Cheap checks first: this runs per instance.
+    /// Toward a pin, any other version is to move, older ones included.
+    fn upgradable(&self, instance: &Instance, target: &Target) -> bool {
+        let entry = target.entry;
+        let away = if target.pinned {
+            instance.version != entry.version
+        } else {
+            is_behind(&instance.version, &entry.version)
+        };
+        instance.state == InstanceState::Ready
+            // A stopped instance runs nothing to overlap with and must not be
+            // started or published (S3): it is upgraded once started again.
+            && !instance.stopped
+            && !is_expired(instance, self.snapshot.now)
+            && (away || spec_changed(instance, entry))
+            // One task per instance at a time: an upgrade racing a
+            // reprovision or deprovision helps nobody.
+            && !self.active_kinds(instance.id).any()
+            // A missing release is drift's to repair first.
+            && self.live.as_ref().is_none_or(|live| {
+                self.release_namespace(instance, &mut Plan::default())
+                    .is_some_and(|namespace| live.contains(instance.name.as_str(), &namespace))
+            })
+    }
+
+    /// Instances behind their catalog version get an `upgrade`, the
+    /// configured own team first, then by service type, name and id. At
+    /// most `max_in_flight` upgrades are queued or running across the
+    /// fleet, counting those already there. Nothing for a halted type.
+    /// An upgrade is enqueued only while the instance's maintenance window
+    /// is open (or it has none, or the entry is a `security` release), to
+    /// run now: one whose window is closed is reported with the opening
+    /// and enqueued by the first tick inside it, so it never parks in the
+    /// queue holding a slot that every other upgrade of the fleet, security
+    /// releases included, would wait behind (#40). An instance whose window
+    /// does not parse is reported and skipped. Either way the next
+    /// candidate takes the slot.
+    pub fn version_drift(&self) -> Plan {
+        let snapshot = self.snapshot;
+        let mut plan = Plan::default();
+        let limit = snapshot.config.max_in_flight as usize;
+        let limit = if crate::broken!(snapshot.config.broken, UnderuseInFlight) {
+            limit - 1
+        } else {
+            limit
+        };
+        let mut slots = limit.saturating_sub(self.upgrades_in_flight);
+        let own_team = if crate::broken!(snapshot.config.broken, IgnoreOwnTeam) {
+            ""
+        } else {
+            snapshot.config.own_team.as_str()
+        };
+        // What each type rolls toward: the catalog's entry, or while an
+        // undo pins the halted type, the pinned one; `None` while halted
+        // otherwise. Looked up once per type rather than once per instance.
+        let mut types: FastMap<&str, Option<Target>> = FastMap::default();
+        for entry in snapshot.catalog.entries() {
+            let target = match snapshot.pins.get(&entry.service_type) {
+                Some(pin) => Some(Target {
+                    entry: pin,
+                    pinned: true,
+                }),
+                None => (!self.halted(entry)).then_some(Target {
+                    entry,
+                    pinned: false,
+                }),
+            };
+            types.insert(entry.service_type.as_str(), target);
+        }
+        // Instances of unknown types are reported every tick, a full fleet
+        // limit or not: a report that came and went with the free slots
+        // would log its warning again each time it came back.
+        let mut candidates: Vec<(&Instance, Target)> = Vec::new();
+        for instance in &snapshot.instances {
+            match types.get(instance.service_type.as_str()) {
+                Some(Some(target)) if slots > 0 && self.upgradable(instance, target) => {
+                    candidates.push((instance, *target))
+                }
+                Some(_) => {}
+                None if instance.state == InstanceState::Ready => {
+                    plan.reports.push(Report::UnknownServiceType {
+                        instance: instance.id,
+                        service_type: instance.service_type.clone(),
+                    })
+                }
+                None => {}
+            }
+        }
+        candidates.sort_unstable_by(|(a, _), (b, _)| {
+            (a.team != own_team, &a.service_type, &a.name, a.id).cmp(&(
+                b.team != own_team,
+                &b.service_type,
+                &b.name,
+                b.id,
+            ))
+        });
+        // Many instances share a window spec, and the next opening depends
+        // only on the spec and `now`: compute each spec's answer once.
+        let mut run_afters: HashMap<&str, Result<Timestamp, WindowError>> = HashMap::new();
+        for (instance, target) in candidates {
+            if slots == 0 {
+                break;
+            }
+            let entry = target.entry;
+            // A move back to a pin is an operator's way out of a bad
+            // version: like a security release, it waits for no window.
+            let urgent = entry.security || target.pinned;
+            let run_after = match (&instance.maintenance_window, urgent) {
+                (Some(spec), false) => {
+                    let scheduled = run_afters.entry(spec.as_str()).or_insert_with(|| {
+                        Window::parse(spec).map(|window| next_run_after(&window, snapshot.now))
+                    });
+                    match scheduled {
+                        Ok(at)
+                            if *at > snapshot.now
+                                && !crate::broken!(
+                                    snapshot.config.broken,
+                                    ParkUpgradeBehindWindow
+                                ) =>
+                        {
+                            plan.reports.push(Report::WaitsForWindow {
+                                instance: instance.id,
+                                name: instance.name.clone(),
+                                opens_at: *at,
+                            });
+                            continue;
+                        }
+                        Ok(at) => *at,
+                        Err(error) => {
+                            plan.reports.push(Report::BadWindow {
+                                instance: instance.id,
+                                name: instance.name.clone(),
+                                window: spec.chars().take(WINDOW_SPEC_LEN_MAX).collect(),
+                                error: error.clone(),
+                            });
+                            continue;
+                        }
+                    }
+                }
+                _ => snapshot.now,
+            };
+            let security = if entry.security { " (security)" } else { "" };
+            let reason = if target.pinned {
+                format!(
+                    "{PINNED_REASON} {}: {} -> {}",
+                    entry.version, instance.version, entry.version
+                )
+            } else if instance.version == entry.version {
+                format!(
+                    "spec drift: the catalog changed {}'s spec at version {}{security}",
+                    entry.service_type, entry.version
+                )
+            } else {
+                format!(
+                    "version drift: {} -> {}{security}",
+                    instance.version, entry.version
+                )
+            };
+            plan.decisions.push(Decision::Enqueue(self.new_task(
+                TaskKind::Upgrade,
+                instance.id,
+                run_after,
+                reason,
+            )));
+            slots -= 1;
+        }
+        plan
+    }
+}
+
+/// The words every upgrade toward an undo's pin begins its reason with.
+pub const PINNED_REASON: &str = "rollout undo --to";
+
+/// What version drift moves a type's instances to.
+#[derive(Clone, Copy)]
+struct Target<'e> {
+    entry: &'e CatalogEntry,
+    /// An operator's undo pinned the halted type to `entry`.
+    pinned: bool,
+}

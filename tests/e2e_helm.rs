@@ -14,7 +14,8 @@ use std::time::Duration;
 
 use e2e::{catalog, wait_until, Harness, Setup, HTTPD};
 use serde_json::{json, Value};
-use stead::core::fleet::{Instance, InstanceState, TaskKind};
+use stead::core::event_log::{EventFilter, EventKind};
+use stead::core::fleet::{Instance, InstanceState, RolloutState, TaskKind, TaskState};
 use stead::core::types::InstanceName;
 use support_services::docker::{docker, Cleanup};
 use support_services::unique;
@@ -23,13 +24,15 @@ const CONVERGE: Duration = Duration::from_secs(60);
 const HELM_TYPE: &str = "search";
 
 /// The harness's Docker type `web` and a Helm type `search`, both at
-/// `version` (the chart version follows the catalog version).
+/// `version` (the chart version follows the catalog version). The Helm
+/// type bakes two seconds after an upgrade (#40).
 fn both(version: &str) -> String {
     format!(
         r#"{docker}
 [types.search]
 version = "{version}"
 provisioner = "helm"
+bake_ms = 2000
 
 [types.search.helm]
 chart = "charts/search"
@@ -303,6 +306,14 @@ async fn a_docker_type_and_a_helm_type_provision_upgrade_and_deprovision_side_by
     let calls = helm_calls(&log);
     let upgrade = installs_of(&calls, &search).last().unwrap().clone();
     assert!(upgrade.contains(&"--atomic".to_owned()), "{upgrade:?}");
+    // It baked: the chart's tests ran at the end of the window, passed,
+    // and the upgrade stood.
+    wait_until("the bake's helm test", CONVERGE, || async {
+        helm_calls(&log)
+            .iter()
+            .any(|c| c.first().is_some_and(|a| a == "test") && c.get(1) == Some(&search))
+    })
+    .await;
     assert!(
         upgrade.windows(2).any(|w| w == ["--version", "2"]),
         "{upgrade:?}"
@@ -396,5 +407,140 @@ async fn a_docker_type_and_a_helm_type_provision_upgrade_and_deprovision_side_by
             .trim(),
         ""
     );
+    h.shutdown().await;
+}
+
+/// #40: a Helm release that `helm upgrade --atomic --wait` installed and
+/// whose chart tests then fail goes back: the bake rolls it back to its
+/// previous revision (`helm rollback` with no revision), the instance
+/// records its old version again, the type's rollout halts with the reason,
+/// and the event log has the revert.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_helm_release_whose_tests_fail_while_baking_is_rolled_back_and_its_rollout_halted() {
+    let search = format!("z{}", unique("hb"));
+    let _cleanup = Cleanup::new(&search);
+    let fake = tempfile::tempdir().unwrap();
+    let state = fake.path().join("state");
+    let log = fake.path().join("calls.jsonl");
+    std::fs::create_dir_all(&state).unwrap();
+    let mut h = Harness::start(Setup {
+        catalog: both("1"),
+        helm_extra: format!(
+            "path = \"{}\"\nenv = {{ FAKE_HELM_STATE = \"{}\", FAKE_HELM_LOG = \"{}\", \
+             FAKE_HELM_FAIL_TEST_CHART_VERSIONS = \"2\" }}\n",
+            fake_helm().display(),
+            state.display(),
+            log.display()
+        ),
+        ..Setup::default()
+    })
+    .await;
+    h.ops()
+        .create(&stead::ops::CreateRequest {
+            parameters: Default::default(),
+            name: search.clone(),
+            service_type: HELM_TYPE.to_owned(),
+            team: "e2e".to_owned(),
+            version: None,
+            ttl: None,
+            maintenance_window: None,
+            exists_ok: false,
+        })
+        .await
+        .expect("create instance");
+    wait_until("provisioned", CONVERGE, || async {
+        instance(&h, &search)
+            .await
+            .is_some_and(|i| i.state == InstanceState::Ready && i.version == "1")
+    })
+    .await;
+
+    // Chart 2 installs (helm's --wait is satisfied) and then fails its
+    // tests at the end of the bake.
+    h.restart_with_catalog(&both("2")).await;
+    wait_until(
+        "the upgrade reverted and the rollout halted",
+        2 * CONVERGE,
+        || async {
+            let rollouts = h.daemon().ports.store.rollout_records().await.unwrap();
+            rollouts
+                .iter()
+                .any(|r| r.service_type == HELM_TYPE && r.state == RolloutState::Halted)
+        },
+    )
+    .await;
+    let calls = helm_calls(&log);
+    let upgraded =
+        installs_of(&calls, &search).any(|c| c.windows(2).any(|w| w == ["--version", "2"]));
+    assert!(upgraded, "helm upgraded it to chart 2 first: {calls:?}");
+    let rollback = calls
+        .iter()
+        .find(|c| c.first().is_some_and(|a| a == "rollback"))
+        .unwrap_or_else(|| panic!("helm rollback was run: {calls:?}"));
+    // No revision named: to the one before the bad one.
+    assert_eq!(
+        rollback[..2],
+        ["rollback".to_owned(), search.clone()],
+        "{rollback:?}"
+    );
+    assert!(
+        rollback.get(2).is_none_or(|a| a.parse::<u64>().is_err()),
+        "{rollback:?}"
+    );
+    let release = (
+        search.clone(),
+        search.clone(),
+        "deployed".to_owned(),
+        "1".to_owned(),
+    );
+    assert!(
+        releases(&state).contains(&release),
+        "{:?}",
+        releases(&state)
+    );
+    let row = instance(&h, &search).await.expect("the instance");
+    assert_eq!(row.version, "1", "the old version recorded again: {row:?}");
+    assert_eq!(row.state, InstanceState::Ready);
+    let halted = h
+        .daemon()
+        .ports
+        .store
+        .rollout_records()
+        .await
+        .unwrap()
+        .into_iter()
+        .find(|r| r.service_type == HELM_TYPE)
+        .expect("the type's switch");
+    assert!(
+        halted.reason.contains("went bad while baking"),
+        "{halted:?}"
+    );
+    let tasks = h.daemon().ports.store.tasks(true, 1000).await.unwrap().rows;
+    let upgrade = tasks
+        .iter()
+        .find(|t| t.kind == TaskKind::Upgrade)
+        .expect("the upgrade task");
+    assert_eq!(
+        upgrade.state,
+        TaskState::Failed,
+        "failed for good: {upgrade:?}"
+    );
+    wait_until("the revert's event", CONVERGE, || async {
+        let filter = EventFilter {
+            instance: Some(InstanceName::new(search.as_str())),
+            kind: Some(EventKind::Revert),
+            ..EventFilter::default()
+        };
+        let events = h.daemon().ports.store.events(&filter).await.unwrap().rows;
+        events
+            .iter()
+            .any(|e| e.event.message.contains("went bad while baking"))
+    })
+    .await;
+    // Halted: no second attempt at chart 2.
+    let upgrades_to_2 = installs_of(&helm_calls(&log), &search)
+        .filter(|c| c.windows(2).any(|w| w == ["--version", "2"]))
+        .count();
+    assert_eq!(upgrades_to_2, 1);
     h.shutdown().await;
 }

@@ -13,8 +13,8 @@ use std::time::{Duration, Instant};
 use serde_json::{json, Value};
 use stead::adapters::helm::{HelmConfig, HelmProvisioner};
 use stead::ports::{
-    ErrorKind, HelmRelease, PortFailure, Provisioner, Release, ReleaseKind, ReleaseSpec,
-    ReleaseTarget,
+    ErrorKind, HelmRelease, PortFailure, Provisioner, Release, ReleaseHealth, ReleaseKind,
+    ReleaseSpec, ReleaseTarget,
 };
 
 fn fake_helm_path() -> PathBuf {
@@ -402,6 +402,86 @@ async fn status_reports_helms_word_or_none_for_an_unknown_release() {
     );
     assert!(status.chart.ends_with("-1.1.0"), "{status:?}");
     assert_eq!(helm.status(&target("nope", "nope")).await.unwrap(), None);
+}
+
+/// A bake's check (#40): `deployed` and passing chart tests are healthy;
+/// another status or a failed test is a verdict (bad); a cluster that
+/// cannot be reached is an error, not a verdict. `roll_back_previous` goes
+/// to the revision before the current one.
+#[tokio::test]
+async fn a_bake_checks_status_and_tests_and_rolls_back_to_the_previous_revision() {
+    let fake = FakeHelm::new();
+    fake.seed(vec![
+        json!({"name": "good", "namespace": "good", "chart_version": "2.0.0", "revision": 2,
+               "history": [{"revision": 1, "status": "superseded", "chart_version": "1.0.0"}]}),
+        json!({"name": "stuck", "namespace": "stuck", "status": "pending-upgrade",
+               "chart_version": "2.0.0", "revision": 2}),
+        json!({"name": "bad", "namespace": "bad", "chart_version": "3.0.0", "revision": 2,
+               "history": [{"revision": 1, "status": "superseded", "chart_version": "1.0.0"}]}),
+    ]);
+    let helm = fake.provisioner(&[("FAKE_HELM_FAIL_TEST_CHART_VERSIONS", "3.0.0")]);
+    let check = |name: &'static str, tests: bool| {
+        let helm = &helm;
+        async move { helm.check_release(&target(name, name), tests).await }
+    };
+    assert_eq!(check("good", false).await.unwrap(), ReleaseHealth::Healthy);
+    assert_eq!(check("good", true).await.unwrap(), ReleaseHealth::Healthy);
+    assert!(
+        matches!(check("stuck", false).await.unwrap(),
+            ReleaseHealth::Bad(why) if why.contains("pending-upgrade")),
+        "a release not deployed is bad"
+    );
+    // Its status is deployed: only the chart's test finds it bad.
+    assert_eq!(check("bad", false).await.unwrap(), ReleaseHealth::Healthy);
+    assert!(
+        matches!(check("bad", true).await.unwrap(),
+            ReleaseHealth::Bad(why) if why.contains("bad-test failed")),
+        "a failed chart test is bad"
+    );
+    assert!(matches!(
+        check("nope", false).await.unwrap(),
+        ReleaseHealth::Bad(why) if why.contains("gone")
+    ));
+    let test_call = fake
+        .argvs()
+        .into_iter()
+        .find(|a| a.first().is_some_and(|c| c == "test"))
+        .expect("helm test ran");
+    assert_eq!(test_call[1], "good", "{test_call:?}");
+    assert!(
+        test_call.contains(&"--namespace".to_owned()),
+        "{test_call:?}"
+    );
+
+    helm.roll_back_previous(&target("bad", "bad"))
+        .await
+        .unwrap();
+    let status = helm
+        .status(&target("bad", "bad"))
+        .await
+        .unwrap()
+        .expect("known");
+    assert_eq!((status.status.as_str(), status.revision), ("deployed", 3));
+    assert!(
+        status.chart.ends_with("-1.0.0"),
+        "back at chart 1: {status:?}"
+    );
+    let rollback = fake.argvs().pop().expect("the rollback's call");
+    assert!(
+        fake.argvs()
+            .iter()
+            .any(|a| a[..2] == ["rollback".to_owned(), "bad".to_owned()]
+                && a.get(2).is_none_or(|r| r.parse::<u64>().is_err())),
+        "a rollback naming no revision: {rollback:?}"
+    );
+
+    // A cluster that cannot be reached gives no verdict.
+    let unreachable = fake.provisioner(&[("FAKE_HELM_MODE", "fail")]);
+    let error = unreachable
+        .check_release(&target("good", "good"), true)
+        .await
+        .expect_err("no verdict");
+    assert_eq!(error.kind(), ErrorKind::Unavailable, "{error}");
 }
 
 #[tokio::test]

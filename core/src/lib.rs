@@ -24,6 +24,7 @@ pub mod event_log;
 pub mod fleet;
 pub mod grants;
 pub mod hash;
+pub mod helm_bake;
 pub mod limits;
 pub mod machine;
 pub mod memory;

@@ -30,8 +30,8 @@ use tokio::process::Command;
 use crate::core::names;
 use crate::core::policy::HELM_KILL_MARGIN;
 use crate::ports::{
-    HelmRelease, ProvisionError, Provisioner, Release, ReleaseKind, ReleaseSpec, ReleaseStatus,
-    ReleaseTarget,
+    HelmRelease, ProvisionError, Provisioner, Release, ReleaseHealth, ReleaseKind, ReleaseSpec,
+    ReleaseStatus, ReleaseTarget,
 };
 
 /// Helm's own limit on release names.
@@ -510,6 +510,83 @@ impl Provisioner for HelmProvisioner {
             .await
             .map(drop)
             .map_err(|f| f.into_error(&format!("rollback of {subject} to revision {revision}")))
+    }
+
+    /// A bake's check (#40): the release must be `deployed` (anything
+    /// else: another operation failed on it or still hangs), and with
+    /// `tests` its chart's tests must pass (`helm test`; a chart with none
+    /// passes). A helm that cannot be reached is an error, not a verdict.
+    async fn check_release(
+        &self,
+        target: &ReleaseTarget,
+        tests: bool,
+    ) -> Result<ReleaseHealth, ProvisionError> {
+        let release = helm_release(target)?;
+        let subject = format!("release {} in {}", release.name, release.namespace);
+        let status = [
+            "status",
+            &release.name,
+            "--namespace",
+            &release.namespace,
+            "-o",
+            "json",
+        ];
+        let status = match self.run(&status, None).await {
+            Ok(stdout) => parse_status(&stdout)?,
+            Err(HelmFailure::Exit { stderr, .. }) if stderr.contains(RELEASE_NOT_FOUND) => {
+                return Ok(ReleaseHealth::Bad(format!("{subject} is gone")));
+            }
+            Err(failure) => return Err(failure.into_error(&format!("status of {subject}"))),
+        };
+        if status.status != "deployed" {
+            return Ok(ReleaseHealth::Bad(format!(
+                "{subject} is {} at revision {}: {}",
+                status.status, status.revision, status.description
+            )));
+        }
+        if !tests {
+            return Ok(ReleaseHealth::Healthy);
+        }
+        let timeout = self.wait_timeout_arg();
+        let test = [
+            "test",
+            &release.name,
+            "--namespace",
+            &release.namespace,
+            "--timeout",
+            &timeout,
+        ];
+        match self.run(&test, None).await {
+            Ok(_) => Ok(ReleaseHealth::Healthy),
+            // A test that ran and failed is a verdict; a cluster that cannot
+            // be reached is not.
+            Err(failure) => match failure.into_error(&format!("helm test of {subject}")) {
+                ProvisionError::Failed(message) => Ok(ReleaseHealth::Bad(message)),
+                other => Err(other),
+            },
+        }
+    }
+
+    /// `helm rollback` with no revision: to the one before the current,
+    /// waited for.
+    async fn roll_back_previous(&self, target: &ReleaseTarget) -> Result<(), ProvisionError> {
+        let release = helm_release(target)?;
+        let timeout = self.wait_timeout_arg();
+        let args = [
+            "rollback",
+            &release.name,
+            "--namespace",
+            &release.namespace,
+            "--wait",
+            "--timeout",
+            &timeout,
+        ];
+        self.run(&args, None).await.map(drop).map_err(|f| {
+            f.into_error(&format!(
+                "rollback of release {} in {} to its previous revision",
+                release.name, release.namespace
+            ))
+        })
     }
 
     async fn uninstall(&self, target: &ReleaseTarget) -> Result<(), ProvisionError> {

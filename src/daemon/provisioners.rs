@@ -7,7 +7,7 @@ use std::sync::Arc;
 use async_trait::async_trait;
 
 use crate::engine::SharedCatalog;
-use crate::ports::HelmRelease;
+use crate::ports::{HelmRelease, ReleaseHealth};
 use crate::ports::{
     ProvisionError, Provisioner, Release, ReleaseKind, ReleaseSpec, ReleaseStatus, ReleaseTarget,
 };
@@ -56,6 +56,18 @@ impl Provisioner for RoutedProvisioner {
 
     async fn roll_back(&self, release: &HelmRelease) -> Result<(), ProvisionError> {
         self.helm.roll_back(release).await
+    }
+
+    async fn check_release(
+        &self,
+        release: &ReleaseTarget,
+        tests: bool,
+    ) -> Result<ReleaseHealth, ProvisionError> {
+        self.of(release.kind).check_release(release, tests).await
+    }
+
+    async fn roll_back_previous(&self, release: &ReleaseTarget) -> Result<(), ProvisionError> {
+        self.of(release.kind).roll_back_previous(release).await
     }
 
     /// Docker's releases, then Helm's when the catalog has a Helm type.

@@ -268,6 +268,7 @@ pub trait Traffic: Send + Sync {
 }
 
 pub use crate::core::fleet::Release;
+pub use crate::core::helm_bake::ReleaseHealth;
 pub use crate::core::release::{HelmRelease, ReleaseKind, ReleaseSpec, ReleaseTarget};
 
 /// Releases: install-or-upgrade on a deterministic name, uninstall, list.
@@ -290,6 +291,25 @@ pub trait Provisioner: Send + Sync {
     async fn roll_back(&self, release: &HelmRelease) -> Result<(), ProvisionError> {
         self.install_or_upgrade(&ReleaseSpec::Helm(release.clone()))
             .await
+    }
+    /// A baking release's health (#40, `core::helm_bake`): its status, and
+    /// with `tests` the chart's own tests (`helm test`). A provisioner that
+    /// keeps no account of its releases (Docker) finds every one healthy.
+    async fn check_release(
+        &self,
+        _release: &ReleaseTarget,
+        _tests: bool,
+    ) -> Result<ReleaseHealth, ProvisionError> {
+        Ok(ReleaseHealth::Healthy)
+    }
+    /// Moves a release back to the revision before its current one (`helm
+    /// rollback` with no revision): a bake's revert. A provisioner with no
+    /// history refuses.
+    async fn roll_back_previous(&self, release: &ReleaseTarget) -> Result<(), ProvisionError> {
+        Err(ProvisionError::Refused(format!(
+            "release {} in {} has no revision history to roll back through",
+            release.release.name, release.release.namespace
+        )))
     }
     /// The provisioner's own account of one release (`helm status`), for
     /// `stead status`; `None` when it keeps none (Docker) or does not know

@@ -27,8 +27,8 @@ use stead::core::types::{
 use stead::ports::{
     Clock, CreateContainer, EventSubscription, HeldRoute, ManagedContainer, Notifier, NotifyError,
     PlaneCheck, Policy, PolicyError, Probe, ProbeError, ProbeTarget, ProvisionError, Provisioner,
-    Release, ReleaseSpec, ReleaseStatus, ReleaseTarget, Route, Runtime, RuntimeEvent,
-    RuntimeEventAction, RuntimeEvents, ServiceKey, Traffic, TrafficError,
+    Release, ReleaseHealth, ReleaseSpec, ReleaseStatus, ReleaseTarget, Route, Runtime,
+    RuntimeEvent, RuntimeEventAction, RuntimeEvents, ServiceKey, Traffic, TrafficError,
 };
 
 /// Which operation a fault is asked about.
@@ -1178,6 +1178,12 @@ pub struct MemoryProvisioner {
     /// Where `add_foreign` puts releases.
     namespace: String,
     releases: Mutex<BTreeMap<String, (String, String)>>,
+    /// Each release's version before its last install: what a rollback to
+    /// the previous revision goes back to.
+    previous: Mutex<BTreeMap<String, String>>,
+    /// Chart versions whose releases go bad once installed (a bake's check
+    /// finds them so).
+    bad_versions: Mutex<std::collections::BTreeSet<String>>,
 }
 
 impl MemoryProvisioner {
@@ -1186,7 +1192,18 @@ impl MemoryProvisioner {
             hooks,
             namespace: namespace.to_owned(),
             releases: Mutex::new(BTreeMap::new()),
+            previous: Mutex::new(BTreeMap::new()),
+            bad_versions: Mutex::default(),
         }
+    }
+
+    /// Releases at chart version `version` go bad: a bake's check (#40)
+    /// finds their chart's tests failing.
+    pub fn go_bad(&self, version: &str) {
+        self.bad_versions
+            .lock()
+            .expect("poisoned")
+            .insert(version.to_owned());
     }
 
     /// An operator uninstalling by hand.
@@ -1237,10 +1254,16 @@ impl Provisioner for MemoryProvisioner {
             .admit(Op::Install, release)
             .await
             .map_err(|f| ProvisionError::Unavailable(text_err(f)))?;
-        self.releases.lock().expect("poisoned").insert(
+        let before = self.releases.lock().expect("poisoned").insert(
             release.to_owned(),
             (target.release.namespace.clone(), version),
         );
+        if let Some((_, before)) = before {
+            self.previous
+                .lock()
+                .expect("poisoned")
+                .insert(release.to_owned(), before);
+        }
         self.hooks.tell(|| Effect::Installed {
             release: release.to_owned(),
         });
@@ -1278,6 +1301,53 @@ impl Provisioner for MemoryProvisioner {
                 namespace: namespace.clone(),
             })
             .collect())
+    }
+
+    async fn check_release(
+        &self,
+        target: &ReleaseTarget,
+        _tests: bool,
+    ) -> Result<ReleaseHealth, ProvisionError> {
+        let release = target.release.name.as_str();
+        self.hooks
+            .gate(Op::ListReleases, release)
+            .await
+            .map_err(|f| ProvisionError::Unavailable(text_err(f)))?;
+        let version = self
+            .releases
+            .lock()
+            .expect("poisoned")
+            .get(release)
+            .map(|(_, version)| version.clone());
+        Ok(match version {
+            None => ReleaseHealth::Bad(format!("release {release} is gone")),
+            Some(v) if self.bad_versions.lock().expect("poisoned").contains(&v) => {
+                ReleaseHealth::Bad(format!("release {release} at chart {v}: its tests fail"))
+            }
+            Some(_) => ReleaseHealth::Healthy,
+        })
+    }
+
+    async fn roll_back_previous(&self, target: &ReleaseTarget) -> Result<(), ProvisionError> {
+        let release = target.release.name.as_str();
+        let latency = self
+            .hooks
+            .admit(Op::Install, release)
+            .await
+            .map_err(|f| ProvisionError::Unavailable(text_err(f)))?;
+        let Some(previous) = self.previous.lock().expect("poisoned").remove(release) else {
+            return Err(ProvisionError::Failed(format!(
+                "release {release} has no previous revision"
+            )));
+        };
+        if let Some((_, version)) = self.releases.lock().expect("poisoned").get_mut(release) {
+            *version = previous;
+        }
+        self.hooks.tell(|| Effect::Installed {
+            release: release.to_owned(),
+        });
+        latency.answer().await;
+        Ok(())
     }
 
     async fn status(

@@ -17,6 +17,7 @@ use crate::core::plan::upgrade_retry_at;
 use crate::core::policy::trust_margin;
 use crate::core::types::{InstanceName, Timestamp};
 
+mod bake;
 mod end;
 mod handle;
 mod perform;

@@ -12,7 +12,7 @@ use crate::core::machine::Machine;
 use crate::core::provision::{
     Deprovision, DeprovisionInput, Provision, ProvisionInput, WorkAnswer, WorkCommand,
 };
-use crate::core::release::{Provisioning, ReleaseParams, ReleaseTarget};
+use crate::core::release::{Provisioning, ReleaseParams, ReleaseSpec, ReleaseTarget};
 use crate::core::spec::{ReadinessProbe, ServiceSpec};
 use crate::core::types::{ContainerId, RuntimeError, ServiceName};
 use crate::core::undo::{Undo, UndoAnswer, UndoCommand, UndoInput, Undone};
@@ -164,6 +164,12 @@ impl Worker {
         } else {
             Vec::new()
         };
+        // A Helm release upgraded by this task bakes afterwards (#40): not
+        // a pinned move back, nor a halted type's tidy-up.
+        let baking = release
+            .as_ref()
+            .filter(|_| mode == UpgradeMode::Rollout && !entry.bake.is_zero())
+            .map(|release| ReleaseSpec::Helm(release.clone()).target());
         let mut upgrade = Upgrade::new(UpgradeInput {
             release,
             inhibitions,
@@ -214,7 +220,12 @@ impl Worker {
             );
             self.events.emit(reverted.instance(&instance.name));
         }
-        upgrade.into_report().map(|_| ()).map_err(|(_, e)| e)
+        let skipped = upgrade.skipped_stopped() || upgrade.skipped_older_catalog();
+        upgrade.into_report().map_err(|(_, e)| e)?;
+        match baking.filter(|_| !skipped) {
+            Some(release) => self.bake_release(instance, release, entry.bake).await,
+            None => Ok(()),
+        }
     }
 
     /// The instance's containers the runtime lists, as (service, container).

@@ -1,0 +1,115 @@
+//! A Helm type's bake after its upgrade (#40): `core::helm_bake` driven
+//! through the provisioner and the store, under the task lease and the
+//! instance lock like every other step of the task.
+
+use crate::core::errors::{Cause, ErrorKind, TaskError};
+use crate::core::event_log::{Event, EventKind};
+use crate::core::fleet::Instance;
+use crate::core::helm_bake::{
+    BakeVerdict, HelmBake, HelmBakeAnswer, HelmBakeCommand, HelmBakeInput,
+};
+use crate::core::machine::Machine;
+use crate::core::release::ReleaseTarget;
+use crate::engine::drive::{drive, Performer};
+
+use super::Worker;
+
+/// Performs a bake's commands through the worker's ports.
+struct BakeSteps<'a> {
+    worker: &'a Worker,
+    instance: &'a Instance,
+}
+
+impl Performer<HelmBake> for BakeSteps<'_> {
+    async fn perform(&mut self, _: &HelmBake, command: &HelmBakeCommand) -> HelmBakeAnswer {
+        let p = &self.worker.ports;
+        match command {
+            HelmBakeCommand::Check { release, tests } => {
+                HelmBakeAnswer::Checked(p.provisioner.check_release(release, *tests).await)
+            }
+            HelmBakeCommand::RollBack(release) => {
+                HelmBakeAnswer::RolledBack(p.provisioner.roll_back_previous(release).await)
+            }
+            HelmBakeCommand::RestoreVersion {
+                version,
+                spec_digest,
+                ..
+            } => {
+                let now = p.clock.now();
+                let id = self.instance.id;
+                let mut restored = p.store.set_instance_version(id, version, now).await;
+                if let (Ok(()), Some(digest)) = (&restored, spec_digest) {
+                    restored = p.store.set_instance_spec_digest(id, digest, now).await;
+                }
+                HelmBakeAnswer::VersionRestored(restored)
+            }
+        }
+    }
+}
+
+impl Worker {
+    /// Bakes the release an upgrade just installed for `instance` (whose
+    /// row still says what it recorded before the upgrade) over the type's
+    /// window. A release that goes bad is rolled back and the task fails
+    /// for good with the reason, which halts the type's rollout (C11).
+    pub(super) async fn bake_release(
+        &self,
+        instance: &Instance,
+        release: ReleaseTarget,
+        bake: std::time::Duration,
+    ) -> Result<(), TaskError> {
+        let name = &instance.name;
+        let mut machine = HelmBake::new(HelmBakeInput {
+            instance: name.clone(),
+            release: release.clone(),
+            bake,
+            started: self.ports.clock.now(),
+            previous_version: instance.version.clone(),
+            previous_spec_digest: instance.spec_digest.clone(),
+        });
+        tracing::info!(
+            instance = %name,
+            release = %release.release.name,
+            namespace = %release.release.namespace,
+            until = %machine.until(),
+            "helm release upgraded; baking: its status is read every 30 s and its chart's \
+             tests run at the end"
+        );
+        let mut steps = BakeSteps {
+            worker: self,
+            instance,
+        };
+        drive(&mut machine, &mut steps, self.ports.clock.as_ref(), || {
+            self.allowed(name).is_ok()
+        })
+        .await;
+        match machine.into_report()? {
+            BakeVerdict::Held => {
+                tracing::info!(instance = %name, "helm release held through its bake");
+                Ok(())
+            }
+            BakeVerdict::Unchecked(why) => {
+                tracing::warn!(instance = %name, "{why}; the upgrade stands");
+                Ok(())
+            }
+            BakeVerdict::Reverted(reason) => {
+                let message = format!(
+                    "helm release {} went bad while baking ({reason}): rolled back to its \
+                     previous revision, version {} recorded again",
+                    release.release.name, instance.version
+                );
+                metrics::counter!("stead_reverts_total", "cause" => "helm_bake").increment(1);
+                tracing::warn!(instance = %name, "{message}");
+                let event = Event::new(EventKind::Revert, self.ports.clock.now(), "C11", &message);
+                self.events.emit(event.instance(name));
+                // Permanent: the same version goes bad again; the failed
+                // upgrade halts the type's rollout with this reason.
+                Err(TaskError::new(
+                    name,
+                    "bake the upgraded helm release",
+                    Cause::verdict(ErrorKind::Failed, message),
+                ))
+            }
+        }
+    }
+}

@@ -20,6 +20,10 @@ use std::path::{Path, PathBuf};
 const FORBIDDEN: &[(&str, &str)] = &[
     ("async", "the core is synchronous; the engine owns async"),
     ("await", "the core is synchronous; the engine owns async"),
+    (
+        "madsim",
+        "no cfg(madsim) branches in the core (invariant 5)",
+    ),
     ("std::fs", "no file system in the core"),
     ("std::net", "no network in the core"),
     ("std::process", "no subprocesses in the core"),

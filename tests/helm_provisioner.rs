@@ -453,7 +453,7 @@ async fn a_bake_checks_status_and_tests_and_rolls_back_to_the_previous_revision(
         "{test_call:?}"
     );
 
-    helm.roll_back_previous(&target("bad", "bad"))
+    helm.roll_back_from(&target("bad", "bad"), "3.0.0")
         .await
         .unwrap();
     let status = helm
@@ -466,13 +466,15 @@ async fn a_bake_checks_status_and_tests_and_rolls_back_to_the_previous_revision(
         status.chart.ends_with("-1.0.0"),
         "back at chart 1: {status:?}"
     );
-    let rollback = fake.argvs().pop().expect("the rollback's call");
-    assert!(
-        fake.argvs()
-            .iter()
-            .any(|a| a[..2] == ["rollback".to_owned(), "bad".to_owned()]
-                && a.get(2).is_none_or(|r| r.parse::<u64>().is_err())),
-        "a rollback naming no revision: {rollback:?}"
+    let rollback = fake
+        .argvs()
+        .into_iter()
+        .find(|a| a.first().is_some_and(|c| c == "rollback"))
+        .expect("helm rollback ran");
+    assert_eq!(
+        rollback[..3],
+        ["rollback", "bad", "1"],
+        "to revision 1, at chart 1: {rollback:?}"
     );
 
     // A cluster that cannot be reached gives no verdict.

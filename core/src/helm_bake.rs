@@ -9,8 +9,10 @@
 //! `deployed`; anything else means another operation failed or hangs on it),
 //! and at the window's end also the chart's own tests (`helm test`, which
 //! passes for a chart that has none). A release found bad is rolled back to
-//! its previous revision (`helm rollback`) and the instance's recorded
-//! version and spec digest restored; the worker then fails the upgrade
+//! the newest revision at another chart version (`helm rollback`), the instance's recorded version
+//! and spec digest restored first (so the record never names a version
+//! newer than the one running: a crash between the two leaves the release
+//! ahead, which the retried task upgrades and bakes again); the worker then fails the upgrade
 //! task, which halts the type's rollout (C11) with the reason. A check
 //! that cannot reach Helm is no verdict: it is asked again at the next
 //! interval, and a window that ends with no verdict ends held, saying so.
@@ -47,6 +49,9 @@ pub enum ReleaseHealth {
 pub struct HelmBakeInput {
     pub instance: InstanceName,
     pub release: ReleaseTarget,
+    /// The chart version the upgrade installed: what a revert goes back
+    /// from (a retried upgrade may have installed it more than once).
+    pub chart_version: String,
     /// The type's bake window; zero bakes nothing.
     pub bake: Duration,
     /// When the upgrade finished.
@@ -60,8 +65,12 @@ pub struct HelmBakeInput {
 pub enum HelmBakeCommand {
     /// Read the release's status, and with `tests` run the chart's tests.
     Check { release: ReleaseTarget, tests: bool },
-    /// `helm rollback` to the revision before the current one.
-    RollBack(ReleaseTarget),
+    /// `helm rollback` to the newest revision at another chart version than
+    /// the one that went bad.
+    RollBack {
+        release: ReleaseTarget,
+        bad_chart_version: String,
+    },
     /// Put the instance's recorded version and spec digest back.
     RestoreVersion {
         instance: InstanceName,
@@ -198,7 +207,10 @@ impl Machine for HelmBake {
                 release: self.input.release.clone(),
                 tests: *last,
             },
-            Phase::RollingBack { .. } => HelmBakeCommand::RollBack(self.input.release.clone()),
+            Phase::RollingBack { .. } => HelmBakeCommand::RollBack {
+                release: self.input.release.clone(),
+                bad_chart_version: self.input.chart_version.clone(),
+            },
             Phase::Restoring { .. } => HelmBakeCommand::RestoreVersion {
                 instance: self.input.instance.clone(),
                 version: self.input.previous_version.clone(),
@@ -218,7 +230,7 @@ impl Machine for HelmBake {
             (Phase::Checking { last }, HelmBakeAnswer::Checked(result)) => match result {
                 Ok(ReleaseHealth::Healthy) if last => self.verdict = Some(BakeVerdict::Held),
                 Ok(ReleaseHealth::Healthy) => self.wait_from(now),
-                Ok(ReleaseHealth::Bad(reason)) => self.phase = Phase::RollingBack { reason },
+                Ok(ReleaseHealth::Bad(reason)) => self.phase = Phase::Restoring { reason },
                 Err(e) if last => {
                     self.final_failures += 1;
                     if self.final_failures >= HELM_BAKE_FINAL_ATTEMPTS_MAX {
@@ -234,25 +246,26 @@ impl Machine for HelmBake {
                 // No verdict: asked again at the next interval.
                 Err(_) => self.wait_from(now),
             },
-            (Phase::RollingBack { reason }, HelmBakeAnswer::RolledBack(result)) => match result {
-                Ok(()) => self.phase = Phase::Restoring { reason },
-                Err(e) => self.fail(
-                    format!("roll back {subject}, which went bad while baking ({reason})"),
-                    e,
-                ),
-            },
             (Phase::Restoring { reason }, HelmBakeAnswer::VersionRestored(result)) => {
                 match result {
-                    Ok(()) => self.verdict = Some(BakeVerdict::Reverted(reason)),
+                    Ok(()) => self.phase = Phase::RollingBack { reason },
                     Err(e) => self.fail(
                         format!(
-                            "record version {} again after rolling back {subject}",
+                            "record version {} again before rolling back {subject}, which went \
+                             bad while baking ({reason})",
                             self.input.previous_version
                         ),
                         e,
                     ),
                 }
             }
+            (Phase::RollingBack { reason }, HelmBakeAnswer::RolledBack(result)) => match result {
+                Ok(()) => self.verdict = Some(BakeVerdict::Reverted(reason)),
+                Err(e) => self.fail(
+                    format!("roll back {subject}, which went bad while baking ({reason})"),
+                    e,
+                ),
+            },
             (phase, answer) => unreachable!("answer {answer:?} in phase {phase:?}"),
         }
     }
@@ -315,6 +328,7 @@ mod tests {
                     namespace: "team-a".into(),
                 },
             },
+            chart_version: "2.0".into(),
             bake: Duration::from_secs(window_s),
             started: at(1000),
             previous_version: "1.0".into(),
@@ -376,7 +390,7 @@ mod tests {
             HelmBakeCommand::Check { .. } => {
                 HelmBakeAnswer::Checked(Ok(ReleaseHealth::Bad("status failed".into())))
             }
-            HelmBakeCommand::RollBack(_) => HelmBakeAnswer::RolledBack(Ok(())),
+            HelmBakeCommand::RollBack { .. } => HelmBakeAnswer::RolledBack(Ok(())),
             HelmBakeCommand::RestoreVersion { version, .. } => {
                 assert_eq!(version, "1.0");
                 HelmBakeAnswer::VersionRestored(Ok(()))
@@ -386,11 +400,11 @@ mod tests {
             .iter()
             .map(|(_, c)| match c {
                 HelmBakeCommand::Check { .. } => "check",
-                HelmBakeCommand::RollBack(_) => "rollback",
+                HelmBakeCommand::RollBack { .. } => "rollback",
                 HelmBakeCommand::RestoreVersion { .. } => "restore",
             })
             .collect();
-        assert_eq!(kinds, ["check", "check", "check", "rollback", "restore"]);
+        assert_eq!(kinds, ["check", "check", "check", "restore", "rollback"]);
         assert_eq!(
             machine.into_report().expect("reverted"),
             BakeVerdict::Reverted("status failed".into())
@@ -398,18 +412,18 @@ mod tests {
     }
 
     #[test]
-    fn a_failed_rollback_fails_the_task_and_restores_nothing() {
+    fn a_failed_rollback_fails_the_task_after_the_version_is_restored() {
         let mut machine = bake(60);
         let issued = run(&mut machine, |command, _| match command {
             HelmBakeCommand::Check { .. } => {
                 HelmBakeAnswer::Checked(Ok(ReleaseHealth::Bad("test failed".into())))
             }
-            HelmBakeCommand::RollBack(_) => HelmBakeAnswer::RolledBack(Err(
+            HelmBakeCommand::RestoreVersion { .. } => HelmBakeAnswer::VersionRestored(Ok(())),
+            HelmBakeCommand::RollBack { .. } => HelmBakeAnswer::RolledBack(Err(
                 ProvisionError::Unavailable("cluster unreachable".into()),
             )),
-            other => panic!("nothing after a failed rollback, got {other:?}"),
         });
-        assert_eq!(issued.len(), 2);
+        assert_eq!(issued.len(), 3);
         let error = machine.into_report().expect_err("the task fails");
         assert_eq!(error.kind(), ErrorKind::Unavailable);
         assert!(error.step.contains("went bad while baking (test failed)"));

@@ -1635,7 +1635,9 @@ pub(crate) fn sim_catalog(actors: &Actors, number: u32, security: bool) -> Catal
             version: version.clone(),
             security,
             rollout: RolloutState::Active,
-            bake: Duration::ZERO,
+            // A Helm type bakes by asking Helm (#40): a release at a broken
+            // version fails its chart tests and is rolled back.
+            bake: actors.bake,
             provisioning: stead::core::release::Provisioning::Helm(helm_chart(&version, edition)),
             services: Vec::new(),
         },

@@ -809,6 +809,9 @@ impl Actors {
                 }
                 if self.rng.lock().expect("poisoned").random_ratio(1, 4) {
                     self.bad_versions.lock().expect("poisoned").insert(version);
+                    // Its chart too: a Helm release at it fails its chart
+                    // tests, which a bake finds (#40).
+                    self.provisioner.go_bad(&self.versions.render(version));
                     self.counts.bump("operator published a broken version");
                 }
                 // Only a version stead can order can be ahead of a catalog

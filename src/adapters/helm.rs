@@ -176,6 +176,22 @@ impl RollBack {
     }
 }
 
+/// The revision a bake's revert goes back to, away from the chart version
+/// that went bad: the newest revision that ran another chart version
+/// (deployed or superseded). Not simply the previous revision: a retried
+/// upgrade installs the bad version again, so the one before the newest
+/// may be bad too. `None` when the history has none (a spec change at the
+/// same chart version): then the previous revision.
+pub fn revision_away_from(history: &[Revision], bad_chart_version: &str) -> Option<u64> {
+    let suffix = format!("-{bad_chart_version}");
+    history
+        .iter()
+        .filter(|r| !r.chart.ends_with(&suffix))
+        .filter(|r| matches!(r.status.as_str(), "deployed" | "superseded"))
+        .map(|r| r.revision)
+        .max()
+}
+
 /// What stead reads of `helm get metadata -o json`.
 #[derive(Deserialize)]
 struct MetadataOutput {
@@ -567,26 +583,51 @@ impl Provisioner for HelmProvisioner {
         }
     }
 
-    /// `helm rollback` with no revision: to the one before the current,
+    /// `helm rollback` to the newest revision at another chart version
+    /// than `bad_chart_version` ([`revision_away_from`]), or with no
+    /// revision named (the previous one) when the history has none;
     /// waited for.
-    async fn roll_back_previous(&self, target: &ReleaseTarget) -> Result<(), ProvisionError> {
+    async fn roll_back_from(
+        &self,
+        target: &ReleaseTarget,
+        bad_chart_version: &str,
+    ) -> Result<(), ProvisionError> {
         let release = helm_release(target)?;
-        let timeout = self.wait_timeout_arg();
-        let args = [
-            "rollback",
+        let subject = format!("release {} in {}", release.name, release.namespace);
+        let history = [
+            "history",
             &release.name,
+            "--namespace",
+            &release.namespace,
+            "-o",
+            "json",
+        ];
+        let history = match self.run(&history, None).await {
+            Ok(stdout) => parse_history(&stdout)?,
+            Err(failure) => return Err(failure.into_error(&format!("history of {subject}"))),
+        };
+        let revision = revision_away_from(&history, bad_chart_version).map(|r| r.to_string());
+        let timeout = self.wait_timeout_arg();
+        let mut args = vec!["rollback", &release.name];
+        if let Some(revision) = &revision {
+            args.push(revision);
+        }
+        args.extend([
             "--namespace",
             &release.namespace,
             "--wait",
             "--timeout",
             &timeout,
-        ];
-        self.run(&args, None).await.map(drop).map_err(|f| {
-            f.into_error(&format!(
-                "rollback of release {} in {} to its previous revision",
-                release.name, release.namespace
-            ))
-        })
+        ]);
+        let to = revision
+            .as_deref()
+            .map_or("its previous revision".to_owned(), |r| {
+                format!("revision {r}")
+            });
+        self.run(&args, None)
+            .await
+            .map(drop)
+            .map_err(|f| f.into_error(&format!("rollback of {subject} to {to}")))
     }
 
     async fn uninstall(&self, target: &ReleaseTarget) -> Result<(), ProvisionError> {

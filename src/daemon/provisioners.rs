@@ -66,8 +66,14 @@ impl Provisioner for RoutedProvisioner {
         self.of(release.kind).check_release(release, tests).await
     }
 
-    async fn roll_back_previous(&self, release: &ReleaseTarget) -> Result<(), ProvisionError> {
-        self.of(release.kind).roll_back_previous(release).await
+    async fn roll_back_from(
+        &self,
+        release: &ReleaseTarget,
+        bad_chart_version: &str,
+    ) -> Result<(), ProvisionError> {
+        self.of(release.kind)
+            .roll_back_from(release, bad_chart_version)
+            .await
     }
 
     /// Docker's releases, then Helm's when the catalog has a Helm type.

@@ -302,10 +302,15 @@ pub trait Provisioner: Send + Sync {
     ) -> Result<ReleaseHealth, ProvisionError> {
         Ok(ReleaseHealth::Healthy)
     }
-    /// Moves a release back to the revision before its current one (`helm
-    /// rollback` with no revision): a bake's revert. A provisioner with no
-    /// history refuses.
-    async fn roll_back_previous(&self, release: &ReleaseTarget) -> Result<(), ProvisionError> {
+    /// Moves a release back from `bad_chart_version`, which went bad while
+    /// baking: to the newest revision at another chart version (`helm
+    /// rollback REV`), or the previous one when there is none. A
+    /// provisioner with no history refuses.
+    async fn roll_back_from(
+        &self,
+        release: &ReleaseTarget,
+        _bad_chart_version: &str,
+    ) -> Result<(), ProvisionError> {
         Err(ProvisionError::Refused(format!(
             "release {} in {} has no revision history to roll back through",
             release.release.name, release.release.namespace

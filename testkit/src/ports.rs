@@ -1178,9 +1178,9 @@ pub struct MemoryProvisioner {
     /// Where `add_foreign` puts releases.
     namespace: String,
     releases: Mutex<BTreeMap<String, (String, String)>>,
-    /// Each release's version before its last install: what a rollback to
-    /// the previous revision goes back to.
-    previous: Mutex<BTreeMap<String, String>>,
+    /// Each release's versions, one per revision, oldest first: what a
+    /// rollback goes back through.
+    history: Mutex<BTreeMap<String, Vec<String>>>,
     /// Chart versions whose releases go bad once installed (a bake's check
     /// finds them so).
     bad_versions: Mutex<std::collections::BTreeSet<String>>,
@@ -1192,7 +1192,7 @@ impl MemoryProvisioner {
             hooks,
             namespace: namespace.to_owned(),
             releases: Mutex::new(BTreeMap::new()),
-            previous: Mutex::new(BTreeMap::new()),
+            history: Mutex::new(BTreeMap::new()),
             bad_versions: Mutex::default(),
         }
     }
@@ -1209,6 +1209,7 @@ impl MemoryProvisioner {
     /// An operator uninstalling by hand.
     pub fn remove_by_hand(&self, release: &str) {
         self.releases.lock().expect("poisoned").remove(release);
+        self.history.lock().expect("poisoned").remove(release);
     }
 
     /// A release installed by some other tool.
@@ -1254,16 +1255,16 @@ impl Provisioner for MemoryProvisioner {
             .admit(Op::Install, release)
             .await
             .map_err(|f| ProvisionError::Unavailable(text_err(f)))?;
-        let before = self.releases.lock().expect("poisoned").insert(
+        self.history
+            .lock()
+            .expect("poisoned")
+            .entry(release.to_owned())
+            .or_default()
+            .push(version.clone());
+        self.releases.lock().expect("poisoned").insert(
             release.to_owned(),
             (target.release.namespace.clone(), version),
         );
-        if let Some((_, before)) = before {
-            self.previous
-                .lock()
-                .expect("poisoned")
-                .insert(release.to_owned(), before);
-        }
         self.hooks.tell(|| Effect::Installed {
             release: release.to_owned(),
         });
@@ -1279,6 +1280,7 @@ impl Provisioner for MemoryProvisioner {
             .await
             .map_err(|f| ProvisionError::Unavailable(text_err(f)))?;
         self.releases.lock().expect("poisoned").remove(release);
+        self.history.lock().expect("poisoned").remove(release);
         self.hooks.tell(|| Effect::Uninstalled {
             release: release.to_owned(),
         });
@@ -1328,20 +1330,40 @@ impl Provisioner for MemoryProvisioner {
         })
     }
 
-    async fn roll_back_previous(&self, target: &ReleaseTarget) -> Result<(), ProvisionError> {
+    async fn roll_back_from(
+        &self,
+        target: &ReleaseTarget,
+        bad_chart_version: &str,
+    ) -> Result<(), ProvisionError> {
         let release = target.release.name.as_str();
         let latency = self
             .hooks
             .admit(Op::Install, release)
             .await
             .map_err(|f| ProvisionError::Unavailable(text_err(f)))?;
-        let Some(previous) = self.previous.lock().expect("poisoned").remove(release) else {
+        let back = {
+            let mut history = self.history.lock().expect("poisoned");
+            let revisions = history.entry(release.to_owned()).or_default();
+            // The newest revision at another chart version, else the
+            // previous one.
+            let back = revisions
+                .iter()
+                .rev()
+                .find(|v| *v != bad_chart_version)
+                .or_else(|| revisions.iter().rev().nth(1))
+                .cloned();
+            if let Some(back) = &back {
+                revisions.push(back.clone());
+            }
+            back
+        };
+        let Some(back) = back else {
             return Err(ProvisionError::Failed(format!(
-                "release {release} has no previous revision"
+                "release {release} has no revision to roll back to"
             )));
         };
         if let Some((_, version)) = self.releases.lock().expect("poisoned").get_mut(release) {
-            *version = previous;
+            *version = back;
         }
         self.hooks.tell(|| Effect::Installed {
             release: release.to_owned(),

@@ -27,9 +27,14 @@ impl Performer<HelmBake> for BakeSteps<'_> {
             HelmBakeCommand::Check { release, tests } => {
                 HelmBakeAnswer::Checked(p.provisioner.check_release(release, *tests).await)
             }
-            HelmBakeCommand::RollBack(release) => {
-                HelmBakeAnswer::RolledBack(p.provisioner.roll_back_previous(release).await)
-            }
+            HelmBakeCommand::RollBack {
+                release,
+                bad_chart_version,
+            } => HelmBakeAnswer::RolledBack(
+                p.provisioner
+                    .roll_back_from(release, bad_chart_version)
+                    .await,
+            ),
             HelmBakeCommand::RestoreVersion {
                 version,
                 spec_digest,
@@ -56,12 +61,14 @@ impl Worker {
         &self,
         instance: &Instance,
         release: ReleaseTarget,
+        chart_version: String,
         bake: std::time::Duration,
     ) -> Result<(), TaskError> {
         let name = &instance.name;
         let mut machine = HelmBake::new(HelmBakeInput {
             instance: name.clone(),
             release: release.clone(),
+            chart_version,
             bake,
             started: self.ports.clock.now(),
             previous_version: instance.version.clone(),

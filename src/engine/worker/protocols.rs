@@ -169,7 +169,10 @@ impl Worker {
         let baking = release
             .as_ref()
             .filter(|_| mode == UpgradeMode::Rollout && !entry.bake.is_zero())
-            .map(|release| ReleaseSpec::Helm(release.clone()).target());
+            .map(|release| {
+                let target = ReleaseSpec::Helm(release.clone()).target();
+                (target, release.chart_version.clone())
+            });
         let mut upgrade = Upgrade::new(UpgradeInput {
             release,
             inhibitions,
@@ -223,7 +226,10 @@ impl Worker {
         let skipped = upgrade.skipped_stopped() || upgrade.skipped_older_catalog();
         upgrade.into_report().map_err(|(_, e)| e)?;
         match baking.filter(|_| !skipped) {
-            Some(release) => self.bake_release(instance, release, entry.bake).await,
+            Some((release, chart_version)) => {
+                self.bake_release(instance, release, chart_version, entry.bake)
+                    .await
+            }
             None => Ok(()),
         }
     }

@@ -407,9 +407,9 @@ async fn status_reports_helms_word_or_none_for_an_unknown_release() {
 /// A bake's check (#40): `deployed` and passing chart tests are healthy;
 /// another status or a failed test is a verdict (bad); a cluster that
 /// cannot be reached is an error, not a verdict. `roll_back_previous` goes
-/// to the revision before the current one.
+/// to the newest revision at another chart version.
 #[tokio::test]
-async fn a_bake_checks_status_and_tests_and_rolls_back_to_the_previous_revision() {
+async fn a_bake_checks_status_and_tests_and_rolls_back_away_from_the_bad_chart() {
     let fake = FakeHelm::new();
     fake.seed(vec![
         json!({"name": "good", "namespace": "good", "chart_version": "2.0.0", "revision": 2,

@@ -447,6 +447,7 @@ fn helm_release(target: &ReleaseTarget) -> Result<&Release, ProvisionError> {
 
 #[async_trait]
 impl Provisioner for HelmProvisioner {
+    #[tracing::instrument(name = "helm.install_or_upgrade", level = "debug", skip_all)]
     async fn install_or_upgrade(&self, release: &ReleaseSpec) -> Result<(), ProvisionError> {
         match release {
             ReleaseSpec::Helm(helm) => self.upgrade(helm).await,
@@ -460,6 +461,7 @@ impl Provisioner for HelmProvisioner {
     /// version, waited for; an upgrade to it (`--atomic`) when the
     /// release's history has none (pruned by `--history-max`). A release
     /// already there is left alone.
+    #[tracing::instrument(name = "helm.roll_back", level = "debug", skip_all, fields(release = %release.name))]
     async fn roll_back(&self, release: &HelmRelease) -> Result<(), ProvisionError> {
         check_release(&release.name)?;
         check_dns_label("namespace", &release.namespace)?;
@@ -512,6 +514,7 @@ impl Provisioner for HelmProvisioner {
             .map_err(|f| f.into_error(&format!("rollback of {subject} to revision {revision}")))
     }
 
+    #[tracing::instrument(name = "helm.uninstall", level = "debug", skip_all)]
     async fn uninstall(&self, target: &ReleaseTarget) -> Result<(), ProvisionError> {
         let release = helm_release(target)?;
         let timeout = self.wait_timeout_arg();
@@ -536,6 +539,7 @@ impl Provisioner for HelmProvisioner {
         }
     }
 
+    #[tracing::instrument(name = "helm.list_releases", level = "debug", skip_all)]
     async fn list_releases(&self) -> Result<Vec<Release>, ProvisionError> {
         // `--all`: pending, failed and uninstalling releases exist too (a
         // release mid-upgrade must not look missing); `--max 0`: no cap
@@ -558,6 +562,7 @@ impl Provisioner for HelmProvisioner {
         parse_list(&stdout)
     }
 
+    #[tracing::instrument(name = "helm.status", level = "debug", skip_all)]
     async fn status(
         &self,
         target: &ReleaseTarget,

@@ -11,6 +11,7 @@
 
 use std::cell::Cell;
 use std::collections::HashMap;
+use std::time::Duration;
 
 use opentelemetry::propagation::TextMapPropagator;
 use opentelemetry::trace::{SpanId, TraceContextExt, TraceId, TracerProvider as _};
@@ -38,6 +39,8 @@ pub const TRACES_PATH: &str = "/v1/traces";
 pub struct Telemetry {
     provider: SdkTracerProvider,
     endpoint: String,
+    /// `telemetry.export_timeout_ms`: also the bound on the last export.
+    export_timeout: Duration,
 }
 
 /// Why no exporter could be built (the endpoint was accepted by the
@@ -78,7 +81,11 @@ impl Telemetry {
             .with_id_generator(OriginIds::default())
             .build();
         crate::engine::trace::install(join);
-        Ok(Some(Telemetry { provider, endpoint }))
+        Ok(Some(Telemetry {
+            provider,
+            endpoint,
+            export_timeout: settings.export_timeout,
+        }))
     }
 
     /// The URL spans are posted to.
@@ -116,7 +123,7 @@ impl Telemetry {
     /// Sends what is buffered and stops the exporter's thread, bounded by
     /// the export timeout. Call outside the async runtime (it blocks).
     pub fn shutdown(self) {
-        if let Err(e) = self.provider.shutdown() {
+        if let Err(e) = self.provider.shutdown_with_timeout(self.export_timeout) {
             tracing::warn!(endpoint = %self.endpoint, error = %e, "the last traces were not exported");
         }
     }

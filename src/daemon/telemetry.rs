@@ -9,8 +9,10 @@
 //! child of the one stored with the task (`engine::trace`), so a tick and
 //! the tasks it enqueued are one trace, whichever process runs them.
 
-use std::cell::Cell;
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Mutex;
+use std::thread::ThreadId;
 use std::time::Duration;
 
 use opentelemetry::propagation::TextMapPropagator;
@@ -176,22 +178,67 @@ fn join(span: &tracing::Span, traceparent: &str, how: Join) {
         }
         Join::Origin => {
             // A root, whatever span it was made under; built now, on this
-            // thread, while its ids wait for it in `NEXT_*_ID`.
+            // thread, while its ids wait for it in `PENDING`.
             let _ = span.set_parent(opentelemetry::Context::new());
-            NEXT_TRACE_ID.with(|next| next.set(Some(ids.trace_id())));
-            NEXT_SPAN_ID.with(|next| next.set(Some(ids.span_id())));
+            let offered = PENDING.offer(ids.trace_id(), ids.span_id());
             let _ = span.context();
-            NEXT_TRACE_ID.with(|next| next.set(None));
-            NEXT_SPAN_ID.with(|next| next.set(None));
+            drop(offered);
         }
     }
 }
 
-thread_local! {
-    /// The ids of the span being built by [`join`] on this thread, each
-    /// taken once.
-    static NEXT_TRACE_ID: Cell<Option<TraceId>> = const { Cell::new(None) };
-    static NEXT_SPAN_ID: Cell<Option<SpanId>> = const { Cell::new(None) };
+/// The ids waiting for the span [`join`] builds as a `traceparent`'s
+/// origin, each under the thread that builds it: the span is built on
+/// the thread that asks for its context, and any other span built
+/// meanwhile on another thread must not take them.
+struct Pending {
+    /// How many entries `ids` holds: spans are built with none waiting
+    /// almost always, and then the lock is not taken.
+    count: AtomicUsize,
+    ids: Mutex<Vec<(ThreadId, Option<TraceId>, Option<SpanId>)>>,
+}
+
+static PENDING: Pending = Pending {
+    count: AtomicUsize::new(0),
+    ids: Mutex::new(Vec::new()),
+};
+
+impl Pending {
+    /// Offers `trace` and `span` to the next span this thread builds,
+    /// until the guard is dropped.
+    fn offer(&'static self, trace: TraceId, span: SpanId) -> Offered {
+        let mut ids = self.ids.lock().unwrap_or_else(|e| e.into_inner());
+        ids.push((std::thread::current().id(), Some(trace), Some(span)));
+        self.count.fetch_add(1, Ordering::SeqCst);
+        Offered(self)
+    }
+
+    /// What this thread's offer still holds, taken by `take`.
+    fn take<T>(
+        &self,
+        take: impl FnOnce(&mut (ThreadId, Option<TraceId>, Option<SpanId>)) -> Option<T>,
+    ) -> Option<T> {
+        if self.count.load(Ordering::SeqCst) == 0 {
+            return None;
+        }
+        let me = std::thread::current().id();
+        let mut ids = self.ids.lock().unwrap_or_else(|e| e.into_inner());
+        ids.iter_mut().find(|entry| entry.0 == me).and_then(take)
+    }
+}
+
+/// This thread's offer, withdrawn when dropped.
+struct Offered(&'static Pending);
+
+impl Drop for Offered {
+    fn drop(&mut self) {
+        let me = std::thread::current().id();
+        let mut ids = self.0.ids.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(at) = ids.iter().position(|entry| entry.0 == me) {
+            ids.swap_remove(at);
+            self.0.count.fetch_sub(1, Ordering::SeqCst);
+        }
+    }
 }
 
 /// The SDK's random ids, except for a span built by [`join`] as the
@@ -201,14 +248,14 @@ struct OriginIds(RandomIdGenerator);
 
 impl IdGenerator for OriginIds {
     fn new_trace_id(&self) -> TraceId {
-        NEXT_TRACE_ID
-            .with(Cell::take)
+        PENDING
+            .take(|entry| entry.1.take())
             .unwrap_or_else(|| self.0.new_trace_id())
     }
 
     fn new_span_id(&self) -> SpanId {
-        NEXT_SPAN_ID
-            .with(Cell::take)
+        PENDING
+            .take(|entry| entry.2.take())
             .unwrap_or_else(|| self.0.new_span_id())
     }
 }
@@ -231,6 +278,26 @@ mod tests {
             traces_url("https://otel.example/tenant/v1/traces"),
             "https://otel.example/tenant/v1/traces"
         );
+    }
+
+    #[test]
+    fn an_origins_ids_go_to_the_span_its_thread_builds_and_no_other() {
+        let ids = ids_of("00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01").unwrap();
+        let generator = OriginIds::default();
+        let offered = PENDING.offer(ids.trace_id(), ids.span_id());
+        let elsewhere = std::thread::scope(|s| {
+            s.spawn(|| (generator.new_span_id(), generator.new_trace_id()))
+                .join()
+                .unwrap()
+        });
+        assert_ne!(elsewhere.0, ids.span_id());
+        assert_ne!(elsewhere.1, ids.trace_id());
+        assert_eq!(generator.new_span_id(), ids.span_id());
+        assert_eq!(generator.new_trace_id(), ids.trace_id());
+        // Each once: a second span of this thread gets its own.
+        assert_ne!(generator.new_span_id(), ids.span_id());
+        drop(offered);
+        assert_eq!(PENDING.count.load(Ordering::SeqCst), 0);
     }
 
     #[test]

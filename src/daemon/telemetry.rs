@@ -195,8 +195,11 @@ struct Pending {
     /// How many entries `ids` holds: spans are built with none waiting
     /// almost always, and then the lock is not taken.
     count: AtomicUsize,
-    ids: Mutex<Vec<(ThreadId, Option<TraceId>, Option<SpanId>)>>,
+    ids: Mutex<Vec<Waiting>>,
 }
+
+/// A thread's origin ids not yet taken.
+type Waiting = (ThreadId, Option<TraceId>, Option<SpanId>);
 
 static PENDING: Pending = Pending {
     count: AtomicUsize::new(0),
@@ -214,10 +217,7 @@ impl Pending {
     }
 
     /// What this thread's offer still holds, taken by `take`.
-    fn take<T>(
-        &self,
-        take: impl FnOnce(&mut (ThreadId, Option<TraceId>, Option<SpanId>)) -> Option<T>,
-    ) -> Option<T> {
+    fn take<T>(&self, take: impl FnOnce(&mut Waiting) -> Option<T>) -> Option<T> {
         if self.count.load(Ordering::SeqCst) == 0 {
             return None;
         }

@@ -1227,6 +1227,7 @@ fn fnv1a_32(bytes: &[u8]) -> u32 {
 
 #[async_trait]
 impl Traffic for CaddyTraffic {
+    #[tracing::instrument(name = "caddy.publish", level = "debug", skip_all, fields(instance = %route.service.instance, service = %route.service.service))]
     async fn publish(&self, route: &Route) -> Result<(), TrafficError> {
         let routes = self.service_routes(route)?;
         let hosts = routes.https.as_ref().map(|h| h.hosts.clone());
@@ -1238,6 +1239,7 @@ impl Traffic for CaddyTraffic {
         .await
     }
 
+    #[tracing::instrument(name = "caddy.withdraw", level = "debug", skip_all, fields(instance = %service.instance, service = %service.service))]
     async fn withdraw(&self, service: &ServiceKey) -> Result<(), TrafficError> {
         self.note_published_hosts(service, None);
         self.submit(Change::Withdraw {
@@ -1246,6 +1248,7 @@ impl Traffic for CaddyTraffic {
         .await
     }
 
+    #[tracing::instrument(name = "caddy.ensure", level = "debug", skip_all)]
     async fn ensure(&self) -> Result<PlaneCheck, TrafficError> {
         Ok(match self.ensure_server().await? {
             ServerCheck::Present => PlaneCheck::Present,
@@ -1266,6 +1269,7 @@ impl Traffic for CaddyTraffic {
     /// which no verified bind has, so the pass republishes it (T5): a
     /// route lost or changed by hand, and every route once after a start
     /// or a reload (`forget_published_hosts`), whose hosts may be stale.
+    #[tracing::instrument(name = "caddy.held_routes", level = "debug", skip_all)]
     async fn held_routes(&self) -> Result<Vec<HeldRoute>, TrafficError> {
         let http = self.routes().await?.unwrap_or_default();
         let https = self.https_routes_held().await?;

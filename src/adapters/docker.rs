@@ -836,6 +836,7 @@ fn check_labels(
 
 #[async_trait]
 impl Runtime for DockerRuntime {
+    #[tracing::instrument(name = "docker.begin_pass", level = "debug", skip_all)]
     async fn begin_pass(&self) -> Result<(), RuntimeError> {
         if self.cache.is_empty() {
             // Nothing to check the list against: skip the call.
@@ -855,10 +856,12 @@ impl Runtime for DockerRuntime {
         }
     }
 
+    #[tracing::instrument(name = "docker.inspect", level = "debug", skip_all, fields(container = %id))]
     async fn inspect(&self, id: &ContainerId) -> Result<Observation, RuntimeError> {
         Ok(self.inspected(id).await?.observation)
     }
 
+    #[tracing::instrument(name = "docker.start", level = "debug", skip_all, fields(container = %id))]
     async fn start(&self, id: &ContainerId) -> Result<(), RuntimeError> {
         // 304 (already running) is a success for bollard and for us.
         let result = self
@@ -870,6 +873,7 @@ impl Runtime for DockerRuntime {
         result
     }
 
+    #[tracing::instrument(name = "docker.stop", level = "debug", skip_all, fields(container = %key.container))]
     async fn stop(&self, key: &GenerationKey, grace: Duration) -> Result<(), RuntimeError> {
         let exact = self.owned(key, "stop").await?;
         let options = StopContainerOptions {
@@ -886,6 +890,7 @@ impl Runtime for DockerRuntime {
         result
     }
 
+    #[tracing::instrument(name = "docker.restart", level = "debug", skip_all, fields(container = %id))]
     async fn restart(&self, id: &ContainerId, grace: Duration) -> Result<(), RuntimeError> {
         let options = RestartContainerOptions {
             t: Some(grace_secs(grace)),
@@ -900,14 +905,17 @@ impl Runtime for DockerRuntime {
         result
     }
 
+    #[tracing::instrument(name = "docker.health", level = "debug", skip_all, fields(container = %id))]
     async fn health(&self, id: &ContainerId) -> Result<Health, RuntimeError> {
         Ok(self.inspected(id).await?.health)
     }
 
+    #[tracing::instrument(name = "docker.binds", level = "debug", skip_all, fields(container = %id))]
     async fn binds(&self, id: &ContainerId) -> Result<Binds, RuntimeError> {
         Ok(self.inspected(id).await?.binds)
     }
 
+    #[tracing::instrument(name = "docker.list_managed", level = "debug", skip_all)]
     async fn list_managed(&self) -> Result<Vec<ManagedContainer>, RuntimeError> {
         let containers = self.list_labelled().await?;
         Ok(containers
@@ -923,6 +931,7 @@ impl Runtime for DockerRuntime {
             .collect())
     }
 
+    #[tracing::instrument(name = "docker.create", level = "debug", skip_all, fields(instance = %request.instance, service = %request.spec.name))]
     async fn create(&self, request: &CreateContainer) -> Result<ContainerId, RuntimeError> {
         let name = Self::container_name(&request.instance, &request.spec.name, &request.revision)?;
         // Everything the container needs, before the container: a missing
@@ -966,6 +975,7 @@ impl Runtime for DockerRuntime {
         Ok(id)
     }
 
+    #[tracing::instrument(name = "docker.remove", level = "debug", skip_all, fields(container = %key.container))]
     async fn remove(&self, key: &GenerationKey) -> Result<(), RuntimeError> {
         let exact = match self.owned(key, "remove").await {
             Ok(exact) => exact,
@@ -993,6 +1003,7 @@ impl Runtime for DockerRuntime {
         result
     }
 
+    #[tracing::instrument(name = "docker.purge_volumes", level = "debug", skip_all, fields(instance = %instance))]
     async fn purge_volumes(
         &self,
         instance: &InstanceName,
@@ -1070,6 +1081,7 @@ impl Provisioner for DockerProvisioner {
     /// Nothing to do: with Docker, a release *is* its labelled containers,
     /// which the worker creates from catalog specs through `Runtime::create`
     /// (idempotent on their deterministic names) right after this call.
+    #[tracing::instrument(name = "docker.install_or_upgrade", level = "debug", skip_all)]
     async fn install_or_upgrade(&self, release: &ReleaseSpec) -> Result<(), ProvisionError> {
         match release {
             ReleaseSpec::Docker { .. } => Ok(()),
@@ -1080,6 +1092,7 @@ impl Provisioner for DockerProvisioner {
         }
     }
 
+    #[tracing::instrument(name = "docker.uninstall", level = "debug", skip_all)]
     async fn uninstall(&self, target: &ReleaseTarget) -> Result<(), ProvisionError> {
         let release = target.release.name.as_str();
         let containers = self
@@ -1134,6 +1147,7 @@ impl Provisioner for DockerProvisioner {
         })
     }
 
+    #[tracing::instrument(name = "docker.list_releases", level = "debug", skip_all)]
     async fn list_releases(&self) -> Result<Vec<Release>, ProvisionError> {
         let containers = self
             .runtime

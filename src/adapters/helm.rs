@@ -463,6 +463,7 @@ fn helm_release(target: &ReleaseTarget) -> Result<&Release, ProvisionError> {
 
 #[async_trait]
 impl Provisioner for HelmProvisioner {
+    #[tracing::instrument(name = "helm.install_or_upgrade", level = "debug", skip_all)]
     async fn install_or_upgrade(&self, release: &ReleaseSpec) -> Result<(), ProvisionError> {
         match release {
             ReleaseSpec::Helm(helm) => self.upgrade(helm).await,
@@ -476,6 +477,7 @@ impl Provisioner for HelmProvisioner {
     /// version, waited for; an upgrade to it (`--atomic`) when the
     /// release's history has none (pruned by `--history-max`). A release
     /// already there is left alone.
+    #[tracing::instrument(name = "helm.roll_back", level = "debug", skip_all, fields(release = %release.name))]
     async fn roll_back(&self, release: &HelmRelease) -> Result<(), ProvisionError> {
         check_release(&release.name)?;
         check_dns_label("namespace", &release.namespace)?;
@@ -532,6 +534,7 @@ impl Provisioner for HelmProvisioner {
     /// else: another operation failed on it or still hangs), and with
     /// `tests` its chart's tests must pass (`helm test`; a chart with none
     /// passes). A helm that cannot be reached is an error, not a verdict.
+    #[tracing::instrument(name = "helm.check_release", level = "debug", skip_all)]
     async fn check_release(
         &self,
         target: &ReleaseTarget,
@@ -587,6 +590,7 @@ impl Provisioner for HelmProvisioner {
     /// than `bad_chart_version` ([`revision_away_from`]), or with no
     /// revision named (the previous one) when the history has none;
     /// waited for.
+    #[tracing::instrument(name = "helm.roll_back_from", level = "debug", skip_all)]
     async fn roll_back_from(
         &self,
         target: &ReleaseTarget,
@@ -630,6 +634,7 @@ impl Provisioner for HelmProvisioner {
             .map_err(|f| f.into_error(&format!("rollback of {subject} to {to}")))
     }
 
+    #[tracing::instrument(name = "helm.uninstall", level = "debug", skip_all)]
     async fn uninstall(&self, target: &ReleaseTarget) -> Result<(), ProvisionError> {
         let release = helm_release(target)?;
         let timeout = self.wait_timeout_arg();
@@ -654,6 +659,7 @@ impl Provisioner for HelmProvisioner {
         }
     }
 
+    #[tracing::instrument(name = "helm.list_releases", level = "debug", skip_all)]
     async fn list_releases(&self) -> Result<Vec<Release>, ProvisionError> {
         // `--all`: pending, failed and uninstalling releases exist too (a
         // release mid-upgrade must not look missing); `--max 0`: no cap
@@ -676,6 +682,7 @@ impl Provisioner for HelmProvisioner {
         parse_list(&stdout)
     }
 
+    #[tracing::instrument(name = "helm.status", level = "debug", skip_all)]
     async fn status(
         &self,
         target: &ReleaseTarget,

@@ -64,6 +64,14 @@ const _: () = assert!(
     EVENT_RETENTION_DAYS_MIN <= EVENT_RETENTION_DAYS_DEFAULT
         && EVENT_RETENTION_DAYS_DEFAULT <= EVENT_RETENTION_DAYS_MAX
 );
+/// The `service.name` traces are exported under unless
+/// `telemetry.service_name` says otherwise.
+pub const TELEMETRY_SERVICE_NAME_DEFAULT: &str = "stead";
+/// The bound on one OTLP export request unless
+/// `telemetry.export_timeout_ms` says otherwise, and that setting's bounds.
+pub const TELEMETRY_EXPORT_TIMEOUT_MS_DEFAULT: i64 = 10_000;
+pub const TELEMETRY_EXPORT_TIMEOUT_MS_MIN: i64 = 100;
+pub const TELEMETRY_EXPORT_TIMEOUT_MS_MAX: i64 = 60_000;
 /// Longest value quoted back in an error.
 const ERROR_VALUE_LEN_MAX: usize = 120;
 
@@ -122,6 +130,9 @@ pub const KEYS: &[&str] = &[
     "limits.log_max_size_mb",
     "limits.log_max_files",
     "events.retention_days",
+    "telemetry.otlp_endpoint",
+    "telemetry.service_name",
+    "telemetry.export_timeout_ms",
     "database.max_connections",
     "database.acquire_timeout_ms",
     "database.call_timeout_ms",
@@ -334,6 +345,20 @@ pub struct DaemonConfig {
     /// Where events are delivered as they are logged (#42); none unless
     /// configured.
     pub webhooks: Vec<WebhookSettings>,
+    /// Where traces are exported (#42); off unless configured.
+    pub telemetry: TelemetrySettings,
+}
+
+/// The `[telemetry]` table: the daemon's spans exported over OTLP/HTTP.
+#[derive(Clone, Debug, PartialEq, Eq, Default)]
+pub struct TelemetrySettings {
+    /// The collector's OTLP/HTTP traces URL (`http://host:4318/v1/traces`);
+    /// `None` (the default) builds no exporter at all.
+    pub otlp_endpoint: Option<String>,
+    /// The `service.name` resource attribute of every span.
+    pub service_name: String,
+    /// The bound on one export request, connecting included.
+    pub export_timeout: Duration,
 }
 
 /// One `[[webhooks]]` entry: where events of which kinds are posted, and
@@ -650,6 +675,8 @@ struct RawConfig {
     database: RawDatabase,
     #[serde(default)]
     webhooks: Vec<RawWebhook>,
+    #[serde(default)]
+    telemetry: RawTelemetry,
 }
 
 #[derive(Deserialize, Default)]
@@ -714,6 +741,14 @@ fn url_shown(url: &str) -> String {
     let host = authority.rsplit('@').next().unwrap_or("");
     let tail = if rest.len() > host.len() { "/…" } else { "" };
     format!("{scheme}://{host}{tail}")
+}
+
+#[derive(Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+struct RawTelemetry {
+    otlp_endpoint: Option<String>,
+    service_name: Option<String>,
+    export_timeout_ms: Option<i64>,
 }
 
 #[derive(Deserialize, Default)]
@@ -1007,6 +1042,44 @@ impl Validator<'_> {
             limits,
             events: self.events(raw.events)?,
             webhooks: self.webhooks(raw.webhooks)?,
+            telemetry: self.telemetry(raw.telemetry)?,
+        })
+    }
+
+    /// `[telemetry]`: an http(s) endpoint (as a webhook's URL is checked;
+    /// an empty one is off, so `STEAD_TELEMETRY__OTLP_ENDPOINT=` turns a
+    /// file's endpoint off), a printable service name, a bounded timeout.
+    fn telemetry(&self, raw: RawTelemetry) -> Result<TelemetrySettings, DaemonConfigError> {
+        let otlp_endpoint = match raw.otlp_endpoint {
+            None => None,
+            Some(url) if url.is_empty() => None,
+            Some(url) => {
+                check_webhook_url(&url).map_err(|reason| {
+                    self.invalid_quoted(
+                        "telemetry.otlp_endpoint",
+                        quote(url_shown(&url)),
+                        reason.to_string(),
+                    )
+                })?;
+                Some(url)
+            }
+        };
+        let service_name = self.text(
+            "telemetry.service_name",
+            raw.service_name,
+            TELEMETRY_SERVICE_NAME_DEFAULT,
+        )?;
+        let export_timeout = Duration::from_millis(self.int(
+            "telemetry.export_timeout_ms",
+            raw.export_timeout_ms,
+            TELEMETRY_EXPORT_TIMEOUT_MS_DEFAULT,
+            TELEMETRY_EXPORT_TIMEOUT_MS_MIN,
+            TELEMETRY_EXPORT_TIMEOUT_MS_MAX,
+        )?);
+        Ok(TelemetrySettings {
+            otlp_endpoint,
+            service_name,
+            export_timeout,
         })
     }
 
@@ -2213,6 +2286,61 @@ mod tests {
             Some(Path::new("/etc/stead/webhook.key"))
         );
         assert_eq!(hook.timeout, Duration::from_millis(2500));
+    }
+
+    #[test]
+    fn telemetry_is_off_unless_an_endpoint_is_configured() {
+        let off = parse("", "f", &[]).unwrap().telemetry;
+        assert_eq!(off.otlp_endpoint, None);
+        assert_eq!(off.service_name, TELEMETRY_SERVICE_NAME_DEFAULT);
+        let on = parse(
+            "[telemetry]\notlp_endpoint = \"http://127.0.0.1:4318/v1/traces\"\n\
+             service_name = \"stead-eu\"\nexport_timeout_ms = 2500\n",
+            "f",
+            &[],
+        )
+        .unwrap()
+        .telemetry;
+        assert_eq!(
+            on.otlp_endpoint.as_deref(),
+            Some("http://127.0.0.1:4318/v1/traces")
+        );
+        assert_eq!(on.service_name, "stead-eu");
+        assert_eq!(on.export_timeout, Duration::from_millis(2500));
+        // An empty override turns a file's endpoint off.
+        let env = [("STEAD_TELEMETRY__OTLP_ENDPOINT".to_owned(), String::new())];
+        let overridden = parse(
+            "[telemetry]\notlp_endpoint = \"http://c:4318\"\n",
+            "f",
+            &env,
+        );
+        assert_eq!(overridden.unwrap().telemetry.otlp_endpoint, None);
+    }
+
+    #[test]
+    fn a_bad_telemetry_value_is_refused_naming_its_field_and_value() {
+        for (doc, expect) in [
+            (
+                "[telemetry]\notlp_endpoint = \"collector:4318\"\n",
+                "stead.toml: line 2: telemetry.otlp_endpoint = \"collector:…\": must be an http:// or https:// URL",
+            ),
+            (
+                "[telemetry]\notlp_endpoint = \"http://\"\n",
+                "telemetry.otlp_endpoint = \"http://\": must name a host",
+            ),
+            (
+                "[telemetry]\nexport_timeout_ms = 0\n",
+                "telemetry.export_timeout_ms = 0: must be between 100 and 60000",
+            ),
+            (
+                "[telemetry]\nservice_name = \"\"\n",
+                "telemetry.service_name = \"\": must be 1 to 1024 printable characters",
+            ),
+            ("[telemetry]\nendpoint = \"http://c:4318\"\n", "unknown field `endpoint`"),
+        ] {
+            let err = parse(doc, "stead.toml", &[]).unwrap_err().to_string();
+            assert!(err.contains(expect), "{doc}: {err}");
+        }
     }
 
     #[test]

@@ -42,6 +42,7 @@ pub mod metrics;
 pub mod page;
 pub mod provisioners;
 pub mod status;
+pub mod telemetry;
 pub mod webhooks;
 pub mod why;
 

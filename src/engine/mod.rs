@@ -16,6 +16,7 @@ pub mod lease;
 pub mod locks;
 pub mod recovery;
 pub mod tick;
+pub mod trace;
 pub mod wake;
 pub mod worker;
 

@@ -304,6 +304,7 @@ impl Reconciler {
     pub async fn tick(&self) -> TickOutcome {
         let traceparent = self.new_traceparent();
         let span = tracing::info_span!("tick", traceparent = %traceparent);
+        super::trace::origin(&span, &traceparent);
         // tokio's clock: virtual under madsim, so the simulation stays
         // deterministic; only the gauge reads it.
         let started = tokio::time::Instant::now();

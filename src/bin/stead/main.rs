@@ -14,6 +14,7 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand, ValueEnum};
 use stead::core::event_log::{EventKind, EVENTS_READ_MAX};
+use stead::daemon::telemetry::Telemetry;
 use stead::daemon::{config, DaemonConfig, LogFormat};
 
 use output::{complain, exit, say, EXIT_FAILURE, EXIT_OK, EXIT_USAGE};
@@ -401,7 +402,23 @@ fn main() -> ExitCode {
             LogFormatArg::Json => LogFormat::Json,
         };
     }
-    init_tracing(config.log_format, cli.command.is_daemon());
+    let daemon = cli.command.is_daemon();
+    // Traces are the loops' (`run`, `tick`); other commands export none.
+    let telemetry = match daemon.then(|| Telemetry::new(&config.telemetry)) {
+        None | Some(Ok(None)) => None,
+        Some(Ok(Some(telemetry))) => Some(telemetry),
+        Some(Err(e)) => {
+            complain(&format!("config: {e}"));
+            return exit(EXIT_FAILURE);
+        }
+    };
+    init_tracing(config.log_format, daemon, telemetry.as_ref());
+    if let Some(telemetry) = &telemetry {
+        tracing::info!(
+            endpoint = telemetry.endpoint(),
+            "exporting traces over OTLP/HTTP"
+        );
+    }
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -412,7 +429,12 @@ fn main() -> ExitCode {
             return exit(EXIT_FAILURE);
         }
     };
-    match runtime.block_on(commands::dispatch(cli.command, config)) {
+    let result = runtime.block_on(commands::dispatch(cli.command, config));
+    // Outside the runtime: the exporter's last batch is sent by blocking.
+    if let Some(telemetry) = telemetry {
+        telemetry.shutdown();
+    }
+    match result {
         Ok(code) => exit(code),
         Err(e) => {
             complain(&e.message);
@@ -446,19 +468,26 @@ impl Command {
 }
 
 /// Logs go to standard error; colours only when it is a terminal, so a
-/// file or journal never receives escape codes.
-fn init_tracing(format: LogFormat, daemon: bool) {
+/// file or journal never receives escape codes. Spans also go to
+/// `telemetry`'s exporter when there is one, whatever `STEAD_LOG` shows.
+fn init_tracing(format: LogFormat, daemon: bool, telemetry: Option<&Telemetry>) {
+    use tracing_subscriber::layer::SubscriberExt;
+    use tracing_subscriber::util::SubscriberInitExt;
+    use tracing_subscriber::Layer;
     let default = if daemon { "info" } else { "warn" };
     let filter = tracing_subscriber::EnvFilter::try_from_env("STEAD_LOG")
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default));
-    let builder = tracing_subscriber::fmt()
-        .with_env_filter(filter)
+    let logs = tracing_subscriber::fmt::layer()
         .with_ansi(std::io::stderr().is_terminal())
         .with_writer(std::io::stderr);
-    match format {
-        LogFormat::Json => builder.json().init(),
-        LogFormat::Text => builder.init(),
-    }
+    let logs = match format {
+        LogFormat::Json => logs.json().boxed(),
+        LogFormat::Text => logs.boxed(),
+    };
+    tracing_subscriber::registry()
+        .with(logs.with_filter(filter))
+        .with(telemetry.map(Telemetry::layer))
+        .init();
 }
 
 /// Reports that a command is about a config whose file is `config`.

@@ -173,6 +173,7 @@ impl Worker {
             kind = task.kind.as_str(),
             traceparent = task.traceparent.as_deref().unwrap_or("")
         );
+        crate::engine::trace::child(&span, task.traceparent.as_deref());
         // The span goes with the task's future, never held entered across
         // an await: tasks that run at once on one thread would otherwise
         // log under each other's trace ids (#43).

@@ -41,6 +41,7 @@ macro_rules! impl_sql_store {
     ($store:ty, claim: $claim:expr, lock_lease: $lock_lease:expr) => {
         #[async_trait::async_trait]
         impl Store for $store {
+            #[tracing::instrument(name = "store.create_instance", level = "debug", skip_all)]
             async fn create_instance(
                 &self,
                 new: &NewInstance,
@@ -95,6 +96,7 @@ macro_rules! impl_sql_store {
                 Ok(created)
             }
 
+            #[tracing::instrument(name = "store.instance", level = "debug", skip_all)]
             async fn instance(&self, name: &InstanceName) -> Result<Option<Instance>, StoreError> {
                 sqlx::query_as::<_, InstanceRow>(sql::INSTANCE_BY_NAME)
                     .bind(name.as_str())
@@ -105,6 +107,7 @@ macro_rules! impl_sql_store {
                     .transpose()
             }
 
+            #[tracing::instrument(name = "store.instance_by_id", level = "debug", skip_all)]
             async fn instance_by_id(&self, id: InstanceId) -> Result<Option<Instance>, StoreError> {
                 sqlx::query_as::<_, InstanceRow>(sql::INSTANCE_BY_ID)
                     .bind(id)
@@ -115,6 +118,7 @@ macro_rules! impl_sql_store {
                     .transpose()
             }
 
+            #[tracing::instrument(name = "store.list_instances", level = "debug", skip_all)]
             async fn list_instances(&self) -> Result<Rows<Instance>, StoreError> {
                 crate::store::sql::timed("list_instances", self.call_timeout, async {
                     let rows = self.instance_rows().await?;
@@ -125,6 +129,7 @@ macro_rules! impl_sql_store {
                 .await
             }
 
+            #[tracing::instrument(name = "store.live_service_types", level = "debug", skip_all)]
             async fn live_service_types(
                 &self,
             ) -> Result<std::collections::BTreeSet<String>, StoreError> {
@@ -139,6 +144,7 @@ macro_rules! impl_sql_store {
                 .await
             }
 
+            #[tracing::instrument(name = "store.list_for_recovery", level = "debug", skip_all)]
             async fn list_for_recovery(&self) -> Result<Rows<ListedInstance>, StoreError> {
                 crate::store::sql::timed("list_for_recovery", self.call_timeout, async {
                     let rows = self.listed_rows().await?;
@@ -149,6 +155,7 @@ macro_rules! impl_sql_store {
                 .await
             }
 
+            #[tracing::instrument(name = "store.set_instance_state", level = "debug", skip_all)]
             async fn set_instance_state(
                 &self,
                 id: InstanceId,
@@ -166,6 +173,7 @@ macro_rules! impl_sql_store {
                 .await
             }
 
+            #[tracing::instrument(name = "store.set_instance_stopped", level = "debug", skip_all)]
             async fn set_instance_stopped(
                 &self,
                 id: InstanceId,
@@ -183,6 +191,11 @@ macro_rules! impl_sql_store {
                 found_or(found, id)
             }
 
+            #[tracing::instrument(
+                name = "store.set_instance_spec_digest",
+                level = "debug",
+                skip_all
+            )]
             async fn set_instance_spec_digest(
                 &self,
                 id: InstanceId,
@@ -200,6 +213,7 @@ macro_rules! impl_sql_store {
                 found_or(found, id)
             }
 
+            #[tracing::instrument(name = "store.set_purge_volumes", level = "debug", skip_all)]
             async fn set_purge_volumes(
                 &self,
                 id: InstanceId,
@@ -215,6 +229,7 @@ macro_rules! impl_sql_store {
                 found_or(found, id)
             }
 
+            #[tracing::instrument(name = "store.set_instance_version", level = "debug", skip_all)]
             async fn set_instance_version(
                 &self,
                 id: InstanceId,
@@ -232,6 +247,7 @@ macro_rules! impl_sql_store {
                 found_or(found, id)
             }
 
+            #[tracing::instrument(name = "store.load_active", level = "debug", skip_all)]
             async fn load_active(
                 &self,
                 instance: &InstanceName,
@@ -248,6 +264,7 @@ macro_rules! impl_sql_store {
                 Ok(ActiveRecord { services })
             }
 
+            #[tracing::instrument(name = "store.save_active_service", level = "debug", skip_all)]
             async fn save_active_service(
                 &self,
                 instance: &InstanceName,
@@ -269,6 +286,7 @@ macro_rules! impl_sql_store {
                 instance_found_or(saved, instance)
             }
 
+            #[tracing::instrument(name = "store.remove_active_service", level = "debug", skip_all)]
             async fn remove_active_service(
                 &self,
                 instance: &InstanceName,
@@ -283,6 +301,7 @@ macro_rules! impl_sql_store {
                 .map(drop)
             }
 
+            #[tracing::instrument(name = "store.persist_binds", level = "debug", skip_all)]
             async fn persist_binds(
                 &self,
                 instance: &InstanceName,
@@ -304,6 +323,11 @@ macro_rules! impl_sql_store {
                 .await
             }
 
+            #[tracing::instrument(
+                name = "store.record_verified_execution",
+                level = "debug",
+                skip_all
+            )]
             async fn record_verified_execution(
                 &self,
                 instance: &InstanceName,
@@ -324,6 +348,7 @@ macro_rules! impl_sql_store {
                 .map(drop)
             }
 
+            #[tracing::instrument(name = "store.release_claims", level = "debug", skip_all)]
             async fn release_claims(
                 &self,
                 instance: &InstanceName,
@@ -340,6 +365,7 @@ macro_rules! impl_sql_store {
                 .map(drop)
             }
 
+            #[tracing::instrument(name = "store.load_instances", level = "debug", skip_all)]
             async fn load_instances(
                 &self,
                 ids: &[InstanceId],
@@ -354,6 +380,7 @@ macro_rules! impl_sql_store {
                 .await
             }
 
+            #[tracing::instrument(name = "store.load_inhibitions", level = "debug", skip_all)]
             async fn load_inhibitions(
                 &self,
                 instance: &InstanceName,
@@ -371,6 +398,7 @@ macro_rules! impl_sql_store {
                 Ok(inhibitions)
             }
 
+            #[tracing::instrument(name = "store.save_inhibition", level = "debug", skip_all)]
             async fn save_inhibition(
                 &self,
                 instance: &InstanceName,
@@ -392,6 +420,7 @@ macro_rules! impl_sql_store {
                 instance_found_or(saved, instance)
             }
 
+            #[tracing::instrument(name = "store.clear_inhibition", level = "debug", skip_all)]
             async fn clear_inhibition(
                 &self,
                 instance: &InstanceName,
@@ -410,6 +439,7 @@ macro_rules! impl_sql_store {
                 .map(drop)
             }
 
+            #[tracing::instrument(name = "store.enqueue", level = "debug", skip_all)]
             async fn enqueue(
                 &self,
                 task: &NewTask,
@@ -426,6 +456,7 @@ macro_rules! impl_sql_store {
                 Ok(id)
             }
 
+            #[tracing::instrument(name = "store.claim", level = "debug", skip_all)]
             async fn claim(
                 &self,
                 worker: &str,
@@ -448,6 +479,7 @@ macro_rules! impl_sql_store {
                 Ok(tasks)
             }
 
+            #[tracing::instrument(name = "store.extend_lease", level = "debug", skip_all)]
             async fn extend_lease(
                 &self,
                 id: TaskId,
@@ -463,6 +495,7 @@ macro_rules! impl_sql_store {
                 .await
             }
 
+            #[tracing::instrument(name = "store.complete", level = "debug", skip_all)]
             async fn complete(
                 &self,
                 id: TaskId,
@@ -478,6 +511,7 @@ macro_rules! impl_sql_store {
                 .await
             }
 
+            #[tracing::instrument(name = "store.retry", level = "debug", skip_all)]
             async fn retry(
                 &self,
                 id: TaskId,
@@ -497,6 +531,7 @@ macro_rules! impl_sql_store {
                 .await
             }
 
+            #[tracing::instrument(name = "store.fail", level = "debug", skip_all)]
             async fn fail(
                 &self,
                 id: TaskId,
@@ -514,6 +549,7 @@ macro_rules! impl_sql_store {
                 .await
             }
 
+            #[tracing::instrument(name = "store.reset_expired_leases", level = "debug", skip_all)]
             async fn reset_expired_leases(
                 &self,
                 now: Timestamp,
@@ -535,6 +571,7 @@ macro_rules! impl_sql_store {
                 Ok(done.rows_affected())
             }
 
+            #[tracing::instrument(name = "store.active_tasks", level = "debug", skip_all)]
             async fn active_tasks(&self) -> Result<Rows<Task>, StoreError> {
                 crate::store::sql::timed("active_tasks", self.call_timeout, async {
                     let rows = sqlx::query_as::<_, TaskRow>(sql::ACTIVE_TASKS)
@@ -546,6 +583,7 @@ macro_rules! impl_sql_store {
                 .await
             }
 
+            #[tracing::instrument(name = "store.task", level = "debug", skip_all)]
             async fn task(&self, id: TaskId) -> Result<Option<Task>, StoreError> {
                 sqlx::query_as::<_, TaskRow>(sql::TASK_BY_ID)
                     .bind(id)
@@ -556,6 +594,7 @@ macro_rules! impl_sql_store {
                     .transpose()
             }
 
+            #[tracing::instrument(name = "store.expire_instance", level = "debug", skip_all)]
             async fn expire_instance(
                 &self,
                 id: InstanceId,
@@ -568,6 +607,11 @@ macro_rules! impl_sql_store {
                     .await
             }
 
+            #[tracing::instrument(
+                name = "store.expire_instance_purging",
+                level = "debug",
+                skip_all
+            )]
             async fn expire_instance_purging(
                 &self,
                 id: InstanceId,
@@ -586,6 +630,7 @@ macro_rules! impl_sql_store {
                 .await
             }
 
+            #[tracing::instrument(name = "store.tasks", level = "debug", skip_all)]
             async fn tasks(
                 &self,
                 include_finished: bool,
@@ -603,6 +648,7 @@ macro_rules! impl_sql_store {
                 .await
             }
 
+            #[tracing::instrument(name = "store.queue_depth", level = "debug", skip_all)]
             async fn queue_depth(&self) -> Result<u64, StoreError> {
                 crate::store::sql::timed("queue_depth", self.call_timeout, async {
                     let n: i64 = sqlx::query_scalar(sql::QUEUE_DEPTH)
@@ -614,6 +660,7 @@ macro_rules! impl_sql_store {
                 .await
             }
 
+            #[tracing::instrument(name = "store.instance_counts", level = "debug", skip_all)]
             async fn instance_counts(&self) -> Result<BTreeMap<InstanceState, u64>, StoreError> {
                 crate::store::sql::timed("instance_counts", self.call_timeout, async {
                     let rows: Vec<(String, i64)> = sqlx::query_as(sql::INSTANCE_COUNTS)
@@ -625,6 +672,7 @@ macro_rules! impl_sql_store {
                 .await
             }
 
+            #[tracing::instrument(name = "store.rollouts", level = "debug", skip_all)]
             async fn rollouts(&self) -> Result<BTreeMap<String, RolloutState>, StoreError> {
                 crate::store::sql::timed("rollouts", self.call_timeout, async {
                     let rows: Vec<(String, String)> = sqlx::query_as(sql::ROLLOUTS)
@@ -638,6 +686,7 @@ macro_rules! impl_sql_store {
                 .await
             }
 
+            #[tracing::instrument(name = "store.rollout_records", level = "debug", skip_all)]
             async fn rollout_records(&self) -> Result<Vec<RolloutRecord>, StoreError> {
                 crate::store::sql::timed("rollout_records", self.call_timeout, async {
                     let rows: Vec<(String, String, String, i64, Option<String>)> =
@@ -650,6 +699,7 @@ macro_rules! impl_sql_store {
                 .await
             }
 
+            #[tracing::instrument(name = "store.set_rollout", level = "debug", skip_all)]
             async fn set_rollout(
                 &self,
                 service_type: &str,
@@ -670,6 +720,7 @@ macro_rules! impl_sql_store {
                 .map(drop)
             }
 
+            #[tracing::instrument(name = "store.pin_rollout", level = "debug", skip_all)]
             async fn pin_rollout(
                 &self,
                 service_type: &str,
@@ -691,6 +742,7 @@ macro_rules! impl_sql_store {
                 .await
             }
 
+            #[tracing::instrument(name = "store.record_type_version", level = "debug", skip_all)]
             async fn record_type_version(&self, recorded: &TypeVersion) -> Result<(), StoreError> {
                 crate::store::sql::timed("record_type_version", self.call_timeout, async {
                     self.write(
@@ -707,6 +759,7 @@ macro_rules! impl_sql_store {
                 .await
             }
 
+            #[tracing::instrument(name = "store.type_versions", level = "debug", skip_all)]
             async fn type_versions(
                 &self,
                 service_type: &str,
@@ -723,6 +776,7 @@ macro_rules! impl_sql_store {
                 .await
             }
 
+            #[tracing::instrument(name = "store.database_now", level = "debug", skip_all)]
             async fn database_now(&self) -> Result<Timestamp, StoreError> {
                 crate::store::sql::timed("database_now", self.call_timeout, async {
                     let us = sqlx::query_scalar::<_, i64>(SELECT_DB_NOW)
@@ -736,6 +790,11 @@ macro_rules! impl_sql_store {
                 .await
             }
 
+            #[tracing::instrument(
+                name = "store.acquire_reconciler_lease",
+                level = "debug",
+                skip_all
+            )]
             async fn acquire_reconciler_lease(
                 &self,
                 holder: &str,
@@ -758,6 +817,11 @@ macro_rules! impl_sql_store {
                 .await
             }
 
+            #[tracing::instrument(
+                name = "store.release_reconciler_lease",
+                level = "debug",
+                skip_all
+            )]
             async fn release_reconciler_lease(&self, grant: &LeaseGrant) -> Result<(), StoreError> {
                 crate::store::sql::timed("release_reconciler_lease", self.call_timeout, async {
                     let mut tx = self.write_transaction().await?;
@@ -772,6 +836,7 @@ macro_rules! impl_sql_store {
                 .await
             }
 
+            #[tracing::instrument(name = "store.try_lock_instances", level = "debug", skip_all)]
             async fn try_lock_instances(
                 &self,
                 instances: &[InstanceId],
@@ -790,6 +855,7 @@ macro_rules! impl_sql_store {
                     .map_err(db_error)
             }
 
+            #[tracing::instrument(name = "store.try_lock_and_load", level = "debug", skip_all)]
             async fn try_lock_and_load(
                 &self,
                 instances: &[InstanceId],
@@ -809,6 +875,7 @@ macro_rules! impl_sql_store {
                 .await
             }
 
+            #[tracing::instrument(name = "store.unlock_instances", level = "debug", skip_all)]
             async fn unlock_instances(
                 &self,
                 instances: &[InstanceId],
@@ -826,6 +893,11 @@ macro_rules! impl_sql_store {
                 .map(drop)
             }
 
+            #[tracing::instrument(
+                name = "store.clear_instance_locks_of",
+                level = "debug",
+                skip_all
+            )]
             async fn clear_instance_locks_of(&self, prefix: &str) -> Result<u64, StoreError> {
                 sqlx::query(sql::CLEAR_INSTANCE_LOCKS_OF)
                     .bind(prefix)
@@ -835,6 +907,7 @@ macro_rules! impl_sql_store {
                     .map_err(db_error)
             }
 
+            #[tracing::instrument(name = "store.cancel_queued_task", level = "debug", skip_all)]
             async fn cancel_queued_task(
                 &self,
                 id: TaskId,
@@ -851,6 +924,7 @@ macro_rules! impl_sql_store {
                     .map_err(db_error)
             }
 
+            #[tracing::instrument(name = "store.cancel_queued_upgrades", level = "debug", skip_all)]
             async fn cancel_queued_upgrades(
                 &self,
                 service_type: &str,
@@ -868,6 +942,7 @@ macro_rules! impl_sql_store {
                 Ok(ids)
             }
 
+            #[tracing::instrument(name = "store.requeue_tasks_of", level = "debug", skip_all)]
             async fn requeue_tasks_of(
                 &self,
                 prefix: &str,
@@ -883,6 +958,7 @@ macro_rules! impl_sql_store {
                 Ok(ids)
             }
 
+            #[tracing::instrument(name = "store.reconciler_lease", level = "debug", skip_all)]
             async fn reconciler_lease(&self) -> Result<Option<LeaseGrant>, StoreError> {
                 crate::store::sql::timed("reconciler_lease", self.call_timeout, async {
                     let (row, _) = sqlx::query_as::<_, LeaseRow>($lock_lease)
@@ -895,6 +971,7 @@ macro_rules! impl_sql_store {
                 .await
             }
 
+            #[tracing::instrument(name = "store.append_events", level = "debug", skip_all)]
             async fn append_events(
                 &self,
                 events: &[crate::core::event_log::Event],
@@ -913,6 +990,7 @@ macro_rules! impl_sql_store {
                 .await
             }
 
+            #[tracing::instrument(name = "store.enqueue_recorded", level = "debug", skip_all)]
             async fn enqueue_recorded(
                 &self,
                 task: &NewTask,
@@ -929,6 +1007,7 @@ macro_rules! impl_sql_store {
                 Ok(Some(id))
             }
 
+            #[tracing::instrument(name = "store.finish_task_recorded", level = "debug", skip_all)]
             async fn finish_task_recorded(
                 &self,
                 id: TaskId,
@@ -970,6 +1049,11 @@ macro_rules! impl_sql_store {
                 Ok(true)
             }
 
+            #[tracing::instrument(
+                name = "store.expire_instance_recorded",
+                level = "debug",
+                skip_all
+            )]
             async fn expire_instance_recorded(
                 &self,
                 id: InstanceId,
@@ -990,6 +1074,7 @@ macro_rules! impl_sql_store {
                 .await
             }
 
+            #[tracing::instrument(name = "store.events", level = "debug", skip_all)]
             async fn events(
                 &self,
                 filter: &crate::core::event_log::EventFilter,
@@ -1019,6 +1104,7 @@ macro_rules! impl_sql_store {
                 .await
             }
 
+            #[tracing::instrument(name = "store.webhook_cursor", level = "debug", skip_all)]
             async fn webhook_cursor(&self, webhook: &str) -> Result<Option<i64>, StoreError> {
                 use crate::store::sql::{db_error as cursor_db_error, statements as cursor_sql};
                 crate::store::sql::timed("webhook_cursor", self.call_timeout, async {
@@ -1031,6 +1117,7 @@ macro_rules! impl_sql_store {
                 .await
             }
 
+            #[tracing::instrument(name = "store.advance_webhook_cursor", level = "debug", skip_all)]
             async fn advance_webhook_cursor(
                 &self,
                 webhook: &str,
@@ -1060,6 +1147,7 @@ macro_rules! impl_sql_store {
                 .await
             }
 
+            #[tracing::instrument(name = "store.prune_events", level = "debug", skip_all)]
             async fn prune_events(
                 &self,
                 before: Timestamp,
@@ -1078,6 +1166,7 @@ macro_rules! impl_sql_store {
                 .await
             }
 
+            #[tracing::instrument(name = "store.prune_finished_tasks", level = "debug", skip_all)]
             async fn prune_finished_tasks(
                 &self,
                 before: Timestamp,
@@ -1099,6 +1188,7 @@ macro_rules! impl_sql_store {
         impl $store {
             /// TTL expiry or deletion (`Store::expire_instance`), with its
             /// event, if any, written in the same transaction (#42).
+            #[tracing::instrument(name = "store.expire_in_transaction", level = "debug", skip_all)]
             async fn expire_in_transaction(
                 &self,
                 id: InstanceId,

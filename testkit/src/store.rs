@@ -36,8 +36,8 @@ use stead::ports::{
 };
 use stead::store::{
     fenced, lease_cutoff_us, lease_to_us, lock_admits, lock_lost, name_held_by_task, name_taken,
-    normalize_duration, normalize_execution_start, normalize_timestamp, timestamp_to_us,
-    ReconcilerLeaseRow,
+    normalize_duration, normalize_execution_start, normalize_timestamp, timestamp_from_us,
+    timestamp_to_us, ReconcilerLeaseRow,
 };
 
 /// Whether `holder` is a new incarnation of the identity that holds the
@@ -1408,11 +1408,38 @@ impl Store for MemoryStore {
             // lease like a stranger would.
             return Ok(None);
         }
-        let Some(next) = row.acquire(holder, now_us, lease_to_us(ttl)) else {
+        // The holder this lease would go from, if a twin of the asker.
+        let twin = row
+            .holder
+            .as_deref()
+            .filter(|current| succession(current, holder) == Succession::Twin)
+            .map(|current| (current.to_owned(), row.expires_at_us));
+        let next = if twin.is_some() && mutants::active(Mutant::TwinTakesOver) {
+            // Broken on purpose: the twin takes the lease at once, as a
+            // restart at the holder's own site would.
+            ReconcilerLeaseRow::VACANT
+                .acquire(holder, now_us, lease_to_us(ttl))
+                .map(|taken| ReconcilerLeaseRow {
+                    epoch: row.epoch + 1,
+                    ..taken
+                })
+        } else {
+            row.acquire(holder, now_us, lease_to_us(ttl))
+        };
+        let Some(next) = next else {
             return Ok(None);
         };
         let grant = next.grant();
         state.lease = Some(next);
+        drop(state);
+        if let Some((from, expires_at_us)) = twin {
+            self.tell(|| Effect::LeaseTakenByTwin {
+                holder: holder.to_owned(),
+                from,
+                from_expires_at: expires_at_us.and_then(timestamp_from_us),
+                at: timestamp_from_us(now_us).unwrap_or(Timestamp::MAX),
+            });
+        }
         Ok(grant)
     }
 

@@ -1669,6 +1669,65 @@ async fn a_hung_handler_is_bounded_by_its_lease() {
     assert!(lock.is_some(), "the instance lock is released");
 }
 
+/// T3 (#41 item 8): a worker whose instance lock expired while it was
+/// stuck in a runtime call (its process paused, by the database's clock)
+/// finds its next write refused by the store. It writes nothing, makes no
+/// further effect (the candidate it created is left for the lock's next
+/// holder, not removed), records no end: the task stays its until its lease
+/// runs out, and the lease path then queues it again, attempts kept.
+#[tokio::test]
+async fn a_worker_whose_instance_lock_expired_writes_nothing_and_leaves_its_task_to_the_lease() {
+    let f = fixture();
+    let instance = f.instance("wiki1", "2").await;
+    f.enqueue(instance.id, TaskKind::Provision).await;
+    let lease = Duration::from_secs(300);
+    let clock = f.clock.clone();
+    // The database's clock moves past the worker's lock (its lease and
+    // slack) while the worker waits on the runtime.
+    f.script.on_next(Op::Create, move || {
+        clock.advance(lease + stead::core::policy::WORKER_LOCK_SLACK + Duration::from_secs(1));
+    });
+    let (task, end) = f.worker().work_once().await.expect("a task");
+    assert_eq!(end, TaskEnd::LeaseLost);
+    let web = ServiceKey {
+        instance: InstanceName::new("wiki1"),
+        service: ServiceName::new("web"),
+    };
+    assert_eq!(f.store.active_now(&web), None, "ACTIVE not written");
+    assert_eq!(
+        f.store
+            .instance_now(&InstanceName::new("wiki1"))
+            .unwrap()
+            .state,
+        InstanceState::Provisioning
+    );
+    assert_eq!(
+        f.runtime.container_ids().len(),
+        1,
+        "the container made under the lock is not removed without it"
+    );
+    let running = f.store.task(task.id).await.unwrap().unwrap();
+    assert_eq!(
+        (running.state, running.attempts),
+        (TaskState::Running, task.attempts),
+        "no end recorded"
+    );
+    let requeued = f
+        .store
+        .reset_expired_leases(f.clock.now(), lease, None)
+        .await
+        .unwrap();
+    assert_eq!(requeued, 1, "the lease path queues it again");
+    let again = f.store.task(task.id).await.unwrap().unwrap();
+    assert_eq!(
+        (again.state, again.attempts),
+        (TaskState::Queued, task.attempts)
+    );
+    let (_, end) = f.worker().work_once().await.expect("the task again");
+    assert_eq!(end, TaskEnd::Done);
+    assert!(f.store.active_now(&web).is_some());
+}
+
 // --- T5: the traffic plane reconciled, not remembered ---------------------
 
 #[tokio::test]

@@ -24,7 +24,7 @@ use stead::core::types::{
     ActiveRecord, ActiveService, ContainerId, Inhibition, InhibitionReason, InstanceName,
     ServiceName,
 };
-use stead::ports::{LeaseGrant, NewInstance, Store, StoreError};
+use stead::ports::{LeaseGrant, LockGrant, LockedWrite, NewInstance, Store, StoreError};
 use support::{Backend, TestStore};
 
 /// Cases per backend, and operations per case.
@@ -149,6 +149,13 @@ enum Op {
         instances: Vec<u8>,
         holder: u8,
     },
+    /// A worker's write under its instance lock (T3): a version, or a
+    /// move from provisioning to ready.
+    UnderLock {
+        instance: u8,
+        holder: u8,
+        version: Option<u8>,
+    },
     LoadInstance {
         name: u8,
     },
@@ -221,6 +228,8 @@ fn op() -> impl Strategy<Value = Op> {
             .prop_map(|(instances, holder, expired)| Op::TryLock { instances, holder, expired }),
         1 => (proptest::collection::vec(0u8..6, 0..4), 0u8..2)
             .prop_map(|(instances, holder)| Op::Unlock { instances, holder }),
+        2 => (0u8..5, 0u8..2, proptest::option::of(0u8..3))
+            .prop_map(|(instance, holder, version)| Op::UnderLock { instance, holder, version }),
         1 => (0u8..5).prop_map(|name| Op::LoadInstance { name }),
         1 => (0u8..5).prop_map(|name| Op::LoadActive { name }),
         1 => (0u8..5).prop_map(|name| Op::LoadInhibitions { name }),
@@ -334,6 +343,7 @@ fn error_kind(error: &StoreError) -> String {
         StoreError::BadRow { table, field, .. } => format!("bad row {table}.{field}"),
         StoreError::Conflict(_) => "conflict".into(),
         StoreError::Fenced { epoch } => format!("fenced {epoch}"),
+        StoreError::LockLost { holder, .. } => format!("lock lost by {holder}"),
         StoreError::NotFound(_) => "not found".into(),
     }
 }
@@ -669,6 +679,32 @@ async fn apply(subject: &mut Subject, op: &Op, now: &mut Timestamp) -> Seen {
                     .await,
                 |()| Seen::Unit,
             )
+        }
+        Op::UnderLock {
+            instance,
+            holder,
+            version,
+        } => {
+            let id = subject.instance_id(instance);
+            let lock = LockGrant {
+                instance: id,
+                holder: format!("holder-{holder}"),
+            };
+            let version = version.map(|v| format!("v{v}"));
+            let write = match &version {
+                Some(version) => LockedWrite::Version {
+                    id,
+                    version,
+                    now: now_v,
+                },
+                None => LockedWrite::State {
+                    id,
+                    from: InstanceState::Provisioning,
+                    to: InstanceState::Ready,
+                    now: now_v,
+                },
+            };
+            seen(store.write_under_lock(&lock, write).await, Seen::Bool)
         }
         Op::Release { holder } => match subject.grants.get(&holder).cloned() {
             Some(grant) => seen(store.release_reconciler_lease(&grant).await, |()| {

@@ -17,7 +17,7 @@ use stead::core::fleet::{
 use stead::core::types::{
     ActiveService, ContainerId, Inhibition, InhibitionReason, InstanceName, ServiceName,
 };
-use stead::ports::{NewInstance, Store, StoreError, TypeVersion};
+use stead::ports::{LockGrant, LockedWrite, NewInstance, Store, StoreError, TypeVersion};
 use support::TestStore;
 
 macro_rules! store_suite {
@@ -87,6 +87,7 @@ store_suite! {
         stale_lease_holder_writes_are_fenced_and_write_nothing,
         recovery_writes_are_fenced_too,
         instance_locks_exclude_other_holders_until_released_or_expired,
+        writes_under_a_lost_instance_lock_are_refused_and_change_nothing,
         timestamps_round_trip_at_microsecond_precision,
         a_store_outage_fails_calls_and_loses_nothing,
         events_are_appended_in_order_and_read_back_with_every_field,
@@ -1840,6 +1841,202 @@ async fn instance_locks_exclude_other_holders_until_released_or_expired(s: TestS
             .await
             .unwrap(),
         [b]
+    );
+}
+
+/// T3 (#41 item 8): a worker's writes carry its instance lock and are made
+/// only while the lock is still its own. Once it expired (its worker paused
+/// past it) every kind of write is refused, typed, and changes nothing,
+/// before and after another holder took the lock over; the new holder's
+/// writes are made.
+async fn writes_under_a_lost_instance_lock_are_refused_and_change_nothing(s: TestStore) {
+    let store = &*s.store;
+    let id = instance(store, "alpha").await;
+    let (name, web) = (InstanceName::new("alpha"), ServiceName::new("web"));
+    let c1 = ContainerId::new("c1");
+    let paused = LockGrant {
+        instance: id,
+        holder: "host-1#s1.aa/w0".into(),
+    };
+    let next = LockGrant {
+        instance: id,
+        holder: "host-2#s2.bb/w1".into(),
+    };
+    assert_eq!(
+        store
+            .write_under_lock(
+                &paused,
+                LockedWrite::Version {
+                    id,
+                    version: "1.1",
+                    now: t(1),
+                }
+            )
+            .await,
+        Err(StoreError::LockLost {
+            instance: id,
+            holder: paused.holder.clone(),
+        }),
+        "a lock never taken admits nothing"
+    );
+    let taken = store
+        .try_lock_instances(&[id], &paused.holder, SHORT)
+        .await
+        .unwrap();
+    assert_eq!(taken, [id]);
+    let hold = Inhibition {
+        service: web.clone(),
+        container: c1.clone(),
+        reason: InhibitionReason::RetirementPending,
+        operation: "upgrade".into(),
+        created_at: t(0),
+        stop_grace: None,
+        revert_to: None,
+    };
+    let held_writes = [
+        LockedWrite::Version {
+            id,
+            version: "1.1",
+            now: t(1),
+        },
+        LockedWrite::SaveActive {
+            instance: &name,
+            service: &web,
+            active: &active("c1", "r1"),
+        },
+        LockedWrite::SaveInhibition {
+            instance: &name,
+            inhibition: &hold,
+        },
+    ];
+    for write in held_writes {
+        assert_eq!(
+            store.write_under_lock(&paused, write).await,
+            Ok(true),
+            "its holder writes: {write:?}"
+        );
+    }
+    let cas_missed = LockedWrite::State {
+        id,
+        from: InstanceState::Ready,
+        to: InstanceState::Failed,
+        now: t(1),
+    };
+    assert_eq!(
+        store.write_under_lock(&paused, cas_missed).await,
+        Ok(false),
+        "a compare-and-set under the lock still compares"
+    );
+    let other = LockGrant {
+        instance: instance(store, "beta").await,
+        holder: paused.holder.clone(),
+    };
+    store
+        .try_lock_instances(&[other.instance], &other.holder, Duration::from_secs(600))
+        .await
+        .unwrap();
+    tokio::time::sleep(PAST_SHORT).await;
+    let lost = Err(StoreError::LockLost {
+        instance: id,
+        holder: paused.holder.clone(),
+    });
+    let late = LockedWrite::Version {
+        id,
+        version: "9.9",
+        now: t(2),
+    };
+    assert_eq!(
+        store.write_under_lock(&paused, late).await,
+        lost,
+        "expired and not yet taken over: its holder may be paused past it"
+    );
+    let taken = store
+        .try_lock_instances(&[id], &next.holder, Duration::from_secs(600))
+        .await
+        .unwrap();
+    assert_eq!(taken, [id]);
+    let new_active = active("c2", "r2");
+    let refused = [
+        LockedWrite::State {
+            id,
+            from: InstanceState::Provisioning,
+            to: InstanceState::Ready,
+            now: t(2),
+        },
+        late,
+        LockedWrite::SpecDigest {
+            id,
+            digest: "sha256:stale",
+            now: t(2),
+        },
+        LockedWrite::SaveActive {
+            instance: &name,
+            service: &web,
+            active: &new_active,
+        },
+        LockedWrite::RemoveActive {
+            instance: &name,
+            service: &web,
+        },
+        LockedWrite::ReleaseClaims {
+            instance: &name,
+            container: &c1,
+        },
+        LockedWrite::SaveInhibition {
+            instance: &name,
+            inhibition: &Inhibition {
+                reason: InhibitionReason::parse("operator-hold"),
+                ..hold.clone()
+            },
+        },
+        LockedWrite::ClearInhibition {
+            instance: &name,
+            service: &web,
+            container: &c1,
+        },
+    ];
+    for write in refused {
+        assert_eq!(
+            store.write_under_lock(&paused, write).await,
+            lost,
+            "taken over: {write:?}"
+        );
+    }
+    let row = store.instance_by_id(id).await.unwrap().unwrap();
+    assert_eq!(
+        (row.state, row.version.as_str(), row.spec_digest),
+        (InstanceState::Provisioning, "1.1", None),
+        "nothing written"
+    );
+    let loaded = store.load_active(&name).await.unwrap();
+    assert_eq!(loaded.services[&web], active("c1", "r1"), "nothing written");
+    assert_eq!(store.load_inhibitions(&name).await.unwrap(), [hold]);
+    let moved = LockedWrite::State {
+        id,
+        from: InstanceState::Provisioning,
+        to: InstanceState::Ready,
+        now: t(3),
+    };
+    assert_eq!(store.write_under_lock(&next, moved).await, Ok(true));
+    let cleared = LockedWrite::ClearInhibition {
+        instance: &name,
+        service: &web,
+        container: &c1,
+    };
+    assert_eq!(store.write_under_lock(&next, cleared).await, Ok(true));
+    assert_eq!(
+        store.instance_by_id(id).await.unwrap().unwrap().state,
+        InstanceState::Ready
+    );
+    assert!(store.load_inhibitions(&name).await.unwrap().is_empty());
+    store.unlock_instances(&[id], &next.holder).await.unwrap();
+    assert_eq!(
+        store.write_under_lock(&next, moved).await,
+        Err(StoreError::LockLost {
+            instance: id,
+            holder: next.holder.clone(),
+        }),
+        "a released lock admits nothing"
     );
 }
 

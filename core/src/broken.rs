@@ -102,11 +102,15 @@ pub enum Mutant {
     /// #41: take a reading of the database's clock that jumped (or a
     /// first one) at its word: expire, requeue and take over by it.
     IgnoreClockJump,
+    /// T1 (#41): a twin (the same identity at another site: a copied
+    /// `state_dir`) takes the reconciler lease at once, live holder or
+    /// not, as a restart at the holder's own site would.
+    TwinTakesOver,
 }
 
 #[cfg(feature = "mutation-exercise")]
 impl Mutant {
-    pub const ALL: [Mutant; 24] = [
+    pub const ALL: [Mutant; 25] = [
         Mutant::SkipWithdrawBeforeStart,
         Mutant::PublishBeforeReadiness,
         Mutant::ForgetCrashLoopCharge,
@@ -131,5 +135,6 @@ impl Mutant {
         Mutant::IgnoreUndoPin,
         Mutant::TrustMonotonicOnly,
         Mutant::IgnoreClockJump,
+        Mutant::TwinTakesOver,
     ];
 }

@@ -33,7 +33,8 @@ pub enum ErrorKind {
     Transient,
     /// The service behind the port could not be reached at all.
     Unavailable,
-    /// The writer's reconciler lease is no longer current (T2).
+    /// The writer's reconciler lease (T2) or instance lock (T3) is no
+    /// longer its own.
     Fenced,
     /// A row written by something else does not parse.
     BadRow,
@@ -204,6 +205,16 @@ pub enum StoreError {
     /// The writer's reconciler lease is no longer current.
     #[error("fenced: reconciler lease epoch {epoch} is no longer current")]
     Fenced { epoch: i64 },
+    /// The writer's instance lock is no longer its own (T3): it expired,
+    /// and maybe another process holds it now. Nothing was written.
+    #[error(
+        "fenced: the lock of instance {instance} is no longer held by {holder} \
+         (expired or taken over); nothing was written"
+    )]
+    LockLost {
+        instance: crate::core::fleet::InstanceId,
+        holder: String,
+    },
     #[error("not found: {0}")]
     NotFound(String),
 }
@@ -215,7 +226,7 @@ impl PortFailure for StoreError {
             Self::Unavailable(_) => ErrorKind::Unavailable,
             Self::BadRow { .. } => ErrorKind::BadRow,
             Self::Conflict(_) => ErrorKind::Conflict,
-            Self::Fenced { .. } => ErrorKind::Fenced,
+            Self::Fenced { .. } | Self::LockLost { .. } => ErrorKind::Fenced,
             Self::NotFound(_) => ErrorKind::NotFound,
         }
     }

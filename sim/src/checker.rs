@@ -456,7 +456,12 @@ impl Checker {
             .get()
             .and_then(|s| s.lease_now())
             .filter(|g| g.expires_at > self.clock.now())
-            .is_some_and(|g| stead::store::identity_of(&g.holder) == identity.identity);
+            // Its own earlier incarnation at its site, which it takes the
+            // lease back from at once; a twin's (another site) it waits out.
+            .is_some_and(|g| {
+                stead::core::succession::succession(&g.holder, &identity.holder())
+                    == stead::core::succession::Succession::Predecessor
+            });
         self.lock().processes.insert(
             node,
             Process {
@@ -2503,6 +2508,30 @@ impl Observer for Checker {
             }
             // The world pins only the Docker type.
             Effect::RolloutPinned { .. } => {}
+            Effect::LeaseTakenByTwin {
+                holder,
+                from,
+                from_expires_at,
+                at,
+            } => {
+                // T1 (#41): two live processes of one identity (a copied
+                // `state_dir`) never both lead. With T2 (every effect under
+                // the lease the database names, unexpired), a lease that
+                // passes between twins only once its grant ran out leaves
+                // one of them acting at a time. Both instants are the
+                // database's clock, as the store decided by it.
+                let expired = from_expires_at.is_none_or(|e| e <= *at);
+                s.check(
+                    "T1 a live twin's lease is never taken over",
+                    expired,
+                    || {
+                        format!(
+                            "{holder} took the reconciler lease at {at} from its twin {from}, \
+                         whose grant ran until {from_expires_at:?}"
+                        )
+                    },
+                );
+            }
             Effect::LeaseBroken { task, locked_at } => {
                 Self::check_not_decided_on_a_step(&mut s, node, &format!("task {task} requeued"));
                 let expiry = add(*locked_at, self.task_lease);

@@ -249,6 +249,15 @@ async fn simulate(cfg: SimConfig, tally: crate::coverage::Tally) -> SimOutcome {
     } else {
         0.0
     };
+    // Twins (#41 item 3): a second process of a live one's identity, from
+    // a copied `state_dir` or a cloned VM image, in half the seeds. Their
+    // own stream too, so the other faults' draws stay what they were.
+    let mut twin_rng = ChaCha8Rng::seed_from_u64(cfg.seed ^ 0x7e1e_0041_0003_a11e);
+    let twin_p = if twin_rng.random_bool(0.5) {
+        twin_rng.random_range(0.005..0.03)
+    } else {
+        0.0
+    };
     for _ in 0..safety_ticks {
         let garbled = row_rng
             .random_bool(garble_p)
@@ -292,6 +301,9 @@ async fn simulate(cfg: SimConfig, tally: crate::coverage::Tally) -> SimOutcome {
         }
         processes.adopt_pauses(&faults, &mut rng);
         processes.inject(&mut rng, &mix, &counts);
+        if twin_rng.random_bool(twin_p) {
+            processes.start_twin(&mut twin_rng, &counts);
+        }
         if clock_rng.random_bool(clock_faults.database_step) {
             step_database_clock(&database_clock, &checker, cfg.tick, &mut clock_rng, &counts);
         }
@@ -890,6 +902,13 @@ struct Processes {
     woke_from_suspend: BTreeMap<usize, Timestamp>,
     /// Per pause: the chance it is a suspend.
     suspend: f64,
+    /// The twin running beside a slot's process, if any (#41 item 3), and
+    /// when it is stopped.
+    twin: Option<(madsim::runtime::NodeHandle, Timestamp)>,
+    /// Twins started so far.
+    twins: u64,
+    /// What a twin's process shares with the others.
+    shared: Arc<Shared>,
     /// The suspends' own draws (#41), apart from the other faults' so
     /// that those stay as they were.
     suspend_rng: ChaCha8Rng,
@@ -929,6 +948,9 @@ impl Processes {
             suspended_since: BTreeMap::new(),
             woke_from_suspend: BTreeMap::new(),
             suspend: clock_faults.suspend,
+            twin: None,
+            twins: 0,
+            shared: shared.clone(),
             suspend_rng: ChaCha8Rng::seed_from_u64(clock_faults.seed),
             tick: shared.tick,
             skew_ms_max: mix.skew_ms_max,
@@ -979,6 +1001,53 @@ impl Processes {
                 counts.bump("host clock jumped");
                 self.slots[i].set_skew_ms(skew);
             }
+        }
+    }
+
+    /// Starts a twin of a reconciling slot's process beside it (#41 item
+    /// 3): the same identity and role at another site, as a copied
+    /// `state_dir` or a cloned VM image starts one, for 2 to 11 ticks. The
+    /// slot's process may be up, paused or down meanwhile: the twin waits
+    /// for the lease as long as the other renews it, and takes it only once
+    /// its grant ran out (T1). It is never paused, and is killed (SIGKILL)
+    /// at its end, its lease and locks left to expire.
+    fn start_twin(&mut self, rng: &mut ChaCha8Rng, counts: &FaultCounts) {
+        let reconcilers: Vec<usize> = (0..self.slots.len())
+            .filter(|i| self.slots[*i].role.reconciles())
+            .collect();
+        let i = reconcilers[rng.random_range(0..reconcilers.len())];
+        let ticks = rng.random_range(2..12u32);
+        let skew = draw_skew(rng, self.skew_ms_max);
+        if self.twin.is_some() {
+            return;
+        }
+        counts.bump("twin started beside a process (a copied state_dir)");
+        self.twins += 1;
+        let slot = Arc::new(Slot::twin_of(&self.slots[i], self.twins, skew));
+        let shared = self.shared.clone();
+        let node = madsim::runtime::Handle::current()
+            .create_node()
+            .name(format!("stead{i}-twin{}", self.twins))
+            .ip(std::net::IpAddr::from([
+                10,
+                1,
+                (self.twins / 250) as u8,
+                (self.twins % 250) as u8 + 1,
+            ]))
+            .init(move || process_main(slot.clone(), shared.clone()))
+            .build();
+        self.twin = Some((node, add(SystemClock.now(), self.tick * ticks)));
+    }
+
+    /// Kills the twin, if one runs and its time is up (or `now` is `None`).
+    fn stop_twin(&mut self, now: Option<Timestamp>) {
+        if self
+            .twin
+            .as_ref()
+            .is_some_and(|(_, until)| now.is_none_or(|now| *until <= now))
+        {
+            let (node, _) = self.twin.take().expect("checked");
+            madsim::runtime::Handle::current().kill(node.id());
         }
     }
 
@@ -1035,8 +1104,9 @@ impl Processes {
         }
     }
 
-    /// Restarts and resumes what is due.
+    /// Restarts and resumes what is due, and stops a twin whose time is up.
     fn settle(&mut self, now: Timestamp, counts: &FaultCounts) {
+        self.stop_twin(Some(now));
         let handle = madsim::runtime::Handle::current();
         let due: Vec<usize> = self
             .down_until
@@ -1061,8 +1131,10 @@ impl Processes {
         }
     }
 
-    /// Every process restarts at once (a new catalog rolled out).
+    /// Every process restarts at once (a new catalog rolled out); a twin
+    /// is stopped.
     fn restart_all(&mut self, counts: &FaultCounts) {
+        self.stop_twin(None);
         let handle = madsim::runtime::Handle::current();
         let now = SystemClock.now();
         for i in 0..self.nodes.len() {
@@ -1075,8 +1147,10 @@ impl Processes {
         }
     }
 
-    /// The faults stop: everything paused resumes, everything down starts.
+    /// The faults stop: everything paused resumes, everything down starts,
+    /// a twin is stopped.
     fn recover_all(&mut self, counts: &FaultCounts) {
+        self.stop_twin(None);
         let handle = madsim::runtime::Handle::current();
         let now = SystemClock.now();
         for i in std::mem::take(&mut self.paused_until).into_keys() {

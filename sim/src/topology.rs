@@ -108,6 +108,10 @@ pub struct Slot {
     pub index: usize,
     pub role: Role,
     identity: Mutex<String>,
+    /// The identity lock the process holds (`core::succession`: its
+    /// incarnations are `<site>.i<n>`): the slot's own, or, for a twin
+    /// started beside it from a copy of its `state_dir`, another.
+    site: String,
     incarnations: AtomicU64,
     /// The host's wall clock minus the database's, in milliseconds.
     skew_ms: AtomicI64,
@@ -124,6 +128,7 @@ impl Slot {
             index,
             role,
             identity: Mutex::new(format!("host{index}-a")),
+            site: format!("s{index}"),
             incarnations: AtomicU64::new(0),
             skew_ms: AtomicI64::new(skew_ms),
             paused: AtomicBool::new(false),
@@ -136,6 +141,18 @@ impl Slot {
     pub fn stood_still(&self, d: Duration) {
         self.stood_still_ms
             .fetch_add(d.as_millis() as u64, Ordering::Relaxed);
+    }
+
+    /// A second process of `slot`'s identity, as a copied `state_dir` or a
+    /// cloned VM image starts one (#41 item 3): the same identity and role,
+    /// at another site (another identity lock), with a wall clock of its
+    /// own; its `n`th twin.
+    pub fn twin_of(slot: &Slot, n: u64, skew_ms: i64) -> Self {
+        Self {
+            identity: Mutex::new(slot.identity()),
+            site: format!("t{}x{n}", slot.index),
+            ..Self::new(slot.index, slot.role, skew_ms)
+        }
     }
 
     /// The host lost its data directory: the next run is a stranger.
@@ -204,7 +221,7 @@ pub async fn process_main(slot: Arc<Slot>, shared: Arc<Shared>) {
     let incarnation = slot.incarnations.fetch_add(1, Ordering::Relaxed) + 1;
     let identity = ProcessIdentity {
         identity: slot.identity(),
-        incarnation: format!("i{incarnation}"),
+        incarnation: format!("{}.i{incarnation}", slot.site),
     };
     shared
         .checker
@@ -225,14 +242,15 @@ pub async fn process_main(slot: Arc<Slot>, shared: Arc<Shared>) {
         notifier: shared.notifier.clone(),
     };
     let locks = Arc::new(InstanceLocks::new(shared.store.clone()).timed_by(clock.clone()));
-    // T1: as the daemon does at start.
+    // T1: as the daemon does at start: its own site's earlier
+    // incarnations are gone, a twin's are not.
     let _ = shared
         .store
-        .requeue_tasks_of(&identity.identity_prefix(), clock.now())
+        .requeue_tasks_of(&identity.predecessors_prefix(), clock.now())
         .await;
     let _ = shared
         .store
-        .clear_instance_locks_of(&identity.identity_prefix())
+        .clear_instance_locks_of(&identity.predecessors_prefix())
         .await;
     let (_stop_tx, stop) = watch::channel(false);
     let mut tasks = Vec::new();

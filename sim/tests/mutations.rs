@@ -221,6 +221,14 @@ fn trust_timed_by_the_monotonic_clock_alone_is_caught() {
 }
 
 #[test]
+fn a_twin_taking_over_a_live_lease_is_caught() {
+    assert_caught(
+        Mutant::TwinTakesOver,
+        "T1 a live twin's lease is never taken over",
+    );
+}
+
+#[test]
 fn a_stepped_database_clock_taken_at_its_word_is_caught() {
     assert_caught(
         Mutant::IgnoreClockJump,

@@ -23,7 +23,7 @@ use super::clock::{Sent, Trust};
 use crate::core::fleet::InstanceId;
 use crate::core::hash::FastMap;
 use crate::core::policy::trust_margin;
-use crate::ports::{Clock, LoadedInstances, Store, StoreError};
+use crate::ports::{Clock, LoadedInstances, LockGrant, Store, StoreError};
 
 /// Pause between tries of a waiting [`InstanceLocks::lock`].
 const LOCK_RETRY_INTERVAL: Duration = Duration::from_millis(100);
@@ -263,6 +263,16 @@ impl InstanceGuard {
     /// Until when the lock is trusted.
     pub fn trusted_until(&self) -> Trust {
         self.trusted_until
+    }
+
+    /// What the guard's writes to the instance carry, so the store makes
+    /// them only while the lock is still this guard's
+    /// ([`Store::write_under_lock`]).
+    pub fn grant(&self) -> LockGrant {
+        LockGrant {
+            instance: self.instance,
+            holder: self.holder.to_string(),
+        }
     }
 
     /// Releases the store's row, then the in-process lock.

@@ -375,6 +375,69 @@ pub struct LeaseGrant {
     pub expires_at: Timestamp,
 }
 
+/// Proof of holding an instance's lock (T3): a worker's writes to the
+/// instance carry it ([`Store::write_under_lock`]). The holder names the
+/// worker and its process's incarnation, so it is this lock's alone: a
+/// lock that expired or went to another holder no longer matches.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LockGrant {
+    pub instance: InstanceId,
+    pub holder: String,
+}
+
+/// A write a worker makes to the instance whose lock it holds
+/// ([`Store::write_under_lock`]): each is the store method of the same
+/// name, with the same meaning.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LockedWrite<'a> {
+    /// [`Store::set_instance_state`]: compare-and-set.
+    State {
+        id: InstanceId,
+        from: InstanceState,
+        to: InstanceState,
+        now: Timestamp,
+    },
+    /// [`Store::set_instance_version`].
+    Version {
+        id: InstanceId,
+        version: &'a str,
+        now: Timestamp,
+    },
+    /// [`Store::set_instance_spec_digest`].
+    SpecDigest {
+        id: InstanceId,
+        digest: &'a str,
+        now: Timestamp,
+    },
+    /// [`Store::save_active_service`].
+    SaveActive {
+        instance: &'a InstanceName,
+        service: &'a ServiceName,
+        active: &'a ActiveService,
+    },
+    /// [`Store::remove_active_service`].
+    RemoveActive {
+        instance: &'a InstanceName,
+        service: &'a ServiceName,
+    },
+    /// [`Store::release_claims`], unfenced by the reconciler lease.
+    ReleaseClaims {
+        instance: &'a InstanceName,
+        container: &'a ContainerId,
+    },
+    /// [`Store::save_inhibition`].
+    SaveInhibition {
+        instance: &'a InstanceName,
+        inhibition: &'a Inhibition,
+    },
+    /// [`Store::clear_inhibition`], unfenced by the reconciler lease.
+    ClearInhibition {
+        instance: &'a InstanceName,
+        service: &'a ServiceName,
+        container: &'a ContainerId,
+    },
+}
+
 /// An instance to create.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct NewInstance {
@@ -529,6 +592,20 @@ pub trait Store: Send + Sync {
         version: &str,
         now: Timestamp,
     ) -> Result<(), StoreError>;
+
+    /// `write` (the store method of the same name), made only while
+    /// `lock` is still held: the lock row names its holder and has not
+    /// expired by the database's clock, checked in the write's own
+    /// transaction so the lock cannot change hands in between. Otherwise
+    /// [`StoreError::LockLost`] and nothing changes: a worker paused past
+    /// its lock never overwrites what the lock's next holder wrote (T3).
+    /// `Ok(false)` only from a [`LockedWrite::State`] whose state was not
+    /// `from`; every other write answers as its method does.
+    async fn write_under_lock(
+        &self,
+        lock: &LockGrant,
+        write: LockedWrite<'_>,
+    ) -> Result<bool, StoreError>;
 
     // --- ACTIVE ----------------------------------------------------------
     async fn load_active(&self, instance: &InstanceName) -> Result<ActiveRecord, StoreError>;

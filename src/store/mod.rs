@@ -18,7 +18,7 @@ use crate::core::fleet::{InstanceId, InstanceState};
 pub use crate::core::succession::identity_of;
 use crate::core::succession::{succession, Succession};
 use crate::core::types::{InstanceName, Timestamp};
-use crate::ports::{LeaseGrant, StoreError};
+use crate::ports::{LeaseGrant, LockGrant, StoreError};
 
 #[cfg(all(feature = "io", not(madsim)))]
 pub mod sql;
@@ -292,6 +292,22 @@ impl ReconcilerLeaseRow {
 /// The error a fenced write returns when its grant is stale.
 pub fn fenced(grant: &LeaseGrant) -> StoreError {
     StoreError::Fenced { epoch: grant.epoch }
+}
+
+/// The error a write under an instance lock returns once the lock is no
+/// longer its holder's (T3, [`crate::ports::Store::write_under_lock`]).
+pub fn lock_lost(lock: &LockGrant) -> StoreError {
+    StoreError::LockLost {
+        instance: lock.instance,
+        holder: lock.holder.clone(),
+    }
+}
+
+/// C6 for instance locks: whether the lock row `(holder, expires_at_us)`
+/// still admits `lock`'s writes at `now_us` (the database's clock). At its
+/// expiry it no longer does, as a lease: another may take it from then.
+pub fn lock_admits(row: Option<(&str, i64)>, lock: &LockGrant, now_us: i64) -> bool {
+    row.is_some_and(|(holder, expires_at_us)| holder == lock.holder && now_us < expires_at_us)
 }
 
 #[cfg(test)]

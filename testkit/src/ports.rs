@@ -212,6 +212,16 @@ pub enum Effect {
         instance: i64,
         reason: String,
     },
+    /// The reconciler lease went to `holder` from `from`, another
+    /// incarnation of its identity at another site (a twin: a copied
+    /// `state_dir`, T1), whose grant ran until `from_expires_at`; `at` is
+    /// the database's clock when it changed hands.
+    LeaseTakenByTwin {
+        holder: String,
+        from: String,
+        from_expires_at: Option<Timestamp>,
+        at: Timestamp,
+    },
     /// A running task's lease was broken: the task went back to the queue
     /// (C6). `locked_at` is when its worker last took or renewed it.
     LeaseBroken {
@@ -736,6 +746,9 @@ impl Runtime for MemoryRuntime {
             .admit(Op::Start, id.as_str())
             .await
             .map_err(runtime_err)?;
+        // A container that is not there is not started (Docker answers
+        // 404): nothing is told of it, as of a stop or a remove.
+        self.read(id, |_| ()).ok_or(RuntimeError::NotFound)?;
         self.hooks.tell(|| Effect::Started { id: id.clone() });
         self.run(id)?;
         self.emit(id, RuntimeEventAction::Start);
@@ -773,6 +786,7 @@ impl Runtime for MemoryRuntime {
             .admit(Op::Restart, id.as_str())
             .await
             .map_err(runtime_err)?;
+        self.read(id, |_| ()).ok_or(RuntimeError::NotFound)?;
         self.hooks.tell(|| Effect::Restarted { id: id.clone() });
         self.run(id)?;
         self.emit(id, RuntimeEventAction::Die);

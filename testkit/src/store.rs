@@ -31,12 +31,13 @@ use stead::core::types::{
 use stead::engine::SystemClock;
 use stead::ports::Clock;
 use stead::ports::{
-    Expired, LeaseGrant, LoadedInstance, LoadedInstances, NewInstance, RolloutRecord, Rows, Store,
-    StoreError, TypeVersion,
+    Expired, LeaseGrant, LoadedInstance, LoadedInstances, LockGrant, LockedWrite, NewInstance,
+    RolloutRecord, Rows, Store, StoreError, TypeVersion,
 };
 use stead::store::{
-    fenced, lease_cutoff_us, lease_to_us, name_held_by_task, name_taken, normalize_duration,
-    normalize_execution_start, normalize_timestamp, timestamp_to_us, ReconcilerLeaseRow,
+    fenced, lease_cutoff_us, lease_to_us, lock_admits, lock_lost, name_held_by_task, name_taken,
+    normalize_duration, normalize_execution_start, normalize_timestamp, timestamp_from_us,
+    timestamp_to_us, ReconcilerLeaseRow,
 };
 
 /// Whether `holder` is a new incarnation of the identity that holds the
@@ -369,6 +370,145 @@ impl MemoryStore {
             task: task_id,
             cancelled,
         }))
+    }
+
+    /// One write to an instance ([`LockedWrite`]) as its store method
+    /// makes it: fenced by the reconciler lease if `fence` is given (T2),
+    /// made only while `lock` is held if it is given (T3,
+    /// [`Store::write_under_lock`]); both checked under the one hold of
+    /// the state that makes the write, as a SQL transaction would.
+    fn instance_write(
+        &self,
+        write: LockedWrite<'_>,
+        fence: Option<&LeaseGrant>,
+        lock: Option<&LockGrant>,
+    ) -> Result<bool, StoreError> {
+        let mut state = self.call()?;
+        if fence.is_some() {
+            state.check_fence(fence, self.now_us())?;
+        }
+        if let Some(lock) = lock {
+            let row = state
+                .instance_locks
+                .get(&lock.instance)
+                .map(|(holder, expires)| (&**holder, *expires));
+            if !lock_admits(row, lock, self.now_us()) {
+                return Err(lock_lost(lock));
+            }
+        }
+        match write {
+            LockedWrite::State { id, from, to, now } => {
+                let moved = match state.instances.get_mut(&id) {
+                    Some(instance) if instance.state == from => {
+                        instance.state = to;
+                        instance.updated_at = normalize_timestamp(now);
+                        Some(instance.name.clone())
+                    }
+                    _ => None,
+                };
+                drop(state);
+                if let Some(instance) = &moved {
+                    self.tell(|| Effect::InstanceState {
+                        instance: instance.clone(),
+                        state: to,
+                    });
+                }
+                Ok(moved.is_some())
+            }
+            LockedWrite::Version { id, version, now } => {
+                let instance = state.instance_mut(id)?;
+                instance.version = version.to_owned();
+                instance.updated_at = normalize_timestamp(now);
+                Ok(true)
+            }
+            LockedWrite::SpecDigest { id, digest, now } => {
+                let instance = state.instance_mut(id)?;
+                instance.spec_digest = Some(digest.to_owned());
+                instance.updated_at = normalize_timestamp(now);
+                Ok(true)
+            }
+            LockedWrite::SaveActive {
+                instance,
+                service,
+                active,
+            } => {
+                let id = state.require_instance_id(instance)?;
+                state
+                    .active
+                    .insert((id, service.clone()), normalize_active(active));
+                drop(state);
+                self.tell(|| Effect::ActiveSaved {
+                    service: service_key(instance, service),
+                    container: active.container.clone(),
+                });
+                self.binds_saved(&active.container, &active.binds);
+                Ok(true)
+            }
+            LockedWrite::RemoveActive { instance, service } => {
+                if let Some(id) = state.instance_id(instance) {
+                    state.active.remove(&(id, service.clone()));
+                }
+                drop(state);
+                self.tell(|| Effect::ActiveRemoved {
+                    service: service_key(instance, service),
+                });
+                Ok(true)
+            }
+            LockedWrite::ReleaseClaims {
+                instance,
+                container,
+            } => {
+                let Some(id) = state.instance_id(instance) else {
+                    return Ok(true);
+                };
+                let first = (id, ServiceName::least());
+                for (_, active) in state
+                    .active
+                    .range_mut(first..)
+                    .take_while(|((i, _), _)| *i == id)
+                {
+                    if &active.container == container {
+                        active.binds.clear();
+                    }
+                }
+                Ok(true)
+            }
+            LockedWrite::SaveInhibition {
+                instance,
+                inhibition,
+            } => {
+                let id = state.require_instance_id(instance)?;
+                let key = (id, inhibition.service.clone(), inhibition.container.clone());
+                state
+                    .inhibitions
+                    .insert(key, normalize_inhibition(inhibition));
+                drop(state);
+                self.tell(|| Effect::InhibitionSaved {
+                    service: service_key(instance, &inhibition.service),
+                    container: inhibition.container.clone(),
+                    retirement: inhibition.reason == InhibitionReason::RetirementPending,
+                    dropped: inhibition.reason.as_str() == InhibitionReason::SERVICE_DROPPED,
+                });
+                Ok(true)
+            }
+            LockedWrite::ClearInhibition {
+                instance,
+                service,
+                container,
+            } => {
+                if let Some(id) = state.instance_id(instance) {
+                    state
+                        .inhibitions
+                        .remove(&(id, service.clone(), container.clone()));
+                }
+                drop(state);
+                self.tell(|| Effect::InhibitionCleared {
+                    service: service_key(instance, service),
+                    container: container.clone(),
+                });
+                Ok(true)
+            }
+        }
     }
 
     fn call(&self) -> Result<std::sync::MutexGuard<'_, State>, StoreError> {
@@ -716,23 +856,7 @@ impl Store for MemoryStore {
         to: InstanceState,
         now: Timestamp,
     ) -> Result<bool, StoreError> {
-        let mut state = self.call()?;
-        let moved = match state.instances.get_mut(&id) {
-            Some(instance) if instance.state == from => {
-                instance.state = to;
-                instance.updated_at = normalize_timestamp(now);
-                Some(instance.name.clone())
-            }
-            _ => None,
-        };
-        drop(state);
-        if let Some(instance) = &moved {
-            self.tell(|| Effect::InstanceState {
-                instance: instance.clone(),
-                state: to,
-            });
-        }
-        Ok(moved.is_some())
+        self.instance_write(LockedWrite::State { id, from, to, now }, None, None)
     }
 
     async fn set_instance_stopped(
@@ -754,11 +878,8 @@ impl Store for MemoryStore {
         digest: &str,
         now: Timestamp,
     ) -> Result<(), StoreError> {
-        let mut state = self.call()?;
-        let instance = state.instance_mut(id)?;
-        instance.spec_digest = Some(digest.to_owned());
-        instance.updated_at = normalize_timestamp(now);
-        Ok(())
+        let write = LockedWrite::SpecDigest { id, digest, now };
+        self.instance_write(write, None, None).map(drop)
     }
 
     async fn set_purge_volumes(&self, id: InstanceId, now: Timestamp) -> Result<(), StoreError> {
@@ -775,11 +896,8 @@ impl Store for MemoryStore {
         version: &str,
         now: Timestamp,
     ) -> Result<(), StoreError> {
-        let mut state = self.call()?;
-        let instance = state.instance_mut(id)?;
-        instance.version = version.to_owned();
-        instance.updated_at = normalize_timestamp(now);
-        Ok(())
+        let write = LockedWrite::Version { id, version, now };
+        self.instance_write(write, None, None).map(drop)
     }
 
     async fn load_active(&self, instance: &InstanceName) -> Result<ActiveRecord, StoreError> {
@@ -802,18 +920,12 @@ impl Store for MemoryStore {
         service: &ServiceName,
         active: &ActiveService,
     ) -> Result<(), StoreError> {
-        let mut state = self.call()?;
-        let id = state.require_instance_id(instance)?;
-        state
-            .active
-            .insert((id, service.clone()), normalize_active(active));
-        drop(state);
-        self.tell(|| Effect::ActiveSaved {
-            service: service_key(instance, service),
-            container: active.container.clone(),
-        });
-        self.binds_saved(&active.container, &active.binds);
-        Ok(())
+        let write = LockedWrite::SaveActive {
+            instance,
+            service,
+            active,
+        };
+        self.instance_write(write, None, None).map(drop)
     }
 
     async fn remove_active_service(
@@ -821,15 +933,8 @@ impl Store for MemoryStore {
         instance: &InstanceName,
         service: &ServiceName,
     ) -> Result<(), StoreError> {
-        let mut state = self.call()?;
-        if let Some(id) = state.instance_id(instance) {
-            state.active.remove(&(id, service.clone()));
-        }
-        drop(state);
-        self.tell(|| Effect::ActiveRemoved {
-            service: service_key(instance, service),
-        });
-        Ok(())
+        let write = LockedWrite::RemoveActive { instance, service };
+        self.instance_write(write, None, None).map(drop)
     }
 
     async fn persist_binds(
@@ -889,22 +994,11 @@ impl Store for MemoryStore {
         container: &ContainerId,
         fence: Option<&LeaseGrant>,
     ) -> Result<(), StoreError> {
-        let mut state = self.call()?;
-        state.check_fence(fence, self.now_us())?;
-        let Some(id) = state.instance_id(instance) else {
-            return Ok(());
+        let write = LockedWrite::ReleaseClaims {
+            instance,
+            container,
         };
-        let first = (id, ServiceName::least());
-        for (_, active) in state
-            .active
-            .range_mut(first..)
-            .take_while(|((i, _), _)| *i == id)
-        {
-            if &active.container == container {
-                active.binds.clear();
-            }
-        }
-        Ok(())
+        self.instance_write(write, fence, None).map(drop)
     }
 
     async fn load_instances(&self, ids: &[InstanceId]) -> Result<LoadedInstances, StoreError> {
@@ -935,20 +1029,11 @@ impl Store for MemoryStore {
         instance: &InstanceName,
         inhibition: &Inhibition,
     ) -> Result<(), StoreError> {
-        let mut state = self.call()?;
-        let id = state.require_instance_id(instance)?;
-        let key = (id, inhibition.service.clone(), inhibition.container.clone());
-        state
-            .inhibitions
-            .insert(key, normalize_inhibition(inhibition));
-        drop(state);
-        self.tell(|| Effect::InhibitionSaved {
-            service: service_key(instance, &inhibition.service),
-            container: inhibition.container.clone(),
-            retirement: inhibition.reason == InhibitionReason::RetirementPending,
-            dropped: inhibition.reason.as_str() == InhibitionReason::SERVICE_DROPPED,
-        });
-        Ok(())
+        let write = LockedWrite::SaveInhibition {
+            instance,
+            inhibition,
+        };
+        self.instance_write(write, None, None).map(drop)
     }
 
     async fn clear_inhibition(
@@ -958,19 +1043,20 @@ impl Store for MemoryStore {
         container: &ContainerId,
         fence: Option<&LeaseGrant>,
     ) -> Result<(), StoreError> {
-        let mut state = self.call()?;
-        state.check_fence(fence, self.now_us())?;
-        if let Some(id) = state.instance_id(instance) {
-            state
-                .inhibitions
-                .remove(&(id, service.clone(), container.clone()));
-        }
-        drop(state);
-        self.tell(|| Effect::InhibitionCleared {
-            service: service_key(instance, service),
-            container: container.clone(),
-        });
-        Ok(())
+        let write = LockedWrite::ClearInhibition {
+            instance,
+            service,
+            container,
+        };
+        self.instance_write(write, fence, None).map(drop)
+    }
+
+    async fn write_under_lock(
+        &self,
+        lock: &LockGrant,
+        write: LockedWrite<'_>,
+    ) -> Result<bool, StoreError> {
+        self.instance_write(write, None, Some(lock))
     }
 
     async fn enqueue(
@@ -1322,11 +1408,38 @@ impl Store for MemoryStore {
             // lease like a stranger would.
             return Ok(None);
         }
-        let Some(next) = row.acquire(holder, now_us, lease_to_us(ttl)) else {
+        // The holder this lease would go from, if a twin of the asker.
+        let twin = row
+            .holder
+            .as_deref()
+            .filter(|current| succession(current, holder) == Succession::Twin)
+            .map(|current| (current.to_owned(), row.expires_at_us));
+        let next = if twin.is_some() && mutants::active(Mutant::TwinTakesOver) {
+            // Broken on purpose: the twin takes the lease at once, as a
+            // restart at the holder's own site would.
+            ReconcilerLeaseRow::VACANT
+                .acquire(holder, now_us, lease_to_us(ttl))
+                .map(|taken| ReconcilerLeaseRow {
+                    epoch: row.epoch + 1,
+                    ..taken
+                })
+        } else {
+            row.acquire(holder, now_us, lease_to_us(ttl))
+        };
+        let Some(next) = next else {
             return Ok(None);
         };
         let grant = next.grant();
         state.lease = Some(next);
+        drop(state);
+        if let Some((from, expires_at_us)) = twin {
+            self.tell(|| Effect::LeaseTakenByTwin {
+                holder: holder.to_owned(),
+                from,
+                from_expires_at: expires_at_us.and_then(timestamp_from_us),
+                at: timestamp_from_us(now_us).unwrap_or(Timestamp::MAX),
+            });
+        }
         Ok(grant)
     }
 

@@ -46,6 +46,7 @@ impl Worker {
             .lock_trusted_until
             .lock()
             .unwrap_or_else(|e| e.into_inner()) = Some(guard.trusted_until());
+        *self.held_lock.lock().unwrap_or_else(|e| e.into_inner()) = Some(guard.grant());
         let remaining = self.config.lease.saturating_sub(began.elapsed());
         let result = tokio::time::timeout(remaining, self.handle_locked(task))
             .await
@@ -61,6 +62,7 @@ impl Worker {
             .lock_trusted_until
             .lock()
             .unwrap_or_else(|e| e.into_inner()) = None;
+        *self.held_lock.lock().unwrap_or_else(|e| e.into_inner()) = None;
         guard.release().await;
         result
     }

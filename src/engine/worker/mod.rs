@@ -3,6 +3,7 @@
 //! with backoff) or failed. Handlers hold the instance lock, so the
 //! recovery pass skips an instance while a worker mutates it (R3).
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -30,7 +31,7 @@ use super::clock::{Sent, Trust};
 use super::event_log::EventSink;
 use super::locks::InstanceLocks;
 use super::{Ports, SharedCatalog};
-use crate::ports::TaskFinish;
+use crate::ports::{LockGrant, LockedWrite, StoreError, TaskFinish};
 
 /// How a worker behaves.
 #[derive(Clone, Debug)]
@@ -63,6 +64,13 @@ pub struct Worker {
     trusted_until: std::sync::Mutex<Option<Trust>>,
     /// Until when the instance lock of the task in hand is trusted (T3).
     lock_trusted_until: std::sync::Mutex<Option<Trust>>,
+    /// The instance lock of the task in hand, which its writes to the
+    /// instance carry ([`Worker::write_locked`]).
+    held_lock: std::sync::Mutex<Option<LockGrant>>,
+    /// Set once the store refused a write of the task in hand because its
+    /// instance lock is no longer this worker's: the task ends as a lost
+    /// lease.
+    lock_lost: AtomicBool,
     /// Where each task's end is logged durably too (#42).
     events: EventSink,
 }
@@ -81,6 +89,8 @@ impl Worker {
             locks,
             trusted_until: std::sync::Mutex::new(None),
             lock_trusted_until: std::sync::Mutex::new(None),
+            held_lock: std::sync::Mutex::new(None),
+            lock_lost: AtomicBool::new(false),
             events: EventSink::off(),
         }
     }
@@ -118,6 +128,42 @@ impl Worker {
                 ),
             ))
         }
+    }
+
+    /// A write to the instance of the task in hand, which the store makes
+    /// only while this worker's lock of it still holds (T3): a worker
+    /// paused past its lock never overwrites what the lock's next holder
+    /// wrote. Refused, the lock is lost: the refused write is not retried,
+    /// no further effect is made under the lock ([`Self::allowed`] says
+    /// no from then on), and the task ends as a lost lease, its lease left
+    /// to run out and requeue it.
+    pub(super) async fn write_locked(&self, write: LockedWrite<'_>) -> Result<bool, StoreError> {
+        let lock = self
+            .held_lock
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone();
+        let Some(lock) = lock else {
+            return Err(StoreError::Conflict(
+                "a worker wrote to an instance without holding its lock".to_owned(),
+            ));
+        };
+        let written = self.ports.store.write_under_lock(&lock, write).await;
+        if let Err(e @ StoreError::LockLost { .. }) = &written {
+            *self
+                .lock_trusted_until
+                .lock()
+                .unwrap_or_else(|e| e.into_inner()) = None;
+            self.lock_lost.store(true, Ordering::Relaxed);
+            tracing::warn!(
+                instance = lock.instance,
+                holder = %lock.holder,
+                error = %e,
+                "instance lock lost mid-task: the store refused the worker's write; the task \
+                 stops without retrying it, and its lease runs out and requeues it"
+            );
+        }
+        written
     }
 
     /// The lease, asked for at `sent`, is trusted for its length less the
@@ -205,6 +251,7 @@ impl Worker {
     /// Runs `task` (of the instance named `instance`) and records how it
     /// ended, with its event (#42) in the same transaction.
     async fn run_task(&self, task: &Task, instance: &str) -> TaskEnd {
+        self.lock_lost.store(false, Ordering::Relaxed);
         let work = self.handle(task);
         let keep_lease = self.keep_lease(task);
         let result = tokio::select! {
@@ -213,6 +260,11 @@ impl Worker {
             r = work => r,
             _ = keep_lease => return TaskEnd::LeaseLost,
         };
+        if self.lock_lost.load(Ordering::Relaxed) {
+            // Whatever the handler made of the refusal, the task is the
+            // lock's next holder's to tell: nothing is recorded here.
+            return TaskEnd::LeaseLost;
+        }
         let now = self.ports.clock.now();
         match result {
             Ok(()) => {

@@ -7,7 +7,7 @@ use crate::core::fleet::Instance;
 use crate::core::provision::{WorkAnswer, WorkCommand, WorkError};
 use crate::core::undo::{UndoAnswer, UndoCommand};
 use crate::core::upgrade::{UpgradeAnswer, UpgradeCommand};
-use crate::ports::{ReleaseSpec, StoreError};
+use crate::ports::{LockedWrite, ReleaseSpec, StoreError};
 
 use super::Worker;
 
@@ -33,9 +33,14 @@ impl Worker {
                 self.create(instance, parameters, &spec, &version, &revision)
                     .await,
             ),
-            WorkCommand::SaveActive { service, record } => {
-                done(p.store.save_active_service(name, &service, &record).await)
-            }
+            WorkCommand::SaveActive { service, record } => done(
+                self.write_locked(LockedWrite::SaveActive {
+                    instance: name,
+                    service: &service,
+                    active: &record,
+                })
+                .await,
+            ),
             WorkCommand::Withdraw(key) => done(p.traffic.withdraw(&key).await),
             WorkCommand::Stop { generation, grace } => {
                 WorkAnswer::Stopped(p.runtime.stop(&generation, grace).await)
@@ -43,12 +48,20 @@ impl Worker {
             WorkCommand::Remove(generation) => {
                 WorkAnswer::Removed(p.runtime.remove(&generation).await)
             }
-            WorkCommand::ReleaseClaims(container) => {
-                done(p.store.release_claims(name, &container, None).await)
-            }
-            WorkCommand::RemoveActive(service) => {
-                done(p.store.remove_active_service(name, &service).await)
-            }
+            WorkCommand::ReleaseClaims(container) => done(
+                self.write_locked(LockedWrite::ReleaseClaims {
+                    instance: name,
+                    container: &container,
+                })
+                .await,
+            ),
+            WorkCommand::RemoveActive(service) => done(
+                self.write_locked(LockedWrite::RemoveActive {
+                    instance: name,
+                    service: &service,
+                })
+                .await,
+            ),
             WorkCommand::PurgeVolumes => {
                 let purged = p.runtime.purge_volumes(name, instance.id).await;
                 if let Ok(volumes) = &purged {
@@ -56,11 +69,20 @@ impl Worker {
                 }
                 WorkAnswer::Purged(purged)
             }
-            WorkCommand::Inhibit(marker) => done(p.store.save_inhibition(name, &marker).await),
+            WorkCommand::Inhibit(marker) => done(
+                self.write_locked(LockedWrite::SaveInhibition {
+                    instance: name,
+                    inhibition: &marker,
+                })
+                .await,
+            ),
             WorkCommand::ClearInhibition(marker) => done(
-                p.store
-                    .clear_inhibition(name, &marker.service, &marker.container, None)
-                    .await,
+                self.write_locked(LockedWrite::ClearInhibition {
+                    instance: name,
+                    service: &marker.service,
+                    container: &marker.container,
+                })
+                .await,
             ),
             WorkCommand::RecordVersion {
                 version,
@@ -94,14 +116,13 @@ impl Worker {
         version: &str,
         spec_digest: &str,
     ) -> Result<(), StoreError> {
-        let store = &self.ports.store;
-        let now = self.ports.clock.now();
-        store
-            .set_instance_version(instance.id, version, now)
+        let (id, now) = (instance.id, self.ports.clock.now());
+        self.write_locked(LockedWrite::Version { id, version, now })
             .await?;
-        store
-            .set_instance_spec_digest(instance.id, spec_digest, now)
+        let digest = spec_digest;
+        self.write_locked(LockedWrite::SpecDigest { id, digest, now })
             .await
+            .map(drop)
     }
 
     /// Performs one step of an upgrade through the ports. No decisions.
@@ -113,20 +134,22 @@ impl Worker {
     ) -> UpgradeAnswer {
         let p = &self.ports;
         match command {
-            UpgradeCommand::MoveState { from, to } => UpgradeAnswer::StateMoved(
-                match p
-                    .store
-                    .set_instance_state(instance.id, from, to, p.clock.now())
-                    .await
-                {
-                    Ok(true) => Ok(()),
-                    Ok(false) => Err(StoreError::Conflict(format!(
-                        "instance {} changed state concurrently (expected {from})",
-                        instance.name
-                    ))),
-                    Err(e) => Err(e),
-                },
-            ),
+            UpgradeCommand::MoveState { from, to } => {
+                let (id, now) = (instance.id, p.clock.now());
+                UpgradeAnswer::StateMoved(
+                    match self
+                        .write_locked(LockedWrite::State { id, from, to, now })
+                        .await
+                    {
+                        Ok(true) => Ok(()),
+                        Ok(false) => Err(StoreError::Conflict(format!(
+                            "instance {} changed state concurrently (expected {from})",
+                            instance.name
+                        ))),
+                        Err(e) => Err(e),
+                    },
+                )
+            }
             UpgradeCommand::SetVersion {
                 version,
                 spec_digest,
@@ -176,9 +199,14 @@ impl Worker {
             UpgradeCommand::RemoveCandidate(generation) => {
                 UpgradeAnswer::Removed(p.runtime.remove(&generation).await)
             }
-            UpgradeCommand::SaveMarker(marker) => {
-                UpgradeAnswer::MarkerSaved(p.store.save_inhibition(&instance.name, &marker).await)
-            }
+            UpgradeCommand::SaveMarker(marker) => UpgradeAnswer::MarkerSaved(
+                self.write_locked(LockedWrite::SaveInhibition {
+                    instance: &instance.name,
+                    inhibition: &marker,
+                })
+                .await
+                .map(drop),
+            ),
             UpgradeCommand::UpgradeRelease(release) => UpgradeAnswer::ReleaseUpgraded(
                 p.provisioner
                     .install_or_upgrade(&ReleaseSpec::Helm(release))
@@ -188,9 +216,13 @@ impl Worker {
                 UpgradeAnswer::ReleaseUpgraded(p.provisioner.roll_back(&release).await)
             }
             UpgradeCommand::SaveActive { service, record } => UpgradeAnswer::ActiveSaved(
-                p.store
-                    .save_active_service(&instance.name, &service, &record)
-                    .await,
+                self.write_locked(LockedWrite::SaveActive {
+                    instance: &instance.name,
+                    service: &service,
+                    active: &record,
+                })
+                .await
+                .map(drop),
             ),
         }
     }
@@ -222,26 +254,33 @@ impl Worker {
             UndoCommand::Stop { generation, grace } => {
                 UndoAnswer::Stopped(p.runtime.stop(generation, *grace).await)
             }
-            UndoCommand::SaveMarker(marker) => {
-                UndoAnswer::Saved(p.store.save_inhibition(&instance.name, marker).await)
-            }
+            UndoCommand::SaveMarker(marker) => UndoAnswer::Saved(
+                self.write_locked(LockedWrite::SaveInhibition {
+                    instance: &instance.name,
+                    inhibition: marker,
+                })
+                .await
+                .map(drop),
+            ),
             UndoCommand::SaveActive { service, record } => UndoAnswer::Saved(
-                p.store
-                    .save_active_service(&instance.name, service, record)
-                    .await,
+                self.write_locked(LockedWrite::SaveActive {
+                    instance: &instance.name,
+                    service,
+                    active: record,
+                })
+                .await
+                .map(drop),
             ),
             UndoCommand::RestoreVersion {
                 version,
                 spec_digest,
             } => UndoAnswer::Saved(
                 async {
-                    let now = p.clock.now();
-                    p.store
-                        .set_instance_version(instance.id, version, now)
+                    let (id, now) = (instance.id, p.clock.now());
+                    self.write_locked(LockedWrite::Version { id, version, now })
                         .await?;
                     if let Some(digest) = spec_digest {
-                        p.store
-                            .set_instance_spec_digest(instance.id, digest, now)
+                        self.write_locked(LockedWrite::SpecDigest { id, digest, now })
                             .await?;
                     }
                     Ok(())
@@ -253,6 +292,6 @@ impl Worker {
 }
 
 /// The answer of a step whose only result is success or a port's failure.
-fn done<E: Into<WorkError>>(result: Result<(), E>) -> WorkAnswer {
-    WorkAnswer::Done(result.map_err(Into::into))
+fn done<T, E: Into<WorkError>>(result: Result<T, E>) -> WorkAnswer {
+    WorkAnswer::Done(result.map(drop).map_err(Into::into))
 }

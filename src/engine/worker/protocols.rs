@@ -321,9 +321,9 @@ impl Worker {
         };
         let now = p.clock.now();
         self.allowed(name)?;
-        let moved = p
-            .store
-            .set_instance_state(instance.id, from, to, now)
+        let id = instance.id;
+        let moved = self
+            .write_locked(crate::ports::LockedWrite::State { id, from, to, now })
             .await
             .map_err(|e| fail(e.into()))?;
         if moved {

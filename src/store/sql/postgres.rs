@@ -34,12 +34,12 @@ use crate::core::types::{
     Timestamp,
 };
 use crate::ports::{
-    Expired, LeaseGrant, LoadedInstances, NewInstance, RolloutRecord, Rows, Store, StoreError,
-    TypeVersion,
+    Expired, LeaseGrant, LoadedInstances, LockGrant, LockedWrite, NewInstance, RolloutRecord, Rows,
+    Store, StoreError, TypeVersion,
 };
 use crate::store::{
-    execution_start_to_ns, fenced, lease_cutoff_us, lease_to_us, name_held_by_task, name_taken,
-    timestamp_from_us, timestamp_to_us,
+    execution_start_to_ns, fenced, lease_cutoff_us, lease_to_us, lock_lost, name_held_by_task,
+    name_taken, timestamp_from_us, timestamp_to_us,
 };
 
 /// The database's clock in microseconds: `clock_timestamp()`, not `now()`,
@@ -66,6 +66,14 @@ const TRY_LOCK_INSTANCES: &str = "INSERT INTO instance_locks (instance_id, holde
      WHERE instance_locks.holder = excluded.holder \
         OR instance_locks.expires_at_us <= (extract(epoch FROM clock_timestamp()) * 1000000)::bigint \
      RETURNING instance_id";
+/// T3: the lock row of `$1` if it is `$2`'s and unexpired by the
+/// database's clock, locked `FOR SHARE` inside a write's transaction: a
+/// taker of the lock (the upsert of `TRY_LOCK_INSTANCES`) waits for that
+/// write to commit, and then finds the row as it left it.
+const HOLDS_LOCK: &str = "SELECT instance_id FROM instance_locks \
+     WHERE instance_id = $1 AND holder = $2 \
+       AND expires_at_us > (extract(epoch FROM clock_timestamp()) * 1000000)::bigint \
+     FOR SHARE";
 const UNLOCK_INSTANCES: &str =
     "DELETE FROM instance_locks WHERE holder = $2 AND instance_id = ANY($1)";
 
@@ -245,6 +253,30 @@ impl PostgresStore {
             return self.write(query).await;
         }
         let mut tx = self.fenced_transaction(fence).await?;
+        let done = query.execute(&mut *tx).await.map_err(db_error)?;
+        tx.commit().await.map_err(db_error)?;
+        Ok(done.rows_affected() > 0)
+    }
+
+    /// One write, made only while `lock` is held (T3): checked inside the
+    /// write's transaction under a shared lock on the lock row, so the lock
+    /// cannot change hands before the write commits.
+    async fn write_locked<'q>(
+        &self,
+        query: sqlx::query::Query<'q, Postgres, sqlx::postgres::PgArguments>,
+        lock: &LockGrant,
+    ) -> Result<bool, StoreError> {
+        let mut tx = self.write_transaction().await?;
+        let held = sqlx::query_scalar::<_, i64>(HOLDS_LOCK)
+            .bind(lock.instance)
+            .bind(&lock.holder)
+            .fetch_optional(&mut *tx)
+            .await
+            .map_err(db_error)?
+            .is_some();
+        if !held {
+            return Err(lock_lost(lock));
+        }
         let done = query.execute(&mut *tx).await.map_err(db_error)?;
         tx.commit().await.map_err(db_error)?;
         Ok(done.rows_affected() > 0)

@@ -163,14 +163,9 @@ macro_rules! impl_sql_store {
                 to: InstanceState,
                 now: Timestamp,
             ) -> Result<bool, StoreError> {
-                self.write(
-                    sqlx::query(sql::SET_INSTANCE_STATE)
-                        .bind(id)
-                        .bind(from.as_str())
-                        .bind(to.as_str())
-                        .bind(timestamp_to_us(now)),
-                )
-                .await
+                let write = LockedWrite::State { id, from, to, now };
+                self.instance_write(write, super::shared::Fence::Lease(None))
+                    .await
             }
 
             #[tracing::instrument(name = "store.set_instance_stopped", level = "debug", skip_all)]
@@ -202,15 +197,10 @@ macro_rules! impl_sql_store {
                 digest: &str,
                 now: Timestamp,
             ) -> Result<(), StoreError> {
-                let found = self
-                    .write(
-                        sqlx::query(sql::SET_INSTANCE_SPEC_DIGEST)
-                            .bind(id)
-                            .bind(digest)
-                            .bind(timestamp_to_us(now)),
-                    )
-                    .await?;
-                found_or(found, id)
+                let write = LockedWrite::SpecDigest { id, digest, now };
+                self.instance_write(write, super::shared::Fence::Lease(None))
+                    .await
+                    .map(drop)
             }
 
             #[tracing::instrument(name = "store.set_purge_volumes", level = "debug", skip_all)]
@@ -236,15 +226,10 @@ macro_rules! impl_sql_store {
                 version: &str,
                 now: Timestamp,
             ) -> Result<(), StoreError> {
-                let found = self
-                    .write(
-                        sqlx::query(sql::SET_INSTANCE_VERSION)
-                            .bind(id)
-                            .bind(version)
-                            .bind(timestamp_to_us(now)),
-                    )
-                    .await?;
-                found_or(found, id)
+                let write = LockedWrite::Version { id, version, now };
+                self.instance_write(write, super::shared::Fence::Lease(None))
+                    .await
+                    .map(drop)
             }
 
             #[tracing::instrument(name = "store.load_active", level = "debug", skip_all)]
@@ -271,19 +256,14 @@ macro_rules! impl_sql_store {
                 service: &ServiceName,
                 active: &ActiveService,
             ) -> Result<(), StoreError> {
-                let saved = self
-                    .write(
-                        sqlx::query(sql::SAVE_ACTIVE)
-                            .bind(instance.as_str())
-                            .bind(service.as_str())
-                            .bind(active.container.as_str())
-                            .bind(&active.effective_revision)
-                            .bind(encode_binds(&active.binds))
-                            .bind(encode_grace(active.stop_grace))
-                            .bind(active.verified_started_at.and_then(execution_start_to_ns)),
-                    )
-                    .await?;
-                instance_found_or(saved, instance)
+                let write = LockedWrite::SaveActive {
+                    instance,
+                    service,
+                    active,
+                };
+                self.instance_write(write, super::shared::Fence::Lease(None))
+                    .await
+                    .map(drop)
             }
 
             #[tracing::instrument(name = "store.remove_active_service", level = "debug", skip_all)]
@@ -292,13 +272,10 @@ macro_rules! impl_sql_store {
                 instance: &InstanceName,
                 service: &ServiceName,
             ) -> Result<(), StoreError> {
-                self.write(
-                    sqlx::query(sql::REMOVE_ACTIVE)
-                        .bind(instance.as_str())
-                        .bind(service.as_str()),
-                )
-                .await
-                .map(drop)
+                let write = LockedWrite::RemoveActive { instance, service };
+                self.instance_write(write, super::shared::Fence::Lease(None))
+                    .await
+                    .map(drop)
             }
 
             #[tracing::instrument(name = "store.persist_binds", level = "debug", skip_all)]
@@ -355,14 +332,13 @@ macro_rules! impl_sql_store {
                 container: &ContainerId,
                 fence: Option<&LeaseGrant>,
             ) -> Result<(), StoreError> {
-                self.write_fenced(
-                    sqlx::query(sql::RELEASE_CLAIMS)
-                        .bind(instance.as_str())
-                        .bind(container.as_str()),
-                    fence,
-                )
-                .await
-                .map(drop)
+                let write = LockedWrite::ReleaseClaims {
+                    instance,
+                    container,
+                };
+                self.instance_write(write, super::shared::Fence::Lease(fence))
+                    .await
+                    .map(drop)
             }
 
             #[tracing::instrument(name = "store.load_instances", level = "debug", skip_all)]
@@ -404,20 +380,13 @@ macro_rules! impl_sql_store {
                 instance: &InstanceName,
                 inhibition: &Inhibition,
             ) -> Result<(), StoreError> {
-                let saved = self
-                    .write(
-                        sqlx::query(sql::SAVE_INHIBITION)
-                            .bind(instance.as_str())
-                            .bind(inhibition.service.as_str())
-                            .bind(inhibition.container.as_str())
-                            .bind(inhibition.reason.as_str())
-                            .bind(&inhibition.operation)
-                            .bind(timestamp_to_us(inhibition.created_at))
-                            .bind(encode_grace(inhibition.stop_grace))
-                            .bind(encode_revert_to(inhibition.revert_to.as_ref())),
-                    )
-                    .await?;
-                instance_found_or(saved, instance)
+                let write = LockedWrite::SaveInhibition {
+                    instance,
+                    inhibition,
+                };
+                self.instance_write(write, super::shared::Fence::Lease(None))
+                    .await
+                    .map(drop)
             }
 
             #[tracing::instrument(name = "store.clear_inhibition", level = "debug", skip_all)]
@@ -428,15 +397,23 @@ macro_rules! impl_sql_store {
                 container: &ContainerId,
                 fence: Option<&LeaseGrant>,
             ) -> Result<(), StoreError> {
-                self.write_fenced(
-                    sqlx::query(sql::CLEAR_INHIBITION)
-                        .bind(instance.as_str())
-                        .bind(service.as_str())
-                        .bind(container.as_str()),
-                    fence,
-                )
-                .await
-                .map(drop)
+                let write = LockedWrite::ClearInhibition {
+                    instance,
+                    service,
+                    container,
+                };
+                self.instance_write(write, super::shared::Fence::Lease(fence))
+                    .await
+                    .map(drop)
+            }
+
+            async fn write_under_lock(
+                &self,
+                lock: &LockGrant,
+                write: LockedWrite<'_>,
+            ) -> Result<bool, StoreError> {
+                self.instance_write(write, super::shared::Fence::Lock(lock))
+                    .await
             }
 
             #[tracing::instrument(name = "store.enqueue", level = "debug", skip_all)]
@@ -1186,6 +1163,100 @@ macro_rules! impl_sql_store {
         }
 
         impl $store {
+            /// One write to an instance ([`LockedWrite`]), answered as its
+            /// store method answers: unfenced or under the reconciler lease
+            /// (T2), or under the instance's lock (T3,
+            /// [`Store::write_under_lock`]).
+            async fn instance_write(
+                &self,
+                write: LockedWrite<'_>,
+                fence: super::shared::Fence<'_>,
+            ) -> Result<bool, StoreError> {
+                let statement = match write {
+                    LockedWrite::State { id, from, to, now } => {
+                        sqlx::query(sql::SET_INSTANCE_STATE)
+                            .bind(id)
+                            .bind(from.as_str())
+                            .bind(to.as_str())
+                            .bind(timestamp_to_us(now))
+                    }
+                    LockedWrite::Version { id, version, now } => {
+                        sqlx::query(sql::SET_INSTANCE_VERSION)
+                            .bind(id)
+                            .bind(version)
+                            .bind(timestamp_to_us(now))
+                    }
+                    LockedWrite::SpecDigest { id, digest, now } => {
+                        sqlx::query(sql::SET_INSTANCE_SPEC_DIGEST)
+                            .bind(id)
+                            .bind(digest)
+                            .bind(timestamp_to_us(now))
+                    }
+                    LockedWrite::SaveActive {
+                        instance,
+                        service,
+                        active,
+                    } => sqlx::query(sql::SAVE_ACTIVE)
+                        .bind(instance.as_str())
+                        .bind(service.as_str())
+                        .bind(active.container.as_str())
+                        .bind(&active.effective_revision)
+                        .bind(encode_binds(&active.binds))
+                        .bind(encode_grace(active.stop_grace))
+                        .bind(active.verified_started_at.and_then(execution_start_to_ns)),
+                    LockedWrite::RemoveActive { instance, service } => {
+                        sqlx::query(sql::REMOVE_ACTIVE)
+                            .bind(instance.as_str())
+                            .bind(service.as_str())
+                    }
+                    LockedWrite::ReleaseClaims {
+                        instance,
+                        container,
+                    } => sqlx::query(sql::RELEASE_CLAIMS)
+                        .bind(instance.as_str())
+                        .bind(container.as_str()),
+                    LockedWrite::SaveInhibition {
+                        instance,
+                        inhibition,
+                    } => sqlx::query(sql::SAVE_INHIBITION)
+                        .bind(instance.as_str())
+                        .bind(inhibition.service.as_str())
+                        .bind(inhibition.container.as_str())
+                        .bind(inhibition.reason.as_str())
+                        .bind(&inhibition.operation)
+                        .bind(timestamp_to_us(inhibition.created_at))
+                        .bind(encode_grace(inhibition.stop_grace))
+                        .bind(encode_revert_to(inhibition.revert_to.as_ref())),
+                    LockedWrite::ClearInhibition {
+                        instance,
+                        service,
+                        container,
+                    } => sqlx::query(sql::CLEAR_INHIBITION)
+                        .bind(instance.as_str())
+                        .bind(service.as_str())
+                        .bind(container.as_str()),
+                };
+                let changed = match fence {
+                    super::shared::Fence::Lease(grant) => {
+                        self.write_fenced(statement, grant).await?
+                    }
+                    super::shared::Fence::Lock(lock) => self.write_locked(statement, lock).await?,
+                };
+                match write {
+                    LockedWrite::State { .. } => Ok(changed),
+                    LockedWrite::Version { id, .. } | LockedWrite::SpecDigest { id, .. } => {
+                        found_or(changed, id).map(|()| true)
+                    }
+                    LockedWrite::SaveActive { instance, .. }
+                    | LockedWrite::SaveInhibition { instance, .. } => {
+                        instance_found_or(changed, instance).map(|()| true)
+                    }
+                    LockedWrite::RemoveActive { .. }
+                    | LockedWrite::ReleaseClaims { .. }
+                    | LockedWrite::ClearInhibition { .. } => Ok(true),
+                }
+            }
+
             /// TTL expiry or deletion (`Store::expire_instance`), with its
             /// event, if any, written in the same transaction (#42).
             #[tracing::instrument(name = "store.expire_in_transaction", level = "debug", skip_all)]
@@ -1257,3 +1328,10 @@ pub(super) enum Expiry<'a> {
     Purging,
 }
 pub(super) use insert_event;
+
+/// What guards a write to an instance: the reconciler lease, if given
+/// (T2), or the instance's lock (T3).
+pub(super) enum Fence<'a> {
+    Lease(Option<&'a crate::ports::LeaseGrant>),
+    Lock(&'a crate::ports::LockGrant),
+}

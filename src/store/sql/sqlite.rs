@@ -38,12 +38,12 @@ use crate::core::types::{
     Timestamp,
 };
 use crate::ports::{
-    Expired, LeaseGrant, LoadedInstances, NewInstance, RolloutRecord, Rows, Store, StoreError,
-    TypeVersion,
+    Expired, LeaseGrant, LoadedInstances, LockGrant, LockedWrite, NewInstance, RolloutRecord, Rows,
+    Store, StoreError, TypeVersion,
 };
 use crate::store::{
-    execution_start_to_ns, fenced, lease_cutoff_us, lease_to_us, name_held_by_task, name_taken,
-    timestamp_from_us, timestamp_to_us,
+    execution_start_to_ns, fenced, lease_cutoff_us, lease_to_us, lock_lost, name_held_by_task,
+    name_taken, timestamp_from_us, timestamp_to_us,
 };
 
 /// The database's clock in microseconds. SQLite lives on one host, so its
@@ -72,6 +72,12 @@ macro_rules! lock_instances {
     };
 }
 const TRY_LOCK_INSTANCES: &str = concat!(lock_instances!(), "RETURNING instance_id");
+/// T3: whether the lock row of `$1` is `$2`'s and unexpired by the
+/// database's clock, read inside a write's `BEGIN IMMEDIATE` transaction:
+/// nobody can take the lock before that write commits.
+const HOLDS_LOCK: &str = "SELECT EXISTS (SELECT 1 FROM instance_locks \
+     WHERE instance_id = $1 AND holder = $2 \
+       AND expires_at_us > CAST(unixepoch('subsec') * 1000000 AS INTEGER))";
 const UNLOCK_INSTANCES: &str = "DELETE FROM instance_locks \
      WHERE holder = $2 AND instance_id IN (SELECT value FROM json_each($1))";
 
@@ -190,6 +196,28 @@ impl SqliteStore {
             return self.write(query).await;
         }
         let mut tx = self.fenced_transaction(fence).await?;
+        let done = query.execute(&mut *tx).await.map_err(db_error)?;
+        tx.commit().await.map_err(db_error)?;
+        Ok(done.rows_affected() > 0)
+    }
+
+    /// One write, made only while `lock` is held (T3): checked inside the
+    /// write's transaction, whose write lock no taker of the lock can pass.
+    async fn write_locked<'q>(
+        &self,
+        query: sqlx::query::Query<'q, Sqlite, sqlx::sqlite::SqliteArguments<'q>>,
+        lock: &LockGrant,
+    ) -> Result<bool, StoreError> {
+        let mut tx = self.write_transaction().await?;
+        let held: bool = sqlx::query_scalar(HOLDS_LOCK)
+            .bind(lock.instance)
+            .bind(&lock.holder)
+            .fetch_one(&mut *tx)
+            .await
+            .map_err(db_error)?;
+        if !held {
+            return Err(lock_lost(lock));
+        }
         let done = query.execute(&mut *tx).await.map_err(db_error)?;
         tx.commit().await.map_err(db_error)?;
         Ok(done.rows_affected() > 0)

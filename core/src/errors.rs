@@ -212,7 +212,7 @@ pub enum StoreError {
          (expired or taken over); nothing was written"
     )]
     LockLost {
-        instance: crate::core::fleet::InstanceId,
+        instance: crate::fleet::InstanceId,
         holder: String,
     },
     #[error("not found: {0}")]

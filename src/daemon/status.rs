@@ -426,47 +426,10 @@ async fn instance_rows(
         .load_inhibitions(&instance.name)
         .await
         .unwrap_or_default();
-    let base = StatusRow {
-        instance: instance.name.to_string(),
-        state: instance.state.as_str().to_owned(),
-        intent: if instance.stopped {
-            "stopped"
-        } else {
-            "running"
-        }
-        .to_owned(),
-        version: instance.version.clone(),
-        service: "-".into(),
-        container: "-".into(),
-        runtime: "-".into(),
-        condition: "no container yet".into(),
-        failures: None,
-        next_attempt: None,
-        exit_code: None,
-        exited_at: None,
-        last_decision: None,
-        last_decision_at: None,
-        publication: "-".into(),
-        binds: "-".into(),
-        inhibitions: Vec::new(),
-        expires_at: instance.expires_at.map(|t| t.to_string()),
-    };
+    let base = base_row(instance);
     if instance.state == InstanceState::Failed {
         // #40: why it failed, from its last provision, and the way out.
-        let why = from
-            .store
-            .tasks(true, FAILED_REASON_TASKS_MAX)
-            .await
-            .ok()
-            .and_then(|tasks| {
-                tasks.rows.into_iter().find(|t| {
-                    t.instance == instance.id
-                        && t.kind == TaskKind::Provision
-                        && t.state == TaskState::Failed
-                })
-            })
-            .and_then(|t| t.last_error)
-            .unwrap_or_else(|| "its provision failed".to_owned());
+        let why = failed_reason(from, instance).await;
         let mut row = base;
         row.condition = format!("failed: {why} (`stead instance retry {}`)", instance.name);
         status.rows.push(row);
@@ -534,6 +497,53 @@ async fn instance_rows(
             .collect();
         status.rows.push(row);
     }
+}
+
+/// The row of `instance` before any of its services is looked at: what
+/// its own row says, and the services' columns empty.
+fn base_row(instance: &Instance) -> StatusRow {
+    StatusRow {
+        instance: instance.name.to_string(),
+        state: instance.state.as_str().to_owned(),
+        intent: if instance.stopped {
+            "stopped"
+        } else {
+            "running"
+        }
+        .to_owned(),
+        version: instance.version.clone(),
+        service: "-".into(),
+        container: "-".into(),
+        runtime: "-".into(),
+        condition: "no container yet".into(),
+        failures: None,
+        next_attempt: None,
+        exit_code: None,
+        exited_at: None,
+        last_decision: None,
+        last_decision_at: None,
+        publication: "-".into(),
+        binds: "-".into(),
+        inhibitions: Vec::new(),
+        expires_at: instance.expires_at.map(|t| t.to_string()),
+    }
+}
+
+/// #40: why a failed instance failed, from its last failed provision.
+async fn failed_reason(from: &StatusSources<'_>, instance: &Instance) -> String {
+    from.store
+        .tasks(true, FAILED_REASON_TASKS_MAX)
+        .await
+        .ok()
+        .and_then(|tasks| {
+            tasks.rows.into_iter().find(|t| {
+                t.instance == instance.id
+                    && t.kind == TaskKind::Provision
+                    && t.state == TaskState::Failed
+            })
+        })
+        .and_then(|t| t.last_error)
+        .unwrap_or_else(|| "its provision failed".to_owned())
 }
 
 /// The newest budget decisions (crash-loop delays, R10) the event log

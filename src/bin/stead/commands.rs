@@ -527,17 +527,8 @@ async fn instance(config: &DaemonConfig, command: InstanceCommand) -> Result<u8,
             exists_ok,
             parameters,
         } => {
-            let mut given = std::collections::BTreeMap::new();
-            for (name, value) in parameters {
-                if given.insert(name.clone(), value).is_some() {
-                    return Err(stead::ops::OpsError::Invalid(format!(
-                        "--set {name}: given twice"
-                    ))
-                    .into());
-                }
-            }
             let request = CreateRequest {
-                parameters: given,
+                parameters: parameters_once(parameters)?,
                 name,
                 service_type,
                 team,
@@ -546,32 +537,7 @@ async fn instance(config: &DaemonConfig, command: InstanceCommand) -> Result<u8,
                 maintenance_window: window,
                 exists_ok,
             };
-            let created = ops.create(&request).await?;
-            let i = &created.instance;
-            match created.task {
-                Some(task) => {
-                    say(format!(
-                        "created {} ({} {}, team {}); provision queued as task {task}",
-                        i.name, i.service_type, i.version, i.team
-                    ));
-                    record(
-                        store.as_ref(),
-                        [by_operator(
-                            EventKind::Enqueue,
-                            format!(
-                                "created {} ({} {}); provision queued as task {task}",
-                                i.name, i.service_type, i.version
-                            ),
-                        )
-                        .instance(&i.name)],
-                    )
-                    .await;
-                }
-                None => say(format!(
-                    "{} already exists ({} {}, {}); nothing to do",
-                    i.name, i.service_type, i.version, i.state
-                )),
-            }
+            instance_create(&ops, store.as_ref(), &request).await?;
         }
         InstanceCommand::Stop { name } => {
             if ops.set_stopped(&name, true).await? {
@@ -584,33 +550,7 @@ async fn instance(config: &DaemonConfig, command: InstanceCommand) -> Result<u8,
             }
         }
         InstanceCommand::Retry { name } => {
-            let queued = match ops.retry(&name).await? {
-                stead::ops::Retry::Provisioning { task } => {
-                    say(format!(
-                        "{name}: provisioning again (task {task}); `stead instance show {name}` \
-                         follows it"
-                    ));
-                    Some(format!("retry: provision queued as task {task}"))
-                }
-                stead::ops::Retry::Reprovisioning { task } => {
-                    say(format!(
-                        "{name}: reprovisioning (task {task}): its release is installed or \
-                         upgraded in place and whatever of it vanished is created again"
-                    ));
-                    Some(format!("retry: reprovision queued as task {task}"))
-                }
-                stead::ops::Retry::AlreadyQueued { kind } => {
-                    say(format!(
-                        "{name}: a {kind} is already queued or running; nothing to do (`stead \
-                         task list`)"
-                    ));
-                    None
-                }
-            };
-            if let Some(message) = queued {
-                let event = by_operator(EventKind::Enqueue, message);
-                record(store.as_ref(), [event.instance(&InstanceName::new(&name))]).await;
-            }
+            instance_retry(&ops, store.as_ref(), &name).await?;
         }
         InstanceCommand::Start { name } => {
             if ops.set_stopped(&name, false).await? {
@@ -626,59 +566,7 @@ async fn instance(config: &DaemonConfig, command: InstanceCommand) -> Result<u8,
             name,
             purge_volumes,
         } => {
-            let volumes = ops.declared_volumes(&ops.find(&name).await?);
-            let deletion = ops.delete(&name, purge_volumes).await?;
-            if let Deletion::Started { task, cancelled } = &deletion {
-                let about = InstanceName::new(&name);
-                let mut events = vec![by_operator(
-                    EventKind::Enqueue,
-                    format!("delete: deprovision queued as task {task}"),
-                )
-                .instance(&about)];
-                if !cancelled.is_empty() {
-                    events.push(
-                        by_operator(
-                            EventKind::Cancel,
-                            format!("delete: cancelled queued task(s) {cancelled:?} (T4)"),
-                        )
-                        .instance(&about),
-                    );
-                }
-                record(store.as_ref(), events).await;
-            }
-            match deletion {
-                Deletion::Started { task, cancelled } => say(format!(
-                    "deleting {name}: deprovision queued as task {task}{}",
-                    if cancelled.is_empty() {
-                        String::new()
-                    } else {
-                        format!(
-                            "; cancelled queued task(s) {} (T4, docs/rules.md#t4)",
-                            cancelled
-                                .iter()
-                                .map(ToString::to_string)
-                                .collect::<Vec<_>>()
-                                .join(", ")
-                        )
-                    }
-                )),
-                Deletion::AlreadyDeleting => say(format!("{name} is already being deleted")),
-                Deletion::AlreadyDeleted => say(format!("{name} is already deleted")),
-            }
-            if !volumes.is_empty() {
-                say(if purge_volumes {
-                    format!(
-                        "its named volumes ({}) are removed with it",
-                        volumes.join(", ")
-                    )
-                } else {
-                    format!(
-                        "its named volumes ({}) are kept with their data; \
-                         `stead instance delete {name} --purge-volumes` removes them",
-                        volumes.join(", ")
-                    )
-                });
-            }
+            instance_delete(&ops, store.as_ref(), &name, purge_volumes).await?;
         }
         InstanceCommand::Inhibit {
             name,
@@ -703,6 +591,152 @@ async fn instance(config: &DaemonConfig, command: InstanceCommand) -> Result<u8,
         }
     }
     Ok(EXIT_OK)
+}
+
+/// The `--set` parameters of `stead instance create`, each named once.
+fn parameters_once(
+    parameters: Vec<(String, String)>,
+) -> Result<BTreeMap<String, String>, CliError> {
+    let mut given = std::collections::BTreeMap::new();
+    for (name, value) in parameters {
+        if given.insert(name.clone(), value).is_some() {
+            return Err(stead::ops::OpsError::Invalid(format!("--set {name}: given twice")).into());
+        }
+    }
+    Ok(given)
+}
+
+/// `stead instance create`: the instance created (or found), its
+/// provision queued and recorded.
+async fn instance_create(
+    ops: &Ops<'_>,
+    store: &dyn Store,
+    request: &CreateRequest,
+) -> Result<(), CliError> {
+    let created = ops.create(request).await?;
+    let i = &created.instance;
+    match created.task {
+        Some(task) => {
+            say(format!(
+                "created {} ({} {}, team {}); provision queued as task {task}",
+                i.name, i.service_type, i.version, i.team
+            ));
+            record(
+                store,
+                [by_operator(
+                    EventKind::Enqueue,
+                    format!(
+                        "created {} ({} {}); provision queued as task {task}",
+                        i.name, i.service_type, i.version
+                    ),
+                )
+                .instance(&i.name)],
+            )
+            .await;
+        }
+        None => say(format!(
+            "{} already exists ({} {}, {}); nothing to do",
+            i.name, i.service_type, i.version, i.state
+        )),
+    }
+    Ok(())
+}
+
+/// `stead instance retry`: a failed instance provisioned again, or a
+/// reprovision queued, and recorded.
+async fn instance_retry(ops: &Ops<'_>, store: &dyn Store, name: &str) -> Result<(), CliError> {
+    let queued = match ops.retry(name).await? {
+        stead::ops::Retry::Provisioning { task } => {
+            say(format!(
+                "{name}: provisioning again (task {task}); `stead instance show {name}` \
+                 follows it"
+            ));
+            Some(format!("retry: provision queued as task {task}"))
+        }
+        stead::ops::Retry::Reprovisioning { task } => {
+            say(format!(
+                "{name}: reprovisioning (task {task}): its release is installed or \
+                 upgraded in place and whatever of it vanished is created again"
+            ));
+            Some(format!("retry: reprovision queued as task {task}"))
+        }
+        stead::ops::Retry::AlreadyQueued { kind } => {
+            say(format!(
+                "{name}: a {kind} is already queued or running; nothing to do (`stead \
+                 task list`)"
+            ));
+            None
+        }
+    };
+    if let Some(message) = queued {
+        let event = by_operator(EventKind::Enqueue, message);
+        record(store, [event.instance(&InstanceName::new(name))]).await;
+    }
+    Ok(())
+}
+
+/// `stead instance delete`: its deprovision queued, its queued tasks
+/// cancelled, recorded, and what becomes of its named volumes said.
+async fn instance_delete(
+    ops: &Ops<'_>,
+    store: &dyn Store,
+    name: &str,
+    purge_volumes: bool,
+) -> Result<(), CliError> {
+    let volumes = ops.declared_volumes(&ops.find(name).await?);
+    let deletion = ops.delete(name, purge_volumes).await?;
+    if let Deletion::Started { task, cancelled } = &deletion {
+        let about = InstanceName::new(name);
+        let mut events = vec![by_operator(
+            EventKind::Enqueue,
+            format!("delete: deprovision queued as task {task}"),
+        )
+        .instance(&about)];
+        if !cancelled.is_empty() {
+            events.push(
+                by_operator(
+                    EventKind::Cancel,
+                    format!("delete: cancelled queued task(s) {cancelled:?} (T4)"),
+                )
+                .instance(&about),
+            );
+        }
+        record(store, events).await;
+    }
+    match deletion {
+        Deletion::Started { task, cancelled } => say(format!(
+            "deleting {name}: deprovision queued as task {task}{}",
+            if cancelled.is_empty() {
+                String::new()
+            } else {
+                format!(
+                    "; cancelled queued task(s) {} (T4, docs/rules.md#t4)",
+                    cancelled
+                        .iter()
+                        .map(ToString::to_string)
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                )
+            }
+        )),
+        Deletion::AlreadyDeleting => say(format!("{name} is already being deleted")),
+        Deletion::AlreadyDeleted => say(format!("{name} is already deleted")),
+    }
+    if !volumes.is_empty() {
+        say(if purge_volumes {
+            format!(
+                "its named volumes ({}) are removed with it",
+                volumes.join(", ")
+            )
+        } else {
+            format!(
+                "its named volumes ({}) are kept with their data; \
+                 `stead instance delete {name} --purge-volumes` removes them",
+                volumes.join(", ")
+            )
+        });
+    }
+    Ok(())
 }
 
 async fn instance_list(config: &DaemonConfig, all: bool, json: bool) -> Result<u8, CliError> {
@@ -915,130 +949,10 @@ async fn rollout(config: &DaemonConfig, command: RolloutCommand) -> Result<u8, C
             service_type,
             reason,
         } => {
-            let (before, cancelled) = ops
-                .set_rollout(&service_type, RolloutState::Halted, &reason)
-                .await?;
-            let mut events = Vec::new();
-            if before == RolloutState::Active {
-                events.push(by_operator(
-                    EventKind::Halt,
-                    format!("rollout of {service_type} halted: {reason}"),
-                ));
-            }
-            if !cancelled.is_empty() {
-                events.push(by_operator(
-                    EventKind::Cancel,
-                    format!("cancelled the queued upgrade(s) {cancelled:?} of {service_type}"),
-                ));
-            }
-            record(store.as_ref(), events).await;
-            say(match before {
-                RolloutState::Halted => {
-                    format!("{service_type}: rollout was already halted; reason now {reason:?}")
-                }
-                RolloutState::Active => format!(
-                    "{service_type}: rollout halted ({reason}); no upgrade of it is planned until \
-                     `stead rollout resume {service_type}` (C8, docs/rules.md#c8)"
-                ),
-            });
-            if !cancelled.is_empty() {
-                let ids: Vec<String> = cancelled.iter().map(i64::to_string).collect();
-                say(format!(
-                    "{service_type}: cancelled its queued upgrade(s): task {}",
-                    ids.join(", ")
-                ));
-            }
+            rollout_halt(&ops, store.as_ref(), &service_type, &reason).await?;
         }
         RolloutCommand::Undo { service_type, to } => {
-            let undo = match to.as_deref() {
-                None => ops.undo_rollout(&service_type).await?,
-                Some(version) => ops.undo_rollout_to(&service_type, version).await?,
-            };
-            // A Helm type's plain undo pins it to its previous version.
-            let to = undo.pinned.clone();
-            let halted_why = match to.as_deref() {
-                None => "rollout undo".to_owned(),
-                Some(version) => format!("rollout undo --to {version}"),
-            };
-            let mut events = vec![by_operator(
-                EventKind::Halt,
-                format!("rollout of {service_type} halted: {halted_why}"),
-            )];
-            for (instance, services) in &undo.reverted {
-                let services: Vec<&str> = services.iter().map(|s| s.as_str()).collect();
-                events.push(
-                    by_operator(
-                        EventKind::Revert,
-                        format!(
-                            "rollout undo: put back on the predecessors of {}",
-                            services.join(", ")
-                        ),
-                    )
-                    .instance(instance),
-                );
-            }
-            record(store.as_ref(), events).await;
-            say(match to.as_deref() {
-                None => format!(
-                    "{service_type}: rollout halted (operator: rollout undo); \
-                     `stead rollout resume {service_type}` once the catalog has a fixed version"
-                ),
-                Some(version) => format!(
-                    "{service_type}: rollout halted and pinned to version {version}: its \
-                     instances are moved to it and new ones made at it; \
-                     `stead rollout resume {service_type}` lifts the pin once the catalog has a \
-                     fixed version"
-                ),
-            });
-            if !undo.moving.is_empty() {
-                let names: Vec<&str> = undo.moving.iter().map(|n| n.as_str()).collect();
-                say(format!(
-                    "{service_type}: to move to version {}: {} (the reconciler queues their \
-                     upgrades from the next tick, within max_in_flight; `stead task list`)",
-                    to.as_deref().unwrap_or_default(),
-                    names.join(", ")
-                ));
-            }
-            if !undo.cancelled.is_empty() {
-                let ids: Vec<String> = undo.cancelled.iter().map(i64::to_string).collect();
-                say(format!(
-                    "{service_type}: cancelled its queued upgrade(s): task {}",
-                    ids.join(", ")
-                ));
-            }
-            for (instance, services) in &undo.reverted {
-                let services: Vec<&str> = services.iter().map(|s| s.as_str()).collect();
-                say(format!(
-                    "{instance}: going back to its predecessors ({}): its upgrade task starts \
-                     and verifies them while the new version serves, then moves the route \
-                     (`stead task list`)",
-                    services.join(", ")
-                ));
-            }
-            if !undo.busy.is_empty() {
-                let names: Vec<&str> = undo.busy.iter().map(|n| n.as_str()).collect();
-                say(format!(
-                    "{service_type}: busy, not looked at: {} (a pass or a task held the lock); \
-                     run the command again",
-                    names.join(", ")
-                ));
-            }
-            if !undo.not_baking.is_empty() {
-                let names: Vec<&str> = undo.not_baking.iter().map(|n| n.as_str()).collect();
-                say(match to.as_deref() {
-                    None => format!(
-                        "{service_type}: nothing to undo for {} (no upgrade of it bakes: its \
-                         predecessors are retired once the bake window ends; \
-                         `stead rollout undo {service_type} --to VERSION` moves it back to a \
-                         recorded version)",
-                        names.join(", ")
-                    ),
-                    Some(version) => format!(
-                        "{service_type}: already at version {version}: {}",
-                        names.join(", ")
-                    ),
-                });
-            }
+            rollout_undo(&ops, store.as_ref(), &service_type, to.as_deref()).await?;
         }
         RolloutCommand::Versions { service_type } => {
             let versions = ops.type_versions(&service_type).await?;
@@ -1072,4 +986,155 @@ async fn rollout(config: &DaemonConfig, command: RolloutCommand) -> Result<u8, C
         }
     }
     Ok(EXIT_OK)
+}
+
+/// `stead rollout halt`: the type's rollout halted, its queued upgrades
+/// cancelled, recorded and said.
+async fn rollout_halt(
+    ops: &Ops<'_>,
+    store: &dyn Store,
+    service_type: &str,
+    reason: &str,
+) -> Result<(), CliError> {
+    let (before, cancelled) = ops
+        .set_rollout(service_type, RolloutState::Halted, reason)
+        .await?;
+    let mut events = Vec::new();
+    if before == RolloutState::Active {
+        events.push(by_operator(
+            EventKind::Halt,
+            format!("rollout of {service_type} halted: {reason}"),
+        ));
+    }
+    if !cancelled.is_empty() {
+        events.push(by_operator(
+            EventKind::Cancel,
+            format!("cancelled the queued upgrade(s) {cancelled:?} of {service_type}"),
+        ));
+    }
+    record(store, events).await;
+    say(match before {
+        RolloutState::Halted => {
+            format!("{service_type}: rollout was already halted; reason now {reason:?}")
+        }
+        RolloutState::Active => format!(
+            "{service_type}: rollout halted ({reason}); no upgrade of it is planned until \
+             `stead rollout resume {service_type}` (C8, docs/rules.md#c8)"
+        ),
+    });
+    if !cancelled.is_empty() {
+        let ids: Vec<String> = cancelled.iter().map(i64::to_string).collect();
+        say(format!(
+            "{service_type}: cancelled its queued upgrade(s): task {}",
+            ids.join(", ")
+        ));
+    }
+    Ok(())
+}
+
+/// `stead rollout undo [--to VERSION]`: the type halted (and pinned), its
+/// baking instances put back, recorded; then said.
+async fn rollout_undo(
+    ops: &Ops<'_>,
+    store: &dyn Store,
+    service_type: &str,
+    to: Option<&str>,
+) -> Result<(), CliError> {
+    let undo = match to {
+        None => ops.undo_rollout(service_type).await?,
+        Some(version) => ops.undo_rollout_to(service_type, version).await?,
+    };
+    // A Helm type's plain undo pins it to its previous version.
+    let to = undo.pinned.clone();
+    let halted_why = match to.as_deref() {
+        None => "rollout undo".to_owned(),
+        Some(version) => format!("rollout undo --to {version}"),
+    };
+    let mut events = vec![by_operator(
+        EventKind::Halt,
+        format!("rollout of {service_type} halted: {halted_why}"),
+    )];
+    for (instance, services) in &undo.reverted {
+        let services: Vec<&str> = services.iter().map(|s| s.as_str()).collect();
+        events.push(
+            by_operator(
+                EventKind::Revert,
+                format!(
+                    "rollout undo: put back on the predecessors of {}",
+                    services.join(", ")
+                ),
+            )
+            .instance(instance),
+        );
+    }
+    record(store, events).await;
+    say_undo(service_type, &undo, to.as_deref());
+    Ok(())
+}
+
+/// What an undo did, as the operator reads it: the halt (and pin), the
+/// instances to move, the upgrades cancelled, those going back, those
+/// busy and those with nothing to undo.
+fn say_undo(service_type: &str, undo: &stead::ops::Undo, to: Option<&str>) {
+    say(match to {
+        None => format!(
+            "{service_type}: rollout halted (operator: rollout undo); \
+             `stead rollout resume {service_type}` once the catalog has a fixed version"
+        ),
+        Some(version) => format!(
+            "{service_type}: rollout halted and pinned to version {version}: its \
+             instances are moved to it and new ones made at it; \
+             `stead rollout resume {service_type}` lifts the pin once the catalog has a \
+             fixed version"
+        ),
+    });
+    if !undo.moving.is_empty() {
+        let names: Vec<&str> = undo.moving.iter().map(|n| n.as_str()).collect();
+        say(format!(
+            "{service_type}: to move to version {}: {} (the reconciler queues their \
+             upgrades from the next tick, within max_in_flight; `stead task list`)",
+            to.unwrap_or_default(),
+            names.join(", ")
+        ));
+    }
+    if !undo.cancelled.is_empty() {
+        let ids: Vec<String> = undo.cancelled.iter().map(i64::to_string).collect();
+        say(format!(
+            "{service_type}: cancelled its queued upgrade(s): task {}",
+            ids.join(", ")
+        ));
+    }
+    for (instance, services) in &undo.reverted {
+        let services: Vec<&str> = services.iter().map(|s| s.as_str()).collect();
+        say(format!(
+            "{instance}: going back to its predecessors ({}): its upgrade task starts \
+             and verifies them while the new version serves, then moves the route \
+             (`stead task list`)",
+            services.join(", ")
+        ));
+    }
+    if !undo.busy.is_empty() {
+        let names: Vec<&str> = undo.busy.iter().map(|n| n.as_str()).collect();
+        say(format!(
+            "{service_type}: busy, not looked at: {} (a pass or a task held the lock); \
+             run the command again",
+            names.join(", ")
+        ));
+    }
+    if !undo.not_baking.is_empty() {
+        let names: Vec<&str> = undo.not_baking.iter().map(|n| n.as_str()).collect();
+        say(match to {
+            None => format!(
+                "{service_type}: nothing to undo for {} (no upgrade of it bakes: its \
+                 predecessors are retired once the bake window ends; \
+                 `stead rollout undo {service_type} --to VERSION` moves it back to a \
+                 recorded version)",
+                names.join(", ")
+            ),
+            Some(version) => format!(
+                "{service_type}: already at version {version}: {}",
+                names.join(", ")
+            ),
+        });
+    }
 }

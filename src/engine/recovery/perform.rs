@@ -172,13 +172,7 @@ impl Recoverer {
             Command::ReadHealth => Outcome::Health(p.runtime.health(id).await),
             Command::ReadBinds => Outcome::Binds(p.runtime.binds(id).await),
             Command::ProbeReadiness { binds, started_at } => {
-                let probe = self
-                    .readiness
-                    .lock()
-                    .expect("readiness poisoned")
-                    .get(&(instance.service_type.clone(), key.service.clone()))
-                    .cloned()
-                    .unwrap_or(ReadinessProbe::None);
+                let probe = self.readiness_probe(instance, key);
                 let target = ProbeTarget {
                     container: id.clone(),
                     started_at: *started_at,
@@ -203,18 +197,7 @@ impl Recoverer {
                     container: id.clone(),
                     binds: binds.clone(),
                     verified_started_at: *started_at,
-                    public_hosts: self
-                        .domains
-                        .lock()
-                        .expect("domains poisoned")
-                        .get(&(instance.service_type.clone(), key.service.clone()))
-                        .map(|templates| {
-                            templates
-                                .iter()
-                                .map(|t| t.render(&key.instance, &key.service))
-                                .collect()
-                        })
-                        .unwrap_or_default(),
+                    public_hosts: self.public_hosts(instance, key),
                 };
                 Outcome::Published(p.traffic.publish(&route).await)
             }
@@ -224,5 +207,32 @@ impl Recoverer {
                     .await,
             ),
         }
+    }
+
+    /// The readiness probe of `key`'s service, as its type's catalog entry
+    /// sets it (none when it sets none).
+    fn readiness_probe(&self, instance: &Instance, key: &GenerationKey) -> ReadinessProbe {
+        self.readiness
+            .lock()
+            .expect("readiness poisoned")
+            .get(&(instance.service_type.clone(), key.service.clone()))
+            .cloned()
+            .unwrap_or(ReadinessProbe::None)
+    }
+
+    /// The public host names of `key`'s service: its type's `domains`
+    /// templates rendered for this instance (#43).
+    fn public_hosts(&self, instance: &Instance, key: &GenerationKey) -> Vec<String> {
+        self.domains
+            .lock()
+            .expect("domains poisoned")
+            .get(&(instance.service_type.clone(), key.service.clone()))
+            .map(|templates| {
+                templates
+                    .iter()
+                    .map(|t| t.render(&key.instance, &key.service))
+                    .collect()
+            })
+            .unwrap_or_default()
     }
 }

@@ -3,8 +3,9 @@
 
 use crate::core::errors::TaskError;
 use crate::core::event_log::{Event, EventKind};
-use crate::core::fleet::{InstanceState, RetryDecision, Task, TaskKind};
+use crate::core::fleet::{Instance, InstanceState, RetryDecision, Task, TaskKind};
 use crate::core::plan::halt_after_failed_upgrade;
+use crate::core::types::Timestamp;
 
 use super::Worker;
 
@@ -106,32 +107,7 @@ impl Worker {
             return;
         };
         if task.kind == TaskKind::Provision && instance.state == InstanceState::Provisioning {
-            let now = self.ports.clock.now();
-            match self
-                .ports
-                .store
-                .set_instance_state(
-                    instance.id,
-                    InstanceState::Provisioning,
-                    InstanceState::Failed,
-                    now,
-                )
-                .await
-            {
-                Ok(true) => tracing::warn!(
-                    instance = %instance.name,
-                    "instance {} failed: its provision ran out of attempts ({error}); \
-                     `stead instance retry {}` provisions it again",
-                    instance.name,
-                    instance.name
-                ),
-                Ok(false) => {}
-                Err(e) => tracing::warn!(
-                    instance = %instance.name,
-                    "could not mark {} failed after its provision ran out of attempts: {e}",
-                    instance.name
-                ),
-            }
+            self.mark_provision_failed(&instance, error).await;
             return;
         }
         let mut failed = task.clone();
@@ -144,76 +120,123 @@ impl Worker {
             },
         ) = &decision
         {
-            let now = self.ports.clock.now();
-            let halted = self
-                .ports
-                .store
-                .set_rollout(
-                    service_type,
-                    crate::core::fleet::RolloutState::Halted,
-                    reason,
-                    now,
-                    None,
-                )
+            self.halt_rollout(task, &instance, decision, service_type, reason)
                 .await;
-            match halted {
-                Ok(()) => {
-                    // A halt stops what is waiting too (C8).
-                    match self
-                        .ports
-                        .store
-                        .cancel_queued_upgrades(
-                            service_type,
-                            crate::core::fleet::CANCELLED_BY_HALT,
-                            now,
-                        )
-                        .await
-                    {
-                        Ok(cancelled) if !cancelled.is_empty() => {
-                            tracing::warn!(
-                                service_type = %service_type,
-                                cancelled = ?cancelled,
-                                "cancelled the queued upgrades of {service_type}'s halted rollout"
-                            );
-                            self.events.emit(Event::new(
-                                EventKind::Cancel,
-                                now,
-                                "C8",
-                                format!(
-                                    "cancelled the queued upgrades {cancelled:?} of \
-                                     {service_type}'s halted rollout"
-                                ),
-                            ));
-                        }
-                        Ok(_) => {}
-                        Err(e) => tracing::warn!(
-                            service_type = %service_type,
-                            "could not cancel the queued upgrades of {service_type} ({e}); \
-                             workers check the switch before they start one"
-                        ),
-                    }
-                    metrics::counter!("stead_decisions_total", "decision" => decision.label())
-                        .increment(1);
-                    self.events.emit(
-                        Event::new(
-                            EventKind::Halt,
-                            now,
-                            "C8",
-                            format!("rollout of {service_type} halted: {reason}"),
-                        )
-                        .instance(&instance.name)
-                        .traced(task.traceparent.as_deref()),
-                    );
-                    tracing::warn!(
-                    service_type = %service_type,
-                    "rollout of {service_type} halted (C8): {reason}; resume with `stead rollout resume {service_type}`"
+        }
+    }
+
+    /// Moves an instance whose provision ran out of attempts from
+    /// `provisioning` to `failed`.
+    async fn mark_provision_failed(&self, instance: &Instance, error: &TaskError) {
+        let now = self.ports.clock.now();
+        match self
+            .ports
+            .store
+            .set_instance_state(
+                instance.id,
+                InstanceState::Provisioning,
+                InstanceState::Failed,
+                now,
+            )
+            .await
+        {
+            Ok(true) => tracing::warn!(
+                instance = %instance.name,
+                "instance {} failed: its provision ran out of attempts ({error}); \
+                 `stead instance retry {}` provisions it again",
+                instance.name,
+                instance.name
+            ),
+            Ok(false) => {}
+            Err(e) => tracing::warn!(
+                instance = %instance.name,
+                "could not mark {} failed after its provision ran out of attempts: {e}",
+                instance.name
+            ),
+        }
+    }
+
+    /// Halts `service_type`'s rollout after a failed upgrade (C8), and
+    /// cancels the upgrades queued behind it.
+    async fn halt_rollout(
+        &self,
+        task: &Task,
+        instance: &Instance,
+        decision: &crate::core::plan::Decision,
+        service_type: &str,
+        reason: &str,
+    ) {
+        let now = self.ports.clock.now();
+        let halted = self
+            .ports
+            .store
+            .set_rollout(
+                service_type,
+                crate::core::fleet::RolloutState::Halted,
+                reason,
+                now,
+                None,
+            )
+            .await;
+        match halted {
+            Ok(()) => {
+                // A halt stops what is waiting too (C8).
+                self.cancel_waiting_upgrades(service_type, now).await;
+                metrics::counter!("stead_decisions_total", "decision" => decision.label())
+                    .increment(1);
+                self.events.emit(
+                    Event::new(
+                        EventKind::Halt,
+                        now,
+                        "C8",
+                        format!("rollout of {service_type} halted: {reason}"),
                     )
-                }
-                Err(e) => tracing::error!(
-                    service_type = %service_type,
-                    "rollout of {service_type} should halt ({reason}) but the store refused: {e}"
-                ),
+                    .instance(&instance.name)
+                    .traced(task.traceparent.as_deref()),
+                );
+                tracing::warn!(
+                service_type = %service_type,
+                "rollout of {service_type} halted (C8): {reason}; resume with `stead rollout resume {service_type}`"
+                )
             }
+            Err(e) => tracing::error!(
+                service_type = %service_type,
+                "rollout of {service_type} should halt ({reason}) but the store refused: {e}"
+            ),
+        }
+    }
+
+    /// Cancels the upgrades of `service_type` still queued once its
+    /// rollout is halted; workers also check the switch before starting.
+    async fn cancel_waiting_upgrades(&self, service_type: &str, now: Timestamp) {
+        match self
+            .ports
+            .store
+            .cancel_queued_upgrades(service_type, crate::core::fleet::CANCELLED_BY_HALT, now)
+            .await
+        {
+            Ok(cancelled) if !cancelled.is_empty() => {
+                tracing::warn!(
+                    service_type = %service_type,
+                    cancelled = ?cancelled,
+                    "cancelled the queued upgrades of {service_type}'s halted rollout"
+                );
+                self.events.emit(Event::new(
+                    EventKind::Cancel,
+                    now,
+                    "C8",
+                    format!(
+                        "cancelled the queued upgrades {cancelled:?} of \
+                         {service_type}'s halted rollout"
+                    ),
+                ));
+            }
+            Ok(_) => {}
+            Err(e) => tracing::warn!(
+                service_type = %service_type,
+                "could not cancel the queued upgrades of {service_type} ({e}); \
+                 workers check the switch before they start one"
+            ),
         }
     }
 }

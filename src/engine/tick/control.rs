@@ -1,0 +1,202 @@
+//! The control checks (C5–C8): one snapshot of the store, the planners
+//! run over it under the lease, each check's plan carried out in turn.
+
+use std::collections::BTreeMap;
+
+use crate::core::catalog::{Catalog, CatalogEntry};
+use crate::core::fleet::RolloutState;
+use crate::core::plan::{Plan, Planner, Snapshot};
+use crate::core::policy::PLANNERS_LEASE_NEED;
+use crate::ports::{LeaseGrant, StoreError};
+
+use super::{Check, Reconciler, TickOutcome};
+
+impl Reconciler {
+    /// The four control checks (C5-C8) over one snapshot, under the lease;
+    /// on a clock nothing vouches for, neither TTL expiry (C7) nor task
+    /// requeue (C6).
+    pub(super) async fn control_checks(
+        &self,
+        traceparent: String,
+        verified: bool,
+        out: &mut TickOutcome,
+    ) {
+        // One catalog for the whole tick, even if it is reloaded meanwhile.
+        let catalog = self.catalog.current();
+        match self.snapshot(&catalog, traceparent).await {
+            Err(e) => {
+                for check in &Check::ALL[1..] {
+                    out.failed.push((*check, format!("snapshot: {e}")));
+                }
+            }
+            Ok((snapshot, releases_error)) => {
+                // The planners' writes are quick; the lease must outlast them.
+                match self
+                    .recoverer
+                    .lease()
+                    .ensure(self.ports.store.as_ref(), PLANNERS_LEASE_NEED)
+                    .await
+                {
+                    Some(fence) => {
+                        self.run_planners(&snapshot, releases_error, &fence, verified, out)
+                            .await
+                    }
+                    None => {
+                        for check in &Check::ALL[1..] {
+                            out.failed
+                                .push((*check, "reconciler lease lost".to_owned()));
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    /// Reads what the planners need. Listing releases may fail on its own:
+    /// drift then plans nothing, the other checks go on (C3).
+    async fn snapshot<'c>(
+        &'c self,
+        catalog: &'c Catalog,
+        traceparent: String,
+    ) -> Result<(Snapshot<'c>, Option<String>), StoreError> {
+        let store = &self.ports.store;
+        let instances = store.list_instances().await?;
+        let tasks = store.active_tasks().await?;
+        let records = store.rollout_records().await?;
+        let rollouts = records
+            .iter()
+            .map(|r| (r.service_type.clone(), r.state))
+            .collect();
+        let pins = self.pins(catalog, &records).await;
+        // When the rows were read, at the store's precision: the planners
+        // judge them at this instant. Taken after the release listing
+        // (which may take the provisioner's whole timeout) a task's row
+        // would be judged at a moment it no longer described: its lease
+        // run out though its worker had renewed or finished it since, and
+        // a planner at a finer `now` than the store applies its decision
+        // with sees a lease run out a fraction of a microsecond early. The
+        // simulation's C6 check found both (a sweep that freed nothing).
+        let now = crate::store::normalize_timestamp(self.ports.clock.now());
+        self.log_bad_rows(instances.bad.iter().chain(tasks.bad.iter()));
+        // Bounded like every outside call: a hung provisioner must not hang
+        // the tick (found by the simulation).
+        let listed = tokio::time::timeout(
+            self.config.provisioner_timeout,
+            self.ports.provisioner.list_releases(),
+        )
+        .await;
+        let (releases, releases_error) = match listed {
+            Ok(Ok(r)) => (Some(r), None),
+            Ok(Err(e)) => (None, Some(e.to_string())),
+            Err(_) => (None, Some("timed out".to_owned())),
+        };
+        Ok((
+            Snapshot {
+                now,
+                unreadable_instances: instances.bad.len(),
+                instances: instances.rows,
+                tasks: tasks.rows,
+                releases,
+                catalog,
+                rollouts,
+                config: &self.config,
+                traceparent: Some(traceparent),
+                lost_services: self.recently_lost(now),
+                pins,
+            },
+            releases_error,
+        ))
+    }
+
+    /// The entries undos pinned halted types to (`rollout undo --to`), as
+    /// the daemon recorded them, read through this catalog's grants. A pin
+    /// that cannot be read moves nothing, and says why.
+    async fn pins(
+        &self,
+        catalog: &Catalog,
+        records: &[crate::ports::RolloutRecord],
+    ) -> BTreeMap<String, CatalogEntry> {
+        let mut pins = BTreeMap::new();
+        for record in records.iter().filter(|r| r.state == RolloutState::Halted) {
+            let Some(version) = &record.pinned else {
+                continue;
+            };
+            if catalog.get(&record.service_type).is_none() {
+                continue;
+            }
+            let entry = crate::store::recorded_entry(
+                self.ports.store.as_ref(),
+                catalog,
+                &record.service_type,
+                version,
+            )
+            .await;
+            match entry {
+                Ok(entry) => {
+                    pins.insert(record.service_type.clone(), entry);
+                }
+                Err(why) => tracing::error!(
+                    service_type = %record.service_type,
+                    version = %version,
+                    "the type is pinned to a version that cannot be read this tick ({why}); \
+                     nothing moves to it: `stead rollout resume` lifts the pin"
+                ),
+            }
+        }
+        pins
+    }
+
+    async fn run_planners(
+        &self,
+        snapshot: &Snapshot<'_>,
+        releases_error: Option<String>,
+        fence: &LeaseGrant,
+        verified: bool,
+        out: &mut TickOutcome,
+    ) {
+        // The snapshot's indexes are built once for the four planners;
+        // each check is carried out before the next is planned.
+        let planner = Planner::new(snapshot);
+        match &releases_error {
+            Some(e) => out
+                .failed
+                .push((Check::Drift, format!("list releases: {e}"))),
+            None => {
+                let plan = planner.drift();
+                self.carry_out(Check::Drift, plan, snapshot, fence, out)
+                    .await;
+            }
+        }
+        // Both break another's claim by the clock: a reading that jumped
+        // would requeue live tasks and expire every instance at once.
+        if verified {
+            let plan = planner.lease_expiry();
+            self.carry_out(Check::LeaseExpiry, plan, snapshot, fence, out)
+                .await;
+            let plan = planner.ttl();
+            self.carry_out(Check::Ttl, plan, snapshot, fence, out).await;
+        }
+        let plan = planner.version_drift();
+        self.carry_out(Check::VersionDrift, plan, snapshot, fence, out)
+            .await;
+    }
+
+    /// Logs one check's reports and carries out its decisions; a failure
+    /// fails that check alone (C3).
+    async fn carry_out(
+        &self,
+        check: Check,
+        plan: Plan,
+        snapshot: &Snapshot<'_>,
+        fence: &LeaseGrant,
+        out: &mut TickOutcome,
+    ) {
+        self.log_reports(check, &plan.reports);
+        if let Err(e) = self
+            .apply(check, &plan.decisions, fence, out, snapshot)
+            .await
+        {
+            out.failed.push((check, e.to_string()));
+        }
+    }
+}

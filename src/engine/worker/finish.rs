@@ -1,0 +1,139 @@
+//! Running a claimed task to its end and recording it: done, retried
+//! after a backoff (an upgrade waiting for its window), or failed for good
+//! (C11), each with its event in the same transaction (#42).
+
+use std::sync::atomic::Ordering;
+
+use crate::core::fleet::{RetryDecision, Task, TaskKind};
+use crate::core::plan::upgrade_retry_at;
+use crate::core::types::Timestamp;
+use crate::ports::TaskFinish;
+
+use super::end::end_event;
+use super::{TaskEnd, Worker};
+
+impl Worker {
+    /// Runs `task` (of the instance named `instance`) and records how it
+    /// ended, with its event (#42) in the same transaction.
+    pub(super) async fn run_task(&self, task: &Task, instance: &str) -> TaskEnd {
+        self.lock_lost.store(false, Ordering::Relaxed);
+        let work = self.handle(task);
+        let keep_lease = self.keep_lease(task);
+        let result = tokio::select! {
+            // In order, not at random: the simulation must replay exactly.
+            biased;
+            r = work => r,
+            _ = keep_lease => return TaskEnd::LeaseLost,
+        };
+        if self.lock_lost.load(Ordering::Relaxed) {
+            // Whatever the handler made of the refusal, the task is the
+            // lock's next holder's to tell: nothing is recorded here.
+            return TaskEnd::LeaseLost;
+        }
+        let now = self.ports.clock.now();
+        match result {
+            Ok(()) => {
+                let done = TaskFinish::Done;
+                let _ = self.finish(task, instance, done, &TaskEnd::Done, now).await;
+                TaskEnd::Done
+            }
+            // A permanent failure (an image that cannot be pulled, a
+            // refused request) fails at once; any other is retried with
+            // backoff until the attempts run out.
+            Err(error) => match self
+                .config
+                .retry
+                .after_error(task.attempts, error.kind(), now)
+            {
+                RetryDecision::RetryAt(at) => {
+                    let at = self.retry_at(task, at).await;
+                    let message = error.to_string();
+                    let end = TaskEnd::Retried(error);
+                    let retry = TaskFinish::Retry {
+                        run_after: at,
+                        error: &message,
+                    };
+                    let _ = self.finish(task, instance, retry, &end, now).await;
+                    end
+                }
+                // Only a failure the store recorded as this worker's halts
+                // the rollout (C8). A worker frozen past its task lease
+                // finds the task requeued and maybe running elsewhere:
+                // its verdict is stale, and a halt on it would stop a
+                // rollout no upgrade failed (found by the simulation).
+                RetryDecision::Fail => {
+                    let message = error.to_string();
+                    let end = TaskEnd::Failed(error.clone());
+                    let fail = TaskFinish::Fail { error: &message };
+                    match self.finish(task, instance, fail, &end, now).await {
+                        Ok(true) => {
+                            self.after_final_failure(task, &error).await;
+                            TaskEnd::Failed(error)
+                        }
+                        Ok(false) => TaskEnd::LeaseLost,
+                        Err(e) => {
+                            tracing::warn!(
+                                task = task.id,
+                                "task {} failed for good but the store did not record it ({e}); \
+                             its lease expires and the next attempt decides again",
+                                task.id
+                            );
+                            TaskEnd::Failed(error)
+                        }
+                    }
+                }
+            },
+        }
+    }
+
+    /// Finishes `task` in the store as `finish` says. With the event log
+    /// on, the end's event goes in the same transaction (both or neither);
+    /// a lost lease records nothing, as the worker that holds the task now
+    /// tells its end.
+    async fn finish(
+        &self,
+        task: &Task,
+        instance: &str,
+        finish: TaskFinish<'_>,
+        end: &TaskEnd,
+        now: Timestamp,
+    ) -> Result<bool, crate::ports::StoreError> {
+        let store = &self.ports.store;
+        let worker = self.config.id.as_str();
+        let event = end_event(task, instance, end, now).and_then(|e| self.events.stamp(e));
+        if let Some(event) = event {
+            return store
+                .finish_task_recorded(task.id, worker, finish, now, &event)
+                .await;
+        }
+        match finish {
+            TaskFinish::Done => store.complete(task.id, worker, now).await,
+            TaskFinish::Retry { run_after, error } => {
+                store.retry(task.id, worker, run_after, error, now).await
+            }
+            TaskFinish::Fail { error } => store.fail(task.id, worker, error, now).await,
+        }
+    }
+
+    /// When a failed task runs again, its backoff having ended at
+    /// `backoff_ends`: an upgrade waits for its instance's maintenance
+    /// window as its first run did (`core::plan::upgrade_retry_at`).
+    async fn retry_at(&self, task: &Task, backoff_ends: Timestamp) -> Timestamp {
+        if task.kind != TaskKind::Upgrade {
+            return backoff_ends;
+        }
+        let Ok(Some(instance)) = self.ports.store.instance_by_id(task.instance).await else {
+            return backoff_ends;
+        };
+        let security = self.entry(&instance).is_ok_and(|entry| entry.security);
+        let at = upgrade_retry_at(backoff_ends, &instance, security);
+        if at != backoff_ends {
+            tracing::info!(
+                instance = %instance.name,
+                retry_at = %at,
+                "upgrade retry waits for the maintenance window's next opening"
+            );
+        }
+        at
+    }
+}

@@ -102,11 +102,16 @@ pub enum Mutant {
     /// #41: take a reading of the database's clock that jumped (or a
     /// first one) at its word: expire, requeue and take over by it.
     IgnoreClockJump,
+    /// #42: a recovery pass starts a container and writes no event of it.
+    ForgetStartEvent,
+    /// #42: a start the runtime refused is written to the event log as
+    /// a start.
+    EventForFailedStart,
 }
 
 #[cfg(feature = "mutation-exercise")]
 impl Mutant {
-    pub const ALL: [Mutant; 24] = [
+    pub const ALL: [Mutant; 26] = [
         Mutant::SkipWithdrawBeforeStart,
         Mutant::PublishBeforeReadiness,
         Mutant::ForgetCrashLoopCharge,
@@ -131,5 +136,7 @@ impl Mutant {
         Mutant::IgnoreUndoPin,
         Mutant::TrustMonotonicOnly,
         Mutant::IgnoreClockJump,
+        Mutant::ForgetStartEvent,
+        Mutant::EventForFailedStart,
     ];
 }

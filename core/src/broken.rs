@@ -106,11 +106,16 @@ pub enum Mutant {
     /// `state_dir`) takes the reconciler lease at once, live holder or
     /// not, as a restart at the holder's own site would.
     TwinTakesOver,
+    /// #42: a recovery pass starts a container and writes no event of it.
+    ForgetStartEvent,
+    /// #42: a start the runtime refused is written to the event log as
+    /// a start.
+    EventForFailedStart,
 }
 
 #[cfg(feature = "mutation-exercise")]
 impl Mutant {
-    pub const ALL: [Mutant; 25] = [
+    pub const ALL: [Mutant; 27] = [
         Mutant::SkipWithdrawBeforeStart,
         Mutant::PublishBeforeReadiness,
         Mutant::ForgetCrashLoopCharge,
@@ -136,5 +141,7 @@ impl Mutant {
         Mutant::TrustMonotonicOnly,
         Mutant::IgnoreClockJump,
         Mutant::TwinTakesOver,
+        Mutant::ForgetStartEvent,
+        Mutant::EventForFailedStart,
     ];
 }

@@ -338,6 +338,8 @@ pub struct Checker {
     provisioner: OnceLock<Arc<MemoryProvisioner>>,
     /// The engine's gauges, as an operator's dashboard shows them.
     gauges: OnceLock<stead_testkit::metrics::Tally>,
+    /// The recovery interventions the event log must record (E1, #42).
+    pub events: crate::events::EventLedger,
 }
 
 impl Checker {
@@ -368,6 +370,7 @@ impl Checker {
             store: OnceLock::new(),
             provisioner: OnceLock::new(),
             gauges: OnceLock::new(),
+            events: Default::default(),
         }
     }
 
@@ -462,6 +465,7 @@ impl Checker {
                 stead::core::succession::succession(&g.holder, &identity.holder())
                     == stead::core::succession::Succession::Predecessor
             });
+        self.events.started(node, &identity.holder());
         self.lock().processes.insert(
             node,
             Process {
@@ -1146,6 +1150,7 @@ impl Checker {
     /// may reprovision the release until it is created again (#40).
     pub fn container_removed_by_hand(&self, release: &str, id: &ContainerId) {
         let now = self.clock.now();
+        self.events.removed(id, now);
         let mut s = self.lock();
         s.up.remove(id);
         s.container_missing
@@ -1358,6 +1363,13 @@ impl Checker {
     /// An invariant judged outside the effect stream (the pass judge).
     pub fn judged(&self, invariant: &'static str, ok: bool, detail: impl FnOnce() -> String) {
         self.lock().check(invariant, ok, detail);
+    }
+
+    /// `invariant` held `n` times (judged elsewhere, in bulk).
+    pub fn judged_times(&self, invariant: &'static str, n: u64) {
+        if n > 0 {
+            *self.lock().checks.entry(invariant).or_default() += n;
+        }
     }
 
     pub fn record_violation(&self, violation: String) {
@@ -1881,6 +1893,54 @@ impl Checker {
         }
     }
 
+    /// E1: tells the event ledger of a recovery pass's effect that the
+    /// event log records.
+    fn note_intervention(&self, s: &State, writer: &str, effect: &Effect, now: Timestamp) {
+        use stead::core::event_log::EventKind;
+        let service_of = |id: &ContainerId| {
+            s.truth
+                .service_of
+                .get(id)
+                .cloned()
+                .or_else(|| instance_of(&s.truth, id))
+        };
+        let (kind, service, container, exact) = match effect {
+            Effect::Started { id } => (EventKind::Start, service_of(id), Some(id), true),
+            Effect::Restarted { id } => (EventKind::Restart, service_of(id), Some(id), true),
+            Effect::Stopped { id } => {
+                // For stop intent (R4): the container ACTIVE names, of a
+                // stopped instance. A retirement's or a revert's stop is
+                // recorded as its Retire or Revert row.
+                let for_intent = instance_of(&s.truth, id)
+                    .is_some_and(|k| s.truth.stopped.contains(&k.instance))
+                    && !s.truth.markers.contains_key(id);
+                (EventKind::Stop, service_of(id), Some(id), for_intent)
+            }
+            Effect::Published { route } => (
+                EventKind::Publish,
+                Some(route.service.clone()),
+                Some(&route.container),
+                true,
+            ),
+            Effect::Withdrawn { service } => {
+                (EventKind::Withdraw, Some(service.clone()), None, false)
+            }
+            _ => return,
+        };
+        let Some(service) = service else {
+            return;
+        };
+        self.events.intervened(
+            writer,
+            kind,
+            &service.instance,
+            &service.service,
+            container,
+            exact,
+            now,
+        );
+    }
+
     fn is_deleted(&self, instance: &InstanceName) -> bool {
         self.store()
             .instance_now(instance)
@@ -1914,6 +1974,12 @@ impl Observer for Checker {
             self.check_handler_respects_deletion(&mut s, process, effect);
         }
         let actor = self.actor_of(&s, process.as_ref(), effect);
+        if let (Actor::Recovery, Some(process)) = (actor, &process) {
+            self.note_intervention(&s, &process.holder, effect, now);
+        }
+        if let Effect::Removed { id } = effect {
+            self.events.removed(id, now);
+        }
         self.check_names_and_deletion(&mut s, effect);
         let by_process = process.is_some();
         let holder = process

@@ -9,6 +9,7 @@
 
 pub mod checker;
 pub mod coverage;
+pub mod events;
 pub mod judge;
 pub mod run;
 pub mod topology;

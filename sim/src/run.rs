@@ -449,6 +449,9 @@ async fn simulate(cfg: SimConfig, tally: crate::coverage::Tally) -> SimOutcome {
         }
     }
 
+    if checker.violations().is_empty() {
+        crate::events::judge_log(&checker, store.as_ref(), &processes.slots).await;
+    }
     outcome.violations = checker.violations();
     outcome.trace = checker.trace();
     outcome.trace_hash = checker.trace_hash();
@@ -914,6 +917,9 @@ struct Processes {
     suspend_rng: ChaCha8Rng,
     tick: Duration,
     skew_ms_max: i64,
+    /// Told of each kill and pause (E1: a process's unwritten events die
+    /// with it).
+    checker: Arc<Checker>,
 }
 
 impl Processes {
@@ -954,6 +960,7 @@ impl Processes {
             suspend_rng: ChaCha8Rng::seed_from_u64(clock_faults.seed),
             tick: shared.tick,
             skew_ms_max: mix.skew_ms_max,
+            checker: shared.checker.clone(),
         }
     }
 
@@ -968,6 +975,8 @@ impl Processes {
             let i = rng.random_range(0..n);
             if !self.down_until.contains_key(&i) {
                 counts.bump("daemon killed");
+                // Before the resume: killed while frozen, if it was.
+                self.checker.events.killed(self.nodes[i].id(), now);
                 if self.paused_until.remove(&i).is_some() {
                     self.resume(i, now, counts);
                 }
@@ -1085,6 +1094,7 @@ impl Processes {
             self.woke_from_suspend.insert(i, now);
             self.slots[i].stood_still(Duration::try_from(stood).unwrap_or_default());
         }
+        self.checker.events.thawed(self.nodes[i].id(), now);
         madsim::runtime::Handle::current().resume(self.nodes[i].id());
     }
 
@@ -1097,6 +1107,7 @@ impl Processes {
         if !self.down_until.contains_key(&i) && !self.paused_until.contains_key(&i) {
             counts.bump("daemon paused past its leases");
             handle.pause(self.nodes[i].id());
+            self.checker.events.frozen(self.nodes[i].id());
             let ttl = reconciler_lease_ttl(self.tick, RecoveryPolicy::default().instance_deadline);
             let after = ttl + Duration::from_secs(rng.random_range(1..120));
             self.paused_until.insert(i, add(now, after));
@@ -1138,6 +1149,9 @@ impl Processes {
         let handle = madsim::runtime::Handle::current();
         let now = SystemClock.now();
         for i in 0..self.nodes.len() {
+            if !self.down_until.contains_key(&i) {
+                self.checker.events.killed(self.nodes[i].id(), now);
+            }
             if self.paused_until.remove(&i).is_some() {
                 self.resume(i, now, counts);
             }

@@ -22,6 +22,7 @@ use stead::core::plan::ControlConfig;
 use stead::core::policy::{reconciler_lease_ttl, RecoveryPolicy, LEASE_MARGIN};
 use stead::core::types::Timestamp;
 use stead::engine::clock::AnchoredClock;
+use stead::engine::event_log::{EventSink, EVENT_BUFFER_MAX};
 use stead::engine::events::{drain, follow};
 use stead::engine::lease::{LeaseGuard, ProcessIdentity};
 use stead::engine::recovery::{InstanceLocks, Recoverer};
@@ -120,6 +121,8 @@ pub struct Slot {
     /// How long, in all, the host stood still suspended: its monotonic
     /// clock did not move meanwhile (#41).
     stood_still_ms: AtomicU64,
+    /// Each incarnation's event sink (#42), for its drop count.
+    sinks: Mutex<Vec<(String, EventSink)>>,
 }
 
 impl Slot {
@@ -133,7 +136,17 @@ impl Slot {
             skew_ms: AtomicI64::new(skew_ms),
             paused: AtomicBool::new(false),
             stood_still_ms: AtomicU64::new(0),
+            sinks: Mutex::default(),
         }
+    }
+
+    /// Per incarnation (writer), the events its sink dropped.
+    pub fn events_dropped(&self) -> Vec<(String, u64)> {
+        let sinks = self.sinks.lock().expect("poisoned");
+        sinks
+            .iter()
+            .map(|(writer, sink)| (writer.clone(), sink.dropped()))
+            .collect()
     }
 
     /// The host was suspended for `d` (called while its node is paused):
@@ -254,6 +267,18 @@ pub async fn process_main(slot: Arc<Slot>, shared: Arc<Shared>) {
         .await;
     let (_stop_tx, stop) = watch::channel(false);
     let mut tasks = Vec::new();
+    // The event log (#42), as the daemon writes it: a bounded sink, and
+    // its flusher into the one store; both die with the process. The
+    // flusher runs at the end of each tick, inline, not as a task of its
+    // own (`events.rs` says why).
+    let (events, flusher) = EventSink::new(identity.holder(), EVENT_BUFFER_MAX);
+    // Kept to the process's end where no tick takes it: a worker-only
+    // process's events stay buffered (not judged).
+    let mut flusher = Some(flusher);
+    slot.sinks
+        .lock()
+        .expect("poisoned")
+        .push((identity.holder(), events.clone()));
     if slot.role.reconciles() {
         let lease = Arc::new(
             LeaseGuard::new(
@@ -274,6 +299,8 @@ pub async fn process_main(slot: Arc<Slot>, shared: Arc<Shared>) {
             identity.actor("recovery"),
             lease,
         ));
+        recoverer.log_events_to(events.clone());
+        recoverer.trace_targeted_passes(shared.seed ^ incarnation);
         recoverer.watch_passes(Arc::new(PassJudge::new(
             shared.checker.clone(),
             shared.policy.clone(),
@@ -313,6 +340,8 @@ pub async fn process_main(slot: Arc<Slot>, shared: Arc<Shared>) {
         }
         let (checker, tick, node) = (shared.checker.clone(), shared.tick, madsim::plugin::node());
         let holder = identity.holder();
+        let store = shared.store.clone();
+        let mut flusher = flusher.take();
         tasks.push(tokio::spawn(async move {
             loop {
                 let began = stead::ports::Clock::now(&stead::engine::SystemClock);
@@ -332,6 +361,14 @@ pub async fn process_main(slot: Arc<Slot>, shared: Arc<Shared>) {
                         memory: &memory,
                     },
                 );
+                // Never yields: the in-memory store answers at once, and
+                // is not offered a batch while it is down.
+                if let Some(flusher) = flusher.as_mut().filter(|_| !store.is_unavailable()) {
+                    flusher.flush(store.as_ref()).await;
+                    checker
+                        .events
+                        .flushed(node, stead::ports::Clock::now(&stead::engine::SystemClock));
+                }
                 tokio::time::sleep(tick).await;
             }
         }));
@@ -350,7 +387,8 @@ pub async fn process_main(slot: Arc<Slot>, shared: Arc<Shared>) {
                     broken: shared.policy.broken,
                 },
                 locks.clone(),
-            );
+            )
+            .with_events(events.clone());
             let stop = stop.clone();
             tasks.push(tokio::spawn(async move { worker.run(stop).await }));
         }

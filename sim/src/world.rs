@@ -367,6 +367,9 @@ impl SwarmFaults {
             if self.process_nodes.get().is_some_and(|n| n.contains(&node)) {
                 self.counts.bump("daemon paused right after an effect");
                 madsim::runtime::Handle::current().pause(node);
+                if let Some(checker) = self.checker.get() {
+                    checker.events.frozen(node);
+                }
                 self.paused_after_effect
                     .lock()
                     .expect("poisoned")

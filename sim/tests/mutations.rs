@@ -235,3 +235,19 @@ fn a_stepped_database_clock_taken_at_its_word_is_caught() {
         "J1 nothing expired or requeued on a stepped database clock",
     );
 }
+
+#[test]
+fn a_start_without_its_event_is_caught() {
+    assert_caught(
+        Mutant::ForgetStartEvent,
+        "E1 every intervention has its event",
+    );
+}
+
+#[test]
+fn an_event_for_a_failed_start_is_caught() {
+    assert_caught(
+        Mutant::EventForFailedStart,
+        "E1 every intervention has its event",
+    );
+}

@@ -213,6 +213,11 @@ impl MemoryStore {
         self.lock().unavailable = unavailable;
     }
 
+    /// Whether [`MemoryStore::set_unavailable`] holds the store down now.
+    pub fn is_unavailable(&self) -> bool {
+        self.lock().unavailable
+    }
+
     /// Fault hook: the next `n` calls fail with [`StoreError::Unavailable`]
     /// and change nothing; later calls succeed.
     pub fn fail_next_calls(&self, n: u32) {

@@ -62,7 +62,7 @@ impl Recoverer {
             recoverer: self,
             instance: &instance,
             fence: &mandate.fence,
-            log: StepLog::new(&self.memory, self.events(), trace),
+            log: StepLog::new(&self.memory, self.events(), trace, self.policy.broken),
             why: None,
             watched: watcher.map(|_| Vec::new()),
         };

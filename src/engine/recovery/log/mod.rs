@@ -65,6 +65,8 @@ pub(super) struct StepLog<'a> {
     events: &'a EventSink,
     /// The traceparent of the tick this pass is part of, if any.
     trace: Option<&'a str>,
+    /// The mutation exercise's broken rule, if any.
+    broken: crate::core::broken::Armed,
 }
 
 impl<'a> StepLog<'a> {
@@ -72,6 +74,7 @@ impl<'a> StepLog<'a> {
         before: &'a Mutex<RecoveryMemory>,
         events: &'a EventSink,
         trace: Option<&'a str>,
+        broken: crate::core::broken::Armed,
     ) -> Self {
         Self {
             before,
@@ -79,6 +82,7 @@ impl<'a> StepLog<'a> {
             last_exit: None,
             events,
             trace,
+            broken,
         }
     }
 
@@ -138,7 +142,20 @@ impl<'a> StepLog<'a> {
             .as_ref()
             .filter(|(last, _)| last == key)
             .map(|(_, status)| *status);
-        let logged = log_step(key, command, why, outcome, || self.before(key), last_status);
+        let mut logged = log_step(key, command, why, outcome, || self.before(key), last_status);
+        if crate::broken!(self.broken, ForgetStartEvent)
+            && matches!(logged, Some((EventKind::Start, _)))
+        {
+            logged = None;
+        }
+        if crate::broken!(self.broken, EventForFailedStart)
+            && matches!(
+                (command, outcome),
+                (Command::Start, Outcome::Started(Err(_)))
+            )
+        {
+            logged = Some((EventKind::Start, "started (but it failed)".to_owned()));
+        }
         if let Some((kind, message)) = logged {
             self.emit(
                 Event::new(kind, now, rule_of(why), message)

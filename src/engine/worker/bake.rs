@@ -9,10 +9,38 @@ use crate::core::helm_bake::{
     BakeVerdict, HelmBake, HelmBakeAnswer, HelmBakeCommand, HelmBakeInput,
 };
 use crate::core::machine::Machine;
-use crate::core::release::ReleaseTarget;
+use std::time::Duration;
+
+use crate::core::release::{HelmRelease, ReleaseSpec, ReleaseTarget};
 use crate::engine::drive::{drive, Performer};
 
 use super::Worker;
+
+/// A Helm release an upgrade task bakes once upgraded (#40).
+pub(super) struct HelmBaking {
+    release: ReleaseTarget,
+    /// The chart version it was upgraded to.
+    chart_version: String,
+    bake: Duration,
+}
+
+impl HelmBaking {
+    /// What an upgrade of `release` (a Helm type's; `None` for Docker)
+    /// bakes afterwards: a rollout's upgrade with a bake window, not a
+    /// pinned move back nor a halted type's tidy-up.
+    pub(super) fn after(
+        release: Option<&HelmRelease>,
+        rollout: bool,
+        bake: Duration,
+    ) -> Option<Self> {
+        let release = release.filter(|_| rollout && !bake.is_zero())?;
+        Some(Self {
+            release: ReleaseSpec::Helm(release.clone()).target(),
+            chart_version: release.chart_version.clone(),
+            bake,
+        })
+    }
+}
 
 /// Performs a bake's commands through the worker's ports.
 struct BakeSteps<'a> {
@@ -60,10 +88,13 @@ impl Worker {
     pub(super) async fn bake_release(
         &self,
         instance: &Instance,
-        release: ReleaseTarget,
-        chart_version: String,
-        bake: std::time::Duration,
+        baking: HelmBaking,
     ) -> Result<(), TaskError> {
+        let HelmBaking {
+            release,
+            chart_version,
+            bake,
+        } = baking;
         let name = &instance.name;
         let mut machine = HelmBake::new(HelmBakeInput {
             instance: name.clone(),

@@ -17,7 +17,7 @@ use crate::core::fleet::{Task, TaskRetryPolicy};
 use crate::core::policy::trust_margin;
 use crate::core::types::InstanceName;
 
-mod bake;
+pub(super) mod bake;
 mod end;
 mod finish;
 mod handle;

@@ -9,11 +9,12 @@ use crate::core::catalog::CatalogEntry;
 use crate::core::errors::TaskError;
 use crate::core::fleet::Instance;
 use crate::core::machine::Machine;
-use crate::core::release::{Provisioning, ReleaseParams, ReleaseSpec};
+use crate::core::release::{Provisioning, ReleaseParams};
 use crate::core::spec::ReadinessProbe;
 use crate::core::undo::{Undo, UndoInput, Undone};
 use crate::core::upgrade::{Upgrade, UpgradeInput};
 
+use crate::engine::worker::bake::HelmBaking;
 use crate::engine::worker::Worker;
 
 /// What an upgrade task does with the entry it is given.
@@ -79,15 +80,7 @@ impl Worker {
         } else {
             Vec::new()
         };
-        // A Helm release upgraded by this task bakes afterwards (#40): not
-        // a pinned move back, nor a halted type's tidy-up.
-        let baking = release
-            .as_ref()
-            .filter(|_| mode == UpgradeMode::Rollout && !entry.bake.is_zero())
-            .map(|release| {
-                let target = ReleaseSpec::Helm(release.clone()).target();
-                (target, release.chart_version.clone())
-            });
+        let baking = HelmBaking::after(release.as_ref(), mode == UpgradeMode::Rollout, entry.bake);
         let mut upgrade = Upgrade::new(UpgradeInput {
             release,
             inhibitions,
@@ -121,32 +114,34 @@ impl Worker {
         }
         self.drive_task(instance, &parameters, &mut upgrade).await;
         if upgrade.reverted() {
-            metrics::counter!("stead_reverts_total", "cause" => "upgrade").increment(1);
-            tracing::warn!(
-                instance = %instance.name,
-                version = %instance.version,
-                "upgrade failed after switching some services: they were put back on their \
-                 predecessors (an upgrade is all or nothing per instance)"
-            );
-            // The event log (#42).
-            let reverted = crate::core::event_log::Event::new(
-                crate::core::event_log::EventKind::Revert,
-                p.clock.now(),
-                "C11",
-                "upgrade failed after switching some services: they were put back on their \
-                 predecessors",
-            );
-            self.events.emit(reverted.instance(&instance.name));
+            self.log_upgrade_revert(instance);
         }
         let skipped = upgrade.skipped_stopped() || upgrade.skipped_older_catalog();
         upgrade.into_report().map_err(|(_, e)| e)?;
         match baking.filter(|_| !skipped) {
-            Some((release, chart_version)) => {
-                self.bake_release(instance, release, chart_version, entry.bake)
-                    .await
-            }
+            Some(baking) => self.bake_release(instance, baking).await,
             None => Ok(()),
         }
+    }
+
+    /// An upgrade that failed after switching some services put them back:
+    /// a WARN line, a count and an event (#42).
+    fn log_upgrade_revert(&self, instance: &Instance) {
+        metrics::counter!("stead_reverts_total", "cause" => "upgrade").increment(1);
+        tracing::warn!(
+            instance = %instance.name,
+            version = %instance.version,
+            "upgrade failed after switching some services: they were put back on their \
+             predecessors (an upgrade is all or nothing per instance)"
+        );
+        let reverted = crate::core::event_log::Event::new(
+            crate::core::event_log::EventKind::Revert,
+            self.ports.clock.now(),
+            "C11",
+            "upgrade failed after switching some services: they were put back on their \
+             predecessors",
+        );
+        self.events.emit(reverted.instance(&instance.name));
     }
 
     /// `stead rollout undo` of the instance (`core::undo`), when an

@@ -108,8 +108,8 @@ pub(super) enum Traffic {
     /// A withdrawal failed, this pass or an earlier one, and was not yet
     /// retried with success: carried to the next pass.
     WithdrawalPending,
-    /// Withdrawn with success this pass (and nothing published since
-    /// that a later withdrawal would have to undo).
+    /// Withdrawn with success this pass: a later failure of this pass
+    /// needs no second withdrawal, and a start or restart may follow.
     Withdrawn,
 }
 

@@ -389,6 +389,12 @@ impl<'p> InstancePass<'p> {
             "poll_command before the last command was answered"
         );
         let command = self.next_command()?;
+        // Services one at a time, each to its end, before anything else
+        // of the instance (retirements, stale routes) is touched.
+        debug_assert!(
+            matches!(command, InstanceCommand::Service { .. }) || self.current.is_none(),
+            "{command:?} issued while a service's recovery is unfinished"
+        );
         self.outstanding = Some(match &command {
             // The service's machine keeps its own command: no copy of the
             // key per step (a steady pass issues several per service).

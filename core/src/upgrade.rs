@@ -722,9 +722,33 @@ impl Upgrade {
             .outstanding
             .take()
             .expect("an answer without a command");
-        let instance = self.instance.clone();
-        let fail = |step: String, cause: Cause| TaskError::new(&instance, step, cause);
-        match (&command, &answer) {
+        if self.on_phase_answer(&command, &answer) {
+            return;
+        }
+        let Some((spec, step)) = self.current.take() else {
+            panic!("{command:?} answered with no service in hand")
+        };
+        let next = match self.on_service_answer(&spec, step, command, answer) {
+            // The service is done: the next one is taken on the next poll.
+            None => return,
+            Some(next) => next,
+        };
+        match next {
+            Ok(step) => self.current = Some((spec, step)),
+            Err(e) => self.error = Some(e),
+        }
+    }
+
+    /// A failure of `step` for `cause`, on this upgrade's instance.
+    fn fail(&self, step: String, cause: Cause) -> TaskError {
+        TaskError::new(&self.instance, step, cause)
+    }
+
+    /// The answers that belong to a phase, not to the service in hand:
+    /// the state moves, the Helm release, the revert, the sweep and the
+    /// retirement of dropped services, the version. Whether it was one.
+    fn on_phase_answer(&mut self, command: &UpgradeCommand, answer: &UpgradeAnswer) -> bool {
+        match (command, answer) {
             (UpgradeCommand::MoveState { from, to }, UpgradeAnswer::StateMoved(result)) => {
                 if self.phase == Phase::Begin {
                     match result {
@@ -734,7 +758,7 @@ impl Upgrade {
                         }
                         Err(e) => {
                             let step = format!("move the instance from {from} to {to}");
-                            self.error = Some(fail(step, e.clone().into()));
+                            self.error = Some(self.fail(step, e.clone().into()));
                             self.phase = Phase::Done;
                         }
                     }
@@ -743,7 +767,6 @@ impl Upgrade {
                     // and the next upgrade or provision moves it on.
                     self.phase = Phase::Done;
                 }
-                return;
             }
             (
                 UpgradeCommand::UpgradeRelease(release) | UpgradeCommand::RollBackRelease(release),
@@ -758,9 +781,8 @@ impl Upgrade {
                         "helm {how} of release {} in {} to chart {} {}",
                         release.name, release.namespace, release.chart, release.chart_version
                     );
-                    self.error = Some(fail(step, e.clone().into()));
+                    self.error = Some(self.fail(step, e.clone().into()));
                 }
-                return;
             }
             _ if self.phase == Phase::Revert => {
                 // A write that failed leaves that service switched, its
@@ -772,13 +794,12 @@ impl Upgrade {
                 if let (
                     UpgradeCommand::Retire(stop @ WorkCommand::Stop { .. }),
                     UpgradeAnswer::Retired(answer),
-                ) = (&command, &answer)
+                ) = (command, answer)
                 {
                     if teardown_failure(stop, answer.clone()).is_some() {
                         self.reverting.clear();
                     }
                 }
-                return;
             }
             (UpgradeCommand::Retire(step), UpgradeAnswer::Retired(answer))
                 if self.phase != Phase::Services =>
@@ -789,33 +810,39 @@ impl Upgrade {
                     } else {
                         format!("retire a dropped service: {}", step.step())
                     };
-                    self.error = Some(fail(step, cause));
+                    self.error = Some(self.fail(step, cause));
                 }
-                return;
             }
             (UpgradeCommand::SetVersion { .. }, UpgradeAnswer::VersionSet(result)) => {
                 if let Err(e) = result {
                     let step = format!("record version {}", self.version);
-                    self.error = Some(fail(step, e.clone().into()));
+                    self.error = Some(self.fail(step, e.clone().into()));
                 }
                 self.phase = Phase::Finish;
-                return;
             }
-            _ => {}
+            _ => return false,
         }
-        let Some((spec, step)) = self.current.take() else {
-            panic!("{command:?} answered with no service in hand")
-        };
-        let name = spec.name.clone();
-        let next = match (step, answer) {
+        true
+    }
+
+    /// The answer to the service in hand's `step`: its next step, the
+    /// error that stops the upgrade, or `None` once the service is done.
+    fn on_service_answer(
+        &mut self,
+        spec: &ServiceSpec,
+        step: Step,
+        command: UpgradeCommand,
+        answer: UpgradeAnswer,
+    ) -> Option<Result<Step, TaskError>> {
+        let name = &spec.name;
+        Some(match (step, answer) {
             (Step::Prepare(mut steps), UpgradeAnswer::Retired(answer)) => {
                 let done = steps.pop_front().expect("a step was issued");
                 match teardown_failure(&done, answer) {
                     // Stopped or not, the predecessor was never replaced.
-                    Some(cause) => self.release_or_fail(fail(
-                        format!("replace {name} stop-first: {}", done.step()),
-                        cause,
-                    )),
+                    Some(cause) => self.release_or_fail(
+                        self.fail(format!("replace {name} stop-first: {}", done.step()), cause),
+                    ),
                     None if steps.is_empty() => {
                         self.predecessor_stopped = true;
                         Ok(Step::Create)
@@ -842,7 +869,7 @@ impl Upgrade {
                     // retry's sweep has removed what it finds.
                     let made_nothing =
                         matches!(e, RuntimeError::Refused(_) | RuntimeError::NotFound);
-                    let error = fail(format!("create successor of {name}"), e.into());
+                    let error = self.fail(format!("create successor of {name}"), e.into());
                     if made_nothing {
                         self.release_or_fail(error)
                     } else {
@@ -850,45 +877,74 @@ impl Upgrade {
                     }
                 }
             },
-            (Step::Verify(mut verification), answer) => {
-                let progress = match answer {
-                    UpgradeAnswer::Inspected(inspected) => verification.inspected(inspected),
-                    UpgradeAnswer::Binds(read) => verification.binds(read),
-                    UpgradeAnswer::Probed(result) => verification.probed(result),
-                    answer => panic!("{answer:?} does not answer {command:?}"),
-                };
-                let candidate = verification.container().clone();
-                match progress {
-                    Progress::Going => Ok(Step::Verify(verification)),
-                    // Removed whatever went wrong: what was created must
-                    // not be left behind, not even on a spurious answer.
-                    Progress::Failed(error) => Ok(Step::Remove { candidate, error }),
-                    Progress::Verified { started_at, binds }
-                        if self.active.services.contains_key(&name)
-                            && !self.stop_first.contains(&name) =>
-                    {
-                        Ok(Step::SaveMarker {
-                            candidate,
-                            started_at,
-                            binds,
-                        })
-                    }
-                    Progress::Verified { started_at, binds } => Ok(Step::SaveActive {
-                        candidate,
-                        started_at,
-                        binds,
-                    }),
-                }
+            (Step::Verify(verification), answer) => {
+                Ok(self.on_verification(name, verification, &command, answer))
             }
             (Step::Remove { error, .. }, UpgradeAnswer::Removed(removed)) => {
                 // Removed or not (the next upgrade's sweep tidies up), the
                 // upgrade stops here with ACTIVE untouched.
-                let error = fail(format!("successor of {name} not ready"), error);
+                let error = self.fail(format!("successor of {name} not ready"), error);
                 self.after_removal(removed, error)
             }
             (Step::Unswitch { error, .. }, UpgradeAnswer::Removed(removed)) => {
                 self.after_removal(removed, error)
             }
+            (step @ (Step::SaveMarker { .. } | Step::SaveActive { .. }), answer) => {
+                return self.on_switch_answer(name, step, command, answer);
+            }
+            (step, answer) => {
+                panic!("answer {answer:?} does not answer {command:?} (step {step:?})")
+            }
+        })
+    }
+
+    /// The successor's verification went on by one answer: its next step.
+    fn on_verification(
+        &self,
+        name: &ServiceName,
+        mut verification: Verification,
+        command: &UpgradeCommand,
+        answer: UpgradeAnswer,
+    ) -> Step {
+        let progress = match answer {
+            UpgradeAnswer::Inspected(inspected) => verification.inspected(inspected),
+            UpgradeAnswer::Binds(read) => verification.binds(read),
+            UpgradeAnswer::Probed(result) => verification.probed(result),
+            answer => panic!("{answer:?} does not answer {command:?}"),
+        };
+        let candidate = verification.container().clone();
+        match progress {
+            Progress::Going => Step::Verify(verification),
+            // Removed whatever went wrong: what was created must
+            // not be left behind, not even on a spurious answer.
+            Progress::Failed(error) => Step::Remove { candidate, error },
+            Progress::Verified { started_at, binds }
+                if self.active.services.contains_key(name) && !self.stop_first.contains(name) =>
+            {
+                Step::SaveMarker {
+                    candidate,
+                    started_at,
+                    binds,
+                }
+            }
+            Progress::Verified { started_at, binds } => Step::SaveActive {
+                candidate,
+                started_at,
+                binds,
+            },
+        }
+    }
+
+    /// The switch of a verified successor: its marker saved, or ACTIVE.
+    /// `None` once the service is done.
+    fn on_switch_answer(
+        &mut self,
+        name: &ServiceName,
+        step: Step,
+        command: UpgradeCommand,
+        answer: UpgradeAnswer,
+    ) -> Option<Result<Step, TaskError>> {
+        Some(match (step, answer) {
             (
                 Step::SaveMarker {
                     candidate,
@@ -898,16 +954,13 @@ impl Upgrade {
                 UpgradeAnswer::MarkerSaved(result),
             ) => match result {
                 // `stop-first` switched first: the service is done.
-                Ok(()) if self.stop_first.contains(&name) => return,
+                Ok(()) if self.stop_first.contains(name) => return None,
                 Ok(()) => Ok(Step::SaveActive {
                     candidate,
                     started_at,
                     binds,
                 }),
-                Err(e) => Err(fail(
-                    format!("save the retirement marker of {name}"),
-                    e.into(),
-                )),
+                Err(e) => Err(self.fail(format!("save the retirement marker of {name}"), e.into())),
             },
             (
                 Step::SaveActive {
@@ -918,15 +971,15 @@ impl Upgrade {
                 UpgradeAnswer::ActiveSaved(result),
             ) => {
                 let stop_first =
-                    self.stop_first.contains(&name) && self.active.services.contains_key(&name);
+                    self.stop_first.contains(name) && self.active.services.contains_key(name);
                 match result {
                     Ok(()) => {
                         let UpgradeCommand::SaveActive { record, .. } = command else {
                             unreachable!("ActiveSaved answers SaveActive")
                         };
-                        self.switched.push((name, record));
+                        self.switched.push((name.clone(), record));
                         if !stop_first {
-                            return;
+                            return None;
                         }
                         // `stop-first` marks its predecessor only now: a
                         // marker on ACTIVE's stopped container, left by a
@@ -940,7 +993,7 @@ impl Upgrade {
                         })
                     }
                     Err(e) => {
-                        let error = fail(format!("switch ACTIVE of {name}"), e.into());
+                        let error = self.fail(format!("switch ACTIVE of {name}"), e.into());
                         if stop_first {
                             Ok(Step::Unswitch { candidate, error })
                         } else {
@@ -952,11 +1005,7 @@ impl Upgrade {
             (step, answer) => {
                 panic!("answer {answer:?} does not answer {command:?} (step {step:?})")
             }
-        };
-        match next {
-            Ok(step) => self.current = Some((spec, step)),
-            Err(e) => self.error = Some(e),
-        }
+        })
     }
 
     /// After removing a `stop-first` candidate: gone, its predecessor may

@@ -2,7 +2,7 @@
 //! lossy decoding) into `Catalog::from_toml`. Asserted: no panic; the same
 //! text gives the same answer twice; an error names the file and, when a
 //! value is invalid, its dotted field and the value; an accepted catalog
-//! satisfies every bound `core/src/catalog.rs` documents and validates.
+//! satisfies every bound `core/src/catalog/` documents and validates.
 #![no_main]
 
 use std::borrow::Cow;

@@ -3,8 +3,11 @@
 use super::{is_expired, Decision, Notice, Plan, Planner, Report};
 use std::borrow::Cow;
 
+use std::collections::BTreeSet;
+
 use crate::fleet::{Instance, InstanceState, TaskKind};
 use crate::release::ReleaseParams;
+use crate::types::ServiceName;
 
 impl Planner<'_, '_> {
     /// A `reprovision` of `instance` now, and the notification `event`
@@ -77,34 +80,7 @@ impl Planner<'_, '_> {
             }
             let lost = snapshot.lost_services.get(&instance.name);
             if position.is_some() && lost.is_some_and(|services| !services.is_empty()) {
-                // A stopped instance runs nothing: its lost container is
-                // recreated once it is started again (S3).
-                // A queued upgrade does not hold the repair back: it may be
-                // a retry parked until its window opens again, a day off
-                // (seed 215). The two take turns under the instance lock.
-                let kinds = self.active_kinds(instance.id);
-                let provisioning = [
-                    TaskKind::Provision,
-                    TaskKind::Reprovision,
-                    TaskKind::Deprovision,
-                ]
-                .into_iter()
-                .any(|kind| kinds.has(kind));
-                if instance.state == InstanceState::Ready
-                    && !instance.stopped
-                    && !is_expired(instance, snapshot.now)
-                    && !provisioning
-                {
-                    let services: Vec<&str> =
-                        lost.into_iter().flatten().map(|s| s.as_str()).collect();
-                    let reason = format!(
-                        "drift: the container of {} is gone (removed by hand?); \
-                         the rest of release {} is live",
-                        services.join(", "),
-                        instance.name
-                    );
-                    self.reprovision(&mut plan, instance, "drift.container_missing", reason);
-                }
+                self.repair_lost_containers(&mut plan, instance, lost);
                 continue;
             }
             if position.is_some()
@@ -143,6 +119,45 @@ impl Planner<'_, '_> {
                 namespace: ns.to_owned(),
             }));
         plan
+    }
+
+    /// A ready instance whose release is live but some of whose containers
+    /// are gone (`lost`) gets one `reprovision`, unless a provisioning task
+    /// is queued or running.
+    fn repair_lost_containers(
+        &self,
+        plan: &mut Plan,
+        instance: &Instance,
+        lost: Option<&BTreeSet<ServiceName>>,
+    ) {
+        let snapshot = self.snapshot;
+        // A stopped instance runs nothing: its lost container is
+        // recreated once it is started again (S3).
+        // A queued upgrade does not hold the repair back: it may be
+        // a retry parked until its window opens again, a day off
+        // (seed 215). The two take turns under the instance lock.
+        let kinds = self.active_kinds(instance.id);
+        let provisioning = [
+            TaskKind::Provision,
+            TaskKind::Reprovision,
+            TaskKind::Deprovision,
+        ]
+        .into_iter()
+        .any(|kind| kinds.has(kind));
+        if instance.state == InstanceState::Ready
+            && !instance.stopped
+            && !is_expired(instance, snapshot.now)
+            && !provisioning
+        {
+            let services: Vec<&str> = lost.into_iter().flatten().map(|s| s.as_str()).collect();
+            let reason = format!(
+                "drift: the container of {} is gone (removed by hand?); \
+                 the rest of release {} is live",
+                services.join(", "),
+                instance.name
+            );
+            self.reprovision(plan, instance, "drift.container_missing", reason);
+        }
     }
 
     /// The namespace `instance`'s release lives in (its name is the

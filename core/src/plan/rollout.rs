@@ -100,7 +100,7 @@ pub fn halt_after_failed_upgrade(
     })
 }
 
-impl Planner<'_, '_> {
+impl<'s> Planner<'s, '_> {
     fn halted(&self, entry: &CatalogEntry) -> bool {
         entry.rollout == RolloutState::Halted
             || self.snapshot.rollouts.get(&entry.service_type) == Some(&RolloutState::Halted)
@@ -159,23 +159,7 @@ impl Planner<'_, '_> {
         } else {
             snapshot.config.own_team.as_str()
         };
-        // What each type rolls toward: the catalog's entry, or while an
-        // undo pins the halted type, the pinned one; `None` while halted
-        // otherwise. Looked up once per type rather than once per instance.
-        let mut types: FastMap<&str, Option<Target>> = FastMap::default();
-        for entry in snapshot.catalog.entries() {
-            let target = match snapshot.pins.get(&entry.service_type) {
-                Some(pin) => Some(Target {
-                    entry: pin,
-                    pinned: true,
-                }),
-                None => (!self.halted(entry)).then_some(Target {
-                    entry,
-                    pinned: false,
-                }),
-            };
-            types.insert(entry.service_type.as_str(), target);
-        }
+        let types = self.targets();
         // Instances of unknown types are reported every tick, a full fleet
         // limit or not: a report that came and went with the free slots
         // would log its warning again each time it came back.
@@ -214,57 +198,11 @@ impl Planner<'_, '_> {
             // A move back to a pin is an operator's way out of a bad
             // version: like a security release, it waits for no window.
             let urgent = entry.security || target.pinned;
-            let run_after = match (&instance.maintenance_window, urgent) {
-                (Some(spec), false) => {
-                    let scheduled = run_afters.entry(spec.as_str()).or_insert_with(|| {
-                        Window::parse(spec).map(|window| next_run_after(&window, snapshot.now))
-                    });
-                    match scheduled {
-                        Ok(at)
-                            if *at > snapshot.now
-                                && !crate::broken!(
-                                    snapshot.config.broken,
-                                    ParkUpgradeBehindWindow
-                                ) =>
-                        {
-                            plan.reports.push(Report::WaitsForWindow {
-                                instance: instance.id,
-                                name: instance.name.clone(),
-                                opens_at: *at,
-                            });
-                            continue;
-                        }
-                        Ok(at) => *at,
-                        Err(error) => {
-                            plan.reports.push(Report::BadWindow {
-                                instance: instance.id,
-                                name: instance.name.clone(),
-                                window: spec.chars().take(WINDOW_SPEC_LEN_MAX).collect(),
-                                error: error.clone(),
-                            });
-                            continue;
-                        }
-                    }
-                }
-                _ => snapshot.now,
+            let Some(run_after) = self.run_after(instance, urgent, &mut run_afters, &mut plan)
+            else {
+                continue;
             };
-            let security = if entry.security { " (security)" } else { "" };
-            let reason = if target.pinned {
-                format!(
-                    "{PINNED_REASON} {}: {} -> {}",
-                    entry.version, instance.version, entry.version
-                )
-            } else if instance.version == entry.version {
-                format!(
-                    "spec drift: the catalog changed {}'s spec at version {}{security}",
-                    entry.service_type, entry.version
-                )
-            } else {
-                format!(
-                    "version drift: {} -> {}{security}",
-                    instance.version, entry.version
-                )
-            };
+            let reason = upgrade_reason(instance, target);
             plan.decisions.push(Decision::Enqueue(self.new_task(
                 TaskKind::Upgrade,
                 instance.id,
@@ -274,6 +212,94 @@ impl Planner<'_, '_> {
             slots -= 1;
         }
         plan
+    }
+
+    /// What each type rolls toward: the catalog's entry, or while an undo
+    /// pins the halted type, the pinned one; `None` while halted otherwise.
+    /// Looked up once per type rather than once per instance.
+    fn targets(&self) -> FastMap<&'s str, Option<Target<'s>>> {
+        let snapshot = self.snapshot;
+        let mut types: FastMap<&str, Option<Target>> = FastMap::default();
+        for entry in snapshot.catalog.entries() {
+            let target = match snapshot.pins.get(&entry.service_type) {
+                Some(pin) => Some(Target {
+                    entry: pin,
+                    pinned: true,
+                }),
+                None => (!self.halted(entry)).then_some(Target {
+                    entry,
+                    pinned: false,
+                }),
+            };
+            types.insert(entry.service_type.as_str(), target);
+        }
+        types
+    }
+
+    /// When `instance`'s upgrade may run: now if it is `urgent` or has no
+    /// window, else its window's next opening. `None` (reported) while the
+    /// window is closed, or when it does not parse. Many instances share a
+    /// window spec: `run_afters` keeps each spec's answer.
+    fn run_after<'i>(
+        &self,
+        instance: &'i Instance,
+        urgent: bool,
+        run_afters: &mut HashMap<&'i str, Result<Timestamp, WindowError>>,
+        plan: &mut Plan,
+    ) -> Option<Timestamp> {
+        let snapshot = self.snapshot;
+        let (Some(spec), false) = (&instance.maintenance_window, urgent) else {
+            return Some(snapshot.now);
+        };
+        let scheduled = run_afters.entry(spec.as_str()).or_insert_with(|| {
+            Window::parse(spec).map(|window| next_run_after(&window, snapshot.now))
+        });
+        match scheduled {
+            Ok(at)
+                if *at > snapshot.now
+                    && !crate::broken!(snapshot.config.broken, ParkUpgradeBehindWindow) =>
+            {
+                plan.reports.push(Report::WaitsForWindow {
+                    instance: instance.id,
+                    name: instance.name.clone(),
+                    opens_at: *at,
+                });
+                None
+            }
+            Ok(at) => Some(*at),
+            Err(error) => {
+                plan.reports.push(Report::BadWindow {
+                    instance: instance.id,
+                    name: instance.name.clone(),
+                    window: spec.chars().take(WINDOW_SPEC_LEN_MAX).collect(),
+                    error: error.clone(),
+                });
+                None
+            }
+        }
+    }
+}
+
+/// Why `instance` is upgraded toward `target`: a pin, a changed spec, or a
+/// newer version.
+fn upgrade_reason(instance: &Instance, target: Target) -> String {
+    let entry = target.entry;
+    let security = if entry.security { " (security)" } else { "" };
+    if target.pinned {
+        format!(
+            "{PINNED_REASON} {}: {} -> {}",
+            entry.version, instance.version, entry.version
+        )
+    } else if instance.version == entry.version {
+        format!(
+            "spec drift: the catalog changed {}'s spec at version {}{security}",
+            entry.service_type, entry.version
+        )
+    } else {
+        format!(
+            "version drift: {} -> {}{security}",
+            instance.version, entry.version
+        )
     }
 }
 

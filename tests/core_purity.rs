@@ -1,4 +1,4 @@
-//! Architecture invariant 1 (docs/ARCHITECTURE.md, "Testing layers"): the
+//! The first invariant of docs/ARCHITECTURE.md ("Invariants"): the
 //! core (`stead-core`, `core/`) is pure.
 //!
 //! The core must not know about async, tokio, SQL, Docker, HTTP, the file
@@ -20,10 +20,7 @@ use std::path::{Path, PathBuf};
 const FORBIDDEN: &[(&str, &str)] = &[
     ("async", "the core is synchronous; the engine owns async"),
     ("await", "the core is synchronous; the engine owns async"),
-    (
-        "madsim",
-        "no cfg(madsim) branches in the core (invariant 5)",
-    ),
+    ("madsim", "no cfg(madsim) branches in the core"),
     ("std::fs", "no file system in the core"),
     ("std::net", "no network in the core"),
     ("std::process", "no subprocesses in the core"),
@@ -205,7 +202,7 @@ fn the_core_mentions_no_async_io_clock_randomness_or_logging() {
     }
     assert!(
         report.is_empty(),
-        "core/src must stay pure (docs/ARCHITECTURE.md, invariant 1):\n{report}"
+        "core/src must stay pure (docs/ARCHITECTURE.md, \"Invariants\"):\n{report}"
     );
 }
 
@@ -464,7 +461,7 @@ fn the_core_crate_depends_on_nothing_async_stored_networked_or_logging() {
     assert!(
         forbidden.is_empty(),
         "stead-core's dependency tree holds {forbidden:?}; the core stays pure \
-         (docs/ARCHITECTURE.md, invariant 1)"
+         (docs/ARCHITECTURE.md, \"Invariants\")"
     );
     let unreviewed: Vec<_> = direct
         .iter()

@@ -18,19 +18,23 @@ use std::time::Duration;
 use tokio::sync::OwnedMutexGuard;
 use tokio::time::Instant;
 
+mod guard;
+
+pub use guard::InstanceGuard;
+
 use super::clock::{Sent, Trust};
 
 use crate::core::fleet::InstanceId;
 use crate::core::hash::FastMap;
 use crate::core::policy::trust_margin;
-use crate::ports::{Clock, LoadedInstances, LockGrant, Store, StoreError};
+use crate::ports::{Clock, LoadedInstances, Store, StoreError};
 
 /// Pause between tries of a waiting [`InstanceLocks::lock`].
 const LOCK_RETRY_INTERVAL: Duration = Duration::from_millis(100);
 
 /// The in-process lock of each instance this process holds, waits for or
 /// has just released.
-type LocalLocks = Mutex<FastMap<InstanceId, Arc<tokio::sync::Mutex<()>>>>;
+pub(super) type LocalLocks = Mutex<FastMap<InstanceId, Arc<tokio::sync::Mutex<()>>>>;
 
 /// Per-instance locks of one process.
 pub struct InstanceLocks {
@@ -50,25 +54,6 @@ pub enum LockError {
     },
     #[error("instance lock: {0}")]
     Store(#[from] StoreError),
-}
-
-/// A held instance lock. Release it with [`InstanceGuard::release`]; one
-/// dropped unreleased (its holder was cancelled, or its process died)
-/// leaves its row to expire by the database's clock, as a killed process
-/// would: a guard never acts from a destructor.
-pub struct InstanceGuard {
-    local: OwnedMutexGuard<()>,
-    /// Where the in-process lock came from, to forget it once released.
-    locals: Arc<LocalLocks>,
-    store: Arc<dyn Store>,
-    instance: InstanceId,
-    /// Shared by every guard of one batch.
-    holder: Arc<str>,
-    /// Until when the store's row is trusted to be this guard's: like a
-    /// lease, it expires by the database's clock, so a holder paused past
-    /// it must not act on the instance (another process may hold it now).
-    trusted_until: Trust,
-    clock: Arc<dyn Clock>,
 }
 
 impl InstanceLocks {
@@ -250,57 +235,11 @@ impl InstanceLocks {
     }
 }
 
-impl InstanceGuard {
-    pub fn instance(&self) -> InstanceId {
-        self.instance
-    }
-
-    /// Whether the lock is still trusted to be this guard's right now.
-    pub fn trusted(&self) -> bool {
-        self.trusted_until.holds(self.clock.as_ref())
-    }
-
-    /// Until when the lock is trusted.
-    pub fn trusted_until(&self) -> Trust {
-        self.trusted_until
-    }
-
-    /// What the guard's writes to the instance carry, so the store makes
-    /// them only while the lock is still this guard's
-    /// ([`Store::write_under_lock`]).
-    pub fn grant(&self) -> LockGrant {
-        LockGrant {
-            instance: self.instance,
-            holder: self.holder.to_string(),
-        }
-    }
-
-    /// Releases the store's row, then the in-process lock.
-    pub async fn release(self) {
-        if let Err(e) = self
-            .store
-            .unlock_instances(&[self.instance], &self.holder)
-            .await
-        {
-            // The row expires by itself; until then the instance is busy.
-            tracing::warn!(instance = self.instance, error = %e, "instance lock not released; it will expire");
-        }
-        let Self {
-            local,
-            locals,
-            instance,
-            ..
-        } = self;
-        drop(local);
-        forget_unused(&locals, &[instance]);
-    }
-}
-
 /// Forgets the in-process locks of `instances` that nobody holds or waits
 /// for, so that the map does not keep every instance this process ever
 /// locked (deleted ones included). Safe under the map's mutex: a holder or
 /// a waiter has a clone of the entry, and clones are only made under it.
-fn forget_unused(locals: &LocalLocks, instances: &[InstanceId]) {
+pub(super) fn forget_unused(locals: &LocalLocks, instances: &[InstanceId]) {
     let mut local = locals.lock().unwrap_or_else(|e| e.into_inner());
     for id in instances {
         if local.get(id).is_some_and(|m| Arc::strong_count(m) == 1) {

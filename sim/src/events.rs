@@ -303,8 +303,17 @@ fn excuse(
     let incarnation = incarnation?;
     let slack = jiff::SignedDuration::try_from(ANSWER_SLACK).expect("a few seconds");
     // By when its row was surely emitted: its answer came within the slack,
-    // unless a pause caught the process first (then after its resume).
-    let thawed = incarnation.thawed.iter().find(|t| **t >= effect.at);
+    // unless a pause caught the process first (then after a resume). Which
+    // resume a paused pass's answer waited for cannot be told (a process
+    // paused twice may handle it after the second), so the latest resume
+    // since the effect and before the last write counts (fifty-instance
+    // seed 2: a publish answered after the second of two pauses).
+    let last_write = incarnation.flushed.unwrap_or(effect.at);
+    let thawed = incarnation
+        .thawed
+        .iter()
+        .filter(|t| **t >= effect.at && **t <= last_write)
+        .max();
     let emitted = *thawed.unwrap_or(&effect.at).max(&effect.at);
     let emitted = emitted.checked_add(slack).ok()?;
     let written_since = incarnation.flushed.is_some_and(|f| f >= emitted);

@@ -234,6 +234,30 @@ impl HelmProvisioner {
     }
 
     /// Helm's `--timeout` as a Go duration, in whole seconds rounded up.
+    /// `helm status -o json` of `release`; `None` when helm's storage has
+    /// no such release. Shared by `stead status` and a bake's check.
+    async fn release_status(
+        &self,
+        release: &Release,
+    ) -> Result<Option<ReleaseStatus>, ProvisionError> {
+        let args = [
+            "status",
+            &release.name,
+            "--namespace",
+            &release.namespace,
+            "-o",
+            "json",
+        ];
+        match self.run(&args, None).await {
+            Ok(stdout) => parse_status(&stdout).map(Some),
+            Err(HelmFailure::Exit { stderr, .. }) if stderr.contains(RELEASE_NOT_FOUND) => Ok(None),
+            Err(failure) => Err(failure.into_error(&format!(
+                "status of release {} in {}",
+                release.name, release.namespace
+            ))),
+        }
+    }
+
     fn wait_timeout_arg(&self) -> String {
         let t = self.config.wait_timeout;
         format!("{}s", t.as_secs() + u64::from(t.subsec_nanos() > 0))
@@ -542,20 +566,8 @@ impl Provisioner for HelmProvisioner {
     ) -> Result<ReleaseHealth, ProvisionError> {
         let release = helm_release(target)?;
         let subject = format!("release {} in {}", release.name, release.namespace);
-        let status = [
-            "status",
-            &release.name,
-            "--namespace",
-            &release.namespace,
-            "-o",
-            "json",
-        ];
-        let status = match self.run(&status, None).await {
-            Ok(stdout) => parse_status(&stdout)?,
-            Err(HelmFailure::Exit { stderr, .. }) if stderr.contains(RELEASE_NOT_FOUND) => {
-                return Ok(ReleaseHealth::Bad(format!("{subject} is gone")));
-            }
-            Err(failure) => return Err(failure.into_error(&format!("status of {subject}"))),
+        let Some(status) = self.release_status(release).await? else {
+            return Ok(ReleaseHealth::Bad(format!("{subject} is gone")));
         };
         if status.status != "deployed" {
             return Ok(ReleaseHealth::Bad(format!(
@@ -688,25 +700,8 @@ impl Provisioner for HelmProvisioner {
         target: &ReleaseTarget,
     ) -> Result<Option<ReleaseStatus>, ProvisionError> {
         let release = helm_release(target)?;
-        let args = [
-            "status",
-            &release.name,
-            "--namespace",
-            &release.namespace,
-            "-o",
-            "json",
-        ];
-        let mut status = match self.run(&args, None).await {
-            Ok(stdout) => parse_status(&stdout)?,
-            Err(HelmFailure::Exit { stderr, .. }) if stderr.contains(RELEASE_NOT_FOUND) => {
-                return Ok(None)
-            }
-            Err(failure) => {
-                return Err(failure.into_error(&format!(
-                    "status of release {} in {}",
-                    release.name, release.namespace
-                )))
-            }
+        let Some(mut status) = self.release_status(release).await? else {
+            return Ok(None);
         };
         // `helm status` strips the chart from its output; `get metadata`
         // (helm 3.13+) names it. Without it the chart is just not shown.

@@ -2714,6 +2714,45 @@ async fn a_stop_first_successor_that_is_not_ready_is_not_retried() {
     assert!(f.routes_to("wiki1", "web", &before), "served again");
 }
 
+/// #40: an earlier attempt at this very revision switched to its successor
+/// and put it back under a retirement marker. The next attempt's create
+/// adopts that container (names are by revision); when it then fails
+/// verification and is removed, its marker goes with it. Left behind, the
+/// marker named the container created next under that name, and the
+/// recovery pass retired that one by it (the simulation, seed 424, S1).
+#[tokio::test]
+async fn a_failed_candidate_removed_under_a_retirement_marker_takes_its_marker_with_it() {
+    let f = fixture();
+    let instance = f.served("wiki1", "1").await;
+    let mut request = create_request("wiki1", "web");
+    request.revision = request.spec.revision("2");
+    let reverted = f.runtime.create(&request).await.expect("create");
+    let marker = stead::core::types::Inhibition {
+        service: ServiceName::new("web"),
+        container: reverted.clone(),
+        reason: InhibitionReason::RetirementPending,
+        operation: "revert".into(),
+        created_at: f.clock.now(),
+        stop_grace: None,
+        revert_to: None,
+    };
+    f.store
+        .save_inhibition(&instance.name, &marker)
+        .await
+        .unwrap();
+    // The adopted candidate vanishes before it is verified.
+    f.script
+        .fail(Op::Inspect, reverted.as_str(), Fault::NotFound);
+    f.enqueue(instance.id, TaskKind::Upgrade).await;
+    let (_, end) = f.worker().work_once().await.unwrap();
+    assert!(matches!(end, TaskEnd::Retried(_)), "{end:?}");
+    let records = f.store.load_inhibitions(&instance.name).await.unwrap();
+    assert!(
+        records.iter().all(|m| m.container != reverted),
+        "the removed candidate's marker is gone: {records:?}"
+    );
+}
+
 /// #43: two tasks that run at once on one thread each log under their
 /// own trace id. A task's span was held entered across its awaits, so the
 /// other task's lines carried it too.

@@ -250,6 +250,16 @@ enum Step {
     /// (the recovery pass starts, verifies and publishes it): clear the
     /// hold this upgrade put on it, then fail with `error`.
     Release(TaskError),
+    /// The removed candidate was a container an earlier attempt had
+    /// switched to and put back under a retirement marker (its name is
+    /// this revision's, so the create adopted it): the marker goes with it
+    /// (`error` then as after any removal), else it would outlive its
+    /// container and name the next one created under that name, which the
+    /// recovery pass would then retire (simulation seed 424, S1).
+    ForgetMarker {
+        marker: Inhibition,
+        error: TaskError,
+    },
     SaveMarker {
         candidate: ContainerId,
         started_at: Timestamp,
@@ -316,6 +326,8 @@ pub struct Upgrade {
     bake: Duration,
     /// The holds on ACTIVE's generations, which their markers replace.
     holds: Vec<Inhibition>,
+    /// The retirement markers the instance had when the upgrade began.
+    markers: Vec<Inhibition>,
     /// The services replaced `stop-first`.
     stop_first: BTreeSet<ServiceName>,
     /// The `stop-first` hold this upgrade put on the predecessor of the
@@ -351,6 +363,12 @@ impl Upgrade {
                     && !h.reason.is_upgrades()
                     && input.active.names_container(&h.container)
             })
+            .cloned()
+            .collect();
+        let markers = input
+            .inhibitions
+            .iter()
+            .filter(|h| h.reason == InhibitionReason::RetirementPending)
             .cloned()
             .collect();
         let stop_first = input
@@ -405,6 +423,7 @@ impl Upgrade {
             recorded_spec_digest: input.recorded_spec_digest,
             bake: input.bake,
             holds,
+            markers,
             stop_first,
             stop_first_hold: None,
             predecessor_stopped: false,
@@ -634,6 +653,9 @@ impl Upgrade {
             Step::Release(_) => UpgradeCommand::Retire(WorkCommand::ClearInhibition(
                 self.stop_first_hold.clone().expect("a hold to release"),
             )),
+            Step::ForgetMarker { marker, .. } => {
+                UpgradeCommand::Retire(WorkCommand::ClearInhibition(marker.clone()))
+            }
             Step::Create => UpgradeCommand::Create {
                 spec: spec.clone(),
                 version: self.version.clone(),
@@ -880,14 +902,20 @@ impl Upgrade {
             (Step::Verify(verification), answer) => {
                 Ok(self.on_verification(name, verification, &command, answer))
             }
-            (Step::Remove { error, .. }, UpgradeAnswer::Removed(removed)) => {
+            (Step::Remove { candidate, error }, UpgradeAnswer::Removed(removed)) => {
                 // Removed or not (the next upgrade's sweep tidies up), the
                 // upgrade stops here with ACTIVE untouched.
                 let error = self.fail(format!("successor of {name} not ready"), error);
-                self.after_removal(removed, error)
+                self.after_removal(&candidate, removed, error)
             }
-            (Step::Unswitch { error, .. }, UpgradeAnswer::Removed(removed)) => {
-                self.after_removal(removed, error)
+            (Step::Unswitch { candidate, error }, UpgradeAnswer::Removed(removed)) => {
+                self.after_removal(&candidate, removed, error)
+            }
+            (Step::ForgetMarker { error, .. }, UpgradeAnswer::Retired(_)) => {
+                // Cleared or not: the failure stands either way (a marker
+                // left behind names no container until one is created
+                // under its name, and the next attempt clears it then).
+                self.release_or_fail(error)
             }
             (step @ (Step::SaveMarker { .. } | Step::SaveActive { .. }), answer) => {
                 return self.on_switch_answer(name, step, command, answer);
@@ -1008,16 +1036,26 @@ impl Upgrade {
         })
     }
 
-    /// After removing a `stop-first` candidate: gone, its predecessor may
-    /// start again; perhaps still running, the hold stays (the next
-    /// upgrade's sweep removes it first, then clears the hold).
+    /// After removing a candidate: gone, a retirement marker naming it is
+    /// forgotten and a `stop-first` predecessor may start again; perhaps
+    /// still running, the marker and the hold stay (the next upgrade's
+    /// sweep removes it first, then clears the hold).
     fn after_removal(
         &self,
+        candidate: &ContainerId,
         removed: Result<(), RuntimeError>,
         error: TaskError,
     ) -> Result<Step, TaskError> {
         match removed {
-            Ok(()) | Err(RuntimeError::NotFound) => self.release_or_fail(error),
+            Ok(()) | Err(RuntimeError::NotFound) => {
+                match self.markers.iter().find(|m| &m.container == candidate) {
+                    Some(marker) => Ok(Step::ForgetMarker {
+                        marker: marker.clone(),
+                        error,
+                    }),
+                    None => self.release_or_fail(error),
+                }
+            }
             Err(_) => Err(error),
         }
     }

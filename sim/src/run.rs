@@ -1724,12 +1724,9 @@ pub(crate) fn sim_catalog(actors: &Actors, number: u32, security: bool) -> Catal
             version: version.clone(),
             security,
             rollout: RolloutState::Active,
-            // The Helm bake (#40) is not simulated yet: with it on, seed
-            // 50 found the retried-upgrade rollback since fixed, and seed
-            // 424 an S1 removal during a deprovision still to be explained
-            // (the closing note of stop 51). A broken version's chart
-            // fails its tests all the same (`go_bad`), for when it is.
-            bake: Duration::ZERO,
+            // A Helm type bakes by asking Helm (#40): a release at a broken
+            // version fails its chart tests and is rolled back.
+            bake: actors.bake,
             provisioning: stead::core::release::Provisioning::Helm(helm_chart(&version, edition)),
             services: Vec::new(),
         },

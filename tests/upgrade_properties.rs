@@ -118,3 +118,63 @@ fn the_checker_catches_a_stop_first_service_replaced_by_overlap() {
         "{message}"
     );
 }
+
+/// Runs `input` with `mutant` armed and returns the checker's complaint.
+fn caught_with(
+    mut input: stead::core::upgrade::UpgradeInput,
+    answers: &[OutcomeSeed],
+    mutant: stead::core::broken::Mutant,
+) -> String {
+    input.broken = Some(mutant);
+    let caught = std::panic::catch_unwind(|| run_upgrade_and_check(&input, answers))
+        .expect_err("the broken rule passed the checker");
+    caught.downcast_ref::<String>().cloned().unwrap_or_default()
+}
+
+/// #44: what a failed upgrade may touch. Its first service fails to be
+/// created, nothing was switched: the service the new version drops must
+/// stay (the old version still serves). With the rule broken
+/// (`DropOnFailedUpgrade`) the checker fails it.
+#[test]
+fn the_checker_catches_a_failed_upgrade_that_drops_a_service() {
+    let services = [UpgradeServiceSeed { active: 1 }; 4];
+    let failing = [OutcomeSeed::default(); 64];
+    let input = upgrade_input(&services, false, false);
+    assert_eq!(
+        run_upgrade_and_check(&input, &failing),
+        0,
+        "nothing switched"
+    );
+    let message = caught_with(
+        input,
+        &failing,
+        stead::core::broken::Mutant::DropOnFailedUpgrade,
+    );
+    assert!(
+        message.contains("retired before every listed service was switched"),
+        "{message}"
+    );
+}
+
+/// #44: the route of a service the new version drops must go before its
+/// container does. With the withdrawal skipped (`KeepDroppedRoute`) the
+/// checker fails the same upgrade it passes whole.
+#[test]
+fn the_checker_catches_a_dropped_service_whose_route_stays() {
+    let services = [UpgradeServiceSeed { active: 1 }; 4];
+    let healthy = [OutcomeSeed {
+        choice: 4,
+        ..OutcomeSeed::default()
+    }];
+    let input = upgrade_input(&services, false, true);
+    assert_eq!(run_upgrade_and_check(&input, &healthy), 3, "switched whole");
+    let message = caught_with(
+        input,
+        &healthy,
+        stead::core::broken::Mutant::KeepDroppedRoute,
+    );
+    assert!(
+        message.contains("retirement of legacy out of order: stop after [\"hold\"]"),
+        "{message}"
+    );
+}

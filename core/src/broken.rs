@@ -111,11 +111,21 @@ pub enum Mutant {
     /// #42: a start the runtime refused is written to the event log as
     /// a start.
     EventForFailedStart,
+    /// #44: retire a predecessor when the final inspection finds its
+    /// successor running, whatever execution it runs (not necessarily
+    /// the one verified and routed).
+    RetireOnAnyExecution,
+    /// #44: a failed upgrade retires the services the new version drops
+    /// though the new version never served.
+    DropOnFailedUpgrade,
+    /// #44: retire a service the new version drops without withdrawing
+    /// its route.
+    KeepDroppedRoute,
 }
 
 #[cfg(feature = "mutation-exercise")]
 impl Mutant {
-    pub const ALL: [Mutant; 27] = [
+    pub const ALL: [Mutant; 30] = [
         Mutant::SkipWithdrawBeforeStart,
         Mutant::PublishBeforeReadiness,
         Mutant::ForgetCrashLoopCharge,
@@ -143,5 +153,8 @@ impl Mutant {
         Mutant::TwinTakesOver,
         Mutant::ForgetStartEvent,
         Mutant::EventForFailedStart,
+        Mutant::RetireOnAnyExecution,
+        Mutant::DropOnFailedUpgrade,
+        Mutant::KeepDroppedRoute,
     ];
 }

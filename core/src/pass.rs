@@ -737,7 +737,7 @@ impl<'p> InstancePass<'p> {
                     ..
                 },
                 InstanceAnswer::SuccessorInspected(inspection),
-            ) => successor_confirmed(&inspection, verified_started_at)
+            ) => successor_confirmed(&inspection, verified_started_at, self.policy.broken)
                 .then_some(Ok(MarkerStep::ReadRoutes { binds })),
             (MarkerStep::ReadRoutes { binds }, InstanceAnswer::RoutesRead(read)) => {
                 let key = ServiceKey {

@@ -122,9 +122,56 @@ pub(crate) fn successor_routed(proxy: ProxyView, binds: &Binds) -> bool {
 pub(crate) fn successor_confirmed(
     inspection: &Result<Observation, RuntimeError>,
     verified_started_at: Option<Timestamp>,
+    broken: Armed,
 ) -> bool {
+    let same_execution = |obs: &Observation| {
+        obs.started_at == verified_started_at || crate::broken!(broken, RetireOnAnyExecution)
+    };
     matches!(inspection, Ok(obs)
         if obs.status == ContainerStatus::Running
             && obs.started_at.is_some()
-            && obs.started_at == verified_started_at)
+            && same_execution(obs))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn running(started_at: &str) -> Result<Observation, RuntimeError> {
+        Ok(Observation {
+            status: ContainerStatus::Running,
+            started_at: Some(started_at.parse().unwrap()),
+            exit: None,
+        })
+    }
+
+    /// The final inspection confirms the very execution that was verified
+    /// and routed: a successor that restarted since (natively, a new
+    /// execution the pass never probed) lets no predecessor go (#44: no
+    /// test failed when this comparison was dropped).
+    #[test]
+    fn the_final_inspection_confirms_the_verified_execution_only() {
+        let verified = Some("2026-01-01T00:00:00Z".parse().unwrap());
+        let armed = Armed::default();
+        assert!(successor_confirmed(
+            &running("2026-01-01T00:00:00Z"),
+            verified,
+            armed
+        ));
+        assert!(!successor_confirmed(
+            &running("2026-01-01T00:05:00Z"),
+            verified,
+            armed
+        ));
+        assert!(!successor_confirmed(
+            &Err(RuntimeError::NotFound),
+            verified,
+            armed
+        ));
+        assert!(!successor_confirmed(
+            &running("2026-01-01T00:00:00Z"),
+            None,
+            armed
+        ));
+    }
 }

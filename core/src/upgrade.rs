@@ -533,6 +533,32 @@ impl Upgrade {
         self.skipped_older_catalog
     }
 
+    /// Where an upgrade goes once its services are done: finished (a
+    /// halted tidy-up, or a failure with nothing switched), on to retire
+    /// what the new version drops, or putting back what it switched.
+    fn after_services(&mut self) -> Phase {
+        if self.error.is_none() && self.halted {
+            Phase::Finish
+        } else if self.error.is_none() {
+            Phase::Drop
+        } else if self.switched.is_empty() && !crate::broken!(self.broken, DropOnFailedUpgrade) {
+            Phase::Finish
+        } else if self.switched.is_empty() {
+            Phase::Drop
+        } else {
+            self.reverting = revert_plan(
+                &self.instance,
+                &self.active,
+                &self.holds,
+                &self.switched,
+                &self.stop_first,
+                self.stop_grace_default,
+                self.now.unwrap_or(Timestamp::UNIX_EPOCH),
+            );
+            Phase::Revert
+        }
+    }
+
     /// The lifecycle commands around the services, or `None` while the
     /// services phase has commands of its own.
     fn phase_command(&mut self) -> Option<UpgradeCommand> {
@@ -565,24 +591,7 @@ impl Upgrade {
                     {
                         return None;
                     }
-                    self.phase = if self.error.is_none() && self.halted {
-                        Phase::Finish
-                    } else if self.error.is_none() {
-                        Phase::Drop
-                    } else if self.switched.is_empty() {
-                        Phase::Finish
-                    } else {
-                        self.reverting = revert_plan(
-                            &self.instance,
-                            &self.active,
-                            &self.holds,
-                            &self.switched,
-                            &self.stop_first,
-                            self.stop_grace_default,
-                            self.now.unwrap_or(Timestamp::UNIX_EPOCH),
-                        );
-                        Phase::Revert
-                    };
+                    self.phase = self.after_services();
                 }
                 Phase::Revert => match self.reverting.pop_front() {
                     Some(command) => return Some(command),
@@ -592,11 +601,16 @@ impl Upgrade {
                     }
                 },
                 Phase::Drop => {
-                    if self.error.is_some() {
+                    if self.error.is_some() && !crate::broken!(self.broken, DropOnFailedUpgrade) {
                         self.phase = Phase::Finish;
                         continue;
                     }
                     match self.retiring.pop_front() {
+                        Some(WorkCommand::Withdraw(_))
+                            if crate::broken!(self.broken, KeepDroppedRoute) =>
+                        {
+                            continue;
+                        }
                         Some(mut step) => {
                             // The hold says when it was taken.
                             if let (WorkCommand::Inhibit(hold), Some(now)) = (&mut step, self.now) {
@@ -604,6 +618,7 @@ impl Upgrade {
                             }
                             return Some(UpgradeCommand::Retire(step));
                         }
+                        None if self.error.is_some() => self.phase = Phase::Finish,
                         None => self.phase = Phase::SetVersion,
                     }
                 }

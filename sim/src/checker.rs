@@ -232,6 +232,9 @@ struct State {
     catalog_version: u32,
     /// The service the catalog's current version no longer lists.
     catalog_dropped: Option<stead::core::types::ServiceName>,
+    /// Each catalog version published, with the service it no longer
+    /// lists (D1).
+    dropped_by_version: BTreeMap<u32, Option<stead::core::types::ServiceName>>,
     catalog_changed_at: Option<Timestamp>,
     /// Whether the catalog's current version is a security release (C8:
     /// its upgrades wait for no window).
@@ -412,6 +415,7 @@ impl Checker {
         s.catalog_version = version;
         Self::learn_catalog(&mut s, catalog);
         s.catalog_changed_at = Some(now);
+        s.dropped_by_version.insert(version, dropped.clone());
         s.catalog_dropped = dropped;
     }
 
@@ -1286,6 +1290,17 @@ impl Checker {
     }
 
     /// The runtime brought a container up by itself (native restart).
+    /// Whether `id` is what ACTIVE names for a service whose predecessor
+    /// waits under a retirement marker: the window in which a retirement
+    /// must confirm the very execution it verified (S5).
+    pub fn succeeds_a_marker(&self, id: &ContainerId) -> bool {
+        let s = self.lock();
+        s.truth
+            .markers
+            .values()
+            .any(|service| s.truth.active.get(service) == Some(id))
+    }
+
     pub fn container_came_up(&self, id: &ContainerId) {
         let now = self.clock.now();
         let mut s = self.lock();
@@ -2154,6 +2169,22 @@ impl Observer for Checker {
             }
             Effect::Stopped { id } => {
                 s.up.remove(id);
+                // A service the new version drops leaves the proxy before
+                // its container stops (#44: a route left behind dials a
+                // container that is gone).
+                if s.truth.dropping.contains(id) {
+                    let routed = s.routes.values().find(|r| &r.container == id).cloned();
+                    s.check(
+                        "D2 a dropped service's route goes before its container",
+                        routed.is_none(),
+                        || {
+                            format!(
+                                "{id} of a dropped service stopped while {:?} still routes to it",
+                                routed.map(|r| r.service)
+                            )
+                        },
+                    );
+                }
                 // The first destructive step of a retirement: by now the
                 // successor must serve (verified and routed), unless the
                 // instance is stopped or the service left ACTIVE (R15).
@@ -2310,6 +2341,40 @@ impl Observer for Checker {
                         "S1 a service is retired only when the catalog dropped it",
                         !listed,
                         || format!("{service:?} held as dropped, but the catalog lists it"),
+                    );
+                    // Exactly: the drop is the last step of an upgrade
+                    // whose every kept service switched, so each runs a
+                    // version that no longer lists the dropped one (#44:
+                    // a failed upgrade touches nothing of the old).
+                    let still_listed: Vec<ContainerId> = s
+                        .truth
+                        .active
+                        .iter()
+                        .filter(|(k, _)| {
+                            k.instance == service.instance && k.service != service.service
+                        })
+                        .filter(|(_, c)| {
+                            let version = self
+                                .versions
+                                .number(crate::world::version_of_container(c.as_str()))
+                                .unwrap_or(1);
+                            s.dropped_by_version
+                                .get(&version)
+                                .cloned()
+                                .flatten()
+                                .as_ref()
+                                != Some(&service.service)
+                        })
+                        .map(|(_, c)| c.clone())
+                        .collect();
+                    s.check(
+                        "D1 a service is dropped only once the new version serves",
+                        still_listed.is_empty(),
+                        || {
+                            format!(
+                                "{service:?} held as dropped while {still_listed:?} run a version that lists it"
+                            )
+                        },
                     );
                     s.truth.dropping.insert(container.clone());
                 }

@@ -218,6 +218,12 @@ pub struct SwarmFaults {
     /// own: the other faults' draws stay what they were.
     proxy_restart_on_read: f64,
     mid_pass_rng: Mutex<ChaCha8Rng>,
+    /// How often a running successor of a retirement-pending predecessor
+    /// crashes and is restarted by the runtime just before an inspection
+    /// answers (#44), drawn from a stream of its own so the other draws
+    /// stay as they were.
+    restart_on_inspect: f64,
+    look_rng: Mutex<ChaCha8Rng>,
     /// How the seed spells versions, to read one back from a container name.
     pub versions: VersionScheme,
 }
@@ -235,6 +241,12 @@ impl SwarmFaults {
         } else {
             mid_pass_rng.random_range(0.0..0.05)
         };
+        let mut look_rng = ChaCha8Rng::seed_from_u64(seed ^ 0x5851_f42d_4c95_7f2d);
+        let restart_on_inspect = if look_rng.random_bool(0.3) {
+            0.0
+        } else {
+            look_rng.random_range(0.0..0.3)
+        };
         Self {
             enabled: AtomicBool::new(true),
             proxy_down: AtomicBool::new(false),
@@ -248,6 +260,8 @@ impl SwarmFaults {
             bad_versions: Arc::default(),
             proxy_restart_on_read,
             mid_pass_rng: Mutex::new(mid_pass_rng),
+            restart_on_inspect,
+            look_rng: Mutex::new(look_rng),
             versions,
         }
     }
@@ -285,6 +299,34 @@ impl SwarmFaults {
         came_up
     }
 
+    /// A running container crashes and the runtime's restart policy
+    /// brings it up again just before an inspection answers: a new
+    /// execution between two looks of one pass (the verification and the
+    /// final inspection before a retirement, #44), which no probe saw.
+    fn restart_as_inspected(&self, subject: &str) {
+        let Some(runtime) = self.runtime.get().and_then(std::sync::Weak::upgrade) else {
+            return;
+        };
+        let id = ContainerId::new(subject);
+        let started = runtime.next_execution();
+        let restarted = runtime.with_containers(|cs| match cs.get_mut(&id) {
+            Some(c) if c.status == ContainerStatus::Running => {
+                c.started_at = Some(started);
+                true
+            }
+            _ => false,
+        });
+        if restarted {
+            self.counts.bump("native restart just before an inspection");
+            if let Some(checker) = self.checker.get() {
+                checker.container_went_down(&id);
+                checker.container_came_up(&id);
+            }
+            runtime.emit(&id, RuntimeEventAction::Die);
+            runtime.emit(&id, RuntimeEventAction::Start);
+        }
+    }
+
     /// The fault for one operation, drawn from the seed's mix.
     fn choose(&self, op: Op, subject: &str) -> Fault {
         if self.proxy_down.load(Ordering::Relaxed)
@@ -294,6 +336,19 @@ impl SwarmFaults {
         }
         if !self.enabled.load(Ordering::Relaxed) {
             return Fault::Proceed;
+        }
+        if op == Op::Inspect
+            && self
+                .checker
+                .get()
+                .is_some_and(|c| c.succeeds_a_marker(&ContainerId::new(subject)))
+            && self
+                .look_rng
+                .lock()
+                .expect("poisoned")
+                .random_bool(self.restart_on_inspect)
+        {
+            self.restart_as_inspected(subject);
         }
         if op == Op::Create && self.of_bad_version(subject) {
             // An image tag that does not exist: an upgrade to this version

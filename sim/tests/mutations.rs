@@ -17,10 +17,15 @@ const SEEDS_MAX: u64 = 40;
 /// Runs seeds with `mutant` armed until a violation of `invariant` shows;
 /// returns that seed and the violation.
 fn first_catch(mutant: Mutant, invariant: &str) -> (u64, String) {
+    first_catch_over(mutant, invariant, Duration::from_secs(2 * 3600))
+}
+
+/// [`first_catch`] with `safety` of faults per seed.
+fn first_catch_over(mutant: Mutant, invariant: &str, safety: Duration) -> (u64, String) {
     let mut other = Vec::new();
     for seed in 1..=SEEDS_MAX {
         let mut cfg = SimConfig::new(seed);
-        cfg.safety = Duration::from_secs(2 * 3600);
+        cfg.safety = safety;
         let outcome = armed(mutant, || run_seed(&cfg));
         if let Some(v) = outcome.violations.iter().find(|v| v.starts_with(invariant)) {
             return (seed, v.clone());
@@ -209,10 +214,20 @@ fn an_upgrade_slot_left_unused_is_caught() {
 
 #[test]
 fn a_worker_that_ignores_an_undo_pin_is_caught() {
-    assert_caught(
-        Mutant::IgnoreUndoPin,
-        "U2 a move toward a pin ends at the pinned version",
+    // A pin needs an operator's `rollout undo --to` while the catalog is
+    // broken, then a worker making containers (U1) or moving an instance
+    // (U2) under it: rare in two hours of faults (seed 29 met U2 first,
+    // then, once the world gained restarts as inspected (#44), seed 120
+    // met U1). Six hours, as the CI seeds run, give either judge of the
+    // pin three times the chances.
+    let (seed, violation) =
+        first_catch_over(Mutant::IgnoreUndoPin, "U", Duration::from_secs(6 * 3600));
+    assert!(
+        violation.starts_with("U1 under a pin a worker makes only the pinned version")
+            || violation.starts_with("U2 a move toward a pin ends at the pinned version"),
+        "{violation}"
     );
+    say!("IgnoreUndoPin: caught at seed {seed}: {violation}");
 }
 
 #[test]
@@ -249,5 +264,29 @@ fn an_event_for_a_failed_start_is_caught() {
     assert_caught(
         Mutant::EventForFailedStart,
         "E1 every intervention has its event",
+    );
+}
+
+#[test]
+fn a_retirement_on_an_unverified_execution_of_the_successor_is_caught() {
+    assert_caught(
+        Mutant::RetireOnAnyExecution,
+        "S5 retire only after the successor's final inspection",
+    );
+}
+
+#[test]
+fn a_failed_upgrade_that_drops_a_service_is_caught() {
+    assert_caught(
+        Mutant::DropOnFailedUpgrade,
+        "D1 a service is dropped only once the new version serves",
+    );
+}
+
+#[test]
+fn a_dropped_service_whose_route_stays_is_caught() {
+    assert_caught(
+        Mutant::KeepDroppedRoute,
+        "D2 a dropped service's route goes before its container",
     );
 }

@@ -1451,9 +1451,6 @@ fn url_encode(text: &str) -> String {
     encoded
 }
 
-/// Whether a create failed because the name is taken: Docker answers 409;
-/// Podman 4.3's compatible API answers 500 with libpod's message. Either way
-/// [`Runtime::create`] adopts the container only if its labels match.
 /// What the registry's refusal of a pull says, in the words Docker and
 /// registries use: the image or tag does not exist, or stead may not pull
 /// it. Pulling it again fails alike until the catalog or the registry
@@ -1484,6 +1481,9 @@ fn pull_failure(image: &str, said: &str, refused: bool) -> RuntimeError {
     }
 }
 
+/// Whether a create failed because the name is taken: Docker answers 409;
+/// Podman 4.3's compatible API answers 500 with libpod's message. Either way
+/// [`Runtime::create`] adopts the container only if its labels match.
 fn name_taken(error: &DockerError) -> bool {
     match error {
         DockerError::DockerResponseServerError {

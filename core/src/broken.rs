@@ -121,11 +121,14 @@ pub enum Mutant {
     /// #44: retire a service the new version drops without withdrawing
     /// its route.
     KeepDroppedRoute,
+    /// #40: a Helm bake takes a check that could not reach the cluster
+    /// for a verdict that the release went bad, and rolls it back.
+    UnreachableIsBad,
 }
 
 #[cfg(feature = "mutation-exercise")]
 impl Mutant {
-    pub const ALL: [Mutant; 30] = [
+    pub const ALL: [Mutant; 31] = [
         Mutant::SkipWithdrawBeforeStart,
         Mutant::PublishBeforeReadiness,
         Mutant::ForgetCrashLoopCharge,
@@ -156,5 +159,6 @@ impl Mutant {
         Mutant::RetireOnAnyExecution,
         Mutant::DropOnFailedUpgrade,
         Mutant::KeepDroppedRoute,
+        Mutant::UnreachableIsBad,
     ];
 }

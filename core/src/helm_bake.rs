@@ -59,6 +59,7 @@ pub struct HelmBakeInput {
     /// The version and spec digest a revert puts back.
     pub previous_version: String,
     pub previous_spec_digest: Option<String>,
+    pub broken: crate::broken::Armed,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -231,6 +232,11 @@ impl Machine for HelmBake {
                 Ok(ReleaseHealth::Healthy) if last => self.verdict = Some(BakeVerdict::Held),
                 Ok(ReleaseHealth::Healthy) => self.wait_from(now),
                 Ok(ReleaseHealth::Bad(reason)) => self.phase = Phase::Restoring { reason },
+                Err(e) if crate::broken!(self.input.broken, UnreachableIsBad) => {
+                    self.phase = Phase::Restoring {
+                        reason: e.to_string(),
+                    }
+                }
                 Err(e) if last => {
                     self.final_failures += 1;
                     if self.final_failures >= HELM_BAKE_FINAL_ATTEMPTS_MAX {
@@ -333,6 +339,7 @@ mod tests {
             started: at(1000),
             previous_version: "1.0".into(),
             previous_spec_digest: Some("d1".into()),
+            broken: Default::default(),
         })
     }
 

@@ -223,6 +223,9 @@ pub struct SwarmFaults {
     /// answers (#44), drawn from a stream of its own so the other draws
     /// stay as they were.
     restart_on_inspect: f64,
+    /// How often a Helm bake's check cannot reach the cluster (#40: no
+    /// verdict), from the same stream.
+    release_check_fail: f64,
     look_rng: Mutex<ChaCha8Rng>,
     /// How the seed spells versions, to read one back from a container name.
     pub versions: VersionScheme,
@@ -247,6 +250,11 @@ impl SwarmFaults {
         } else {
             look_rng.random_range(0.0..0.3)
         };
+        let release_check_fail = if look_rng.random_bool(0.5) {
+            0.0
+        } else {
+            look_rng.random_range(0.0..0.3)
+        };
         Self {
             enabled: AtomicBool::new(true),
             proxy_down: AtomicBool::new(false),
@@ -261,6 +269,7 @@ impl SwarmFaults {
             proxy_restart_on_read,
             mid_pass_rng: Mutex::new(mid_pass_rng),
             restart_on_inspect,
+            release_check_fail,
             look_rng: Mutex::new(look_rng),
             versions,
         }
@@ -350,6 +359,21 @@ impl SwarmFaults {
         {
             self.restart_as_inspected(subject);
         }
+        if op == Op::CheckRelease {
+            // A bake's check that cannot reach the cluster: no verdict
+            // (#40). Never a hang: the double's check has no deadline.
+            if self
+                .look_rng
+                .lock()
+                .expect("poisoned")
+                .random_bool(self.release_check_fail)
+            {
+                self.counts
+                    .bump("release check could not reach the cluster");
+                return Fault::Fail("cluster unreachable".into());
+            }
+            return Fault::Proceed;
+        }
         if op == Op::Create && self.of_bad_version(subject) {
             // An image tag that does not exist: an upgrade to this version
             // can never succeed. The runtime says so (a refused pull, a
@@ -380,6 +404,8 @@ impl SwarmFaults {
                 }
             }
             Op::Policy | Op::Notify => {}
+            // Drawn before, from a stream of its own.
+            Op::CheckRelease => {}
             _ => {
                 if rng.random_bool(m.hang) {
                     self.counts.bump("hang");

@@ -290,3 +290,11 @@ fn a_dropped_service_whose_route_stays_is_caught() {
         "D2 a dropped service's route goes before its container",
     );
 }
+
+#[test]
+fn a_helm_bake_that_takes_an_unreachable_cluster_for_a_bad_release_is_caught() {
+    assert_caught(
+        Mutant::UnreachableIsBad,
+        "H4 a Helm release is rolled back only off a version that went bad",
+    );
+}

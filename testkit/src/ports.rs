@@ -52,6 +52,8 @@ pub enum Op {
     Install,
     Uninstall,
     ListReleases,
+    /// A Helm bake's check of a release's status and tests (#40).
+    CheckRelease,
     Notify,
 }
 
@@ -262,6 +264,13 @@ pub enum Effect {
     },
     Uninstalled {
         release: String,
+    },
+    /// A Helm release rolled back (#40) from chart version `from`, which
+    /// had gone bad (`bad`) or not.
+    RolledBack {
+        release: String,
+        from: String,
+        bad: bool,
     },
     /// A process took (or renewed) an instance's lock (T3).
     InstanceLocked {
@@ -1324,9 +1333,13 @@ impl Provisioner for MemoryProvisioner {
         target: &ReleaseTarget,
         _tests: bool,
     ) -> Result<ReleaseHealth, ProvisionError> {
-        // Not gated by the fault injector: a listing's op is the drift
-        // check's (C5), whose faults the simulation judges by the tick.
+        // Gated by an op of its own: a listing's is the drift check's
+        // (C5), whose faults the simulation judges by the tick.
         let release = target.release.name.as_str();
+        self.hooks
+            .gate(Op::CheckRelease, release)
+            .await
+            .map_err(|f| ProvisionError::Unavailable(text_err(f)))?;
         let version = self
             .releases
             .lock()
@@ -1374,8 +1387,19 @@ impl Provisioner for MemoryProvisioner {
                 "release {release} has no revision to roll back to"
             )));
         };
-        if let Some((_, version)) = self.releases.lock().expect("poisoned").get_mut(release) {
-            *version = back;
+        let from = self
+            .releases
+            .lock()
+            .expect("poisoned")
+            .get_mut(release)
+            .map(|(_, version)| std::mem::replace(version, back));
+        if let Some(from) = from {
+            let bad = self.bad_versions.lock().expect("poisoned").contains(&from);
+            self.hooks.tell(|| Effect::RolledBack {
+                release: release.to_owned(),
+                from,
+                bad,
+            });
         }
         self.hooks.tell(|| Effect::Installed {
             release: release.to_owned(),

@@ -104,6 +104,7 @@ impl Worker {
             started: self.ports.clock.now(),
             previous_version: instance.version.clone(),
             previous_spec_digest: instance.spec_digest.clone(),
+            broken: self.config.broken,
         });
         tracing::info!(
             instance = %name,

@@ -748,7 +748,14 @@ impl Runtime for MemoryRuntime {
             .map_err(runtime_err)?;
         // A container that is not there is not started (Docker answers
         // 404): nothing is told of it, as of a stop or a remove.
-        self.read(id, |_| ()).ok_or(RuntimeError::NotFound)?;
+        let status = self.read(id, |c| c.status).ok_or(RuntimeError::NotFound)?;
+        // Starting a running (or paused) container is Docker's 304 "not
+        // modified": the same execution goes on, nothing is emitted
+        // (tests/runtime_contract.rs).
+        if matches!(status, ContainerStatus::Running | ContainerStatus::Paused) {
+            latency.answer().await;
+            return Ok(());
+        }
         self.hooks.tell(|| Effect::Started { id: id.clone() });
         self.run(id)?;
         self.emit(id, RuntimeEventAction::Start);
@@ -813,8 +820,14 @@ impl Runtime for MemoryRuntime {
             .gate(Op::Binds, id.as_str())
             .await
             .map_err(runtime_err)?;
-        self.read(id, |c| c.binds.clone())
-            .ok_or(RuntimeError::NotFound)
+        // Binds only of a running (or paused) container, as the Docker
+        // adapter reads them: Docker frees a stopped container's host
+        // ports (tests/runtime_contract.rs).
+        self.read(id, |c| match c.status {
+            ContainerStatus::Running | ContainerStatus::Paused => c.binds.clone(),
+            _ => Binds::new(),
+        })
+        .ok_or(RuntimeError::NotFound)
     }
 
     async fn list_managed(&self) -> Result<Vec<ManagedContainer>, RuntimeError> {
@@ -827,7 +840,9 @@ impl Runtime for MemoryRuntime {
                 instance: c.instance.clone(),
                 service: c.service.clone(),
                 status: c.status,
-                started_at: c.started_at,
+                // Docker's list does not report it (the Docker adapter's
+                // `list_managed`), so neither does this one.
+                started_at: None,
             })
             .collect();
         listed.sort_by(|a, b| a.id.cmp(&b.id));
@@ -865,7 +880,16 @@ impl Runtime for MemoryRuntime {
             .admit(Op::Create, id.as_str())
             .await
             .map_err(runtime_err)?;
-        if self.container(&id).is_some() {
+        if let Some(taken) = self.container(&id) {
+            // Adopted only when it is this very service's container, as
+            // the Docker adapter checks its labels; another's is refused
+            // (tests/runtime_contract.rs).
+            if taken.instance != request.instance || taken.service != request.spec.name {
+                return Err(RuntimeError::Transient(format!(
+                    "container name {id:?} is taken by a container of {}/{}; refusing to adopt it",
+                    taken.instance, taken.service
+                )));
+            }
             latency.answer().await;
             return Ok(id);
         }

@@ -1145,26 +1145,40 @@ impl Probe for MemoryProbe {
             .runtime
             .container(id)
             .filter(|c| c.status == ContainerStatus::Running && c.started_at == target.started_at);
-        let ready = match (probe, &container) {
-            (_, None) => Err(ProbeError::Unreachable(format!(
+        let not_running = || {
+            format!(
                 "container {id} does not run the execution started at {:?}",
                 target.started_at
-            ))),
-            (ReadinessProbe::Log { pattern, timeout }, Some(c)) => {
-                let printed = c
-                    .log
-                    .iter()
-                    .any(|(execution, line)| *execution == c.started_at && line.contains(pattern));
-                printed.then_some(()).ok_or_else(|| {
-                    ProbeError::NotReady(format!(
-                        "container {id}: timed out after {} s waiting for a log line containing \
-                         {pattern:?}",
-                        timeout.as_secs_f64()
-                    ))
-                })
+            )
+        };
+        // The order of the real probes' checks (adapters/probe.rs and
+        // docker/logs.rs), and their kinds (tests/probe_contract.rs).
+        let ready = match probe {
+            ReadinessProbe::Log { pattern, timeout } => {
+                log_ready(id, target, pattern, *timeout, container.as_ref())
             }
-            (_, Some(c)) if c.ready && c.binds == target.binds => Ok(()),
-            (_, Some(_)) => Err(ProbeError::Unreachable("connection refused".into())),
+            ReadinessProbe::Http { path, .. } if !path.starts_with('/') => {
+                Err(ProbeError::Misconfigured(format!(
+                    "http probe path = {path:?} must start with '/'"
+                )))
+            }
+            ReadinessProbe::Http { port, .. } | ReadinessProbe::Tcp { port, .. }
+                if !target.binds.contains_key(port) =>
+            {
+                Err(ProbeError::Misconfigured(format!(
+                    "readiness port {port} has no bind on this container (binds: {:?})",
+                    target.binds
+                )))
+            }
+            // `None` included: the real probe passes it without a look, but
+            // the simulation renders no probe and lets this one stand for
+            // the one a catalog would set (docs/simulation.md, "The port
+            // contracts").
+            _ => match &container {
+                None => Err(ProbeError::Unreachable(not_running())),
+                Some(c) if c.ready && c.binds == target.binds => Ok(()),
+                Some(_) => Err(ProbeError::Unreachable("connection refused".into())),
+            },
         };
         if ready.is_ok() {
             self.hooks.tell(|| Effect::ProbePassed {
@@ -1175,6 +1189,47 @@ impl Probe for MemoryProbe {
         }
         ready
     }
+}
+
+/// A log probe's verdict against the in-memory runtime, as the Docker
+/// adapter's (`docker/logs.rs`) gives it: no start to tell executions
+/// apart by, another execution, or none, is not ready; a bad pattern is
+/// misconfigured; a line of this execution passes; otherwise the probe
+/// timed out.
+fn log_ready(
+    id: &ContainerId,
+    target: &ProbeTarget,
+    pattern: &str,
+    timeout: Duration,
+    container: Option<&MemContainer>,
+) -> Result<(), ProbeError> {
+    let Some(started_at) = target.started_at else {
+        return Err(ProbeError::NotReady(format!(
+            "container {id}: the runtime reported no start, so its execution's log lines \
+             cannot be told from an earlier one's"
+        )));
+    };
+    if pattern.is_empty() || pattern.len() > stead::core::catalog::LOG_PATTERN_LEN_MAX {
+        return Err(ProbeError::Misconfigured(format!(
+            "log probe pattern {pattern:?} must be 1 to {} bytes",
+            stead::core::catalog::LOG_PATTERN_LEN_MAX
+        )));
+    }
+    let Some(c) = container else {
+        return Err(ProbeError::NotReady(format!(
+            "container {id} does not run the execution started at {started_at}"
+        )));
+    };
+    let printed = c
+        .log
+        .iter()
+        .any(|(execution, line)| *execution == c.started_at && line.contains(pattern));
+    printed.then_some(()).ok_or_else(|| {
+        ProbeError::NotReady(format!(
+            "container {id}: timed out after {} s waiting for a log line containing {pattern:?}",
+            timeout.as_secs_f64()
+        ))
+    })
 }
 
 /// Grants: a set of revoked (instance, service) pairs.

@@ -82,13 +82,25 @@ fn tcp() -> ReadinessProbe {
 /// The net contract: each probe of a backend with the verdict every
 /// implementation must give, and the double's where it documentedly
 /// differs.
-fn net_contract() -> Vec<(ReadinessProbe, Backend, Aim, &'static str, Option<&'static str>)> {
+fn net_contract() -> Vec<(
+    ReadinessProbe,
+    Backend,
+    Aim,
+    &'static str,
+    Option<&'static str>,
+)> {
     use Aim::*;
     use Backend::*;
     vec![
         (http("/ready"), Serving, AsIs, "ok", None),
         (tcp(), Serving, AsIs, "ok", None),
-        (http("/ready"), Erroring, AsIs, "not_ready", Some("unavailable")),
+        (
+            http("/ready"),
+            Erroring,
+            AsIs,
+            "not_ready",
+            Some("unavailable"),
+        ),
         // A timeout and a refusal are the same kind: nothing answered.
         (http("/ready"), Silent, AsIs, "unavailable", None),
         (http("/ready"), Refusing, AsIs, "unavailable", None),
@@ -99,7 +111,13 @@ fn net_contract() -> Vec<(ReadinessProbe, Backend, Aim, &'static str, Option<&'s
         (tcp(), Serving, OtherPort, "refused", None),
         (http("ready"), Serving, AsIs, "refused", None),
         (ReadinessProbe::None, Serving, AsIs, "ok", None),
-        (ReadinessProbe::None, Refusing, AsIs, "ok", Some("unavailable")),
+        (
+            ReadinessProbe::None,
+            Refusing,
+            AsIs,
+            "ok",
+            Some("unavailable"),
+        ),
     ]
 }
 
@@ -111,7 +129,11 @@ fn aimed(target: ProbeTarget, aim: Aim) -> ProbeTarget {
             ..target
         },
         Aim::OtherPort => ProbeTarget {
-            binds: target.binds.values().map(|host| (PORT + 1, *host)).collect(),
+            binds: target
+                .binds
+                .values()
+                .map(|host| (PORT + 1, *host))
+                .collect(),
             ..target
         },
     }
@@ -156,9 +178,8 @@ async fn listener(status: Option<u16>) -> u16 {
                 };
                 let mut buffer = [0u8; 4096];
                 let _ = stream.read(&mut buffer).await;
-                let response = format!(
-                    "HTTP/1.1 {code} X\r\ncontent-length: 0\r\nconnection: close\r\n\r\n"
-                );
+                let response =
+                    format!("HTTP/1.1 {code} X\r\ncontent-length: 0\r\nconnection: close\r\n\r\n");
                 let _ = stream.write_all(response.as_bytes()).await;
             });
         }
@@ -325,7 +346,9 @@ async fn run_log_contract(
                     .await
                     .expect("restart");
                 printed(AGAIN);
-                second = Some(target(runtime.inspect(&key.container).await.expect("inspect")));
+                second = Some(target(
+                    runtime.inspect(&key.container).await.expect("inspect"),
+                ));
                 "ok".to_owned()
             }
             Step::Remove => {

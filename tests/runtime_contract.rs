@@ -323,7 +323,11 @@ fn assert_contract(answers: Vec<String>, double: bool) {
         .filter(|(_, (got, want))| got != want)
         .map(|(n, (got, want))| format!("call {n}: answered {got:?}, the contract says {want:?}"))
         .collect();
-    assert!(broken.is_empty(), "the runtime contract is broken:\n{}", broken.join("\n"));
+    assert!(
+        broken.is_empty(),
+        "the runtime contract is broken:\n{}",
+        broken.join("\n")
+    );
 }
 
 // --- the double -------------------------------------------------------------

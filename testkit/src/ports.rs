@@ -25,9 +25,9 @@ use stead::core::types::{
 };
 
 use stead::ports::{
-    Clock, CreateContainer, EventSubscription, HeldRoute, ManagedContainer, Notifier, NotifyError,
-    PlaneCheck, Policy, PolicyError, Probe, ProbeError, ProbeTarget, ProvisionError, Provisioner,
-    Release, ReleaseHealth, ReleaseSpec, ReleaseStatus, ReleaseTarget, Route, Runtime,
+    Clock, CreateContainer, EventSubscription, HeldRoute, HelmRelease, ManagedContainer, Notifier,
+    NotifyError, PlaneCheck, Policy, PolicyError, Probe, ProbeError, ProbeTarget, ProvisionError,
+    Provisioner, Release, ReleaseHealth, ReleaseSpec, ReleaseStatus, ReleaseTarget, Route, Runtime,
     RuntimeEvent, RuntimeEventAction, RuntimeEvents, ServiceKey, Traffic, TrafficError,
 };
 
@@ -1343,6 +1343,7 @@ impl Provisioner for MemoryProvisioner {
             ReleaseSpec::Docker { .. } => String::new(),
             ReleaseSpec::Helm(helm) => helm.chart_version.clone(),
         };
+        check_release_names(&target)?;
         let latency = self
             .hooks
             .admit(Op::Install, release)
@@ -1367,13 +1368,25 @@ impl Provisioner for MemoryProvisioner {
 
     async fn uninstall(&self, target: &ReleaseTarget) -> Result<(), ProvisionError> {
         let release = target.release.name.as_str();
+        check_release_names(target)?;
         let latency = self
             .hooks
             .admit(Op::Uninstall, release)
             .await
             .map_err(|f| ProvisionError::Unavailable(text_err(f)))?;
-        self.releases.lock().expect("poisoned").remove(release);
-        self.history.lock().expect("poisoned").remove(release);
+        // Only the release of that name in that namespace: one of the same
+        // name elsewhere is another release, as to helm
+        // (tests/provisioner_contract.rs).
+        {
+            let mut releases = self.releases.lock().expect("poisoned");
+            if releases
+                .get(release)
+                .is_some_and(|(namespace, _)| *namespace == target.release.namespace)
+            {
+                releases.remove(release);
+                self.history.lock().expect("poisoned").remove(release);
+            }
+        }
         self.hooks.tell(|| Effect::Uninstalled {
             release: release.to_owned(),
         });
@@ -1401,7 +1414,7 @@ impl Provisioner for MemoryProvisioner {
     async fn check_release(
         &self,
         target: &ReleaseTarget,
-        _tests: bool,
+        tests: bool,
     ) -> Result<ReleaseHealth, ProvisionError> {
         // Not gated by the fault injector: a listing's op is the drift
         // check's (C5), whose faults the simulation judges by the tick.
@@ -1414,11 +1427,32 @@ impl Provisioner for MemoryProvisioner {
             .map(|(_, version)| version.clone());
         Ok(match version {
             None => ReleaseHealth::Bad(format!("release {release} is gone")),
-            Some(v) if self.bad_versions.lock().expect("poisoned").contains(&v) => {
+            // A bad version's chart tests fail; its status stays deployed,
+            // so only a check that runs the tests finds it bad.
+            Some(v) if tests && self.bad_versions.lock().expect("poisoned").contains(&v) => {
                 ReleaseHealth::Bad(format!("release {release} at chart {v}: its tests fail"))
             }
             Some(_) => ReleaseHealth::Healthy,
         })
+    }
+
+    /// Helm's: a release already at the version is left alone (no new
+    /// revision); otherwise a new revision at it.
+    async fn roll_back(&self, release: &HelmRelease) -> Result<(), ProvisionError> {
+        let already = self
+            .releases
+            .lock()
+            .expect("poisoned")
+            .get(&release.name)
+            .is_some_and(|(namespace, version)| {
+                *namespace == release.namespace && *version == release.chart_version
+            });
+        if already {
+            check_release_names(&ReleaseSpec::Helm(release.clone()).target())?;
+            return Ok(());
+        }
+        self.install_or_upgrade(&ReleaseSpec::Helm(release.clone()))
+            .await
     }
 
     async fn roll_back_from(
@@ -1475,11 +1509,26 @@ impl Provisioner for MemoryProvisioner {
             .filter(|(namespace, _)| *namespace == target.release.namespace)
             .map(|(_, version)| ReleaseStatus {
                 status: "deployed".into(),
-                revision: 1,
+                // One revision per install, upgrade and rollback, as helm
+                // counts them (a foreign release has one).
+                revision: self
+                    .history
+                    .lock()
+                    .expect("poisoned")
+                    .get(&target.release.name)
+                    .map_or(1, |h| h.len().max(1) as u64),
                 chart: format!("chart-{version}"),
                 description: "Install complete".into(),
             }))
     }
+}
+
+/// Refuses a release name or namespace the Helm adapter would refuse
+/// before running helm: a release is named after its instance.
+fn check_release_names(target: &ReleaseTarget) -> Result<(), ProvisionError> {
+    names::check_instance_name("release", &target.release.name)
+        .and_then(|()| names::check_dns_label("namespace", &target.release.namespace))
+        .map_err(|e| ProvisionError::Refused(e.to_string()))
 }
 
 /// Records notifications.

@@ -74,6 +74,9 @@ enum Call {
 /// - binds: the container ports bound to a host port (none while down);
 /// - health: `checked` (starting or healthy), `unhealthy` or `none`;
 /// - otherwise `ok`, or the error's kind.
+///
+/// `a | b` accepts either answer, where the real engines differ between
+/// themselves.
 fn contract() -> Vec<(Call, &'static str)> {
     use Call::*;
     vec![
@@ -94,8 +97,12 @@ fn contract() -> Vec<(Call, &'static str)> {
         (Stop("web.r1"), "ok"),
         // A stopped container keeps its last execution's start, and has no
         // binds (Docker frees its host ports; Podman keeps them, unused).
-        (Inspect("web.r1"), "exited same"),
+        (Inspect("web.r1"), "exited same +exit"),
         (Binds("web.r1"), ""),
+        // A stopped container's health is the engine's own: Docker says
+        // unhealthy, Podman and the double keep the last verdict. No
+        // decision reads it (R9 reads health only of a running container).
+        (Health("web.r1"), "checked | unhealthy"),
         // Stopping a stopped container succeeds.
         (Stop("web.r1"), "ok"),
         (List, "web:exited worker:running"),
@@ -103,7 +110,7 @@ fn contract() -> Vec<(Call, &'static str)> {
         // leaves it down: starting it is the recovery pass's, under its
         // budget.
         (Create("web", true), "ok same"),
-        (Inspect("web.r1"), "exited same"),
+        (Inspect("web.r1"), "exited same +exit"),
         (Start("web.r1"), "ok"),
         (Inspect("web.r1"), "running new"),
         (Binds("web.r1"), "8080"),
@@ -236,7 +243,10 @@ impl Run<'_> {
                         (now, Some(before)) if now == before => "same",
                         _ => "new",
                     };
-                    format!("{} {execution}", status_word(observation.status))
+                    // How the last execution ended is reported while the
+                    // container is down, and only then.
+                    let exit = if observation.exit.is_some() { " +exit" } else { "" };
+                    format!("{} {execution}{exit}", status_word(observation.status))
                 }
                 Err(e) => e.kind().to_string(),
             },
@@ -320,7 +330,7 @@ fn assert_contract(answers: Vec<String>, double: bool) {
         .iter()
         .zip(&expected)
         .enumerate()
-        .filter(|(_, (got, want))| got != want)
+        .filter(|(_, (got, want))| !want.split(" | ").any(|w| w == got.as_str()))
         .map(|(n, (got, want))| format!("call {n}: answered {got:?}, the contract says {want:?}"))
         .collect();
     assert!(

@@ -245,7 +245,11 @@ impl Run<'_> {
                     };
                     // How the last execution ended is reported while the
                     // container is down, and only then.
-                    let exit = if observation.exit.is_some() { " +exit" } else { "" };
+                    let exit = if observation.exit.is_some() {
+                        " +exit"
+                    } else {
+                        ""
+                    };
                     format!("{} {execution}{exit}", status_word(observation.status))
                 }
                 Err(e) => e.kind().to_string(),

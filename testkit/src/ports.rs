@@ -749,14 +749,15 @@ impl Runtime for MemoryRuntime {
         // A container that is not there is not started (Docker answers
         // 404): nothing is told of it, as of a stop or a remove.
         let status = self.read(id, |c| c.status).ok_or(RuntimeError::NotFound)?;
+        // The call is judged (S1, E1) whatever the runtime makes of it.
+        self.hooks.tell(|| Effect::Started { id: id.clone() });
         // Starting a running (or paused) container is Docker's 304 "not
-        // modified": the same execution goes on, nothing is emitted
-        // (tests/runtime_contract.rs).
+        // modified": the same execution goes on, and the event stream says
+        // nothing (tests/runtime_contract.rs).
         if matches!(status, ContainerStatus::Running | ContainerStatus::Paused) {
             latency.answer().await;
             return Ok(());
         }
-        self.hooks.tell(|| Effect::Started { id: id.clone() });
         self.run(id)?;
         self.emit(id, RuntimeEventAction::Start);
         latency.answer().await;
@@ -884,7 +885,11 @@ impl Runtime for MemoryRuntime {
             // Adopted only when it is this very service's container, as
             // the Docker adapter checks its labels; another's is refused
             // (tests/runtime_contract.rs).
-            if taken.instance != request.instance || taken.service != request.spec.name {
+            // Under the mutation exercise's colliding names the old
+            // scheme's adoption by name alone is what is exercised.
+            let owner_differs =
+                taken.instance != request.instance || taken.service != request.spec.name;
+            if owner_differs && !mutants::active(Mutant::DashedContainerNames) {
                 return Err(RuntimeError::Transient(format!(
                     "container name {id:?} is taken by a container of {}/{}; refusing to adopt it",
                     taken.instance, taken.service

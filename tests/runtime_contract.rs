@@ -45,9 +45,8 @@ const PODMAN_SOCKET_DEFAULT: &str = "/run/podman/podman.sock";
 /// (the ID each implementation gave it is looked up); `ghost.r1` never
 /// existed.
 enum Call {
-    /// Creates the service's container at revision `r1`; `true` gives it a
-    /// healthcheck.
-    Create(&'static str, bool),
+    /// Creates the service's container at revision `r1`.
+    Create(&'static str, Healthcheck),
     Inspect(&'static str),
     Start(&'static str),
     Stop(&'static str),
@@ -67,6 +66,13 @@ enum Call {
     Squat(&'static str),
 }
 
+/// Whether a created container has a healthcheck (the runtime runs it).
+#[derive(Clone, Copy)]
+enum Healthcheck {
+    With,
+    Without,
+}
+
 /// The calls, each with the answer every implementation must give:
 /// - create: `ok new` (an ID not seen before for it) or `ok same`;
 /// - inspect: the status and whether the execution is `new` or the `same`
@@ -79,12 +85,13 @@ enum Call {
 /// themselves.
 fn contract() -> Vec<(Call, &'static str)> {
     use Call::*;
+    use Healthcheck::*;
     vec![
         (List, ""),
-        (Create("web", true), "ok new"),
+        (Create("web", With), "ok new"),
         // Idempotent on the deterministic name.
-        (Create("web", true), "ok same"),
-        (Create("worker", false), "ok new"),
+        (Create("web", With), "ok same"),
+        (Create("worker", Without), "ok new"),
         (Inspect("web.r1"), "running new"),
         (Inspect("web.r1"), "running same"),
         (Binds("web.r1"), "8080"),
@@ -109,7 +116,7 @@ fn contract() -> Vec<(Call, &'static str)> {
         // Creating an existing container that ran and exited adopts it and
         // leaves it down: starting it is the recovery pass's, under its
         // budget.
-        (Create("web", true), "ok same"),
+        (Create("web", With), "ok same"),
         (Inspect("web.r1"), "exited same +exit"),
         (Start("web.r1"), "ok"),
         (Inspect("web.r1"), "running new"),
@@ -128,7 +135,7 @@ fn contract() -> Vec<(Call, &'static str)> {
         // container; another's is refused (a fault that may pass once an
         // operator removes it), never adopted.
         (Squat("db"), "ok"),
-        (Create("db", false), "transient"),
+        (Create("db", Without), "transient"),
         (Remove("web.r1"), "ok"),
         (Inspect("web.r1"), "not_found"),
         // Removing what is gone succeeds: safe to run twice.
@@ -145,26 +152,33 @@ fn contract() -> Vec<(Call, &'static str)> {
         // Created again under the removed container's name: a new
         // execution; the ID is the documented difference (see
         // `created_again`).
-        (Create("web", true), "created again"),
+        (Create("web", With), "created again"),
         (Inspect("web.r1"), "running new"),
     ]
 }
 
+/// Which side of the contract a run is on, where they documentedly differ.
+#[derive(Clone, Copy)]
+enum Implementation {
+    Double,
+    Engine,
+}
+
 /// What a container created again under a removed one's name answers:
 /// the double reuses the ID (its IDs are names), the engines do not.
-fn created_again(double: bool) -> &'static str {
-    if double {
+fn created_again(subject: Implementation) -> &'static str {
+    if matches!(subject, Implementation::Double) {
         "ok same"
     } else {
         "ok new"
     }
 }
 
-fn expected(double: bool) -> Vec<String> {
+fn expected(subject: Implementation) -> Vec<String> {
     contract()
         .into_iter()
         .map(|(_, answer)| match answer {
-            "created again" => created_again(double).to_owned(),
+            "created again" => created_again(subject).to_owned(),
             other => other.to_owned(),
         })
         .collect()
@@ -215,9 +229,9 @@ impl Run<'_> {
             Err(e) => e.kind().to_string(),
         };
         match *call {
-            Call::Create(service, checked) => {
+            Call::Create(service, healthcheck) => {
                 let mut spec = httpd_spec(service);
-                if !checked {
+                if matches!(healthcheck, Healthcheck::Without) {
                     spec.healthcheck = None;
                 }
                 let request = create_request(&self.instance, spec, "r1");
@@ -327,8 +341,8 @@ async fn run(subject: &dyn Subject, instance: &str) -> Vec<String> {
     answers
 }
 
-fn assert_contract(answers: Vec<String>, double: bool) {
-    let expected = expected(double);
+fn assert_contract(answers: Vec<String>, subject: Implementation) {
+    let expected = expected(subject);
     assert_eq!(answers.len(), expected.len());
     let broken: Vec<String> = answers
         .iter()
@@ -384,7 +398,7 @@ async fn the_memory_double_keeps_the_runtime_contract() {
     let double = Double {
         runtime: MemoryRuntime::new(clock, Hooks::default()),
     };
-    assert_contract(run(&double, &unique("rc")).await, true);
+    assert_contract(run(&double, &unique("rc")).await, Implementation::Double);
 }
 
 // --- the engines --------------------------------------------------------------
@@ -478,7 +492,7 @@ impl Drop for Engine {
 async fn engine_keeps_the_contract(socket: &Path) {
     let instance = unique("rc");
     let engine = Engine::connect(socket, &instance).await;
-    assert_contract(run(&engine, &instance).await, false);
+    assert_contract(run(&engine, &instance).await, Implementation::Engine);
 }
 
 #[tokio::test]

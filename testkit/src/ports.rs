@@ -25,9 +25,9 @@ use stead::core::types::{
 };
 
 use stead::ports::{
-    Clock, CreateContainer, EventSubscription, HeldRoute, ManagedContainer, Notifier, NotifyError,
-    PlaneCheck, Policy, PolicyError, Probe, ProbeError, ProbeTarget, ProvisionError, Provisioner,
-    Release, ReleaseHealth, ReleaseSpec, ReleaseStatus, ReleaseTarget, Route, Runtime,
+    Clock, CreateContainer, EventSubscription, HeldRoute, HelmRelease, ManagedContainer, Notifier,
+    NotifyError, PlaneCheck, Policy, PolicyError, Probe, ProbeError, ProbeTarget, ProvisionError,
+    Provisioner, Release, ReleaseHealth, ReleaseSpec, ReleaseStatus, ReleaseTarget, Route, Runtime,
     RuntimeEvent, RuntimeEventAction, RuntimeEvents, ServiceKey, Traffic, TrafficError,
 };
 
@@ -757,8 +757,16 @@ impl Runtime for MemoryRuntime {
             .map_err(runtime_err)?;
         // A container that is not there is not started (Docker answers
         // 404): nothing is told of it, as of a stop or a remove.
-        self.read(id, |_| ()).ok_or(RuntimeError::NotFound)?;
+        let status = self.read(id, |c| c.status).ok_or(RuntimeError::NotFound)?;
+        // The call is judged (S1, E1) whatever the runtime makes of it.
         self.hooks.tell(|| Effect::Started { id: id.clone() });
+        // Starting a running (or paused) container is Docker's 304 "not
+        // modified": the same execution goes on, and the event stream says
+        // nothing (tests/runtime_contract.rs).
+        if matches!(status, ContainerStatus::Running | ContainerStatus::Paused) {
+            latency.answer().await;
+            return Ok(());
+        }
         self.run(id)?;
         self.emit(id, RuntimeEventAction::Start);
         latency.answer().await;
@@ -822,8 +830,14 @@ impl Runtime for MemoryRuntime {
             .gate(Op::Binds, id.as_str())
             .await
             .map_err(runtime_err)?;
-        self.read(id, |c| c.binds.clone())
-            .ok_or(RuntimeError::NotFound)
+        // Binds only of a running (or paused) container, as the Docker
+        // adapter reads them: Docker frees a stopped container's host
+        // ports (tests/runtime_contract.rs).
+        self.read(id, |c| match c.status {
+            ContainerStatus::Running | ContainerStatus::Paused => c.binds.clone(),
+            _ => Binds::new(),
+        })
+        .ok_or(RuntimeError::NotFound)
     }
 
     async fn list_managed(&self) -> Result<Vec<ManagedContainer>, RuntimeError> {
@@ -836,7 +850,9 @@ impl Runtime for MemoryRuntime {
                 instance: c.instance.clone(),
                 service: c.service.clone(),
                 status: c.status,
-                started_at: c.started_at,
+                // Docker's list does not report it (the Docker adapter's
+                // `list_managed`), so neither does this one.
+                started_at: None,
             })
             .collect();
         listed.sort_by(|a, b| a.id.cmp(&b.id));
@@ -874,7 +890,20 @@ impl Runtime for MemoryRuntime {
             .admit(Op::Create, id.as_str())
             .await
             .map_err(runtime_err)?;
-        if self.container(&id).is_some() {
+        if let Some(taken) = self.container(&id) {
+            // Adopted only when it is this very service's container, as
+            // the Docker adapter checks its labels; another's is refused
+            // (tests/runtime_contract.rs).
+            // Under the mutation exercise's colliding names the old
+            // scheme's adoption by name alone is what is exercised.
+            let owner_differs =
+                taken.instance != request.instance || taken.service != request.spec.name;
+            if owner_differs && !mutants::active(Mutant::DashedContainerNames) {
+                return Err(RuntimeError::Transient(format!(
+                    "container name {id:?} is taken by a container of {}/{}; refusing to adopt it",
+                    taken.instance, taken.service
+                )));
+            }
             latency.answer().await;
             return Ok(id);
         }
@@ -1130,26 +1159,40 @@ impl Probe for MemoryProbe {
             .runtime
             .container(id)
             .filter(|c| c.status == ContainerStatus::Running && c.started_at == target.started_at);
-        let ready = match (probe, &container) {
-            (_, None) => Err(ProbeError::Unreachable(format!(
+        let not_running = || {
+            format!(
                 "container {id} does not run the execution started at {:?}",
                 target.started_at
-            ))),
-            (ReadinessProbe::Log { pattern, timeout }, Some(c)) => {
-                let printed = c
-                    .log
-                    .iter()
-                    .any(|(execution, line)| *execution == c.started_at && line.contains(pattern));
-                printed.then_some(()).ok_or_else(|| {
-                    ProbeError::NotReady(format!(
-                        "container {id}: timed out after {} s waiting for a log line containing \
-                         {pattern:?}",
-                        timeout.as_secs_f64()
-                    ))
-                })
+            )
+        };
+        // The order of the real probes' checks (adapters/probe.rs and
+        // docker/logs.rs), and their kinds (tests/probe_contract.rs).
+        let ready = match probe {
+            ReadinessProbe::Log { pattern, timeout } => {
+                log_ready(id, target, pattern, *timeout, container.as_ref())
             }
-            (_, Some(c)) if c.ready && c.binds == target.binds => Ok(()),
-            (_, Some(_)) => Err(ProbeError::Unreachable("connection refused".into())),
+            ReadinessProbe::Http { path, .. } if !path.starts_with('/') => {
+                Err(ProbeError::Misconfigured(format!(
+                    "http probe path = {path:?} must start with '/'"
+                )))
+            }
+            ReadinessProbe::Http { port, .. } | ReadinessProbe::Tcp { port, .. }
+                if !target.binds.contains_key(port) =>
+            {
+                Err(ProbeError::Misconfigured(format!(
+                    "readiness port {port} has no bind on this container (binds: {:?})",
+                    target.binds
+                )))
+            }
+            // `None` included: the real probe passes it without a look, but
+            // the simulation renders no probe and lets this one stand for
+            // the one a catalog would set (docs/simulation.md, "The port
+            // contracts").
+            _ => match &container {
+                None => Err(ProbeError::Unreachable(not_running())),
+                Some(c) if c.ready && c.binds == target.binds => Ok(()),
+                Some(_) => Err(ProbeError::Unreachable("connection refused".into())),
+            },
         };
         if ready.is_ok() {
             self.hooks.tell(|| Effect::ProbePassed {
@@ -1160,6 +1203,47 @@ impl Probe for MemoryProbe {
         }
         ready
     }
+}
+
+/// A log probe's verdict against the in-memory runtime, as the Docker
+/// adapter's (`docker/logs.rs`) gives it: no start to tell executions
+/// apart by, another execution, or none, is not ready; a bad pattern is
+/// misconfigured; a line of this execution passes; otherwise the probe
+/// timed out.
+fn log_ready(
+    id: &ContainerId,
+    target: &ProbeTarget,
+    pattern: &str,
+    timeout: Duration,
+    container: Option<&MemContainer>,
+) -> Result<(), ProbeError> {
+    let Some(started_at) = target.started_at else {
+        return Err(ProbeError::NotReady(format!(
+            "container {id}: the runtime reported no start, so its execution's log lines \
+             cannot be told from an earlier one's"
+        )));
+    };
+    if pattern.is_empty() || pattern.len() > stead::core::catalog::LOG_PATTERN_LEN_MAX {
+        return Err(ProbeError::Misconfigured(format!(
+            "log probe pattern {pattern:?} must be 1 to {} bytes",
+            stead::core::catalog::LOG_PATTERN_LEN_MAX
+        )));
+    }
+    let Some(c) = container else {
+        return Err(ProbeError::NotReady(format!(
+            "container {id} does not run the execution started at {started_at}"
+        )));
+    };
+    let printed = c
+        .log
+        .iter()
+        .any(|(execution, line)| *execution == c.started_at && line.contains(pattern));
+    printed.then_some(()).ok_or_else(|| {
+        ProbeError::NotReady(format!(
+            "container {id}: timed out after {} s waiting for a log line containing {pattern:?}",
+            timeout.as_secs_f64()
+        ))
+    })
 }
 
 /// Grants: a set of revoked (instance, service) pairs.
@@ -1273,6 +1357,7 @@ impl Provisioner for MemoryProvisioner {
             ReleaseSpec::Docker { .. } => String::new(),
             ReleaseSpec::Helm(helm) => helm.chart_version.clone(),
         };
+        check_release_names(&target)?;
         let latency = self
             .hooks
             .admit(Op::Install, release)
@@ -1297,13 +1382,25 @@ impl Provisioner for MemoryProvisioner {
 
     async fn uninstall(&self, target: &ReleaseTarget) -> Result<(), ProvisionError> {
         let release = target.release.name.as_str();
+        check_release_names(target)?;
         let latency = self
             .hooks
             .admit(Op::Uninstall, release)
             .await
             .map_err(|f| ProvisionError::Unavailable(text_err(f)))?;
-        self.releases.lock().expect("poisoned").remove(release);
-        self.history.lock().expect("poisoned").remove(release);
+        // Only the release of that name in that namespace: one of the same
+        // name elsewhere is another release, as to helm
+        // (tests/provisioner_contract.rs).
+        {
+            let mut releases = self.releases.lock().expect("poisoned");
+            if releases
+                .get(release)
+                .is_some_and(|(namespace, _)| *namespace == target.release.namespace)
+            {
+                releases.remove(release);
+                self.history.lock().expect("poisoned").remove(release);
+            }
+        }
         self.hooks.tell(|| Effect::Uninstalled {
             release: release.to_owned(),
         });
@@ -1331,7 +1428,7 @@ impl Provisioner for MemoryProvisioner {
     async fn check_release(
         &self,
         target: &ReleaseTarget,
-        _tests: bool,
+        tests: bool,
     ) -> Result<ReleaseHealth, ProvisionError> {
         // Gated by an op of its own: a listing's is the drift check's
         // (C5), whose faults the simulation judges by the tick.
@@ -1348,11 +1445,32 @@ impl Provisioner for MemoryProvisioner {
             .map(|(_, version)| version.clone());
         Ok(match version {
             None => ReleaseHealth::Bad(format!("release {release} is gone")),
-            Some(v) if self.bad_versions.lock().expect("poisoned").contains(&v) => {
+            // A bad version's chart tests fail; its status stays deployed,
+            // so only a check that runs the tests finds it bad.
+            Some(v) if tests && self.bad_versions.lock().expect("poisoned").contains(&v) => {
                 ReleaseHealth::Bad(format!("release {release} at chart {v}: its tests fail"))
             }
             Some(_) => ReleaseHealth::Healthy,
         })
+    }
+
+    /// Helm's: a release already at the version is left alone (no new
+    /// revision); otherwise a new revision at it.
+    async fn roll_back(&self, release: &HelmRelease) -> Result<(), ProvisionError> {
+        let already = self
+            .releases
+            .lock()
+            .expect("poisoned")
+            .get(&release.name)
+            .is_some_and(|(namespace, version)| {
+                *namespace == release.namespace && *version == release.chart_version
+            });
+        if already {
+            check_release_names(&ReleaseSpec::Helm(release.clone()).target())?;
+            return Ok(());
+        }
+        self.install_or_upgrade(&ReleaseSpec::Helm(release.clone()))
+            .await
     }
 
     async fn roll_back_from(
@@ -1420,11 +1538,26 @@ impl Provisioner for MemoryProvisioner {
             .filter(|(namespace, _)| *namespace == target.release.namespace)
             .map(|(_, version)| ReleaseStatus {
                 status: "deployed".into(),
-                revision: 1,
+                // One revision per install, upgrade and rollback, as helm
+                // counts them (a foreign release has one).
+                revision: self
+                    .history
+                    .lock()
+                    .expect("poisoned")
+                    .get(&target.release.name)
+                    .map_or(1, |h| h.len().max(1) as u64),
                 chart: format!("chart-{version}"),
                 description: "Install complete".into(),
             }))
     }
+}
+
+/// Refuses a release name or namespace the Helm adapter would refuse
+/// before running helm: a release is named after its instance.
+fn check_release_names(target: &ReleaseTarget) -> Result<(), ProvisionError> {
+    names::check_instance_name("release", &target.release.name)
+        .and_then(|()| names::check_dns_label("namespace", &target.release.namespace))
+        .map_err(|e| ProvisionError::Refused(e.to_string()))
 }
 
 /// Records notifications.

@@ -2753,6 +2753,57 @@ async fn a_failed_candidate_removed_under_a_retirement_marker_takes_its_marker_w
     );
 }
 
+/// A halted type's reprovision puts back the version the instance records,
+/// not the catalog's: the catalog's is the version its rollout halted on,
+/// and installing it would upgrade a halted type (the simulation, seed
+/// 494: a Helm release its bake had rolled back came back at the broken
+/// version once it was uninstalled by hand).
+#[tokio::test]
+async fn a_halted_types_reprovision_puts_back_the_recorded_version_not_the_catalogs() {
+    let f = fixture();
+    let at_1 = Catalog::from_toml(
+        &CATALOG.replace("version = \"2\"", "version = \"1\""),
+        "catalog.toml",
+        &Grants::default(),
+    )
+    .unwrap();
+    for (catalog, at) in [(&at_1, 0), (&*f.catalog, 10)] {
+        let entry = catalog.get("wiki").unwrap();
+        f.store
+            .record_type_version(&TypeVersion {
+                service_type: "wiki".into(),
+                version: entry.version.clone(),
+                spec_digest: entry.spec_digest.clone(),
+                source: catalog.source_of("wiki").unwrap().to_owned(),
+                recorded_at: f.clock.now() + Duration::from_secs(at),
+            })
+            .await
+            .unwrap();
+    }
+    let instance = f.served("wiki1", "1").await;
+    let gone = f.web_container("wiki1").await;
+    f.store
+        .set_rollout(
+            "wiki",
+            RolloutState::Halted,
+            "operator",
+            stead::ports::Clock::now(f.clock.as_ref()),
+            None,
+        )
+        .await
+        .unwrap();
+    assert!(f.runtime.remove_by_hand(&gone));
+    f.enqueue(instance.id, TaskKind::Reprovision).await;
+    assert_eq!(f.worker().work_once().await.unwrap().1, TaskEnd::Done);
+    let row = f.store.instance(&instance.name).await.unwrap().unwrap();
+    assert_eq!(row.version, "1", "still the version the rollout halted at");
+    let back = f.web_container("wiki1").await;
+    assert!(
+        back.as_str().starts_with("stead.wiki1.web.1."),
+        "made at the recorded version: {back}"
+    );
+}
+
 /// #43: two tasks that run at once on one thread each log under their
 /// own trace id. A task's span was held entered across its awaits, so the
 /// other task's lines carried it too.

@@ -128,6 +128,29 @@ impl Worker {
         })
     }
 
+    /// What a halted type's reprovision puts back: the version the
+    /// instance records, as the daemon recorded it, not the catalog's. The
+    /// catalog's would upgrade a halted type, to the very version its
+    /// rollout halted on (simulation seed 494: a Helm release its bake had
+    /// rolled back, then uninstalled by hand, came back at the broken
+    /// version). A version never recorded falls back to the catalog's,
+    /// said at warn.
+    async fn held_entry(&self, instance: &Instance) -> Result<CatalogEntry, TaskError> {
+        match self.target_entry(instance, Some(&instance.version)).await {
+            Err(e) if e.kind() == ErrorKind::NotFound => {
+                tracing::warn!(
+                    instance = %instance.name,
+                    version = %instance.version,
+                    error = %e,
+                    "the rollout is halted but the instance's version was never recorded: \
+                     reprovisioned at the catalog's version"
+                );
+                self.entry(instance)
+            }
+            held => held,
+        }
+    }
+
     async fn handle_locked(&self, task: &Task) -> Result<(), TaskError> {
         let subject = format!("instance {}", task.instance);
         let read = |cause: Cause| TaskError::new(&subject, "read the instance", cause);
@@ -166,9 +189,12 @@ impl Worker {
         match task.kind {
             // While pinned, what is provisioned is the pinned version too.
             TaskKind::Provision | TaskKind::Reprovision => {
-                let entry = self
-                    .target_entry(&instance, rollout.pinned.as_deref())
-                    .await?;
+                let entry = match rollout.pinned.as_deref() {
+                    None if task.kind == TaskKind::Reprovision && rollout.halted => {
+                        self.held_entry(&instance).await?
+                    }
+                    pinned => self.target_entry(&instance, pinned).await?,
+                };
                 self.provision(&instance, entry, rollout.pinned.is_some())
                     .await
             }

@@ -14,6 +14,7 @@
 //! - [`fleet`]: steady fleets for the scale benchmark and round-trip tests.
 //! - [`mutants`]: the switch that arms one deliberately broken rule.
 
+pub mod explore;
 pub mod fleet;
 pub mod machine;
 pub mod metrics;

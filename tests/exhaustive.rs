@@ -12,6 +12,7 @@ use stead_testkit::explore::{self, depth_from_env, explore, Stats};
 
 /// Faults per path at the CI bound, per machine.
 const RECOVERY_DEPTH: usize = 2;
+const PASS_DEPTH: usize = 2;
 
 fn report(result: Result<Stats, Box<explore::Counterexample>>) {
     match result {
@@ -25,6 +26,14 @@ fn one_service_recovery_across_passes_holds_every_rule() {
     let depth = depth_from_env(RECOVERY_DEPTH);
     report(explore("recovery", depth, |ch| {
         explore::recovery::run(ch, None)
+    }));
+}
+
+#[test]
+fn one_instance_pass_with_a_pending_retirement_holds_every_rule() {
+    let depth = depth_from_env(PASS_DEPTH);
+    report(explore("instance pass", depth, |ch| {
+        explore::pass::run(ch, None)
     }));
 }
 
@@ -56,6 +65,24 @@ fn every_recovery_mutant_is_found() {
     for mutant in RECOVERY_MUTANTS {
         find("recovery", mutant, RECOVERY_DEPTH, |ch| {
             explore::recovery::run(ch, Some(mutant))
+        });
+    }
+}
+
+/// The mutants of the exercise that live in the instance pass (its own
+/// rules, and the retirement and revert rules it applies).
+const PASS_MUTANTS: [Mutant; 4] = [
+    Mutant::RetireBeforeSuccessorVerified,
+    Mutant::StartNonActive,
+    Mutant::ForgetProxyRoutes,
+    Mutant::RevertWithoutHalt,
+];
+
+#[test]
+fn every_pass_mutant_is_found() {
+    for mutant in PASS_MUTANTS {
+        find("instance pass", mutant, PASS_DEPTH, |ch| {
+            explore::pass::run(ch, Some(mutant))
         });
     }
 }

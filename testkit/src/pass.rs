@@ -557,7 +557,11 @@ pub fn run_pass_and_check_with(
         if let InstanceCommand::Service { key, .. } = &command {
             assert_eq!(
                 Some(&key.container),
-                input.active.services.get(&key.service).map(|a| &a.container),
+                input
+                    .active
+                    .services
+                    .get(&key.service)
+                    .map(|a| &a.container),
                 "R1/S1: recovered {} of {}, which ACTIVE does not name",
                 key.container,
                 key.service

@@ -13,6 +13,7 @@ use stead_testkit::explore::{self, depth_from_env, explore, Stats};
 /// Faults per path at the CI bound, per machine.
 const RECOVERY_DEPTH: usize = 2;
 const PASS_DEPTH: usize = 2;
+const UPGRADE_DEPTH: usize = 2;
 
 fn report(result: Result<Stats, Box<explore::Counterexample>>) {
     match result {
@@ -34,6 +35,14 @@ fn one_instance_pass_with_a_pending_retirement_holds_every_rule() {
     let depth = depth_from_env(PASS_DEPTH);
     report(explore("instance pass", depth, |ch| {
         explore::pass::run(ch, None)
+    }));
+}
+
+#[test]
+fn the_upgrade_with_crashes_and_resumptions_holds_every_rule() {
+    let depth = depth_from_env(UPGRADE_DEPTH);
+    report(explore("upgrade", depth, |ch| {
+        explore::upgrade::run(ch, None)
     }));
 }
 
@@ -85,4 +94,33 @@ fn every_pass_mutant_is_found() {
             explore::pass::run(ch, Some(mutant))
         });
     }
+}
+
+#[test]
+fn the_upgrade_mutant_is_found() {
+    find("upgrade", Mutant::OverlapStopFirst, UPGRADE_DEPTH, |ch| {
+        explore::upgrade::run(ch, Some(Mutant::OverlapStopFirst))
+    });
+}
+
+/// A finding of the explorer, reported and not fixed here (the core's
+/// behaviour is the lead's to change): an upgrade is all or nothing per
+/// instance within one run of the machine, but a crash of the driver after
+/// a service was switched, then a failure in the resumed run, leaves the
+/// instance half upgraded and ready. This asserts it is still found at
+/// depth 2; once fixed, this test fails and the strict check becomes the
+/// one `the_upgrade_with_crashes_and_resumptions_holds_every_rule` runs.
+#[test]
+fn known_finding_a_crash_then_a_failure_leaves_an_upgrade_half_done() {
+    let found = explore::shallowest("upgrade, all or nothing across crashes", 2, |ch| {
+        explore::upgrade::run_strict(ch)
+    })
+    .expect("all or nothing now holds across crashes: make it the default check");
+    println!("{found}");
+    assert_eq!(found.depth, 2);
+    assert!(
+        found.message.contains("all or nothing"),
+        "{}",
+        found.message
+    );
 }

@@ -13,7 +13,7 @@ use stead_testkit::explore::{self, depth_from_env, explore, Stats};
 /// Faults per path at the CI bound, per machine.
 const RECOVERY_DEPTH: usize = 2;
 const PASS_DEPTH: usize = 2;
-const UPGRADE_DEPTH: usize = 2;
+const UPGRADE_DEPTH: usize = 3;
 
 fn report(result: Result<Stats, Box<explore::Counterexample>>) {
     match result {

@@ -250,6 +250,8 @@ fn panic_message(payload: &(dyn std::any::Any + Send)) -> String {
 /// Runs `run` once per vector of choices with at most `depth` faults,
 /// depth-first. The first violation stops the exploration and
 /// comes back replayed, with its trace.
+// The wall time it took is reported, not decided by: no machine sees it.
+#[allow(clippy::disallowed_methods)]
 pub fn explore(
     name: &str,
     depth: usize,

@@ -55,7 +55,7 @@ use std::time::{Duration, Instant};
 pub fn depth_from_env(default: usize) -> usize {
     match std::env::var("STEAD_EXPLORE_DEPTH") {
         Ok(value) => value.trim().parse().unwrap_or_else(|_| {
-            panic!("STEAD_EXPLORE_DEPTH = {value:?}: not a number of choice points")
+            panic!("STEAD_EXPLORE_DEPTH = {value:?}: not a number of faults per path")
         }),
         Err(_) => default,
     }

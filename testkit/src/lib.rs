@@ -11,9 +11,12 @@
 //!   models and safety checkers shared by the property tests and the
 //!   cargo-fuzz targets. Their inputs are plain numbers, so proptest and
 //!   `arbitrary` can both produce them.
+//! - [`explore`]: the exhaustive bounded explorer of the recovery, the
+//!   pass and the upgrade (`tests/exhaustive.rs`), over the same checkers.
 //! - [`fleet`]: steady fleets for the scale benchmark and round-trip tests.
 //! - [`mutants`]: the switch that arms one deliberately broken rule.
 
+pub mod explore;
 pub mod fleet;
 pub mod machine;
 pub mod metrics;

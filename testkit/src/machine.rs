@@ -299,7 +299,7 @@ struct Checker<'a> {
 }
 
 impl<'a> Checker<'a> {
-    fn new(case: &'a Case) -> Self {
+    fn new(case: &'a Case, start: Timestamp) -> Self {
         let memory = &case.input.memory;
         Self {
             case,
@@ -319,7 +319,7 @@ impl<'a> Checker<'a> {
             last_withdraw: None,
             published_since_withdraw: false,
             last_policy_check: None,
-            last_outcome_at: base(),
+            last_outcome_at: start,
             decided_at: None,
             ready: Vec::new(),
             recorded: case.input.active.verified_started_at,
@@ -498,6 +498,26 @@ impl<'a> Checker<'a> {
             &Ok(Health::Unhealthy),
             "R12: restart only for health"
         );
+        // R12: the streak this unhealthy read makes, counted from the
+        // remembered one unless the first inspection saw a new execution
+        // (whose streak starts over).
+        let fresh = match &self.first_inspect {
+            Some((_, Ok(obs))) => {
+                obs.started_at.is_none() || obs.started_at != self.verified_at_start
+            }
+            _ => true,
+        };
+        let before = if fresh {
+            0
+        } else {
+            self.budget_at_start.unhealthy_streak()
+        };
+        assert!(
+            before + 1 >= self.case.policy.unhealthy_threshold,
+            "R12: restarted at an unhealthy streak of {} below the threshold {}",
+            before + 1,
+            self.case.policy.unhealthy_threshold
+        );
         assert!(
             self.budget_at_start.allow(decided_at),
             "S6: restart at {decided_at} while the budget forbids it"
@@ -506,6 +526,10 @@ impl<'a> Checker<'a> {
 
     fn check_publish(&self, binds: &Binds, started_at: Option<Timestamp>) {
         assert!(self.running(), "S3: a stopped instance is never published");
+        assert!(
+            !binds.is_empty(),
+            "R13: a service without ports is never routed (the proxy refuses it)"
+        );
         assert!(
             !self.withdrawal_pending(),
             "S2: publication while a withdrawal is pending"
@@ -632,17 +656,34 @@ impl<'a> Checker<'a> {
 /// `outcomes[n]` (the default seed once they run out), and asserts the
 /// safety properties after every step. Returns the report.
 pub fn run_and_check(case: &Case, outcomes: &[OutcomeSeed]) -> Report {
-    let mut machine = ServiceRecovery::new(&case.policy, case.input.clone());
-    let mut checker = Checker::new(case);
-    let mut now = base();
     let mut step = 0;
+    run_and_check_with(case, base(), |_, command, now| {
+        let seed = outcomes.get(step).copied().unwrap_or_default();
+        step += 1;
+        (
+            outcome_for(command, &seed, &case.input.active),
+            later(now, Duration::from_millis(u64::from(seed.took_ms))),
+        )
+    })
+}
+
+/// Runs one recovery of `case` beginning at `start`, answering each
+/// command with what `answer` gives (the outcome and the time it came;
+/// it sees the machine, for the exhaustive explorer's state count), and
+/// asserts the safety properties after every step. Returns the report.
+pub fn run_and_check_with(
+    case: &Case,
+    start: Timestamp,
+    mut answer: impl FnMut(&ServiceRecovery<'_>, &Command, Timestamp) -> (Outcome, Timestamp),
+) -> Report {
+    let mut machine = ServiceRecovery::new(&case.policy, case.input.clone());
+    let mut checker = Checker::new(case, start);
+    let mut now = start;
     while let Some(command) = machine.poll_command() {
         assert!(!machine.is_done(), "done with {command:?} outstanding");
         checker.command(&command);
-        let seed = outcomes.get(step).copied().unwrap_or_default();
-        step += 1;
-        now = later(now, Duration::from_millis(u64::from(seed.took_ms)));
-        let outcome = outcome_for(&command, &seed, &case.input.active);
+        let (outcome, at) = answer(&machine, &command, now);
+        now = at;
         checker.outcome(&outcome, now);
         machine.handle(outcome, now);
     }

@@ -22,7 +22,9 @@ use stead::core::bake::{self, RevertStep};
 use stead::core::errors::{StoreError, TrafficError};
 use stead::core::fleet::add;
 use stead::core::memory::InstanceMemory;
-use stead::core::pass::{Abandon, InstanceAnswer, InstanceCommand, InstancePass, PassInput};
+use stead::core::pass::{
+    Abandon, InstanceAnswer, InstanceCommand, InstancePass, InstanceReport, PassInput,
+};
 use stead::core::policy::RecoveryPolicy;
 use stead::core::recovery::{
     Command, GenerationMemory, Outcome, ServiceMemory, Verdict, COMMANDS_PER_RECOVERY_MAX,
@@ -358,7 +360,49 @@ pub fn run_pass_and_check(
     abandon_after: u8,
     steady: bool,
 ) -> (usize, bool) {
+    let default = OutcomeSeed::default();
     let input = &case.input;
+    let mut issued = 0usize;
+    let (report, reverted) = run_pass_and_check_with(case, |_, command| {
+        issued += 1;
+        let seed = if answers.is_empty() {
+            &default
+        } else {
+            &answers[(issued - 1) % answers.len()]
+        };
+        let answer = answer_for(command, seed, input, steady);
+        if abandon_after != 0 && issued == usize::from(abandon_after) {
+            Drive::AnswerThenAbandon(answer, Abandon::Deadline)
+        } else {
+            Drive::Answer(answer)
+        }
+    });
+    (report.retired.len(), reverted)
+}
+
+/// What the driver does with the command a pass asks for.
+#[derive(Debug)]
+pub enum Drive {
+    /// Performs it and hands the pass this answer.
+    Answer(InstanceAnswer),
+    /// Performs it, hands the pass this answer, then abandons the pass
+    /// (its deadline passed).
+    AnswerThenAbandon(InstanceAnswer, Abandon),
+    /// Does not perform it: the lease or the instance lock is no longer
+    /// trusted (T2, T3), so the pass is abandoned instead.
+    Abandon(Abandon),
+}
+
+/// Runs the pass, asking `drive` what to do with each command (it sees
+/// the pass, for the exhaustive explorer's state count), and panics on
+/// any violated property. Returns the pass's report and whether it
+/// reverted (#40).
+pub fn run_pass_and_check_with(
+    case: &PassCase,
+    mut drive: impl FnMut(&InstancePass<'_>, &InstanceCommand) -> Drive,
+) -> (InstanceReport, bool) {
+    let input = &case.input;
+    let mut abandoned = false;
     let mut pass = InstancePass::new(&case.policy, input.clone());
     let bound = input.active.services.len() * COMMANDS_PER_RECOVERY_MAX as usize
         + input.inhibitions.len() * 6
@@ -372,12 +416,12 @@ pub fn run_pass_and_check(
     let mut marker_service: Option<ServiceName> = None;
     let mut stops: Vec<(ServiceName, ContainerId)> = Vec::new();
     let mut issued = 0usize;
-    let default = OutcomeSeed::default();
     // #40: the predecessors kept while their successors bake, by container.
     let baking = || bake::baking(&input.inhibitions, &input.active, input.now);
     let bakes = |id: &ContainerId| baking().any(|(m, _, _)| &m.container == id);
     let baking_successor = baking().next().is_some();
     let mut reverts: Vec<RevertStep> = Vec::new();
+    let mut withdrawn_stale: Vec<ServiceKey> = Vec::new();
     while let Some(command) = pass.poll_command() {
         issued += 1;
         assert!(
@@ -493,6 +537,7 @@ pub fn run_pass_and_check(
                 );
             }
             InstanceCommand::WithdrawStale(key) => {
+                withdrawn_stale.push(key.clone());
                 assert!(
                     !input.active.services.contains_key(&key.service),
                     "withdrew the route of {} which ACTIVE names",
@@ -509,12 +554,28 @@ pub fn run_pass_and_check(
             }
             _ => {}
         }
-        let seed = if answers.is_empty() {
-            &default
-        } else {
-            &answers[(issued - 1) % answers.len()]
+        if let InstanceCommand::Service { key, .. } = &command {
+            assert_eq!(
+                Some(&key.container),
+                input
+                    .active
+                    .services
+                    .get(&key.service)
+                    .map(|a| &a.container),
+                "R1/S1: recovered {} of {}, which ACTIVE does not name",
+                key.container,
+                key.service
+            );
+        }
+        let (answer, then_abandon) = match drive(&pass, &command) {
+            Drive::Answer(answer) => (answer, None),
+            Drive::AnswerThenAbandon(answer, why) => (answer, Some(why)),
+            Drive::Abandon(why) => {
+                abandoned = true;
+                pass.abandon(why);
+                continue;
+            }
         };
-        let answer = answer_for(&command, seed, input, steady);
         match (&command, &answer) {
             (
                 InstanceCommand::StopPredecessor { generation, .. },
@@ -553,9 +614,10 @@ pub fn run_pass_and_check(
             }
             _ => {}
         }
-        pass.handle(answer, base());
-        if abandon_after != 0 && issued == usize::from(abandon_after) {
-            pass.abandon(Abandon::Deadline);
+        pass.handle(answer, input.now);
+        if let Some(why) = then_abandon {
+            abandoned = true;
+            pass.abandon(why);
             assert!(pass.poll_command().is_none(), "an abandoned pass went on");
         }
     }
@@ -572,7 +634,20 @@ pub fn run_pass_and_check(
                     && bake::fails_while_baking(r, successor).is_some()
             })
         });
-    if abandon_after == 0 {
+    if !abandoned {
+        // T5: every route the proxy held for a service ACTIVE does not
+        // name was withdrawn (or tried).
+        if let Some(held) = &input.held {
+            for key in held.keys() {
+                if !input.active.services.contains_key(&key.service) {
+                    assert!(
+                        withdrawn_stale.contains(key),
+                        "the stale route of {} was never withdrawn",
+                        key.service
+                    );
+                }
+            }
+        }
         assert_eq!(
             !reverts.is_empty(),
             failed,
@@ -630,5 +705,6 @@ pub fn run_pass_and_check(
             );
         }
     }
-    (report.retired.len(), !reverts.is_empty())
+    let reverted = !reverts.is_empty();
+    (report, reverted)
 }

@@ -37,7 +37,7 @@ use stead::core::fleet::InstanceState;
 use stead::core::provision::{WorkAnswer, WorkCommand};
 use stead::core::spec::{ReadinessProbe, ServiceSpec, UpdateStrategy};
 use stead::core::types::{
-    ActiveRecord, ActiveService, Binds, ContainerId, ContainerStatus, InhibitionReason,
+    ActiveRecord, ActiveService, Binds, ContainerId, ContainerStatus, Inhibition, InhibitionReason,
     InstanceName, Observation, RuntimeError, ServiceName, Timestamp,
 };
 use stead::core::upgrade::{
@@ -278,6 +278,30 @@ struct Seen {
 /// Runs the upgrade over `answers` (cycled) and panics on any violated
 /// property. Returns how many services were switched.
 pub fn run_upgrade_and_check(input: &UpgradeInput, answers: &[OutcomeSeed]) -> usize {
+    let default = OutcomeSeed::default();
+    run_upgrade_and_check_with(input, |_, command, issued, reverting| {
+        let seed = if answers.is_empty() || reverting {
+            &default
+        } else {
+            &answers[(issued - 1) % answers.len()]
+        };
+        Some(answer_for(command, seed))
+    })
+    .expect("no crash")
+}
+
+/// Runs the upgrade, answering each command with what `answer` gives
+/// (it sees the machine, for the exhaustive explorer's state count, the
+/// number of commands issued so far and whether the command is a step of
+/// putting back what it switched, other than a `stop-first` one), and panics on any violated property. `None`
+/// from `answer` is a crash of the driver after the command took effect,
+/// before its answer came: the run stops there, without the end-of-run
+/// checks, and returns `None`. Otherwise returns how many services were
+/// switched.
+pub fn run_upgrade_and_check_with(
+    input: &UpgradeInput,
+    mut answer: impl FnMut(&Upgrade, &UpgradeCommand, usize, bool) -> Option<UpgradeAnswer>,
+) -> Option<usize> {
     let mut upgrade = Upgrade::new(input.clone());
     let tries =
         (CANDIDATE_RUNNING_WAIT_MAX.as_millis() / UPGRADE_RETRY_INTERVAL.as_millis()) as usize;
@@ -297,7 +321,8 @@ pub fn run_upgrade_and_check(input: &UpgradeInput, answers: &[OutcomeSeed]) -> u
     let mut in_hand: Option<ServiceName> = None;
     let mut switched = Vec::new();
     let mut issued = 0usize;
-    let default = OutcomeSeed::default();
+    // What the sweep did to each stray container.
+    let mut swept: BTreeMap<ContainerId, Vec<&'static str>> = BTreeMap::new();
     let mut began = input.state != InstanceState::Ready;
     let mut version_set = false;
     let mut finished = false;
@@ -343,14 +368,36 @@ pub fn run_upgrade_and_check(input: &UpgradeInput, answers: &[OutcomeSeed]) -> u
         }
         first = false;
         if let UpgradeCommand::Retire(step) = &command {
+            if let Some(kind) = sweep_step(input, step).filter(|_| seen.is_empty()) {
+                // What an interrupted upgrade left of a listed service (a
+                // candidate, a hold of its own), tidied before any
+                // candidate is created: never ACTIVE's container nor one a
+                // marker or an operator's hold keeps; stopped before it is
+                // removed.
+                let answer = answer(&upgrade, &command, issued, false)?;
+                if let (Some(container), UpgradeAnswer::Retired(answered)) =
+                    (kind.container(), &answer)
+                {
+                    let done = swept.entry(container.clone()).or_default();
+                    if matches!(kind, Sweep::Remove(_)) {
+                        assert!(
+                            done.contains(&"stop"),
+                            "swept {container} before stopping it"
+                        );
+                    }
+                    if matches!(
+                        answered,
+                        WorkAnswer::Stopped(Ok(()) | Err(RuntimeError::NotFound))
+                    ) {
+                        done.push("stop");
+                    }
+                }
+                upgrade.handle(answer, base());
+                continue;
+            }
             if let Some(service) = listed_service(input, step) {
                 stop_first.check(input, &service, step, &seen, &switched, &restored);
-                let seed = if answers.is_empty() {
-                    &default
-                } else {
-                    &answers[(issued - 1) % answers.len()]
-                };
-                let answer = answer_for(&command, seed);
+                let answer = answer(&upgrade, &command, issued, false)?;
                 if let UpgradeAnswer::Retired(answered) = &answer {
                     stop_first.done(&service, step, answered, &seen);
                 }
@@ -418,7 +465,7 @@ pub fn run_upgrade_and_check(input: &UpgradeInput, answers: &[OutcomeSeed]) -> u
                 }
                 other => panic!("{other:?} while reverting"),
             }
-            let answer = answer_for(&command, &default);
+            let answer = answer(&upgrade, &command, issued, true)?;
             upgrade.handle(answer, base());
             continue;
         }
@@ -485,7 +532,7 @@ pub fn run_upgrade_and_check(input: &UpgradeInput, answers: &[OutcomeSeed]) -> u
             UpgradeCommand::Retire(step) if is_leftover(input, step) => {
                 let (service, container, kind) = leftover_step(step);
                 assert!(
-                    dropped.contains(&&service),
+                    !input.services.iter().any(|spec| spec.name == service),
                     "a leftover of {service}, which the catalog lists, touched: {step:?}"
                 );
                 assert!(
@@ -632,12 +679,7 @@ pub fn run_upgrade_and_check(input: &UpgradeInput, answers: &[OutcomeSeed]) -> u
             }
             _ => {}
         }
-        let seed = if answers.is_empty() {
-            &default
-        } else {
-            &answers[(issued - 1) % answers.len()]
-        };
-        let answer = answer_for(&command, seed);
+        let answer = answer(&upgrade, &command, issued, false)?;
         if let UpgradeCommand::MoveState {
             to: InstanceState::Upgrading,
             ..
@@ -737,7 +779,7 @@ pub fn run_upgrade_and_check(input: &UpgradeInput, answers: &[OutcomeSeed]) -> u
     match upgrade.into_report() {
         Ok(done) if input.stopped => {
             assert!(done.is_empty());
-            0
+            Some(0)
         }
         Ok(done) => {
             assert!(version_set, "a completed upgrade recorded its version");
@@ -786,7 +828,7 @@ pub fn run_upgrade_and_check(input: &UpgradeInput, answers: &[OutcomeSeed]) -> u
                     );
                 }
             }
-            done.len()
+            Some(done.len())
         }
         Err((done, _)) => {
             assert_eq!(done, switched);
@@ -801,7 +843,7 @@ pub fn run_upgrade_and_check(input: &UpgradeInput, answers: &[OutcomeSeed]) -> u
                 // dropped one, recording the version): the new version
                 // serves whole and the task is retried.
                 assert!(restored.is_empty(), "put back a whole new version");
-                return done.len();
+                return Some(done.len());
             }
             let mut put_back = restored.clone();
             put_back.sort();
@@ -816,7 +858,7 @@ pub fn run_upgrade_and_check(input: &UpgradeInput, answers: &[OutcomeSeed]) -> u
                     "a failed upgrade puts back every service it switched (all or nothing)"
                 );
             }
-            done.len()
+            Some(done.len())
         }
     }
 }
@@ -827,6 +869,64 @@ fn is_stop_first(input: &UpgradeInput, service: &ServiceName) -> bool {
         .services
         .iter()
         .any(|spec| &spec.name == service && spec.update == UpdateStrategy::StopFirst)
+}
+
+/// A sweep's step: what an interrupted upgrade left of a listed service.
+enum Sweep<'a> {
+    Stop(&'a ContainerId),
+    Remove(&'a ContainerId),
+    ClearHold,
+}
+
+impl Sweep<'_> {
+    fn container(&self) -> Option<&ContainerId> {
+        match self {
+            Sweep::Stop(c) | Sweep::Remove(c) => Some(c),
+            Sweep::ClearHold => None,
+        }
+    }
+}
+
+/// Whether `hold` is one an upgrade sets (`stop-first`, a dropped
+/// service's), not an operator's.
+fn upgrades_hold(hold: &Inhibition) -> bool {
+    matches!(&hold.reason, InhibitionReason::Hold(r)
+        if r == InhibitionReason::STOP_FIRST || r == InhibitionReason::SERVICE_DROPPED)
+}
+
+/// `step`, if it is a sweep's: the stop or removal of a container of a
+/// listed service that the runtime lists and that neither ACTIVE nor any
+/// marker or operator's hold names (a candidate a crash left behind), or
+/// the clearing of an upgrade's own hold the input carries.
+fn sweep_step<'a>(input: &UpgradeInput, step: &'a WorkCommand) -> Option<Sweep<'a>> {
+    let listed = |service: &ServiceName| input.services.iter().any(|s| &s.name == service);
+    let stray = |service: &ServiceName, container: &ContainerId| {
+        listed(service)
+            && input
+                .containers
+                .contains(&(service.clone(), container.clone()))
+            && !input.active.names_container(container)
+            && !input
+                .inhibitions
+                .iter()
+                .any(|h| &h.container == container && !upgrades_hold(h))
+    };
+    match step {
+        WorkCommand::Stop { generation, .. }
+            if stray(&generation.service, &generation.container) =>
+        {
+            Some(Sweep::Stop(&generation.container))
+        }
+        WorkCommand::Remove(generation) if stray(&generation.service, &generation.container) => {
+            Some(Sweep::Remove(&generation.container))
+        }
+        WorkCommand::ClearInhibition(hold)
+            if listed(&hold.service) && upgrades_hold(hold) && input.inhibitions.contains(hold) =>
+        {
+            Some(Sweep::ClearHold)
+        }
+        _ => None,
+    }
 }
 
 /// The listed service a teardown step touches, if it touches one: only a

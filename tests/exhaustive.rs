@@ -1,0 +1,126 @@
+//! Exhaustive bounded checking of the core's machines (issue #44,
+//! `docs/simulation.md`, "Exhaustive checking"): every sequence of port
+//! answers with at most a bounded number of faults, explored by
+//! `stead_testkit::explore`. Each test prints what it covered; a violation
+//! fails with its counterexample, a numbered list of steps.
+//!
+//! `STEAD_EXPLORE_DEPTH=N` explores every machine with N faults per path
+//! instead of the CI bound.
+
+use stead::core::broken::Mutant;
+use stead_testkit::explore::{self, depth_from_env, explore, Stats};
+
+/// Faults per path at the CI bound, per machine.
+const RECOVERY_DEPTH: usize = 2;
+const PASS_DEPTH: usize = 2;
+const UPGRADE_DEPTH: usize = 3;
+
+fn report(result: Result<Stats, Box<explore::Counterexample>>) {
+    match result {
+        Ok(stats) => println!("{stats}"),
+        Err(counterexample) => panic!("{counterexample}"),
+    }
+}
+
+#[test]
+fn one_service_recovery_across_passes_holds_every_rule() {
+    let depth = depth_from_env(RECOVERY_DEPTH);
+    report(explore("recovery", depth, |ch| {
+        explore::recovery::run(ch, None)
+    }));
+}
+
+#[test]
+fn one_instance_pass_with_a_pending_retirement_holds_every_rule() {
+    let depth = depth_from_env(PASS_DEPTH);
+    report(explore("instance pass", depth, |ch| {
+        explore::pass::run(ch, None)
+    }));
+}
+
+#[test]
+fn the_upgrade_with_crashes_and_resumptions_holds_every_rule() {
+    let depth = depth_from_env(UPGRADE_DEPTH);
+    report(explore("upgrade", depth, |ch| {
+        explore::upgrade::run(ch, None)
+    }));
+}
+
+/// The mutants of the exercise that live in the recovery machine.
+const RECOVERY_MUTANTS: [Mutant; 6] = [
+    Mutant::SkipWithdrawBeforeStart,
+    Mutant::PublishBeforeReadiness,
+    Mutant::ForgetCrashLoopCharge,
+    Mutant::PublishBeforeRecord,
+    Mutant::PublishPortless,
+    Mutant::RestartBeforeThreshold,
+];
+
+/// Finds `mutant` within `max_depth` faults with `run`, and prints at
+/// which depth and what broke.
+fn find(machine: &str, mutant: Mutant, max_depth: usize, run: impl Fn(&mut explore::Chooser)) {
+    let name = format!("{machine} with {mutant:?}");
+    let found = explore::shallowest(&name, max_depth, run)
+        .unwrap_or_else(|| panic!("{name}: not found within {max_depth} faults"));
+    let first = found.message.lines().next().unwrap_or_default();
+    println!(
+        "{mutant:?}: found by the {machine} explorer at depth {}: {first}",
+        found.depth
+    );
+}
+
+#[test]
+fn every_recovery_mutant_is_found() {
+    for mutant in RECOVERY_MUTANTS {
+        find("recovery", mutant, RECOVERY_DEPTH, |ch| {
+            explore::recovery::run(ch, Some(mutant))
+        });
+    }
+}
+
+/// The mutants of the exercise that live in the instance pass (its own
+/// rules, and the retirement and revert rules it applies).
+const PASS_MUTANTS: [Mutant; 4] = [
+    Mutant::RetireBeforeSuccessorVerified,
+    Mutant::StartNonActive,
+    Mutant::ForgetProxyRoutes,
+    Mutant::RevertWithoutHalt,
+];
+
+#[test]
+fn every_pass_mutant_is_found() {
+    for mutant in PASS_MUTANTS {
+        find("instance pass", mutant, PASS_DEPTH, |ch| {
+            explore::pass::run(ch, Some(mutant))
+        });
+    }
+}
+
+#[test]
+fn the_upgrade_mutant_is_found() {
+    find("upgrade", Mutant::OverlapStopFirst, UPGRADE_DEPTH, |ch| {
+        explore::upgrade::run(ch, Some(Mutant::OverlapStopFirst))
+    });
+}
+
+/// A finding of the explorer, reported and not fixed here (the core's
+/// behaviour is the lead's to change): an upgrade is all or nothing per
+/// instance within one run of the machine, but a crash of the driver after
+/// a service was switched, then a failure in the resumed run, leaves the
+/// instance half upgraded and ready. This asserts it is still found at
+/// depth 2; once fixed, this test fails and the strict check becomes the
+/// one `the_upgrade_with_crashes_and_resumptions_holds_every_rule` runs.
+#[test]
+fn known_finding_a_crash_then_a_failure_leaves_an_upgrade_half_done() {
+    let found = explore::shallowest("upgrade, all or nothing across crashes", 2, |ch| {
+        explore::upgrade::run_strict(ch)
+    })
+    .expect("all or nothing now holds across crashes: make it the default check");
+    println!("{found}");
+    assert_eq!(found.depth, 2);
+    assert!(
+        found.message.contains("all or nothing"),
+        "{}",
+        found.message
+    );
+}

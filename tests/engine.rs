@@ -2804,6 +2804,98 @@ async fn a_halted_types_reprovision_puts_back_the_recorded_version_not_the_catal
     );
 }
 
+/// A Helm type halted while one of its releases runs a version its
+/// instance does not record (an upgrade or a bake interrupted after `helm
+/// upgrade`: here the bake recorded the old version again and its rollback
+/// failed): the halted type's upgrade task puts the release back at the
+/// recorded version. The retry used to find the type halted and tidy
+/// nothing, leaving the release at the broken version for good (the
+/// simulation's fifty-instance day, seed 2, H2).
+#[tokio::test]
+async fn a_halted_helm_types_release_ahead_of_its_instance_is_put_back() {
+    let f = fixture();
+    let helm = |version: &str| {
+        Catalog::from_toml(
+            &format!(
+                "[types.search]\nversion = \"{version}\"\nprovisioner = \"helm\"\n\
+                 [types.search.helm]\nchart = \"charts/search\"\n"
+            ),
+            "catalog.toml",
+            &Grants::default(),
+        )
+        .unwrap()
+    };
+    let (at_1, at_2) = (helm("1"), helm("2"));
+    for (catalog, at) in [(&at_1, 0), (&at_2, 10)] {
+        let entry = catalog.get("search").unwrap();
+        f.store
+            .record_type_version(&TypeVersion {
+                service_type: "search".into(),
+                version: entry.version.clone(),
+                spec_digest: entry.spec_digest.clone(),
+                source: catalog.source_of("search").unwrap().to_owned(),
+                recorded_at: f.clock.now() + Duration::from_secs(at),
+            })
+            .await
+            .unwrap();
+    }
+    let instance = f
+        .store
+        .create_instance(
+            &NewInstance {
+                spec_digest: None,
+                parameters: Default::default(),
+                name: InstanceName::new("s1"),
+                team: "t".into(),
+                service_type: "search".into(),
+                version: "1".into(),
+                expires_at: None,
+                maintenance_window: None,
+            },
+            f.clock.now(),
+        )
+        .await
+        .unwrap();
+    f.enqueue(instance.id, TaskKind::Provision).await;
+    let (_, end) = f.worker_with(Arc::new(at_1)).work_once().await.unwrap();
+    assert_eq!(end, TaskEnd::Done);
+    assert_eq!(f.provisioner.release_versions()["s1"], "1");
+    // `helm upgrade` to 2 went through; the version was not recorded.
+    let entry = at_2.get("search").unwrap();
+    let stead::core::release::Provisioning::Helm(chart) = &entry.provisioning else {
+        panic!("a helm type")
+    };
+    let params = stead::core::release::ReleaseParams::of(&instance, "2");
+    let release = chart.release_of(&params, true).unwrap();
+    stead::ports::Provisioner::install_or_upgrade(
+        f.provisioner.as_ref(),
+        &stead::core::release::ReleaseSpec::Helm(release),
+    )
+    .await
+    .unwrap();
+    assert_eq!(f.provisioner.release_versions()["s1"], "2");
+    f.store
+        .set_rollout(
+            "search",
+            RolloutState::Halted,
+            "operator",
+            stead::ports::Clock::now(f.clock.as_ref()),
+            None,
+        )
+        .await
+        .unwrap();
+    f.enqueue(instance.id, TaskKind::Upgrade).await;
+    let (_, end) = f.worker_with(Arc::new(at_2)).work_once().await.unwrap();
+    assert_eq!(end, TaskEnd::Done);
+    assert_eq!(
+        f.provisioner.release_versions()["s1"],
+        "1",
+        "back at the version the instance records"
+    );
+    let row = f.store.instance(&instance.name).await.unwrap().unwrap();
+    assert_eq!(row.version, "1");
+}
+
 /// #43: two tasks that run at once on one thread each log under their
 /// own trace id. A task's span was held entered across its awaits, so the
 /// other task's lines carried it too.

@@ -80,11 +80,12 @@ fn every_recovery_mutant_is_found() {
 
 /// The mutants of the exercise that live in the instance pass (its own
 /// rules, and the retirement and revert rules it applies).
-const PASS_MUTANTS: [Mutant; 4] = [
+const PASS_MUTANTS: [Mutant; 5] = [
     Mutant::RetireBeforeSuccessorVerified,
     Mutant::StartNonActive,
     Mutant::ForgetProxyRoutes,
     Mutant::RevertWithoutHalt,
+    Mutant::RetireOnAnyExecution,
 ];
 
 #[test]
@@ -97,10 +98,16 @@ fn every_pass_mutant_is_found() {
 }
 
 #[test]
-fn the_upgrade_mutant_is_found() {
-    find("upgrade", Mutant::OverlapStopFirst, UPGRADE_DEPTH, |ch| {
-        explore::upgrade::run(ch, Some(Mutant::OverlapStopFirst))
-    });
+fn every_upgrade_mutant_is_found() {
+    for mutant in [
+        Mutant::OverlapStopFirst,
+        Mutant::DropOnFailedUpgrade,
+        Mutant::KeepDroppedRoute,
+    ] {
+        find("upgrade", mutant, UPGRADE_DEPTH, |ch| {
+            explore::upgrade::run(ch, Some(mutant))
+        });
+    }
 }
 
 /// A finding of the explorer, reported and not fixed here (the core's

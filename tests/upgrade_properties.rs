@@ -178,3 +178,46 @@ fn the_checker_catches_a_dropped_service_whose_route_stays() {
         "{message}"
     );
 }
+
+/// The commands a Helm release's upgrade issues, every one answered well.
+fn helm_upgrade_commands(bake: std::time::Duration) -> Vec<String> {
+    use stead::core::upgrade::{Upgrade, UpgradeAnswer, UpgradeCommand};
+    let mut input = upgrade_input(&[], false, true);
+    input.services.clear();
+    input.bake = bake;
+    input.release = Some(stead::core::release::HelmRelease {
+        name: "s1".into(),
+        namespace: "s1".into(),
+        chart: "charts/search".into(),
+        chart_version: "2".into(),
+        values: serde_json::json!({}),
+        atomic: true,
+    });
+    let mut upgrade = Upgrade::new(input);
+    let mut issued = Vec::new();
+    while let Some(command) = upgrade.poll_command() {
+        let answer = match &command {
+            UpgradeCommand::MoveState { .. } => UpgradeAnswer::StateMoved(Ok(())),
+            UpgradeCommand::UpgradeRelease(_) => UpgradeAnswer::ReleaseUpgraded(Ok(())),
+            UpgradeCommand::SetVersion { .. } => UpgradeAnswer::VersionSet(Ok(())),
+            other => panic!("a helm upgrade issued {other:?}"),
+        };
+        issued.push(format!("{command:?}").split([' ', '(']).next().unwrap().to_owned());
+        upgrade.handle(answer, machine::base());
+    }
+    issued
+}
+
+/// #40: a Helm release upgraded with a bake window records its version
+/// only once the bake held (the worker's, after the machine): recorded
+/// before, a retry after a lost lease mid-bake took the new version for
+/// the old, and its revert recorded it "again" while rolling the release
+/// back (simulation seed 54, H2). Without a bake it is recorded at once.
+#[test]
+fn a_baked_helm_upgrade_leaves_its_version_to_the_bake() {
+    let baked = helm_upgrade_commands(std::time::Duration::from_secs(60));
+    assert!(!baked.iter().any(|c| c == "SetVersion"), "{baked:?}");
+    assert!(baked.iter().any(|c| c == "UpgradeRelease"), "{baked:?}");
+    let unbaked = helm_upgrade_commands(std::time::Duration::ZERO);
+    assert!(unbaked.iter().any(|c| c == "SetVersion"), "{unbaked:?}");
+}

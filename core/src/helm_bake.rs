@@ -296,6 +296,11 @@ impl Machine for HelmBake {
     /// Stops the bake where it is: a release found bad and not yet rolled
     /// back stays for the task's retry to find again.
     fn abandon(&mut self, why: Abandon) {
+        // The command issued is dropped unanswered (the driver abandons
+        // before an effect it may not make): nothing is outstanding now
+        // (simulation seed 54: a rollback refused for a lost lease left
+        // the machine waiting for its answer, and the next poll panicked).
+        self.outstanding = false;
         if self.phase != Phase::Done {
             self.error = Some(TaskError::abandoned(&self.input.instance, why));
             self.phase = Phase::Done;
@@ -365,6 +370,36 @@ mod tests {
             }
         }
         panic!("the bake never ended");
+    }
+
+    /// The driver abandons a machine before an effect its mandate no
+    /// longer allows, with that command unanswered: the machine issues
+    /// nothing more and reports the abandon (simulation seed 54 found a
+    /// rollback refused so, and the next poll panicking).
+    #[test]
+    fn a_bake_abandoned_with_its_rollback_unanswered_issues_nothing_more() {
+        let mut machine = bake(60);
+        let mut now = at(1000);
+        loop {
+            match machine.poll_command() {
+                Some(HelmBakeCommand::RollBack { .. }) => break,
+                Some(HelmBakeCommand::Check { .. }) => machine.handle(
+                    HelmBakeAnswer::Checked(Ok(ReleaseHealth::Bad("tests fail".into()))),
+                    now,
+                ),
+                Some(HelmBakeCommand::RestoreVersion { .. }) => {
+                    machine.handle(HelmBakeAnswer::VersionRestored(Ok(())), now)
+                }
+                None => {
+                    now = machine.poll_timeout().expect("a check due");
+                    machine.handle_timeout(now);
+                }
+            }
+        }
+        machine.abandon(Abandon::MandateLost);
+        assert_eq!(machine.poll_command(), None);
+        assert_eq!(machine.poll_timeout(), None);
+        assert!(machine.into_report().is_err());
     }
 
     #[test]

@@ -308,6 +308,8 @@ pub struct Upgrade {
     pending: VecDeque<ServiceSpec>,
     /// A Helm release still to upgrade (taken when its command is issued).
     release: Option<HelmRelease>,
+    /// The upgrade is of a Helm release (whether issued yet or not).
+    had_release: bool,
     current: Option<(ServiceSpec, Step)>,
     /// The steps retiring dropped services, in order.
     retiring: VecDeque<WorkCommand>,
@@ -411,6 +413,7 @@ impl Upgrade {
             } else {
                 pending
             },
+            had_release: input.release.is_some(),
             release: input.release.filter(|_| !halted),
             current: None,
             retiring,
@@ -533,6 +536,17 @@ impl Upgrade {
         self.skipped_older_catalog
     }
 
+    /// A Helm release upgraded by a rollout with a bake window: its version
+    /// is recorded only once the bake held (the worker's, after this
+    /// machine). Recorded before, a retry after a crash or a lost lease
+    /// mid-bake would take the new version for the old, and a revert
+    /// would record it "again" while rolling the release back (simulation
+    /// seed 54, H2). Unrecorded, the instance is behind its release only
+    /// while its task runs, and a retry bakes again.
+    pub fn version_after_bake(&self) -> bool {
+        self.had_release && !self.bake.is_zero() && !self.pinned && !self.halted
+    }
+
     /// Where an upgrade goes once its services are done: finished (a
     /// halted tidy-up, or a failure with nothing switched), on to retire
     /// what the new version drops, or putting back what it switched.
@@ -618,7 +632,9 @@ impl Upgrade {
                             }
                             return Some(UpgradeCommand::Retire(step));
                         }
-                        None if self.error.is_some() => self.phase = Phase::Finish,
+                        None if self.error.is_some() || self.version_after_bake() => {
+                            self.phase = Phase::Finish
+                        }
                         None => self.phase = Phase::SetVersion,
                     }
                 }

@@ -209,7 +209,7 @@ async fn simulate(cfg: SimConfig, tally: crate::coverage::Tally) -> SimOutcome {
         catalog: Mutex::new(Arc::new({
             let catalog = sim_catalog(&actors, 1, false);
             checker.catalog_published(&catalog);
-            record_docker_type(store.as_ref(), &catalog, clock.now()).await;
+            record_types(store.as_ref(), &catalog, clock.now()).await;
             catalog
         })),
         policy: policy.clone(),
@@ -294,7 +294,7 @@ async fn simulate(cfg: SimConfig, tally: crate::coverage::Tally) -> SimOutcome {
             let security = rng.random_bool(0.2);
             let catalog = sim_catalog(&actors, version, security);
             checker.catalog_bumped(version, dropped, &catalog);
-            record_docker_type(store.as_ref(), &catalog, clock.now()).await;
+            record_types(store.as_ref(), &catalog, clock.now()).await;
             *shared.catalog.lock().expect("poisoned") = Arc::new(catalog);
             processes.adopt_pauses(&faults, &mut rng);
             processes.restart_all(&counts);
@@ -1740,22 +1740,74 @@ pub(crate) fn sim_catalog(actors: &Actors, number: u32, security: bool) -> Catal
     }))
 }
 
-/// What the daemons record as they load a catalog (#40): the Docker type's
-/// version as a catalog file defines it, for `rollout undo --to`. Best
-/// effort, as the daemon's: a store fault costs this recording.
-async fn record_docker_type(store: &MemoryStore, catalog: &Catalog, now: jiff::Timestamp) {
-    let Some(entry) = catalog.get(SERVICE_TYPE) else {
-        return;
+/// What the daemons record as they load a catalog (#40): each type's
+/// version as a catalog file defines it, for `rollout undo --to` and for
+/// putting a halted type's instance back as it was. Best effort, as the
+/// daemon's: a store fault costs this recording. (Until the Helm type was
+/// recorded too, a halted Helm release ahead of its instance could not be
+/// put back: the fifty-instance day's seed 2.)
+async fn record_types(store: &MemoryStore, catalog: &Catalog, now: jiff::Timestamp) {
+    let sources = [
+        catalog.get(SERVICE_TYPE).map(docker_type_source),
+        catalog.get(HELM_TYPE).map(helm_type_source),
+    ];
+    for (entry, source) in [SERVICE_TYPE, HELM_TYPE]
+        .iter()
+        .filter_map(|t| catalog.get(t))
+        .zip(sources.into_iter().flatten())
+    {
+        let _ = store
+            .record_type_version(&stead::ports::TypeVersion {
+                service_type: entry.service_type.clone(),
+                version: entry.version.clone(),
+                spec_digest: entry.spec_digest.clone(),
+                source,
+                recorded_at: now,
+            })
+            .await;
+    }
+}
+
+/// The simulated Helm type as a catalog file says it; read back through
+/// the catalog's parser it must be the very entry.
+pub(crate) fn helm_type_source(entry: &CatalogEntry) -> String {
+    use toml::{Table, Value};
+    let stead::core::release::Provisioning::Helm(chart) = &entry.provisioning else {
+        panic!("{} is not a Helm type", entry.service_type)
     };
-    let _ = store
-        .record_type_version(&stead::ports::TypeVersion {
-            service_type: SERVICE_TYPE.into(),
-            version: entry.version.clone(),
-            spec_digest: entry.spec_digest.clone(),
-            source: docker_type_source(entry),
-            recorded_at: now,
-        })
-        .await;
+    let mut helm = Table::new();
+    helm.insert("chart".into(), Value::String(chart.chart.clone()));
+    helm.insert(
+        "chart_version".into(),
+        Value::String(chart.chart_version.clone()),
+    );
+    helm.insert("namespace".into(), Value::String(chart.namespace.clone()));
+    let values: Table = toml::Table::try_from(&chart.values).expect("the values are a table");
+    helm.insert("values".into(), Value::Table(values));
+    let mut definition = Table::new();
+    definition.insert("version".into(), Value::String(entry.version.clone()));
+    definition.insert("security".into(), Value::Boolean(entry.security));
+    definition.insert(
+        "bake_ms".into(),
+        Value::Integer(entry.bake.as_millis() as i64),
+    );
+    definition.insert("provisioner".into(), Value::String("helm".into()));
+    definition.insert("helm".into(), Value::Table(helm));
+    let mut types = Table::new();
+    types.insert(entry.service_type.clone(), Value::Table(definition));
+    let mut file = Table::new();
+    file.insert("types".into(), Value::Table(types));
+    let source = toml::to_string(&file).expect("a TOML table renders");
+    let parsed = Catalog::from_toml(&source, "the simulated catalog", &Default::default())
+        .unwrap_or_else(|e| {
+            panic!("the sim's Helm type renders to a file that does not parse: {e}\n{source}")
+        });
+    assert_eq!(
+        parsed.get(&entry.service_type),
+        Some(entry),
+        "the sim's Helm type renders to another entry:\n{source}"
+    );
+    source
 }
 
 /// The simulated Docker type as a catalog file says it. Read back through

@@ -395,6 +395,22 @@ pub fn run_upgrade_and_check_with(
                 upgrade.handle(answer, base());
                 continue;
             }
+            if let WorkCommand::ClearInhibition(marker) = step {
+                // A candidate the create adopted under an earlier attempt's
+                // retirement marker (names are by revision) was removed:
+                // its marker goes with it (#40, simulation seed 424).
+                let removed_candidate =
+                    seen.get(&marker.service).and_then(|s| s.candidate.as_ref())
+                        == Some(&marker.container);
+                if marker.reason == InhibitionReason::RetirementPending
+                    && removed_candidate
+                    && input.inhibitions.contains(marker)
+                {
+                    let answer = answer(&upgrade, &command, issued, false)?;
+                    upgrade.handle(answer, base());
+                    continue;
+                }
+            }
             if let Some(service) = listed_service(input, step) {
                 stop_first.check(input, &service, step, &seen, &switched, &restored);
                 let answer = answer(&upgrade, &command, issued, false)?;

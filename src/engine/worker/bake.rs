@@ -22,6 +22,10 @@ pub(super) struct HelmBaking {
     /// The chart version it was upgraded to.
     chart_version: String,
     bake: Duration,
+    /// The version and spec digest the instance records once the bake
+    /// held (`Upgrade::version_after_bake`).
+    version: String,
+    spec_digest: String,
 }
 
 impl HelmBaking {
@@ -31,13 +35,16 @@ impl HelmBaking {
     pub(super) fn after(
         release: Option<&HelmRelease>,
         rollout: bool,
-        bake: Duration,
+        entry: &crate::core::catalog::CatalogEntry,
     ) -> Option<Self> {
+        let bake = entry.bake;
         let release = release.filter(|_| rollout && !bake.is_zero())?;
         Some(Self {
             release: ReleaseSpec::Helm(release.clone()).target(),
             chart_version: release.chart_version.clone(),
             bake,
+            version: entry.version.clone(),
+            spec_digest: entry.spec_digest.clone(),
         })
     }
 }
@@ -94,6 +101,8 @@ impl Worker {
             release,
             chart_version,
             bake,
+            version,
+            spec_digest,
         } = baking;
         let name = &instance.name;
         let mut machine = HelmBake::new(HelmBakeInput {
@@ -122,14 +131,19 @@ impl Worker {
             self.allowed(name).is_ok()
         })
         .await;
+        let record = || async {
+            self.record_version(instance, &version, &spec_digest)
+                .await
+                .map_err(|e| TaskError::new(name, "record the version its bake held", e))
+        };
         match machine.into_report()? {
             BakeVerdict::Held => {
-                tracing::info!(instance = %name, "helm release held through its bake");
-                Ok(())
+                tracing::info!(instance = %name, version = %version, "helm release held through its bake");
+                record().await
             }
             BakeVerdict::Unchecked(why) => {
-                tracing::warn!(instance = %name, "{why}; the upgrade stands");
-                Ok(())
+                tracing::warn!(instance = %name, version = %version, "{why}; the upgrade stands");
+                record().await
             }
             BakeVerdict::Reverted(reason) => {
                 let message = format!(

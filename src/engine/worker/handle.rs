@@ -133,9 +133,9 @@ impl Worker {
     /// catalog's would upgrade a halted type, to the very version its
     /// rollout halted on (simulation seed 494: a Helm release its bake had
     /// rolled back, then uninstalled by hand, came back at the broken
-    /// version). A version never recorded falls back to the catalog's,
-    /// said at warn.
-    async fn held_entry(&self, instance: &Instance) -> Result<CatalogEntry, TaskError> {
+    /// version). `None`, said at warn, for a version never recorded: the
+    /// caller decides what then.
+    async fn held_entry(&self, instance: &Instance) -> Result<Option<CatalogEntry>, TaskError> {
         match self.target_entry(instance, Some(&instance.version)).await {
             Err(e) if e.kind() == ErrorKind::NotFound => {
                 tracing::warn!(
@@ -143,11 +143,31 @@ impl Worker {
                     version = %instance.version,
                     error = %e,
                     "the rollout is halted but the instance's version was never recorded: \
-                     reprovisioned at the catalog's version"
+                     it cannot be put back as it was"
                 );
-                self.entry(instance)
+                Ok(None)
             }
-            held => held,
+            held => held.map(Some),
+        }
+    }
+
+    /// A halted Helm type's release is put back at the version its
+    /// instance records, if it runs another (`helm rollback`, nothing when
+    /// it is there already): an upgrade or a bake interrupted after `helm
+    /// upgrade` leaves it at the halted version (the fifty-instance day's
+    /// seed 2: a bake recorded the old version again, its rollback failed,
+    /// and the retry found the type halted and tidied nothing). A Docker
+    /// type's services are tidied by the upgrade's sweep.
+    async fn hold_helm_release(&self, instance: &Instance) -> Result<(), TaskError> {
+        if !matches!(
+            self.entry(instance)?.provisioning,
+            crate::core::release::Provisioning::Helm(_)
+        ) {
+            return Ok(());
+        }
+        match self.held_entry(instance).await? {
+            Some(held) => self.upgrade(instance, held, UpgradeMode::Pinned).await,
+            None => Ok(()),
         }
     }
 
@@ -191,7 +211,10 @@ impl Worker {
             TaskKind::Provision | TaskKind::Reprovision => {
                 let entry = match rollout.pinned.as_deref() {
                     None if task.kind == TaskKind::Reprovision && rollout.halted => {
-                        self.held_entry(&instance).await?
+                        match self.held_entry(&instance).await? {
+                            Some(held) => held,
+                            None => self.entry(&instance)?,
+                        }
                     }
                     pinned => self.target_entry(&instance, pinned).await?,
                 };
@@ -206,7 +229,7 @@ impl Worker {
                     .await?;
                 self.undo(&instance).await?;
                 let Some(version) = rollout.pinned.as_deref() else {
-                    return Ok(());
+                    return self.hold_helm_release(&instance).await;
                 };
                 let entry = self.target_entry(&instance, Some(version)).await?;
                 // Re-read: the undo may have moved its version.

@@ -110,7 +110,7 @@ impl Worker {
     /// a provision and an upgrade alike. Two writes: a crash between them
     /// leaves the old digest, so the next tick plans an upgrade that finds
     /// every service at its revision and records it again.
-    async fn record_version(
+    pub(super) async fn record_version(
         &self,
         instance: &Instance,
         version: &str,

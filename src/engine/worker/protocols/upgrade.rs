@@ -80,7 +80,7 @@ impl Worker {
         } else {
             Vec::new()
         };
-        let baking = HelmBaking::after(release.as_ref(), mode == UpgradeMode::Rollout, entry.bake);
+        let baking = HelmBaking::after(release.as_ref(), mode == UpgradeMode::Rollout, &entry);
         let mut upgrade = Upgrade::new(UpgradeInput {
             release,
             inhibitions,

@@ -1642,8 +1642,22 @@ async fn queued_tasks_are_cancelled_one_by_id_or_a_types_upgrades_at_once(s: Tes
         .cancel_queued_task(9_999, "cancelled: x", t(4))
         .await
         .unwrap());
+    // An upgrade that began and waits for its retry is left for that
+    // retry, which runs halted and tidies what its attempt left.
+    assert!(store
+        .retry(ids[0], "w", t(9), "helm timed out", t(4))
+        .await
+        .unwrap());
+    assert_eq!(
+        store
+            .cancel_queued_upgrades("wiki", "cancelled: halted", t(5))
+            .await
+            .unwrap(),
+        Vec::<i64>::new(),
+        "a begun upgrade is not cancelled"
+    );
     for (id, state, error) in [
-        (ids[0], TaskState::Running, None),
+        (ids[0], TaskState::Queued, Some("helm timed out")),
         (ids[1], TaskState::Failed, Some("cancelled: halted")),
         (ids[2], TaskState::Queued, None),
         (ids[3], TaskState::Failed, Some("cancelled: x")),

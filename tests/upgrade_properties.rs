@@ -202,7 +202,13 @@ fn helm_upgrade_commands(bake: std::time::Duration) -> Vec<String> {
             UpgradeCommand::SetVersion { .. } => UpgradeAnswer::VersionSet(Ok(())),
             other => panic!("a helm upgrade issued {other:?}"),
         };
-        issued.push(format!("{command:?}").split([' ', '(']).next().unwrap().to_owned());
+        issued.push(
+            format!("{command:?}")
+                .split([' ', '('])
+                .next()
+                .unwrap()
+                .to_owned(),
+        );
         upgrade.handle(answer, machine::base());
     }
     issued

@@ -738,7 +738,10 @@ pub trait Store: Send + Sync {
         now: Timestamp,
     ) -> Result<bool, StoreError>;
     /// Cancels every queued upgrade of an instance of `service_type` (a
-    /// halted rollout, C8). Returns their ids, in order.
+    /// halted rollout, C8) that has not begun. One that has (a retry
+    /// waiting) runs once more, halted: it tidies what its attempts left
+    /// (a candidate, a Helm release upgraded but not yet baked, put back
+    /// at the version the instance records). Returns their ids, in order.
     async fn cancel_queued_upgrades(
         &self,
         service_type: &str,

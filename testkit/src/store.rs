@@ -1577,6 +1577,7 @@ impl Store for MemoryStore {
         for task in state.tasks.values_mut() {
             if task.state == TaskState::Queued
                 && task.kind == TaskKind::Upgrade
+                && task.attempts == 0
                 && of_type.contains(&task.instance)
             {
                 task.state = TaskState::Failed;

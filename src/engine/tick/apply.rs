@@ -49,8 +49,16 @@ impl Reconciler {
         let now = self.ports.clock.now();
         let mut errors = Vec::new();
         let mut lease_reset = false;
+        let halted_since = self.halted_since(decisions, snapshot).await;
         for decision in decisions {
             let result = match decision {
+                Decision::Enqueue(task) if halted_since.contains(&task.instance) => {
+                    tracing::info!(
+                        instance = %instance_name(snapshot, task.instance),
+                        "upgrade not queued: its type's rollout halted during this tick (C8)"
+                    );
+                    Ok(())
+                }
                 Decision::Enqueue(task) => {
                     self.enqueue(check, task, fence, out, snapshot, now).await
                 }

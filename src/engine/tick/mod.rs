@@ -24,6 +24,7 @@ use super::{Ports, SharedCatalog};
 
 mod apply;
 mod control;
+mod halted;
 mod leadership;
 mod lost;
 mod outcome;

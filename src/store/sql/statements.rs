@@ -186,7 +186,7 @@ pub const CANCEL_QUEUED_TASK: &str = "UPDATE tasks \
 /// up without upgrading (#40).
 pub const CANCEL_QUEUED_UPGRADES: &str = "UPDATE tasks \
      SET state = 'failed', last_error = $2, updated_at_us = $3 \
-     WHERE state = 'queued' AND kind = 'upgrade' \
+     WHERE state = 'queued' AND kind = 'upgrade' AND attempts = 0 \
        AND instance_id IN \
          (SELECT id FROM instances WHERE service_type = $1 AND state <> 'upgrading') \
      RETURNING id";

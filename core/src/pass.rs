@@ -50,7 +50,7 @@ use super::types::{
 };
 
 /// What one instance's pass starts from, all loaded under its lock.
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, serde::Serialize, serde::Deserialize)]
 pub struct PassInput {
     pub instance: InstanceName,
     pub intent: Intent,
@@ -69,7 +69,7 @@ pub struct PassInput {
 }
 
 /// One effect the driver must perform.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub enum InstanceCommand {
     /// A step of one service's recovery, on that exact generation. The
     /// key is shared by every step of the service (a steady service takes
@@ -133,7 +133,7 @@ impl InstanceCommand {
 }
 
 /// The result of performing an [`InstanceCommand`], variant for variant.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub enum InstanceAnswer {
     Service(Outcome),
     SuccessorInspected(Result<Observation, RuntimeError>),

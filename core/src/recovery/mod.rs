@@ -42,7 +42,7 @@ pub const COMMANDS_PER_RECOVERY_MAX: u32 = 24;
 /// Everything the recovery pass remembers about one generation between
 /// passes. Volatile by design (R17), except `verified_started_at`, which
 /// the engine also persists.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct GenerationMemory {
     pub budget: Option<BudgetEntry>,
     /// The last execution this daemon verified and routed.

@@ -1,0 +1,277 @@
+//! `stead replay` (issue #44): a flight recording (`core::record`) run
+//! again through the same machine ([`InstancePass`]) and the same driver
+//! ([`drive`]), the recorded answers and instants in place of the ports
+//! and the clock. Deterministic: nothing here waits, and the first command
+//! the machine decides otherwise than it did stops the replay.
+
+use std::fmt;
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use futures_util::FutureExt;
+
+use crate::core::machine::{Abandon, MachineCommand};
+use crate::core::memory::InstanceMemory;
+use crate::core::pass::{InstanceAnswer, InstanceCommand, InstancePass};
+use crate::core::record::{Described, RecordedPass, RecordedStep, FORMAT};
+use crate::core::types::{InstanceName, Timestamp};
+use crate::ports::Clock;
+
+use super::drive::{drive, Performer};
+
+/// What a replay found.
+#[derive(Debug)]
+pub struct Replayed {
+    /// Passes replayed whole with the same decisions.
+    pub passes: usize,
+    /// Steps those passes took.
+    pub steps: usize,
+    /// The first place the replayed machine decided otherwise, if any.
+    pub divergence: Option<Divergence>,
+}
+
+/// Where a replayed pass first parted from its recording.
+#[derive(Debug)]
+pub struct Divergence {
+    /// The pass: its line in the recording, from 1.
+    pub pass: usize,
+    pub instance: InstanceName,
+    /// The step, from 1.
+    pub step: usize,
+    pub what: Diverged,
+}
+
+/// How the replayed pass parted from its recording.
+#[derive(Debug)]
+pub enum Diverged {
+    /// The machine asked for another command than the recorded one.
+    Command {
+        recorded: InstanceCommand,
+        decided: InstanceCommand,
+    },
+    /// The machine asked for a command after the recorded pass ended.
+    Extra { decided: InstanceCommand },
+    /// The machine finished where the recording goes on.
+    Finished { recorded: InstanceCommand },
+    /// The pass was abandoned otherwise than it was recorded.
+    Abandoned {
+        recorded: Option<Abandon>,
+        replayed: Option<Abandon>,
+    },
+    /// Same steps, but the memory left differs.
+    Memory {
+        recorded: Box<InstanceMemory>,
+        replayed: Box<InstanceMemory>,
+    },
+}
+
+impl fmt::Display for Divergence {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let (pass, step, instance) = (self.pass, self.step, &self.instance);
+        write!(f, "pass {pass} (instance {instance}), step {step}: ")?;
+        match &self.what {
+            Diverged::Command { recorded, decided } => write!(
+                f,
+                "recorded `{}`, the replay decided `{}`",
+                Described(recorded),
+                Described(decided)
+            ),
+            Diverged::Extra { decided } => write!(
+                f,
+                "the recorded pass ended here, the replay decided `{}`",
+                Described(decided)
+            ),
+            Diverged::Finished { recorded } => write!(
+                f,
+                "recorded `{}`, the replay decided nothing more",
+                Described(recorded)
+            ),
+            Diverged::Abandoned { recorded, replayed } => write!(
+                f,
+                "recorded abandoned: {}, replayed abandoned: {}",
+                Why(*recorded),
+                Why(*replayed)
+            ),
+            Diverged::Memory { recorded, replayed } => write!(
+                f,
+                "the same steps left another memory: recorded {recorded:?}, replayed {replayed:?}"
+            ),
+        }
+    }
+}
+
+struct Why(Option<Abandon>);
+
+impl fmt::Display for Why {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.0.map_or("no", Abandon::describe))
+    }
+}
+
+/// A recording that cannot be read: its line and what is wrong there.
+#[derive(Debug, thiserror::Error)]
+#[error("line {line}: {problem}")]
+pub struct BadRecording {
+    pub line: usize,
+    pub problem: String,
+}
+
+/// Reads every line of `recording` (blank lines skipped) and replays it.
+pub fn replay(recording: &str) -> Result<Replayed, BadRecording> {
+    let passes = recording
+        .lines()
+        .enumerate()
+        .filter(|(_, text)| !text.trim().is_empty())
+        .map(|(at, text)| read_line(at + 1, text).map(|pass| (at + 1, pass)))
+        .collect::<Result<Vec<_>, _>>()?;
+    let mut replayed = Replayed {
+        passes: 0,
+        steps: 0,
+        divergence: None,
+    };
+    for (line, pass) in &passes {
+        if let Err(what) = replay_pass(pass) {
+            replayed.divergence = Some(Divergence {
+                pass: *line,
+                instance: pass.input.instance.clone(),
+                step: what.0 + 1,
+                what: what.1,
+            });
+            return Ok(replayed);
+        }
+        replayed.passes += 1;
+        replayed.steps += pass.steps.len();
+    }
+    Ok(replayed)
+}
+
+/// One line, or what is wrong with it, naming the field.
+pub fn read_line(line: usize, text: &str) -> Result<RecordedPass, BadRecording> {
+    let bad = |problem: String| BadRecording { line, problem };
+    let deserializer = &mut serde_json::Deserializer::from_str(text);
+    let pass: RecordedPass = serde_path_to_error::deserialize(deserializer).map_err(|e| {
+        let path = e.path().to_string();
+        match path.as_str() {
+            "." => bad(e.into_inner().to_string()),
+            _ => bad(format!("{path}: {}", e.into_inner())),
+        }
+    })?;
+    if pass.format != FORMAT {
+        return Err(bad(format!(
+            "format = {}: this stead reads format {FORMAT}",
+            pass.format
+        )));
+    }
+    Ok(pass)
+}
+
+/// Runs one recorded pass again; the step index and how it parted, if it
+/// did.
+fn replay_pass(recorded: &RecordedPass) -> Result<(), (usize, Diverged)> {
+    let at = AtomicUsize::new(0);
+    let mut machine = InstancePass::new(&recorded.policy, recorded.input.clone());
+    let mut performer = Answers {
+        steps: &recorded.steps,
+        at: &at,
+        deadline: recorded.abandoned == Some(Abandon::Deadline),
+        parted: None,
+    };
+    let clock = Instants {
+        steps: &recorded.steps,
+        at: &at,
+        began: recorded.input.now,
+    };
+    let lost = recorded.abandoned == Some(Abandon::MandateLost);
+    // An effect is issued while the mandate held: when the recording goes
+    // on with one here. Otherwise the recorded driver was refused here,
+    // if it lost its mandate; if not, the machine parts from it (below).
+    let trusted = || match recorded.steps.get(at.load(Ordering::Relaxed)) {
+        Some(step) => step.command.is_effect() || !lost,
+        None => !lost,
+    };
+    // Nothing waits: the performer answers at once or, past where the
+    // recording went, never (the pass ends there).
+    let driven = drive(&mut machine, &mut performer, &clock, trusted).now_or_never();
+    let step = at.load(Ordering::Relaxed);
+    let abandoned = match (driven, performer.parted) {
+        (_, Some(parted)) => return Err((step, parted)),
+        (Some(abandoned), None) => abandoned,
+        // Pending with no parting: a machine that waits (an instance
+        // pass never does); the deadline the recording ended on.
+        (None, None) => {
+            machine.abandon(Abandon::Deadline);
+            Some(Abandon::Deadline)
+        }
+    };
+    if let Some(rest) = recorded.steps.get(step) {
+        let recorded = rest.command.clone();
+        return Err((step, Diverged::Finished { recorded }));
+    }
+    if abandoned != recorded.abandoned {
+        let (recorded, replayed) = (recorded.abandoned, abandoned);
+        return Err((step, Diverged::Abandoned { recorded, replayed }));
+    }
+    let memory = machine.into_report().memory;
+    if memory != recorded.after {
+        return Err((
+            step,
+            Diverged::Memory {
+                recorded: Box::new(recorded.after.clone()),
+                replayed: Box::new(memory),
+            },
+        ));
+    }
+    Ok(())
+}
+
+/// Answers each command from the recording, while the machine asks for
+/// what was recorded.
+struct Answers<'r> {
+    steps: &'r [RecordedStep],
+    at: &'r AtomicUsize,
+    /// The recorded pass ended on its deadline.
+    deadline: bool,
+    parted: Option<Diverged>,
+}
+
+impl Performer<InstancePass<'_>> for Answers<'_> {
+    async fn perform(&mut self, _: &InstancePass<'_>, command: &InstanceCommand) -> InstanceAnswer {
+        match self.steps.get(self.at.load(Ordering::Relaxed)) {
+            Some(step) if step.command == *command => return step.answer.clone(),
+            Some(step) => {
+                self.parted = Some(Diverged::Command {
+                    recorded: step.command.clone(),
+                    decided: command.clone(),
+                });
+            }
+            // The recorded pass ran out of time on a command in flight
+            // here (no step was recorded for it): the same is left
+            // unanswered. Otherwise the machine asks for more than it did.
+            None if self.deadline => {}
+            None => {
+                self.parted = Some(Diverged::Extra {
+                    decided: command.clone(),
+                });
+            }
+        }
+        std::future::pending().await
+    }
+
+    fn performed(&mut self, _: InstanceCommand, _: &InstanceAnswer, _: Timestamp) {
+        self.at.fetch_add(1, Ordering::Relaxed);
+    }
+}
+
+/// The recorded instants: the one handed with each answer.
+struct Instants<'r> {
+    steps: &'r [RecordedStep],
+    at: &'r AtomicUsize,
+    began: Timestamp,
+}
+
+impl Clock for Instants<'_> {
+    fn now(&self) -> Timestamp {
+        self.steps
+            .get(self.at.load(Ordering::Relaxed))
+            .map_or(self.began, |step| step.now)
+    }
+}

@@ -3469,6 +3469,7 @@ mod flight {
         let mut value: serde_json::Value = serde_json::from_str(&lines[0]).unwrap();
         value["steps"][start]["command"]["Service"]["command"] =
             serde_json::json!({"Stop": {"grace": {"secs": 10, "nanos": 0}}});
+        value["steps"][start]["answer"] = serde_json::json!({"Service": {"Stopped": {"Ok": null}}});
         let divergence = replay(&value.to_string()).unwrap().divergence.unwrap();
         assert_eq!(
             (divergence.pass, divergence.step),
@@ -3532,6 +3533,13 @@ mod flight {
         value["steps"][0]["now"] = serde_json::json!("yesterday");
         let e = replay(&value.to_string()).unwrap_err().to_string();
         assert!(e.starts_with("line 1: steps[0].now: "), "{e}");
+        let mut wrong: serde_json::Value = serde_json::from_str(&lines[0]).unwrap();
+        wrong["steps"][0]["answer"] = serde_json::json!({"Service": {"Started": {"Ok": null}}});
+        let e = replay(&wrong.to_string()).unwrap_err().to_string();
+        assert!(
+            e.starts_with("line 1: steps[0].answer: ") && e.contains("does not answer"),
+            "{e}"
+        );
         value["format"] = serde_json::json!(9);
         value["steps"][0]["now"] = serde_json::json!(lines.len());
         let e = read_line(4, &value.to_string()).unwrap_err().to_string();

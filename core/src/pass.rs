@@ -160,6 +160,28 @@ impl InstanceAnswer {
             Self::Reverted(r) => r.as_ref().err().and_then(|c| Some((c.port()?, c.kind()))),
         }
     }
+
+    /// Whether this is the kind of answer `command` is answered with (a
+    /// replayed recording is checked by it: the machine is never fed
+    /// another).
+    pub fn answers(&self, command: &InstanceCommand) -> bool {
+        use InstanceCommand as C;
+        match (self, command) {
+            (Self::Service(outcome), C::Service { command, .. }) => {
+                super::recovery::outcome_answers(outcome, command)
+            }
+            (Self::SuccessorInspected(_), C::InspectSuccessor(_))
+            | (Self::PredecessorInspected(_), C::InspectPredecessor(_))
+            | (Self::RoutesRead(_), C::ReadRoutes)
+            | (Self::PredecessorStopped(_), C::StopPredecessor { .. })
+            | (Self::PredecessorRemoved(_), C::RemovePredecessor(_))
+            | (Self::ClaimsReleased(_), C::ReleaseClaims(_))
+            | (Self::MarkerCleared(_), C::ClearMarker(_))
+            | (Self::StaleWithdrawn(_), C::WithdrawStale(_))
+            | (Self::Reverted(_), C::Revert { .. }) => true,
+            _ => false,
+        }
+    }
 }
 
 /// One failure of an instance's pass, naming the instance and what in it

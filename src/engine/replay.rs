@@ -129,7 +129,23 @@ pub fn replay(recording: &str) -> Result<Replayed, BadRecording> {
         divergence: None,
     };
     for (line, pass) in &passes {
-        if let Err(what) = replay_pass(pass) {
+        // A recording the machine cannot take (an ACTIVE or memory that
+        // contradicts itself, written by hand) is bad input, not a crash.
+        let replayed_pass =
+            std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| replay_pass(pass))).map_err(
+                |panic| BadRecording {
+                    line: *line,
+                    problem: format!(
+                        "the machine cannot run this pass: {}",
+                        panic
+                            .downcast_ref::<String>()
+                            .map(String::as_str)
+                            .or_else(|| panic.downcast_ref::<&str>().copied())
+                            .unwrap_or("it stopped")
+                    ),
+                },
+            )?;
+        if let Err(what) = replayed_pass {
             replayed.divergence = Some(Divergence {
                 pass: *line,
                 instance: pass.input.instance.clone(),
@@ -159,6 +175,16 @@ pub fn read_line(line: usize, text: &str) -> Result<RecordedPass, BadRecording> 
         return Err(bad(format!(
             "format = {}: this stead reads format {FORMAT}",
             pass.format
+        )));
+    }
+    if let Some(at) = pass
+        .steps
+        .iter()
+        .position(|s| !s.answer.answers(&s.command))
+    {
+        return Err(bad(format!(
+            "steps[{at}].answer: {:?} does not answer {:?}",
+            pass.steps[at].answer, pass.steps[at].command
         )));
     }
     Ok(pass)

@@ -111,7 +111,7 @@ impl Outcome {
     }
 }
 
-pub(super) fn outcome_answers(outcome: &Outcome, cmd: &Command) -> bool {
+pub(crate) fn outcome_answers(outcome: &Outcome, cmd: &Command) -> bool {
     matches!(
         (outcome, cmd),
         (Outcome::Withdrawn(_), Command::Withdraw)

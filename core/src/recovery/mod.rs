@@ -26,6 +26,7 @@ mod machine;
 mod phase;
 mod report;
 
+pub(crate) use command::outcome_answers;
 pub use command::{Command, Outcome};
 pub use machine::ServiceRecovery;
 pub use report::{RecoveryError, Report, Verdict, Why};

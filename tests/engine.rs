@@ -3341,14 +3341,14 @@ mod flight {
     use super::*;
     use std::sync::Mutex;
     use stead::core::record::RecordedPass;
-    use stead::engine::flight::{FlightRecorder, FlightSink};
+    use stead::engine::flight::{FlightRecorder, FlightSink, NotRecorded};
     use stead::engine::replay::{read_line, replay, Diverged};
 
     #[derive(Default)]
     struct Lines(Mutex<Vec<String>>);
 
     impl FlightSink for Lines {
-        fn offer(&self, _: &InstanceName, line: String) -> Result<(), String> {
+        fn offer(&self, _: &InstanceName, line: String) -> Result<(), NotRecorded> {
             self.0.lock().unwrap().push(line);
             Ok(())
         }

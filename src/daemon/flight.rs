@@ -13,7 +13,7 @@ use std::sync::mpsc::{self, Receiver, SyncSender, TrySendError};
 
 use crate::config::daemon::FlightRecorderSettings;
 use crate::core::types::InstanceName;
-use crate::engine::flight::{FlightRecorder, FlightSink};
+use crate::engine::flight::{FlightRecorder, FlightSink, NotRecorded};
 
 /// Lines waiting for the writer before a pass's is dropped.
 const QUEUE_MAX: usize = 4096;
@@ -24,13 +24,11 @@ pub struct FlightFiles {
 }
 
 impl FlightSink for FlightFiles {
-    fn offer(&self, instance: &InstanceName, line: String) -> Result<(), String> {
+    fn offer(&self, instance: &InstanceName, line: String) -> Result<(), NotRecorded> {
         match self.queue.try_send((instance.clone(), line)) {
             Ok(()) => Ok(()),
-            Err(TrySendError::Full(_)) => {
-                Err(format!("{QUEUE_MAX} lines already wait for the disk"))
-            }
-            Err(TrySendError::Disconnected(_)) => Err("its writer has stopped".to_owned()),
+            Err(TrySendError::Full(_)) => Err(NotRecorded::QueueFull(QUEUE_MAX)),
+            Err(TrySendError::Disconnected(_)) => Err(NotRecorded::WriterStopped),
         }
     }
 }

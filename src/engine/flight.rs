@@ -15,11 +15,22 @@ use super::recovery::{PassWatcher, WatchedPass};
 pub trait FlightSink: Send + Sync {
     /// Takes `line` (one JSON line, no newline) of `instance`'s pass, or
     /// says why not.
-    fn offer(&self, instance: &InstanceName, line: String) -> Result<(), String>;
+    fn offer(&self, instance: &InstanceName, line: String) -> Result<(), NotRecorded>;
+}
+
+/// Why a pass was not recorded (the pass itself went on).
+#[derive(Debug, thiserror::Error)]
+pub enum NotRecorded {
+    #[error("{0} lines already wait for the disk")]
+    QueueFull(usize),
+    #[error("the recorder's writer has stopped")]
+    WriterStopped,
+    #[error("the pass could not be written as JSON: {0}")]
+    Json(#[from] serde_json::Error),
 }
 
 impl<S: FlightSink + ?Sized> FlightSink for std::sync::Arc<S> {
-    fn offer(&self, instance: &InstanceName, line: String) -> Result<(), String> {
+    fn offer(&self, instance: &InstanceName, line: String) -> Result<(), NotRecorded> {
         (**self).offer(instance, line)
     }
 }
@@ -67,10 +78,9 @@ pub fn record_of(pass: &WatchedPass<'_>) -> RecordedPass {
 
 impl<S: FlightSink> PassWatcher for FlightRecorder<S> {
     fn passed(&self, pass: &WatchedPass<'_>) {
-        let refused = match serde_json::to_string(&record_of(pass)) {
-            Ok(line) => self.sink.offer(pass.instance, line),
-            Err(e) => Err(format!("the pass could not be written as JSON: {e}")),
-        };
+        let refused = serde_json::to_string(&record_of(pass))
+            .map_err(NotRecorded::from)
+            .and_then(|line| self.sink.offer(pass.instance, line));
         if let Err(why) = refused {
             metrics::counter!("stead_flight_recorder_dropped_total").increment(1);
             tracing::warn!(

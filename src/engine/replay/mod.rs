@@ -4,19 +4,21 @@
 //! and the clock. Deterministic: nothing here waits, and the first command
 //! the machine decides otherwise than it did stops the replay.
 
-use std::fmt;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 use futures_util::FutureExt;
 
 use crate::core::machine::{Abandon, MachineCommand};
-use crate::core::memory::InstanceMemory;
 use crate::core::pass::{InstanceAnswer, InstanceCommand, InstancePass};
-use crate::core::record::{Described, RecordedPass, RecordedStep, FORMAT};
-use crate::core::types::{InstanceName, Timestamp};
+use crate::core::record::{RecordedPass, RecordedStep, FORMAT};
+use crate::core::types::Timestamp;
 use crate::ports::Clock;
 
 use super::drive::{drive, Performer};
+
+mod divergence;
+
+pub use divergence::{Diverged, Divergence};
 
 /// What a replay found.
 #[derive(Debug)]
@@ -27,84 +29,6 @@ pub struct Replayed {
     pub steps: usize,
     /// The first place the replayed machine decided otherwise, if any.
     pub divergence: Option<Divergence>,
-}
-
-/// Where a replayed pass first parted from its recording.
-#[derive(Debug)]
-pub struct Divergence {
-    /// The pass: its line in the recording, from 1.
-    pub pass: usize,
-    pub instance: InstanceName,
-    /// The step, from 1.
-    pub step: usize,
-    pub what: Diverged,
-}
-
-/// How the replayed pass parted from its recording.
-#[derive(Debug)]
-pub enum Diverged {
-    /// The machine asked for another command than the recorded one.
-    Command {
-        recorded: InstanceCommand,
-        decided: InstanceCommand,
-    },
-    /// The machine asked for a command after the recorded pass ended.
-    Extra { decided: InstanceCommand },
-    /// The machine finished where the recording goes on.
-    Finished { recorded: InstanceCommand },
-    /// The pass was abandoned otherwise than it was recorded.
-    Abandoned {
-        recorded: Option<Abandon>,
-        replayed: Option<Abandon>,
-    },
-    /// Same steps, but the memory left differs.
-    Memory {
-        recorded: Box<InstanceMemory>,
-        replayed: Box<InstanceMemory>,
-    },
-}
-
-impl fmt::Display for Divergence {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let (pass, step, instance) = (self.pass, self.step, &self.instance);
-        write!(f, "pass {pass} (instance {instance}), step {step}: ")?;
-        match &self.what {
-            Diverged::Command { recorded, decided } => write!(
-                f,
-                "recorded `{}`, the replay decided `{}`",
-                Described(recorded),
-                Described(decided)
-            ),
-            Diverged::Extra { decided } => write!(
-                f,
-                "the recorded pass ended here, the replay decided `{}`",
-                Described(decided)
-            ),
-            Diverged::Finished { recorded } => write!(
-                f,
-                "recorded `{}`, the replay decided nothing more",
-                Described(recorded)
-            ),
-            Diverged::Abandoned { recorded, replayed } => write!(
-                f,
-                "recorded abandoned: {}, replayed abandoned: {}",
-                Why(*recorded),
-                Why(*replayed)
-            ),
-            Diverged::Memory { recorded, replayed } => write!(
-                f,
-                "the same steps left another memory: recorded {recorded:?}, replayed {replayed:?}"
-            ),
-        }
-    }
-}
-
-struct Why(Option<Abandon>);
-
-impl fmt::Display for Why {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.0.map_or("no", Abandon::describe))
-    }
 }
 
 /// A recording that cannot be read: its line and what is wrong there.

@@ -69,12 +69,13 @@ pub fn replay(recording: &str) -> Result<Replayed, BadRecording> {
                     ),
                 },
             )?;
-        if let Err(what) = replayed_pass {
+        if let Err(parted) = replayed_pass {
+            let (step, what) = *parted;
             replayed.divergence = Some(Divergence {
                 pass: *line,
                 instance: pass.input.instance.clone(),
-                step: what.0 + 1,
-                what: what.1,
+                step: step + 1,
+                what,
             });
             return Ok(replayed);
         }
@@ -114,9 +115,12 @@ pub fn read_line(line: usize, text: &str) -> Result<RecordedPass, BadRecording> 
     Ok(pass)
 }
 
+/// Where a pass parted from its recording: the step's index, and how.
+type Parted = Box<(usize, Diverged)>;
+
 /// Runs one recorded pass again; the step index and how it parted, if it
 /// did.
-fn replay_pass(recorded: &RecordedPass) -> Result<(), (usize, Diverged)> {
+fn replay_pass(recorded: &RecordedPass) -> Result<(), Parted> {
     let at = AtomicUsize::new(0);
     let mut machine = InstancePass::new(&recorded.policy, recorded.input.clone());
     let mut performer = Answers {
@@ -143,7 +147,7 @@ fn replay_pass(recorded: &RecordedPass) -> Result<(), (usize, Diverged)> {
     let driven = drive(&mut machine, &mut performer, &clock, trusted).now_or_never();
     let step = at.load(Ordering::Relaxed);
     let abandoned = match (driven, performer.parted) {
-        (_, Some(parted)) => return Err((step, parted)),
+        (_, Some(parted)) => return Err(Box::new((step, parted))),
         (Some(abandoned), None) => abandoned,
         // Pending with no parting: a machine that waits (an instance
         // pass never does); the deadline the recording ended on.
@@ -154,21 +158,21 @@ fn replay_pass(recorded: &RecordedPass) -> Result<(), (usize, Diverged)> {
     };
     if let Some(rest) = recorded.steps.get(step) {
         let recorded = rest.command.clone();
-        return Err((step, Diverged::Finished { recorded }));
+        return Err(Box::new((step, Diverged::Finished { recorded })));
     }
     if abandoned != recorded.abandoned {
         let (recorded, replayed) = (recorded.abandoned, abandoned);
-        return Err((step, Diverged::Abandoned { recorded, replayed }));
+        return Err(Box::new((step, Diverged::Abandoned { recorded, replayed })));
     }
     let memory = machine.into_report().memory;
     if memory != recorded.after {
-        return Err((
+        return Err(Box::new((
             step,
             Diverged::Memory {
                 recorded: Box::new(recorded.after.clone()),
                 replayed: Box::new(memory),
             },
-        ));
+        )));
     }
     Ok(())
 }

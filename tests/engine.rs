@@ -3540,6 +3540,13 @@ mod flight {
             e.starts_with("line 1: steps[0].answer: ") && e.contains("does not answer"),
             "{e}"
         );
+        let mut policy: serde_json::Value = serde_json::from_str(&lines[0]).unwrap();
+        policy["policy"]["delays"] = serde_json::json!([]);
+        let e = replay(&policy.to_string()).unwrap_err().to_string();
+        assert!(
+            e.starts_with("line 1: policy: recovery policy: delays"),
+            "{e}"
+        );
         value["format"] = serde_json::json!(9);
         value["steps"][0]["now"] = serde_json::json!(lines.len());
         let e = read_line(4, &value.to_string()).unwrap_err().to_string();

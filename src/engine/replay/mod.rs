@@ -102,6 +102,13 @@ pub fn read_line(line: usize, text: &str) -> Result<RecordedPass, BadRecording> 
             pass.format
         )));
     }
+    let pass = RecordedPass {
+        policy: pass
+            .policy
+            .validated()
+            .map_err(|e| bad(format!("policy: {e}")))?,
+        ..pass
+    };
     if let Some(at) = pass
         .steps
         .iter()

@@ -3476,3 +3476,223 @@ async fn the_leaders_tick_prunes_finished_tasks_past_their_retention_and_keeps_a
         "a task finished just now is kept"
     );
 }
+
+/// Issue #44: the flight recorder and `stead replay`, on the in-memory
+/// ports. A crash loop recorded pass by pass replays with the same
+/// decisions; a recording edited to break a rule is caught at its step.
+mod flight {
+    use super::*;
+    use std::sync::Mutex;
+    use stead::core::record::RecordedPass;
+    use stead::engine::flight::{FlightRecorder, FlightSink, NotRecorded};
+    use stead::engine::replay::{read_line, replay, Diverged};
+
+    #[derive(Default)]
+    struct Lines(Mutex<Vec<String>>);
+
+    impl FlightSink for Lines {
+        fn offer(&self, _: &InstanceName, line: String) -> Result<(), NotRecorded> {
+            self.0.lock().unwrap().push(line);
+            Ok(())
+        }
+    }
+
+    /// A container that exits after every start, through passes 30 s
+    /// apart: started three times, then held back by the budget's delays
+    /// (R10). Its passes as recorded.
+    async fn crash_loop() -> Vec<String> {
+        let f = fixture();
+        f.served("crashy", "2").await;
+        let web = f.web_container("crashy").await;
+        let recoverer = f.recoverer();
+        let lines = Arc::new(Lines::default());
+        recoverer.watch_passes(Arc::new(FlightRecorder::new(lines.clone())));
+        for _ in 0..8 {
+            f.runtime.with_containers(|cs| {
+                cs.get_mut(&web).unwrap().status = stead::core::types::ContainerStatus::Exited;
+            });
+            recoverer.pass().await;
+            f.clock.advance(Duration::from_secs(30));
+        }
+        let lines = lines.0.lock().unwrap().clone();
+        lines
+            .into_iter()
+            .filter(|l| l.contains("\"crashy\""))
+            .collect()
+    }
+
+    fn is(step: &serde_json::Value, command: &str) -> bool {
+        step["command"]["Service"]["command"] == command
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_recorded_crash_loop_replays_with_the_same_decisions() {
+        let lines = crash_loop().await;
+        assert_eq!(lines.len(), 8, "one line per pass");
+        let starts = lines.iter().filter(|l| l.contains("\"Start\"")).count();
+        assert!(
+            (3..8).contains(&starts),
+            "started within the budget, then held back: {starts} starts"
+        );
+        let replayed = replay(&lines.join("\n")).unwrap();
+        assert!(
+            replayed.divergence.is_none(),
+            "{}",
+            replayed.divergence.unwrap()
+        );
+        assert_eq!(replayed.passes, 8);
+        let steps: usize = lines
+            .iter()
+            .map(|l| read_line(1, l).unwrap().steps.len())
+            .sum();
+        assert_eq!(replayed.steps, steps);
+        assert!(steps > 8 * 2, "{steps} steps");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_withdrawal_deleted_before_a_start_is_reported_at_its_step() {
+        let lines = crash_loop().await;
+        // The second pass that starts the container: delete its
+        // withdrawal (R8: traffic goes before the workload is touched).
+        let mut values: Vec<serde_json::Value> = lines
+            .iter()
+            .map(|l| serde_json::from_str(l).unwrap())
+            .collect();
+        let (pass, at) = values
+            .iter()
+            .enumerate()
+            .filter_map(|(p, v)| {
+                let steps = v["steps"].as_array().unwrap();
+                let start = steps.iter().position(|s| is(s, "Start"))?;
+                let withdraw = steps[..start].iter().rposition(|s| is(s, "Withdraw"))?;
+                Some((p, withdraw))
+            })
+            .nth(1)
+            .expect("a second pass that withdraws, then starts");
+        values[pass]["steps"].as_array_mut().unwrap().remove(at);
+        let edited: Vec<String> = values.iter().map(|v| v.to_string()).collect();
+        let replayed = replay(&edited.join("\n")).unwrap();
+        let divergence = replayed
+            .divergence
+            .expect("the deleted withdrawal is found");
+        assert_eq!((divergence.pass, divergence.step), (pass + 1, at + 1));
+        assert_eq!(replayed.passes, pass, "the passes before it replayed whole");
+        // The machine still withdraws first; the recording, edited, went
+        // on to the grants check before the start.
+        match &divergence.what {
+            Diverged::Command { recorded, decided } => {
+                assert!(
+                    format!("{recorded:?}").contains("CheckPolicy"),
+                    "{recorded:?}"
+                );
+                assert!(format!("{decided:?}").contains("Withdraw"), "{decided:?}");
+            }
+            other => panic!("not a command: {other:?}"),
+        }
+        let said = divergence.to_string();
+        assert!(
+            said.contains(&format!("pass {} (instance crashy)", pass + 1))
+                && said.contains(&format!("step {}", at + 1))
+                && said.contains("recorded `check the grants of service web")
+                && said.contains("the replay decided `withdraw the route of service web"),
+            "{said}"
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_changed_command_answer_or_memory_is_reported_where_it_bites() {
+        let lines = crash_loop().await;
+        let first: RecordedPass = read_line(1, &lines[0]).unwrap();
+        let start = first
+            .steps
+            .iter()
+            .position(|s| format!("{:?}", s.command).contains("command: Start"))
+            .unwrap();
+        // A recorded start written as a stop: found at that very step.
+        let mut value: serde_json::Value = serde_json::from_str(&lines[0]).unwrap();
+        value["steps"][start]["command"]["Service"]["command"] =
+            serde_json::json!({"Stop": {"grace": {"secs": 10, "nanos": 0}}});
+        value["steps"][start]["answer"] = serde_json::json!({"Service": {"Stopped": {"Ok": null}}});
+        let divergence = replay(&value.to_string()).unwrap().divergence.unwrap();
+        assert_eq!(
+            (divergence.pass, divergence.step),
+            (1, start + 1),
+            "{divergence}"
+        );
+        assert!(
+            divergence
+                .to_string()
+                .contains("recorded `stop (grace 10s) of service web"),
+            "{divergence}"
+        );
+        // The first inspection answered "running": the machine withdraws
+        // nothing, and parts from the recording at the next step.
+        let mut value: serde_json::Value = serde_json::from_str(&lines[0]).unwrap();
+        let seen = &mut value["steps"][0]["answer"]["Service"]["Inspected"]["Ok"];
+        assert_eq!(seen["status"], "Exited");
+        seen["status"] = serde_json::json!("Running");
+        seen["exit"] = serde_json::Value::Null;
+        let divergence = replay(&value.to_string()).unwrap().divergence.unwrap();
+        assert_eq!((divergence.pass, divergence.step), (1, 2), "{divergence}");
+        assert!(
+            matches!(divergence.what, Diverged::Command { .. }),
+            "{divergence}"
+        );
+        // A start recorded as refused: the machine asks the same, but
+        // charges the budget otherwise, so the memory it leaves differs.
+        let mut value: serde_json::Value = serde_json::from_str(&lines[0]).unwrap();
+        value["steps"][start]["answer"] =
+            serde_json::json!({"Service": {"Started": {"Err": {"Refused": "no such image"}}}});
+        let divergence = replay(&value.to_string()).unwrap().divergence.unwrap();
+        assert_eq!(divergence.pass, 1);
+        // The memory left, edited: the same steps, another memory.
+        let mut value: serde_json::Value = serde_json::from_str(&lines[0]).unwrap();
+        value["after"] =
+            serde_json::to_value(stead::core::memory::InstanceMemory::default()).unwrap();
+        let divergence = replay(&value.to_string()).unwrap().divergence.unwrap();
+        assert!(
+            matches!(divergence.what, Diverged::Memory { .. }),
+            "{divergence}"
+        );
+        assert_eq!(divergence.step, first.steps.len() + 1);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_bad_line_is_named_by_its_line_and_field() {
+        let lines = crash_loop().await;
+        let text = format!("{}\nnot json\n", lines[0]);
+        let e = replay(&text).unwrap_err().to_string();
+        assert!(e.starts_with("line 2: "), "{e}");
+        let mut value: serde_json::Value = serde_json::from_str(&lines[0]).unwrap();
+        value.as_object_mut().unwrap().remove("after");
+        let e = replay(&format!("{}\n\n{value}", lines[1]))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.starts_with("line 3: ") && e.contains("missing field `after`"),
+            "{e}"
+        );
+        let mut value: serde_json::Value = serde_json::from_str(&lines[0]).unwrap();
+        value["steps"][0]["now"] = serde_json::json!("yesterday");
+        let e = replay(&value.to_string()).unwrap_err().to_string();
+        assert!(e.starts_with("line 1: steps[0].now: "), "{e}");
+        let mut wrong: serde_json::Value = serde_json::from_str(&lines[0]).unwrap();
+        wrong["steps"][0]["answer"] = serde_json::json!({"Service": {"Started": {"Ok": null}}});
+        let e = replay(&wrong.to_string()).unwrap_err().to_string();
+        assert!(
+            e.starts_with("line 1: steps[0].answer: ") && e.contains("does not answer"),
+            "{e}"
+        );
+        let mut policy: serde_json::Value = serde_json::from_str(&lines[0]).unwrap();
+        policy["policy"]["delays"] = serde_json::json!([]);
+        let e = replay(&policy.to_string()).unwrap_err().to_string();
+        assert!(
+            e.starts_with("line 1: policy: recovery policy: delays"),
+            "{e}"
+        );
+        value["format"] = serde_json::json!(9);
+        value["steps"][0]["now"] = serde_json::json!(lines.len());
+        let e = read_line(4, &value.to_string()).unwrap_err().to_string();
+        assert!(e.starts_with("line 4: steps[0].now"), "{e}");
+    }
+}

@@ -101,7 +101,7 @@ pub fn bakes<'a>(
 }
 
 /// One step of a revert, in order.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub enum RevertStep {
     /// First: nothing more of the type is upgraded, whatever happens next.
     HaltRollout { reason: String },

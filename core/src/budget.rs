@@ -11,7 +11,7 @@ use super::fleet::add;
 use super::policy::RecoveryPolicy;
 
 /// Recorded history of a generation that has needed recovery.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct BudgetEntry {
     /// Consecutive failures since the history was last dropped.
     pub failures: u32,

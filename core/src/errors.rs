@@ -19,7 +19,9 @@ use super::types::RuntimeError;
 
 /// What a failure lets the caller conclude, across every port. A port uses
 /// only the kinds it can really tell apart.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+#[derive(
+    Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, serde::Serialize, serde::Deserialize,
+)]
 pub enum ErrorKind {
     /// The thing asked about is confirmed not to exist.
     NotFound,
@@ -185,7 +187,7 @@ impl PortFailure for RuntimeError {
 }
 
 /// Why a store operation failed.
-#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error, serde::Serialize)]
 pub enum StoreError {
     /// The database is unreachable or the statement failed; retry later.
     #[error("store unavailable: {0}")]
@@ -233,7 +235,7 @@ impl PortFailure for StoreError {
 }
 
 /// A failure of the traffic plane.
-#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error, serde::Serialize, serde::Deserialize)]
 pub enum TrafficError {
     /// The proxy did not answer (down, restarting, timed out).
     #[error("traffic: {0}")]
@@ -255,7 +257,7 @@ impl PortFailure for TrafficError {
 }
 
 /// A failure of the release provisioner (Helm).
-#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error, serde::Serialize, serde::Deserialize)]
 pub enum ProvisionError {
     /// The release does not exist.
     #[error("provisioner: {0}")]
@@ -284,7 +286,7 @@ impl PortFailure for ProvisionError {
 }
 
 /// Why a readiness probe did not pass.
-#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error, serde::Serialize, serde::Deserialize)]
 pub enum ProbeError {
     /// Nothing answered on the backend (refused, timed out).
     #[error("{0}")]
@@ -310,7 +312,7 @@ impl PortFailure for ProbeError {
 }
 
 /// Why a grant check did not pass (R11).
-#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error, serde::Serialize, serde::Deserialize)]
 pub enum PolicyError {
     /// The service is no longer granted (gone from the catalog).
     #[error("{0}")]
@@ -344,7 +346,7 @@ impl PortFailure for NotifyError {
 
 /// What made a task's step fail: a port's failure, kept typed, or a
 /// verdict stead reached on what the ports answered, of the kind it names.
-#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error, serde::Serialize, serde::Deserialize)]
 pub enum Cause {
     #[error(transparent)]
     Runtime(#[from] RuntimeError),

@@ -230,7 +230,7 @@ impl TaskState {
 
 /// A state change the lifecycle forbids (a bug, or a row another tool
 /// moved under us); the caller reports it and changes nothing.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error, serde::Serialize)]
 #[error("{lifecycle} cannot go from {from} to {to}")]
 pub struct IllegalTransition {
     pub lifecycle: &'static str,

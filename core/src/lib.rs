@@ -33,6 +33,7 @@ pub mod pass;
 pub mod plan;
 pub mod policy;
 pub mod provision;
+pub mod record;
 pub mod recovery;
 pub mod release;
 pub mod retire;

@@ -19,7 +19,7 @@ use super::types::Timestamp;
 
 /// Why a machine is told to stop before it is done. It fails closed: what
 /// it asked for and was never answered counts as failed.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub enum Abandon {
     /// The deadline passed (an instance's recovery deadline).
     Deadline,

@@ -21,7 +21,7 @@ pub struct RecoveryMemory {
 /// services, so plain vectors (a map's node would allocate room for
 /// eleven), and no map around them: a pass looks its own services up
 /// without hashing its instance's name each time (issue #14).
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct InstanceMemory {
     generations: Vec<(GenerationKey, GenerationMemory)>,
     pending_withdrawals: Vec<ServiceName>,

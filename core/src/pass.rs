@@ -50,7 +50,7 @@ use super::types::{
 };
 
 /// What one instance's pass starts from, all loaded under its lock.
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, serde::Serialize, serde::Deserialize)]
 pub struct PassInput {
     pub instance: InstanceName,
     pub intent: Intent,
@@ -69,7 +69,7 @@ pub struct PassInput {
 }
 
 /// One effect the driver must perform.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub enum InstanceCommand {
     /// A step of one service's recovery, on that exact generation. The
     /// key is shared by every step of the service (a steady service takes
@@ -133,7 +133,7 @@ impl InstanceCommand {
 }
 
 /// The result of performing an [`InstanceCommand`], variant for variant.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub enum InstanceAnswer {
     Service(Outcome),
     SuccessorInspected(Result<Observation, RuntimeError>),
@@ -158,6 +158,28 @@ impl InstanceAnswer {
             Self::ClaimsReleased(r) | Self::MarkerCleared(r) => failure_of(r),
             Self::StaleWithdrawn(r) => failure_of(r),
             Self::Reverted(r) => r.as_ref().err().and_then(|c| Some((c.port()?, c.kind()))),
+        }
+    }
+
+    /// Whether this is the kind of answer `command` is answered with (a
+    /// replayed recording is checked by it: the machine is never fed
+    /// another).
+    pub fn answers(&self, command: &InstanceCommand) -> bool {
+        use InstanceCommand as C;
+        match (self, command) {
+            (Self::Service(outcome), C::Service { command, .. }) => {
+                super::recovery::outcome_answers(outcome, command)
+            }
+            (Self::SuccessorInspected(_), C::InspectSuccessor(_))
+            | (Self::PredecessorInspected(_), C::InspectPredecessor(_))
+            | (Self::RoutesRead(_), C::ReadRoutes)
+            | (Self::PredecessorStopped(_), C::StopPredecessor { .. })
+            | (Self::PredecessorRemoved(_), C::RemovePredecessor(_))
+            | (Self::ClaimsReleased(_), C::ReleaseClaims(_))
+            | (Self::MarkerCleared(_), C::ClearMarker(_))
+            | (Self::StaleWithdrawn(_), C::WithdrawStale(_))
+            | (Self::Reverted(_), C::Revert { .. }) => true,
+            _ => false,
         }
     }
 }

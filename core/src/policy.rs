@@ -57,7 +57,7 @@ pub fn reconciler_lease_ttl(tick_interval: Duration, instance_deadline: Duration
 /// The tunables of the recovery pass (R10, R12, R14, R2, R4). Construct with
 /// [`RecoveryPolicy::default`] or validate a hand-built one with
 /// [`RecoveryPolicy::validated`].
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct RecoveryPolicy {
     /// Consecutive failures that are real attempts before delays begin (3).
     pub free_attempts: u32,
@@ -80,6 +80,8 @@ pub struct RecoveryPolicy {
     /// A rule deliberately broken, armed as data by the mutation exercise
     /// (`testkit/src/mutants.rs`, `docs/simulation.md`); always `None` in a real
     /// policy. The core reads it here and from no global state.
+    /// Never recorded: a replay runs the rules unbroken.
+    #[serde(skip)]
     pub broken: Armed,
 }
 

@@ -175,7 +175,7 @@ impl ReleaseSpec {
 }
 
 /// A template that cannot be rendered, naming it and why.
-#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error, serde::Serialize, serde::Deserialize)]
 #[error("{field} = {value:?}: {reason}")]
 pub struct TemplateError {
     pub field: String,

@@ -20,13 +20,6 @@ pub struct InstanceName(Arc<str>);
 #[derive(Clone, Debug)]
 pub struct ServiceName(Arc<str>);
 
-/// As its name: a catalog spec's digest (`core::spec::digest_of`) reads it.
-impl serde::Serialize for ServiceName {
-    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
-        serializer.serialize_str(&self.0)
-    }
-}
-
 /// The runtime's ID of one exact container.
 #[derive(Clone, Debug)]
 pub struct ContainerId(Arc<str>);
@@ -51,6 +44,18 @@ macro_rules! string_newtype {
         impl fmt::Display for $t {
             fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
                 f.write_str(&self.0)
+            }
+        }
+        /// As its name: a catalog spec's digest (`core::spec::digest_of`)
+        /// reads a service's, a flight recording (`core::record`) all.
+        impl serde::Serialize for $t {
+            fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+                serializer.serialize_str(&self.0)
+            }
+        }
+        impl<'de> serde::Deserialize<'de> for $t {
+            fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+                String::deserialize(deserializer).map(Self::new)
             }
         }
         impl From<&str> for $t {
@@ -95,7 +100,9 @@ string_newtype!(ContainerId);
 /// One generation: recovery memory is keyed by the exact container that
 /// serves (or served) a service, so a replaced container never inherits its
 /// predecessor's crash history.
-#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+#[derive(
+    Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, serde::Serialize, serde::Deserialize,
+)]
 pub struct GenerationKey {
     pub instance: InstanceName,
     pub service: ServiceName,
@@ -107,6 +114,31 @@ pub struct GenerationKey {
 pub struct ServiceKey {
     pub instance: InstanceName,
     pub service: ServiceName,
+}
+
+/// As `instance.service` (both are DNS labels, which never hold a dot:
+/// `core::names`), so a map keyed by services is a JSON object (a flight
+/// recording's routes, `core::record`).
+impl serde::Serialize for ServiceKey {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.collect_str(&format_args!("{}.{}", self.instance, self.service))
+    }
+}
+
+impl<'de> serde::Deserialize<'de> for ServiceKey {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        let key = String::deserialize(deserializer)?;
+        match key.split_once('.') {
+            Some((instance, service)) => Ok(Self {
+                instance: InstanceName::from(instance),
+                service: ServiceName::from(service),
+            }),
+            None => Err(serde::de::Error::invalid_value(
+                serde::de::Unexpected::Str(&key),
+                &"a service key `instance.service`",
+            )),
+        }
+    }
 }
 
 /// Container port → loopback host port, read from the exact container.
@@ -127,7 +159,7 @@ pub struct ProbeTarget {
 }
 
 /// What the runtime says a container is doing.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
 pub enum ContainerStatus {
     Running,
     /// Transitional: the runtime is restarting it right now.
@@ -202,7 +234,7 @@ impl fmt::Display for ContainerStatus {
 }
 
 /// One inspection of the exact container.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct Observation {
     pub status: ContainerStatus,
     /// Start of the current execution. A native runtime restart changes it.
@@ -220,7 +252,7 @@ pub fn whole_seconds(at: Timestamp) -> Timestamp {
 }
 
 /// How a container's last execution ended, as the runtime says.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct Exit {
     /// The process's exit code (Docker's `State.ExitCode`: 137 when killed,
     /// 143 when terminated).
@@ -242,7 +274,7 @@ impl fmt::Display for Exit {
 
 /// Why an inspection (or a mutation) of a container did not answer. Its
 /// kind is `core::errors::ErrorKind` through `PortFailure`.
-#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error, serde::Serialize, serde::Deserialize)]
 pub enum RuntimeError {
     /// The runtime confirmed the container does not exist.
     #[error("container not found")]
@@ -262,7 +294,7 @@ pub enum RuntimeError {
 }
 
 /// A container's healthcheck verdict.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
 pub enum Health {
     /// The container has no healthcheck: never restart it for health.
     None,
@@ -272,7 +304,7 @@ pub enum Health {
 }
 
 /// Durable reason a generation must not be started.
-#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+#[derive(Clone, Debug, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
 pub enum InhibitionReason {
     /// The special marker: this superseded container waits to be retired.
     RetirementPending,
@@ -326,7 +358,7 @@ impl InhibitionReason {
 }
 
 /// A durable, generation-scoped record.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct Inhibition {
     pub service: ServiceName,
     pub container: ContainerId,
@@ -383,7 +415,7 @@ impl Inhibition {
 }
 
 /// The durable record of the generation one service serves now.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct ActiveService {
     pub container: ContainerId,
     /// Changes whenever the spec or image of the generation changes.
@@ -398,7 +430,7 @@ pub struct ActiveService {
 }
 
 /// ACTIVE for one instance: service name → serving generation.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct ActiveRecord {
     pub services: BTreeMap<ServiceName, ActiveService>,
 }
@@ -411,7 +443,7 @@ impl ActiveRecord {
 }
 
 /// What the operator wants for an instance.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
 pub enum Intent {
     Running,
     Stopped,

@@ -72,6 +72,11 @@ pub const TELEMETRY_SERVICE_NAME_DEFAULT: &str = "stead";
 pub const TELEMETRY_EXPORT_TIMEOUT_MS_DEFAULT: i64 = 10_000;
 pub const TELEMETRY_EXPORT_TIMEOUT_MS_MIN: i64 = 100;
 pub const TELEMETRY_EXPORT_TIMEOUT_MS_MAX: i64 = 60_000;
+/// How many passes the flight recorder keeps per instance unless
+/// `flight_recorder.passes_per_instance` says otherwise, and its bounds.
+pub const FLIGHT_PASSES_DEFAULT: i64 = 200;
+pub const FLIGHT_PASSES_MIN: i64 = 2;
+pub const FLIGHT_PASSES_MAX: i64 = 100_000;
 /// Longest value quoted back in an error.
 const ERROR_VALUE_LEN_MAX: usize = 120;
 
@@ -130,6 +135,9 @@ pub const KEYS: &[&str] = &[
     "limits.log_max_size_mb",
     "limits.log_max_files",
     "events.retention_days",
+    "flight_recorder.enabled",
+    "flight_recorder.passes_per_instance",
+    "flight_recorder.dir",
     "telemetry.otlp_endpoint",
     "telemetry.service_name",
     "telemetry.export_timeout_ms",
@@ -347,6 +355,21 @@ pub struct DaemonConfig {
     pub webhooks: Vec<WebhookSettings>,
     /// Where traces are exported (#42); off unless configured.
     pub telemetry: TelemetrySettings,
+    /// The flight recorder (#44); off unless enabled.
+    pub flight_recorder: FlightRecorderSettings,
+}
+
+/// The `[flight_recorder]` table: every instance pass recorded for
+/// `stead replay`, a bounded ring of lines per instance.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct FlightRecorderSettings {
+    pub enabled: bool,
+    /// The most passes one instance's file holds; when it is full the
+    /// older half is dropped.
+    pub passes_per_instance: usize,
+    /// Where the files are (`<instance>.jsonl`); `<state_dir>/flight`
+    /// unless configured.
+    pub dir: PathBuf,
 }
 
 /// The `[telemetry]` table: the daemon's spans exported over OTLP/HTTP.
@@ -677,6 +700,16 @@ struct RawConfig {
     webhooks: Vec<RawWebhook>,
     #[serde(default)]
     telemetry: RawTelemetry,
+    #[serde(default)]
+    flight_recorder: RawFlightRecorder,
+}
+
+#[derive(Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+struct RawFlightRecorder {
+    enabled: Option<bool>,
+    passes_per_instance: Option<i64>,
+    dir: Option<String>,
 }
 
 #[derive(Deserialize, Default)]
@@ -1020,6 +1053,7 @@ impl Validator<'_> {
             SHUTDOWN_GRACE_MAX.as_secs() as i64,
         )?;
         let limits = self.limits(raw.limits)?;
+        let flight_recorder = self.flight_recorder(raw.flight_recorder, &state_dir)?;
         Ok(DaemonConfig {
             source: None,
             state_dir,
@@ -1043,6 +1077,42 @@ impl Validator<'_> {
             events: self.events(raw.events)?,
             webhooks: self.webhooks(raw.webhooks)?,
             telemetry: self.telemetry(raw.telemetry)?,
+            flight_recorder,
+        })
+    }
+
+    /// `[flight_recorder]`: off by default; a bound within its limits and
+    /// an absolute directory.
+    fn flight_recorder(
+        &self,
+        raw: RawFlightRecorder,
+        state_dir: &std::path::Path,
+    ) -> Result<FlightRecorderSettings, DaemonConfigError> {
+        let passes_per_instance = self.int(
+            "flight_recorder.passes_per_instance",
+            raw.passes_per_instance,
+            FLIGHT_PASSES_DEFAULT,
+            FLIGHT_PASSES_MIN,
+            FLIGHT_PASSES_MAX,
+        )? as usize;
+        let dir = match raw.dir {
+            None => state_dir.join("flight"),
+            Some(dir) => {
+                let dir = PathBuf::from(self.text("flight_recorder.dir", Some(dir), "")?);
+                if !dir.is_absolute() {
+                    return Err(self.invalid(
+                        "flight_recorder.dir",
+                        &dir,
+                        "must be an absolute path",
+                    ));
+                }
+                dir
+            }
+        };
+        Ok(FlightRecorderSettings {
+            enabled: raw.enabled.unwrap_or(false),
+            passes_per_instance,
+            dir,
         })
     }
 
@@ -2286,6 +2356,38 @@ mod tests {
             Some(Path::new("/etc/stead/webhook.key"))
         );
         assert_eq!(hook.timeout, Duration::from_millis(2500));
+    }
+
+    #[test]
+    fn the_flight_recorder_is_off_by_default_and_its_settings_are_checked() {
+        let off = parse("state_dir = \"/s\"\n", "f", &[])
+            .unwrap()
+            .flight_recorder;
+        assert!(!off.enabled);
+        assert_eq!(off.passes_per_instance, FLIGHT_PASSES_DEFAULT as usize);
+        assert_eq!(off.dir, PathBuf::from("/s/flight"));
+        let on = parse(
+            "[flight_recorder]\nenabled = true\npasses_per_instance = 10\ndir = \"/r\"\n",
+            "f",
+            &[],
+        )
+        .unwrap()
+        .flight_recorder;
+        assert!(on.enabled);
+        assert_eq!((on.passes_per_instance, on.dir), (10, PathBuf::from("/r")));
+        for (text, says) in [
+            (
+                "[flight_recorder]\npasses_per_instance = 1\n",
+                "flight_recorder.passes_per_instance = 1: must be between 2 and 100000",
+            ),
+            (
+                "[flight_recorder]\ndir = \"rel\"\n",
+                "flight_recorder.dir = \"rel\": must be an absolute path",
+            ),
+        ] {
+            let e = parse(text, "stead.toml", &[]).unwrap_err().to_string();
+            assert!(e.contains(says), "{e}");
+        }
     }
 
     #[test]

@@ -246,6 +246,10 @@ pub const METRICS: &[Metric] = &[
         "Events the event log dropped rather than make a pass wait: its buffer was full, or the store refused a batch every time.",
     ),
     counter(
+        "stead_flight_recorder_dropped_total",
+        "Instance passes the flight recorder could not record (#44): its queue was full, a line could not be written, or its directory could not be made; the pass itself went on.",
+    ),
+    counter(
         "stead_events_pruned_total",
         "Events deleted from the event log past events.retention_days.",
     ),

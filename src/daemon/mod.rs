@@ -36,6 +36,7 @@ pub mod allocator;
 pub mod caddy_watch;
 pub mod event_log;
 pub mod events;
+pub mod flight;
 pub mod human;
 pub mod identity;
 pub mod metrics;
@@ -705,6 +706,9 @@ impl Daemon {
         let (events, event_flusher) = EventSink::new(holder.clone(), EVENT_BUFFER_MAX);
         recoverer.log_events_to(events);
         recoverer.trace_targeted_passes(os_seed());
+        if config.flight_recorder.enabled {
+            record_passes(&recoverer, &config.flight_recorder);
+        }
         reconciler.keep_events_for(config.events.retention);
         let webhooks = webhook_notifiers(&config, &ports, &reconciler)?;
         Ok(Daemon {
@@ -1071,6 +1075,28 @@ pub fn os_seed() -> u64 {
     std::collections::hash_map::RandomState::new()
         .build_hasher()
         .finish()
+}
+
+/// `[flight_recorder]`: every instance pass recorded for `stead replay`.
+/// A directory it cannot make leaves the daemon running unrecorded, said.
+fn record_passes(recoverer: &Recoverer, settings: &crate::config::daemon::FlightRecorderSettings) {
+    match flight::recorder(settings) {
+        Ok(recorder) => {
+            recoverer.watch_passes(Arc::new(recorder));
+            tracing::info!(
+                dir = %settings.dir.display(),
+                passes_per_instance = settings.passes_per_instance,
+                "the flight recorder records every instance pass (`stead replay FILE`)"
+            );
+        }
+        Err(e) => {
+            ::metrics::counter!("stead_flight_recorder_dropped_total").increment(1);
+            tracing::warn!(
+                dir = %settings.dir.display(),
+                "the flight recorder is off: its directory cannot be used: {e}"
+            );
+        }
+    }
 }
 
 #[cfg(test)]

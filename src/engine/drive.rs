@@ -6,6 +6,7 @@
 //! waits; it decides nothing.
 
 use crate::core::machine::{Abandon, Machine, MachineAnswer, MachineCommand};
+use crate::core::types::Timestamp;
 use crate::ports::Clock;
 
 use super::{count_port_failure, time_until};
@@ -17,9 +18,10 @@ pub(crate) trait Performer<M: Machine> {
     async fn perform(&mut self, machine: &M, command: &M::Command) -> M::Answer;
 
     /// After `command` was answered (its port's failure counted), before
-    /// the machine hears it: a log line, a record for a watcher.
-    fn performed(&mut self, command: M::Command, answer: &M::Answer) {
-        let _ = (command, answer);
+    /// the machine hears it with `now`, the very instant it is handed: a
+    /// log line, a record for a watcher (a flight recording replays it).
+    fn performed(&mut self, command: M::Command, answer: &M::Answer, now: Timestamp) {
+        let _ = (command, answer, now);
     }
 }
 
@@ -53,8 +55,11 @@ where
             if let Some((port, kind)) = answer.port_failure() {
                 count_port_failure(port, kind);
             }
-            performer.performed(command, &answer);
-            machine.handle(answer, clock.now());
+            // One reading of the clock: what a watcher records is what
+            // the machine was handed.
+            let now = clock.now();
+            performer.performed(command, &answer, now);
+            machine.handle(answer, now);
         } else if let Some(at) = machine.poll_timeout() {
             // The machine waits until the instant it names, on the one
             // clock it is given.

@@ -12,7 +12,7 @@ use crate::machine::{MachineAnswer, MachineCommand};
 use crate::types::{ActiveService, Binds, Health, Observation, RuntimeError};
 
 /// One effect the caller must perform on the machine's exact generation.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub enum Command {
     /// Remove the service's route from the traffic plane.
     Withdraw,
@@ -73,7 +73,7 @@ impl Command {
 
 /// The result of performing a [`Command`]. Each variant answers exactly one
 /// command kind; feeding the wrong one is a bug in the driver.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub enum Outcome {
     Withdrawn(Result<(), TrafficError>),
     Inspected(Result<Observation, RuntimeError>),
@@ -111,7 +111,7 @@ impl Outcome {
     }
 }
 
-pub(super) fn outcome_answers(outcome: &Outcome, cmd: &Command) -> bool {
+pub(crate) fn outcome_answers(outcome: &Outcome, cmd: &Command) -> bool {
     matches!(
         (outcome, cmd),
         (Outcome::Withdrawn(_), Command::Withdraw)

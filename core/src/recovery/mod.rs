@@ -26,6 +26,7 @@ mod machine;
 mod phase;
 mod report;
 
+pub(crate) use command::outcome_answers;
 pub use command::{Command, Outcome};
 pub use machine::ServiceRecovery;
 pub use report::{RecoveryError, Report, Verdict, Why};
@@ -42,7 +43,7 @@ pub const COMMANDS_PER_RECOVERY_MAX: u32 = 24;
 /// Everything the recovery pass remembers about one generation between
 /// passes. Volatile by design (R17), except `verified_started_at`, which
 /// the engine also persists.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct GenerationMemory {
     pub budget: Option<BudgetEntry>,
     /// The last execution this daemon verified and routed.

@@ -21,7 +21,7 @@ use stead::ops::{CreateRequest, Deletion, Ops};
 use stead::ports::{Clock, Store};
 
 use crate::history::{by_operator, record};
-use crate::output::{complain, say, say_json, CliError, EXIT_FAILURE, EXIT_OK};
+use crate::output::{complain, say, say_json, CliError, EXIT_FAILURE, EXIT_OK, EXIT_USAGE};
 use crate::{config_source, Command, InstanceCommand, RoleArg, RolloutCommand, TaskCommand};
 use stead::core::event_log::EventKind;
 use stead::core::types::InstanceName;
@@ -72,6 +72,38 @@ pub async fn dispatch(command: Command, config: DaemonConfig) -> Result<u8, CliE
         }
         Command::Timeline { name, since, limit } => {
             crate::history::timeline(&config, &name, since, limit).await
+        }
+        Command::Replay { file } => replay(&file),
+    }
+}
+
+/// `stead replay FILE`: 0 the same decisions, 1 a divergence, 2 a file
+/// that is not a recording.
+fn replay(file: &Path) -> Result<u8, CliError> {
+    let unreadable = |message: String| CliError {
+        message,
+        code: EXIT_USAGE,
+    };
+    let recording = std::fs::read_to_string(file)
+        .map_err(|e| unreadable(format!("{}: cannot be read: {e}", file.display())))?;
+    let replayed = stead::engine::replay::replay(&recording)
+        .map_err(|e| unreadable(format!("{}: {e}", file.display())))?;
+    let (passes, steps) = (replayed.passes, replayed.steps);
+    match replayed.divergence {
+        None => {
+            say(format!(
+                "replayed {passes} pass(es), {steps} step(s) of {}: same decisions",
+                file.display()
+            ));
+            Ok(EXIT_OK)
+        }
+        Some(divergence) => {
+            say(format!(
+                "replayed {passes} pass(es), {steps} step(s) of {} with the same decisions, \
+                 then: {divergence}",
+                file.display()
+            ));
+            Ok(EXIT_FAILURE)
         }
     }
 }

@@ -168,6 +168,17 @@ pub enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// Re-run a flight recording (`[flight_recorder]`, one instance's
+    /// file) through the same machine and driver, its recorded answers and
+    /// instants in place of the ports and the clock, and say whether every
+    /// pass decided the same. Exit status 0: the same decisions; 1: the
+    /// first pass and step where the replay decided otherwise, printed;
+    /// 2: the file cannot be read, or a line is not a recorded pass (the
+    /// line and field named).
+    Replay {
+        #[arg(value_name = "FILE")]
+        file: PathBuf,
+    },
     /// One instance's recent history as a timeline: one line per event,
     /// grouped by pass, with the time between passes.
     Timeline {

@@ -56,7 +56,7 @@ impl Recoverer {
             service_type: instance.service_type.clone(),
             now: self.ports.clock.now(),
         };
-        let began_at = self.ports.clock.now();
+        let began_at = input.now;
         let mut pass = InstancePass::new(&self.policy, input);
         let mut steps = PassSteps {
             recoverer: self,
@@ -93,8 +93,11 @@ impl Recoverer {
         let report = pass.into_report();
         if let (Some(watcher), Some((active, inhibitions, held, before))) = (watcher, &watched) {
             watcher.passed(&WatchedPass {
+                policy: &self.policy,
                 instance: &instance.name,
                 intent: instance.intent(),
+                service_type: &instance.service_type,
+                began: began_at,
                 active,
                 inhibitions,
                 held: held.as_ref(),
@@ -236,8 +239,7 @@ impl Performer<InstancePass<'_>> for PassSteps<'_> {
             .await
     }
 
-    fn performed(&mut self, command: InstanceCommand, answer: &InstanceAnswer) {
-        let now = self.recoverer.ports.clock.now();
+    fn performed(&mut self, command: InstanceCommand, answer: &InstanceAnswer, now: Timestamp) {
         self.log.step(&command, self.why.take(), answer, now);
         if let Some(steps) = &mut self.watched {
             steps.push(WatchedStep {

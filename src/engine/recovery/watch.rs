@@ -8,6 +8,7 @@ use jiff::Timestamp;
 
 use crate::core::memory::InstanceMemory;
 use crate::core::pass::{Abandon, InstanceAnswer, InstanceCommand};
+use crate::core::policy::RecoveryPolicy;
 use crate::core::traffic::HeldRoutes;
 use crate::core::types::{ActiveRecord, Inhibition, InstanceName, Intent};
 
@@ -23,8 +24,14 @@ pub struct WatchedStep {
 /// One instance's pass, whole.
 #[derive(Debug)]
 pub struct WatchedPass<'a> {
+    /// The policy the pass ran under.
+    pub policy: &'a RecoveryPolicy,
     pub instance: &'a InstanceName,
     pub intent: Intent,
+    /// The instance's type (`PassInput::service_type`).
+    pub service_type: &'a str,
+    /// The `now` the pass's machine was built with (`PassInput::now`).
+    pub began: Timestamp,
     /// ACTIVE as the pass loaded it under the instance lock.
     pub active: &'a ActiveRecord,
     pub inhibitions: &'a [Inhibition],

@@ -359,6 +359,24 @@ impl Fixture {
         instance
     }
 
+    /// What the daemon records as it loads each of `catalogs` in turn
+    /// (ten seconds apart): `service_type`'s version as the file says it.
+    async fn record_versions<const N: usize>(&self, service_type: &str, catalogs: [&Catalog; N]) {
+        for (at, catalog) in (0u64..).step_by(10).zip(catalogs) {
+            let entry = catalog.get(service_type).unwrap();
+            self.store
+                .record_type_version(&TypeVersion {
+                    service_type: service_type.into(),
+                    version: entry.version.clone(),
+                    spec_digest: entry.spec_digest.clone(),
+                    source: catalog.source_of(service_type).unwrap().to_owned(),
+                    recorded_at: self.clock.now() + Duration::from_secs(at),
+                })
+                .await
+                .unwrap();
+        }
+    }
+
     /// The container ACTIVE names for `instance`'s web service.
     async fn web_container(&self, instance: &str) -> ContainerId {
         self.store
@@ -2334,19 +2352,7 @@ async fn rollout_undo_to_a_recorded_version_moves_an_instance_back_after_its_bak
         &Grants::default(),
     )
     .unwrap();
-    for (catalog, at) in [(&at_1, 0), (&*f.catalog, 10)] {
-        let entry = catalog.get("wiki").unwrap();
-        f.store
-            .record_type_version(&TypeVersion {
-                service_type: "wiki".into(),
-                version: entry.version.clone(),
-                spec_digest: entry.spec_digest.clone(),
-                source: catalog.source_of("wiki").unwrap().to_owned(),
-                recorded_at: f.clock.now() + Duration::from_secs(at),
-            })
-            .await
-            .unwrap();
-    }
+    f.record_versions("wiki", [&at_1, &*f.catalog]).await;
     let instance = f.served("wiki1", "1").await;
     f.enqueue(instance.id, TaskKind::Upgrade).await;
     assert_eq!(f.worker().work_once().await.unwrap().1, TaskEnd::Done);
@@ -2767,19 +2773,7 @@ async fn a_halted_types_reprovision_puts_back_the_recorded_version_not_the_catal
         &Grants::default(),
     )
     .unwrap();
-    for (catalog, at) in [(&at_1, 0), (&*f.catalog, 10)] {
-        let entry = catalog.get("wiki").unwrap();
-        f.store
-            .record_type_version(&TypeVersion {
-                service_type: "wiki".into(),
-                version: entry.version.clone(),
-                spec_digest: entry.spec_digest.clone(),
-                source: catalog.source_of("wiki").unwrap().to_owned(),
-                recorded_at: f.clock.now() + Duration::from_secs(at),
-            })
-            .await
-            .unwrap();
-    }
+    f.record_versions("wiki", [&at_1, &*f.catalog]).await;
     let instance = f.served("wiki1", "1").await;
     let gone = f.web_container("wiki1").await;
     f.store
@@ -2826,19 +2820,7 @@ async fn a_halted_helm_types_release_ahead_of_its_instance_is_put_back() {
         .unwrap()
     };
     let (at_1, at_2) = (helm("1"), helm("2"));
-    for (catalog, at) in [(&at_1, 0), (&at_2, 10)] {
-        let entry = catalog.get("search").unwrap();
-        f.store
-            .record_type_version(&TypeVersion {
-                service_type: "search".into(),
-                version: entry.version.clone(),
-                spec_digest: entry.spec_digest.clone(),
-                source: catalog.source_of("search").unwrap().to_owned(),
-                recorded_at: f.clock.now() + Duration::from_secs(at),
-            })
-            .await
-            .unwrap();
-    }
+    f.record_versions("search", [&at_1, &at_2]).await;
     let instance = f
         .store
         .create_instance(

@@ -1793,21 +1793,7 @@ pub(crate) fn helm_type_source(entry: &CatalogEntry) -> String {
     );
     definition.insert("provisioner".into(), Value::String("helm".into()));
     definition.insert("helm".into(), Value::Table(helm));
-    let mut types = Table::new();
-    types.insert(entry.service_type.clone(), Value::Table(definition));
-    let mut file = Table::new();
-    file.insert("types".into(), Value::Table(types));
-    let source = toml::to_string(&file).expect("a TOML table renders");
-    let parsed = Catalog::from_toml(&source, "the simulated catalog", &Default::default())
-        .unwrap_or_else(|e| {
-            panic!("the sim's Helm type renders to a file that does not parse: {e}\n{source}")
-        });
-    assert_eq!(
-        parsed.get(&entry.service_type),
-        Some(entry),
-        "the sim's Helm type renders to another entry:\n{source}"
-    );
-    source
+    checked_source(entry, definition)
 }
 
 /// The simulated Docker type as a catalog file says it. Read back through
@@ -1880,10 +1866,17 @@ pub(crate) fn docker_type_source(entry: &CatalogEntry) -> String {
     definition.insert("security".into(), Value::Boolean(entry.security));
     definition.insert("bake_ms".into(), ms(entry.bake));
     definition.insert("services".into(), Value::Array(services));
-    let mut types = Table::new();
-    types.insert(entry.service_type.clone(), Value::Table(definition));
-    let mut file = Table::new();
-    file.insert("types".into(), Value::Table(types));
+    checked_source(entry, definition)
+}
+
+/// `entry`'s type as a catalog file holding `definition` says it. Read
+/// back through the catalog's own parser it must be the very entry:
+/// anything else is a fault of the rendering, and the run stops on it.
+fn checked_source(entry: &CatalogEntry, definition: toml::Table) -> String {
+    let mut types = toml::Table::new();
+    types.insert(entry.service_type.clone(), toml::Value::Table(definition));
+    let mut file = toml::Table::new();
+    file.insert("types".into(), toml::Value::Table(types));
     let source = toml::to_string(&file).expect("a TOML table renders");
     let parsed = Catalog::from_toml(&source, "the simulated catalog", &Default::default())
         .unwrap_or_else(|e| {

@@ -320,10 +320,24 @@ async fn a_tick_and_the_task_it_enqueued_are_one_exported_trace() {
             .state,
         stead::core::fleet::TaskState::Done
     );
-    telemetry.flush();
-
     let (trace_id, tick_span_id) = ids(&tick.traceparent);
-    let all = exporting.received.spans();
+    // The export is asynchronous: a span ended reaches the batch
+    // processor's queue on its own, and a flush may overtake the last one
+    // (the task's, which ends last; CI once saw every span of the trace
+    // but it). Flushed until both roots of the trace are in, within a bound.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    let all = loop {
+        telemetry.flush();
+        let all = exporting.received.spans();
+        let arrived = |name: &str| {
+            all.iter()
+                .any(|(_, s)| s.name == name && hex(&s.trace_id) == trace_id)
+        };
+        if (arrived("tick") && arrived("task")) || std::time::Instant::now() > deadline {
+            break all;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    };
     assert!(!all.is_empty(), "no span arrived");
     assert!(all.iter().all(|(service, _)| service == "stead-test"));
     let trace: Vec<&Span> = all

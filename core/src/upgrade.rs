@@ -316,8 +316,12 @@ pub struct Upgrade {
     /// The steps removing stray generations of kept services, in order.
     sweeping: VecDeque<WorkCommand>,
     outstanding: Option<UpgradeCommand>,
-    /// The services switched, with the successor each now serves.
+    /// The services switched, with the successor each now serves: first
+    /// the `resumed` an earlier run of this upgrade switched.
     switched: Vec<(ServiceName, ActiveService)>,
+    resumed: usize,
+    /// How many services were behind when this run began.
+    behind: usize,
     /// All or nothing per instance (#40): once a later service fails, the
     /// steps putting every switched one back, in reverse order.
     reverting: VecDeque<UpgradeCommand>,
@@ -373,6 +377,16 @@ impl Upgrade {
             .filter(|h| h.reason == InhibitionReason::RetirementPending)
             .cloned()
             .collect();
+        // What an earlier run of this upgrade switched before it was cut
+        // short (a crash, a lost lease): all or nothing holds across runs.
+        let resumed = resumed_switches(&input);
+        let behind = if input.release.is_some() || input.halted {
+            0
+        } else {
+            input.services.iter().filter(|s| input.is_behind(s)).count()
+        };
+        let mut holds: Vec<Inhibition> = holds;
+        holds.extend(resumed.iter().filter_map(|r| r.hold.clone()));
         let stop_first = input
             .services
             .iter()
@@ -406,20 +420,35 @@ impl Upgrade {
             skipped_older_catalog,
             version: input.version,
             spec_digest: input.spec_digest,
-            active: input.active,
+            active: {
+                // ACTIVE as this upgrade found it: a resumed service's
+                // predecessor, which a failure puts back.
+                let mut before = input.active;
+                for r in &resumed {
+                    before
+                        .services
+                        .insert(r.service.clone(), r.predecessor.clone());
+                }
+                before
+            },
             // A Helm type has no services of stead's to replace.
             pending: if input.release.is_some() || halted {
                 VecDeque::new()
             } else {
                 pending
             },
+            behind,
             had_release: input.release.is_some(),
             release: input.release.filter(|_| !halted),
             current: None,
             retiring,
             sweeping,
             outstanding: None,
-            switched: Vec::new(),
+            switched: resumed
+                .iter()
+                .map(|r| (r.service.clone(), r.successor.clone()))
+                .collect(),
+            resumed: resumed.len(),
             reverting: VecDeque::new(),
             reverted: false,
             recorded_version: input.recorded_version,
@@ -559,6 +588,11 @@ impl Upgrade {
             Phase::Finish
         } else if self.switched.is_empty() {
             Phase::Drop
+        } else if self.behind == 0 {
+            // An earlier run switched every service: the new version
+            // serves whole (this run failed tidying up), and the retry
+            // finishes it.
+            Phase::Finish
         } else {
             self.reverting = revert_plan(
                 &self.instance,
@@ -1109,6 +1143,16 @@ impl Upgrade {
         };
     }
 
+    /// The services an earlier run of this upgrade switched (found from
+    /// their markers' way back), each with the predecessor a failure of
+    /// this run puts back.
+    pub fn resumed(&self) -> Vec<(ServiceName, ActiveService)> {
+        self.switched[..self.resumed]
+            .iter()
+            .map(|(name, _)| (name.clone(), self.active.services[name].clone()))
+            .collect()
+    }
+
     /// Whether the services switched before a failure were put back.
     pub fn reverted(&self) -> bool {
         self.reverted
@@ -1118,7 +1162,13 @@ impl Upgrade {
     /// stopped the upgrade with the services it had switched (put back:
     /// [`Self::reverted`]).
     pub fn into_report(self) -> Result<Vec<ServiceName>, (Vec<ServiceName>, TaskError)> {
-        let switched = self.switched.into_iter().map(|(name, _)| name).collect();
+        // What this run switched: an earlier run's are its own to report.
+        let switched = self
+            .switched
+            .into_iter()
+            .skip(self.resumed)
+            .map(|(name, _)| name)
+            .collect();
         match self.error {
             None => Ok(switched),
             Some(e) => Err((switched, e)),
@@ -1231,6 +1281,63 @@ fn revert_plan(
         }
     }
     plan
+}
+
+/// A service an earlier run of this very upgrade switched: ACTIVE names
+/// its successor at the target revision, and its predecessor, still there,
+/// waits under this upgrade's marker with the way back (a bake window).
+#[derive(Debug)]
+struct Resumed {
+    service: ServiceName,
+    successor: ActiveService,
+    predecessor: ActiveService,
+    /// An operator's hold its marker replaced.
+    hold: Option<Inhibition>,
+}
+
+/// The services an earlier run of this upgrade switched before it was
+/// cut short, so that a failure of this run puts them back too (all or
+/// nothing per instance, across crashes: the explorer's finding of #44).
+/// Only where the way back was kept: without a bake window the pass
+/// retires a predecessor as soon as its successor serves.
+fn resumed_switches(input: &UpgradeInput) -> Vec<Resumed> {
+    input
+        .services
+        .iter()
+        .filter(|spec| !input.is_behind(spec))
+        .filter_map(|spec| {
+            let successor = input.active.services.get(&spec.name)?;
+            let (marker, to) = input.inhibitions.iter().find_map(|m| {
+                let to = m.revert_to.as_ref()?;
+                (m.service == spec.name
+                    && m.reason == InhibitionReason::RetirementPending
+                    && m.operation == "upgrade"
+                    && m.container != successor.container
+                    && to.version == input.recorded_version
+                    && !to.undone
+                    && input.containers.iter().any(|(_, c)| *c == m.container))
+                .then_some((m, to))
+            })?;
+            Some(Resumed {
+                service: spec.name.clone(),
+                successor: successor.clone(),
+                predecessor: ActiveService {
+                    container: marker.container.clone(),
+                    effective_revision: to.revision.clone(),
+                    binds: to.binds.clone(),
+                    stop_grace: marker.stop_grace,
+                    // Stopped while it baked: started and verified afresh.
+                    verified_started_at: None,
+                },
+                hold: to.hold.as_ref().map(|hold| Inhibition {
+                    reason: InhibitionReason::Hold(hold.clone()),
+                    operation: "operator".into(),
+                    revert_to: None,
+                    ..marker.clone()
+                }),
+            })
+        })
+        .collect()
 }
 
 /// The reason of the hold on `container` among `holds`, if any.

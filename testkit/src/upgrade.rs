@@ -303,6 +303,10 @@ pub fn run_upgrade_and_check_with(
     mut answer: impl FnMut(&Upgrade, &UpgradeCommand, usize, bool) -> Option<UpgradeAnswer>,
 ) -> Option<usize> {
     let mut upgrade = Upgrade::new(input.clone());
+    // What an earlier run of this upgrade switched: a failure of this run
+    // puts them back too (all or nothing across runs), each to the
+    // predecessor its marker's way back names.
+    let resumed: BTreeMap<ServiceName, ActiveService> = upgrade.resumed().into_iter().collect();
     let tries =
         (CANDIDATE_RUNNING_WAIT_MAX.as_millis() / UPGRADE_RETRY_INTERVAL.as_millis()) as usize;
     let bound = input.services.len() * (tries + 8) + 3 + 7 + 5;
@@ -429,23 +433,35 @@ pub fn run_upgrade_and_check_with(
         if reverting && !matches!(command, UpgradeCommand::MoveState { .. }) {
             match &command {
                 UpgradeCommand::SaveMarker(hold) if hold.operation != "revert" => {
+                    let resumed_predecessor = resumed
+                        .get(&hold.service)
+                        .is_some_and(|p| p.container == hold.container);
                     assert!(
-                        input.inhibitions.contains(hold)
+                        (input.inhibitions.contains(hold) || resumed_predecessor)
                             && restored.contains(&hold.service)
-                            && input.active.names_container(&hold.container),
+                            && (input.active.names_container(&hold.container)
+                                || resumed_predecessor),
                         "while reverting, only a put-back predecessor's own hold is saved \
                          again: {hold:?}"
                     );
                 }
                 UpgradeCommand::SaveMarker(marker) => {
                     assert!(
-                        switched.contains(&marker.service),
+                        switched.contains(&marker.service) || resumed.contains_key(&marker.service),
                         "a revert marker on {}, which was not switched",
                         marker.service
                     );
+                    let successor = match seen.get(&marker.service) {
+                        Some(seen) => seen.candidate.as_ref(),
+                        None => input
+                            .active
+                            .services
+                            .get(&marker.service)
+                            .map(|a| &a.container),
+                    };
                     assert_eq!(
                         Some(&marker.container),
-                        seen[&marker.service].candidate.as_ref(),
+                        successor,
                         "the revert marker must name the successor"
                     );
                     assert_eq!(
@@ -466,7 +482,9 @@ pub fn run_upgrade_and_check_with(
                     );
                     assert_eq!(
                         Some(record),
-                        input.active.services.get(service),
+                        resumed
+                            .get(service)
+                            .or_else(|| input.active.services.get(service)),
                         "a revert puts back exactly the predecessor's record"
                     );
                     restored.push(service.clone());
@@ -864,6 +882,7 @@ pub fn run_upgrade_and_check_with(
             let mut put_back = restored.clone();
             put_back.sort();
             let mut all = switched.clone();
+            all.extend(resumed.keys().cloned());
             all.sort();
             if stop_first.revert_cut {
                 // A stop-first successor that may still run keeps ACTIVE.

@@ -23,8 +23,8 @@ use stead::core::errors::{ProbeError, StoreError};
 use stead::core::fleet::InstanceState;
 use stead::core::provision::{WorkAnswer, WorkCommand};
 use stead::core::types::{
-    ActiveRecord, Binds, ContainerId, ContainerStatus, Inhibition, Observation, RuntimeError,
-    ServiceName,
+    ActiveRecord, ActiveService, Binds, ContainerId, ContainerStatus, Inhibition, Observation,
+    RuntimeError, ServiceName,
 };
 use stead::core::upgrade::{UpgradeAnswer, UpgradeCommand, UpgradeInput};
 
@@ -365,10 +365,21 @@ fn whole(first: &UpgradeInput, world: &Stored, other_faults: bool, excused: bool
         .services
         .keys()
         .all(|name| listed(name).is_some());
-    let as_before = first
-        .services
-        .iter()
-        .all(|spec| world.active.services.get(&spec.name) == first.active.services.get(&spec.name));
+    // The same generations as before: a predecessor a resumed run put back
+    // from its marker's way back is verified afresh (no stamp carried).
+    let generation = |a: Option<&ActiveService>| {
+        a.map(|a| {
+            (
+                a.container.clone(),
+                a.effective_revision.clone(),
+                a.binds.clone(),
+            )
+        })
+    };
+    let as_before = first.services.iter().all(|spec| {
+        generation(world.active.services.get(&spec.name))
+            == generation(first.active.services.get(&spec.name))
+    });
     if world.recorded_version == first.version {
         assert!(
             upgraded && dropped_gone,

@@ -358,35 +358,15 @@ impl Upgrade {
             .filter(|spec| input.is_behind(spec))
             .cloned()
             .collect();
-        // An interrupted upgrade's hold (`stop-first`, or a dropped
-        // service's that the catalog lists again) is stead's, not an
-        // operator's: the sweep clears it, nothing carries it forward.
-        let holds = input
-            .inhibitions
-            .iter()
-            .filter(|h| {
-                h.reason != InhibitionReason::RetirementPending
-                    && !h.reason.is_upgrades()
-                    && input.active.names_container(&h.container)
-            })
-            .cloned()
-            .collect();
-        let markers = input
-            .inhibitions
-            .iter()
-            .filter(|h| h.reason == InhibitionReason::RetirementPending)
-            .cloned()
-            .collect();
         // What an earlier run of this upgrade switched before it was cut
         // short (a crash, a lost lease): all or nothing holds across runs.
         let resumed = resumed_switches(&input);
+        let (holds, markers) = records_of(&input, &resumed);
         let behind = if input.release.is_some() || input.halted {
             0
         } else {
             input.services.iter().filter(|s| input.is_behind(s)).count()
         };
-        let mut holds: Vec<Inhibition> = holds;
-        holds.extend(resumed.iter().filter_map(|r| r.hold.clone()));
         let stop_first = input
             .services
             .iter()
@@ -420,17 +400,7 @@ impl Upgrade {
             skipped_older_catalog,
             version: input.version,
             spec_digest: input.spec_digest,
-            active: {
-                // ACTIVE as this upgrade found it: a resumed service's
-                // predecessor, which a failure puts back.
-                let mut before = input.active;
-                for r in &resumed {
-                    before
-                        .services
-                        .insert(r.service.clone(), r.predecessor.clone());
-                }
-                before
-            },
+            active: active_before(input.active, &resumed),
             // A Helm type has no services of stead's to replace.
             pending: if input.release.is_some() || halted {
                 VecDeque::new()
@@ -1281,6 +1251,43 @@ fn revert_plan(
         }
     }
     plan
+}
+
+/// The holds on ACTIVE's generations (with those a resumed service's
+/// marker replaced), which their markers replace, and the retirement
+/// markers. An interrupted upgrade's hold (`stop-first`, or a dropped
+/// service's that the catalog lists again) is stead's, not an operator's:
+/// the sweep clears it, nothing carries it forward.
+fn records_of(input: &UpgradeInput, resumed: &[Resumed]) -> (Vec<Inhibition>, Vec<Inhibition>) {
+    let holds = input
+        .inhibitions
+        .iter()
+        .filter(|h| {
+            h.reason != InhibitionReason::RetirementPending
+                && !h.reason.is_upgrades()
+                && input.active.names_container(&h.container)
+        })
+        .cloned()
+        .chain(resumed.iter().filter_map(|r| r.hold.clone()))
+        .collect();
+    let markers = input
+        .inhibitions
+        .iter()
+        .filter(|h| h.reason == InhibitionReason::RetirementPending)
+        .cloned()
+        .collect();
+    (holds, markers)
+}
+
+/// ACTIVE as this upgrade found it: a resumed service's predecessor,
+/// which a failure puts back, in place of its successor.
+fn active_before(mut active: ActiveRecord, resumed: &[Resumed]) -> ActiveRecord {
+    for r in resumed {
+        active
+            .services
+            .insert(r.service.clone(), r.predecessor.clone());
+    }
+    active
 }
 
 /// A service an earlier run of this very upgrade switched: ACTIVE names

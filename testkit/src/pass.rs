@@ -1,34 +1,22 @@
 //! Drives one `InstancePass` with arbitrary answers and checks the pass's
-//! own safety properties (docs/rules.md R2, R15, T5; S1, S5):
+//! own safety properties with the core's judge (`stead::core::judge`,
+//! which lists them: R1/S1, R15/S5, the bake's rules of #40, T5, and the
+//! pass's bound); here besides, abandoning a pass ends it at once.
 //!
-//! - no command stops or removes a container ACTIVE names;
-//! - a predecessor is removed only after this pass stopped it (or found it
-//!   gone), and its marker is cleared only after its claims were released —
-//!   or without touching it when ACTIVE still names it;
-//! - a predecessor of a running service ACTIVE still has is stopped only
-//!   when this pass verified the successor without republishing it, the
-//!   final inspection showed that very execution running, and the proxy,
-//!   read back just then, routed the service to the successor's binds;
-//! - a stale route withdrawn is one ACTIVE does not name;
-//! - the pass ends, within a bound, and abandoning it ends it at once.
-//!
-//! Shared by the cargo-fuzz target `instance_pass` and by
-//! `tests/pass_properties.rs` (as `stead_testkit::…`), like `machine.rs`.
-
-use std::collections::BTreeMap;
+//! Shared by the cargo-fuzz target `instance_pass`, by
+//! `tests/pass_properties.rs` and by the exhaustive explorer (as
+//! `stead_testkit::…`), like `machine.rs`.
 
 use std::time::Duration;
-use stead::core::bake::{self, RevertStep};
 use stead::core::errors::{StoreError, TrafficError};
 use stead::core::fleet::add;
+use stead::core::judge::{Breach, PassJudge};
 use stead::core::memory::InstanceMemory;
 use stead::core::pass::{
     Abandon, InstanceAnswer, InstanceCommand, InstancePass, InstanceReport, PassInput,
 };
 use stead::core::policy::RecoveryPolicy;
-use stead::core::recovery::{
-    Command, GenerationMemory, Outcome, ServiceMemory, Verdict, COMMANDS_PER_RECOVERY_MAX,
-};
+use stead::core::recovery::{Command, GenerationMemory, Outcome, ServiceMemory};
 use stead::core::traffic::HeldRoutes;
 use stead::core::types::{
     ActiveRecord, ActiveService, ContainerId, ContainerStatus, GenerationKey, Health, Inhibition,
@@ -340,16 +328,6 @@ fn base_execution() -> Option<Timestamp> {
     execution(1)
 }
 
-/// What the pass did to one predecessor, in order.
-#[derive(Default)]
-struct Predecessor {
-    stopped: bool,
-    /// Its stop answered "no such container": nothing is kept.
-    gone: bool,
-    removed: bool,
-    claims_released: bool,
-}
-
 /// Runs the pass over `answers` (cycled) and panics on any violated
 /// property.
 /// Returns how many predecessors the pass retired, and whether it
@@ -404,169 +382,14 @@ pub fn run_pass_and_check_with(
     let input = &case.input;
     let mut abandoned = false;
     let mut pass = InstancePass::new(&case.policy, input.clone());
-    let bound = input.active.services.len() * COMMANDS_PER_RECOVERY_MAX as usize
-        + input.inhibitions.len() * 6
-        + input.held.as_ref().map_or(0, |h| h.len())
-        + 1;
-    let named_by_active = |id: &ContainerId| input.active.names_container(id);
-    let mut predecessors: BTreeMap<ContainerId, Predecessor> = BTreeMap::new();
-    // Per service: the last successor inspection and route read.
-    let mut inspected: BTreeMap<ServiceName, Observation> = BTreeMap::new();
-    let mut routed: BTreeMap<ServiceName, Option<u16>> = BTreeMap::new();
-    let mut marker_service: Option<ServiceName> = None;
-    let mut stops: Vec<(ServiceName, ContainerId)> = Vec::new();
-    let mut issued = 0usize;
-    // #40: the predecessors kept while their successors bake, by container.
-    let baking = || bake::baking(&input.inhibitions, &input.active, input.now);
-    let bakes = |id: &ContainerId| baking().any(|(m, _, _)| &m.container == id);
-    let baking_successor = baking().next().is_some();
-    let mut reverts: Vec<RevertStep> = Vec::new();
-    let mut withdrawn_stale: Vec<ServiceKey> = Vec::new();
+    let mut judge = PassJudge::new(input);
+    let judged = |result: Result<(), Breach>| {
+        if let Err(breach) = result {
+            panic!("{breach}");
+        }
+    };
     while let Some(command) = pass.poll_command() {
-        issued += 1;
-        assert!(
-            issued <= bound,
-            "the pass issued more than {bound} commands"
-        );
-        if !reverts.is_empty() {
-            assert!(
-                matches!(
-                    command,
-                    InstanceCommand::Revert { .. } | InstanceCommand::WithdrawStale(_)
-                ),
-                "after a revert the pass leaves the markers to the next one, not {command:?}"
-            );
-        }
-        match &command {
-            InstanceCommand::RemovePredecessor(generation)
-            | InstanceCommand::ReleaseClaims(generation)
-                if bakes(&generation.container)
-                    && !predecessors
-                        .get(&generation.container)
-                        .is_some_and(|p| p.gone) =>
-            {
-                panic!("{command:?} of a predecessor that still bakes (#40: it is the way back)");
-            }
-            InstanceCommand::Revert { step, .. } => {
-                assert!(baking_successor, "a revert with nothing baking: {step:?}");
-                if reverts.is_empty() {
-                    assert!(
-                        matches!(**step, RevertStep::HaltRollout { .. }),
-                        "a revert halts the type first, not {step:?}"
-                    );
-                }
-                if let RevertStep::RestoreActive { service, record } = &**step {
-                    assert!(
-                        bakes(&record.container),
-                        "ACTIVE put back on {}, which is no baking predecessor",
-                        record.container
-                    );
-                    // A `stop-first` successor is stopped first: never two
-                    // on the service's volumes.
-                    let (_, back, successor) = baking()
-                        .find(|(m, _, _)| &m.service == service)
-                        .expect("a baking marker of the service");
-                    if back.stop_first {
-                        assert!(
-                            reverts.iter().any(|r| matches!(
-                                r,
-                                RevertStep::StopSuccessor { generation, .. }
-                                    if generation.container == successor.container
-                            )),
-                            "ACTIVE of stop-first {service} put back before its successor \
-                             {} was stopped",
-                            successor.container
-                        );
-                    }
-                }
-                if let RevertStep::StopSuccessor { generation, .. } = &**step {
-                    assert!(
-                        baking().any(|(m, back, successor)| back.stop_first
-                            && m.service == generation.service
-                            && successor.container == generation.container),
-                        "stopped {}, which is no stop-first baking successor",
-                        generation.container
-                    );
-                }
-                reverts.push((**step).clone());
-            }
-            _ => {}
-        }
-        match &command {
-            InstanceCommand::StopPredecessor { generation, .. } => {
-                assert!(
-                    !named_by_active(&generation.container),
-                    "stopped ACTIVE's container {}",
-                    generation.container
-                );
-                stops.push((generation.service.clone(), generation.container.clone()));
-            }
-            InstanceCommand::RemovePredecessor(generation) => {
-                assert!(
-                    !named_by_active(&generation.container),
-                    "removed ACTIVE's container {}",
-                    generation.container
-                );
-                let p = predecessors
-                    .entry(generation.container.clone())
-                    .or_default();
-                assert!(
-                    p.stopped,
-                    "removed {} before stopping it",
-                    generation.container
-                );
-            }
-            InstanceCommand::ClearMarker(generation) => {
-                let p = predecessors
-                    .entry(generation.container.clone())
-                    .or_default();
-                assert!(
-                    named_by_active(&generation.container) || (p.removed && p.claims_released),
-                    "cleared the marker of {} before it was gone and its claims released",
-                    generation.container
-                );
-            }
-            InstanceCommand::ReleaseClaims(generation) => {
-                let p = predecessors
-                    .entry(generation.container.clone())
-                    .or_default();
-                assert!(
-                    p.removed,
-                    "released claims of {} still present",
-                    generation.container
-                );
-            }
-            InstanceCommand::WithdrawStale(key) => {
-                withdrawn_stale.push(key.clone());
-                assert!(
-                    !input.active.services.contains_key(&key.service),
-                    "withdrew the route of {} which ACTIVE names",
-                    key.service
-                );
-            }
-            InstanceCommand::InspectSuccessor(id) => {
-                marker_service = input
-                    .active
-                    .services
-                    .iter()
-                    .find(|(_, s)| &s.container == id)
-                    .map(|(name, _)| name.clone());
-            }
-            _ => {}
-        }
-        if let InstanceCommand::Service { key, .. } = &command {
-            assert_eq!(
-                Some(&key.container),
-                input
-                    .active
-                    .services
-                    .get(&key.service)
-                    .map(|a| &a.container),
-                "R1/S1: recovered {} of {}, which ACTIVE does not name",
-                key.container,
-                key.service
-            );
-        }
+        judged(judge.decided(&command));
         let (answer, then_abandon) = match drive(&pass, &command) {
             Drive::Answer(answer) => (answer, None),
             Drive::AnswerThenAbandon(answer, why) => (answer, Some(why)),
@@ -576,44 +399,7 @@ pub fn run_pass_and_check_with(
                 continue;
             }
         };
-        match (&command, &answer) {
-            (
-                InstanceCommand::StopPredecessor { generation, .. },
-                InstanceAnswer::PredecessorStopped(r),
-            ) => {
-                if matches!(r, Ok(()) | Err(RuntimeError::NotFound)) {
-                    let p = predecessors
-                        .entry(generation.container.clone())
-                        .or_default();
-                    p.stopped = true;
-                    p.gone = matches!(r, Err(RuntimeError::NotFound));
-                }
-            }
-            (InstanceCommand::RemovePredecessor(g), InstanceAnswer::PredecessorRemoved(Ok(()))) => {
-                predecessors.entry(g.container.clone()).or_default().removed = true;
-            }
-            (InstanceCommand::ReleaseClaims(g), InstanceAnswer::ClaimsReleased(Ok(()))) => {
-                predecessors
-                    .entry(g.container.clone())
-                    .or_default()
-                    .claims_released = true;
-            }
-            (InstanceCommand::InspectSuccessor(_), InstanceAnswer::SuccessorInspected(Ok(obs))) => {
-                if let Some(service) = &marker_service {
-                    inspected.insert(service.clone(), obs.clone());
-                }
-            }
-            (InstanceCommand::ReadRoutes, InstanceAnswer::RoutesRead(Ok(routes))) => {
-                if let Some(service) = &marker_service {
-                    let key = ServiceKey {
-                        instance: input.instance.clone(),
-                        service: service.clone(),
-                    };
-                    routed.insert(service.clone(), routes.get(&key).copied());
-                }
-            }
-            _ => {}
-        }
+        judge.answered(&command, &answer);
         pass.handle(answer, input.now);
         if let Some(why) = then_abandon {
             abandoned = true;
@@ -622,89 +408,7 @@ pub fn run_pass_and_check_with(
         }
     }
     let report = pass.into_report();
-    // #40: a revert happens exactly when a baking successor failed this
-    // pass by the rule's own reading, or an operator undid it, and not
-    // otherwise.
-    let failed = baking()
-        .any(|(m, back, _)| back.undone && add(m.created_at, bake::UNDO_TASK_GRACE) <= input.now)
-        || report.reports.iter().any(|r| {
-            baking().any(|(m, _, successor)| {
-                m.service == r.key.service
-                    && successor.container == r.key.container
-                    && bake::fails_while_baking(r, successor).is_some()
-            })
-        });
-    if !abandoned {
-        // T5: every route the proxy held for a service ACTIVE does not
-        // name was withdrawn (or tried).
-        if let Some(held) = &input.held {
-            for key in held.keys() {
-                if !input.active.services.contains_key(&key.service) {
-                    assert!(
-                        withdrawn_stale.contains(key),
-                        "the stale route of {} was never withdrawn",
-                        key.service
-                    );
-                }
-            }
-        }
-        assert_eq!(
-            !reverts.is_empty(),
-            failed,
-            "a revert must follow exactly a baking successor's failure: reverts {reverts:?}"
-        );
-    } else {
-        assert!(
-            reverts.is_empty() || failed,
-            "a revert without a failure: {reverts:?}"
-        );
-    }
-    // R15 / S5: a predecessor of a running service ACTIVE has was stopped
-    // only behind a verified, unchanged, routed successor.
-    for (service, container) in stops {
-        let Some(successor) = input.active.services.get(&service) else {
-            continue;
-        };
-        if input.intent == Intent::Stopped {
-            continue;
-        }
-        let verdict = report
-            .reports
-            .iter()
-            .find(|r| r.key.service == service)
-            .map(|r| &r.verdict);
-        let Some(Verdict::Verified {
-            started_at,
-            published: false,
-        }) = verdict
-        else {
-            panic!("retired {container} without its successor verified this pass: {verdict:?}");
-        };
-        let unrecorded = report
-            .reports
-            .iter()
-            .filter(|r| r.key.service == service)
-            .flat_map(|r| &r.errors)
-            .any(|e| matches!(e, stead::core::recovery::RecoveryError::RecordFailed(_)));
-        assert!(
-            !unrecorded,
-            "retired {container} though its successor's verified execution was never recorded (S5)"
-        );
-        let obs = inspected
-            .get(&service)
-            .unwrap_or_else(|| panic!("retired {container} without inspecting the successor"));
-        assert!(
-            obs.status == ContainerStatus::Running && obs.started_at == *started_at,
-            "retired {container}: the successor's final inspection was {obs:?}, verified {started_at:?}"
-        );
-        if !successor.binds.is_empty() {
-            assert_eq!(
-                routed.get(&service).copied().flatten(),
-                successor.binds.values().next().copied(),
-                "retired {container} while the proxy did not route {service} to its successor"
-            );
-        }
-    }
-    let reverted = !reverts.is_empty();
+    judged(judge.finished(&report, abandoned));
+    let reverted = judge.reverted();
     (report, reverted)
 }

@@ -32,7 +32,9 @@
 //!   one the proxy held is withdrawn (or tried);
 //! - the pass ends within a bound of commands.
 
+pub mod budget_model;
 mod finish;
+pub mod recovery;
 
 use std::collections::BTreeMap;
 use std::fmt;

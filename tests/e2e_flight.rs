@@ -2,8 +2,9 @@
 //! Caddy. A daemon with `[flight_recorder]` on records a crash loop and a
 //! steady instance through a Caddy restart (its route republished, T5);
 //! `stead replay` (the binary) re-runs each instance's file with the same
-//! decisions, and names the pass and step of a recording edited to start
-//! a container without withdrawing its traffic first (R8).
+//! decisions and every rule kept, and names the pass and step of a
+//! recording edited to start a container without withdrawing its traffic
+//! first: where the replay parts from it, and the rule it breaks (R8).
 
 mod e2e;
 mod support;
@@ -130,7 +131,8 @@ async fn a_recorded_crash_loop_and_caddy_restart_replay_with_the_same_decisions(
         assert_eq!(code, 0, "{instance}: {out}");
         assert!(
             out.contains(&format!("replayed {} pass(es)", lines.len()))
-                && out.contains("same decisions"),
+                && out.contains("same decisions")
+                && out.contains("every recorded decision kept the rules"),
             "{out}"
         );
         eprintln!("{out}");
@@ -166,7 +168,16 @@ async fn a_recorded_crash_loop_and_caddy_restart_replay_with_the_same_decisions(
                 pass + 1,
                 at + 1
             ))
-            && out.contains("the replay decided `withdraw the route of service http"),
+            && out.contains("the replay decided `withdraw the route of service http")
+            // The recorded decisions, as edited, are judged too: the
+            // step after the deleted withdrawal goes on before failing
+            // closed, which breaks R8 there.
+            && out.contains(&format!(
+                "pass {} (instance {crashy}), step {}: recorded `",
+                pass + 1,
+                at + 1
+            ))
+            && out.contains("breaks R8: "),
         "pass {} step {} (recorded next: {next}): {out}",
         pass + 1,
         at + 1

@@ -201,8 +201,19 @@ impl Fixture {
     /// The recovery of process `holder` (its own lease view, this
     /// process's locks).
     fn recoverer_of(&self, holder: &str) -> Arc<Recoverer> {
+        self.recoverer_broken(holder, None)
+    }
+
+    /// The recovery of process `holder`, with `broken` armed (the mutation
+    /// exercise's switch).
+    fn recoverer_broken(
+        &self,
+        holder: &str,
+        broken: Option<stead::core::broken::Mutant>,
+    ) -> Arc<Recoverer> {
         let policy = RecoveryPolicy {
             instance_deadline: Duration::from_millis(300),
+            broken,
             ..Default::default()
         };
         let ttl = reconciler_lease_ttl(
@@ -3483,10 +3494,15 @@ mod flight {
     /// apart: started three times, then held back by the budget's delays
     /// (R10). Its passes as recorded.
     async fn crash_loop() -> Vec<String> {
+        crash_loop_broken(None).await
+    }
+
+    /// [`crash_loop`], recorded by a daemon with `broken` armed.
+    async fn crash_loop_broken(broken: Option<stead::core::broken::Mutant>) -> Vec<String> {
         let f = fixture();
         f.served("crashy", "2").await;
         let web = f.web_container("crashy").await;
-        let recoverer = f.recoverer();
+        let recoverer = f.recoverer_broken("a", broken);
         let lines = Arc::new(Lines::default());
         recoverer.watch_passes(Arc::new(FlightRecorder::new(lines.clone())));
         for _ in 0..8 {
@@ -3523,6 +3539,11 @@ mod flight {
             replayed.divergence.unwrap()
         );
         assert_eq!(replayed.passes, 8);
+        assert!(
+            replayed.broken.is_empty(),
+            "a clean crash loop broke no rule: {:?}",
+            replayed.broken
+        );
         let steps: usize = lines
             .iter()
             .map(|l| read_line(1, l).unwrap().steps.len())
@@ -3559,6 +3580,22 @@ mod flight {
             .expect("the deleted withdrawal is found");
         assert_eq!((divergence.pass, divergence.step), (pass + 1, at + 1));
         assert_eq!(replayed.passes, pass, "the passes before it replayed whole");
+        // The recorded decisions, as edited, break R8 at that very step:
+        // the grants checked before failing closed.
+        let [broken] = &replayed.broken[..] else {
+            panic!("one rule broken: {:?}", replayed.broken);
+        };
+        assert_eq!(broken.pass, pass + 1);
+        assert_eq!(broken.step.as_ref().map(|(at, _)| *at), Some(at + 1));
+        assert_eq!(broken.breach.rule, "R8", "{broken}");
+        assert!(
+            broken.to_string().starts_with(&format!(
+                "pass {} (instance crashy), step {}: recorded `check the grants of service web",
+                pass + 1,
+                at + 1
+            )),
+            "{broken}"
+        );
         // The machine still withdraws first; the recording, edited, went
         // on to the grants check before the start.
         match &divergence.what {
@@ -3637,6 +3674,58 @@ mod flight {
             "{divergence}"
         );
         assert_eq!(divergence.step, first.steps.len() + 1);
+    }
+
+    /// A daemon whose rule was broken (the mutation exercise's switch,
+    /// which a recording never carries): its recording is judged at the
+    /// step that broke the rule. The replay, running the rules unbroken,
+    /// parts from it where the decisions first differ: at that step (a
+    /// start without a withdrawal) or before it (the probe skipped, then
+    /// the publication that breaks S2).
+    #[tokio::test(start_paused = true)]
+    async fn a_recording_of_a_broken_rule_names_the_rule_at_its_step() {
+        use stead::core::broken::Mutant;
+        for (mutant, rule, ahead) in [
+            (Mutant::SkipWithdrawBeforeStart, "R8", 0),
+            (Mutant::PublishBeforeReadiness, "S2", 3),
+        ] {
+            let lines = crash_loop_broken(Some(mutant)).await;
+            let replayed = replay(&lines.join("\n")).unwrap();
+            let broken = replayed
+                .broken
+                .first()
+                .unwrap_or_else(|| panic!("{mutant:?}: no rule found broken"));
+            assert_eq!(broken.breach.rule, rule, "{mutant:?}: {broken}");
+            let divergence = replayed
+                .divergence
+                .unwrap_or_else(|| panic!("{mutant:?}: the replay decided the same"));
+            let at = broken.step.as_ref().map(|(at, _)| *at);
+            assert_eq!(
+                (broken.pass, at),
+                (divergence.pass, Some(divergence.step + ahead)),
+                "{mutant:?}: judged at {broken}, parted at {divergence}"
+            );
+        }
+    }
+
+    /// R1/S1 is the pass's own rule: a step edited to act on a container
+    /// ACTIVE does not name is judged at that step.
+    #[tokio::test(start_paused = true)]
+    async fn a_step_on_a_container_active_does_not_name_breaks_r1() {
+        let lines = crash_loop().await;
+        let mut value: serde_json::Value = serde_json::from_str(&lines[2]).unwrap();
+        value["steps"][1]["command"]["Service"]["key"]["container"] = serde_json::json!("imposter");
+        let replayed = replay(&format!("{}\n{}\n{value}", lines[0], lines[1])).unwrap();
+        let [broken] = &replayed.broken[..] else {
+            panic!("one rule broken: {:?}", replayed.broken);
+        };
+        assert_eq!((broken.pass, broken.breach.rule), (3, "R1/S1"), "{broken}");
+        assert_eq!(broken.step.as_ref().map(|(at, _)| *at), Some(2));
+        assert!(broken.to_string().contains("imposter"), "{broken}");
+        assert_eq!(
+            replayed.passes, 2,
+            "the two passes before it replayed whole"
+        );
     }
 
     #[tokio::test(start_paused = true)]

@@ -510,23 +510,13 @@ impl<'p> InstancePass<'p> {
             service: service.clone(),
             container: record.container.clone(),
         };
-        let service_key = ServiceKey {
-            instance: self.instance.clone(),
-            service: service.clone(),
-        };
-        let proxy = match &self.held {
-            None => ProxyView::Unknown,
-            Some(held) => held
-                .get(&service_key)
-                .map_or(ProxyView::Absent, |port| ProxyView::Dials(*port)),
-        };
         let input = ServiceInput {
             inhibition: inhibition_for(&self.inhibitions, &service, &record.container),
             memory: self.memory.service(&key),
             key,
             active: record,
             intent: self.intent,
-            proxy,
+            proxy: proxy_view(self.held.as_ref(), &self.instance, &service),
         };
         ServiceRecovery::new(self.policy, input)
     }
@@ -943,6 +933,25 @@ impl Machine for InstancePass<'_> {
 impl MachineAnswer for InstanceAnswer {
     fn port_failure(&self) -> Option<(PortName, ErrorKind)> {
         InstanceAnswer::port_failure(self)
+    }
+}
+
+/// What the proxy holds for `service` of `instance`, as its recovery is
+/// handed it (T5): also what the judge hands its rules (`core::judge`).
+pub(crate) fn proxy_view(
+    held: Option<&HeldRoutes>,
+    instance: &InstanceName,
+    service: &ServiceName,
+) -> ProxyView {
+    let key = ServiceKey {
+        instance: instance.clone(),
+        service: service.clone(),
+    };
+    match held {
+        None => ProxyView::Unknown,
+        Some(held) => held
+            .get(&key)
+            .map_or(ProxyView::Absent, |port| ProxyView::Dials(*port)),
     }
 }
 

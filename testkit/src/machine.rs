@@ -294,7 +294,7 @@ pub fn run_and_check_with(
     mut answer: impl FnMut(&ServiceRecovery<'_>, &Command, Timestamp) -> (Outcome, Timestamp),
 ) -> Report {
     let mut machine = ServiceRecovery::new(&case.policy, case.input.clone());
-    let mut judge = RecoveryJudge::new(&case.policy, &case.input, start);
+    let mut judge = RecoveryJudge::new(&case.policy, case.input.clone(), start);
     let judged = |result: Result<(), Breach>| {
         if let Err(breach) = result {
             panic!("{breach}");

@@ -382,7 +382,7 @@ pub fn run_pass_and_check_with(
     let input = &case.input;
     let mut abandoned = false;
     let mut pass = InstancePass::new(&case.policy, input.clone());
-    let mut judge = PassJudge::new(input);
+    let mut judge = PassJudge::new(&case.policy, input);
     let judged = |result: Result<(), Breach>| {
         if let Err(breach) = result {
             panic!("{breach}");
@@ -399,7 +399,7 @@ pub fn run_pass_and_check_with(
                 continue;
             }
         };
-        judge.answered(&command, &answer);
+        judge.answered(&command, &answer, input.now);
         pass.handle(answer, input.now);
         if let Some(why) = then_abandon {
             abandoned = true;

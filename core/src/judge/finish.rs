@@ -19,6 +19,16 @@ impl PassJudge<'_> {
         for (service, container) in &self.stops {
             self.judge_retirement(report, service, container)?;
         }
+        for (service, recovery) in &self.recoveries {
+            // A recovery cut short by the driver ends with what the pass
+            // makes of it (failed, withdrawal pending), not its own report.
+            if abandoned && self.recovering.as_ref() == Some(service) {
+                continue;
+            }
+            if let Some(r) = report.reports.iter().find(|r| &r.key.service == service) {
+                recovery.finished(r)?;
+            }
+        }
         Ok(())
     }
 

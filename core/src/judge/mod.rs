@@ -30,21 +30,27 @@
 //!   it);
 //! - T5: a stale route withdrawn is one ACTIVE does not name, and every
 //!   one the proxy held is withdrawn (or tried);
-//! - the pass ends within a bound of commands.
+//! - the pass ends within a bound of commands;
+//! - and each service's recovery keeps its own rules ([`recovery`]: R4–R14,
+//!   S2–S7, S11), judged against the reference budget model.
 
 pub mod budget_model;
 mod finish;
 pub mod recovery;
 
+use recovery::RecoveryJudge;
+
 use std::collections::BTreeMap;
 use std::fmt;
 
 use super::bake::{self, RevertStep};
-use super::pass::{InstanceAnswer, InstanceCommand, PassInput};
-use super::recovery::COMMANDS_PER_RECOVERY_MAX;
+use super::pass::{proxy_view, InstanceAnswer, InstanceCommand, PassInput};
+use super::policy::RecoveryPolicy;
+use super::recovery::{ServiceInput, COMMANDS_PER_RECOVERY_MAX};
+use super::retire::inhibition_for;
 use super::types::{
-    ActiveService, ContainerId, Inhibition, Observation, RevertTo, RuntimeError, ServiceKey,
-    ServiceName,
+    ActiveService, ContainerId, GenerationKey, Inhibition, Observation, RevertTo, RuntimeError,
+    ServiceKey, ServiceName, Timestamp,
 };
 
 /// A baking predecessor's marker, its way back, and the successor it bakes.
@@ -83,7 +89,12 @@ struct Predecessor {
 /// ([`answered`](Self::answered)), and the report at the end
 /// ([`finished`](Self::finished)).
 pub struct PassJudge<'i> {
+    policy: &'i RecoveryPolicy,
     input: &'i PassInput,
+    /// Each service's recovery, from its first command.
+    recoveries: BTreeMap<ServiceName, RecoveryJudge<'i>>,
+    /// The service whose recovery the last command was a step of.
+    recovering: Option<ServiceName>,
     bound: usize,
     issued: usize,
     predecessors: BTreeMap<ContainerId, Predecessor>,
@@ -98,13 +109,17 @@ pub struct PassJudge<'i> {
 }
 
 impl<'i> PassJudge<'i> {
-    pub fn new(input: &'i PassInput) -> Self {
+    /// A pass over `input` under `policy`.
+    pub fn new(policy: &'i RecoveryPolicy, input: &'i PassInput) -> Self {
         let bound = input.active.services.len() * COMMANDS_PER_RECOVERY_MAX as usize
             + input.inhibitions.len() * 6
             + input.held.as_ref().map_or(0, |h| h.len())
             + 1;
         PassJudge {
+            policy,
             input,
+            recoveries: BTreeMap::new(),
+            recovering: None,
             bound,
             issued: 0,
             predecessors: BTreeMap::new(),
@@ -155,9 +170,9 @@ impl<'i> PassJudge<'i> {
         }
         self.bake_rules(command)?;
         self.retirement_rules(command)?;
-        if let InstanceCommand::Service { key, .. } = command {
+        if let InstanceCommand::Service { key, command } = command {
             let named = self.input.active.services.get(&key.service);
-            if named.map(|a| &a.container) != Some(&key.container) {
+            let Some(record) = named.filter(|a| a.container == key.container) else {
                 return breach(
                     "R1/S1",
                     format!(
@@ -165,7 +180,17 @@ impl<'i> PassJudge<'i> {
                         key.container, key.service
                     ),
                 );
-            }
+            };
+            let (policy, input) = (self.policy, self.input);
+            let recovery = self
+                .recoveries
+                .entry(key.service.clone())
+                .or_insert_with(|| {
+                    let service = service_input(input, &key.service, record);
+                    RecoveryJudge::new(policy, service, input.now)
+                });
+            self.recovering = Some(key.service.clone());
+            recovery.decided(command)?;
         }
         Ok(())
     }
@@ -347,9 +372,15 @@ impl<'i> PassJudge<'i> {
         !self.reverts.is_empty()
     }
 
-    /// Takes in what `command` was answered.
-    pub fn answered(&mut self, command: &InstanceCommand, answer: &InstanceAnswer) {
+    /// Takes in what `command` was answered, and the `now` handed with
+    /// the answer.
+    pub fn answered(&mut self, command: &InstanceCommand, answer: &InstanceAnswer, now: Timestamp) {
         match (command, answer) {
+            (InstanceCommand::Service { key, .. }, InstanceAnswer::Service(outcome)) => {
+                if let Some(recovery) = self.recoveries.get_mut(&key.service) {
+                    recovery.answered(outcome, now);
+                }
+            }
             (
                 InstanceCommand::StopPredecessor { generation, .. },
                 InstanceAnswer::PredecessorStopped(r),
@@ -390,5 +421,23 @@ impl<'i> PassJudge<'i> {
             }
             _ => {}
         }
+    }
+}
+
+/// What the recovery of `service`, on the container ACTIVE names for it,
+/// is handed within a pass over `input` (as `core::pass` hands it).
+fn service_input(input: &PassInput, service: &ServiceName, record: &ActiveService) -> ServiceInput {
+    let key = GenerationKey {
+        instance: input.instance.clone(),
+        service: service.clone(),
+        container: record.container.clone(),
+    };
+    ServiceInput {
+        inhibition: inhibition_for(&input.inhibitions, service, &record.container),
+        memory: input.memory.service(&key),
+        key,
+        active: record.clone(),
+        intent: input.intent,
+        proxy: proxy_view(input.held.as_ref(), &input.instance, service),
     }
 }

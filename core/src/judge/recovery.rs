@@ -26,7 +26,7 @@ fn require(holds: bool, rule: &'static str, what: impl FnOnce() -> String) -> Re
 /// ([`finished`](Self::finished)).
 pub struct RecoveryJudge<'a> {
     policy: &'a RecoveryPolicy,
-    input: &'a ServiceInput,
+    input: ServiceInput,
     /// The budget as remembered before the run, in the reference model.
     budget_at_start: BudgetModel,
     /// The last execution known verified when the run began (R17).
@@ -58,11 +58,10 @@ pub struct RecoveryJudge<'a> {
 
 impl<'a> RecoveryJudge<'a> {
     /// A recovery of `input` under `policy`, beginning at `start`.
-    pub fn new(policy: &'a RecoveryPolicy, input: &'a ServiceInput, start: Timestamp) -> Self {
+    pub fn new(policy: &'a RecoveryPolicy, input: ServiceInput, start: Timestamp) -> Self {
         let memory = &input.memory;
         Self {
             policy,
-            input,
             budget_at_start: BudgetModel::from_entry(memory.generation.budget.as_ref()),
             verified_at_start: memory
                 .generation
@@ -84,6 +83,7 @@ impl<'a> RecoveryJudge<'a> {
             ready: Vec::new(),
             recorded: input.active.verified_started_at,
             recording: None,
+            input,
         }
     }
 

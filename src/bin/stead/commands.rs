@@ -77,8 +77,9 @@ pub async fn dispatch(command: Command, config: DaemonConfig) -> Result<u8, CliE
     }
 }
 
-/// `stead replay FILE`: 0 the same decisions, 1 a divergence, 2 a file
-/// that is not a recording.
+/// `stead replay FILE`: 0 the same decisions and every rule kept, 1 a
+/// divergence or a rule the recorded decisions broke, 2 a file that is
+/// not a recording.
 fn replay(file: &Path) -> Result<u8, CliError> {
     let unreadable = |message: String| CliError {
         message,
@@ -89,23 +90,27 @@ fn replay(file: &Path) -> Result<u8, CliError> {
     let replayed = stead::engine::replay::replay(&recording)
         .map_err(|e| unreadable(format!("{}: {e}", file.display())))?;
     let (passes, steps) = (replayed.passes, replayed.steps);
-    match replayed.divergence {
-        None => {
-            say(format!(
-                "replayed {passes} pass(es), {steps} step(s) of {}: same decisions",
-                file.display()
-            ));
-            Ok(EXIT_OK)
-        }
-        Some(divergence) => {
-            say(format!(
-                "replayed {passes} pass(es), {steps} step(s) of {} with the same decisions, \
-                 then: {divergence}",
-                file.display()
-            ));
-            Ok(EXIT_FAILURE)
+    let file = file.display();
+    match &replayed.divergence {
+        None => say(format!(
+            "replayed {passes} pass(es), {steps} step(s) of {file}: same decisions"
+        )),
+        Some(divergence) => say(format!(
+            "replayed {passes} pass(es), {steps} step(s) of {file} with the same decisions, \
+             then: {divergence}"
+        )),
+    }
+    match replayed.broken.len() {
+        0 => say("every recorded decision kept the rules"),
+        n => {
+            say(format!("{n} recorded pass(es) broke a rule:"));
+            for broken in &replayed.broken {
+                say(format!("  {broken}"));
+            }
         }
     }
+    let clean = replayed.divergence.is_none() && replayed.broken.is_empty();
+    Ok(if clean { EXIT_OK } else { EXIT_FAILURE })
 }
 
 async fn run(config: DaemonConfig, role: RoleArg, once: bool) -> Result<u8, CliError> {

@@ -9,7 +9,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use futures_util::FutureExt;
 
 use crate::core::machine::{Abandon, MachineCommand};
-use crate::core::pass::{InstanceAnswer, InstanceCommand, InstancePass};
+use crate::core::pass::{InstanceAnswer, InstanceCommand, InstancePass, InstanceReport};
 use crate::core::record::{RecordedPass, RecordedStep, FORMAT};
 use crate::core::types::Timestamp;
 use crate::ports::Clock;
@@ -17,8 +17,10 @@ use crate::ports::Clock;
 use super::drive::{drive, Performer};
 
 mod divergence;
+mod judged;
 
 pub use divergence::{Diverged, Divergence};
+pub use judged::Broken;
 
 /// What a replay found.
 #[derive(Debug)]
@@ -29,6 +31,9 @@ pub struct Replayed {
     pub steps: usize,
     /// The first place the replayed machine decided otherwise, if any.
     pub divergence: Option<Divergence>,
+    /// The first rule each recorded pass broke, in order, up to the
+    /// divergence's pass.
+    pub broken: Vec<Broken>,
 }
 
 /// A recording that cannot be read: its line and what is wrong there.
@@ -51,24 +56,29 @@ pub fn replay(recording: &str) -> Result<Replayed, BadRecording> {
         passes: 0,
         steps: 0,
         divergence: None,
+        broken: Vec::new(),
     };
     for (line, pass) in &passes {
         // A recording the machine cannot take (an ACTIVE or memory that
         // contradicts itself, written by hand) is bad input, not a crash.
-        let replayed_pass =
-            std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| replay_pass(pass))).map_err(
-                |panic| BadRecording {
-                    line: *line,
-                    problem: format!(
-                        "the machine cannot run this pass: {}",
-                        panic
-                            .downcast_ref::<String>()
-                            .map(String::as_str)
-                            .or_else(|| panic.downcast_ref::<&str>().copied())
-                            .unwrap_or("it stopped")
-                    ),
-                },
-            )?;
+        let (replayed_pass, broken) =
+            std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                let replayed_pass = replay_pass(pass);
+                let broken = judged::judge(*line, pass, replayed_pass.as_ref().ok());
+                (replayed_pass, broken)
+            }))
+            .map_err(|panic| BadRecording {
+                line: *line,
+                problem: format!(
+                    "the machine cannot run this pass: {}",
+                    panic
+                        .downcast_ref::<String>()
+                        .map(String::as_str)
+                        .or_else(|| panic.downcast_ref::<&str>().copied())
+                        .unwrap_or("it stopped")
+                ),
+            })?;
+        replayed.broken.extend(broken);
         if let Err(parted) = replayed_pass {
             let (step, what) = *parted;
             replayed.divergence = Some(Divergence {
@@ -125,9 +135,9 @@ pub fn read_line(line: usize, text: &str) -> Result<RecordedPass, BadRecording> 
 /// Where a pass parted from its recording: the step's index, and how.
 type Parted = Box<(usize, Diverged)>;
 
-/// Runs one recorded pass again; the step index and how it parted, if it
-/// did.
-fn replay_pass(recorded: &RecordedPass) -> Result<(), Parted> {
+/// Runs one recorded pass again: its report, or the step index and how
+/// it parted.
+fn replay_pass(recorded: &RecordedPass) -> Result<InstanceReport, Parted> {
     let at = AtomicUsize::new(0);
     let mut machine = InstancePass::new(&recorded.policy, recorded.input.clone());
     let mut performer = Answers {
@@ -171,17 +181,17 @@ fn replay_pass(recorded: &RecordedPass) -> Result<(), Parted> {
         let (recorded, replayed) = (recorded.abandoned, abandoned);
         return Err(Box::new((step, Diverged::Abandoned { recorded, replayed })));
     }
-    let memory = machine.into_report().memory;
-    if memory != recorded.after {
+    let report = machine.into_report();
+    if report.memory != recorded.after {
         return Err(Box::new((
             step,
             Diverged::Memory {
                 recorded: Box::new(recorded.after.clone()),
-                replayed: Box::new(memory),
+                replayed: Box::new(report.memory),
             },
         )));
     }
-    Ok(())
+    Ok(report)
 }
 
 /// Answers each command from the recording, while the machine asks for

@@ -193,6 +193,13 @@ fn fixture() -> Fixture {
     }
 }
 
+/// The fixture's catalog file as written at `version`, parsed again (its
+/// spec digests that version's own): what the daemon loaded that day.
+fn catalog_file_at(version: &str) -> Catalog {
+    let text = CATALOG.replace("version = \"2\"", &format!("version = \"{version}\""));
+    Catalog::from_toml(&text, "catalog.toml", &Grants::default()).unwrap()
+}
+
 impl Fixture {
     fn recoverer(&self) -> Arc<Recoverer> {
         self.recoverer_of("a")
@@ -2357,13 +2364,8 @@ async fn rollout_undo_puts_a_baking_instance_back_without_a_gap_and_is_safe_to_r
 #[tokio::test]
 async fn rollout_undo_to_a_recorded_version_moves_an_instance_back_after_its_bake() {
     let f = fixture();
-    let at_1 = Catalog::from_toml(
-        &CATALOG.replace("version = \"2\"", "version = \"1\""),
-        "catalog.toml",
-        &Grants::default(),
-    )
-    .unwrap();
-    f.record_versions("wiki", [&at_1, &*f.catalog]).await;
+    f.record_versions("wiki", [&catalog_file_at("1"), &*f.catalog])
+        .await;
     let instance = f.served("wiki1", "1").await;
     f.enqueue(instance.id, TaskKind::Upgrade).await;
     assert_eq!(f.worker().work_once().await.unwrap().1, TaskEnd::Done);
@@ -2778,13 +2780,8 @@ async fn a_failed_candidate_removed_under_a_retirement_marker_takes_its_marker_w
 #[tokio::test]
 async fn a_halted_types_reprovision_puts_back_the_recorded_version_not_the_catalogs() {
     let f = fixture();
-    let at_1 = Catalog::from_toml(
-        &CATALOG.replace("version = \"2\"", "version = \"1\""),
-        "catalog.toml",
-        &Grants::default(),
-    )
-    .unwrap();
-    f.record_versions("wiki", [&at_1, &*f.catalog]).await;
+    f.record_versions("wiki", [&catalog_file_at("1"), &*f.catalog])
+        .await;
     let instance = f.served("wiki1", "1").await;
     let gone = f.web_container("wiki1").await;
     f.store

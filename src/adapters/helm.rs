@@ -218,6 +218,13 @@ struct ChartMetadata {
     version: String,
 }
 
+/// What a history read makes of a release helm does not know.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Missing {
+    NoHistory,
+    Error,
+}
+
 impl HelmProvisioner {
     /// Validates the config: errors name the field and the value.
     pub fn new(config: HelmConfig) -> Result<Self, ProvisionError> {
@@ -255,6 +262,28 @@ impl HelmProvisioner {
                 "status of release {} in {}",
                 release.name, release.namespace
             ))),
+        }
+    }
+
+    /// `helm history -o json` of `release`: its revisions; a release
+    /// helm does not know is an error, or no history (`missing`).
+    async fn history(
+        &self,
+        name: &str,
+        namespace: &str,
+        missing: Missing,
+    ) -> Result<Vec<Revision>, ProvisionError> {
+        let args = ["history", name, "--namespace", namespace, "-o", "json"];
+        match self.run(&args, None).await {
+            Ok(stdout) => parse_history(&stdout),
+            Err(HelmFailure::Exit { stderr, .. })
+                if missing == Missing::NoHistory && stderr.contains(RELEASE_NOT_FOUND) =>
+            {
+                Ok(Vec::new())
+            }
+            Err(failure) => {
+                Err(failure.into_error(&format!("history of release {name} in {namespace}")))
+            }
         }
     }
 
@@ -507,22 +536,11 @@ impl Provisioner for HelmProvisioner {
         check_dns_label("namespace", &release.namespace)?;
         check_arg("chart_version", &release.chart_version)?;
         let subject = format!("release {} in {}", release.name, release.namespace);
-        let history = [
-            "history",
-            &release.name,
-            "--namespace",
-            &release.namespace,
-            "-o",
-            "json",
-        ];
-        let history = match self.run(&history, None).await {
-            Ok(stdout) => parse_history(&stdout)?,
-            // Never installed: an upgrade installs it at the version.
-            Err(HelmFailure::Exit { stderr, .. }) if stderr.contains(RELEASE_NOT_FOUND) => {
-                Vec::new()
-            }
-            Err(failure) => return Err(failure.into_error(&format!("history of {subject}"))),
-        };
+        // Never installed: no history, and an upgrade installs it at the
+        // version.
+        let history = self
+            .history(&release.name, &release.namespace, Missing::NoHistory)
+            .await?;
         let revision = match RollBack::of(&history, &release.chart_version) {
             RollBack::Already => return Ok(()),
             RollBack::To(revision) => revision,
@@ -610,18 +628,9 @@ impl Provisioner for HelmProvisioner {
     ) -> Result<(), ProvisionError> {
         let release = helm_release(target)?;
         let subject = format!("release {} in {}", release.name, release.namespace);
-        let history = [
-            "history",
-            &release.name,
-            "--namespace",
-            &release.namespace,
-            "-o",
-            "json",
-        ];
-        let history = match self.run(&history, None).await {
-            Ok(stdout) => parse_history(&stdout)?,
-            Err(failure) => return Err(failure.into_error(&format!("history of {subject}"))),
-        };
+        let history = self
+            .history(&release.name, &release.namespace, Missing::Error)
+            .await?;
         let revision = revision_away_from(&history, bad_chart_version).map(|r| r.to_string());
         let timeout = self.wait_timeout_arg();
         let mut args = vec!["rollback", &release.name];

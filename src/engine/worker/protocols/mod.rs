@@ -51,6 +51,22 @@ impl Worker {
             })
     }
 
+    /// `render` handed `instance`'s release with its `parameters` at
+    /// `entry`'s version (this worker's catalog: the machines refuse one
+    /// behind the instance's and record one ahead), its failure named.
+    fn rendered<T, E: Into<Cause>>(
+        instance: &Instance,
+        entry: &CatalogEntry,
+        parameters: &BTreeMap<String, String>,
+        render: impl FnOnce(&ReleaseParams<'_>) -> Result<T, E>,
+    ) -> Result<T, TaskError> {
+        let params = ReleaseParams {
+            parameters,
+            ..ReleaseParams::of(instance, &entry.version)
+        };
+        render(&params).map_err(|e| TaskError::new(&instance.name, "render the release", e))
+    }
+
     /// The instance's containers the runtime lists, as (service, container).
     async fn containers_of(
         &self,

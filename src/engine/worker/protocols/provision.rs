@@ -28,16 +28,9 @@ impl Worker {
             .await
             .map_err(|e| TaskError::new(name, "load ACTIVE", e))?;
         let parameters = entry.parameters_of(&instance.parameters);
-        // Made from this worker's catalog, so of its version: the machine
-        // refuses one behind the instance's, and records one ahead.
-        let params = ReleaseParams {
-            parameters: &parameters,
-            ..ReleaseParams::of(instance, &entry.version)
-        };
-        let release = entry
-            .provisioning
-            .spec_of(&params, false)
-            .map_err(|e| TaskError::new(name, "render the release", e))?;
+        let release = Self::rendered(instance, &entry, &parameters, |params| {
+            entry.provisioning.spec_of(params, false)
+        })?;
         let (containers, inhibitions) = if entry.provisioning == Provisioning::Docker {
             (
                 self.containers_of(instance).await?,

@@ -9,7 +9,7 @@ use crate::core::catalog::CatalogEntry;
 use crate::core::errors::TaskError;
 use crate::core::fleet::Instance;
 use crate::core::machine::Machine;
-use crate::core::release::{Provisioning, ReleaseParams};
+use crate::core::release::Provisioning;
 use crate::core::spec::ReadinessProbe;
 use crate::core::undo::{Undo, UndoInput, Undone};
 use crate::core::upgrade::{Upgrade, UpgradeInput};
@@ -55,17 +55,13 @@ impl Worker {
         // A Helm type is upgraded by Helm, atomically, to the chart of the
         // catalog's version; a Docker type service by service.
         let parameters = entry.parameters_of(&instance.parameters);
-        let params = ReleaseParams {
-            parameters: &parameters,
-            ..ReleaseParams::of(instance, &entry.version)
-        };
         let release = match &entry.provisioning {
             Provisioning::Docker => None,
-            Provisioning::Helm(chart) => Some(
-                chart
-                    .release_of(&params, true)
-                    .map_err(|e| TaskError::new(name, "render the release", e))?,
-            ),
+            Provisioning::Helm(chart) => {
+                Some(Self::rendered(instance, &entry, &parameters, |params| {
+                    chart.release_of(params, true)
+                })?)
+            }
         };
         let inhibitions = p
             .store

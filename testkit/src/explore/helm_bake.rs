@@ -203,7 +203,10 @@ impl Judge {
         );
         match command {
             HelmBakeCommand::Check { release, tests } => {
-                assert!(self.bad.is_none(), "a check after the release was found bad");
+                assert!(
+                    self.bad.is_none(),
+                    "a check after the release was found bad"
+                );
                 assert_eq!(release, &self.input.release, "a check of another release");
                 assert_eq!(
                     *tests,
@@ -223,7 +226,10 @@ impl Judge {
                 );
                 assert!(!self.restored, "the record restored twice");
                 assert_eq!(instance, &self.input.instance);
-                assert_eq!(version, &self.input.previous_version, "restored to another version");
+                assert_eq!(
+                    version, &self.input.previous_version,
+                    "restored to another version"
+                );
                 assert_eq!(spec_digest, &self.input.previous_spec_digest);
             }
             HelmBakeCommand::RollBack {
@@ -240,7 +246,10 @@ impl Judge {
                      would leave the record newer than the release"
                 );
                 assert!(self.rolled_back.is_none(), "rolled back twice");
-                assert_eq!(release, &self.input.release, "a rollback of another release");
+                assert_eq!(
+                    release, &self.input.release,
+                    "a rollback of another release"
+                );
                 assert_eq!(
                     bad_chart_version, &self.input.chart_version,
                     "rolled back off another chart version than the upgrade installed"
@@ -283,7 +292,10 @@ impl Judge {
             due <= later(now, HELM_BAKE_CHECK_INTERVAL),
             "a check due at {due}, more than an interval after {now}"
         );
-        assert!(self.bad.is_none(), "waiting after the release was found bad");
+        assert!(
+            self.bad.is_none(),
+            "waiting after the release was found bad"
+        );
     }
 
     /// The machine is done and reports `report`.
@@ -298,14 +310,22 @@ impl Judge {
                 Abandon::MandateLost => ErrorKind::Fenced,
                 Abandon::Deadline => ErrorKind::Transient,
             };
-            assert_eq!(kind, Some(expected), "abandoned ({why:?}), reported {report:?}");
+            assert_eq!(
+                kind,
+                Some(expected),
+                "abandoned ({why:?}), reported {report:?}"
+            );
             return;
         }
         match report {
             Ok(BakeVerdict::Held) => self.held(),
             Ok(BakeVerdict::Unchecked(why)) => self.unchecked(why),
             Ok(BakeVerdict::Reverted(reason)) => {
-                assert_eq!(self.bad.as_ref(), Some(reason), "reverted for another reason");
+                assert_eq!(
+                    self.bad.as_ref(),
+                    Some(reason),
+                    "reverted for another reason"
+                );
                 assert_eq!(self.rolled_back, Some(Ok(())), "reverted, not rolled back");
             }
             Err(e) => self.failed(e),
@@ -346,15 +366,26 @@ impl Judge {
 
     /// The run failed with `e`: its rollback or its restore did.
     fn failed(&self, e: &TaskError) {
-        let reason = self.bad.as_deref().expect("a failure only after a bad check");
+        let reason = self
+            .bad
+            .as_deref()
+            .expect("a failure only after a bad check");
         assert!(
-            e.step.contains(&format!("went bad while baking ({reason})")),
+            e.step
+                .contains(&format!("went bad while baking ({reason})")),
             "a failure that does not say why it rolled back: {e}"
         );
         if self.restore_failed {
-            assert!(self.rolled_back.is_none(), "rolled back after a failed restore");
+            assert!(
+                self.rolled_back.is_none(),
+                "rolled back after a failed restore"
+            );
         } else {
-            assert_eq!(self.rolled_back, Some(Err(())), "failed, yet rolled back: {e}");
+            assert_eq!(
+                self.rolled_back,
+                Some(Err(())),
+                "failed, yet rolled back: {e}"
+            );
         }
     }
 }
@@ -393,8 +424,16 @@ fn check(
 ) -> Result<HelmBakeAnswer, Option<Abandon>> {
     let error = |e: ProvisionError| Ok(HelmBakeAnswer::Checked(Err(e)));
     match ch.choose(if tests { 8 } else { 7 }) {
-        1 => return error(ProvisionError::Unavailable("Kubernetes cluster unreachable".into())),
-        2 => return error(ProvisionError::Unavailable("helm status timed out after 30s".into())),
+        1 => {
+            return error(ProvisionError::Unavailable(
+                "Kubernetes cluster unreachable".into(),
+            ))
+        }
+        2 => {
+            return error(ProvisionError::Unavailable(
+                "helm status timed out after 30s".into(),
+            ))
+        }
         3 => return error(ProvisionError::Failed("helm status: exit status 1".into())),
         4 => world.bad_from = Some(world.bad_from.map_or(now, |t| t.min(now))),
         5 => return Err(None),
@@ -466,81 +505,168 @@ fn effect(
     Ok(answer)
 }
 
-/// One run of the machine, driven as `engine::drive` drives it.
-fn bake(ch: &mut Chooser, world: &mut Helm, input: HelmBakeInput, now: &mut Timestamp) -> Ended {
-    let attempt = world.revisions.len() - 1;
-    let mut machine = HelmBake::new(input.clone());
-    let mut judge = Judge::new(&input, machine.until());
-    loop {
-        ch.state(&(&machine, &*world));
-        if let Some(command) = machine.poll_command() {
-            judge.issued(&command, *now);
-            let answer = match &command {
-                // The driver checks the mandate right before an effect.
-                effect_command if effect_command.is_effect() => effect(ch, world, effect_command),
-                HelmBakeCommand::Check { tests, .. } => check(ch, world, *tests, *now),
-                other => unreachable!("{other:?} is an effect"),
-            };
-            world.check();
-            let answer = match answer {
-                Ok(answer) => answer,
-                Err(lost) => {
-                    ch.step(|| format!("attempt {attempt}: {command:?} -> lost: {lost:?}"));
-                    match lost {
-                        None => return judge.crashed(),
-                        Some(why) => {
-                            machine.abandon(why);
-                            judge.abandoned = Some(why);
-                            // The driver goes on: nothing more to issue.
-                            if why == Abandon::MandateLost {
-                                continue;
-                            }
-                            break;
-                        }
-                    }
-                }
-            };
-            *now = later(*now, STEP);
-            let at = *now;
-            ch.step(|| format!("attempt {attempt}, {at}: {command:?} -> {answer:?}"));
-            judge.answered(&command, &answer);
-            machine.handle(answer, *now);
-            if let Some(due) = machine.poll_timeout() {
-                judge.waits(due, *now);
+/// `command`, short, for a trace line.
+fn show(command: &HelmBakeCommand) -> String {
+    match command {
+        HelmBakeCommand::Check { tests: false, .. } => "check the status".to_owned(),
+        HelmBakeCommand::Check { tests: true, .. } => "check the status and test".to_owned(),
+        HelmBakeCommand::RestoreVersion {
+            version,
+            spec_digest,
+            ..
+        } => format!("restore the record to {version} ({spec_digest:?})"),
+        HelmBakeCommand::RollBack {
+            bad_chart_version, ..
+        } => format!("roll back off chart {bad_chart_version}"),
+    }
+}
+
+/// Seconds since the path began, for a trace line.
+fn t(now: Timestamp) -> i64 {
+    now.as_second() - base().as_second()
+}
+
+/// What the driver does after a step.
+enum Next {
+    Go,
+    /// The machine is done, or abandoned for a deadline (the caller
+    /// dropped the driver).
+    Stop,
+    /// The process died.
+    Crash,
+}
+
+/// One run of the machine and its judge.
+struct Run {
+    machine: HelmBake,
+    judge: Judge,
+    attempt: usize,
+}
+
+impl Run {
+    fn abandon(&mut self, why: Abandon) {
+        self.machine.abandon(why);
+        self.judge.abandoned = Some(why);
+    }
+
+    /// Performs `command` as the driver does: the mandate checked right
+    /// before an effect, the answer handed with the clock read after it.
+    fn command(
+        &mut self,
+        ch: &mut Chooser,
+        world: &mut Helm,
+        command: HelmBakeCommand,
+        now: &mut Timestamp,
+    ) -> Next {
+        let (attempt, at) = (self.attempt, t(*now));
+        ch.step(|| format!("attempt {attempt}, t+{at}s: {}", show(&command)));
+        self.judge.issued(&command, *now);
+        let answer = match &command {
+            HelmBakeCommand::Check { tests, .. } => check(ch, world, *tests, *now),
+            effect_command => {
+                assert!(
+                    effect_command.is_effect(),
+                    "{effect_command:?} is no effect"
+                );
+                effect(ch, world, effect_command)
             }
-        } else if let Some(due) = machine.poll_timeout() {
-            match ch.choose(4) {
-                1 => *now = later(due, LATE),
-                2 => {
-                    ch.step(|| format!("attempt {attempt}: waiting, the deadline passes"));
-                    machine.abandon(Abandon::Deadline);
-                    judge.abandoned = Some(Abandon::Deadline);
-                    break;
-                }
-                3 => {
-                    ch.step(|| format!("attempt {attempt}: the process dies while waiting"));
-                    return judge.crashed();
-                }
-                _ => *now = due,
+        };
+        world.check();
+        let answer = match answer {
+            Ok(answer) => answer,
+            Err(None) => {
+                ch.step(|| "   -> the process dies, the answer lost".to_owned());
+                return Next::Crash;
             }
-            let at = *now;
-            ch.step(|| format!("attempt {attempt}: wakes at {at} for {due}"));
-            machine.handle_timeout(*now);
-        } else {
-            break;
+            Err(Some(why)) => {
+                ch.step(|| format!("   -> abandoned: {}", why.describe()));
+                self.abandon(why);
+                // Lease lost, the driver goes on (with nothing to issue);
+                // a deadline drops it.
+                return match why {
+                    Abandon::MandateLost => Next::Go,
+                    Abandon::Deadline => Next::Stop,
+                };
+            }
+        };
+        *now = later(*now, STEP);
+        ch.step(|| format!("   -> {answer:?}"));
+        self.judge.answered(&command, &answer);
+        self.machine.handle(answer, *now);
+        if let Some(due) = self.machine.poll_timeout() {
+            self.judge.waits(due, *now);
+        }
+        Next::Go
+    }
+
+    /// The machine waits until `due`: the driver's clock wakes on time or
+    /// late, or the deadline passes, or the process dies.
+    fn timeout(&mut self, ch: &mut Chooser, due: Timestamp, now: &mut Timestamp) -> Next {
+        let attempt = self.attempt;
+        match ch.choose(4) {
+            1 => *now = later(due, LATE),
+            2 => {
+                ch.step(|| format!("attempt {attempt}: waiting, the deadline passes"));
+                self.abandon(Abandon::Deadline);
+                return Next::Stop;
+            }
+            3 => {
+                ch.step(|| format!("attempt {attempt}: the process dies while waiting"));
+                return Next::Crash;
+            }
+            _ => *now = due,
+        }
+        let (at, due) = (t(*now), t(due));
+        ch.step(|| format!("attempt {attempt}: wakes at t+{at}s for t+{due}s"));
+        self.machine.handle_timeout(*now);
+        Next::Go
+    }
+
+    /// Done or abandoned: nothing more, even woken again; the report
+    /// judged.
+    fn end(mut self, ch: &mut Chooser, now: Timestamp) -> Ended {
+        assert_eq!(self.machine.poll_command(), None, "a command once done");
+        assert_eq!(self.machine.poll_timeout(), None, "a wait once done");
+        self.machine
+            .handle_timeout(later(now, Duration::from_secs(3600)));
+        assert_eq!(
+            self.machine.poll_command(),
+            None,
+            "a command once done and woken"
+        );
+        let report = self.machine.into_report();
+        let attempt = self.attempt;
+        ch.step(|| format!("attempt {attempt} reports {report:?}"));
+        self.judge.reported(&report);
+        Ended {
+            found_bad: self.judge.bad.is_some(),
+            report: Some(report),
         }
     }
-    // Done or abandoned: nothing more, even woken again.
-    assert_eq!(machine.poll_command(), None, "a command once done");
-    assert_eq!(machine.poll_timeout(), None, "a wait once done");
-    machine.handle_timeout(later(*now, Duration::from_secs(3600)));
-    assert_eq!(machine.poll_command(), None, "a command once done and woken");
-    let report = machine.into_report();
-    ch.step(|| format!("attempt {attempt} reports {report:?}"));
-    judge.reported(&report);
-    Ended {
-        found_bad: judge.bad.is_some(),
-        report: Some(report),
+}
+
+/// One run of the machine, driven as `engine::drive` drives it.
+fn bake(ch: &mut Chooser, world: &mut Helm, input: HelmBakeInput, now: &mut Timestamp) -> Ended {
+    let machine = HelmBake::new(input.clone());
+    let mut run = Run {
+        judge: Judge::new(&input, machine.until()),
+        machine,
+        attempt: world.revisions.len() - 1,
+    };
+    loop {
+        ch.state(&(&run.machine, &*world));
+        let next = if let Some(command) = run.machine.poll_command() {
+            run.command(ch, world, command, now)
+        } else if let Some(due) = run.machine.poll_timeout() {
+            run.timeout(ch, due, now)
+        } else {
+            Next::Stop
+        };
+        match next {
+            Next::Go => {}
+            Next::Stop => return run.end(ch, *now),
+            Next::Crash => return run.judge.crashed(),
+        }
     }
 }
 
@@ -548,7 +674,12 @@ fn bake(ch: &mut Chooser, world: &mut Helm, input: HelmBakeInput, now: &mut Time
 fn setup(ch: &mut Chooser, started: Timestamp) -> (Duration, Helm) {
     let window = WINDOWS[ch.setup(WINDOWS.len())];
     let which = ch.setup(RELEASES.len());
-    ch.step(|| format!("setup: a window of {window} s, a release {}", RELEASES[which]));
+    ch.step(|| {
+        format!(
+            "setup: a window of {window} s, a release {}",
+            RELEASES[which]
+        )
+    });
     let second_check = later(started, HELM_BAKE_CHECK_INTERVAL + STEP * 2);
     let world = Helm {
         revisions: vec![OLD.1.to_owned()],

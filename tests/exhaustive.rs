@@ -120,9 +120,11 @@ fn every_upgrade_mutant_is_found() {
 }
 
 /// The mutants of the exercise that live in the Helm bake.
+const HELM_BAKE_MUTANTS: [Mutant; 1] = [Mutant::UnreachableIsBad];
+
 #[test]
 fn every_helm_bake_mutant_is_found() {
-    for mutant in [Mutant::UnreachableIsBad] {
+    for mutant in HELM_BAKE_MUTANTS {
         find("helm bake", mutant, HELM_BAKE_DEPTH, |ch| {
             explore::helm_bake::run(ch, Some(mutant))
         });

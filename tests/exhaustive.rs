@@ -14,6 +14,7 @@ use stead_testkit::explore::{self, depth_from_env, explore, Stats};
 const RECOVERY_DEPTH: usize = 2;
 const PASS_DEPTH: usize = 2;
 const UPGRADE_DEPTH: usize = 3;
+const HELM_BAKE_DEPTH: usize = 3;
 
 fn report(result: Result<Stats, Box<explore::Counterexample>>) {
     match result {
@@ -43,6 +44,14 @@ fn the_upgrade_with_crashes_and_resumptions_holds_every_rule() {
     let depth = depth_from_env(UPGRADE_DEPTH);
     report(explore("upgrade", depth, |ch| {
         explore::upgrade::run_strict(ch)
+    }));
+}
+
+#[test]
+fn the_helm_bake_holds_every_rule() {
+    let depth = depth_from_env(HELM_BAKE_DEPTH);
+    report(explore("helm bake", depth, |ch| {
+        explore::helm_bake::run(ch, None)
     }));
 }
 
@@ -106,6 +115,18 @@ fn every_upgrade_mutant_is_found() {
     ] {
         find("upgrade", mutant, UPGRADE_DEPTH, |ch| {
             explore::upgrade::run(ch, Some(mutant))
+        });
+    }
+}
+
+/// The mutants of the exercise that live in the Helm bake.
+const HELM_BAKE_MUTANTS: [Mutant; 1] = [Mutant::UnreachableIsBad];
+
+#[test]
+fn every_helm_bake_mutant_is_found() {
+    for mutant in HELM_BAKE_MUTANTS {
+        find("helm bake", mutant, HELM_BAKE_DEPTH, |ch| {
+            explore::helm_bake::run(ch, Some(mutant))
         });
     }
 }

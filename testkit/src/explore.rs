@@ -41,6 +41,7 @@
 //!   violation, so two equal machine states may still differ in what can
 //!   be violated next.
 
+pub mod helm_bake;
 pub mod pass;
 pub mod recovery;
 pub mod upgrade;

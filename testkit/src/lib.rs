@@ -12,7 +12,8 @@
 //!   cargo-fuzz targets. Their inputs are plain numbers, so proptest and
 //!   `arbitrary` can both produce them.
 //! - [`explore`]: the exhaustive bounded explorer of the recovery, the
-//!   pass and the upgrade (`tests/exhaustive.rs`), over the same checkers.
+//!   pass, the upgrade and the Helm bake (`tests/exhaustive.rs`), over the
+//!   same checkers.
 //! - [`fleet`]: steady fleets for the scale benchmark and round-trip tests.
 //! - [`mutants`]: the switch that arms one deliberately broken rule.
 

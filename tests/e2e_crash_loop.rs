@@ -9,11 +9,9 @@ mod e2e;
 mod support;
 mod support_services;
 
-use std::path::Path;
-use std::process::Command;
 use std::time::Duration;
 
-use e2e::{catalog, wait_until, CapturedLog, Harness, Setup};
+use e2e::{catalog, stead_cli, wait_until, CapturedLog, Harness, Setup};
 use support_services::docker::Cleanup;
 use support_services::unique;
 
@@ -27,24 +25,6 @@ const EXIT_CODE: i64 = 3;
 /// How many budget decisions the test reads: the free attempt's and at
 /// least two backoffs.
 const DECISIONS_MIN: usize = 3;
-
-/// Runs the `stead` binary on `config`: its exit status and standard
-/// output.
-fn stead(config: &Path, args: &[&str]) -> (i32, String) {
-    let output = Command::new(env!("CARGO_BIN_EXE_stead"))
-        .arg("--config")
-        .arg(config)
-        .args(args)
-        .env_remove("STEAD_CONFIG")
-        .env_remove("STEAD_LOG")
-        .output()
-        .expect("run the stead binary");
-    (
-        output.status.code().unwrap_or(-1),
-        String::from_utf8_lossy(&output.stdout).into_owned()
-            + &String::from_utf8_lossy(&output.stderr),
-    )
-}
 
 /// The log's budget lines of `instance`, in order.
 fn budget_lines(log: &CapturedLog, instance: &str) -> Vec<String> {
@@ -114,7 +94,7 @@ async fn every_budget_decision_of_a_crash_loop_is_one_info_line_with_its_exit_co
         "instance show names the next attempt",
         DECISIONS_WITHIN,
         || {
-            let (code, out) = stead(&config, &["instance", "show", &name]);
+            let (code, out) = stead_cli(&config, &["instance", "show", &name]);
             assert_eq!(code, 0, "{out}");
             shown = out;
             let named = shown.contains(&format!("last exit: code {EXIT_CODE}"))

@@ -10,34 +10,16 @@ mod e2e;
 mod support;
 mod support_services;
 
-use std::path::{Path, PathBuf};
-use std::process::Command;
+use std::path::PathBuf;
 use std::time::Duration;
 
-use e2e::{catalog, wait_until, Harness, Setup, HTTPD};
+use e2e::{catalog, stead_cli, wait_until, Harness, Setup, HTTPD};
 use support_services::docker::Cleanup;
 use support_services::unique;
 
 /// Bound on each stage: a few one-second ticks and the budget's 1 s and
 /// 2 s delays.
 const STAGE_WITHIN: Duration = Duration::from_secs(30);
-
-/// Runs the `stead` binary: its exit status and everything it printed.
-fn stead(config: &Path, args: &[&str]) -> (i32, String) {
-    let output = Command::new(env!("CARGO_BIN_EXE_stead"))
-        .arg("--config")
-        .arg(config)
-        .args(args)
-        .env_remove("STEAD_CONFIG")
-        .env_remove("STEAD_LOG")
-        .output()
-        .expect("run the stead binary");
-    (
-        output.status.code().unwrap_or(-1),
-        String::from_utf8_lossy(&output.stdout).into_owned()
-            + &String::from_utf8_lossy(&output.stderr),
-    )
-}
 
 /// The whole lines of an instance's recording so far (the writer appends
 /// each line in one write; a last line still being written is left out).
@@ -127,7 +109,7 @@ async fn a_recorded_crash_loop_and_caddy_restart_replay_with_the_same_decisions(
     for instance in [&steady, &crashy] {
         let lines = recorded(&h, instance);
         let file = copy(&h, &format!("{instance}.replay.jsonl"), &lines);
-        let (code, out) = stead(&config, &["replay", file.to_str().unwrap()]);
+        let (code, out) = stead_cli(&config, &["replay", file.to_str().unwrap()]);
         assert_eq!(code, 0, "{instance}: {out}");
         assert!(
             out.contains(&format!("replayed {} pass(es)", lines.len()))
@@ -159,7 +141,7 @@ async fn a_recorded_crash_loop_and_caddy_restart_replay_with_the_same_decisions(
     values[pass]["steps"].as_array_mut().unwrap().remove(at);
     let edited: Vec<String> = values.iter().map(|v| v.to_string()).collect();
     let file = copy(&h, "edited.jsonl", &edited);
-    let (code, out) = stead(&config, &["replay", file.to_str().unwrap()]);
+    let (code, out) = stead_cli(&config, &["replay", file.to_str().unwrap()]);
     assert_eq!(code, 1, "a divergence: {out}");
     assert!(
         out.contains(&format!("replayed {pass} pass(es)"))
@@ -190,7 +172,7 @@ async fn a_recorded_crash_loop_and_caddy_restart_replay_with_the_same_decisions(
         "bad.jsonl",
         &[lines[0].clone(), "{\"format\":1}".to_owned()],
     );
-    let (code, out) = stead(&config, &["replay", file.to_str().unwrap()]);
+    let (code, out) = stead_cli(&config, &["replay", file.to_str().unwrap()]);
     assert_eq!(code, 2, "{out}");
     assert!(out.contains("line 2: missing field `policy`"), "{out}");
 }

@@ -185,13 +185,25 @@ fn exporting() -> &'static Exporting {
     })
 }
 
-/// A daemon config on `dir` against Caddy's admin API at `caddy_admin`,
-/// exporting to `endpoint` when given.
+/// What a test's daemon runs on, kept for the test's length: a private
+/// Caddy, a directory of its own, and the daemon's config there (the real
+/// dockerd; the OTLP export as the process set it up).
+async fn site() -> (CaddyProcess, tempfile::TempDir, config::DaemonConfig) {
+    let caddy = CaddyProcess::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    let config = daemon_config(
+        dir.path(),
+        &caddy.admin_addr,
+        &support_services::docker::socket_path(),
+    );
+    (caddy, dir, config)
+}
+
+/// A daemon config on `dir` against Caddy's admin API at `caddy_admin`.
 fn daemon_config(
     dir: &std::path::Path,
     caddy_admin: &str,
     docker_socket: &std::path::Path,
-    telemetry: &str,
 ) -> config::DaemonConfig {
     let catalog = dir.join("catalog.toml");
     std::fs::write(
@@ -203,7 +215,7 @@ fn daemon_config(
     let doc = format!(
         "state_dir = \"{dir}\"\ncatalog = \"{catalog}\"\nadmin_listen = \"\"\n\
          [docker]\nsocket = \"{socket}\"\n\
-         [caddy]\nadmin = \"{caddy_admin}\"\nlisten = \"127.0.0.1:{listen}\"\n{telemetry}",
+         [caddy]\nadmin = \"{caddy_admin}\"\nlisten = \"127.0.0.1:{listen}\"\n",
         dir = dir.display(),
         catalog = catalog.display(),
         socket = docker_socket.display(),
@@ -282,14 +294,7 @@ async fn a_tick_and_the_task_it_enqueued_are_one_exported_trace() {
         format!("{}/v1/traces", exporting.endpoint),
         "an endpoint without a path gets OTLP's traces path"
     );
-    let caddy = CaddyProcess::start().await;
-    let dir = tempfile::tempdir().unwrap();
-    let config = daemon_config(
-        dir.path(),
-        &caddy.admin_addr,
-        &support_services::docker::socket_path(),
-        "",
-    );
+    let (_caddy, _dir, config) = site().await;
     let daemon = Daemon::build(config).await.expect("daemon builds");
     first_tick(&daemon).await;
     let name = unique("otlp");
@@ -403,14 +408,7 @@ async fn without_an_endpoint_no_exporter_is_built_and_nothing_is_sent() {
     let (endpoint, received) = receiver().await;
     // Not even the SDK's own environment variable turns export on.
     std::env::set_var("OTEL_EXPORTER_OTLP_ENDPOINT", &endpoint);
-    let caddy = CaddyProcess::start().await;
-    let dir = tempfile::tempdir().unwrap();
-    let config = daemon_config(
-        dir.path(),
-        &caddy.admin_addr,
-        &support_services::docker::socket_path(),
-        "",
-    );
+    let (_caddy, _dir, config) = site().await;
     assert_eq!(config.telemetry.otlp_endpoint, None);
     assert!(Telemetry::new(&config.telemetry).unwrap().is_none());
     let daemon = Daemon::build(config).await.expect("daemon builds");
@@ -430,14 +428,7 @@ async fn without_an_endpoint_no_exporter_is_built_and_nothing_is_sent() {
 async fn a_collector_that_hangs_never_holds_up_a_tick() {
     let exporting = exporting();
     let _turn = exporting.turn.lock().await;
-    let caddy = CaddyProcess::start().await;
-    let dir = tempfile::tempdir().unwrap();
-    let config = daemon_config(
-        dir.path(),
-        &caddy.admin_addr,
-        &support_services::docker::socket_path(),
-        "",
-    );
+    let (_caddy, _dir, config) = site().await;
     let daemon = Daemon::build(config).await.expect("daemon builds");
     first_tick(&daemon).await;
     // The collector stops answering; the first tick's spans go out and

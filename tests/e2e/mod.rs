@@ -539,3 +539,21 @@ pub fn cli(dir: &std::path::Path, args: &[&str]) -> String {
     );
     String::from_utf8(output.stdout).expect("stead prints UTF-8")
 }
+
+/// Runs the `stead` binary on `config`: its exit status and everything it
+/// printed (standard output, then standard error).
+pub fn stead_cli(config: &std::path::Path, args: &[&str]) -> (i32, String) {
+    let output = std::process::Command::new(env!("CARGO_BIN_EXE_stead"))
+        .arg("--config")
+        .arg(config)
+        .args(args)
+        .env_remove("STEAD_CONFIG")
+        .env_remove("STEAD_LOG")
+        .output()
+        .expect("run the stead binary");
+    (
+        output.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&output.stdout).into_owned()
+            + &String::from_utf8_lossy(&output.stderr),
+    )
+}

@@ -45,6 +45,9 @@ pub const AT_THRESHOLD: &str =
     "R12 an unhealthy generation is restarted exactly at the threshold the budget allows";
 pub const LEFT: &str = "R10 the budget a pass leaves is the rule's";
 pub const KEPT: &str = "R10 the next pass starts from the budget the last one left";
+pub const REPLAYED: &str =
+    "X1 a pass recorded by the flight recorder replays with the same decisions";
+pub const RULES_KEPT: &str = "X2 every pass keeps the rules of the core's judge";
 
 /// One process incarnation's judge: its memory lives and dies with it.
 pub struct PassJudge {
@@ -66,6 +69,44 @@ impl PassJudge {
 
 impl PassWatcher for PassJudge {
     fn passed(&self, pass: &WatchedPass<'_>) {
+        self.replay(pass);
+        self.judge_budgets(pass);
+    }
+}
+
+impl PassJudge {
+    /// #44: the pass as the flight recorder would record it, replayed
+    /// (`stead replay`'s own code) and judged by the core's judge: the
+    /// replay must decide the same, through every fault of the world, and
+    /// the pass must keep the rules the property tests, the fuzzers and
+    /// the explorer hold the machines to.
+    fn replay(&self, pass: &WatchedPass<'_>) {
+        let record = stead::engine::flight::record_of(pass);
+        let (divergence, broken) = stead::engine::replay::replay_one(1, &record);
+        self.checker.judged(REPLAYED, divergence.is_none(), || {
+            format!("{} (recorded {record:?})", divergence.expect("diverged"))
+        });
+        self.checker.judged(RULES_KEPT, broken.is_none(), || {
+            let steps: Vec<String> = record
+                .steps
+                .iter()
+                .enumerate()
+                .map(|(at, s)| {
+                    let command = stead::core::record::Described(&s.command);
+                    format!("{}. {} {command} -> {:?}", at + 1, s.now, s.answer)
+                })
+                .collect();
+            format!(
+                "{} (began {}, abandoned {:?}; steps:\n{})",
+                broken.expect("broken"),
+                record.input.now,
+                record.abandoned,
+                steps.join("\n")
+            )
+        });
+    }
+
+    fn judge_budgets(&self, pass: &WatchedPass<'_>) {
         let services: Vec<_> = pass.active.services.iter().collect();
         // Cut short: the service in hand when it was (the last with a
         // step) has an unknown end; the ones after it were abandoned

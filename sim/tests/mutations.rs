@@ -67,9 +67,24 @@ fn a_stop_first_service_replaced_by_overlap_is_caught() {
     );
 }
 
+/// The proxy refuses the route (the traffic double as Caddy does), so the
+/// service never verifies and its predecessor's marker is never resolved
+/// (L3, at the end of the seed); the core's judge over every pass (X2)
+/// names the decision itself first, at its step.
 #[test]
 fn a_publication_of_a_service_without_ports_is_caught() {
-    assert_caught(Mutant::PublishPortless, "L3");
+    let (seed, violation) = first_catch(
+        Mutant::PublishPortless,
+        "X2 every pass keeps the rules of the core's judge",
+    );
+    assert!(
+        violation.contains("breaks R13: a service without ports is never routed"),
+        "{violation}"
+    );
+    say!(
+        "PublishPortless: caught at seed {seed}: {}",
+        violation.lines().next().unwrap_or_default()
+    );
 }
 
 #[test]

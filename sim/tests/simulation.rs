@@ -290,6 +290,8 @@ fn seeds_hold_every_invariant() {
         judge::AT_THRESHOLD,
         judge::LEFT,
         judge::KEPT,
+        judge::REPLAYED,
+        judge::RULES_KEPT,
         "C8 max_in_flight not left unused while instances wait",
         "C8 upgrades in order, own team first",
         "R16 memory pruned to ACTIVE's generations",

@@ -6,7 +6,7 @@ use super::super::fleet::add;
 use super::super::pass::InstanceReport;
 use super::super::recovery::{RecoveryError, Verdict};
 use super::super::types::{ContainerStatus, Intent};
-use super::{breach, Breach, PassJudge};
+use super::{breach, Breach, PassJudge, Stop};
 
 impl PassJudge<'_> {
     /// Judges the pass as it ended: `report` is its report, `abandoned`
@@ -16,8 +16,8 @@ impl PassJudge<'_> {
         if !abandoned {
             self.judge_stale_routes()?;
         }
-        for (service, container) in &self.stops {
-            self.judge_retirement(report, service, container)?;
+        for stop in &self.stops {
+            self.judge_retirement(report, stop)?;
         }
         for (service, recovery) in &self.recoveries {
             // A recovery cut short by the driver ends with what the pass
@@ -84,12 +84,8 @@ impl PassJudge<'_> {
 
     /// R15 / S5: a predecessor of a running service ACTIVE has was stopped
     /// only behind a verified, recorded, unchanged, routed successor.
-    fn judge_retirement(
-        &self,
-        report: &InstanceReport,
-        service: &super::ServiceName,
-        container: &super::ContainerId,
-    ) -> Result<(), Breach> {
+    fn judge_retirement(&self, report: &InstanceReport, stop: &Stop) -> Result<(), Breach> {
+        let (service, container) = (&stop.service, &stop.container);
         let Some(successor) = self.input.active.services.get(service) else {
             return Ok(());
         };
@@ -125,7 +121,7 @@ impl PassJudge<'_> {
                 format!("retired {container} though its successor's verified execution was never recorded"),
             );
         }
-        let Some(obs) = self.inspected.get(service) else {
+        let Some(obs) = &stop.seen else {
             return breach(
                 "R15/S5",
                 format!("retired {container} without inspecting the successor"),
@@ -139,7 +135,7 @@ impl PassJudge<'_> {
                 ),
             );
         }
-        let routed = self.routed.get(service).copied().flatten();
+        let routed = stop.routed.flatten();
         if !successor.binds.is_empty() && routed != successor.binds.values().next().copied() {
             return breach(
                 "R15/S5",

@@ -84,6 +84,16 @@ struct Predecessor {
     claims_released: bool,
 }
 
+/// A predecessor stopped, with what the pass had seen of its successor
+/// just then (each marker is retired on a look of its own: a later look
+/// for another marker of the service judges nothing of this one).
+struct Stop {
+    service: ServiceName,
+    container: ContainerId,
+    seen: Option<Observation>,
+    routed: Option<Option<u16>>,
+}
+
 /// One pass under judgement: hand it every command before it is performed
 /// ([`decided`](Self::decided)), every answer after
 /// ([`answered`](Self::answered)), and the report at the end
@@ -98,12 +108,13 @@ pub struct PassJudge<'i> {
     bound: usize,
     issued: usize,
     predecessors: BTreeMap<ContainerId, Predecessor>,
-    /// Per service: the last successor inspection and route read.
+    /// Per service: the successor's inspection and the route read back
+    /// since the last look began (a failed one leaves none).
     inspected: BTreeMap<ServiceName, Observation>,
     routed: BTreeMap<ServiceName, Option<u16>>,
     /// The service whose successor was inspected last.
     marker_service: Option<ServiceName>,
-    stops: Vec<(ServiceName, ContainerId)>,
+    stops: Vec<Stop>,
     reverts: Vec<RevertStep>,
     withdrawn_stale: Vec<ServiceKey>,
 }
@@ -295,8 +306,13 @@ impl<'i> PassJudge<'i> {
                         format!("stopped ACTIVE's container {}", generation.container),
                     );
                 }
-                self.stops
-                    .push((generation.service.clone(), generation.container.clone()));
+                let service = &generation.service;
+                self.stops.push(Stop {
+                    service: service.clone(),
+                    container: generation.container.clone(),
+                    seen: self.inspected.get(service).cloned(),
+                    routed: self.routed.get(service).copied(),
+                });
             }
             InstanceCommand::RemovePredecessor(generation) => {
                 if self.named_by_active(&generation.container) {
@@ -361,6 +377,11 @@ impl<'i> PassJudge<'i> {
                     .iter()
                     .find(|(_, s)| &s.container == id)
                     .map(|(name, _)| name.clone());
+                // A new look: what an earlier one saw vouches for nothing.
+                if let Some(service) = &self.marker_service {
+                    self.inspected.remove(service);
+                    self.routed.remove(service);
+                }
             }
             _ => {}
         }

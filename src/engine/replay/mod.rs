@@ -61,38 +61,46 @@ pub fn replay(recording: &str) -> Result<Replayed, BadRecording> {
     for (line, pass) in &passes {
         // A recording the machine cannot take (an ACTIVE or memory that
         // contradicts itself, written by hand) is bad input, not a crash.
-        let (replayed_pass, broken) =
-            std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-                let replayed_pass = replay_pass(pass);
-                let broken = judged::judge(*line, pass, replayed_pass.as_ref().ok());
-                (replayed_pass, broken)
-            }))
-            .map_err(|panic| BadRecording {
-                line: *line,
-                problem: format!(
-                    "the machine cannot run this pass: {}",
-                    panic
-                        .downcast_ref::<String>()
-                        .map(String::as_str)
-                        .or_else(|| panic.downcast_ref::<&str>().copied())
-                        .unwrap_or("it stopped")
-                ),
-            })?;
+        let (divergence, broken) =
+            std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| replay_one(*line, pass)))
+                .map_err(|panic| BadRecording {
+                    line: *line,
+                    problem: format!(
+                        "the machine cannot run this pass: {}",
+                        panic
+                            .downcast_ref::<String>()
+                            .map(String::as_str)
+                            .or_else(|| panic.downcast_ref::<&str>().copied())
+                            .unwrap_or("it stopped")
+                    ),
+                })?;
         replayed.broken.extend(broken);
-        if let Err(parted) = replayed_pass {
-            let (step, what) = *parted;
-            replayed.divergence = Some(Divergence {
-                pass: *line,
-                instance: pass.input.instance.clone(),
-                step: step + 1,
-                what,
-            });
+        if divergence.is_some() {
+            replayed.divergence = divergence;
             return Ok(replayed);
         }
         replayed.passes += 1;
         replayed.steps += pass.steps.len();
     }
     Ok(replayed)
+}
+
+/// Replays the recorded pass on line `line` and judges it: where the
+/// replay parted from it, if it did, and the first rule it broke, if any.
+/// The simulation runs every pass of its worlds through this.
+pub fn replay_one(line: usize, pass: &RecordedPass) -> (Option<Divergence>, Option<Broken>) {
+    let replayed = replay_pass(pass);
+    let broken = judged::judge(line, pass, replayed.as_ref().ok());
+    let divergence = replayed.err().map(|parted| {
+        let (step, what) = *parted;
+        Divergence {
+            pass: line,
+            instance: pass.input.instance.clone(),
+            step: step + 1,
+            what,
+        }
+    });
+    (divergence, broken)
 }
 
 /// One line, or what is wrong with it, naming the field.

@@ -10,7 +10,9 @@
 //! still runs under a `retirement-pending` marker), `api` (ACTIVE names
 //! `api-2`), and a route the proxy still holds for `worker`, which ACTIVE
 //! no longer has. The setups: the marker plain, or carrying a way back
-//! that still holds (#40: the successor bakes; a failure reverts).
+//! that still holds (#40: the successor bakes; a failure reverts), or two
+//! plain markers on `web` (`web-0` too: each retired on a look of its own
+//! at the successor, which may restart between the two).
 //!
 //! Safety: the pass checker of `pass.rs` ([`run_pass_and_check_with`])
 //! after every step, and the recovery rules through the services' worlds.
@@ -50,13 +52,14 @@ pub const TAIL_PASSES: usize = 4;
 const BETWEEN: Duration = Duration::from_secs(150);
 
 /// The initial configurations, each explored in full.
-pub const SETUPS: [&str; 3] = [
+pub const SETUPS: [&str; 4] = [
     "web-1 pending retirement behind web-2",
     "web-1 kept while web-2 bakes (a way back)",
     "web-1 kept while web-2, a stop-first service, bakes",
+    "web-0 and web-1 both pending retirement behind web-2",
 ];
 
-/// The predecessor's container.
+/// A predecessor's container.
 #[derive(Clone, Debug, Default)]
 struct Predecessor {
     stopped: bool,
@@ -67,7 +70,7 @@ struct Predecessor {
 #[derive(Clone, Debug)]
 struct Instance {
     services: BTreeMap<ServiceName, ServiceWorld>,
-    predecessor: Predecessor,
+    predecessors: BTreeMap<ContainerId, Predecessor>,
     inhibitions: Vec<Inhibition>,
     /// The proxy still routes `worker`, which ACTIVE no longer has.
     stale_route: bool,
@@ -105,28 +108,38 @@ fn setup(ch: &mut Chooser, now: Timestamp) -> Instance {
         memory.put(&key, &remembered);
         services.insert(ServiceName::new(name), world);
     }
-    let marker = Inhibition {
+    let marker = |container: &str| Inhibition {
         service: web(),
-        container: ContainerId::new("web-1"),
+        container: ContainerId::new(container),
         reason: InhibitionReason::RetirementPending,
         operation: "upgrade".into(),
         created_at: now,
         stop_grace: None,
-        revert_to: (which > 0).then(|| RevertTo {
-            revision: "r0".into(),
-            binds: [(8080, 30003)].into(),
-            version: "1".into(),
-            spec_digest: None,
-            until: add(now, Duration::from_secs(3600)),
-            hold: None,
-            stop_first: which == 2,
-            undone: false,
-        }),
+        revert_to: (which > 0)
+            .then(|| RevertTo {
+                revision: "r0".into(),
+                binds: [(8080, 30003)].into(),
+                version: "1".into(),
+                spec_digest: None,
+                until: add(now, Duration::from_secs(3600)),
+                hold: None,
+                stop_first: which == 2,
+                undone: false,
+            })
+            .filter(|_| which < 3),
+    };
+    let marked: &[&str] = if which == 3 {
+        &["web-0", "web-1"]
+    } else {
+        &["web-1"]
     };
     Instance {
         services,
-        predecessor: Predecessor::default(),
-        inhibitions: vec![marker],
+        predecessors: marked
+            .iter()
+            .map(|c| (ContainerId::new(*c), Predecessor::default()))
+            .collect(),
+        inhibitions: marked.iter().map(|c| marker(c)).collect(),
         stale_route: true,
         memory,
         halted: false,
@@ -197,12 +210,13 @@ impl Instance {
         Ok(routes)
     }
 
-    fn predecessor(&self) -> Result<Observation, RuntimeError> {
-        if self.predecessor.removed {
+    fn predecessor(&self, id: &ContainerId) -> Result<Observation, RuntimeError> {
+        let predecessor = &self.predecessors[id];
+        if predecessor.removed {
             return Err(RuntimeError::NotFound);
         }
         Ok(Observation {
-            status: if self.predecessor.stopped {
+            status: if predecessor.stopped {
                 ContainerStatus::Exited
             } else {
                 ContainerStatus::Running
@@ -252,24 +266,27 @@ impl Instance {
                     _ => seen,
                 })
             }
-            InstanceCommand::InspectPredecessor(_) => {
+            InstanceCommand::InspectPredecessor(id) => {
                 InstanceAnswer::PredecessorInspected(if fails(ch) {
                     Err(RuntimeError::Transient("timeout".into()))
                 } else {
-                    self.predecessor()
+                    self.predecessor(id)
                 })
             }
             InstanceCommand::ReadRoutes => InstanceAnswer::RoutesRead(self.routes(ch)),
-            InstanceCommand::StopPredecessor { .. } => {
-                let r = runtime(ch, self.predecessor.removed);
-                self.predecessor.stopped |= r.is_ok();
+            InstanceCommand::StopPredecessor { generation, .. } => {
+                let predecessor = self.predecessors.get_mut(&generation.container);
+                let predecessor = predecessor.expect("a marked predecessor");
+                let r = runtime(ch, predecessor.removed);
+                predecessor.stopped |= r.is_ok();
                 InstanceAnswer::PredecessorStopped(r)
             }
-            InstanceCommand::RemovePredecessor(_) => {
+            InstanceCommand::RemovePredecessor(generation) => {
                 // Removing what is gone is done (the runtimes' contract,
                 // as the in-memory runtime and the Docker adapter keep it).
                 let r = runtime(ch, false);
-                self.predecessor.removed |= r.is_ok();
+                let predecessor = self.predecessors.get_mut(&generation.container);
+                predecessor.expect("a marked predecessor").removed |= r.is_ok();
                 InstanceAnswer::PredecessorRemoved(r)
             }
             InstanceCommand::ReleaseClaims(_) => InstanceAnswer::ClaimsReleased(store(ch)),
@@ -325,7 +342,7 @@ pub fn run(ch: &mut Chooser, broken: Option<Mutant>) {
         let (report, reverted) = run_pass_and_check_with(&case, |_, command| {
             ch.state(&(
                 &world.services,
-                &world.predecessor,
+                &world.predecessors,
                 world.inhibitions.len(),
                 world.stale_route,
                 command,
@@ -389,10 +406,12 @@ fn liveness(world: &Instance, report: &InstanceReport) {
             "L3: the marker is still there after {TAIL_PASSES} fault-free passes: {:?}",
             world.inhibitions
         );
-        assert!(
-            world.predecessor.removed,
-            "L3: a verified successor did not retire its predecessor"
-        );
+        for (id, predecessor) in &world.predecessors {
+            assert!(
+                predecessor.removed,
+                "L3: a verified successor did not retire its predecessor {id}"
+            );
+        }
     }
     assert!(!world.stale_route, "T5: the stale route is still held");
 }

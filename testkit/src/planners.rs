@@ -160,16 +160,7 @@ pub const TEAMS: [&str; 3] = ["platform", "acme", "zeta"];
 /// `ghost` is in no catalog.
 pub const TYPES: [&str; 3] = ["wiki", "db", "ghost"];
 /// `3.0` is ahead of every catalog version.
-pub const VERSIONS: [&str; 8] = [
-    "1.0",
-    "1.1",
-    "2.0",
-    "x",
-    "v1.1",
-    "1.10",
-    "2.0.0-rc1",
-    "3.0",
-];
+pub const VERSIONS: [&str; 8] = ["1.0", "1.1", "2.0", "x", "v1.1", "1.10", "2.0.0-rc1", "3.0"];
 /// The last one opens a minute after [`base`] (UTC): the explorer's
 /// window whose opening minute a tick can land on.
 pub const WINDOWS: [Option<&str>; 8] = [

@@ -172,9 +172,10 @@ fn world(ch: &mut Chooser, broken: Option<Mutant>) -> World {
     let mut world = seed.build();
     assert_eq!(world.config.own_team, TEAMS[0], "team 0 is the own team");
     if rollout == 3 {
-        world
-            .pins
-            .insert("wiki".to_owned(), entry("wiki", PINNED_VERSION, false, false));
+        world.pins.insert(
+            "wiki".to_owned(),
+            entry("wiki", PINNED_VERSION, false, false),
+        );
     }
     world.config.broken = broken;
     world
@@ -434,9 +435,9 @@ fn may_upgrade(world: &World, i: &Instance) -> bool {
 fn window_allows(world: &World, i: &Instance) -> bool {
     let urgent = target(world, &i.service_type).is_some_and(|(e, pinned)| e.security || pinned);
     urgent
-        || i.maintenance_window.as_deref().is_none_or(|spec| {
-            Window::parse(spec).is_ok_and(|window| window.contains(world.now))
-        })
+        || i.maintenance_window
+            .as_deref()
+            .is_none_or(|spec| Window::parse(spec).is_ok_and(|window| window.contains(world.now)))
 }
 
 /// C8's order: the own team first, then type, name and id.
@@ -466,15 +467,18 @@ pub fn check_tick(before: &World, plan: &Plan, after: &World) {
 
     // C6, exactly: a running task's lease runs out when `now` is past
     // `locked_at + lease` (a task without `locked_at` has none to wait for).
-    for t in before.tasks.iter().filter(|t| t.state == TaskState::Running) {
+    for t in before
+        .tasks
+        .iter()
+        .filter(|t| t.state == TaskState::Running)
+    {
         let a = task_after(t.id);
         let expired = t
             .locked_at
             .is_none_or(|at| now > add(at, before.config.lease));
         if expired {
-            let requeued = a.state == TaskState::Queued
-                && a.locked_by.is_none()
-                && a.attempts == t.attempts;
+            let requeued =
+                a.state == TaskState::Queued && a.locked_by.is_none() && a.attempts == t.attempts;
             // T4: requeued, then cancelled by its instance's expiry.
             let cancelled = a.state == TaskState::Failed
                 && a.last_error.as_deref() == Some(CANCELLED_BY_DELETION);
@@ -507,9 +511,10 @@ pub fn check_tick(before: &World, plan: &Plan, after: &World) {
             continue;
         }
         let past = i.expires_at.is_some_and(|at| now >= at);
-        let deprovisioning = before.tasks.iter().any(|t| {
-            t.instance == i.id && t.kind == TaskKind::Deprovision && t.state.is_active()
-        });
+        let deprovisioning = before
+            .tasks
+            .iter()
+            .any(|t| t.instance == i.id && t.kind == TaskKind::Deprovision && t.state.is_active());
         let a = instance_after(i.id);
         if past && !deprovisioning {
             assert!(
@@ -535,9 +540,10 @@ pub fn check_tick(before: &World, plan: &Plan, after: &World) {
         .iter()
         .filter(|i| i.state == InstanceState::Deleting)
     {
-        let deprovision = after.tasks.iter().any(|t| {
-            t.instance == i.id && t.kind == TaskKind::Deprovision && t.state.is_active()
-        });
+        let deprovision = after
+            .tasks
+            .iter()
+            .any(|t| t.instance == i.id && t.kind == TaskKind::Deprovision && t.state.is_active());
         assert!(
             deprovision,
             "C7 every deleting instance has its deprovision: {} after the tick at {now}",
@@ -620,9 +626,7 @@ pub fn check_tick(before: &World, plan: &Plan, after: &World) {
             i.maintenance_window,
             t.run_after
         );
-        let ahead = waiting
-            .iter()
-            .find(|w| order(after, w) < order(before, i));
+        let ahead = waiting.iter().find(|w| order(after, w) < order(before, i));
         assert!(
             ahead.is_none(),
             "C8 upgrades in order, own team first: {} (team {}) enqueued at {now} while {:?} waited ahead of it",

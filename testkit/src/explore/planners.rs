@@ -17,7 +17,8 @@
 //!   world): every departure from a plain world of ready, own-team wiki
 //!   instances one version behind the catalog, with no TTL, no window and
 //!   no task, every release listed and a 300 s lease: the other team, the
-//!   db type, a version at or ahead of the catalog's, another state, a TTL
+//!   db type, a version at or ahead of the catalog's, another state, an
+//!   operator's stop, a TTL
 //!   after, at or before `now`, a window open, opening in a minute, closed
 //!   or unparsable, a task queued, running (locked 60 s or 1000 s ago, or
 //!   without `locked_at`), done or failed, of any kind (its kind is a setup
@@ -111,8 +112,9 @@ fn index<T: PartialEq + Copy>(items: &[T], item: T) -> u8 {
     u8::try_from(n).expect("small")
 }
 
-/// One instance's seed, each attribute a choice.
-fn instance_seed(ch: &mut Chooser) -> InstanceSeed {
+/// One instance's seed, each attribute a choice, and whether an operator
+/// stopped it (its intent, which the seeds leave running).
+fn instance_seed(ch: &mut Chooser) -> (InstanceSeed, bool) {
     let team = ch.choose(2);
     let service_type = EXPLORED_TYPES[ch.choose(2)];
     let versions = if service_type == "wiki" {
@@ -123,6 +125,7 @@ fn instance_seed(ch: &mut Chooser) -> InstanceSeed {
     let version = versions[ch.choose(3)];
     let state = STATES[ch.choose(STATES.len())];
     let expires_s = TTLS[ch.choose(TTLS.len())];
+    let stopped = ch.choose(2) == 1;
     let window = EXPLORED_WINDOWS[ch.choose(EXPLORED_WINDOWS.len())];
     let code = ch.choose(TASK_CODES);
     let mut tasks = [0; 4];
@@ -130,7 +133,7 @@ fn instance_seed(ch: &mut Chooser) -> InstanceSeed {
         let kind = KINDS[ch.setup(KINDS.len())];
         tasks[index(&TaskKind::ALL, kind) as usize] = code as u8;
     }
-    InstanceSeed {
+    let seed = InstanceSeed {
         team: team as u8,
         service_type: index(&TYPES, service_type),
         version: index(&VERSIONS, version),
@@ -138,7 +141,8 @@ fn instance_seed(ch: &mut Chooser) -> InstanceSeed {
         expires_s,
         window: index(&WINDOWS, window),
         tasks,
-    }
+    };
+    (seed, stopped)
 }
 
 /// The world a run starts from.
@@ -153,7 +157,8 @@ fn world(ch: &mut Chooser, broken: Option<Mutant>) -> World {
     // listing failed.
     let releases = ch.choose(3);
     let lease = LEASES[ch.choose(LEASES.len())];
-    let instances: Vec<InstanceSeed> = (0..count).map(|_| instance_seed(ch)).collect();
+    let (instances, stopped): (Vec<InstanceSeed>, Vec<bool>) =
+        (0..count).map(|_| instance_seed(ch)).unzip();
     let seed = WorldSeed {
         now_min: 0,
         releases: match releases {
@@ -176,6 +181,9 @@ fn world(ch: &mut Chooser, broken: Option<Mutant>) -> World {
             "wiki".to_owned(),
             entry("wiki", PINNED_VERSION, false, false),
         );
+    }
+    for (instance, stopped) in world.instances.iter_mut().zip(stopped) {
+        instance.stopped = stopped;
     }
     world.config.broken = broken;
     world
@@ -334,13 +342,14 @@ pub fn run(ch: &mut Chooser, broken: Option<Mutant>) {
     for i in &world.instances {
         ch.step(|| {
             format!(
-                "{} (id {}): team {}, {} {}, {}, expires {:?}, window {:?}",
+                "{} (id {}): team {}, {} {}, {}{}, expires {:?}, window {:?}",
                 i.name,
                 i.id,
                 i.team,
                 i.service_type,
                 i.version,
                 i.state,
+                if i.stopped { " (stopped)" } else { "" },
                 i.expires_at,
                 i.maintenance_window
             )

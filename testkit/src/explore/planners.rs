@@ -661,3 +661,73 @@ pub fn check_tick(before: &World, plan: &Plan, after: &World) {
         "C8 a deterministic order: the plan depends on the order the store lists its rows in"
     );
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use stead::core::fleet::NewTask;
+
+    /// Two ready own-team wiki instances behind the catalog, one slot.
+    fn plain() -> World {
+        let instance = InstanceSeed {
+            team: 0,
+            service_type: index(&TYPES, "wiki"),
+            version: index(&VERSIONS, "1.0"),
+            state: index(&InstanceState::ALL, InstanceState::Ready),
+            expires_s: None,
+            window: index(&WINDOWS, None),
+            tasks: [0; 4],
+        };
+        WorldSeed {
+            now_min: 0,
+            instances: vec![instance; 2],
+            releases: Some(vec![(1, false), (2, false)]),
+            halted: (false, false),
+            catalog: 0b10,
+            max_in_flight: 0,
+            lease: 0,
+        }
+        .build()
+    }
+
+    #[test]
+    fn the_plain_world_holds() {
+        let before = plain();
+        let mut after = before.clone();
+        let plan = after.tick();
+        assert_eq!(plan.decisions.len(), 1, "one upgrade, for one slot");
+        check_tick(&before, &plan, &after);
+    }
+
+    #[test]
+    #[should_panic(expected = "C8 never over max_in_flight")]
+    fn an_upgrade_over_the_limit_is_judged() {
+        let before = plain();
+        let mut after = before.clone();
+        let mut plan = after.tick();
+        let second = Decision::Enqueue(NewTask {
+            kind: TaskKind::Upgrade,
+            instance: 2,
+            run_after: before.now,
+            reason: "over the limit".to_owned(),
+            traceparent: None,
+        });
+        let mut snapshot = after.snapshot();
+        crate::planners::apply_as_store(&mut snapshot, std::slice::from_ref(&second));
+        let tasks = snapshot.tasks;
+        after.tasks = tasks;
+        plan.decisions.push(second);
+        check_tick(&before, &plan, &after);
+    }
+
+    #[test]
+    #[should_panic(expected = "C7 never expired before its TTL")]
+    fn a_deletion_before_the_ttl_is_judged() {
+        let mut before = plain();
+        before.instances[0].expires_at = Some(add(before.now, Duration::from_secs(1)));
+        let mut after = before.clone();
+        let plan = after.tick();
+        after.instances[0].state = InstanceState::Deleting;
+        check_tick(&before, &plan, &after);
+    }
+}

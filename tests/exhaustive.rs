@@ -15,6 +15,7 @@ const RECOVERY_DEPTH: usize = 2;
 const PASS_DEPTH: usize = 2;
 const UPGRADE_DEPTH: usize = 3;
 const HELM_BAKE_DEPTH: usize = 3;
+const PLANNER_DEPTH: usize = 2;
 
 fn report(result: Result<Stats, Box<explore::Counterexample>>) {
     match result {
@@ -52,6 +53,14 @@ fn the_helm_bake_holds_every_rule() {
     let depth = depth_from_env(HELM_BAKE_DEPTH);
     report(explore("helm bake", depth, |ch| {
         explore::helm_bake::run(ch, None)
+    }));
+}
+
+#[test]
+fn the_planners_hold_every_rule() {
+    let depth = depth_from_env(PLANNER_DEPTH);
+    report(explore("planners", depth, |ch| {
+        explore::planners::run(ch, None)
     }));
 }
 
@@ -127,6 +136,25 @@ fn every_helm_bake_mutant_is_found() {
     for mutant in HELM_BAKE_MUTANTS {
         find("helm bake", mutant, HELM_BAKE_DEPTH, |ch| {
             explore::helm_bake::run(ch, Some(mutant))
+        });
+    }
+}
+
+/// The mutants of the exercise that live in the control loop's planners
+/// (C6, C7, C8).
+const PLANNER_MUTANTS: [Mutant; 5] = [
+    Mutant::BreakTaskLeaseEarly,
+    Mutant::ExpireLate,
+    Mutant::IgnoreOwnTeam,
+    Mutant::UnderuseInFlight,
+    Mutant::ParkUpgradeBehindWindow,
+];
+
+#[test]
+fn every_planner_mutant_is_found() {
+    for mutant in PLANNER_MUTANTS {
+        find("planners", mutant, PLANNER_DEPTH, |ch| {
+            explore::planners::run(ch, Some(mutant))
         });
     }
 }

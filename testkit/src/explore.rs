@@ -43,6 +43,7 @@
 
 pub mod helm_bake;
 pub mod pass;
+pub mod planners;
 pub mod recovery;
 pub mod upgrade;
 

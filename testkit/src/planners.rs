@@ -159,8 +159,11 @@ pub const RELEASES_MAX: usize = 30;
 pub const TEAMS: [&str; 3] = ["platform", "acme", "zeta"];
 /// `ghost` is in no catalog.
 pub const TYPES: [&str; 3] = ["wiki", "db", "ghost"];
-pub const VERSIONS: [&str; 7] = ["1.0", "1.1", "2.0", "x", "v1.1", "1.10", "2.0.0-rc1"];
-pub const WINDOWS: [Option<&str>; 7] = [
+/// `3.0` is ahead of every catalog version.
+pub const VERSIONS: [&str; 8] = ["1.0", "1.1", "2.0", "x", "v1.1", "1.10", "2.0.0-rc1", "3.0"];
+/// The last one opens a minute after [`base`] (UTC): the explorer's
+/// window whose opening minute a tick can land on.
+pub const WINDOWS: [Option<&str>; 8] = [
     None,
     Some("sun 03:00-05:00"),
     Some("not a window"),
@@ -168,6 +171,7 @@ pub const WINDOWS: [Option<&str>; 7] = [
     Some("mon-fri 22:00-02:00 America/New_York"),
     Some("daily 02:00-02:30 Australia/Lord_Howe"),
     Some("sat 25:00-26:00"),
+    Some("daily 12:01-13:00"),
 ];
 /// Task leases in seconds; running tasks were locked 60 s or 1000 s ago,
 /// so some leases end exactly at `now`.
@@ -225,6 +229,8 @@ pub struct World {
     pub releases: Option<Vec<Release>>,
     pub catalog: Catalog,
     pub rollouts: BTreeMap<String, RolloutState>,
+    /// Operators' undo pins (`rollout undo --to`), per halted type.
+    pub pins: BTreeMap<String, CatalogEntry>,
     pub config: ControlConfig,
 }
 
@@ -232,7 +238,8 @@ fn pick<T: Copy>(items: &[T], n: u8) -> T {
     items[usize::from(n) % items.len()]
 }
 
-fn entry(service_type: &str, version: &str, security: bool, halted: bool) -> CatalogEntry {
+/// A catalog entry of a Docker type with no services, for the seeds.
+pub fn entry(service_type: &str, version: &str, security: bool, halted: bool) -> CatalogEntry {
     CatalogEntry {
         spec_digest: String::new(),
         parameters: Default::default(),
@@ -346,6 +353,7 @@ impl WorldSeed {
             releases,
             catalog,
             rollouts,
+            pins: BTreeMap::new(),
             config,
         }
     }
@@ -364,8 +372,26 @@ impl World {
             config: &self.config,
             traceparent: Some(TRACEPARENT.to_owned()),
             lost_services: Default::default(),
-            pins: Default::default(),
+            pins: self.pins.clone(),
         }
+    }
+
+    /// One tick: the four checks planned on this world, their decisions
+    /// applied as the store would ([`apply_as_store`]); returns the plan.
+    pub fn tick(&mut self) -> Plan {
+        let mut snapshot = self.snapshot();
+        let plan = plan_tick(&snapshot);
+        apply_as_store(&mut snapshot, &plan.decisions);
+        let Snapshot {
+            instances,
+            tasks,
+            rollouts,
+            ..
+        } = snapshot;
+        self.instances = instances;
+        self.tasks = tasks;
+        self.rollouts = rollouts;
+        plan
     }
 }
 
@@ -386,12 +412,15 @@ fn upgrades_in_flight(snapshot: &Snapshot<'_>) -> usize {
         .count()
 }
 
+/// Whether `service_type`'s rollout is halted with no undo's pin to move
+/// its instances to.
 fn halted(snapshot: &Snapshot<'_>, service_type: &str) -> bool {
-    snapshot.rollouts.get(service_type) == Some(&RolloutState::Halted)
+    let halted = snapshot.rollouts.get(service_type) == Some(&RolloutState::Halted)
         || snapshot
             .catalog
             .get(service_type)
-            .is_some_and(|e| e.rollout == RolloutState::Halted)
+            .is_some_and(|e| e.rollout == RolloutState::Halted);
+    halted && !snapshot.pins.contains_key(service_type)
 }
 
 /// The store never has to refuse an insert (no planner proposes a second

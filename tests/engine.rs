@@ -377,6 +377,15 @@ impl Fixture {
         instance
     }
 
+    /// An operator's halt of `service_type`'s rollout, now.
+    async fn halt_by_operator(&self, service_type: &str) {
+        let now = stead::ports::Clock::now(self.clock.as_ref());
+        self.store
+            .set_rollout(service_type, RolloutState::Halted, "operator", now, None)
+            .await
+            .unwrap();
+    }
+
     /// What the daemon records as it loads each of `catalogs` in turn
     /// (ten seconds apart): `service_type`'s version as the file says it.
     async fn record_versions<const N: usize>(&self, service_type: &str, catalogs: [&Catalog; N]) {
@@ -978,16 +987,7 @@ async fn a_worker_does_not_start_an_upgrade_whose_rollout_was_halted_after_it_wa
     let before = f.web_container("wiki1").await;
     let containers = f.runtime.list_managed().await.unwrap().len();
     f.enqueue(instance.id, TaskKind::Upgrade).await;
-    f.store
-        .set_rollout(
-            "wiki",
-            RolloutState::Halted,
-            "operator",
-            stead::ports::Clock::now(f.clock.as_ref()),
-            None,
-        )
-        .await
-        .unwrap();
+    f.halt_by_operator("wiki").await;
     let (_, end) = f.worker().work_once().await.unwrap();
     assert_eq!(end, TaskEnd::Done, "not run, and not a failure to retry");
     assert_eq!(f.web_container("wiki1").await, before, "ACTIVE unchanged");
@@ -2784,16 +2784,7 @@ async fn a_halted_types_reprovision_puts_back_the_recorded_version_not_the_catal
         .await;
     let instance = f.served("wiki1", "1").await;
     let gone = f.web_container("wiki1").await;
-    f.store
-        .set_rollout(
-            "wiki",
-            RolloutState::Halted,
-            "operator",
-            stead::ports::Clock::now(f.clock.as_ref()),
-            None,
-        )
-        .await
-        .unwrap();
+    f.halt_by_operator("wiki").await;
     assert!(f.runtime.remove_by_hand(&gone));
     f.enqueue(instance.id, TaskKind::Reprovision).await;
     assert_eq!(f.worker().work_once().await.unwrap().1, TaskEnd::Done);
@@ -2864,16 +2855,7 @@ async fn a_halted_helm_types_release_ahead_of_its_instance_is_put_back() {
     .await
     .unwrap();
     assert_eq!(f.provisioner.release_versions()["s1"], "2");
-    f.store
-        .set_rollout(
-            "search",
-            RolloutState::Halted,
-            "operator",
-            stead::ports::Clock::now(f.clock.as_ref()),
-            None,
-        )
-        .await
-        .unwrap();
+    f.halt_by_operator("search").await;
     f.enqueue(instance.id, TaskKind::Upgrade).await;
     let (_, end) = f.worker_with(Arc::new(at_2)).work_once().await.unwrap();
     assert_eq!(end, TaskEnd::Done);

@@ -23,7 +23,6 @@ mod support_services;
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
-use std::process::Command;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -443,16 +442,7 @@ impl Engine {
 
     /// The docker CLI against this engine, with an argument vector.
     fn docker(&self, args: &[&str]) -> Result<String, String> {
-        let output = Command::new("docker")
-            .env("DOCKER_HOST", format!("unix://{}", self.socket.display()))
-            .args(args)
-            .output()
-            .map_err(|e| format!("run docker {args:?}: {e}"))?;
-        if output.status.success() {
-            Ok(String::from_utf8_lossy(&output.stdout).trim().to_owned())
-        } else {
-            Err(String::from_utf8_lossy(&output.stderr).trim().to_owned())
-        }
+        support_services::docker::docker_at(Some(&self.socket), args)
     }
 }
 

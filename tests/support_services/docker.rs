@@ -118,8 +118,13 @@ pub fn create_request(instance: &str, spec: ServiceSpec, revision: &str) -> Crea
 /// Runs the docker CLI with an argument vector (as an operator would),
 /// against the engine under test. Returns stdout, or the stderr on failure.
 pub fn docker(args: &[&str]) -> Result<String, String> {
+    docker_at(socket_override().as_deref(), args)
+}
+
+/// [`docker`] against the engine at `socket` (the CLI's default: `None`).
+pub fn docker_at(socket: Option<&std::path::Path>, args: &[&str]) -> Result<String, String> {
     let mut command = Command::new("docker");
-    if let Some(socket) = socket_override() {
+    if let Some(socket) = socket {
         command.env("DOCKER_HOST", format!("unix://{}", socket.display()));
     }
     let output = command

@@ -152,6 +152,16 @@ impl<'i> PassJudge<'i> {
         self.baking().any(|(m, _, _)| &m.container == id)
     }
 
+    /// Whether the pass did `what` to predecessor `id` (nothing yet: no).
+    fn did(&self, id: &ContainerId, what: impl Fn(&Predecessor) -> bool) -> bool {
+        self.predecessors.get(id).is_some_and(what)
+    }
+
+    /// What the pass did to predecessor `id`, for an answer to add to.
+    fn predecessor(&mut self, id: &ContainerId) -> &mut Predecessor {
+        self.predecessors.entry(id.clone()).or_default()
+    }
+
     fn named_by_active(&self, id: &ContainerId) -> bool {
         self.input.active.names_container(id)
     }
@@ -211,10 +221,7 @@ impl<'i> PassJudge<'i> {
             InstanceCommand::RemovePredecessor(generation)
             | InstanceCommand::ReleaseClaims(generation)
                 if self.bakes(&generation.container)
-                    && !self
-                        .predecessors
-                        .get(&generation.container)
-                        .is_some_and(|p| p.gone) =>
+                    && !self.did(&generation.container, |p| p.gone) =>
             {
                 breach(
                     "#40",
@@ -321,11 +328,7 @@ impl<'i> PassJudge<'i> {
                         format!("removed ACTIVE's container {}", generation.container),
                     );
                 }
-                let p = self
-                    .predecessors
-                    .entry(generation.container.clone())
-                    .or_default();
-                if !p.stopped {
+                if !self.did(&generation.container, |p| p.stopped) {
                     return breach(
                         "R15/S5",
                         format!("removed {} before stopping it", generation.container),
@@ -334,11 +337,8 @@ impl<'i> PassJudge<'i> {
             }
             InstanceCommand::ClearMarker(generation) => {
                 let active = self.named_by_active(&generation.container);
-                let p = self
-                    .predecessors
-                    .entry(generation.container.clone())
-                    .or_default();
-                if !(active || (p.removed && p.claims_released)) {
+                let gone = self.did(&generation.container, |p| p.removed && p.claims_released);
+                if !(active || gone) {
                     return breach(
                         "R15/S5",
                         format!(
@@ -348,17 +348,13 @@ impl<'i> PassJudge<'i> {
                     );
                 }
             }
-            InstanceCommand::ReleaseClaims(generation) => {
-                let p = self
-                    .predecessors
-                    .entry(generation.container.clone())
-                    .or_default();
-                if !p.removed {
-                    return breach(
-                        "R15/S5",
-                        format!("released claims of {} still present", generation.container),
-                    );
-                }
+            InstanceCommand::ReleaseClaims(generation)
+                if !self.did(&generation.container, |p| p.removed) =>
+            {
+                return breach(
+                    "R15/S5",
+                    format!("released claims of {} still present", generation.container),
+                );
             }
             InstanceCommand::WithdrawStale(key) => {
                 self.withdrawn_stale.push(key.clone());
@@ -407,23 +403,16 @@ impl<'i> PassJudge<'i> {
                 InstanceAnswer::PredecessorStopped(r),
             ) => {
                 if matches!(r, Ok(()) | Err(RuntimeError::NotFound)) {
-                    let p = self
-                        .predecessors
-                        .entry(generation.container.clone())
-                        .or_default();
+                    let p = self.predecessor(&generation.container);
                     p.stopped = true;
                     p.gone = matches!(r, Err(RuntimeError::NotFound));
                 }
             }
             (InstanceCommand::RemovePredecessor(g), InstanceAnswer::PredecessorRemoved(Ok(()))) => {
-                self.predecessors
-                    .entry(g.container.clone())
-                    .or_default()
-                    .removed = true;
+                self.predecessor(&g.container).removed = true;
             }
             (InstanceCommand::ReleaseClaims(g), InstanceAnswer::ClaimsReleased(Ok(()))) => {
-                let p = self.predecessors.entry(g.container.clone()).or_default();
-                p.claims_released = true;
+                self.predecessor(&g.container).claims_released = true;
             }
             (InstanceCommand::InspectSuccessor(_), InstanceAnswer::SuccessorInspected(Ok(obs))) => {
                 if let Some(service) = &self.marker_service {

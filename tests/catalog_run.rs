@@ -43,13 +43,16 @@ ports = [8080]
 "#;
 
 /// What the operator's `stead.toml` grants [`APP`]: its bind mount's
-/// directory, its secret file's directory and its daemon variable.
+/// directory, its secret file's directory, its daemon variable and its
+/// extra network.
 fn app_grants() -> Grants {
     Grants::new(
         &["/srv/stead".to_owned()],
         &["/etc/stead/secrets".to_owned()],
         &["NOTES_ADMIN_TOKEN".to_owned()],
     )
+    .unwrap()
+    .with_networks(&["backups".to_owned(), "shared-cache".to_owned()])
     .unwrap()
 }
 
@@ -90,6 +93,7 @@ fn a_real_applications_services_convert_into_run_specs() {
             entrypoint: vec!["/bin/sh".into(), "-c".into()],
             labels: BTreeMap::from([("com.example.tier".into(), "storage".into())]),
             networks: vec!["backups".into()],
+            cap_add: Vec::new(),
             instance_network: true,
         }
     );
@@ -221,7 +225,27 @@ fn bad_declarations_name_the_field_and_the_value() {
     check(
         "networks = [\"backups\"]",
         "networks = [\"host\"]",
-        "types.notes.services[0].networks[0] = \"host\": host, none, bridge and stead.* networks cannot be joined",
+        "types.notes.services[0].networks[0] = \"host\": must be an existing network's name (letters, digits, '_', '.', '-'; at most 63 bytes), not host, none, bridge or default, and not one of stead's own",
+    );
+    check(
+        "networks = [\"backups\"]",
+        "networks = [\"stead_isolated\"]",
+        "types.notes.services[0].networks[0] = \"stead_isolated\": must be an existing network's name",
+    );
+    check(
+        "networks = [\"backups\"]",
+        "networks = [\"elsewhere\"]",
+        "types.notes.services[0].networks[0] = \"elsewhere\": not one of grants.networks in stead.toml (backups, shared-cache)",
+    );
+    check(
+        "networks = [\"backups\"]",
+        "networks = [\"backups\"]\ncap_add = [\"NET_ADMIN\"]",
+        "types.notes.services[0].cap_add[0] = \"NET_ADMIN\": not granted: grants.capabilities in stead.toml is empty",
+    );
+    check(
+        "networks = [\"backups\"]",
+        "networks = [\"backups\"]\ncap_add = [\"CAP_NET_RAW\"]",
+        "types.notes.services[0].cap_add[0] = \"CAP_NET_RAW\": must be a capability's name",
     );
     check(
         "networks = [\"backups\"]",

@@ -12,7 +12,7 @@ mod support_services;
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use stead::adapters::docker::{volume_name, DockerProvisioner, DockerRuntime};
+use stead::adapters::docker::{volume_name, DockerConfig, DockerProvisioner, DockerRuntime};
 use stead::core::limits::{ContainerLimits, RawLimits};
 use stead::core::release::{ReleaseKind, ReleaseParams, ReleaseTarget};
 use stead::core::spec::{Mount, MountSource, RunSpec, SecretEnv, SecretSource, ServiceSpec};
@@ -337,6 +337,178 @@ async fn services_of_one_instance_reach_each_other_by_name_and_no_one_else_does(
         .remove_network(&InstanceName::new(&instance))
         .await
         .expect("removing an absent network succeeds");
+}
+
+/// The address of `id` on its first network.
+fn address_of(id: &ContainerId) -> String {
+    let address = docker(&[
+        "inspect",
+        "--format",
+        "{{range .NetworkSettings.Networks}}{{.IPAddress}} {{end}}",
+        id.as_str(),
+    ])
+    .expect("inspect the address");
+    address
+        .split_whitespace()
+        .next()
+        .unwrap_or_else(|| panic!("{id} has no address"))
+        .to_owned()
+}
+
+/// Whether a TCP connection from inside `from` to `address:port` opens
+/// (busybox nc, bounded by its own timeout).
+fn connects(from: &ContainerId, address: &str, port: u16) -> bool {
+    let port = port.to_string();
+    docker(&[
+        "exec",
+        from.as_str(),
+        "busybox",
+        "nc",
+        "-w",
+        "2",
+        address,
+        &port,
+    ])
+    .is_ok()
+}
+
+/// Bit 13 of the effective capability set (`CAP_NET_RAW`), read from
+/// inside the container.
+fn has_net_raw(id: &ContainerId) -> bool {
+    let status = docker(&["exec", id.as_str(), "busybox", "cat", "/proc/self/status"])
+        .expect("read /proc/self/status");
+    let effective = status
+        .lines()
+        .find_map(|line| line.strip_prefix("CapEff:"))
+        .expect("CapEff line");
+    let bits = u64::from_str_radix(effective.trim(), 16).expect("hex capability set");
+    bits & (1 << 13) != 0
+}
+
+/// #54's walls: a lone service reaches no other instance's container, on
+/// any network, and cannot open raw sockets unless its catalog adds the
+/// capability back.
+#[tokio::test]
+async fn no_instance_reaches_another_and_no_container_keeps_net_raw() {
+    if is_podman() {
+        // Podman's compatible API accepts the wall and ignores it: stead
+        // refuses to create there unless the operator turned walls off.
+        let walled = runtime_with(DockerConfig {
+            isolation: stead::adapters::docker::Isolation::Shared,
+            ..config()
+        })
+        .await;
+        let instance = unique("wkwallp");
+        let _cleanup = Cleanup::new(&instance);
+        let refused = walled
+            .create(&request(&instance, 1, httpd_spec("web"), "1"))
+            .await
+            .expect_err("no container on a network that does not wall it");
+        assert!(
+            matches!(&refused, RuntimeError::Refused(m) if m.contains("enable_icc") && m.contains("docker.isolation")),
+            "{refused:?}"
+        );
+        return;
+    }
+    let runtime = runtime().await;
+    let (a, b, pair) = (unique("wkwalla"), unique("wkwallb"), unique("wkwallc"));
+    let _cleanup = (Cleanup::new(&a), Cleanup::new(&b), Cleanup::new(&pair));
+    let lone = |instance: &str, id: i64| request(instance, id, httpd_spec("web"), "1");
+    let a_web = runtime.create(&lone(&a, 1)).await.expect("create a");
+    let b_web = runtime.create(&lone(&b, 2)).await.expect("create b");
+    let mut db = httpd_spec("db");
+    db.run.instance_network = true;
+    let pair_db = runtime
+        .create(&request(&pair, 3, db, "1"))
+        .await
+        .expect("create a service with a peer");
+
+    // Each answers on its own loopback: the wall is not a dead port.
+    for id in [&a_web, &b_web, &pair_db] {
+        let mut up = false;
+        for _ in 0..50 {
+            up = connects(id, "127.0.0.1", 8080);
+            if up {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        assert!(up, "{id} answers on its own port");
+    }
+    assert!(
+        !connects(&a_web, &address_of(&b_web), 8080),
+        "a lone service reaches another lone service on the shared network"
+    );
+    assert!(
+        !connects(&a_web, &address_of(&pair_db), 8080),
+        "a lone service reaches another instance's network"
+    );
+    assert!(
+        !connects(&pair_db, &address_of(&a_web), 8080),
+        "an instance network reaches a lone service"
+    );
+    assert!(!has_net_raw(&a_web), "NET_RAW is dropped by default");
+    assert!(!has_net_raw(&pair_db), "NET_RAW is dropped by default");
+
+    // The catalog may add it back where the operator granted it (the
+    // catalog checks the grant; the runtime applies what the spec says).
+    let raw = unique("wkwallr");
+    let _cleanup_raw = Cleanup::new(&raw);
+    let mut with_raw = httpd_spec("web");
+    with_raw.run.cap_add = vec!["NET_RAW".into()];
+    let raw_web = runtime
+        .create(&request(&raw, 4, with_raw, "1"))
+        .await
+        .expect("create with NET_RAW added back");
+    assert!(has_net_raw(&raw_web), "cap_add gives NET_RAW back");
+}
+
+#[tokio::test]
+async fn a_catalog_network_is_joined_by_its_exact_name_never_an_id_prefix() {
+    let runtime = runtime().await;
+    let instance = unique("wkjoin");
+    let shared = unique("wkshared");
+    let _cleanup = Cleanup::new(&instance);
+    let id = docker(&["network", "create", &shared]).expect("create a network to join");
+    let id = id.trim().to_owned();
+    let _network = NetworkCleanup(shared.clone());
+    // An ID prefix names the network to Docker, never to stead.
+    let mut by_prefix = script_spec("web", "true");
+    by_prefix.run.networks = vec![id[..12].to_owned()];
+    let refused = runtime
+        .create(&request(&instance, 1, by_prefix, "1"))
+        .await
+        .expect_err("an ID prefix is not a network's name");
+    assert!(
+        matches!(&refused, RuntimeError::Refused(m) if m.contains("exact name")),
+        "{refused:?}"
+    );
+    let mut by_name = script_spec("web", "true");
+    by_name.run.networks = vec![shared.clone()];
+    let joined = runtime
+        .create(&request(&instance, 1, by_name, "2"))
+        .await
+        .expect("join by name");
+    let networks = docker(&[
+        "inspect",
+        "--format",
+        "{{range $name, $_ := .NetworkSettings.Networks}}{{$name}} {{end}}",
+        joined.as_str(),
+    ])
+    .unwrap();
+    assert!(
+        networks.split_whitespace().any(|n| n == shared),
+        "{networks}"
+    );
+}
+
+/// Removes a test's own network on drop.
+struct NetworkCleanup(String);
+
+impl Drop for NetworkCleanup {
+    fn drop(&mut self) {
+        let _ = docker(&["network", "rm", &self.0]);
+    }
 }
 
 #[tokio::test]

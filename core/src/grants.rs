@@ -1,7 +1,10 @@
 //! What the operator lets a catalog give a container: host directories a
 //! service may bind-mount, directories its secret files may be read from,
-//! and daemon environment variables a secret may take; and, from
-//! `[limits]`, the most memory it may give one ([`ContainerLimits`]).
+//! daemon environment variables a secret may take, existing runtime
+//! networks a service may join and Linux capabilities it may add back
+//! (every container drops `NET_RAW` and whatever else `[docker] cap_drop`
+//! names); and, from `[limits]`, the most memory it may give one
+//! ([`ContainerLimits`]).
 //!
 //! Whoever edits the catalog decides what runs; whoever writes `stead.toml`
 //! decides what of the host those containers may reach. A catalog asking
@@ -50,6 +53,12 @@ pub enum Grant {
     SecretFile,
     /// A secret's `from_env` is one of `env_passthrough`.
     DaemonEnv,
+    /// An extra network the service joins is one of `networks`, by its
+    /// exact name (never an ID or an ID's prefix, which would name another
+    /// instance's network).
+    Network,
+    /// A capability the service adds back is one of `capabilities`.
+    Capability,
 }
 
 impl Grant {
@@ -59,6 +68,8 @@ impl Grant {
             Grant::HostPath => "host_path_prefixes",
             Grant::SecretFile => "secret_dirs",
             Grant::DaemonEnv => "env_passthrough",
+            Grant::Network => "networks",
+            Grant::Capability => "capabilities",
         }
     }
 }
@@ -84,6 +95,10 @@ pub struct Grants {
     secret_dirs: Vec<String>,
     /// Variable names, none of them stead's own.
     env_passthrough: BTreeSet<String>,
+    /// Network names ([`is_joinable_network`]).
+    networks: BTreeSet<String>,
+    /// Capability names without `CAP_` ([`is_capability_name`]).
+    capabilities: BTreeSet<String>,
     /// The operator's container limits: the catalog's `memory_mb` may not
     /// exceed their maximum.
     limits: ContainerLimits,
@@ -122,7 +137,35 @@ impl Grants {
             host_path_prefixes,
             secret_dirs,
             env_passthrough: env_passthrough.iter().cloned().collect(),
+            networks: BTreeSet::new(),
+            capabilities: BTreeSet::new(),
             limits: ContainerLimits::default(),
+        })
+    }
+
+    /// These grants with the networks a catalog's `networks` may name.
+    /// Each must be a network name stead does not own itself
+    /// ([`is_joinable_network`]).
+    pub fn with_networks(self, networks: &[String]) -> Result<Grants, GrantError> {
+        let networks = names_checked(Grant::Network, networks, |name| {
+            (!is_joinable_network(name)).then(joinable_network_rule)
+        })?;
+        Ok(Grants { networks, ..self })
+    }
+
+    /// These grants with the capabilities a catalog's `cap_add` may name.
+    pub fn with_capabilities(self, capabilities: &[String]) -> Result<Grants, GrantError> {
+        let capabilities = names_checked(Grant::Capability, capabilities, |name| {
+            (!is_capability_name(name)).then(|| {
+                format!(
+                    "must be a capability's name as the runtime takes it: upper-case letters \
+                     and '_', no CAP_ prefix, at most {CAPABILITY_LEN_MAX} bytes (e.g. NET_RAW)"
+                )
+            })
+        })?;
+        Ok(Grants {
+            capabilities,
+            ..self
         })
     }
 
@@ -157,6 +200,16 @@ impl Grants {
                 .any(|dir| path.starts_with(dir.as_str()))
     }
 
+    /// Whether a service may join the existing network `name`.
+    pub fn allows_network(&self, name: &str) -> bool {
+        self.networks.contains(name)
+    }
+
+    /// Whether a service may add the capability `name` back.
+    pub fn allows_capability(&self, name: &str) -> bool {
+        self.capabilities.contains(name)
+    }
+
     /// Whether a secret may take the daemon's variable `name`.
     pub fn passes_env(&self, name: &str) -> bool {
         !is_reserved_env(name) && self.env_passthrough.contains(name)
@@ -169,8 +222,99 @@ impl Grants {
             Grant::HostPath => self.host_path_prefixes.clone(),
             Grant::SecretFile => self.secret_dirs.clone(),
             Grant::DaemonEnv => self.env_passthrough.iter().cloned().collect(),
+            Grant::Network => self.networks.iter().cloned().collect(),
+            Grant::Capability => self.capabilities.iter().cloned().collect(),
         }
     }
+}
+
+/// The capabilities every container drops unless `[docker] cap_drop`
+/// says otherwise: without `NET_RAW` a container cannot forge packets on
+/// its bridge (ARP spoofing its neighbours' traffic).
+pub const CAP_DROP_DEFAULT: &[&str] = &["NET_RAW"];
+
+/// Where a service without peers runs (`[docker] isolation`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Isolation {
+    /// On one shared network with inter-container traffic off, checked
+    /// on the engine.
+    #[default]
+    Shared,
+    /// On the engine's default network, where containers reach each other:
+    /// for an engine that cannot wall them (Podman 4's compatible API),
+    /// chosen knowingly.
+    Off,
+}
+
+impl Isolation {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Shared => "shared",
+            Self::Off => "off",
+        }
+    }
+}
+
+/// Longest capability name (the longest Linux has is 18 bytes).
+pub const CAPABILITY_LEN_MAX: usize = 32;
+
+/// A capability as Docker's `CapAdd`/`CapDrop` take it: `NET_RAW`, never
+/// `CAP_NET_RAW` (one spelling, so a grant and a request compare equal).
+pub fn is_capability_name(name: &str) -> bool {
+    !name.is_empty()
+        && name.len() <= CAPABILITY_LEN_MAX
+        && !name.starts_with("CAP_")
+        && name.bytes().all(|b| b.is_ascii_uppercase() || b == b'_')
+}
+
+/// The prefix of every network stead creates itself: the instance
+/// networks `stead.<instance>` and the shared `stead_isolated`.
+pub const STEAD_NETWORK_PREFIX: &str = "stead";
+
+/// Whether a catalog may be granted the network `name`: a runtime object
+/// name that is none of the host's special networks and none of stead's
+/// own (an instance network would put a service beside another
+/// instance's).
+pub fn is_joinable_network(name: &str) -> bool {
+    let mut chars = name.chars();
+    matches!(chars.next(), Some(c) if c.is_ascii_alphanumeric())
+        && chars.all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '.' | '-'))
+        && name.len() <= super::names::LABEL_LEN_MAX
+        && !matches!(name, "host" | "none" | "bridge" | "default")
+        && !name.starts_with(STEAD_NETWORK_PREFIX)
+}
+
+/// Why a network is not joinable, wherever it is asked for.
+pub(crate) fn joinable_network_rule() -> String {
+    format!(
+        "must be an existing network's name (letters, digits, '_', '.', '-'; at most {} bytes), \
+         not host, none, bridge or default, and not one of stead's own \
+         ({STEAD_NETWORK_PREFIX}*: every instance has its own)",
+        super::names::LABEL_LEN_MAX
+    )
+}
+
+/// A list of names: bounded, each passing `refuse` (which says why not),
+/// each once.
+fn names_checked(
+    grant: Grant,
+    raw: &[String],
+    refuse: impl Fn(&str) -> Option<String>,
+) -> Result<BTreeSet<String>, GrantError> {
+    bounded(grant, raw.len())?;
+    let mut names = BTreeSet::new();
+    for (i, name) in raw.iter().enumerate() {
+        let reason = refuse(name).or_else(|| names.contains(name).then(|| "listed twice".into()));
+        if let Some(reason) = reason {
+            return Err(GrantError {
+                field: format!("{}[{i}]", grant.key()),
+                value: quote(name),
+                reason,
+            });
+        }
+        names.insert(name.clone());
+    }
+    Ok(names)
 }
 
 fn bounded(grant: Grant, len: usize) -> Result<(), GrantError> {
@@ -238,6 +382,38 @@ mod tests {
             let error = Grants::new(&[], &[], &list(&["OK", name])).unwrap_err();
             assert_eq!(error.field, "env_passthrough[1]");
             assert_eq!(error.value, format!("{name:?}"));
+        }
+    }
+
+    #[test]
+    fn networks_are_granted_by_exact_name_and_never_steads_own() {
+        let grants = Grants::default()
+            .with_networks(&list(&["shared-db"]))
+            .unwrap();
+        assert!(grants.allows_network("shared-db"));
+        assert!(!grants.allows_network("shared"));
+        assert!(!grants.allows_network("shared-db2"));
+        for name in ["stead.notes", "stead_isolated", "host", "bridge", "a b", ""] {
+            let error = Grants::default()
+                .with_networks(&list(&["ok", name]))
+                .unwrap_err();
+            assert_eq!(error.field, "networks[1]", "{name}");
+            assert_eq!(error.value, format!("{name:?}"));
+        }
+    }
+
+    #[test]
+    fn capabilities_are_granted_in_the_runtimes_spelling() {
+        let grants = Grants::default()
+            .with_capabilities(&list(&["NET_RAW"]))
+            .unwrap();
+        assert!(grants.allows_capability("NET_RAW"));
+        assert!(!grants.allows_capability("NET_ADMIN"));
+        for name in ["CAP_NET_RAW", "net_raw", "NET-RAW", "NET_RAW"] {
+            let error = Grants::default()
+                .with_capabilities(&list(&["NET_RAW", name]))
+                .unwrap_err();
+            assert_eq!(error.field, "capabilities[1]", "{name}");
         }
     }
 

@@ -118,8 +118,15 @@ pub struct RunSpec {
     pub entrypoint: Vec<String>,
     /// Extra labels; stead's own (`stead.*`) are refused by the catalog.
     pub labels: BTreeMap<String, String>,
-    /// Existing networks to join besides the instance's own network.
+    /// Existing networks to join besides the instance's own network, each
+    /// granted by `[grants] networks`.
     pub networks: Vec<String>,
+    /// Capabilities added back to the runtime's set after `[docker]
+    /// cap_drop` (each granted by `[grants] capabilities`). Left out of the
+    /// digest when empty, so a type that adds none keeps the digest it had
+    /// before the field existed.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub cap_add: Vec<String>,
     /// Whether the container joins its instance's own network, where the
     /// instance's services reach each other by service name. Set for every
     /// service of a type with more than one (a lone service has no peer,

@@ -52,7 +52,9 @@ use futures_util::{Stream, StreamExt};
 use super::read_cache::{Inspected, ReadCache};
 
 mod logs;
+mod walls;
 mod workload;
+pub use walls::{Isolation, CAP_DROP_DEFAULT, ICC_OPTION, ISOLATED_NETWORK};
 pub use workload::{
     network_name, volume_name, LABEL_INSTANCE_ID, LABEL_VOLUME, SECRET_FILE_LEN_MAX,
 };
@@ -156,6 +158,11 @@ pub struct DockerConfig {
     /// What every created container gets: its memory limit unless the
     /// catalog names one, a pids limit and log rotation.
     pub limits: ContainerLimits,
+    /// Capabilities every container drops (`[docker] cap_drop`), less the
+    /// ones its catalog entry adds back.
+    pub cap_drop: Vec<String>,
+    /// Where a lone service runs (`[docker] isolation`).
+    pub isolation: Isolation,
 }
 
 impl Default for DockerConfig {
@@ -166,6 +173,8 @@ impl Default for DockerConfig {
             api_version: (1, 41),
             native_restart: NativeRestart::Never,
             limits: ContainerLimits::default(),
+            cap_drop: CAP_DROP_DEFAULT.iter().map(|c| (*c).to_owned()).collect(),
+            isolation: Isolation::default(),
         }
     }
 }
@@ -633,7 +642,9 @@ impl DockerRuntime {
             .map(|(name, value)| format!("{name}={value}"))
             .chain(secrets)
             .collect();
-        let (network, networking_config) = workload::networking(request).unzip();
+        let (network, networking_config) =
+            workload::networking(request, self.config.isolation).unzip();
+        let (cap_drop, cap_add) = walls::capabilities(&self.config.cap_drop, &run.cap_add);
         let mounts = workload::mounts(request);
         let exposed_ports = spec
             .ports
@@ -689,6 +700,8 @@ impl DockerRuntime {
                 pids_limit: Some(i64::from(limits.pids_limit)),
                 log_config: Some(log_config(limits)),
                 security_opt: Some(vec![NO_NEW_PRIVILEGES.to_owned()]),
+                cap_drop,
+                cap_add,
                 restart_policy: Some(RestartPolicy {
                     name: Some(restart),
                     maximum_retry_count: None,
@@ -939,6 +952,8 @@ impl Runtime for DockerRuntime {
         let secrets = workload::resolve_secrets(&request.instance, &request.spec).await?;
         if request.spec.run.instance_network {
             self.ensure_network(&request.instance).await?;
+        } else if self.config.isolation == Isolation::Shared {
+            self.ensure_isolated_network().await?;
         }
         for volume in request.spec.run.volumes() {
             self.ensure_volume(request, volume).await?;

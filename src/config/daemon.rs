@@ -22,7 +22,9 @@ use std::time::Duration;
 use serde::Deserialize;
 
 use crate::core::event_log::EventKind;
-use crate::core::grants::Grants;
+use crate::core::grants::{
+    is_capability_name, Grants, Isolation, CAP_DROP_DEFAULT, GRANT_ENTRIES_MAX,
+};
 use crate::core::limits::{ContainerLimits, RawLimits};
 use crate::core::plan::{ConfigError, ControlConfig, RawControlConfig};
 use crate::core::policy::{
@@ -110,6 +112,8 @@ pub const KEYS: &[&str] = &[
     "docker.socket",
     "docker.request_timeout_s",
     "docker.restart_policy",
+    "docker.cap_drop",
+    "docker.isolation",
     "caddy.admin",
     "caddy.listen",
     "caddy.server_name",
@@ -129,6 +133,8 @@ pub const KEYS: &[&str] = &[
     "grants.host_path_prefixes",
     "grants.secret_dirs",
     "grants.env_passthrough",
+    "grants.networks",
+    "grants.capabilities",
     "limits.memory_default_mb",
     "limits.memory_max_mb",
     "limits.pids_limit",
@@ -191,6 +197,10 @@ pub struct DockerSettings {
     pub request_timeout: Duration,
     /// `no` (stead is the only restarter) or `unless-stopped`.
     pub restart_unless_stopped: bool,
+    /// Capabilities every container drops (default `NET_RAW`).
+    pub cap_drop: Vec<String>,
+    /// Where a lone service runs: `shared` (the isolated network) or `off`.
+    pub isolation: Isolation,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -820,6 +830,10 @@ struct RawGrants {
     secret_dirs: Vec<String>,
     #[serde(default)]
     env_passthrough: Vec<String>,
+    #[serde(default)]
+    networks: Vec<String>,
+    #[serde(default)]
+    capabilities: Vec<String>,
 }
 
 #[derive(Deserialize, Default)]
@@ -840,6 +854,8 @@ struct RawDocker {
     socket: Option<String>,
     request_timeout_s: Option<i64>,
     restart_policy: Option<String>,
+    cap_drop: Option<Vec<String>>,
+    isolation: Option<String>,
 }
 
 #[derive(Deserialize, Default)]
@@ -1334,6 +1350,8 @@ impl Validator<'_> {
             &raw.secret_dirs,
             &raw.env_passthrough,
         )
+        .and_then(|grants| grants.with_networks(&raw.networks))
+        .and_then(|grants| grants.with_capabilities(&raw.capabilities))
         .map_err(|e| self.invalid_quoted(&format!("grants.{}", e.field), e.value, e.reason))
     }
 
@@ -1537,7 +1555,47 @@ impl Validator<'_> {
                 600,
             )?,
             restart_unless_stopped,
+            cap_drop: self.cap_drop(raw.cap_drop)?,
+            isolation: match raw.isolation.as_deref().unwrap_or("shared") {
+                "shared" => Isolation::Shared,
+                "off" => Isolation::Off,
+                other => {
+                    return Err(self.invalid(
+                        "docker.isolation",
+                        other,
+                        "must be \"shared\" (lone services on one network with inter-container \
+                         traffic off) or \"off\" (the engine's default network: no walls \
+                         between instances)",
+                    ))
+                }
+            },
         })
+    }
+
+    /// `docker.cap_drop`: capability names in the runtime's spelling, or
+    /// `ALL`; `NET_RAW` when absent.
+    fn cap_drop(&self, raw: Option<Vec<String>>) -> Result<Vec<String>, DaemonConfigError> {
+        let Some(raw) = raw else {
+            return Ok(CAP_DROP_DEFAULT.iter().map(|c| (*c).to_owned()).collect());
+        };
+        if raw.len() > GRANT_ENTRIES_MAX {
+            return Err(self.invalid(
+                "docker.cap_drop",
+                raw.len(),
+                format!("at most {GRANT_ENTRIES_MAX} capabilities"),
+            ));
+        }
+        for (i, name) in raw.iter().enumerate() {
+            if name != "ALL" && !is_capability_name(name) {
+                return Err(self.invalid(
+                    &format!("docker.cap_drop[{i}]"),
+                    name,
+                    "must be ALL or a capability's name as the runtime takes it (e.g. NET_RAW, \
+                     no CAP_ prefix)",
+                ));
+            }
+        }
+        Ok(raw)
     }
 
     fn caddy(&self, raw: RawCaddy) -> Result<CaddySettings, DaemonConfigError> {
@@ -1804,6 +1862,41 @@ mod tests {
         check_err("typo = 1", &[], "unknown field `typo`");
         check_err("", &[("STEAD_LOG_FORMAT", "xml")], "log_format = \"xml\"");
         check_err("database_url = \"mysql://u:secret@h/db\"", &[], "mysql:…");
+        check_err(
+            "[docker]\nisolation = \"none\"",
+            &[],
+            "docker.isolation = \"none\"",
+        );
+        check_err(
+            "[docker]\ncap_drop = [\"NET_RAW\", \"cap_sys_admin\"]",
+            &[],
+            "docker.cap_drop[1] = \"cap_sys_admin\"",
+        );
+        check_err(
+            "[grants]\nnetworks = [\"stead.other\"]",
+            &[],
+            "grants.networks[0] = \"stead.other\"",
+        );
+        check_err(
+            "[grants]\ncapabilities = [\"CAP_NET_RAW\"]",
+            &[],
+            "grants.capabilities[0] = \"CAP_NET_RAW\"",
+        );
+    }
+
+    #[test]
+    fn containers_drop_net_raw_and_lone_services_are_walled_by_default() {
+        let config = parse("", "stead.toml", &[]).unwrap();
+        assert_eq!(config.docker.cap_drop, vec!["NET_RAW".to_owned()]);
+        assert_eq!(config.docker.isolation, Isolation::Shared);
+        let config = parse(
+            "[docker]\ncap_drop = [\"ALL\"]\nisolation = \"off\"\n",
+            "stead.toml",
+            &[],
+        )
+        .unwrap();
+        assert_eq!(config.docker.cap_drop, vec!["ALL".to_owned()]);
+        assert_eq!(config.docker.isolation, Isolation::Off);
     }
 
     /// A lone carriage return is explained, not reported as a blank (found

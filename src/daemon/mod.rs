@@ -493,6 +493,8 @@ pub async fn docker_runtime(config: &DaemonConfig) -> Result<DockerRuntime, Daem
             NativeRestart::Never
         },
         limits: config.limits.clone(),
+        cap_drop: config.docker.cap_drop.clone(),
+        isolation: config.docker.isolation,
         ..DockerConfig::default()
     };
     match DockerRuntime::connect(docker_config.clone()).await {

@@ -51,10 +51,18 @@ pub fn is_podman() -> bool {
     })
 }
 
-/// The default configuration, on the socket under test.
+/// The default configuration, on the socket under test. Podman 4's
+/// compatible API cannot wall lone services apart (it ignores
+/// `enable_icc=false`), so there the tests run as an operator of Podman
+/// must: with `isolation = "off"` (docs/operations.md, "Podman").
 pub fn config() -> DockerConfig {
     DockerConfig {
         socket_path: socket_path(),
+        isolation: if is_podman() {
+            stead::adapters::docker::Isolation::Off
+        } else {
+            stead::adapters::docker::Isolation::Shared
+        },
         ..DockerConfig::default()
     }
 }

@@ -407,7 +407,7 @@ fn not_granted(grant: Grant, granted: &[String]) -> String {
     let wanted = match grant {
         Grant::HostPath => "not under any of",
         Grant::SecretFile => "not inside any of",
-        Grant::DaemonEnv => "not one of",
+        Grant::DaemonEnv | Grant::Network | Grant::Capability => "not one of",
     };
     if granted.is_empty() {
         format!("not granted: grants.{key} in stead.toml is empty (the operator grants it there)")

@@ -81,6 +81,8 @@ pub(super) struct RawService {
     #[serde(default)]
     pub(super) networks: Vec<String>,
     #[serde(default)]
+    pub(super) cap_add: Vec<String>,
+    #[serde(default)]
     pub(super) domains: Vec<String>,
 }
 

@@ -8,7 +8,10 @@ use super::{
     sample_parameters, CatalogError, Checker, Parameter, ARG_LEN_MAX, IMAGE_LEN_MAX,
     VERSION_LEN_MAX,
 };
-use crate::grants::{is_reserved_env, reserved_env_reason, Grant};
+use crate::grants::{
+    is_capability_name, is_joinable_network, is_reserved_env, joinable_network_rule,
+    reserved_env_reason, Grant,
+};
 use crate::limits::MIB;
 use crate::names;
 use crate::release::{render, ReleaseParams};
@@ -23,6 +26,8 @@ pub(crate) const ENV_VALUE_LEN_MAX: usize = 32 * 1024;
 pub(crate) const MOUNTS_MAX: usize = 32;
 pub(crate) const LABELS_MAX: usize = 64;
 pub(crate) const NETWORKS_MAX: usize = 8;
+/// Most capabilities one service adds back.
+pub(crate) const CAP_ADD_MAX: usize = 16;
 /// The bounds of `memory_mb` and `cpus`.
 pub(crate) const MEMORY_MB_MIN: i64 = 6;
 pub(crate) const MEMORY_MB_MAX: i64 = 1 << 20;
@@ -93,6 +98,7 @@ impl Checker<'_> {
         let nano_cpus = self.nano_cpus(at, raw.cpus)?;
         self.labels(at, &raw.labels)?;
         self.networks(at, &raw.networks)?;
+        self.cap_add(at, &raw.cap_add)?;
         Ok(RunSpec {
             env: raw.env.clone(),
             secrets,
@@ -103,6 +109,7 @@ impl Checker<'_> {
             entrypoint: raw.entrypoint.clone(),
             labels: raw.labels.clone(),
             networks: raw.networks.clone(),
+            cap_add: raw.cap_add.clone(),
             instance_network: false,
         })
     }
@@ -278,7 +285,8 @@ impl Checker<'_> {
         Ok(())
     }
 
-    /// Extra networks: named, not shared with the host or stead, each once.
+    /// Extra networks: each granted by name in `[grants] networks` (so
+    /// never the host's, stead's own or another instance's), each once.
     pub(super) fn networks(&self, at: &str, networks: &[String]) -> Result<(), CatalogError> {
         if networks.len() > NETWORKS_MAX {
             return Err(self.invalid(
@@ -289,24 +297,44 @@ impl Checker<'_> {
         }
         for (i, network) in networks.iter().enumerate() {
             let field = format!("{at}.networks[{i}]");
-            if !is_object_name(network) {
-                return Err(self.invalid(
-                    field,
-                    network,
-                    "must be a network name (letters, digits, '_', '.', '-')",
-                ));
-            }
-            if matches!(network.as_str(), "host" | "none" | "bridge")
-                || network.starts_with(RESERVED_LABEL_PREFIX)
-            {
-                return Err(self.invalid(
-                    field,
-                    network,
-                    "host, none, bridge and stead.* networks cannot be joined (every instance has its own network)",
-                ));
+            if !is_joinable_network(network) {
+                return Err(self.invalid(field, network, joinable_network_rule()));
             }
             if networks[..i].contains(network) {
                 return Err(self.invalid(field, network, "duplicate network"));
+            }
+            if !self.grants.allows_network(network) {
+                return Err(self.not_granted(field, network, Grant::Network));
+            }
+        }
+        Ok(())
+    }
+
+    /// Capabilities added back: each granted in `[grants] capabilities`,
+    /// each once.
+    pub(super) fn cap_add(&self, at: &str, capabilities: &[String]) -> Result<(), CatalogError> {
+        if capabilities.len() > CAP_ADD_MAX {
+            return Err(self.invalid(
+                format!("{at}.cap_add"),
+                capabilities.len(),
+                format!("at most {CAP_ADD_MAX} capabilities"),
+            ));
+        }
+        for (i, capability) in capabilities.iter().enumerate() {
+            let field = format!("{at}.cap_add[{i}]");
+            if !is_capability_name(capability) {
+                return Err(self.invalid(
+                    field,
+                    capability,
+                    "must be a capability's name as the runtime takes it (e.g. NET_RAW, no CAP_ \
+                     prefix)",
+                ));
+            }
+            if capabilities[..i].contains(capability) {
+                return Err(self.invalid(field, capability, "duplicate capability"));
+            }
+            if !self.grants.allows_capability(capability) {
+                return Err(self.not_granted(field, capability, Grant::Capability));
             }
         }
         Ok(())

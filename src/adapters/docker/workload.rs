@@ -29,6 +29,7 @@ use bollard::models::{
 };
 use bollard::query_parameters::{InspectNetworkOptions, ListVolumesOptions, RemoveVolumeOptions};
 
+use super::walls::{Isolation, ISOLATED_NETWORK};
 use super::{detail, transient, DockerRuntime, LABEL_INSTANCE, LABEL_MANAGED, LABEL_SERVICE};
 use crate::core::spec::{MountSource, SecretSource, ServiceSpec};
 use crate::core::types::{ContainerId, InstanceName, RuntimeError, ServiceName};
@@ -120,11 +121,27 @@ pub(super) async fn resolve_secrets(
 /// The create call's networking: the instance network, with the service's
 /// name as the container's alias there. Docker's API before 1.44 takes one
 /// network at creation; the extra ones are joined by [`DockerRuntime::join_networks`].
-/// `None` for a service that does not join an instance network (the
-/// runtime's default network then).
-pub(super) fn networking(request: &CreateContainer) -> Option<(String, NetworkingConfig)> {
+/// A lone service runs on the shared isolated network ([`walls`]), or with
+/// `isolation = "off"` on the runtime's default network (`None`).
+///
+/// [`walls`]: super::walls
+pub(super) fn networking(
+    request: &CreateContainer,
+    isolation: Isolation,
+) -> Option<(String, NetworkingConfig)> {
     if !request.spec.run.instance_network {
-        return None;
+        return match isolation {
+            Isolation::Shared => Some((
+                ISOLATED_NETWORK.to_owned(),
+                NetworkingConfig {
+                    endpoints_config: Some(HashMap::from([(
+                        ISOLATED_NETWORK.to_owned(),
+                        EndpointSettings::default(),
+                    )])),
+                },
+            )),
+            Isolation::Off => None,
+        };
     }
     let network = network_name(&request.instance);
     let endpoint = EndpointSettings {
@@ -164,7 +181,7 @@ pub(super) fn mounts(request: &CreateContainer) -> Vec<DockerMount> {
         .collect()
 }
 
-fn labels_of(pairs: &[(&str, &str)]) -> HashMap<String, String> {
+pub(super) fn labels_of(pairs: &[(&str, &str)]) -> HashMap<String, String> {
     pairs
         .iter()
         .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
@@ -172,7 +189,7 @@ fn labels_of(pairs: &[(&str, &str)]) -> HashMap<String, String> {
 }
 
 /// The first expected label the object lacks, described for an error.
-fn label_mismatch(
+pub(super) fn label_mismatch(
     labels: Option<&HashMap<String, String>>,
     expected: &[(&str, &str)],
 ) -> Option<String> {
@@ -182,7 +199,7 @@ fn label_mismatch(
     })
 }
 
-fn is_status(error: &DockerError, status: u16) -> bool {
+pub(super) fn is_status(error: &DockerError, status: u16) -> bool {
     matches!(error, DockerError::DockerResponseServerError { status_code, .. } if *status_code == status)
 }
 
@@ -294,6 +311,7 @@ impl DockerRuntime {
             if joined.contains_key(network) {
                 continue;
             }
+            let network_id = self.resolve_network(network).await?;
             let connect = NetworkConnectRequest {
                 container: Some(id.to_string()),
                 endpoint_config: Some(EndpointSettings {
@@ -302,7 +320,7 @@ impl DockerRuntime {
                 }),
             };
             self.api()
-                .connect_network(network, connect)
+                .connect_network(&network_id, connect)
                 .await
                 .map_err(|e| {
                     RuntimeError::Transient(format!(

@@ -299,6 +299,62 @@ async fn with_a_token_every_fleet_endpoint_demands_it_and_metrics_and_health_sta
     }
 }
 
+/// DNS rebinding (#54): a page whose own name resolves to 127.0.0.1 makes
+/// the browser send its name as `Host`; no endpoint answers it, a reload
+/// with the header and a forced one included.
+#[tokio::test]
+async fn a_request_for_a_host_the_listener_does_not_serve_is_refused_everywhere() {
+    let served = serve(None).await;
+    let port = served.url.rsplit(':').next().unwrap().to_owned();
+    for host in ["evil.example".to_owned(), format!("evil.example:{port}")] {
+        for path in [
+            "/", "/status", "/catalog", "/metrics", "/healthz", "/readyz",
+        ] {
+            let response = client()
+                .get(format!("{}{path}", served.url))
+                .header("host", &host)
+                .send()
+                .await
+                .unwrap();
+            assert_eq!(response.status().as_u16(), 421, "{host}{path}");
+            let body = response.text().await.unwrap();
+            assert!(!body.contains("wiki"), "{path} leaks: {body}");
+        }
+        let reload = client()
+            .post(format!("{}/reload?force=true", served.url))
+            .header("host", &host)
+            .header(admin::RELOAD_HEADER, admin::RELOAD_HEADER_VALUE)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(reload.status().as_u16(), 421, "{host}: a forced reload");
+    }
+    for host in [format!("localhost:{port}"), format!("127.0.0.1:{port}")] {
+        let response = client()
+            .get(format!("{}/status", served.url))
+            .header("host", &host)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(response.status().as_u16(), 200, "{host}");
+    }
+}
+
+/// `/readyz` through the listener: every request of a burst is answered
+/// (the store is read at most once a second: `admin::tests`).
+#[tokio::test]
+async fn readyz_answers_every_request_of_a_burst() {
+    let served = serve(None).await;
+    for _ in 0..20 {
+        let (code, body) = get(&served, "/readyz", None).await;
+        assert_ne!(code, 421, "{body}");
+        assert!(
+            body.starts_with("ready") || body.contains("lease"),
+            "{body}"
+        );
+    }
+}
+
 // --- headless Chromium ----------------------------------------------------
 
 /// Screenshots `url` into the artifacts as `name`, and checks the PNG is

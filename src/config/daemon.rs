@@ -79,6 +79,8 @@ pub const TELEMETRY_EXPORT_TIMEOUT_MS_MAX: i64 = 60_000;
 pub const FLIGHT_PASSES_DEFAULT: i64 = 200;
 pub const FLIGHT_PASSES_MIN: i64 = 2;
 pub const FLIGHT_PASSES_MAX: i64 = 100_000;
+/// Most extra host names one listener answers to (`admin_hosts`).
+pub const LISTENER_HOSTS_MAX: usize = 32;
 /// Longest value quoted back in an error.
 const ERROR_VALUE_LEN_MAX: usize = 120;
 
@@ -91,6 +93,7 @@ pub const KEYS: &[&str] = &[
     "database_url",
     "catalog",
     "admin_listen",
+    "admin_hosts",
     "admin_token_file",
     "log_format",
     "workers",
@@ -341,6 +344,10 @@ pub struct DaemonConfig {
     /// ([`crate::config::admin_token::AdminToken::read`]), never at load,
     /// so a CLI user who cannot read it can still run every other command.
     pub admin_token_file: Option<PathBuf>,
+    /// Host names the admin endpoints answer to besides their own address
+    /// and `localhost` (`daemon::listener`): the names a scraper or an
+    /// operator's browser reaches them by.
+    pub admin_hosts: Vec<String>,
     pub log_format: LogFormat,
     pub workers: u32,
     pub worker_idle_poll: Duration,
@@ -684,6 +691,7 @@ struct RawConfig {
     provisioner: Option<String>,
     admin_listen: Option<String>,
     admin_token_file: Option<String>,
+    admin_hosts: Option<Vec<String>>,
     log_format: Option<String>,
     workers: Option<i64>,
     worker_idle_poll_ms: Option<i64>,
@@ -1048,6 +1056,7 @@ impl Validator<'_> {
             addr => Some(self.addr("admin_listen", addr)?),
         };
         let admin_token_file = self.admin_token_file(admin_listen, raw.admin_token_file)?;
+        let admin_hosts = self.listener_hosts("admin_hosts", raw.admin_hosts)?;
         let log_format = match raw.log_format.as_deref() {
             None => LogFormat::Text,
             Some(word) => LogFormat::parse(word)
@@ -1078,6 +1087,7 @@ impl Validator<'_> {
             catalog,
             admin_listen,
             admin_token_file,
+            admin_hosts,
             log_format,
             workers,
             worker_idle_poll,
@@ -1340,6 +1350,34 @@ impl Validator<'_> {
         };
         ContainerLimits::new(&raw)
             .map_err(|e| self.invalid_quoted(&format!("limits.{}", e.field), e.value, e.reason))
+    }
+
+    /// The extra host names of a listener (`admin_hosts`): DNS names or IP
+    /// addresses, at most [`LISTENER_HOSTS_MAX`].
+    fn listener_hosts(
+        &self,
+        key: &str,
+        raw: Option<Vec<String>>,
+    ) -> Result<Vec<String>, DaemonConfigError> {
+        let raw = raw.unwrap_or_default();
+        if raw.len() > LISTENER_HOSTS_MAX {
+            return Err(self.invalid(
+                key,
+                raw.len(),
+                format!("at most {LISTENER_HOSTS_MAX} host names"),
+            ));
+        }
+        for (i, host) in raw.iter().enumerate() {
+            let is_ip = host.parse::<std::net::IpAddr>().is_ok();
+            if !is_ip && crate::core::names::check_dns_name(key, host).is_err() {
+                return Err(self.invalid(
+                    &format!("{key}[{i}]"),
+                    host,
+                    "must be a DNS name or an IP address, without a port or a scheme",
+                ));
+            }
+        }
+        Ok(raw)
     }
 
     /// `[grants]`, validated by [`Grants::new`] (one set of rules), its
@@ -1862,6 +1900,11 @@ mod tests {
         check_err("typo = 1", &[], "unknown field `typo`");
         check_err("", &[("STEAD_LOG_FORMAT", "xml")], "log_format = \"xml\"");
         check_err("database_url = \"mysql://u:secret@h/db\"", &[], "mysql:…");
+        check_err(
+            "admin_hosts = [\"http://evil.example\"]",
+            &[],
+            "admin_hosts[0] = \"http://evil.example\"",
+        );
         check_err(
             "[docker]\nisolation = \"none\"",
             &[],

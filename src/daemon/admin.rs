@@ -19,6 +19,13 @@
 //! web page the operator's browser has open can send a "simple" POST to a
 //! loopback port without asking first, but it cannot add a custom header
 //! without a CORS preflight, which this server never answers.
+//!
+//! Every request must name a host the listener serves (its address,
+//! `localhost`, `admin_hosts`), so a page that rebinds its own name to
+//! 127.0.0.1 reaches nothing; connections are capped
+//! ([`super::listener`]). `/readyz` reads the store at most once per
+//! [`READY_FRESH_MS`], one read at a time, each bounded by
+//! [`READY_TIMEOUT`]: a probe loop costs the store nothing more.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -32,6 +39,7 @@ use axum::routing::get;
 use axum::Router;
 use tokio::sync::{watch, Semaphore};
 
+use super::listener::{self, CappedListener, HostAllowlist};
 use super::status::Status;
 use super::{metrics_handle, page, Daemon, ReloadError, ReloadMode, Role};
 use crate::config::admin_token::AdminToken;
@@ -59,6 +67,11 @@ pub const STATUS_CONCURRENT_MAX: usize = 1;
 pub const STATUS_TIMEOUT: Duration = Duration::from_secs(10);
 /// `Retry-After` of a `/status` refused because another render runs.
 pub const STATUS_RETRY_AFTER_S: u64 = 1;
+
+/// A `/readyz` answer younger than this is served again without a read.
+pub const READY_FRESH_MS: i64 = 1000;
+/// A store read for `/readyz` that takes longer is a failed check.
+pub const READY_TIMEOUT: Duration = Duration::from_secs(2);
 
 /// Why a gated request was not served.
 #[derive(Debug, PartialEq, Eq, thiserror::Error)]
@@ -111,6 +124,71 @@ struct AdminState {
     status_gate: Gate,
     /// Demanded by the endpoints that show or change the fleet, when set.
     token: Option<Arc<AdminToken>>,
+    /// `/readyz`'s last store check, and the gate of the next.
+    ready: Arc<ReadyCheck>,
+}
+
+/// The store half of `/readyz`: one read at a time, its answer kept for
+/// [`READY_FRESH_MS`].
+struct ReadyCheck {
+    gate: Gate,
+    /// When the last read ended (the daemon's clock, ms) and what it said.
+    last: std::sync::Mutex<Option<(i64, Result<(), String>)>>,
+}
+
+impl ReadyCheck {
+    fn new() -> Self {
+        Self {
+            gate: Gate::new(1, READY_TIMEOUT),
+            last: std::sync::Mutex::new(None),
+        }
+    }
+
+    fn remembered(&self, now_ms: i64) -> Option<Result<(), String>> {
+        let last = self.last.lock().unwrap_or_else(|e| e.into_inner());
+        last.as_ref()
+            .filter(|(at, _)| (0..READY_FRESH_MS).contains(&(now_ms - at)))
+            .map(|(_, answer)| answer.clone())
+    }
+
+    /// Whether the store answers, read anew unless a fresh answer is kept.
+    async fn store(&self, daemon: &Daemon) -> Result<(), String> {
+        let clock = &daemon.ports.clock;
+        self.check(
+            || clock.now().as_millisecond(),
+            daemon.ports.store.queue_depth(),
+        )
+        .await
+    }
+
+    /// [`Self::store`] with the clock and the read given: `read` is polled
+    /// only when no answer younger than [`READY_FRESH_MS`] is kept.
+    async fn check<E: std::fmt::Display>(
+        &self,
+        now_ms: impl Fn() -> i64,
+        read: impl std::future::Future<Output = Result<u64, E>>,
+    ) -> Result<(), String> {
+        if let Some(answer) = self.remembered(now_ms()) {
+            return answer;
+        }
+        let answer = match self.gate.run(read).await {
+            Ok(Ok(_)) => Ok(()),
+            Ok(Err(e)) => Err(e.to_string()),
+            // Another probe is reading: its answer is as good as ours.
+            Err(GateRefusal::Busy { .. }) => {
+                let last = self.last.lock().unwrap_or_else(|e| e.into_inner());
+                return last
+                    .as_ref()
+                    .map_or(Err("the first check is running".to_owned()), |(_, a)| {
+                        a.clone()
+                    });
+            }
+            Err(refusal @ GateRefusal::TimedOut { .. }) => Err(refusal.to_string()),
+        };
+        let ended_ms = now_ms();
+        *self.last.lock().unwrap_or_else(|e| e.into_inner()) = Some((ended_ms, answer.clone()));
+        answer
+    }
 }
 
 /// The admin port could not be taken. Fatal at start: if another local
@@ -135,7 +213,9 @@ pub async fn bind(addr: SocketAddr) -> Result<tokio::net::TcpListener, AdminBind
 }
 
 /// Serves on `listener` (from [`bind`]) until `stop`; with `token`, the
-/// endpoints that show or change the fleet demand it.
+/// endpoints that show or change the fleet demand it. Answers only to the
+/// host names of [`HostAllowlist`] (`admin_hosts` added), on at most
+/// [`super::listener::CONNECTIONS_MAX`] connections.
 pub async fn serve(
     daemon: Arc<Daemon>,
     listener: tokio::net::TcpListener,
@@ -144,12 +224,20 @@ pub async fn serve(
     mut stop: watch::Receiver<bool>,
 ) {
     let guarded = token.is_some();
+    let hosts = match listener.local_addr() {
+        Ok(addr) => HostAllowlist::new(addr, &daemon.config.admin_hosts, "admin_hosts"),
+        Err(e) => {
+            tracing::error!(error = %e, "admin listener has no address; not serving");
+            return;
+        }
+    };
     let state = AdminState {
         daemon,
         role,
         metrics: metrics_handle(),
         status_gate: Gate::new(STATUS_CONCURRENT_MAX, STATUS_TIMEOUT),
         token: token.map(Arc::new),
+        ready: Arc::new(ReadyCheck::new()),
     };
     let fleet = Router::new()
         .route("/", get(fleet_page))
@@ -163,7 +251,11 @@ pub async fn serve(
         .route("/healthz", get(healthz))
         .route("/readyz", get(readyz))
         .merge(fleet)
-        .with_state(state);
+        .with_state(state)
+        .layer(middleware::from_fn_with_state(
+            Arc::new(hosts),
+            listener::require_host,
+        ));
     let addr = listener
         .local_addr()
         .map(|a| a.to_string())
@@ -181,7 +273,7 @@ pub async fn serve(
             }
         }
     };
-    if let Err(e) = axum::serve(listener, app)
+    if let Err(e) = axum::serve(CappedListener::new(listener), app)
         .with_graceful_shutdown(shutdown)
         .await
     {
@@ -227,7 +319,7 @@ async fn healthz(State(state): State<AdminState>) -> (StatusCode, String) {
 
 async fn readyz(State(state): State<AdminState>) -> (StatusCode, String) {
     let daemon = &state.daemon;
-    if let Err(e) = daemon.ports.store.queue_depth().await {
+    if let Err(e) = state.ready.store(daemon).await {
         return (StatusCode::SERVICE_UNAVAILABLE, format!("store: {e}\n"));
     }
     if state.role.reconciles() && !daemon.reconciler.holds_lease() {
@@ -505,7 +597,7 @@ fn json(
 
 #[cfg(test)]
 mod tests {
-    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::sync::atomic::{AtomicU32, AtomicUsize, Ordering};
 
     use super::*;
 
@@ -576,5 +668,36 @@ mod tests {
             .run(slow_render(running, peak, Duration::from_millis(10)))
             .await;
         assert_eq!(next, Ok(()));
+    }
+
+    #[tokio::test]
+    async fn readyz_reads_the_store_at_most_once_per_freshness_window() {
+        let check = ReadyCheck::new();
+        let reads = AtomicU32::new(0);
+        let read = || async {
+            reads.fetch_add(1, Ordering::SeqCst);
+            Ok::<u64, String>(0)
+        };
+        for now_ms in [0, 10, 500, READY_FRESH_MS - 1] {
+            assert_eq!(check.check(|| now_ms, read()).await, Ok(()));
+        }
+        assert_eq!(reads.load(Ordering::SeqCst), 1);
+        assert_eq!(check.check(|| READY_FRESH_MS, read()).await, Ok(()));
+        assert_eq!(reads.load(Ordering::SeqCst), 2);
+    }
+
+    #[tokio::test]
+    async fn a_failed_store_read_is_reported_and_kept_as_fresh_as_a_good_one() {
+        let check = ReadyCheck::new();
+        let failing = async { Err::<u64, _>("database is locked") };
+        assert_eq!(
+            check.check(|| 0, failing).await,
+            Err("database is locked".to_owned())
+        );
+        let unread = async {
+            panic!("a fresh answer is served again without a read") as Result<u64, String>
+        };
+        let answer: Result<(), String> = check.check(|| 5, unread).await;
+        assert_eq!(answer, Err("database is locked".to_owned()));
     }
 }

@@ -39,6 +39,7 @@ pub mod events;
 pub mod flight;
 pub mod human;
 pub mod identity;
+pub mod listener;
 pub mod metrics;
 pub mod page;
 pub mod provisioners;

@@ -484,6 +484,33 @@ fn a_fresh_database_is_migrated_and_says_which_migrations_it_applied() {
     );
 }
 
+/// #54: the database stead creates, and the state directory it creates
+/// for it, are the owner's alone; so is a backup.
+#[test]
+fn the_state_directory_database_and_backups_are_created_private() {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = tempfile::tempdir().unwrap();
+    let state = dir.path().join("state");
+    let state_arg = state.display().to_string();
+    let run = stead(
+        &["--config", "examples/stead.toml", "migrate"],
+        &[("STEAD_STATE_DIR", &state_arg)],
+    );
+    assert_eq!(run.code, 0, "{}", run.text());
+    let mode = |path: &Path| std::fs::metadata(path).unwrap().permissions().mode() & 0o777;
+    assert_eq!(mode(&state), 0o700, "{}", state.display());
+    let database = state.join("stead.db");
+    assert_eq!(mode(&database), 0o600, "{}", database.display());
+    let backup = dir.path().join("backup.db");
+    let backup_arg = backup.display().to_string();
+    let run = stead(
+        &["--config", "examples/stead.toml", "backup", &backup_arg],
+        &[("STEAD_STATE_DIR", &state_arg)],
+    );
+    assert_eq!(run.code, 0, "{}", run.text());
+    assert_eq!(mode(&backup), 0o600, "{}", backup.display());
+}
+
 #[test]
 fn bad_arguments_are_refused_naming_field_and_value_and_exit_2() {
     let s = Setup::new();

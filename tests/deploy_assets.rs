@@ -355,6 +355,26 @@ fn the_operations_guide_shows_the_shipped_systemd_unit_verbatim() {
     assert!(block_after(OPERATIONS, "## No such heading\n", "ini").is_none());
 }
 
+/// #54: the unit keeps what stead writes private and the daemon within
+/// its state directory, without privileges it does not need.
+#[test]
+fn the_unit_is_hardened() {
+    let directives: Vec<&str> = UNIT.lines().map(str::trim).collect();
+    for wanted in [
+        "UMask=0077",
+        "StateDirectoryMode=0700",
+        "ProtectSystem=strict",
+        "PrivateTmp=yes",
+        "NoNewPrivileges=yes",
+        "CapabilityBoundingSet=",
+    ] {
+        assert!(
+            directives.contains(&wanted),
+            "deploy/systemd/stead.service lacks {wanted}"
+        );
+    }
+}
+
 /// The unit runs the binary where the package puts it, and the package
 /// installs the unit where the docs and `scripts/package --check` look.
 #[test]

@@ -453,17 +453,7 @@ pub async fn open_store(config: &DaemonConfig) -> Result<Arc<dyn Store>, DaemonE
     use crate::store::sql::{self, Backend};
     match Backend::of_url(&config.database_url)? {
         Backend::Sqlite => {
-            if config
-                .database_url
-                .contains(&*config.state_dir.to_string_lossy())
-            {
-                std::fs::create_dir_all(&config.state_dir).map_err(|e| {
-                    DaemonError::Setup(format!(
-                        "state_dir = {:?}: cannot create: {e}",
-                        config.state_dir.display()
-                    ))
-                })?;
-            }
+            ensure_state_dir(config)?;
             let store = sql::SqliteStore::connect(&config.database_url).await?;
             store.migrate().await?;
             Ok(Arc::new(store.with_settings(&config.database)))
@@ -479,6 +469,23 @@ pub async fn open_store(config: &DaemonConfig) -> Result<Arc<dyn Store>, DaemonE
             Ok(Arc::new(store))
         }
     }
+}
+
+/// Creates `state_dir` when the SQLite database lives in it (the default),
+/// with the mode the process's umask gives (0700 under `stead`'s own).
+pub fn ensure_state_dir(config: &DaemonConfig) -> Result<(), DaemonError> {
+    let under_state_dir = config
+        .database_url
+        .contains(&*config.state_dir.to_string_lossy());
+    if config.database_url.starts_with("sqlite:") && under_state_dir {
+        std::fs::create_dir_all(&config.state_dir).map_err(|e| {
+            DaemonError::Setup(format!(
+                "state_dir = {:?}: cannot create: {e}",
+                config.state_dir.display()
+            ))
+        })?;
+    }
+    Ok(())
 }
 
 /// A Docker client. Tries to negotiate the API version; when dockerd does

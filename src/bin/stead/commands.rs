@@ -204,6 +204,7 @@ async fn tick(config: DaemonConfig) -> Result<u8, CliError> {
 }
 
 async fn migrate(config: &DaemonConfig) -> Result<u8, CliError> {
+    stead::daemon::ensure_state_dir(config).map_err(|e| e.to_string())?;
     let migrated = stead::store::sql::migrate(&config.database_url)
         .await
         .map_err(|e| e.to_string())?;

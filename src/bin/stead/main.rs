@@ -394,7 +394,22 @@ fn parse_ttl_s(text: &str) -> Result<u64, ArgError> {
     Ok(seconds)
 }
 
+/// Everything stead creates (the SQLite database and its journal, backups,
+/// flight recordings, the identity lock, and the directories they go in)
+/// is its owner's alone: files 0600, directories 0700 (#54). The database
+/// holds tokens' hashes and the fleet's intent; a recording holds every
+/// pass's inputs. Set once, first, before any file is opened; the systemd
+/// unit says `UMask=0077` too.
+fn private_files() {
+    // SAFETY: umask only swaps the process's file-mode mask; it cannot
+    // fail and touches no memory. No other thread exists yet.
+    unsafe {
+        libc::umask(0o077);
+    }
+}
+
 fn main() -> ExitCode {
+    private_files();
     stead::daemon::allocator::tune();
     let cli = match Cli::try_parse() {
         Ok(cli) => cli,

@@ -484,6 +484,67 @@ fn a_fresh_database_is_migrated_and_says_which_migrations_it_applied() {
     );
 }
 
+/// #54: a catalog a reload would refuse is refused at start too (judged
+/// against what live instances run, as recorded), reported by `check`,
+/// and applied only with `run --force-catalog`.
+#[test]
+fn a_catalog_a_reload_would_refuse_is_refused_at_start_unless_forced() {
+    let s = Setup::new();
+    s.ok(&["instance", "create", "a", "--type", "web"]);
+    // The first start records the version live instances run.
+    let first = s.run(&["tick"]);
+    assert!(
+        !first.stderr.contains("refused at start"),
+        "{}",
+        first.text()
+    );
+    // The service renamed: every instance would start it on empty volumes.
+    let renamed = s.dir.path().join("renamed.toml");
+    let text = std::fs::read_to_string(example_catalog())
+        .unwrap()
+        .replace("name = \"http\"", "name = \"www\"");
+    std::fs::write(&renamed, text).unwrap();
+    let config = std::fs::read_to_string(&s.config).unwrap().replace(
+        &example_catalog().display().to_string(),
+        &renamed.display().to_string(),
+    );
+    std::fs::write(&s.config, config).unwrap();
+
+    let check = s.run(&["check"]);
+    assert_eq!(check.code, 1, "{}", check.text());
+    assert!(
+        check.stderr.contains("types.web.services: http -> www")
+            && check.stderr.contains("--force-catalog"),
+        "{}",
+        check.text()
+    );
+    let refused = s.run(&["tick"]);
+    assert_eq!(refused.code, 1, "{}", refused.text());
+    assert!(
+        refused
+            .stderr
+            .contains("refused at start, as a reload would be")
+            && refused.stderr.contains("http -> www"),
+        "{}",
+        refused.text()
+    );
+    let forced = s.run(&["run", "--once", "--role", "reconciler", "--force-catalog"]);
+    assert!(
+        !forced.stderr.contains("refused at start"),
+        "{}",
+        forced.text()
+    );
+    assert!(
+        forced.stderr.contains("catalog forced at start"),
+        "{}",
+        forced.text()
+    );
+    // Forced once, it is what live instances run now: no longer a hazard
+    // (`check` judges as the start does).
+    let after = s.run(&["check"]);
+    assert_eq!(after.code, 0, "{}", after.text());
+}
+
 /// #54: the database stead creates, and the state directory it creates
 /// for it, are the owner's alone; so is a backup.
 #[test]

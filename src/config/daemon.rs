@@ -330,6 +330,10 @@ impl Default for DatabaseSettings {
 pub struct DaemonConfig {
     /// Where the file came from (`None`: defaults only).
     pub source: Option<PathBuf>,
+    /// Start even when the catalog would damage live instances (`stead run
+    /// --force-catalog`, as `stead reload --force`): set by the command
+    /// line only, never by the file.
+    pub force_catalog: bool,
     pub state_dir: PathBuf,
     pub database_url: String,
     /// `[database]`: pool sizes and timeouts.
@@ -1081,6 +1085,7 @@ impl Validator<'_> {
         let flight_recorder = self.flight_recorder(raw.flight_recorder, &state_dir)?;
         Ok(DaemonConfig {
             source: None,
+            force_catalog: false,
             state_dir,
             database_url,
             database: self.database(raw.database)?,

@@ -43,6 +43,7 @@ pub mod listener;
 pub mod metrics;
 pub mod page;
 pub mod provisioners;
+pub mod start_hazards;
 pub mod status;
 pub mod telemetry;
 pub mod webhooks;
@@ -636,6 +637,42 @@ async fn record_type_versions(store: &dyn Store, catalog: &Catalog) {
     }
 }
 
+/// Refuses to start with a catalog a reload would refuse (#54): judged
+/// against what live instances run ([`start_hazards`]), unless the
+/// command line forced it. Fails closed: a store that cannot say is a
+/// refusal too (the unit restarts the daemon).
+async fn refuse_start_hazards(
+    store: &dyn Store,
+    config: &DaemonConfig,
+    catalog: &Catalog,
+) -> Result<(), DaemonError> {
+    let found = start_hazards::start_hazards(store, catalog, &config.grants)
+        .await
+        .map_err(|e| {
+            DaemonError::Setup(format!(
+                "{}: cannot judge whether it would damage live instances: {e}",
+                config.catalog.display()
+            ))
+        })?;
+    for why in &found.unjudged {
+        tracing::warn!("catalog at start: {why}");
+    }
+    if found.hazards.is_empty() {
+        return Ok(());
+    }
+    if config.force_catalog {
+        for hazard in &found.hazards {
+            tracing::warn!("catalog forced at start: {hazard}");
+        }
+        return Ok(());
+    }
+    Err(DaemonError::Setup(format!(
+        "{}: refused at start, as a reload would be: {}. Start with `stead run --force-catalog`          to apply it anyway",
+        config.catalog.display(),
+        hazards_text(&found.hazards)
+    )))
+}
+
 impl Daemon {
     /// Loads the catalog, opens the store and builds every port.
     pub async fn build(config: DaemonConfig) -> Result<Daemon, DaemonError> {
@@ -648,6 +685,7 @@ impl Daemon {
             .await
             .map_err(|e| DaemonError::Setup(e.to_string()))?;
         let store = open_store(&config).await?;
+        refuse_start_hazards(store.as_ref(), &config, &catalog.current()).await?;
         record_type_versions(store.as_ref(), &catalog.current()).await;
         let docker = docker_runtime(&config).await?;
         let caddy = CaddyTraffic::new(CaddyConfig {

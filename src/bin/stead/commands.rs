@@ -33,7 +33,17 @@ const CHECK_ADMIN_TIMEOUT: Duration = Duration::from_secs(1);
 
 pub async fn dispatch(command: Command, config: DaemonConfig) -> Result<u8, CliError> {
     match command {
-        Command::Run { role, once } => run(config, role, once).await,
+        Command::Run {
+            role,
+            once,
+            force_catalog,
+        } => {
+            let config = DaemonConfig {
+                force_catalog,
+                ..config
+            };
+            run(config, role, once).await
+        }
         Command::Tick => tick(config).await,
         Command::Migrate => migrate(&config).await,
         Command::Backup { file, force } => backup(&config, &file, force).await,
@@ -254,6 +264,62 @@ async fn restore(config: &DaemonConfig, file: &Path, force: bool) -> Result<u8, 
     Ok(EXIT_OK)
 }
 
+/// What `stead run` would refuse at start: the catalog's changes that
+/// would damage live instances, judged against the recorded definitions
+/// of the versions they run (`daemon::start_hazards`). `false` when there
+/// are any. The database is opened read-only, so `check` never creates
+/// one; none yet (or none reachable) means nothing to judge, said so.
+async fn judge_against_live_instances(config: &DaemonConfig, catalog: &Catalog) -> bool {
+    let url = read_only(&config.database_url);
+    let store = match stead::store::sql::connect_with(&url, &config.database).await {
+        Ok(store) => store,
+        Err(e) => {
+            say(format!(
+                "note: database {} not opened ({e}); the catalog was not judged against live                  instances (the daemon judges it at start)",
+                redact(&config.database_url)
+            ));
+            return true;
+        }
+    };
+    match stead::daemon::start_hazards::start_hazards(store.as_ref(), catalog, &config.grants).await
+    {
+        Ok(found) => {
+            for why in &found.unjudged {
+                say(format!("warning: {why}"));
+            }
+            for hazard in &found.hazards {
+                complain(&format!(
+                    "{}: {hazard}; `stead run` refuses it without --force-catalog",
+                    config.catalog.display()
+                ));
+            }
+            found.hazards.is_empty()
+        }
+        Err(e) => {
+            complain(&format!(
+                "database {}: cannot say which instances live ({e}); the catalog was not judged",
+                redact(&config.database_url)
+            ));
+            false
+        }
+    }
+}
+
+/// A SQLite URL that opens the file read-only (so a missing file stays
+/// missing); any other URL as it is.
+fn read_only(url: &str) -> String {
+    if !url.starts_with("sqlite:") {
+        return url.to_owned();
+    }
+    let (base, query) = url.split_once('?').unwrap_or((url, ""));
+    let mut params: Vec<&str> = query
+        .split('&')
+        .filter(|p| !p.is_empty() && !p.starts_with("mode="))
+        .collect();
+    params.push("mode=ro");
+    format!("{base}?{}", params.join("&"))
+}
+
 async fn check(config: &DaemonConfig) -> Result<u8, CliError> {
     say(format!("config {}: ok", config_source(config)));
     if let Some(warning) = stead::adapters::caddy::host_reload_warning() {
@@ -282,6 +348,9 @@ async fn check(config: &DaemonConfig) -> Result<u8, CliError> {
         catalog.len(),
         versions.join(", ")
     ));
+    if !judge_against_live_instances(config, &catalog).await {
+        return Ok(EXIT_FAILURE);
+    }
     // Best effort: a running daemon keeps the catalog it loaded until it
     // is told to reload, and nothing else would say so.
     if let Some(running) = running_catalog(config).await {

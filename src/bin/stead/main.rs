@@ -81,6 +81,11 @@ pub enum Command {
         /// One tick (and, with workers, the tasks then due), then exit.
         #[arg(long)]
         once: bool,
+        /// Start even with a catalog that would damage live instances (a
+        /// type dropped, a service or volume renamed), which a reload
+        /// refuses without --force and a start refuses without this.
+        #[arg(long)]
+        force_catalog: bool,
     },
     /// Run one tick and exit; exit status 1 when a check failed.
     Tick,

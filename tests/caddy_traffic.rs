@@ -124,6 +124,55 @@ async fn a_published_route_serves_through_caddy() {
     assert_eq!(fixture.traffic.host(&web), "web.shop.localhost");
 }
 
+/// #54: stead drives Caddy over a unix socket, which only its file
+/// permissions guard, instead of a TCP port every local user can reach.
+#[tokio::test]
+async fn the_admin_api_is_driven_over_a_unix_socket() {
+    let caddy = CaddyProcess::start_on_unix_socket().await;
+    assert!(
+        caddy.admin_addr.starts_with("unix//"),
+        "{}",
+        caddy.admin_addr
+    );
+    let listen_port = free_port();
+    let traffic = CaddyTraffic::new(CaddyConfig {
+        admin_addr: caddy.admin_addr.clone(),
+        listen_addr: format!("127.0.0.1:{listen_port}"),
+        ..CaddyConfig::default()
+    })
+    .expect("client");
+    assert_eq!(
+        traffic.ensure_server().await.expect("ensure server"),
+        ServerCheck::Created
+    );
+    let fixture = Fixture {
+        _caddy: caddy,
+        traffic,
+        listen_port,
+    };
+    let web = key("shop", "web");
+    let port = backend("over-the-socket").await;
+    fixture
+        .traffic
+        .publish(&route(web.clone(), port))
+        .await
+        .expect("publish");
+    assert_eq!(
+        get(&fixture, &web).await,
+        (200, "over-the-socket".to_owned())
+    );
+    assert_eq!(
+        fixture.traffic.route_status(&web).await.unwrap().as_u16(),
+        200
+    );
+    fixture.traffic.withdraw(&web).await.expect("withdraw");
+    assert_eq!(get(&fixture, &web).await.0, 404);
+    assert_eq!(
+        fixture.traffic.route_status(&web).await.unwrap().as_u16(),
+        404
+    );
+}
+
 #[tokio::test]
 async fn publishing_again_replaces_the_route_in_place() {
     let fixture = fixture().await;

@@ -41,6 +41,10 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use reqwest::{Method, StatusCode};
+
+mod admin;
+use admin::{AdminClient, Answer, CallFailure};
+pub use admin::{AdminEndpoint, UNIX_PREFIX};
 use serde_json::{json, Value};
 use tokio::sync::oneshot;
 
@@ -227,30 +231,22 @@ struct Writer {
 /// The `Traffic` port over Caddy's admin API.
 #[derive(Clone, Debug)]
 pub struct CaddyTraffic {
-    client: reqwest::Client,
+    admin: AdminClient,
     config: CaddyConfig,
-    admin_url: String,
     writer: Arc<Writer>,
 }
 
 impl CaddyTraffic {
     pub fn new(config: CaddyConfig) -> Result<Self, TrafficError> {
-        let client = reqwest::Client::builder()
-            .timeout(config.request_timeout)
-            // The admin API is local; a proxy in the environment must not
-            // intercept it.
-            .no_proxy()
-            // Caddy may close admin connections when it reloads its config;
-            // a fresh connection per call never trips over a stale one, and
-            // admin calls are few.
-            .pool_max_idle_per_host(0)
-            .build()
-            .map_err(|e| TrafficError::Rejected(format!("build the caddy admin client: {e}")))?;
-        let admin_url = format!("http://{}", config.admin_addr);
+        let rejected = |e: String| {
+            TrafficError::Rejected(format!("caddy admin address {:?}: {e}", config.admin_addr))
+        };
+        let endpoint = AdminEndpoint::parse(&config.admin_addr).map_err(rejected)?;
+        let admin = AdminClient::new(endpoint, config.request_timeout, CADDY_ANSWER_LEN_MAX)
+            .map_err(TrafficError::Rejected)?;
         Ok(Self {
-            client,
+            admin,
             config,
-            admin_url,
             writer: Arc::default(),
         })
     }
@@ -288,6 +284,23 @@ impl CaddyTraffic {
             .map_err(|()| invalid("not a base URL".to_owned()))?
             .push(&Self::route_id(service));
         Ok(url)
+    }
+
+    /// What Caddy answers for the service's route by its `@id` now (200:
+    /// held, 404: not), over the configured transport. One try: a reader
+    /// (the status view) says "unreachable" rather than wait out retries.
+    pub async fn route_status(&self, service: &ServiceKey) -> Result<StatusCode, TrafficError> {
+        let url = Self::route_id_url("caddy", service)?;
+        match self.admin.call(&Method::GET, url.path(), None, None).await {
+            Ok(Answer { status, .. }) => Ok(status),
+            Err(CallFailure::Connect(e) | CallFailure::Other(e)) => Err(TrafficError::Unreachable(
+                format!("caddy GET {}: {e}", url.path()),
+            )),
+            Err(CallFailure::TooLarge) => Err(TrafficError::Rejected(format!(
+                "caddy GET {}: answer too large",
+                url.path()
+            ))),
+        }
     }
 
     /// The id earlier versions gave a route. Not injective (`a-b`/`c` and
@@ -959,9 +972,7 @@ impl CaddyTraffic {
     /// Reads a config value and its ETag; `None` when the path is absent
     /// (Caddy answers 400 "invalid traversal path", 404, or `null`).
     async fn read(&self, path: &str) -> Result<Option<Current>, TrafficError> {
-        let response = self.send(Method::GET, path, None, None).await?;
-        let status = response.status();
-        let body = read_answer(response, &Method::GET, path).await?;
+        let Answer { status, body } = self.send(Method::GET, path, None, None).await?;
         match status {
             s if s.is_success() => {}
             StatusCode::BAD_REQUEST | StatusCode::NOT_FOUND => return Ok(None),
@@ -1005,12 +1016,10 @@ impl CaddyTraffic {
         body: Option<&Value>,
         if_match: Option<&str>,
     ) -> Result<Written, TrafficError> {
-        let response = self.send(method.clone(), path, body, if_match).await?;
-        let status = response.status();
+        let Answer { status, body } = self.send(method.clone(), path, body, if_match).await?;
         if status.is_success() {
             return Ok(Written::Done);
         }
-        let body = read_answer(response, &method, path).await?;
         let text = String::from_utf8_lossy(&body);
         let e = error(method.as_str(), path, status, &text);
         if status == StatusCode::PRECONDITION_FAILED {
@@ -1019,76 +1028,41 @@ impl CaddyTraffic {
         Err(e)
     }
 
+    /// One admin call, its answer read within [`CADDY_ANSWER_LEN_MAX`].
     async fn send(
         &self,
         method: Method,
         path: &str,
         body: Option<&Value>,
         if_match: Option<&str>,
-    ) -> Result<reqwest::Response, TrafficError> {
-        let url = format!("{}{path}", self.admin_url);
+    ) -> Result<Answer, TrafficError> {
         let mut attempt = 0;
         loop {
-            let mut request = self.client.request(method.clone(), &url);
-            if let Some(body) = body {
-                request = request.json(body);
-            }
-            if let Some(tag) = if_match {
-                request = request.header("If-Match", tag);
-            }
-            match request.send().await {
-                Ok(response) => return Ok(response),
+            match self.admin.call(&method, path, body, if_match).await {
+                Ok(answer) => return Ok(answer),
                 // Caddy restarts its admin listener when it loads a new
                 // config, so a call right after a change can find the port
                 // closed for a moment. A refused connection never reached
                 // Caddy, so retrying it is safe for every method.
-                Err(e) if e.is_connect() && attempt < ADMIN_CONNECT_RETRIES_MAX => {
+                Err(CallFailure::Connect(_)) if attempt < ADMIN_CONNECT_RETRIES_MAX => {
                     attempt += 1;
                     tokio::time::sleep(Duration::from_millis(50 << attempt)).await;
                 }
-                Err(e) => {
+                Err(CallFailure::Connect(e) | CallFailure::Other(e)) => {
                     return Err(TrafficError::Unreachable(format!(
                         "caddy {method} {path}: admin API at {} did not answer: {e}",
                         self.config.admin_addr
                     )))
                 }
+                Err(CallFailure::TooLarge) => {
+                    return Err(TrafficError::Rejected(format!(
+                        "caddy {method} {path}: the answer is larger than \
+                         {CADDY_ANSWER_LEN_MAX} bytes, the most stead reads from Caddy's admin API"
+                    )))
+                }
             }
         }
     }
-}
-
-/// Reads the body of one admin API answer, at most
-/// [`CADDY_ANSWER_LEN_MAX`] bytes whatever it claims: a larger one is
-/// refused naming the call and the bound, before or while it is read.
-async fn read_answer(
-    mut response: reqwest::Response,
-    method: &Method,
-    path: &str,
-) -> Result<Vec<u8>, TrafficError> {
-    let too_large = || {
-        TrafficError::Rejected(format!(
-            "caddy {method} {path}: the answer is larger than {CADDY_ANSWER_LEN_MAX} bytes, \
-             the most stead reads from Caddy's admin API"
-        ))
-    };
-    if response
-        .content_length()
-        .is_some_and(|len| len > CADDY_ANSWER_LEN_MAX as u64)
-    {
-        return Err(too_large());
-    }
-    let mut body = Vec::new();
-    while let Some(chunk) = response
-        .chunk()
-        .await
-        .map_err(|e| TrafficError::Unreachable(format!("caddy {method} {path}: read body: {e}")))?
-    {
-        if body.len() + chunk.len() > CADDY_ANSWER_LEN_MAX {
-            return Err(too_large());
-        }
-        body.extend_from_slice(&chunk);
-    }
-    Ok(body)
 }
 
 /// A config value as read, with the ETag that guards a write of it.

@@ -1643,7 +1643,23 @@ impl Validator<'_> {
 
     fn caddy(&self, raw: RawCaddy) -> Result<CaddySettings, DaemonConfigError> {
         let admin = self.text("caddy.admin", raw.admin, DEFAULT_CADDY_ADMIN)?;
-        self.addr("caddy.admin", &admin)?;
+        // Caddy's own spelling of a unix socket (`admin.listen`), which
+        // only its file permissions guard: the safe way (#54).
+        match admin.strip_prefix("unix/") {
+            Some(path) => {
+                if !(path.starts_with('/') && Path::new(path).is_absolute() && path.len() > 1) {
+                    return Err(self.invalid(
+                        "caddy.admin",
+                        &admin,
+                        "a unix socket is written unix//absolute/path (e.g. \
+                         unix//run/stead/caddy-admin.sock)",
+                    ));
+                }
+            }
+            None => {
+                self.addr("caddy.admin", &admin)?;
+            }
+        }
         let listen = self.text("caddy.listen", raw.listen, DEFAULT_CADDY_LISTEN)?;
         self.addr("caddy.listen", &listen)?;
         let server_name = self.text("caddy.server_name", raw.server_name, "stead")?;
@@ -1905,6 +1921,11 @@ mod tests {
         check_err("typo = 1", &[], "unknown field `typo`");
         check_err("", &[("STEAD_LOG_FORMAT", "xml")], "log_format = \"xml\"");
         check_err("database_url = \"mysql://u:secret@h/db\"", &[], "mysql:…");
+        check_err(
+            "[caddy]\nadmin = \"unix/relative.sock\"",
+            &[],
+            "caddy.admin = \"unix/relative.sock\"",
+        );
         check_err(
             "admin_hosts = [\"http://evil.example\"]",
             &[],

@@ -7,6 +7,7 @@
 //! CLI has none; the daemon's `/status` endpoint (`stead status --live`)
 //! fills them in.
 
+use crate::adapters::caddy::CaddyTraffic;
 use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
@@ -389,17 +390,13 @@ fn upgrade_progress(
     }
 }
 
-fn caddy_client(admin: Option<&str>) -> Option<(reqwest::Client, String)> {
-    let admin = admin?;
-    reqwest::Client::builder()
-        .no_proxy()
-        // Caddy answers a route id whose path it cleans (`..`) with a
-        // redirect elsewhere in its config: never follow it.
-        .redirect(reqwest::redirect::Policy::none())
-        .timeout(std::time::Duration::from_secs(3))
-        .build()
-        .ok()
-        .map(|client| (client, admin.to_owned()))
+fn caddy_client(admin: Option<&str>) -> Option<CaddyTraffic> {
+    CaddyTraffic::new(crate::adapters::caddy::CaddyConfig {
+        admin_addr: admin?.to_owned(),
+        request_timeout: std::time::Duration::from_secs(3),
+        ..Default::default()
+    })
+    .ok()
 }
 
 /// How many of the newest tasks are searched for a failed instance's
@@ -411,7 +408,7 @@ const FAILED_REASON_TASKS_MAX: u32 = 1_000;
 async fn instance_rows(
     from: &StatusSources<'_>,
     instance: &Instance,
-    caddy: Option<&(reqwest::Client, String)>,
+    caddy: Option<&CaddyTraffic>,
     status: &mut Status,
 ) {
     let active = match from.store.load_active(&instance.name).await {
@@ -608,24 +605,21 @@ fn condition(
 /// Whether Caddy holds the service's route right now (`published`), does
 /// not (`withdrawn`), or could not say.
 async fn publication(
-    caddy: Option<&(reqwest::Client, String)>,
+    caddy: Option<&CaddyTraffic>,
     instance: &InstanceName,
     service: &ServiceName,
 ) -> String {
-    let Some((client, admin)) = caddy else {
+    let Some(caddy) = caddy else {
         return "-".into();
     };
     let key = crate::core::types::ServiceKey {
         instance: instance.clone(),
         service: service.clone(),
     };
-    let Ok(url) = crate::adapters::caddy::CaddyTraffic::route_id_url(admin, &key) else {
-        return "(caddy address invalid)".into();
-    };
-    match client.get(url).send().await {
-        Ok(r) if r.status().is_success() => "published".into(),
-        Ok(r) if r.status().as_u16() == 404 => "withdrawn".into(),
-        Ok(r) => format!("(caddy {})", r.status().as_u16()),
+    match caddy.route_status(&key).await {
+        Ok(s) if s.is_success() => "published".into(),
+        Ok(s) if s.as_u16() == 404 => "withdrawn".into(),
+        Ok(s) => format!("(caddy {})", s.as_u16()),
         Err(_) => "(caddy unreachable)".into(),
     }
 }

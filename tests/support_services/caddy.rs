@@ -20,8 +20,18 @@ impl CaddyProcess {
     /// Starts Caddy or fails the test saying why (not installed, did not
     /// answer): these tests run against the real proxy or not at all.
     pub async fn start() -> Self {
+        Self::start_with_admin(|_| format!("127.0.0.1:{}", free_port())).await
+    }
+
+    /// Caddy with its admin API on a unix socket in its folder
+    /// (`unix//…/admin.sock`), and on no TCP port.
+    pub async fn start_on_unix_socket() -> Self {
+        Self::start_with_admin(|dir| format!("unix/{}", dir.join("admin.sock").display())).await
+    }
+
+    async fn start_with_admin(admin: impl FnOnce(&std::path::Path) -> String) -> Self {
         let dir = tempfile::tempdir().expect("temporary folder for caddy");
-        let admin_addr = format!("127.0.0.1:{}", free_port());
+        let admin_addr = admin(dir.path());
         let config = dir.path().join("caddy.json");
         let json = format!(r#"{{"admin": {{"listen": "{admin_addr}"}}}}"#);
         std::fs::write(&config, json).expect("write caddy config");
@@ -60,6 +70,15 @@ impl CaddyProcess {
     }
 
     async fn wait_for_admin(&self) {
+        if let Some(socket) = self.admin_addr.strip_prefix("unix/") {
+            for _ in 0..ADMIN_WAIT_TRIES_MAX {
+                if tokio::net::UnixStream::connect(socket).await.is_ok() {
+                    return;
+                }
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            panic!("caddy did not answer on {socket} within 10 s");
+        }
         let client = reqwest::Client::new();
         let url = format!("http://{}/config/", self.admin_addr);
         for _ in 0..ADMIN_WAIT_TRIES_MAX {

@@ -415,6 +415,13 @@ impl Engine {
     async fn connect(socket: &Path, instance: &str) -> Engine {
         let runtime = DockerRuntime::connect(DockerConfig {
             socket_path: socket.to_owned(),
+            // Podman 4 cannot wall lone services apart; its operators run
+            // with isolation off (docs/operations.md, "Podman").
+            isolation: if socket != Path::new(DOCKERD_SOCKET) {
+                stead::adapters::docker::Isolation::Off
+            } else {
+                stead::adapters::docker::Isolation::Shared
+            },
             ..DockerConfig::default()
         })
         .await

@@ -238,12 +238,10 @@ pub struct CaddyTraffic {
 
 impl CaddyTraffic {
     pub fn new(config: CaddyConfig) -> Result<Self, TrafficError> {
-        let rejected = |e: String| {
+        let endpoint = AdminEndpoint::parse(&config.admin_addr).map_err(|e| {
             TrafficError::Rejected(format!("caddy admin address {:?}: {e}", config.admin_addr))
-        };
-        let endpoint = AdminEndpoint::parse(&config.admin_addr).map_err(rejected)?;
-        let admin = AdminClient::new(endpoint, config.request_timeout, CADDY_ANSWER_LEN_MAX)
-            .map_err(TrafficError::Rejected)?;
+        })?;
+        let admin = AdminClient::new(endpoint, config.request_timeout, CADDY_ANSWER_LEN_MAX)?;
         Ok(Self {
             admin,
             config,

@@ -1055,12 +1055,8 @@ impl Validator<'_> {
                  in the catalog's [types.<name>] and remove it here",
             ));
         }
-        let admin_listen = match raw.admin_listen.as_deref().unwrap_or(DEFAULT_ADMIN_LISTEN) {
-            "" => None,
-            addr => Some(self.addr("admin_listen", addr)?),
-        };
-        let admin_token_file = self.admin_token_file(admin_listen, raw.admin_token_file)?;
-        let admin_hosts = self.listener_hosts("admin_hosts", raw.admin_hosts)?;
+        let (admin_listen, admin_token_file, admin_hosts) =
+            self.admin_endpoints(raw.admin_listen, raw.admin_token_file, raw.admin_hosts)?;
         let log_format = match raw.log_format.as_deref() {
             None => LogFormat::Text,
             Some(word) => LogFormat::parse(word)
@@ -1355,6 +1351,24 @@ impl Validator<'_> {
         };
         ContainerLimits::new(&raw)
             .map_err(|e| self.invalid_quoted(&format!("limits.{}", e.field), e.value, e.reason))
+    }
+
+    /// `admin_listen`, `admin_token_file` (required beyond loopback) and
+    /// `admin_hosts`.
+    #[allow(clippy::type_complexity)]
+    fn admin_endpoints(
+        &self,
+        listen: Option<String>,
+        token_file: Option<String>,
+        hosts: Option<Vec<String>>,
+    ) -> Result<(Option<SocketAddr>, Option<PathBuf>, Vec<String>), DaemonConfigError> {
+        let listen = match listen.as_deref().unwrap_or(DEFAULT_ADMIN_LISTEN) {
+            "" => None,
+            addr => Some(self.addr("admin_listen", addr)?),
+        };
+        let token_file = self.admin_token_file(listen, token_file)?;
+        let hosts = self.listener_hosts("admin_hosts", hosts)?;
+        Ok((listen, token_file, hosts))
     }
 
     /// The extra host names of a listener (`admin_hosts`): DNS names or IP

@@ -133,8 +133,13 @@ struct AdminState {
 struct ReadyCheck {
     gate: Gate,
     /// When the last read ended (the daemon's clock, ms) and what it said.
-    last: std::sync::Mutex<Option<(i64, Result<(), String>)>>,
+    last: std::sync::Mutex<Option<(i64, Result<(), Unready>)>>,
 }
+
+/// Why the store half of `/readyz` failed, as the answer says it.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("{0}")]
+struct Unready(String);
 
 impl ReadyCheck {
     fn new() -> Self {
@@ -144,7 +149,7 @@ impl ReadyCheck {
         }
     }
 
-    fn remembered(&self, now_ms: i64) -> Option<Result<(), String>> {
+    fn remembered(&self, now_ms: i64) -> Option<Result<(), Unready>> {
         let last = self.last.lock().unwrap_or_else(|e| e.into_inner());
         last.as_ref()
             .filter(|(at, _)| (0..READY_FRESH_MS).contains(&(now_ms - at)))
@@ -152,7 +157,7 @@ impl ReadyCheck {
     }
 
     /// Whether the store answers, read anew unless a fresh answer is kept.
-    async fn store(&self, daemon: &Daemon) -> Result<(), String> {
+    async fn store(&self, daemon: &Daemon) -> Result<(), Unready> {
         let clock = &daemon.ports.clock;
         self.check(
             || clock.now().as_millisecond(),
@@ -167,23 +172,22 @@ impl ReadyCheck {
         &self,
         now_ms: impl Fn() -> i64,
         read: impl std::future::Future<Output = Result<u64, E>>,
-    ) -> Result<(), String> {
+    ) -> Result<(), Unready> {
         if let Some(answer) = self.remembered(now_ms()) {
             return answer;
         }
         let answer = match self.gate.run(read).await {
             Ok(Ok(_)) => Ok(()),
-            Ok(Err(e)) => Err(e.to_string()),
+            Ok(Err(e)) => Err(Unready(e.to_string())),
             // Another probe is reading: its answer is as good as ours.
             Err(GateRefusal::Busy { .. }) => {
                 let last = self.last.lock().unwrap_or_else(|e| e.into_inner());
-                return last
-                    .as_ref()
-                    .map_or(Err("the first check is running".to_owned()), |(_, a)| {
-                        a.clone()
-                    });
+                return last.as_ref().map_or(
+                    Err(Unready("the first check is running".to_owned())),
+                    |(_, a)| a.clone(),
+                );
             }
-            Err(refusal @ GateRefusal::TimedOut { .. }) => Err(refusal.to_string()),
+            Err(refusal @ GateRefusal::TimedOut { .. }) => Err(Unready(refusal.to_string())),
         };
         let ended_ms = now_ms();
         *self.last.lock().unwrap_or_else(|e| e.into_inner()) = Some((ended_ms, answer.clone()));
@@ -676,7 +680,7 @@ mod tests {
         let reads = AtomicU32::new(0);
         let read = || async {
             reads.fetch_add(1, Ordering::SeqCst);
-            Ok::<u64, String>(0)
+            Ok::<u64, Unready>(0)
         };
         for now_ms in [0, 10, 500, READY_FRESH_MS - 1] {
             assert_eq!(check.check(|| now_ms, read()).await, Ok(()));
@@ -690,14 +694,11 @@ mod tests {
     async fn a_failed_store_read_is_reported_and_kept_as_fresh_as_a_good_one() {
         let check = ReadyCheck::new();
         let failing = async { Err::<u64, _>("database is locked") };
-        assert_eq!(
-            check.check(|| 0, failing).await,
-            Err("database is locked".to_owned())
-        );
+        let locked = Err(Unready("database is locked".to_owned()));
+        assert_eq!(check.check(|| 0, failing).await, locked);
         let unread = async {
-            panic!("a fresh answer is served again without a read") as Result<u64, String>
+            panic!("a fresh answer is served again without a read") as Result<u64, Unready>
         };
-        let answer: Result<(), String> = check.check(|| 5, unread).await;
-        assert_eq!(answer, Err("database is locked".to_owned()));
+        assert_eq!(check.check(|| 5, unread).await, locked);
     }
 }

@@ -673,6 +673,18 @@ async fn refuse_start_hazards(
     )))
 }
 
+/// The catalog at start: refused if a reload would refuse it
+/// ([`refuse_start_hazards`]), else its versions recorded.
+async fn judge_and_record_catalog(
+    store: &dyn Store,
+    config: &DaemonConfig,
+    catalog: &Catalog,
+) -> Result<(), DaemonError> {
+    refuse_start_hazards(store, config, catalog).await?;
+    record_type_versions(store, catalog).await;
+    Ok(())
+}
+
 impl Daemon {
     /// Loads the catalog, opens the store and builds every port.
     pub async fn build(config: DaemonConfig) -> Result<Daemon, DaemonError> {
@@ -685,8 +697,7 @@ impl Daemon {
             .await
             .map_err(|e| DaemonError::Setup(e.to_string()))?;
         let store = open_store(&config).await?;
-        refuse_start_hazards(store.as_ref(), &config, &catalog.current()).await?;
-        record_type_versions(store.as_ref(), &catalog.current()).await;
+        judge_and_record_catalog(store.as_ref(), &config, &catalog.current()).await?;
         let docker = docker_runtime(&config).await?;
         let caddy = CaddyTraffic::new(CaddyConfig {
             admin_addr: config.caddy.admin.clone(),

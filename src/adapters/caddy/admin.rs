@@ -20,6 +20,8 @@ use hyper_util::rt::TokioIo;
 use reqwest::{Method, StatusCode};
 use serde_json::Value;
 
+use crate::ports::TrafficError;
+
 /// The prefix of a unix socket address, as Caddy's `admin.listen` takes it.
 pub const UNIX_PREFIX: &str = "unix/";
 
@@ -35,19 +37,21 @@ pub enum AdminEndpoint {
 impl AdminEndpoint {
     /// `unix//path` (an absolute path after `unix/`) or `host:port` (taken
     /// as it is; the config checked it).
-    pub fn parse(addr: &str) -> Result<Self, String> {
+    pub fn parse(addr: &str) -> Result<Self, NotAnAdminAddress> {
         match addr.strip_prefix(UNIX_PREFIX) {
             Some(path) if path.starts_with('/') && path.len() > 1 => {
                 Ok(Self::Unix(PathBuf::from(path)))
             }
-            Some(_) => Err(format!(
-                "a unix socket is written {UNIX_PREFIX}/absolute/path (e.g. \
-                 unix//run/stead/caddy-admin.sock)"
-            )),
+            Some(_) => Err(NotAnAdminAddress),
             None => Ok(Self::Tcp(addr.to_owned())),
         }
     }
 }
+
+/// A `unix/` address without an absolute path after it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("a unix socket is written unix//absolute/path (e.g. unix//run/stead/caddy-admin.sock)")]
+pub struct NotAnAdminAddress;
 
 /// One answer of the admin API, its body read within the bound.
 pub struct Answer {
@@ -81,7 +85,7 @@ impl AdminClient {
         endpoint: AdminEndpoint,
         timeout: Duration,
         body_len_max: usize,
-    ) -> Result<Self, String> {
+    ) -> Result<Self, TrafficError> {
         let http = reqwest::Client::builder()
             .timeout(timeout)
             // The admin API is local; a proxy in the environment must not
@@ -92,7 +96,7 @@ impl AdminClient {
             .redirect(reqwest::redirect::Policy::none())
             .pool_max_idle_per_host(0)
             .build()
-            .map_err(|e| format!("build the caddy admin client: {e}"))?;
+            .map_err(|e| TrafficError::Rejected(format!("build the caddy admin client: {e}")))?;
         Ok(Self {
             endpoint,
             http,

@@ -4,7 +4,8 @@
 //! aggregates: the `Recoverer` and its settings here, the whole-fleet pass
 //! in `fleet`, a batch's locks and rows in `batch`, one instance in
 //! `instance` and its pass driven in `instance_pass`, the ports in
-//! `perform`, the traffic plane in `plane`, the log in `log`.
+//! `perform`, the public hosts a publish carries in `hosts`, the traffic
+//! plane in `plane`, the log in `log`.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Mutex, OnceLock};
@@ -18,6 +19,7 @@ use crate::ports::LeaseGrant;
 
 mod batch;
 mod fleet;
+mod hosts;
 mod instance;
 mod instance_pass;
 mod log;

@@ -44,6 +44,21 @@ pub type ReadinessTable = BTreeMap<(String, ServiceName), ReadinessProbe>;
 /// catalog's `domains` (#43); a service absent has none.
 pub type DomainTable = BTreeMap<(String, ServiceName), Vec<DomainTemplate>>;
 
+/// The public host name templates of every (service type, service) of the
+/// catalog that has any (#43).
+pub fn domain_table(catalog: &crate::core::catalog::Catalog) -> DomainTable {
+    let mut table = BTreeMap::new();
+    for entry in catalog.entries() {
+        for spec in entry.services.iter().filter(|s| !s.domains.is_empty()) {
+            table.insert(
+                (entry.service_type.clone(), spec.name.clone()),
+                spec.domains.clone(),
+            );
+        }
+    }
+    table
+}
+
 /// The recovery pass and the memory it keeps between passes.
 pub struct Recoverer {
     ports: Ports,

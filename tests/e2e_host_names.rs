@@ -4,7 +4,8 @@
 //! is stopped (its route withdrawn), another instance of a type claiming
 //! the same literal name is published without it: a request for that host
 //! is never answered by the newcomer, which is still served under its own
-//! loopback host, and the refusal is in the event log naming the holder.
+//! loopback host, and the refusal is in the event log and `stead instance
+//! why`, naming the holder.
 //! Started again, the holder serves its host again.
 
 mod e2e;
@@ -83,7 +84,10 @@ async fn get_host(client: &reqwest::Client, https_port: u16) -> Result<(u16, Str
 
 /// The hostname Docker gave the container ACTIVE names for `instance`.
 async fn hostname_of(h: &Harness, instance: &str) -> String {
-    let id = h.active_container(instance).await.expect("an ACTIVE container");
+    let id = h
+        .active_container(instance)
+        .await
+        .expect("an ACTIVE container");
     id[..12].to_owned()
 }
 
@@ -104,7 +108,10 @@ async fn a_reserved_host_is_never_served_for_another_instance_while_its_holder_i
     h.create(&holder, None).await;
     let client = https_client(&h, https_port).await;
     wait_until("the holder served under the host", CONVERGE, || async {
-        h.get(&holder).await == 200 && get_host(&client, https_port).await.is_ok_and(|(s, _)| s == 200)
+        h.get(&holder).await == 200
+            && get_host(&client, https_port)
+                .await
+                .is_ok_and(|(s, _)| s == 200)
     })
     .await;
     let holder_name = hostname_of(&h, &holder).await;
@@ -116,15 +123,18 @@ async fn a_reserved_host_is_never_served_for_another_instance_while_its_holder_i
     // The holder stops: its route, and with it the host's, is withdrawn.
     assert!(h.ops().set_stopped(&holder, true).await.expect("stop"));
     wait_until("the holder withdrawn", CONVERGE, || async {
-        h.get(&holder).await != 200 && get_host(&client, https_port).await.map(|(s, _)| s) != Ok(200)
+        h.get(&holder).await != 200
+            && get_host(&client, https_port).await.map(|(s, _)| s) != Ok(200)
     })
     .await;
 
     // Another instance of the type asks for the same host.
     h.create(&other, None).await;
-    wait_until("the other instance served on loopback", CONVERGE, || async {
-        h.get(&other).await == 200
-    })
+    wait_until(
+        "the other instance served on loopback",
+        CONVERGE,
+        || async { h.get(&other).await == 200 },
+    )
     .await;
     let other_name = hostname_of(&h, &other).await;
     assert_ne!(other_name, holder_name);
@@ -132,7 +142,10 @@ async fn a_reserved_host_is_never_served_for_another_instance_while_its_holder_i
         let answer = get_host(&client, https_port).await;
         if let Ok((status, page)) = &answer {
             assert_ne!(page, &other_name, "{HOST} answered by {other}");
-            assert_ne!(*status, 200, "{HOST} served while its holder is stopped: {answer:?}");
+            assert_ne!(
+                *status, 200,
+                "{HOST} served while its holder is stopped: {answer:?}"
+            );
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
@@ -154,6 +167,16 @@ async fn a_reserved_host_is_never_served_for_another_instance_while_its_holder_i
             .any(|e| e.event.message.contains(HOST) && e.event.message.contains(&holder)),
         "no host_refused event naming {HOST} and {holder}: {:?}",
         refusals.rows
+    );
+
+    // The operator's view, from the database and the catalog alone.
+    let (code, why) = e2e::stead_cli(&h.cli_config(), &["instance", "why", &other]);
+    assert_eq!(code, 0, "{why}");
+    assert!(
+        why.contains(&format!(
+            "is not served under {HOST}: the host is reserved for instance {holder}"
+        )),
+        "{why}"
     );
 
     // The holder starts again and serves its host again; the other one

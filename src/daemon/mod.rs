@@ -42,6 +42,7 @@ pub mod identity;
 pub mod metrics;
 pub mod page;
 pub mod provisioners;
+pub mod reserved_hosts;
 pub mod status;
 pub mod telemetry;
 pub mod webhooks;

@@ -124,11 +124,15 @@ pub enum Mutant {
     /// #40: a Helm bake takes a check that could not reach the cluster
     /// for a verdict that the release went bad, and rolls it back.
     UnreachableIsBad,
+    /// #54: publish every host a service asks for, whoever the store
+    /// says holds it, so a host moves to another instance while its
+    /// holder's route is withdrawn.
+    IgnoreHostReservations,
 }
 
 #[cfg(feature = "mutation-exercise")]
 impl Mutant {
-    pub const ALL: [Mutant; 31] = [
+    pub const ALL: [Mutant; 32] = [
         Mutant::SkipWithdrawBeforeStart,
         Mutant::PublishBeforeReadiness,
         Mutant::ForgetCrashLoopCharge,
@@ -160,5 +164,6 @@ impl Mutant {
         Mutant::DropOnFailedUpgrade,
         Mutant::KeepDroppedRoute,
         Mutant::UnreachableIsBad,
+        Mutant::IgnoreHostReservations,
     ];
 }

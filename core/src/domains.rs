@@ -9,9 +9,11 @@
 //! fail afterwards.
 //!
 //! What a template cannot rule out is two instances claiming one host (a
-//! literal name in a type with two instances): the traffic plane refuses
-//! the second claim at publish, naming the host and its holder
-//! (`adapters::caddy`), and the first keeps serving.
+//! literal name in a type with two instances): the host is reserved for
+//! the first instance whose publish claims it until that instance is
+//! deleted, and every other instance's publish is refused that host
+//! (`hosts.rs`, #54). The traffic plane refuses a second claim too while
+//! the first route exists (`adapters::caddy`).
 
 use super::names::{self, check_dns_name, NameRule, INSTANCE_NAME_LEN_MAX, LABEL_LEN_MAX};
 use super::types::{InstanceName, ServiceName};

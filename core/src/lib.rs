@@ -25,6 +25,7 @@ pub mod fleet;
 pub mod grants;
 pub mod hash;
 pub mod helm_bake;
+pub mod hosts;
 pub mod judge;
 pub mod limits;
 pub mod machine;

@@ -203,6 +203,9 @@ struct State {
     created_for: BTreeMap<ContainerId, ServiceKey>,
     /// Route id → the service it routes.
     route_ids: BTreeMap<String, ServiceKey>,
+    /// Public host name → the instance first served under it, until that
+    /// instance is deleted (N1, #54).
+    host_servers: BTreeMap<String, InstanceName>,
     /// The state an instance was in when a worker took its lock: a handler
     /// that found it deleting must not build anything for it (T4).
     state_when_locked: BTreeMap<(InstanceName, String), InstanceState>,
@@ -1890,6 +1893,7 @@ impl Checker {
                         )
                     });
                 }
+                self.check_public_hosts(s, route);
                 let id = names::route_id(&route.service);
                 let previous = s.route_ids.insert(id.clone(), route.service.clone());
                 s.check(
@@ -1967,6 +1971,53 @@ impl Checker {
             exact,
             now,
         );
+    }
+
+    /// N1 (#54): once an instance was served under a public host name, no
+    /// other instance is published under it while the first is not
+    /// deleted, whatever happened to the first one's route meanwhile.
+    fn check_public_hosts(&self, s: &mut State, route: &Route) {
+        let claimant = &route.service.instance;
+        // The case N1 is about, counted so a run shows it happens: a
+        // contender for a host published while the host's holder had no
+        // route (crashed, stopped, replaced stop-first).
+        let service = &route.service.service;
+        for template in crate::world::domains_of(service) {
+            let host = template.render(claimant, service);
+            let contended = s.host_servers.get(&host).is_some_and(|holder| {
+                holder != claimant
+                    && !s.routes.contains_key(&ServiceKey {
+                        instance: holder.clone(),
+                        service: service.clone(),
+                    })
+            });
+            if contended {
+                *s.checks
+                    .entry("N1 case: a contender published while the holder's route was withdrawn")
+                    .or_default() += 1;
+            }
+        }
+        for host in &route.public_hosts {
+            let holder = s.host_servers.get(host).cloned();
+            let moved = holder
+                .as_ref()
+                .is_some_and(|h| h != claimant && !self.is_deleted(h));
+            s.check(
+                "N1 a public host name never moves from one live instance to another",
+                !moved,
+                || {
+                    format!(
+                        "{claimant}/{} published under {host}, which {} was served under \
+                         and holds until it is deleted",
+                        route.service.service,
+                        holder.as_ref().map_or("?", |h| h.as_str())
+                    )
+                },
+            );
+            if !moved {
+                s.host_servers.insert(host.clone(), claimant.clone());
+            }
+        }
     }
 
     fn is_deleted(&self, instance: &InstanceName) -> bool {
@@ -2493,6 +2544,11 @@ impl Observer for Checker {
                 }
                 if matches!(state, InstanceState::Deleting | InstanceState::Deleted) {
                     s.truth.deleting.insert(instance.clone());
+                }
+                if *state == InstanceState::Deleted {
+                    // Its hosts are free: a new instance of the same name
+                    // is a stranger to them (N1).
+                    s.host_servers.retain(|_, holder| holder != instance);
                 }
             }
             // Checked by the topology invariants (at most one process

@@ -1253,7 +1253,7 @@ async fn setup(
                 } else {
                     UpdateStrategy::Overlap
                 },
-                domains: Vec::new(),
+                domains: crate::world::domains_of(&service),
                 // Data that must outlive every container of the service,
                 // a dropped one's too (only a purge removes it).
                 run: Box::new(stead::core::spec::RunSpec {
@@ -1827,6 +1827,10 @@ pub(crate) fn docker_type_source(entry: &CatalogEntry) -> String {
                 UpdateStrategy::StopFirst => "stop-first",
             };
             service.insert("update".into(), Value::String(update.into()));
+            if !spec.domains.is_empty() {
+                let domains = spec.domains.iter().map(|d| d.as_str().to_owned());
+                service.insert("domains".into(), strings(&domains.collect::<Vec<_>>()));
+            }
             let volumes = spec
                 .run
                 .mounts

@@ -307,6 +307,8 @@ pub async fn process_main(slot: Arc<Slot>, shared: Arc<Shared>) {
         )));
         // As the daemon: Kubernetes recovers the Helm type's instances.
         recoverer.set_helm_types(catalog.helm_types());
+        // As the daemon: the catalog's public host names (#43, #54).
+        recoverer.set_domains(stead::engine::recovery::domain_table(&catalog));
         let reconciler = Arc::new(Reconciler::new(
             ports.clone(),
             catalog.clone(),

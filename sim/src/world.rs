@@ -1317,6 +1317,20 @@ pub fn has_ports(service: &ServiceName) -> bool {
     service.as_str() != "worker"
 }
 
+/// The public host names (#54) of `service` in the Docker type: `web`
+/// has a literal name every instance of the type claims, so they contend
+/// for it (the first to publish holds it until it is deleted), and a name
+/// of each instance's own.
+pub fn domains_of(service: &ServiceName) -> Vec<stead::core::domains::DomainTemplate> {
+    if service.as_str() != "web" {
+        return Vec::new();
+    }
+    ["shop.example.com", "{instance}.example.com"]
+        .into_iter()
+        .map(|t| stead::core::domains::DomainTemplate::parse(t).expect("a checked template"))
+        .collect()
+}
+
 /// Teams of the fleet: the control config's own team (`platform`, which
 /// upgrades first, C8) and two tenants.
 pub fn team_of(i: usize) -> &'static str {

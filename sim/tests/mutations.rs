@@ -313,3 +313,11 @@ fn a_helm_bake_that_takes_an_unreachable_cluster_for_a_bad_release_is_caught() {
         "H4 a Helm release is rolled back only off a version that went bad",
     );
 }
+
+#[test]
+fn a_publish_that_ignores_host_reservations_is_caught() {
+    assert_caught(
+        Mutant::IgnoreHostReservations,
+        "N1 a public host name never moves from one live instance to another",
+    );
+}

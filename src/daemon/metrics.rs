@@ -122,6 +122,10 @@ pub const METRICS: &[Metric] = &[
         "stead_withdrawals_total",
         "Withdrawals of a route that the proxy confirmed.",
     ),
+    counter(
+        "stead_hosts_refused_total",
+        "Public host names a publication left out because another live instance holds them (#54).",
+    ),
     labelled(
         counter(
             "stead_withdrawal_failures_total",

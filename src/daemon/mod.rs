@@ -43,6 +43,7 @@ pub mod listener;
 pub mod metrics;
 pub mod page;
 pub mod provisioners;
+pub mod reserved_hosts;
 pub mod start_hazards;
 pub mod status;
 pub mod telemetry;
@@ -384,20 +385,7 @@ pub fn caddy_tls(settings: &config::TlsSettings) -> Option<CaddyTls> {
     })
 }
 
-/// The public host name templates of every (service type, service) of the
-/// catalog that has any (#43).
-pub fn domain_table(catalog: &Catalog) -> DomainTable {
-    let mut table = BTreeMap::new();
-    for entry in catalog.entries() {
-        for spec in entry.services.iter().filter(|s| !s.domains.is_empty()) {
-            table.insert(
-                (entry.service_type.clone(), spec.name.clone()),
-                spec.domains.clone(),
-            );
-        }
-    }
-    table
-}
+pub use crate::engine::recovery::domain_table;
 
 /// Says once per load when the catalog names public host names that
 /// nothing serves: `[caddy.tls]` is off.

@@ -423,6 +423,7 @@ mod tests {
             binds: "8080->32768".into(),
             inhibitions: Vec::new(),
             expires_at: None,
+            hosts_refused: Vec::new(),
         }
     }
 

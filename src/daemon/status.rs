@@ -66,6 +66,10 @@ pub struct StatusRow {
     pub binds: String,
     pub inhibitions: Vec<String>,
     pub expires_at: Option<String>,
+    /// Public host names (#54) of the service that another live instance
+    /// holds until it is deleted: the service is not served under them.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub hosts_refused: Vec<super::reserved_hosts::RefusedHost>,
 }
 
 /// One instance of a Helm type: its release as Helm reports it
@@ -214,7 +218,7 @@ pub async fn status(from: StatusSources<'_>) -> Status {
         .collect();
     fleet_by_type(&from, &live, &mut status).await;
     let caddy = caddy_client(from.caddy_admin);
-    for instance in live {
+    for instance in &live {
         match from.catalog.get(&instance.service_type) {
             Some(entry) if !entry.is_docker() => {
                 release_row(&from, &entry.provisioning, instance, &mut status).await
@@ -222,6 +226,7 @@ pub async fn status(from: StatusSources<'_>) -> Status {
             _ => instance_rows(&from, instance, caddy.as_ref(), &mut status).await,
         }
     }
+    super::reserved_hosts::mark_refused_hosts(&from, &live, &mut status).await;
     status
 }
 
@@ -236,6 +241,7 @@ pub async fn instance_status(from: StatusSources<'_>, instance: &Instance) -> St
         }
         _ => instance_rows(&from, instance, caddy.as_ref(), &mut status).await,
     }
+    super::reserved_hosts::mark_refused_hosts(&from, &[instance], &mut status).await;
     status
 }
 
@@ -523,6 +529,7 @@ fn base_row(instance: &Instance) -> StatusRow {
         binds: "-".into(),
         inhibitions: Vec::new(),
         expires_at: instance.expires_at.map(|t| t.to_string()),
+        hosts_refused: Vec::new(),
     }
 }
 
@@ -1109,6 +1116,7 @@ mod tests {
                 binds: "8080->32768".into(),
                 inhibitions: vec![],
                 expires_at: None,
+                hosts_refused: vec![],
             }],
             budgets_live: true,
             halted_rollouts: vec!["web: upgrade of demo failed".into()],

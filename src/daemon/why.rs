@@ -84,6 +84,13 @@ fn explain_row(row: &StatusRow, budgets_live: bool, now: Option<Timestamp>) -> V
     }
     let service = format!("{name}/{}", row.service);
     let mut said = Vec::new();
+    for refused in &row.hosts_refused {
+        said.push(format!(
+            "{service} is not served under {}: the host is reserved for instance {} until \
+             that instance is deleted (#54); `stead instance delete {}` frees it",
+            refused.host, refused.holder, refused.holder
+        ));
+    }
     for hold in &row.inhibitions {
         if hold.starts_with("retirement-pending") {
             said.push(format!(
@@ -170,6 +177,7 @@ mod tests {
             binds: String::new(),
             inhibitions: Vec::new(),
             expires_at: None,
+            hosts_refused: Vec::new(),
         }
     }
 
@@ -234,6 +242,24 @@ mod tests {
             "{said}"
         );
         assert!(said.contains("`stead instance why --live`"), "{said}");
+    }
+
+    #[test]
+    fn a_service_refused_a_reserved_host_names_the_host_its_holder_and_the_way_to_free_it() {
+        let mut refused = row("web", "serving");
+        refused.hosts_refused = vec![crate::daemon::reserved_hosts::RefusedHost {
+            host: "shop.example.com".into(),
+            holder: "shop1".into(),
+        }];
+        let said = explain(&status(vec![refused]), "wiki1").unwrap().join("\n");
+        assert!(
+            said.contains(
+                "wiki1/web is not served under shop.example.com: the host is reserved for \
+                 instance shop1 until that instance is deleted (#54); \
+                 `stead instance delete shop1` frees it"
+            ),
+            "{said}"
+        );
     }
 
     #[test]

@@ -19,6 +19,7 @@ use crate::core::fleet::{
     Instance, InstanceId, InstanceState, ListedInstance, NewTask, RolloutState, Task, TaskId,
 };
 use crate::core::hash::FastMap;
+pub use crate::core::hosts::{HostReservation, HOSTS_PER_CLAIM_MAX};
 use crate::core::spec::{ReadinessProbe, ServiceSpec};
 use crate::core::types::{
     ActiveRecord, ActiveService, Binds, ContainerId, ContainerStatus, GenerationKey, Health,
@@ -815,6 +816,29 @@ pub trait Store: Send + Sync {
     async fn record_type_version(&self, recorded: &TypeVersion) -> Result<(), StoreError>;
     /// The recorded versions of `service_type`, oldest first.
     async fn type_versions(&self, service_type: &str) -> Result<Vec<TypeVersion>, StoreError>;
+
+    // --- public host names (#54) -----------------------------------------
+    /// Claims `hosts` (at most [`HOSTS_PER_CLAIM_MAX`]) for `service` of
+    /// `instance`: each host no live instance holds is reserved for it (a
+    /// host held by a deleted instance is taken over), in one transaction,
+    /// so two instances racing for a host never both hold it. Answers the
+    /// reservations of `hosts` that live instances hold after the claim,
+    /// in host order: the claimant's own, and the holders of the others
+    /// (`core::hosts::grant_hosts` decides from it). An instance that is
+    /// not live reserves nothing. A reservation lasts until its instance
+    /// is deleted: its row goes when the instance's row does (`ON DELETE
+    /// CASCADE`), and a deleted holder's host is free before that. With
+    /// a fence, only while that reconciler lease is current (T2).
+    async fn reserve_hosts(
+        &self,
+        instance: &InstanceName,
+        service: &ServiceName,
+        hosts: &[String],
+        now: Timestamp,
+        fence: Option<&LeaseGrant>,
+    ) -> Result<Vec<HostReservation>, StoreError>;
+    /// Every reservation a live instance holds, in host order.
+    async fn host_reservations(&self) -> Result<Vec<HostReservation>, StoreError>;
 
     // --- time ------------------------------------------------------------
     /// The database's clock (T2). Leases and instance locks are timed by it

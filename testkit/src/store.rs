@@ -40,6 +40,8 @@ use stead::store::{
     timestamp_to_us, ReconcilerLeaseRow,
 };
 
+mod hosts;
+
 /// Whether `holder` is a new incarnation of the identity that holds the
 /// unexpired lease `row` (the case T1 lets take it back at once).
 fn held_by_own_past(row: &ReconcilerLeaseRow, holder: &str, now_us: i64) -> bool {
@@ -110,6 +112,8 @@ struct State {
     next_event_id: i64,
     /// Each webhook's cursor: the last event id it was sent or passed over.
     webhook_cursors: BTreeMap<String, i64>,
+    /// Public host names (#54): host → its reservation.
+    host_reservations: BTreeMap<String, hosts::HostRow>,
 }
 
 impl MemoryStore {
@@ -678,6 +682,7 @@ impl State {
         self.tasks.retain(|_, t| t.instance != id);
         self.active.retain(|(i, _), _| *i != id);
         self.inhibitions.retain(|(i, _, _), _| *i != id);
+        self.host_reservations.retain(|_, r| r.instance() != id);
         if let Some(gone) = self.instances.get(&id) {
             self.names.remove(&gone.name);
         }
@@ -1393,6 +1398,25 @@ impl Store for MemoryStore {
             .collect();
         versions.sort_by(|a, b| (a.recorded_at, &a.version).cmp(&(b.recorded_at, &b.version)));
         Ok(versions)
+    }
+
+    async fn reserve_hosts(
+        &self,
+        instance: &InstanceName,
+        service: &ServiceName,
+        hosts: &[String],
+        now: Timestamp,
+        fence: Option<&LeaseGrant>,
+    ) -> Result<Vec<stead::core::hosts::HostReservation>, StoreError> {
+        let mut state = self.call()?;
+        state.check_fence(fence, self.now_us())?;
+        state.reserve_hosts(instance, service, hosts, now)
+    }
+
+    async fn host_reservations(
+        &self,
+    ) -> Result<Vec<stead::core::hosts::HostReservation>, StoreError> {
+        Ok(self.call()?.host_reservations())
     }
 
     async fn database_now(&self) -> Result<Timestamp, StoreError> {

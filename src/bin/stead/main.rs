@@ -155,7 +155,7 @@ pub enum Command {
         /// publish, retire, revert, enqueue, cancel, halt, ttl_expiry,
         /// drift, crash_loop_delay, lease_taken, lease_lost,
         /// catalog_reload, task_done, task_failed, task_retry,
-        /// orphan_release.
+        /// orphan_release, host_refused.
         #[arg(long, value_parser = parse_event_kind)]
         kind: Option<EventKind>,
         /// Only the events of the last DURATION, by the database's clock:
@@ -375,7 +375,7 @@ enum ArgError {
     #[error(
         "{0:?}: not an event kind (start, restart, stop, withdraw, publish, retire, revert, \
          enqueue, cancel, halt, ttl_expiry, drift, crash_loop_delay, lease_taken, lease_lost, \
-         catalog_reload, task_done, task_failed, task_retry, orphan_release)"
+         catalog_reload, task_done, task_failed, task_retry, orphan_release, host_refused)"
     )]
     NotAnEventKind(String),
     #[error("{0:?} is not a whole number of seconds")]

@@ -4,7 +4,8 @@
 //! aggregates: the `Recoverer` and its settings here, the whole-fleet pass
 //! in `fleet`, a batch's locks and rows in `batch`, one instance in
 //! `instance` and its pass driven in `instance_pass`, the ports in
-//! `perform`, the traffic plane in `plane`, the log in `log`.
+//! `perform`, the public hosts a publish carries in `hosts`, the traffic
+//! plane in `plane`, the log in `log`.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Mutex, OnceLock};
@@ -18,6 +19,7 @@ use crate::ports::LeaseGrant;
 
 mod batch;
 mod fleet;
+mod hosts;
 mod instance;
 mod instance_pass;
 mod log;
@@ -41,6 +43,21 @@ pub type ReadinessTable = BTreeMap<(String, ServiceName), ReadinessProbe>;
 /// Public host name templates per (service type, service), from the
 /// catalog's `domains` (#43); a service absent has none.
 pub type DomainTable = BTreeMap<(String, ServiceName), Vec<DomainTemplate>>;
+
+/// The public host name templates of every (service type, service) of the
+/// catalog that has any (#43).
+pub fn domain_table(catalog: &crate::core::catalog::Catalog) -> DomainTable {
+    let mut table = BTreeMap::new();
+    for entry in catalog.entries() {
+        for spec in entry.services.iter().filter(|s| !s.domains.is_empty()) {
+            table.insert(
+                (entry.service_type.clone(), spec.name.clone()),
+                spec.domains.clone(),
+            );
+        }
+    }
+    table
+}
 
 /// The recovery pass and the memory it keeps between passes.
 pub struct Recoverer {

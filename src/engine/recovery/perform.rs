@@ -192,12 +192,16 @@ impl Recoverer {
                     .await,
             ),
             Command::Publish { binds, started_at } => {
+                let public_hosts = match self.granted_hosts(instance, key, fence).await {
+                    Ok(hosts) => hosts,
+                    Err(e) => return Outcome::Published(Err(e)),
+                };
                 let route = Route {
                     service: service_key(),
                     container: id.clone(),
                     binds: binds.clone(),
                     verified_started_at: *started_at,
-                    public_hosts: self.public_hosts(instance, key),
+                    public_hosts,
                 };
                 Outcome::Published(p.traffic.publish(&route).await)
             }
@@ -218,21 +222,5 @@ impl Recoverer {
             .get(&(instance.service_type.clone(), key.service.clone()))
             .cloned()
             .unwrap_or(ReadinessProbe::None)
-    }
-
-    /// The public host names of `key`'s service: its type's `domains`
-    /// templates rendered for this instance (#43).
-    fn public_hosts(&self, instance: &Instance, key: &GenerationKey) -> Vec<String> {
-        self.domains
-            .lock()
-            .expect("domains poisoned")
-            .get(&(instance.service_type.clone(), key.service.clone()))
-            .map(|templates| {
-                templates
-                    .iter()
-                    .map(|t| t.render(&key.instance, &key.service))
-                    .collect()
-            })
-            .unwrap_or_default()
     }
 }

@@ -18,6 +18,7 @@ use crate::config::daemon::DatabaseSettings;
 use crate::ports::{Store, StoreError};
 
 pub mod backup;
+mod hosts;
 mod postgres;
 mod rows;
 mod shared;

@@ -434,6 +434,25 @@ pub fn decode_type_version(
     })
 }
 
+/// A `host_reservations` row joined with its instance's name (#54): every
+/// name checked against its rule, since a host becomes a matcher and a
+/// certificate's subject (T6).
+pub fn decode_host_reservation(
+    (host, instance, service, created_at_us): (String, String, String, i64),
+) -> Result<crate::core::hosts::HostReservation, StoreError> {
+    const T: &str = "host_reservations";
+    check_name(T, &host, "host", &host, names::check_dns_name)?;
+    check_name(T, &host, "instance", &instance, names::check_instance_name)?;
+    check_name(T, &host, "service", &service, names::check_dns_label)?;
+    let created_at = timestamp(T, &host, "created_at_us", created_at_us)?;
+    Ok(crate::core::hosts::HostReservation {
+        host,
+        instance: InstanceName::new(instance),
+        service: ServiceName::new(service),
+        created_at,
+    })
+}
+
 /// The lease row as read, with the database's clock at the read (`now_us`):
 /// every lease decision is timed by the database, never by a host (T2).
 #[derive(Debug, sqlx::FromRow)]

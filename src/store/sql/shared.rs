@@ -753,6 +753,25 @@ macro_rules! impl_sql_store {
                 .await
             }
 
+            #[tracing::instrument(name = "store.reserve_hosts", level = "debug", skip_all)]
+            async fn reserve_hosts(
+                &self,
+                instance: &InstanceName,
+                service: &ServiceName,
+                hosts: &[String],
+                now: Timestamp,
+                fence: Option<&LeaseGrant>,
+            ) -> Result<Vec<crate::core::hosts::HostReservation>, StoreError> {
+                crate::store::sql::hosts::reserve_hosts!(self, instance, service, hosts, now, fence)
+            }
+
+            #[tracing::instrument(name = "store.host_reservations", level = "debug", skip_all)]
+            async fn host_reservations(
+                &self,
+            ) -> Result<Vec<crate::core::hosts::HostReservation>, StoreError> {
+                crate::store::sql::hosts::host_reservations!(self)
+            }
+
             #[tracing::instrument(name = "store.database_now", level = "debug", skip_all)]
             async fn database_now(&self) -> Result<Timestamp, StoreError> {
                 crate::store::sql::timed("database_now", self.call_timeout, async {

@@ -66,10 +66,13 @@ pub enum EventKind {
     /// Drift found a release no instance owns (C5); written when a tick
     /// first reports it, as it is first logged.
     OrphanRelease,
+    /// A change made through the tenant API, naming its token and team
+    /// (#54).
+    Api,
 }
 
 impl EventKind {
-    pub const ALL: [EventKind; 20] = [
+    pub const ALL: [EventKind; 21] = [
         EventKind::Start,
         EventKind::Restart,
         EventKind::Stop,
@@ -90,6 +93,7 @@ impl EventKind {
         EventKind::TaskFailed,
         EventKind::TaskRetry,
         EventKind::OrphanRelease,
+        EventKind::Api,
     ];
 
     /// The stable snake_case name.
@@ -115,6 +119,7 @@ impl EventKind {
             EventKind::TaskFailed => "task_failed",
             EventKind::TaskRetry => "task_retry",
             EventKind::OrphanRelease => "orphan_release",
+            EventKind::Api => "api",
         }
     }
 

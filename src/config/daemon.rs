@@ -21,6 +21,9 @@ use std::time::Duration;
 
 use serde::Deserialize;
 
+mod tenancy;
+pub use tenancy::{ApiSettings, TEAM_KEYS};
+
 use crate::core::event_log::EventKind;
 use crate::core::grants::Grants;
 use crate::core::limits::{ContainerLimits, RawLimits};
@@ -90,6 +93,9 @@ pub const KEYS: &[&str] = &[
     "catalog",
     "admin_listen",
     "admin_token_file",
+    "api_listen",
+    "api_max_connections",
+    "api_requests_per_minute",
     "log_format",
     "workers",
     "worker_idle_poll_ms",
@@ -357,6 +363,10 @@ pub struct DaemonConfig {
     pub telemetry: TelemetrySettings,
     /// The flight recorder (#44); off unless enabled.
     pub flight_recorder: FlightRecorderSettings,
+    /// The tenant API's listener (#54); off unless `api_listen` is set.
+    pub api: ApiSettings,
+    /// `[teams.NAME]`: each team's quotas (#54); a team not named has none.
+    pub teams: BTreeMap<String, crate::ports::TeamQuota>,
 }
 
 /// The `[flight_recorder]` table: every instance pass recorded for
@@ -674,6 +684,11 @@ struct RawConfig {
     provisioner: Option<String>,
     admin_listen: Option<String>,
     admin_token_file: Option<String>,
+    api_listen: Option<String>,
+    api_max_connections: Option<i64>,
+    api_requests_per_minute: Option<i64>,
+    #[serde(default)]
+    teams: BTreeMap<String, tenancy::RawTeam>,
     log_format: Option<String>,
     workers: Option<i64>,
     worker_idle_poll_ms: Option<i64>,
@@ -1078,6 +1093,12 @@ impl Validator<'_> {
             webhooks: self.webhooks(raw.webhooks)?,
             telemetry: self.telemetry(raw.telemetry)?,
             flight_recorder,
+            api: self.api(
+                raw.api_listen,
+                raw.api_max_connections,
+                raw.api_requests_per_minute,
+            )?,
+            teams: self.teams(raw.teams)?,
         })
     }
 

@@ -54,6 +54,7 @@ pub async fn dispatch(command: Command, config: DaemonConfig) -> Result<u8, CliE
         }
         Command::Task(TaskCommand::Cancel { id }) => task_cancel(&config, id).await,
         Command::Rollout(command) => rollout(&config, command).await,
+        Command::Token(command) => crate::tokens::token(&config, command).await,
         Command::Events {
             instance,
             kind,
@@ -537,7 +538,9 @@ async fn live_status(config: &DaemonConfig) -> Result<Status, CliError> {
     Ok(status)
 }
 
-async fn store_and_catalog(config: &DaemonConfig) -> Result<(Arc<dyn Store>, Catalog), CliError> {
+pub(crate) async fn store_and_catalog(
+    config: &DaemonConfig,
+) -> Result<(Arc<dyn Store>, Catalog), CliError> {
     let catalog =
         stead::config::load_catalog(&config.catalog, &config.grants).map_err(|e| e.to_string())?;
     let store = stead::daemon::open_store(config).await?;
@@ -552,7 +555,10 @@ async fn instance(config: &DaemonConfig, command: InstanceCommand) -> Result<u8,
         _ => {}
     }
     let (store, catalog) = store_and_catalog(config).await?;
-    let ops = operator(store.as_ref(), catalog);
+    let ops = operator(store.as_ref(), catalog).with_quotas(
+        Arc::new(config.teams.clone()),
+        config.limits.memory_bytes_default,
+    );
     match command {
         InstanceCommand::Create {
             name,
@@ -898,7 +904,7 @@ async fn instance_show(config: &DaemonConfig, name: &str, json: bool) -> Result<
 
 /// The operator commands over `store` and `catalog`, at this instant,
 /// their trace ids drawn from the OS.
-fn operator(store: &dyn stead::ports::Store, catalog: Catalog) -> Ops<'_> {
+pub(crate) fn operator(store: &dyn stead::ports::Store, catalog: Catalog) -> Ops<'_> {
     Ops::new(
         store,
         Arc::new(catalog),

@@ -7,6 +7,7 @@
 mod commands;
 mod history;
 mod output;
+mod tokens;
 
 use std::io::IsTerminal;
 use std::path::PathBuf;
@@ -139,6 +140,9 @@ pub enum Command {
     /// Halt or resume a service type's rollout of new versions.
     #[command(subcommand)]
     Rollout(RolloutCommand),
+    /// The tenant API's tokens: create (shown once), list, revoke.
+    #[command(subcommand)]
+    Token(tokens::TokenCommand),
     /// The event log: what stead did and why (starts, restarts,
     /// publications, enqueues, TTL expiries, halts, leases, reloads), one
     /// line per event, oldest first, each naming the rule it applied.
@@ -150,7 +154,7 @@ pub enum Command {
         /// publish, retire, revert, enqueue, cancel, halt, ttl_expiry,
         /// drift, crash_loop_delay, lease_taken, lease_lost,
         /// catalog_reload, task_done, task_failed, task_retry,
-        /// orphan_release.
+        /// orphan_release, api.
         #[arg(long, value_parser = parse_event_kind)]
         kind: Option<EventKind>,
         /// Only the events of the last DURATION, by the database's clock:
@@ -370,7 +374,7 @@ enum ArgError {
     #[error(
         "{0:?}: not an event kind (start, restart, stop, withdraw, publish, retire, revert, \
          enqueue, cancel, halt, ttl_expiry, drift, crash_loop_delay, lease_taken, lease_lost, \
-         catalog_reload, task_done, task_failed, task_retry, orphan_release)"
+         catalog_reload, task_done, task_failed, task_retry, orphan_release, api)"
     )]
     NotAnEventKind(String),
     #[error("{0:?} is not a whole number of seconds")]

@@ -94,6 +94,7 @@ pub const KEYS: &[&str] = &[
     "admin_listen",
     "admin_token_file",
     "api_listen",
+    "api_hosts",
     "api_max_connections",
     "api_requests_per_minute",
     "log_format",
@@ -685,6 +686,8 @@ struct RawConfig {
     admin_listen: Option<String>,
     admin_token_file: Option<String>,
     api_listen: Option<String>,
+    #[serde(default)]
+    api_hosts: Vec<String>,
     api_max_connections: Option<i64>,
     api_requests_per_minute: Option<i64>,
     #[serde(default)]
@@ -1095,6 +1098,7 @@ impl Validator<'_> {
             flight_recorder,
             api: self.api(
                 raw.api_listen,
+                raw.api_hosts,
                 raw.api_max_connections,
                 raw.api_requests_per_minute,
             )?,

@@ -27,10 +27,17 @@ pub const QUOTA_MAX: i64 = 1 << 40;
 /// documents each as `teams.<name>.<key>`.
 pub const TEAM_KEYS: &[&str] = &["max_instances", "max_memory_mb", "max_public_hosts"];
 
+/// Most names in `api_hosts`.
+pub const API_HOSTS_MAX: usize = 64;
+
 /// The tenant API's listener; off unless `api_listen` names an address.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ApiSettings {
     pub listen: Option<SocketAddr>,
+    /// The host names the API answers to besides its listen address (and
+    /// `localhost` on a loopback one): the public name a proxy in front of
+    /// it (Caddy, with TLS) passes on. Any other `Host` is refused.
+    pub hosts: Vec<String>,
     pub max_connections: usize,
     pub requests_per_minute: u32,
 }
@@ -39,6 +46,7 @@ impl Default for ApiSettings {
     fn default() -> Self {
         Self {
             listen: None,
+            hosts: Vec::new(),
             max_connections: API_MAX_CONNECTIONS_DEFAULT as usize,
             requests_per_minute: API_REQUESTS_PER_MINUTE_DEFAULT as u32,
         }
@@ -57,9 +65,33 @@ impl Validator<'_> {
     pub(super) fn api(
         &self,
         listen: Option<String>,
+        hosts: Vec<String>,
         max_connections: Option<i64>,
         requests_per_minute: Option<i64>,
     ) -> Result<ApiSettings, DaemonConfigError> {
+        if hosts.len() > API_HOSTS_MAX {
+            return Err(self.invalid_quoted(
+                "api_hosts",
+                format!("{} names", hosts.len()),
+                format!("at most {API_HOSTS_MAX} host names"),
+            ));
+        }
+        for (n, host) in hosts.iter().enumerate() {
+            let valid = !host.is_empty()
+                && host.len() <= 253
+                && host.split('.').all(|label| {
+                    !label.is_empty()
+                        && label.len() <= 63
+                        && label.chars().all(|c| c.is_ascii_alphanumeric() || c == '-')
+                });
+            if !valid {
+                return Err(self.invalid(
+                    &format!("api_hosts[{n}]"),
+                    host,
+                    "must be a host name such as api.example.com (no scheme, no port)",
+                ));
+            }
+        }
         let listen = match listen.as_deref().unwrap_or("") {
             "" => None,
             addr => Some(self.addr("api_listen", addr)?),
@@ -80,6 +112,7 @@ impl Validator<'_> {
         )? as u32;
         Ok(ApiSettings {
             listen,
+            hosts: hosts.iter().map(|h| h.to_ascii_lowercase()).collect(),
             max_connections,
             requests_per_minute,
         })

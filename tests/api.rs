@@ -478,6 +478,22 @@ async fn the_openapi_document_is_3_1_and_describes_every_route() {
         document["components"]["securitySchemes"]["bearer"]["scheme"],
         "bearer"
     );
+    // Every documented operation is routed: the document and the router
+    // are written apart and must not drift.
+    let a = api.token("team-a", TokenRole::Tenant).await;
+    for (path, operations) in document["paths"].as_object().unwrap() {
+        let concrete = path.replace("{name}", "nosuch").replace("{type}", "web");
+        for method in operations.as_object().unwrap().keys() {
+            let method = Method::from_bytes(method.to_uppercase().as_bytes()).unwrap();
+            let (status, _, body) = api.call(method.clone(), &concrete, &a, None).await;
+            assert_ne!(status, StatusCode::METHOD_NOT_ALLOWED, "{method} {path}");
+            let detail = body["detail"].as_str().unwrap_or_default();
+            assert!(
+                !detail.contains("no such endpoint"),
+                "{method} {path}: {body}"
+            );
+        }
+    }
 }
 
 async fn twenty_concurrent_posts_against_a_quota_of_five_create_five(store: TestStore) {

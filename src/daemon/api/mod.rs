@@ -141,8 +141,8 @@ impl ApiState {
 /// The API's routes: `/v1/openapi.json` for anyone, the rest for a live
 /// token; all of them only under a `Host` in `hosts`.
 pub fn router(state: ApiState, hosts: Arc<Vec<String>>) -> Router {
-    let (secured, document) = openapi::routes().split_for_parts();
-    let secured = secured.layer(axum::middleware::from_fn_with_state(
+    let document = openapi::document();
+    let secured = openapi::routes().layer(axum::middleware::from_fn_with_state(
         state.clone(),
         auth::authenticate,
     ));

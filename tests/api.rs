@@ -537,3 +537,56 @@ async fn twenty_concurrent_posts_against_a_quota_of_five_create_five_on_sqlite()
 async fn twenty_concurrent_posts_against_a_quota_of_five_create_five_on_postgres() {
     twenty_concurrent_posts_against_a_quota_of_five_create_five(support::postgres().await).await;
 }
+
+/// Runs the `stead` binary with `token` in `$STEAD_TOKEN`: exit status and
+/// standard output.
+async fn stead_cli(api: &Api, token: &str, args: &[&str]) -> (i32, String) {
+    let mut command = std::process::Command::new(env!("CARGO_BIN_EXE_stead"));
+    command
+        .args(["--server", &api.base])
+        .args(args)
+        .env("STEAD_TOKEN", token)
+        .env_remove("STEAD_CONFIG");
+    let output = tokio::task::spawn_blocking(move || command.output().unwrap())
+        .await
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&output.stdout).into_owned();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    (output.status.code().unwrap_or(-1), format!("{stdout}{stderr}"))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_cli_runs_the_instance_commands_through_the_api() {
+    let api = serve(support::sqlite().await, Options::default()).await;
+    let a = api.token("team-a", TokenRole::Tenant).await;
+    let b = api.token("team-b", TokenRole::Tenant).await;
+    let (code, out) = stead_cli(&api, &a, &["instance", "create", "shop", "--type", "web"]).await;
+    assert_eq!(code, 0, "{out}");
+    assert!(
+        out.contains("served at http://http.shop.localhost:8080/"),
+        "{out}"
+    );
+    let (code, out) = stead_cli(&api, &a, &["instance", "list"]).await;
+    assert_eq!(code, 0);
+    assert!(out.starts_with("shop  team-a  web  1  provisioning"), "{out}");
+    let (code, _) = stead_cli(&api, &a, &["instance", "stop", "shop"]).await;
+    assert_eq!(code, 0);
+    let instance = api
+        .store()
+        .instance(&stead::core::types::InstanceName::new("shop"))
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(
+        instance.stopped,
+        "the stop went through the API to the store"
+    );
+    // Team b's token: not found (exit 3), and nothing changes.
+    let (code, _) = stead_cli(&api, &b, &["instance", "delete", "shop"]).await;
+    assert_eq!(code, 3);
+    let (code, _) = stead_cli(&api, &a, &["instance", "delete", "shop"]).await;
+    assert_eq!(code, 0);
+    // Commands beyond the instance ones are refused, not run locally.
+    let (code, _) = stead_cli(&api, &a, &["task", "list"]).await;
+    assert_eq!(code, 2);
+}

@@ -22,7 +22,7 @@ use std::time::Duration;
 use serde::Deserialize;
 
 mod tenancy;
-pub use tenancy::{ApiSettings, TEAM_KEYS};
+pub use tenancy::{ApiSettings, TenancySettings, TEAM_KEYS};
 
 use crate::core::event_log::EventKind;
 use crate::core::grants::Grants;
@@ -364,10 +364,8 @@ pub struct DaemonConfig {
     pub telemetry: TelemetrySettings,
     /// The flight recorder (#44); off unless enabled.
     pub flight_recorder: FlightRecorderSettings,
-    /// The tenant API's listener (#54); off unless `api_listen` is set.
-    pub api: ApiSettings,
-    /// `[teams.NAME]`: each team's quotas (#54); a team not named has none.
-    pub teams: BTreeMap<String, crate::ports::TeamQuota>,
+    /// The tenant API's listener and the teams' quotas (#54).
+    pub tenancy: TenancySettings,
 }
 
 /// The `[flight_recorder]` table: every instance pass recorded for
@@ -568,7 +566,11 @@ pub fn parse(
         contents,
         overridden,
     };
-    let config = validator.config(raw)?;
+    // The tenant API's keys and quotas are read apart from the rest (one
+    // room per reader, `tests/rooms.rs`).
+    let tenancy = validator.tenancy(&raw)?;
+    let mut config = validator.config(raw)?;
+    config.tenancy = tenancy;
     // A task's lease must outlive the helm call it covers, or a slow
     // `upgrade --wait` is handed to a second worker mid-flight and left
     // pending-upgrade. Checked here when helm is configured, and by the
@@ -1096,13 +1098,7 @@ impl Validator<'_> {
             webhooks: self.webhooks(raw.webhooks)?,
             telemetry: self.telemetry(raw.telemetry)?,
             flight_recorder,
-            api: self.api(
-                raw.api_listen,
-                raw.api_hosts,
-                raw.api_max_connections,
-                raw.api_requests_per_minute,
-            )?,
-            teams: self.teams(raw.teams)?,
+            tenancy: TenancySettings::default(), // Set by `parse`.
         })
     }
 

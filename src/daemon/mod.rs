@@ -957,7 +957,7 @@ impl Daemon {
             Some(addr) => Some(admin::bind(addr).await?),
             None => None,
         };
-        let api_listener = match self.config.api.listen {
+        let api_listener = match self.config.tenancy.api.listen {
             Some(addr) => Some(api::bind(addr).await?),
             None => None,
         };

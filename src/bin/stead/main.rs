@@ -7,6 +7,7 @@
 mod commands;
 mod history;
 mod output;
+mod remote;
 mod tokens;
 
 use std::io::IsTerminal;
@@ -53,6 +54,14 @@ struct Cli {
     /// Log format; overrides the file's `log_format`.
     #[arg(long, global = true, value_enum)]
     log_format: Option<LogFormatArg>,
+    /// Run the instance commands through the tenant API at URL (e.g.
+    /// https://stead-api.example.com) instead of on the database; the
+    /// token comes from --token-file or $STEAD_TOKEN.
+    #[arg(long, global = true, value_name = "URL", env = "STEAD_SERVER")]
+    server: Option<String>,
+    /// The file holding the API token for --server.
+    #[arg(long, global = true, value_name = "FILE")]
+    token_file: Option<PathBuf>,
     #[command(subcommand)]
     command: Command,
 }
@@ -118,6 +127,9 @@ pub enum Command {
         /// the crash-loop budgets it keeps in memory and its loaded catalog.
         #[arg(long)]
         live: bool,
+        /// Only this team's instances.
+        #[arg(long, value_parser = parse_team)]
+        team: Option<String>,
     },
     /// Validate the config and catalog files; exit status 1 on the first
     /// error. Also says whether the running daemon uses an older catalog.
@@ -251,6 +263,9 @@ pub enum InstanceCommand {
         all: bool,
         #[arg(long)]
         json: bool,
+        /// Only this team's instances.
+        #[arg(long, value_parser = parse_team)]
+        team: Option<String>,
     },
     /// Set stopped intent: containers are stopped and unpublished, kept.
     Stop { name: String },
@@ -354,6 +369,13 @@ fn parse_instance_name(text: &str) -> Result<String, ArgError> {
         .map_err(|e| ArgError::NotAName(text.chars().take(64).collect(), e.to_string()))
 }
 
+/// `--team`: a team's name, a DNS label as every name (T6).
+fn parse_team(text: &str) -> Result<String, ArgError> {
+    stead::core::names::check_dns_label("--team", text)
+        .map(|()| text.to_owned())
+        .map_err(|e| ArgError::NotAName(text.chars().take(64).collect(), e.to_string()))
+}
+
 /// `--kind`: one of the event log's stable kind names.
 fn parse_event_kind(text: &str) -> Result<EventKind, ArgError> {
     EventKind::parse(text).map_err(|_| ArgError::NotAnEventKind(text.chars().take(64).collect()))
@@ -444,7 +466,17 @@ fn main() -> ExitCode {
             return exit(EXIT_FAILURE);
         }
     };
-    let result = runtime.block_on(commands::dispatch(cli.command, config));
+    let result = match (cli.server, cli.command) {
+        (Some(server), Command::Instance(command)) => runtime.block_on(async {
+            let remote = remote::Remote::new(&server, cli.token_file.as_deref())?;
+            remote::instance(&remote, command).await
+        }),
+        (Some(_), _) => Err(output::CliError {
+            message: "--server runs the instance commands only (stead instance ...)".into(),
+            code: EXIT_USAGE,
+        }),
+        (None, command) => runtime.block_on(commands::dispatch(command, config)),
+    };
     // Outside the runtime: the exporter's last batch is sent by blocking.
     if let Some(telemetry) = telemetry {
         telemetry.shutdown();

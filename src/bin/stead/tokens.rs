@@ -49,8 +49,8 @@ pub enum RoleArg {
     Operator,
 }
 
-fn parse_expires(text: &str) -> Result<std::time::Duration, String> {
-    stead::daemon::event_log::parse_since(text).map_err(|e| e.to_string())
+fn parse_expires(text: &str) -> Result<std::time::Duration, stead::daemon::event_log::SinceError> {
+    stead::daemon::event_log::parse_since(text)
 }
 
 /// A token as `token list` shows it.

@@ -53,7 +53,16 @@ impl Default for ApiSettings {
     }
 }
 
-#[derive(Deserialize, Default)]
+/// The tenant API's listener and the teams' quotas (#54).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct TenancySettings {
+    /// The API's listener; off unless `api_listen` is set.
+    pub api: ApiSettings,
+    /// `[teams.NAME]`: each team's quotas; a team not named has none.
+    pub teams: BTreeMap<String, TeamQuota>,
+}
+
+#[derive(Clone, Deserialize, Default)]
 #[serde(deny_unknown_fields)]
 pub(super) struct RawTeam {
     max_instances: Option<i64>,
@@ -62,7 +71,22 @@ pub(super) struct RawTeam {
 }
 
 impl Validator<'_> {
-    pub(super) fn api(
+    pub(super) fn tenancy(
+        &self,
+        raw: &super::RawConfig,
+    ) -> Result<TenancySettings, DaemonConfigError> {
+        Ok(TenancySettings {
+            api: self.api(
+                raw.api_listen.clone(),
+                raw.api_hosts.clone(),
+                raw.api_max_connections,
+                raw.api_requests_per_minute,
+            )?,
+            teams: self.teams(raw.teams.clone())?,
+        })
+    }
+
+    fn api(
         &self,
         listen: Option<String>,
         hosts: Vec<String>,
@@ -118,7 +142,7 @@ impl Validator<'_> {
         })
     }
 
-    pub(super) fn teams(
+    fn teams(
         &self,
         raw: BTreeMap<String, RawTeam>,
     ) -> Result<BTreeMap<String, TeamQuota>, DaemonConfigError> {
@@ -167,13 +191,19 @@ mod tests {
             &[],
         )
         .unwrap();
-        assert_eq!(config.api.listen.unwrap().to_string(), "127.0.0.1:9465");
-        let a = &config.teams["a"];
+        assert_eq!(
+            config.tenancy.api.listen.unwrap().to_string(),
+            "127.0.0.1:9465"
+        );
+        let a = &config.tenancy.teams["a"];
         assert_eq!(
             (a.max_instances, a.max_memory_mb, a.max_public_hosts),
             (Some(5), Some(2048), None)
         );
-        assert_eq!(parse("", "stead.toml", &[]).unwrap().api.listen, None);
+        assert_eq!(
+            parse("", "stead.toml", &[]).unwrap().tenancy.api.listen,
+            None
+        );
     }
 
     #[test]

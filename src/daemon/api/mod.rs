@@ -98,8 +98,8 @@ impl ApiState {
             store: daemon.ports.store.clone(),
             catalog: daemon.catalog.clone(),
             clock: daemon.ports.clock.clone(),
-            settings: config.api.clone(),
-            teams: config.teams.clone(),
+            settings: config.tenancy.api.clone(),
+            teams: config.tenancy.teams.clone(),
             memory_bytes_default: config.limits.memory_bytes_default,
             served: views::Served {
                 host_suffix: config.caddy.host_suffix.clone(),

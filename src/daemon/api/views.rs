@@ -18,7 +18,11 @@ pub struct CreateInstance {
     /// The instance's name: a DNS label of at most 53 characters that
     /// starts with a letter, unique across the fleet (it names routes and
     /// containers; `core::names::INSTANCE_NAME_LEN_MAX`).
-    #[schema(pattern = "^[a-z]([a-z0-9-]{0,51}[a-z0-9])?$", min_length = 1, max_length = 53)]
+    #[schema(
+        pattern = "^[a-z]([a-z0-9-]{0,51}[a-z0-9])?$",
+        min_length = 1,
+        max_length = 53
+    )]
     pub name: String,
     /// The catalog's service type.
     #[serde(rename = "type")]

@@ -552,7 +552,10 @@ async fn stead_cli(api: &Api, token: &str, args: &[&str]) -> (i32, String) {
         .unwrap();
     let stdout = String::from_utf8_lossy(&output.stdout).into_owned();
     let stderr = String::from_utf8_lossy(&output.stderr);
-    (output.status.code().unwrap_or(-1), format!("{stdout}{stderr}"))
+    (
+        output.status.code().unwrap_or(-1),
+        format!("{stdout}{stderr}"),
+    )
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -568,7 +571,10 @@ async fn the_cli_runs_the_instance_commands_through_the_api() {
     );
     let (code, out) = stead_cli(&api, &a, &["instance", "list"]).await;
     assert_eq!(code, 0);
-    assert!(out.starts_with("shop  team-a  web  1  provisioning"), "{out}");
+    assert!(
+        out.starts_with("shop  team-a  web  1  provisioning"),
+        "{out}"
+    );
     let (code, _) = stead_cli(&api, &a, &["instance", "stop", "shop"]).await;
     assert_eq!(code, 0);
     let instance = api

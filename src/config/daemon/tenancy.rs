@@ -207,6 +207,17 @@ mod tests {
     }
 
     #[test]
+    fn every_team_key_is_documented_in_the_configuration_guide() {
+        let guide = include_str!("../../../docs/configuration.md");
+        for key in super::TEAM_KEYS {
+            assert!(
+                guide.contains(&format!("`teams.<name>.{key}`")),
+                "docs/configuration.md lacks teams.<name>.{key}"
+            );
+        }
+    }
+
+    #[test]
     fn a_bad_quota_is_refused_naming_team_field_and_value() {
         let e = parse("[teams.a]\nmax_instances = -1\n", "stead.toml", &[])
             .unwrap_err()

@@ -306,6 +306,12 @@ async fn problems_are_problem_json_naming_the_field_and_value() {
         assert!(!problem["title"].as_str().unwrap().is_empty());
         assert!(!problem["detail"].as_str().unwrap().is_empty());
     }
+    let huge = json!({"name": "shop", "type": "web", "maintenance_window": "x".repeat(70_000)});
+    let (status, content_type, problem) = api
+        .call(Method::POST, "/v1/instances", &a, Some(huge))
+        .await;
+    assert_eq!(status, StatusCode::PAYLOAD_TOO_LARGE, "{problem}");
+    assert_eq!(content_type, "application/problem+json");
     let (_, _, missing) = api
         .call(
             Method::POST,

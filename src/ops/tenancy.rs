@@ -7,7 +7,7 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::{no_such_instance, Ops, OpsError, TTL_MAX};
+use super::{Ops, OpsError, TTL_MAX};
 use crate::core::catalog::CatalogEntry;
 use crate::core::fleet::{Instance, InstanceState};
 use crate::ports::tenancy::{same_digest, secret_sha256};
@@ -225,11 +225,6 @@ impl Ops<'_> {
             .await
             .map_err(OpsError::from)?;
         Ok(found.filter(|t| same_digest(&t.secret_sha256, &digest) && t.is_live(self.now)))
-    }
-
-    /// An instance of another team, refused as if it did not exist.
-    pub fn hidden(&self, instance: &Instance) -> Option<OpsError> {
-        (!self.scope.sees(&instance.team)).then(|| no_such_instance(instance.name.as_str()))
     }
 }
 

@@ -5,7 +5,7 @@
 use std::time::Duration;
 
 use axum::body::Bytes;
-use axum::extract::rejection::{PathRejection, QueryRejection};
+use axum::extract::rejection::{BytesRejection, PathRejection, QueryRejection};
 use axum::extract::{Path, Query, State};
 use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
@@ -105,6 +105,7 @@ fn parse_create(body: &[u8]) -> Result<CreateInstance, Problem> {
         (status = 400, description = "A field is wrong", body = Problem, content_type = "application/problem+json"),
         (status = 401, description = "No live token", body = Problem, content_type = "application/problem+json"),
         (status = 409, description = "The name is taken, or a quota is reached", body = Problem, content_type = "application/problem+json"),
+        (status = 413, description = "The body is over 64 KiB", body = Problem, content_type = "application/problem+json"),
         (status = 422, description = "The Idempotency-Key was used with another body", body = Problem, content_type = "application/problem+json"),
         (status = 429, description = "Over the token's rate", body = Problem, content_type = "application/problem+json"),
         (status = 503, description = "The database or the instance is busy", body = Problem, content_type = "application/problem+json"),
@@ -114,8 +115,12 @@ pub async fn create(
     State(state): State<ApiState>,
     Extension(caller): Extension<Caller>,
     headers: HeaderMap,
-    body: Bytes,
+    body: Result<Bytes, BytesRejection>,
 ) -> Result<Response, Problem> {
+    let body = body.map_err(|e| {
+        let status = e.status();
+        Problem::new(status, "body", e.body_text()).at("body", "")
+    })?;
     let key = match headers.get(IDEMPOTENCY_KEY) {
         None => None,
         Some(value) => match value.to_str().ok().filter(|k| valid_key(k)) {

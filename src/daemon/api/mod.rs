@@ -39,6 +39,10 @@ pub use auth::Caller;
 pub use listener::{allowed_hosts, bind, ApiBindError};
 pub use problem::{Problem, PROBLEM_JSON};
 
+/// Longest request body: a create is a few hundred bytes; parameters are
+/// at most a few KiB.
+const BODY_LEN_MAX: usize = 64 * 1024;
+
 /// What the API's handlers share.
 #[derive(Clone)]
 pub struct ApiState {
@@ -142,10 +146,12 @@ impl ApiState {
 /// token; all of them only under a `Host` in `hosts`.
 pub fn router(state: ApiState, hosts: Arc<Vec<String>>) -> Router {
     let document = openapi::document();
-    let secured = openapi::routes().layer(axum::middleware::from_fn_with_state(
-        state.clone(),
-        auth::authenticate,
-    ));
+    let secured = openapi::routes()
+        .layer(axum::middleware::from_fn_with_state(
+            state.clone(),
+            auth::authenticate,
+        ))
+        .layer(axum::extract::DefaultBodyLimit::max(BODY_LEN_MAX));
     let document = Arc::new(document);
     Router::new()
         .merge(secured)

@@ -469,6 +469,8 @@ async fn the_openapi_document_is_3_1_and_describes_every_route() {
         (StatusCode::OK, "application/json")
     );
     assert!(document["openapi"].as_str().unwrap().starts_with("3.1"));
+    let types = &document["components"]["schemas"]["CreateInstance"]["properties"]["type"]["enum"];
+    assert_eq!(types, &json!(["db", "web"]), "the live catalog's types");
     for path in [
         "/v1/instances",
         "/v1/instances/{name}",

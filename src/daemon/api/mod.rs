@@ -25,6 +25,7 @@ use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::sync::Arc;
 
+use axum::extract::State;
 use axum::Router;
 use tokio::sync::watch;
 
@@ -157,7 +158,9 @@ pub fn router(state: ApiState, hosts: Arc<Vec<String>>) -> Router {
         .merge(secured)
         .route(
             "/v1/openapi.json",
-            axum::routing::get(move || openapi::serve_document(document.clone())),
+            axum::routing::get(move |State(state): State<ApiState>| {
+                openapi::serve_document(document.clone(), state.catalog.current())
+            }),
         )
         .fallback(|| async { Problem::not_found("no such endpoint under /v1") })
         .layer(axum::middleware::from_fn_with_state(

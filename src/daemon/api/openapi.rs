@@ -80,22 +80,33 @@ pub fn document() -> utoipa::openapi::OpenApi {
     ApiDoc::openapi()
 }
 
-/// `GET /v1/openapi.json`: the document, to anyone (it holds no secret).
-pub async fn serve_document(document: Arc<utoipa::openapi::OpenApi>) -> Response {
-    match document.to_json() {
-        Ok(json) => {
-            let mut response = json.into_response();
-            response.headers_mut().insert(
-                header::CONTENT_TYPE,
-                HeaderValue::from_static("application/json"),
-            );
-            response
+/// `GET /v1/openapi.json`: the document, to anyone (it holds no secret),
+/// with the service types of the catalog loaded now as the values a
+/// create's `type` takes (a reload changes them; the rest is static).
+pub async fn serve_document(
+    document: Arc<utoipa::openapi::OpenApi>,
+    catalog: Arc<crate::core::catalog::Catalog>,
+) -> Response {
+    let mut json = match serde_json::to_value(&*document) {
+        Ok(json) => json,
+        Err(e) => {
+            return super::Problem::new(
+                axum::http::StatusCode::INTERNAL_SERVER_ERROR,
+                "document",
+                format!("the OpenAPI document does not serialise: {e}"),
+            )
+            .into_response()
         }
-        Err(e) => super::Problem::new(
-            axum::http::StatusCode::INTERNAL_SERVER_ERROR,
-            "document",
-            format!("the OpenAPI document does not serialise: {e}"),
-        )
-        .into_response(),
+    };
+    let types: Vec<&str> = catalog.entries().map(|e| e.service_type.as_str()).collect();
+    let type_schema = &mut json["components"]["schemas"]["CreateInstance"]["properties"]["type"];
+    if type_schema.is_object() && !types.is_empty() {
+        type_schema["enum"] = serde_json::json!(types);
     }
+    let mut response = axum::Json(json).into_response();
+    response.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/json"),
+    );
+    response
 }

@@ -37,6 +37,7 @@ struct Api {
 struct Options {
     teams: BTreeMap<String, TeamQuota>,
     requests_per_minute: u32,
+    max_connections: usize,
 }
 
 impl Default for Options {
@@ -44,6 +45,7 @@ impl Default for Options {
         Self {
             teams: BTreeMap::new(),
             requests_per_minute: 100_000,
+            max_connections: 64,
         }
     }
 }
@@ -52,6 +54,7 @@ async fn serve(store: TestStore, options: Options) -> Api {
     let catalog = Catalog::from_toml(CATALOG, "catalog.toml", &Grants::default()).unwrap();
     let settings = ApiSettings {
         requests_per_minute: options.requests_per_minute,
+        max_connections: options.max_connections,
         ..ApiSettings::default()
     };
     let state = ApiState::new(ApiParts {
@@ -603,4 +606,28 @@ async fn the_cli_runs_the_instance_commands_through_the_api() {
     // Commands beyond the instance ones are refused, not run locally.
     let (code, _) = stead_cli(&api, &a, &["task", "list"]).await;
     assert_eq!(code, 2);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn connections_past_the_cap_wait_until_one_closes() {
+    let options = Options {
+        max_connections: 1,
+        ..Options::default()
+    };
+    let api = serve(support::memory().await, options).await;
+    let held = tokio::net::TcpStream::connect(api.addr).await.unwrap();
+    let document = format!("{}/v1/openapi.json", api.base);
+    let waiting = api
+        .client
+        .get(&document)
+        .timeout(std::time::Duration::from_millis(500))
+        .send()
+        .await;
+    assert!(
+        waiting.is_err(),
+        "a second connection was served past the cap"
+    );
+    drop(held);
+    let served = api.client.get(&document).send().await.unwrap();
+    assert_eq!(served.status(), StatusCode::OK);
 }

@@ -38,6 +38,7 @@ struct Options {
     teams: BTreeMap<String, TeamQuota>,
     requests_per_minute: u32,
     max_connections: usize,
+    idle_timeout: std::time::Duration,
 }
 
 impl Default for Options {
@@ -46,6 +47,7 @@ impl Default for Options {
             teams: BTreeMap::new(),
             requests_per_minute: 100_000,
             max_connections: 64,
+            idle_timeout: std::time::Duration::from_secs(60),
         }
     }
 }
@@ -55,6 +57,7 @@ async fn serve(store: TestStore, options: Options) -> Api {
     let settings = ApiSettings {
         requests_per_minute: options.requests_per_minute,
         max_connections: options.max_connections,
+        idle_timeout: options.idle_timeout,
         ..ApiSettings::default()
     };
     let state = ApiState::new(ApiParts {
@@ -629,5 +632,27 @@ async fn connections_past_the_cap_wait_until_one_closes() {
     );
     drop(held);
     let served = api.client.get(&document).send().await.unwrap();
+    assert_eq!(served.status(), StatusCode::OK);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_idle_connection_is_closed_and_frees_its_place() {
+    let options = Options {
+        max_connections: 1,
+        idle_timeout: std::time::Duration::from_millis(300),
+        ..Options::default()
+    };
+    let api = serve(support::memory().await, options).await;
+    // Holds the only place and sends nothing: closed after the idle time,
+    // so the next client is served without this one going away.
+    let _idle = tokio::net::TcpStream::connect(api.addr).await.unwrap();
+    let document = format!("{}/v1/openapi.json", api.base);
+    let served = api
+        .client
+        .get(&document)
+        .timeout(std::time::Duration::from_secs(5))
+        .send()
+        .await
+        .unwrap();
     assert_eq!(served.status(), StatusCode::OK);
 }

@@ -40,7 +40,16 @@ pub struct ApiSettings {
     pub hosts: Vec<String>,
     pub max_connections: usize,
     pub requests_per_minute: u32,
+    /// How long a connection may send nothing before it is closed, so idle
+    /// or trickling clients cannot hold every place under the cap. Not a
+    /// key: [`API_IDLE_TIMEOUT`] (tests shorten it).
+    pub idle_timeout: std::time::Duration,
 }
+
+/// [`ApiSettings::idle_timeout`]: longer than the longest a command waits
+/// for an instance's lock (`ops::OPERATOR_LOCK_WAIT`, 30 s), so a request
+/// waiting on one is never cut.
+pub const API_IDLE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(60);
 
 impl Default for ApiSettings {
     fn default() -> Self {
@@ -49,6 +58,7 @@ impl Default for ApiSettings {
             hosts: Vec::new(),
             max_connections: API_MAX_CONNECTIONS_DEFAULT as usize,
             requests_per_minute: API_REQUESTS_PER_MINUTE_DEFAULT as u32,
+            idle_timeout: API_IDLE_TIMEOUT,
         }
     }
 }
@@ -139,6 +149,7 @@ impl Validator<'_> {
             hosts: hosts.iter().map(|h| h.to_ascii_lowercase()).collect(),
             max_connections,
             requests_per_minute,
+            idle_timeout: API_IDLE_TIMEOUT,
         })
     }
 

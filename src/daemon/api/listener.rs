@@ -5,6 +5,7 @@
 //! points at 127.0.0.1 reaches a loopback listener with the attacker's
 //! name in `Host`, which is refused here before any handler runs.
 
+use std::future::Future;
 use std::net::SocketAddr;
 use std::pin::Pin;
 use std::sync::Arc;
@@ -83,17 +84,21 @@ pub async fn refuse_unserved_host(
 }
 
 /// A listener that holds at most `max` connections: past it, new ones
-/// wait in the kernel's backlog until one closes.
+/// wait in the kernel's backlog until one closes. A connection that sends
+/// nothing for `idle` is closed, so idle or trickling clients cannot hold
+/// every place.
 pub struct Capped {
     inner: TcpListener,
     permits: Arc<Semaphore>,
+    idle: Duration,
 }
 
 impl Capped {
-    pub fn new(inner: TcpListener, max: usize) -> Self {
+    pub fn new(inner: TcpListener, max: usize, idle: Duration) -> Self {
         Self {
             inner,
             permits: Arc::new(Semaphore::new(max.max(1))),
+            idle,
         }
     }
 }
@@ -117,13 +122,13 @@ impl axum::serve::Listener for Capped {
         loop {
             match self.inner.accept().await {
                 Ok((stream, addr)) => {
-                    return (
-                        CappedStream {
-                            stream,
-                            _permit: permit,
-                        },
-                        addr,
-                    )
+                    let stream = CappedStream {
+                        stream,
+                        _permit: permit,
+                        idle: self.idle,
+                        deadline: Box::pin(tokio::time::sleep(self.idle)),
+                    };
+                    return (stream, addr);
                 }
                 Err(e) => {
                     tracing::warn!(error = %e, "tenant API: accept failed");
@@ -138,10 +143,20 @@ impl axum::serve::Listener for Capped {
     }
 }
 
-/// A connection holding its place under the cap until it closes.
+/// A connection holding its place under the cap until it closes, or
+/// until it has neither sent nor been sent anything for `idle`.
 pub struct CappedStream {
     stream: TcpStream,
     _permit: OwnedSemaphorePermit,
+    idle: Duration,
+    deadline: Pin<Box<tokio::time::Sleep>>,
+}
+
+impl CappedStream {
+    fn active(&mut self) {
+        let next = tokio::time::Instant::now() + self.idle;
+        self.deadline.as_mut().reset(next);
+    }
 }
 
 impl AsyncRead for CappedStream {
@@ -150,7 +165,23 @@ impl AsyncRead for CappedStream {
         cx: &mut Context<'_>,
         buf: &mut ReadBuf<'_>,
     ) -> Poll<std::io::Result<()>> {
-        Pin::new(&mut self.stream).poll_read(cx, buf)
+        let before = buf.filled().len();
+        match Pin::new(&mut self.stream).poll_read(cx, buf) {
+            Poll::Ready(Ok(())) => {
+                if buf.filled().len() > before {
+                    self.active();
+                }
+                Poll::Ready(Ok(()))
+            }
+            Poll::Pending => match self.deadline.as_mut().poll(cx) {
+                Poll::Ready(()) => Poll::Ready(Err(std::io::Error::new(
+                    std::io::ErrorKind::TimedOut,
+                    "the tenant API closed an idle connection",
+                ))),
+                Poll::Pending => Poll::Pending,
+            },
+            ready => ready,
+        }
     }
 }
 
@@ -160,7 +191,13 @@ impl AsyncWrite for CappedStream {
         cx: &mut Context<'_>,
         buf: &[u8],
     ) -> Poll<std::io::Result<usize>> {
-        Pin::new(&mut self.stream).poll_write(cx, buf)
+        let written = Pin::new(&mut self.stream).poll_write(cx, buf);
+        if let Poll::Ready(Ok(n)) = written {
+            if n > 0 {
+                self.active();
+            }
+        }
+        written
     }
 
     fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {

@@ -179,9 +179,9 @@ pub async fn serve(
 ) {
     let local: Option<SocketAddr> = listener.local_addr().ok();
     let hosts = Arc::new(allowed_hosts(local, &state.settings.hosts));
-    let max_connections = state.settings.max_connections;
+    let (max_connections, idle) = (state.settings.max_connections, state.settings.idle_timeout);
     let app = router(state, hosts);
-    let listener = listener::Capped::new(listener, max_connections);
+    let listener = listener::Capped::new(listener, max_connections, idle);
     let shutdown = async move {
         while !*stop.borrow() {
             if stop.changed().await.is_err() {

@@ -21,6 +21,9 @@ use crate::core::types::{
 };
 use crate::ports::{ErrorKind, NewInstance, PortFailure, Store, StoreError, TypeVersion};
 
+mod tenancy;
+pub use tenancy::{Scope, TokenRequest, TOKEN_PREFIX};
+
 /// How long an undone upgrade's way back is kept at least, for the
 /// recovery pass that takes it (it runs every tick).
 pub const UNDO_WINDOW_MIN: Duration = Duration::from_secs(300);
@@ -46,6 +49,13 @@ pub struct Ops<'a> {
     /// Trace ids and the lock holder's nonce: drawn from the OS by the
     /// CLI, from the seed by the simulation.
     rng: std::sync::Mutex<rand_chacha::ChaCha8Rng>,
+    /// Each team's quotas (`[teams.NAME]`); none unless [`Ops::with_quotas`].
+    quotas: Arc<BTreeMap<String, crate::ports::TeamQuota>>,
+    /// What a service without its own memory limit counts against a quota.
+    memory_bytes_default: u64,
+    /// Whose instances the command sees (#54); the fleet unless
+    /// [`Ops::scoped`].
+    scope: Scope,
 }
 
 /// What `stead rollout undo` did.
@@ -218,6 +228,10 @@ impl<'a> Ops<'a> {
             catalog,
             now,
             rng: std::sync::Mutex::new(rand_chacha::ChaCha8Rng::seed_from_u64(seed)),
+            quotas: Arc::default(),
+            memory_bytes_default: crate::core::limits::ContainerLimits::default()
+                .memory_bytes_default,
+            scope: Scope::Fleet,
         }
     }
 
@@ -301,11 +315,14 @@ impl Ops<'_> {
 impl Ops<'_> {
     /// The instance holding `name`: the live one, or the deleted one whose
     /// name was not reused yet.
+    /// Another team's instance is not found for a scoped command (#54): it
+    /// learns nothing, not even that the name exists.
     pub async fn find(&self, name: &str) -> Result<Instance, OpsError> {
         self.store
             .instance(&InstanceName::new(name))
             .await
             .map_err(OpsError::from)?
+            .filter(|instance| self.scope.sees(&instance.team))
             .ok_or_else(|| no_such_instance(name))
     }
 
@@ -316,6 +333,7 @@ impl Ops<'_> {
         // the same DNS-label rule as every name (T6).
         crate::core::names::check_dns_label("--team", &request.team)
             .map_err(|e| OpsError::Invalid(e.to_string()))?;
+        self.scope.check_team(&request.team)?;
         if self.catalog.get(&request.service_type).is_none() {
             let known: Vec<&str> = self
                 .catalog
@@ -369,11 +387,7 @@ impl Ops<'_> {
             parameters: request.parameters.clone(),
             spec_digest: Some(entry.spec_digest.clone()),
         };
-        let instance = self
-            .store
-            .create_instance(&new, self.now)
-            .await
-            .map_err(OpsError::from)?;
+        let instance = self.create_within_quota(&new, entry).await?;
         let task = self
             .enqueue(&instance, TaskKind::Provision, "operator: instance create")
             .await?;
@@ -409,6 +423,13 @@ impl Ops<'_> {
             return Ok(None);
         };
         let name = &request.name;
+        if !self.scope.sees(&existing.team) {
+            // Names are one namespace across teams (T6); another team's
+            // instance is named as taken and nothing more (#54).
+            return Err(OpsError::Conflict(format!(
+                "the instance name {name} is taken; choose another name"
+            )));
+        }
         if existing.state == InstanceState::Deleting {
             return Err(OpsError::Conflict(format!(
                 "{name} is being deleted; its name is free once its deprovision has run \
@@ -749,6 +770,7 @@ impl Ops<'_> {
         state: RolloutState,
         reason: &str,
     ) -> Result<(RolloutState, Vec<TaskId>), OpsError> {
+        self.scope.check_fleet("a rollout's switch")?;
         if self.catalog.get(service_type).is_none() {
             return Err(OpsError::Invalid(format!(
                 "service type {service_type:?} is not in the catalog"

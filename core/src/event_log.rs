@@ -69,10 +69,13 @@ pub enum EventKind {
     /// A publish was refused a public host name another live instance
     /// holds (#54): the service is served without it.
     HostRefused,
+    /// A change made through the tenant API, naming its token and team
+    /// (#54).
+    Api,
 }
 
 impl EventKind {
-    pub const ALL: [EventKind; 21] = [
+    pub const ALL: [EventKind; 22] = [
         EventKind::Start,
         EventKind::Restart,
         EventKind::Stop,
@@ -94,6 +97,7 @@ impl EventKind {
         EventKind::TaskRetry,
         EventKind::OrphanRelease,
         EventKind::HostRefused,
+        EventKind::Api,
     ];
 
     /// The stable snake_case name.
@@ -120,6 +124,7 @@ impl EventKind {
             EventKind::TaskRetry => "task_retry",
             EventKind::OrphanRelease => "orphan_release",
             EventKind::HostRefused => "host_refused",
+            EventKind::Api => "api",
         }
     }
 

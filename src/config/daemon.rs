@@ -21,6 +21,9 @@ use std::time::Duration;
 
 use serde::Deserialize;
 
+mod tenancy;
+pub use tenancy::{ApiSettings, TenancySettings, TEAM_KEYS};
+
 use crate::core::event_log::EventKind;
 use crate::core::grants::{
     is_capability_name, Grants, Isolation, CAP_DROP_DEFAULT, GRANT_ENTRIES_MAX,
@@ -95,6 +98,10 @@ pub const KEYS: &[&str] = &[
     "admin_listen",
     "admin_hosts",
     "admin_token_file",
+    "api_listen",
+    "api_hosts",
+    "api_max_connections",
+    "api_requests_per_minute",
     "log_format",
     "workers",
     "worker_idle_poll_ms",
@@ -378,6 +385,8 @@ pub struct DaemonConfig {
     pub telemetry: TelemetrySettings,
     /// The flight recorder (#44); off unless enabled.
     pub flight_recorder: FlightRecorderSettings,
+    /// The tenant API's listener and the teams' quotas (#54).
+    pub tenancy: TenancySettings,
 }
 
 /// The `[flight_recorder]` table: every instance pass recorded for
@@ -578,7 +587,11 @@ pub fn parse(
         contents,
         overridden,
     };
-    let config = validator.config(raw)?;
+    // The tenant API's keys and quotas are read apart from the rest (one
+    // room per reader, `tests/rooms.rs`).
+    let tenancy = validator.tenancy(&raw)?;
+    let mut config = validator.config(raw)?;
+    config.tenancy = tenancy;
     // A task's lease must outlive the helm call it covers, or a slow
     // `upgrade --wait` is handed to a second worker mid-flight and left
     // pending-upgrade. Checked here when helm is configured, and by the
@@ -696,6 +709,13 @@ struct RawConfig {
     admin_listen: Option<String>,
     admin_token_file: Option<String>,
     admin_hosts: Option<Vec<String>>,
+    api_listen: Option<String>,
+    #[serde(default)]
+    api_hosts: Vec<String>,
+    api_max_connections: Option<i64>,
+    api_requests_per_minute: Option<i64>,
+    #[serde(default)]
+    teams: BTreeMap<String, tenancy::RawTeam>,
     log_format: Option<String>,
     workers: Option<i64>,
     worker_idle_poll_ms: Option<i64>,
@@ -1105,6 +1125,7 @@ impl Validator<'_> {
             webhooks: self.webhooks(raw.webhooks)?,
             telemetry: self.telemetry(raw.telemetry)?,
             flight_recorder,
+            tenancy: TenancySettings::default(), // Set by `parse`.
         })
     }
 

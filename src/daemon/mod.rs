@@ -33,6 +33,7 @@ use crate::ports::{Notifier, NotifyError, Policy, PolicyError, Provisioner, Stor
 
 pub mod admin;
 pub mod allocator;
+pub mod api;
 pub mod caddy_watch;
 pub mod event_log;
 pub mod events;
@@ -113,6 +114,8 @@ pub enum DaemonError {
     },
     #[error(transparent)]
     AdminBind(#[from] admin::AdminBindError),
+    #[error(transparent)]
+    ApiBind(#[from] api::ApiBindError),
     /// `admin_token_file` cannot be read, or holds no usable token.
     #[error(transparent)]
     AdminToken(#[from] crate::config::admin_token::AdminTokenError),
@@ -1001,6 +1004,10 @@ impl Daemon {
             Some(addr) => Some(admin::bind(addr).await?),
             None => None,
         };
+        let api_listener = match self.config.tenancy.api.listen {
+            Some(addr) => Some(api::bind(addr).await?),
+            None => None,
+        };
         self.reclaim_predecessor_work().await;
         let mut tasks = Tasks::default();
         if role.reconciles() {
@@ -1020,6 +1027,11 @@ impl Daemon {
             tasks.spawn("admin", async move {
                 admin::serve(daemon, listener, role, admin_token, stop).await
             });
+        }
+        if let Some(listener) = api_listener {
+            let state = api::ApiState::of_daemon(self);
+            let stop = stop.clone();
+            tasks.spawn("tenant API", api::serve(state, listener, stop));
         }
         if role.reconciles() {
             if let Some(warning) = crate::adapters::caddy::host_reload_warning() {

@@ -10,6 +10,12 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 
+pub mod tenancy;
+pub use tenancy::{
+    NewToken, QuotaCharge, QuotaExceeded, QuotaUsage, Revocation, TeamQuota, Tenancy, Token,
+    TokenRole,
+};
+
 pub use crate::core::errors::{
     ErrorKind, NotifyError, PolicyError, PortFailure, PortName, ProbeError, ProvisionError,
     StoreError, TrafficError,
@@ -534,9 +540,9 @@ pub struct LoadedInstance {
 /// nodes on every removal.
 pub type LoadedInstances = FastMap<InstanceId, Result<LoadedInstance, StoreError>>;
 
-/// Durable state and the task queue.
+/// Durable state and the task queue; tokens and quotas too ([`Tenancy`]).
 #[async_trait]
-pub trait Store: Send + Sync {
+pub trait Store: Tenancy + Send + Sync {
     // --- instances -------------------------------------------------------
     /// Inserts an instance in `provisioning`. A name is taken while an
     /// instance that is not `deleted` holds it ([`StoreError::Conflict`]);

@@ -16,6 +16,9 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 
+#[path = "store_tenancy.rs"]
+mod tenancy;
+
 use crate::mutants::{self, Mutant};
 use crate::ports::{Effect, Observer};
 use stead::core::event_log::{Event, EventFilter, LoggedEvent};
@@ -81,6 +84,8 @@ impl std::fmt::Debug for MemoryStore {
 
 #[derive(Debug, Default)]
 struct State {
+    /// Tokens and quota charges (#54): `tenancy.rs`.
+    tenancy: tenancy::TenancyState,
     unavailable: bool,
     /// Calls left to fail before the store answers again.
     failing_calls: u32,
@@ -566,6 +571,36 @@ fn garbled_row((id, garbled): (InstanceId, Garbled)) -> StoreError {
 }
 
 impl State {
+    /// `Store::create_instance` under the lock the caller holds.
+    fn create(&mut self, new: &NewInstance, now: Timestamp) -> Result<Instance, StoreError> {
+        if let Some(id) = self.instance_id(&new.name) {
+            self.free_deleted_name(id)?;
+        }
+        self.next_instance_id += 1;
+        let now = normalize_timestamp(now);
+        let instance = Instance {
+            parameters: new.parameters.clone(),
+            purge_volumes: false,
+            spec_digest: new.spec_digest.clone(),
+            id: self.next_instance_id,
+            name: new.name.clone(),
+            team: new.team.clone(),
+            service_type: new.service_type.clone(),
+            version: new.version.clone(),
+            state: InstanceState::Provisioning,
+            stopped: false,
+            expires_at: new.expires_at.map(normalize_timestamp),
+            maintenance_window: new.maintenance_window.clone(),
+            created_at: now,
+            updated_at: now,
+        };
+        self.names.insert(instance.name.clone(), instance.id);
+        self.instances.insert(instance.id, instance.clone());
+        Ok(instance)
+    }
+}
+
+impl State {
     /// Appends one event under the next id, at the store's precision.
     fn push_event(&mut self, mut event: Event) {
         self.next_event_id += 1;
@@ -800,31 +835,7 @@ impl Store for MemoryStore {
         new: &NewInstance,
         now: Timestamp,
     ) -> Result<Instance, StoreError> {
-        let mut state = self.call()?;
-        if let Some(id) = state.instance_id(&new.name) {
-            state.free_deleted_name(id)?;
-        }
-        state.next_instance_id += 1;
-        let now = normalize_timestamp(now);
-        let instance = Instance {
-            parameters: new.parameters.clone(),
-            purge_volumes: false,
-            spec_digest: new.spec_digest.clone(),
-            id: state.next_instance_id,
-            name: new.name.clone(),
-            team: new.team.clone(),
-            service_type: new.service_type.clone(),
-            version: new.version.clone(),
-            state: InstanceState::Provisioning,
-            stopped: false,
-            expires_at: new.expires_at.map(normalize_timestamp),
-            maintenance_window: new.maintenance_window.clone(),
-            created_at: now,
-            updated_at: now,
-        };
-        state.names.insert(instance.name.clone(), instance.id);
-        state.instances.insert(instance.id, instance.clone());
-        Ok(instance)
+        self.call()?.create(new, now)
     }
 
     async fn instance(&self, name: &InstanceName) -> Result<Option<Instance>, StoreError> {

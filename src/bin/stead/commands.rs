@@ -57,13 +57,14 @@ pub async fn dispatch(command: Command, config: DaemonConfig) -> Result<u8, CliE
             };
             reload(&config, mode).await
         }
-        Command::Status { json, live } => status(&config, json, live).await,
+        Command::Status { json, live, team } => status(&config, json, live, team).await,
         Command::Instance(command) => instance(&config, command).await,
         Command::Task(TaskCommand::List { all, limit, json }) => {
             task_list(&config, all, limit, json).await
         }
         Command::Task(TaskCommand::Cancel { id }) => task_cancel(&config, id).await,
         Command::Rollout(command) => rollout(&config, command).await,
+        Command::Token(command) => crate::tokens::token(&config, command).await,
         Command::Events {
             instance,
             kind,
@@ -491,12 +492,31 @@ async fn reload(config: &DaemonConfig, mode: ReloadMode) -> Result<u8, CliError>
     Ok(EXIT_OK)
 }
 
-async fn status(config: &DaemonConfig, json: bool, live: bool) -> Result<u8, CliError> {
-    let status = if live {
+async fn status(
+    config: &DaemonConfig,
+    json: bool,
+    live: bool,
+    team: Option<String>,
+) -> Result<u8, CliError> {
+    let mut status = if live {
         live_status(config).await?
     } else {
         local_status(config).await?
     };
+    if let Some(team) = team {
+        // The rows name instances, not teams: keep those of the team's.
+        let store = stead::daemon::open_store(config).await?;
+        let names: std::collections::BTreeSet<String> = store
+            .list_instances()
+            .await?
+            .rows
+            .into_iter()
+            .filter(|i| i.team == team)
+            .map(|i| i.name.to_string())
+            .collect();
+        status.rows.retain(|r| names.contains(&r.instance));
+        status.releases.retain(|r| names.contains(&r.instance));
+    }
     if json {
         say_json(&status)?;
     } else {
@@ -607,7 +627,9 @@ async fn live_status(config: &DaemonConfig) -> Result<Status, CliError> {
     Ok(status)
 }
 
-async fn store_and_catalog(config: &DaemonConfig) -> Result<(Arc<dyn Store>, Catalog), CliError> {
+pub(crate) async fn store_and_catalog(
+    config: &DaemonConfig,
+) -> Result<(Arc<dyn Store>, Catalog), CliError> {
     let catalog =
         stead::config::load_catalog(&config.catalog, &config.grants).map_err(|e| e.to_string())?;
     let store = stead::daemon::open_store(config).await?;
@@ -616,13 +638,18 @@ async fn store_and_catalog(config: &DaemonConfig) -> Result<(Arc<dyn Store>, Cat
 
 async fn instance(config: &DaemonConfig, command: InstanceCommand) -> Result<u8, CliError> {
     match command {
-        InstanceCommand::List { all, json } => return instance_list(config, all, json).await,
+        InstanceCommand::List { all, json, team } => {
+            return instance_list(config, all, json, team.as_deref()).await
+        }
         InstanceCommand::Show { name, json } => return instance_show(config, &name, json).await,
         InstanceCommand::Why { name, live } => return instance_why(config, &name, live).await,
         _ => {}
     }
     let (store, catalog) = store_and_catalog(config).await?;
-    let ops = operator(store.as_ref(), catalog);
+    let ops = operator(store.as_ref(), catalog).with_quotas(
+        Arc::new(config.tenancy.teams.clone()),
+        config.limits.memory_bytes_default,
+    );
     match command {
         InstanceCommand::Create {
             name,
@@ -846,13 +873,19 @@ async fn instance_delete(
     Ok(())
 }
 
-async fn instance_list(config: &DaemonConfig, all: bool, json: bool) -> Result<u8, CliError> {
+async fn instance_list(
+    config: &DaemonConfig,
+    all: bool,
+    json: bool,
+    team: Option<&str>,
+) -> Result<u8, CliError> {
     let store = stead::daemon::open_store(config).await?;
     let rows = store.list_instances().await?;
     let views: Vec<InstanceView> = rows
         .rows
         .iter()
         .filter(|i| all || i.state != stead::core::fleet::InstanceState::Deleted)
+        .filter(|i| team.is_none_or(|team| i.team == team))
         .map(InstanceView::from)
         .collect();
     for bad in &rows.bad {
@@ -968,7 +1001,7 @@ async fn instance_show(config: &DaemonConfig, name: &str, json: bool) -> Result<
 
 /// The operator commands over `store` and `catalog`, at this instant,
 /// their trace ids drawn from the OS.
-fn operator(store: &dyn stead::ports::Store, catalog: Catalog) -> Ops<'_> {
+pub(crate) fn operator(store: &dyn stead::ports::Store, catalog: Catalog) -> Ops<'_> {
     Ops::new(
         store,
         Arc::new(catalog),

@@ -7,6 +7,8 @@
 mod commands;
 mod history;
 mod output;
+mod remote;
+mod tokens;
 
 use std::io::IsTerminal;
 use std::path::PathBuf;
@@ -52,6 +54,14 @@ struct Cli {
     /// Log format; overrides the file's `log_format`.
     #[arg(long, global = true, value_enum)]
     log_format: Option<LogFormatArg>,
+    /// Run the instance commands through the tenant API at URL (e.g.
+    /// https://stead-api.example.com) instead of on the database; the
+    /// token comes from --token-file or $STEAD_TOKEN.
+    #[arg(long, global = true, value_name = "URL", env = "STEAD_SERVER")]
+    server: Option<String>,
+    /// The file holding the API token for --server.
+    #[arg(long, global = true, value_name = "FILE")]
+    token_file: Option<PathBuf>,
     #[command(subcommand)]
     command: Command,
 }
@@ -122,6 +132,9 @@ pub enum Command {
         /// the crash-loop budgets it keeps in memory and its loaded catalog.
         #[arg(long)]
         live: bool,
+        /// Only this team's instances.
+        #[arg(long, value_parser = parse_team)]
+        team: Option<String>,
     },
     /// Validate the config and catalog files; exit status 1 on the first
     /// error. Also says whether the running daemon uses an older catalog.
@@ -144,6 +157,9 @@ pub enum Command {
     /// Halt or resume a service type's rollout of new versions.
     #[command(subcommand)]
     Rollout(RolloutCommand),
+    /// The tenant API's tokens: create (shown once), list, revoke.
+    #[command(subcommand)]
+    Token(tokens::TokenCommand),
     /// The event log: what stead did and why (starts, restarts,
     /// publications, enqueues, TTL expiries, halts, leases, reloads), one
     /// line per event, oldest first, each naming the rule it applied.
@@ -155,7 +171,7 @@ pub enum Command {
         /// publish, retire, revert, enqueue, cancel, halt, ttl_expiry,
         /// drift, crash_loop_delay, lease_taken, lease_lost,
         /// catalog_reload, task_done, task_failed, task_retry,
-        /// orphan_release, host_refused.
+        /// orphan_release, host_refused, api.
         #[arg(long, value_parser = parse_event_kind)]
         kind: Option<EventKind>,
         /// Only the events of the last DURATION, by the database's clock:
@@ -252,6 +268,9 @@ pub enum InstanceCommand {
         all: bool,
         #[arg(long)]
         json: bool,
+        /// Only this team's instances.
+        #[arg(long, value_parser = parse_team)]
+        team: Option<String>,
     },
     /// Set stopped intent: containers are stopped and unpublished, kept.
     Stop { name: String },
@@ -355,6 +374,13 @@ fn parse_instance_name(text: &str) -> Result<String, ArgError> {
         .map_err(|e| ArgError::NotAName(text.chars().take(64).collect(), e.to_string()))
 }
 
+/// `--team`: a team's name, a DNS label as every name (T6).
+fn parse_team(text: &str) -> Result<String, ArgError> {
+    stead::core::names::check_dns_label("--team", text)
+        .map(|()| text.to_owned())
+        .map_err(|e| ArgError::NotAName(text.chars().take(64).collect(), e.to_string()))
+}
+
 /// `--kind`: one of the event log's stable kind names.
 fn parse_event_kind(text: &str) -> Result<EventKind, ArgError> {
     EventKind::parse(text).map_err(|_| ArgError::NotAnEventKind(text.chars().take(64).collect()))
@@ -375,7 +401,7 @@ enum ArgError {
     #[error(
         "{0:?}: not an event kind (start, restart, stop, withdraw, publish, retire, revert, \
          enqueue, cancel, halt, ttl_expiry, drift, crash_loop_delay, lease_taken, lease_lost, \
-         catalog_reload, task_done, task_failed, task_retry, orphan_release, host_refused)"
+         catalog_reload, task_done, task_failed, task_retry, orphan_release, host_refused, api)"
     )]
     NotAnEventKind(String),
     #[error("{0:?} is not a whole number of seconds")]
@@ -460,7 +486,17 @@ fn main() -> ExitCode {
             return exit(EXIT_FAILURE);
         }
     };
-    let result = runtime.block_on(commands::dispatch(cli.command, config));
+    let result = match (cli.server, cli.command) {
+        (Some(server), Command::Instance(command)) => runtime.block_on(async {
+            let remote = remote::Remote::new(&server, cli.token_file.as_deref())?;
+            remote::instance(&remote, command).await
+        }),
+        (Some(_), _) => Err(output::CliError {
+            message: "--server runs the instance commands only (stead instance ...)".into(),
+            code: EXIT_USAGE,
+        }),
+        (None, command) => runtime.block_on(commands::dispatch(command, config)),
+    };
     // Outside the runtime: the exporter's last batch is sent by blocking.
     if let Some(telemetry) = telemetry {
         telemetry.shutdown();

@@ -24,6 +24,7 @@ mod rows;
 mod shared;
 mod sqlite;
 pub mod statements;
+mod tenancy;
 
 pub use super::Backend;
 pub use postgres::PostgresStore;

@@ -373,6 +373,7 @@ mod batch {
 }
 
 impl_sql_store!(PostgresStore, claim: sql::POSTGRES_CLAIM, lock_lease: LOCK_LEASE);
+super::tenancy::impl_sql_tenancy!(PostgresStore, lock_team: super::tenancy::POSTGRES_LOCK_TEAM);
 
 async fn write_lease(
     tx: &mut Transaction<'static, Postgres>,

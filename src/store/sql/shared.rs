@@ -48,50 +48,7 @@ macro_rules! impl_sql_store {
                 now: Timestamp,
             ) -> Result<Instance, StoreError> {
                 let mut tx = self.write_transaction().await?;
-                let holder = sqlx::query_as::<_, InstanceRow>(sql::INSTANCE_BY_NAME)
-                    .bind(new.name.as_str())
-                    .fetch_optional(&mut *tx)
-                    .await
-                    .map_err(db_error)?
-                    .map(InstanceRow::decode)
-                    .transpose()?;
-                if let Some(holder) = holder {
-                    if holder.state != InstanceState::Deleted {
-                        return Err(name_taken(&new.name, holder.id, holder.state));
-                    }
-                    let active: i64 = sqlx::query_scalar(sql::ACTIVE_TASKS_OF_INSTANCE)
-                        .bind(holder.id)
-                        .fetch_one(&mut *tx)
-                        .await
-                        .map_err(db_error)?;
-                    if active > 0 {
-                        return Err(name_held_by_task(&new.name, holder.id));
-                    }
-                    for statement in [
-                        sql::DELETE_FINISHED_TASKS_OF_INSTANCE,
-                        sql::DELETE_DELETED_INSTANCE,
-                    ] {
-                        sqlx::query(statement)
-                            .bind(holder.id)
-                            .execute(&mut *tx)
-                            .await
-                            .map_err(db_error)?;
-                    }
-                }
-                let created = sqlx::query_as::<_, InstanceRow>(sql::CREATE_INSTANCE)
-                    .bind(new.name.as_str())
-                    .bind(&new.team)
-                    .bind(&new.service_type)
-                    .bind(&new.version)
-                    .bind(encode_timestamp(new.expires_at))
-                    .bind(&new.maintenance_window)
-                    .bind(timestamp_to_us(now))
-                    .bind(encode_parameters(&new.parameters))
-                    .bind(&new.spec_digest)
-                    .fetch_one(&mut *tx)
-                    .await
-                    .map_err(db_error)?
-                    .decode()?;
+                let created = super::tenancy::insert_instance!(tx, new, now);
                 tx.commit().await.map_err(db_error)?;
                 Ok(created)
             }

@@ -494,6 +494,8 @@ fn json_rows<T: serde::de::DeserializeOwned>(
 }
 
 impl_sql_store!(SqliteStore, claim: sql::SQLITE_CLAIM, lock_lease: SELECT_LEASE);
+// `BEGIN IMMEDIATE` serialises every create already: the team lock is a no-op.
+super::tenancy::impl_sql_tenancy!(SqliteStore, lock_team: "SELECT $1 IS NULL");
 
 async fn write_lease(
     tx: &mut Transaction<'static, Sqlite>,

@@ -277,9 +277,16 @@ pub async fn serve(
             }
         }
     };
-    if let Err(e) = axum::serve(CappedListener::new(listener), app)
-        .with_graceful_shutdown(shutdown)
-        .await
+    if let Err(e) = axum::serve(
+        CappedListener::new(
+            listener,
+            listener::CONNECTIONS_MAX,
+            listener::CONNECTION_IDLE,
+        ),
+        app,
+    )
+    .with_graceful_shutdown(shutdown)
+    .await
     {
         tracing::error!(error = %e, "admin server failed");
     }

@@ -9,7 +9,7 @@
 //!   name in `Host`, so a listener answers only to its own address,
 //!   `localhost` and the names its config adds, and refuses anything else
 //!   with 421 before any handler runs.
-//! - **A bounded number of connections**, each for a bounded time: a local
+//! - **A bounded number of connections**, each closed when idle: a local
 //!   process opening connections without end (or holding them idle) makes
 //!   the listener wait, never the daemon run out of file descriptors.
 
@@ -30,13 +30,11 @@ use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
-/// Most connections one listener holds open at once; more wait in the
-/// kernel's backlog until one closes.
+/// Most connections the admin listener holds open at once; more wait in
+/// the kernel's backlog until one closes.
 pub const CONNECTIONS_MAX: usize = 64;
-/// Longest a connection stays open, idle or not: every endpoint answers
-/// well within it, and a client that holds a connection for longer (a
-/// slow or idle one) gives its slot back.
-pub const CONNECTION_LIFETIME: Duration = Duration::from_secs(60);
+/// Longest the admin listener keeps a connection on which nothing moves.
+pub const CONNECTION_IDLE: Duration = Duration::from_secs(60);
 /// Most extra host names one listener answers to.
 pub const HOSTS_MAX: usize = 32;
 const _: () = assert!(CONNECTIONS_MAX > 1 && HOSTS_MAX > 0);
@@ -137,50 +135,56 @@ pub async fn require_host(
         .into_response()
 }
 
-/// A TCP listener that holds at most [`CONNECTIONS_MAX`] connections at
-/// once, each for at most [`CONNECTION_LIFETIME`].
+/// A TCP listener that holds at most `max` connections at once: past it,
+/// new ones wait in the kernel's backlog until one closes. A connection
+/// that neither sends nor is sent anything for `idle` is closed, so idle
+/// or trickling clients cannot hold every place.
 pub struct CappedListener {
     inner: TcpListener,
     permits: Arc<Semaphore>,
+    idle: Duration,
 }
 
 impl CappedListener {
-    pub fn new(inner: TcpListener) -> Self {
+    pub fn new(inner: TcpListener, max: usize, idle: Duration) -> Self {
         Self {
             inner,
-            permits: Arc::new(Semaphore::new(CONNECTIONS_MAX)),
+            permits: Arc::new(Semaphore::new(max.max(1))),
+            idle,
         }
     }
 }
+
+/// Pause after a failed accept (out of file descriptors, a connection
+/// reset before it was taken), so a failing accept does not spin.
+const ACCEPT_RETRY: Duration = Duration::from_millis(50);
 
 impl axum::serve::Listener for CappedListener {
     type Io = CappedStream;
     type Addr = SocketAddr;
 
     async fn accept(&mut self) -> (Self::Io, Self::Addr) {
-        // The semaphore is never closed, so acquiring only waits.
-        let permit = self
-            .permits
-            .clone()
-            .acquire_owned()
-            .await
-            .expect("the connection semaphore is never closed");
+        let permit = loop {
+            match self.permits.clone().acquire_owned().await {
+                Ok(permit) => break permit,
+                // The semaphore is never closed; wait as after an error.
+                Err(_) => tokio::time::sleep(ACCEPT_RETRY).await,
+            }
+        };
         loop {
             match self.inner.accept().await {
                 Ok((stream, addr)) => {
-                    let deadline = Box::pin(tokio::time::sleep(CONNECTION_LIFETIME));
-                    let io = CappedStream {
+                    let stream = CappedStream {
                         stream,
-                        deadline,
                         _permit: permit,
+                        idle: self.idle,
+                        deadline: Box::pin(tokio::time::sleep(self.idle)),
                     };
-                    return (io, addr);
+                    return (stream, addr);
                 }
-                // Out of descriptors or a connection reset before it was
-                // taken: wait a little, as axum's own listener does.
                 Err(e) => {
                     tracing::debug!(error = %e, "accept failed");
-                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    tokio::time::sleep(ACCEPT_RETRY).await;
                 }
             }
         }
@@ -191,25 +195,20 @@ impl axum::serve::Listener for CappedListener {
     }
 }
 
-/// One connection of a [`CappedListener`]: gives its slot back when
-/// dropped, and reads as closed once its lifetime is over.
+/// A connection holding its place under the cap until it closes, or
+/// until it has neither sent nor been sent anything for `idle`.
 pub struct CappedStream {
     stream: TcpStream,
-    deadline: Pin<Box<tokio::time::Sleep>>,
     _permit: OwnedSemaphorePermit,
+    idle: Duration,
+    deadline: Pin<Box<tokio::time::Sleep>>,
 }
 
 impl CappedStream {
-    fn expired(&mut self, cx: &mut Context<'_>) -> bool {
-        self.deadline.as_mut().poll(cx).is_ready()
+    fn active(&mut self) {
+        let next = tokio::time::Instant::now() + self.idle;
+        self.deadline.as_mut().reset(next);
     }
-}
-
-fn lifetime_over() -> io::Error {
-    io::Error::new(
-        io::ErrorKind::TimedOut,
-        "the connection outlived its lifetime",
-    )
 }
 
 impl AsyncRead for CappedStream {
@@ -218,10 +217,23 @@ impl AsyncRead for CappedStream {
         cx: &mut Context<'_>,
         buf: &mut ReadBuf<'_>,
     ) -> Poll<io::Result<()>> {
-        if self.expired(cx) {
-            return Poll::Ready(Err(lifetime_over()));
+        let before = buf.filled().len();
+        match Pin::new(&mut self.stream).poll_read(cx, buf) {
+            Poll::Ready(Ok(())) => {
+                if buf.filled().len() > before {
+                    self.active();
+                }
+                Poll::Ready(Ok(()))
+            }
+            Poll::Pending => match self.deadline.as_mut().poll(cx) {
+                Poll::Ready(()) => Poll::Ready(Err(io::Error::new(
+                    io::ErrorKind::TimedOut,
+                    "closed an idle connection",
+                ))),
+                Poll::Pending => Poll::Pending,
+            },
+            ready => ready,
         }
-        Pin::new(&mut self.stream).poll_read(cx, buf)
     }
 }
 
@@ -231,10 +243,13 @@ impl AsyncWrite for CappedStream {
         cx: &mut Context<'_>,
         buf: &[u8],
     ) -> Poll<io::Result<usize>> {
-        if self.expired(cx) {
-            return Poll::Ready(Err(lifetime_over()));
+        let written = Pin::new(&mut self.stream).poll_write(cx, buf);
+        if let Poll::Ready(Ok(n)) = written {
+            if n > 0 {
+                self.active();
+            }
         }
-        Pin::new(&mut self.stream).poll_write(cx, buf)
+        written
     }
 
     fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
@@ -324,7 +339,8 @@ mod tests {
     async fn a_listener_holds_at_most_its_connection_cap_and_takes_more_as_they_close() {
         let inner = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = inner.local_addr().unwrap();
-        let (held, task) = hold_connections(CappedListener::new(inner));
+        let (held, task) =
+            hold_connections(CappedListener::new(inner, CONNECTIONS_MAX, CONNECTION_IDLE));
         let mut clients = Vec::new();
         for _ in 0..CONNECTIONS_MAX + 3 {
             clients.push(TcpStream::connect(addr).await.unwrap());

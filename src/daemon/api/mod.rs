@@ -22,7 +22,6 @@ mod rollouts;
 pub mod views;
 
 use std::collections::BTreeMap;
-use std::net::SocketAddr;
 use std::sync::Arc;
 
 use axum::extract::State;
@@ -32,12 +31,13 @@ use tokio::sync::watch;
 use crate::config::daemon::ApiSettings;
 use crate::core::event_log::{Event, EventKind};
 use crate::core::types::InstanceName;
+use crate::daemon::listener::{CappedListener, HostAllowlist};
 use crate::engine::SharedCatalog;
 use crate::ops::{Ops, Scope};
 use crate::ports::{Clock, Store, TeamQuota};
 
 pub use auth::Caller;
-pub use listener::{allowed_hosts, bind, ApiBindError};
+pub use listener::{bind, ApiBindError};
 pub use problem::{Problem, PROBLEM_JSON};
 
 /// Longest request body: a create is a few hundred bytes; parameters are
@@ -145,7 +145,7 @@ impl ApiState {
 
 /// The API's routes: `/v1/openapi.json` for anyone, the rest for a live
 /// token; all of them only under a `Host` in `hosts`.
-pub fn router(state: ApiState, hosts: Arc<Vec<String>>) -> Router {
+pub fn router(state: ApiState, hosts: Arc<HostAllowlist>) -> Router {
     let document = openapi::document();
     let secured = openapi::routes()
         .layer(axum::middleware::from_fn_with_state(
@@ -177,11 +177,21 @@ pub async fn serve(
     listener: tokio::net::TcpListener,
     mut stop: watch::Receiver<bool>,
 ) {
-    let local: Option<SocketAddr> = listener.local_addr().ok();
-    let hosts = Arc::new(allowed_hosts(local, &state.settings.hosts));
+    let local = match listener.local_addr() {
+        Ok(addr) => addr,
+        Err(e) => {
+            tracing::error!(error = %e, "tenant API listener has no address; not serving");
+            return;
+        }
+    };
+    let hosts = Arc::new(HostAllowlist::new(
+        local,
+        &state.settings.hosts,
+        "api_hosts",
+    ));
     let (max_connections, idle) = (state.settings.max_connections, state.settings.idle_timeout);
     let app = router(state, hosts);
-    let listener = listener::Capped::new(listener, max_connections, idle);
+    let listener = CappedListener::new(listener, max_connections, idle);
     let shutdown = async move {
         while !*stop.borrow() {
             if stop.changed().await.is_err() {

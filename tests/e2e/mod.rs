@@ -97,6 +97,8 @@ pub struct Setup {
     pub helm_extra: String,
     /// What the harness's own daemon runs.
     pub role: Role,
+    /// Top-level keys put before every table (e.g. `api_listen`).
+    pub top_config: String,
 }
 
 impl Default for Setup {
@@ -110,6 +112,7 @@ impl Default for Setup {
             database_url: None,
             helm_extra: String::new(),
             role: Role::All,
+            top_config: String::new(),
         }
     }
 }
@@ -190,7 +193,7 @@ kill_margin_s = 1
             .map(|url| format!("database_url = \"{url}\"\n"))
             .unwrap_or_default();
         // Top-level keys must come before the first table.
-        let doc = database + &doc + &setup.extra_config;
+        let doc = database + &setup.top_config + &doc + &setup.extra_config;
         let config = config::parse(&doc, "e2e", &[]).expect("valid e2e config");
         let daemon = Arc::new(Daemon::build(config).await.expect("daemon builds"));
         let mut harness = Harness {

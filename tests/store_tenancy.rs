@@ -41,6 +41,7 @@ tenancy_suite! {
     a_quota_refuses_the_create_that_would_pass_it_and_writes_nothing,
     twenty_concurrent_creates_against_a_quota_of_five_create_exactly_five,
     deleted_instances_free_their_quota,
+    an_event_carries_its_instances_team_and_is_read_by_team,
 }
 
 fn t(seconds: i64) -> Timestamp {
@@ -273,4 +274,41 @@ async fn deleted_instances_free_their_quota(s: TestStore) {
         .await
         .unwrap();
     assert!(after.is_ok(), "{}: {after:?}", s.name());
+}
+
+/// #54: the store writes each event with its instance's team, and reads
+/// a team's events alone; an event about no instance has none.
+async fn an_event_carries_its_instances_team_and_is_read_by_team(s: TestStore) {
+    use stead::core::event_log::{Event, EventFilter, EventKind};
+    let store = &*s.store;
+    store
+        .create_instance(&new_instance("shop", "a"), t(0))
+        .await
+        .unwrap();
+    store
+        .create_instance(&new_instance("blog", "b"), t(0))
+        .await
+        .unwrap();
+    let about = |instance: Option<&str>| {
+        let event = Event::new(EventKind::Halt, t(1), "C8", "something");
+        match instance {
+            Some(name) => event.instance(&InstanceName::new(name)),
+            None => event,
+        }
+    };
+    let mut events = vec![about(Some("shop")), about(Some("blog")), about(None)];
+    for event in &mut events {
+        event.writer = "test".into();
+    }
+    store.append_events(&events).await.unwrap();
+    let all = store.events(&EventFilter::default()).await.unwrap().rows;
+    let teams: Vec<Option<&str>> = all.iter().map(|l| l.event.team.as_deref()).collect();
+    assert_eq!(teams, [Some("a"), Some("b"), None]);
+    let only_a = EventFilter {
+        team: Some("a".into()),
+        ..EventFilter::default()
+    };
+    let read = store.events(&only_a).await.unwrap().rows;
+    assert_eq!(read.len(), 1);
+    assert_eq!(read[0].event.instance, Some(InstanceName::new("shop")));
 }

@@ -167,6 +167,10 @@ pub struct Event {
     pub trace_id: Option<String>,
     /// The process that wrote it (`<identity>#<incarnation>`, T1).
     pub writer: String,
+    /// The team of the instance it is about, as the store found it when it
+    /// wrote the event (#54); `None` for events about no instance. Set by
+    /// the store, never by the writer.
+    pub team: Option<String>,
 }
 
 impl Event {
@@ -185,6 +189,7 @@ impl Event {
             task: None,
             trace_id: None,
             writer: String::new(),
+            team: None,
         }
     }
 
@@ -234,6 +239,8 @@ pub struct LoggedEvent {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct EventFilter {
     pub instance: Option<InstanceName>,
+    /// Only events about instances of this team (#54).
+    pub team: Option<String>,
     pub kind: Option<EventKind>,
     /// Only events at or after this time.
     pub since: Option<Timestamp>,
@@ -247,6 +254,7 @@ impl Default for EventFilter {
     fn default() -> Self {
         Self {
             instance: None,
+            team: None,
             kind: None,
             since: None,
             after_id: None,
@@ -263,6 +271,10 @@ impl EventFilter {
         self.instance
             .as_ref()
             .is_none_or(|i| event.instance.as_ref() == Some(i))
+            && self
+                .team
+                .as_ref()
+                .is_none_or(|t| event.team.as_ref() == Some(t))
             && self.kind.is_none_or(|k| event.kind == k)
             && self.since.is_none_or(|s| event.at >= s)
             && self.after_id.is_none_or(|a| logged.id > a)

@@ -124,6 +124,9 @@ struct Gap {
 pub struct Sequencer {
     cursor: i64,
     kinds: Vec<EventKind>,
+    /// The teams whose instances' events are sent; empty: every event
+    /// (#54).
+    teams: Vec<String>,
     /// How long a gap after the cursor is waited for.
     gap_grace: Duration,
     gap: Option<Gap>,
@@ -137,8 +140,19 @@ impl Sequencer {
         Self {
             cursor,
             kinds: kinds.to_vec(),
+            teams: Vec::new(),
             gap_grace,
             gap: None,
+        }
+    }
+
+    /// This sequencer sending only the events about instances of `teams`
+    /// (none: every event). An event about no instance has no team and is
+    /// then passed over.
+    pub fn for_teams(self, teams: &[String]) -> Self {
+        Self {
+            teams: teams.to_vec(),
+            ..self
         }
     }
 
@@ -149,6 +163,10 @@ impl Sequencer {
 
     pub fn wants(&self, kind: EventKind) -> bool {
         self.kinds.contains(&kind)
+    }
+
+    fn wants_team(&self, event: &super::event_log::Event) -> bool {
+        self.teams.is_empty() || event.team.as_ref().is_some_and(|t| self.teams.contains(t))
     }
 
     /// What to do with `events`, the events read after the cursor in
@@ -169,7 +187,7 @@ impl Sequencer {
                     Err(until) => return Next::AwaitGap { until },
                 }
             }
-            if self.wants(logged.event.kind) {
+            if self.wants(logged.event.kind) && self.wants_team(&logged.event) {
                 return Next::Deliver(logged);
             }
             passed_over = Some(logged.id);
@@ -242,6 +260,24 @@ mod tests {
 
     fn sequencer(cursor: i64) -> Sequencer {
         Sequencer::new(cursor, &[EventKind::CrashLoopDelay, EventKind::Halt], GRACE)
+    }
+
+    #[test]
+    fn a_team_webhook_passes_over_other_teams_events_and_those_of_no_instance() {
+        let of_team = |id: i64, team: Option<&str>| {
+            let mut event = logged(id, EventKind::Halt);
+            event.event.team = team.map(str::to_owned);
+            event
+        };
+        let events = [
+            of_team(1, Some("other")),
+            of_team(2, None),
+            of_team(3, Some("mine")),
+        ];
+        let mut only_mine = sequencer(0).for_teams(&["mine".to_owned()]);
+        assert_eq!(only_mine.next(&events, at(0)), Next::Deliver(&events[2]));
+        let mut everyone = sequencer(0);
+        assert_eq!(everyone.next(&events, at(0)), Next::Deliver(&events[0]));
     }
 
     #[test]

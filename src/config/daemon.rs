@@ -173,6 +173,7 @@ pub const WEBHOOK_KEYS: &[&str] = &[
     "url",
     "secret_file",
     "kinds",
+    "teams",
     "format",
     "timeout_ms",
 ];
@@ -429,6 +430,9 @@ pub struct WebhookSettings {
     pub secret_file: Option<PathBuf>,
     /// The kinds delivered, in [`EventKind::ALL`] order, none twice.
     pub kinds: Vec<EventKind>,
+    /// Only events about instances of these teams; empty: every event
+    /// (#54: a team's own receiver).
+    pub teams: Vec<String>,
     pub format: WebhookFormat,
     /// The bound on one request, connecting included.
     pub timeout: Duration,
@@ -761,6 +765,7 @@ struct RawWebhook {
     url: Option<String>,
     secret_file: Option<String>,
     kinds: Option<Vec<String>>,
+    teams: Option<Vec<String>>,
     format: Option<String>,
     timeout_ms: Option<i64>,
 }
@@ -1257,6 +1262,16 @@ impl Validator<'_> {
             None => DEFAULT_KINDS.to_vec(),
             Some(words) => self.webhook_kinds(&field("kinds"), &words)?,
         };
+        let teams = raw.teams.unwrap_or_default();
+        for (i, team) in teams.iter().enumerate() {
+            if crate::core::names::check_dns_label("team", team).is_err() {
+                return Err(self.invalid(
+                    &field(&format!("teams[{i}]")),
+                    team,
+                    "must be a team's name (a DNS label)",
+                ));
+            }
+        }
         let format = match raw.format.as_deref() {
             None => WebhookFormat::Stead,
             Some(word) => WebhookFormat::parse(word).ok_or_else(|| {
@@ -1279,6 +1294,7 @@ impl Validator<'_> {
             url,
             secret_file,
             kinds,
+            teams,
             format,
             timeout,
         })
@@ -2529,6 +2545,7 @@ mod tests {
                 url: "https://alerts.example/stead".into(),
                 secret_file: None,
                 kinds: DEFAULT_KINDS.to_vec(),
+                teams: Vec::new(),
                 format: WebhookFormat::Stead,
                 timeout: Duration::from_millis(WEBHOOK_TIMEOUT_MS_DEFAULT),
             }]

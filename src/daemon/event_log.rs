@@ -72,6 +72,10 @@ pub struct EventView {
     pub task: Option<i64>,
     pub trace_id: Option<String>,
     pub writer: String,
+    /// The team of the instance it is about (#54); absent for events
+    /// about no instance.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub team: Option<String>,
 }
 
 impl From<&LoggedEvent> for EventView {
@@ -90,6 +94,7 @@ impl From<&LoggedEvent> for EventView {
             task: e.task,
             trace_id: e.trace_id.clone(),
             writer: e.writer.clone(),
+            team: e.team.clone(),
         }
     }
 }

@@ -332,6 +332,7 @@ fn webhook_notifiers(
             pacing,
         )
         .map_err(|e| DaemonError::Setup(format!("webhooks[{n}] ({}): {e}", hook.name)))?
+        .for_teams(hook.teams.clone())
         .gated(Arc::new(move || leader.leads()));
         notifiers.push(Arc::new(notifier));
     }

@@ -62,6 +62,8 @@ pub struct WebhookNotifier {
     clock: Arc<dyn Clock>,
     client: WebhookClient,
     kinds: Vec<EventKind>,
+    /// Only these teams' events, when not empty (#54).
+    teams: Vec<String>,
     pacing: DeliveryPacing,
     gate: Gate,
 }
@@ -98,9 +100,16 @@ impl WebhookNotifier {
             clock,
             client,
             kinds,
+            teams: Vec::new(),
             pacing,
             gate: Arc::new(|| true),
         })
+    }
+
+    /// Delivers only the events about instances of `teams` (none: all).
+    pub fn for_teams(mut self, teams: Vec<String>) -> Self {
+        self.teams = teams;
+        self
     }
 
     /// Delivers only while `gate` says so.
@@ -185,11 +194,10 @@ impl WebhookNotifier {
         let sequencer = match &mut progress.sequencer {
             Some(sequencer) => sequencer,
             None => match self.start_cursor().await {
-                Ok(cursor) => progress.sequencer.insert(Sequencer::new(
-                    cursor,
-                    &self.kinds,
-                    self.pacing.gap_grace,
-                )),
+                Ok(cursor) => progress.sequencer.insert(
+                    Sequencer::new(cursor, &self.kinds, self.pacing.gap_grace)
+                        .for_teams(&self.teams),
+                ),
                 Err(e) => return self.failed(progress, None, &format!("reading its cursor: {e}")),
             },
         };

@@ -606,6 +606,13 @@ impl State {
         self.next_event_id += 1;
         event.at = normalize_timestamp(event.at);
         event.until = event.until.map(normalize_timestamp);
+        // The team of the instance it is about, as the SQL stores read it.
+        event.team = event
+            .instance
+            .as_ref()
+            .and_then(|name| self.names.get(name))
+            .and_then(|id| self.instances.get(id))
+            .map(|instance| instance.team.clone());
         self.events.push(LoggedEvent {
             id: self.next_event_id,
             event,

@@ -67,6 +67,7 @@ pub async fn dispatch(command: Command, config: DaemonConfig) -> Result<u8, CliE
         Command::Token(command) => crate::tokens::token(&config, command).await,
         Command::Events {
             instance,
+            team,
             kind,
             since,
             limit,
@@ -75,6 +76,7 @@ pub async fn dispatch(command: Command, config: DaemonConfig) -> Result<u8, CliE
         } => {
             let query = crate::history::EventQuery {
                 instance,
+                team,
                 kind,
                 since,
                 limit,

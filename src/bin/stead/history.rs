@@ -19,6 +19,7 @@ const FOLLOW_BATCH_MAX: u32 = 1000;
 /// What `stead events` asks for.
 pub struct EventQuery {
     pub instance: Option<String>,
+    pub team: Option<String>,
     pub kind: Option<EventKind>,
     pub since: Option<Duration>,
     pub limit: u32,
@@ -67,6 +68,7 @@ pub async fn events(
     let store = stead::daemon::open_store(config).await?;
     let mut filter = EventFilter {
         instance: query.instance.as_deref().map(InstanceName::new),
+        team: query.team.clone(),
         kind: query.kind,
         since: since_instant(store.as_ref(), query.since).await?,
         after_id: None,

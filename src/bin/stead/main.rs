@@ -167,6 +167,9 @@ pub enum Command {
         /// Only the events of this instance.
         #[arg(long, value_parser = parse_instance_name)]
         instance: Option<String>,
+        /// Only the events of this team's instances.
+        #[arg(long, value_parser = parse_team)]
+        team: Option<String>,
         /// Only events of this kind: start, restart, stop, withdraw,
         /// publish, retire, revert, enqueue, cancel, halt, ttl_expiry,
         /// drift, crash_loop_delay, lease_taken, lease_lost,

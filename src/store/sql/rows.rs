@@ -191,6 +191,7 @@ pub struct EventRow {
     pub trace_id: Option<String>,
     pub task_id: Option<i64>,
     pub writer: String,
+    pub team: Option<String>,
 }
 
 impl EventRow {
@@ -225,6 +226,7 @@ impl EventRow {
                 task: self.task_id,
                 trace_id: self.trace_id,
                 writer: self.writer,
+                team: self.team,
             },
         })
     }

@@ -1046,6 +1046,7 @@ macro_rules! impl_sql_store {
                         .bind(filter.since.map_or(i64::MIN, crate::store::timestamp_to_us))
                         .bind(filter.after_id.unwrap_or(i64::MIN))
                         .bind(i64::from(filter.limit))
+                        .bind(filter.team.as_deref())
                         .fetch_all(&self.pool)
                         .await
                         .map_err(event_db_error)?;

@@ -261,21 +261,23 @@ pub const REQUEUE_TASKS_OF: &str = "UPDATE tasks \
 
 // --- the event log (#42) ------------------------------------------------
 
+/// The team is the instance's, read in the same statement (#54).
 pub const INSERT_EVENT: &str = "INSERT INTO events \
      (at_us, kind, instance, service, container, reason, message, until_us, trace_id, task_id, \
-      writer) \
-     VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)";
+      writer, team) \
+     VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, \
+      (SELECT team FROM instances WHERE name = $3))";
 
 /// A read of the event log in one order: the filters, each off when its
-/// parameter is NULL (instance, kind) or at its neutral bound (since,
-/// after id), then the order and the limit.
+/// parameter is NULL (instance, kind, team) or at its neutral bound
+/// (since, after id), then the order and the limit.
 macro_rules! events_in_order {
     ($order:literal) => {
         concat!(
             "SELECT id, at_us, kind, instance, service, container, reason, message, \
-             until_us, trace_id, task_id, writer FROM events \
+             until_us, trace_id, task_id, writer, team FROM events \
              WHERE ($1 IS NULL OR instance = $1) AND ($2 IS NULL OR kind = $2) \
-             AND at_us >= $3 AND id > $4 ORDER BY id ",
+             AND at_us >= $3 AND id > $4 AND ($6 IS NULL OR team = $6) ORDER BY id ",
             $order,
             " LIMIT $5"
         )

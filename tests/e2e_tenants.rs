@@ -193,3 +193,54 @@ async fn a_tenant_is_served_at_the_url_the_api_gave_and_no_other_team_reaches_it
     )
     .await;
 }
+
+/// Whether a TCP connection from inside container `from` to
+/// `address:8080` opens (busybox nc, bounded by its own timeout).
+fn connects(from: &str, address: &str) -> bool {
+    support_services::docker::docker(&["exec", from, "busybox", "nc", "-w", "2", address, "8080"])
+        .is_ok()
+}
+
+/// #54's walls through the whole daemon: two tenants' instances, each
+/// served; from inside one, the other's container cannot be reached at
+/// any of its addresses, and neither container can open raw sockets.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_tenants_container_reaches_no_other_and_has_no_raw_sockets() {
+    let harness = Harness::start(Setup::default()).await;
+    let (a, b) = (unique("walla"), unique("wallb"));
+    let _cleanup = (Cleanup::new(&a), Cleanup::new(&b));
+    for name in [&a, &b] {
+        harness.create(name, None).await;
+    }
+    for name in [&a, &b] {
+        wait_until("served", Duration::from_secs(90), || async {
+            harness.get(name).await == 200
+        })
+        .await;
+    }
+    let a_id = harness.active_container(&a).await.expect("a's container");
+    let b_id = harness.active_container(&b).await.expect("b's container");
+    assert!(connects(&a_id, "127.0.0.1"), "a answers on its own port");
+    let addresses = support_services::docker::docker(&[
+        "inspect",
+        "--format",
+        "{{range .NetworkSettings.Networks}}{{.IPAddress}} {{end}}",
+        &b_id,
+    ])
+    .unwrap();
+    assert!(!addresses.trim().is_empty(), "b has an address");
+    for address in addresses.split_whitespace() {
+        assert!(!connects(&a_id, address), "a reaches b at {address}");
+    }
+    for id in [&a_id, &b_id] {
+        let status =
+            support_services::docker::docker(&["exec", id, "busybox", "cat", "/proc/self/status"])
+                .unwrap();
+        let effective = status
+            .lines()
+            .find_map(|l| l.strip_prefix("CapEff:"))
+            .expect("CapEff");
+        let bits = u64::from_str_radix(effective.trim(), 16).unwrap();
+        assert_eq!(bits & (1 << 13), 0, "{id} keeps NET_RAW");
+    }
+}

@@ -48,7 +48,11 @@ struct Fixture {
 }
 
 async fn fixture() -> Fixture {
-    let caddy = CaddyProcess::start().await;
+    fixture_on(CaddyProcess::start().await).await
+}
+
+/// stead's server created in `caddy`, on a free listen port.
+async fn fixture_on(caddy: CaddyProcess) -> Fixture {
     let listen_port = free_port();
     let traffic = CaddyTraffic::new(CaddyConfig {
         admin_addr: caddy.admin_addr.clone(),
@@ -134,22 +138,7 @@ async fn the_admin_api_is_driven_over_a_unix_socket() {
         "{}",
         caddy.admin_addr
     );
-    let listen_port = free_port();
-    let traffic = CaddyTraffic::new(CaddyConfig {
-        admin_addr: caddy.admin_addr.clone(),
-        listen_addr: format!("127.0.0.1:{listen_port}"),
-        ..CaddyConfig::default()
-    })
-    .expect("client");
-    assert_eq!(
-        traffic.ensure_server().await.expect("ensure server"),
-        ServerCheck::Created
-    );
-    let fixture = Fixture {
-        _caddy: caddy,
-        traffic,
-        listen_port,
-    };
+    let fixture = fixture_on(caddy).await;
     let web = key("shop", "web");
     let port = backend("over-the-socket").await;
     fixture

@@ -102,6 +102,16 @@ fn split_host(host: &str) -> Option<(&str, Option<u16>)> {
     (!name.is_empty()).then_some((name, port))
 }
 
+/// A refused `Host` as a message may quote it: at most 100 characters, no
+/// control characters, `(none)` when absent.
+pub fn shown_host(host: Option<&str>) -> String {
+    host.unwrap_or("(none)")
+        .chars()
+        .take(100)
+        .filter(|c| !c.is_control())
+        .collect()
+}
+
 /// Middleware: answers 421 to a request whose `Host` the listener does not
 /// serve, before any handler (or token check) runs.
 pub async fn require_host(
@@ -116,12 +126,7 @@ pub async fn require_host(
     if allowed.admits(host) {
         return next.run(request).await;
     }
-    let shown: String = host
-        .unwrap_or("(none)")
-        .chars()
-        .take(100)
-        .filter(|c| !c.is_control())
-        .collect();
+    let shown = shown_host(host);
     tracing::warn!(host = %shown, "refused a request for a host this listener does not serve");
     (
         StatusCode::MISDIRECTED_REQUEST,

@@ -17,7 +17,7 @@ use axum::response::{IntoResponse, Response};
 use tokio::net::TcpListener;
 
 use super::problem::Problem;
-use crate::daemon::listener::HostAllowlist;
+use crate::daemon::listener::{shown_host, HostAllowlist};
 
 /// Why the API's port could not be taken.
 #[derive(Debug, thiserror::Error)]
@@ -49,18 +49,12 @@ pub async fn refuse_unserved_host(
     if hosts.admits(host) {
         return next.run(request).await;
     }
-    let shown: String = host
-        .unwrap_or_default()
-        .chars()
-        .take(100)
-        .filter(|c| !c.is_control())
-        .collect();
     Problem::new(
         StatusCode::MISDIRECTED_REQUEST,
         "unserved-host",
         "this listener serves its own address, localhost and the names of api_hosts only"
             .to_owned(),
     )
-    .at("Host", shown)
+    .at("Host", shown_host(host))
     .into_response()
 }

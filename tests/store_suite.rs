@@ -74,6 +74,7 @@ store_suite! {
         rollout_records_keep_their_reason_and_time,
         a_pin_is_lifted_by_any_change_of_the_switch,
         type_versions_keep_their_first_recording_and_the_latest_definition,
+        type_versions_are_pruned_unless_run_pinned_or_newest,
         the_reconciler_lease_holder_is_readable_without_taking_it,
         gauges_count_the_queue_and_instances_by_state,
         live_service_types_are_those_with_instances_not_deleted,
@@ -1153,6 +1154,56 @@ async fn type_versions_keep_their_first_recording_and_the_latest_definition(s: T
         ]
     );
     assert!(store.type_versions("nope").await.unwrap().is_empty());
+}
+
+/// #54: the type-version history is kept as long as the event log, but
+/// never a version a live instance runs, the one a rollout is pinned to,
+/// or a type's newest.
+async fn type_versions_are_pruned_unless_run_pinned_or_newest(s: TestStore) {
+    let store = &*s.store;
+    let record = |v: &str, at: i64| TypeVersion {
+        service_type: "wiki".into(),
+        version: v.into(),
+        spec_digest: format!("d{v}"),
+        source: format!("[types.wiki]\nversion = \"{v}\"\n"),
+        recorded_at: t(at),
+    };
+    for (v, at) in [("1.0", 1), ("2.0", 2), ("3.0", 3), ("4.0", 4), ("5.0", 50)] {
+        store.record_type_version(&record(v, at)).await.unwrap();
+    }
+    // `new_instance` makes an instance of wiki at 1.0: live, it keeps 1.0.
+    store
+        .create_instance(&new_instance("a"), t(5))
+        .await
+        .unwrap();
+    store
+        .pin_rollout("wiki", "3.0", "operator: undo", t(6))
+        .await
+        .unwrap();
+    // Everything before 10 is past the retention; 5.0 is newer.
+    assert_eq!(store.prune_type_versions(t(10)).await.unwrap(), 2);
+    let kept: Vec<String> = store
+        .type_versions("wiki")
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|r| r.version)
+        .collect();
+    assert_eq!(kept, ["1.0", "3.0", "5.0"]);
+    // Past everything: the newest stays whatever its age.
+    store
+        .set_rollout("wiki", RolloutState::Active, "resume", t(60), None)
+        .await
+        .unwrap();
+    assert_eq!(store.prune_type_versions(t(100)).await.unwrap(), 1);
+    let kept: Vec<String> = store
+        .type_versions("wiki")
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|r| r.version)
+        .collect();
+    assert_eq!(kept, ["1.0", "5.0"]);
 }
 
 async fn rollout_records_keep_their_reason_and_time(s: TestStore) {

@@ -229,6 +229,34 @@ pub async fn prune(
     Ok(pruned)
 }
 
+/// Retention of the type versions (#54): those recorded longer than
+/// `retention` before `now` that no live instance runs, no rollout is
+/// pinned to and that are not their type's newest ([`Store::prune_type_versions`]).
+/// Returns how many went; says so when any did.
+///
+/// [`Store::prune_type_versions`]: crate::ports::Store::prune_type_versions
+pub async fn prune_type_versions(
+    store: &dyn Store,
+    now: Timestamp,
+    retention: Duration,
+) -> Result<u64, crate::ports::StoreError> {
+    let Ok(retention) = jiff::SignedDuration::try_from(retention) else {
+        return Ok(0);
+    };
+    let Some(before) = now.checked_sub(retention).ok() else {
+        return Ok(0);
+    };
+    let pruned = store.prune_type_versions(before).await?;
+    if pruned > 0 {
+        tracing::info!(
+            pruned,
+            "type versions older than the event retention, run by no live instance and pinned \
+             by no rollout, were pruned (rollout undo --to can no longer reach them)"
+        );
+    }
+    Ok(pruned)
+}
+
 /// Retention of the task queue (#41): deletes the finished tasks last
 /// changed longer than `retention` before `now` (the event log's, which
 /// names them), in batches as [`prune`]; queued and running tasks stay.

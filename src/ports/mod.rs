@@ -934,6 +934,11 @@ pub trait Store: Tenancy + Send + Sync {
     /// `before`, and says how many: retention prunes in bounded batches so
     /// no statement holds the table long.
     async fn prune_events(&self, before: Timestamp, batch_max: u32) -> Result<u64, StoreError>;
+    /// Deletes the type versions recorded before `before` (#54: the
+    /// history `rollout undo --to` reads is kept as long as the event
+    /// log), and says how many. Never one a live instance runs, one a
+    /// rollout is pinned to, or the newest of its type.
+    async fn prune_type_versions(&self, before: Timestamp) -> Result<u64, StoreError>;
     /// Deletes at most `batch_max` of the oldest finished (done or
     /// failed) tasks last changed before `before`, and says how many; a
     /// queued or running task is never deleted.

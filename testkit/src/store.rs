@@ -1780,6 +1780,43 @@ impl Store for MemoryStore {
         Ok(pruned.len() as u64)
     }
 
+    async fn prune_type_versions(&self, before: Timestamp) -> Result<u64, StoreError> {
+        let mut state = self.call()?;
+        let before = normalize_timestamp(before);
+        let newest: BTreeMap<String, Timestamp> =
+            state
+                .type_versions
+                .values()
+                .fold(BTreeMap::new(), |mut newest, r| {
+                    let at = newest
+                        .entry(r.service_type.clone())
+                        .or_insert(r.recorded_at);
+                    *at = (*at).max(r.recorded_at);
+                    newest
+                });
+        let doomed: Vec<(String, String)> = state
+            .type_versions
+            .iter()
+            .filter(|(_, r)| {
+                r.recorded_at < before
+                    && r.recorded_at < newest[&r.service_type]
+                    && !state.instances.values().any(|i| {
+                        i.service_type == r.service_type
+                            && i.version == r.version
+                            && i.state != InstanceState::Deleted
+                    })
+                    && !state.rollouts.get(&r.service_type).is_some_and(|rollout| {
+                        rollout.pinned.as_deref() == Some(r.version.as_str())
+                    })
+            })
+            .map(|(key, _)| key.clone())
+            .collect();
+        for key in &doomed {
+            state.type_versions.remove(key);
+        }
+        Ok(doomed.len() as u64)
+    }
+
     async fn prune_finished_tasks(
         &self,
         before: Timestamp,

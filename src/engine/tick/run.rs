@@ -165,7 +165,8 @@ impl Reconciler {
         metrics::gauge!("stead_budget_delays_in_force").set(delayed as f64);
     }
 
-    /// Retention of the event log and of the finished tasks it names:
+    /// Retention of the event log, of the finished tasks it names and of
+    /// the type versions no live instance, pin or newest record holds:
     /// never fails the tick (C3).
     async fn prune_events(&self) {
         let Some(retention) = self.event_retention.get() else {
@@ -179,6 +180,10 @@ impl Reconciler {
         if let Err(e) = crate::engine::event_log::prune_finished_tasks(store, now, *retention).await
         {
             tracing::warn!(error = %e, "pruning finished tasks failed; tried again next tick");
+        }
+        if let Err(e) = crate::engine::event_log::prune_type_versions(store, now, *retention).await
+        {
+            tracing::warn!(error = %e, "pruning type versions failed; tried again next tick");
         }
     }
 

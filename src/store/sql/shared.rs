@@ -1121,6 +1121,19 @@ macro_rules! impl_sql_store {
             }
 
             #[tracing::instrument(name = "store.prune_finished_tasks", level = "debug", skip_all)]
+            #[tracing::instrument(name = "store.prune_type_versions", level = "debug", skip_all)]
+            async fn prune_type_versions(&self, before: Timestamp) -> Result<u64, StoreError> {
+                crate::store::sql::timed("prune_type_versions", self.call_timeout, async {
+                    sqlx::query(sql::PRUNE_TYPE_VERSIONS)
+                        .bind(timestamp_to_us(before))
+                        .execute(&self.pool)
+                        .await
+                        .map(|done| done.rows_affected())
+                        .map_err(db_error)
+                })
+                .await
+            }
+
             async fn prune_finished_tasks(
                 &self,
                 before: Timestamp,

@@ -298,6 +298,17 @@ pub const PRUNE_FINISHED_TASKS: &str = "DELETE FROM tasks WHERE id IN \
      (SELECT id FROM tasks WHERE state IN ('done', 'failed') AND updated_at_us < $1 \
      ORDER BY updated_at_us, id LIMIT $2)";
 
+/// Retention of the type versions (#54): recorded before `$1`, run by no
+/// live instance, pinned by no rollout, and not the newest of its type.
+pub const PRUNE_TYPE_VERSIONS: &str = "DELETE FROM type_versions \
+     WHERE recorded_at_us < $1 \
+     AND NOT EXISTS (SELECT 1 FROM instances i WHERE i.service_type = type_versions.service_type \
+       AND i.version = type_versions.version AND i.state <> 'deleted') \
+     AND NOT EXISTS (SELECT 1 FROM rollouts r WHERE r.service_type = type_versions.service_type \
+       AND r.pinned_version = type_versions.version) \
+     AND recorded_at_us < (SELECT MAX(n.recorded_at_us) FROM type_versions n \
+       WHERE n.service_type = type_versions.service_type)";
+
 // --- webhook cursors (#42) ------------------------------------------------
 
 pub const WEBHOOK_CURSOR: &str = "SELECT last_event_id FROM webhook_cursors WHERE webhook = $1";

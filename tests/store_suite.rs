@@ -1834,8 +1834,44 @@ async fn recovery_writes_are_fenced_too(s: TestStore) {
         store
             .set_rollout("wiki", RolloutState::Halted, "x", t(5), Some(&a))
             .await,
-        Err(fenced)
+        Err(fenced.clone())
     );
+    // A bake's revert (#55): the marker, ACTIVE and the version it puts
+    // back carry the lease too.
+    let id = store.instance(&name).await.unwrap().unwrap().id;
+    let marker = Inhibition {
+        container: ContainerId::new("c2"),
+        ..hold.clone()
+    };
+    for write in [
+        LockedWrite::SaveInhibition {
+            instance: &name,
+            inhibition: &marker,
+        },
+        LockedWrite::SaveActive {
+            instance: &name,
+            service: &web,
+            active: &active("c9", "r9"),
+        },
+        LockedWrite::Version {
+            id,
+            version: "0.9",
+            now: t(5),
+        },
+        LockedWrite::SpecDigest {
+            id,
+            digest: "sha256:old",
+            now: t(5),
+        },
+    ] {
+        assert_eq!(
+            store.write_under_lease(&a, write).await,
+            Err(fenced.clone()),
+            "{write:?}"
+        );
+    }
+    let version = store.instance(&name).await.unwrap().unwrap().version;
+    assert_eq!(version, "1.0", "no version put back");
     let loaded = store.load_active(&name).await.unwrap();
     assert_eq!(loaded.services[&web], active("c1", "r1"), "nothing written");
     assert_eq!(store.load_inhibitions(&name).await.unwrap(), [hold]);

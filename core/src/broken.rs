@@ -128,11 +128,15 @@ pub enum Mutant {
     /// says holds it, so a host moves to another instance while its
     /// holder's route is withdrawn.
     IgnoreHostReservations,
+    /// #55: a bake's revert writes its marker, ACTIVE and the instance's
+    /// version without the reconciler lease, so a reconciler that lost
+    /// the lease mid-revert still writes them.
+    UnfencedRevert,
 }
 
 #[cfg(feature = "mutation-exercise")]
 impl Mutant {
-    pub const ALL: [Mutant; 32] = [
+    pub const ALL: [Mutant; 33] = [
         Mutant::SkipWithdrawBeforeStart,
         Mutant::PublishBeforeReadiness,
         Mutant::ForgetCrashLoopCharge,
@@ -165,5 +169,6 @@ impl Mutant {
         Mutant::KeepDroppedRoute,
         Mutant::UnreachableIsBad,
         Mutant::IgnoreHostReservations,
+        Mutant::UnfencedRevert,
     ];
 }

@@ -1752,6 +1752,51 @@ impl Checker {
         });
     }
 
+    /// T2 for the store (#55): a write of ACTIVE or of a marker that the
+    /// recovery pass makes (a bake's revert) carries the reconciler lease's
+    /// fence. The revert once wrote them unfenced, so a reconciler that
+    /// lost its lease mid-revert could overwrite what the next leader
+    /// wrote; nothing judged the store's writes, only the ports' effects,
+    /// and a lease lost in the middle of a revert is too rare a world for
+    /// the consequence to show in the seeds CI runs.
+    fn check_recovery_write_under_lease(&self, s: &mut State, process: &Process, effect: &Effect) {
+        let (service, under_lease) = match effect {
+            Effect::ActiveSaved {
+                service,
+                under_lease,
+                ..
+            }
+            | Effect::InhibitionSaved {
+                service,
+                under_lease,
+                ..
+            } => (service, *under_lease),
+            _ => return,
+        };
+        let store = self.store();
+        let Some((holder, _)) = store.instance_lock_of(&service.instance) else {
+            return;
+        };
+        if holder != format!("{}/recovery", process.holder) {
+            return;
+        }
+        // T2 in DESIGN's words: every store write the reconciler makes
+        // carries the fence token, so a write made after the lease is
+        // refused by the store itself. Judged on every write, not only on
+        // the rare one a lost lease would have refused.
+        s.check(
+            "T2 every store write of recovery carries the fence",
+            under_lease,
+            || {
+                format!(
+                    "{} wrote {effect:?} at {} without the reconciler lease's fence",
+                    process.holder,
+                    store.now()
+                )
+            },
+        );
+    }
+
     /// Whether `process` holds the reconciler lease at `now` by the
     /// database's clock; on an `unsettled` clock, whether it is the holder
     /// the database names.
@@ -1862,7 +1907,9 @@ impl Checker {
                     );
                 }
             }
-            Effect::ActiveSaved { service, container } => {
+            Effect::ActiveSaved {
+                service, container, ..
+            } => {
                 let deleted = self.is_deleted(&service.instance);
                 s.check("T4 deleted stays deleted", !deleted, || {
                     format!("ACTIVE written for deleted {}", service.instance)
@@ -2051,6 +2098,7 @@ impl Observer for Checker {
         if let Some(process) = &process {
             self.check_instance_lock(&mut s, process, effect);
             self.check_handler_respects_deletion(&mut s, process, effect);
+            self.check_recovery_write_under_lease(&mut s, process, effect);
         }
         let actor = self.actor_of(&s, process.as_ref(), effect);
         if let (Actor::Recovery, Some(process)) = (actor, &process) {
@@ -2369,7 +2417,9 @@ impl Observer for Checker {
             }
             // The store's writes keep the truth of ACTIVE and of the
             // inhibitions, whoever made them (operators or workers).
-            Effect::ActiveSaved { service, container } => {
+            Effect::ActiveSaved {
+                service, container, ..
+            } => {
                 let before = s.truth.active.insert(service.clone(), container.clone());
                 if before.as_ref() != Some(container) {
                     s.active_since.insert(service.clone(), now);
@@ -2389,6 +2439,7 @@ impl Observer for Checker {
                 container,
                 retirement,
                 dropped,
+                ..
             } => {
                 if *dropped {
                     // A move toward a pin lifted since it began (its task

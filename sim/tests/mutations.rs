@@ -321,3 +321,12 @@ fn a_publish_that_ignores_host_reservations_is_caught() {
         "N1 a public host name never moves from one live instance to another",
     );
 }
+
+/// #55: a revert whose marker, ACTIVE and version writes carry no lease.
+#[test]
+fn a_revert_written_without_the_lease_is_caught() {
+    assert_caught(
+        Mutant::UnfencedRevert,
+        "T2 every store write of recovery carries the fence",
+    );
+}

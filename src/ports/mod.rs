@@ -614,6 +614,18 @@ pub trait Store: Tenancy + Send + Sync {
         write: LockedWrite<'_>,
     ) -> Result<bool, StoreError>;
 
+    /// `write`, made only while the reconciler `lease` is current by the
+    /// database's clock, checked in the write's own transaction (T2);
+    /// otherwise [`StoreError::LeaseLost`] and nothing changes. The
+    /// recovery pass's own instance writes (a bake's revert) go through
+    /// it, so a reconciler that lost its lease never overwrites what the
+    /// next leader wrote.
+    async fn write_under_lease(
+        &self,
+        lease: &LeaseGrant,
+        write: LockedWrite<'_>,
+    ) -> Result<bool, StoreError>;
+
     // --- ACTIVE ----------------------------------------------------------
     async fn load_active(&self, instance: &InstanceName) -> Result<ActiveRecord, StoreError>;
     async fn save_active_service(

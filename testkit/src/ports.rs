@@ -161,6 +161,8 @@ pub enum Effect {
     ActiveSaved {
         service: ServiceKey,
         container: ContainerId,
+        /// Written under the reconciler lease's fence (T2).
+        under_lease: bool,
     },
     /// The service left ACTIVE.
     ActiveRemoved {
@@ -172,6 +174,8 @@ pub enum Effect {
         retirement: bool,
         /// The hold an upgrade takes on a service its new version dropped.
         dropped: bool,
+        /// Written under the reconciler lease's fence (T2).
+        under_lease: bool,
     },
     InhibitionCleared {
         service: ServiceKey,

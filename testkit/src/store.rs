@@ -454,6 +454,7 @@ impl MemoryStore {
                 self.tell(|| Effect::ActiveSaved {
                     service: service_key(instance, service),
                     container: active.container.clone(),
+                    under_lease: fence.is_some(),
                 });
                 self.binds_saved(&active.container, &active.binds);
                 Ok(true)
@@ -502,6 +503,7 @@ impl MemoryStore {
                     container: inhibition.container.clone(),
                     retirement: inhibition.reason == InhibitionReason::RetirementPending,
                     dropped: inhibition.reason.as_str() == InhibitionReason::SERVICE_DROPPED,
+                    under_lease: fence.is_some(),
                 });
                 Ok(true)
             }
@@ -1085,6 +1087,14 @@ impl Store for MemoryStore {
         write: LockedWrite<'_>,
     ) -> Result<bool, StoreError> {
         self.instance_write(write, None, Some(lock))
+    }
+
+    async fn write_under_lease(
+        &self,
+        lease: &LeaseGrant,
+        write: LockedWrite<'_>,
+    ) -> Result<bool, StoreError> {
+        self.instance_write(write, Some(lease), None)
     }
 
     async fn enqueue(

@@ -7,7 +7,7 @@ use crate::core::pass::{InstanceAnswer, InstanceCommand};
 use crate::core::recovery::{Command, Outcome};
 use crate::core::spec::ReadinessProbe;
 use crate::core::types::{GenerationKey, RuntimeError, ServiceKey};
-use crate::ports::{LeaseGrant, ProbeTarget, Route};
+use crate::ports::{LeaseGrant, LockedWrite, ProbeTarget, Route};
 
 use super::Recoverer;
 
@@ -75,6 +75,20 @@ impl Recoverer {
     }
 
     /// Performs one step of a revert (#40) through the ports.
+    /// One instance write of a revert, under the reconciler lease (T2);
+    /// the mutation exercise's `UnfencedRevert` writes it without.
+    async fn write_fenced(
+        &self,
+        fence: &LeaseGrant,
+        write: LockedWrite<'_>,
+    ) -> Result<bool, crate::ports::StoreError> {
+        let store = self.ports.store.as_ref();
+        if crate::broken!(self.policy.broken, UnfencedRevert) {
+            return unfenced(store, write).await;
+        }
+        store.write_under_lease(fence, write).await
+    }
+
     async fn revert(
         &self,
         instance: &Instance,
@@ -90,9 +104,16 @@ impl Recoverer {
                 .set_rollout(service_type, RolloutState::Halted, reason, now, Some(fence))
                 .await
                 .map_err(Cause::from),
-            RevertStep::SaveMarker(marker) => store
-                .save_inhibition(&instance.name, marker)
+            RevertStep::SaveMarker(marker) => self
+                .write_fenced(
+                    fence,
+                    LockedWrite::SaveInhibition {
+                        instance: &instance.name,
+                        inhibition: marker,
+                    },
+                )
                 .await
+                .map(drop)
                 .map_err(Cause::from),
             RevertStep::StopSuccessor { generation, grace } => {
                 match p.runtime.stop(generation, *grace).await {
@@ -101,20 +122,29 @@ impl Recoverer {
                     Err(e) => Err(e.into()),
                 }
             }
-            RevertStep::RestoreActive { service, record } => store
-                .save_active_service(&instance.name, service, record)
+            RevertStep::RestoreActive { service, record } => self
+                .write_fenced(
+                    fence,
+                    LockedWrite::SaveActive {
+                        instance: &instance.name,
+                        service,
+                        active: record,
+                    },
+                )
                 .await
+                .map(drop)
                 .map_err(Cause::from),
+            // Every write of a revert carries the lease (T2): a reconciler
+            // that lost it mid-revert writes nothing more (#55).
             RevertStep::RestoreVersion {
                 version,
                 spec_digest,
             } => {
-                store
-                    .set_instance_version(instance.id, version, now)
+                let id = instance.id;
+                self.write_fenced(fence, LockedWrite::Version { id, version, now })
                     .await?;
                 if let Some(digest) = spec_digest {
-                    store
-                        .set_instance_spec_digest(instance.id, digest, now)
+                    self.write_fenced(fence, LockedWrite::SpecDigest { id, digest, now })
                         .await?;
                 }
                 Ok(())
@@ -223,4 +253,48 @@ impl Recoverer {
             .cloned()
             .unwrap_or(ReadinessProbe::None)
     }
+}
+
+/// The mutation exercise's unfenced revert write: the store method of the
+/// same name, without the lease.
+#[cfg(feature = "mutation-exercise")]
+async fn unfenced(
+    store: &dyn crate::ports::Store,
+    write: LockedWrite<'_>,
+) -> Result<bool, crate::ports::StoreError> {
+    match write {
+        LockedWrite::SaveInhibition {
+            instance,
+            inhibition,
+        } => store
+            .save_inhibition(instance, inhibition)
+            .await
+            .map(|()| true),
+        LockedWrite::SaveActive {
+            instance,
+            service,
+            active,
+        } => store
+            .save_active_service(instance, service, active)
+            .await
+            .map(|()| true),
+        LockedWrite::Version { id, version, now } => store
+            .set_instance_version(id, version, now)
+            .await
+            .map(|()| true),
+        LockedWrite::SpecDigest { id, digest, now } => store
+            .set_instance_spec_digest(id, digest, now)
+            .await
+            .map(|()| true),
+        other => unreachable!("a revert makes no {other:?}"),
+    }
+}
+
+/// Without the mutation exercise nothing is written unfenced.
+#[cfg(not(feature = "mutation-exercise"))]
+async fn unfenced(
+    _: &dyn crate::ports::Store,
+    _: LockedWrite<'_>,
+) -> Result<bool, crate::ports::StoreError> {
+    unreachable!("broken!() is false without the mutation exercise")
 }

@@ -13,6 +13,7 @@ use std::time::Duration;
 
 use crate::core::release::{HelmRelease, ReleaseSpec, ReleaseTarget};
 use crate::engine::drive::{drive, Performer};
+use crate::ports::LockedWrite;
 
 use super::Worker;
 
@@ -75,11 +76,20 @@ impl Performer<HelmBake> for BakeSteps<'_> {
                 spec_digest,
                 ..
             } => {
+                // Under the instance lock, as every write of the task
+                // (T3): a worker paused past its lock writes nothing.
                 let now = p.clock.now();
                 let id = self.instance.id;
-                let mut restored = p.store.set_instance_version(id, version, now).await;
+                let worker = self.worker;
+                let mut restored = worker
+                    .write_locked(LockedWrite::Version { id, version, now })
+                    .await
+                    .map(drop);
                 if let (Ok(()), Some(digest)) = (&restored, spec_digest) {
-                    restored = p.store.set_instance_spec_digest(id, digest, now).await;
+                    restored = worker
+                        .write_locked(LockedWrite::SpecDigest { id, digest, now })
+                        .await
+                        .map(drop);
                 }
                 HelmBakeAnswer::VersionRestored(restored)
             }

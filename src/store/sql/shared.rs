@@ -373,6 +373,16 @@ macro_rules! impl_sql_store {
                     .await
             }
 
+            #[tracing::instrument(name = "store.write_under_lease", level = "debug", skip_all)]
+            async fn write_under_lease(
+                &self,
+                lease: &LeaseGrant,
+                write: LockedWrite<'_>,
+            ) -> Result<bool, StoreError> {
+                self.instance_write(write, super::shared::Fence::Lease(Some(lease)))
+                    .await
+            }
+
             #[tracing::instrument(name = "store.enqueue", level = "debug", skip_all)]
             async fn enqueue(
                 &self,

@@ -201,6 +201,14 @@ impl EventFlusher {
     }
 }
 
+/// The instant `retention` before `now`: what was written earlier is past
+/// it. `None` when no such instant exists (a retention longer than the
+/// timestamps' range), and then nothing is pruned.
+fn retention_cutoff(now: Timestamp, retention: Duration) -> Option<Timestamp> {
+    let retention = jiff::SignedDuration::try_from(retention).ok()?;
+    now.checked_sub(retention).ok()
+}
+
 /// Retention: deletes events older than `retention` before `now`, in at
 /// most [`EVENT_PRUNE_BATCHES_PER_TICK_MAX`] batches of
 /// [`EVENT_PRUNE_BATCH_MAX`]. Returns how many went.
@@ -209,10 +217,7 @@ pub async fn prune(
     now: Timestamp,
     retention: Duration,
 ) -> Result<u64, crate::ports::StoreError> {
-    let Ok(retention) = jiff::SignedDuration::try_from(retention) else {
-        return Ok(0);
-    };
-    let Some(before) = now.checked_sub(retention).ok() else {
+    let Some(before) = retention_cutoff(now, retention) else {
         return Ok(0);
     };
     let mut pruned = 0;
@@ -240,10 +245,7 @@ pub async fn prune_type_versions(
     now: Timestamp,
     retention: Duration,
 ) -> Result<u64, crate::ports::StoreError> {
-    let Ok(retention) = jiff::SignedDuration::try_from(retention) else {
-        return Ok(0);
-    };
-    let Some(before) = now.checked_sub(retention).ok() else {
+    let Some(before) = retention_cutoff(now, retention) else {
         return Ok(0);
     };
     let pruned = store.prune_type_versions(before).await?;
@@ -266,10 +268,7 @@ pub async fn prune_finished_tasks(
     now: Timestamp,
     retention: Duration,
 ) -> Result<u64, crate::ports::StoreError> {
-    let Ok(retention) = jiff::SignedDuration::try_from(retention) else {
-        return Ok(0);
-    };
-    let Some(before) = now.checked_sub(retention).ok() else {
+    let Some(before) = retention_cutoff(now, retention) else {
         return Ok(0);
     };
     let mut pruned = 0;

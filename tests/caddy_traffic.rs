@@ -310,6 +310,7 @@ async fn a_publish_after_caddy_lost_its_config_recreates_the_server() {
         .await
         .expect("load an empty config");
     assert!(loaded.status().is_success());
+    let created_before = fixture.traffic.servers_created();
     fixture
         .traffic
         .withdraw(&web)
@@ -321,6 +322,13 @@ async fn a_publish_after_caddy_lost_its_config_recreates_the_server() {
         .await
         .expect("publish creates the server");
     assert_eq!(get(&fixture, &web).await, (200, "backend-a".to_owned()));
+    // The e2e tests prove Caddy lost its config by this count; a creation
+    // by a publish racing the pass's check must count as one too.
+    assert_eq!(
+        fixture.traffic.servers_created(),
+        created_before + 1,
+        "the server a publish recreated was not counted"
+    );
 }
 
 /// The regression behind issue #11's 404s: Caddy resolves `/id/<id>` to an

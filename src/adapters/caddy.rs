@@ -429,6 +429,9 @@ impl CaddyTraffic {
         }
         server["listen"] = listen;
         self.create_at(&levels, server).await?;
+        // Counted where it happens: a publish that finds no server creates
+        // it too, not only the pass's `ensure`.
+        self.writer.servers_created.fetch_add(1, Ordering::Relaxed);
         Ok(ServerCheck::Created)
     }
 
@@ -653,9 +656,13 @@ impl CaddyTraffic {
                 }
                 // A publish that finds no server creates it and tries again;
                 // a server without a routes array gets one.
-                if self.ensure_server().await? == ServerCheck::Present {
-                    self.write(Method::PUT, &path, &json!([catch_all()]))
-                        .await?;
+                match self.ensure_server().await? {
+                    ServerCheck::Present => {
+                        self.write(Method::PUT, &path, &json!([catch_all()]))
+                            .await?
+                    }
+                    ServerCheck::Created => recreated_while_publishing(),
+                    ServerCheck::ListenCorrected { .. } => {}
                 }
                 continue;
             };
@@ -702,7 +709,9 @@ impl CaddyTraffic {
                     // No server, so no route: withdrawn already.
                     return Ok(vec![None; changes.len()]);
                 }
-                self.ensure_server().await?;
+                if self.ensure_server().await? == ServerCheck::Created {
+                    recreated_while_publishing();
+                }
                 continue;
             };
             if apps == current.value {
@@ -1106,6 +1115,16 @@ pub fn host_reload_warning() -> Option<String> {
 /// was writing it gave up (its deadline passed), so nobody knows whether
 /// Caddy applied it. Reported as a failure, which is the safe reading: a
 /// failed withdrawal is retried, a failed publication is not trusted.
+/// A publish found Caddy without stead's server (restarted without its
+/// config between the pass's check and this write) and created it: the
+/// same intervention the pass reports from `ensure`, said the same way.
+fn recreated_while_publishing() {
+    metrics::counter!("stead_traffic_plane_recreated_total").increment(1);
+    tracing::warn!(
+        "caddy had lost stead's server when a route was published (restarted without its config?); recreated it, the next pass republishes verified routes"
+    );
+}
+
 fn abandoned() -> TrafficError {
     TrafficError::Unreachable(
         "caddy: the write carrying this route change was abandoned midway; Caddy may or may not hold it"
@@ -1224,10 +1243,7 @@ impl Traffic for CaddyTraffic {
     async fn ensure(&self) -> Result<PlaneCheck, TrafficError> {
         Ok(match self.ensure_server().await? {
             ServerCheck::Present => PlaneCheck::Present,
-            ServerCheck::Created => {
-                self.writer.servers_created.fetch_add(1, Ordering::Relaxed);
-                PlaneCheck::Recreated
-            }
+            ServerCheck::Created => PlaneCheck::Recreated,
             ServerCheck::ListenCorrected { was } => PlaneCheck::Corrected {
                 was: was.join(", "),
             },

@@ -107,6 +107,7 @@ async fn bench(n_containers: usize) {
             stop_grace: Duration::ZERO,
             update: Default::default(),
             domains: Vec::new(),
+            tenant_domains: false,
             run: Default::default(),
         };
         let request = CreateContainer {
@@ -121,6 +122,7 @@ async fn bench(n_containers: usize) {
         store
             .create_instance(
                 &NewInstance {
+                    domains: Vec::new(),
                     spec_digest: None,
                     parameters: Default::default(),
                     name: instance.clone(),

@@ -45,6 +45,7 @@ fn fleet(now: Timestamp) -> (Vec<Instance>, Vec<Task>, Vec<Release>) {
             });
         }
         instances.push(Instance {
+            domains: Vec::new(),
             spec_digest: None,
             parameters: Default::default(),
             purge_volumes: false,

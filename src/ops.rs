@@ -105,6 +105,9 @@ pub struct CreateRequest {
     pub exists_ok: bool,
     /// `--set NAME=VALUE`: the type's declared parameters.
     pub parameters: BTreeMap<String, String>,
+    /// `--domain HOST`: public host names for the type's service that
+    /// takes them, each within the team's `domain_suffixes` (#54).
+    pub domains: Vec<String>,
 }
 
 /// What `create` did.
@@ -371,6 +374,7 @@ impl Ops<'_> {
                 .map_err(|e| OpsError::Invalid(format!("--window {window:?}: {e}")))?;
         }
         let expires_at = self.expiry(request.ttl)?;
+        self.check_given_domains(request, entry).await?;
         if let Some(existing) = self.existing(request).await? {
             return Ok(Created {
                 instance: existing,
@@ -385,6 +389,7 @@ impl Ops<'_> {
             expires_at,
             maintenance_window: request.maintenance_window.clone(),
             parameters: request.parameters.clone(),
+            domains: request.domains.clone(),
             spec_digest: Some(entry.spec_digest.clone()),
         };
         let instance = self.create_within_quota(&new, entry).await?;

@@ -23,6 +23,7 @@ ports = [8080]
 async fn policy_with(service_type: &str) -> CatalogPolicy {
     let store = Arc::new(MemoryStore::new());
     let new = NewInstance {
+        domains: Vec::new(),
         spec_digest: None,
         parameters: Default::default(),
         name: InstanceName::new("blog"),

@@ -42,6 +42,7 @@ async fn daemon(dir: &Path, catalog: &Path) -> Daemon {
 /// writes it.
 async fn live_instance(daemon: &Daemon, name: &str, service_type: &str) {
     let new = NewInstance {
+        domains: Vec::new(),
         name: InstanceName::new(name),
         team: "default".into(),
         service_type: service_type.into(),

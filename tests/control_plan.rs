@@ -40,6 +40,7 @@ fn at(offset_s: i64) -> Timestamp {
 
 fn instance(id: i64, team: &str, service_type: &str, version: &str) -> Instance {
     Instance {
+        domains: Vec::new(),
         spec_digest: None,
         parameters: Default::default(),
         purge_volumes: false,

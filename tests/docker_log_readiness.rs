@@ -35,6 +35,7 @@ fn script_spec(service: &str, script: &str, pattern: &str) -> ServiceSpec {
         stop_grace: Duration::from_secs(1),
         update: Default::default(),
         domains: Vec::new(),
+        tenant_domains: false,
         run: Default::default(),
     }
 }

@@ -161,6 +161,7 @@ async fn a_docker_type_and_a_helm_type_provision_upgrade_and_deprovision_side_by
     for (name, service_type) in [(&web, e2e::TYPE), (&search, HELM_TYPE)] {
         h.ops()
             .create(&stead::ops::CreateRequest {
+                domains: Vec::new(),
                 parameters: Default::default(),
                 name: name.clone(),
                 service_type: service_type.to_owned(),
@@ -437,6 +438,7 @@ async fn a_helm_release_whose_tests_fail_while_baking_is_rolled_back_and_its_rol
     .await;
     h.ops()
         .create(&stead::ops::CreateRequest {
+            domains: Vec::new(),
             parameters: Default::default(),
             name: search.clone(),
             service_type: HELM_TYPE.to_owned(),

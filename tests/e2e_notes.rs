@@ -133,6 +133,7 @@ async fn a_row_survives_an_upgrade_and_the_secret_is_nowhere_to_be_seen() {
     .await;
     h.ops()
         .create(&stead::ops::CreateRequest {
+            domains: Vec::new(),
             name: instance.clone(),
             service_type: "notes".into(),
             team: "e2e".into(),
@@ -492,6 +493,7 @@ async fn two_upgrades_in_a_row_leave_one_container_per_service() {
     .await;
     h.ops()
         .create(&stead::ops::CreateRequest {
+            domains: Vec::new(),
             name: instance.clone(),
             service_type: "notes".into(),
             team: "e2e".into(),

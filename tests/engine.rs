@@ -305,6 +305,7 @@ impl Fixture {
         self.store
             .create_instance(
                 &NewInstance {
+                    domains: Vec::new(),
                     spec_digest: None,
                     parameters: Default::default(),
                     name: InstanceName::new(name),
@@ -2824,6 +2825,7 @@ async fn a_halted_helm_types_release_ahead_of_its_instance_is_put_back() {
         .store
         .create_instance(
             &NewInstance {
+                domains: Vec::new(),
                 spec_digest: None,
                 parameters: Default::default(),
                 name: InstanceName::new("s1"),

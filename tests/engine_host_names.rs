@@ -106,6 +106,7 @@ impl Fixture {
             .store
             .create_instance(
                 &NewInstance {
+                    domains: Vec::new(),
                     spec_digest: None,
                     parameters: Default::default(),
                     name: InstanceName::new(name),

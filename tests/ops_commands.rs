@@ -24,6 +24,7 @@ fn catalog() -> Catalog {
 
 fn request(name: &str) -> CreateRequest {
     CreateRequest {
+        domains: Vec::new(),
         parameters: Default::default(),
         name: name.into(),
         service_type: "web".into(),

@@ -13,11 +13,13 @@ use stead::ops::{CreateRequest, Ops, OpsError, Scope, TokenRequest};
 use stead::ports::{Store, TeamQuota, Tenancy, TokenRole};
 use stead_testkit::store::MemoryStore;
 
-/// `web` has one 128 MiB service with a public host name; `db` one service
-/// with no memory limit of its own.
+/// `web` has one 128 MiB service with a public host name, which also
+/// takes the host names given at create; `db` one service with no memory
+/// limit of its own.
 fn catalog() -> Arc<Catalog> {
     let toml = "[types.web]\nversion = \"1\"\n[[types.web.services]]\nname = \"http\"\n\
         image = \"i\"\nmemory_mb = 128\ndomains = [\"{instance}.example.com\"]\n\
+        tenant_domains = true\n\
         [types.db]\nversion = \"1\"\n[[types.db.services]]\nname = \"pg\"\nimage = \"p\"\n";
     Arc::new(Catalog::from_toml(toml, "catalog.toml", &Grants::default()).unwrap())
 }
@@ -32,6 +34,7 @@ fn ops(store: &dyn Store, now: Timestamp) -> Ops<'_> {
 
 fn request(name: &str, service_type: &str, team: &str) -> CreateRequest {
     CreateRequest {
+        domains: Vec::new(),
         name: name.into(),
         service_type: service_type.into(),
         team: team.into(),
@@ -80,6 +83,7 @@ async fn a_team_scope_finds_only_its_own_instances_and_changes_no_other() {
 async fn a_create_counts_memory_and_public_hosts_against_its_teams_quota() {
     let store = MemoryStore::new();
     let quota = TeamQuota {
+        domain_suffixes: Vec::new(),
         max_instances: None,
         max_memory_mb: Some(300),
         max_public_hosts: Some(1),
@@ -146,4 +150,84 @@ async fn a_token_authenticates_until_it_is_revoked_or_expires() {
         ops.create_token(&bad_team).await,
         Err(OpsError::Invalid(_))
     ));
+}
+
+/// Teams `a` (allowed `a.example`, at most three public hosts) and `b`
+/// (allowed `b.example`), as `stead.toml` gives them.
+fn teams_with_domains() -> Arc<BTreeMap<String, TeamQuota>> {
+    let team = |suffix: &str, max_public_hosts| TeamQuota {
+        domain_suffixes: vec![suffix.to_owned()],
+        max_public_hosts,
+        ..TeamQuota::default()
+    };
+    Arc::new(BTreeMap::from([
+        ("a".to_owned(), team("a.example", Some(3))),
+        ("b".to_owned(), team("b.example", None)),
+    ]))
+}
+
+fn with_domains(name: &str, service_type: &str, team: &str, domains: &[&str]) -> CreateRequest {
+    CreateRequest {
+        domains: domains.iter().map(|d| (*d).to_owned()).collect(),
+        ..request(name, service_type, team)
+    }
+}
+
+#[tokio::test]
+async fn a_tenant_gives_host_names_only_within_its_teams_domains() {
+    let store = MemoryStore::new();
+    let a = ops(&store, at(0))
+        .with_quotas(teams_with_domains(), 64 * 1024 * 1024)
+        .scoped(Scope::Team("a".into()));
+    let created = a
+        .create(&with_domains("shop", "web", "a", &["shop.a.example"]))
+        .await
+        .unwrap();
+    assert_eq!(created.instance.domains, ["shop.a.example"]);
+    // Stored, not only answered: every later read carries them.
+    assert_eq!(a.find("shop").await.unwrap().domains, ["shop.a.example"]);
+    let refused = |request: CreateRequest| {
+        let a = &a;
+        async move { a.create(&request).await.unwrap_err().to_string() }
+    };
+    assert_eq!(
+        refused(with_domains("x", "web", "a", &["shop.b.example"])).await,
+        r#"--domain: domains[0] = "shop.b.example": not under a domain team "a" may use (teams.a.domain_suffixes: a.example)"#
+    );
+    assert_eq!(
+        refused(with_domains("x", "web", "a", &["evila.example"])).await,
+        r#"--domain: domains[0] = "evila.example": not under a domain team "a" may use (teams.a.domain_suffixes: a.example)"#
+    );
+    assert_eq!(
+        refused(with_domains("x", "db", "a", &["x.a.example"])).await,
+        r#"--domain: service type "db" serves no host names given at create (no service of it has tenant_domains = true in the catalog)"#
+    );
+    // Held by another live instance: refused, the holder unnamed.
+    let taken = refused(with_domains("x", "web", "a", &["shop.a.example"])).await;
+    assert!(
+        taken.starts_with("--domain shop.a.example: another live instance"),
+        "{taken}"
+    );
+    assert!(!taken.contains("shop "), "{taken}");
+    // Each given name counts against max_public_hosts beside the
+    // catalog's `{instance}.example.com`: 2 in use, 1 + 2 asked.
+    let over = refused(with_domains(
+        "y",
+        "web",
+        "a",
+        &["y1.a.example", "y2.a.example"],
+    ))
+    .await;
+    assert_eq!(
+        over,
+        "team \"a\" is at its quota max_public_hosts = 3: 2 in use, this instance asks for 3 more"
+    );
+    assert!(a.find("x").await.is_err() && a.find("y").await.is_err());
+    // Team b gives names under its own domain.
+    a.delete("shop", false).await.unwrap();
+    let team_b = ops(&store, at(1)).with_quotas(teams_with_domains(), 64 * 1024 * 1024);
+    team_b
+        .create(&with_domains("blog", "web", "b", &["blog.b.example"]))
+        .await
+        .unwrap();
 }

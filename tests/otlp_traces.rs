@@ -239,6 +239,7 @@ async fn expired_instance(daemon: &Daemon, name: &str) -> i64 {
     let instance = store
         .create_instance(
             &NewInstance {
+                domains: Vec::new(),
                 name: InstanceName::new(name),
                 team: "t".into(),
                 service_type: "web".into(),

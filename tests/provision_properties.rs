@@ -28,6 +28,7 @@ fn spec(name: &str) -> ServiceSpec {
         stop_grace: Duration::from_secs(5),
         update: Default::default(),
         domains: Vec::new(),
+        tenant_domains: false,
         run: Default::default(),
     }
 }

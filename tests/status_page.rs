@@ -120,6 +120,7 @@ async fn populate(daemon: &Daemon) {
         ("evil1", "wiki", "2"),
     ] {
         let new = NewInstance {
+            domains: Vec::new(),
             name: InstanceName::new(name),
             team: "default".into(),
             service_type: service_type.into(),

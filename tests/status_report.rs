@@ -33,6 +33,7 @@ async fn pending_upgrades_say_where_they_are_and_halted_rollouts_why() {
         ("d", "web", "1", Some("sun 03:00-05:00")),
     ] {
         let new = NewInstance {
+            domains: Vec::new(),
             spec_digest: None,
             parameters: Default::default(),
             name: InstanceName::new(name),
@@ -133,6 +134,7 @@ async fn a_failed_instance_shows_its_provisions_error_and_the_way_out() {
     )
     .unwrap();
     let new = NewInstance {
+        domains: Vec::new(),
         spec_digest: None,
         parameters: Default::default(),
         name: InstanceName::new("shop"),

@@ -383,6 +383,7 @@ async fn apply(subject: &mut Subject, op: &Op, now: &mut Timestamp) -> Seen {
         }
         Op::Create { name: n, expires } => {
             let new = NewInstance {
+                domains: Vec::new(),
                 spec_digest: None,
                 parameters: Default::default(),
                 name: name(n),

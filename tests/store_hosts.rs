@@ -55,6 +55,7 @@ fn t(seconds: i64) -> Timestamp {
 
 fn new_instance(name: &str) -> NewInstance {
     NewInstance {
+        domains: Vec::new(),
         spec_digest: None,
         parameters: Default::default(),
         name: InstanceName::new(name),

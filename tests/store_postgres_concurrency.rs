@@ -56,6 +56,7 @@ async fn create_instances(store: &dyn Store, n: usize) -> Vec<i64> {
     let mut ids = Vec::with_capacity(n);
     for i in 0..n {
         let new = NewInstance {
+            domains: Vec::new(),
             spec_digest: None,
             parameters: Default::default(),
             name: InstanceName::new(format!("tenant-{i}")),

@@ -122,6 +122,7 @@ fn t(seconds: i64) -> Timestamp {
 
 fn new_instance(name: &str) -> NewInstance {
     NewInstance {
+        domains: Vec::new(),
         spec_digest: None,
         parameters: Default::default(),
         name: InstanceName::new(name),
@@ -270,13 +271,26 @@ async fn parameters_and_the_purge_flag_round_trip(s: TestStore) {
         ("title".to_owned(), "Ünïcode \"quoted\" {braces}".to_owned()),
         ("empty".to_owned(), String::new()),
     ]);
+    new.domains = vec!["shop.a.example".to_owned(), "a.example".to_owned()];
     let created = store.create_instance(&new, t(0)).await.unwrap();
     assert_eq!(created.parameters, new.parameters);
+    assert_eq!(created.domains, new.domains);
     assert!(!created.purge_volumes, "a new instance keeps its volumes");
     store.set_purge_volumes(created.id, t(1)).await.unwrap();
     store.set_purge_volumes(created.id, t(2)).await.unwrap();
     let loaded = store.instance(&new.name).await.unwrap().unwrap();
     assert_eq!(loaded.parameters, new.parameters);
+    assert_eq!(loaded.domains, new.domains);
+    // The listing and a pass's batch load read them too.
+    assert_eq!(
+        store.list_instances().await.unwrap().rows[0].domains,
+        new.domains
+    );
+    let batch = store.load_instances(&[created.id]).await.unwrap();
+    assert_eq!(
+        batch[&created.id].as_ref().unwrap().instance.domains,
+        new.domains
+    );
     assert!(loaded.purge_volumes);
     assert_eq!(loaded.updated_at, t(2));
     let missing = store.set_purge_volumes(9_999, t(1)).await;
@@ -2578,6 +2592,36 @@ async fn the_schema_itself_rejects_bad_states_and_duplicate_active_tasks(s: Test
         .await
         .unwrap();
     assert!(running_unlocked.is_err(), "a running task holds a lease");
+}
+
+/// A given host name that is not a DNS name would be published as a
+/// route's host: its row is bad, naming the column, and fails alone.
+#[tokio::test]
+async fn sqlite_a_given_domain_that_is_no_host_name_fails_only_its_row() {
+    let s = support::sqlite().await;
+    let store = &*s.store;
+    instance(store, "good-1").await;
+    instance(store, "odd-1").await;
+    s.write_as_foreign_tool(
+        r#"UPDATE instances SET domains = '["evil host/"]' WHERE name = 'odd-1'"#,
+    )
+    .await
+    .unwrap();
+    let listed = store.list_instances().await.unwrap();
+    let names: Vec<_> = listed.rows.iter().map(|i| i.name.as_str()).collect();
+    assert_eq!(names, ["good-1"]);
+    assert!(
+        matches!(
+            &listed.bad[..],
+            [StoreError::BadRow {
+                table: "instances",
+                field: "domains",
+                ..
+            }]
+        ),
+        "{:?}",
+        listed.bad
+    );
 }
 
 /// SQLite lets a column hold a value of any type, and another tool may

@@ -60,6 +60,7 @@ fn new_token(team: &str, secret: &str) -> NewToken {
 
 fn new_instance(name: &str, team: &str) -> NewInstance {
     NewInstance {
+        domains: Vec::new(),
         spec_digest: None,
         parameters: Default::default(),
         name: InstanceName::new(name),
@@ -155,6 +156,7 @@ async fn token_expiry_and_revocation_make_it_not_live(s: TestStore) {
 async fn a_quota_refuses_the_create_that_would_pass_it_and_writes_nothing(s: TestStore) {
     let store = &*s.store;
     let quota = TeamQuota {
+        domain_suffixes: Vec::new(),
         max_instances: Some(3),
         max_memory_mb: Some(1000),
         max_public_hosts: Some(1),

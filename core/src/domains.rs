@@ -18,8 +18,9 @@
 use super::names::{self, check_dns_name, NameRule, INSTANCE_NAME_LEN_MAX, LABEL_LEN_MAX};
 use super::types::{InstanceName, ServiceName};
 
-/// Most host names one service may be given.
-pub(crate) const DOMAINS_PER_SERVICE_MAX: usize = 16;
+/// Most host names one service may be given by the catalog, and most an
+/// instance's creator may give it.
+pub const DOMAINS_PER_SERVICE_MAX: usize = 16;
 
 const INSTANCE: &str = "{instance}";
 const SERVICE: &str = "{service}";
@@ -110,6 +111,113 @@ impl DomainTemplate {
     }
 }
 
+/// The public host names of one service of a type: the catalog's
+/// templates and, where the catalog says `tenant_domains = true`, the
+/// host names each instance's creator gave at create (#54).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ServiceHosts {
+    pub templates: Vec<DomainTemplate>,
+    pub takes_given: bool,
+}
+
+impl ServiceHosts {
+    /// Whether no instance of the service has any public host name.
+    pub fn is_empty(&self) -> bool {
+        self.templates.is_empty() && !self.takes_given
+    }
+
+    /// The host names `service` of `instance` is served under: each
+    /// template rendered, then the ones its creator gave (`given`).
+    pub fn render(
+        &self,
+        instance: &InstanceName,
+        service: &ServiceName,
+        given: &[String],
+    ) -> Vec<String> {
+        let given = if self.takes_given { given } else { &[] };
+        self.templates
+            .iter()
+            .map(|t| t.render(instance, service))
+            .chain(given.iter().cloned())
+            .collect()
+    }
+}
+
+/// Why a host name given at create was refused; `index` is its place in
+/// the request's list.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum GivenDomainError {
+    #[error("domains: {count} host names given, at most {DOMAINS_PER_SERVICE_MAX}")]
+    TooMany { count: usize },
+    #[error("domains[{index}] = {host:?}: {rule}")]
+    NotDnsName {
+        index: usize,
+        host: String,
+        rule: NameRule,
+    },
+    #[error("domains[{index}] = {host:?}: given twice")]
+    Duplicate { index: usize, host: String },
+    #[error(
+        "domains[{index}] = {host:?}: not under a domain team {team:?} may use (teams.{team}.\
+         domain_suffixes: {allowed})"
+    )]
+    NotAllowed {
+        index: usize,
+        host: String,
+        team: String,
+        allowed: String,
+    },
+}
+
+/// Checks the host names `team` gives an instance at create: DNS names,
+/// none twice, each equal to or under one of `suffixes` (whole labels:
+/// `acme.example` allows `shop.acme.example`, never `evilacme.example`).
+/// A team with no suffixes may give none.
+pub fn check_given_domains(
+    team: &str,
+    given: &[String],
+    suffixes: &[String],
+) -> Result<(), GivenDomainError> {
+    if given.len() > DOMAINS_PER_SERVICE_MAX {
+        return Err(GivenDomainError::TooMany { count: given.len() });
+    }
+    for (index, host) in given.iter().enumerate() {
+        check_dns_name("domain", host).map_err(|e| GivenDomainError::NotDnsName {
+            index,
+            host: host.clone(),
+            rule: e.rule,
+        })?;
+        if given[..index].contains(host) {
+            return Err(GivenDomainError::Duplicate {
+                index,
+                host: host.clone(),
+            });
+        }
+        if !suffixes.iter().any(|suffix| is_under(host, suffix)) {
+            let allowed = if suffixes.is_empty() {
+                "none".to_owned()
+            } else {
+                suffixes.join(", ")
+            };
+            return Err(GivenDomainError::NotAllowed {
+                index,
+                host: host.clone(),
+                team: team.to_owned(),
+                allowed,
+            });
+        }
+    }
+    Ok(())
+}
+
+/// Whether `host` is `suffix` or a name under it, by whole labels.
+pub fn is_under(host: &str, suffix: &str) -> bool {
+    host == suffix
+        || host
+            .strip_suffix(suffix)
+            .is_some_and(|rest| rest.ends_with('.'))
+}
+
 impl std::fmt::Display for DomainTemplate {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str(&self.0)
@@ -154,6 +262,71 @@ mod tests {
         let label = "a".repeat(60);
         let long = format!("{{instance}}.{{service}}.{label}.{label}.{label}.com");
         check(&long, false);
+    }
+
+    #[test]
+    fn a_given_domain_must_lie_under_a_suffix_by_whole_labels() {
+        let suffixes = ["acme.example".to_owned()];
+        let given = |hosts: &[&str]| {
+            let hosts: Vec<String> = hosts.iter().map(|h| (*h).to_owned()).collect();
+            check_given_domains("acme", &hosts, &suffixes)
+        };
+        assert_eq!(given(&["shop.acme.example", "acme.example"]), Ok(()));
+        for refused in [
+            "evilacme.example",
+            "acme.example.evil",
+            "example",
+            "shop.other.example",
+        ] {
+            assert!(
+                matches!(given(&[refused]), Err(GivenDomainError::NotAllowed { .. })),
+                "{refused}"
+            );
+        }
+        let error = given(&["shop.acme.example", "Shop.acme.example"]).unwrap_err();
+        assert!(
+            error
+                .to_string()
+                .starts_with(r#"domains[1] = "Shop.acme.example": must be"#),
+            "{error}"
+        );
+        let error = given(&["a.acme.example", "a.acme.example"]).unwrap_err();
+        assert_eq!(
+            error.to_string(),
+            r#"domains[1] = "a.acme.example": given twice"#
+        );
+        let error = check_given_domains("solo", &["a.acme.example".into()], &[]).unwrap_err();
+        assert_eq!(
+            error.to_string(),
+            r#"domains[0] = "a.acme.example": not under a domain team "solo" may use (teams.solo.domain_suffixes: none)"#
+        );
+        let many: Vec<String> = (0..=DOMAINS_PER_SERVICE_MAX)
+            .map(|i| format!("h{i}.acme.example"))
+            .collect();
+        assert!(matches!(
+            check_given_domains("acme", &many, &suffixes),
+            Err(GivenDomainError::TooMany { .. })
+        ));
+    }
+
+    #[test]
+    fn given_domains_follow_the_templates_only_where_the_service_takes_them() {
+        let templates = vec![DomainTemplate::parse("{instance}.example.com").unwrap()];
+        let given = ["shop.acme.example".to_owned()];
+        let mut hosts = ServiceHosts {
+            templates,
+            takes_given: false,
+        };
+        let (instance, service) = (InstanceName::new("shop"), ServiceName::new("web"));
+        assert_eq!(
+            hosts.render(&instance, &service, &given),
+            ["shop.example.com"]
+        );
+        hosts.takes_given = true;
+        assert_eq!(
+            hosts.render(&instance, &service, &given),
+            ["shop.example.com", "shop.acme.example"]
+        );
     }
 
     #[test]

@@ -286,6 +286,10 @@ pub struct Instance {
     /// Values given at `instance create --set key=value`, for the
     /// catalog's `{param.key}` templates.
     pub parameters: BTreeMap<String, String>,
+    /// Public host names its creator gave at create (#54), each within the
+    /// team's `domain_suffixes`; served by the type's service that takes
+    /// them (`tenant_domains`). Empty for most instances.
+    pub domains: Vec<String>,
     /// `instance delete --purge-volumes` asked for its named volumes to go
     /// with it.
     pub purge_volumes: bool,

@@ -5,7 +5,7 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use super::domains::DomainTemplate;
+use super::domains::{DomainTemplate, ServiceHosts};
 use super::release::{render, ReleaseParams, TemplateError};
 use super::types::ServiceName;
 
@@ -67,6 +67,11 @@ pub struct ServiceSpec {
     /// published changes no container.
     #[serde(skip)]
     pub domains: Vec<DomainTemplate>,
+    /// `tenant_domains = true` (#54): also served under the host names its
+    /// instance's creator gave (`instance create --domain`), each within
+    /// the team's `domain_suffixes`. At most one service of a type.
+    #[serde(skip)]
+    pub tenant_domains: bool,
     /// Environment, secrets, storage, limits and networks (boxed: most
     /// specs are copied far more often than this is read).
     pub run: Box<RunSpec>,
@@ -181,6 +186,14 @@ pub enum MountSource {
 }
 
 impl ServiceSpec {
+    /// Its public host names as the catalog gives them (#43, #54).
+    pub fn hosts(&self) -> ServiceHosts {
+        ServiceHosts {
+            templates: self.domains.clone(),
+            takes_given: self.tenant_domains,
+        }
+    }
+
     /// A digest of everything the catalog says about the service: two
     /// specs share it exactly when they are equal.
     pub fn digest(&self) -> String {

@@ -21,17 +21,16 @@ pub struct RefusedHost {
     pub holder: String,
 }
 
-/// The catalog's public hosts of `service` of `instance`, rendered.
+/// The public hosts of `service` of `instance`: the catalog's, rendered,
+/// and those it was given at create where the service takes them.
 fn wanted_hosts(from: &StatusSources<'_>, instance: &Instance, service: &str) -> Vec<String> {
     let service = ServiceName::new(service);
     from.catalog
         .get(&instance.service_type)
         .and_then(|entry| entry.services.iter().find(|s| s.name == service))
         .map(|spec| {
-            spec.domains
-                .iter()
-                .map(|t| t.render(&instance.name, &service))
-                .collect()
+            spec.hosts()
+                .render(&instance.name, &service, &instance.domains)
         })
         .unwrap_or_default()
 }

@@ -855,6 +855,9 @@ pub struct InstanceView {
     /// `instance delete --purge-volumes` was asked for.
     #[serde(default)]
     pub purge_volumes: bool,
+    /// Public host names given at `instance create --domain` (#54).
+    #[serde(default)]
+    pub domains: Vec<String>,
 }
 
 impl From<&Instance> for InstanceView {
@@ -873,6 +876,7 @@ impl From<&Instance> for InstanceView {
             updated_at: i.updated_at.to_string(),
             parameters: i.parameters.clone(),
             purge_volumes: i.purge_volumes,
+            domains: i.domains.clone(),
         }
     }
 }
@@ -1022,6 +1026,7 @@ mod tests {
     fn instance(state: InstanceState, stopped: bool) -> Instance {
         let at: Timestamp = "2026-11-30T00:00:00Z".parse().unwrap();
         Instance {
+            domains: Vec::new(),
             spec_digest: None,
             parameters: Default::default(),
             purge_volumes: false,

@@ -3,12 +3,13 @@
 //! its token's team, so one `find` hides another team's instances from
 //! every command at once.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::{Ops, OpsError, TTL_MAX};
+use super::{CreateRequest, Ops, OpsError, TTL_MAX};
 use crate::core::catalog::CatalogEntry;
+use crate::core::domains::check_given_domains;
 use crate::core::fleet::{Instance, InstanceState};
 use crate::ports::tenancy::{same_digest, secret_sha256};
 use crate::ports::{NewInstance, NewToken, QuotaCharge, Revocation, TeamQuota, Token, TokenRole};
@@ -100,6 +101,65 @@ impl Ops<'_> {
         &self.scope
     }
 
+    /// The host names a create gives (`--domain`, #54): only for a type
+    /// with a service that takes them, each within the team's
+    /// `domain_suffixes`, and none another live instance holds or was
+    /// given. Two creates racing for one name both pass here; the store's
+    /// reservation at publish serves only the first (`core::hosts`).
+    pub(super) async fn check_given_domains(
+        &self,
+        request: &CreateRequest,
+        entry: &CatalogEntry,
+    ) -> Result<(), OpsError> {
+        if request.domains.is_empty() {
+            return Ok(());
+        }
+        if !entry.services.iter().any(|s| s.tenant_domains) {
+            return Err(OpsError::Invalid(format!(
+                "--domain: service type {:?} serves no host names given at create (no service \
+                 of it has tenant_domains = true in the catalog)",
+                entry.service_type
+            )));
+        }
+        let suffixes = self
+            .quotas
+            .get(&request.team)
+            .map(|team| team.domain_suffixes.as_slice())
+            .unwrap_or_default();
+        check_given_domains(&request.team, &request.domains, suffixes)
+            .map_err(|e| OpsError::Invalid(format!("--domain: {e}")))?;
+        let held = self.held_hosts(&request.name).await?;
+        if let Some(host) = request.domains.iter().find(|host| held.contains(*host)) {
+            // Which instance holds it is not said: it may be another team's.
+            return Err(OpsError::Conflict(format!(
+                "--domain {host}: another live instance holds this host name; it is free once \
+                 that instance is deleted"
+            )));
+        }
+        Ok(())
+    }
+
+    /// The public host names live instances other than `name` hold: their
+    /// reservations and the names they were given at create.
+    async fn held_hosts(&self, name: &str) -> Result<BTreeSet<String>, OpsError> {
+        let reservations = self
+            .store
+            .host_reservations()
+            .await
+            .map_err(OpsError::from)?;
+        let instances = self.store.list_instances().await.map_err(OpsError::from)?;
+        let others = instances
+            .rows
+            .into_iter()
+            .filter(|i| i.state != InstanceState::Deleted && i.name.as_str() != name);
+        Ok(reservations
+            .into_iter()
+            .filter(|r| r.instance.as_str() != name)
+            .map(|r| r.host)
+            .chain(others.flat_map(|i| i.domains))
+            .collect())
+    }
+
     /// What an instance of `entry` counts against its team's quotas: each
     /// service's memory limit (or the default) and its public host names.
     pub fn quota_charge(&self, entry: &CatalogEntry) -> QuotaCharge {
@@ -124,8 +184,10 @@ impl Ops<'_> {
         entry: &CatalogEntry,
     ) -> Result<Instance, OpsError> {
         let quota = self.quotas.get(&new.team).cloned().unwrap_or_default();
+        let mut charge = self.quota_charge(entry);
+        charge.public_hosts += new.domains.len() as u64;
         self.store
-            .create_instance_within(new, &quota, self.quota_charge(entry), self.now)
+            .create_instance_within(new, &quota, charge, self.now)
             .await
             .map_err(OpsError::from)?
             .map_err(|exceeded| OpsError::Conflict(exceeded.to_string()))

@@ -456,6 +456,9 @@ pub struct NewInstance {
     pub maintenance_window: Option<String>,
     /// Checked against the catalog's declared parameters by the caller.
     pub parameters: BTreeMap<String, String>,
+    /// Public host names given at create, checked by the caller against
+    /// the team's `domain_suffixes` (#54).
+    pub domains: Vec<String>,
     /// The catalog type's spec digest it is created at.
     pub spec_digest: Option<String>,
 }

@@ -105,6 +105,9 @@ pub struct TeamQuota {
     pub max_instances: Option<u64>,
     pub max_memory_mb: Option<u64>,
     pub max_public_hosts: Option<u64>,
+    /// The domains whose names (and names under them) the team may give
+    /// its instances at create (#54); none unless listed.
+    pub domain_suffixes: Vec<String>,
 }
 
 /// What one instance counts against its team's quotas.
@@ -220,6 +223,7 @@ mod tests {
     #[test]
     fn a_quota_names_the_first_limit_the_create_would_pass() {
         let quota = TeamQuota {
+            domain_suffixes: Vec::new(),
             max_instances: Some(5),
             max_memory_mb: Some(1024),
             max_public_hosts: None,

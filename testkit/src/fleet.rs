@@ -41,6 +41,7 @@ fn spec(service: usize) -> ServiceSpec {
         stop_grace: Duration::ZERO,
         update: Default::default(),
         domains: Vec::new(),
+        tenant_domains: false,
         run: Default::default(),
     }
 }
@@ -59,6 +60,7 @@ pub async fn build_steady_fleet(
     for i in 0..shape.instances {
         let name = instance_name(i);
         let new = NewInstance {
+            domains: Vec::new(),
             spec_digest: None,
             parameters: Default::default(),
             name: name.clone(),

@@ -292,6 +292,7 @@ impl WorldSeed {
         for (n, seed) in self.instances.iter().take(INSTANCES_MAX).enumerate() {
             let id = n as i64 + 1;
             instances.push(Instance {
+                domains: Vec::new(),
                 spec_digest: None,
                 parameters: Default::default(),
                 purge_volumes: false,

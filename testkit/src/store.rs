@@ -584,6 +584,7 @@ impl State {
             parameters: new.parameters.clone(),
             purge_volumes: false,
             spec_digest: new.spec_digest.clone(),
+            domains: new.domains.clone(),
             id: self.next_instance_id,
             name: new.name.clone(),
             team: new.team.clone(),
@@ -1862,6 +1863,7 @@ mod tests {
 
     fn new_instance(name: &str) -> NewInstance {
         NewInstance {
+            domains: Vec::new(),
             spec_digest: None,
             parameters: Default::default(),
             name: InstanceName::new(name),

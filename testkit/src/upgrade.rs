@@ -85,6 +85,7 @@ pub fn upgrade_input(services: &[UpgradeServiceSeed], stopped: bool, ready: bool
                 UpdateStrategy::Overlap
             },
             domains: Vec::new(),
+            tenant_domains: false,
             run: Default::default(),
         };
         // Behind by version, behind by spec at the same version (another

@@ -326,6 +326,7 @@ kill_margin_s = 1
     pub async fn create_typed(&self, name: &str, service_type: &str, ttl: Option<Duration>) {
         self.ops()
             .create(&CreateRequest {
+                domains: Vec::new(),
                 parameters: Default::default(),
                 name: name.to_owned(),
                 service_type: service_type.to_owned(),

@@ -109,6 +109,7 @@ pub fn httpd_spec(service: &str) -> ServiceSpec {
         stop_grace: Duration::from_secs(1),
         update: Default::default(),
         domains: Vec::new(),
+        tenant_domains: false,
         run: Default::default(),
     }
 }

@@ -205,6 +205,20 @@ impl Checker<'_> {
                     "duplicate service name",
                 ));
             }
+            // The host names given at create belong to one service, so a
+            // create need not say which.
+            if service.tenant_domains {
+                if let Some(first) = services.iter().position(|s| s.tenant_domains) {
+                    return Err(self.invalid(
+                        format!("{at}.services[{i}].tenant_domains"),
+                        true,
+                        format!(
+                            "{at}.services[{first}] takes the instance's given domains already; \
+                             at most one service of a type does"
+                        ),
+                    ));
+                }
+            }
             services.push(service);
         }
         let instance_network = services.len() > 1;
@@ -428,6 +442,7 @@ impl Checker<'_> {
             stop_grace,
             update,
             domains,
+            tenant_domains: raw.tenant_domains,
             run: Box::new(run),
         })
     }

@@ -84,6 +84,8 @@ pub(super) struct RawService {
     pub(super) cap_add: Vec<String>,
     #[serde(default)]
     pub(super) domains: Vec<String>,
+    #[serde(default)]
+    pub(super) tenant_domains: bool,
 }
 
 #[derive(Deserialize)]

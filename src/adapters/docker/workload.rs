@@ -462,6 +462,7 @@ mod tests {
             stop_grace: Duration::from_secs(1),
             update: Default::default(),
             domains: Vec::new(),
+            tenant_domains: false,
             run: Default::default(),
         };
         spec.run.secrets = vec![SecretEnv {

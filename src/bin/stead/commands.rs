@@ -662,8 +662,10 @@ async fn instance(config: &DaemonConfig, command: InstanceCommand) -> Result<u8,
             window,
             exists_ok,
             parameters,
+            domains,
         } => {
             let request = CreateRequest {
+                domains,
                 parameters: parameters_once(parameters)?,
                 name,
                 service_type,
@@ -971,6 +973,14 @@ async fn instance_show(config: &DaemonConfig, name: &str, json: bool) -> Result<
                     .map(|(k, v)| format!("{k}={v:?}"))
                     .collect::<Vec<_>>()
                     .join(", ")
+            },
+        ),
+        (
+            "domains",
+            if view.domains.is_empty() {
+                "none".into()
+            } else {
+                view.domains.join(", ")
             },
         ),
     ] {

@@ -245,6 +245,11 @@ pub enum InstanceCommand {
         /// (`{param.NAME}`); repeat for several.
         #[arg(long = "set", value_name = "NAME=VALUE", value_parser = parse_parameter)]
         parameters: Vec<(String, String)>,
+        /// A public host name to serve the instance under, within a domain
+        /// its team may use (`teams.NAME.domain_suffixes`), for the type's
+        /// service with `tenant_domains`; repeat for several.
+        #[arg(long = "domain", value_name = "HOST")]
+        domains: Vec<String>,
     },
     /// Say in plain sentences what each service of an instance waits
     /// for: a crash-loop delay and its end, a hold, a maintenance window,

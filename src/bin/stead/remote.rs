@@ -143,6 +143,7 @@ pub async fn instance(remote: &Remote, command: InstanceCommand) -> Result<u8, C
             window,
             exists_ok,
             parameters,
+            domains,
             version,
             team: _,
         } => {
@@ -155,6 +156,7 @@ pub async fn instance(remote: &Remote, command: InstanceCommand) -> Result<u8, C
                 "ttl_s": ttl_s,
                 "maintenance_window": window,
                 "parameters": parameters.into_iter().collect::<std::collections::BTreeMap<_, _>>(),
+                "domains": domains,
             });
             // The API's create with a key accepts a live instance of that
             // name and type, as --exists-ok does.

@@ -25,7 +25,14 @@ pub const QUOTA_MAX: i64 = 1 << 40;
 
 /// The keys of each `[teams.NAME]` table; `docs/configuration.md`
 /// documents each as `teams.<name>.<key>`.
-pub const TEAM_KEYS: &[&str] = &["max_instances", "max_memory_mb", "max_public_hosts"];
+pub const TEAM_KEYS: &[&str] = &[
+    "max_instances",
+    "max_memory_mb",
+    "max_public_hosts",
+    "domain_suffixes",
+];
+/// Most entries in one team's `domain_suffixes`.
+pub const DOMAIN_SUFFIXES_MAX: usize = 64;
 
 /// Most names in `api_hosts`.
 pub const API_HOSTS_MAX: usize = 64;
@@ -78,6 +85,8 @@ pub(super) struct RawTeam {
     max_instances: Option<i64>,
     max_memory_mb: Option<i64>,
     max_public_hosts: Option<i64>,
+    #[serde(default)]
+    domain_suffixes: Vec<String>,
 }
 
 impl Validator<'_> {
@@ -183,10 +192,78 @@ impl Validator<'_> {
                 max_instances: quota("max_instances", raw.max_instances)?,
                 max_memory_mb: quota("max_memory_mb", raw.max_memory_mb)?,
                 max_public_hosts: quota("max_public_hosts", raw.max_public_hosts)?,
+                domain_suffixes: self.domain_suffixes(&name, raw.domain_suffixes)?,
             };
             teams.insert(name, team);
         }
+        self.disjoint_suffixes(&teams)?;
         Ok(teams)
+    }
+
+    /// `teams.NAME.domain_suffixes`: DNS names, lowercase, none twice.
+    fn domain_suffixes(
+        &self,
+        team: &str,
+        raw: Vec<String>,
+    ) -> Result<Vec<String>, DaemonConfigError> {
+        let key = format!("teams.{team}.domain_suffixes");
+        if raw.len() > DOMAIN_SUFFIXES_MAX {
+            return Err(self.invalid_quoted(
+                &key,
+                format!("{} names", raw.len()),
+                format!("at most {DOMAIN_SUFFIXES_MAX} domains"),
+            ));
+        }
+        for (n, suffix) in raw.iter().enumerate() {
+            let field = format!("{key}[{n}]");
+            crate::core::names::check_dns_name(&field, suffix)
+                .map_err(|e| self.invalid_quoted(&field, quote(suffix), e.rule.to_string()))?;
+            if raw[..n].contains(suffix) {
+                return Err(self.invalid_quoted(&field, quote(suffix), "listed twice".to_owned()));
+            }
+        }
+        Ok(raw)
+    }
+
+    /// No team's domain lies under (or is) another team's: each host name
+    /// a tenant may give belongs to one team only (#54).
+    fn disjoint_suffixes(
+        &self,
+        teams: &BTreeMap<String, TeamQuota>,
+    ) -> Result<(), DaemonConfigError> {
+        let owner: BTreeMap<&str, &str> = teams
+            .iter()
+            .flat_map(|(team, quota)| {
+                quota
+                    .domain_suffixes
+                    .iter()
+                    .map(|s| (s.as_str(), team.as_str()))
+            })
+            .collect();
+        for (team, quota) in teams {
+            for (n, suffix) in quota.domain_suffixes.iter().enumerate() {
+                // The suffix itself, then each domain above it.
+                let above = std::iter::successors(Some(suffix.as_str()), |s| {
+                    s.split_once('.').map(|(_, rest)| rest)
+                });
+                for domain in above {
+                    match owner.get(domain) {
+                        Some(other) if *other != team.as_str() => {
+                            return Err(self.invalid_quoted(
+                                &format!("teams.{team}.domain_suffixes[{n}]"),
+                                quote(suffix),
+                                format!(
+                                    "lies under {domain:?}, which teams.{other}.domain_suffixes \
+                                     lists: a host name a tenant gives belongs to one team"
+                                ),
+                            ));
+                        }
+                        _ => {}
+                    }
+                }
+            }
+        }
+        Ok(())
     }
 }
 
@@ -211,6 +288,7 @@ mod tests {
             (a.max_instances, a.max_memory_mb, a.max_public_hosts),
             (Some(5), Some(2048), None)
         );
+        assert!(a.domain_suffixes.is_empty());
         assert_eq!(
             parse("", "stead.toml", &[]).unwrap().tenancy.api.listen,
             None
@@ -245,5 +323,38 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(e.contains("max_cpus"), "{e}");
+    }
+
+    #[test]
+    fn domain_suffixes_are_dns_names_and_no_two_teams_share_one() {
+        let config = parse(
+            "[teams.a]\ndomain_suffixes = [\"a.example\", \"shop-a.example.net\"]\n\
+             [teams.b]\ndomain_suffixes = [\"b.example\"]\n",
+            "stead.toml",
+            &[],
+        )
+        .unwrap();
+        assert_eq!(
+            config.tenancy.teams["a"].domain_suffixes,
+            ["a.example", "shop-a.example.net"]
+        );
+        let refused = |toml: &str| parse(toml, "stead.toml", &[]).unwrap_err().to_string();
+        let e = refused("[teams.a]\ndomain_suffixes = [\"A.example\"]\n");
+        assert!(
+            e.contains("teams.a.domain_suffixes[0]") && e.contains("A.example"),
+            "{e}"
+        );
+        let e = refused("[teams.a]\ndomain_suffixes = [\"a.example\", \"a.example\"]\n");
+        assert!(
+            e.contains("teams.a.domain_suffixes[1]") && e.contains("twice"),
+            "{e}"
+        );
+        let e = refused(
+            "[teams.a]\ndomain_suffixes = [\"example\"]\n[teams.b]\ndomain_suffixes = [\"b.example\"]\n",
+        );
+        assert!(
+            e.contains("teams.b.domain_suffixes[0]") && e.contains("teams.a.domain_suffixes"),
+            "{e}"
+        );
     }
 }

@@ -52,8 +52,9 @@ fn instance_name(path: Result<Path<String>, PathRejection>) -> Result<String, Pr
 /// The field of a create's body an [`OpsError::Invalid`] is about, by the
 /// flag the CLI's message names.
 fn create_field(message: &str) -> &'static str {
-    const FIELDS: [(&str, &str); 6] = [
+    const FIELDS: [(&str, &str); 7] = [
         ("--set", "parameters"),
+        ("--domain", "domains"),
         ("--window", "maintenance_window"),
         ("ttl", "ttl_s"),
         ("service type", "type"),
@@ -150,6 +151,7 @@ pub async fn create(
             "ttl_s" => request.ttl_s.map(|t| t.to_string()).unwrap_or_default(),
             "maintenance_window" => request.maintenance_window.clone().unwrap_or_default(),
             "parameters" => serde_json::to_string(&request.parameters).unwrap_or_default(),
+            "domains" => request.domains.join(", "),
             "Authorization" => String::new(),
             _ => request.name.clone(),
         }
@@ -163,11 +165,15 @@ pub async fn create(
         maintenance_window: request.maintenance_window,
         exists_ok: key.is_some(),
         parameters: request.parameters,
+        domains: request.domains,
     };
     let created = ops.create(&create).await.map_err(|e| match e {
         OpsError::Invalid(message) => {
             let field = create_field(&message);
             Problem::from_ops(OpsError::Invalid(message)).at(field, value_of(field))
+        }
+        OpsError::Conflict(message) if message.starts_with("--domain") => {
+            Problem::from_ops(OpsError::Conflict(message)).at("domains", value_of("domains"))
         }
         other => Problem::from_ops(other).at("name", &name),
     })?;

@@ -38,6 +38,12 @@ pub struct CreateInstance {
     /// When its upgrades may run: `"sun 03:00-05:00 Europe/Paris"`.
     #[schema(max_length = 200)]
     pub maintenance_window: Option<String>,
+    /// Public host names to serve the instance's service under (the
+    /// type's service with `tenant_domains`), each within a domain the
+    /// team is allowed (`teams.NAME.domain_suffixes`).
+    #[serde(default)]
+    #[schema(max_items = 16)]
+    pub domains: Vec<String>,
 }
 
 /// One instance as the API shows it.
@@ -57,6 +63,8 @@ pub struct InstanceView {
     pub expires_at: Option<String>,
     pub maintenance_window: Option<String>,
     pub parameters: BTreeMap<String, String>,
+    /// The public host names it was given at create.
+    pub domains: Vec<String>,
     /// Where its services are served: Caddy's routes by host name.
     pub urls: Vec<String>,
 }
@@ -85,12 +93,10 @@ impl Served {
                 "http://{}.{}.{}{port}/",
                 service.name, instance.name, self.host_suffix
             ));
-            for domain in &service.domains {
-                urls.push(format!(
-                    "https://{}/",
-                    domain.render(&instance.name, &service.name)
-                ));
-            }
+            let hosts = service
+                .hosts()
+                .render(&instance.name, &service.name, &instance.domains);
+            urls.extend(hosts.into_iter().map(|host| format!("https://{host}/")));
         }
         urls
     }
@@ -110,6 +116,7 @@ impl InstanceView {
             expires_at: instance.expires_at.map(|t| t.to_string()),
             maintenance_window: instance.maintenance_window.clone(),
             parameters: instance.parameters.clone(),
+            domains: instance.domains.clone(),
             urls,
         }
     }

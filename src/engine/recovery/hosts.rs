@@ -49,18 +49,14 @@ impl Recoverer {
     }
 
     /// The public host names of `key`'s service: its type's `domains`
-    /// templates rendered for this instance (#43).
+    /// templates rendered for this instance (#43), and the names the
+    /// instance was given at create where the service takes them (#54).
     fn public_hosts(&self, instance: &Instance, key: &GenerationKey) -> Vec<String> {
         self.domains
             .lock()
             .expect("domains poisoned")
             .get(&(instance.service_type.clone(), key.service.clone()))
-            .map(|templates| {
-                templates
-                    .iter()
-                    .map(|t| t.render(&key.instance, &key.service))
-                    .collect()
-            })
+            .map(|hosts| hosts.render(&key.instance, &key.service, &instance.domains))
             .unwrap_or_default()
     }
 

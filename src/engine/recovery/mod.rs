@@ -10,7 +10,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Mutex, OnceLock};
 
-use crate::core::domains::DomainTemplate;
+use crate::core::domains::ServiceHosts;
 use crate::core::memory::RecoveryMemory;
 use crate::core::policy::{RecoveryPolicy, INSTANCE_LEASE_SLACK};
 use crate::core::spec::ReadinessProbe;
@@ -40,20 +40,20 @@ use super::Ports;
 /// Readiness probe per (service type, service), from the catalog.
 pub type ReadinessTable = BTreeMap<(String, ServiceName), ReadinessProbe>;
 
-/// Public host name templates per (service type, service), from the
-/// catalog's `domains` (#43); a service absent has none.
-pub type DomainTable = BTreeMap<(String, ServiceName), Vec<DomainTemplate>>;
+/// Public host names per (service type, service), from the catalog's
+/// `domains` (#43) and `tenant_domains` (#54); a service absent has none.
+pub type DomainTable = BTreeMap<(String, ServiceName), ServiceHosts>;
 
-/// The public host name templates of every (service type, service) of the
-/// catalog that has any (#43).
+/// The public host names of every (service type, service) of the catalog
+/// that has any (#43, #54).
 pub fn domain_table(catalog: &crate::core::catalog::Catalog) -> DomainTable {
     let mut table = BTreeMap::new();
     for entry in catalog.entries() {
-        for spec in entry.services.iter().filter(|s| !s.domains.is_empty()) {
-            table.insert(
-                (entry.service_type.clone(), spec.name.clone()),
-                spec.domains.clone(),
-            );
+        for spec in &entry.services {
+            let hosts = spec.hosts();
+            if !hosts.is_empty() {
+                table.insert((entry.service_type.clone(), spec.name.clone()), hosts);
+            }
         }
     }
     table

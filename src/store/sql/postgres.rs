@@ -17,9 +17,9 @@ use sqlx::{Postgres, Transaction};
 use super::rows::{assemble_loaded, collect_rows, count_states, found_or, instance_found_or};
 use super::rows::{
     claim_order, decode_rollout, decode_rollout_record, decode_type_version, encode_binds,
-    encode_grace, encode_parameters, encode_revert_to, encode_timestamp, inhibition_order,
-    lease_grant, read_rows, ActiveRow, BatchRows, InhibitionRow, InstanceRow, LeaseRow, ListedRow,
-    ReadRow, TaskRow,
+    encode_domains, encode_grace, encode_parameters, encode_revert_to, encode_timestamp,
+    inhibition_order, lease_grant, read_rows, ActiveRow, BatchRows, InhibitionRow, InstanceRow,
+    LeaseRow, ListedRow, ReadRow, TaskRow,
 };
 use super::shared::impl_sql_store;
 use super::statements as sql;
@@ -363,7 +363,7 @@ async fn insert_task<'e>(
 mod batch {
     pub const INSTANCES_OF_IDS: &str = "SELECT id, name, team, service_type, version, state, \
          stopped, expires_at_us, maintenance_window, created_at_us, updated_at_us, parameters, \
-         purge_volumes, spec_digest FROM instances WHERE id = ANY($1)";
+         purge_volumes, spec_digest, domains FROM instances WHERE id = ANY($1)";
     pub const ACTIVE_OF_IDS: &str = "SELECT instance_id, service, container_id, \
          effective_revision, backend_binds, stop_grace_ms, verified_started_at_ns \
          FROM active_services WHERE instance_id = ANY($1)";

@@ -88,6 +88,25 @@ pub fn encode_parameters(parameters: &std::collections::BTreeMap<String, String>
     serde_json::to_string(parameters).expect("a map of strings always serialises")
 }
 
+/// Host names given at create are stored as a JSON array of strings.
+pub fn encode_domains(domains: &[String]) -> String {
+    serde_json::to_string(domains).expect("a list of strings always serialises")
+}
+
+/// A row's given host names: a JSON array of DNS names, or the row is bad
+/// (a name that is not one would be published as a route's host).
+fn decode_domains(id: &str, text: &str) -> Result<Vec<String>, StoreError> {
+    let bad = || bad_row("instances", id, "domains", text);
+    let domains: Vec<String> = serde_json::from_str(text).map_err(|_| bad())?;
+    if domains
+        .iter()
+        .any(|d| names::check_dns_name("domains", d).is_err())
+    {
+        return Err(bad());
+    }
+    Ok(domains)
+}
+
 pub fn encode_binds(binds: &Binds) -> String {
     serde_json::to_string(binds).expect("a map of integers always serialises")
 }
@@ -111,6 +130,8 @@ pub struct InstanceRow {
     #[serde(deserialize_with = "bool_of_int")]
     pub purge_volumes: bool,
     pub spec_digest: Option<String>,
+    /// A JSON array of host names.
+    pub domains: String,
 }
 
 /// An instance row as a whole recovery pass lists it
@@ -172,6 +193,7 @@ impl InstanceRow {
                 .map_err(|_| bad_row(T, &id, "parameters", &self.parameters))?,
             purge_volumes: self.purge_volumes,
             spec_digest: self.spec_digest,
+            domains: decode_domains(&id, &self.domains)?,
         })
     }
 }

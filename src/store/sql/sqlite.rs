@@ -21,9 +21,9 @@ use sqlx::{Sqlite, Transaction};
 use super::rows::{assemble_loaded, collect_rows, count_states, found_or, instance_found_or};
 use super::rows::{
     bad_row, claim_order, decode_rollout, decode_rollout_record, decode_type_version, encode_binds,
-    encode_grace, encode_parameters, encode_revert_to, encode_timestamp, inhibition_order,
-    lease_grant, read_rows, ActiveRow, BatchRows, InhibitionRow, InstanceRow, LeaseRow, ListedRow,
-    ReadRow, TaskRow,
+    encode_domains, encode_grace, encode_parameters, encode_revert_to, encode_timestamp,
+    inhibition_order, lease_grant, read_rows, ActiveRow, BatchRows, InhibitionRow, InstanceRow,
+    LeaseRow, ListedRow, ReadRow, TaskRow,
 };
 use super::shared::impl_sql_store;
 use super::statements as sql;
@@ -315,7 +315,8 @@ mod batch {
              'stopped', stopped, 'expires_at_us', expires_at_us, \
              'maintenance_window', maintenance_window, 'created_at_us', created_at_us, \
              'updated_at_us', updated_at_us, 'parameters', parameters, \
-             'purge_volumes', purge_volumes, 'spec_digest', spec_digest)"
+             'purge_volumes', purge_volumes, 'spec_digest', spec_digest, \
+             'domains', domains)"
         };
     }
     pub const INSTANCES: &str = concat!(

@@ -6,13 +6,13 @@
 
 pub const CREATE_INSTANCE: &str = "INSERT INTO instances \
      (name, team, service_type, version, state, stopped, expires_at_us, maintenance_window, \
-      created_at_us, updated_at_us, parameters, spec_digest) \
-     VALUES ($1, $2, $3, $4, 'provisioning', FALSE, $5, $6, $7, $7, $8, $9) \
+      created_at_us, updated_at_us, parameters, spec_digest, domains) \
+     VALUES ($1, $2, $3, $4, 'provisioning', FALSE, $5, $6, $7, $7, $8, $9, $10) \
      RETURNING id, name, team, service_type, version, state, stopped, \
-     expires_at_us, maintenance_window, created_at_us, updated_at_us, parameters, purge_volumes, spec_digest";
+     expires_at_us, maintenance_window, created_at_us, updated_at_us, parameters, purge_volumes, spec_digest, domains";
 
 pub const INSTANCE_BY_NAME: &str = "SELECT id, name, team, service_type, version, state, stopped, \
-     expires_at_us, maintenance_window, created_at_us, updated_at_us, parameters, purge_volumes, spec_digest \
+     expires_at_us, maintenance_window, created_at_us, updated_at_us, parameters, purge_volumes, spec_digest, domains \
      FROM instances WHERE name = $1";
 
 /// The instance's tasks that have not finished; a deleted instance with any
@@ -29,11 +29,11 @@ pub const DELETE_DELETED_INSTANCE: &str =
     "DELETE FROM instances WHERE id = $1 AND state = 'deleted'";
 
 pub const INSTANCE_BY_ID: &str = "SELECT id, name, team, service_type, version, state, stopped, \
-     expires_at_us, maintenance_window, created_at_us, updated_at_us, parameters, purge_volumes, spec_digest \
+     expires_at_us, maintenance_window, created_at_us, updated_at_us, parameters, purge_volumes, spec_digest, domains \
      FROM instances WHERE id = $1";
 
 pub const LIST_INSTANCES: &str = "SELECT id, name, team, service_type, version, state, stopped, \
-     expires_at_us, maintenance_window, created_at_us, updated_at_us, parameters, purge_volumes, spec_digest \
+     expires_at_us, maintenance_window, created_at_us, updated_at_us, parameters, purge_volumes, spec_digest, domains \
      FROM instances ORDER BY id";
 
 /// What a whole recovery pass lists of every instance (`ListedRow`).

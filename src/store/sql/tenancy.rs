@@ -110,6 +110,7 @@ macro_rules! insert_instance {
             .bind(timestamp_to_us($now))
             .bind(encode_parameters(&new.parameters))
             .bind(&new.spec_digest)
+            .bind(encode_domains(&new.domains))
             .fetch_one(&mut *$tx)
             .await
             .map_err(db_error)?

@@ -22,7 +22,7 @@ use stead::ports::{Clock, Store, TeamQuota, TokenRole};
 use support::TestStore;
 
 const CATALOG: &str = "[types.web]\nversion = \"1\"\n\
-    [[types.web.services]]\nname = \"http\"\nimage = \"i\"\n\
+    [[types.web.services]]\nname = \"http\"\nimage = \"i\"\ntenant_domains = true\n\
     [types.db]\nversion = \"1\"\n[[types.db.services]]\nname = \"pg\"\nimage = \"p\"\n";
 
 /// A served API and what the tests reach behind it.
@@ -329,6 +329,54 @@ async fn problems_are_problem_json_naming_the_field_and_value() {
     assert!(
         missing["detail"].as_str().unwrap().contains("type"),
         "{missing}"
+    );
+}
+
+#[tokio::test]
+async fn a_tenant_gives_host_names_within_its_teams_domains_only() {
+    let team_a = TeamQuota {
+        domain_suffixes: vec!["a.example".into()],
+        ..TeamQuota::default()
+    };
+    let options = Options {
+        teams: BTreeMap::from([("team-a".to_owned(), team_a)]),
+        ..Options::default()
+    };
+    let api = serve(support::sqlite().await, options).await;
+    let a = api.token("team-a", TokenRole::Tenant).await;
+    let body = json!({"name": "shop", "type": "web", "domains": ["shop.b.example"]});
+    let (status, _, problem) = api
+        .call(Method::POST, "/v1/instances", &a, Some(body))
+        .await;
+    assert_eq!(status, StatusCode::BAD_REQUEST, "{problem}");
+    assert_eq!(
+        (&problem["field"], &problem["value"]),
+        (&json!("domains"), &json!("shop.b.example"))
+    );
+    let body = json!({"name": "shop", "type": "web", "domains": ["shop.a.example"]});
+    let (status, _, created) = api
+        .call(Method::POST, "/v1/instances", &a, Some(body))
+        .await;
+    assert_eq!(status, StatusCode::CREATED, "{created}");
+    assert_eq!(created["domains"], json!(["shop.a.example"]));
+    assert!(
+        created["urls"]
+            .as_array()
+            .unwrap()
+            .contains(&json!("https://shop.a.example/")),
+        "{created}"
+    );
+    // Another team's token cannot take the name from it, nor learn who
+    // holds it.
+    let b = api.token("team-b", TokenRole::Tenant).await;
+    let body = json!({"name": "blog", "type": "web", "domains": ["shop.a.example"]});
+    let (status, _, problem) = api
+        .call(Method::POST, "/v1/instances", &b, Some(body))
+        .await;
+    assert_eq!(status, StatusCode::BAD_REQUEST, "{problem}");
+    assert!(
+        !problem["detail"].as_str().unwrap().contains("shop "),
+        "{problem}"
     );
 }
 

@@ -618,3 +618,30 @@ fn a_malformed_or_shared_domain_is_refused_naming_its_field() {
         "{error}"
     );
 }
+
+#[test]
+fn at_most_one_service_of_a_type_takes_the_names_given_at_create() {
+    let toml = "[types.shop]\nversion = \"1\"\n\
+        [[types.shop.services]]\nname = \"web\"\nimage = \"w\"\ntenant_domains = true\n\
+        [[types.shop.services]]\nname = \"api\"\nimage = \"a\"\ntenant_domains = true\n";
+    let error = Catalog::from_toml(toml, "catalog.toml", &Grants::default())
+        .unwrap_err()
+        .to_string();
+    assert!(
+        error.contains(
+            "types.shop.services[1].tenant_domains = true: types.shop.services[0] takes the \
+             instance's given domains already"
+        ),
+        "{error}"
+    );
+    let one = toml.replacen("tenant_domains = true\n", "", 1);
+    let catalog = Catalog::from_toml(&one, "catalog.toml", &Grants::default()).unwrap();
+    let services = &catalog.get("shop").unwrap().services;
+    assert_eq!(
+        services
+            .iter()
+            .map(|s| s.tenant_domains)
+            .collect::<Vec<_>>(),
+        [false, true]
+    );
+}

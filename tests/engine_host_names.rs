@@ -34,6 +34,7 @@ name = "web"
 image = "shop"
 ports = [8080]
 domains = ["shop.example.com", "{instance}.example.com"]
+tenant_domains = true
 
 [types.shop.services.readiness]
 kind = "none"
@@ -101,12 +102,19 @@ fn fixture() -> Fixture {
 impl Fixture {
     /// Creates and provisions `name`, then runs a pass.
     async fn served(&self, name: &str) -> i64 {
+        self.served_with(name, &[]).await
+    }
+
+    /// [`Self::served`], given host names at create as `--domain` gives
+    /// them (unchecked here, as two creates racing for one name pass the
+    /// command's check).
+    async fn served_with(&self, name: &str, given: &[&str]) -> i64 {
         let now = self.clock.now();
         let instance = self
             .store
             .create_instance(
                 &NewInstance {
-                    domains: Vec::new(),
+                    domains: given.iter().map(|d| (*d).to_owned()).collect(),
                     spec_digest: None,
                     parameters: Default::default(),
                     name: InstanceName::new(name),
@@ -229,4 +237,31 @@ async fn a_host_stays_with_its_stopped_holder_and_goes_to_the_next_publication_o
         f.hosts_of("beta"),
         hosts(&["shop.example.com", "beta.example.com"])
     );
+}
+
+#[tokio::test]
+async fn a_name_given_at_create_is_published_and_reserved_like_the_catalogs() {
+    let f = fixture();
+    f.served_with("alpha", &["alpha.a.example"]).await;
+    assert_eq!(
+        f.hosts_of("alpha"),
+        hosts(&["shop.example.com", "alpha.example.com", "alpha.a.example"])
+    );
+    // A second instance given the same name (two creates raced past the
+    // command's check) is served without it: alpha holds it.
+    f.served_with("beta", &["alpha.a.example", "beta.a.example"])
+        .await;
+    assert_eq!(
+        f.hosts_of("beta"),
+        hosts(&["beta.example.com", "beta.a.example"])
+    );
+    let holder = f
+        .store
+        .host_reservations()
+        .await
+        .unwrap()
+        .into_iter()
+        .find(|r| r.host == "alpha.a.example")
+        .map(|r| r.instance.to_string());
+    assert_eq!(holder.as_deref(), Some("alpha"));
 }

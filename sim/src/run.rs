@@ -1355,6 +1355,7 @@ async fn legacy_instances(store: &MemoryStore, provisioner: &MemoryProvisioner, 
         let instance = store
             .create_instance(
                 &NewInstance {
+                    domains: Vec::new(),
                     spec_digest: None,
                     parameters: Default::default(),
                     name: InstanceName::new(format!("legacy{k}")),
@@ -1410,6 +1411,7 @@ async fn ready_instance(
     let instance = store
         .create_instance(
             &NewInstance {
+                domains: Vec::new(),
                 spec_digest: None,
                 parameters: Default::default(),
                 name: name.clone(),

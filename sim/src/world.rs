@@ -1145,6 +1145,7 @@ impl Actors {
         // must create no container.
         let helm = pick % 4 == 1;
         let new = NewInstance {
+            domains: Vec::new(),
             spec_digest: None,
             parameters: Default::default(),
             name: if helm {

@@ -531,6 +531,8 @@ async fn the_openapi_document_is_3_1_and_describes_every_route() {
         "/v1/instances/{name}/stop",
         "/v1/instances/{name}/start",
         "/v1/instances/{name}/retry",
+        "/v1/instances/{name}/inhibit",
+        "/v1/instances/{name}/release",
         "/v1/rollouts/{type}/halt",
         "/v1/rollouts/{type}/resume",
     ] {
@@ -652,8 +654,44 @@ async fn the_cli_runs_the_instance_commands_through_the_api() {
     // Team b's token: not found (exit 3), and nothing changes.
     let (code, _) = stead_cli(&api, &b, &["instance", "delete", "shop"]).await;
     assert_eq!(code, 3);
-    let (code, _) = stead_cli(&api, &a, &["instance", "delete", "shop"]).await;
-    assert_eq!(code, 0);
+    // A hold and its release, on the service ACTIVE names (as a worker
+    // that provisioned it would have recorded).
+    let shop = stead::core::types::InstanceName::new("shop");
+    let active = stead::core::types::ActiveService {
+        container: stead::core::types::ContainerId::new("c1"),
+        effective_revision: "1.r".into(),
+        binds: BTreeMap::new(),
+        stop_grace: None,
+        verified_started_at: None,
+    };
+    api.store()
+        .save_active_service(&shop, &"http".into(), &active)
+        .await
+        .unwrap();
+    let inhibit = ["instance", "inhibit", "shop", "--service", "http"];
+    let (code, out) = stead_cli(&api, &a, &inhibit).await;
+    assert_eq!(code, 0, "{out}");
+    let holds = api.store().load_inhibitions(&shop).await.unwrap();
+    assert_eq!(holds.len(), 1, "{holds:?}");
+    assert_eq!(holds[0].container.as_str(), "c1");
+    // Team b holds nothing of team a's.
+    let (code, _) = stead_cli(&api, &b, &inhibit).await;
+    assert_eq!(code, 3);
+    let release = ["instance", "release", "shop", "--service", "http"];
+    let (code, out) = stead_cli(&api, &a, &release).await;
+    assert_eq!(code, 0, "{out}");
+    assert!(out.contains("released 1 hold"), "{out}");
+    assert!(api
+        .store()
+        .load_inhibitions(&shop)
+        .await
+        .unwrap()
+        .is_empty());
+    let (code, out) = stead_cli(&api, &a, &["instance", "delete", "shop", "--purge-volumes"]).await;
+    assert_eq!(code, 0, "{out}");
+    assert!(out.contains("named volumes go with it"), "{out}");
+    let deleted = api.store().instance(&shop).await.unwrap().unwrap();
+    assert!(deleted.purge_volumes, "the purge reached the store");
     // Commands beyond the instance ones are refused, not run locally.
     let (code, _) = stead_cli(&api, &a, &["task", "list"]).await;
     assert_eq!(code, 2);

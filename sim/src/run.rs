@@ -1254,6 +1254,7 @@ async fn setup(
                     UpdateStrategy::Overlap
                 },
                 domains: crate::world::domains_of(&service),
+                tenant_domains: false,
                 // Data that must outlive every container of the service,
                 // a dropped one's too (only a purge removes it).
                 run: Box::new(stead::core::spec::RunSpec {

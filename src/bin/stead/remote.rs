@@ -186,17 +186,35 @@ pub async fn instance(remote: &Remote, command: InstanceCommand) -> Result<u8, C
             name,
             purge_volumes,
         } => {
-            if purge_volumes {
-                return Err(refused("--purge-volumes"));
-            }
+            let query = if purge_volumes {
+                "?purge_volumes=true"
+            } else {
+                ""
+            };
             let answer = remote
-                .call(Method::DELETE, &path(&name, ""), None, None)
+                .call(Method::DELETE, &path(&name, query), None, None)
+                .await?;
+            (answer, false)
+        }
+        InstanceCommand::Inhibit {
+            name,
+            service,
+            reason,
+        } => {
+            let body = json!({"service": service, "reason": reason});
+            let answer = remote
+                .call(Method::POST, &path(&name, "/inhibit"), Some(body), None)
+                .await?;
+            (answer, false)
+        }
+        InstanceCommand::Release { name, service } => {
+            let body = json!({"service": service});
+            let answer = remote
+                .call(Method::POST, &path(&name, "/release"), Some(body), None)
                 .await?;
             (answer, false)
         }
         InstanceCommand::Why { .. } => return Err(refused("instance why")),
-        InstanceCommand::Inhibit { .. } => return Err(refused("instance inhibit")),
-        InstanceCommand::Release { .. } => return Err(refused("instance release")),
     };
     if json {
         say_json(&answer)?;

@@ -42,7 +42,7 @@ impl ApiState {
 }
 
 /// The instance name of a path, or a 404 naming it.
-fn instance_name(path: Result<Path<String>, PathRejection>) -> Result<String, Problem> {
+pub(super) fn instance_name(path: Result<Path<String>, PathRejection>) -> Result<String, Problem> {
     let Path(name) = path.map_err(|e| Problem::bad_request("name", "", e.body_text()))?;
     crate::ops::check_instance_name(&name)
         .map_err(|_| Problem::not_found(format!("no instance named {name:?}")).at("name", &name))?;
@@ -67,9 +67,10 @@ fn create_field(message: &str) -> &'static str {
         .map_or("name", |(_, field)| field)
 }
 
-fn parse_create(body: &[u8]) -> Result<CreateInstance, Problem> {
+/// A JSON body as `T`, or a 400 naming the field that is wrong.
+pub(super) fn parse_body<T: serde::de::DeserializeOwned>(body: &[u8]) -> Result<T, Problem> {
     let mut json = serde_json::Deserializer::from_slice(body);
-    let create: CreateInstance = serde_path_to_error::deserialize(&mut json).map_err(|e| {
+    serde_path_to_error::deserialize(&mut json).map_err(|e| {
         let message = e.inner().to_string();
         // A missing field is reported at its object; name the field itself.
         let missing = message
@@ -77,7 +78,11 @@ fn parse_create(body: &[u8]) -> Result<CreateInstance, Problem> {
             .and_then(|rest| rest.split('`').next());
         let field = missing.map_or_else(|| e.path().to_string(), str::to_owned);
         Problem::bad_request(&field, "", format!("the body at {field}: {message}"))
-    })?;
+    })
+}
+
+fn parse_create(body: &[u8]) -> Result<CreateInstance, Problem> {
+    let create: CreateInstance = parse_body(body)?;
     if let Some(ttl) = create.ttl_s {
         if !(TTL_CLI_MIN.as_secs()..=TTL_MAX.as_secs()).contains(&ttl) {
             return Err(Problem::bad_request(
@@ -352,7 +357,7 @@ pub async fn get(
 }
 
 /// What a change's answer says: the instance as it is now.
-async fn changed(
+pub(super) async fn changed(
     state: &ApiState,
     ops: &Ops<'_>,
     caller: &Caller,
@@ -460,10 +465,19 @@ pub async fn retry(
     changed(&state, &ops, &caller, &name, message).await
 }
 
-/// Delete an instance: its deprovisioning is queued; volumes are kept.
+#[derive(Debug, Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
+pub struct DeleteQuery {
+    /// Remove its named volumes too (its data is lost for good); kept
+    /// when absent, as `instance delete` without `--purge-volumes`.
+    purge_volumes: Option<bool>,
+}
+
+/// Delete an instance: its deprovisioning is queued; its named volumes
+/// are kept unless `purge_volumes=true`.
 #[utoipa::path(
     delete, path = "/v1/instances/{name}", tag = "instances",
-    params(("name" = String, Path, description = "The instance's name")),
+    params(("name" = String, Path, description = "The instance's name"), DeleteQuery),
     responses(
         (status = 202, description = "Its deletion is queued (or was)", body = Change),
         (status = 400, description = "The path is wrong", body = Problem, content_type = "application/problem+json"),
@@ -478,10 +492,16 @@ pub async fn delete(
     State(state): State<ApiState>,
     Extension(caller): Extension<Caller>,
     path: Result<Path<String>, PathRejection>,
+    query: Result<Query<DeleteQuery>, QueryRejection>,
 ) -> Result<(StatusCode, Json<Change>), Problem> {
     let name = instance_name(path)?;
+    let Query(query) = query.map_err(|e| Problem::bad_request("query", "", e.body_text()))?;
+    let purge = query.purge_volumes.unwrap_or(false);
     let ops = state.ops(caller.scope());
-    let message = match ops.delete(&name, false).await? {
+    let message = match ops.delete(&name, purge).await? {
+        Deletion::Started { task, .. } if purge => {
+            format!("deletion of {name} queued (task {task}); its named volumes go with it")
+        }
         Deletion::Started { task, .. } => format!("deletion of {name} queued (task {task})"),
         Deletion::AlreadyDeleting => format!("{name} is already being deleted"),
         Deletion::AlreadyDeleted => format!("{name} is already deleted"),

@@ -13,6 +13,7 @@
 //! holds at most `api_max_connections` connections (`listener.rs`).
 
 mod auth;
+mod holds;
 mod idempotency;
 mod instances;
 mod listener;

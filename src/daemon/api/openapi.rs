@@ -10,14 +10,14 @@ use axum::Router;
 use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
 use utoipa::{Modify, OpenApi};
 
-use super::{instances, rollouts, ApiState};
+use super::{holds, instances, rollouts, ApiState};
 
 #[derive(OpenApi)]
 #[openapi(
     info(
         title = "stead tenant API",
         version = "1",
-        description = "Create, read, stop, start, retry and delete a team's instances; \
+        description = "Create, read, stop, start, retry, hold and delete a team's instances; \
                        halt and resume rollouts with an operator token (#54)."
     ),
     modifiers(&BearerToken),
@@ -31,6 +31,8 @@ use super::{instances, rollouts, ApiState};
         instances::stop,
         instances::start,
         instances::retry,
+        holds::inhibit,
+        holds::release,
         rollouts::halt,
         rollouts::resume,
     )
@@ -71,6 +73,8 @@ pub fn routes() -> Router<ApiState> {
         .route("/v1/instances/{name}/stop", post(instances::stop))
         .route("/v1/instances/{name}/start", post(instances::start))
         .route("/v1/instances/{name}/retry", post(instances::retry))
+        .route("/v1/instances/{name}/inhibit", post(holds::inhibit))
+        .route("/v1/instances/{name}/release", post(holds::release))
         .route("/v1/rollouts/{type}/halt", post(rollouts::halt))
         .route("/v1/rollouts/{type}/resume", post(rollouts::resume))
 }

@@ -170,7 +170,9 @@ pub async fn restart_with(
         .counts
         .bump("operator forced a catalog it had accepted the hazard of");
     if !start(checker, store, &standard, ReloadMode::Forced, broken).await {
-        actors.counts.bump("catalog start not judged: the store did not answer");
+        actors
+            .counts
+            .bump("catalog start not judged: the store did not answer");
     }
     standard
 }

@@ -166,12 +166,18 @@ impl Tenants {
                 .count_case("N2 case: a tenant named another team's instance");
         }
         let found = self.ops(team, seed).find(name).await;
-        let owner = found.as_ref().ok().map(|i| self.team_of_id(i.id));
-        self.checker.judge(
-            N2_READ,
-            owner.as_ref().is_none_or(|o| o.as_deref() == Some(team)),
-            || format!("team {team} read {name}, of team {owner:?}"),
-        );
+        // `None` when nothing was found; else the found row's team.
+        let owner = found
+            .as_ref()
+            .ok()
+            .map(|i| self.team_of_id(i.id).unwrap_or_default());
+        self.checker
+            .judge(N2_READ, owner.as_ref().is_none_or(|o| o == team), || {
+                format!(
+                    "team {team} read {name}, of team {}",
+                    owner.unwrap_or_default()
+                )
+            });
     }
 
     /// `POST /v1/instances/{name}/stop` or `/start`. A change the command
@@ -265,7 +271,10 @@ impl Tenants {
             // type has.
             let helm = team != "teal" && rng.random_ratio(1, 3);
             let service_type = if helm { HELM_TYPE } else { SERVICE_TYPE };
-            requests.push((request(&format!("{team}{n}"), service_type, team), rng.random()));
+            requests.push((
+                request(&format!("{team}{n}"), service_type, team),
+                rng.random(),
+            ));
         }
         let tasks: Vec<_> = requests
             .into_iter()

@@ -634,8 +634,7 @@ async fn refuse_start_hazards(
         ReloadMode::Guarded
     };
     let file = config.catalog.display();
-    match start_hazards::judge_start(store, catalog, &config.grants, mode, Default::default())
-        .await
+    match start_hazards::judge_start(store, catalog, &config.grants, mode, Default::default()).await
     {
         Ok(found) => {
             for why in &found.unjudged {

@@ -56,6 +56,9 @@ pub struct Ops<'a> {
     /// Whose instances the command sees (#54); the fleet unless
     /// [`Ops::scoped`].
     scope: Scope,
+    /// The rule the mutation exercise broke, if any (nothing without the
+    /// feature `mutation-exercise`); see [`Ops::armed`].
+    broken: crate::core::broken::Armed,
 }
 
 /// What `stead rollout undo` did.
@@ -235,6 +238,7 @@ impl<'a> Ops<'a> {
             memory_bytes_default: crate::core::limits::ContainerLimits::default()
                 .memory_bytes_default,
             scope: Scope::Fleet,
+            broken: Default::default(),
         }
     }
 
@@ -325,7 +329,9 @@ impl Ops<'_> {
             .instance(&InstanceName::new(name))
             .await
             .map_err(OpsError::from)?
-            .filter(|instance| self.scope.sees(&instance.team))
+            .filter(|instance| {
+                self.scope.sees(&instance.team) || crate::broken!(self.broken, IgnoreTeamScope)
+            })
             .ok_or_else(|| no_such_instance(name))
     }
 

@@ -132,11 +132,20 @@ pub enum Mutant {
     /// version without the reconciler lease, so a reconciler that lost
     /// the lease mid-revert still writes them.
     UnfencedRevert,
+    /// #54: a team-scoped command finds an instance by name whatever its
+    /// team, so a tenant reads and changes another team's instance.
+    IgnoreTeamScope,
+    /// #54: a create is held to each quota plus one, so a team ends one
+    /// instance (or one charge) over its quota.
+    QuotaOffByOne,
+    /// #54: a daemon starts with its catalog without judging it against
+    /// what live instances run, so a hazardous catalog is applied unforced.
+    SkipStartHazards,
 }
 
 #[cfg(feature = "mutation-exercise")]
 impl Mutant {
-    pub const ALL: [Mutant; 33] = [
+    pub const ALL: [Mutant; 36] = [
         Mutant::SkipWithdrawBeforeStart,
         Mutant::PublishBeforeReadiness,
         Mutant::ForgetCrashLoopCharge,
@@ -170,5 +179,8 @@ impl Mutant {
         Mutant::UnreachableIsBad,
         Mutant::IgnoreHostReservations,
         Mutant::UnfencedRevert,
+        Mutant::IgnoreTeamScope,
+        Mutant::QuotaOffByOne,
+        Mutant::SkipStartHazards,
     ];
 }

@@ -1104,6 +1104,17 @@ impl Checker {
         f(&mut self.lock().truth)
     }
 
+    /// A judgement made away from the effects (the tenants' N2 and N3, a
+    /// start's N4): counted under `invariant`, a violation unless `ok`.
+    pub fn judge(&self, invariant: &'static str, ok: bool, detail: impl FnOnce() -> String) {
+        self.lock().check(invariant, ok, detail);
+    }
+
+    /// Counts a case an invariant is about, so a run shows it happens.
+    pub fn count_case(&self, case: &'static str) {
+        *self.lock().checks.entry(case).or_default() += 1;
+    }
+
     pub fn truth_snapshot(&self) -> Truth {
         self.lock().truth.clone()
     }

@@ -1,6 +1,6 @@
 //! The madsim simulation of stead: the real engine and core against the
 //! in-memory ports, a workload model, swarm faults, operators acting, and a
-//! checker that asserts the invariants of docs/rules.md (S1–S11, L1–L5) at the instant every
+//! checker that asserts the invariants of docs/rules.md (S1–S11, L1–L5, N1–N4) at the instant every
 //! effect happens (safety) and after the faults stop (liveness).
 //!
 //! One seed → one run. Every sub-seed is derived from it, so a failure
@@ -10,8 +10,10 @@
 pub mod checker;
 pub mod coverage;
 pub mod events;
+pub mod hazards;
 pub mod judge;
 pub mod run;
+pub mod tenants;
 pub mod topology;
 pub mod world;
 

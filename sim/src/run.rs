@@ -169,6 +169,7 @@ async fn simulate(cfg: SimConfig, tally: crate::coverage::Tally) -> SimOutcome {
         created: 0.into(),
         bad_versions: faults.bad_versions.clone(),
         sick: Mutex::default(),
+        volume_moved: false.into(),
     });
     faults.enabled.store(false, Ordering::Relaxed);
     setup(
@@ -219,6 +220,24 @@ async fn simulate(cfg: SimConfig, tally: crate::coverage::Tally) -> SimOutcome {
         seed: rng.random(),
     });
     let mut processes = Processes::start(&topology, &shared, &mix, &clock_faults, &mut rng);
+    // The tenants (#54) act beside the operators, through the API's
+    // commands; their draws come from streams of their own.
+    let tenants = Arc::new(crate::tenants::Tenants {
+        actors: actors.clone(),
+        shared: shared.clone(),
+        store: store.clone(),
+        checker: checker.clone(),
+        quotas: Arc::new(crate::tenants::quotas()),
+        broken: policy.broken,
+        created: 0.into(),
+    });
+    for (i, team) in crate::tenants::TENANT_TEAMS.into_iter().enumerate() {
+        let seed = cfg.seed ^ 0x7e4a_47c5_0054_0000 ^ i as u64;
+        tokio::spawn(tenants.clone().run(team, seed));
+    }
+    // Which catalog bumps come with a hazardous file (N4): a stream of
+    // its own.
+    let mut hazard_rng = ChaCha8Rng::seed_from_u64(cfg.seed ^ 0x4a2a_4d05_0054_0004);
     let _ = faults
         .process_nodes
         .set(processes.nodes.iter().map(|n| n.id()).collect());
@@ -259,6 +278,36 @@ async fn simulate(cfg: SimConfig, tally: crate::coverage::Tally) -> SimOutcome {
         0.0
     };
     for _ in 0..safety_ticks {
+        // A bumped catalog is rolled out as operators do: every process
+        // restarts with the new file (memory lost, R17).
+        let version = actors.catalog_version.load(Ordering::Relaxed);
+        let edition = actors.spec_edition.load(Ordering::Relaxed);
+        if (version, edition) != catalog_now {
+            catalog_now = (version, edition);
+            let dropped = actors.dropped.lock().expect("poisoned").clone();
+            if dropped.is_some() {
+                proxy_restarts_left = PROXY_RESTART_TICKS;
+            }
+            let security = rng.random_bool(0.2);
+            // The daemons restart with the operator's file, each start
+            // judging it as `stead run` does (N4).
+            let catalog = crate::hazards::restart_with(
+                &actors,
+                &checker,
+                store.as_ref(),
+                sim_catalog(&actors, version, security),
+                &mut hazard_rng,
+                policy.broken,
+            )
+            .await;
+            checker.catalog_bumped(version, dropped, &catalog);
+            record_types(store.as_ref(), &catalog, clock.now()).await;
+            *shared.catalog.lock().expect("poisoned") = Arc::new(catalog);
+            processes.adopt_pauses(&faults, &mut rng);
+            processes.restart_all(&counts);
+        }
+        // After a bump's start: a row garbled then would hide its
+        // instance from the start's judgement of the catalog (N4).
         let garbled = row_rng
             .random_bool(garble_p)
             .then(|| {
@@ -280,24 +329,6 @@ async fn simulate(cfg: SimConfig, tally: crate::coverage::Tally) -> SimOutcome {
             };
             checker.set_rows_garbled(true);
             store.garble_instance_row(Some((id, field)));
-        }
-        // A bumped catalog is rolled out as operators do: every process
-        // restarts with the new file (memory lost, R17).
-        let version = actors.catalog_version.load(Ordering::Relaxed);
-        let edition = actors.spec_edition.load(Ordering::Relaxed);
-        if (version, edition) != catalog_now {
-            catalog_now = (version, edition);
-            let dropped = actors.dropped.lock().expect("poisoned").clone();
-            if dropped.is_some() {
-                proxy_restarts_left = PROXY_RESTART_TICKS;
-            }
-            let security = rng.random_bool(0.2);
-            let catalog = sim_catalog(&actors, version, security);
-            checker.catalog_bumped(version, dropped, &catalog);
-            record_types(store.as_ref(), &catalog, clock.now()).await;
-            *shared.catalog.lock().expect("poisoned") = Arc::new(catalog);
-            processes.adopt_pauses(&faults, &mut rng);
-            processes.restart_all(&counts);
         }
         processes.adopt_pauses(&faults, &mut rng);
         processes.inject(&mut rng, &mix, &counts);
@@ -358,6 +389,7 @@ async fn simulate(cfg: SimConfig, tally: crate::coverage::Tally) -> SimOutcome {
         processes.adopt_pauses(&faults, &mut rng);
         processes.settle(clock.now(), &counts);
         check_queue(&checker, store.as_ref(), &control, &catalog_of(&shared)).await;
+        crate::tenants::judge_quotas(&checker, &store, &tenants.quotas);
         actors.forget_retired();
         if !checker.violations().is_empty() {
             break;
@@ -1737,10 +1769,17 @@ pub(crate) fn sim_catalog(actors: &Actors, number: u32, security: bool) -> Catal
     // Each entry records its digest, as `Catalog::load` does: an instance
     // records the digest it was provisioned or upgraded with, and one that
     // differs from the catalog's at the same version is behind (C8).
-    Catalog::from_entries(entries.map(|mut entry| {
+    let catalog = Catalog::from_entries(entries.map(|mut entry| {
         entry.spec_digest = entry.digest();
         entry
-    }))
+    }));
+    if actors.volume_moved.load(Ordering::Relaxed) {
+        // The operator forced a file renaming the volume (N4): every later
+        // file keeps it.
+        crate::hazards::with_volume(&catalog, crate::hazards::MOVED_VOLUME)
+    } else {
+        catalog
+    }
 }
 
 /// What the daemons record as they load a catalog (#40): each type's

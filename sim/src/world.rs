@@ -559,6 +559,9 @@ pub struct Actors {
     /// Containers whose healthcheck fails whatever their behaviour, chaos
     /// or not (a calm-phase check makes one sick on purpose).
     pub sick: Mutex<BTreeSet<ContainerId>>,
+    /// Whether the operator forced a catalog that renames the Docker
+    /// type's volume (N4, `hazards.rs`): every later file keeps the rename.
+    pub volume_moved: std::sync::atomic::AtomicBool,
 }
 
 impl Actors {

@@ -330,3 +330,28 @@ fn a_revert_written_without_the_lease_is_caught() {
         "T2 every store write of recovery carries the fence",
     );
 }
+
+/// #54: a tenant's command finds another team's instance by its name.
+#[test]
+fn a_team_scope_that_ignores_the_team_is_caught() {
+    assert_caught(
+        Mutant::IgnoreTeamScope,
+        "N2 a tenant reads only its team's instances",
+    );
+}
+
+/// #54: each quota one higher than configured lets a team's concurrent
+/// creates end over it.
+#[test]
+fn a_quota_off_by_one_is_caught() {
+    assert_caught(Mutant::QuotaOffByOne, "N3 a team's quota is never exceeded");
+}
+
+/// #54: a daemon restarted with a hazardous catalog applies it unforced.
+#[test]
+fn a_start_that_skips_the_catalog_hazards_is_caught() {
+    assert_caught(
+        Mutant::SkipStartHazards,
+        "N4 a hazardous catalog is never applied without force, across restarts",
+    );
+}

@@ -310,6 +310,12 @@ fn seeds_hold_every_invariant() {
         "U1 under a pin a worker makes only the pinned version",
         "U2 a move toward a pin ends at the pinned version",
         "J1 nothing expired or requeued on a stepped database clock",
+        "N1 a public host name never moves from one live instance to another",
+        stead_sim::tenants::N2_READ,
+        stead_sim::tenants::N2_CHANGE,
+        stead_sim::tenants::N3_QUOTA,
+        stead_sim::hazards::N4_APPLIED,
+        stead_sim::hazards::N4_REFUSED,
     ]
     .into_iter()
     .filter(|invariant| checks.get(invariant).copied().unwrap_or(0) == 0)

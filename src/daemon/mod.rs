@@ -45,7 +45,8 @@ pub mod metrics;
 pub mod page;
 pub mod provisioners;
 pub mod reserved_hosts;
-pub mod start_hazards;
+pub use crate::engine::start_hazards;
+pub use crate::engine::start_hazards::ReloadMode;
 pub mod status;
 pub mod telemetry;
 pub mod webhooks;
@@ -507,17 +508,6 @@ pub async fn docker_runtime(config: &DaemonConfig) -> Result<DockerRuntime, Daem
     }
 }
 
-/// Whether a catalog reload may damage live instances
-/// ([`ReloadHazard`]).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum ReloadMode {
-    /// Refuse a reload with a hazard (SIGHUP, `stead reload`).
-    Guarded,
-    /// Apply it anyway, logging each hazard (`stead reload --force`,
-    /// `POST /reload?force=true`).
-    Forced,
-}
-
 /// What a reload applied.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Reloaded {
@@ -638,31 +628,37 @@ async fn refuse_start_hazards(
     config: &DaemonConfig,
     catalog: &Catalog,
 ) -> Result<(), DaemonError> {
-    let found = start_hazards::start_hazards(store, catalog, &config.grants)
-        .await
-        .map_err(|e| {
-            DaemonError::Setup(format!(
-                "{}: cannot judge whether it would damage live instances: {e}",
-                config.catalog.display()
-            ))
-        })?;
-    for why in &found.unjudged {
-        tracing::warn!("catalog at start: {why}");
-    }
-    if found.hazards.is_empty() {
-        return Ok(());
-    }
-    if config.force_catalog {
-        for hazard in &found.hazards {
-            tracing::warn!("catalog forced at start: {hazard}");
+    let mode = if config.force_catalog {
+        ReloadMode::Forced
+    } else {
+        ReloadMode::Guarded
+    };
+    let file = config.catalog.display();
+    match start_hazards::judge_start(store, catalog, &config.grants, mode, Default::default()).await
+    {
+        Ok(found) => {
+            for why in &found.unjudged {
+                tracing::warn!("catalog at start: {why}");
+            }
+            for hazard in &found.hazards {
+                tracing::warn!("catalog forced at start: {hazard}");
+            }
+            Ok(())
         }
-        return Ok(());
+        Err(start_hazards::StartRefused::Store(e)) => Err(DaemonError::Setup(format!(
+            "{file}: cannot judge whether it would damage live instances: {e}"
+        ))),
+        Err(start_hazards::StartRefused::Hazards(found)) => {
+            for why in &found.unjudged {
+                tracing::warn!("catalog at start: {why}");
+            }
+            Err(DaemonError::Setup(format!(
+                "{file}: refused at start, as a reload would be: {}. Start with `stead run \
+                 --force-catalog` to apply it anyway",
+                hazards_text(&found.hazards)
+            )))
+        }
     }
-    Err(DaemonError::Setup(format!(
-        "{}: refused at start, as a reload would be: {}. Start with `stead run --force-catalog`          to apply it anyway",
-        config.catalog.display(),
-        hazards_text(&found.hazards)
-    )))
 }
 
 /// The catalog at start: refused if a reload would refuse it

@@ -17,6 +17,7 @@ pub mod lease;
 pub mod locks;
 pub mod recovery;
 pub mod replay;
+pub mod start_hazards;
 pub mod tick;
 pub mod trace;
 pub mod wake;

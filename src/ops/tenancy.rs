@@ -97,6 +97,13 @@ impl Ops<'_> {
         self
     }
 
+    /// The same commands with the mutation exercise's rule `broken`
+    /// broken (the simulation's tenants); the daemon never calls it.
+    pub fn armed(mut self, broken: crate::core::broken::Armed) -> Self {
+        self.broken = broken;
+        self
+    }
+
     pub fn scope(&self) -> &Scope {
         &self.scope
     }
@@ -183,7 +190,16 @@ impl Ops<'_> {
         new: &NewInstance,
         entry: &CatalogEntry,
     ) -> Result<Instance, OpsError> {
-        let quota = self.quotas.get(&new.team).cloned().unwrap_or_default();
+        let mut quota = self.quotas.get(&new.team).cloned().unwrap_or_default();
+        if crate::broken!(self.broken, QuotaOffByOne) {
+            for limit in [
+                &mut quota.max_instances,
+                &mut quota.max_memory_mb,
+                &mut quota.max_public_hosts,
+            ] {
+                *limit = limit.map(|l| l + 1);
+            }
+        }
         let mut charge = self.quota_charge(entry);
         charge.public_hosts += new.domains.len() as u64;
         self.store

@@ -294,6 +294,11 @@ impl MemoryStore {
         self.lock().instances.values().cloned().collect()
     }
 
+    /// Every recorded type version as it stands, for checkers.
+    pub fn type_versions_now(&self) -> Vec<TypeVersion> {
+        self.lock().type_versions.values().cloned().collect()
+    }
+
     pub fn instance_now(&self, name: &InstanceName) -> Option<Instance> {
         let state = self.lock();
         let id = state.instance_id(name)?;

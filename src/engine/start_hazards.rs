@@ -1,4 +1,6 @@
-//! The reload hazards of a catalog the daemon starts with (#54).
+//! The reload hazards of a catalog the daemon starts with (#54), and the
+//! start's verdict on them ([`judge_start`]): the one function `stead run`
+//! and the simulation's restarts call.
 //!
 //! A reload refuses a catalog that would damage live instances (a type
 //! dropped, a service or volume renamed: `core::catalog::reload_hazards`)
@@ -8,6 +10,9 @@
 //! instances run: the recorded definition (`type_versions`) of each
 //! version a live instance is at. `stead run` refuses hazards unless
 //! `--force-catalog`; `stead check` reports them (exit 1).
+//!
+//! Not behind `io`: it needs a store and the core only, so the simulation
+//! judges every catalog its daemons restart with by this very function.
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -15,6 +20,52 @@ use crate::core::catalog::{reload_hazards, Catalog, ReloadHazard};
 use crate::core::fleet::InstanceState;
 use crate::core::grants::Grants;
 use crate::ports::{Store, StoreError};
+
+/// Whether a catalog reload (or a start) may damage live instances
+/// ([`ReloadHazard`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ReloadMode {
+    /// Refuse a reload with a hazard (SIGHUP, `stead reload`; `stead run`).
+    Guarded,
+    /// Apply it anyway, logging each hazard (`stead reload --force`,
+    /// `POST /reload?force=true`; `stead run --force-catalog`).
+    Forced,
+}
+
+/// Why a start refused its catalog.
+#[derive(Debug, thiserror::Error)]
+pub enum StartRefused {
+    /// The store did not answer, so nothing shows the catalog is safe:
+    /// fail closed (the unit restarts the daemon).
+    #[error("cannot judge whether it would damage live instances: {0}")]
+    Store(#[source] StoreError),
+    /// The catalog would damage live instances and the start was not forced.
+    #[error("refused at start, as a reload would be")]
+    Hazards(StartHazards),
+}
+
+/// The verdict on the catalog a daemon starts with: `Ok` with what was
+/// found (the hazards forced, the warnings) when it may be applied,
+/// refused when it has hazards and `mode` is guarded, or when the store
+/// cannot say. `broken` is the mutation exercise's (nothing in the daemon).
+pub async fn judge_start(
+    store: &dyn Store,
+    catalog: &Catalog,
+    grants: &Grants,
+    mode: ReloadMode,
+    broken: crate::core::broken::Armed,
+) -> Result<StartHazards, StartRefused> {
+    if crate::broken!(broken, SkipStartHazards) {
+        return Ok(StartHazards::default());
+    }
+    let found = start_hazards(store, catalog, grants)
+        .await
+        .map_err(StartRefused::Store)?;
+    if found.hazards.is_empty() || mode == ReloadMode::Forced {
+        return Ok(found);
+    }
+    Err(StartRefused::Hazards(found))
+}
 
 /// What the check found.
 #[derive(Debug, Default, PartialEq, Eq)]

@@ -297,6 +297,7 @@ impl Tenants {
 
 fn request(name: &str, service_type: &str, team: &str) -> CreateRequest {
     CreateRequest {
+        domains: Vec::new(),
         name: name.to_owned(),
         service_type: service_type.to_owned(),
         team: team.to_owned(),

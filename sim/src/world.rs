@@ -1141,12 +1141,22 @@ impl Actors {
         let n = self.created.fetch_add(1, Ordering::Relaxed);
         let now = self.clock.now();
         let ttl = (pick % 2 == 0).then(|| Duration::from_secs(600 + (pick as u64 % 10_000)));
-        let version = self
-            .versions
-            .render(self.catalog_version.load(Ordering::Relaxed));
         // Some are of the Helm type: their provision installs a chart and
         // must create no container.
         let helm = pick % 4 == 1;
+        let service_type = if helm { HELM_TYPE } else { SERVICE_TYPE };
+        // At the version an undo pins the type to, while it does, as
+        // `Ops::create` makes it; otherwise the operator's catalog's.
+        let pinned = self.store.rollout_records().await.ok().and_then(|records| {
+            records
+                .into_iter()
+                .find(|r| r.service_type == service_type && r.state == RolloutState::Halted)
+                .and_then(|r| r.pinned)
+        });
+        let version = pinned.unwrap_or_else(|| {
+            self.versions
+                .render(self.catalog_version.load(Ordering::Relaxed))
+        });
         let new = NewInstance {
             domains: Vec::new(),
             spec_digest: None,
@@ -1157,7 +1167,7 @@ impl Actors {
                 InstanceName::new(format!("new{n}"))
             },
             team: team_of(pick).into(),
-            service_type: if helm { HELM_TYPE } else { SERVICE_TYPE }.into(),
+            service_type: service_type.into(),
             version,
             expires_at: ttl.map(|ttl| stead::core::fleet::add(now, ttl)),
             maintenance_window: None,

@@ -13,7 +13,7 @@ use super::{
 };
 use crate::domains::{DomainTemplate, DOMAINS_PER_SERVICE_MAX};
 use crate::fleet::RolloutState;
-use crate::grants::Grant;
+use crate::grants::{chart_reference_rule, literal_head, Grant};
 use crate::names;
 use crate::release::{HelmChart, Provisioning, ReleaseParams, HELM_NAMESPACE_DEFAULT};
 use crate::spec::{ReadinessProbe, RunSpec, ServiceSpec, UpdateStrategy};
@@ -314,6 +314,7 @@ impl Checker<'_> {
             Ok(())
         };
         helm_arg(format!("{at}.chart"), &raw.chart, IMAGE_LEN_MAX)?;
+        self.helm_chart(&format!("{at}.chart"), &raw.chart)?;
         let chart_version = raw
             .chart_version
             .clone()
@@ -347,6 +348,7 @@ impl Checker<'_> {
                  release instead of upgrading the first",
             ));
         }
+        let namespace_prefix = self.helm_namespace(&format!("{at}.namespace"), &namespace)?;
         let values = serde_json::to_value(&raw.values).map_err(|e| {
             self.invalid(
                 format!("{at}.values"),
@@ -358,6 +360,7 @@ impl Checker<'_> {
             chart: raw.chart.clone(),
             chart_version,
             namespace,
+            namespace_prefix,
             values,
         };
         // Rendered once for a sample instance: a bad placeholder, or a
@@ -375,6 +378,29 @@ impl Checker<'_> {
             .release_of(&sample, false)
             .map_err(|e| self.invalid(format!("{at}.{}", e.field), &e.value, e.reason))?;
         Ok(Provisioning::Helm(chart))
+    }
+
+    /// A Helm type's chart: a well-formed reference the operator's
+    /// `[grants] helm_charts` lists or covers.
+    fn helm_chart(&self, field: &str, chart: &str) -> Result<(), CatalogError> {
+        if let Some(rule) = chart_reference_rule(chart) {
+            return Err(self.invalid(field, chart, rule));
+        }
+        if !self.grants.allows_helm_chart(chart) {
+            return Err(self.not_granted(field.to_owned(), chart, Grant::HelmChart));
+        }
+        Ok(())
+    }
+
+    /// A Helm type's namespace template, which must begin with the
+    /// operator's `[grants] helm_namespace_prefix` before any placeholder:
+    /// then every rendering carries it, whatever the instance. Returns
+    /// the prefix, which the rendering checks again.
+    fn helm_namespace(&self, field: &str, template: &str) -> Result<String, CatalogError> {
+        match self.grants.helm_namespace_prefix() {
+            Some(prefix) if literal_head(template).starts_with(prefix) => Ok(prefix.to_owned()),
+            _ => Err(self.not_granted(field.to_owned(), template, Grant::HelmNamespace)),
+        }
     }
 
     pub(super) fn service(

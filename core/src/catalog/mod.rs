@@ -407,6 +407,10 @@ fn not_granted(grant: Grant, granted: &[String]) -> String {
     let wanted = match grant {
         Grant::HostPath => "not under any of",
         Grant::SecretFile => "not inside any of",
+        Grant::HelmChart => "neither one of nor under any of",
+        Grant::HelmNamespace => {
+            "does not begin, before any placeholder, with the namespace prefix of"
+        }
         Grant::DaemonEnv | Grant::Network | Grant::Capability => "not one of",
     };
     if granted.is_empty() {

@@ -26,7 +26,7 @@ pub use tenancy::{ApiSettings, TenancySettings, TEAM_KEYS};
 
 use crate::core::event_log::EventKind;
 use crate::core::grants::{
-    is_capability_name, Grants, Isolation, CAP_DROP_DEFAULT, GRANT_ENTRIES_MAX,
+    is_capability_name, Grants, Isolation, PodSecurity, CAP_DROP_DEFAULT, GRANT_ENTRIES_MAX,
 };
 use crate::core::limits::{ContainerLimits, RawLimits};
 use crate::core::plan::{ConfigError, ControlConfig, RawControlConfig};
@@ -140,11 +140,15 @@ pub const KEYS: &[&str] = &[
     "helm.wait_timeout_s",
     "helm.kill_margin_s",
     "helm.pass_env",
+    "helm.kubectl_path",
     "grants.host_path_prefixes",
     "grants.secret_dirs",
     "grants.env_passthrough",
     "grants.networks",
     "grants.capabilities",
+    "grants.helm_charts",
+    "grants.helm_namespace_prefix",
+    "grants.helm_pod_security",
     "limits.memory_default_mb",
     "limits.memory_max_mb",
     "limits.pids_limit",
@@ -268,6 +272,9 @@ pub enum TlsMode {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct HelmSettings {
     pub path: PathBuf,
+    /// The `kubectl` that creates a release's namespace with its Pod
+    /// Security labels before helm installs into it.
+    pub kubectl_path: PathBuf,
     pub wait_timeout: Duration,
     /// How long past `wait_timeout` a helm process is killed.
     pub kill_margin: Duration,
@@ -871,6 +878,10 @@ struct RawGrants {
     networks: Vec<String>,
     #[serde(default)]
     capabilities: Vec<String>,
+    #[serde(default)]
+    helm_charts: Vec<String>,
+    helm_namespace_prefix: Option<String>,
+    helm_pod_security: Option<String>,
 }
 
 #[derive(Deserialize, Default)]
@@ -930,6 +941,7 @@ struct RawHelm {
     kill_margin_s: Option<i64>,
     pass_env: Option<Vec<String>>,
     env: Option<BTreeMap<String, String>>,
+    kubectl_path: Option<String>,
 }
 
 struct Validator<'a> {
@@ -1439,14 +1451,35 @@ impl Validator<'_> {
     /// `[grants]`, validated by [`Grants::new`] (one set of rules), its
     /// errors named as the file names the keys.
     fn grants(&self, raw: &RawGrants) -> Result<Grants, DaemonConfigError> {
-        Grants::new(
+        let pod_security = self.pod_security(raw.helm_pod_security.as_deref())?;
+        let grants = Grants::new(
             &raw.host_path_prefixes,
             &raw.secret_dirs,
             &raw.env_passthrough,
         )
         .and_then(|grants| grants.with_networks(&raw.networks))
         .and_then(|grants| grants.with_capabilities(&raw.capabilities))
-        .map_err(|e| self.invalid_quoted(&format!("grants.{}", e.field), e.value, e.reason))
+        .and_then(|grants| {
+            grants.with_helm(&raw.helm_charts, raw.helm_namespace_prefix.as_deref())
+        })
+        .map_err(|e| self.invalid_quoted(&format!("grants.{}", e.field), e.value, e.reason))?;
+        Ok(grants.with_helm_pod_security(pod_security))
+    }
+
+    /// `grants.helm_pod_security`: the Pod Security Standard the
+    /// namespaces of Helm releases enforce, `restricted` unless granted
+    /// otherwise.
+    fn pod_security(&self, raw: Option<&str>) -> Result<PodSecurity, DaemonConfigError> {
+        let Some(word) = raw else {
+            return Ok(PodSecurity::default());
+        };
+        PodSecurity::parse(word).ok_or_else(|| {
+            self.invalid(
+                "grants.helm_pod_security",
+                word,
+                "must be \"restricted\", \"baseline\" or \"privileged\"",
+            )
+        })
     }
 
     /// `[database]`: each value in its range, and the relations that keep
@@ -1881,6 +1914,11 @@ impl Validator<'_> {
         }
         Ok(HelmSettings {
             path: PathBuf::from(self.text("helm.path", raw.path, "helm")?),
+            kubectl_path: PathBuf::from(self.text(
+                "helm.kubectl_path",
+                raw.kubectl_path,
+                "kubectl",
+            )?),
             pass_env,
             env,
             kill_margin: self.secs(

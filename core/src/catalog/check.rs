@@ -348,7 +348,6 @@ impl Checker<'_> {
                  release instead of upgrading the first",
             ));
         }
-        let namespace_prefix = self.helm_namespace(&format!("{at}.namespace"), &namespace)?;
         let values = serde_json::to_value(&raw.values).map_err(|e| {
             self.invalid(
                 format!("{at}.values"),
@@ -360,7 +359,8 @@ impl Checker<'_> {
             chart: raw.chart.clone(),
             chart_version,
             namespace,
-            namespace_prefix,
+            // Set below, once the template is known to carry it.
+            namespace_prefix: String::new(),
             values,
         };
         // Rendered once for a sample instance: a bad placeholder, or a
@@ -377,7 +377,18 @@ impl Checker<'_> {
         chart
             .release_of(&sample, false)
             .map_err(|e| self.invalid(format!("{at}.{}", e.field), &e.value, e.reason))?;
-        Ok(Provisioning::Helm(chart))
+        // The sample may carry the prefix by chance (a team named like
+        // it); every rendering carries it only if the template begins with
+        // it.
+        self.helm_namespace(&format!("{at}.namespace"), &chart.namespace)?;
+        Ok(Provisioning::Helm(HelmChart {
+            namespace_prefix: self
+                .grants
+                .helm_namespace_prefix()
+                .unwrap_or_default()
+                .to_owned(),
+            ..chart
+        }))
     }
 
     /// A Helm type's chart: a well-formed reference the operator's
@@ -394,11 +405,11 @@ impl Checker<'_> {
 
     /// A Helm type's namespace template, which must begin with the
     /// operator's `[grants] helm_namespace_prefix` before any placeholder:
-    /// then every rendering carries it, whatever the instance. Returns
-    /// the prefix, which the rendering checks again.
-    fn helm_namespace(&self, field: &str, template: &str) -> Result<String, CatalogError> {
+    /// then every rendering carries it, whatever the instance (and each
+    /// rendering checks it again, `HelmChart::namespace_of`).
+    fn helm_namespace(&self, field: &str, template: &str) -> Result<(), CatalogError> {
         match self.grants.helm_namespace_prefix() {
-            Some(prefix) if literal_head(template).starts_with(prefix) => Ok(prefix.to_owned()),
+            Some(prefix) if literal_head(template).starts_with(prefix) => Ok(()),
             _ => Err(self.not_granted(field.to_owned(), template, Grant::HelmNamespace)),
         }
     }

@@ -238,6 +238,13 @@ impl Catalog {
         }
     }
 
+    /// This catalog with the grants its recorded versions are read back
+    /// against ([`Catalog::recorded_entry`]): for a catalog built from
+    /// entries whose Helm type needs them (the simulation's).
+    pub fn with_grants(self, grants: Grants) -> Catalog {
+        Catalog { grants, ..self }
+    }
+
     /// A version of `service_type` as the daemon recorded it when it
     /// loaded it (`source`, [`Catalog::source_of`]), read back through
     /// the catalog's parser and this catalog's grants: a grant withdrawn

@@ -207,7 +207,10 @@ fn a_lone_carriage_return_is_explained_and_located() {
 fn helm_grants() -> Grants {
     Grants::default()
         .with_helm(
-            &["oci://registry.example/charts/".to_owned(), "c/s".to_owned()],
+            &[
+                "oci://registry.example/charts/".to_owned(),
+                "c/s".to_owned(),
+            ],
             Some("t-"),
         )
         .unwrap()
@@ -230,8 +233,7 @@ ingress = { host = "{instance}.search.example", team = "{team}" }
 #[test]
 fn a_helm_type_names_its_chart_version_namespace_and_values() {
     use stead::core::release::{Provisioning, ReleaseParams, DOCKER_RELEASE_NAMESPACE};
-    let catalog =
-        Catalog::from_toml(&format!("{GOOD}{HELM}"), "c.toml", &helm_grants()).unwrap();
+    let catalog = Catalog::from_toml(&format!("{GOOD}{HELM}"), "c.toml", &helm_grants()).unwrap();
     assert!(catalog.get("wiki").unwrap().is_docker());
     let search = catalog.get("search").unwrap();
     assert!(
@@ -338,12 +340,8 @@ fn helm_type_errors_name_the_file_the_field_and_the_value() {
 fn a_change_of_chart_or_provisioner_is_reported_on_reload() {
     use stead::core::catalog::CatalogChange;
     let before = Catalog::from_toml(HELM, "c.toml", &helm_grants()).unwrap();
-    let bumped = Catalog::from_toml(
-        &HELM.replace("2.1.0", "2.2.0"),
-        "c.toml",
-        &helm_grants(),
-    )
-    .unwrap();
+    let bumped =
+        Catalog::from_toml(&HELM.replace("2.1.0", "2.2.0"), "c.toml", &helm_grants()).unwrap();
     assert!(matches!(
         bumped.changes_from(&before)[..],
         [CatalogChange::Version { .. }]

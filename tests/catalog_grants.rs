@@ -358,7 +358,9 @@ values = { replicas = 2, host = "{instance}.example", nested = { a = [1, 2] } }
         .unwrap_err()
         .to_string();
     assert!(
-        refused.contains("types.search.helm.chart = \"charts/search\": not granted: grants.helm_charts"),
+        refused.contains(
+            "types.search.helm.chart = \"charts/search\": not granted: grants.helm_charts"
+        ),
         "{refused}"
     );
 }
@@ -414,7 +416,11 @@ fn a_helm_type_without_a_chart_grant_is_refused_naming_the_field_and_the_grant()
 #[test]
 fn a_chart_prefix_grants_the_charts_under_it_and_never_a_neighbour_or_an_escape() {
     let granted = helm_grants(
-        &["oci://registry.example/charts/", "/srv/charts/", "bitnami/postgresql"],
+        &[
+            "oci://registry.example/charts/",
+            "/srv/charts/",
+            "bitnami/postgresql",
+        ],
         "t-",
     );
     for chart in [
@@ -428,13 +434,28 @@ fn a_chart_prefix_grants_the_charts_under_it_and_never_a_neighbour_or_an_escape(
             .unwrap_or_else(|e| panic!("{chart} is granted: {e}"));
     }
     for (chart, why) in [
-        ("oci://registry.example/charts-evil/search", "neither one of nor under any of"),
-        ("oci://registry.example/charts", "neither one of nor under any of"),
+        (
+            "oci://registry.example/charts-evil/search",
+            "neither one of nor under any of",
+        ),
+        (
+            "oci://registry.example/charts",
+            "neither one of nor under any of",
+        ),
         ("bitnami/postgresql-ha", "neither one of nor under any of"),
         ("/srv/charts-evil/search", "neither one of nor under any of"),
-        ("/srv/charts/../secrets/x", "a local chart must be a clean absolute path"),
-        ("./charts/search", "a local chart must be a clean absolute path"),
-        ("oci://registry.example/charts/../x", "must have no '.', '..' or empty path segment"),
+        (
+            "/srv/charts/../secrets/x",
+            "a local chart must be a clean absolute path",
+        ),
+        (
+            "./charts/search",
+            "a local chart must be a clean absolute path",
+        ),
+        (
+            "oci://registry.example/charts/../x",
+            "must have no '.', '..' or empty path segment",
+        ),
         ("oci://registry.example/charts/%2e%2e/x", "'%'"),
     ] {
         let helm = format!("chart = \"{chart}\"\nnamespace = \"t-{{instance}}\"\n");
@@ -451,7 +472,10 @@ fn a_chart_prefix_grants_the_charts_under_it_and_never_a_neighbour_or_an_escape(
 #[test]
 fn a_helm_namespace_must_begin_with_the_granted_prefix_in_every_rendering() {
     let granted = helm_grants(&["c/search"], "t-");
-    let error = helm_refusal("chart = \"c/search\"\nnamespace = \"shop-{instance}\"\n", &granted);
+    let error = helm_refusal(
+        "chart = \"c/search\"\nnamespace = \"shop-{instance}\"\n",
+        &granted,
+    );
     assert_eq!(
         error,
         "catalog.toml: line 6: types.search.helm.namespace = \"shop-{instance}\": does not begin, \
@@ -461,7 +485,9 @@ fn a_helm_namespace_must_begin_with_the_granted_prefix_in_every_rendering() {
     // The default namespace, one per instance, carries no prefix.
     let error = helm_refusal("chart = \"c/search\"\n", &granted);
     assert!(
-        error.starts_with("catalog.toml: types.search.helm.namespace = \"{instance}\": does not begin"),
+        error.starts_with(
+            "catalog.toml: types.search.helm.namespace = \"{instance}\": does not begin"
+        ),
         "{error}"
     );
     // The sample instance's team is "t", so "{team}-x" renders "t-x" for
@@ -469,7 +495,10 @@ fn a_helm_namespace_must_begin_with_the_granted_prefix_in_every_rendering() {
     let error = helm_refusal("chart = \"c/search\"\nnamespace = \"{team}-x\"\n", &granted);
     assert!(error.contains("grants.helm_namespace_prefix"), "{error}");
     // A prefix that is only part of the literal text is still the start.
-    let error = helm_refusal("chart = \"c/search\"\nnamespace = \"t{instance}\"\n", &granted);
+    let error = helm_refusal(
+        "chart = \"c/search\"\nnamespace = \"t{instance}\"\n",
+        &granted,
+    );
     assert!(error.contains("grants.helm_namespace_prefix"), "{error}");
     for namespace in ["t-{instance}", "t-{team}-{instance}", "t-shared"] {
         let helm = format!("chart = \"c/search\"\nnamespace = \"{namespace}\"\n");

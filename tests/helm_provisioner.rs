@@ -76,8 +76,7 @@ impl FakeHelm {
     /// The labels fake-kubectl applied to `namespace`, if it made it.
     fn namespace_labels(&self, namespace: &str) -> Option<BTreeMap<String, String>> {
         let text = std::fs::read_to_string(self.state_dir().join("namespaces.json")).ok()?;
-        let all: BTreeMap<String, BTreeMap<String, String>> =
-            serde_json::from_str(&text).unwrap();
+        let all: BTreeMap<String, BTreeMap<String, String>> = serde_json::from_str(&text).unwrap();
         all.get(namespace).cloned()
     }
 
@@ -210,7 +209,9 @@ async fn a_release_namespace_is_made_with_pod_security_labels_before_helm_instal
         .install_or_upgrade(&spec("shop-1", "1.2.3"))
         .await
         .expect("install");
-    let labels = fake.namespace_labels("shop-1").expect("the namespace was made");
+    let labels = fake
+        .namespace_labels("shop-1")
+        .expect("the namespace was made");
     for kind in ["enforce", "warn", "audit"] {
         assert_eq!(
             labels[&format!("pod-security.kubernetes.io/{kind}")],
@@ -251,7 +252,12 @@ async fn without_its_labelled_namespace_a_release_is_never_installed() {
     assert_eq!(fake.namespace_labels("shop-1"), None);
     // And helm alone, without stead's namespace, creates none.
     let (ok, _, stderr) = fake.run(&[
-        "upgrade", "--install", "shop-1", "charts/shop", "-n", "shop-1",
+        "upgrade",
+        "--install",
+        "shop-1",
+        "charts/shop",
+        "-n",
+        "shop-1",
     ]);
     assert!(!ok && stderr.contains("not found"), "{stderr}");
 }

@@ -1459,9 +1459,7 @@ impl Validator<'_> {
         )
         .and_then(|grants| grants.with_networks(&raw.networks))
         .and_then(|grants| grants.with_capabilities(&raw.capabilities))
-        .and_then(|grants| {
-            grants.with_helm(&raw.helm_charts, raw.helm_namespace_prefix.as_deref())
-        })
+        .and_then(|grants| grants.with_helm(&raw.helm_charts, raw.helm_namespace_prefix.as_deref()))
         .map_err(|e| self.invalid_quoted(&format!("grants.{}", e.field), e.value, e.reason))?;
         Ok(grants.with_helm_pod_security(pod_security))
     }
@@ -2370,6 +2368,64 @@ mod tests {
         let env = vec![(env_name("helm.wait_timeout_s"), "900".to_owned())];
         let e = parse("", "stead.toml", &env).unwrap_err().to_string();
         assert!(e.contains("helm.wait_timeout_s (900)"), "{e}");
+    }
+
+    #[test]
+    fn helm_grants_are_read_from_the_file_and_bad_entries_are_named() {
+        let config = parse(
+            "[grants]\nhelm_charts = [\"oci://registry.example/charts/\"]\n\
+             helm_namespace_prefix = \"tenant-\"\nhelm_pod_security = \"baseline\"\n\
+             [helm]\nkubectl_path = \"/usr/local/bin/kubectl\"\n",
+            "stead.toml",
+            &[],
+        )
+        .unwrap();
+        assert!(config
+            .grants
+            .allows_helm_chart("oci://registry.example/charts/search"));
+        assert_eq!(config.grants.helm_namespace_prefix(), Some("tenant-"));
+        assert_eq!(config.grants.helm_pod_security(), PodSecurity::Baseline);
+        assert_eq!(
+            config.helm.kubectl_path,
+            PathBuf::from("/usr/local/bin/kubectl")
+        );
+        let defaults = parse("", "stead.toml", &[]).unwrap();
+        assert_eq!(defaults.grants.helm_pod_security(), PodSecurity::Restricted);
+        assert_eq!(defaults.helm.kubectl_path, PathBuf::from("kubectl"));
+        for (doc, expect) in [
+            (
+                "[grants]\nhelm_charts = [\"ok/\", \"/\"]\nhelm_namespace_prefix = \"t-\"\n",
+                "stead.toml: line 2: grants.helm_charts[1] = \"/\": must name a repository",
+            ),
+            (
+                "[grants]\nhelm_charts = [\"charts/../x/\"]\nhelm_namespace_prefix = \"t-\"\n",
+                "stead.toml: line 2: grants.helm_charts[0] = \"charts/../x/\": must have no '.'",
+            ),
+            (
+                "[grants]\nhelm_charts = [\"ok/\"]\n",
+                "grants.helm_namespace_prefix = missing: required when helm_charts grants a chart",
+            ),
+            (
+                "[grants]\nhelm_charts = [\"ok/\"]\nhelm_namespace_prefix = \"Tenant-\"\n",
+                "stead.toml: line 3: grants.helm_namespace_prefix = \"Tenant-\": must be the start \
+                 of a DNS label",
+            ),
+            (
+                "[grants]\nhelm_charts = [\"ok/\"]\nhelm_namespace_prefix = \"kube-\"\n",
+                "grants.helm_namespace_prefix = \"kube-\": kube-* are Kubernetes' own namespaces",
+            ),
+            (
+                "[grants]\nhelm_pod_security = \"none\"\n",
+                "stead.toml: line 2: grants.helm_pod_security = \"none\": must be \"restricted\", \
+                 \"baseline\" or \"privileged\"",
+            ),
+        ] {
+            let e = parse(doc, "stead.toml", &[]).unwrap_err().to_string();
+            assert!(e.contains(expect), "{doc}\n{e}");
+        }
+        let env = vec![(env_name("grants.helm_charts"), "[\"a/\"]".to_owned())];
+        let e = parse("", "stead.toml", &env).unwrap_err().to_string();
+        assert!(e.contains("grants.helm_namespace_prefix = missing"), "{e}");
     }
 
     #[test]

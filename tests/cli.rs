@@ -175,7 +175,12 @@ fn check_refuses_a_helm_type_whose_calls_would_outlive_the_task_lease() {
         assert!(run.stderr.contains(expected), "{expected}: {}", run.text());
     }
     // With a lease that outlives helm's call it is fine.
-    std::fs::write(&config, "[control]\nlease_s = 400\n").unwrap();
+    std::fs::write(
+        &config,
+        "[control]\nlease_s = 400\n\
+         [grants]\nhelm_charts = [\"c/s\"]\nhelm_namespace_prefix = \"t-\"\n",
+    )
+    .unwrap();
     let run = stead(
         &["--config", config.to_str().unwrap(), "check"],
         &[("STEAD_CATALOG", catalog.to_str().unwrap())],

@@ -43,7 +43,7 @@ timeout_ms = 500
 
 #[test]
 fn a_catalog_converts_into_service_specs_with_defaults() {
-    let catalog = Catalog::from_toml(GOOD, "catalog.toml", &Grants::default()).unwrap();
+    let catalog = Catalog::from_toml(GOOD, "catalog.toml", &helm_grants()).unwrap();
     let names: Vec<&str> = catalog.entries().map(|e| e.service_type.as_str()).collect();
     assert_eq!(names, ["db", "wiki"]);
     let wiki = catalog.get("wiki").unwrap();
@@ -76,7 +76,7 @@ fn a_catalog_converts_into_service_specs_with_defaults() {
 fn check(from: &str, to: &str, expect: &str) {
     assert!(GOOD.contains(from), "{from:?} not in the catalog");
     let text = GOOD.replace(from, to);
-    let error = Catalog::from_toml(&text, "catalog.toml", &Grants::default())
+    let error = Catalog::from_toml(&text, "catalog.toml", &helm_grants())
         .unwrap_err()
         .to_string();
     assert!(
@@ -161,7 +161,7 @@ fn catalog_errors_name_the_file_the_line_the_field_and_the_value() {
 #[test]
 fn a_service_type_needs_services() {
     let text = "[types.empty]\nversion = \"1\"\nservices = []\n";
-    let error = Catalog::from_toml(text, "c.toml", &Grants::default()).unwrap_err();
+    let error = Catalog::from_toml(text, "c.toml", &helm_grants()).unwrap_err();
     assert_eq!(
         error.to_string(),
         "c.toml: line 3: types.empty.services = 0: a service type needs 1 to 32 services"
@@ -172,14 +172,14 @@ fn a_service_type_needs_services() {
 fn an_oversized_catalog_is_refused_before_parsing() {
     let text = "#".repeat(stead::core::catalog::CATALOG_LEN_MAX + 1);
     assert!(matches!(
-        Catalog::from_toml(&text, "big.toml", &Grants::default()),
+        Catalog::from_toml(&text, "big.toml", &helm_grants()),
         Err(CatalogError::TooLarge { .. })
     ));
 }
 
 #[test]
 fn an_empty_catalog_is_valid_and_empty() {
-    assert!(Catalog::from_toml("", "empty.toml", &Grants::default())
+    assert!(Catalog::from_toml("", "empty.toml", &helm_grants())
         .unwrap()
         .is_empty());
 }
@@ -190,16 +190,30 @@ fn an_empty_catalog_is_valid_and_empty() {
 /// message).
 #[test]
 fn a_lone_carriage_return_is_explained_and_located() {
-    let error = Catalog::from_toml("[types.wiki]\n\r", "c.toml", &Grants::default()).unwrap_err();
+    let error = Catalog::from_toml("[types.wiki]\n\r", "c.toml", &helm_grants()).unwrap_err();
     assert_eq!(
         error.to_string(),
         "c.toml: line 2, column 2: carriage return must be followed by newline, expected newline"
     );
-    let error = Catalog::from_toml("\r", "c.toml", &Grants::default()).unwrap_err();
+    let error = Catalog::from_toml("\r", "c.toml", &helm_grants()).unwrap_err();
     assert_eq!(
         error.to_string(),
         "c.toml: line 1, column 2: carriage return must be followed by newline, expected newline"
     );
+}
+
+/// The operator's grants for these catalogs (#54): the Helm charts they
+/// name and the prefix of their namespaces. Nothing of the host.
+fn helm_grants() -> Grants {
+    Grants::default()
+        .with_helm(
+            &[
+                "oci://registry.example/charts/".to_owned(),
+                "c/s".to_owned(),
+            ],
+            Some("t-"),
+        )
+        .unwrap()
 }
 
 const HELM: &str = r#"
@@ -209,7 +223,7 @@ provisioner = "helm"
 
 [types.search.helm]
 chart = "oci://registry.example/charts/search"
-namespace = "search-{instance}"
+namespace = "t-search-{instance}"
 
 [types.search.helm.values]
 replicas = 2
@@ -219,8 +233,7 @@ ingress = { host = "{instance}.search.example", team = "{team}" }
 #[test]
 fn a_helm_type_names_its_chart_version_namespace_and_values() {
     use stead::core::release::{Provisioning, ReleaseParams, DOCKER_RELEASE_NAMESPACE};
-    let catalog =
-        Catalog::from_toml(&format!("{GOOD}{HELM}"), "c.toml", &Grants::default()).unwrap();
+    let catalog = Catalog::from_toml(&format!("{GOOD}{HELM}"), "c.toml", &helm_grants()).unwrap();
     assert!(catalog.get("wiki").unwrap().is_docker());
     let search = catalog.get("search").unwrap();
     assert!(
@@ -242,7 +255,7 @@ fn a_helm_type_names_its_chart_version_namespace_and_values() {
         parameters: &stead::core::release::NO_PARAMETERS,
     };
     let release = chart.release_of(&params, true).unwrap();
-    assert_eq!(release.namespace, "search-acme");
+    assert_eq!(release.namespace, "t-search-acme");
     assert_eq!(release.values["ingress"]["host"], "acme.search.example");
     assert_eq!(release.values["ingress"]["team"], "blue");
     assert_eq!(release.values["replicas"], 2);
@@ -252,14 +265,14 @@ fn a_helm_type_names_its_chart_version_namespace_and_values() {
         wiki.target_of(&params).unwrap().release.namespace,
         DOCKER_RELEASE_NAMESPACE
     );
-    // An explicit chart version, and the default namespace: one per instance.
-    let text = "[types.s]\nversion = \"7\"\nprovisioner = \"helm\"\n[types.s.helm]\nchart = \"c/s\"\nchart_version = \"0.7.1\"\n";
-    let catalog = Catalog::from_toml(text, "c.toml", &Grants::default()).unwrap();
+    // An explicit chart version, and a namespace per instance.
+    let text = "[types.s]\nversion = \"7\"\nprovisioner = \"helm\"\n[types.s.helm]\nchart = \"c/s\"\nchart_version = \"0.7.1\"\nnamespace = \"t-{instance}\"\n";
+    let catalog = Catalog::from_toml(text, "c.toml", &helm_grants()).unwrap();
     let Provisioning::Helm(chart) = &catalog.get("s").unwrap().provisioning else {
         panic!("a helm type");
     };
     assert_eq!(chart.chart_version, "0.7.1");
-    assert_eq!(chart.namespace_of(&params).unwrap(), "acme");
+    assert_eq!(chart.namespace_of(&params).unwrap(), "t-acme");
 }
 
 #[test]
@@ -270,25 +283,25 @@ fn helm_type_errors_name_the_file_the_field_and_the_value() {
             "c.toml: line 4: types.search.provisioner = \"k8s\": must be \"docker\" or \"helm\"",
         ),
         (
-            HELM.replace("namespace = \"search-{instance}\"", "namespace = \"{tenant}\""),
+            HELM.replace("namespace = \"t-search-{instance}\"", "namespace = \"{tenant}\""),
             "c.toml: line 8: types.search.helm.namespace = \"{tenant}\": unknown placeholder {tenant}",
         ),
         (
-            HELM.replace("namespace = \"search-{instance}\"", "namespace = \"Search_{instance}\""),
+            HELM.replace("namespace = \"t-search-{instance}\"", "namespace = \"Search_{instance}\""),
             "c.toml: line 8: types.search.helm.namespace = \"Search_i\"",
         ),
         // #41: never a Kubernetes system namespace, never one that moves
         // with the version.
         (
-            HELM.replace("namespace = \"search-{instance}\"", "namespace = \"kube-{instance}\""),
+            HELM.replace("namespace = \"t-search-{instance}\"", "namespace = \"kube-{instance}\""),
             "c.toml: line 8: types.search.helm.namespace = \"kube-i\"",
         ),
         (
-            HELM.replace("namespace = \"search-{instance}\"", "namespace = \"default\""),
+            HELM.replace("namespace = \"t-search-{instance}\"", "namespace = \"default\""),
             "c.toml: line 8: types.search.helm.namespace = \"default\"",
         ),
         (
-            HELM.replace("namespace = \"search-{instance}\"", "namespace = \"s-{version}\""),
+            HELM.replace("namespace = \"t-search-{instance}\"", "namespace = \"s-{version}\""),
             "c.toml: line 8: types.search.helm.namespace = \"s-{version}\": a namespace cannot depend on {version}",
         ),
         (
@@ -313,7 +326,7 @@ fn helm_type_errors_name_the_file_the_field_and_the_value() {
         ),
     ];
     for (text, expect) in cases {
-        let error = Catalog::from_toml(&text, "c.toml", &Grants::default())
+        let error = Catalog::from_toml(&text, "c.toml", &helm_grants())
             .unwrap_err()
             .to_string();
         assert!(
@@ -326,13 +339,9 @@ fn helm_type_errors_name_the_file_the_field_and_the_value() {
 #[test]
 fn a_change_of_chart_or_provisioner_is_reported_on_reload() {
     use stead::core::catalog::CatalogChange;
-    let before = Catalog::from_toml(HELM, "c.toml", &Grants::default()).unwrap();
-    let bumped = Catalog::from_toml(
-        &HELM.replace("2.1.0", "2.2.0"),
-        "c.toml",
-        &Grants::default(),
-    )
-    .unwrap();
+    let before = Catalog::from_toml(HELM, "c.toml", &helm_grants()).unwrap();
+    let bumped =
+        Catalog::from_toml(&HELM.replace("2.1.0", "2.2.0"), "c.toml", &helm_grants()).unwrap();
     assert!(matches!(
         bumped.changes_from(&before)[..],
         [CatalogChange::Version { .. }]
@@ -340,7 +349,7 @@ fn a_change_of_chart_or_provisioner_is_reported_on_reload() {
     let values = Catalog::from_toml(
         &HELM.replace("replicas = 2", "replicas = 3"),
         "c.toml",
-        &Grants::default(),
+        &helm_grants(),
     )
     .unwrap();
     assert!(matches!(
@@ -349,7 +358,7 @@ fn a_change_of_chart_or_provisioner_is_reported_on_reload() {
     ));
     let docker = Catalog::from_toml(
         "[types.search]\nversion = \"2.1.0\"\n[[types.search.services]]\nname = \"w\"\nimage = \"w\"\n",
-        "c.toml", &Grants::default(),
+        "c.toml", &helm_grants(),
     )
     .unwrap();
     let changes = docker.changes_from(&before);
@@ -395,7 +404,7 @@ provisioner = "helm"
 
 [types.search.helm]
 chart = "oci://registry.example/charts/search"
-namespace = "search-{instance}"
+namespace = "t-search-{instance}"
 "#;
 
 /// `notes` as a Helm type.
@@ -406,20 +415,20 @@ provisioner = "helm"
 
 [types.notes.helm]
 chart = "oci://registry.example/charts/notes"
-namespace = "notes-{instance}"
+namespace = "t-notes-{instance}"
 "#;
 
 /// Reloading `LIVE` edited by `edit` (each pair replaced in turn) while
 /// `live` types have instances finds exactly the hazards `expect`.
 fn check_hazards(edit: &[(&str, &str)], live: &[&str], expect: &[&str]) {
     use stead::core::catalog::reload_hazards;
-    let before = Catalog::from_toml(LIVE, "c.toml", &Grants::default()).unwrap();
+    let before = Catalog::from_toml(LIVE, "c.toml", &helm_grants()).unwrap();
     let text = edit.iter().fold(LIVE.to_owned(), |text, (from, to)| {
         assert!(text.contains(from), "the edit {from:?} changes nothing");
         text.replace(from, to)
     });
     let after =
-        Catalog::from_toml(&text, "c.toml", &Grants::default()).unwrap_or_else(|e| panic!("{e}"));
+        Catalog::from_toml(&text, "c.toml", &helm_grants()).unwrap_or_else(|e| panic!("{e}"));
     let live = live.iter().map(|t| (*t).to_owned()).collect();
     let hazards: Vec<String> = reload_hazards(&before, &after, &live)
         .iter()
@@ -563,7 +572,7 @@ fn a_services_domains_are_read_and_change_no_digest() {
         "ports = [8080, 9090]\n",
         "ports = [8080, 9090]\ndomains = [\"wiki.example.com\", \"{instance}.wiki.example.com\"]\n",
     );
-    let catalog = Catalog::from_toml(&with, "catalog.toml", &Grants::default()).unwrap();
+    let catalog = Catalog::from_toml(&with, "catalog.toml", &helm_grants()).unwrap();
     let web = &catalog.get("wiki").unwrap().services[0];
     let domains: Vec<&str> = web.domains.iter().map(|d| d.as_str()).collect();
     assert_eq!(domains, ["wiki.example.com", "{instance}.wiki.example.com"]);
@@ -571,7 +580,7 @@ fn a_services_domains_are_read_and_change_no_digest() {
         web.domains[1].render(&"team-a".into(), &web.name),
         "team-a.wiki.example.com"
     );
-    let without = Catalog::from_toml(GOOD, "catalog.toml", &Grants::default()).unwrap();
+    let without = Catalog::from_toml(GOOD, "catalog.toml", &helm_grants()).unwrap();
     assert_eq!(
         catalog.get("wiki").unwrap().spec_digest,
         without.get("wiki").unwrap().spec_digest
@@ -608,7 +617,7 @@ fn a_malformed_or_shared_domain_is_refused_naming_its_field() {
             "ports = [5432]\n",
             "ports = [5432]\ndomains = [\"shop.example.com\"]\n",
         );
-    let error = Catalog::from_toml(&shared, "catalog.toml", &Grants::default())
+    let error = Catalog::from_toml(&shared, "catalog.toml", &helm_grants())
         .unwrap_err()
         .to_string();
     assert!(

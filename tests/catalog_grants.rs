@@ -311,6 +311,7 @@ provisioner = "helm"
 
 [types.search.helm]
 chart = "charts/search"
+namespace = "t-{instance}"
 values = { replicas = 2, host = "{instance}.example", nested = { a = [1, 2] } }
 "#;
     let text = format!(
@@ -322,7 +323,9 @@ values = { replicas = 2, host = "{instance}.example", nested = { a = [1, 2] } }
              secrets = [{ env = \"TOKEN\", file = \"/etc/stead/secrets/t\" }]"
         )
     );
-    let granted = grants(&["/srv/stead"], &["/etc/stead/secrets"], &[]);
+    let granted = grants(&["/srv/stead"], &["/etc/stead/secrets"], &[])
+        .with_helm(&["charts/search".to_owned()], Some("t-"))
+        .unwrap();
     let catalog = Catalog::from_toml(&text, "catalog.toml", &granted).unwrap();
     for entry in catalog.entries() {
         let source = catalog.source_of(&entry.service_type).unwrap();
@@ -349,4 +352,157 @@ values = { replicas = 2, host = "{instance}.example", nested = { a = [1, 2] } }
             && refused.contains("not granted: grants."),
         "{refused}"
     );
+    let search_source = catalog.source_of("search").unwrap();
+    let refused = withdrawn
+        .recorded_entry("search", "3.1", search_source)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        refused.contains(
+            "types.search.helm.chart = \"charts/search\": not granted: grants.helm_charts"
+        ),
+        "{refused}"
+    );
+}
+
+/// A Helm type named `search` with `helm` lines in its helm table (they
+/// start on line 5).
+fn helm_type(helm: &str) -> String {
+    format!("[types.search]\nversion = \"1\"\nprovisioner = \"helm\"\n[types.search.helm]\n{helm}")
+}
+
+fn helm_grants(charts: &[&str], namespace_prefix: &str) -> Grants {
+    let charts: Vec<String> = charts.iter().map(|c| (*c).to_owned()).collect();
+    Grants::default()
+        .with_helm(&charts, Some(namespace_prefix))
+        .unwrap()
+}
+
+fn helm_refusal(helm: &str, grants: &Grants) -> String {
+    Catalog::from_toml(&helm_type(helm), "catalog.toml", grants)
+        .expect_err("more than granted must be refused")
+        .to_string()
+}
+
+/// #54: without `[grants] helm_charts` no Helm type loads at all.
+#[test]
+fn a_helm_type_without_a_chart_grant_is_refused_naming_the_field_and_the_grant() {
+    let helm = "chart = \"oci://evil.example/x\"\nnamespace = \"t-{instance}\"\n";
+    let error = Catalog::from_toml(&helm_type(helm), "catalog.toml", &Grants::default())
+        .expect_err("no chart is granted by default");
+    assert!(
+        matches!(
+            error,
+            CatalogError::NotGranted {
+                grant: Grant::HelmChart,
+                ..
+            }
+        ),
+        "{error:?}"
+    );
+    assert_eq!(
+        error.to_string(),
+        "catalog.toml: line 5: types.search.helm.chart = \"oci://evil.example/x\": not granted: \
+         grants.helm_charts in stead.toml is empty (the operator grants it there)"
+    );
+    let granted = helm_grants(&["oci://registry.example/charts/"], "t-");
+    assert_eq!(
+        helm_refusal(helm, &granted),
+        "catalog.toml: line 5: types.search.helm.chart = \"oci://evil.example/x\": neither one of \
+         nor under any of grants.helm_charts in stead.toml (oci://registry.example/charts/)"
+    );
+}
+
+#[test]
+fn a_chart_prefix_grants_the_charts_under_it_and_never_a_neighbour_or_an_escape() {
+    let granted = helm_grants(
+        &[
+            "oci://registry.example/charts/",
+            "/srv/charts/",
+            "bitnami/postgresql",
+        ],
+        "t-",
+    );
+    for chart in [
+        "oci://registry.example/charts/search",
+        "/srv/charts/search",
+        "/srv/charts/search-1.0.0.tgz",
+        "bitnami/postgresql",
+    ] {
+        let helm = format!("chart = \"{chart}\"\nnamespace = \"t-{{instance}}\"\n");
+        Catalog::from_toml(&helm_type(&helm), "catalog.toml", &granted)
+            .unwrap_or_else(|e| panic!("{chart} is granted: {e}"));
+    }
+    for (chart, why) in [
+        (
+            "oci://registry.example/charts-evil/search",
+            "neither one of nor under any of",
+        ),
+        (
+            "oci://registry.example/charts",
+            "neither one of nor under any of",
+        ),
+        ("bitnami/postgresql-ha", "neither one of nor under any of"),
+        ("/srv/charts-evil/search", "neither one of nor under any of"),
+        (
+            "/srv/charts/../secrets/x",
+            "a local chart must be a clean absolute path",
+        ),
+        (
+            "./charts/search",
+            "a local chart must be a clean absolute path",
+        ),
+        (
+            "oci://registry.example/charts/../x",
+            "must have no '.', '..' or empty path segment",
+        ),
+        ("oci://registry.example/charts/%2e%2e/x", "'%'"),
+    ] {
+        let helm = format!("chart = \"{chart}\"\nnamespace = \"t-{{instance}}\"\n");
+        let error = helm_refusal(&helm, &granted);
+        assert!(
+            error.starts_with(&format!(
+                "catalog.toml: line 5: types.search.helm.chart = \"{chart}\": "
+            )) && error.contains(why),
+            "{chart}: {error}"
+        );
+    }
+}
+
+#[test]
+fn a_helm_namespace_must_begin_with_the_granted_prefix_in_every_rendering() {
+    let granted = helm_grants(&["c/search"], "t-");
+    let error = helm_refusal(
+        "chart = \"c/search\"\nnamespace = \"shop-{instance}\"\n",
+        &granted,
+    );
+    assert_eq!(
+        error,
+        "catalog.toml: line 6: types.search.helm.namespace = \"shop-{instance}\": does not begin, \
+         before any placeholder, with the namespace prefix of grants.helm_namespace_prefix in \
+         stead.toml (\"t-\")"
+    );
+    // The default namespace, one per instance, carries no prefix.
+    let error = helm_refusal("chart = \"c/search\"\n", &granted);
+    assert!(
+        error.starts_with(
+            "catalog.toml: types.search.helm.namespace = \"{instance}\": does not begin"
+        ),
+        "{error}"
+    );
+    // The sample instance's team is "t", so "{team}-x" renders "t-x" for
+    // it; another team's would not carry the prefix.
+    let error = helm_refusal("chart = \"c/search\"\nnamespace = \"{team}-x\"\n", &granted);
+    assert!(error.contains("grants.helm_namespace_prefix"), "{error}");
+    // A prefix that is only part of the literal text is still the start.
+    let error = helm_refusal(
+        "chart = \"c/search\"\nnamespace = \"t{instance}\"\n",
+        &granted,
+    );
+    assert!(error.contains("grants.helm_namespace_prefix"), "{error}");
+    for namespace in ["t-{instance}", "t-{team}-{instance}", "t-shared"] {
+        let helm = format!("chart = \"c/search\"\nnamespace = \"{namespace}\"\n");
+        Catalog::from_toml(&helm_type(&helm), "catalog.toml", &granted)
+            .unwrap_or_else(|e| panic!("{namespace} carries the prefix: {e}"));
+    }
 }

@@ -386,8 +386,11 @@ fn a_helm_namespace_cannot_use_parameters_but_its_values_can() {
              values = {{ replicas = \"{{param.size}}\" }}\n"
         )
     };
-    Catalog::from_toml(&helm("{instance}"), "catalog.toml", &Grants::default()).unwrap();
-    let error = Catalog::from_toml(&helm("ns-{param.size}"), "catalog.toml", &Grants::default())
+    let grants = Grants::default()
+        .with_helm(&["c/search".to_owned()], Some("ns-"))
+        .unwrap();
+    Catalog::from_toml(&helm("ns-{instance}"), "catalog.toml", &grants).unwrap();
+    let error = Catalog::from_toml(&helm("ns-{param.size}"), "catalog.toml", &grants)
         .unwrap_err()
         .to_string();
     assert!(

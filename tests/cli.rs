@@ -152,13 +152,14 @@ fn check_refuses_a_helm_type_whose_calls_would_outlive_the_task_lease() {
     let catalog = dir.path().join("catalog.toml");
     std::fs::write(
         &catalog,
-        "[types.search]\nversion = \"1\"\nprovisioner = \"helm\"\n[types.search.helm]\nchart = \"c/s\"\n",
+        "[types.search]\nversion = \"1\"\nprovisioner = \"helm\"\n[types.search.helm]\nchart = \"c/s\"\nnamespace = \"t-{instance}\"\n",
     )
     .unwrap();
     let config = dir.path().join("stead.toml");
     std::fs::write(
         &config,
-        "[control]\nlease_s = 120\nprovisioner_timeout_s = 60\n",
+        "[control]\nlease_s = 120\nprovisioner_timeout_s = 60\n\
+         [grants]\nhelm_charts = [\"c/s\"]\nhelm_namespace_prefix = \"t-\"\n",
     )
     .unwrap();
     let run = stead(
@@ -174,7 +175,12 @@ fn check_refuses_a_helm_type_whose_calls_would_outlive_the_task_lease() {
         assert!(run.stderr.contains(expected), "{expected}: {}", run.text());
     }
     // With a lease that outlives helm's call it is fine.
-    std::fs::write(&config, "[control]\nlease_s = 400\n").unwrap();
+    std::fs::write(
+        &config,
+        "[control]\nlease_s = 400\n\
+         [grants]\nhelm_charts = [\"c/s\"]\nhelm_namespace_prefix = \"t-\"\n",
+    )
+    .unwrap();
     let run = stead(
         &["--config", config.to_str().unwrap(), "check"],
         &[("STEAD_CATALOG", catalog.to_str().unwrap())],

@@ -418,6 +418,7 @@ fn drift_locates_a_helm_release_in_its_rendered_namespace_and_owns_any_release_o
         chart: "c/search".into(),
         chart_version: "1".into(),
         namespace: "t-{team}".into(),
+        namespace_prefix: "t-".into(),
         values: serde_json::json!({}),
     });
     let catalog = Catalog::from_entries([entry("wiki", "1", false), search]);

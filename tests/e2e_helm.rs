@@ -36,12 +36,33 @@ bake_ms = 2000
 
 [types.search.helm]
 chart = "charts/search"
+namespace = "{ns_prefix}{{instance}}"
 
 [types.search.helm.values]
 host = "{{instance}}.search.example"
 "#,
-        docker = catalog(version, HTTPD)
+        docker = catalog(version, HTTPD),
+        ns_prefix = NAMESPACE_PREFIX,
     )
+}
+
+/// What the operator grants the Helm type (#54): its chart, and the
+/// prefix its namespaces carry.
+const NAMESPACE_PREFIX: &str = "t-";
+
+fn helm_grants() -> String {
+    format!(
+        "[grants]\nhelm_charts = [\"charts/search\"]\nhelm_namespace_prefix = \"{NAMESPACE_PREFIX}\"\n"
+    )
+}
+
+/// The namespace the Helm instance `name` lives in.
+fn namespace_of(name: &str) -> String {
+    format!("{NAMESPACE_PREFIX}{name}")
+}
+
+fn fake_kubectl() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/fake-kubectl")
 }
 
 async fn instance(h: &Harness, name: &str) -> Option<Instance> {
@@ -140,11 +161,13 @@ async fn a_docker_type_and_a_helm_type_provision_upgrade_and_deprovision_side_by
         catalog: both("1"),
         control_extra: "max_in_flight = 2".into(),
         helm_extra: format!(
-            "path = \"{}\"\nenv = {{ FAKE_HELM_STATE = \"{}\", FAKE_HELM_LOG = \"{}\" }}\n",
+            "path = \"{}\"\nkubectl_path = \"{}\"\nenv = {{ FAKE_HELM_STATE = \"{}\", FAKE_HELM_LOG = \"{}\" }}\n",
             fake_helm().display(),
+            fake_kubectl().display(),
             state.display(),
             log.display()
         ),
+        extra_config: helm_grants(),
         ..Setup::default()
     })
     .await;
@@ -188,7 +211,7 @@ async fn a_docker_type_and_a_helm_type_provision_upgrade_and_deprovision_side_by
     .await;
     let release = (
         search.clone(),
-        search.clone(),
+        namespace_of(&search),
         "deployed".to_owned(),
         "1".to_owned(),
     );
@@ -202,14 +225,27 @@ async fn a_docker_type_and_a_helm_type_provision_upgrade_and_deprovision_side_by
         .next()
         .expect("helm installed it")
         .clone();
-    for expected in ["--install", "charts/search", "--create-namespace", "--wait"] {
+    for expected in ["--install", "charts/search", "--wait"] {
         assert!(install.contains(&expected.to_owned()), "{install:?}");
     }
+    // stead made the namespace, with its Pod Security labels (#54).
+    assert!(
+        !install.contains(&"--create-namespace".to_owned()),
+        "{install:?}"
+    );
     assert!(
         install
             .windows(2)
-            .any(|w| w == ["--namespace", search.as_str()]),
+            .any(|w| w == ["--namespace", namespace_of(&search).as_str()]),
         "{install:?}"
+    );
+    let labels: Value = serde_json::from_str(
+        &std::fs::read_to_string(state.join("namespaces.json")).expect("namespaces were made"),
+    )
+    .unwrap();
+    assert_eq!(
+        labels[namespace_of(&search)]["pod-security.kubernetes.io/enforce"],
+        "restricted"
     );
     assert!(
         !install.contains(&"--atomic".to_owned()),
@@ -248,7 +284,7 @@ async fn a_docker_type_and_a_helm_type_provision_upgrade_and_deprovision_side_by
         .expect("a release row");
     assert_eq!(
         (row.release.as_str(), row.namespace.as_str()),
-        ("deployed", search.as_str())
+        ("deployed", namespace_of(&search).as_str())
     );
     assert!(
         status.rows.iter().all(|r| r.instance != search),
@@ -321,7 +357,7 @@ async fn a_docker_type_and_a_helm_type_provision_upgrade_and_deprovision_side_by
     );
     let release = (
         search.clone(),
-        search.clone(),
+        namespace_of(&search),
         "deployed".to_owned(),
         "2".to_owned(),
     );
@@ -368,7 +404,7 @@ async fn a_docker_type_and_a_helm_type_provision_upgrade_and_deprovision_side_by
     assert_eq!(rollback[1], search, "{rollback:?}");
     let release = (
         search.clone(),
-        search.clone(),
+        namespace_of(&search),
         "deployed".to_owned(),
         "1".to_owned(),
     );
@@ -427,12 +463,14 @@ async fn a_helm_release_whose_tests_fail_while_baking_is_rolled_back_and_its_rol
     let mut h = Harness::start(Setup {
         catalog: both("1"),
         helm_extra: format!(
-            "path = \"{}\"\nenv = {{ FAKE_HELM_STATE = \"{}\", FAKE_HELM_LOG = \"{}\", \
+            "path = \"{}\"\nkubectl_path = \"{}\"\nenv = {{ FAKE_HELM_STATE = \"{}\", FAKE_HELM_LOG = \"{}\", \
              FAKE_HELM_FAIL_TEST_CHART_VERSIONS = \"2\" }}\n",
             fake_helm().display(),
+            fake_kubectl().display(),
             state.display(),
             log.display()
         ),
+        extra_config: helm_grants(),
         ..Setup::default()
     })
     .await;
@@ -487,7 +525,7 @@ async fn a_helm_release_whose_tests_fail_while_baking_is_rolled_back_and_its_rol
     );
     let release = (
         search.clone(),
-        search.clone(),
+        namespace_of(&search),
         "deployed".to_owned(),
         "1".to_owned(),
     );

@@ -2812,10 +2812,12 @@ async fn a_halted_helm_types_release_ahead_of_its_instance_is_put_back() {
         Catalog::from_toml(
             &format!(
                 "[types.search]\nversion = \"{version}\"\nprovisioner = \"helm\"\n\
-                 [types.search.helm]\nchart = \"charts/search\"\n"
+                 [types.search.helm]\nchart = \"charts/search\"\nnamespace = \"t-{{instance}}\"\n"
             ),
             "catalog.toml",
-            &Grants::default(),
+            &Grants::default()
+                .with_helm(&["charts/search".to_owned()], Some("t-"))
+                .unwrap(),
         )
         .unwrap()
     };

@@ -2,16 +2,21 @@
 //! implements Helm 3's CLI contract (flags, JSON shapes, exit codes, error
 //! texts, paging and the 256 default cap, pending and failed states,
 //! `--wait` and `--atomic`) over a state file, since there is no cluster or
-//! real helm on these machines. Each test has its own state folder.
+//! real helm on these machines. `tests/fixtures/fake-kubectl` stands in
+//! for the one kubectl command the adapter runs (a release's namespace,
+//! applied with its Pod Security labels) over the same state. Each test
+//! has its own state folder.
 
 // The timeout test measures how long a kill took.
 #![allow(clippy::disallowed_methods)]
 
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
 use stead::adapters::helm::{HelmConfig, HelmProvisioner};
+use stead::core::grants::PodSecurity;
 use stead::ports::{
     ErrorKind, HelmRelease, PortFailure, Provisioner, Release, ReleaseHealth, ReleaseKind,
     ReleaseSpec, ReleaseTarget,
@@ -19,6 +24,11 @@ use stead::ports::{
 
 fn fake_helm_path() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/fake-helm")
+}
+
+/// `kubectl apply -f -` of a Namespace, sharing fake-helm's state.
+fn fake_kubectl_path() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/fake-kubectl")
 }
 
 struct FakeHelm {
@@ -58,7 +68,16 @@ impl FakeHelm {
             kill_margin: Duration::from_secs(5),
             pass_env: Vec::new(),
             env,
+            kubectl_path: fake_kubectl_path(),
+            pod_security: PodSecurity::default(),
         }
+    }
+
+    /// The labels fake-kubectl applied to `namespace`, if it made it.
+    fn namespace_labels(&self, namespace: &str) -> Option<BTreeMap<String, String>> {
+        let text = std::fs::read_to_string(self.state_dir().join("namespaces.json")).ok()?;
+        let all: BTreeMap<String, BTreeMap<String, String>> = serde_json::from_str(&text).unwrap();
+        all.get(namespace).cloned()
     }
 
     fn provisioner(&self, extra: &[(&str, &str)]) -> HelmProvisioner {
@@ -164,7 +183,6 @@ async fn install_runs_helm_with_an_argument_vector_and_values_on_stdin() {
             "1.2.3",
             "--namespace",
             "shop-1",
-            "--create-namespace",
             "--wait",
             "--timeout",
             "5s",
@@ -179,6 +197,69 @@ async fn install_runs_helm_with_an_argument_vector_and_values_on_stdin() {
     assert_eq!(status["config"]["host"], "shop-1.example.org");
     assert_eq!(status["config"]["replicas"], 2);
     assert_eq!(status["info"]["status"], "deployed");
+}
+
+/// #54: helm's `--create-namespace` would make a namespace in which Pod
+/// Security Admission enforces nothing; stead makes it itself, labelled,
+/// before helm installs into it.
+#[tokio::test]
+async fn a_release_namespace_is_made_with_pod_security_labels_before_helm_installs() {
+    let fake = FakeHelm::new();
+    fake.provisioner(&[])
+        .install_or_upgrade(&spec("shop-1", "1.2.3"))
+        .await
+        .expect("install");
+    let labels = fake
+        .namespace_labels("shop-1")
+        .expect("the namespace was made");
+    for kind in ["enforce", "warn", "audit"] {
+        assert_eq!(
+            labels[&format!("pod-security.kubernetes.io/{kind}")],
+            "restricted"
+        );
+        assert_eq!(
+            labels[&format!("pod-security.kubernetes.io/{kind}-version")],
+            "latest"
+        );
+    }
+    // A level the operator granted relabels the namespace on the next
+    // upgrade.
+    let baseline = HelmProvisioner::new(HelmConfig {
+        pod_security: PodSecurity::Baseline,
+        ..fake.config(&[])
+    })
+    .unwrap();
+    baseline
+        .install_or_upgrade(&spec("shop-1", "1.2.4"))
+        .await
+        .expect("upgrade");
+    let labels = fake.namespace_labels("shop-1").unwrap();
+    assert_eq!(labels["pod-security.kubernetes.io/enforce"], "baseline");
+}
+
+#[tokio::test]
+async fn without_its_labelled_namespace_a_release_is_never_installed() {
+    let fake = FakeHelm::new();
+    let error = fake
+        .provisioner(&[("FAKE_KUBECTL_MODE", "fail")])
+        .install_or_upgrade(&spec("shop-1", "1.2.3"))
+        .await
+        .unwrap_err();
+    assert_eq!(error.kind(), ErrorKind::Unavailable, "{error:?}");
+    let text = error.to_string();
+    assert!(text.contains("namespace shop-1: kubectl apply"), "{text}");
+    assert!(fake.argvs().is_empty(), "helm ran: {:?}", fake.argvs());
+    assert_eq!(fake.namespace_labels("shop-1"), None);
+    // And helm alone, without stead's namespace, creates none.
+    let (ok, _, stderr) = fake.run(&[
+        "upgrade",
+        "--install",
+        "shop-1",
+        "charts/shop",
+        "-n",
+        "shop-1",
+    ]);
+    assert!(!ok && stderr.contains("not found"), "{stderr}");
 }
 
 #[tokio::test]
@@ -585,11 +666,17 @@ async fn a_failing_helm_reports_its_exit_and_stderr() {
         helm.list_releases().await.unwrap_err(),
         helm.status(&t).await.unwrap_err(),
     ] {
-        // Helm ran and failed, but only because the cluster was out of
-        // reach: a failure that passes, so the task is retried (issue #45).
+        // Helm (or, for an install, kubectl making the namespace first)
+        // ran and failed, but only because the cluster was out of reach:
+        // a failure that passes, so the task is retried (issue #45).
         assert_eq!(error.kind(), ErrorKind::Unavailable, "{error:?}");
-        assert!(error.to_string().contains("exit status: 1"), "{error}");
-        assert!(error.to_string().contains("cluster unreachable"), "{error}");
+        let text = error.to_string();
+        assert!(text.contains("exit status: 1"), "{error}");
+        assert!(
+            text.contains("cluster unreachable")
+                || text.contains("Unable to connect to the server"),
+            "{error}"
+        );
     }
 }
 

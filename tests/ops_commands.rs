@@ -214,8 +214,11 @@ async fn a_command_on_a_busy_instance_changes_nothing_and_says_so() {
 async fn stop_and_start_of_a_helm_instance_are_refused_saying_why() {
     let store = MemoryStore::new();
     let catalog = Catalog::from_toml(
-        "[types.search]\nversion = \"1\"\nprovisioner = \"helm\"\n[types.search.helm]\nchart = \"c/search\"\n",
-        "catalog.toml", &Grants::default(),
+        "[types.search]\nversion = \"1\"\nprovisioner = \"helm\"\n[types.search.helm]\nchart = \"c/search\"\nnamespace = \"t-{instance}\"\n",
+        "catalog.toml",
+        &Grants::default()
+            .with_helm(&["c/search".to_owned()], Some("t-"))
+            .unwrap(),
     )
     .unwrap();
     let ops = Ops::new(&store, Arc::new(catalog), at(), 7);

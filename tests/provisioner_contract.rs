@@ -231,6 +231,8 @@ async fn the_helm_adapter_keeps_the_provisioner_contract() {
     let dir = tempfile::tempdir().expect("temporary folder");
     let provisioner = HelmProvisioner::new(HelmConfig {
         helm_path: Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/fake-helm"),
+        kubectl_path: Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/fake-kubectl"),
+        pod_security: Default::default(),
         wait_timeout: Duration::from_secs(5),
         kill_margin: Duration::from_secs(5),
         pass_env: Vec::new(),

@@ -4,7 +4,9 @@
 //! networks a service may join and Linux capabilities it may add back
 //! (every container drops `NET_RAW` and whatever else `[docker] cap_drop`
 //! names); and, from `[limits]`, the most memory it may give one
-//! ([`ContainerLimits`]).
+//! ([`ContainerLimits`]). For Helm types (#54, [`helm`]): the charts a
+//! catalog may install, the prefix every namespace they render begins
+//! with, and the Pod Security level of the namespaces stead creates.
 //!
 //! Whoever edits the catalog decides what runs; whoever writes `stead.toml`
 //! decides what of the host those containers may reach. A catalog asking
@@ -18,6 +20,10 @@ use std::collections::BTreeSet;
 
 use super::catalog::{is_clean_absolute, is_env_name, quote};
 use super::limits::ContainerLimits;
+
+mod helm;
+
+pub use helm::{chart_reference_rule, literal_head, PodSecurity, CHART_REFERENCE_LEN_MAX};
 
 /// Most entries in each grant list.
 pub const GRANT_ENTRIES_MAX: usize = 64;
@@ -44,7 +50,7 @@ pub(crate) fn reserved_env_reason() -> String {
     )
 }
 
-/// Which of the three grants a catalog field needs.
+/// Which grant a catalog field needs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Grant {
     /// `volumes.host_path` lies under one of `host_path_prefixes`.
@@ -59,6 +65,12 @@ pub enum Grant {
     Network,
     /// A capability the service adds back is one of `capabilities`.
     Capability,
+    /// A Helm type's chart is one of `helm_charts`, or lies under one of
+    /// its prefixes.
+    HelmChart,
+    /// A Helm type's namespace begins with `helm_namespace_prefix`, in
+    /// every rendering.
+    HelmNamespace,
 }
 
 impl Grant {
@@ -70,6 +82,8 @@ impl Grant {
             Grant::DaemonEnv => "env_passthrough",
             Grant::Network => "networks",
             Grant::Capability => "capabilities",
+            Grant::HelmChart => "helm_charts",
+            Grant::HelmNamespace => "helm_namespace_prefix",
         }
     }
 }
@@ -86,7 +100,9 @@ pub struct GrantError {
     pub reason: String,
 }
 
-/// The operator's grants, validated. Nothing is granted by default.
+/// The operator's grants, validated. Nothing is granted by default: no
+/// host path, no Helm chart; the namespaces stead creates enforce the
+/// `restricted` Pod Security Standard.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Grants {
     /// Clean absolute directories other than `/`, each ending in '/'.
@@ -102,6 +118,12 @@ pub struct Grants {
     /// The operator's container limits: the catalog's `memory_mb` may not
     /// exceed their maximum.
     limits: ContainerLimits,
+    /// Chart references ([`chart_reference_rule`]), a prefix ending in
+    /// '/'.
+    helm_charts: Vec<String>,
+    /// Set whenever `helm_charts` is not empty.
+    helm_namespace_prefix: Option<String>,
+    helm_pod_security: PodSecurity,
 }
 
 impl Grants {
@@ -140,7 +162,87 @@ impl Grants {
             networks: BTreeSet::new(),
             capabilities: BTreeSet::new(),
             limits: ContainerLimits::default(),
+            helm_charts: Vec::new(),
+            helm_namespace_prefix: None,
+            helm_pod_security: PodSecurity::default(),
         })
+    }
+
+    /// These grants with the charts a Helm type may install and the
+    /// prefix of every namespace it renders. Charts need a prefix: a Helm
+    /// type installs into namespaces of the operator's choosing or not at
+    /// all.
+    pub fn with_helm(
+        self,
+        charts: &[String],
+        namespace_prefix: Option<&str>,
+    ) -> Result<Grants, GrantError> {
+        bounded(Grant::HelmChart, charts.len())?;
+        for (i, entry) in charts.iter().enumerate() {
+            let reason = helm::chart_grant_rule(entry)
+                .or_else(|| charts[..i].contains(entry).then(|| "listed twice".into()));
+            if let Some(reason) = reason {
+                return Err(GrantError {
+                    field: format!("{}[{i}]", Grant::HelmChart.key()),
+                    value: quote(entry),
+                    reason,
+                });
+            }
+        }
+        if let Some(reason) = namespace_prefix.and_then(helm::namespace_prefix_rule) {
+            return Err(GrantError {
+                field: Grant::HelmNamespace.key().to_owned(),
+                value: quote(namespace_prefix.unwrap_or_default()),
+                reason,
+            });
+        }
+        if !charts.is_empty() && namespace_prefix.is_none() {
+            return Err(GrantError {
+                field: Grant::HelmNamespace.key().to_owned(),
+                value: "missing".to_owned(),
+                reason: format!(
+                    "required when {} grants a chart: every namespace a Helm type renders must \
+                     begin with it (e.g. \"tenant-\")",
+                    Grant::HelmChart.key()
+                ),
+            });
+        }
+        Ok(Grants {
+            helm_charts: charts.to_vec(),
+            helm_namespace_prefix: namespace_prefix.map(str::to_owned),
+            ..self
+        })
+    }
+
+    /// These grants with the Pod Security level of the namespaces stead
+    /// creates for Helm releases.
+    pub fn with_helm_pod_security(self, helm_pod_security: PodSecurity) -> Grants {
+        Grants {
+            helm_pod_security,
+            ..self
+        }
+    }
+
+    /// Whether a Helm type may install `chart`: a well-formed reference
+    /// ([`chart_reference_rule`]) equal to a granted one or under a
+    /// granted prefix.
+    pub fn allows_helm_chart(&self, chart: &str) -> bool {
+        chart_reference_rule(chart).is_none()
+            && self
+                .helm_charts
+                .iter()
+                .any(|entry| helm::chart_grant_matches(entry, chart))
+    }
+
+    /// The prefix every namespace of a Helm type begins with; `None`
+    /// grants no namespace at all.
+    pub fn helm_namespace_prefix(&self) -> Option<&str> {
+        self.helm_namespace_prefix.as_deref()
+    }
+
+    /// The Pod Security level the namespaces of Helm releases enforce.
+    pub fn helm_pod_security(&self) -> PodSecurity {
+        self.helm_pod_security
     }
 
     /// These grants with the networks a catalog's `networks` may name.
@@ -224,6 +326,8 @@ impl Grants {
             Grant::DaemonEnv => self.env_passthrough.iter().cloned().collect(),
             Grant::Network => self.networks.iter().cloned().collect(),
             Grant::Capability => self.capabilities.iter().cloned().collect(),
+            Grant::HelmChart => self.helm_charts.clone(),
+            Grant::HelmNamespace => self.helm_namespace_prefix.iter().map(quote).collect(),
         }
     }
 }
@@ -414,6 +518,53 @@ mod tests {
                 .with_capabilities(&list(&["NET_RAW", name]))
                 .unwrap_err();
             assert_eq!(error.field, "capabilities[1]", "{name}");
+        }
+    }
+
+    #[test]
+    fn no_chart_is_granted_by_default_and_granted_charts_need_a_namespace_prefix() {
+        assert!(!Grants::default().allows_helm_chart("bitnami/postgresql"));
+        assert_eq!(Grants::default().helm_namespace_prefix(), None);
+        assert_eq!(
+            Grants::default().helm_pod_security(),
+            PodSecurity::Restricted
+        );
+        let error = Grants::default()
+            .with_helm(&list(&["bitnami/"]), None)
+            .unwrap_err();
+        assert_eq!(error.field, "helm_namespace_prefix");
+        assert!(error.reason.contains("required"), "{error}");
+        let grants = Grants::default()
+            .with_helm(
+                &list(&["oci://registry.example/charts/", "bitnami/postgresql"]),
+                Some("tenant-"),
+            )
+            .unwrap();
+        assert!(grants.allows_helm_chart("oci://registry.example/charts/shop"));
+        assert!(!grants.allows_helm_chart("oci://registry.example/charts-evil/shop"));
+        assert!(!grants.allows_helm_chart("oci://registry.example/charts/../evil/x"));
+        assert!(grants.allows_helm_chart("bitnami/postgresql"));
+        assert!(!grants.allows_helm_chart("bitnami/redis"));
+        assert_eq!(grants.helm_namespace_prefix(), Some("tenant-"));
+    }
+
+    #[test]
+    fn bad_helm_grants_name_their_entry() {
+        let charts = |entries: &[&str]| Grants::default().with_helm(&list(entries), Some("t-"));
+        for (entries, field) in [
+            (&["ok/", "/"][..], "helm_charts[1]"),
+            (&["ok/", "./charts/"][..], "helm_charts[1]"),
+            (&["ok/", "oci://"][..], "helm_charts[1]"),
+            (&["ok/", "ok/"][..], "helm_charts[1]"),
+        ] {
+            assert_eq!(charts(entries).unwrap_err().field, field, "{entries:?}");
+        }
+        for prefix in ["Tenant-", "kube-", "", "t_"] {
+            let error = Grants::default()
+                .with_helm(&list(&["ok/"]), Some(prefix))
+                .unwrap_err();
+            assert_eq!(error.field, "helm_namespace_prefix", "{prefix}");
+            assert_eq!(error.value, format!("{prefix:?}"));
         }
     }
 

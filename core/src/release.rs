@@ -66,6 +66,12 @@ pub struct HelmChart {
     pub chart_version: String,
     /// Namespace template (a DNS label once rendered).
     pub namespace: String,
+    /// What every rendered namespace must begin with: the operator's
+    /// `[grants] helm_namespace_prefix` the catalog was loaded with
+    /// (empty for a chart built in code). Not part of the type's digest:
+    /// the namespace template, which must begin with it, is.
+    #[serde(skip)]
+    pub namespace_prefix: String,
     /// Values template: a JSON object whose string values may hold
     /// placeholders. Keys are taken literally.
     pub values: Value,
@@ -290,6 +296,13 @@ impl HelmChart {
                 &"a Kubernetes system namespace (default, kube-*) is never a tenant's",
             ));
         }
+        if !namespace.starts_with(&self.namespace_prefix) {
+            return Err(refused(&format_args!(
+                "does not begin with {:?}, the namespace prefix [grants] helm_namespace_prefix \
+                 gives Helm types",
+                self.namespace_prefix
+            )));
+        }
         Ok(namespace)
     }
 
@@ -424,6 +437,7 @@ mod tests {
             chart: "c".into(),
             chart_version: "1".into(),
             namespace: "{team}".into(),
+            namespace_prefix: String::new(),
             values: serde_json::json!({}),
         };
         for team in ["default", "kube-system", "kube-public"] {
@@ -441,6 +455,7 @@ mod tests {
             chart: "c".into(),
             chart_version: "1".into(),
             namespace: "Tenant_{instance}".into(),
+            namespace_prefix: String::new(),
             values: serde_json::json!({}),
         };
         let e = chart.namespace_of(&params()).unwrap_err();
@@ -453,6 +468,26 @@ mod tests {
     }
 
     #[test]
+    fn a_namespace_without_the_granted_prefix_is_refused_at_render() {
+        let chart = HelmChart {
+            chart: "c".into(),
+            chart_version: "1".into(),
+            namespace: "{team}-shop".into(),
+            namespace_prefix: "blue-".into(),
+            values: serde_json::json!({}),
+        };
+        assert_eq!(chart.namespace_of(&params()).unwrap(), "blue-shop");
+        let red = ReleaseParams {
+            team: "red",
+            ..params()
+        };
+        let e = chart.namespace_of(&red).unwrap_err();
+        assert_eq!(e.value, "red-shop");
+        assert!(e.reason.contains("helm_namespace_prefix"), "{e}");
+        assert!(chart.release_of(&red, false).is_err());
+    }
+
+    #[test]
     fn docker_and_helm_targets_live_where_their_provisioners_list_them() {
         let docker = Provisioning::Docker.target_of(&params()).unwrap();
         assert_eq!(docker.kind, ReleaseKind::Docker);
@@ -461,6 +496,7 @@ mod tests {
             chart: "charts/shop".into(),
             chart_version: "2.0.0".into(),
             namespace: "t-{team}".into(),
+            namespace_prefix: "t-".into(),
             values: serde_json::json!({}),
         });
         let target = helm.target_of(&params()).unwrap();

@@ -2758,6 +2758,7 @@ impl Observer for Checker {
                     .and_then(|(_, recorded)| recorded)
                     .and_then(|recorded| {
                         stead::core::catalog::Catalog::default()
+                            .with_grants(crate::run::sim_grants())
                             .recorded_entry(service_type, version, &recorded.source)
                             .ok()
                     })

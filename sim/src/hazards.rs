@@ -58,6 +58,7 @@ pub fn with_volume(catalog: &Catalog, volume: &str) -> Catalog {
         }
         entry
     }))
+    .with_grants(crate::run::sim_grants())
 }
 
 /// The volume `catalog`'s Docker type mounts.

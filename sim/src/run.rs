@@ -1772,7 +1772,8 @@ pub(crate) fn sim_catalog(actors: &Actors, number: u32, security: bool) -> Catal
     let catalog = Catalog::from_entries(entries.map(|mut entry| {
         entry.spec_digest = entry.digest();
         entry
-    }));
+    }))
+    .with_grants(sim_grants());
     if actors.volume_moved.load(Ordering::Relaxed) {
         // The operator forced a file renaming the volume (N4): every later
         // file keeps it.
@@ -1780,6 +1781,17 @@ pub(crate) fn sim_catalog(actors: &Actors, number: u32, security: bool) -> Catal
     } else {
         catalog
     }
+}
+
+/// The prefix of the Helm type's namespaces, as the operator grants it.
+const HELM_NAMESPACE_PREFIX: &str = "sim-";
+
+/// What the simulated operator grants (#54): the Helm type's chart and
+/// its namespace prefix; nothing of the host.
+pub(crate) fn sim_grants() -> stead::core::grants::Grants {
+    stead::core::grants::Grants::default()
+        .with_helm(&["charts/app".to_owned()], Some(HELM_NAMESPACE_PREFIX))
+        .expect("the simulated grants are valid")
 }
 
 /// What the daemons record as they load a catalog (#40): each type's
@@ -1924,7 +1936,7 @@ fn checked_source(entry: &CatalogEntry, definition: toml::Table) -> String {
     let mut file = toml::Table::new();
     file.insert("types".into(), toml::Value::Table(types));
     let source = toml::to_string(&file).expect("a TOML table renders");
-    let parsed = Catalog::from_toml(&source, "the simulated catalog", &Default::default())
+    let parsed = Catalog::from_toml(&source, "the simulated catalog", &sim_grants())
         .unwrap_or_else(|e| {
             panic!("the sim's catalog renders to a file that does not parse: {e}\n{source}")
         });
@@ -1941,7 +1953,8 @@ fn helm_chart(version: &str, edition: u32) -> stead::core::release::HelmChart {
     stead::core::release::HelmChart {
         chart: "charts/app".into(),
         chart_version: version.to_owned(),
-        namespace: "{instance}".into(),
+        namespace: format!("{HELM_NAMESPACE_PREFIX}{{instance}}"),
+        namespace_prefix: HELM_NAMESPACE_PREFIX.into(),
         values: serde_json::json!({"host": "{instance}.example", "edition": edition}),
     }
 }

@@ -10,9 +10,20 @@
 //! checked before they reach helm's command line, so no value can pose as a
 //! flag; values go to helm on its standard input, never on disk.
 //!
+//! Helm's own `--create-namespace` makes a namespace without labels, in
+//! which Kubernetes' Pod Security Admission enforces nothing. So stead
+//! makes the namespace itself, with `kubectl apply` of a `Namespace`
+//! carrying the `pod-security.kubernetes.io/*` labels of the operator's
+//! `[grants] helm_pod_security` (`restricted` unless granted otherwise),
+//! under the same rules as helm (argument vector, clean environment,
+//! timeout, bounded output), and then installs without
+//! `--create-namespace`: if the labelled namespace could not be made,
+//! helm finds none and nothing is installed. An existing namespace is
+//! labelled the same way before each install or upgrade.
+//!
 //! | port call | helm command |
 //! | --- | --- |
-//! | `install_or_upgrade` | `helm upgrade --install <release> <chart> --version <v> --namespace <ns> --create-namespace --wait --timeout <t> [--atomic] --values -` |
+//! | `install_or_upgrade` | `kubectl apply -f -` (the namespace with its Pod Security labels), then `helm upgrade --install <release> <chart> --version <v> --namespace <ns> --wait --timeout <t> [--atomic] --values -` |
 //! | `uninstall` | `helm uninstall <release> --namespace <ns> --wait --timeout <t>` (only helm's own "release: not found" counts as uninstalled) |
 //! | `list_releases` | `helm list --all --all-namespaces --max 0 -o json` (every state, no cap) |
 //! | `status` | `helm status <release> --namespace <ns> -o json`, then `helm get metadata` for the chart |
@@ -27,6 +38,7 @@ use serde::Deserialize;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
 use tokio::process::Command;
 
+use crate::core::grants::PodSecurity;
 use crate::core::names;
 use crate::core::policy::HELM_KILL_MARGIN;
 use crate::ports::{
@@ -75,6 +87,11 @@ pub struct HelmConfig {
     pub pass_env: Vec<String>,
     /// Variables set for helm with these values (after the passed ones).
     pub env: Vec<(String, String)>,
+    /// The `kubectl` that makes a release's namespace, with the same
+    /// environment as helm.
+    pub kubectl_path: PathBuf,
+    /// The Pod Security Standard every release's namespace enforces.
+    pub pod_security: PodSecurity,
 }
 
 impl Default for HelmConfig {
@@ -85,6 +102,8 @@ impl Default for HelmConfig {
             kill_margin: HELM_KILL_MARGIN,
             pass_env: Vec::new(),
             env: Vec::new(),
+            kubectl_path: PathBuf::from("kubectl"),
+            pod_security: PodSecurity::default(),
         }
     }
 }
@@ -311,7 +330,21 @@ impl HelmProvisioner {
     /// on exit 0, else an error with the exit status and an excerpt of
     /// stderr. Killed past the call timeout.
     async fn run(&self, args: &[&str], stdin: Option<&[u8]>) -> Result<String, HelmFailure> {
-        let mut command = Command::new(&self.config.helm_path);
+        self.run_program(Program::Helm, args, stdin).await
+    }
+
+    /// Runs `program` as [`HelmProvisioner::run`] runs helm.
+    async fn run_program(
+        &self,
+        program: Program,
+        args: &[&str],
+        stdin: Option<&[u8]>,
+    ) -> Result<String, HelmFailure> {
+        let (path, name) = match program {
+            Program::Helm => (&self.config.helm_path, "helm"),
+            Program::Kubectl => (&self.config.kubectl_path, "kubectl"),
+        };
+        let mut command = Command::new(path);
         command
             .args(args)
             .env_clear()
@@ -325,13 +358,10 @@ impl HelmProvisioner {
             .stderr(Stdio::piped())
             // Dropping the future on timeout kills the process.
             .kill_on_drop(true);
-        let what = format!("helm {}", args.first().copied().unwrap_or_default());
-        let mut child = command.spawn().map_err(|e| {
-            HelmFailure::Other(format!(
-                "{what}: cannot run {:?}: {e}",
-                self.config.helm_path
-            ))
-        })?;
+        let what = format!("{name} {}", args.first().copied().unwrap_or_default());
+        let mut child = command
+            .spawn()
+            .map_err(|e| HelmFailure::Other(format!("{what}: cannot run {path:?}: {e}")))?;
         let limit = self.config.call_timeout();
         let (stdout_pipe, stderr_pipe) = match (child.stdout.take(), child.stderr.take()) {
             (Some(stdout), Some(stderr)) => (stdout, stderr),
@@ -386,11 +416,23 @@ impl HelmProvisioner {
         })
     }
 
+    /// `kubectl apply` of `namespace` with the Pod Security labels of
+    /// the configured level: made if missing, labelled if not.
+    async fn apply_namespace(&self, namespace: &str) -> Result<(), ProvisionError> {
+        check_dns_label("namespace", namespace)?;
+        let manifest = namespace_manifest(namespace, self.config.pod_security);
+        self.run_program(Program::Kubectl, &["apply", "-f", "-"], Some(&manifest))
+            .await
+            .map(drop)
+            .map_err(|f| f.into_error(&format!("namespace {namespace}")))
+    }
+
     async fn upgrade(&self, release: &HelmRelease) -> Result<(), ProvisionError> {
         check_release(&release.name)?;
         check_dns_label("namespace", &release.namespace)?;
         check_arg("chart", &release.chart)?;
         check_arg("chart_version", &release.chart_version)?;
+        self.apply_namespace(&release.namespace).await?;
         let timeout = self.wait_timeout_arg();
         let mut args = vec![
             "upgrade",
@@ -401,7 +443,6 @@ impl HelmProvisioner {
             &release.chart_version,
             "--namespace",
             &release.namespace,
-            "--create-namespace",
             "--wait",
             "--timeout",
             &timeout,
@@ -420,6 +461,30 @@ impl HelmProvisioner {
             ))
         })
     }
+}
+
+/// Which program a call runs.
+#[derive(Clone, Copy, Debug)]
+enum Program {
+    Helm,
+    Kubectl,
+}
+
+/// The `Namespace` stead applies before installing into it: its name and
+/// the Pod Security labels of `level`, as JSON (which `kubectl apply`
+/// reads as it reads YAML).
+pub fn namespace_manifest(namespace: &str, level: PodSecurity) -> Vec<u8> {
+    let labels: serde_json::Map<String, serde_json::Value> = level
+        .namespace_labels()
+        .into_iter()
+        .map(|(key, value)| (key.to_owned(), value.into()))
+        .collect();
+    serde_json::to_vec(&serde_json::json!({
+        "apiVersion": "v1",
+        "kind": "Namespace",
+        "metadata": { "name": namespace, "labels": labels },
+    }))
+    .expect("a map of strings serialises")
 }
 
 /// Why a helm output pipe could not be read.
@@ -469,8 +534,11 @@ enum HelmFailure {
 /// cluster, or found another helm operation on the release under way:
 /// failures that pass, unlike a chart or values the cluster rejected or a
 /// release that never became ready, which fail the same way again.
-const HELM_PASSING_MARKERS: [&str; 5] = [
+const HELM_PASSING_MARKERS: [&str; 7] = [
     "kubernetes cluster unreachable",
+    // kubectl's words for a cluster out of reach.
+    "unable to connect to the server",
+    "the connection to the server",
     "another operation (install/upgrade/rollback) is in progress",
     "connection refused",
     "i/o timeout",

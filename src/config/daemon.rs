@@ -26,7 +26,7 @@ pub use tenancy::{ApiSettings, TenancySettings, TEAM_KEYS};
 
 use crate::core::event_log::EventKind;
 use crate::core::grants::{
-    is_capability_name, Grants, Isolation, CAP_DROP_DEFAULT, GRANT_ENTRIES_MAX,
+    is_capability_name, Grants, Isolation, PodSecurity, CAP_DROP_DEFAULT, GRANT_ENTRIES_MAX,
 };
 use crate::core::limits::{ContainerLimits, RawLimits};
 use crate::core::plan::{ConfigError, ControlConfig, RawControlConfig};
@@ -140,11 +140,15 @@ pub const KEYS: &[&str] = &[
     "helm.wait_timeout_s",
     "helm.kill_margin_s",
     "helm.pass_env",
+    "helm.kubectl_path",
     "grants.host_path_prefixes",
     "grants.secret_dirs",
     "grants.env_passthrough",
     "grants.networks",
     "grants.capabilities",
+    "grants.helm_charts",
+    "grants.helm_namespace_prefix",
+    "grants.helm_pod_security",
     "limits.memory_default_mb",
     "limits.memory_max_mb",
     "limits.pids_limit",
@@ -268,6 +272,9 @@ pub enum TlsMode {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct HelmSettings {
     pub path: PathBuf,
+    /// The `kubectl` that creates a release's namespace with its Pod
+    /// Security labels before helm installs into it.
+    pub kubectl_path: PathBuf,
     pub wait_timeout: Duration,
     /// How long past `wait_timeout` a helm process is killed.
     pub kill_margin: Duration,
@@ -871,6 +878,10 @@ struct RawGrants {
     networks: Vec<String>,
     #[serde(default)]
     capabilities: Vec<String>,
+    #[serde(default)]
+    helm_charts: Vec<String>,
+    helm_namespace_prefix: Option<String>,
+    helm_pod_security: Option<String>,
 }
 
 #[derive(Deserialize, Default)]
@@ -930,6 +941,7 @@ struct RawHelm {
     kill_margin_s: Option<i64>,
     pass_env: Option<Vec<String>>,
     env: Option<BTreeMap<String, String>>,
+    kubectl_path: Option<String>,
 }
 
 struct Validator<'a> {
@@ -1439,14 +1451,33 @@ impl Validator<'_> {
     /// `[grants]`, validated by [`Grants::new`] (one set of rules), its
     /// errors named as the file names the keys.
     fn grants(&self, raw: &RawGrants) -> Result<Grants, DaemonConfigError> {
-        Grants::new(
+        let pod_security = self.pod_security(raw.helm_pod_security.as_deref())?;
+        let grants = Grants::new(
             &raw.host_path_prefixes,
             &raw.secret_dirs,
             &raw.env_passthrough,
         )
         .and_then(|grants| grants.with_networks(&raw.networks))
         .and_then(|grants| grants.with_capabilities(&raw.capabilities))
-        .map_err(|e| self.invalid_quoted(&format!("grants.{}", e.field), e.value, e.reason))
+        .and_then(|grants| grants.with_helm(&raw.helm_charts, raw.helm_namespace_prefix.as_deref()))
+        .map_err(|e| self.invalid_quoted(&format!("grants.{}", e.field), e.value, e.reason))?;
+        Ok(grants.with_helm_pod_security(pod_security))
+    }
+
+    /// `grants.helm_pod_security`: the Pod Security Standard the
+    /// namespaces of Helm releases enforce, `restricted` unless granted
+    /// otherwise.
+    fn pod_security(&self, raw: Option<&str>) -> Result<PodSecurity, DaemonConfigError> {
+        let Some(word) = raw else {
+            return Ok(PodSecurity::default());
+        };
+        PodSecurity::parse(word).ok_or_else(|| {
+            self.invalid(
+                "grants.helm_pod_security",
+                word,
+                "must be \"restricted\", \"baseline\" or \"privileged\"",
+            )
+        })
     }
 
     /// `[database]`: each value in its range, and the relations that keep
@@ -1881,6 +1912,11 @@ impl Validator<'_> {
         }
         Ok(HelmSettings {
             path: PathBuf::from(self.text("helm.path", raw.path, "helm")?),
+            kubectl_path: PathBuf::from(self.text(
+                "helm.kubectl_path",
+                raw.kubectl_path,
+                "kubectl",
+            )?),
             pass_env,
             env,
             kill_margin: self.secs(
@@ -2332,6 +2368,64 @@ mod tests {
         let env = vec![(env_name("helm.wait_timeout_s"), "900".to_owned())];
         let e = parse("", "stead.toml", &env).unwrap_err().to_string();
         assert!(e.contains("helm.wait_timeout_s (900)"), "{e}");
+    }
+
+    #[test]
+    fn helm_grants_are_read_from_the_file_and_bad_entries_are_named() {
+        let config = parse(
+            "[grants]\nhelm_charts = [\"oci://registry.example/charts/\"]\n\
+             helm_namespace_prefix = \"tenant-\"\nhelm_pod_security = \"baseline\"\n\
+             [helm]\nkubectl_path = \"/usr/local/bin/kubectl\"\n",
+            "stead.toml",
+            &[],
+        )
+        .unwrap();
+        assert!(config
+            .grants
+            .allows_helm_chart("oci://registry.example/charts/search"));
+        assert_eq!(config.grants.helm_namespace_prefix(), Some("tenant-"));
+        assert_eq!(config.grants.helm_pod_security(), PodSecurity::Baseline);
+        assert_eq!(
+            config.helm.kubectl_path,
+            PathBuf::from("/usr/local/bin/kubectl")
+        );
+        let defaults = parse("", "stead.toml", &[]).unwrap();
+        assert_eq!(defaults.grants.helm_pod_security(), PodSecurity::Restricted);
+        assert_eq!(defaults.helm.kubectl_path, PathBuf::from("kubectl"));
+        for (doc, expect) in [
+            (
+                "[grants]\nhelm_charts = [\"ok/\", \"/\"]\nhelm_namespace_prefix = \"t-\"\n",
+                "stead.toml: line 2: grants.helm_charts[1] = \"/\": must name a repository",
+            ),
+            (
+                "[grants]\nhelm_charts = [\"charts/../x/\"]\nhelm_namespace_prefix = \"t-\"\n",
+                "stead.toml: line 2: grants.helm_charts[0] = \"charts/../x/\": must have no '.'",
+            ),
+            (
+                "[grants]\nhelm_charts = [\"ok/\"]\n",
+                "grants.helm_namespace_prefix = missing: required when helm_charts grants a chart",
+            ),
+            (
+                "[grants]\nhelm_charts = [\"ok/\"]\nhelm_namespace_prefix = \"Tenant-\"\n",
+                "stead.toml: line 3: grants.helm_namespace_prefix = \"Tenant-\": must be the start \
+                 of a DNS label",
+            ),
+            (
+                "[grants]\nhelm_charts = [\"ok/\"]\nhelm_namespace_prefix = \"kube-\"\n",
+                "grants.helm_namespace_prefix = \"kube-\": kube-* are Kubernetes' own namespaces",
+            ),
+            (
+                "[grants]\nhelm_pod_security = \"none\"\n",
+                "stead.toml: line 2: grants.helm_pod_security = \"none\": must be \"restricted\", \
+                 \"baseline\" or \"privileged\"",
+            ),
+        ] {
+            let e = parse(doc, "stead.toml", &[]).unwrap_err().to_string();
+            assert!(e.contains(expect), "{doc}\n{e}");
+        }
+        let env = vec![(env_name("grants.helm_charts"), "[\"a/\"]".to_owned())];
+        let e = parse("", "stead.toml", &env).unwrap_err().to_string();
+        assert!(e.contains("grants.helm_namespace_prefix = missing"), "{e}");
     }
 
     #[test]

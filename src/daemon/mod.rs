@@ -61,6 +61,8 @@ pub use config::{DaemonConfig, DaemonConfigError, LogFormat};
 pub fn helm_config(config: &DaemonConfig) -> HelmConfig {
     HelmConfig {
         helm_path: config.helm.path.clone(),
+        kubectl_path: config.helm.kubectl_path.clone(),
+        pod_security: config.grants.helm_pod_security(),
         wait_timeout: config.helm.wait_timeout,
         kill_margin: config.helm.kill_margin,
         pass_env: config.helm.pass_env.clone(),

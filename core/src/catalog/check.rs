@@ -13,7 +13,7 @@ use super::{
 };
 use crate::domains::{DomainTemplate, DOMAINS_PER_SERVICE_MAX};
 use crate::fleet::RolloutState;
-use crate::grants::Grant;
+use crate::grants::{chart_reference_rule, literal_head, Grant};
 use crate::names;
 use crate::release::{HelmChart, Provisioning, ReleaseParams, HELM_NAMESPACE_DEFAULT};
 use crate::spec::{ReadinessProbe, RunSpec, ServiceSpec, UpdateStrategy};
@@ -328,6 +328,7 @@ impl Checker<'_> {
             Ok(())
         };
         helm_arg(format!("{at}.chart"), &raw.chart, IMAGE_LEN_MAX)?;
+        self.helm_chart(&format!("{at}.chart"), &raw.chart)?;
         let chart_version = raw
             .chart_version
             .clone()
@@ -372,6 +373,8 @@ impl Checker<'_> {
             chart: raw.chart.clone(),
             chart_version,
             namespace,
+            // Set below, once the template is known to carry it.
+            namespace_prefix: String::new(),
             values,
         };
         // Rendered once for a sample instance: a bad placeholder, or a
@@ -388,7 +391,41 @@ impl Checker<'_> {
         chart
             .release_of(&sample, false)
             .map_err(|e| self.invalid(format!("{at}.{}", e.field), &e.value, e.reason))?;
-        Ok(Provisioning::Helm(chart))
+        // The sample may carry the prefix by chance (a team named like
+        // it); every rendering carries it only if the template begins with
+        // it.
+        self.helm_namespace(&format!("{at}.namespace"), &chart.namespace)?;
+        Ok(Provisioning::Helm(HelmChart {
+            namespace_prefix: self
+                .grants
+                .helm_namespace_prefix()
+                .unwrap_or_default()
+                .to_owned(),
+            ..chart
+        }))
+    }
+
+    /// A Helm type's chart: a well-formed reference the operator's
+    /// `[grants] helm_charts` lists or covers.
+    fn helm_chart(&self, field: &str, chart: &str) -> Result<(), CatalogError> {
+        if let Some(rule) = chart_reference_rule(chart) {
+            return Err(self.invalid(field, chart, rule));
+        }
+        if !self.grants.allows_helm_chart(chart) {
+            return Err(self.not_granted(field.to_owned(), chart, Grant::HelmChart));
+        }
+        Ok(())
+    }
+
+    /// A Helm type's namespace template, which must begin with the
+    /// operator's `[grants] helm_namespace_prefix` before any placeholder:
+    /// then every rendering carries it, whatever the instance (and each
+    /// rendering checks it again, `HelmChart::namespace_of`).
+    fn helm_namespace(&self, field: &str, template: &str) -> Result<(), CatalogError> {
+        match self.grants.helm_namespace_prefix() {
+            Some(prefix) if literal_head(template).starts_with(prefix) => Ok(()),
+            _ => Err(self.not_granted(field.to_owned(), template, Grant::HelmNamespace)),
+        }
     }
 
     pub(super) fn service(

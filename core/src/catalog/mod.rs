@@ -238,6 +238,13 @@ impl Catalog {
         }
     }
 
+    /// This catalog with the grants its recorded versions are read back
+    /// against ([`Catalog::recorded_entry`]): for a catalog built from
+    /// entries whose Helm type needs them (the simulation's).
+    pub fn with_grants(self, grants: Grants) -> Catalog {
+        Catalog { grants, ..self }
+    }
+
     /// A version of `service_type` as the daemon recorded it when it
     /// loaded it (`source`, [`Catalog::source_of`]), read back through
     /// the catalog's parser and this catalog's grants: a grant withdrawn
@@ -407,6 +414,10 @@ fn not_granted(grant: Grant, granted: &[String]) -> String {
     let wanted = match grant {
         Grant::HostPath => "not under any of",
         Grant::SecretFile => "not inside any of",
+        Grant::HelmChart => "neither one of nor under any of",
+        Grant::HelmNamespace => {
+            "does not begin, before any placeholder, with the namespace prefix of"
+        }
         Grant::DaemonEnv | Grant::Network | Grant::Capability => "not one of",
     };
     if granted.is_empty() {

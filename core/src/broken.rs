@@ -141,11 +141,14 @@ pub enum Mutant {
     /// #54: a daemon starts with its catalog without judging it against
     /// what live instances run, so a hazardous catalog is applied unforced.
     SkipStartHazards,
+    /// #54: a host name given at create is not held to the team's
+    /// `domain_suffixes`, so a tenant takes a name of another team's domain.
+    IgnoreDomainSuffixes,
 }
 
 #[cfg(feature = "mutation-exercise")]
 impl Mutant {
-    pub const ALL: [Mutant; 36] = [
+    pub const ALL: [Mutant; 37] = [
         Mutant::SkipWithdrawBeforeStart,
         Mutant::PublishBeforeReadiness,
         Mutant::ForgetCrashLoopCharge,
@@ -182,5 +185,6 @@ impl Mutant {
         Mutant::IgnoreTeamScope,
         Mutant::QuotaOffByOne,
         Mutant::SkipStartHazards,
+        Mutant::IgnoreDomainSuffixes,
     ];
 }

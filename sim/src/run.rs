@@ -1286,7 +1286,8 @@ async fn setup(
                     UpdateStrategy::Overlap
                 },
                 domains: crate::world::domains_of(&service),
-                tenant_domains: false,
+                // `web` also takes the names tenants give at create (#54).
+                tenant_domains: service.as_str() == "web",
                 // Data that must outlive every container of the service,
                 // a dropped one's too (only a purge removes it).
                 run: Box::new(stead::core::spec::RunSpec {
@@ -1884,6 +1885,9 @@ pub(crate) fn docker_type_source(entry: &CatalogEntry) -> String {
             if !spec.domains.is_empty() {
                 let domains = spec.domains.iter().map(|d| d.as_str().to_owned());
                 service.insert("domains".into(), strings(&domains.collect::<Vec<_>>()));
+            }
+            if spec.tenant_domains {
+                service.insert("tenant_domains".into(), Value::Boolean(true));
             }
             let volumes = spec
                 .run

@@ -32,6 +32,15 @@ pub const N2_READ: &str = "N2 a tenant reads only its team's instances";
 pub const N2_CHANGE: &str = "N2 a tenant never changes another team's instance";
 /// N3's judgement.
 pub const N3_QUOTA: &str = "N3 a team's quota is never exceeded";
+/// N2 for host names given at create: a name under another team's
+/// domains is never taken.
+pub const N2_DOMAIN: &str = "N2 a tenant gives no host name of another team's domains";
+
+/// The domain each tenant team may give names under
+/// (`teams.NAME.domain_suffixes`).
+fn suffix_of(team: &str) -> String {
+    format!("{team}.example")
+}
 
 /// The tenants' teams: two whose instances the fleet starts with (no
 /// quota), and two that only their tenants create for, each with a quota
@@ -40,23 +49,39 @@ pub const TENANT_TEAMS: [&str; 4] = ["red", "blue", "green", "teal"];
 
 /// Each quota'd team's `[teams.NAME]`: `green` by instance count, `teal`
 /// by public host names (two per instance of the Docker type).
+/// Every tenant team may give host names under its own domain.
 pub fn quotas() -> BTreeMap<String, TeamQuota> {
-    BTreeMap::from([
-        (
-            "green".to_owned(),
-            TeamQuota {
-                max_instances: Some(3),
+    TENANT_TEAMS
+        .iter()
+        .map(|team| {
+            let mut quota = TeamQuota {
+                domain_suffixes: vec![suffix_of(team)],
                 ..TeamQuota::default()
-            },
-        ),
-        (
-            "teal".to_owned(),
-            TeamQuota {
-                max_public_hosts: Some(4),
-                ..TeamQuota::default()
-            },
-        ),
-    ])
+            };
+            match *team {
+                "green" => quota.max_instances = Some(3),
+                "teal" => quota.max_public_hosts = Some(4),
+                _ => {}
+            }
+            ((*team).to_owned(), quota)
+        })
+        .collect()
+}
+
+/// The host names a create of `name` for `team` gives, if any: one of
+/// its own (`NAME.TEAM.example`), one its team's instances contend for
+/// (`shared.TEAM.example`), or one of another team's domain, which must
+/// be refused.
+fn given_domains(team: &str, name: &str, rng: &mut ChaCha8Rng) -> Vec<String> {
+    match rng.random_range(0..6) {
+        0 => vec![format!("{name}.{}", suffix_of(team))],
+        1 => vec![format!("shared.{}", suffix_of(team))],
+        2 => {
+            let other = TENANT_TEAMS[rng.random_range(0..TENANT_TEAMS.len())];
+            vec![format!("{name}.{}", suffix_of(other))]
+        }
+        _ => Vec::new(),
+    }
 }
 
 /// Creates a tenant of a quota'd team sends at once: concurrent, so
@@ -260,6 +285,27 @@ impl Tenants {
         });
     }
 
+    /// N2 for given names: a create giving a name outside the team's
+    /// domain never succeeds, by the world's own rule (whole labels).
+    fn judge_given(&self, team: &str, request: &CreateRequest, created: bool) {
+        let own = format!(".{}", suffix_of(team));
+        let foreign = request.domains.iter().any(|d| !d.ends_with(&own));
+        if foreign {
+            self.checker
+                .count_case("N2 case: a tenant gave a name of another team's domain");
+        } else if created {
+            self.actors
+                .counts
+                .bump("tenant created instance with its own host name");
+        }
+        self.checker.judge(N2_DOMAIN, !(foreign && created), || {
+            format!(
+                "team {team} created {} with {:?}",
+                request.name, request.domains
+            )
+        });
+    }
+
     /// Several creates at once for the tenant's team, each its own request
     /// (its own task), as concurrent API calls are; the quota is judged
     /// after each that succeeds and once all are done.
@@ -271,18 +317,25 @@ impl Tenants {
             // type has.
             let helm = team != "teal" && rng.random_ratio(1, 3);
             let service_type = if helm { HELM_TYPE } else { SERVICE_TYPE };
-            requests.push((
-                request(&format!("{team}{n}"), service_type, team),
-                rng.random(),
-            ));
+            let name = format!("{team}{n}");
+            let mut request = request(&name, service_type, team);
+            if !helm {
+                // The Docker type's `web` takes given names (#54).
+                request.domains = given_domains(team, &name, rng);
+            }
+            requests.push((request, rng.random()));
         }
         let tasks: Vec<_> = requests
             .into_iter()
             .map(|(request, seed): (CreateRequest, u64)| {
                 let tenants = self.clone();
                 tokio::spawn(async move {
-                    if tenants.ops(team, seed).create(&request).await.is_ok() {
+                    let created = tenants.ops(team, seed).create(&request).await.is_ok();
+                    if created {
                         tenants.actors.counts.bump("tenant created instance");
+                    }
+                    if !request.domains.is_empty() {
+                        tenants.judge_given(team, &request, created);
                     }
                     judge_quotas(&tenants.checker, &tenants.store, &tenants.quotas);
                 })
@@ -311,7 +364,8 @@ fn request(name: &str, service_type: &str, team: &str) -> CreateRequest {
 
 /// N3 from the store's state: each quota'd team's live (not deleted)
 /// instances, and their public host names by the world's own catalog
-/// (`domains_of`: the Docker type's `web` carries them, every version).
+/// (`domains_of`: the Docker type's `web` carries them, every version)
+/// and the names each was given at create.
 pub fn judge_quotas(checker: &Checker, store: &MemoryStore, quotas: &BTreeMap<String, TeamQuota>) {
     let hosts_per_instance = domains_of(&service_name(0)).len() as u64;
     let instances = store.all_instances();
@@ -321,11 +375,11 @@ pub fn judge_quotas(checker: &Checker, store: &MemoryStore, quotas: &BTreeMap<St
             .filter(|i| &i.team == team && i.state != InstanceState::Deleted)
             .collect();
         let n_instances = live.len() as u64;
-        let n_hosts = live
+        let n_hosts: u64 = live
             .iter()
             .filter(|i| i.service_type == SERVICE_TYPE)
-            .count() as u64
-            * hosts_per_instance;
+            .map(|i| hosts_per_instance + i.domains.len() as u64)
+            .sum();
         let within = |limit: Option<u64>, used: u64| limit.is_none_or(|l| used <= l);
         let at = |limit: Option<u64>, used: u64| limit == Some(used);
         if at(quota.max_instances, n_instances) || at(quota.max_public_hosts, n_hosts) {

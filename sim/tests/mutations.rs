@@ -347,6 +347,16 @@ fn a_quota_off_by_one_is_caught() {
     assert_caught(Mutant::QuotaOffByOne, "N3 a team's quota is never exceeded");
 }
 
+/// #54: a host name given at create outside the team's domains is
+/// taken.
+#[test]
+fn a_given_name_outside_the_teams_domains_is_caught() {
+    assert_caught(
+        Mutant::IgnoreDomainSuffixes,
+        "N2 a tenant gives no host name of another team's domains",
+    );
+}
+
 /// #54: a daemon restarted with a hazardous catalog applies it unforced.
 #[test]
 fn a_start_that_skips_the_catalog_hazards_is_caught() {

@@ -313,6 +313,7 @@ fn seeds_hold_every_invariant() {
         "N1 a public host name never moves from one live instance to another",
         stead_sim::tenants::N2_READ,
         stead_sim::tenants::N2_CHANGE,
+        stead_sim::tenants::N2_DOMAIN,
         stead_sim::tenants::N3_QUOTA,
         stead_sim::hazards::N4_APPLIED,
         stead_sim::hazards::N4_REFUSED,

@@ -68,6 +68,13 @@ pub fn quotas() -> BTreeMap<String, TeamQuota> {
         .collect()
 }
 
+/// Whether `quota` limits how many instances (or hosts) a team has.
+fn binds(quota: &TeamQuota) -> bool {
+    quota.max_instances.is_some()
+        || quota.max_public_hosts.is_some()
+        || quota.max_memory_mb.is_some()
+}
+
 /// The host names a create of `name` for `team` gives, if any: one of
 /// its own (`NAME.TEAM.example`), one its team's instances contend for
 /// (`shared.TEAM.example`), or one of another team's domain, which must
@@ -159,7 +166,9 @@ impl Tenants {
             1 => self.get(team, &name, seed).await,
             2 => self.stop_or_start(team, &name, seed).await,
             3 => self.delete(team, &name, seed).await,
-            _ if self.quotas.contains_key(team) => {
+            // Only a team whose quota binds creates: the others' fleets
+            // would grow without bound.
+            _ if self.quotas.get(team).is_some_and(binds) => {
                 let burst = rng.random_range(1..=BURST_MAX);
                 self.create_burst(team, burst, rng).await;
             }

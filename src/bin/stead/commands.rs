@@ -942,50 +942,7 @@ async fn instance_show(config: &DaemonConfig, name: &str, json: bool) -> Result<
         return Ok(EXIT_OK);
     }
     let now = SystemClock.now();
-    let mut text = String::new();
-    for (key, value) in [
-        ("name", view.name.clone()),
-        ("id", view.id.to_string()),
-        ("type", view.service_type.clone()),
-        ("team", view.team.clone()),
-        ("version", view.version.clone()),
-        ("state", view.state.clone()),
-        ("intent", view.intent.clone()),
-        (
-            "expires",
-            instance
-                .expires_at
-                .map_or("never".into(), |t| stead::daemon::human::relative(t, now)),
-        ),
-        (
-            "window",
-            view.maintenance_window
-                .clone()
-                .unwrap_or_else(|| "none".into()),
-        ),
-        (
-            "parameters",
-            if view.parameters.is_empty() {
-                "none".into()
-            } else {
-                view.parameters
-                    .iter()
-                    .map(|(k, v)| format!("{k}={v:?}"))
-                    .collect::<Vec<_>>()
-                    .join(", ")
-            },
-        ),
-        (
-            "domains",
-            if view.domains.is_empty() {
-                "none".into()
-            } else {
-                view.domains.join(", ")
-            },
-        ),
-    ] {
-        text.push_str(&format!("{key}: {value}\n"));
-    }
+    let mut text = instance_fields(&view, &instance, now);
     for (service, record) in &active.services {
         text.push_str(&format!(
             "service {service}: generation {}\n",
@@ -1009,6 +966,52 @@ async fn instance_show(config: &DaemonConfig, name: &str, json: bool) -> Result<
     }
     say(text);
     Ok(EXIT_OK)
+}
+
+/// `stead instance show`'s head: one `key: value` line per field of the
+/// instance.
+fn instance_fields(
+    view: &InstanceView,
+    instance: &stead::core::fleet::Instance,
+    now: stead::core::types::Timestamp,
+) -> String {
+    let listed = |items: Vec<String>| {
+        if items.is_empty() {
+            "none".to_owned()
+        } else {
+            items.join(", ")
+        }
+    };
+    let expires = instance
+        .expires_at
+        .map_or("never".into(), |t| stead::daemon::human::relative(t, now));
+    let parameters = view
+        .parameters
+        .iter()
+        .map(|(k, v)| format!("{k}={v:?}"))
+        .collect();
+    let mut text = String::new();
+    for (key, value) in [
+        ("name", view.name.clone()),
+        ("id", view.id.to_string()),
+        ("type", view.service_type.clone()),
+        ("team", view.team.clone()),
+        ("version", view.version.clone()),
+        ("state", view.state.clone()),
+        ("intent", view.intent.clone()),
+        ("expires", expires),
+        (
+            "window",
+            view.maintenance_window
+                .clone()
+                .unwrap_or_else(|| "none".into()),
+        ),
+        ("parameters", listed(parameters)),
+        ("domains", listed(view.domains.clone())),
+    ] {
+        text.push_str(&format!("{key}: {value}\n"));
+    }
+    text
 }
 
 /// The operator commands over `store` and `catalog`, at this instant,

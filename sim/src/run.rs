@@ -210,6 +210,7 @@ async fn simulate(cfg: SimConfig, tally: crate::coverage::Tally) -> SimOutcome {
         catalog: Mutex::new(Arc::new({
             let catalog = sim_catalog(&actors, 1, false);
             checker.catalog_published(&catalog);
+            record_types(store.as_ref(), &catalog, clock.now()).await;
             catalog
         })),
         policy: policy.clone(),
@@ -300,6 +301,7 @@ async fn simulate(cfg: SimConfig, tally: crate::coverage::Tally) -> SimOutcome {
             )
             .await;
             checker.catalog_bumped(version, dropped, &catalog);
+            record_types(store.as_ref(), &catalog, clock.now()).await;
             *shared.catalog.lock().expect("poisoned") = Arc::new(catalog);
             processes.adopt_pauses(&faults, &mut rng);
             processes.restart_all(&counts);
@@ -1778,23 +1780,7 @@ pub(crate) fn sim_catalog(actors: &Actors, number: u32, security: bool) -> Catal
         // file keeps it.
         crate::hazards::with_volume(&catalog, crate::hazards::MOVED_VOLUME)
     } else {
-        with_sources(catalog)
-    }
-}
-
-/// `catalog` with each type's text as the operator's file says it, which
-/// the leader records as it runs it (#40, #54), as it does a loaded
-/// file's.
-pub(crate) fn with_sources(catalog: Catalog) -> Catalog {
-    let docker = catalog.get(SERVICE_TYPE).map(docker_type_source);
-    let helm = catalog.get(HELM_TYPE).map(helm_type_source);
-    let catalog = match docker {
-        Some(source) => catalog.with_source(SERVICE_TYPE, source),
-        None => catalog,
-    };
-    match helm {
-        Some(source) => catalog.with_source(HELM_TYPE, source),
-        None => catalog,
+        catalog
     }
 }
 
@@ -1807,6 +1793,34 @@ pub(crate) fn sim_grants() -> stead::core::grants::Grants {
     stead::core::grants::Grants::default()
         .with_helm(&["charts/app".to_owned()], Some(HELM_NAMESPACE_PREFIX))
         .expect("the simulated grants are valid")
+}
+
+/// What the daemons record as they load a catalog (#40): each type's
+/// version as a catalog file defines it, for `rollout undo --to` and for
+/// putting a halted type's instance back as it was. Best effort, as the
+/// daemon's: a store fault costs this recording. (Until the Helm type was
+/// recorded too, a halted Helm release ahead of its instance could not be
+/// put back: the fifty-instance day's seed 2.)
+async fn record_types(store: &MemoryStore, catalog: &Catalog, now: jiff::Timestamp) {
+    let sources = [
+        catalog.get(SERVICE_TYPE).map(docker_type_source),
+        catalog.get(HELM_TYPE).map(helm_type_source),
+    ];
+    for (entry, source) in [SERVICE_TYPE, HELM_TYPE]
+        .iter()
+        .filter_map(|t| catalog.get(t))
+        .zip(sources.into_iter().flatten())
+    {
+        let _ = store
+            .record_type_version(&stead::ports::TypeVersion {
+                service_type: entry.service_type.clone(),
+                version: entry.version.clone(),
+                spec_digest: entry.spec_digest.clone(),
+                source,
+                recorded_at: now,
+            })
+            .await;
+    }
 }
 
 /// The simulated Helm type as a catalog file says it; read back through

@@ -88,29 +88,21 @@ pub async fn start_hazards(
     if live_types.is_empty() {
         return Ok(StartHazards::default());
     }
-    // What each live instance runs: its version and, when recorded, the
-    // digest of the definition it was provisioned or upgraded with.
-    let mut live_versions: BTreeMap<String, BTreeSet<(String, Option<String>)>> = BTreeMap::new();
+    let mut live_versions: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
     for instance in store.list_instances().await?.rows {
         if instance.state != InstanceState::Deleted && live_types.contains(&instance.service_type) {
             live_versions
                 .entry(instance.service_type)
                 .or_default()
-                .insert((instance.version, instance.spec_digest));
+                .insert(instance.version);
         }
     }
     let mut found = StartHazards::default();
     for (service_type, versions) in live_versions {
         let recorded = store.type_versions(&service_type).await?;
         let only_this_type = BTreeSet::from([service_type.clone()]);
-        for (version, digest) in versions {
-            // Its very definition when recorded, else the newest of its
-            // version (a row from before digests were kept apart).
-            let exact = recorded.iter().find(|row| {
-                row.version == version && digest.as_deref() == Some(row.spec_digest.as_str())
-            });
-            let row = exact.or_else(|| recorded.iter().rev().find(|row| row.version == version));
-            let Some(row) = row else {
+        for version in versions {
+            let Some(row) = recorded.iter().find(|row| row.version == version) else {
                 found.unjudged.push(format!(
                     "types.{service_type} version {version}: never recorded (instances from \
                      before stead recorded versions), so its changes cannot be judged"

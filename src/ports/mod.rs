@@ -831,18 +831,11 @@ pub trait Store: Tenancy + Send + Sync {
     ) -> Result<(), StoreError>;
 
     // --- type versions (#40) ---------------------------------------------
-    /// Records a definition of a type's version as the leader's catalog
-    /// defines it, once: a row is never rewritten (#54). The same
-    /// (type, version, digest) recorded before is `Ok(false)`; a version
-    /// whose spec changed without a new version number gets a row of its
-    /// own beside the first. With a fence, only while that reconciler
-    /// lease is current (T2): only the leader records what it runs.
-    async fn record_type_version(
-        &self,
-        recorded: &TypeVersion,
-        fence: Option<&LeaseGrant>,
-    ) -> Result<bool, StoreError>;
-    /// The recorded definitions of `service_type`, oldest first.
+    /// Records a version of a type as the loaded catalog defines it. A
+    /// version recorded before keeps its place in the history and takes
+    /// the new definition.
+    async fn record_type_version(&self, recorded: &TypeVersion) -> Result<(), StoreError>;
+    /// The recorded versions of `service_type`, oldest first.
     async fn type_versions(&self, service_type: &str) -> Result<Vec<TypeVersion>, StoreError>;
 
     // --- public host names (#54) -----------------------------------------

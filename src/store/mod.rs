@@ -42,7 +42,7 @@ pub enum RecordedVersionError {
     Invalid(#[from] crate::core::catalog::CatalogError),
 }
 
-/// `version` of `service_type` as the leader recorded it when it ran it
+/// `version` of `service_type` as a daemon recorded it when it loaded it
 /// (`rollout undo --to`), read back through `catalog`'s parser and grants
 /// (`Catalog::recorded_entry`): what the operator's command, the tick's
 /// version drift and the worker all take a pin to mean.
@@ -53,11 +53,8 @@ pub async fn recorded_entry(
     version: &str,
 ) -> Result<crate::core::catalog::CatalogEntry, RecordedVersionError> {
     let recorded = store.type_versions(service_type).await?;
-    // A version redefined without a new number has a row per definition:
-    // the newest is what the catalog said of it last.
-    let Some(found) = recorded.iter().rev().find(|r| r.version == version) else {
-        let mut known: Vec<&str> = recorded.iter().map(|r| r.version.as_str()).collect();
-        known.dedup();
+    let Some(found) = recorded.iter().find(|r| r.version == version) else {
+        let known: Vec<&str> = recorded.iter().map(|r| r.version.as_str()).collect();
         return Err(RecordedVersionError::NotRecorded {
             service_type: service_type.to_owned(),
             version: version.to_owned(),

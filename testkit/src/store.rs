@@ -104,8 +104,7 @@ struct State {
     rollouts: BTreeMap<String, RolloutRecord>,
     /// (type, version) → its recording; the history's order is each
     /// recording's time, then its version, as the SQL stores order it.
-    /// By (type, version, digest): a definition is recorded once.
-    type_versions: BTreeMap<(String, String, String), TypeVersion>,
+    type_versions: BTreeMap<(String, String), TypeVersion>,
     lease: Option<ReconcilerLeaseRow>,
     /// T3: instance → (holder, expiry by the store's clock).
     /// The holder is shared by every row it holds, as a pass takes
@@ -316,13 +315,10 @@ impl MemoryStore {
     pub fn rollout_now(&self, service_type: &str) -> Option<(RolloutRecord, Option<TypeVersion>)> {
         let state = self.lock();
         let record = state.rollouts.get(service_type)?.clone();
-        // The newest definition of the pinned version, as an undo reads it.
         let recorded = record.pinned.as_ref().and_then(|version| {
             state
                 .type_versions
-                .values()
-                .filter(|r| r.service_type == service_type && &r.version == version)
-                .max_by_key(|r| r.recorded_at)
+                .get(&(service_type.to_owned(), version.clone()))
                 .cloned()
         });
         Some((record, recorded))
@@ -1409,22 +1405,13 @@ impl Store for MemoryStore {
         Ok(())
     }
 
-    async fn record_type_version(
-        &self,
-        recorded: &TypeVersion,
-        fence: Option<&LeaseGrant>,
-    ) -> Result<bool, StoreError> {
+    async fn record_type_version(&self, recorded: &TypeVersion) -> Result<(), StoreError> {
         let mut state = self.call()?;
-        state.check_fence(fence, self.now_us())?;
-        let key = (
-            recorded.service_type.clone(),
-            recorded.version.clone(),
-            recorded.spec_digest.clone(),
-        );
-        if state.type_versions.contains_key(&key) {
-            return Ok(false);
-        }
-        let recorded_at = normalize_timestamp(recorded.recorded_at);
+        let key = (recorded.service_type.clone(), recorded.version.clone());
+        let recorded_at = state
+            .type_versions
+            .get(&key)
+            .map_or(normalize_timestamp(recorded.recorded_at), |r| r.recorded_at);
         state.type_versions.insert(
             key,
             TypeVersion {
@@ -1432,7 +1419,7 @@ impl Store for MemoryStore {
                 ..recorded.clone()
             },
         );
-        Ok(true)
+        Ok(())
     }
 
     async fn type_versions(&self, service_type: &str) -> Result<Vec<TypeVersion>, StoreError> {
@@ -1443,13 +1430,7 @@ impl Store for MemoryStore {
             .filter(|r| r.service_type == service_type)
             .cloned()
             .collect();
-        versions.sort_by(|a, b| {
-            (a.recorded_at, &a.version, &a.spec_digest).cmp(&(
-                b.recorded_at,
-                &b.version,
-                &b.spec_digest,
-            ))
-        });
+        versions.sort_by(|a, b| (a.recorded_at, &a.version).cmp(&(b.recorded_at, &b.version)));
         Ok(versions)
     }
 
@@ -1829,7 +1810,7 @@ impl Store for MemoryStore {
                     *at = (*at).max(r.recorded_at);
                     newest
                 });
-        let doomed: Vec<(String, String, String)> = state
+        let doomed: Vec<(String, String)> = state
             .type_versions
             .iter()
             .filter(|(_, r)| {
@@ -1838,7 +1819,6 @@ impl Store for MemoryStore {
                     && !state.instances.values().any(|i| {
                         i.service_type == r.service_type
                             && i.version == r.version
-                            && i.spec_digest.as_ref().is_none_or(|d| *d == r.spec_digest)
                             && i.state != InstanceState::Deleted
                     })
                     && !state.rollouts.get(&r.service_type).is_some_and(|rollout| {

@@ -270,14 +270,6 @@ impl Catalog {
     /// `service_type`'s definition as a catalog of that one type, which
     /// [`Catalog::from_toml`] reads back to the same entry (`None` for a
     /// catalog built from entries).
-    /// This catalog with `source` as `service_type`'s text: for a catalog
-    /// built from entries (the simulation's), the file it stands for, so
-    /// the leader records its definitions as it would a loaded file's.
-    pub fn with_source(mut self, service_type: &str, source: String) -> Catalog {
-        self.sources.insert(service_type.to_owned(), source);
-        self
-    }
-
     pub fn source_of(&self, service_type: &str) -> Option<&str> {
         self.sources.get(service_type).map(String::as_str)
     }

@@ -30,7 +30,6 @@ mod lost;
 mod outcome;
 mod reports;
 mod run;
-mod versions;
 
 pub use outcome::{Check, TickOutcome};
 
@@ -74,10 +73,6 @@ pub struct Reconciler {
     /// How long the event log keeps an event (#42); unset: the leader's
     /// tick prunes nothing.
     event_retention: std::sync::OnceLock<Duration>,
-    /// The catalog whose definitions this replica recorded as leader
-    /// (`versions.rs`); another catalog (a reload) is recorded at the next
-    /// tick it leads.
-    recorded_catalog: Mutex<Option<Arc<crate::core::catalog::Catalog>>>,
 }
 
 impl Reconciler {
@@ -107,7 +102,6 @@ impl Reconciler {
             warned: Mutex::new(BTreeSet::new()),
             lost_services: Mutex::new(LostServices::new()),
             event_retention: std::sync::OnceLock::new(),
-            recorded_catalog: Mutex::new(None),
         }
     }
 

@@ -71,7 +71,6 @@ impl Reconciler {
             return out;
         }
 
-        self.record_catalog(&self.catalog.current()).await;
         // The control checks run beside the recovery pass, not behind it:
         // a hung runtime holds up one batch of recovery (each instance to
         // its deadline), never TTL, lease expiry or drift (issue #14).

@@ -687,22 +687,18 @@ macro_rules! impl_sql_store {
             }
 
             #[tracing::instrument(name = "store.record_type_version", level = "debug", skip_all)]
-            async fn record_type_version(
-                &self,
-                recorded: &TypeVersion,
-                fence: Option<&LeaseGrant>,
-            ) -> Result<bool, StoreError> {
+            async fn record_type_version(&self, recorded: &TypeVersion) -> Result<(), StoreError> {
                 crate::store::sql::timed("record_type_version", self.call_timeout, async {
-                    self.write_fenced(
+                    self.write(
                         sqlx::query(sql::RECORD_TYPE_VERSION)
                             .bind(&recorded.service_type)
                             .bind(&recorded.version)
                             .bind(&recorded.spec_digest)
                             .bind(&recorded.source)
                             .bind(timestamp_to_us(recorded.recorded_at)),
-                        fence,
                     )
                     .await
+                    .map(drop)
                 })
                 .await
             }

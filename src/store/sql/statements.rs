@@ -230,14 +230,14 @@ pub const PIN_ROLLOUT: &str = "INSERT INTO rollouts \
 
 /// A version seen again keeps its first recording time (the history's
 /// order) and takes the latest definition.
-/// A definition is recorded once and never rewritten (#54).
 pub const RECORD_TYPE_VERSION: &str = "INSERT INTO type_versions \
      (service_type, version, spec_digest, source, recorded_at_us) VALUES ($1, $2, $3, $4, $5) \
-     ON CONFLICT (service_type, version, spec_digest) DO NOTHING";
+     ON CONFLICT (service_type, version) DO UPDATE SET \
+       spec_digest = excluded.spec_digest, source = excluded.source";
 
 pub const TYPE_VERSIONS: &str =
     "SELECT service_type, version, spec_digest, source, recorded_at_us \
-     FROM type_versions WHERE service_type = $1 ORDER BY recorded_at_us, version, spec_digest";
+     FROM type_versions WHERE service_type = $1 ORDER BY recorded_at_us, version";
 
 // --- reconciler lease -----------------------------------------------------
 
@@ -303,9 +303,7 @@ pub const PRUNE_FINISHED_TASKS: &str = "DELETE FROM tasks WHERE id IN \
 pub const PRUNE_TYPE_VERSIONS: &str = "DELETE FROM type_versions \
      WHERE recorded_at_us < $1 \
      AND NOT EXISTS (SELECT 1 FROM instances i WHERE i.service_type = type_versions.service_type \
-       AND i.version = type_versions.version \
-       AND (i.spec_digest IS NULL OR i.spec_digest = type_versions.spec_digest) \
-       AND i.state <> 'deleted') \
+       AND i.version = type_versions.version AND i.state <> 'deleted') \
      AND NOT EXISTS (SELECT 1 FROM rollouts r WHERE r.service_type = type_versions.service_type \
        AND r.pinned_version = type_versions.version) \
      AND recorded_at_us < (SELECT MAX(n.recorded_at_us) FROM type_versions n \

@@ -363,21 +363,24 @@ async fn a_version_that_drops_a_service_stops_and_unroutes_it_and_keeps_its_volu
     .await;
     assert!(!served("sidecar").await, "the sidecar is no longer routed");
     assert!(served("http").await, "http serves throughout");
-    let active = h
-        .daemon()
-        .ports
-        .store
-        .load_active(&InstanceName::new(&instance))
-        .await
-        .unwrap();
-    assert_eq!(
-        active
+    // ACTIVE lets go of the sidecar once its container is removed: the
+    // row goes after the container (a removal that fails keeps it named),
+    // so it is awaited, not read at the instant the container vanished.
+    let store = h.daemon().ports.store.clone();
+    let active_services = || async {
+        store
+            .load_active(&InstanceName::new(&instance))
+            .await
+            .unwrap()
             .services
             .keys()
-            .map(|s| s.as_str())
-            .collect::<Vec<_>>(),
-        ["http"]
-    );
+            .map(|s| s.as_str().to_owned())
+            .collect::<Vec<_>>()
+    };
+    wait_until("ACTIVE names only http", CONVERGE, || async {
+        active_services().await == ["http"]
+    })
+    .await;
     assert!(
         docker(&[
             "volume",

@@ -333,6 +333,35 @@ async fn problems_are_problem_json_naming_the_field_and_value() {
 }
 
 #[tokio::test]
+async fn a_hold_names_a_service_by_its_name_or_is_refused_naming_the_field() {
+    let api = serve(support::sqlite().await, Options::default()).await;
+    let a = api.token("team-a", TokenRole::Tenant).await;
+    assert_eq!(api.create(&a, "shop").await.0, StatusCode::CREATED);
+    let long = "s".repeat(64);
+    for (path, body, field) in [
+        (
+            "/v1/instances/shop/release",
+            json!({"service": long}),
+            "service",
+        ),
+        (
+            "/v1/instances/shop/inhibit",
+            json!({"service": "Bad Name"}),
+            "service",
+        ),
+        (
+            "/v1/instances/shop/inhibit",
+            json!({"service": "http", "reason": "r".repeat(201)}),
+            "reason",
+        ),
+    ] {
+        let (status, _, problem) = api.call(Method::POST, path, &a, Some(body)).await;
+        assert_eq!(status, StatusCode::BAD_REQUEST, "{path}: {problem}");
+        assert_eq!(problem["field"], field, "{path}: {problem}");
+    }
+}
+
+#[tokio::test]
 async fn a_tenant_gives_host_names_within_its_teams_domains_only() {
     let team_a = TeamQuota {
         domain_suffixes: vec!["a.example".into()],

@@ -16,6 +16,16 @@ use super::views::Change;
 use super::{ApiState, Caller};
 use crate::ops::{OpsError, OPERATOR_HOLD};
 
+/// Longest reason a hold may give.
+const REASON_LEN_MAX: usize = 200;
+
+/// A body's `service`: a service name (a DNS label), or a 400 naming it,
+/// as the schema says; never looked up when it cannot be one.
+fn service_name(service: &str) -> Result<(), Problem> {
+    crate::core::names::check_dns_label("service", service)
+        .map_err(|e| Problem::bad_request("service", service, e.to_string()))
+}
+
 /// `POST /v1/instances/{name}/inhibit`.
 #[derive(Clone, Debug, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
@@ -62,7 +72,15 @@ pub async fn inhibit(
 ) -> Result<Json<Change>, Problem> {
     let name = instance_name(path)?;
     let hold: Hold = parse_body(&body)?;
+    service_name(&hold.service)?;
     let reason = hold.reason.as_deref().unwrap_or(OPERATOR_HOLD);
+    if reason.is_empty() || reason.chars().count() > REASON_LEN_MAX {
+        return Err(Problem::bad_request(
+            "reason",
+            reason,
+            format!("reason: 1 to {REASON_LEN_MAX} characters"),
+        ));
+    }
     let ops = state.ops(caller.scope());
     let container = ops
         .inhibit(&name, &hold.service, reason)
@@ -103,6 +121,7 @@ pub async fn release(
 ) -> Result<Json<Change>, Problem> {
     let name = instance_name(path)?;
     let release: Release = parse_body(&body)?;
+    service_name(&release.service)?;
     let ops = state.ops(caller.scope());
     let released = ops.release(&name, &release.service).await?;
     let message = match released {

@@ -129,7 +129,7 @@ fn every_upgrade_mutant_is_found() {
 }
 
 /// The mutants of the exercise that live in the Helm bake.
-const HELM_BAKE_MUTANTS: [Mutant; 1] = [Mutant::UnreachableIsBad];
+const HELM_BAKE_MUTANTS: [Mutant; 2] = [Mutant::UnreachableIsBad, Mutant::RevertAwayFromBad];
 
 #[test]
 fn every_helm_bake_mutant_is_found() {

@@ -534,7 +534,7 @@ async fn a_bake_checks_status_and_tests_and_rolls_back_away_from_the_bad_chart()
         "{test_call:?}"
     );
 
-    helm.roll_back_from(&target("bad", "bad"), "3.0.0")
+    helm.roll_back_from(&target("bad", "bad"), "3.0.0", None)
         .await
         .unwrap();
     let status = helm

@@ -48,6 +48,9 @@ enum Call {
     RollBack(&'static str),
     /// A bake's revert away from the version.
     RollBackFrom(&'static str),
+    /// A bake's revert from the first version to the second, the one the
+    /// instance records.
+    RevertTo(&'static str, &'static str),
 }
 
 /// Whether a bake's check runs the chart's tests (`helm test`).
@@ -85,6 +88,15 @@ fn contract() -> Vec<(Call, &'static str)> {
         // Away from a version gone bad: the newest revision at another.
         (RollBackFrom("1.0.0"), "ok"),
         (Status, "deployed r5 2.0.0"),
+        // Back to the version the instance records, not merely away from
+        // the bad one: to its newest revision (r4), not r5's chart.
+        (Install("3.0.0"), "ok"),
+        (RevertTo("3.0.0", "1.0.0"), "ok"),
+        (Status, "deployed r7 1.0.0"),
+        // The recorded version at the bad one's chart (only its values
+        // differ): a new revision at it.
+        (RevertTo("1.0.0", "1.0.0"), "ok"),
+        (Status, "deployed r8 1.0.0"),
         // A version whose chart tests fail is bad only when they run.
         (Install(TESTS_FAIL), "ok"),
         (Check(Skip), "healthy"),
@@ -193,7 +205,16 @@ async fn run(provisioner: &dyn Provisioner) -> Vec<String> {
             ),
             Call::RollBackFrom(version) => done(
                 provisioner
-                    .roll_back_from(&target(NAMESPACE), version)
+                    .roll_back_from(&target(NAMESPACE), version, None)
+                    .await,
+            ),
+            Call::RevertTo(bad, back) => done(
+                provisioner
+                    .roll_back_from(
+                        &target(NAMESPACE),
+                        bad,
+                        Some(&helm(RELEASE, NAMESPACE, back)),
+                    )
                     .await,
             ),
         };

@@ -144,11 +144,16 @@ pub enum Mutant {
     /// #54: a host name given at create is not held to the team's
     /// `domain_suffixes`, so a tenant takes a name of another team's domain.
     IgnoreDomainSuffixes,
+    /// #40: a bake's revert rolls the release back to the newest revision
+    /// at another chart version than the bad one, not to the version the
+    /// instance records, so a release an earlier upgrade left a revision
+    /// ahead ends at a version nothing records.
+    RevertAwayFromBad,
 }
 
 #[cfg(feature = "mutation-exercise")]
 impl Mutant {
-    pub const ALL: [Mutant; 37] = [
+    pub const ALL: [Mutant; 38] = [
         Mutant::SkipWithdrawBeforeStart,
         Mutant::PublishBeforeReadiness,
         Mutant::ForgetCrashLoopCharge,
@@ -186,5 +191,6 @@ impl Mutant {
         Mutant::QuotaOffByOne,
         Mutant::SkipStartHazards,
         Mutant::IgnoreDomainSuffixes,
+        Mutant::RevertAwayFromBad,
     ];
 }

@@ -9,10 +9,15 @@
 //! `deployed`; anything else means another operation failed or hangs on it),
 //! and at the window's end also the chart's own tests (`helm test`, which
 //! passes for a chart that has none). A release found bad is rolled back to
-//! the newest revision at another chart version (`helm rollback`), the instance's recorded version
-//! and spec digest restored first (so the record never names a version
-//! newer than the one running: a crash between the two leaves the release
-//! ahead, which the retried task upgrades and bakes again); the worker then fails the upgrade
+//! what the instance records ([`HelmBakeInput::back_to`]), its recorded
+//! version and spec digest restored first (so the record never names a
+//! version newer than the one running: a crash between the two leaves the
+//! release ahead, which the retried task upgrades and bakes again). Back to
+//! the recorded version, not merely away from the bad one: an earlier
+//! upgrade that never got to record its version leaves the release a
+//! revision ahead of the record, and going back to that revision would
+//! leave the release running a version nothing records (simulation seed
+//! 40). The worker then fails the upgrade
 //! task, which halts the type's rollout (C11) with the reason. A check
 //! that cannot reach Helm is no verdict: it is asked again at the next
 //! interval, and a window that ends with no verdict ends held, saying so.
@@ -25,7 +30,7 @@ use std::time::Duration;
 use super::errors::{failure_of, ErrorKind, PortName, ProvisionError, StoreError, TaskError};
 use super::fleet::add;
 use super::machine::{Abandon, Machine, MachineAnswer, MachineCommand};
-use super::release::ReleaseTarget;
+use super::release::{HelmRelease, ReleaseTarget};
 use super::types::{InstanceName, Timestamp};
 
 /// How often a baking release's status is read.
@@ -59,6 +64,10 @@ pub struct HelmBakeInput {
     /// The version and spec digest a revert puts back.
     pub previous_version: String,
     pub previous_spec_digest: Option<String>,
+    /// The release of `previous_version` as the daemon recorded it: what a
+    /// revert goes back to. `None` when that version was never recorded
+    /// (then back to the newest revision at another chart version).
+    pub back_to: Option<HelmRelease>,
     pub broken: crate::broken::Armed,
 }
 
@@ -66,11 +75,12 @@ pub struct HelmBakeInput {
 pub enum HelmBakeCommand {
     /// Read the release's status, and with `tests` run the chart's tests.
     Check { release: ReleaseTarget, tests: bool },
-    /// `helm rollback` to the newest revision at another chart version than
-    /// the one that went bad.
+    /// Back from `bad_chart_version` to `back_to`, the release of the
+    /// version the instance records (`Provisioner::roll_back_from`).
     RollBack {
         release: ReleaseTarget,
         bad_chart_version: String,
+        back_to: Option<HelmRelease>,
     },
     /// Put the instance's recorded version and spec digest back.
     RestoreVersion {
@@ -211,6 +221,11 @@ impl Machine for HelmBake {
             Phase::RollingBack { .. } => HelmBakeCommand::RollBack {
                 release: self.input.release.clone(),
                 bad_chart_version: self.input.chart_version.clone(),
+                back_to: self
+                    .input
+                    .back_to
+                    .clone()
+                    .filter(|_| !crate::broken!(self.input.broken, RevertAwayFromBad)),
             },
             Phase::Restoring { .. } => HelmBakeCommand::RestoreVersion {
                 instance: self.input.instance.clone(),
@@ -344,6 +359,7 @@ mod tests {
             started: at(1000),
             previous_version: "1.0".into(),
             previous_spec_digest: Some("d1".into()),
+            back_to: None,
             broken: Default::default(),
         })
     }
@@ -451,6 +467,43 @@ mod tests {
             machine.into_report().expect("reverted"),
             BakeVerdict::Reverted("status failed".into())
         );
+    }
+
+    /// The revert goes back to the release of the version the record
+    /// names, not merely away from the bad chart (simulation seed 40).
+    #[test]
+    fn the_rollback_goes_back_to_the_recorded_versions_release() {
+        let recorded = HelmRelease {
+            name: "shop".into(),
+            namespace: "team-a".into(),
+            chart: "shop".into(),
+            chart_version: "1.0".into(),
+            values: Default::default(),
+            atomic: true,
+        };
+        let mut machine = HelmBake::new(HelmBakeInput {
+            back_to: Some(recorded.clone()),
+            ..bake(30).input
+        });
+        let issued = run(&mut machine, |command, _| match command {
+            HelmBakeCommand::Check { .. } => {
+                HelmBakeAnswer::Checked(Ok(ReleaseHealth::Bad("test failed".into())))
+            }
+            HelmBakeCommand::RestoreVersion { .. } => HelmBakeAnswer::VersionRestored(Ok(())),
+            HelmBakeCommand::RollBack { .. } => HelmBakeAnswer::RolledBack(Ok(())),
+        });
+        let rollback = issued
+            .iter()
+            .find_map(|(_, c)| match c {
+                HelmBakeCommand::RollBack {
+                    back_to,
+                    bad_chart_version,
+                    ..
+                } => Some((back_to.clone(), bad_chart_version.clone())),
+                _ => None,
+            })
+            .expect("rolled back");
+        assert_eq!(rollback, (Some(recorded), "2.0".to_owned()));
     }
 
     #[test]

@@ -684,17 +684,36 @@ impl Provisioner for HelmProvisioner {
         }
     }
 
-    /// `helm rollback` to the newest revision at another chart version
-    /// than `bad_chart_version` ([`revision_away_from`]), or with no
-    /// revision named (the previous one) when the history has none;
-    /// waited for.
+    /// Back to `back_to` (the recorded version's release): `roll_back` to
+    /// its chart version, or an upgrade to it when only its values
+    /// differ from the bad revision's. With no recorded version to go
+    /// back to: `helm rollback` to the newest revision at another chart
+    /// version than `bad_chart_version` ([`revision_away_from`]), or with
+    /// no revision named (the previous one) when the history has none.
+    /// Waited for.
     #[tracing::instrument(name = "helm.roll_back_from", level = "debug", skip_all)]
     async fn roll_back_from(
         &self,
         target: &ReleaseTarget,
         bad_chart_version: &str,
+        back_to: Option<&HelmRelease>,
     ) -> Result<(), ProvisionError> {
         let release = helm_release(target)?;
+        if let Some(back_to) = back_to {
+            if back_to.name != release.name || back_to.namespace != release.namespace {
+                return Err(ProvisionError::Refused(format!(
+                    "the revert of release {} in {} names release {} in {}",
+                    release.name, release.namespace, back_to.name, back_to.namespace
+                )));
+            }
+            // The same chart with other values: the newest revision at
+            // that chart is the bad one, so an upgrade puts the recorded
+            // values back.
+            if back_to.chart_version == bad_chart_version {
+                return self.upgrade(back_to).await;
+            }
+            return self.roll_back(back_to).await;
+        }
         let subject = format!("release {} in {}", release.name, release.namespace);
         let history = self
             .history(&release.name, &release.namespace, Missing::Error)

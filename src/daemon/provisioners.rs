@@ -70,9 +70,10 @@ impl Provisioner for RoutedProvisioner {
         &self,
         release: &ReleaseTarget,
         bad_chart_version: &str,
+        back_to: Option<&HelmRelease>,
     ) -> Result<(), ProvisionError> {
         self.of(release.kind)
-            .roll_back_from(release, bad_chart_version)
+            .roll_back_from(release, bad_chart_version, back_to)
             .await
     }
 

@@ -310,13 +310,19 @@ pub trait Provisioner: Send + Sync {
         Ok(ReleaseHealth::Healthy)
     }
     /// Moves a release back from `bad_chart_version`, which went bad while
-    /// baking: to the newest revision at another chart version (`helm
-    /// rollback REV`), or the previous one when there is none. A
-    /// provisioner with no history refuses.
+    /// baking, to `back_to`, the release of the version its instance
+    /// records: as [`Provisioner::roll_back`] does, or, when the bad
+    /// upgrade kept the chart version and changed only its values, by an
+    /// upgrade to `back_to` (the newest revision at that chart is the bad
+    /// one). Without `back_to` (a version never recorded): to the newest
+    /// revision at another chart version (`helm rollback REV`), or the
+    /// previous one when there is none. A provisioner with no history
+    /// refuses.
     async fn roll_back_from(
         &self,
         release: &ReleaseTarget,
         _bad_chart_version: &str,
+        _back_to: Option<&HelmRelease>,
     ) -> Result<(), ProvisionError> {
         Err(ProvisionError::Refused(format!(
             "release {} in {} has no revision history to roll back through",

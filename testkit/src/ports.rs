@@ -1481,6 +1481,7 @@ impl Provisioner for MemoryProvisioner {
         &self,
         target: &ReleaseTarget,
         bad_chart_version: &str,
+        back_to: Option<&HelmRelease>,
     ) -> Result<(), ProvisionError> {
         let release = target.release.name.as_str();
         let latency = self
@@ -1491,14 +1492,19 @@ impl Provisioner for MemoryProvisioner {
         let back = {
             let mut history = self.history.lock().expect("poisoned");
             let revisions = history.entry(release.to_owned()).or_default();
-            // The newest revision at another chart version, else the
-            // previous one.
-            let back = revisions
-                .iter()
-                .rev()
-                .find(|v| *v != bad_chart_version)
-                .or_else(|| revisions.iter().rev().nth(1))
-                .cloned();
+            // The recorded version's chart (a rollback to its revision or
+            // an upgrade to it, the same here); with none recorded, the
+            // newest revision at another chart version, else the previous
+            // one.
+            let back = match back_to {
+                Some(back_to) => Some(back_to.chart_version.clone()),
+                None => revisions
+                    .iter()
+                    .rev()
+                    .find(|v| *v != bad_chart_version)
+                    .or_else(|| revisions.iter().rev().nth(1))
+                    .cloned(),
+            };
             if let Some(back) = &back {
                 revisions.push(back.clone());
             }

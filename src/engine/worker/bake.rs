@@ -27,6 +27,9 @@ pub(super) struct HelmBaking {
     /// held (`Upgrade::version_after_bake`).
     version: String,
     spec_digest: String,
+    /// The release of the version the instance records, which a revert
+    /// goes back to (`HelmBakeInput::back_to`).
+    back_to: Option<HelmRelease>,
 }
 
 impl HelmBaking {
@@ -46,7 +49,13 @@ impl HelmBaking {
             bake,
             version: entry.version.clone(),
             spec_digest: entry.spec_digest.clone(),
+            back_to: None,
         })
+    }
+
+    /// This bake with the release its revert goes back to.
+    pub(super) fn back_to(self, back_to: Option<HelmRelease>) -> Self {
+        Self { back_to, ..self }
     }
 }
 
@@ -66,9 +75,10 @@ impl Performer<HelmBake> for BakeSteps<'_> {
             HelmBakeCommand::RollBack {
                 release,
                 bad_chart_version,
+                back_to,
             } => HelmBakeAnswer::RolledBack(
                 p.provisioner
-                    .roll_back_from(release, bad_chart_version)
+                    .roll_back_from(release, bad_chart_version, back_to.as_ref())
                     .await,
             ),
             HelmBakeCommand::RestoreVersion {
@@ -113,6 +123,7 @@ impl Worker {
             bake,
             version,
             spec_digest,
+            back_to,
         } = baking;
         let name = &instance.name;
         let mut machine = HelmBake::new(HelmBakeInput {
@@ -123,6 +134,7 @@ impl Worker {
             started: self.ports.clock.now(),
             previous_version: instance.version.clone(),
             previous_spec_digest: instance.spec_digest.clone(),
+            back_to,
             broken: self.config.broken,
         });
         tracing::info!(

@@ -135,7 +135,10 @@ impl Worker {
     /// rolled back, then uninstalled by hand, came back at the broken
     /// version). `None`, said at warn, for a version never recorded: the
     /// caller decides what then.
-    async fn held_entry(&self, instance: &Instance) -> Result<Option<CatalogEntry>, TaskError> {
+    pub(in crate::engine::worker) async fn held_entry(
+        &self,
+        instance: &Instance,
+    ) -> Result<Option<CatalogEntry>, TaskError> {
         match self.target_entry(instance, Some(&instance.version)).await {
             Err(e) if e.kind() == ErrorKind::NotFound => {
                 tracing::warn!(

@@ -5,8 +5,13 @@
 //! task is retried as the worker retries it: the upgrade runs again (a new
 //! revision at the same chart) and a fresh machine bakes again.
 //!
-//! The world ([`Helm`]) is the release's revision history (the chart
-//! version each revision runs; the newest runs), when the new chart's
+//! The world ([`Helm`]) is the release's revision history (the version
+//! each revision runs, and so its chart version; the newest runs): before
+//! the upgrade, the recorded version alone or a revision ahead of it that
+//! an earlier upgrade installed and never recorded (simulation seed 40: a
+//! revert to the newest revision at another chart left the release there,
+//! at a version nothing records), the new version at a chart of its own or
+//! at the recorded version's chart with other values; when the new chart's
 //! status turns bad and when its chart tests start failing, and the
 //! instance's record (its version and spec digest). A fault either fails
 //! the port call (a check that cannot reach Helm, a rollback or a restore
@@ -29,7 +34,7 @@
 //!
 //! Liveness, at the end of a path (its last attempt runs once the faults
 //! are spent, or after [`ATTEMPTS`] attempts, hushed): a release found bad
-//! ends rolled back with its version recorded again, or its failure
+//! ends rolled back to exactly the version its record names, or its failure
 //! reported (a permanent error), never held; a run without faults ends
 //! with the verdict the truth calls for (rolled back if the chart was bad
 //! when checked, held otherwise).
@@ -44,7 +49,7 @@ use stead::core::helm_bake::{
     HELM_BAKE_CHECK_INTERVAL, HELM_BAKE_FINAL_ATTEMPTS_MAX,
 };
 use stead::core::machine::{Abandon, Machine, MachineCommand};
-use stead::core::release::{ReleaseKind, ReleaseTarget};
+use stead::core::release::{HelmRelease, ReleaseKind, ReleaseTarget};
 use stead::core::types::{InstanceName, Timestamp};
 
 use super::Chooser;
@@ -58,6 +63,14 @@ pub const ATTEMPTS: usize = 3;
 /// check is the last), and a window of three checks whose last comes
 /// before a full interval.
 pub const WINDOWS: [u64; 3] = [0, 30, 75];
+/// What the release ran before the upgrade and the new version's chart,
+/// as set up.
+pub const HISTORIES: [&str; 3] = [
+    "the recorded version; the new version at a chart of its own",
+    "a version an earlier upgrade installed and never recorded; the new version at a chart \
+     of its own",
+    "the recorded version; the new version at its chart, with other values",
+];
 /// How the new chart behaves, as set up (faults may make it go bad
 /// sooner).
 pub const RELEASES: [&str; 3] = [
@@ -73,16 +86,21 @@ const RETRY_AFTER: Duration = Duration::from_secs(60);
 /// interval.
 const LATE: Duration = Duration::from_secs(45);
 
-const OLD: (&str, &str) = ("1", "1.0");
-const NEW: (&str, &str) = ("2", "2.0");
+/// The versions: the one the instance records, the one an earlier
+/// upgrade may have left unrecorded, the one this upgrade installs.
+const OLD: &str = "1";
+const AHEAD: &str = "1.5";
+const NEW: &str = "2";
 const OLD_DIGEST: &str = "d1";
 const NEW_DIGEST: &str = "d2";
 
 /// The release and the instance's record. Every field is ordered.
 #[derive(Clone, Debug)]
 struct Helm {
-    /// The chart version of each revision, oldest first: the last runs.
-    revisions: Vec<String>,
+    /// The version each revision runs, oldest first: the last runs.
+    revisions: Vec<&'static str>,
+    /// The new version keeps the recorded version's chart.
+    same_chart: bool,
     /// From when the new chart's status is other than `deployed`.
     bad_from: Option<Timestamp>,
     /// From when the new chart's tests fail.
@@ -93,30 +111,64 @@ struct Helm {
 }
 
 impl Helm {
-    fn running(&self) -> &str {
+    fn running(&self) -> &'static str {
         self.revisions.last().expect("a revision")
     }
 
-    /// `helm upgrade`: a new revision at the new chart.
-    fn upgrade(&mut self) {
-        self.revisions.push(NEW.1.to_owned());
+    /// The chart version `version` runs.
+    fn chart(&self, version: &str) -> String {
+        match version {
+            NEW if !self.same_chart => "2.0".to_owned(),
+            NEW | OLD => "1.0".to_owned(),
+            other => format!("{other}.0"),
+        }
     }
 
-    /// `helm rollback` to the newest revision at another chart version.
-    fn roll_back_from(&mut self, bad: &str) {
-        let back = self
-            .revisions
-            .iter()
-            .rev()
-            .find(|chart| *chart != bad)
-            .expect("a revision before the upgrade")
-            .clone();
+    /// The release of the recorded version, which a revert goes back to.
+    fn recorded_release(&self) -> HelmRelease {
+        HelmRelease {
+            name: "shop".into(),
+            namespace: "team-a".into(),
+            chart: "shop".into(),
+            chart_version: self.chart(OLD),
+            values: Default::default(),
+            atomic: true,
+        }
+    }
+
+    /// `helm upgrade`: a new revision at the new version.
+    fn upgrade(&mut self) {
+        self.revisions.push(NEW);
+    }
+
+    /// `Provisioner::roll_back_from` as the Helm adapter does it: to
+    /// `back_to`'s chart (`helm rollback` to its newest revision, nothing
+    /// when the newest already runs it), an upgrade to it when only the
+    /// values differ; without it, the newest revision at another chart.
+    fn roll_back_from(&mut self, bad: &str, back_to: Option<&HelmRelease>) {
+        let back = match back_to {
+            Some(back_to) if back_to.chart_version == bad => OLD,
+            Some(back_to) => {
+                let at = |version: &&'static str| self.chart(version) == back_to.chart_version;
+                if at(&self.running()) {
+                    return;
+                }
+                self.revisions.iter().rev().copied().find(at).unwrap_or(OLD)
+            }
+            None => self
+                .revisions
+                .iter()
+                .rev()
+                .copied()
+                .find(|version| self.chart(version) != bad)
+                .expect("a revision before the upgrade"),
+        };
         self.revisions.push(back);
     }
 
     /// What a check at `now` truly finds.
     fn health(&self, tests: bool, now: Timestamp) -> ReleaseHealth {
-        let new = self.running() == NEW.1;
+        let new = self.running() == NEW;
         let since = |from: Option<Timestamp>| new && from.is_some_and(|t| t <= now);
         if since(self.bad_from) {
             ReleaseHealth::Bad("release shop in team-a is failed at its newest revision".into())
@@ -130,8 +182,8 @@ impl Helm {
     /// The record never names a version newer than the one running.
     fn check(&self) {
         assert!(
-            self.version != NEW.0 || self.running() == NEW.1,
-            "the record names version {} while the release runs chart {}",
+            self.version != NEW || self.running() == NEW,
+            "the record names version {} while the release runs version {}",
             self.version,
             self.running()
         );
@@ -235,6 +287,7 @@ impl Judge {
             HelmBakeCommand::RollBack {
                 release,
                 bad_chart_version,
+                ..
             } => {
                 assert!(
                     self.bad.is_some(),
@@ -403,11 +456,12 @@ fn input(world: &Helm, bake: Duration, now: Timestamp, broken: Option<Mutant>) -
     HelmBakeInput {
         instance: InstanceName::new("shop"),
         release: target(),
-        chart_version: NEW.1.into(),
+        chart_version: world.chart(NEW),
         bake,
         started: now,
         previous_version: world.version.clone(),
         previous_spec_digest: world.digest.clone(),
+        back_to: Some(world.recorded_release()),
         broken,
     }
 }
@@ -481,14 +535,16 @@ fn effect(
             }
         },
         HelmBakeCommand::RollBack {
-            bad_chart_version, ..
+            bad_chart_version,
+            back_to,
+            ..
         } => match pick {
             3 => HelmBakeAnswer::RolledBack(Err(provision("Kubernetes cluster unreachable"))),
             4 => HelmBakeAnswer::RolledBack(Err(ProvisionError::Failed(
                 "helm rollback: exit status 1".into(),
             ))),
             _ => {
-                world.roll_back_from(bad_chart_version);
+                world.roll_back_from(bad_chart_version, back_to.as_ref());
                 if pick == 5 {
                     // It took place; the wait for it timed out.
                     HelmBakeAnswer::RolledBack(Err(provision("helm rollback timed out")))
@@ -646,12 +702,18 @@ impl Run {
 }
 
 /// One run of the machine, driven as `engine::drive` drives it.
-fn bake(ch: &mut Chooser, world: &mut Helm, input: HelmBakeInput, now: &mut Timestamp) -> Ended {
+fn bake(
+    ch: &mut Chooser,
+    world: &mut Helm,
+    input: HelmBakeInput,
+    attempt: usize,
+    now: &mut Timestamp,
+) -> Ended {
     let machine = HelmBake::new(input.clone());
     let mut run = Run {
         judge: Judge::new(&input, machine.until()),
         machine,
-        attempt: world.revisions.len() - 1,
+        attempt,
     };
     loop {
         ch.state(&(&run.machine, &*world));
@@ -674,18 +736,24 @@ fn bake(ch: &mut Chooser, world: &mut Helm, input: HelmBakeInput, now: &mut Time
 fn setup(ch: &mut Chooser, started: Timestamp) -> (Duration, Helm) {
     let window = WINDOWS[ch.setup(WINDOWS.len())];
     let which = ch.setup(RELEASES.len());
+    let history = ch.setup(HISTORIES.len());
     ch.step(|| {
         format!(
-            "setup: a window of {window} s, a release {}",
-            RELEASES[which]
+            "setup: a window of {window} s, a release {}, running {}",
+            RELEASES[which], HISTORIES[history]
         )
     });
     let second_check = later(started, HELM_BAKE_CHECK_INTERVAL + STEP * 2);
     let world = Helm {
-        revisions: vec![OLD.1.to_owned()],
+        revisions: if history == 1 {
+            vec![OLD, AHEAD]
+        } else {
+            vec![OLD]
+        },
+        same_chart: history == 2,
         bad_from: (which == 1).then_some(second_check),
         tests_fail_from: (which == 2).then_some(started),
-        version: OLD.0.to_owned(),
+        version: OLD.to_owned(),
         digest: Some(OLD_DIGEST.to_owned()),
     };
     (Duration::from_secs(window), world)
@@ -720,7 +788,7 @@ pub fn run(ch: &mut Chooser, broken: Option<Mutant>) {
         let faults = ch.faults();
         let started = now;
         let input = input(&world, window, now, broken);
-        let ended = bake(ch, &mut world, input, &mut now);
+        let ended = bake(ch, &mut world, input, attempt, &mut now);
         found_bad |= ended.found_bad;
         // A transient failure (a crash, an abandon, a port down) is retried.
         let report = ended
@@ -750,15 +818,19 @@ fn liveness(world: &mut Helm, window: Duration, outcome: &Outcome) {
     match &outcome.report {
         Ok(BakeVerdict::Held | BakeVerdict::Unchecked(_)) => {
             // The worker records the version the bake held.
-            world.version = NEW.0.to_owned();
+            world.version = NEW.to_owned();
             world.digest = Some(NEW_DIGEST.to_owned());
             world.check();
         }
         Ok(BakeVerdict::Reverted(_)) => {
-            assert_eq!(world.running(), OLD.1, "reverted, yet the new chart runs");
+            assert_eq!(
+                world.running(),
+                OLD,
+                "reverted, yet the release runs another version than the record names"
+            );
             assert_eq!(
                 (world.version.as_str(), world.digest.as_deref()),
-                (OLD.0, Some(OLD_DIGEST)),
+                (OLD, Some(OLD_DIGEST)),
                 "reverted, yet the record is not what it was"
             );
         }

@@ -9,7 +9,7 @@ use crate::core::catalog::CatalogEntry;
 use crate::core::errors::TaskError;
 use crate::core::fleet::Instance;
 use crate::core::machine::Machine;
-use crate::core::release::Provisioning;
+use crate::core::release::{HelmRelease, Provisioning};
 use crate::core::spec::ReadinessProbe;
 use crate::core::undo::{Undo, UndoInput, Undone};
 use crate::core::upgrade::{Upgrade, UpgradeInput};
@@ -76,7 +76,11 @@ impl Worker {
         } else {
             Vec::new()
         };
-        let baking = HelmBaking::after(release.as_ref(), mode == UpgradeMode::Rollout, &entry);
+        let baking = match HelmBaking::after(release.as_ref(), mode == UpgradeMode::Rollout, &entry)
+        {
+            Some(baking) => Some(baking.back_to(self.recorded_release(instance).await?)),
+            None => None,
+        };
         let mut upgrade = Upgrade::new(UpgradeInput {
             release,
             inhibitions,
@@ -138,6 +142,52 @@ impl Worker {
              predecessors",
         );
         self.events.emit(reverted.instance(&instance.name));
+    }
+
+    /// The release of the version `instance` records, as the daemon
+    /// recorded that version: what a bake's revert goes back to. `None`,
+    /// said at warn, when it cannot be read back (never recorded, not a
+    /// Helm version, refused by today's grants): the revert then goes back
+    /// to the newest revision at another chart version.
+    async fn recorded_release(
+        &self,
+        instance: &Instance,
+    ) -> Result<Option<HelmRelease>, TaskError> {
+        let entry = match self.held_entry(instance).await {
+            Ok(entry) => entry,
+            Err(e) if !e.is_permanent() => return Err(e),
+            Err(e) => {
+                tracing::warn!(
+                    instance = %instance.name,
+                    version = %instance.version,
+                    error = %e,
+                    "the version the instance records cannot be read back: a revert of its \
+                     upgrade goes back to the newest revision at another chart version"
+                );
+                None
+            }
+        };
+        let Some(entry) = entry else {
+            return Ok(None);
+        };
+        let Provisioning::Helm(chart) = &entry.provisioning else {
+            return Ok(None);
+        };
+        let parameters = entry.parameters_of(&instance.parameters);
+        match Self::rendered(instance, &entry, &parameters, |p| chart.release_of(p, true)) {
+            Ok(release) => Ok(Some(release)),
+            Err(e) => {
+                tracing::warn!(
+                    instance = %instance.name,
+                    version = %instance.version,
+                    error = %e,
+                    "the release of the version the instance records cannot be rendered: a \
+                     revert of its upgrade goes back to the newest revision at another chart \
+                     version"
+                );
+                Ok(None)
+            }
+        }
     }
 
     /// `stead rollout undo` of the instance (`core::undo`), when an

@@ -111,6 +111,10 @@ fn contract() -> Vec<(Call, &'static str)> {
         (Uninstall, "ok"),
         (Check(Skip), "bad"),
         (RollBackFrom("1.0.0"), "failed"),
+        // A bake's revert of a release gone meanwhile installs the
+        // recorded version; an undo to it then finds it there.
+        (RevertTo("2.0.0", "1.0.0"), "ok"),
+        (Status, "deployed r1 1.0.0"),
         // Undo to a version of a release that is gone installs it there.
         (RollBack("1.0.0"), "ok"),
         (Status, "deployed r1 1.0.0"),

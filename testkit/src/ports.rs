@@ -1484,6 +1484,28 @@ impl Provisioner for MemoryProvisioner {
         back_to: Option<&HelmRelease>,
     ) -> Result<(), ProvisionError> {
         let release = target.release.name.as_str();
+        // A release gone meanwhile (uninstalled by hand) has nothing to
+        // roll back: Helm's adapter upgrades to the recorded version, which
+        // installs it; without one, Helm says it is not found. (The fake
+        // once told the checker it installed it and did not: simulation
+        // seed 248, a C5 reprovision of a release the checker thought
+        // there.)
+        let present = self
+            .releases
+            .lock()
+            .expect("poisoned")
+            .contains_key(release);
+        if !present {
+            return match back_to {
+                Some(back_to) => {
+                    self.install_or_upgrade(&ReleaseSpec::Helm(back_to.clone()))
+                        .await
+                }
+                None => Err(ProvisionError::Failed(format!(
+                    "rollback of release {release}: release: not found"
+                ))),
+            };
+        }
         let latency = self
             .hooks
             .admit(Op::Install, release)

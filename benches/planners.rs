@@ -144,6 +144,7 @@ fn planners(c: &mut Criterion) {
         traceparent: Some("00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01".into()),
         lost_services: Default::default(),
         pins: Default::default(),
+        undos: Default::default(),
     };
     let plan = tick_all_four(&snapshot);
     println!(

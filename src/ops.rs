@@ -30,7 +30,7 @@ pub const UNDO_WINDOW_MIN: Duration = Duration::from_secs(300);
 
 /// The reason of the upgrade task `stead rollout undo` queues: the halted
 /// type's task carries the undo out, and upgrades nothing.
-pub const UNDO_REASON: &str = "operator: rollout undo";
+pub use crate::core::plan::UNDO_REASON;
 
 /// The reason `inhibit` records when none is given.
 pub const OPERATOR_HOLD: &str = "operator-hold";
@@ -1023,10 +1023,13 @@ impl Ops<'_> {
         }
         // The undo is a worker's (it starts and verifies the predecessors
         // while their successors serve, `core::undo`), by an upgrade task
-        // of the halted type: the markers ask for it. Their window is kept
-        // open until then, or the pass would retire the predecessors and
-        // lose the way back; should no worker come, the pass reverts them
-        // itself after a while (`core::bake::UNDO_TASK_GRACE`).
+        // of the halted type: the markers ask for it, and the leader's
+        // version drift enqueues that task within the fleet's
+        // `max_in_flight` (an enqueue here would exceed it: simulation seed
+        // 124, three upgrades in flight). Their window is kept open until
+        // then, or the pass would retire the predecessors and lose the way
+        // back; should no worker come, the pass reverts them itself after
+        // a while (`core::bake::UNDO_TASK_GRACE`).
         for (marker, back, _) in baking(&inhibitions, &active, self.now) {
             if back.undone {
                 continue;
@@ -1045,26 +1048,7 @@ impl Ops<'_> {
                 .await
                 .map_err(OpsError::from)?;
         }
-        self.enqueue_undo_task(instance).await?;
         Ok(PutBack::Reverted(services))
-    }
-
-    /// The upgrade task of a halted type that carries an undo out.
-    async fn enqueue_undo_task(&self, instance: &Instance) -> Result<(), OpsError> {
-        let task = NewTask {
-            kind: TaskKind::Upgrade,
-            instance: instance.id,
-            run_after: self.now,
-            reason: UNDO_REASON.into(),
-            traceparent: Some(self.traceparent()),
-        };
-        // One active upgrade task per instance: one queued already (an
-        // interrupted upgrade's) carries the undo out as well.
-        self.store
-            .enqueue(&task, self.now, None)
-            .await
-            .map_err(OpsError::from)?;
-        Ok(())
     }
 
     /// Whether an interrupted upgrade left the instance `upgrading`.

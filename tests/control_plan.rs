@@ -125,6 +125,7 @@ fn snapshot<'a>(
         traceparent: Some(TRACEPARENT.to_owned()),
         lost_services: BTreeMap::new(),
         pins: Default::default(),
+        undos: Default::default(),
     }
 }
 
@@ -706,6 +707,38 @@ fn a_pinned_type_moves_its_instances_to_the_pin_whatever_their_version() {
          enqueue upgrade i6 at now: rollout undo --to 1.3.0: 1.10.0 -> 1.3.0",
     );
     assert_idempotent(&mut snap, &plan, plan_version_drift);
+}
+
+/// An operator's undo (`rollout undo` of a baking upgrade) is carried
+/// out by an upgrade task the leader enqueues within `max_in_flight`,
+/// ahead of any version drift, now whatever the window: never one more
+/// than the limit (simulation seed 124 found the CLI's own enqueue making
+/// three upgrades in flight against a limit of two). An instance with an
+/// upgrade task already has its undo carried out by it.
+#[test]
+fn an_undo_takes_an_upgrade_slot_first_and_never_one_past_the_limit() {
+    let (catalog, mut instances) = rollout_world();
+    instances[4].maintenance_window = Some("sun 02:00-03:00".into());
+    let config = config(2);
+    let tasks = vec![task(1, TaskKind::Upgrade, 2, TaskState::Queued)];
+    let mut snap = snapshot(instances, tasks, &catalog, &config);
+    snap.rollouts.insert("wiki".into(), RolloutState::Halted);
+    snap.undos = [2, 5, 6].into_iter().collect();
+    let plan = plan_version_drift(&snap);
+    check(
+        plan.clone(),
+        &snap,
+        "enqueue upgrade i5 at now: operator: rollout undo",
+    );
+    assert_idempotent(&mut snap, &plan, plan_version_drift);
+    // With the wiki's undo done, a free slot goes to the db's drift.
+    snap.undos.clear();
+    snap.tasks.retain(|t| t.id == 1);
+    check(
+        plan_version_drift(&snap),
+        &snap,
+        "enqueue upgrade i4 at now: version drift: 1.0.0 -> 2.0.0",
+    );
 }
 
 #[test]

@@ -2323,12 +2323,17 @@ async fn rollout_undo_puts_a_baking_instance_back_without_a_gap_and_is_safe_to_r
         asked,
         "asked twice, written once"
     );
+    // The leader's version drift gives it the task that carries it out,
+    // within `max_in_flight`.
+    assert!(f.store.active_tasks().await.unwrap().rows.is_empty());
+    assert!(f.reconciler("a").tick().await.ok());
     let tasks = f.store.active_tasks().await.unwrap().rows;
     assert_eq!(
         tasks.len(),
         1,
         "one upgrade task carries the undo: {tasks:?}"
     );
+    assert_eq!(tasks[0].reason, stead::ops::UNDO_REASON);
 
     assert_eq!(f.worker().work_once().await.unwrap().1, TaskEnd::Done);
     assert_eq!(f.web_container("wiki1").await, before);
@@ -2486,6 +2491,7 @@ async fn rollout_undo_moves_the_route_without_a_gap_on_the_daemon_that_served_th
 
     let ops = stead::ops::Ops::new(f.store.as_ref(), f.catalog.clone(), f.clock.now(), 7);
     ops.undo_rollout("wiki").await.unwrap();
+    assert!(f.reconciler("a").tick().await.ok());
     assert_eq!(f.worker().work_once().await.unwrap().1, TaskEnd::Done);
     assert_eq!(f.web_container("wiki1").await, before);
     two_passes_move_the_route_back_without_a_gap(&f, &recoverer, &before, &after, withdrawals)

@@ -231,6 +231,8 @@ pub struct World {
     pub rollouts: BTreeMap<String, RolloutState>,
     /// Operators' undo pins (`rollout undo --to`), per halted type.
     pub pins: BTreeMap<String, CatalogEntry>,
+    /// Instances whose markers ask for an operator's undo.
+    pub undos: BTreeSet<InstanceId>,
     pub config: ControlConfig,
 }
 
@@ -347,6 +349,19 @@ impl WorldSeed {
             ..ControlConfig::default()
         };
         assert_eq!(config.validate(), Ok(()), "the seed builds a valid config");
+        // Every other ready instance of a halted type has an operator's
+        // undo asked of it, so the seeds put undos against the fleet limit.
+        let halted = |service_type: &str| {
+            rollouts.get(service_type) == Some(&RolloutState::Halted)
+                || catalog
+                    .get(service_type)
+                    .is_some_and(|e| e.rollout == RolloutState::Halted)
+        };
+        let undos = instances
+            .iter()
+            .filter(|i| i.id % 2 == 0 && i.state == InstanceState::Ready && halted(&i.service_type))
+            .map(|i| i.id)
+            .collect();
         World {
             now,
             instances,
@@ -355,6 +370,7 @@ impl WorldSeed {
             catalog,
             rollouts,
             pins: BTreeMap::new(),
+            undos,
             config,
         }
     }
@@ -374,6 +390,7 @@ impl World {
             traceparent: Some(TRACEPARENT.to_owned()),
             lost_services: Default::default(),
             pins: self.pins.clone(),
+            undos: self.undos.clone(),
         }
     }
 
@@ -479,8 +496,12 @@ pub fn check_in_flight_limit(world: &World) {
                     .iter()
                     .find(|i| i.id == t.instance)
                     .expect("known");
+                // An operator's undo is carried out by an upgrade task of
+                // the halted type.
+                let undo =
+                    t.reason == stead::core::plan::UNDO_REASON && world.undos.contains(&t.instance);
                 assert!(
-                    !halted(&snapshot, &i.service_type),
+                    undo || !halted(&snapshot, &i.service_type),
                     "upgrade of halted {}",
                     i.service_type
                 );

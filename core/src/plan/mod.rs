@@ -36,6 +36,7 @@ pub use config::{ConfigError, ControlConfig, RawControlConfig};
 pub use lease::task_lease;
 pub use rollout::{
     halt_after_failed_upgrade, is_behind, is_older, spec_changed, upgrade_retry_at, PINNED_REASON,
+    UNDO_REASON,
 };
 
 use super::catalog::{Catalog, CatalogEntry};
@@ -79,6 +80,10 @@ pub struct Snapshot<'a> {
     /// --to`, #40), as recorded: version drift moves their instances there
     /// instead of to the catalog's version.
     pub pins: BTreeMap<String, CatalogEntry>,
+    /// Instances of halted types whose baking markers ask for an undo
+    /// (`rollout undo`) that no task carries out yet: version drift gives
+    /// each an upgrade task within `max_in_flight`, ahead of any other.
+    pub undos: BTreeSet<InstanceId>,
 }
 
 /// What a planner decided: effects for the engine, reports for the log.

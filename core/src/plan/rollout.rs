@@ -5,9 +5,15 @@ use std::collections::HashMap;
 
 use super::{is_expired, Decision, FastMap, Plan, Planner, Report};
 use crate::catalog::CatalogEntry;
-use crate::fleet::{Instance, InstanceState, RetryDecision, RolloutState, Task, TaskKind};
+use crate::fleet::{
+    Instance, InstanceId, InstanceState, RetryDecision, RolloutState, Task, TaskKind,
+};
 use crate::types::Timestamp;
 use crate::window::{next_run_after, Window, WindowError, WINDOW_SPEC_LEN_MAX};
+
+/// The reason of the upgrade task that carries an operator's `rollout
+/// undo` out (`core::undo`).
+pub const UNDO_REASON: &str = "operator: rollout undo";
 
 /// Most dot-separated components compared in a version; longer versions
 /// compare as opaque strings.
@@ -61,6 +67,17 @@ pub fn spec_changed(instance: &Instance, entry: &CatalogEntry) -> bool {
             .spec_digest
             .as_deref()
             .is_some_and(|digest| digest != entry.spec_digest)
+}
+
+/// C8's order: the configured own team first, then by service type, name
+/// and id.
+fn order<'i>(instance: &'i Instance, own_team: &str) -> (bool, &'i str, &'i str, InstanceId) {
+    (
+        instance.team != own_team,
+        &instance.service_type,
+        instance.name.as_str(),
+        instance.id,
+    )
 }
 
 /// When a failed upgrade runs again, given when its backoff ends: like its
@@ -135,7 +152,8 @@ impl<'s> Planner<'s, '_> {
     /// Instances behind their catalog version get an `upgrade`, the
     /// configured own team first, then by service type, name and id. At
     /// most `max_in_flight` upgrades are queued or running across the
-    /// fleet, counting those already there. Nothing for a halted type.
+    /// fleet, counting those already there; operators' undos take them
+    /// first ([`Planner::undos`]). Nothing else for a halted type.
     /// An upgrade is enqueued only while the instance's maintenance window
     /// is open (or it has none, or the entry is a `security` release), to
     /// run now: one whose window is closed is reported with the opening
@@ -159,6 +177,8 @@ impl<'s> Planner<'s, '_> {
         } else {
             snapshot.config.own_team.as_str()
         };
+        // An operator's undo first: it takes a bad version away.
+        let undoing = self.undos(&mut slots, own_team, &mut plan);
         let types = self.targets();
         // Instances of unknown types are reported every tick, a full fleet
         // limit or not: a report that came and went with the free slots
@@ -166,7 +186,11 @@ impl<'s> Planner<'s, '_> {
         let mut candidates: Vec<(&Instance, Target)> = Vec::new();
         for instance in &snapshot.instances {
             match types.get(instance.service_type.as_str()) {
-                Some(Some(target)) if slots > 0 && self.upgradable(instance, target) => {
+                Some(Some(target))
+                    if slots > 0
+                        && self.upgradable(instance, target)
+                        && !undoing.contains(&instance.id) =>
+                {
                     candidates.push((instance, *target))
                 }
                 Some(_) => {}
@@ -179,14 +203,7 @@ impl<'s> Planner<'s, '_> {
                 None => {}
             }
         }
-        candidates.sort_unstable_by(|(a, _), (b, _)| {
-            (a.team != own_team, &a.service_type, &a.name, a.id).cmp(&(
-                b.team != own_team,
-                &b.service_type,
-                &b.name,
-                b.id,
-            ))
-        });
+        candidates.sort_unstable_by(|(a, _), (b, _)| order(a, own_team).cmp(&order(b, own_team)));
         // Many instances share a window spec, and the next opening depends
         // only on the spec and `now`: compute each spec's answer once.
         let mut run_afters: HashMap<&str, Result<Timestamp, WindowError>> = HashMap::new();
@@ -212,6 +229,40 @@ impl<'s> Planner<'s, '_> {
             slots -= 1;
         }
         plan
+    }
+
+    /// The upgrade tasks that carry operators' undos out, in C8's order,
+    /// within the `slots` left; returns their instances. An instance with
+    /// an upgrade task already has its undo carried out there; one on its
+    /// way out gets none (its expiry, C7, this very tick, cancels what it
+    /// has queued, and an undo's task would outlive that).
+    fn undos(&self, slots: &mut usize, own_team: &str, plan: &mut Plan) -> Vec<InstanceId> {
+        let snapshot = self.snapshot;
+        if snapshot.undos.is_empty() {
+            return Vec::new();
+        }
+        let mut asked: Vec<&Instance> = snapshot
+            .instances
+            .iter()
+            .filter(|i| {
+                snapshot.undos.contains(&i.id)
+                    && i.state == InstanceState::Ready
+                    && !is_expired(i, snapshot.now)
+                    && !self.active_kinds(i.id).any()
+            })
+            .collect();
+        asked.sort_unstable_by(|a, b| order(a, own_team).cmp(&order(b, own_team)));
+        asked.truncate(*slots);
+        *slots -= asked.len();
+        for instance in &asked {
+            plan.decisions.push(Decision::Enqueue(self.new_task(
+                TaskKind::Upgrade,
+                instance.id,
+                snapshot.now,
+                UNDO_REASON.to_owned(),
+            )));
+        }
+        asked.iter().map(|i| i.id).collect()
     }
 
     /// What each type rolls toward: the catalog's entry, or while an undo

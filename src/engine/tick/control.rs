@@ -1,10 +1,10 @@
 //! The control checks (C5–C8): one snapshot of the store, the planners
 //! run over it under the lease, each check's plan carried out in turn.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
 use crate::core::catalog::{Catalog, CatalogEntry};
-use crate::core::fleet::RolloutState;
+use crate::core::fleet::{Instance, InstanceId, InstanceState, RolloutState, Task, TaskKind};
 use crate::core::plan::{Plan, Planner, Snapshot};
 use crate::core::policy::PLANNERS_LEASE_NEED;
 use crate::ports::{LeaseGrant, StoreError};
@@ -68,6 +68,18 @@ impl Reconciler {
             .map(|r| (r.service_type.clone(), r.state))
             .collect();
         let pins = self.pins(catalog, &records).await;
+        let halted: BTreeSet<&str> = records
+            .iter()
+            .filter(|r| r.state == RolloutState::Halted)
+            .map(|r| r.service_type.as_str())
+            .chain(
+                catalog
+                    .entries()
+                    .filter(|e| e.rollout == RolloutState::Halted)
+                    .map(|e| e.service_type.as_str()),
+            )
+            .collect();
+        let undos = self.undos(&instances.rows, &tasks.rows, &halted).await;
         // When the rows were read, at the store's precision: the planners
         // judge them at this instant. Taken after the release listing
         // (which may take the provisioner's whole timeout) a task's row
@@ -103,9 +115,57 @@ impl Reconciler {
                 traceparent: Some(traceparent),
                 lost_services: self.recently_lost(now),
                 pins,
+                undos,
             },
             releases_error,
         ))
+    }
+
+    /// The ready instances of halted types whose baking markers ask for
+    /// an undo (`rollout undo`) and that have no upgrade task to carry it
+    /// out. Read per instance, only for halted types (rare, and few
+    /// instances). One whose markers cannot be read is left out this tick
+    /// and said at warn: should no task come, the recovery pass reverts
+    /// it itself (`core::bake::UNDO_TASK_GRACE`).
+    async fn undos(
+        &self,
+        instances: &[Instance],
+        tasks: &[Task],
+        halted: &BTreeSet<&str>,
+    ) -> BTreeSet<InstanceId> {
+        let mut undos = BTreeSet::new();
+        if halted.is_empty() {
+            return undos;
+        }
+        let upgrading: BTreeSet<InstanceId> = tasks
+            .iter()
+            .filter(|t| t.kind == TaskKind::Upgrade && t.state.is_active())
+            .map(|t| t.instance)
+            .collect();
+        let candidates = instances.iter().filter(|i| {
+            i.state == InstanceState::Ready
+                && halted.contains(i.service_type.as_str())
+                && !upgrading.contains(&i.id)
+        });
+        for instance in candidates {
+            match self.ports.store.load_inhibitions(&instance.name).await {
+                Ok(markers) => {
+                    let asked = markers
+                        .iter()
+                        .any(|m| m.revert_to.as_ref().is_some_and(|back| back.undone));
+                    if asked {
+                        undos.insert(instance.id);
+                    }
+                }
+                Err(e) => tracing::warn!(
+                    instance = %instance.name,
+                    error = %e,
+                    "could not read the instance's markers to see whether an undo waits for \
+                     its task"
+                ),
+            }
+        }
+        undos
     }
 
     /// The entries undos pinned halted types to (`rollout undo --to`), as

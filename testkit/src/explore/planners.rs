@@ -421,6 +421,20 @@ fn active(world: &World, instance: i64) -> bool {
 /// catalog, or anywhere but an undo's pin), no task of its own in flight,
 /// and its release there when the listing answered (C5 first).
 fn may_upgrade(world: &World, i: &Instance) -> bool {
+    may_undo(world, i) || may_drift(world, i)
+}
+
+/// C8: an operator's undo asked of a ready, live instance with no task
+/// yet is carried out by an upgrade task, its type halted or not.
+fn may_undo(world: &World, i: &Instance) -> bool {
+    world.undos.contains(&i.id)
+        && i.state == InstanceState::Ready
+        && i.expires_at.is_none_or(|at| at > world.now)
+        && !active(world, i.id)
+}
+
+/// C8's version drift proper.
+fn may_drift(world: &World, i: &Instance) -> bool {
     let away = target(world, &i.service_type).is_some_and(|(entry, pinned)| {
         if pinned {
             i.version != entry.version
@@ -442,16 +456,18 @@ fn may_upgrade(world: &World, i: &Instance) -> bool {
 /// C8: an upgrade may be queued now: a security release or a move to a
 /// pin waits for no window; otherwise none, or one that parses and is open.
 fn window_allows(world: &World, i: &Instance) -> bool {
-    let urgent = target(world, &i.service_type).is_some_and(|(e, pinned)| e.security || pinned);
+    let urgent = world.undos.contains(&i.id)
+        || target(world, &i.service_type).is_some_and(|(e, pinned)| e.security || pinned);
     urgent
         || i.maintenance_window
             .as_deref()
             .is_none_or(|spec| Window::parse(spec).is_ok_and(|window| window.contains(world.now)))
 }
 
-/// C8's order: the own team first, then type, name and id.
-fn order(world: &World, i: &Instance) -> (bool, String, String, i64) {
+/// C8's order: undos first, then the own team, then type, name and id.
+fn order(world: &World, i: &Instance) -> (bool, bool, String, String, i64) {
     (
+        !world.undos.contains(&i.id),
         i.team != world.config.own_team,
         i.service_type.clone(),
         i.name.to_string(),

@@ -917,7 +917,7 @@ impl Ops<'_> {
         version: &str,
     ) -> Result<CatalogEntry, OpsError> {
         use crate::store::RecordedVersionError as Recorded;
-        crate::store::recorded_entry(self.store, &self.catalog, service_type, version)
+        crate::store::recorded_entry(self.store, &self.catalog, service_type, version, None)
             .await
             .map_err(|e| match e {
                 Recorded::Store(e) => OpsError::from(e),

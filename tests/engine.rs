@@ -393,13 +393,16 @@ impl Fixture {
         for (at, catalog) in (0u64..).step_by(10).zip(catalogs) {
             let entry = catalog.get(service_type).unwrap();
             self.store
-                .record_type_version(&TypeVersion {
-                    service_type: service_type.into(),
-                    version: entry.version.clone(),
-                    spec_digest: entry.spec_digest.clone(),
-                    source: catalog.source_of(service_type).unwrap().to_owned(),
-                    recorded_at: self.clock.now() + Duration::from_secs(at),
-                })
+                .record_type_version(
+                    &TypeVersion {
+                        service_type: service_type.into(),
+                        version: entry.version.clone(),
+                        spec_digest: entry.spec_digest.clone(),
+                        source: catalog.source_of(service_type).unwrap().to_owned(),
+                        recorded_at: self.clock.now() + Duration::from_secs(at),
+                    },
+                    None,
+                )
                 .await
                 .unwrap();
         }
@@ -3755,4 +3758,58 @@ mod flight {
         let e = read_line(4, &value.to_string()).unwrap_err().to_string();
         assert!(e.starts_with("line 4: steps[0].now"), "{e}");
     }
+}
+
+/// #54: the catalog's type versions are recorded by the reconciler lease
+/// holder's tick only, once per definition: a standby that loaded another
+/// definition writes nothing, and the leader's later ticks rewrite nothing.
+/// A version changed in place is recorded beside the first definition.
+#[tokio::test]
+async fn only_the_lease_holder_records_type_versions_once_per_definition() {
+    let f = fixture();
+    assert!(f.store.type_versions("wiki").await.unwrap().is_empty());
+    assert!(f.reconciler("a").tick().await.ok());
+    let first = f.store.type_versions("wiki").await.unwrap();
+    assert_eq!(
+        first
+            .iter()
+            .map(|r| (r.version.as_str(), r.spec_digest.as_str()))
+            .collect::<Vec<_>>(),
+        [("2", f.catalog.get("wiki").unwrap().spec_digest.as_str())]
+    );
+
+    let standby = Reconciler::new(
+        f.ports.clone(),
+        Arc::new(catalog_file_at("3")),
+        ControlConfig::default(),
+        f.recoverer_of("b"),
+        7,
+    );
+    standby.tick().await;
+    assert_eq!(f.store.type_versions("wiki").await.unwrap(), first);
+    assert!(f.reconciler("a").tick().await.ok());
+    assert_eq!(f.store.type_versions("wiki").await.unwrap(), first);
+
+    // The leader reloads a file that changes version 2 in place.
+    let changed = Catalog::from_toml(
+        &CATALOG.replace("image = \"wiki\"", "image = \"wiki-next\""),
+        "catalog.toml",
+        &Grants::default(),
+    )
+    .unwrap();
+    let leader = Reconciler::new(
+        f.ports.clone(),
+        Arc::new(changed.clone()),
+        ControlConfig::default(),
+        f.recoverer_of("a"),
+        7,
+    );
+    assert!(leader.tick().await.ok());
+    let both = f.store.type_versions("wiki").await.unwrap();
+    assert_eq!(both.len(), 2, "{both:?}");
+    assert_eq!(both[0], first[0], "the first definition is kept as it was");
+    assert_eq!(
+        (both[1].version.as_str(), both[1].spec_digest.as_str()),
+        ("2", changed.get("wiki").unwrap().spec_digest.as_str())
+    );
 }

@@ -73,7 +73,7 @@ store_suite! {
         tasks_are_listed_newest_first_and_finished_ones_on_request,
         rollout_records_keep_their_reason_and_time,
         a_pin_is_lifted_by_any_change_of_the_switch,
-        type_versions_keep_their_first_recording_and_the_latest_definition,
+        type_versions_are_immutable_one_per_definition_and_fenced,
         type_versions_are_pruned_unless_run_pinned_or_newest,
         the_reconciler_lease_holder_is_readable_without_taking_it,
         gauges_count_the_queue_and_instances_by_state,
@@ -1128,46 +1128,69 @@ async fn a_pin_is_lifted_by_any_change_of_the_switch(s: TestStore) {
     );
 }
 
-async fn type_versions_keep_their_first_recording_and_the_latest_definition(s: TestStore) {
+/// #54: a recorded definition is immutable, one per (type, version, spec
+/// digest): recorded again (another source, later) it is left as it was;
+/// a version changed in place records a second definition beside it. A
+/// fenced write lands only under the current reconciler lease.
+async fn type_versions_are_immutable_one_per_definition_and_fenced(s: TestStore) {
     let store = &*s.store;
     let version = |v: &str, digest: &str, at: i64| TypeVersion {
         service_type: "wiki".into(),
         version: v.into(),
         spec_digest: digest.into(),
-        source: format!("[types.wiki]\nversion = \"{v}\"\n"),
+        source: format!("[types.wiki]\nversion = \"{v}\"\n# {at}\n"),
         recorded_at: t(at),
     };
-    store
-        .record_type_version(&version("1.0", "a", 1))
+    let lease = store
+        .acquire_reconciler_lease("a", SHORT)
         .await
+        .unwrap()
         .unwrap();
-    store
-        .record_type_version(&version("2.0", "b", 2))
-        .await
-        .unwrap();
-    // Loaded again later with another definition: keeps its place.
-    store
-        .record_type_version(&version("1.0", "c", 3))
-        .await
-        .unwrap();
+    let record = |v: TypeVersion| {
+        let lease = &lease;
+        async move { store.record_type_version(&v, Some(lease)).await.unwrap() }
+    };
+    assert!(record(version("1.0", "a", 1)).await);
+    assert!(record(version("2.0", "b", 2)).await);
+    // The same definition again, later and with another source: kept.
+    assert!(!record(version("1.0", "a", 3)).await);
+    // The version changed in place: a definition beside the first.
+    assert!(record(version("1.0", "c", 4)).await);
     let mut other = version("9.0", "z", 0);
     other.service_type = "chat".into();
-    store.record_type_version(&other).await.unwrap();
+    assert!(store.record_type_version(&other, None).await.unwrap());
     let seen: Vec<_> = store
         .type_versions("wiki")
         .await
         .unwrap()
         .into_iter()
-        .map(|r| (r.version, r.spec_digest, r.recorded_at))
+        .map(|r| {
+            (
+                r.version,
+                r.spec_digest,
+                r.recorded_at,
+                r.source.contains("# 1"),
+            )
+        })
         .collect();
     assert_eq!(
         seen,
         vec![
-            ("1.0".to_owned(), "c".to_owned(), t(1)),
-            ("2.0".to_owned(), "b".to_owned(), t(2)),
+            ("1.0".to_owned(), "a".to_owned(), t(1), true),
+            ("2.0".to_owned(), "b".to_owned(), t(2), false),
+            ("1.0".to_owned(), "c".to_owned(), t(4), false),
         ]
     );
     assert!(store.type_versions("nope").await.unwrap().is_empty());
+    // Past its lease, its holder writes nothing.
+    tokio::time::sleep(PAST_SHORT).await;
+    assert_eq!(
+        store
+            .record_type_version(&version("3.0", "d", 5), Some(&lease))
+            .await,
+        Err(StoreError::Fenced { epoch: lease.epoch })
+    );
+    assert_eq!(store.type_versions("wiki").await.unwrap().len(), 3);
 }
 
 /// #54: the type-version history is kept as long as the event log, but
@@ -1183,7 +1206,10 @@ async fn type_versions_are_pruned_unless_run_pinned_or_newest(s: TestStore) {
         recorded_at: t(at),
     };
     for (v, at) in [("1.0", 1), ("2.0", 2), ("3.0", 3), ("4.0", 4), ("5.0", 50)] {
-        store.record_type_version(&record(v, at)).await.unwrap();
+        store
+            .record_type_version(&record(v, at), None)
+            .await
+            .unwrap();
     }
     // `new_instance` makes an instance of wiki at 1.0: live, it keeps 1.0.
     store

@@ -208,9 +208,8 @@ async fn simulate(cfg: SimConfig, tally: crate::coverage::Tally) -> SimOutcome {
         notifier: Arc::new(MemoryNotifier::new(hooks.clone())),
         checker: checker.clone(),
         catalog: Mutex::new(Arc::new({
-            let catalog = sim_catalog(&actors, 1, false);
+            let catalog = with_sources(sim_catalog(&actors, 1, false));
             checker.catalog_published(&catalog);
-            record_types(store.as_ref(), &catalog, clock.now()).await;
             catalog
         })),
         policy: policy.clone(),
@@ -300,8 +299,8 @@ async fn simulate(cfg: SimConfig, tally: crate::coverage::Tally) -> SimOutcome {
                 policy.broken,
             )
             .await;
+            let catalog = with_sources(catalog);
             checker.catalog_bumped(version, dropped, &catalog);
-            record_types(store.as_ref(), &catalog, clock.now()).await;
             *shared.catalog.lock().expect("poisoned") = Arc::new(catalog);
             processes.adopt_pauses(&faults, &mut rng);
             processes.restart_all(&counts);
@@ -1795,32 +1794,22 @@ pub(crate) fn sim_grants() -> stead::core::grants::Grants {
         .expect("the simulated grants are valid")
 }
 
-/// What the daemons record as they load a catalog (#40): each type's
-/// version as a catalog file defines it, for `rollout undo --to` and for
-/// putting a halted type's instance back as it was. Best effort, as the
-/// daemon's: a store fault costs this recording. (Until the Helm type was
-/// recorded too, a halted Helm release ahead of its instance could not be
-/// put back: the fifty-instance day's seed 2.)
-async fn record_types(store: &MemoryStore, catalog: &Catalog, now: jiff::Timestamp) {
+/// `catalog` with each type's table as a catalog file gives it, as the
+/// daemons load a file: the leader's tick records each version from them
+/// (#40, #54: fenced, once per definition), for `rollout undo --to` and
+/// for putting a halted type's instance back as it was. (Until the Helm
+/// type was recorded too, a halted Helm release ahead of its instance
+/// could not be put back: the fifty-instance day's seed 2.)
+fn with_sources(catalog: Catalog) -> Catalog {
     let sources = [
-        catalog.get(SERVICE_TYPE).map(docker_type_source),
-        catalog.get(HELM_TYPE).map(helm_type_source),
+        catalog
+            .get(SERVICE_TYPE)
+            .map(|e| (SERVICE_TYPE.to_owned(), docker_type_source(e))),
+        catalog
+            .get(HELM_TYPE)
+            .map(|e| (HELM_TYPE.to_owned(), helm_type_source(e))),
     ];
-    for (entry, source) in [SERVICE_TYPE, HELM_TYPE]
-        .iter()
-        .filter_map(|t| catalog.get(t))
-        .zip(sources.into_iter().flatten())
-    {
-        let _ = store
-            .record_type_version(&stead::ports::TypeVersion {
-                service_type: entry.service_type.clone(),
-                version: entry.version.clone(),
-                spec_digest: entry.spec_digest.clone(),
-                source,
-                recorded_at: now,
-            })
-            .await;
-    }
+    catalog.with_sources(sources.into_iter().flatten().collect())
 }
 
 /// The simulated Helm type as a catalog file says it; read back through

@@ -587,40 +587,6 @@ pub struct Daemon {
     pub webhooks: Vec<Arc<webhooks::WebhookNotifier>>,
 }
 
-/// Records each type's version as `catalog` defines it (#40): the history
-/// `rollout undo --to` moves a type back along. Best effort: a store that
-/// does not answer costs only the record of this load (logged), and the
-/// next load records it again.
-async fn record_type_versions(store: &dyn Store, catalog: &Catalog) {
-    let now = match store.database_now().await {
-        Ok(now) => now,
-        Err(e) => {
-            tracing::warn!(error = %e, "the catalog's versions were not recorded for `rollout undo --to`");
-            return;
-        }
-    };
-    for entry in catalog.entries() {
-        let Some(source) = catalog.source_of(&entry.service_type) else {
-            continue;
-        };
-        let recorded = crate::ports::TypeVersion {
-            service_type: entry.service_type.clone(),
-            version: entry.version.clone(),
-            spec_digest: entry.spec_digest.clone(),
-            source: source.to_owned(),
-            recorded_at: now,
-        };
-        if let Err(e) = store.record_type_version(&recorded).await {
-            tracing::warn!(
-                service_type = %entry.service_type,
-                version = %entry.version,
-                error = %e,
-                "this version was not recorded for `rollout undo --to`"
-            );
-        }
-    }
-}
-
 /// Refuses to start with a catalog a reload would refuse (#54): judged
 /// against what live instances run ([`start_hazards`]), unless the
 /// command line forced it. Fails closed: a store that cannot say is a
@@ -663,18 +629,6 @@ async fn refuse_start_hazards(
     }
 }
 
-/// The catalog at start: refused if a reload would refuse it
-/// ([`refuse_start_hazards`]), else its versions recorded.
-async fn judge_and_record_catalog(
-    store: &dyn Store,
-    config: &DaemonConfig,
-    catalog: &Catalog,
-) -> Result<(), DaemonError> {
-    refuse_start_hazards(store, config, catalog).await?;
-    record_type_versions(store, catalog).await;
-    Ok(())
-}
-
 impl Daemon {
     /// Loads the catalog, opens the store and builds every port.
     pub async fn build(config: DaemonConfig) -> Result<Daemon, DaemonError> {
@@ -687,7 +641,9 @@ impl Daemon {
             .await
             .map_err(|e| DaemonError::Setup(e.to_string()))?;
         let store = open_store(&config).await?;
-        judge_and_record_catalog(store.as_ref(), &config, &catalog.current()).await?;
+        // Refused if a reload would refuse it; its versions are recorded
+        // by the tick, once this replica leads (#54).
+        refuse_start_hazards(store.as_ref(), &config, &catalog.current()).await?;
         let docker = docker_runtime(&config).await?;
         let caddy = CaddyTraffic::new(CaddyConfig {
             admin_addr: config.caddy.admin.clone(),
@@ -892,7 +848,6 @@ impl Daemon {
         // public hosts (a route whose hosts did not change writes nothing).
         self.caddy.forget_published_hosts();
         self.recoverer.set_helm_types(new.helm_types());
-        record_type_versions(self.ports.store.as_ref(), &new).await;
         self.catalog.replace(Arc::new(new));
         let summary = if changes.is_empty() {
             "no change".to_owned()

@@ -102,7 +102,11 @@ pub async fn start_hazards(
         let recorded = store.type_versions(&service_type).await?;
         let only_this_type = BTreeSet::from([service_type.clone()]);
         for version in versions {
-            let Some(row) = recorded.iter().find(|row| row.version == version) else {
+            // Its newest definition: what the last daemon to load the
+            // version ran it as, so a start judges the catalog as a reload
+            // from that daemon's would (a catalog forced once is not
+            // refused again at the next start).
+            let Some(row) = crate::store::recorded_definition(&recorded, &version, None) else {
                 found.unjudged.push(format!(
                     "types.{service_type} version {version}: never recorded (instances from \
                      before stead recorded versions), so its changes cannot be judged"

@@ -837,11 +837,18 @@ pub trait Store: Tenancy + Send + Sync {
     ) -> Result<(), StoreError>;
 
     // --- type versions (#40) ---------------------------------------------
-    /// Records a version of a type as the loaded catalog defines it. A
-    /// version recorded before keeps its place in the history and takes
-    /// the new definition.
-    async fn record_type_version(&self, recorded: &TypeVersion) -> Result<(), StoreError>;
-    /// The recorded versions of `service_type`, oldest first.
+    /// Records a version of a type as the loaded catalog defines it, once
+    /// per (type, version, spec digest): a definition recorded before is
+    /// never rewritten (`Ok(false)`), so a catalog that changes a version
+    /// in place adds a definition beside it. With a fence, only while that
+    /// reconciler lease is current (the daemon records only as leader).
+    async fn record_type_version(
+        &self,
+        recorded: &TypeVersion,
+        fence: Option<&LeaseGrant>,
+    ) -> Result<bool, StoreError>;
+    /// The recorded definitions of `service_type`, oldest first (a
+    /// version changed in place has one per spec digest).
     async fn type_versions(&self, service_type: &str) -> Result<Vec<TypeVersion>, StoreError>;
 
     // --- public host names (#54) -----------------------------------------

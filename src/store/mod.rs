@@ -42,19 +42,38 @@ pub enum RecordedVersionError {
     Invalid(#[from] crate::core::catalog::CatalogError),
 }
 
+/// The recorded definition of `version`: the one with `spec_digest` when
+/// given and recorded (what an instance at that version was made from),
+/// else the version's newest (a pin names a version, not a digest; an
+/// instance from before definitions were kept per digest has none).
+pub fn recorded_definition<'r>(
+    recorded: &'r [crate::ports::TypeVersion],
+    version: &str,
+    spec_digest: Option<&str>,
+) -> Option<&'r crate::ports::TypeVersion> {
+    let at_version = || recorded.iter().filter(move |r| r.version == version);
+    spec_digest
+        .and_then(|digest| at_version().find(|r| r.spec_digest == digest))
+        .or_else(|| at_version().max_by_key(|r| r.recorded_at))
+}
+
 /// `version` of `service_type` as a daemon recorded it when it loaded it
 /// (`rollout undo --to`), read back through `catalog`'s parser and grants
 /// (`Catalog::recorded_entry`): what the operator's command, the tick's
-/// version drift and the worker all take a pin to mean.
+/// version drift and the worker all take a pin to mean. With
+/// `spec_digest`, that very definition when recorded
+/// ([`recorded_definition`]).
 pub async fn recorded_entry(
     store: &dyn crate::ports::Store,
     catalog: &crate::core::catalog::Catalog,
     service_type: &str,
     version: &str,
+    spec_digest: Option<&str>,
 ) -> Result<crate::core::catalog::CatalogEntry, RecordedVersionError> {
     let recorded = store.type_versions(service_type).await?;
-    let Some(found) = recorded.iter().find(|r| r.version == version) else {
-        let known: Vec<&str> = recorded.iter().map(|r| r.version.as_str()).collect();
+    let Some(found) = recorded_definition(&recorded, version, spec_digest) else {
+        let mut known: Vec<&str> = recorded.iter().map(|r| r.version.as_str()).collect();
+        known.dedup();
         return Err(RecordedVersionError::NotRecorded {
             service_type: service_type.to_owned(),
             version: version.to_owned(),

@@ -104,7 +104,7 @@ struct State {
     rollouts: BTreeMap<String, RolloutRecord>,
     /// (type, version) → its recording; the history's order is each
     /// recording's time, then its version, as the SQL stores order it.
-    type_versions: BTreeMap<(String, String), TypeVersion>,
+    type_versions: BTreeMap<(String, String, String), TypeVersion>,
     lease: Option<ReconcilerLeaseRow>,
     /// T3: instance → (holder, expiry by the store's clock).
     /// The holder is shared by every row it holds, as a pass takes
@@ -315,10 +315,14 @@ impl MemoryStore {
     pub fn rollout_now(&self, service_type: &str) -> Option<(RolloutRecord, Option<TypeVersion>)> {
         let state = self.lock();
         let record = state.rollouts.get(service_type)?.clone();
+        // The newest definition of the pinned version, as the daemon
+        // reads a pin back.
         let recorded = record.pinned.as_ref().and_then(|version| {
             state
                 .type_versions
-                .get(&(service_type.to_owned(), version.clone()))
+                .values()
+                .filter(|r| r.service_type == service_type && r.version == *version)
+                .max_by_key(|r| r.recorded_at)
                 .cloned()
         });
         Some((record, recorded))
@@ -1405,21 +1409,29 @@ impl Store for MemoryStore {
         Ok(())
     }
 
-    async fn record_type_version(&self, recorded: &TypeVersion) -> Result<(), StoreError> {
+    async fn record_type_version(
+        &self,
+        recorded: &TypeVersion,
+        fence: Option<&LeaseGrant>,
+    ) -> Result<bool, StoreError> {
         let mut state = self.call()?;
-        let key = (recorded.service_type.clone(), recorded.version.clone());
-        let recorded_at = state
-            .type_versions
-            .get(&key)
-            .map_or(normalize_timestamp(recorded.recorded_at), |r| r.recorded_at);
+        state.check_fence(fence, self.now_us())?;
+        let key = (
+            recorded.service_type.clone(),
+            recorded.version.clone(),
+            recorded.spec_digest.clone(),
+        );
+        if state.type_versions.contains_key(&key) {
+            return Ok(false);
+        }
         state.type_versions.insert(
             key,
             TypeVersion {
-                recorded_at,
+                recorded_at: normalize_timestamp(recorded.recorded_at),
                 ..recorded.clone()
             },
         );
-        Ok(())
+        Ok(true)
     }
 
     async fn type_versions(&self, service_type: &str) -> Result<Vec<TypeVersion>, StoreError> {
@@ -1430,7 +1442,13 @@ impl Store for MemoryStore {
             .filter(|r| r.service_type == service_type)
             .cloned()
             .collect();
-        versions.sort_by(|a, b| (a.recorded_at, &a.version).cmp(&(b.recorded_at, &b.version)));
+        versions.sort_by(|a, b| {
+            (a.recorded_at, &a.version, &a.spec_digest).cmp(&(
+                b.recorded_at,
+                &b.version,
+                &b.spec_digest,
+            ))
+        });
         Ok(versions)
     }
 
@@ -1810,7 +1828,7 @@ impl Store for MemoryStore {
                     *at = (*at).max(r.recorded_at);
                     newest
                 });
-        let doomed: Vec<(String, String)> = state
+        let doomed: Vec<(String, String, String)> = state
             .type_versions
             .iter()
             .filter(|(_, r)| {

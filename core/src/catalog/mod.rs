@@ -245,6 +245,15 @@ impl Catalog {
         Catalog { grants, ..self }
     }
 
+    /// This catalog with each type's own table as a catalog file gives it
+    /// (`sources`: type to table; [`Catalog::source_of`]), for a catalog
+    /// built from entries that the daemon should record as it records a
+    /// file's (the simulation's). Each source must read back through
+    /// [`Catalog::from_toml`] to the very entry; the caller checks that.
+    pub fn with_sources(self, sources: BTreeMap<String, String>) -> Catalog {
+        Catalog { sources, ..self }
+    }
+
     /// A version of `service_type` as the daemon recorded it when it
     /// loaded it (`source`, [`Catalog::source_of`]), read back through
     /// the catalog's parser and this catalog's grants: a grant withdrawn

@@ -1113,7 +1113,7 @@ async fn rollout(config: &DaemonConfig, command: RolloutCommand) -> Result<u8, C
             let versions = ops.type_versions(&service_type).await?;
             if versions.is_empty() {
                 say(format!(
-                    "{service_type}: no version recorded yet (the daemon records each version \
+                    "{service_type}: no version recorded yet (the leading daemon records each version \
                      it loads)"
                 ));
             }

@@ -73,6 +73,9 @@ pub struct Reconciler {
     /// How long the event log keeps an event (#42); unset: the leader's
     /// tick prunes nothing.
     event_retention: std::sync::OnceLock<Duration>,
+    /// The type definitions (type, version, spec digest) this replica
+    /// recorded as leader or found recorded, so each is written once.
+    recorded_versions: Mutex<BTreeSet<(String, String, String)>>,
 }
 
 impl Reconciler {
@@ -102,6 +105,7 @@ impl Reconciler {
             warned: Mutex::new(BTreeSet::new()),
             lost_services: Mutex::new(LostServices::new()),
             event_retention: std::sync::OnceLock::new(),
+            recorded_versions: Mutex::new(BTreeSet::new()),
         }
     }
 

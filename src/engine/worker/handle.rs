@@ -103,6 +103,17 @@ impl Worker {
         instance: &Instance,
         pinned: Option<&str>,
     ) -> Result<CatalogEntry, TaskError> {
+        self.recorded_or_catalog(instance, pinned, None).await
+    }
+
+    /// `version` as recorded (its definition with `spec_digest` when that
+    /// was recorded), or with none the catalog's entry.
+    async fn recorded_or_catalog(
+        &self,
+        instance: &Instance,
+        pinned: Option<&str>,
+        spec_digest: Option<&str>,
+    ) -> Result<CatalogEntry, TaskError> {
         let Some(version) = pinned else {
             return self.entry(instance);
         };
@@ -113,6 +124,7 @@ impl Worker {
             &catalog,
             &instance.service_type,
             version,
+            spec_digest,
         )
         .await
         .map_err(|e| {
@@ -139,7 +151,14 @@ impl Worker {
         &self,
         instance: &Instance,
     ) -> Result<Option<CatalogEntry>, TaskError> {
-        match self.target_entry(instance, Some(&instance.version)).await {
+        let held = self
+            .recorded_or_catalog(
+                instance,
+                Some(&instance.version),
+                instance.spec_digest.as_deref(),
+            )
+            .await;
+        match held {
             Err(e) if e.kind() == ErrorKind::NotFound => {
                 tracing::warn!(
                     instance = %instance.name,

@@ -687,18 +687,24 @@ macro_rules! impl_sql_store {
             }
 
             #[tracing::instrument(name = "store.record_type_version", level = "debug", skip_all)]
-            async fn record_type_version(&self, recorded: &TypeVersion) -> Result<(), StoreError> {
+            async fn record_type_version(
+                &self,
+                recorded: &TypeVersion,
+                fence: Option<&LeaseGrant>,
+            ) -> Result<bool, StoreError> {
                 crate::store::sql::timed("record_type_version", self.call_timeout, async {
-                    self.write(
-                        sqlx::query(sql::RECORD_TYPE_VERSION)
-                            .bind(&recorded.service_type)
-                            .bind(&recorded.version)
-                            .bind(&recorded.spec_digest)
-                            .bind(&recorded.source)
-                            .bind(timestamp_to_us(recorded.recorded_at)),
-                    )
-                    .await
-                    .map(drop)
+                    let mut tx = self.fenced_transaction(fence).await?;
+                    let done = sqlx::query(sql::RECORD_TYPE_VERSION)
+                        .bind(&recorded.service_type)
+                        .bind(&recorded.version)
+                        .bind(&recorded.spec_digest)
+                        .bind(&recorded.source)
+                        .bind(timestamp_to_us(recorded.recorded_at))
+                        .execute(&mut *tx)
+                        .await
+                        .map_err(db_error)?;
+                    tx.commit().await.map_err(db_error)?;
+                    Ok(done.rows_affected() == 1)
                 })
                 .await
             }

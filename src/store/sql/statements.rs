@@ -230,14 +230,14 @@ pub const PIN_ROLLOUT: &str = "INSERT INTO rollouts \
 
 /// A version seen again keeps its first recording time (the history's
 /// order) and takes the latest definition.
+/// Immutable: a definition recorded once is never rewritten (#54).
 pub const RECORD_TYPE_VERSION: &str = "INSERT INTO type_versions \
      (service_type, version, spec_digest, source, recorded_at_us) VALUES ($1, $2, $3, $4, $5) \
-     ON CONFLICT (service_type, version) DO UPDATE SET \
-       spec_digest = excluded.spec_digest, source = excluded.source";
+     ON CONFLICT (service_type, version, spec_digest) DO NOTHING";
 
 pub const TYPE_VERSIONS: &str =
     "SELECT service_type, version, spec_digest, source, recorded_at_us \
-     FROM type_versions WHERE service_type = $1 ORDER BY recorded_at_us, version";
+     FROM type_versions WHERE service_type = $1 ORDER BY recorded_at_us, version, spec_digest";
 
 // --- reconciler lease -----------------------------------------------------
 

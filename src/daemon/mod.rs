@@ -641,8 +641,6 @@ impl Daemon {
             .await
             .map_err(|e| DaemonError::Setup(e.to_string()))?;
         let store = open_store(&config).await?;
-        // Refused if a reload would refuse it; its versions are recorded
-        // by the tick, once this replica leads (#54).
         refuse_start_hazards(store.as_ref(), &config, &catalog.current()).await?;
         let docker = docker_runtime(&config).await?;
         let caddy = CaddyTraffic::new(CaddyConfig {

@@ -30,6 +30,7 @@ mod lost;
 mod outcome;
 mod reports;
 mod run;
+mod versions;
 
 pub use outcome::{Check, TickOutcome};
 

@@ -74,6 +74,7 @@ store_suite! {
         rollout_records_keep_their_reason_and_time,
         a_pin_is_lifted_by_any_change_of_the_switch,
         type_versions_are_immutable_one_per_definition_and_fenced,
+        undos_asked_names_the_instances_whose_way_back_an_operator_asked,
         type_versions_are_pruned_unless_run_pinned_or_newest,
         the_reconciler_lease_holder_is_readable_without_taking_it,
         gauges_count_the_queue_and_instances_by_state,
@@ -496,6 +497,65 @@ async fn inhibition_save_replaces_the_same_key_and_clear_is_idempotent(s: TestSt
         .save_inhibition(&InstanceName::new("ghost"), &hold)
         .await;
     assert!(matches!(ghost, Err(StoreError::NotFound(_))), "{ghost:?}");
+}
+
+/// The tick's one read of which instances an operator's undo waits on:
+/// those with a marker whose way back is asked for, not those whose way
+/// back merely exists, nor a plain hold.
+async fn undos_asked_names_the_instances_whose_way_back_an_operator_asked(s: TestStore) {
+    let store = &*s.store;
+    let alpha = instance(store, "alpha").await;
+    instance(store, "beta").await;
+    instance(store, "gamma").await;
+    let back = stead::core::types::RevertTo {
+        revision: "r0".into(),
+        binds: Default::default(),
+        version: "1".into(),
+        spec_digest: None,
+        until: t(600),
+        hold: None,
+        stop_first: false,
+        undone: false,
+    };
+    let marker = |undone: bool| Inhibition {
+        service: ServiceName::new("web"),
+        container: ContainerId::new("c0"),
+        reason: InhibitionReason::RetirementPending,
+        operation: "upgrade".into(),
+        created_at: t(1),
+        stop_grace: None,
+        revert_to: Some(stead::core::types::RevertTo {
+            undone,
+            ..back.clone()
+        }),
+    };
+    assert!(store.undos_asked().await.unwrap().is_empty());
+    let hold = Inhibition {
+        reason: InhibitionReason::Hold("operator-hold".into()),
+        revert_to: None,
+        ..marker(false)
+    };
+    store
+        .save_inhibition(&InstanceName::new("gamma"), &hold)
+        .await
+        .unwrap();
+    store
+        .save_inhibition(&InstanceName::new("beta"), &marker(false))
+        .await
+        .unwrap();
+    store
+        .save_inhibition(&InstanceName::new("alpha"), &marker(true))
+        .await
+        .unwrap();
+    assert_eq!(
+        store
+            .undos_asked()
+            .await
+            .unwrap()
+            .into_iter()
+            .collect::<Vec<_>>(),
+        [alpha]
+    );
 }
 
 // --- tasks ---------------------------------------------------------------

@@ -689,6 +689,12 @@ pub trait Store: Tenancy + Send + Sync {
         &self,
         instance: &InstanceName,
     ) -> Result<Vec<Inhibition>, StoreError>;
+    /// The instances with a marker whose way back an operator asked to
+    /// take (`rollout undo`, `RevertTo::undone`): one read for the whole
+    /// fleet, which the tick's version drift gives undo tasks. A marker
+    /// that does not decode is left out (the instance's own pass reports
+    /// it).
+    async fn undos_asked(&self) -> Result<BTreeSet<InstanceId>, StoreError>;
     /// Replaces any record with the same (instance, service, container).
     async fn save_inhibition(
         &self,

@@ -1046,6 +1046,16 @@ impl Store for MemoryStore {
         Ok(State::load(&state, ids))
     }
 
+    async fn undos_asked(&self) -> Result<BTreeSet<InstanceId>, StoreError> {
+        let state = self.call()?;
+        Ok(state
+            .inhibitions
+            .iter()
+            .filter(|(_, marker)| marker.revert_to.as_ref().is_some_and(|back| back.undone))
+            .map(|((id, _, _), _)| *id)
+            .collect())
+    }
+
     async fn load_inhibitions(
         &self,
         instance: &InstanceName,

@@ -125,49 +125,45 @@ impl Reconciler {
 
     /// The ready instances of halted types whose baking markers ask for
     /// an undo (`rollout undo`) and that have no upgrade task to carry it
-    /// out. Read per instance, only for halted types (rare, and few
-    /// instances). One whose markers cannot be read is left out this tick
-    /// and said at warn: should no task come, the recovery pass reverts
-    /// it itself (`core::bake::UNDO_TASK_GRACE`).
+    /// out: one read of the markers that carry a way back, only while a
+    /// type is halted. Unread (said at warn), none this tick: should no
+    /// task come, the recovery pass reverts them itself
+    /// (`core::bake::UNDO_TASK_GRACE`).
     async fn undos(
         &self,
         instances: &[Instance],
         tasks: &[Task],
         halted: &BTreeSet<&str>,
     ) -> BTreeSet<InstanceId> {
-        let mut undos = BTreeSet::new();
         if halted.is_empty() {
-            return undos;
+            return BTreeSet::new();
         }
+        let asked = match self.ports.store.undos_asked().await {
+            Ok(asked) => asked,
+            Err(e) => {
+                tracing::warn!(
+                    error = %e,
+                    "could not read which instances an operator's undo waits on; read again \
+                     next tick"
+                );
+                return BTreeSet::new();
+            }
+        };
         let upgrading: BTreeSet<InstanceId> = tasks
             .iter()
             .filter(|t| t.kind == TaskKind::Upgrade && t.state.is_active())
             .map(|t| t.instance)
             .collect();
-        let candidates = instances.iter().filter(|i| {
-            i.state == InstanceState::Ready
-                && halted.contains(i.service_type.as_str())
-                && !upgrading.contains(&i.id)
-        });
-        for instance in candidates {
-            match self.ports.store.load_inhibitions(&instance.name).await {
-                Ok(markers) => {
-                    let asked = markers
-                        .iter()
-                        .any(|m| m.revert_to.as_ref().is_some_and(|back| back.undone));
-                    if asked {
-                        undos.insert(instance.id);
-                    }
-                }
-                Err(e) => tracing::warn!(
-                    instance = %instance.name,
-                    error = %e,
-                    "could not read the instance's markers to see whether an undo waits for \
-                     its task"
-                ),
-            }
-        }
-        undos
+        instances
+            .iter()
+            .filter(|i| {
+                asked.contains(&i.id)
+                    && i.state == InstanceState::Ready
+                    && halted.contains(i.service_type.as_str())
+                    && !upgrading.contains(&i.id)
+            })
+            .map(|i| i.id)
+            .collect()
     }
 
     /// The entries undos pinned halted types to (`rollout undo --to`), as

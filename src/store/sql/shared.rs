@@ -331,6 +331,28 @@ macro_rules! impl_sql_store {
                 Ok(inhibitions)
             }
 
+            #[tracing::instrument(name = "store.undos_asked", level = "debug", skip_all)]
+            async fn undos_asked(
+                &self,
+            ) -> Result<std::collections::BTreeSet<crate::core::fleet::InstanceId>, StoreError>
+            {
+                let rows = sqlx::query_as::<_, InhibitionRow>(sql::WAYS_BACK)
+                    .fetch_all(&self.pool)
+                    .await
+                    .map_err(db_error)?;
+                Ok(rows
+                    .into_iter()
+                    .filter_map(|row| {
+                        let id = row.instance_id;
+                        let marker = row.decode().ok()?;
+                        marker
+                            .revert_to
+                            .is_some_and(|back| back.undone)
+                            .then_some(id)
+                    })
+                    .collect())
+            }
+
             #[tracing::instrument(name = "store.save_inhibition", level = "debug", skip_all)]
             async fn save_inhibition(
                 &self,

@@ -78,23 +78,28 @@ fn volume_of(catalog: &Catalog) -> &str {
 
 /// Whether starting with a file that mounts `volume` endangers a live
 /// instance, by the store's state: one of the Docker type at a version
-/// recorded with another volume name.
+/// whose newest recorded definition mounts another volume name (what the
+/// last daemon to load that version ran it as: a file forced once is
+/// recorded beside the old definition, and a reload from that daemon
+/// would find no change).
 fn hazardous(store: &MemoryStore, volume: &str) -> bool {
     let recorded = store.type_versions_now();
     let moved = format!("\"{MOVED_VOLUME}\"");
     store.all_instances().iter().any(|instance| {
         instance.state != InstanceState::Deleted
             && instance.service_type == SERVICE_TYPE
-            && recorded.iter().any(|row| {
-                row.service_type == SERVICE_TYPE && row.version == instance.version && {
+            && recorded
+                .iter()
+                .filter(|row| row.service_type == SERVICE_TYPE && row.version == instance.version)
+                .max_by_key(|row| row.recorded_at)
+                .is_some_and(|row| {
                     let was = if row.source.contains(&moved) {
                         MOVED_VOLUME
                     } else {
                         "data"
                     };
                     was != volume
-                }
-            })
+                })
     })
 }
 

@@ -155,6 +155,19 @@ fn container_events(
     actions: &[&str],
 ) -> impl futures_util::Stream<Item = Result<bollard::models::EventMessage, bollard::errors::Error>>
 {
+    let since = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .expect("after 1970");
+    container_events_since(instance, actions, since)
+}
+
+/// [`container_events`] from `since` (since the epoch).
+fn container_events_since(
+    instance: &str,
+    actions: &[&str],
+    since: std::time::Duration,
+) -> impl futures_util::Stream<Item = Result<bollard::models::EventMessage, bollard::errors::Error>>
+{
     let api = match socket_override() {
         Some(socket) => bollard::Docker::connect_with_unix(
             &socket.to_string_lossy(),
@@ -164,9 +177,6 @@ fn container_events(
         None => bollard::Docker::connect_with_local_defaults(),
     }
     .expect("docker socket");
-    let since = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .expect("after 1970");
     let filters = std::collections::HashMap::from([
         ("type".to_owned(), vec!["container".to_owned()]),
         (
@@ -212,18 +222,35 @@ impl EventCounter {
     /// `health_status`, …) from now, as [`EventCounter::follow`] does.
     pub fn follow_action(instance: &str, action: &str) -> EventCounter {
         use futures_util::StreamExt;
-        let mut events = container_events(instance, &[action]);
+        let mut from = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .expect("after 1970");
+        let mut events = container_events_since(instance, &[action], from).boxed();
         let count = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
         let counted = count.clone();
         let broken = std::sync::Arc::new(std::sync::Mutex::new(None));
         let reason = broken.clone();
+        let (instance, action) = (instance.to_owned(), action.to_owned());
         let task = tokio::spawn(async move {
+            // Podman ends a live events stream when it rotates its events
+            // log (a podman CI run once saw it end within seconds, with
+            // health checks every half second filling it): followed again
+            // from just after the last event counted, nothing is missed or
+            // counted twice. Dockerd keeps its streams open.
+            let mut reopened = 0;
             let why = loop {
                 match events.next().await {
-                    Some(Ok(_)) => {
+                    Some(Ok(event)) => {
+                        if let Some(nanos) = event.time_nano.and_then(|n| u64::try_from(n).ok()) {
+                            from = std::time::Duration::from_nanos(nanos + 1);
+                        }
                         counted.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
                     }
                     Some(Err(e)) => break format!("docker events failed: {e}"),
+                    None if reopened < 5 => {
+                        reopened += 1;
+                        events = container_events_since(&instance, &[&action], from).boxed();
+                    }
                     None => break "docker events ended".to_owned(),
                 }
             };

@@ -145,6 +145,7 @@ fn planners(c: &mut Criterion) {
         lost_services: Default::default(),
         pins: Default::default(),
         undos: Default::default(),
+        baking: Some(Default::default()),
     };
     let plan = tick_all_four(&snapshot);
     println!(

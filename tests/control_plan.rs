@@ -16,8 +16,8 @@ use stead::core::fleet::{
 };
 use stead::core::grants::Grants;
 use stead::core::plan::{
-    halt_after_failed_upgrade, is_behind, is_older, upgrade_retry_at, ControlConfig, Decision,
-    Level, Plan, Report, Snapshot,
+    halt_after_failed_upgrade, is_behind, is_older, upgrade_retry, ControlConfig, Decision, Level,
+    Plan, Report, Snapshot, UpgradeRetry,
 };
 use stead::core::types::{InstanceName, ServiceName};
 use stead::ports::Release;
@@ -126,6 +126,7 @@ fn snapshot<'a>(
         lost_services: BTreeMap::new(),
         pins: Default::default(),
         undos: Default::default(),
+        baking: Some(Default::default()),
     }
 }
 
@@ -597,8 +598,122 @@ fn rollout_world() -> (Catalog, Vec<Instance>) {
         instance(4, "platform", "db", "1.0.0"),
         instance(5, "acme", "wiki", "1.4.0"),  // up to date
         instance(6, "acme", "wiki", "1.10.0"), // ahead: never downgraded
+        // Up to date, so db's current wave has room for two (#55).
+        instance(7, "zeta", "db", "2.0.0"),
     ];
     (catalog, instances)
+}
+
+/// #55: a type's rollout starts with one instance and widens (1, 2, 4,
+/// …) only as instances reach the version and their bakes end: a baking
+/// instance holds its slot of `max_in_flight` and keeps its type's next
+/// wave waiting, so a version that fails its bake reaches one instance.
+#[test]
+fn a_rollout_goes_in_waves_each_held_by_the_bakes_before_it() {
+    let catalog = Catalog::from_entries([entry("wiki", "2.0", false)]);
+    let config = config(10);
+    let instances: Vec<Instance> = (1..=8)
+        .map(|id| instance(id, "acme", "wiki", "1.0"))
+        .collect();
+    let mut snap = snapshot(instances, vec![], &catalog, &config);
+    // Nothing on 2.0 yet: the first wave is one instance.
+    let plan = plan_version_drift(&snap);
+    check(
+        plan.clone(),
+        &snap,
+        "enqueue upgrade i1 at now: version drift: 1.0 -> 2.0",
+    );
+    assert_idempotent(&mut snap, &plan, plan_version_drift);
+    // Its upgrade switched and finished: it bakes, and holds the wave.
+    snap.tasks.clear();
+    snap.instances[0].version = "2.0".into();
+    snap.baking = Some([1].into_iter().collect());
+    check(plan_version_drift(&snap), &snap, "");
+    // Its bake ended well: the next wave is two.
+    snap.baking = Some(Default::default());
+    let plan = plan_version_drift(&snap);
+    check(
+        plan.clone(),
+        &snap,
+        "enqueue upgrade i2 at now: version drift: 1.0 -> 2.0
+         enqueue upgrade i3 at now: version drift: 1.0 -> 2.0",
+    );
+    // Both baking: nothing more, though eight slots are free.
+    for i in &mut snap.instances[1..3] {
+        i.version = "2.0".into();
+    }
+    snap.baking = Some([2, 3].into_iter().collect());
+    check(plan_version_drift(&snap), &snap, "");
+    // One of them done: two on 2.0 past their bake allow three in
+    // flight, one of which still bakes.
+    snap.baking = Some([3].into_iter().collect());
+    check(
+        plan_version_drift(&snap),
+        &snap,
+        "enqueue upgrade i4 at now: version drift: 1.0 -> 2.0
+         enqueue upgrade i5 at now: version drift: 1.0 -> 2.0",
+    );
+    // All three done: four at once.
+    snap.baking = Some(Default::default());
+    check(
+        plan_version_drift(&snap),
+        &snap,
+        "enqueue upgrade i4 at now: version drift: 1.0 -> 2.0
+         enqueue upgrade i5 at now: version drift: 1.0 -> 2.0
+         enqueue upgrade i6 at now: version drift: 1.0 -> 2.0
+         enqueue upgrade i7 at now: version drift: 1.0 -> 2.0",
+    );
+    // A newer version moves a baking instance on in the slot and the wave
+    // its bake holds; the others (i1 done at 2.0 included) wait for 3.0's
+    // waves: none is on 3.0 yet, and two are in flight.
+    let catalog3 = Catalog::from_entries([entry("wiki", "3.0", false)]);
+    let mut moved = snapshot(snap.instances.clone(), vec![], &catalog3, &config);
+    moved.baking = Some([2, 3].into_iter().collect());
+    check(
+        plan_version_drift(&moved),
+        &moved,
+        "enqueue upgrade i2 at now: version drift: 2.0 -> 3.0
+         enqueue upgrade i3 at now: version drift: 2.0 -> 3.0",
+    );
+    // Markers that could not be read this tick start nothing: an unknown
+    // bake is not a free slot.
+    snap.baking = None;
+    check(plan_version_drift(&snap), &snap, "");
+}
+
+/// #55: a bake holds a slot of the fleet-wide `max_in_flight` too, across
+/// types, and an operator's undo of a baking instance takes over the
+/// slot its bake holds instead of waiting for another.
+#[test]
+fn a_bake_holds_a_slot_of_the_fleet_and_its_undo_takes_it_over() {
+    let catalog = Catalog::from_entries([entry("wiki", "2.0", false), entry("db", "3.0", false)]);
+    let config = config(1);
+    let instances = vec![
+        instance(1, "acme", "wiki", "2.0"),
+        instance(2, "acme", "db", "2.0"),
+        instance(3, "acme", "db", "3.0"),
+    ];
+    let mut snap = snapshot(instances, vec![], &catalog, &config);
+    snap.baking = Some([1].into_iter().collect());
+    check(plan_version_drift(&snap), &snap, "");
+    snap.baking = Some(Default::default());
+    check(
+        plan_version_drift(&snap),
+        &snap,
+        "enqueue upgrade i2 at now: version drift: 2.0 -> 3.0",
+    );
+    // wiki halted and its baking instance undone: the undo's task goes at
+    // once, in the slot the bake held; db still waits.
+    snap.baking = Some([1].into_iter().collect());
+    snap.rollouts.insert("wiki".into(), RolloutState::Halted);
+    snap.undos = [1].into_iter().collect();
+    let plan = plan_version_drift(&snap);
+    check(
+        plan.clone(),
+        &snap,
+        "enqueue upgrade i1 at now: operator: rollout undo",
+    );
+    assert_idempotent(&mut snap, &plan, plan_version_drift);
 }
 
 #[test]
@@ -918,7 +1033,9 @@ fn a_security_release_bypasses_the_window() {
     i.maintenance_window = Some("sun 03:00-05:00".into());
     let mut broken = instance(2, "acme", "wiki", "1.4.0");
     broken.maintenance_window = Some("whenever".into());
-    let snap = snapshot(vec![i, broken], vec![], &catalog, &config);
+    // One instance already on the release lets its wave take two (#55).
+    let done = instance(3, "acme", "wiki", "1.4.1");
+    let snap = snapshot(vec![i, broken, done], vec![], &catalog, &config);
     check(
         plan_version_drift(&snap),
         &snap,
@@ -1013,26 +1130,42 @@ fn numeric_versions_compare_numerically() {
     );
 }
 
-/// A failed upgrade's retry waits for the window as its first run did
-/// (found by the 50-instance world's seed 38: an upgrade planned a minute
-/// before its window closed failed, and its backoff retried it after).
+/// A failed upgrade's retry runs only inside the window, as its first run
+/// did (found by the 50-instance world's seed 38: an upgrade planned a
+/// minute before its window closed failed, and its backoff retried it
+/// after). One whose backoff ends outside the window is deferred, not
+/// parked: the task ends and version drift queues it in the next opening
+/// (#55).
 #[test]
-fn an_upgrade_retry_waits_for_the_window_unless_security() {
+fn an_upgrade_retry_outside_the_window_is_deferred_unless_security() {
     let t = |s: &str| s.parse::<Timestamp>().unwrap();
     let mut i = instance(1, "t", "wiki", "1");
     i.maintenance_window = Some("daily 02:00-03:00".into());
     let inside = t("2026-03-02T02:59:19Z");
     let after = t("2026-03-02T03:00:19Z");
     let next_opening = t("2026-03-03T02:00:00Z");
-    assert_eq!(upgrade_retry_at(inside, &i, false), inside);
-    assert_eq!(upgrade_retry_at(after, &i, false), next_opening);
-    assert_eq!(upgrade_retry_at(after, &i, true), after, "security");
+    assert_eq!(upgrade_retry(inside, &i, false), UpgradeRetry::At(inside));
+    assert_eq!(
+        upgrade_retry(after, &i, false),
+        UpgradeRetry::Deferred {
+            opens_at: next_opening
+        }
+    );
+    assert_eq!(
+        upgrade_retry(after, &i, true),
+        UpgradeRetry::At(after),
+        "security"
+    );
     i.maintenance_window = None;
-    assert_eq!(upgrade_retry_at(after, &i, false), after, "no window");
+    assert_eq!(
+        upgrade_retry(after, &i, false),
+        UpgradeRetry::At(after),
+        "no window"
+    );
     i.maintenance_window = Some("someday".into());
     assert_eq!(
-        upgrade_retry_at(after, &i, false),
-        after,
+        upgrade_retry(after, &i, false),
+        UpgradeRetry::At(after),
         "a bad spec is the planner's to report"
     );
 }

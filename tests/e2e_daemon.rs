@@ -390,6 +390,12 @@ async fn a_version_that_crashes_while_baking_is_reverted_and_its_rollout_halted(
         .unwrap();
     assert_eq!(web.state, stead::core::fleet::RolloutState::Halted);
     assert!(web.reason.contains("while baking"), "{}", web.reason);
+    // #55: the reason says what failed, in words a person acts on.
+    assert!(
+        web.reason.contains("exited with code 3"),
+        "the halt names the exit code: {}",
+        web.reason
+    );
     let row = store
         .instance(&stead::core::types::InstanceName::new(&name))
         .await

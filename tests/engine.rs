@@ -2267,6 +2267,12 @@ async fn a_successor_that_crashes_while_baking_is_reverted_and_its_type_halted()
         "{}",
         wiki.reason
     );
+    // #55: what failed, as the runtime said it.
+    assert!(
+        wiki.reason.contains("web: it exited with code 1 and was"),
+        "{}",
+        wiki.reason
+    );
     assert_eq!(f.web_container("wiki1").await, before, "ACTIVE put back");
     let row = f.store.instance(&instance.name).await.unwrap().unwrap();
     assert_eq!(row.version, "1", "the version put back");
@@ -3811,5 +3817,75 @@ async fn only_the_lease_holder_records_type_versions_once_per_definition() {
     assert_eq!(
         (both[1].version.as_str(), both[1].spec_digest.as_str()),
         ("2", changed.get("wiki").unwrap().spec_digest.as_str())
+    );
+}
+
+/// #55: a failed upgrade whose retry would fall after its instance's
+/// window closed used to park in the queue until the next opening,
+/// holding its instance's task slot and one of `max_in_flight`'s, so
+/// every other upgrade of the fleet waited behind it. The task now ends
+/// (deferred: no halt, it had attempts left), holding nothing, and says
+/// when the upgrade comes back.
+#[tokio::test]
+async fn an_upgrade_whose_retry_falls_outside_its_window_ends_instead_of_parking() {
+    let f = fixture();
+    // The fixture's clock reads 08:00:00 UTC; the window is one minute.
+    let instance = f
+        .store
+        .create_instance(
+            &NewInstance {
+                domains: Vec::new(),
+                spec_digest: None,
+                parameters: Default::default(),
+                name: InstanceName::new("wiki1"),
+                team: "t".into(),
+                service_type: "wiki".into(),
+                version: "1".into(),
+                expires_at: None,
+                maintenance_window: Some("daily 08:00-08:01".into()),
+            },
+            f.clock.now(),
+        )
+        .await
+        .unwrap();
+    f.enqueue(instance.id, TaskKind::Provision).await;
+    let (_, end) = f.worker_with(f.catalog_at("1")).work_once().await.unwrap();
+    assert_eq!(end, TaskEnd::Done);
+    f.recoverer().pass().await;
+
+    f.enqueue(instance.id, TaskKind::Upgrade).await;
+    f.script
+        .fail(Op::Create, "", Fault::Fail("registry unreachable".into()));
+    // At 08:00:55 the backoff (10 s) ends after the window closed.
+    f.clock.advance(Duration::from_secs(55));
+    let end = f.worker().work_once().await.unwrap().1;
+    let next_opening: Timestamp = "2027-01-16T08:00:00Z".parse().unwrap();
+    assert!(
+        matches!(&end, TaskEnd::Deferred(e, at) if e.to_string().contains("registry unreachable") && *at == next_opening),
+        "{end:?}"
+    );
+    let tasks = f.store.all_tasks();
+    let upgrade = tasks
+        .iter()
+        .find(|t| t.kind == TaskKind::Upgrade)
+        .expect("the upgrade task");
+    assert_eq!(
+        upgrade.state,
+        TaskState::Failed,
+        "ended, not parked in the queue"
+    );
+    assert!(
+        upgrade
+            .last_error
+            .as_deref()
+            .is_some_and(|e| e.contains("queued again when the window next opens")),
+        "{:?}",
+        upgrade.last_error
+    );
+    let rollouts = f.store.rollouts().await.unwrap();
+    assert_ne!(
+        rollouts.get("wiki"),
+        Some(&RolloutState::Halted),
+        "attempts were left: no halt"
     );
 }

@@ -142,12 +142,14 @@ fn every_helm_bake_mutant_is_found() {
 
 /// The mutants of the exercise that live in the control loop's planners
 /// (C6, C7, C8).
-const PLANNER_MUTANTS: [Mutant; 5] = [
+const PLANNER_MUTANTS: [Mutant; 7] = [
     Mutant::BreakTaskLeaseEarly,
     Mutant::ExpireLate,
     Mutant::IgnoreOwnTeam,
     Mutant::UnderuseInFlight,
     Mutant::ParkUpgradeBehindWindow,
+    Mutant::BakesDoNotHold,
+    Mutant::NoWaves,
 ];
 
 #[test]

@@ -372,6 +372,7 @@ mod tables {
             memory: ServiceMemory::default(),
             intervened: false,
             start_race_lost: false,
+            exit: None,
         };
         let instance = |reports| InstanceReport {
             reports,

@@ -17,7 +17,7 @@ use stead::core::fleet::{
 use stead::core::types::{
     ActiveService, ContainerId, Inhibition, InhibitionReason, InstanceName, ServiceName,
 };
-use stead::ports::{LockGrant, LockedWrite, NewInstance, Store, StoreError, TypeVersion};
+use stead::ports::{LockGrant, LockedWrite, NewInstance, Store, StoreError, TypeVersion, WaysBack};
 use support::TestStore;
 
 macro_rules! store_suite {
@@ -74,7 +74,7 @@ store_suite! {
         rollout_records_keep_their_reason_and_time,
         a_pin_is_lifted_by_any_change_of_the_switch,
         type_versions_are_immutable_one_per_definition_and_fenced,
-        undos_asked_names_the_instances_whose_way_back_an_operator_asked,
+        ways_back_name_the_baking_instances_and_those_an_operator_undid,
         type_versions_are_pruned_unless_run_pinned_or_newest,
         the_reconciler_lease_holder_is_readable_without_taking_it,
         gauges_count_the_queue_and_instances_by_state,
@@ -499,13 +499,13 @@ async fn inhibition_save_replaces_the_same_key_and_clear_is_idempotent(s: TestSt
     assert!(matches!(ghost, Err(StoreError::NotFound(_))), "{ghost:?}");
 }
 
-/// The tick's one read of which instances an operator's undo waits on:
-/// those with a marker whose way back is asked for, not those whose way
-/// back merely exists, nor a plain hold.
-async fn undos_asked_names_the_instances_whose_way_back_an_operator_asked(s: TestStore) {
+/// The tick's one read of the upgrade markers: the instances whose
+/// successor bakes until the window ends (not after, nor for a plain
+/// hold), and those whose way back an operator asked for.
+async fn ways_back_name_the_baking_instances_and_those_an_operator_undid(s: TestStore) {
     let store = &*s.store;
     let alpha = instance(store, "alpha").await;
-    instance(store, "beta").await;
+    let beta = instance(store, "beta").await;
     instance(store, "gamma").await;
     let back = stead::core::types::RevertTo {
         revision: "r0".into(),
@@ -529,7 +529,7 @@ async fn undos_asked_names_the_instances_whose_way_back_an_operator_asked(s: Tes
             ..back.clone()
         }),
     };
-    assert!(store.undos_asked().await.unwrap().is_empty());
+    assert_eq!(store.ways_back(t(0)).await.unwrap(), WaysBack::default());
     let hold = Inhibition {
         reason: InhibitionReason::Hold("operator-hold".into()),
         revert_to: None,
@@ -547,15 +547,13 @@ async fn undos_asked_names_the_instances_whose_way_back_an_operator_asked(s: Tes
         .save_inhibition(&InstanceName::new("alpha"), &marker(true))
         .await
         .unwrap();
-    assert_eq!(
-        store
-            .undos_asked()
-            .await
-            .unwrap()
-            .into_iter()
-            .collect::<Vec<_>>(),
-        [alpha]
-    );
+    let ways = store.ways_back(t(599)).await.unwrap();
+    assert_eq!(ways.baking, [alpha, beta].into_iter().collect());
+    assert_eq!(ways.undone, [alpha].into_iter().collect());
+    // The bake window ends at t(600): from then on nothing bakes.
+    let ways = store.ways_back(t(600)).await.unwrap();
+    assert!(ways.baking.is_empty(), "{ways:?}");
+    assert_eq!(ways.undone, [alpha].into_iter().collect());
 }
 
 // --- tasks ---------------------------------------------------------------

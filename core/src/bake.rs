@@ -46,7 +46,14 @@ use super::upgrade::revert_marker;
 /// inspection) says nothing about the version and reverts nothing.
 pub fn fails_while_baking(report: &Report, switched: &ActiveService) -> Option<String> {
     if report.intervened {
-        return Some(format!("it was {} by recovery", report.verdict.label()));
+        let exited = report
+            .exit
+            .map(|exit| format!("it exited with code {} and ", exit.code))
+            .unwrap_or_else(|| "it ".to_owned());
+        return Some(format!(
+            "{exited}was {} by recovery",
+            report.verdict.label()
+        ));
     }
     let workload = report.errors.iter().find(|e| {
         matches!(

@@ -149,11 +149,22 @@ pub enum Mutant {
     /// instance records, so a release an earlier upgrade left a revision
     /// ahead ends at a version nothing records.
     RevertAwayFromBad,
+    /// #55: version drift counts only upgrade tasks in flight, not the
+    /// instances whose successors still bake, so the next instance is
+    /// upgraded before the first one's bake has said anything.
+    BakesDoNotHold,
+    /// #55: a type's rollout starts as wide as `max_in_flight` allows, not
+    /// one instance first and then waves that widen as bakes end well.
+    NoWaves,
+    /// #55: a failed upgrade whose retry falls outside its window parks in
+    /// the queue until the next opening, holding its slots, instead of
+    /// ending.
+    ParkRetryBehindWindow,
 }
 
 #[cfg(feature = "mutation-exercise")]
 impl Mutant {
-    pub const ALL: [Mutant; 38] = [
+    pub const ALL: [Mutant; 41] = [
         Mutant::SkipWithdrawBeforeStart,
         Mutant::PublishBeforeReadiness,
         Mutant::ForgetCrashLoopCharge,
@@ -192,5 +203,8 @@ impl Mutant {
         Mutant::SkipStartHazards,
         Mutant::IgnoreDomainSuffixes,
         Mutant::RevertAwayFromBad,
+        Mutant::BakesDoNotHold,
+        Mutant::NoWaves,
+        Mutant::ParkRetryBehindWindow,
     ];
 }

@@ -797,10 +797,34 @@ impl Checker {
                     })
                 })
         };
+        // #55: a bake holds its instance's slot, and a type's wave has
+        // room while it has fewer in flight than one more than its
+        // instances done (at the catalog's version, in flight by no
+        // reckoning). A bake counts wherever the planner may have seen it.
+        let baking = self.store().baking_at(
+            settled_before - jiff::SignedDuration::try_from(CLOCK_TOLERANCE).expect("fits"),
+        );
+        let flying = |i: &Instance| baking.contains(&i.id) || in_flight(i.id) || touched(i.id);
+        let mut waves: BTreeMap<&str, (usize, usize)> = BTreeMap::new();
+        for i in &instances {
+            let (done, up) = waves.entry(i.service_type.as_str()).or_default();
+            if flying(i) {
+                *up += 1;
+            } else if i.state == InstanceState::Ready && !i.stopped && !behind(i) {
+                *done += 1;
+            }
+        }
+        let wave_has_room = |i: &Instance| {
+            waves
+                .get(i.service_type.as_str())
+                .is_some_and(|(done, up)| *up < done + 1)
+        };
         let waiting: Vec<_> = instances
             .iter()
             .filter(|i| {
                 i.state == InstanceState::Ready
+                    && !baking.contains(&i.id)
+                    && wave_has_room(i)
                     && window_open(i)
                     && !i.stopped
                     && i.expires_at.is_none_or(|at| at > began)
@@ -821,7 +845,10 @@ impl Checker {
                     && (matches!(t.state, TaskState::Queued | TaskState::Running)
                         || t.updated_at >= settled_before)
             })
-            .count();
+            .map(|t| t.instance)
+            .chain(baking.iter().copied())
+            .collect::<BTreeSet<_>>()
+            .len();
         let own = self.own_team.as_str();
         let order = |i: &Instance| (i.team != own, i.service_type.clone(), i.name.clone(), i.id);
         let first = waiting.iter().map(|i| order(i)).min();
@@ -873,7 +900,9 @@ impl Checker {
                     )
                 },
             );
-            let jumped = first.as_ref().is_some_and(|f| *f < order(chosen));
+            // A baking instance moves on in the slot its bake holds (#55).
+            let own_slot = baking.contains(&chosen.id);
+            let jumped = !own_slot && first.as_ref().is_some_and(|f| *f < order(chosen));
             s.check("C8 upgrades in order, own team first", !jumped, || {
                 format!(
                     "upgrade {} of {} (team {}) enqueued while {:?} waited ahead of it",

@@ -387,7 +387,14 @@ async fn simulate(cfg: SimConfig, tally: crate::coverage::Tally) -> SimOutcome {
         }
         processes.adopt_pauses(&faults, &mut rng);
         processes.settle(clock.now(), &counts);
-        check_queue(&checker, store.as_ref(), &control, &catalog_of(&shared)).await;
+        check_queue(
+            &checker,
+            store.as_ref(),
+            &control,
+            &catalog_of(&shared),
+            clock.now(),
+        )
+        .await;
         crate::tenants::judge_quotas(&checker, &store, &tenants.quotas);
         actors.forget_retired();
         if !checker.violations().is_empty() {
@@ -429,7 +436,14 @@ async fn simulate(cfg: SimConfig, tally: crate::coverage::Tally) -> SimOutcome {
         let ticks = liveness.as_secs() / cfg.tick.as_secs();
         for _ in 0..ticks {
             tokio::time::sleep(cfg.tick).await;
-            check_queue(&checker, store.as_ref(), &control, &catalog_of(&shared)).await;
+            check_queue(
+                &checker,
+                store.as_ref(),
+                &control,
+                &catalog_of(&shared),
+                clock.now(),
+            )
+            .await;
             actors.forget_retired();
         }
         tokio::time::sleep(cfg.tick).await;
@@ -1963,19 +1977,24 @@ async fn check_queue(
     store: &MemoryStore,
     control: &ControlConfig,
     catalog: &Catalog,
+    now: Timestamp,
 ) {
     let tasks = store.all_tasks();
     let mut active = std::collections::BTreeSet::new();
-    let mut upgrades = 0u32;
+    // #55: a baking successor holds its instance's slot. Counted only
+    // where the planner, its clock anchored to the database's within
+    // CLOCK_TOLERANCE, still saw it bake (a bake it saw end is no slot).
+    let mut upgrading = store.baking_at(add(now, crate::checker::CLOCK_TOLERANCE));
     let mut dup = None;
     for t in tasks.iter().filter(|t| t.state.is_active()) {
         if !active.insert((t.instance, t.kind)) {
             dup = Some((t.instance, t.kind));
         }
         if t.kind == TaskKind::Upgrade {
-            upgrades += 1;
+            upgrading.insert(t.instance);
         }
     }
+    let upgrades = upgrading.len() as u32;
     checker.check_external(
         "S9 one active task per instance and kind",
         dup.is_none(),
@@ -2027,6 +2046,24 @@ async fn check_queue(
             && t.reason != stead::ops::UNDO_REASON
             && !t.reason.starts_with(stead::core::plan::PINNED_REASON)
     };
+    // #55: a retry is due when its backoff ends, or the task ends; it
+    // never parks in the queue until a window opens, holding its slots.
+    let backoff_max = stead::core::fleet::TaskRetryPolicy::default().backoff_max;
+    for t in tasks
+        .iter()
+        .filter(|t| upgrade(t) && t.state == TaskState::Queued && t.attempts > 0)
+    {
+        checker.check_external(
+            "S9 a retried upgrade never parks behind its window",
+            t.run_after <= add(t.updated_at, backoff_max + Duration::from_secs(1)),
+            || {
+                format!(
+                    "upgrade task {} retried at {} waits until {}",
+                    t.id, t.updated_at, t.run_after
+                )
+            },
+        );
+    }
     for t in tasks.iter().filter(|t| upgrade(t) && moved.contains(&t.id)) {
         let service_type = types.get(&t.instance).map_or(SERVICE_TYPE, String::as_str);
         let security = catalog.get(service_type).is_some_and(|e| e.security);

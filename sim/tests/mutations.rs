@@ -55,6 +55,24 @@ fn an_upgrade_parked_behind_its_window_is_caught() {
     );
 }
 
+/// #55: a retry outside the window ends its task instead of parking.
+#[test]
+fn a_retry_parked_behind_its_window_is_caught() {
+    assert_caught(
+        Mutant::ParkRetryBehindWindow,
+        "S9 a retried upgrade never parks behind its window",
+    );
+}
+
+/// #55: a bake holds its instance's slot of `max_in_flight`.
+#[test]
+fn an_upgrade_started_while_another_bakes_at_the_limit_is_caught() {
+    assert_caught(
+        Mutant::BakesDoNotHold,
+        "S9 upgrades in flight within the limit",
+    );
+}
+
 #[test]
 fn a_revert_that_does_not_halt_its_type_first_is_caught() {
     assert_caught(

@@ -78,6 +78,14 @@ pub const METRICS: &[Metric] = &[
         "stead_budget_delays_in_force",
         "Generations whose next start is delayed by the crash-loop budget (R10).",
     ),
+    labelled(
+        gauge(
+            "stead_rollout_halted",
+            "1 while the service type's rollout is halted (by a failed upgrade, a bake's revert, \
+             `stead rollout undo`, an operator's halt or the catalog file), else 0 (#55).",
+        ),
+        "service_type",
+    ),
     gauge(
         "stead_reconciler_lease_held",
         "1 while this process holds the reconciler lease (C2), else 0.",
@@ -287,6 +295,10 @@ pub const WITHDRAWAL_REASONS: [Why; 7] = [
 pub const PUBLICATION_REASONS: [Why; 3] =
     [Why::NewExecution, Why::BindsChanged, Why::RouteUnvouched];
 
+/// Why instances are put back on their predecessors: the `cause` values
+/// of `stead_reverts_total`.
+pub const REVERT_CAUSES: [&str; 4] = ["bake", "upgrade", "undo", "helm_bake"];
+
 /// Events the notifier sends.
 pub const NOTIFICATION_EVENTS: [&str; 1] = ["drift.release_missing"];
 
@@ -351,6 +363,7 @@ fn label_sets(name: &str) -> Vec<Vec<(&'static str, String)>> {
                 .collect(),
         ),
         "stead_decisions_total" => one("decision", Decision::LABELS.to_vec()),
+        "stead_reverts_total" => one("cause", REVERT_CAUSES.to_vec()),
         "stead_recovery_busy_skips_total" => one("by", vec!["pass", "wakeup"]),
         "stead_catalog_reloads_total" => one("result", vec!["ok", "refused"]),
         "stead_clock_jumps_total" => one("cause", vec!["stood_still", "database"]),
@@ -413,6 +426,38 @@ mod tests {
             text.contains("stead_publication_failures_total{reason=\"new_execution\"} 0"),
             "{text}"
         );
+    }
+
+    /// A labelled counter is registered with each of its label's values,
+    /// never as one series without the label: `increase(...) > 0` on
+    /// `{label="value"}` must see the first event too.
+    #[test]
+    fn every_labelled_counter_starts_at_zero_for_each_label_value() {
+        for metric in METRICS.iter().filter(|m| m.kind == Kind::Counter) {
+            let Some(label) = metric.label else {
+                continue;
+            };
+            if metric.name == "stead_webhook_deliveries_total" {
+                // Its label values are the configured webhooks: the
+                // daemon registers each at zero as it starts them
+                // (`daemon/webhooks.rs`).
+                continue;
+            }
+            let sets = label_sets(metric.name);
+            assert!(
+                sets.iter()
+                    .all(|set| set.iter().any(|(name, _)| *name == label)),
+                "{} is split by {label:?} but registered without it: {sets:?}",
+                metric.name
+            );
+        }
+        let text = handle().render();
+        for cause in REVERT_CAUSES {
+            assert!(
+                text.contains(&format!("stead_reverts_total{{cause=\"{cause}\"}} 0")),
+                "{cause}: {text}"
+            );
+        }
     }
 
     /// Every `metrics::counter!("…")` and `gauge!("…")` in `src/`.

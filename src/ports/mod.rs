@@ -549,6 +549,20 @@ pub struct LoadedInstance {
 /// nodes on every removal.
 pub type LoadedInstances = FastMap<InstanceId, Result<LoadedInstance, StoreError>>;
 
+/// The instances whose upgrade markers carry a way back (`RevertTo`), as
+/// [`Store::ways_back`] reads them.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct WaysBack {
+    /// A successor still bakes (`Inhibition::bakes_at`): the instance
+    /// holds a slot of `max_in_flight` (#55). A marker that does not
+    /// decode is left out of both sets (the instance's own pass reports
+    /// it): one instance's bad row must not hold the fleet's rollout.
+    pub baking: BTreeSet<InstanceId>,
+    /// An operator asked to take the way back (`rollout undo`,
+    /// `RevertTo::undone`).
+    pub undone: BTreeSet<InstanceId>,
+}
+
 /// Durable state and the task queue; tokens and quotas too ([`Tenancy`]).
 #[async_trait]
 pub trait Store: Tenancy + Send + Sync {
@@ -689,12 +703,10 @@ pub trait Store: Tenancy + Send + Sync {
         &self,
         instance: &InstanceName,
     ) -> Result<Vec<Inhibition>, StoreError>;
-    /// The instances with a marker whose way back an operator asked to
-    /// take (`rollout undo`, `RevertTo::undone`): one read for the whole
-    /// fleet, which the tick's version drift gives undo tasks. A marker
-    /// that does not decode is left out (the instance's own pass reports
-    /// it).
-    async fn undos_asked(&self) -> Result<BTreeSet<InstanceId>, StoreError>;
+    /// What the upgrades' markers with a way back say at `now`, in one
+    /// read for the whole fleet ([`WaysBack`]): the tick's version drift
+    /// counts the bakes in flight and gives undos their tasks.
+    async fn ways_back(&self, now: Timestamp) -> Result<WaysBack, StoreError>;
     /// Replaces any record with the same (instance, service, container).
     async fn save_inhibition(
         &self,

@@ -233,6 +233,8 @@ pub struct World {
     pub pins: BTreeMap<String, CatalogEntry>,
     /// Instances whose markers ask for an operator's undo.
     pub undos: BTreeSet<InstanceId>,
+    /// Instances whose successors bake; `None`: unread.
+    pub baking: Option<BTreeSet<InstanceId>>,
     pub config: ControlConfig,
 }
 
@@ -361,7 +363,18 @@ impl WorldSeed {
             .iter()
             .filter(|i| i.id % 2 == 0 && i.state == InstanceState::Ready && halted(&i.service_type))
             .map(|i| i.id)
-            .collect();
+            .collect::<BTreeSet<_>>();
+        // Every third ready instance bakes, and so does every one with an
+        // undo asked (its marker is a baking one); one world in eleven
+        // could not read the markers.
+        let baking = (self.now_min % 11 != 5).then(|| {
+            instances
+                .iter()
+                .filter(|i| i.state == InstanceState::Ready && i.id % 3 == 0)
+                .map(|i| i.id)
+                .chain(undos.iter().copied())
+                .collect()
+        });
         World {
             now,
             instances,
@@ -371,6 +384,7 @@ impl WorldSeed {
             rollouts,
             pins: BTreeMap::new(),
             undos,
+            baking,
             config,
         }
     }
@@ -391,6 +405,7 @@ impl World {
             lost_services: Default::default(),
             pins: self.pins.clone(),
             undos: self.undos.clone(),
+            baking: self.baking.clone(),
         }
     }
 
@@ -422,12 +437,15 @@ fn active_pairs(snapshot: &Snapshot<'_>) -> Vec<(i64, TaskKind)> {
         .collect()
 }
 
-fn upgrades_in_flight(snapshot: &Snapshot<'_>) -> usize {
+/// The instances an upgrade is queued or running for, or that bake.
+fn upgrades_in_flight(snapshot: &Snapshot<'_>) -> BTreeSet<InstanceId> {
     snapshot
         .tasks
         .iter()
         .filter(|t| t.state.is_active() && t.kind == TaskKind::Upgrade)
-        .count()
+        .map(|t| t.instance)
+        .chain(snapshot.baking.iter().flatten().copied())
+        .collect()
 }
 
 /// Whether `service_type`'s rollout is halted with no undo's pin to move
@@ -474,11 +492,11 @@ pub fn check_no_duplicate_active_tasks(world: &World) {
 /// none for a halted service type.
 pub fn check_in_flight_limit(world: &World) {
     let mut snapshot = world.snapshot();
-    let in_flight = upgrades_in_flight(&snapshot);
+    let in_flight = upgrades_in_flight(&snapshot).len();
     let plan = plan_tick(&snapshot);
     apply_as_store(&mut snapshot, &plan.decisions);
     let limit = world.config.max_in_flight as usize;
-    let after = upgrades_in_flight(&snapshot);
+    let after = upgrades_in_flight(&snapshot).len();
     assert!(
         after <= limit.max(in_flight),
         "{after} upgrades in flight, limit {limit}"
@@ -505,8 +523,72 @@ pub fn check_in_flight_limit(world: &World) {
                     "upgrade of halted {}",
                     i.service_type
                 );
+                assert!(
+                    world.baking.is_some(),
+                    "upgrade of {} while which instances bake was unknown",
+                    i.name
+                );
             }
         }
+    }
+    check_waves(world, &plan);
+}
+
+/// #55: a type's rollout goes in waves. Where a plan starts upgrades of a
+/// type toward its catalog version, the type has no more in flight after
+/// it than one more than its instances already there (ready, running, at
+/// the catalog's version and spec, neither upgrading nor baking). A
+/// baking instance moving on in its own slot starts no wave.
+fn check_waves(world: &World, plan: &Plan) {
+    let mut snapshot = world.snapshot();
+    apply_as_store(&mut snapshot, &plan.decisions);
+    let in_flight_before = upgrades_in_flight(&world.snapshot());
+    let in_flight_after = upgrades_in_flight(&snapshot);
+    let started: BTreeSet<&str> = plan
+        .decisions
+        .iter()
+        .filter_map(|d| match d {
+            Decision::Enqueue(t)
+                if t.kind == TaskKind::Upgrade
+                    && !in_flight_before.contains(&t.instance)
+                    && !t.reason.starts_with(stead::core::plan::UNDO_REASON)
+                    && !t.reason.starts_with(stead::core::plan::PINNED_REASON) =>
+            {
+                world.instances.iter().find(|i| i.id == t.instance)
+            }
+            _ => None,
+        })
+        .map(|i| i.service_type.as_str())
+        .collect();
+    for service_type in started {
+        let entry = world
+            .catalog
+            .get(service_type)
+            .expect("an upgraded type is in the catalog");
+        let of_type = world
+            .instances
+            .iter()
+            .filter(|i| i.service_type == service_type);
+        let at_target = |i: &&Instance| {
+            i.state == InstanceState::Ready
+                && !i.stopped
+                && !stead::core::plan::is_behind(&i.version, &entry.version)
+                && (i.version != entry.version
+                    || i.spec_digest
+                        .as_deref()
+                        .is_none_or(|d| d == entry.spec_digest))
+        };
+        let done = of_type
+            .clone()
+            .filter(|i| !in_flight_before.contains(&i.id))
+            .filter(at_target)
+            .count();
+        let flying = of_type.filter(|i| in_flight_after.contains(&i.id)).count();
+        assert!(
+            flying <= done + 1,
+            "{flying} upgrades of {service_type} in flight with {done} done: a wave wider than \
+             the bakes before it allow"
+        );
     }
 }
 

@@ -35,7 +35,7 @@ use stead::engine::SystemClock;
 use stead::ports::Clock;
 use stead::ports::{
     Expired, LeaseGrant, LoadedInstance, LoadedInstances, LockGrant, LockedWrite, NewInstance,
-    RolloutRecord, Rows, Store, StoreError, TypeVersion,
+    RolloutRecord, Rows, Store, StoreError, TypeVersion, WaysBack,
 };
 use stead::store::{
     fenced, lease_cutoff_us, lease_to_us, lock_admits, lock_lost, name_held_by_task, name_taken,
@@ -326,6 +326,18 @@ impl MemoryStore {
                 .cloned()
         });
         Some((record, recorded))
+    }
+
+    /// The instances with a successor baking at `at` (for checkers: the
+    /// bakes that hold slots of `max_in_flight`, #55), read without
+    /// counting as a call.
+    pub fn baking_at(&self, at: Timestamp) -> BTreeSet<InstanceId> {
+        self.lock()
+            .inhibitions
+            .iter()
+            .filter(|(_, marker)| marker.bakes_at(at).is_some())
+            .map(|((id, _, _), _)| *id)
+            .collect()
     }
 
     /// Every task, in id order, whatever its state (for checkers: "no task is
@@ -1046,14 +1058,18 @@ impl Store for MemoryStore {
         Ok(State::load(&state, ids))
     }
 
-    async fn undos_asked(&self) -> Result<BTreeSet<InstanceId>, StoreError> {
+    async fn ways_back(&self, now: Timestamp) -> Result<WaysBack, StoreError> {
         let state = self.call()?;
-        Ok(state
-            .inhibitions
-            .iter()
-            .filter(|(_, marker)| marker.revert_to.as_ref().is_some_and(|back| back.undone))
-            .map(|((id, _, _), _)| *id)
-            .collect())
+        let mut ways = WaysBack::default();
+        for ((id, _, _), marker) in &state.inhibitions {
+            if marker.bakes_at(now).is_some() {
+                ways.baking.insert(*id);
+            }
+            if marker.revert_to.as_ref().is_some_and(|back| back.undone) {
+                ways.undone.insert(*id);
+            }
+        }
+        Ok(ways)
     }
 
     async fn load_inhibitions(

@@ -35,8 +35,8 @@ use std::collections::{BTreeMap, BTreeSet};
 pub use config::{ConfigError, ControlConfig, RawControlConfig};
 pub use lease::task_lease;
 pub use rollout::{
-    halt_after_failed_upgrade, is_behind, is_older, spec_changed, upgrade_retry_at, PINNED_REASON,
-    UNDO_REASON,
+    halt_after_failed_upgrade, is_behind, is_older, spec_changed, upgrade_retry, UpgradeRetry,
+    PINNED_REASON, UNDO_REASON,
 };
 
 use super::catalog::{Catalog, CatalogEntry};
@@ -84,6 +84,13 @@ pub struct Snapshot<'a> {
     /// (`rollout undo`) that no task carries out yet: version drift gives
     /// each an upgrade task within `max_in_flight`, ahead of any other.
     pub undos: BTreeSet<InstanceId>,
+    /// Instances whose upgrade switched and whose successor still bakes
+    /// (a `retirement-pending` marker with a way back, its window not
+    /// ended; #55): each holds a slot of `max_in_flight` until its bake
+    /// ends, so the next wave waits for this one's verdict. `None` when
+    /// the markers could not be read this tick: version drift then starts
+    /// no upgrade (an unknown bake is not a free slot).
+    pub baking: Option<BTreeSet<InstanceId>>,
 }
 
 /// What a planner decided: effects for the engine, reports for the log.
@@ -336,7 +343,9 @@ impl<'s> LiveReleases<'s> {
 pub struct Planner<'s, 'a> {
     snapshot: &'s Snapshot<'a>,
     active: FastMap<InstanceId, ActiveKinds>,
-    upgrades_in_flight: usize,
+    /// Instances with an upgrade queued or running, or baking: what
+    /// `max_in_flight` limits.
+    in_flight: FastSet<InstanceId>,
     /// Live releases; `None` when unknown.
     live: Option<LiveReleases<'s>>,
 }
@@ -345,12 +354,8 @@ impl<'s, 'a> Planner<'s, 'a> {
     pub fn new(snapshot: &'s Snapshot<'a>) -> Self {
         let mut active: FastMap<InstanceId, ActiveKinds> = FastMap::default();
         active.reserve(snapshot.tasks.len());
-        let mut upgrades_in_flight = 0;
         for task in snapshot.tasks.iter().filter(|t| t.state.is_active()) {
             active.entry(task.instance).or_default().0 |= ActiveKinds::bit(task.kind);
-            if task.kind == TaskKind::Upgrade {
-                upgrades_in_flight += 1;
-            }
         }
         // T4: this tick's expiries cancel their instances' queued tasks,
         // upgrades included (and a running one whose lease runs out this
@@ -366,22 +371,27 @@ impl<'s, 'a> Planner<'s, 'a> {
             })
             .map(|i| i.id)
             .collect();
-        if !expiring.is_empty() {
-            upgrades_in_flight -= snapshot
-                .tasks
-                .iter()
-                .filter(|t| t.kind == TaskKind::Upgrade && expiring.contains(&t.instance))
-                .filter(|t| {
-                    t.state == TaskState::Queued
-                        || lease::lease_ran_out(t, snapshot.now, snapshot.config.lease)
-                })
-                .count();
+        let mut in_flight: FastSet<InstanceId> = snapshot
+            .tasks
+            .iter()
+            .filter(|t| t.kind == TaskKind::Upgrade && t.state.is_active())
+            .filter(|t| {
+                !expiring.contains(&t.instance)
+                    || !(t.state == TaskState::Queued
+                        || lease::lease_ran_out(t, snapshot.now, snapshot.config.lease))
+            })
+            .map(|t| t.instance)
+            .collect();
+        // A baking instance holds its slot until its bake ends (#55), an
+        // undo's task carrying its bake out included, counted once.
+        if !crate::broken!(snapshot.config.broken, BakesDoNotHold) {
+            in_flight.extend(snapshot.baking.iter().flatten().copied());
         }
         let live = snapshot.releases.as_deref().map(LiveReleases::new);
         Self {
             snapshot,
             active,
-            upgrades_in_flight,
+            in_flight,
             live,
         }
     }

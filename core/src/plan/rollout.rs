@@ -80,18 +80,42 @@ fn order<'i>(instance: &'i Instance, own_team: &str) -> (bool, &'i str, &'i str,
     )
 }
 
+/// What becomes of a failed upgrade that has attempts left.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum UpgradeRetry {
+    /// Queued again, due at this instant: the backoff's end.
+    At(Timestamp),
+    /// The backoff ends outside the instance's maintenance window: the
+    /// task ends instead of parking in the queue until `opens_at` (#55),
+    /// where it would hold its instance's task slot and one of
+    /// `max_in_flight`'s, so that every other upgrade of the fleet,
+    /// security releases included, waited behind it for up to a week.
+    /// Version drift queues the upgrade again inside the window's next
+    /// opening, toward whatever the catalog says then.
+    Deferred { opens_at: Timestamp },
+}
+
 /// When a failed upgrade runs again, given when its backoff ends: like its
 /// first run, only inside the instance's maintenance window unless the
-/// catalog entry is a security release (C8), so a retry the backoff would
-/// put after the window closed waits for the next opening. Without a
-/// window, for a security release, or with a window that no longer parses
-/// (the planner reports that one), at the backoff's end.
-pub fn upgrade_retry_at(backoff_ends: Timestamp, instance: &Instance, security: bool) -> Timestamp {
-    match (&instance.maintenance_window, security) {
-        (Some(spec), false) => {
-            Window::parse(spec).map_or(backoff_ends, |window| next_run_after(&window, backoff_ends))
+/// catalog entry is a security release (C8). Without a window, for a
+/// security release, or with a window that no longer parses (the planner
+/// reports that one), at the backoff's end; a backoff that ends outside
+/// the window defers the upgrade to the window's next opening, holding
+/// nothing meanwhile.
+pub fn upgrade_retry(backoff_ends: Timestamp, instance: &Instance, security: bool) -> UpgradeRetry {
+    let (Some(spec), false) = (&instance.maintenance_window, security) else {
+        return UpgradeRetry::At(backoff_ends);
+    };
+    match Window::parse(spec) {
+        Ok(window) => {
+            let opens_at = next_run_after(&window, backoff_ends);
+            if opens_at == backoff_ends {
+                UpgradeRetry::At(backoff_ends)
+            } else {
+                UpgradeRetry::Deferred { opens_at }
+            }
         }
-        _ => backoff_ends,
+        Err(_) => UpgradeRetry::At(backoff_ends),
     }
 }
 
@@ -171,7 +195,12 @@ impl<'s> Planner<'s, '_> {
         } else {
             limit
         };
-        let mut slots = limit.saturating_sub(self.upgrades_in_flight);
+        if snapshot.baking.is_none() {
+            // Which instances bake is unknown this tick: a slot that looks
+            // free may be one a bake holds.
+            return plan;
+        }
+        let mut slots = limit.saturating_sub(self.in_flight.len());
         let own_team = if crate::broken!(snapshot.config.broken, IgnoreOwnTeam) {
             ""
         } else {
@@ -180,6 +209,7 @@ impl<'s> Planner<'s, '_> {
         // An operator's undo first: it takes a bad version away.
         let undoing = self.undos(&mut slots, own_team, &mut plan);
         let types = self.targets();
+        let mut waves = self.waves(&types);
         // Instances of unknown types are reported every tick, a full fleet
         // limit or not: a report that came and went with the free slots
         // would log its warning again each time it came back.
@@ -187,7 +217,7 @@ impl<'s> Planner<'s, '_> {
         for instance in &snapshot.instances {
             match types.get(instance.service_type.as_str()) {
                 Some(Some(target))
-                    if slots > 0
+                    if (slots > 0 || self.in_flight.contains(&instance.id))
                         && self.upgradable(instance, target)
                         && !undoing.contains(&instance.id) =>
                 {
@@ -208,10 +238,19 @@ impl<'s> Planner<'s, '_> {
         // only on the spec and `now`: compute each spec's answer once.
         let mut run_afters: HashMap<&str, Result<Timestamp, WindowError>> = HashMap::new();
         for (instance, target) in candidates {
-            if slots == 0 {
-                break;
+            // A baking instance moves on to a newer version in the slot and
+            // the wave its bake holds: the version it bakes is superseded.
+            let own_slot = self.in_flight.contains(&instance.id);
+            if slots == 0 && !own_slot {
+                continue;
             }
             let entry = target.entry;
+            let wave = waves
+                .get_mut(entry.service_type.as_str())
+                .filter(|_| !own_slot);
+            if wave.as_ref().is_some_and(|room| **room == 0) {
+                continue;
+            }
             // A move back to a pin is an operator's way out of a bad
             // version: like a security release, it waits for no window.
             let urgent = entry.security || target.pinned;
@@ -226,9 +265,52 @@ impl<'s> Planner<'s, '_> {
                 run_after,
                 reason,
             )));
-            slots -= 1;
+            if !own_slot {
+                slots -= 1;
+            }
+            if let Some(room) = wave {
+                *room -= 1;
+            }
         }
         plan
+    }
+
+    /// How many more upgrades each type may start in its current wave
+    /// (#55): one more than its instances already on the target and past
+    /// their bake, less those in flight. A type's first upgrade goes alone,
+    /// and the rollout widens (1, 2, 4, …, within `max_in_flight`) only as
+    /// bakes end well: a version that fails its bake reaches one instance
+    /// before the halt. A move back to an undo's pin waits for no wave.
+    fn waves(&self, types: &FastMap<&'s str, Option<Target<'s>>>) -> FastMap<&'s str, usize> {
+        let snapshot = self.snapshot;
+        let mut counts: FastMap<&str, (usize, usize)> = FastMap::default();
+        if crate::broken!(snapshot.config.broken, NoWaves) {
+            return FastMap::default();
+        }
+        for instance in &snapshot.instances {
+            let Some(Some(target)) = types.get(instance.service_type.as_str()) else {
+                continue;
+            };
+            if target.pinned {
+                continue;
+            }
+            let (done, flying) = counts
+                .entry(target.entry.service_type.as_str())
+                .or_default();
+            if self.in_flight.contains(&instance.id) {
+                *flying += 1;
+            } else if instance.state == InstanceState::Ready
+                && !instance.stopped
+                && !is_behind(&instance.version, &target.entry.version)
+                && !spec_changed(instance, target.entry)
+            {
+                *done += 1;
+            }
+        }
+        counts
+            .into_iter()
+            .map(|(service_type, (done, flying))| (service_type, (done + 1).saturating_sub(flying)))
+            .collect()
     }
 
     /// The upgrade tasks that carry operators' undos out, in C8's order,
@@ -252,8 +334,18 @@ impl<'s> Planner<'s, '_> {
             })
             .collect();
         asked.sort_unstable_by(|a, b| order(a, own_team).cmp(&order(b, own_team)));
-        asked.truncate(*slots);
-        *slots -= asked.len();
+        // A baking instance's undo takes over the slot its bake holds; any
+        // other needs a free one.
+        asked.retain(|i| {
+            if self.in_flight.contains(&i.id) {
+                true
+            } else if *slots > 0 {
+                *slots -= 1;
+                true
+            } else {
+                false
+            }
+        });
         for instance in &asked {
             plan.decisions.push(Decision::Enqueue(self.new_task(
                 TaskKind::Upgrade,

@@ -36,6 +36,8 @@ pub struct ServiceRecovery<'p> {
     outstanding: Option<Command>,
     commands_issued: u32,
     errors: Vec<RecoveryError>,
+    /// The last exit an inspection reported (a down execution's).
+    exit: Option<crate::types::Exit>,
 }
 
 impl<'p> ServiceRecovery<'p> {
@@ -97,6 +99,7 @@ impl<'p> ServiceRecovery<'p> {
             outstanding: None,
             commands_issued: 0,
             errors: Vec::new(),
+            exit: None,
         }
     }
 
@@ -263,7 +266,15 @@ impl<'p> ServiceRecovery<'p> {
     fn step(&mut self, phase: Phase, outcome: Outcome, now: Timestamp) -> Phase {
         match (phase, outcome) {
             (phase, Outcome::Withdrawn(result)) => self.on_withdrawn(phase, result, now),
-            (phase, Outcome::Inspected(result)) => self.on_inspected(phase, result, now),
+            (phase, Outcome::Inspected(result)) => {
+                if let Ok(Observation {
+                    exit: Some(exit), ..
+                }) = &result
+                {
+                    self.exit = Some(*exit);
+                }
+                self.on_inspected(phase, result, now)
+            }
             (Phase::ReleaseGoneClaims, Outcome::ClaimsReleased(result)) => {
                 if let Err(e) = result {
                     self.errors.push(RecoveryError::ReleaseClaimsFailed(e));
@@ -722,6 +733,7 @@ impl<'p> ServiceRecovery<'p> {
             },
             intervened: self.intervention != Intervention::None,
             start_race_lost: self.intervention == Intervention::StartRaceLost,
+            exit: self.exit,
         }
     }
 }

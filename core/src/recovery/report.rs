@@ -123,6 +123,10 @@ pub struct Report {
     /// This pass's start failed because the runtime's own restart got
     /// there first; nothing was charged and no error reported (R11).
     pub start_race_lost: bool,
+    /// How the last execution this pass saw down ended, when the runtime
+    /// said: what a person reads first about a crash (a bake's revert
+    /// names it, #55).
+    pub exit: Option<crate::types::Exit>,
 }
 
 /// Why the machine asks for its outstanding command: what an operator reads

@@ -7,7 +7,7 @@ use crate::core::catalog::{Catalog, CatalogEntry};
 use crate::core::fleet::{Instance, InstanceId, InstanceState, RolloutState, Task, TaskKind};
 use crate::core::plan::{Plan, Planner, Snapshot};
 use crate::core::policy::PLANNERS_LEASE_NEED;
-use crate::ports::{LeaseGrant, StoreError};
+use crate::ports::{LeaseGrant, StoreError, WaysBack};
 
 use super::{Check, Reconciler, TickOutcome};
 
@@ -81,7 +81,6 @@ impl Reconciler {
                     .map(|e| e.service_type.as_str()),
             )
             .collect();
-        let undos = self.undos(&instances.rows, &tasks.rows, &halted).await;
         // When the rows were read, at the store's precision: the planners
         // judge them at this instant. Taken after the release listing
         // (which may take the provisioner's whole timeout) a task's row
@@ -91,6 +90,14 @@ impl Reconciler {
         // with sees a lease run out a fraction of a microsecond early. The
         // simulation's C6 check found both (a sweep that freed nothing).
         let now = crate::store::normalize_timestamp(self.ports.clock.now());
+        // Read after the tasks: an upgrade that switched and finished
+        // between the two reads wrote its marker before its task ended,
+        // so its bake is seen here if its task was not seen there.
+        let ways_back = self.ways_back(now).await;
+        let undos = match &ways_back {
+            Some(ways) => self.undos(&ways.undone, &instances.rows, &tasks.rows, &halted),
+            None => BTreeSet::new(),
+        };
         self.log_bad_rows(instances.bad.iter().chain(tasks.bad.iter()));
         // Bounded like every outside call: a hung provisioner must not hang
         // the tick (found by the simulation).
@@ -118,37 +125,44 @@ impl Reconciler {
                 lost_services: self.recently_lost(now),
                 pins,
                 undos,
+                baking: ways_back.map(|ways| ways.baking),
             },
             releases_error,
         ))
     }
 
+    /// The upgrade markers' ways back at `now`: which instances bake, and
+    /// which an operator asked to undo. Unread (said at warn), `None`: the
+    /// tick starts no upgrade and no undo (should no undo's task come,
+    /// the recovery pass reverts the instance itself,
+    /// `core::bake::UNDO_TASK_GRACE`).
+    async fn ways_back(&self, now: crate::core::types::Timestamp) -> Option<WaysBack> {
+        match self.ports.store.ways_back(now).await {
+            Ok(ways) => Some(ways),
+            Err(e) => {
+                tracing::warn!(
+                    error = %e,
+                    "could not read which instances bake or wait on an operator's undo; no \
+                     upgrade starts this tick, read again next tick"
+                );
+                None
+            }
+        }
+    }
+
     /// The ready instances of halted types whose baking markers ask for
     /// an undo (`rollout undo`) and that have no upgrade task to carry it
-    /// out: one read of the markers that carry a way back, only while a
-    /// type is halted. Unread (said at warn), none this tick: should no
-    /// task come, the recovery pass reverts them itself
-    /// (`core::bake::UNDO_TASK_GRACE`).
-    async fn undos(
+    /// out.
+    fn undos(
         &self,
+        asked: &BTreeSet<InstanceId>,
         instances: &[Instance],
         tasks: &[Task],
         halted: &BTreeSet<&str>,
     ) -> BTreeSet<InstanceId> {
-        if halted.is_empty() {
+        if halted.is_empty() || asked.is_empty() {
             return BTreeSet::new();
         }
-        let asked = match self.ports.store.undos_asked().await {
-            Ok(asked) => asked,
-            Err(e) => {
-                tracing::warn!(
-                    error = %e,
-                    "could not read which instances an operator's undo waits on; read again \
-                     next tick"
-                );
-                return BTreeSet::new();
-            }
-        };
         let upgrading: BTreeSet<InstanceId> = tasks
             .iter()
             .filter(|t| t.kind == TaskKind::Upgrade && t.state.is_active())

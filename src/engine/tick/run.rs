@@ -7,6 +7,7 @@ use std::sync::atomic::Ordering;
 use tokio::sync::watch;
 use tracing::Instrument;
 
+use crate::core::fleet::RolloutState;
 use crate::engine::clock::ClockCheck;
 use crate::ports::Anchored;
 
@@ -163,6 +164,34 @@ impl Reconciler {
         }
         let delayed = self.recoverer.delays_in_force();
         metrics::gauge!("stead_budget_delays_in_force").set(delayed as f64);
+        self.halted_gauge().await;
+    }
+
+    /// `stead_rollout_halted{service_type}`: 1 for each type whose rollout
+    /// is halted (by the store's switch or the catalog file), 0 for every
+    /// other type the catalog lists or the store has a switch for, so an
+    /// alert sees a halt as long as it lasts, whatever halted it (#55).
+    async fn halted_gauge(&self) {
+        let records = match self.ports.store.rollout_records().await {
+            Ok(records) => records,
+            Err(e) => {
+                tracing::warn!(error = %e, "gauge rollout_halted");
+                return;
+            }
+        };
+        let catalog = self.catalog.current();
+        let mut halted: std::collections::BTreeMap<&str, bool> = catalog
+            .entries()
+            .map(|e| (e.service_type.as_str(), e.rollout == RolloutState::Halted))
+            .collect();
+        for record in &records {
+            *halted.entry(record.service_type.as_str()).or_default() |=
+                record.state == RolloutState::Halted;
+        }
+        for (service_type, halted) in halted {
+            metrics::gauge!("stead_rollout_halted", "service_type" => service_type.to_owned())
+                .set(if halted { 1.0 } else { 0.0 });
+        }
     }
 
     /// Retention of the event log, of the finished tasks it names and of

@@ -17,6 +17,11 @@ pub enum TaskEnd {
     Retried(TaskError),
     /// Failed for good: out of attempts, or of a permanent kind.
     Failed(TaskError),
+    /// An upgrade failed with attempts left, its retry outside the
+    /// instance's window: the task ended (no slot held, no halt) and
+    /// version drift queues the upgrade again once the window opens at
+    /// this instant (#55).
+    Deferred(TaskError, Timestamp),
     /// The lease was lost mid-task; another worker owns it now.
     LeaseLost,
 }
@@ -28,11 +33,12 @@ impl TaskEnd {
             TaskEnd::Done => "done",
             TaskEnd::Retried(_) => "retried",
             TaskEnd::Failed(_) => "failed",
+            TaskEnd::Deferred(..) => "deferred",
             TaskEnd::LeaseLost => "lease_lost",
         }
     }
 
-    pub const LABELS: [&'static str; 4] = ["done", "retried", "failed", "lease_lost"];
+    pub const LABELS: [&'static str; 5] = ["done", "retried", "failed", "deferred", "lease_lost"];
 }
 
 /// One line per finished task, naming it and its instance; failures at
@@ -55,6 +61,13 @@ pub(super) fn log_end(task: &Task, instance: &str, end: &TaskEnd) {
             error_kind = %e.kind(),
             "{what} failed after {} attempts, giving up: {e}",
             task.attempts
+        ),
+        TaskEnd::Deferred(e, opens_at) => tracing::warn!(
+            instance,
+            outcome = "deferred",
+            error_kind = %e.kind(),
+            "{what} failed: {e}; its window closes before the retry, so the task ends and \
+             the upgrade is queued again when the window next opens ({opens_at})"
         ),
         TaskEnd::LeaseLost => tracing::warn!(
             instance,
@@ -84,6 +97,13 @@ pub(super) fn end_event(
             format!(
                 "{what} failed after {} attempts, giving up: {e}",
                 task.attempts
+            ),
+        ),
+        TaskEnd::Deferred(e, opens_at) => (
+            EventKind::TaskRetry,
+            format!(
+                "{what} failed: {e}; its window closes before the retry, so the task ends and \
+                 the upgrade is queued again when the window next opens ({opens_at})"
             ),
         ),
         TaskEnd::LeaseLost => return None,

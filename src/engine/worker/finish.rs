@@ -1,11 +1,13 @@
 //! Running a claimed task to its end and recording it: done, retried
-//! after a backoff (an upgrade waiting for its window), or failed for good
-//! (C11), each with its event in the same transaction (#42).
+//! after a backoff, deferred (an upgrade whose retry falls outside its
+//! window ends, #55), or failed for good (C11), each with its event in the
+//! same transaction (#42).
 
 use std::sync::atomic::Ordering;
 
+use crate::core::errors::TaskError;
 use crate::core::fleet::{RetryDecision, Task, TaskKind};
-use crate::core::plan::upgrade_retry_at;
+use crate::core::plan::{upgrade_retry, UpgradeRetry};
 use crate::core::types::Timestamp;
 use crate::ports::TaskFinish;
 
@@ -46,7 +48,12 @@ impl Worker {
                 .after_error(task.attempts, error.kind(), now)
             {
                 RetryDecision::RetryAt(at) => {
-                    let at = self.retry_at(task, at).await;
+                    let at = match self.retry_of(task, at).await {
+                        UpgradeRetry::At(at) => at,
+                        UpgradeRetry::Deferred { opens_at } => {
+                            return self.defer(task, instance, error, opens_at, now).await
+                        }
+                    };
                     let message = error.to_string();
                     let end = TaskEnd::Retried(error);
                     let retry = TaskFinish::Retry {
@@ -116,24 +123,46 @@ impl Worker {
     }
 
     /// When a failed task runs again, its backoff having ended at
-    /// `backoff_ends`: an upgrade waits for its instance's maintenance
-    /// window as its first run did (`core::plan::upgrade_retry_at`).
-    async fn retry_at(&self, task: &Task, backoff_ends: Timestamp) -> Timestamp {
+    /// `backoff_ends`: an upgrade only inside its instance's maintenance
+    /// window, as its first run (`core::plan::upgrade_retry`).
+    async fn retry_of(&self, task: &Task, backoff_ends: Timestamp) -> UpgradeRetry {
         if task.kind != TaskKind::Upgrade {
-            return backoff_ends;
+            return UpgradeRetry::At(backoff_ends);
         }
         let Ok(Some(instance)) = self.ports.store.instance_by_id(task.instance).await else {
-            return backoff_ends;
+            return UpgradeRetry::At(backoff_ends);
         };
         let security = self.entry(&instance).is_ok_and(|entry| entry.security);
-        let at = upgrade_retry_at(backoff_ends, &instance, security);
-        if at != backoff_ends {
-            tracing::info!(
-                instance = %instance.name,
-                retry_at = %at,
-                "upgrade retry waits for the maintenance window's next opening"
-            );
+        match upgrade_retry(backoff_ends, &instance, security) {
+            UpgradeRetry::Deferred { opens_at }
+                if crate::broken!(self.config.broken, ParkRetryBehindWindow) =>
+            {
+                UpgradeRetry::At(opens_at)
+            }
+            retry => retry,
         }
-        at
+    }
+
+    /// Ends an upgrade whose retry would fall outside its window (#55):
+    /// failed, so it holds no slot, with no halt (it had attempts left);
+    /// version drift queues it again inside the window's next opening.
+    async fn defer(
+        &self,
+        task: &Task,
+        instance: &str,
+        error: TaskError,
+        opens_at: Timestamp,
+        now: Timestamp,
+    ) -> TaskEnd {
+        let message = format!(
+            "{error}; its maintenance window closes before the retry, so the task ends and the \
+             upgrade is queued again when the window next opens ({opens_at})"
+        );
+        let end = TaskEnd::Deferred(error, opens_at);
+        let fail = TaskFinish::Fail { error: &message };
+        match self.finish(task, instance, fail, &end, now).await {
+            Ok(false) => TaskEnd::LeaseLost,
+            _ => end,
+        }
     }
 }

@@ -331,26 +331,29 @@ macro_rules! impl_sql_store {
                 Ok(inhibitions)
             }
 
-            #[tracing::instrument(name = "store.undos_asked", level = "debug", skip_all)]
-            async fn undos_asked(
+            #[tracing::instrument(name = "store.ways_back", level = "debug", skip_all)]
+            async fn ways_back(
                 &self,
-            ) -> Result<std::collections::BTreeSet<crate::core::fleet::InstanceId>, StoreError>
-            {
+                now: Timestamp,
+            ) -> Result<crate::ports::WaysBack, StoreError> {
                 let rows = sqlx::query_as::<_, InhibitionRow>(sql::WAYS_BACK)
                     .fetch_all(&self.pool)
                     .await
                     .map_err(db_error)?;
-                Ok(rows
-                    .into_iter()
-                    .filter_map(|row| {
-                        let id = row.instance_id;
-                        let marker = row.decode().ok()?;
-                        marker
-                            .revert_to
-                            .is_some_and(|back| back.undone)
-                            .then_some(id)
-                    })
-                    .collect())
+                let mut ways = crate::ports::WaysBack::default();
+                for row in rows {
+                    let id = row.instance_id;
+                    let Ok(marker) = row.decode() else {
+                        continue;
+                    };
+                    if marker.bakes_at(now).is_some() {
+                        ways.baking.insert(id);
+                    }
+                    if marker.revert_to.is_some_and(|back| back.undone) {
+                        ways.undone.insert(id);
+                    }
+                }
+                Ok(ways)
             }
 
             #[tracing::instrument(name = "store.save_inhibition", level = "debug", skip_all)]

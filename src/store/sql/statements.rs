@@ -103,7 +103,7 @@ pub const LOAD_INHIBITIONS: &str = "SELECT h.instance_id, h.service, h.container
      h.operation, h.created_at_us, h.stop_grace_ms, h.revert_to \
      FROM inhibitions h JOIN instances i ON i.id = h.instance_id WHERE i.name = $1";
 
-/// Every marker that carries a way back, for `Store::undos_asked`.
+/// Every marker that carries a way back, for `Store::ways_back`.
 pub const WAYS_BACK: &str = "SELECT h.instance_id, h.service, h.container_id, h.reason, \
      h.operation, h.created_at_us, h.stop_grace_ms, h.revert_to \
      FROM inhibitions h WHERE h.revert_to IS NOT NULL";

@@ -157,6 +157,9 @@ fn world(ch: &mut Chooser, broken: Option<Mutant>) -> World {
     // listing failed.
     let releases = ch.choose(3);
     let lease = LEASES[ch.choose(LEASES.len())];
+    // Bakes (#55): only undone instances', also the first instance's, or
+    // the markers unread.
+    let bakes = ch.choose(3);
     let (instances, stopped): (Vec<InstanceSeed>, Vec<bool>) =
         (0..count).map(|_| instance_seed(ch)).unzip();
     let seed = WorldSeed {
@@ -185,6 +188,11 @@ fn world(ch: &mut Chooser, broken: Option<Mutant>) -> World {
     for (instance, stopped) in world.instances.iter_mut().zip(stopped) {
         instance.stopped = stopped;
     }
+    world.baking = match bakes {
+        0 => Some(world.undos.clone()),
+        1 => Some(world.undos.iter().copied().chain([1]).collect()),
+        _ => None,
+    };
     world.config.broken = broken;
     world
 }
@@ -325,7 +333,7 @@ pub fn run(ch: &mut Chooser, broken: Option<Mutant>) {
     let mut world = world(ch, broken);
     ch.step(|| {
         format!(
-            "a world at {}: max_in_flight {}, lease {:?}, catalog {:?}, rollouts {:?}, pins {:?}, releases {:?}",
+            "a world at {}: max_in_flight {}, lease {:?}, catalog {:?}, rollouts {:?}, pins {:?}, releases {:?}, baking {:?}",
             world.now,
             world.config.max_in_flight,
             world.config.lease,
@@ -337,6 +345,7 @@ pub fn run(ch: &mut Chooser, broken: Option<Mutant>) {
             world.rollouts,
             world.pins.keys().collect::<Vec<_>>(),
             world.releases.as_ref().map(|r| r.iter().map(|r| &r.name).collect::<Vec<_>>()),
+            world.baking,
         )
     });
     for i in &world.instances {
@@ -475,12 +484,50 @@ fn order(world: &World, i: &Instance) -> (bool, bool, String, String, i64) {
     )
 }
 
-fn upgrades_in_flight(world: &World) -> usize {
+/// The instances that hold a slot of `max_in_flight`: an upgrade queued or
+/// running, or a successor baking (#55).
+fn upgrades_in_flight(world: &World) -> BTreeSet<i64> {
     world
         .tasks
         .iter()
         .filter(|t| t.kind == TaskKind::Upgrade && t.state.is_active())
-        .count()
+        .map(|t| t.instance)
+        .chain(world.baking.iter().flatten().copied())
+        .collect()
+}
+
+/// #55's waves: a drift toward the catalog's version may start while the
+/// type has fewer instances in flight than one more than those already
+/// on the version (ready, running, neither upgrading nor baking). A move
+/// to a pin and an undo wait for no wave.
+fn wave_has_room(world: &World, i: &Instance) -> bool {
+    if may_undo(world, i) {
+        return true;
+    }
+    let Some((entry, pinned)) = target(world, &i.service_type) else {
+        return false;
+    };
+    if pinned {
+        return true;
+    }
+    let in_flight = upgrades_in_flight(world);
+    let of_type = world
+        .instances
+        .iter()
+        .filter(|o| o.service_type == i.service_type);
+    let flying = of_type
+        .clone()
+        .filter(|o| in_flight.contains(&o.id))
+        .count();
+    let done = of_type
+        .filter(|o| {
+            !in_flight.contains(&o.id)
+                && o.state == InstanceState::Ready
+                && !o.stopped
+                && !behind(&o.version, &entry.version)
+        })
+        .count();
+    flying < done + 1
 }
 
 /// Every rule of one tick, exactly: `before` is the world the tick
@@ -606,13 +653,22 @@ pub fn check_tick(before: &World, plan: &Plan, after: &World) {
 
     // C8, exactly.
     let limit = before.config.max_in_flight as usize;
-    let in_flight = upgrades_in_flight(after);
+    let flying_before = upgrades_in_flight(before);
+    let in_flight = upgrades_in_flight(after).len();
     let upgrades: Vec<&Task> = new
         .iter()
         .copied()
         .filter(|t| t.kind == TaskKind::Upgrade)
         .collect();
-    if !upgrades.is_empty() {
+    assert!(
+        before.baking.is_some() || upgrades.is_empty(),
+        "C8 no upgrade starts while which instances bake is unknown (#55): {upgrades:?}"
+    );
+    // An undo of a baking instance takes over the slot its bake holds.
+    if upgrades
+        .iter()
+        .any(|t| !flying_before.contains(&t.instance))
+    {
         assert!(
             in_flight <= limit,
             "C8 never over max_in_flight: {in_flight} upgrades in flight after the tick at {now}, limit {limit}"
@@ -621,10 +677,10 @@ pub fn check_tick(before: &World, plan: &Plan, after: &World) {
     let waiting: Vec<&Instance> = after
         .instances
         .iter()
-        .filter(|i| may_upgrade(after, i) && window_allows(after, i))
+        .filter(|i| may_upgrade(after, i) && window_allows(after, i) && wave_has_room(after, i))
         .collect();
     assert!(
-        in_flight >= limit || waiting.is_empty(),
+        in_flight >= limit || waiting.is_empty() || after.baking.is_none(),
         "C8 max_in_flight not left unused while instances wait: {in_flight} of {limit} upgrades \
          in flight after the tick at {now} while {:?} waited",
         waiting.iter().map(|i| i.name.as_str()).collect::<Vec<_>>()
@@ -651,7 +707,12 @@ pub fn check_tick(before: &World, plan: &Plan, after: &World) {
             i.maintenance_window,
             t.run_after
         );
-        let ahead = waiting.iter().find(|w| order(after, w) < order(before, i));
+        // A baking instance moves on in the slot its bake holds (#55),
+        // taking none from those waiting.
+        let own_slot = flying_before.contains(&i.id);
+        let ahead = waiting
+            .iter()
+            .find(|w| !own_slot && order(after, w) < order(before, i));
         assert!(
             ahead.is_none(),
             "C8 upgrades in order, own team first: {} (team {}) enqueued at {now} while {:?} waited ahead of it",

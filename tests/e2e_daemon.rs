@@ -342,6 +342,9 @@ async fn an_upgrade_replaces_with_overlap_and_fails_no_request() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_version_that_crashes_while_baking_is_reverted_and_its_rollout_halted() {
     const BAKE_MS: u64 = 120_000;
+    // The process-wide recorder, installed before the daemon records
+    // anything (the harness runs no admin listener).
+    let metrics = stead::daemon::metrics_handle();
     let name = unique("e2ebake");
     let _cleanup = Cleanup::new(&name);
     let mut h = Harness::start(Setup {
@@ -423,6 +426,20 @@ async fn a_version_that_crashes_while_baking_is_reverted_and_its_rollout_halted(
     assert_eq!(
         h.active_container(&name).await.as_deref(),
         Some(old.as_str())
+    );
+    // #55: the gauge an alert watches says the halt, the counter the
+    // revert.
+    let text = metrics.render();
+    assert!(
+        text.contains(&format!(
+            "stead_rollout_halted{{service_type=\"{}\"}} 1",
+            e2e::TYPE
+        )),
+        "{text}"
+    );
+    assert!(
+        text.contains("stead_reverts_total{cause=\"bake\"} 1"),
+        "{text}"
     );
 }
 

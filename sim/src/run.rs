@@ -1984,14 +1984,17 @@ async fn check_queue(
     // #55: a baking successor holds its instance's slot. Counted only
     // where the planner, its clock anchored to the database's within
     // CLOCK_TOLERANCE, still saw it bake (a bake it saw end is no slot).
-    let mut upgrading = store.baking_at(add(now, crate::checker::CLOCK_TOLERANCE));
+    let baking = store.baking_at(add(now, crate::checker::CLOCK_TOLERANCE));
+    let mut upgrading = baking.clone();
     let mut dup = None;
+    let mut upgrade_tasks = Vec::new();
     for t in tasks.iter().filter(|t| t.state.is_active()) {
         if !active.insert((t.instance, t.kind)) {
             dup = Some((t.instance, t.kind));
         }
         if t.kind == TaskKind::Upgrade {
             upgrading.insert(t.instance);
+            upgrade_tasks.push((t.id, t.instance, t.state, t.created_at, t.reason.clone()));
         }
     }
     let upgrades = upgrading.len() as u32;
@@ -2003,7 +2006,12 @@ async fn check_queue(
     checker.check_external(
         "S9 upgrades in flight within the limit",
         upgrades <= control.max_in_flight,
-        || format!("{upgrades} upgrades in flight"),
+        || {
+            format!(
+                "{upgrades} upgrades in flight at {now}: tasks (id, instance, state, created, reason) \
+                 {upgrade_tasks:?}, baking instances {baking:?}"
+            )
+        },
     );
     // Upgrades enqueued since the last look: never while the rollout is
     // halted, and inside the instance's window unless a security release.

@@ -242,12 +242,28 @@ impl Reconciler {
         }
         // Both break another's claim by the clock: a reading that jumped
         // would requeue live tasks and expire every instance at once.
-        if verified {
-            let plan = planner.lease_expiry();
-            self.carry_out(Check::LeaseExpiry, plan, snapshot, fence, out)
-                .await;
-            let plan = planner.ttl();
-            self.carry_out(Check::Ttl, plan, snapshot, fence, out).await;
+        if !verified {
+            // Version drift counts the upgrade slots this tick's expiries
+            // free (`Planner::new`), and times windows by the same clock:
+            // with neither expiry run, it would fill slots still held (the
+            // fifty-instance day's seed 2: four upgrades in flight against
+            // a limit of three).
+            return;
+        }
+        let plan = planner.lease_expiry();
+        self.carry_out(Check::LeaseExpiry, plan, snapshot, fence, out)
+            .await;
+        let failed = out.failed.len();
+        let plan = planner.ttl();
+        self.carry_out(Check::Ttl, plan, snapshot, fence, out).await;
+        if out.failed.len() > failed {
+            // The same: an expiry not carried out freed no slot.
+            out.failed.push((
+                Check::VersionDrift,
+                "skipped: the TTL check failed, and the slots its expiries free are not free"
+                    .to_owned(),
+            ));
+            return;
         }
         let plan = planner.version_drift();
         self.carry_out(Check::VersionDrift, plan, snapshot, fence, out)

@@ -74,7 +74,7 @@ impl BudgetDecision {
         Some(Self {
             failures,
             charged,
-            exit: log.last_exit(&report.key),
+            exit: report.exit,
             error: report.errors.first().map(ToString::to_string),
             next_attempt,
         })

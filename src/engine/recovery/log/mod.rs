@@ -12,7 +12,7 @@ use crate::core::event_log::{rule_of, Event, EventKind};
 use crate::core::memory::RecoveryMemory;
 use crate::core::pass::{InstanceAnswer, InstanceCommand};
 use crate::core::recovery::{Command, Outcome, Report, Verdict, Why};
-use crate::core::types::{ContainerStatus, Exit, GenerationKey, Timestamp};
+use crate::core::types::{ContainerStatus, GenerationKey, Timestamp};
 use crate::engine::event_log::EventSink;
 
 /// Counts a batch's reports: tallied here and added once per label, not
@@ -57,10 +57,6 @@ pub(super) struct StepLog<'a> {
     /// inspection of its own generation (a map here cost a steady pass a
     /// key copy and an insert per service, issue #14).
     last_status: Option<(Arc<GenerationKey>, ContainerStatus)>,
-    /// How the last down execution this pass saw of a service ended, with
-    /// its generation: what a budget decision's line cites. One slot, for
-    /// the reason above.
-    last_exit: Option<(Arc<GenerationKey>, Exit)>,
     /// Where each intervention is logged durably too (#42).
     events: &'a EventSink,
     /// The traceparent of the tick this pass is part of, if any.
@@ -79,7 +75,6 @@ impl<'a> StepLog<'a> {
         Self {
             before,
             last_status: None,
-            last_exit: None,
             events,
             trace,
             broken,
@@ -100,14 +95,6 @@ impl<'a> StepLog<'a> {
             next_attempt: budget.and_then(|b| b.next_attempt),
             failures: budget.map_or(0, |b| b.failures),
         }
-    }
-
-    /// How the last down execution of `key` seen this pass ended.
-    fn last_exit(&self, key: &GenerationKey) -> Option<Exit> {
-        self.last_exit
-            .as_ref()
-            .filter(|(last, _)| **last == *key)
-            .map(|(_, exit)| *exit)
     }
 
     pub(super) fn step(
@@ -132,9 +119,6 @@ impl<'a> StepLog<'a> {
             match &mut self.last_status {
                 Some((last, status)) if last == key => *status = obs.status,
                 slot => *slot = Some((key.clone(), obs.status)),
-            }
-            if let Some(exit) = obs.exit {
-                self.last_exit = Some((key.clone(), exit));
             }
         }
         let last_status = self

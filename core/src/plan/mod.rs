@@ -346,6 +346,8 @@ pub struct Planner<'s, 'a> {
     /// Instances with an upgrade queued or running, or baking: what
     /// `max_in_flight` limits.
     in_flight: FastSet<InstanceId>,
+    /// Instances this tick's TTL check sends to deletion (T4).
+    expiring: FastSet<InstanceId>,
     /// Live releases; `None` when unknown.
     live: Option<LiveReleases<'s>>,
 }
@@ -392,6 +394,7 @@ impl<'s, 'a> Planner<'s, 'a> {
             snapshot,
             active,
             in_flight,
+            expiring,
             live,
         }
     }

@@ -301,6 +301,7 @@ impl<'s> Planner<'s, '_> {
                 *flying += 1;
             } else if instance.state == InstanceState::Ready
                 && !instance.stopped
+                && !self.expiring.contains(&instance.id)
                 && !is_behind(&instance.version, &target.entry.version)
                 && !spec_changed(instance, target.entry)
             {

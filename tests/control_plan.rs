@@ -23,9 +23,9 @@ use stead::core::types::{InstanceName, ServiceName};
 use stead::ports::Release;
 
 use planners::{
-    apply_as_store, check_idempotent, check_in_flight_limit, check_no_duplicate_active_tasks,
-    check_plan_shape, plan_drift, plan_lease_expiry, plan_tick, plan_ttl, plan_version_drift,
-    InstanceSeed, World, WorldSeed,
+    apply_as_store, check_forecast, check_idempotent, check_in_flight_limit,
+    check_no_duplicate_active_tasks, check_plan_shape, plan_drift, plan_lease_expiry, plan_tick,
+    plan_ttl, plan_version_drift, InstanceSeed, World, WorldSeed,
 };
 
 const NOW: &str = "2026-11-30T12:00:00Z"; // a Monday
@@ -1366,6 +1366,11 @@ proptest! {
     #[test]
     fn random_snapshots_yield_well_formed_decisions(world in world_strategy()) {
         check_plan_shape(&world);
+    }
+
+    #[test]
+    fn a_forecast_agrees_with_the_planner_it_runs(world in world_strategy()) {
+        check_forecast(&world);
     }
 }
 

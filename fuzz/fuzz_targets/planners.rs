@@ -6,14 +6,15 @@
 //! with proptest, from the same code (`fuzz/src/planners.rs`): no second
 //! active task of one kind per instance, never more upgrades in flight than
 //! the limit, planning again after applying the plan decides nothing, and
-//! every decision is well formed.
+//! every decision is well formed; and `stead plan`'s forecast agrees with
+//! the planner it runs.
 #![no_main]
 
 use arbitrary::{Arbitrary, Unstructured};
 use libfuzzer_sys::fuzz_target;
 use stead_fuzz::planners::{
-    check_idempotent, check_in_flight_limit, check_no_duplicate_active_tasks, check_plan_shape,
-    InstanceSeed, WorldSeed, INSTANCES_MAX, RELEASES_MAX,
+    check_forecast, check_idempotent, check_in_flight_limit, check_no_duplicate_active_tasks,
+    check_plan_shape, InstanceSeed, WorldSeed, INSTANCES_MAX, RELEASES_MAX,
 };
 
 #[derive(Debug)]
@@ -70,4 +71,5 @@ fuzz_target!(|input: Input| {
     check_no_duplicate_active_tasks(&world);
     check_in_flight_limit(&world);
     check_idempotent(&world);
+    check_forecast(&world);
 });

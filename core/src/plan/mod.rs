@@ -26,6 +26,7 @@
 
 mod config;
 mod drift;
+mod forecast;
 mod lease;
 mod rollout;
 mod ttl;
@@ -33,6 +34,7 @@ mod ttl;
 use std::collections::{BTreeMap, BTreeSet};
 
 pub use config::{ConfigError, ControlConfig, RawControlConfig};
+pub use forecast::{forecast, Forecast, Left, Outage, Round, Upgrade};
 pub use lease::task_lease;
 pub use rollout::{
     halt_after_failed_upgrade, is_behind, is_older, spec_changed, upgrade_retry, UpgradeRetry,

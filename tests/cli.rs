@@ -299,8 +299,8 @@ fn help_lists_every_command_and_a_closed_pipe_is_not_an_error() {
     let run = stead(&["--help"], &[]);
     assert_eq!(run.code, 0);
     for command in [
-        "run", "tick", "migrate", "status", "check", "reload", "instance", "task", "rollout",
-        "events", "timeline",
+        "run", "tick", "migrate", "status", "check", "reload", "plan", "instance", "task",
+        "rollout", "events", "timeline",
     ] {
         assert!(
             run.stdout.contains(command),
@@ -1250,6 +1250,50 @@ fn reload_refuses_a_post_without_its_header_and_the_cli_sends_it() {
     assert!(run.stdout.starts_with("reloaded "), "{}", run.text());
 }
 
+/// `stead plan` and `stead reload --plan` ask the running daemon what a
+/// reload would do (#55) and change nothing; `--plan` with `--force` is a
+/// usage error.
+#[test]
+fn plan_asks_the_daemon_what_a_reload_would_do() {
+    let setup = Setup::new();
+    let daemon = RunningDaemon::start(&setup);
+    let env = [("STEAD_ADMIN_LISTEN", daemon.admin.as_str())];
+    let run = stead(&["--config", setup.config.as_str(), "plan"], &env);
+    assert_eq!(run.code, 0, "{}", run.text());
+    assert!(
+        run.stdout.contains("no change against the running catalog")
+            && run.stdout.contains("no upgrade would start"),
+        "{}",
+        run.text()
+    );
+    let json = stead(
+        &[
+            "--config",
+            setup.config.as_str(),
+            "reload",
+            "--plan",
+            "--json",
+        ],
+        &env,
+    );
+    assert_eq!(json.code, 0, "{}", json.text());
+    let answer: serde_json::Value = serde_json::from_str(&json.stdout).expect("JSON");
+    assert_eq!(answer["changes"], serde_json::json!([]), "{answer}");
+    assert_eq!(answer["hazards"], serde_json::json!([]), "{answer}");
+    assert!(answer["forecast"]["rounds"].is_array(), "{answer}");
+    let both = stead(
+        &[
+            "--config",
+            setup.config.as_str(),
+            "reload",
+            "--plan",
+            "--force",
+        ],
+        &env,
+    );
+    assert_eq!(both.code, 2, "{}", both.text());
+}
+
 #[test]
 fn with_a_token_file_the_fleet_endpoints_demand_it_and_the_cli_presents_it() {
     const TOKEN: &str = "0123456789abcdef0123456789abcdef";
@@ -1272,7 +1316,7 @@ fn with_a_token_file_the_fleet_endpoints_demand_it_and_the_cli_presents_it() {
         "{page}"
     );
     let env = [("STEAD_ADMIN_LISTEN", daemon.admin.as_str())];
-    for args in [&["status", "--live"][..], &["reload"][..]] {
+    for args in [&["status", "--live"][..], &["reload"][..], &["plan"][..]] {
         let mut all = vec!["--config", setup.config.as_str()];
         all.extend_from_slice(args);
         let run = stead(&all, &env);

@@ -3,7 +3,8 @@
 //! recent), `/readyz` (the store answers and, for a reconciler, this
 //! replica holds the singleton lease), `/status` (`stead status --live`:
 //! the status view with this daemon's budgets and loaded catalog),
-//! `/catalog` (the loaded catalog's versions), `POST /reload` (`stead
+//! `/catalog` (the loaded catalog's versions), `/plan` (`stead plan`:
+//! what a reload of the catalog file would do), `POST /reload` (`stead
 //! reload`: re-read the catalog file, as SIGHUP does), and the status page
 //! (`GET /`, `GET /instances/{name}`: [`super::page`]).
 //!
@@ -249,6 +250,7 @@ pub async fn serve(
         .route("/status", get(status))
         .route("/catalog", get(catalog))
         .route("/reload", axum::routing::post(reload))
+        .route("/plan", get(plan))
         .route_layer(middleware::from_fn_with_state(state.clone(), require_token));
     let app = Router::new()
         .route("/metrics", get(metrics))
@@ -268,7 +270,7 @@ pub async fn serve(
         %addr,
         token = if guarded { "required" } else { "none" },
         "admin endpoints: /metrics /healthz /readyz, and / /instances/NAME /status /catalog \
-         POST /reload"
+         /plan POST /reload"
     );
     let shutdown = async move {
         while !*stop.borrow() {
@@ -590,6 +592,17 @@ async fn reload(
         ),
     };
     json(code, &answer)
+}
+
+/// What reloading the catalog file would do (`stead plan`, #55): 200
+/// whether or not a reload would be refused (the answer says), and
+/// nothing changes. One at a time, like a status render: each reads the
+/// fleet.
+async fn plan(State(state): State<AdminState>) -> Response {
+    match state.status_gate.run(state.daemon.plan_catalog()).await {
+        Ok(answer) => json(StatusCode::OK, &answer).into_response(),
+        Err(refusal) => refused("/plan", refusal),
+    }
 }
 
 fn json(

@@ -43,6 +43,7 @@ pub mod identity;
 pub mod listener;
 pub mod metrics;
 pub mod page;
+pub mod plan;
 pub mod provisioners;
 pub mod reserved_hosts;
 pub use crate::engine::start_hazards;

@@ -713,7 +713,10 @@ pub fn check_forecast(world: &World) {
         // With nothing to start now, a round of the same instant may come
         // once what was in flight is settled.
         if !expected.is_empty() {
-            assert_eq!(got, expected, "forecast's first round against version drift's");
+            assert_eq!(
+                got, expected,
+                "forecast's first round against version drift's"
+            );
         }
     }
     let mut upgraded: BTreeSet<InstanceName> = BTreeSet::new();

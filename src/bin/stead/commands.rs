@@ -27,7 +27,7 @@ use stead::core::event_log::EventKind;
 use stead::core::types::InstanceName;
 
 /// Bound on a call to the running daemon's admin endpoint.
-const ADMIN_TIMEOUT: Duration = Duration::from_secs(10);
+pub(crate) const ADMIN_TIMEOUT: Duration = Duration::from_secs(10);
 /// Bound on the best-effort look at a running daemon by `stead check`.
 const CHECK_ADMIN_TIMEOUT: Duration = Duration::from_secs(1);
 
@@ -49,7 +49,11 @@ pub async fn dispatch(command: Command, config: DaemonConfig) -> Result<u8, CliE
         Command::Backup { file, force } => backup(&config, &file, force).await,
         Command::Restore { file, force } => restore(&config, &file, force).await,
         Command::Check => check(&config).await,
-        Command::Reload { force } => {
+        Command::Plan { json }
+        | Command::Reload {
+            plan: true, json, ..
+        } => crate::plan::plan(&config, json).await,
+        Command::Reload { force, .. } => {
             let mode = if force {
                 ReloadMode::Forced
             } else {
@@ -384,7 +388,10 @@ fn versions_text(versions: &BTreeMap<String, String>) -> String {
 
 /// A client for the daemon's admin endpoints; with `admin_token_file`
 /// set, every request presents its token (the daemon then demands it).
-fn admin_client(config: &DaemonConfig, timeout: Duration) -> Result<reqwest::Client, CliError> {
+pub(crate) fn admin_client(
+    config: &DaemonConfig,
+    timeout: Duration,
+) -> Result<reqwest::Client, CliError> {
     let mut headers = reqwest::header::HeaderMap::new();
     if let Some(path) = &config.admin_token_file {
         let token = stead::config::admin_token::AdminToken::read(path)
@@ -403,7 +410,10 @@ fn admin_client(config: &DaemonConfig, timeout: Duration) -> Result<reqwest::Cli
 }
 
 /// A 401 from the daemon: it demands a token this config does not give.
-fn refuse_unauthorized(response: &reqwest::Response, endpoint: &str) -> Result<(), CliError> {
+pub(crate) fn refuse_unauthorized(
+    response: &reqwest::Response,
+    endpoint: &str,
+) -> Result<(), CliError> {
     if response.status() != reqwest::StatusCode::UNAUTHORIZED {
         return Ok(());
     }
@@ -415,7 +425,7 @@ fn refuse_unauthorized(response: &reqwest::Response, endpoint: &str) -> Result<(
 }
 
 /// The admin endpoint's base URL, or why there is none.
-fn admin_url(config: &DaemonConfig) -> Result<String, CliError> {
+pub(crate) fn admin_url(config: &DaemonConfig) -> Result<String, CliError> {
     config
         .admin_listen
         .map(|a| format!("http://{a}"))

@@ -7,6 +7,7 @@
 mod commands;
 mod history;
 mod output;
+mod plan;
 mod remote;
 mod tokens;
 
@@ -145,8 +146,25 @@ pub enum Command {
     /// Helm, a service or named volume renamed), unless forced.
     Reload {
         /// Apply a catalog that would damage live instances anyway.
-        #[arg(long)]
+        #[arg(long, conflicts_with = "plan")]
         force: bool,
+        /// Only say what the reload would do, as `stead plan` does.
+        #[arg(long)]
+        plan: bool,
+        /// With --plan: the plan as JSON.
+        #[arg(long, requires = "plan")]
+        json: bool,
+    },
+    /// What reloading the catalog file would do, changing nothing: what it
+    /// changes, what a reload would refuse, and the rollout it starts,
+    /// forecast by the daemon's own planners (which instances upgrade, in
+    /// which waves, when their windows let them, which stop-first services
+    /// go down and for how long at most). Exit status 1 when a reload would
+    /// be refused.
+    Plan {
+        /// The plan as JSON.
+        #[arg(long)]
+        json: bool,
     },
     /// Write instance intent (never touches containers directly).
     #[command(subcommand)]

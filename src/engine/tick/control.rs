@@ -55,8 +55,9 @@ impl Reconciler {
     }
 
     /// Reads what the planners need. Listing releases may fail on its own:
-    /// drift then plans nothing, the other checks go on (C3).
-    async fn snapshot<'c>(
+    /// drift then plans nothing, the other checks go on (C3). Also what
+    /// `stead plan` forecasts from, with the catalog it judges.
+    pub(crate) async fn snapshot<'c>(
         &'c self,
         catalog: &'c Catalog,
         traceparent: String,

@@ -468,10 +468,13 @@ async fn a_catalog_network_is_joined_by_its_exact_name_never_an_id_prefix() {
     let runtime = runtime().await;
     let instance = unique("wkjoin");
     let shared = unique("wkshared");
-    let _cleanup = Cleanup::new(&instance);
     let id = docker(&["network", "create", &shared]).expect("create a network to join");
     let id = id.trim().to_owned();
+    // Declared before the containers' cleanup, so dropped after it: a
+    // network with a container on it cannot be removed (it leaked so, one
+    // per run, until Docker's address pools ran out).
     let _network = NetworkCleanup(shared.clone());
+    let _cleanup = Cleanup::new(&instance);
     // An ID prefix names the network to Docker, never to stead.
     let mut by_prefix = script_spec("web", "true");
     by_prefix.run.networks = vec![id[..12].to_owned()];

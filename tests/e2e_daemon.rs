@@ -336,9 +336,12 @@ async fn an_upgrade_replaces_with_overlap_and_fails_no_request() {
 /// #40's bar: a version whose container exits ten seconds after it
 /// starts passes readiness, is switched to, and fails while it bakes: the
 /// rollout halts, the instance serves the previous version again (the
-/// very container, kept stopped while it baked), the failed successor is
-/// retired, and a request loop started once the revert completed sees no
-/// failed request.
+/// very container, kept stopped while it baked), and a request loop
+/// started once the revert completed sees no failed request. #55's bar on
+/// top: of five instances with room for all, exactly one takes the version
+/// (its bake holds the wave); the halt names the exit code; the failed
+/// successor is kept, stopped, with its logs, and the revert event tells
+/// its last lines; the halted gauge reads 1.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_version_that_crashes_while_baking_is_reverted_and_its_rollout_halted() {
     const BAKE_MS: u64 = 120_000;
@@ -347,14 +350,23 @@ async fn a_version_that_crashes_while_baking_is_reverted_and_its_rollout_halted(
     let metrics = stead::daemon::metrics_handle();
     let name = unique("e2ebake");
     let _cleanup = Cleanup::new(&name);
+    // Four more instances of the type, and room for all five at once: the
+    // waves (#55) must still send the version to one instance only.
+    let others: Vec<String> = (2..=5).map(|n| format!("{name}-{n}")).collect();
+    let _cleanups: Vec<Cleanup> = others.iter().map(|o| Cleanup::new(o)).collect();
     let mut h = Harness::start(Setup {
         catalog: e2e::catalog_baking("1", e2e::HTTPD, BAKE_MS),
+        control_extra: "max_in_flight = 5\n".into(),
         ..Setup::default()
     })
     .await;
     let old = serving(&h, &name).await;
-    let crashes_after_ten_seconds =
-        "busybox rm -f /tmp/sick; busybox httpd -f -p 8080 -h /www & sleep 10; exit 3";
+    let mut others_before = Vec::new();
+    for other in &others {
+        others_before.push(serving(&h, other).await);
+    }
+    let crashes_after_ten_seconds = "busybox rm -f /tmp/sick; busybox httpd -f -p 8080 -h /www \
+         & sleep 10; echo fatal: version 2 cannot read its config >&2; exit 3";
     h.restart_with_catalog(&e2e::catalog_baking(
         "2",
         crashes_after_ten_seconds,
@@ -406,12 +418,53 @@ async fn a_version_that_crashes_while_baking_is_reverted_and_its_rollout_halted(
         .unwrap();
     assert_eq!(row.version, "1", "the instance's version put back");
 
+    // Exactly one instance took the version: the others never left 1.
+    for (other, before) in others.iter().zip(&others_before) {
+        assert_eq!(
+            h.active_container(other).await.as_ref(),
+            Some(before),
+            "{other}"
+        );
+        let row = store
+            .instance(&stead::core::types::InstanceName::new(other))
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(row.version, "1", "{other} was not upgraded");
+    }
+
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     let requests = request_loop(h.listen.clone(), name.clone(), stop_rx);
-    wait_until("the failed successor retired", CONVERGE, || async {
-        inspect(&bad, "{{.Id}}").is_err()
+    // #55: the failed successor is kept, stopped, with its logs: the
+    // evidence of what failed.
+    wait_until("the failed successor kept, stopped", CONVERGE, || async {
+        inspect(&bad, "{{.State.Status}}").is_ok_and(|s| s == "exited")
     })
     .await;
+    let logs = std::process::Command::new("docker")
+        .args(["logs", &bad])
+        .output()
+        .unwrap();
+    assert!(
+        String::from_utf8_lossy(&logs.stderr).contains("fatal: version 2 cannot read its config"),
+        "docker logs of the kept container: {logs:?}"
+    );
+    h.daemon().flush_events().await;
+    let events = store
+        .events(&stead::core::event_log::EventFilter {
+            kind: Some(stead::core::event_log::EventKind::Revert),
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .rows;
+    assert!(
+        events.iter().any(|e| e
+            .event
+            .message
+            .contains("last lines of http: fatal: version 2 cannot read its config")),
+        "the revert event tells the last lines: {events:?}"
+    );
     tokio::time::sleep(Duration::from_secs(3)).await;
     stop_tx.send(true).unwrap();
     let (failures, total) = requests.await.unwrap();

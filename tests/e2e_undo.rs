@@ -220,7 +220,7 @@ async fn rollout_undo_of_a_good_upgrade_returns_the_previous_version_with_no_fai
     // The undo task's, not the pass's: the pass would revert (with a gap)
     // only once the task had not done it within the grace.
     let undone = wait_until(
-        "back on version 1, the very container, alone",
+        "back on version 1, the very container, version 2 stopped",
         stead::core::bake::UNDO_TASK_GRACE,
         || async {
             h.active_container(&name).await.as_deref() == Some(old.as_str())
@@ -231,11 +231,12 @@ async fn rollout_undo_of_a_good_upgrade_returns_the_previous_version_with_no_fai
                     .ok()
                     .flatten()
                     .is_some_and(|row| row.version == "1")
-                && containers_of(&name) == 1
+                // Version 2 stopped, kept a while as what was undone (#55).
+                && inspect(&new, "{{.State.Status}}").is_ok_and(|s| s == "exited")
         },
     )
     .await;
-    // Some more requests on version 1 alone.
+    // Some more requests on version 1.
     tokio::time::sleep(Duration::from_secs(2)).await;
     stop_tx.send(true).unwrap();
     let seen = requests.await.unwrap();
@@ -262,7 +263,11 @@ async fn rollout_undo_of_a_good_upgrade_returns_the_previous_version_with_no_fai
         "version 2 answered before the undo: {:?}",
         seen.runs
     );
-    assert!(inspect(&new, "{{.Id}}").is_err(), "version 2 is retired");
+    assert_eq!(
+        inspect(&new, "{{.State.Status}}").as_deref(),
+        Ok("exited"),
+        "version 2 is stopped, kept a while (#55)"
+    );
     assert_eq!(inspect(&old, "{{.State.Status}}").as_deref(), Ok("running"));
 
     let rollouts = store.rollout_records().await.unwrap();
@@ -319,5 +324,6 @@ async fn rollout_undo_of_a_good_upgrade_returns_the_previous_version_with_no_fai
         h.active_container(&name).await.as_deref(),
         Some(old.as_str())
     );
-    assert_eq!(containers_of(&name), 1);
+    assert_eq!(containers_of(&name), 2, "version 1 runs, version 2 is kept");
+    assert!(inspect(&new, "{{.State.Status}}").is_ok_and(|s| s == "exited"));
 }

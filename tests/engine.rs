@@ -2249,16 +2249,37 @@ async fn a_baking_upgrade_keeps_its_predecessor_stopped_until_the_window_ends() 
 /// retires the failed successor.
 #[tokio::test]
 async fn a_successor_that_crashes_while_baking_is_reverted_and_its_type_halted() {
+    use stead::core::event_log::EventKind;
+    use stead::engine::event_log::{EventSink, EVENT_BUFFER_MAX};
     let (f, instance, before, after, _) = upgraded_and_baking().await;
 
     f.clock.advance(Duration::from_secs(120));
     let recoverer = f.recoverer();
+    let (sink, mut flusher) = EventSink::new("host-1#a", EVENT_BUFFER_MAX);
+    recoverer.log_events_to(sink);
     f.runtime.with_containers(|cs| {
         let c = cs.get_mut(&after).unwrap();
         c.status = ContainerStatus::Exited;
         c.status_after_start = ContainerStatus::Exited;
+        c.log
+            .push_back((c.started_at, "config: no such key \"db.url\"".into()));
     });
     recoverer.pass().await;
+    // #55: the revert event tells the exit code and the last lines.
+    flusher.flush(f.store.as_ref()).await;
+    let events = logged_events(&f, "wiki1").await;
+    let revert = events
+        .iter()
+        .find(|e| e.kind == EventKind::Revert)
+        .unwrap_or_else(|| panic!("a revert event: {events:?}"));
+    assert!(
+        revert.message.contains("it exited with code 1")
+            && revert
+                .message
+                .ends_with("; last lines of web: config: no such key \"db.url\""),
+        "{}",
+        revert.message
+    );
     let rollouts = f.store.rollout_records().await.unwrap();
     let wiki = rollouts.iter().find(|r| r.service_type == "wiki").unwrap();
     assert_eq!(wiki.state, RolloutState::Halted);
@@ -2288,16 +2309,26 @@ async fn a_successor_that_crashes_while_baking_is_reverted_and_its_type_halted()
         f.runtime.container(&before).unwrap().status,
         ContainerStatus::Running
     );
+    // #55: the failed successor is kept, stopped, as the evidence of what
+    // failed (its logs and exit code), for an hour; then retired.
+    assert!(
+        f.runtime.container(&after).unwrap().status.is_down(),
+        "the failed successor kept, stopped"
+    );
+    f.clock.advance(stead::core::bake::KEEP_REVERTED);
+    // The lease ran out by the store's clock meanwhile (this test's clock
+    // moves only the wall): a fresh guard takes it anew.
+    let recoverer = f.recoverer();
+    for _ in 0..2 {
+        let outcome = recoverer.pass().await;
+        assert_eq!(outcome.error_count(), 0, "{outcome:?}");
+    }
     assert!(
         f.runtime.container(&after).is_none(),
-        "the failed successor retired"
+        "the failed successor retired once kept long enough"
     );
-    assert!(f
-        .store
-        .load_inhibitions(&instance.name)
-        .await
-        .unwrap()
-        .is_empty());
+    let left = f.store.load_inhibitions(&instance.name).await.unwrap();
+    assert!(left.is_empty(), "{left:?}");
     // Halted: version drift plans no upgrade back to the bad version.
     assert!(f.store.active_tasks().await.unwrap().rows.is_empty());
 }
@@ -2464,8 +2495,8 @@ async fn two_passes_move_the_route_back_without_a_gap(
         "the route moved to the predecessor without being withdrawn"
     );
     assert!(
-        f.runtime.container(after).is_none(),
-        "the successor retired"
+        f.runtime.container(after).unwrap().status.is_down(),
+        "the successor stopped, kept a while as what was undone (#55)"
     );
 }
 

@@ -33,6 +33,26 @@ use super::types::{
 /// instance on the version the operator undid.
 pub const UNDO_TASK_GRACE: std::time::Duration = std::time::Duration::from_secs(60);
 
+/// How long a successor a revert took the service away from is kept,
+/// stopped, after the revert (#55): its container, its logs and its exit
+/// code are the evidence of what failed (`docker logs`, `docker inspect`).
+/// Then it is retired like any superseded container. An upgrade of its
+/// instance to that very revision takes it up again, by its name, as it
+/// would before it was retired (its crash-loop budget goes on, R10).
+pub const KEEP_REVERTED: std::time::Duration = std::time::Duration::from_secs(3600);
+
+/// The operation of the marker a revert puts on the successor it takes the
+/// service away from ([`revert_marker`]).
+pub const REVERT_OPERATION: &str = "revert";
+
+/// Whether `marker` is a revert's, on a successor still kept at `now`
+/// ([`KEEP_REVERTED`]).
+pub fn keeps_reverted(marker: &Inhibition, now: Timestamp) -> bool {
+    marker.reason == InhibitionReason::RetirementPending
+        && marker.operation == REVERT_OPERATION
+        && now < crate::fleet::add(marker.created_at, KEEP_REVERTED)
+}
+
 /// The grace a `stop-first` successor recorded without one is stopped
 /// with (an upgrade always records its own).
 const STOP_FIRST_GRACE_DEFAULT: std::time::Duration = std::time::Duration::from_secs(10);

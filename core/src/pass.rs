@@ -29,7 +29,9 @@ use std::time::Duration;
 
 use jiff::Timestamp;
 
-use super::bake::{bakes, baking, fails_while_baking, revert_steps, RevertStep, UNDO_TASK_GRACE};
+use super::bake::{
+    bakes, baking, fails_while_baking, keeps_reverted, revert_steps, RevertStep, UNDO_TASK_GRACE,
+};
 use super::errors::{failure_of, Cause, ErrorKind, PortName, StoreError, TrafficError};
 use super::machine::{Machine, MachineAnswer, MachineCommand};
 
@@ -249,8 +251,9 @@ pub struct InstanceReport {
     /// Stale routes withdrawn (T5).
     pub withdrawn_stale: Vec<ServiceKey>,
     /// #40: why the instance's baking successors were reverted this pass
-    /// (every step of the revert done), with the services put back.
-    pub reverted: Option<(String, Vec<ServiceName>)>,
+    /// (every step of the revert done), with the services put back and
+    /// the successor each was taken from (kept a while, #55).
+    pub reverted: Option<(String, Vec<(ServiceName, ContainerId)>)>,
     /// Each naming the instance (and service) it concerns.
     pub errors: Vec<PassError>,
     /// This instance's memory for the next pass, pruned (R16).
@@ -342,7 +345,7 @@ pub struct InstancePass<'p> {
     /// The first baking successor seen failing this pass, and why.
     failing: Option<(ServiceName, String)>,
     reverting: VecDeque<RevertStep>,
-    reverted: Option<(String, Vec<ServiceName>)>,
+    reverted: Option<(String, Vec<(ServiceName, ContainerId)>)>,
 }
 
 impl<'p> InstancePass<'p> {
@@ -523,9 +526,10 @@ impl<'p> InstancePass<'p> {
 
     /// #40: whether the marker's predecessor is kept, stopped
     /// ([`bakes`]). One found gone is retired all the same: there is
-    /// nothing left to go back to.
+    /// nothing left to go back to. A successor a revert took away is kept
+    /// stopped too, for a while, as the evidence of what failed (#55).
     fn keeps(&self, marker: &Inhibition) -> bool {
-        bakes(marker, &self.active, self.now).is_some()
+        bakes(marker, &self.active, self.now).is_some() || keeps_reverted(marker, self.now)
     }
 
     /// R16, keeping the history of the generations under a marker: a
@@ -571,7 +575,7 @@ impl<'p> InstancePass<'p> {
         )
         .into();
         let services = baking(&self.inhibitions, &self.active, self.now)
-            .map(|(marker, _, _)| marker.service.clone())
+            .map(|(marker, _, successor)| (marker.service.clone(), successor.container.clone()))
             .collect();
         self.reverted = Some((why, services));
         Stage::Revert

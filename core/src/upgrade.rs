@@ -1366,7 +1366,7 @@ pub(crate) fn revert_marker(
         service: service.clone(),
         container: successor.container.clone(),
         reason: InhibitionReason::RetirementPending,
-        operation: "revert".into(),
+        operation: crate::bake::REVERT_OPERATION.into(),
         created_at: now,
         stop_grace: successor.stop_grace,
         revert_to: None,

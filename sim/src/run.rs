@@ -1692,12 +1692,16 @@ async fn check_liveness(
                 // An upgrade that ran in the last moments (a maintenance
                 // window opening at the end of the run) leaves markers the
                 // next pass retires: they are young, not stuck.
-                // A baking predecessor is kept until its window ends (#40):
-                // its age counts from then.
-                let since = marker
-                    .revert_to
-                    .as_ref()
-                    .map_or(marker.created_at, |r| r.until);
+                // A baking predecessor is kept until its window ends (#40),
+                // a reverted successor for an hour as evidence (#55): its
+                // age counts from then.
+                let since = match &marker.revert_to {
+                    Some(back) => back.until,
+                    None if marker.operation == stead::core::bake::REVERT_OPERATION => {
+                        add(marker.created_at, stead::core::bake::KEEP_REVERTED)
+                    }
+                    None => marker.created_at,
+                };
                 let age = now.duration_since(since);
                 if age < jiff::SignedDuration::try_from(tick * 2).expect("a tick fits") {
                     continue;

@@ -928,6 +928,15 @@ impl Runtime for DockerRuntime {
         Ok(self.inspected(id).await?.binds)
     }
 
+    #[tracing::instrument(name = "docker.last_lines", level = "debug", skip_all)]
+    async fn last_lines(
+        &self,
+        id: &ContainerId,
+        lines: usize,
+    ) -> Result<Vec<String>, RuntimeError> {
+        self.tail_lines(id, lines).await
+    }
+
     #[tracing::instrument(name = "docker.list_managed", level = "debug", skip_all)]
     async fn list_managed(&self) -> Result<Vec<ManagedContainer>, RuntimeError> {
         let containers = self.list_labelled().await?;

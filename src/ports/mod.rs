@@ -196,6 +196,11 @@ pub trait Runtime: Send + Sync {
     async fn restart(&self, id: &ContainerId, grace: Duration) -> Result<(), RuntimeError>;
     async fn health(&self, id: &ContainerId) -> Result<Health, RuntimeError>;
     async fn binds(&self, id: &ContainerId) -> Result<Binds, RuntimeError>;
+    /// The last `lines` lines the container printed, stdout and stderr,
+    /// across its executions, each cut short if long: the evidence a
+    /// revert tells (#55). Read-only.
+    async fn last_lines(&self, id: &ContainerId, lines: usize)
+        -> Result<Vec<String>, RuntimeError>;
     /// Every container carrying stead's labels, in one call.
     async fn list_managed(&self) -> Result<Vec<ManagedContainer>, RuntimeError>;
     /// Creates (and starts) a container; idempotent on its deterministic name.

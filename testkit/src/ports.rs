@@ -844,6 +844,22 @@ impl Runtime for MemoryRuntime {
         .ok_or(RuntimeError::NotFound)
     }
 
+    async fn last_lines(
+        &self,
+        id: &ContainerId,
+        lines: usize,
+    ) -> Result<Vec<String>, RuntimeError> {
+        let containers = self.containers.lock().expect("runtime poisoned");
+        let container = containers.get(id).ok_or(RuntimeError::NotFound)?;
+        let skip = container.log.len().saturating_sub(lines);
+        Ok(container
+            .log
+            .iter()
+            .skip(skip)
+            .map(|(_, line)| line.clone())
+            .collect())
+    }
+
     async fn list_managed(&self) -> Result<Vec<ManagedContainer>, RuntimeError> {
         self.hooks.gate(Op::List, "").await.map_err(runtime_err)?;
         let containers = self.containers.lock().expect("runtime poisoned");

@@ -46,7 +46,47 @@ const LOG_REFOLLOW_PAUSE: Duration = Duration::from_millis(200);
 /// within it carries no timestamp.
 const TIMESTAMP_PREFIX_LEN_MAX: usize = 40;
 
+/// Longest line [`DockerRuntime::tail_lines`] returns, in bytes: a revert's
+/// evidence is read by people, in an event of bounded size.
+pub(crate) const EVIDENCE_LINE_LEN_MAX: usize = 240;
+
 impl DockerRuntime {
+    /// The last `lines` lines `id` printed (stdout and stderr, across its
+    /// executions, as `docker logs --tail` gives them), each cut to
+    /// [`EVIDENCE_LINE_LEN_MAX`] bytes. Reads at most `lines` messages:
+    /// Docker cuts a long line into 16 KiB pieces, each a message.
+    pub(crate) async fn tail_lines(
+        &self,
+        id: &ContainerId,
+        lines: usize,
+    ) -> Result<Vec<String>, RuntimeError> {
+        let options = LogsOptions {
+            follow: false,
+            stdout: true,
+            stderr: true,
+            timestamps: false,
+            tail: lines.to_string(),
+            ..LogsOptions::default()
+        };
+        let mut stream = self.api().logs(id.as_str(), Some(options));
+        let mut out: std::collections::VecDeque<String> = std::collections::VecDeque::new();
+        while let Some(message) = stream.next().await {
+            let bytes = match message {
+                Ok(LogOutput::StdOut { message } | LogOutput::StdErr { message })
+                | Ok(LogOutput::Console { message }) => message,
+                Ok(LogOutput::StdIn { .. }) => continue,
+                Err(e) => return Err(super::not_found_or_transient("logs", id.as_str(), e)),
+            };
+            for line in String::from_utf8_lossy(&bytes).lines() {
+                if out.len() == lines {
+                    out.pop_front();
+                }
+                out.push_back(cut(line.trim_end(), EVIDENCE_LINE_LEN_MAX));
+            }
+        }
+        Ok(out.into())
+    }
+
     /// Waits up to `timeout` for a line containing `pattern` in the logs
     /// of `target`'s execution, and fails if the container runs another
     /// execution (or none) when it starts or when the line is found.
@@ -333,6 +373,19 @@ fn split_stamp(message: &[u8]) -> (Option<Timestamp>, &[u8]) {
 
 fn contains(haystack: &[u8], needle: &[u8]) -> bool {
     haystack.windows(needle.len()).any(|w| w == needle)
+}
+
+/// `text` cut to at most `max` bytes, on a character boundary, with `…`
+/// when cut.
+fn cut(text: &str, max: usize) -> String {
+    if text.len() <= max {
+        return text.to_owned();
+    }
+    let mut end = max.saturating_sub('…'.len_utf8());
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    format!("{}…", &text[..end])
 }
 
 #[cfg(test)]

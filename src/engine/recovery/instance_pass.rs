@@ -21,7 +21,7 @@ use crate::engine::time_until;
 use crate::ports::{LeaseGrant, LoadedInstance};
 
 use super::instance::{within, Mandate};
-use super::log::{log_budget, StepLog};
+use super::log::{last_lines, log_budget, log_revert, StepLog};
 use super::{InstanceOutcome, RecoverError, Recoverer, WatchedPass, WatchedStep};
 
 impl Recoverer {
@@ -113,7 +113,12 @@ impl Recoverer {
             let wait = time_until(at, self.ports.clock.now());
             queue.wake(&instance.name, Instant::now() + wait + WAKE_SLACK);
         }
-        self.log_pass_end(&instance, &report, &log, trace);
+        // Read before anything retires the failed successors (#55).
+        let evidence = match &report.reverted {
+            Some((_, successors)) => last_lines(self.ports.runtime.as_ref(), successors).await,
+            None => Vec::new(),
+        };
+        self.log_pass_end(&instance, &report, &log, &evidence, trace);
         let outcome = InstanceOutcome {
             reports: report.reports,
             retired: report.retired.iter().map(ToString::to_string).collect(),
@@ -133,6 +138,7 @@ impl Recoverer {
         instance: &Instance,
         report: &InstanceReport,
         log: &StepLog<'_>,
+        evidence: &[(ServiceName, Vec<String>)],
         trace: Option<&str>,
     ) {
         let now = self.ports.clock.now();
@@ -159,59 +165,9 @@ impl Recoverer {
                 .traced(trace),
             );
         }
-        if let Some((why, services)) = &report.reverted {
-            self.log_revert(instance, why, services, now, trace);
+        if let Some((why, _)) = &report.reverted {
+            log_revert(events, instance, why, evidence, now, trace);
         }
-    }
-
-    /// A successor that failed while baking: reverted to the
-    /// predecessors, and the type's rollout halted (#40).
-    fn log_revert(
-        &self,
-        instance: &Instance,
-        why: &str,
-        services: &[ServiceName],
-        now: Timestamp,
-        trace: Option<&str>,
-    ) {
-        let events = self.events();
-        metrics::counter!("stead_reverts_total", "cause" => "bake").increment(1);
-        tracing::warn!(
-            instance = %instance.name,
-            service_type = %instance.service_type,
-            services = ?services,
-            "a successor failed while baking: reverted to the predecessors and halted \
-             the type's rollout ({why}); `stead rollout resume` once the version is fixed"
-        );
-        let names: Vec<&str> = services.iter().map(|s| s.as_str()).collect();
-        events.emit(
-            Event::new(
-                EventKind::Revert,
-                now,
-                "bake",
-                format!(
-                    "a successor failed while baking ({why}): reverted {} to the \
-                     predecessors",
-                    names.join(", ")
-                ),
-            )
-            .instance(&instance.name)
-            .traced(trace),
-        );
-        events.emit(
-            Event::new(
-                EventKind::Halt,
-                now,
-                "bake",
-                format!(
-                    "halted the rollout of {} after a failed bake; `stead rollout resume` \
-                     once the version is fixed",
-                    instance.service_type
-                ),
-            )
-            .instance(&instance.name)
-            .traced(trace),
-        );
     }
 }
 

@@ -3,8 +3,10 @@
 //! code and the next attempt, counters.
 
 mod budget;
+mod revert;
 
 pub(super) use budget::log_budget;
+pub(super) use revert::{last_lines, log_revert};
 
 use std::sync::{Arc, Mutex};
 

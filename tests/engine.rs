@@ -2471,6 +2471,30 @@ async fn rollout_undo_to_a_recorded_version_moves_an_instance_back_after_its_bak
     assert_eq!(wiki[0].pinned, None, "a resume lifts the pin");
 }
 
+/// #55, the mutation exercise: a pass that retires a reverted successor
+/// at once, like any superseded container, is caught by the keep the test
+/// above checks, as the simulation's B3 does.
+#[tokio::test]
+async fn a_pass_that_removes_a_reverted_successor_at_once_is_caught() {
+    let (f, _, before, after, _) = upgraded_and_baking().await;
+    f.clock.advance(Duration::from_secs(120));
+    let recoverer =
+        f.recoverer_broken("a", Some(stead::core::broken::Mutant::RemoveRevertedAtOnce));
+    f.runtime.with_containers(|cs| {
+        let c = cs.get_mut(&after).unwrap();
+        c.status = ContainerStatus::Exited;
+        c.status_after_start = ContainerStatus::Exited;
+    });
+    for _ in 0..3 {
+        recoverer.pass().await;
+    }
+    assert!(f.routes_to("wiki1", "web", &before), "reverted");
+    assert!(
+        f.runtime.container(&after).is_none(),
+        "with the rule broken, the evidence is gone: the keep's check sees it"
+    );
+}
+
 /// After an undo's task: two passes later the predecessor serves, the
 /// route moved to it with no withdrawal since `withdrawals` were counted,
 /// and the successor is retired.

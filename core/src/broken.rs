@@ -160,11 +160,14 @@ pub enum Mutant {
     /// the queue until the next opening, holding its slots, instead of
     /// ending.
     ParkRetryBehindWindow,
+    /// #55: a successor a revert took away is retired at once, like any
+    /// superseded container, so its logs and exit code are gone.
+    RemoveRevertedAtOnce,
 }
 
 #[cfg(feature = "mutation-exercise")]
 impl Mutant {
-    pub const ALL: [Mutant; 41] = [
+    pub const ALL: [Mutant; 42] = [
         Mutant::SkipWithdrawBeforeStart,
         Mutant::PublishBeforeReadiness,
         Mutant::ForgetCrashLoopCharge,
@@ -206,5 +209,6 @@ impl Mutant {
         Mutant::BakesDoNotHold,
         Mutant::NoWaves,
         Mutant::ParkRetryBehindWindow,
+        Mutant::RemoveRevertedAtOnce,
     ];
 }

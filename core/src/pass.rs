@@ -529,7 +529,9 @@ impl<'p> InstancePass<'p> {
     /// nothing left to go back to. A successor a revert took away is kept
     /// stopped too, for a while, as the evidence of what failed (#55).
     fn keeps(&self, marker: &Inhibition) -> bool {
-        bakes(marker, &self.active, self.now).is_some() || keeps_reverted(marker, self.now)
+        bakes(marker, &self.active, self.now).is_some()
+            || (keeps_reverted(marker, self.now)
+                && !crate::broken!(self.policy.broken, RemoveRevertedAtOnce))
     }
 
     /// R16, keeping the history of the generations under a marker: a

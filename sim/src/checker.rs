@@ -62,6 +62,9 @@ pub struct Truth {
     pub inhibited: BTreeSet<ContainerId>,
     /// Retirement-pending containers → their service.
     pub markers: BTreeMap<ContainerId, ServiceKey>,
+    /// Successors a revert took a service away from → until when they are
+    /// kept, stopped, as the evidence of what failed (#55).
+    pub kept: BTreeMap<ContainerId, Timestamp>,
     /// Containers the operators created (deploys); never the engine.
     pub operator_created: BTreeSet<ContainerId>,
     /// Candidates a worker created for an upgrade or a reprovision: a
@@ -2300,6 +2303,15 @@ impl Observer for Checker {
                 s.check("S1 never removes ACTIVE", ok, || {
                     format!("{id} removed but it is neither a retirement marker nor deprovisioned")
                 });
+                // #55: a successor a revert took away is the evidence of
+                // what failed; recovery keeps it, stopped, for its hour
+                // (a deprovision, a worker's, may take it sooner).
+                let kept = s.truth.kept.remove(id).filter(|until| now < *until);
+                s.check(
+                    "B3 a reverted successor is kept for its hour",
+                    kept.is_none() || actor != Actor::Recovery,
+                    || format!("{id} removed by recovery, though kept until {kept:?}"),
+                );
             }
             Effect::RolledBack { release, from, bad } => {
                 s.check(
@@ -2479,6 +2491,7 @@ impl Observer for Checker {
                 container,
                 retirement,
                 dropped,
+                kept_until,
                 ..
             } => {
                 if *dropped {
@@ -2534,6 +2547,10 @@ impl Observer for Checker {
                 // One record per generation: a marker replaces a hold (a
                 // `stop-first` upgrade's, once it switched; an operator's),
                 // and a hold replaces a marker.
+                match kept_until {
+                    Some(until) => s.truth.kept.insert(container.clone(), *until),
+                    None => s.truth.kept.remove(container),
+                };
                 if *retirement {
                     s.truth.inhibited.remove(container);
                     s.truth.markers.insert(container.clone(), service.clone());

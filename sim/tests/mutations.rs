@@ -64,6 +64,15 @@ fn a_retry_parked_behind_its_window_is_caught() {
     );
 }
 
+/// #55: a reverted successor is kept, stopped, as evidence.
+#[test]
+fn a_reverted_successor_removed_at_once_is_caught() {
+    assert_caught(
+        Mutant::RemoveRevertedAtOnce,
+        "B3 a reverted successor is kept for its hour",
+    );
+}
+
 /// #55: a bake holds its instance's slot of `max_in_flight`.
 #[test]
 fn an_upgrade_started_while_another_bakes_at_the_limit_is_caught() {

@@ -176,6 +176,9 @@ pub enum Effect {
         dropped: bool,
         /// Written under the reconciler lease's fence (T2).
         under_lease: bool,
+        /// A revert's marker: until when its container is kept, stopped,
+        /// as the evidence of what failed (#55).
+        kept_until: Option<Timestamp>,
     },
     InhibitionCleared {
         service: ServiceKey,

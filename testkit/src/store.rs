@@ -525,6 +525,14 @@ impl MemoryStore {
                     retirement: inhibition.reason == InhibitionReason::RetirementPending,
                     dropped: inhibition.reason.as_str() == InhibitionReason::SERVICE_DROPPED,
                     under_lease: fence.is_some(),
+                    kept_until: (inhibition.reason == InhibitionReason::RetirementPending
+                        && inhibition.operation == stead::core::bake::REVERT_OPERATION)
+                        .then(|| {
+                            stead::core::fleet::add(
+                                inhibition.created_at,
+                                stead::core::bake::KEEP_REVERTED,
+                            )
+                        }),
                 });
                 Ok(true)
             }

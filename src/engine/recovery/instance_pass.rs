@@ -15,7 +15,7 @@ use crate::core::pass::{
 };
 use crate::core::recovery::Why;
 use crate::core::traffic::HeldRoutes;
-use crate::core::types::{ServiceName, Timestamp};
+use crate::core::types::Timestamp;
 use crate::engine::drive::{drive, Performer};
 use crate::engine::time_until;
 use crate::ports::{LeaseGrant, LoadedInstance};
@@ -113,12 +113,7 @@ impl Recoverer {
             let wait = time_until(at, self.ports.clock.now());
             queue.wake(&instance.name, Instant::now() + wait + WAKE_SLACK);
         }
-        // Read before anything retires the failed successors (#55).
-        let evidence = match &report.reverted {
-            Some((_, successors)) => last_lines(self.ports.runtime.as_ref(), successors).await,
-            None => Vec::new(),
-        };
-        self.log_pass_end(&instance, &report, &log, &evidence, trace);
+        self.log_pass_end(&instance, &report, &log, trace).await;
         let outcome = InstanceOutcome {
             reports: report.reports,
             retired: report.retired.iter().map(ToString::to_string).collect(),
@@ -133,12 +128,11 @@ impl Recoverer {
     /// What a pass's report says, logged and recorded: each budget
     /// decision, the superseded containers retired (R15), and a revert
     /// after a failed bake.
-    fn log_pass_end(
+    async fn log_pass_end(
         &self,
         instance: &Instance,
         report: &InstanceReport,
         log: &StepLog<'_>,
-        evidence: &[(ServiceName, Vec<String>)],
         trace: Option<&str>,
     ) {
         let now = self.ports.clock.now();
@@ -165,8 +159,10 @@ impl Recoverer {
                 .traced(trace),
             );
         }
-        if let Some((why, _)) = &report.reverted {
-            log_revert(events, instance, why, evidence, now, trace);
+        if let Some((why, successors)) = &report.reverted {
+            // Read before anything retires the failed successors (#55).
+            let evidence = last_lines(self.ports.runtime.as_ref(), successors).await;
+            log_revert(events, instance, why, &evidence, now, trace);
         }
     }
 }

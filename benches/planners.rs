@@ -2,6 +2,10 @@
 //! 10,000 active tasks. Target (issue 3): the whole tick's planning under
 //! 20 ms on the project's 2-core machine.
 //!
+//! `forecast` is `stead plan`'s (#55): version drift run round after round
+//! over the same fleet until the rollout ends or its horizon; its cost is
+//! read against `version_drift`'s, one planning, in the same run.
+//!
 //! Run: `cargo bench --bench planners`
 
 use std::collections::BTreeMap;
@@ -12,7 +16,7 @@ use criterion::{criterion_group, criterion_main, Criterion};
 use jiff::{SignedDuration, Timestamp};
 use stead::core::catalog::{Catalog, CatalogEntry};
 use stead::core::fleet::{Instance, InstanceState, RolloutState, Task, TaskKind, TaskState};
-use stead::core::plan::{ControlConfig, Plan, Planner, Snapshot};
+use stead::core::plan::{forecast, ControlConfig, Plan, Planner, Snapshot};
 use stead::core::types::InstanceName;
 use stead::ports::Release;
 
@@ -176,6 +180,17 @@ fn planners(c: &mut Criterion) {
     group.bench_function("ttl", |b| b.iter(|| black_box(&planner).ttl()));
     group.bench_function("version_drift", |b| {
         b.iter(|| black_box(&planner).version_drift())
+    });
+    let horizon = Duration::from_secs(35 * 86_400);
+    let told = forecast(&snapshot, horizon);
+    println!(
+        "forecast: {} rounds start {} upgrades; {} instances left",
+        told.rounds.len(),
+        told.rounds.iter().map(|r| r.upgrades.len()).sum::<usize>(),
+        told.left.len()
+    );
+    group.bench_function("forecast", |b| {
+        b.iter(|| forecast(black_box(&snapshot), horizon))
     });
     group.finish();
 }

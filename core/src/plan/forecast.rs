@@ -16,6 +16,7 @@ use std::time::Duration;
 use super::{is_behind, spec_changed, Decision, Planner, Report, Snapshot};
 use crate::catalog::CatalogEntry;
 use crate::fleet::{Instance, InstanceId, InstanceState, RolloutState, TaskKind};
+use crate::hash::{FastMap, FastSet};
 use crate::spec::{ReadinessProbe, UpdateStrategy};
 use crate::types::{InstanceName, ServiceName, Timestamp};
 
@@ -161,16 +162,17 @@ pub fn forecast(snapshot: &Snapshot, horizon: Duration) -> Forecast {
             continue;
         }
         if !started.is_empty() {
+            let by_id: FastMap<InstanceId, &Instance> =
+                world.instances.iter().map(|i| (i.id, i)).collect();
+            let upgrades = started
+                .iter()
+                .filter_map(|id| upgrade(&world, by_id.get(id)?, &reasons, &mut waves, round))
+                .collect();
             out.rounds.push(Round {
                 at: world.now,
-                upgrades: started
-                    .iter()
-                    .filter_map(|id| upgrade(&world, *id, &reasons, &mut waves, round))
-                    .collect(),
+                upgrades,
             });
-            for id in &started {
-                finish(&mut world, *id, &mut bakes);
-            }
+            finish(&mut world, &started, &mut bakes);
             world.undos.clear();
             if bakes.is_empty() {
                 // Nothing bakes: the next wave may start at once.
@@ -220,16 +222,21 @@ fn settle_start(world: &mut Snapshot, bakes: &mut BTreeMap<InstanceId, Timestamp
     let tasks = std::mem::take(&mut world.tasks);
     let busy = tasks.iter().any(|t| t.state.is_active())
         || world.baking.as_ref().is_some_and(|b| !b.is_empty());
-    for task in tasks.iter().filter(|t| t.state.is_active()) {
-        match task.kind {
-            TaskKind::Upgrade => finish(world, task.instance, bakes),
-            TaskKind::Deprovision => world.instances.retain(|i| i.id != task.instance),
-            TaskKind::Provision | TaskKind::Reprovision => {}
-        }
-    }
-    for id in world.baking.iter().flatten() {
-        let ends = bake_end(world, *id);
-        bakes.entry(*id).or_insert(ends);
+    let active = || tasks.iter().filter(|t| t.state.is_active());
+    let gone: FastSet<InstanceId> = active()
+        .filter(|t| t.kind == TaskKind::Deprovision)
+        .map(|t| t.instance)
+        .collect();
+    world.instances.retain(|i| !gone.contains(&i.id));
+    let upgraded: Vec<InstanceId> = active()
+        .filter(|t| t.kind == TaskKind::Upgrade)
+        .map(|t| t.instance)
+        .collect();
+    finish(world, &upgraded, bakes);
+    let still: FastSet<InstanceId> = world.baking.iter().flatten().copied().collect();
+    for instance in world.instances.iter().filter(|i| still.contains(&i.id)) {
+        let ends = bake_end(world, instance);
+        bakes.entry(instance.id).or_insert(ends);
     }
     world.baking = Some(bakes.keys().copied().collect());
     busy
@@ -244,25 +251,29 @@ fn target<'a>(world: &'a Snapshot, service_type: &str) -> Option<&'a CatalogEntr
         .or_else(|| world.catalog.get(service_type))
 }
 
-fn bake_end(world: &Snapshot, id: InstanceId) -> Timestamp {
-    let bake = world
-        .instances
-        .iter()
-        .find(|i| i.id == id)
-        .and_then(|i| target(world, &i.service_type))
-        .map_or(Duration::ZERO, |entry| entry.bake);
+/// When a bake that starts now ends, for an instance of its type.
+fn bake_end(world: &Snapshot, instance: &Instance) -> Timestamp {
+    let bake = target(world, &instance.service_type).map_or(Duration::ZERO, |entry| entry.bake);
     world
         .now
         .checked_add(jiff::SignedDuration::try_from(bake).unwrap_or(jiff::SignedDuration::MAX))
         .unwrap_or(Timestamp::MAX)
 }
 
-/// An upgrade done: the instance runs its target and bakes.
-fn finish(world: &mut Snapshot, id: InstanceId, bakes: &mut BTreeMap<InstanceId, Timestamp>) {
-    let ends = bake_end(world, id);
+/// Upgrades done: each instance runs its target and bakes. One walk over
+/// the fleet, however many finish.
+fn finish(world: &mut Snapshot, ids: &[InstanceId], bakes: &mut BTreeMap<InstanceId, Timestamp>) {
+    if ids.is_empty() {
+        return;
+    }
+    let ids: FastSet<InstanceId> = ids.iter().copied().collect();
+    let mut ended = Vec::with_capacity(ids.len());
+    for instance in world.instances.iter().filter(|i| ids.contains(&i.id)) {
+        ended.push((instance.id, bake_end(world, instance)));
+    }
     let catalog = world.catalog;
     let pins = &world.pins;
-    if let Some(instance) = world.instances.iter_mut().find(|i| i.id == id) {
+    for instance in world.instances.iter_mut().filter(|i| ids.contains(&i.id)) {
         let entry = pins
             .get(&instance.service_type)
             .or_else(|| catalog.get(&instance.service_type));
@@ -272,10 +283,12 @@ fn finish(world: &mut Snapshot, id: InstanceId, bakes: &mut BTreeMap<InstanceId,
             instance.state = InstanceState::Ready;
         }
     }
-    if ends > world.now {
-        bakes.insert(id, ends);
-    } else {
-        bakes.remove(&id);
+    for (id, ends) in ended {
+        if ends > world.now {
+            bakes.insert(id, ends);
+        } else {
+            bakes.remove(&id);
+        }
     }
     world.baking = Some(bakes.keys().copied().collect());
 }
@@ -283,12 +296,12 @@ fn finish(world: &mut Snapshot, id: InstanceId, bakes: &mut BTreeMap<InstanceId,
 /// How `id`'s upgrade in this round looks.
 fn upgrade(
     world: &Snapshot,
-    id: InstanceId,
+    instance: &Instance,
     reasons: &BTreeMap<InstanceId, String>,
     waves: &mut Waves,
     round: usize,
 ) -> Option<Upgrade> {
-    let instance = world.instances.iter().find(|i| i.id == id)?;
+    let id = instance.id;
     let entry = target(world, &instance.service_type)?;
     Some(Upgrade {
         name: instance.name.clone(),

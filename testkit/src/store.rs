@@ -528,8 +528,9 @@ impl MemoryStore {
                     kept_until: (inhibition.reason == InhibitionReason::RetirementPending
                         && inhibition.operation == stead::core::bake::REVERT_OPERATION)
                         .then(|| {
+                            // As stored: the pass reads it back so.
                             stead::core::fleet::add(
-                                inhibition.created_at,
+                                normalize_timestamp(inhibition.created_at),
                                 stead::core::bake::KEEP_REVERTED,
                             )
                         }),

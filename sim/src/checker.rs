@@ -2766,8 +2766,9 @@ impl Observer for Checker {
             }
             // U2 (#40): a move toward an undo's pin that a worker finished
             // leaves its instance at the pinned version, while the pin
-            // holds (a resume may come first: the task then rolls out) and
-            // the instance is meant to run (a stopped one is skipped).
+            // holds (a resume may come first: the task then rolls out), the
+            // task did not run across the pin's landing, and the instance
+            // is meant to run (a stopped one is skipped).
             Effect::TaskDone {
                 instance, reason, ..
             } => {
@@ -2781,8 +2782,16 @@ impl Observer for Checker {
                     .all_instances()
                     .into_iter()
                     .find(|i| i.id == *instance);
+                // A task that ran across the pin read the rollout before
+                // it: a halt that lifted the pin meanwhile had it tidy and
+                // end (fifty-instance seed 2: a re-pin landed while the
+                // attempt ran, and U2 judged the tidy as the move).
+                let across = |name: &InstanceName| {
+                    s.truth.pin.as_ref().is_some_and(|p| p.began.contains(name))
+                };
                 if let Some(row) = row.filter(|r| {
-                    held && !r.stopped
+                    held && !across(&r.name)
+                        && !r.stopped
                         && !matches!(r.state, InstanceState::Deleting | InstanceState::Deleted)
                 }) {
                     s.check(

@@ -2471,6 +2471,51 @@ async fn rollout_undo_to_a_recorded_version_moves_an_instance_back_after_its_bak
     assert_eq!(wiki[0].pinned, None, "a resume lifts the pin");
 }
 
+/// #55: a `stop-first` service's failed successor is not kept: it mounts
+/// the service's volumes, and a `docker start` by hand would run it beside
+/// the predecessor. It is stopped before the predecessor starts, and
+/// retired once the predecessor serves.
+#[tokio::test]
+async fn a_stop_first_successor_that_fails_its_bake_is_not_kept() {
+    let mut f = fixture();
+    f.catalog = Arc::new(
+        Catalog::from_toml(
+            &CATALOG
+                .replace("bake_ms = 0", "bake_ms = 300000")
+                .replace("update = \"overlap\"", ""),
+            "catalog.toml",
+            &Grants::default(),
+        )
+        .unwrap(),
+    );
+    let instance = f.served("wiki1", "1").await;
+    let before = f.web_container("wiki1").await;
+    f.enqueue(instance.id, TaskKind::Upgrade).await;
+    assert_eq!(f.worker().work_once().await.unwrap().1, TaskEnd::Done);
+    let after = f.web_container("wiki1").await;
+    let recoverer = f.recoverer();
+    for _ in 0..2 {
+        recoverer.pass().await;
+    }
+    assert!(f.routes_to("wiki1", "web", &after), "the successor serves");
+    f.clock.advance(Duration::from_secs(120));
+    f.runtime.with_containers(|cs| {
+        let c = cs.get_mut(&after).unwrap();
+        c.status = ContainerStatus::Exited;
+        c.status_after_start = ContainerStatus::Exited;
+    });
+    for _ in 0..3 {
+        recoverer.pass().await;
+    }
+    assert!(f.routes_to("wiki1", "web", &before), "reverted");
+    assert!(
+        f.runtime.container(&after).is_none(),
+        "a stop-first successor is retired, not kept"
+    );
+    let left = f.store.load_inhibitions(&instance.name).await.unwrap();
+    assert!(left.is_empty(), "{left:?}");
+}
+
 /// #55, the mutation exercise: a pass that retires a reverted successor
 /// at once, like any superseded container, is caught by the keep the test
 /// above checks, as the simulation's B3 does.

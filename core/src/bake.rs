@@ -36,6 +36,7 @@ pub const UNDO_TASK_GRACE: std::time::Duration = std::time::Duration::from_secs(
 /// How long a successor a revert took the service away from is kept,
 /// stopped, after the revert (#55): its container, its logs and its exit
 /// code are the evidence of what failed (`docker logs`, `docker inspect`).
+/// Not a `stop-first` service's ([`REVERT_STOP_FIRST_OPERATION`]).
 /// Then it is retired like any superseded container. An upgrade of its
 /// instance to that very revision takes it up again, by its name, as it
 /// would before it was retired (its crash-loop budget goes on, R10).
@@ -44,6 +45,11 @@ pub const KEEP_REVERTED: std::time::Duration = std::time::Duration::from_secs(36
 /// The operation of the marker a revert puts on the successor it takes the
 /// service away from ([`revert_marker`]).
 pub const REVERT_OPERATION: &str = "revert";
+
+/// The same, for a `stop-first` service's successor: retired at once, not
+/// kept, since it mounts the service's volumes and a `docker start` by hand
+/// would run it beside the live one (#55).
+pub const REVERT_STOP_FIRST_OPERATION: &str = "revert-stop-first";
 
 /// Whether `marker` is a revert's, on a successor still kept at `now`
 /// ([`KEEP_REVERTED`]).
@@ -180,6 +186,7 @@ pub(crate) fn revert_steps(
         steps.push(RevertStep::SaveMarker(revert_marker(
             &marker.service,
             successor,
+            to.stop_first,
             now,
         )));
         if to.stop_first {

@@ -223,6 +223,7 @@ impl Undo {
             self.writes.push_back(UndoCommand::SaveMarker(revert_marker(
                 s.service(),
                 &s.successor,
+                s.back.stop_first,
                 now,
             )));
             if s.back.stop_first {

@@ -1208,7 +1208,7 @@ fn revert_plan(
     for (service, successor) in switched.iter().rev() {
         let stop_first = stop_first.contains(service);
         plan.push_back(UpgradeCommand::SaveMarker(revert_marker(
-            service, successor, now,
+            service, successor, stop_first, now,
         )));
         // (A service the upgrade added has no predecessor to start.)
         let stop_first = stop_first && before.services.contains_key(service);
@@ -1360,13 +1360,21 @@ pub(crate) fn hold_on(holds: &[Inhibition], container: &ContainerId) -> Option<S
 pub(crate) fn revert_marker(
     service: &ServiceName,
     successor: &ActiveService,
+    stop_first: bool,
     now: Timestamp,
 ) -> Inhibition {
     Inhibition {
         service: service.clone(),
         container: successor.container.clone(),
         reason: InhibitionReason::RetirementPending,
-        operation: crate::bake::REVERT_OPERATION.into(),
+        // A `stop-first` successor mounts the service's volumes: kept, it
+        // is one `docker start` from a second writer beside the live one
+        // (#55). Its last lines are in the revert's event all the same.
+        operation: if stop_first {
+            crate::bake::REVERT_STOP_FIRST_OPERATION.into()
+        } else {
+            crate::bake::REVERT_OPERATION.into()
+        },
         created_at: now,
         stop_grace: successor.stop_grace,
         revert_to: None,

@@ -427,13 +427,13 @@ pub fn run_upgrade_and_check_with(
             }
         }
         if let UpgradeCommand::SaveMarker(marker) = &command {
-            if marker.operation == "revert" {
+            if reverts(marker) {
                 reverting = true;
             }
         }
         if reverting && !matches!(command, UpgradeCommand::MoveState { .. }) {
             match &command {
-                UpgradeCommand::SaveMarker(hold) if hold.operation != "revert" => {
+                UpgradeCommand::SaveMarker(hold) if !reverts(hold) => {
                     let resumed_predecessor = resumed
                         .get(&hold.service)
                         .is_some_and(|p| p.container == hold.container);
@@ -921,6 +921,12 @@ impl Sweep<'_> {
             Sweep::ClearHold => None,
         }
     }
+}
+
+/// Whether `marker` is one a revert puts on the successor it took a
+/// service away from (`revert`, or `revert-stop-first`: not kept, #55).
+pub fn reverts(marker: &Inhibition) -> bool {
+    marker.operation == "revert" || marker.operation == "revert-stop-first"
 }
 
 /// Whether `hold` is one an upgrade sets (`stop-first`, a dropped

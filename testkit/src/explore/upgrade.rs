@@ -311,7 +311,7 @@ fn run_with(ch: &mut Chooser, broken: Option<Mutant>, strict: bool) {
         let done = run_upgrade_and_check_with(&input, |upgrade, command, _, _| {
             ch.state(&(upgrade, &world));
             reverting |=
-                matches!(command, UpgradeCommand::SaveMarker(m) if m.operation == "revert");
+                matches!(command, UpgradeCommand::SaveMarker(m) if crate::upgrade::reverts(m));
             let crash = crashes_on_offer && command.is_effect() && ch.choose(2) == 1;
             let pick = if crash {
                 0

@@ -2242,6 +2242,16 @@ async fn a_baking_upgrade_keeps_its_predecessor_stopped_until_the_window_ends() 
     assert_eq!(row.version, "2");
 }
 
+/// `container` exits, and exits again whenever it is started: a version
+/// that crashes for good.
+fn crash_for_good(f: &Fixture, container: &ContainerId) {
+    f.runtime.with_containers(|cs| {
+        let c = cs.get_mut(container).unwrap();
+        c.status = ContainerStatus::Exited;
+        c.status_after_start = ContainerStatus::Exited;
+    });
+}
+
 /// #40: a successor that crashes while it bakes is reverted: the type's
 /// rollout is halted (first, with the reason), ACTIVE names the
 /// predecessor again and the instance's version goes back; the next pass
@@ -2257,10 +2267,9 @@ async fn a_successor_that_crashes_while_baking_is_reverted_and_its_type_halted()
     let recoverer = f.recoverer();
     let (sink, mut flusher) = EventSink::new("host-1#a", EVENT_BUFFER_MAX);
     recoverer.log_events_to(sink);
+    crash_for_good(&f, &after);
     f.runtime.with_containers(|cs| {
         let c = cs.get_mut(&after).unwrap();
-        c.status = ContainerStatus::Exited;
-        c.status_after_start = ContainerStatus::Exited;
         c.log
             .push_back((c.started_at, "config: no such key \"db.url\"".into()));
     });
@@ -2499,11 +2508,7 @@ async fn a_stop_first_successor_that_fails_its_bake_is_not_kept() {
     }
     assert!(f.routes_to("wiki1", "web", &after), "the successor serves");
     f.clock.advance(Duration::from_secs(120));
-    f.runtime.with_containers(|cs| {
-        let c = cs.get_mut(&after).unwrap();
-        c.status = ContainerStatus::Exited;
-        c.status_after_start = ContainerStatus::Exited;
-    });
+    crash_for_good(&f, &after);
     for _ in 0..3 {
         recoverer.pass().await;
     }
@@ -2525,11 +2530,7 @@ async fn a_pass_that_removes_a_reverted_successor_at_once_is_caught() {
     f.clock.advance(Duration::from_secs(120));
     let recoverer =
         f.recoverer_broken("a", Some(stead::core::broken::Mutant::RemoveRevertedAtOnce));
-    f.runtime.with_containers(|cs| {
-        let c = cs.get_mut(&after).unwrap();
-        c.status = ContainerStatus::Exited;
-        c.status_after_start = ContainerStatus::Exited;
-    });
+    crash_for_good(&f, &after);
     for _ in 0..3 {
         recoverer.pass().await;
     }

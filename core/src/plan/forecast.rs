@@ -13,7 +13,8 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use super::{is_behind, spec_changed, Decision, Planner, Report, Snapshot};
+use super::rollout::away_from;
+use super::{Decision, Planner, Report, Snapshot};
 use crate::catalog::CatalogEntry;
 use crate::fleet::{Instance, InstanceId, InstanceState, RolloutState, TaskKind};
 use crate::hash::{FastMap, FastSet};
@@ -267,19 +268,22 @@ fn finish(world: &mut Snapshot, ids: &[InstanceId], bakes: &mut BTreeMap<Instanc
         return;
     }
     let ids: FastSet<InstanceId> = ids.iter().copied().collect();
+    // Each one's target and bake end, read before the fleet is changed.
     let mut ended = Vec::with_capacity(ids.len());
+    let mut runs: FastMap<InstanceId, (String, String)> = FastMap::default();
     for instance in world.instances.iter().filter(|i| ids.contains(&i.id)) {
         ended.push((instance.id, bake_end(world, instance)));
+        if let Some(entry) = target(world, &instance.service_type) {
+            runs.insert(
+                instance.id,
+                (entry.version.clone(), entry.spec_digest.clone()),
+            );
+        }
     }
-    let catalog = world.catalog;
-    let pins = &world.pins;
-    for instance in world.instances.iter_mut().filter(|i| ids.contains(&i.id)) {
-        let entry = pins
-            .get(&instance.service_type)
-            .or_else(|| catalog.get(&instance.service_type));
-        if let Some(entry) = entry {
-            instance.version = entry.version.clone();
-            instance.spec_digest = Some(entry.spec_digest.clone());
+    for instance in world.instances.iter_mut() {
+        if let Some((version, digest)) = runs.remove(&instance.id) {
+            instance.version = version;
+            instance.spec_digest = Some(digest);
             instance.state = InstanceState::Ready;
         }
     }
@@ -337,14 +341,8 @@ fn wave_of(waves: &mut Waves, service_type: &str, round: usize) -> u32 {
 
 /// Whether `instance` is away from the entry its type rolls toward.
 fn away(world: &Snapshot, instance: &Instance) -> bool {
-    let Some(entry) = target(world, &instance.service_type) else {
-        return false;
-    };
-    if world.pins.contains_key(&instance.service_type) {
-        instance.version != entry.version
-    } else {
-        is_behind(&instance.version, &entry.version) || spec_changed(instance, entry)
-    }
+    let pinned = world.pins.contains_key(&instance.service_type);
+    target(world, &instance.service_type).is_some_and(|entry| away_from(instance, entry, pinned))
 }
 
 /// The instances still away from their target when the forecast ends,

@@ -69,6 +69,17 @@ pub fn spec_changed(instance: &Instance, entry: &CatalogEntry) -> bool {
             .is_some_and(|digest| digest != entry.spec_digest)
 }
 
+/// Whether `instance` is away from `entry`, what its type rolls toward:
+/// toward an undo's pin (`pinned`) any other version, older ones included;
+/// else an older version or, at the same one, another spec.
+pub(super) fn away_from(instance: &Instance, entry: &CatalogEntry, pinned: bool) -> bool {
+    if pinned {
+        instance.version != entry.version
+    } else {
+        is_behind(&instance.version, &entry.version) || spec_changed(instance, entry)
+    }
+}
+
 /// C8's order: the configured own team first, then by service type, name
 /// and id.
 fn order<'i>(instance: &'i Instance, own_team: &str) -> (bool, &'i str, &'i str, InstanceId) {
@@ -152,17 +163,12 @@ impl<'s> Planner<'s, '_> {
     /// Toward a pin, any other version is to move, older ones included.
     fn upgradable(&self, instance: &Instance, target: &Target) -> bool {
         let entry = target.entry;
-        let away = if target.pinned {
-            instance.version != entry.version
-        } else {
-            is_behind(&instance.version, &entry.version)
-        };
         instance.state == InstanceState::Ready
             // A stopped instance runs nothing to overlap with and must not be
             // started or published (S3): it is upgraded once started again.
             && !instance.stopped
             && !is_expired(instance, self.snapshot.now)
-            && (away || spec_changed(instance, entry))
+            && away_from(instance, entry, target.pinned)
             // One task per instance at a time: an upgrade racing a
             // reprovision or deprovision helps nobody.
             && !self.active_kinds(instance.id).any()
